@@ -1,0 +1,32 @@
+"""Colibri: a pure-C Mixture-of-Experts inference engine, its file format and its tools.
+
+`Model`, `Session`, `validate` (and the rest of `colibri.engine`) need the compiled extension and
+are imported on first use, so the pure-Python modules (`colibri.fileformat`, `colibri.errors`,
+the converter) work before the engine is built.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module, metadata
+from typing import TYPE_CHECKING, Any
+
+from colibri import errors
+
+if TYPE_CHECKING:
+    from colibri.engine import Model, Session, validate
+
+try:
+    __version__: str = metadata.version("colibri-moe")
+except metadata.PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+_LAZY = {"Model", "Session", "validate"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module("colibri.engine"), name)
+    raise AttributeError(f"module 'colibri' has no attribute {name!r}")
+
+
+__all__ = ["Model", "Session", "__version__", "errors", "validate"]

@@ -1,0 +1,725 @@
+"""Typed wrappers over the C engine: `Model`, `Session`, `validate` and their value types.
+
+The second of the binding's three layers. Each wrapper owns one C handle through `ffi.gc`, checks
+its arguments in Python before the call (so a bad token id is a clear ValueError, not a C-side
+surprise) and turns every non-zero status into an exception through `errors.raise_for_status`.
+cffi releases the GIL around every C call, so a worker thread may prefill while the UI runs.
+
+Lifetimes (the one rule that keeps numpy views safe):
+  * A view returned by `Model.tensor()`, `Model.bytes()` or `Session.trace` points straight into
+    C memory (the read-only file mapping, or session memory). Its buffer holds a reference to the
+    C handle, so the mapping or the session outlives every view of it.
+  * A session holds its model the same way, so a model is unmapped only after its last session.
+  * `close()` therefore drops this object's reference: the wrapper refuses further calls at once,
+    and the C resource is released as soon as no view or session still uses it (immediately when
+    there is none). Views stay valid after `close()`; nothing ever dangles.
+Model views are read-only (the mapping is PROT_READ). Trace views are read-only *live* views:
+the next step appends rows beyond the slice and `reset()` rewrites them; `Trace.copy()` snapshots.
+A session serves one thread at a time; concurrent calls raise RuntimeError instead of corrupting it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from types import TracebackType
+from typing import Any, Literal
+
+import numpy as np
+
+from colibri import errors
+from colibri.errors import (COL_ERR_BAD_TOKEN, COL_ERR_INVALID_ARG, ColibriError,
+                            ColibriFormatError, ColibriValueError)
+
+try:
+    from colibri._colibri_cffi import ffi, lib
+except ImportError as exc:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
+        "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
+
+ABI_VERSION = 1
+if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale build
+    raise ImportError(
+        f"colibri: compiled engine has ABI version {lib.col_abi_version()}, this Python package "
+        f"expects {ABI_VERSION}; rebuild the extension (`pip install -e .`)")
+
+DTYPE_NAMES: dict[int, str] = {lib.COL_DTYPE_F32: "f32", lib.COL_DTYPE_F16: "f16",
+                               lib.COL_DTYPE_BF16: "bf16"}
+# bf16 has no numpy dtype: its views are uint16 bit patterns (see Model.tensor_f32).
+NUMPY_DTYPES: dict[int, type[np.generic]] = {lib.COL_DTYPE_F32: np.float32,
+                                             lib.COL_DTYPE_F16: np.float16,
+                                             lib.COL_DTYPE_BF16: np.uint16}
+ARCH_NAMES: dict[int, str] = {lib.COL_ARCH_MIXTRAL: "mixtral", lib.COL_ARCH_QWEN2_MOE: "qwen2_moe",
+                              lib.COL_ARCH_QWEN3_MOE: "qwen3_moe", lib.COL_ARCH_OLMOE: "olmoe"}
+RoutingName = Literal["topk", "stable", "soft", "gumbel"]
+ROUTING_MODES: dict[str, int] = {"topk": lib.COL_ROUTING_TOPK, "stable": lib.COL_ROUTING_STABLE,
+                                 "soft": lib.COL_ROUTING_SOFT, "gumbel": lib.COL_ROUTING_GUMBEL}
+FIELD_KINDS: dict[int, str] = {lib.COL_FIELD_BYTES: "bytes", lib.COL_FIELD_U32: "u32",
+                               lib.COL_FIELD_I32: "i32", lib.COL_FIELD_U64: "u64",
+                               lib.COL_FIELD_F32: "f32", lib.COL_FIELD_F64: "f64"}
+LAYER_KINDS: dict[int, str] = {lib.COL_LAYER_DENSE: "dense", lib.COL_LAYER_MOE: "moe"}
+
+_ERRLEN = 512
+_FIRST_PROBLEMS = 64
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers: C strings, status, zero-copy views
+
+
+def _text(chars: Any) -> str:
+    """A NUL-terminated C char array as text; bytes from a corrupt file never raise."""
+    return ffi.string(chars).decode("utf-8", errors="replace")
+
+
+def _check_path(path: str | os.PathLike[str]) -> bytes:
+    raw = os.fsencode(path)
+    if b"\0" in raw:
+        raise ColibriValueError(f"path contains a NUL byte: {path!r}", COL_ERR_INVALID_ARG)
+    return raw
+
+
+def _readonly_view(owner: Any, address: Any, nbytes: int, dtype: Any,
+                   shape: tuple[int, ...]) -> np.ndarray:
+    """A read-only numpy array over `nbytes` of C memory at `address`, keeping `owner` (a gc'd C
+    handle) alive for as long as the array or any view derived from it exists."""
+    if nbytes == 0 or address == ffi.NULL:
+        return np.zeros(shape, dtype=dtype)
+    # ffi.gc with a do-nothing destructor that closes over `owner`: the pointer cdata now pins the
+    # handle, ffi.buffer pins the pointer, the memoryview pins the buffer, numpy pins the view.
+    pinned = ffi.gc(ffi.cast("uint8_t *", address), lambda _p, _owner=owner: None)
+    view = memoryview(ffi.buffer(pinned, nbytes)).toreadonly()
+    return np.frombuffer(view, dtype=dtype).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Value types
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation finding: what (code), how bad, where (byte offset, tensor), why."""
+
+    code: int
+    code_name: str
+    severity: Literal["error", "warning"]
+    offset: int
+    tensor: str
+    message: str
+
+    @classmethod
+    def from_c(cls, p: Any) -> Problem:
+        severity: Literal["error", "warning"] = (
+            "warning" if p.severity == lib.COL_SEVERITY_WARNING else "error")
+        return cls(int(p.code), errors.status_name(int(p.code)), severity, int(p.offset),
+                   _text(p.tensor), _text(p.message))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __str__(self) -> str:
+        where = f" tensor '{self.tensor}'" if self.tensor else ""
+        return f"{self.severity} {self.code_name} at 0x{self.offset:X}{where}: {self.message}"
+
+
+@dataclass(frozen=True)
+class HParams:
+    """The decoded hyper-parameters of a model (col_hparams)."""
+
+    version: int
+    arch: int
+    flags: int
+    n_layers: int
+    n_experts: int
+    n_experts_active: int
+    n_moe_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_context: int
+    d_ff_expert: int
+    d_ff_dense: int
+    d_ff_shared: int
+    sliding_window: int
+    rope_type: int
+    rope_original_max_context: int
+    bos_token_id: int
+    eos_token_id: int
+    rope_theta: float
+    rope_factor: float
+    rope_low_freq_factor: float
+    rope_high_freq_factor: float
+    norm_eps: float
+    clip_qkv: float
+    default_epsilon: float
+
+    @property
+    def arch_name(self) -> str:
+        return ARCH_NAMES.get(self.arch, f"arch-{self.arch}")
+
+    def to_dict(self) -> dict[str, int | float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor table entry. `offset` is the file offset of the data, `table_offset` that of
+    the 128-byte table entry; `dtype` is 'f32', 'f16' or 'bf16'."""
+
+    name: str
+    index: int
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    crc32: int
+    table_offset: int
+
+
+@dataclass(frozen=True)
+class RoutingInfo:
+    """One routing section entry: how layer `layer` routes (kind 'dense' or 'moe')."""
+
+    layer: int
+    kind: str
+    gate_tensor: int | None
+    gate_bias_tensor: int | None
+    top_k: int
+    n_experts: int
+    scoring: int
+
+
+@dataclass(frozen=True)
+class HeaderField:
+    """One fixed-header field decoded for a structure view. `value` is an int, a float, or the
+    raw bytes (kind 'bytes'); None when the data ends before the field (`present` False)."""
+
+    name: str
+    group: str
+    offset: int
+    size: int
+    kind: str
+    present: bool
+    value: int | float | bytes | None
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """The routing trace of a session, first axis = position. Live read-only views of session
+    memory (see the module docstring); `copy()` returns an independent snapshot."""
+
+    tokens: np.ndarray          # [pos] int32
+    moe_layers: np.ndarray      # [moe_layers] int32, layer index of each MoE layer
+    expert_ids: np.ndarray      # [pos, moe_layers, k] int32, in selection order
+    expert_weights: np.ndarray  # [pos, moe_layers, k] float32
+    router_logits: np.ndarray   # [pos, moe_layers, n_experts] float32
+    shared_gate: np.ndarray     # [pos, moe_layers] float32, NaN without a shared expert gate
+    hidden_norm: np.ndarray     # [pos, moe_layers] float32
+    phase_ns: np.ndarray        # [pos, n_layers, 5] uint64, see col_phase
+    token_ns: np.ndarray        # [pos] uint64
+
+    @property
+    def n_positions(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def copy(self) -> Trace:
+        return Trace(**{f.name: np.array(getattr(self, f.name), copy=True) for f in fields(self)})
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def _collect(call: Any) -> tuple[int, list[Problem]]:
+    """Run `call(problems, max_problems, n_problems_ptr)`; call again with a buffer big enough for
+    every finding when the first one overflowed."""
+    capacity = _FIRST_PROBLEMS
+    count = ffi.new("uint32_t *")
+    while True:
+        buf = ffi.new("col_problem[]", capacity)
+        status = int(call(buf, capacity, count))
+        n = int(count[0])
+        if n <= capacity:
+            return status, [Problem.from_c(buf[i]) for i in range(n)]
+        capacity = n
+
+
+def _check_flags(checksums: bool, nan_check: bool) -> int:
+    return (lib.COL_CHECK_CHECKSUMS if checksums else 0) | (
+        lib.COL_CHECK_NONFINITE if nan_check else 0)
+
+
+def _validation_result(status: int, problems: list[Problem]) -> list[Problem]:
+    if status in (errors.COL_ERR_IO, errors.COL_ERR_NOMEM, errors.COL_ERR_INVALID_ARG):
+        first = problems[0].message if problems else ""
+        errors.raise_for_status(status, first)
+    return problems
+
+
+def validate(path: str | os.PathLike[str], checksums: bool = False,
+             nan_check: bool = False) -> list[Problem]:
+    """Every problem of the file at `path` (errors and warnings; [] for a clean file). The
+    optional data checks read every tensor. Raises ColibriIOError when the file cannot be read."""
+    raw = _check_path(path)
+    flags = _check_flags(checksums, nan_check)
+    status, problems = _collect(lambda buf, cap, n: lib.col_validate_file(raw, flags, buf, cap, n))
+    return _validation_result(status, problems)
+
+
+def validate_bytes(data: bytes | bytearray | memoryview | np.ndarray, checksums: bool = False,
+                   nan_check: bool = False) -> list[Problem]:
+    """Like `validate`, for a file image held in memory (any contiguous buffer)."""
+    buf = ffi.from_buffer("uint8_t[]", data)
+    size = len(ffi.buffer(buf))
+    flags = _check_flags(checksums, nan_check)
+    status, problems = _collect(lambda p, cap, n: lib.col_validate_buffer(buf, size, flags, p, cap, n))
+    return _validation_result(status, problems)
+
+
+def _field_from_c(f: Any, data: bytes | memoryview | np.ndarray) -> HeaderField:
+    kind = FIELD_KINDS.get(int(f.kind), f"kind-{int(f.kind)}")
+    offset, size, present = int(f.offset), int(f.size), bool(f.present)
+    value: int | float | bytes | None
+    if not present:
+        value = None
+    elif kind in ("u32", "u64"):
+        value = int(f.u)
+    elif kind == "i32":
+        value = int(f.i)
+    elif kind in ("f32", "f64"):
+        value = float(f.f)
+    else:
+        value = bytes(data[offset:offset + size])
+    return HeaderField(_text(f.name), _text(f.group), offset, size, kind, present, value)
+
+
+def header_fields(data: bytes | bytearray | memoryview | np.ndarray) -> list[HeaderField]:
+    """Every fixed-header field decoded from `data` (any bytes, even a broken or short file)."""
+    buf = ffi.from_buffer("uint8_t[]", data)
+    size = len(ffi.buffer(buf))
+    out = ffi.new("col_field *")
+    view = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else data.view(np.uint8)
+    result = []
+    for index in range(lib.col_header_field_count()):
+        errors.raise_for_status(lib.col_header_field(buf, size, index, out))
+        result.append(_field_from_c(out, view))
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+def _no_tensor(index: int) -> int | None:
+    return None if index == lib.COL_NO_TENSOR else index
+
+
+class Model:
+    """A read-only, validated .colibri file mapped in memory. Open with `Model.open(path)`."""
+
+    def __init__(self, handle: Any, path: str) -> None:
+        # Use Model.open; `handle` is a gc'd col_model pointer.
+        self._handle: Any = handle
+        self._path = path
+        hp = ffi.new("col_hparams *")
+        errors.raise_for_status(lib.col_model_hparams(handle, hp))
+        self._hparams = HParams(**{f.name: getattr(hp, f.name) for f in fields(HParams)})
+        self._tensors = [self._tensor_from_c(i) for i in range(lib.col_model_tensor_count(handle))]
+        self._by_name = {t.name: t for t in self._tensors}
+        self._tokenizer: Any = None
+        self._tokenizer_loaded = False
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Model:
+        """Map and structurally validate `path`. Raises ColibriFormatError (code, offset, tensor
+        of the first error) for a broken file and ColibriIOError for an unreadable one."""
+        raw = _check_path(path)
+        out = ffi.new("col_model **")
+        problem = ffi.new("col_problem *")
+        status = int(lib.col_model_open(raw, out, problem))
+        if status != errors.COL_OK:
+            found = Problem.from_c(problem)
+            errors.raise_for_status(status, found.message or errors.status_name(status),
+                                    offset=found.offset, tensor=found.tensor,
+                                    problems=[found] if found.code == status else [])
+        return cls(ffi.gc(out[0], lib.col_model_close), os.fspath(path))
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Refuse further calls; the mapping goes once no view or session still uses it."""
+        self._handle = None
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._tensors)} tensors"
+        return f"<colibri.Model {self._path!r} {self._hparams.arch_name} {state}>"
+
+    @property
+    def handle(self) -> Any:
+        """The gc'd `col_model *` (for Session); raises once closed."""
+        if self._handle is None:
+            raise ColibriValueError(f"model {self._path!r} is closed", COL_ERR_INVALID_ARG)
+        return self._handle
+
+    # -- description ----------------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def hparams(self) -> HParams:
+        return self._hparams
+
+    @property
+    def arch(self) -> str:
+        return self._hparams.arch_name
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Hyper-parameters, `arch` (its name) and `user`: the embedded user-metadata JSON, parsed
+        (None when the file has none or it is not valid UTF-8 JSON)."""
+        result: dict[str, Any] = self._hparams.to_dict()
+        result["arch_name"] = self._hparams.arch_name
+        result["user"] = self._user_metadata()
+        return result
+
+    def _user_metadata(self) -> Any:
+        raw = self._section(lib.col_model_metadata)
+        if not raw:
+            return None
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return None
+
+    def _section(self, getter: Any) -> bytes:
+        size = ffi.new("uint64_t *")
+        ptr = getter(self.handle, size)
+        return bytes(ffi.buffer(ptr, size[0])) if size[0] and ptr != ffi.NULL else b""
+
+    @property
+    def tokenizer_json(self) -> bytes:
+        """The embedded tokenizer.json bytes (b"" when absent)."""
+        return self._section(lib.col_model_tokenizer)
+
+    @property
+    def tokenizer(self) -> Any:
+        """A `tokenizers.Tokenizer` built from the embedded tokenizer.json, or None if absent.
+        Raises ColibriFormatError when the embedded bytes are not a loadable tokenizer."""
+        if not self._tokenizer_loaded:
+            raw = self.tokenizer_json
+            if raw:
+                from tokenizers import Tokenizer
+                try:
+                    self._tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+                except Exception as exc:  # tokenizers raises a bare Exception
+                    offset = next((f.value for f in self.header_fields()
+                                   if f.name == "tokenizer_offset"), 0)
+                    raise ColibriFormatError(f"embedded tokenizer.json cannot be loaded: {exc}",
+                                             lib.COL_ERR_UNSUPPORTED,
+                                             offset=int(offset or 0)) from exc
+            self._tokenizer_loaded = True
+        return self._tokenizer
+
+    # -- tensors --------------------------------------------------------------------------------
+
+    def _tensor_from_c(self, index: int) -> TensorInfo:
+        info = ffi.new("col_tensor_info *")
+        errors.raise_for_status(lib.col_model_tensor(self.handle, index, info))
+        shape = tuple(int(info.shape[d]) for d in range(int(info.ndim)))
+        return TensorInfo(_text(info.name), int(info.index),
+                          DTYPE_NAMES.get(int(info.dtype), f"dtype-{int(info.dtype)}"), shape,
+                          int(info.offset), int(info.nbytes), int(info.crc32),
+                          int(info.table_offset))
+
+    @property
+    def tensors(self) -> list[TensorInfo]:
+        """Every tensor, in table (= file offset) order."""
+        return list(self._tensors)
+
+    def __iter__(self) -> Iterator[TensorInfo]:
+        return iter(self._tensors)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def tensor_info(self, name: str) -> TensorInfo:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no tensor {name!r} in {self._path}") from None
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Zero-copy, read-only view of a tensor's data in the mapping, in its storage dtype:
+        float32, float16, or uint16 bit patterns for bf16 (use `tensor_f32` for values)."""
+        info = self.tensor_info(name)
+        c_info = ffi.new("col_tensor_info *")
+        errors.raise_for_status(lib.col_model_tensor(self.handle, info.index, c_info))
+        dtype = NUMPY_DTYPES[int(c_info.dtype)]
+        return _readonly_view(self.handle, c_info.data, info.nbytes, dtype, info.shape)
+
+    def tensor_f32(self, name: str) -> np.ndarray:
+        """A float32 copy of a tensor's values, whatever its storage dtype (bf16 widened exactly)."""
+        data = self.tensor(name)
+        if self.tensor_info(name).dtype == "bf16":
+            return (data.astype(np.uint32) << 16).view(np.float32)
+        return data.astype(np.float32)
+
+    def bytes(self) -> np.ndarray:
+        """The whole file as a zero-copy, read-only uint8 array over the mapping."""
+        size = ffi.new("uint64_t *")
+        ptr = lib.col_model_bytes(self.handle, size)
+        return _readonly_view(self.handle, ptr, int(size[0]), np.uint8, (int(size[0]),))
+
+    @property
+    def size(self) -> int:
+        """File size in bytes (the hex view's `size()`)."""
+        size = ffi.new("uint64_t *")
+        lib.col_model_bytes(self.handle, size)
+        return int(size[0])
+
+    def header_fields(self) -> list[HeaderField]:
+        return header_fields(self.bytes())
+
+    def routing(self, layer: int) -> RoutingInfo:
+        """The routing entry of `layer` (0..n_layers-1)."""
+        if not 0 <= layer < self._hparams.n_layers:
+            raise ColibriValueError(f"layer {layer} outside [0, {self._hparams.n_layers})",
+                                    COL_ERR_INVALID_ARG)
+        out = ffi.new("col_routing_info *")
+        errors.raise_for_status(lib.col_model_routing(self.handle, layer, out))
+        return RoutingInfo(int(out.layer), LAYER_KINDS.get(int(out.kind), f"kind-{int(out.kind)}"),
+                           _no_tensor(int(out.gate_tensor)), _no_tensor(int(out.gate_bias_tensor)),
+                           int(out.top_k), int(out.n_experts), int(out.scoring))
+
+    def check_tensor(self, index: int, checksums: bool = True,
+                     nan_check: bool = True) -> list[Problem]:
+        """Data checks of tensor `index`: CRC-32 against the table and/or a NaN/Inf scan."""
+        if not 0 <= index < len(self._tensors):
+            raise ColibriValueError(f"tensor index {index} outside [0, {len(self._tensors)})",
+                                    COL_ERR_INVALID_ARG)
+        handle, flags = self.handle, _check_flags(checksums, nan_check)
+        status, problems = _collect(
+            lambda buf, cap, n: lib.col_model_check_tensor(handle, index, flags, buf, cap, n))
+        return _validation_result(status, problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# Session
+
+
+def _session_config(model: Model, routing: str, epsilon: float | None, seed: int, threads: int,
+                    max_context: int, trace: bool) -> Any:
+    """A col_session_config with every argument checked first."""
+    if routing not in ROUTING_MODES:
+        raise ColibriValueError(f"unknown routing {routing!r}; expected one of "
+                                f"{', '.join(ROUTING_MODES)}", COL_ERR_INVALID_ARG)
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 4096:
+        raise ColibriValueError(f"threads must be an int in [1, 4096], got {threads!r}",
+                                COL_ERR_INVALID_ARG)
+    limit = model.hparams.max_context
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or not (
+            0 <= max_context <= limit):
+        raise ColibriValueError(f"max_context must be an int in [0, {limit}] (0 = default), "
+                                f"got {max_context!r}", COL_ERR_INVALID_ARG)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ColibriValueError(f"seed must be an int in [0, 2**64), got {seed!r}",
+                                COL_ERR_INVALID_ARG)
+    eps = float(model.hparams.default_epsilon if epsilon is None else epsilon)
+    if not math.isfinite(eps) or eps < 0:
+        raise ColibriValueError(f"epsilon must be finite and >= 0, got {epsilon!r}",
+                                COL_ERR_INVALID_ARG)
+    config = ffi.new("col_session_config *")
+    config.routing = ROUTING_MODES[routing]
+    config.n_threads = threads
+    config.max_context = max_context
+    config.trace = 1 if trace else 0
+    config.epsilon = eps
+    config.seed = seed
+    return config
+
+
+class Session:
+    """One inference stream on a model: KV cache, scratch and routing trace, all allocated at
+    creation. One thread at a time (cffi releases the GIL during each call).
+
+    routing: 'topk' (the family's own math), 'stable' (ties broken by index with `epsilon`,
+    default the model's default_epsilon), 'soft' (every expert, softmax weights), 'gumbel'
+    (top-k on logits + Gumbel noise drawn from `seed`). max_context 0 = min(model's, 4096)."""
+
+    def __init__(self, model: Model, routing: RoutingName = "topk", epsilon: float | None = None,
+                 seed: int = 0, threads: int = 1, max_context: int = 0, trace: bool = True) -> None:
+        config = _session_config(model, routing, epsilon, seed, threads, max_context, trace)
+        model_handle = model.handle
+        out = ffi.new("col_session **")
+        err = ffi.new("char[]", _ERRLEN)
+        status = int(lib.col_session_create(model_handle, config, out, err, _ERRLEN))
+        errors.raise_for_status(status, _text(err))
+        # The destructor closes over the model handle: the model is unmapped only after this
+        # session is freed, whatever order the garbage collector finds them in.
+        self._handle: Any = ffi.gc(out[0], lambda s, _m=model_handle: lib.col_session_free(s))
+        self._model = model
+        self._routing = routing
+        self._vocab = model.hparams.vocab_size
+        self._err = err
+        self._busy = threading.Lock()
+
+    @staticmethod
+    def memory_estimate(model: Model, routing: RoutingName = "topk", epsilon: float | None = None,
+                        seed: int = 0, threads: int = 1, max_context: int = 0,
+                        trace: bool = True) -> int:
+        """Bytes a Session with these arguments would allocate (KV cache, scratch, trace)."""
+        config = _session_config(model, routing, epsilon, seed, threads, max_context, trace)
+        return int(lib.col_session_memory_estimate(model.handle, config))
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Refuse further calls; session memory goes once no trace view still uses it."""
+        self._handle = None
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def model(self) -> Model:
+        return self._model
+
+    @property
+    def routing(self) -> str:
+        return self._routing
+
+    def _live(self) -> Any:
+        if self._handle is None:
+            raise ColibriValueError("session is closed", COL_ERR_INVALID_ARG)
+        return self._handle
+
+    def _acquire(self) -> None:
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("colibri.Session used from two threads at once")
+
+    # -- inference ------------------------------------------------------------------------------
+
+    def _check_tokens(self, tokens: np.ndarray) -> None:
+        bad = (tokens < 0) | (tokens >= self._vocab)
+        if bad.any():
+            first = int(tokens[np.argmax(bad)])
+            raise ColibriValueError(f"token id {first} outside [0, {self._vocab})",
+                                    COL_ERR_BAD_TOKEN)
+
+    def prefill(self, token_ids: Iterable[int] | np.ndarray) -> np.ndarray:
+        """Process `token_ids` at the next positions; returns float32 logits [n, vocab], one row
+        per processed position. Nothing is processed when it raises."""
+        tokens = np.asarray(list(token_ids) if not isinstance(token_ids, np.ndarray) else token_ids)
+        if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
+            raise ColibriValueError("token_ids must be a 1-D sequence of ints", COL_ERR_INVALID_ARG)
+        self._check_tokens(tokens)
+        n = int(tokens.size)
+        logits = np.empty((n, self._vocab), dtype=np.float32)
+        if n == 0:
+            return logits
+        ids = np.ascontiguousarray(tokens, dtype=np.int32)
+        handle = self._live()
+        self._acquire()
+        try:
+            status = int(lib.col_session_prefill(
+                handle, ffi.from_buffer("int32_t[]", ids), n,
+                ffi.from_buffer("float[]", logits, require_writable=True), self._err, _ERRLEN))
+            errors.raise_for_status(status, _text(self._err))
+        finally:
+            self._busy.release()
+        return logits
+
+    def step(self, token_id: int) -> np.ndarray:
+        """Process one token at the next position; returns its float32 logits [vocab]."""
+        if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)):
+            raise ColibriValueError(f"token id must be an int, got {token_id!r}",
+                                    COL_ERR_INVALID_ARG)
+        if not 0 <= int(token_id) < self._vocab:
+            raise ColibriValueError(f"token id {int(token_id)} outside [0, {self._vocab})",
+                                    COL_ERR_BAD_TOKEN)
+        logits = np.empty(self._vocab, dtype=np.float32)
+        handle = self._live()
+        self._acquire()
+        try:
+            status = int(lib.col_session_step(
+                handle, int(token_id), ffi.from_buffer("float[]", logits, require_writable=True),
+                self._err, _ERRLEN))
+            errors.raise_for_status(status, _text(self._err))
+        finally:
+            self._busy.release()
+        return logits
+
+    def reset(self) -> None:
+        """Forget every position (KV cache and trace); keep configuration and buffers."""
+        handle = self._live()
+        self._acquire()
+        try:
+            errors.raise_for_status(int(lib.col_session_reset(handle)))
+        finally:
+            self._busy.release()
+
+    @property
+    def position(self) -> int:
+        """Positions processed since creation or the last reset."""
+        return int(lib.col_session_position(self._live()))
+
+    @property
+    def trace(self) -> Trace | None:
+        """The routing trace sliced to the positions processed so far (live read-only views), or
+        None when the session was created with trace=False."""
+        handle = self._live()
+        t = ffi.new("col_trace_view *")
+        errors.raise_for_status(int(lib.col_session_trace(handle, t)))
+        if t.capacity == 0:
+            return None
+        cap, n = int(t.capacity), int(t.n_positions)
+        n_moe, k, n_exp, n_layers = int(t.n_moe_layers), int(t.k), int(t.n_experts), int(t.n_layers)
+
+        def view(ptr: Any, dtype: Any, *inner: int) -> np.ndarray:
+            per_row = math.prod(inner) * np.dtype(dtype).itemsize
+            full = _readonly_view(handle, ptr, cap * per_row, dtype, (cap, *inner))
+            return full[:n]
+
+        return Trace(
+            tokens=view(t.tokens, np.int32),
+            moe_layers=_readonly_view(handle, t.moe_layers, n_moe * 4, np.int32, (n_moe,)),
+            expert_ids=view(t.expert_ids, np.int32, n_moe, k),
+            expert_weights=view(t.expert_weights, np.float32, n_moe, k),
+            router_logits=view(t.router_logits, np.float32, n_moe, n_exp),
+            shared_gate=view(t.shared_gate, np.float32, n_moe),
+            hidden_norm=view(t.hidden_norm, np.float32, n_moe),
+            phase_ns=view(t.phase_ns, np.uint64, n_layers, int(lib.COL_PHASE_COUNT)),
+            token_ns=view(t.token_ns, np.uint64),
+        )
+
+
+__all__ = ["ColibriError", "HParams", "HeaderField", "Model", "Problem", "RoutingInfo", "Session",
+           "TensorInfo", "Trace", "header_fields", "validate", "validate_bytes"]

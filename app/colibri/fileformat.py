@@ -1,0 +1,330 @@
+"""Writing `.colibri` files (the byte layout of docs/format.md).
+
+The engine's C reader (engine_c/src/format.c) is the one place that *reads* and validates the
+format; this module is the one place that *writes* it. The converter and the test corpus of
+deliberately broken files both build on it: `plan_file` computes every offset from the tensor
+shapes alone, `write_colibri` streams tensor data to a temporary file and renames it into place,
+and `build_bytes` returns the image in memory so tests can corrupt any byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+MAGIC = b"COLI"
+FORMAT_VERSION = 1
+HEADER_SIZE = 256
+ROUTING_ENTRY_SIZE = 32
+TENSOR_ENTRY_SIZE = 128
+TENSOR_NAME_MAX = 64
+ALIGNMENT = 64
+NO_TENSOR = 0xFFFFFFFF
+
+DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
+DTYPE_NAMES = {DTYPE_F32: "f32", DTYPE_F16: "f16", DTYPE_BF16: "bf16"}
+DTYPE_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
+DTYPE_SIZES = {DTYPE_F32: 4, DTYPE_F16: 2, DTYPE_BF16: 2}
+
+ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4
+ARCH_NAMES = {ARCH_MIXTRAL: "mixtral", ARCH_QWEN2_MOE: "qwen2_moe", ARCH_QWEN3_MOE: "qwen3_moe",
+              ARCH_OLMOE: "olmoe"}
+
+FLAG_NORM_TOPK = 1
+FLAG_TIED_EMBEDDINGS = 2
+FLAG_SHARED_EXPERT = 4
+FLAG_SHARED_EXPERT_GATE = 8
+FLAG_QKV_BIAS = 16
+FLAG_O_BIAS = 32
+FLAG_QK_NORM_HEAD = 64
+FLAG_QK_NORM_FULL = 128
+
+LAYER_DENSE, LAYER_MOE = 0, 1
+
+# Fixed-header fields after the first 0x28 bytes: (offset, struct code, HParams attribute).
+_HPARAM_FIELDS: tuple[tuple[int, str, str], ...] = (
+    (0x058, "<I", "arch"), (0x05C, "<I", "flags"), (0x060, "<I", "d_model"),
+    (0x064, "<I", "n_heads"), (0x068, "<I", "n_kv_heads"), (0x06C, "<I", "head_dim"),
+    (0x070, "<I", "vocab_size"), (0x074, "<I", "max_context"), (0x078, "<I", "d_ff_expert"),
+    (0x07C, "<I", "d_ff_dense"), (0x080, "<I", "d_ff_shared"), (0x084, "<I", "n_experts_active"),
+    (0x088, "<I", "sliding_window"), (0x08C, "<I", "rope_type"), (0x090, "<d", "rope_theta"),
+    (0x098, "<f", "rope_factor"), (0x09C, "<I", "rope_original_max_context"),
+    (0x0A0, "<f", "rope_low_freq_factor"), (0x0A4, "<f", "rope_high_freq_factor"),
+    (0x0A8, "<f", "norm_eps"), (0x0AC, "<f", "clip_qkv"), (0x0B0, "<f", "default_epsilon"),
+    (0x0B4, "<i", "bos_token_id"), (0x0B8, "<i", "eos_token_id"),
+)
+
+
+@dataclass
+class HParams:
+    """Architecture and hyper-parameters, as stored in the fixed header."""
+
+    arch: int
+    n_layers: int
+    n_experts: int
+    n_experts_active: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_context: int
+    d_ff_expert: int
+    d_ff_dense: int = 0
+    d_ff_shared: int = 0
+    flags: int = 0
+    sliding_window: int = 0
+    rope_type: int = 0
+    rope_theta: float = 10000.0
+    rope_factor: float = 1.0
+    rope_original_max_context: int = 0
+    rope_low_freq_factor: float = 0.0
+    rope_high_freq_factor: float = 0.0
+    norm_eps: float = 1e-6
+    clip_qkv: float = 0.0
+    default_epsilon: float = 1e-8
+    bos_token_id: int = -1
+    eos_token_id: int = -1
+
+
+@dataclass
+class TensorSpec:
+    """One tensor to write. `load` returns the data already in the storage dtype
+    (float32, float16, or uint16 bit patterns for bf16), C-contiguous, of shape `shape`."""
+
+    name: str
+    dtype: int
+    shape: tuple[int, ...]
+    load: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.uint64)) * DTYPE_SIZES[self.dtype]
+
+
+@dataclass
+class FilePlan:
+    """Every offset of a file, computed before any data is written."""
+
+    hparams: HParams
+    layer_kinds: list[int]
+    tensors: list[TensorSpec]
+    offsets: list[int]
+    routing_offset: int
+    tensor_table_offset: int
+    tokenizer_offset: int
+    tokenizer: bytes
+    metadata_offset: int
+    metadata: bytes
+    data_offset: int
+    file_size: int
+    crcs: list[int] = field(default_factory=list)
+
+
+def _align(value: int, alignment: int) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+def to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even, NaN kept quiet."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        rounded[nan] = ((bits[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
+    return rounded
+
+
+def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def to_storage(values: np.ndarray, dtype: int) -> np.ndarray:
+    """Convert float data to the array `TensorSpec.load` must return for `dtype`."""
+    values = np.asarray(values, dtype=np.float32)
+    if dtype == DTYPE_F32:
+        return np.ascontiguousarray(values)
+    if dtype == DTYPE_F16:
+        return np.ascontiguousarray(values.astype(np.float16))
+    if dtype == DTYPE_BF16:
+        return to_bf16_bits(values)
+    raise ValueError(f"unknown dtype {dtype}")
+
+
+def storage_to_f32(data: np.ndarray, dtype: int) -> np.ndarray:
+    """Inverse of to_storage: the float32 values a storage array stands for."""
+    if dtype == DTYPE_BF16:
+        return bf16_bits_to_f32(data)
+    return np.asarray(data).astype(np.float32)
+
+
+def plan_file(hparams: HParams, layer_kinds: Sequence[int], tensors: Sequence[TensorSpec],
+              tokenizer: bytes = b"", metadata: dict | None = None) -> FilePlan:
+    """Lay out a file: sections in the documented order, tensors 64-byte aligned in list order."""
+    if len(layer_kinds) != hparams.n_layers:
+        raise ValueError(f"{len(layer_kinds)} layer kinds for {hparams.n_layers} layers")
+    names = [t.name for t in tensors]
+    if len(set(names)) != len(names):
+        raise ValueError("duplicate tensor names")
+    meta_bytes = json.dumps(metadata or {}, sort_keys=True).encode("utf-8")
+    routing_offset = HEADER_SIZE
+    table_offset = _align(routing_offset + ROUTING_ENTRY_SIZE * hparams.n_layers, 8)
+    tokenizer_offset = _align(table_offset + TENSOR_ENTRY_SIZE * len(tensors), 8)
+    metadata_offset = _align(tokenizer_offset + len(tokenizer), 8)
+    data_offset = _align(metadata_offset + len(meta_bytes), ALIGNMENT)
+    offsets = []
+    cursor = data_offset
+    for t in tensors:
+        offsets.append(cursor)
+        cursor = _align(cursor + t.nbytes, ALIGNMENT)
+    file_size = offsets[-1] + tensors[-1].nbytes if tensors else data_offset
+    return FilePlan(hparams, list(layer_kinds), list(tensors), offsets, routing_offset, table_offset,
+                    tokenizer_offset if tokenizer else 0, bytes(tokenizer),
+                    metadata_offset if meta_bytes else 0, meta_bytes, data_offset, file_size)
+
+
+def _routing_bytes(plan: FilePlan) -> bytes:
+    index = {t.name: i for i, t in enumerate(plan.tensors)}
+    out = bytearray()
+    for layer, kind in enumerate(plan.layer_kinds):
+        if kind == LAYER_MOE:
+            gate = index.get(f"layers.{layer}.moe_gate", NO_TENSOR)
+            out += struct.pack("<8I", layer, kind, gate, NO_TENSOR, plan.hparams.n_experts_active,
+                               plan.hparams.n_experts, 0, 0)
+        else:
+            out += struct.pack("<8I", layer, kind, NO_TENSOR, NO_TENSOR, 0, 0, 0, 0)
+    return bytes(out)
+
+
+def _table_bytes(plan: FilePlan) -> bytes:
+    out = bytearray()
+    for t, offset, crc in zip(plan.tensors, plan.offsets, plan.crcs):
+        name = t.name.encode("ascii")
+        if len(name) >= TENSOR_NAME_MAX:
+            raise ValueError(f"tensor name too long: {t.name}")
+        shape = list(t.shape) + [0] * (4 - len(t.shape))
+        out += name.ljust(TENSOR_NAME_MAX, b"\0")
+        out += struct.pack("<II4QQQII", t.dtype, len(t.shape), *shape, offset, t.nbytes, crc, 0)
+    return bytes(out)
+
+
+def header_bytes(plan: FilePlan, routing: bytes, table: bytes) -> bytes:
+    """The 256-byte fixed header, CRCs included."""
+    hp = plan.hparams
+    n_moe = sum(1 for k in plan.layer_kinds if k == LAYER_MOE)
+    head = bytearray(HEADER_SIZE)
+    struct.pack_into("<4sIIIII", head, 0, MAGIC, FORMAT_VERSION, hp.n_experts, hp.n_layers,
+                     HEADER_SIZE, len(plan.tensors))
+    struct.pack_into("<QQQQQQQQ", head, 0x18, plan.routing_offset, plan.data_offset,
+                     plan.tensor_table_offset, plan.tokenizer_offset, len(plan.tokenizer),
+                     plan.metadata_offset, len(plan.metadata), plan.file_size)
+    for offset, code, attr in _HPARAM_FIELDS:
+        struct.pack_into(code, head, offset, getattr(hp, attr))
+    struct.pack_into("<I", head, 0x0BC, n_moe)
+    fix_crcs(head, routing + table)
+    return bytes(head)
+
+
+def fix_crcs(head: bytearray, tables: bytes) -> None:
+    """Recompute header_crc32 (0x0C0) and tables_crc32 (0x0C4) in place."""
+    struct.pack_into("<I", head, 0x0C4, zlib.crc32(tables) & 0xFFFFFFFF)
+    struct.pack_into("<I", head, 0x0C0, zlib.crc32(bytes(head[:0xC0])) & 0xFFFFFFFF)
+
+
+def refresh_checksums(image: bytearray) -> None:
+    """Recompute the header and tables CRCs of a whole file image after editing it in place, so
+    that a test's deliberate corruption is reported as itself rather than as a checksum error.
+    Uses the (possibly edited) section offsets in the header."""
+    n_layers, _hs, n_tensors = struct.unpack_from("<III", image, 0x0C)
+    routing_offset = struct.unpack_from("<Q", image, 0x18)[0]
+    table_offset = struct.unpack_from("<Q", image, 0x28)[0]
+    routing = bytes(image[routing_offset:routing_offset + n_layers * ROUTING_ENTRY_SIZE])
+    table = bytes(image[table_offset:table_offset + n_tensors * TENSOR_ENTRY_SIZE])
+    head = bytearray(image[:HEADER_SIZE])
+    fix_crcs(head, routing + table)
+    image[:HEADER_SIZE] = head
+
+
+def _tensor_data(spec: TensorSpec) -> bytes:
+    data = np.ascontiguousarray(spec.load())
+    if tuple(data.shape) != tuple(spec.shape):
+        raise ValueError(f"tensor {spec.name}: data shape {data.shape} != declared {spec.shape}")
+    raw = data.tobytes()
+    if len(raw) != spec.nbytes:
+        raise ValueError(f"tensor {spec.name}: {len(raw)} bytes, expected {spec.nbytes}")
+    return raw
+
+
+def build_bytes(plan: FilePlan) -> bytearray:
+    """The whole file image in memory (for tests and small files)."""
+    image = bytearray(plan.file_size)
+    plan.crcs = []
+    for spec, offset in zip(plan.tensors, plan.offsets):
+        raw = _tensor_data(spec)
+        image[offset:offset + len(raw)] = raw
+        plan.crcs.append(zlib.crc32(raw) & 0xFFFFFFFF)
+    _write_metadata_sections(plan, image)
+    return image
+
+
+def _write_metadata_sections(plan: FilePlan, image: bytearray) -> None:
+    routing, table = _routing_bytes(plan), _table_bytes(plan)
+    image[:HEADER_SIZE] = header_bytes(plan, routing, table)
+    image[plan.routing_offset:plan.routing_offset + len(routing)] = routing
+    image[plan.tensor_table_offset:plan.tensor_table_offset + len(table)] = table
+    if plan.tokenizer:
+        image[plan.tokenizer_offset:plan.tokenizer_offset + len(plan.tokenizer)] = plan.tokenizer
+    if plan.metadata:
+        image[plan.metadata_offset:plan.metadata_offset + len(plan.metadata)] = plan.metadata
+
+
+def write_colibri(path: str | os.PathLike[str], plan: FilePlan,
+                  progress: Callable[[int, int], None] | None = None) -> None:
+    """Stream `plan` to `path`: data first (one tensor in memory at a time), then the header and
+    tables, fsync, and an atomic rename. On any error the temporary file is removed and an
+    existing file at `path` is left untouched."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".colibri-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            plan.crcs = []
+            out.truncate(plan.file_size)
+            for i, (spec, offset) in enumerate(zip(plan.tensors, plan.offsets)):
+                raw = _tensor_data(spec)
+                out.seek(offset)
+                out.write(raw)
+                plan.crcs.append(zlib.crc32(raw) & 0xFFFFFFFF)
+                if progress is not None:
+                    progress(i + 1, len(plan.tensors))
+            head = bytearray(plan.data_offset)
+            _write_metadata_sections(plan, head)
+            out.seek(0)
+            out.write(head)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def tensor_specs_from_arrays(arrays: Iterable[tuple[str, np.ndarray, int]]) -> list[TensorSpec]:
+    """Specs for in-memory float arrays: (name, values, dtype) -> stored in `dtype`."""
+    specs = []
+    for name, values, dtype in arrays:
+        stored = to_storage(values, dtype)
+        specs.append(TensorSpec(name, dtype, tuple(int(s) for s in stored.shape),
+                                lambda stored=stored: stored))
+    return specs

@@ -1,0 +1,370 @@
+/*
+ * colibri.h - the public interface of the Colibri MoE inference engine.
+ *
+ * If it is not in this header it is not API. Two opaque handles:
+ *   col_model   - a read-only mapping of a .colibri file plus its parsed, validated header.
+ *                 Immutable after col_model_open; any number of threads may read it and create
+ *                 sessions on it concurrently.
+ *   col_session - the mutable state of one inference stream: arena, KV cache, scratch, trace.
+ *                 One thread at a time. A session borrows its model: close the model only after
+ *                 freeing every session made on it.
+ *
+ * Errors are values: every fallible function returns a col_status (0 = COL_OK) and fills either a
+ * caller-supplied col_problem (format problems: code, byte offset, tensor, message) or a
+ * caller-supplied `char *err, size_t errlen` buffer (may be NULL/0). Nothing here exits, aborts or
+ * longjmps on bad input.
+ *
+ * File format summary (full byte tables in docs/format.md). All little-endian.
+ *   0x000 "COLI" | 0x004 u32 version=1 | 0x008 u32 num_experts | 0x00C u32 num_layers
+ *   0x010 u32 header_size | 0x014 u32 tensor_count | 0x018 u64 routing_offset | 0x020 u64 data_offset
+ *   then the rest of the 256-byte fixed header (section offsets, hyper-parameters, CRCs),
+ *   the routing section (32 bytes per layer), the tensor table (128 bytes per tensor, sorted by
+ *   offset), the tokenizer (tokenizer.json bytes), user metadata (UTF-8 JSON), and tensor data,
+ *   every tensor 64-byte aligned.
+ *
+ * The block between COL_CDEF_BEGIN and COL_CDEF_END is read verbatim by the Python binding's cffi
+ * build: keep it plain C declarations (no macros, no inline functions, no preprocessor lines).
+ */
+#ifndef COLIBRI_H
+#define COLIBRI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define COL_ABI_VERSION 1
+#define COL_FORMAT_VERSION 1
+#define COL_HEADER_SIZE 256
+#define COL_ROUTING_ENTRY_SIZE 32
+#define COL_TENSOR_ENTRY_SIZE 128
+#define COL_TENSOR_NAME_MAX 64
+#define COL_ALIGNMENT 64
+#define COL_NO_TENSOR 0xFFFFFFFFu
+
+/* COL_CDEF_BEGIN */
+
+/* Status codes. Append-only: values are part of the ABI and of `colibri validate --json`. */
+typedef enum col_status {
+    COL_OK = 0,
+    COL_ERR_IO = 1,              /* cannot open, stat, read or map the file */
+    COL_ERR_NOMEM = 2,           /* an allocation failed */
+    COL_ERR_INVALID_ARG = 3,     /* a caller broke a documented precondition */
+    COL_ERR_TRUNCATED = 4,       /* file shorter than the header or than its declared file_size */
+    COL_ERR_BAD_MAGIC = 5,       /* first four bytes are not "COLI" */
+    COL_ERR_BAD_VERSION = 6,     /* format version this engine does not read */
+    COL_ERR_LIMIT = 7,           /* a count or size beyond a stated limit, or that would overflow */
+    COL_ERR_HEADER = 8,          /* a header field is inconsistent (header_size, hyper-parameters) */
+    COL_ERR_SECTION_BOUNDS = 9,  /* routing section, tensor table, tokenizer or metadata outside the file */
+    COL_ERR_TENSOR_BOUNDS = 10,  /* tensor data outside the file or before data_offset */
+    COL_ERR_MISALIGNED = 11,     /* an offset that must be 64-byte aligned is not */
+    COL_ERR_SIZE_MISMATCH = 12,  /* tensor byte size != product(shape) * dtype size */
+    COL_ERR_OVERLAP = 13,        /* two tensors' data ranges overlap, or table not sorted by offset */
+    COL_ERR_MISSING_TENSOR = 14, /* a tensor the architecture requires is absent */
+    COL_ERR_SHAPE = 15,          /* a tensor's shape does not match the hyper-parameters */
+    COL_ERR_DTYPE = 16,          /* unknown dtype, or a dtype not allowed for that tensor */
+    COL_ERR_NAME = 17,           /* tensor name not NUL-terminated, empty, bad characters, duplicate */
+    COL_ERR_CHECKSUM = 18,       /* CRC-32 mismatch (header, tables, or a tensor's data) */
+    COL_ERR_NONFINITE = 19,      /* NaN or Inf in a tensor */
+    COL_ERR_UNSUPPORTED = 20,    /* architecture or feature this engine does not run */
+    COL_ERR_ROUTING = 21,        /* routing section inconsistent with header or tensor table */
+    COL_ERR_CONTEXT_FULL = 22,   /* session has no room for another position */
+    COL_ERR_BAD_TOKEN = 23,      /* token id outside [0, vocab_size) */
+    COL_ERR_UNKNOWN_TENSOR = 24  /* warning: a tensor no architecture rule uses */
+} col_status;
+
+typedef enum col_severity {
+    COL_SEVERITY_ERROR = 0,
+    COL_SEVERITY_WARNING = 1
+} col_severity;
+
+/* One validation finding. `offset` is the absolute byte offset in the file the finding is about
+ * (the field, table entry or data byte); `tensor` is the tensor's name or "" when none applies. */
+typedef struct col_problem {
+    int32_t code;        /* col_status */
+    int32_t severity;    /* col_severity */
+    uint64_t offset;
+    char tensor[64];
+    char message[256];
+} col_problem;
+
+typedef enum col_dtype {
+    COL_DTYPE_F32 = 0,
+    COL_DTYPE_F16 = 1,
+    COL_DTYPE_BF16 = 2
+} col_dtype;
+
+typedef enum col_arch {
+    COL_ARCH_MIXTRAL = 1,
+    COL_ARCH_QWEN2_MOE = 2,
+    COL_ARCH_QWEN3_MOE = 3,
+    COL_ARCH_OLMOE = 4
+} col_arch;
+
+/* Bits of col_hparams.flags (header offset 0x05C). */
+typedef enum col_model_flag {
+    COL_FLAG_NORM_TOPK = 1,          /* renormalise the k selected weights to sum to 1 */
+    COL_FLAG_TIED_EMBEDDINGS = 2,    /* logits use token_embd; no "output" tensor */
+    COL_FLAG_SHARED_EXPERT = 4,      /* MoE layers have a shared expert (shared_w1/w2/w3) */
+    COL_FLAG_SHARED_EXPERT_GATE = 8, /* shared expert output scaled by sigmoid(shared_gate . x) */
+    COL_FLAG_QKV_BIAS = 16,          /* attn_q_bias, attn_k_bias, attn_v_bias present */
+    COL_FLAG_O_BIAS = 32,            /* attn_o_bias present */
+    COL_FLAG_QK_NORM_HEAD = 64,      /* RMSNorm of each head's q and k ([head_dim] weights), before RoPE */
+    COL_FLAG_QK_NORM_FULL = 128      /* RMSNorm over the whole projected q and k (OLMoE), before RoPE */
+} col_model_flag;
+
+typedef enum col_rope_type {
+    COL_ROPE_DEFAULT = 0,
+    COL_ROPE_LINEAR = 1
+} col_rope_type;
+
+typedef enum col_layer_kind {
+    COL_LAYER_DENSE = 0,
+    COL_LAYER_MOE = 1
+} col_layer_kind;
+
+/* Decoded hyper-parameters (header bytes 0x000..0x0BF). */
+typedef struct col_hparams {
+    uint32_t version;
+    uint32_t arch;                 /* col_arch */
+    uint32_t flags;                /* col_model_flag bits */
+    uint32_t n_layers;
+    uint32_t n_experts;            /* routed experts per MoE layer */
+    uint32_t n_experts_active;     /* top-k */
+    uint32_t n_moe_layers;
+    uint32_t d_model;
+    uint32_t n_heads;
+    uint32_t n_kv_heads;
+    uint32_t head_dim;
+    uint32_t vocab_size;
+    uint32_t max_context;
+    uint32_t d_ff_expert;
+    uint32_t d_ff_dense;           /* 0 when every layer is MoE */
+    uint32_t d_ff_shared;          /* 0 without shared expert */
+    uint32_t sliding_window;       /* 0 = full causal attention */
+    uint32_t rope_type;            /* col_rope_type */
+    uint32_t rope_original_max_context;
+    int32_t bos_token_id;          /* -1 = none */
+    int32_t eos_token_id;          /* -1 = none */
+    double rope_theta;
+    float rope_factor;
+    float rope_low_freq_factor;
+    float rope_high_freq_factor;
+    float norm_eps;
+    float clip_qkv;                /* 0 = no clipping */
+    float default_epsilon;         /* suggested stable-top-k epsilon */
+} col_hparams;
+
+/* One tensor table entry, decoded. `data` points into the read-only mapping (never write it). */
+typedef struct col_tensor_info {
+    char name[64];
+    uint32_t index;
+    uint32_t dtype;                /* col_dtype */
+    uint32_t ndim;                 /* 1..4 */
+    uint64_t shape[4];             /* row-major; unused trailing dims are 0 */
+    uint64_t offset;               /* absolute file offset of the first data byte */
+    uint64_t nbytes;
+    uint32_t crc32;                /* CRC-32 (IEEE, zlib) of the data bytes */
+    uint64_t table_offset;         /* absolute offset of this entry in the tensor table */
+    const void *data;
+} col_tensor_info;
+
+/* One routing section entry (per layer). */
+typedef struct col_routing_info {
+    uint32_t layer;
+    uint32_t kind;                 /* col_layer_kind */
+    uint32_t gate_tensor;          /* tensor index of layers.L.moe_gate, COL_NO_TENSOR for dense */
+    uint32_t gate_bias_tensor;     /* COL_NO_TENSOR when the router has no bias */
+    uint32_t top_k;
+    uint32_t n_experts;
+    uint32_t scoring;              /* 0 = softmax over all experts, then top-k */
+} col_routing_info;
+
+/* One field of the fixed header, for structure views (a hex editor's template). */
+typedef enum col_field_kind {
+    COL_FIELD_BYTES = 0,
+    COL_FIELD_U32 = 1,
+    COL_FIELD_I32 = 2,
+    COL_FIELD_U64 = 3,
+    COL_FIELD_F32 = 4,
+    COL_FIELD_F64 = 5
+} col_field_kind;
+
+typedef struct col_field {
+    char name[48];
+    char group[32];                /* "identity", "sections", "hyper-parameters", "integrity", ... */
+    uint64_t offset;
+    uint32_t size;
+    uint32_t kind;                 /* col_field_kind */
+    int32_t present;               /* 0 when the buffer ends before this field */
+    uint64_t u;                    /* value for U32/U64 */
+    int64_t i;                     /* value for I32 */
+    double f;                      /* value for F32/F64 */
+} col_field;
+
+/* Validation flags (bit set). Structural checks always run. */
+typedef enum col_check_flag {
+    COL_CHECK_CHECKSUMS = 1,       /* verify every tensor's CRC-32 (reads all data) */
+    COL_CHECK_NONFINITE = 2        /* scan every float tensor for NaN/Inf (reads all data) */
+} col_check_flag;
+
+typedef enum col_routing_mode {
+    COL_ROUTING_TOPK = 0,          /* the family's own math */
+    COL_ROUTING_STABLE = 1,        /* select on (double)logit[j] + j*epsilon; weights from raw logits */
+    COL_ROUTING_SOFT = 2,          /* every expert, weights = softmax over all router logits */
+    COL_ROUTING_GUMBEL = 3         /* select on logit[j] + Gumbel noise from (seed, position, layer, j) */
+} col_routing_mode;
+
+/* Timing phases recorded per (position, layer). */
+typedef enum col_phase {
+    COL_PHASE_ATTENTION = 0,
+    COL_PHASE_ROUTER = 1,
+    COL_PHASE_EXPERTS = 2,
+    COL_PHASE_COMBINE = 3,
+    COL_PHASE_LAYER = 4,
+    COL_PHASE_COUNT = 5
+} col_phase;
+
+typedef struct col_session_config {
+    uint32_t routing;              /* col_routing_mode */
+    uint32_t n_threads;            /* >= 1; results are bit-identical for any value */
+    uint32_t max_context;          /* positions the KV cache and trace hold; 0 = min(model max_context, 4096) */
+    uint32_t trace;                /* 1 = record the routing trace and timings, 0 = off */
+    double epsilon;                /* stable-top-k epsilon (COL_ROUTING_STABLE) */
+    uint64_t seed;                 /* Gumbel seed (COL_ROUTING_GUMBEL) */
+} col_session_config;
+
+/* Pointers into session memory; valid until the session is freed. Arrays are row-major and
+ * sized for `capacity` positions; only the first `n_positions` rows are filled.
+ * `k` is n_experts_active, or n_experts in soft routing. Dense layers have no routing rows. */
+typedef struct col_trace_view {
+    uint32_t n_positions;
+    uint32_t capacity;
+    uint32_t n_layers;
+    uint32_t n_moe_layers;
+    uint32_t k;
+    uint32_t n_experts;
+    const int32_t *moe_layers;     /* [n_moe_layers] layer index of each MoE layer */
+    const int32_t *tokens;         /* [capacity] token id at each position */
+    const int32_t *expert_ids;     /* [capacity][n_moe_layers][k], in selection order */
+    const float *expert_weights;   /* [capacity][n_moe_layers][k] combination weights */
+    const float *router_logits;    /* [capacity][n_moe_layers][n_experts] raw router logits */
+    const float *shared_gate;      /* [capacity][n_moe_layers] sigmoid gate of the shared expert, NaN if none */
+    const float *hidden_norm;      /* [capacity][n_moe_layers] L2 norm of the router's input */
+    const uint64_t *phase_ns;      /* [capacity][n_layers][COL_PHASE_COUNT] monotonic nanoseconds */
+    const uint64_t *token_ns;      /* [capacity] whole forward pass of the position */
+} col_trace_view;
+
+typedef struct col_model col_model;
+typedef struct col_session col_session;
+
+/* ABI version of the compiled engine (COL_ABI_VERSION); the Python binding refuses a mismatch. */
+uint32_t col_abi_version(void);
+
+/* Human-readable name of a status code ("COL_ERR_SHAPE"); static storage, thread safe. */
+const char *col_status_name(int32_t status);
+
+/* Byte size of one element of `dtype`, 0 for an unknown dtype. Thread safe. */
+uint32_t col_dtype_size(uint32_t dtype);
+
+/* CRC-32 (IEEE 802.3 polynomial, zlib-compatible) of `n` bytes, continuing from `crc` (0 to start). */
+uint32_t col_crc32(uint32_t crc, const void *data, size_t n);
+
+/* Validate the bytes of a whole .colibri file held in memory. Never reads outside
+ * [data, data+size). Writes up to `max_problems` findings to `problems` (may be NULL when 0) and
+ * the total count found to `*n_problems` (may exceed max_problems). Warnings do not fail it.
+ * Returns COL_OK when there is no error-severity finding, else the code of the first error.
+ * Allocates nothing; thread safe. */
+int32_t col_validate_buffer(const uint8_t *data, uint64_t size, uint32_t check_flags,
+                            col_problem *problems, uint32_t max_problems, uint32_t *n_problems);
+
+/* Same, for a file on disk: maps it read-only, validates, unmaps. Returns COL_ERR_IO (with one
+ * problem describing why) when the file cannot be opened or mapped. Thread safe. */
+int32_t col_validate_file(const char *path, uint32_t check_flags,
+                          col_problem *problems, uint32_t max_problems, uint32_t *n_problems);
+
+/* Number of fields of the fixed header (constant). */
+uint32_t col_header_field_count(void);
+
+/* Describe fixed-header field `index` decoded from `data` (which may be any bytes, of any size:
+ * fields past `size` get present = 0). Returns COL_ERR_INVALID_ARG for index out of range. */
+int32_t col_header_field(const uint8_t *data, uint64_t size, uint32_t index, col_field *out);
+
+/* Map `path` read-only and run every structural check (not checksums or NaN scans: see
+ * col_model_check_tensor). On success *out owns the mapping; release it with col_model_close.
+ * On failure *out is NULL and `problem` (may be NULL) holds the first error. */
+int32_t col_model_open(const char *path, col_model **out, col_problem *problem);
+
+/* Unmap and free. NULL is a no-op. All sessions on the model must have been freed. */
+void col_model_close(col_model *model);
+
+/* The whole mapped file (read-only) and its size. */
+const uint8_t *col_model_bytes(const col_model *model, uint64_t *size);
+
+/* Copy the decoded hyper-parameters to *out. */
+int32_t col_model_hparams(const col_model *model, col_hparams *out);
+
+uint32_t col_model_tensor_count(const col_model *model);
+
+/* Describe tensor `index` (table order, which is offset order). COL_ERR_INVALID_ARG if out of range. */
+int32_t col_model_tensor(const col_model *model, uint32_t index, col_tensor_info *out);
+
+/* Index of the tensor called `name`, or COL_ERR_MISSING_TENSOR. */
+int32_t col_model_find_tensor(const col_model *model, const char *name, uint32_t *index);
+
+/* Routing entry of `layer` (0..n_layers-1). */
+int32_t col_model_routing(const col_model *model, uint32_t layer, col_routing_info *out);
+
+/* The embedded tokenizer.json and user-metadata JSON bytes (not NUL-terminated; size may be 0). */
+const uint8_t *col_model_tokenizer(const col_model *model, uint64_t *size);
+const uint8_t *col_model_metadata(const col_model *model, uint64_t *size);
+
+/* Data checks of one tensor (COL_CHECK_* flags): CRC-32 against the table, NaN/Inf scan.
+ * Findings as in col_validate_buffer. Thread safe; reads only that tensor's bytes. */
+int32_t col_model_check_tensor(const col_model *model, uint32_t index, uint32_t check_flags,
+                               col_problem *problems, uint32_t max_problems, uint32_t *n_problems);
+
+/* Bytes col_session_create would allocate for `config` (arena: KV cache, scratch, trace). */
+uint64_t col_session_memory_estimate(const col_model *model, const col_session_config *config);
+
+/* Create a session: allocates every buffer it will ever use. The per-token path never allocates.
+ * Returns COL_ERR_NOMEM, COL_ERR_INVALID_ARG (bad routing mode, n_threads 0, max_context too big). */
+int32_t col_session_create(const col_model *model, const col_session_config *config,
+                           col_session **out, char *err, size_t errlen);
+
+/* Free a session and everything it allocated. NULL is a no-op. */
+void col_session_free(col_session *session);
+
+/* Forget every position (KV cache and trace) but keep the configuration and buffers. */
+int32_t col_session_reset(col_session *session);
+
+/* Process `n` tokens at positions position..position+n-1. When `logits` is not NULL it receives
+ * [n][vocab_size] float32 logits of every processed position. The last position's logits are
+ * also readable with col_session_logits. Errors: COL_ERR_CONTEXT_FULL, COL_ERR_BAD_TOKEN (nothing
+ * processed in either case). */
+int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_t n,
+                            float *logits, char *err, size_t errlen);
+
+/* Process one token; `logits` (may be NULL) receives [vocab_size] float32 logits. */
+int32_t col_session_step(col_session *session, int32_t token, float *logits,
+                         char *err, size_t errlen);
+
+/* Logits of the most recently processed position: [vocab_size], owned by the session. */
+const float *col_session_logits(const col_session *session);
+
+/* Number of positions processed since creation or the last reset. */
+uint32_t col_session_position(const col_session *session);
+
+/* Fill *out with pointers to the trace (zero-copy). All counts are 0 and pointers NULL when
+ * tracing is off. */
+int32_t col_session_trace(const col_session *session, col_trace_view *out);
+
+/* COL_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* COLIBRI_H */

@@ -1,0 +1,119 @@
+/*
+ * experts.c - the feed-forward half of a layer: router, routed experts, shared expert, or a
+ * dense SwiGLU MLP; plus RMSNorm, which every block uses.
+ *
+ * Expert e computes w2 . (silu(w1 . x) * (w3 . x)) from its slice of the stacked tensors
+ * (one contiguous range per matrix). The routed outputs are summed with their weights in
+ * selection order; Qwen2-MoE's shared expert is added last, scaled by sigmoid(shared_gate . x).
+ */
+#include "session.h"
+
+#include <math.h>
+
+void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
+                 float *w_scratch)
+{
+    float sum = 0.0f;
+    for (uint64_t i = 0; i < n; i++) sum += x[i] * x[i];
+    float inv = 1.0f / sqrtf(sum / (float)n + eps);
+    col_load_row(w->data, w->dtype, n, w_scratch);
+    for (uint64_t i = 0; i < n; i++) out[i] = w_scratch[i] * (x[i] * inv);
+}
+
+static float silu(float z)
+{
+    return z / (1.0f + expf(-z));
+}
+
+/* out = w2 . (silu(w1 . x) * (w3 . x)) */
+static void swiglu(col_session *s, const col_weight *w1, const col_weight *w3, const col_weight *w2,
+                   const float *x, float *out)
+{
+    col_matvec(s->pool, w1, x, s->h1);
+    col_matvec(s->pool, w3, x, s->h3);
+    for (uint64_t i = 0; i < w1->rows; i++) s->h1[i] = silu(s->h1[i]) * s->h3[i];
+    col_matvec(s->pool, w2, s->h1, out);
+}
+
+static void dense_mlp(col_session *s, const col_layer *layer)
+{
+    col_weight w1 = col_weight_of(layer->mlp_w1), w2 = col_weight_of(layer->mlp_w2),
+               w3 = col_weight_of(layer->mlp_w3);
+    swiglu(s, &w1, &w3, &w2, s->xn, s->tmp);
+}
+
+void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
+{
+    const col_model *m = s->model;
+    const col_hparams *hp = &m->hp;
+    const col_layer *layer = &m->layers[layer_index];
+    uint32_t d_model = hp->d_model, n_experts = hp->n_experts;
+    if (layer->kind != COL_LAYER_MOE) {
+        dense_mlp(s, layer);
+        return;
+    }
+    uint64_t t0 = phase_ns ? col_now_ns() : 0;
+
+    col_weight gate = col_weight_of(layer->moe_gate);
+    col_matvec(s->pool, &gate, s->xn, s->router_logits);
+    col_router_params params = {
+        .mode = s->config.routing,
+        .n_experts = n_experts,
+        .k = hp->n_experts_active,
+        .renormalize = (hp->flags & COL_FLAG_NORM_TOPK) != 0,
+        .epsilon = s->config.epsilon,
+        .seed = s->config.seed,
+        .position = s->position,
+        .layer = layer_index,
+    };
+    uint32_t n_slots = col_route(&params, s->router_logits, s->route_ids, s->route_weights, &s->router_scratch);
+    uint64_t t1 = phase_ns ? col_now_ns() : 0;
+
+    for (uint32_t i = 0; i < d_model; i++) s->acc[i] = 0.0f;
+    for (uint32_t slot = 0; slot < n_slots; slot++) {
+        uint32_t e = (uint32_t)s->route_ids[slot];
+        col_weight w1 = col_weight_expert(layer->moe_w1, e), w2 = col_weight_expert(layer->moe_w2, e),
+                   w3 = col_weight_expert(layer->moe_w3, e);
+        swiglu(s, &w1, &w3, &w2, s->xn, s->tmp);
+        float weight = s->route_weights[slot];
+        for (uint32_t i = 0; i < d_model; i++) s->acc[i] += weight * s->tmp[i];
+    }
+    uint64_t t2 = phase_ns ? col_now_ns() : 0;
+
+    float shared_gate = NAN;
+    if (layer->shared_w1) {
+        col_weight w1 = col_weight_of(layer->shared_w1), w2 = col_weight_of(layer->shared_w2),
+                   w3 = col_weight_of(layer->shared_w3);
+        swiglu(s, &w1, &w3, &w2, s->xn, s->tmp);
+        float scale = 1.0f;
+        if (layer->shared_gate) {
+            col_weight g = col_weight_of(layer->shared_gate);
+            float logit;
+            col_matvec(s->pool, &g, s->xn, &logit);
+            scale = 1.0f / (1.0f + expf(-logit));
+            shared_gate = scale;
+        }
+        for (uint32_t i = 0; i < d_model; i++) s->acc[i] += scale * s->tmp[i];
+    }
+    for (uint32_t i = 0; i < d_model; i++) s->tmp[i] = s->acc[i];
+    uint64_t t3 = phase_ns ? col_now_ns() : 0;
+
+    if (s->trace_ids) {
+        uint32_t mi = layer->moe_index, n_moe = hp->n_moe_layers;
+        uint64_t row = (uint64_t)s->position * n_moe + mi;
+        for (uint32_t slot = 0; slot < s->k_slots; slot++) {
+            s->trace_ids[row * s->k_slots + slot] = slot < n_slots ? s->route_ids[slot] : -1;
+            s->trace_weights[row * s->k_slots + slot] = slot < n_slots ? s->route_weights[slot] : 0.0f;
+        }
+        for (uint32_t j = 0; j < n_experts; j++) s->trace_logits[row * n_experts + j] = s->router_logits[j];
+        s->trace_shared_gate[row] = shared_gate;
+        float norm = 0.0f;
+        for (uint32_t i = 0; i < d_model; i++) norm += s->xn[i] * s->xn[i];
+        s->trace_hidden_norm[row] = sqrtf(norm);
+    }
+    if (phase_ns) {
+        phase_ns[COL_PHASE_ROUTER] = t1 - t0;
+        phase_ns[COL_PHASE_EXPERTS] = t2 - t1;
+        phase_ns[COL_PHASE_COMBINE] = t3 - t2;
+    }
+}

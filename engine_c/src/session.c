@@ -1,0 +1,223 @@
+/*
+ * session.c - the col_session_* API: configuration checks, the arena, prefill and step.
+ *
+ * A session's memory is planned once (plan_arena walks every buffer, 64-byte aligned) and the
+ * same walk serves col_session_memory_estimate, so the estimate is the allocation, not a guess.
+ * After col_session_create returns, processing tokens never allocates.
+ */
+#include "session.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define COL_MAX_THREADS 256
+#define COL_DEFAULT_CONTEXT 4096
+
+static uint32_t default_capacity(const col_hparams *hp, const col_session_config *c)
+{
+    if (c->max_context) return c->max_context;
+    return hp->max_context < COL_DEFAULT_CONTEXT ? hp->max_context : COL_DEFAULT_CONTEXT;
+}
+
+static uint32_t max_u32(uint32_t a, uint32_t b)
+{
+    return a > b ? a : b;
+}
+
+/* Reserve `count` elements of `size` bytes at the 64-aligned arena cursor; return their offset. */
+static uint64_t reserve(uint64_t *cursor, uint64_t count, uint64_t size)
+{
+    uint64_t at = (*cursor + 63) & ~(uint64_t)63;
+    *cursor = at + count * size;
+    return at;
+}
+
+/* Walk every session buffer. With base == NULL only sizes are computed. Returns the total. */
+static uint64_t plan_arena(const col_model *m, const col_session_config *c, col_session *s, uint8_t *base)
+{
+    const col_hparams *hp = &m->hp;
+    uint64_t cap = default_capacity(hp, c);
+    uint64_t kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
+    uint64_t d_ff = max_u32(hp->d_ff_expert, max_u32(hp->d_ff_dense, hp->d_ff_shared));
+    uint64_t n_e = hp->n_experts;
+    uint64_t k_slots = c->routing == COL_ROUTING_SOFT ? n_e : hp->n_experts_active;
+    uint64_t n_moe = hp->n_moe_layers;
+    uint64_t cur = 0;
+/* Bind a buffer: its offset is always reserved; the pointer is set only when building. */
+#define BIND(field, count, size)                                 \
+    do {                                                         \
+        uint64_t at_ = reserve(&cur, (count), (size));           \
+        if (s && base) s->field = (void *)(base + at_);          \
+    } while (0)
+    BIND(k_cache, (uint64_t)hp->n_layers * cap * kv_dim, sizeof(float));
+    BIND(v_cache, (uint64_t)hp->n_layers * cap * kv_dim, sizeof(float));
+    BIND(inv_freq, hp->head_dim / 2 + 1, sizeof(float));
+    BIND(x, hp->d_model, sizeof(float));
+    BIND(xn, hp->d_model, sizeof(float));
+    BIND(q, q_dim, sizeof(float));
+    BIND(k, kv_dim, sizeof(float));
+    BIND(v, kv_dim, sizeof(float));
+    BIND(att, q_dim, sizeof(float));
+    BIND(scores, cap, sizeof(float));
+    BIND(tmp, hp->d_model, sizeof(float));
+    BIND(acc, hp->d_model, sizeof(float));
+    BIND(h1, d_ff, sizeof(float));
+    BIND(h3, d_ff, sizeof(float));
+    BIND(router_logits, n_e, sizeof(float));
+    BIND(norm_weight, max_u32(hp->d_model, (uint32_t)q_dim), sizeof(float));
+    BIND(route_ids, n_e, sizeof(int32_t));
+    BIND(route_weights, n_e, sizeof(float));
+    BIND(router_scratch.probs, n_e, sizeof(float));
+    BIND(router_scratch.scores, n_e, sizeof(double));
+    BIND(router_scratch.taken, n_e, 1);
+    BIND(logits, hp->vocab_size, sizeof(float));
+    if (c->trace) {
+        BIND(trace_tokens, cap, sizeof(int32_t));
+        BIND(trace_ids, cap * n_moe * k_slots, sizeof(int32_t));
+        BIND(trace_weights, cap * n_moe * k_slots, sizeof(float));
+        BIND(trace_logits, cap * n_moe * n_e, sizeof(float));
+        BIND(trace_shared_gate, cap * n_moe, sizeof(float));
+        BIND(trace_hidden_norm, cap * n_moe, sizeof(float));
+        BIND(trace_phase_ns, cap * hp->n_layers * COL_PHASE_COUNT, sizeof(uint64_t));
+        BIND(trace_token_ns, cap, sizeof(uint64_t));
+    }
+#undef BIND
+    return (cur + 63) & ~(uint64_t)63;
+}
+
+static int32_t check_config(const col_model *m, const col_session_config *c, char *err, size_t errlen)
+{
+    if (!m || !c) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "model and config are required");
+    if (c->routing > COL_ROUTING_GUMBEL)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "unknown routing mode %u", c->routing);
+    if (c->n_threads < 1 || c->n_threads > COL_MAX_THREADS)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "n_threads %u outside 1..%d", c->n_threads, COL_MAX_THREADS);
+    if (c->max_context > m->hp.max_context)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "max_context %u exceeds the model's %u",
+                             c->max_context, m->hp.max_context);
+    if (!isfinite(c->epsilon) || c->epsilon < 0.0)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "epsilon must be finite and >= 0");
+    if (c->trace > 1) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "trace must be 0 or 1");
+    return COL_OK;
+}
+
+uint64_t col_session_memory_estimate(const col_model *model, const col_session_config *config)
+{
+    if (check_config(model, config, NULL, 0) != COL_OK) return 0;
+    return plan_arena(model, config, NULL, NULL) + sizeof(col_session);
+}
+
+int32_t col_session_create(const col_model *model, const col_session_config *config, col_session **out,
+                           char *err, size_t errlen)
+{
+    if (!out) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    int32_t status = check_config(model, config, err, errlen);
+    if (status != COL_OK) return status;
+
+    col_session *s = calloc(1, sizeof *s);
+    if (!s) return col_set_error(err, errlen, COL_ERR_NOMEM, "cannot allocate the session");
+    s->model = model;
+    s->config = *config;
+    s->capacity = default_capacity(&model->hp, config);
+    s->k_slots = config->routing == COL_ROUTING_SOFT ? model->hp.n_experts : model->hp.n_experts_active;
+    s->arena_size = plan_arena(model, config, NULL, NULL);
+    if (posix_memalign(&s->arena, 64, s->arena_size) != 0) {
+        unsigned long long wanted = (unsigned long long)s->arena_size;
+        free(s);
+        return col_set_error(err, errlen, COL_ERR_NOMEM, "cannot allocate %llu bytes of session memory", wanted);
+    }
+    memset(s->arena, 0, s->arena_size);
+    plan_arena(model, config, s, s->arena);
+    s->pool = col_pool_create(config->n_threads);
+    if (!s->pool) {
+        free(s->arena);
+        free(s);
+        return col_set_error(err, errlen, COL_ERR_NOMEM, "cannot start %u threads", config->n_threads);
+    }
+    col_rope_init(&model->hp, s->inv_freq);
+    *out = s;
+    return COL_OK;
+}
+
+void col_session_free(col_session *session)
+{
+    if (!session) return;
+    col_pool_free(session->pool);
+    free(session->arena);
+    free(session);
+}
+
+int32_t col_session_reset(col_session *session)
+{
+    if (!session) return COL_ERR_INVALID_ARG;
+    session->position = 0;
+    return COL_OK;
+}
+
+static int32_t check_tokens(const col_session *s, const int32_t *tokens, uint32_t n, char *err, size_t errlen)
+{
+    if (n > s->capacity - s->position)
+        return col_set_error(err, errlen, COL_ERR_CONTEXT_FULL, "%u tokens at position %u exceed the context of %u",
+                             n, s->position, s->capacity);
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= s->model->hp.vocab_size)
+            return col_set_error(err, errlen, COL_ERR_BAD_TOKEN, "token %d at index %u outside [0, %u)", tokens[i], i,
+                                 s->model->hp.vocab_size);
+    return COL_OK;
+}
+
+int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_t n, float *logits, char *err,
+                            size_t errlen)
+{
+    if (!session || (n > 0 && !tokens)) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session and tokens are required");
+    int32_t status = check_tokens(session, tokens, n, err, errlen);
+    if (status != COL_OK) return status;
+    uint32_t vocab = session->model->hp.vocab_size;
+    for (uint32_t i = 0; i < n; i++) {
+        col_forward_token(session, tokens[i]);
+        if (logits) memcpy(logits + (uint64_t)i * vocab, session->logits, (uint64_t)vocab * sizeof(float));
+    }
+    return COL_OK;
+}
+
+int32_t col_session_step(col_session *session, int32_t token, float *logits, char *err, size_t errlen)
+{
+    return col_session_prefill(session, &token, 1, logits, err, errlen);
+}
+
+const float *col_session_logits(const col_session *session)
+{
+    return session ? session->logits : NULL;
+}
+
+uint32_t col_session_position(const col_session *session)
+{
+    return session ? session->position : 0;
+}
+
+int32_t col_session_trace(const col_session *session, col_trace_view *out)
+{
+    if (!session || !out) return COL_ERR_INVALID_ARG;
+    memset(out, 0, sizeof *out);
+    if (!session->trace_ids) return COL_OK;
+    const col_hparams *hp = &session->model->hp;
+    out->n_positions = session->position;
+    out->capacity = session->capacity;
+    out->n_layers = hp->n_layers;
+    out->n_moe_layers = hp->n_moe_layers;
+    out->k = session->k_slots;
+    out->n_experts = hp->n_experts;
+    out->moe_layers = session->model->moe_layers;
+    out->tokens = session->trace_tokens;
+    out->expert_ids = session->trace_ids;
+    out->expert_weights = session->trace_weights;
+    out->router_logits = session->trace_logits;
+    out->shared_gate = session->trace_shared_gate;
+    out->hidden_norm = session->trace_hidden_norm;
+    out->phase_ns = session->trace_phase_ns;
+    out->token_ns = session->trace_token_ns;
+    return COL_OK;
+}

@@ -1,0 +1,646 @@
+"""The typed Python wrappers (colibri.engine, colibri.errors) on real files built at test time."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import struct
+import subprocess
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri import errors
+from colibri import fileformat as ff
+from colibri.engine import Model, Problem, Session, validate, validate_bytes
+from colibri.errors import ColibriFormatError, ColibriIOError, ColibriValueError
+
+from conftest import ARCHS, DTYPES, TinyModel
+
+BuildModel = Callable[..., TinyModel]
+BuildPath = Callable[..., Path]
+BuildImage = Callable[..., bytearray]
+WriteImage = Callable[..., Path]
+
+TABLE_OFFSET = 0x28
+
+
+def table_entry(image: bytearray, index: int) -> int:
+    """Absolute offset of tensor table entry `index` in a file image."""
+    return struct.unpack_from("<Q", image, TABLE_OFFSET)[0] + index * ff.TENSOR_ENTRY_SIZE
+
+
+# ---------------------------------------------------------------------------------------------
+# errors.raise_for_status
+
+
+def test_raise_for_status_ok_returns_none() -> None:
+    assert errors.raise_for_status(0) is None
+
+
+def test_raise_for_status_io_is_oserror() -> None:
+    with pytest.raises(OSError) as info:
+        errors.raise_for_status(1, "cannot open")
+    assert isinstance(info.value, ColibriIOError) and info.value.code == 1
+
+
+def test_raise_for_status_nomem_is_memoryerror() -> None:
+    with pytest.raises(MemoryError):
+        errors.raise_for_status(2, "out of memory")
+
+
+def test_raise_for_status_bad_token_is_valueerror() -> None:
+    with pytest.raises(ValueError) as info:
+        errors.raise_for_status(23, "token 99")
+    assert info.value.code_name == "COL_ERR_BAD_TOKEN"
+
+
+def test_raise_for_status_format_error_carries_location() -> None:
+    with pytest.raises(ColibriFormatError) as info:
+        errors.raise_for_status(15, "bad shape", offset=0x140, tensor="output")
+    assert (info.value.code, info.value.code_name, info.value.offset, info.value.tensor) == (
+        15, "COL_ERR_SHAPE", 0x140, "output")
+
+
+# ---------------------------------------------------------------------------------------------
+# Model: metadata and tensor table
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hparams_equal_written(tiny_model: BuildModel, arch: str) -> None:
+    tm = tiny_model(arch)
+    with Model.open(tm.path) as model:
+        hp = model.hparams
+    written = dataclasses.asdict(tm.hparams)
+    for name, value in written.items():
+        assert getattr(hp, name) == pytest.approx(np.float32(value) if isinstance(value, float)
+                                                  else value, rel=1e-7), name
+
+
+def test_hparams_n_moe_layers_counts_moe_layers(tiny_model: BuildModel) -> None:
+    tm = tiny_model("qwen2_moe", n_layers=3, dense_layers=(0,))
+    with Model.open(tm.path) as model:
+        assert model.hparams.n_moe_layers == 2
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_metadata_has_arch_name(tiny_model_path: BuildPath, arch: str) -> None:
+    with Model.open(tiny_model_path(arch)) as model:
+        assert model.metadata["arch_name"] == arch == model.arch
+
+
+def test_metadata_user_is_parsed_json(tiny_model: BuildModel) -> None:
+    tm = tiny_model()
+    with Model.open(tm.path) as model:
+        assert model.metadata["user"] == tm.metadata
+
+
+def test_metadata_has_hparams(tiny_model: BuildModel) -> None:
+    tm = tiny_model()
+    with Model.open(tm.path) as model:
+        assert model.metadata["vocab_size"] == tm.hparams.vocab_size
+
+
+def test_path_is_kept(tiny_model_path: BuildPath) -> None:
+    path = tiny_model_path()
+    with Model.open(path) as model:
+        assert model.path == str(path)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tensor_table_equals_written(tiny_model: BuildModel, dtype: str) -> None:
+    tm = tiny_model("mixtral", dtype)
+    with Model.open(tm.path) as model:
+        table = [(t.name, t.dtype, t.shape, t.nbytes) for t in model.tensors]
+    expected = [(name, ff.DTYPE_NAMES[tm.dtypes[name]], tm.stored[name].shape,
+                 tm.stored[name].nbytes) for name in tm.names]
+    assert table == expected
+
+
+def test_tensor_indices_and_alignment(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        infos = model.tensors
+    assert [t.index for t in infos] == list(range(len(infos)))
+    assert all(t.offset % ff.ALIGNMENT == 0 for t in infos)
+
+
+def test_tensor_crc32_equals_data_crc(tiny_model: BuildModel) -> None:
+    tm = tiny_model()
+    with Model.open(tm.path) as model:
+        crcs = {t.name: t.crc32 for t in model.tensors}
+    assert crcs == {n: zlib.crc32(tm.stored[n].tobytes()) & 0xFFFFFFFF for n in tm.names}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tensor_data_equals_stored(tiny_model: BuildModel, dtype: str) -> None:
+    tm = tiny_model("qwen2_moe", dtype)
+    with Model.open(tm.path) as model:
+        for name in tm.names:
+            view = model.tensor(name)
+            assert view.dtype == tm.stored[name].dtype, name
+            np.testing.assert_array_equal(view, tm.stored[name], err_msg=name)
+
+
+def test_tensor_is_zero_copy(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        assert np.shares_memory(model.tensor("layers.1.moe_w2"), model.bytes())
+
+
+def test_tensor_view_is_read_only(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        view = model.tensor("token_embd")
+        with pytest.raises(ValueError):
+            view[0, 0] = 1.0
+
+
+def test_tensor_view_cannot_be_made_writable(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        view = model.tensor("token_embd")
+        with pytest.raises(ValueError):
+            view.flags.writeable = True
+
+
+def test_tensor_f32_widens_bf16_exactly(tiny_model: BuildModel) -> None:
+    tm = tiny_model("mixtral", "bf16")
+    with Model.open(tm.path) as model:
+        values = model.tensor_f32("layers.0.moe_w1")
+    np.testing.assert_array_equal(values, ff.bf16_bits_to_f32(tm.stored["layers.0.moe_w1"]))
+
+
+def test_tensor_f32_of_f16(tiny_model: BuildModel) -> None:
+    tm = tiny_model("mixtral", "f16")
+    with Model.open(tm.path) as model:
+        values = model.tensor_f32("output")
+    assert values.dtype == np.float32
+    np.testing.assert_array_equal(values, tm.stored["output"].astype(np.float32))
+
+
+def test_bytes_equal_file(tiny_model_path: BuildPath) -> None:
+    path = tiny_model_path()
+    with Model.open(path) as model:
+        assert model.bytes().tobytes() == path.read_bytes()
+
+
+def test_view_outlives_close(tiny_model: BuildModel) -> None:
+    tm = tiny_model()
+    model = Model.open(tm.path)
+    view = model.tensor("output")
+    model.close()
+    del model
+    gc.collect()
+    np.testing.assert_array_equal(view, tm.stored["output"])
+
+
+def test_closed_model_refuses_calls(tiny_model_path: BuildPath) -> None:
+    model = Model.open(tiny_model_path())
+    model.close()
+    with pytest.raises(ColibriValueError):
+        model.tensor("output")
+
+
+def test_unknown_tensor_raises_keyerror(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        with pytest.raises(KeyError):
+            model.tensor("layers.9.moe_w1")
+
+
+def test_tensor_info_by_name(tiny_model: BuildModel) -> None:
+    tm = tiny_model()
+    with Model.open(tm.path) as model:
+        info = model.tensor_info("layers.0.moe_gate")
+    assert (info.dtype, info.shape) == ("f32", (tm.hparams.n_experts, tm.hparams.d_model))
+
+
+def test_tokenizer_from_embedded_json(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        assert model.tokenizer.encode("the cat sat").ids == [3, 4, 5]
+
+
+def test_tokenizer_none_when_absent(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path(with_tokenizer=False)) as model:
+        assert model.tokenizer is None
+
+
+def test_broken_tokenizer_is_format_error(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path(tokenizer_bytes=b"{not json")) as model:
+        with pytest.raises(ColibriFormatError):
+            model.tokenizer
+
+
+def test_header_fields_start_with_magic(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        first = model.header_fields()[0]
+    assert (first.offset, first.value) == (0, b"COLI")
+
+
+def test_header_fields_decode_tensor_count(tiny_model: BuildModel) -> None:
+    tm = tiny_model()
+    with Model.open(tm.path) as model:
+        by_offset = {f.offset: f for f in model.header_fields()}
+    assert by_offset[0x14].value == len(tm.names)
+
+
+def test_header_fields_of_short_buffer_are_absent() -> None:
+    from colibri.engine import header_fields
+
+    fields = header_fields(b"COLI")
+    assert fields[0].present and not fields[-1].present
+
+
+def test_routing_of_moe_layer(tiny_model: BuildModel) -> None:
+    tm = tiny_model()
+    with Model.open(tm.path) as model:
+        entry = model.routing(1)
+    assert (entry.kind, entry.gate_tensor, entry.top_k, entry.n_experts) == (
+        "moe", tm.names.index("layers.1.moe_gate"), 2, 4)
+
+
+def test_routing_of_dense_layer(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path("qwen2_moe", dense_layers=(0,))) as model:
+        entry = model.routing(0)
+    assert (entry.kind, entry.gate_tensor, entry.top_k) == ("dense", None, 0)
+
+
+def test_routing_layer_out_of_range(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        with pytest.raises(ColibriValueError):
+            model.routing(2)
+
+
+def test_check_tensor_clean(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        assert model.check_tensor(3) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Model.open failures
+
+
+def test_open_missing_file_is_io_error(tmp_path: Path) -> None:
+    with pytest.raises(ColibriIOError):
+        Model.open(tmp_path / "missing.colibri")
+
+
+def test_open_bad_magic_reports_code_and_offset(tiny_image: BuildImage,
+                                                write_image: WriteImage) -> None:
+    image = tiny_image()
+    image[0:4] = b"GGUF"
+    ff.refresh_checksums(image)
+    with pytest.raises(ColibriFormatError) as info:
+        Model.open(write_image(image))
+    assert (info.value.code_name, info.value.offset) == ("COL_ERR_BAD_MAGIC", 0)
+
+
+def test_open_misaligned_tensor_names_it(tiny_model: BuildModel, tiny_image: BuildImage,
+                                         write_image: WriteImage) -> None:
+    image = tiny_image()
+    entry = table_entry(image, 2)
+    offset = struct.unpack_from("<Q", image, entry + 0x68)[0]
+    struct.pack_into("<Q", image, entry + 0x68, offset + 4)
+    ff.refresh_checksums(image)
+    with pytest.raises(ColibriFormatError) as info:
+        Model.open(write_image(image))
+    assert (info.value.code_name, info.value.tensor) == ("COL_ERR_MISALIGNED",
+                                                         tiny_model().names[2])
+    assert entry <= info.value.offset < entry + ff.TENSOR_ENTRY_SIZE
+
+
+# ---------------------------------------------------------------------------------------------
+# validate
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_validate_clean_file(tiny_model_path: BuildPath, arch: str, dtype: str) -> None:
+    assert validate(tiny_model_path(arch, dtype), checksums=True, nan_check=True) == []
+
+
+def test_validate_bad_magic(tiny_image: BuildImage, write_image: WriteImage) -> None:
+    image = tiny_image()
+    image[0] ^= 0xFF
+    ff.refresh_checksums(image)
+    problems = validate(write_image(image))
+    assert [(p.code_name, p.severity, p.offset) for p in problems][:1] == [
+        ("COL_ERR_BAD_MAGIC", "error", 0)]
+
+
+def test_validate_bytes_matches_validate(tiny_image: BuildImage, write_image: WriteImage) -> None:
+    image = tiny_image()
+    image[0] ^= 0xFF
+    assert validate_bytes(bytes(image)) == validate(write_image(image))
+
+
+def test_validate_bytes_empty_is_truncated() -> None:
+    assert validate_bytes(b"")[0].code_name == "COL_ERR_TRUNCATED"
+
+
+def test_validate_header_crc_mismatch(tiny_image: BuildImage, write_image: WriteImage) -> None:
+    image = tiny_image()
+    image[0x60] ^= 0x01  # d_model, without refreshing the CRC
+    codes = {p.code_name for p in validate(write_image(image))}
+    assert "COL_ERR_CHECKSUM" in codes
+
+
+def test_validate_data_flip_needs_checksums(tiny_image: BuildImage, write_image: WriteImage) -> None:
+    image = tiny_image()
+    image[-1] ^= 0x01
+    assert validate(write_image(image)) == []
+
+
+def test_validate_data_flip_found_by_checksums(tiny_model: BuildModel, tiny_image: BuildImage,
+                                               write_image: WriteImage) -> None:
+    image = tiny_image()
+    image[-1] ^= 0x01
+    problems = validate(write_image(image), checksums=True)
+    assert [(p.code_name, p.tensor) for p in problems] == [("COL_ERR_CHECKSUM",
+                                                            tiny_model().names[-1])]
+
+
+def test_validate_nan_found_by_nan_check(tiny_model: BuildModel, tiny_image: BuildImage,
+                                         write_image: WriteImage) -> None:
+    image = tiny_image()
+    offset = struct.unpack_from("<Q", image, table_entry(image, 0) + 0x68)[0]
+    struct.pack_into("<f", image, offset + 8, float("nan"))
+    problems = validate(write_image(image), nan_check=True)
+    assert [(p.code_name, p.tensor) for p in problems] == [("COL_ERR_NONFINITE", "token_embd")]
+
+
+def test_validate_grows_problem_buffer(tiny_image: BuildImage, write_image: WriteImage) -> None:
+    image = tiny_image(n_layers=8)
+    n_tensors = struct.unpack_from("<I", image, 0x14)[0]
+    assert n_tensors > 64
+    for i in range(n_tensors):
+        entry = table_entry(image, i)
+        image[entry:entry + ff.TENSOR_NAME_MAX] = f"extra.{i}".encode().ljust(64, b"\0")
+    ff.refresh_checksums(image)
+    warnings = [p for p in validate(write_image(image)) if p.code_name == "COL_ERR_UNKNOWN_TENSOR"]
+    assert len(warnings) == n_tensors
+
+
+def test_validate_unknown_tensor_is_warning(tiny_image: BuildImage, write_image: WriteImage) -> None:
+    image = tiny_image("qwen2_moe")
+    last = struct.unpack_from("<I", image, 0x14)[0] - 1
+    entry = table_entry(image, last)  # "output": rename it, and mark the embeddings tied
+    image[entry:entry + 64] = b"output_extra".ljust(64, b"\0")
+    flags = struct.unpack_from("<I", image, 0x5C)[0] | ff.FLAG_TIED_EMBEDDINGS
+    struct.pack_into("<I", image, 0x5C, flags)
+    ff.refresh_checksums(image)
+    problems = validate(write_image(image))
+    assert [(p.code_name, p.severity, p.tensor) for p in problems] == [
+        ("COL_ERR_UNKNOWN_TENSOR", "warning", "output_extra")]
+
+
+def test_validate_missing_file_raises(tmp_path: Path) -> None:
+    with pytest.raises(ColibriIOError):
+        validate(tmp_path / "nope.colibri")
+
+
+def test_validate_random_bytes_lists_problems(write_image: WriteImage) -> None:
+    data = np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    problems = validate(write_image(data))
+    assert problems and problems[0].severity == "error"
+
+
+def test_problem_is_frozen() -> None:
+    problem = Problem(5, "COL_ERR_BAD_MAGIC", "error", 0, "", "magic")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        problem.offset = 4  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------------------------------
+# Session
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_returns_logits_per_position(tiny_model_path: BuildPath, arch: str) -> None:
+    with Model.open(tiny_model_path(arch)) as model, Session(model) as session:
+        logits = session.prefill([1, 3, 4, 5])
+    assert (logits.shape, logits.dtype) == ((4, 50), np.float32)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_logits_are_finite(tiny_model_path: BuildPath, arch: str) -> None:
+    with Model.open(tiny_model_path(arch, "bf16")) as model, Session(model) as session:
+        assert np.isfinite(session.prefill([1, 3, 4, 5])).all()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_equals_steps_bit_identical(tiny_model_path: BuildPath, arch: str) -> None:
+    tokens = [1, 7, 3, 9, 4, 4, 12]
+    with Model.open(tiny_model_path(arch, dense_layers=(0,) if arch != "mixtral" else ())) as model:
+        with Session(model) as a, Session(model) as b:
+            batch = a.prefill(tokens)
+            steps = np.stack([b.step(t) for t in tokens])
+    assert batch.tobytes() == steps.tobytes()
+
+
+def test_step_returns_vocab_logits(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        logits = session.step(3)
+    assert (logits.shape, logits.dtype) == ((50,), np.float32)
+
+
+def test_position_counts_processed_tokens(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        session.prefill([1, 2, 3])
+        session.step(4)
+        assert session.position == 4
+
+
+def test_reset_restarts_identically(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        first = session.prefill([1, 3, 4])
+        session.reset()
+        assert session.position == 0
+        assert session.prefill([1, 3, 4]).tobytes() == first.tobytes()
+
+
+def test_threads_do_not_change_logits(tiny_model_path: BuildPath) -> None:
+    tokens = [1, 5, 9, 13]
+    with Model.open(tiny_model_path("qwen2_moe")) as model:
+        with Session(model, threads=1) as one, Session(model, threads=3) as three:
+            assert one.prefill(tokens).tobytes() == three.prefill(tokens).tobytes()
+
+
+@pytest.mark.parametrize("routing", ["topk", "stable", "soft", "gumbel"])
+def test_routing_modes_accepted(tiny_model_path: BuildPath, routing: str) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model, routing=routing) as session:
+        assert session.prefill([1, 3]).shape == (2, 50)
+
+
+def test_unknown_routing_raises(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        with pytest.raises(ValueError):
+            Session(model, routing="greedy")  # type: ignore[arg-type]
+
+
+def test_zero_threads_raises(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        with pytest.raises(ColibriValueError):
+            Session(model, threads=0)
+
+
+def test_gumbel_is_deterministic_per_seed(tiny_model_path: BuildPath) -> None:
+    tokens = [1, 3, 4, 5, 6]
+    with Model.open(tiny_model_path()) as model:
+        with Session(model, routing="gumbel", seed=7) as a, \
+                Session(model, routing="gumbel", seed=7) as b:
+            assert a.prefill(tokens).tobytes() == b.prefill(tokens).tobytes()
+
+
+def test_bad_token_raises_before_processing(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        with pytest.raises(ColibriValueError) as info:
+            session.prefill([1, 2, 50])
+        assert (info.value.code_name, session.position) == ("COL_ERR_BAD_TOKEN", 0)
+
+
+def test_negative_token_step_raises(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        with pytest.raises(ValueError):
+            session.step(-1)
+
+
+def test_context_full_raises(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model, max_context=4) as session:
+        with pytest.raises(ColibriValueError) as info:
+            session.prefill([1, 2, 3, 4, 5])
+    assert info.value.code_name == "COL_ERR_CONTEXT_FULL"
+
+
+def test_trace_shapes(tiny_model: BuildModel) -> None:
+    tm = tiny_model("qwen2_moe", n_layers=3, dense_layers=(1,))
+    with Model.open(tm.path) as model, Session(model) as session:
+        session.prefill([1, 3, 4])
+        trace = session.trace
+        assert trace is not None
+        assert (trace.expert_ids.shape, trace.expert_weights.shape, trace.router_logits.shape,
+                trace.phase_ns.shape) == ((3, 2, 2), (3, 2, 2), (3, 2, 4), (3, 3, 5))
+        assert trace.moe_layers.tolist() == [0, 2]
+
+
+def test_trace_records_tokens(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        session.prefill([1, 3])
+        session.step(8)
+        assert session.trace is not None and session.trace.tokens.tolist() == [1, 3, 8]
+
+
+def test_trace_soft_routing_uses_every_expert(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model, routing="soft") as session:
+        session.prefill([1, 3])
+        trace = session.trace
+        assert trace is not None and trace.expert_ids.shape == (2, 2, 4)
+
+
+def test_trace_weights_normalised_for_mixtral(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path("mixtral")) as model, Session(model) as session:
+        session.prefill([1, 3, 4, 5])
+        trace = session.trace
+        assert trace is not None
+        np.testing.assert_allclose(trace.expert_weights.sum(axis=-1), 1.0, rtol=1e-5)
+
+
+def test_trace_off_is_none(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model, trace=False) as session:
+        session.prefill([1, 3])
+        assert session.trace is None
+
+
+def test_trace_copy_survives_reset(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        session.prefill([1, 3])
+        trace = session.trace
+        assert trace is not None
+        snapshot = trace.copy()
+        session.reset()
+        session.prefill([9, 9])
+        assert snapshot.tokens.tolist() == [1, 3]
+
+
+def test_trace_view_outlives_session(tiny_model_path: BuildPath) -> None:
+    model = Model.open(tiny_model_path())
+    session = Session(model)
+    session.prefill([1, 3])
+    trace = session.trace
+    session.close()
+    model.close()
+    del session, model
+    gc.collect()
+    assert trace is not None and trace.tokens.tolist() == [1, 3]
+
+
+def test_session_keeps_model_alive(tiny_model_path: BuildPath) -> None:
+    model = Model.open(tiny_model_path())
+    session = Session(model)
+    model.close()
+    del model
+    gc.collect()
+    assert session.step(3).shape == (50,)
+
+
+def test_closed_model_refuses_sessions(tiny_model_path: BuildPath) -> None:
+    model = Model.open(tiny_model_path())
+    model.close()
+    with pytest.raises(ColibriValueError):
+        Session(model)
+
+
+def test_memory_estimate_grows_with_context(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        small = Session.memory_estimate(model, max_context=8)
+        large = Session.memory_estimate(model, max_context=64)
+    assert 0 < small < large
+
+
+def test_session_refuses_concurrent_use(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        session._busy.acquire()  # as if another thread were inside a C call
+        try:
+            with pytest.raises(RuntimeError):
+                session.step(3)
+        finally:
+            session._busy.release()
+
+
+# ---------------------------------------------------------------------------------------------
+# Imports
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def test_modules_import_with_qt_blocked() -> None:
+    proc = run_python("import sys; sys.modules['PySide6'] = None; sys.modules['pyqtgraph'] = None\n"
+                      "import colibri, colibri.engine, colibri.cli, colibri.errors")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_fileformat_does_not_load_engine() -> None:
+    proc = run_python("import sys, colibri.fileformat, colibri.errors\n"
+                      "assert 'colibri.engine' not in sys.modules")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_package_exports_api() -> None:
+    import colibri
+
+    assert (colibri.Model, colibri.Session, colibri.validate) == (Model, Session, validate)
+
+
+def test_generated_wrappers_release_the_gil(tmp_path: Path) -> None:
+    import runpy
+
+    root = Path(__file__).resolve().parents[1]
+    builder = runpy.run_path(str(root / "app" / "colibri" / "_build_ffi.py"))["ffibuilder"]
+    builder.emit_c_code(str(tmp_path / "binding.c"))
+    source = (tmp_path / "binding.c").read_text()
+    for function in ("col_session_prefill", "col_session_step", "col_validate_file",
+                     "col_model_open", "col_model_check_tensor"):
+        call = source.index(f"{{ result = {function}(x0")  # the Python-facing wrapper
+        assert "Py_BEGIN_ALLOW_THREADS" in source[call - 200:call], function

@@ -1,0 +1,283 @@
+"""The `colibri` command line: exit codes, output formats and dumped arrays."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri import fileformat as ff
+from colibri.cli import main
+
+from conftest import TinyModel
+
+BuildModel = Callable[..., TinyModel]
+BuildPath = Callable[..., Path]
+BuildImage = Callable[..., bytearray]
+WriteImage = Callable[..., Path]
+Capture = pytest.CaptureFixture[str]
+
+
+def run_cli(capsys: Capture, *argv: str | Path) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def generated_tokens(out: str) -> list[int]:
+    line = next(l for l in out.splitlines() if l.startswith("tokens: "))
+    ids = line.removeprefix("tokens: ").strip()
+    return [int(t) for t in ids.split(",")] if ids else []
+
+
+# ---------------------------------------------------------------------------------------------
+# validate
+
+
+def test_validate_clean_exits_0(capsys: Capture, tiny_model_path: BuildPath) -> None:
+    code, out, _ = run_cli(capsys, "validate", tiny_model_path(), "--checksums", "--nan-check")
+    assert code == 0 and "valid" in out
+
+
+def test_validate_missing_file_exits_2(capsys: Capture, tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "validate", tmp_path / "missing.colibri")
+    assert code == 2 and "missing.colibri" in err
+
+
+def test_validate_directory_exits_2(capsys: Capture, tmp_path: Path) -> None:
+    assert run_cli(capsys, "validate", tmp_path)[0] == 2
+
+
+def test_validate_random_bytes_exits_1(capsys: Capture, write_image: WriteImage) -> None:
+    data = np.random.default_rng(2).integers(0, 256, 1000, dtype=np.uint8).tobytes()
+    assert run_cli(capsys, "validate", write_image(data))[0] == 1
+
+
+def test_validate_empty_file_exits_1(capsys: Capture, write_image: WriteImage) -> None:
+    assert run_cli(capsys, "validate", write_image(b""))[0] == 1
+
+
+def test_validate_lists_problem_with_hex_offset(capsys: Capture, tiny_image: BuildImage,
+                                                write_image: WriteImage) -> None:
+    image = tiny_image()
+    image[0:4] = b"XOLI"
+    ff.refresh_checksums(image)
+    code, out, _ = run_cli(capsys, "validate", write_image(image))
+    assert code == 1 and "COL_ERR_BAD_MAGIC at 0x0" in out
+
+
+def test_validate_json_lists_problems(capsys: Capture, tiny_image: BuildImage,
+                                      write_image: WriteImage) -> None:
+    image = tiny_image()
+    image[0:4] = b"XOLI"
+    ff.refresh_checksums(image)
+    code, out, _ = run_cli(capsys, "validate", write_image(image), "--json")
+    doc = json.loads(out)
+    assert (code, doc["valid"], doc["problems"][0]["code_name"]) == (1, False,
+                                                                    "COL_ERR_BAD_MAGIC")
+
+
+def test_validate_json_clean(capsys: Capture, tiny_model_path: BuildPath) -> None:
+    _, out, _ = run_cli(capsys, "validate", tiny_model_path(), "--json")
+    assert json.loads(out) == {"valid": True, "problems": []}
+
+
+def test_validate_garbage_has_no_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.colibri"
+    path.write_bytes(b"COLI" + bytes(range(256)) * 3)
+    proc = subprocess.run([sys.executable, "-m", "colibri.cli", "validate", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# info and dump
+
+
+def test_info_lists_tensors(capsys: Capture, tiny_model: BuildModel) -> None:
+    tm = tiny_model()
+    code, out, _ = run_cli(capsys, "info", tm.path)
+    assert code == 0 and all(name in out for name in tm.names)
+
+
+def test_info_json(capsys: Capture, tiny_model: BuildModel) -> None:
+    tm = tiny_model()
+    _, out, _ = run_cli(capsys, "info", tm.path, "--json")
+    doc = json.loads(out)
+    assert ([t["name"] for t in doc["tensors"]], doc["hparams"]["d_model"], doc["arch"]) == (
+        tm.names, 32, "mixtral")
+
+
+def test_info_missing_file_exits_2(capsys: Capture, tmp_path: Path) -> None:
+    assert run_cli(capsys, "info", tmp_path / "missing.colibri")[0] == 2
+
+
+def test_info_invalid_file_exits_1(capsys: Capture, write_image: WriteImage) -> None:
+    code, _, err = run_cli(capsys, "info", write_image(b"not a colibri file" * 20))
+    assert code == 1 and "COL_ERR_" in err
+
+
+def test_dump_prints_shape_and_rows(capsys: Capture, tiny_model_path: BuildPath) -> None:
+    code, out, _ = run_cli(capsys, "dump", tiny_model_path(), "--tensor", "layers.0.moe_w1",
+                           "--rows", "2")
+    assert code == 0 and "shape [4, 16, 32]" in out and "first 2 row(s)" in out
+
+
+def test_dump_unknown_tensor_exits_1(capsys: Capture, tiny_model_path: BuildPath) -> None:
+    assert run_cli(capsys, "dump", tiny_model_path(), "--tensor", "nope")[0] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+
+def test_run_generates_n_tokens(capsys: Capture, tiny_model_path: BuildPath) -> None:
+    code, out, _ = run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3,4", "-n", "5")
+    assert code == 0 and len(generated_tokens(out)) == 5
+
+
+def test_run_is_deterministic(capsys: Capture, tiny_model_path: BuildPath) -> None:
+    args = ("run", tiny_model_path("olmoe"), "--tokens", "1,3,4", "-n", "6")
+    assert generated_tokens(run_cli(capsys, *args)[1]) == generated_tokens(run_cli(capsys, *args)[1])
+
+
+def test_run_prompt_prints_text(capsys: Capture, tiny_model_path: BuildPath) -> None:
+    code, out, _ = run_cli(capsys, "run", tiny_model_path(), "--prompt", "the cat", "-n", "3")
+    assert code == 0 and "prompt tokens: 3,4" in out and "text: " in out
+
+
+def test_run_prompt_without_tokenizer_exits_1(capsys: Capture,
+                                              tiny_model_path: BuildPath) -> None:
+    path = tiny_model_path(with_tokenizer=False)
+    assert run_cli(capsys, "run", path, "--prompt", "the cat")[0] == 1
+
+
+def test_run_tokens_ignore_broken_tokenizer(capsys: Capture, tiny_model_path: BuildPath) -> None:
+    path = tiny_model_path(tokenizer_bytes=b"{not json")
+    code, out, _ = run_cli(capsys, "run", path, "--tokens", "1,2", "-n", "2")
+    assert code == 0 and len(generated_tokens(out)) == 2
+
+
+def test_run_bad_token_exits_1(capsys: Capture, tiny_model_path: BuildPath) -> None:
+    code, _, err = run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,999")
+    assert code == 1 and "COL_ERR_BAD_TOKEN" in err
+
+
+def test_run_dump_logits_shape(capsys: Capture, tiny_model_path: BuildPath,
+                               tmp_path: Path) -> None:
+    out = tmp_path / "logits.npy"
+    run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3,4", "-n", "5",
+            "--dump-logits", out)
+    logits = np.load(out)
+    assert (logits.shape, logits.dtype) == ((3 + 5 - 1, 50), np.float32)
+
+
+def test_run_dump_logits_match_greedy_tokens(capsys: Capture, tiny_model_path: BuildPath,
+                                             tmp_path: Path) -> None:
+    out = tmp_path / "logits.npy"
+    _, text, _ = run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3,4", "-n", "4",
+                         "--dump-logits", out)
+    assert np.argmax(np.load(out)[2:], axis=1).tolist() == generated_tokens(text)
+
+
+def test_run_dump_trace_shapes(capsys: Capture, tiny_model_path: BuildPath,
+                               tmp_path: Path) -> None:
+    out = tmp_path / "trace.npz"
+    run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3,4", "-n", "5", "--dump-trace", out)
+    with np.load(out) as trace:
+        shapes = {k: (trace[k].shape, trace[k].dtype) for k in
+                  ("expert_ids", "expert_weights", "router_logits", "moe_layers")}
+    assert shapes == {"expert_ids": ((7, 2, 2), np.int32),
+                      "expert_weights": ((7, 2, 2), np.float32),
+                      "router_logits": ((7, 2, 4), np.float32),
+                      "moe_layers": ((2,), np.int32)}
+
+
+def test_run_debug_routing_one_line_per_position_and_layer(capsys: Capture,
+                                                          tiny_model_path: BuildPath) -> None:
+    _, out, _ = run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3,4", "-n", "3",
+                        "--debug-routing")
+    lines = [l for l in out.splitlines() if l.startswith("pos ")]
+    assert len(lines) == (3 + 3 - 1) * 2 and "experts [" in lines[0] and "weights [" in lines[0]
+
+
+@pytest.mark.parametrize("routing", ["topk", "stable", "soft", "gumbel"])
+def test_run_routing_modes(capsys: Capture, tiny_model_path: BuildPath, routing: str) -> None:
+    code, out, _ = run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3", "-n", "2",
+                           "--routing", routing)
+    assert code == 0 and len(generated_tokens(out)) == 2
+
+
+def test_run_stops_at_eos(capsys: Capture, tiny_model_path: BuildPath) -> None:
+    _, out, _ = run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3,4", "-n", "6")
+    first = generated_tokens(out)[0]
+    _, out, _ = run_cli(capsys, "run", tiny_model_path(eos_token_id=first), "--tokens", "1,3,4",
+                        "-n", "6")
+    assert generated_tokens(out) == [first]
+
+
+# ---------------------------------------------------------------------------------------------
+# convert (the converter module is stubbed: these tests are about the CLI's contract)
+
+
+class FakeConversionError(Exception):
+    pass
+
+
+def fake_converter(fail: bool) -> types.ModuleType:
+    module = types.ModuleType("colibri.convert")
+    calls: list[tuple[str, str, str]] = []
+
+    def convert(hf_dir: str, out_path: str, dtype: str = "f32", progress: object = None) -> None:
+        calls.append((str(hf_dir), str(out_path), dtype))
+        if fail:
+            raise FakeConversionError("config.json: unsupported model_type 'llama'")
+
+    module.convert = convert  # type: ignore[attr-defined]
+    module.ConversionError = FakeConversionError  # type: ignore[attr-defined]
+    module.calls = calls  # type: ignore[attr-defined]
+    return module
+
+
+def install(monkeypatch: pytest.MonkeyPatch, module: types.ModuleType) -> None:
+    import colibri
+
+    monkeypatch.setitem(sys.modules, "colibri.convert", module)
+    monkeypatch.setattr(colibri, "convert", module, raising=False)
+
+
+def test_convert_passes_arguments(capsys: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = fake_converter(fail=False)
+    install(monkeypatch, module)
+    code, _, _ = run_cli(capsys, "convert", "hf", "out.colibri", "--dtype", "bf16")
+    assert (code, module.calls) == (0, [("hf", "out.colibri", "bf16")])  # type: ignore[attr-defined]
+
+
+def test_convert_error_exits_1(capsys: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, fake_converter(fail=True))
+    code, _, err = run_cli(capsys, "convert", "hf", "out.colibri")
+    assert code == 1 and "unsupported model_type" in err
+
+
+def test_convert_then_run_matches_transformers(capsys: Capture, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import hf_reference
+
+    variant = hf_reference.VARIANTS[0]
+    model = hf_reference.build(variant)
+    hf_dir = hf_reference.save(model, tmp_path / "hf")
+    out = tmp_path / "model.colibri"
+    assert run_cli(capsys, "convert", hf_dir, out)[0] == 0
+    _, text, _ = run_cli(capsys, "run", out, "--tokens", "5,17,3,99", "-n", "6")
+    assert generated_tokens(text) == hf_reference.run(model, [5, 17, 3, 99], 6).generated
+
+
+def test_convert_missing_config_exits_1(capsys: Capture, tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "convert", tmp_path, tmp_path / "out.colibri")
+    assert code == 1 and "conversion failed" in err
