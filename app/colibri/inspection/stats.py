@@ -1,0 +1,370 @@
+"""Tensor statistics, histograms, downsampled heatmaps and expert comparison (Qt-free).
+
+Owns every number the "Tensor values" view shows. All of it streams over zero-copy views of the
+mapping (`Model.tensor(name)`, sliced to one expert when asked) in chunks of about
+`CHUNK_ELEMENTS` values, converting each chunk to float32 (f16 through numpy, bf16 by widening
+the uint16 bits to the top of a uint32), so memory stays bounded whatever the tensor's size.
+Each function takes the `progress(done, total, text)` and `cancelled()` callables of
+`colibri.inspector.tasks.Task` and raises `Cancelled` between chunks when asked to stop.
+
+Definitions (what the numbers mean):
+  * min, max, mean, std (population), Frobenius `norm` are over the *finite* values; `nan_count`
+    and `inf_count` count the others; `zero_fraction` is zeros / all values. mean and variance
+    are merged chunk by chunk with Chan's parallel formula in float64, so the result does not
+    drift on a billion values the way a running sum of squares would.
+  * The histogram is a second pass: 100 equal bins over [min, max] of the finite values from
+    the first pass (exact counts, no guessed range, at the price of reading the data twice).
+  * The heatmap views the tensor as a matrix (a 2-D tensor or expert slice as is; N-D as
+    [prod(shape[:-1]), shape[-1]]) and reduces it to at most HEATMAP_MAX x HEATMAP_MAX cells by
+    blocks: each cell is the mean of |x| over the finite values of its block (NaN when a block
+    has none). The mean magnitude shows structure (dead rows, scaled columns); an outlier shows
+    up in max and in the histogram rather than as one bright pixel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from colibri.engine import Model
+
+ProgressFn = Callable[..., None]
+CancelledFn = Callable[[], bool]
+
+CHUNK_ELEMENTS = 1 << 22          # 4 Mi values (16 MiB as float32) per chunk
+HISTOGRAM_BINS = 100
+HEATMAP_MAX = 512
+
+
+class Cancelled(Exception):
+    """Raised when `cancelled()` turned true between chunks."""
+
+
+def _no_progress(done: int, total: int, text: str = "") -> None:
+    return None
+
+
+def _never() -> bool:
+    return False
+
+
+def to_float32(chunk: np.ndarray, dtype: str) -> np.ndarray:
+    """A chunk of stored values as float32: f32 as is, f16 widened, bf16 bits shifted."""
+    if dtype == "bf16":
+        return (chunk.astype(np.uint32) << 16).view(np.float32)
+    if chunk.dtype == np.float32:
+        return chunk
+    return chunk.astype(np.float32)
+
+
+def tensor_matrix(model: Model, name: str, expert: int | None = None) -> tuple[np.ndarray, str]:
+    """The zero-copy stored view of a tensor (or of one expert's slice of a stacked tensor) as
+    a 2-D matrix, and its storage dtype name. 1-D tensors become one row."""
+    info = model.tensor_info(name)
+    view = model.tensor(name)
+    if expert is not None:
+        if view.ndim < 2 or not 0 <= expert < view.shape[0]:
+            raise ValueError(f"expert {expert} outside tensor {name!r} of shape {info.shape}")
+        view = view[expert]
+    if view.ndim == 0:
+        view = view.reshape(1, 1)
+    elif view.ndim == 1:
+        view = view.reshape(1, -1)
+    elif view.ndim > 2:
+        view = view.reshape(-1, view.shape[-1])
+    return view, info.dtype
+
+
+def _row_chunks(matrix: np.ndarray, rows_multiple: int = 1) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, rows) blocks of about CHUNK_ELEMENTS values, row counts a multiple of
+    `rows_multiple` (except the last)."""
+    n_rows, n_cols = matrix.shape
+    per = max(1, CHUNK_ELEMENTS // max(1, n_cols * rows_multiple)) * rows_multiple
+    for start in range(0, n_rows, per):
+        yield start, matrix[start:start + per]
+
+
+# -- statistics ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """Summary of a tensor's values (see the module docstring for the definitions)."""
+
+    count: int
+    finite_count: int
+    nan_count: int
+    inf_count: int
+    zero_count: int
+    min: float
+    max: float
+    mean: float
+    std: float
+    norm: float
+
+    @property
+    def zero_fraction(self) -> float:
+        return self.zero_count / self.count if self.count else 0.0
+
+    def as_rows(self) -> list[tuple[str, float | int]]:
+        """(label, value) pairs in display order."""
+        return [("count", self.count), ("min", self.min), ("max", self.max),
+                ("mean", self.mean), ("std", self.std), ("norm (Frobenius)", self.norm),
+                ("NaN count", self.nan_count), ("Inf count", self.inf_count),
+                ("zero fraction", self.zero_fraction)]
+
+
+class _Accumulator:
+    """Chunk-by-chunk merge of count, min, max, mean and M2 (Chan et al.)."""
+
+    def __init__(self) -> None:
+        self.count = self.finite = self.nan = self.inf = self.zeros = 0
+        self.min, self.max = math.inf, -math.inf
+        self.mean = 0.0
+        self.m2 = 0.0
+        self.sum_sq = 0.0
+
+    def add(self, values: np.ndarray) -> None:
+        flat = values.reshape(-1)
+        self.count += flat.size
+        finite_mask = np.isfinite(flat)
+        n_finite = int(np.count_nonzero(finite_mask))
+        if n_finite != flat.size:
+            nans = int(np.count_nonzero(np.isnan(flat)))
+            self.nan += nans
+            self.inf += flat.size - n_finite - nans
+            flat = flat[finite_mask]
+        self.zeros += int(flat.size - np.count_nonzero(flat))
+        if n_finite == 0:
+            return
+        x = flat.astype(np.float64)
+        self.min = min(self.min, float(x.min()))
+        self.max = max(self.max, float(x.max()))
+        b_mean = float(x.mean())
+        b_m2 = float(np.dot(x - b_mean, x - b_mean))
+        self.sum_sq += float(np.dot(x, x))
+        n_a, n_b = self.finite, n_finite
+        n = n_a + n_b
+        delta = b_mean - self.mean
+        self.mean += delta * n_b / n
+        self.m2 += b_m2 + delta * delta * n_a * n_b / n
+        self.finite = n
+
+    def result(self) -> TensorStats:
+        if self.finite == 0:
+            nan = math.nan
+            return TensorStats(self.count, 0, self.nan, self.inf, self.zeros, nan, nan, nan, nan,
+                               0.0)
+        return TensorStats(self.count, self.finite, self.nan, self.inf, self.zeros, self.min,
+                           self.max, self.mean, math.sqrt(max(0.0, self.m2 / self.finite)),
+                           math.sqrt(self.sum_sq))
+
+
+def _check(cancelled: CancelledFn) -> None:
+    if cancelled():
+        raise Cancelled()
+
+
+def tensor_stats(model: Model, name: str, expert: int | None = None,
+                 progress: ProgressFn = _no_progress, cancelled: CancelledFn = _never,
+                 _done: int = 0, _total: int | None = None) -> TensorStats:
+    """Statistics of a tensor, or of expert `expert`'s slice of a stacked tensor."""
+    matrix, dtype = tensor_matrix(model, name, expert)
+    total = _total if _total is not None else matrix.size
+    acc = _Accumulator()
+    for _start, rows in _row_chunks(matrix):
+        _check(cancelled)
+        acc.add(to_float32(rows, dtype))
+        progress(_done + acc.count, total, f"statistics of {name}")
+    _check(cancelled)
+    return acc.result()
+
+
+# -- histogram and heatmap -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Counts of the finite values in HISTOGRAM_BINS equal bins; `edges` has bins + 1 entries."""
+
+    counts: np.ndarray
+    edges: np.ndarray
+
+
+@dataclass(frozen=True)
+class Heatmap:
+    """Block-reduced |x| of a matrix: `cells[i, j]` = mean |x| over the finite values of rows
+    [i*block_rows, ...) and columns [j*block_cols, ...). `shape` is the full matrix shape."""
+
+    cells: np.ndarray
+    block_rows: int
+    block_cols: int
+    shape: tuple[int, int]
+
+
+def heatmap_blocks(shape: tuple[int, int], max_cells: int = HEATMAP_MAX) -> tuple[int, int]:
+    """Block sizes (rows, cols) so the heatmap has at most max_cells cells per axis."""
+    return max(1, -(-shape[0] // max_cells)), max(1, -(-shape[1] // max_cells))
+
+
+class _HeatmapAccumulator:
+    def __init__(self, shape: tuple[int, int], max_cells: int) -> None:
+        self.shape = shape
+        self.br, self.bc = heatmap_blocks(shape, max_cells)
+        self.n_r = -(-shape[0] // self.br)
+        self.n_c = -(-shape[1] // self.bc)
+        self.sums = np.zeros((self.n_r, self.n_c), dtype=np.float64)
+        self.counts = np.zeros((self.n_r, self.n_c), dtype=np.int64)
+
+    def add(self, first_row: int, values: np.ndarray) -> None:
+        """`values` are whole rows starting at `first_row`, a multiple of the block height."""
+        rows, cols = values.shape
+        absval = np.abs(values)
+        finite = np.isfinite(absval)
+        absval = np.where(finite, absval, 0.0)
+        pad_r = (-rows) % self.br
+        pad_c = (-cols) % self.bc
+        if pad_r or pad_c:
+            absval = np.pad(absval, ((0, pad_r), (0, pad_c)))
+            finite = np.pad(finite, ((0, pad_r), (0, pad_c)))
+        nb_r = absval.shape[0] // self.br
+        block_sums = absval.reshape(nb_r, self.br, self.n_c, self.bc).sum(axis=(1, 3),
+                                                                          dtype=np.float64)
+        block_counts = finite.reshape(nb_r, self.br, self.n_c, self.bc).sum(axis=(1, 3))
+        r0 = first_row // self.br
+        self.sums[r0:r0 + nb_r] += block_sums
+        self.counts[r0:r0 + nb_r] += block_counts
+
+    def result(self) -> Heatmap:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cells = np.where(self.counts > 0, self.sums / np.maximum(self.counts, 1), np.nan)
+        return Heatmap(cells.astype(np.float32), self.br, self.bc, self.shape)
+
+
+@dataclass(frozen=True)
+class TensorAnalysis:
+    """Everything the tensor-values view shows for one tensor or expert slice."""
+
+    name: str
+    expert: int | None
+    dtype: str
+    shape: tuple[int, ...]
+    stats: TensorStats
+    histogram: Histogram
+    heatmap: Heatmap | None
+
+
+def analyse_tensor(model: Model, name: str, expert: int | None = None,
+                   progress: ProgressFn = _no_progress, cancelled: CancelledFn = _never,
+                   bins: int = HISTOGRAM_BINS, max_cells: int = HEATMAP_MAX) -> TensorAnalysis:
+    """Statistics (pass 1), then histogram and heatmap (pass 2) of a tensor or expert slice.
+    The heatmap is None for 1-D data."""
+    matrix, dtype = tensor_matrix(model, name, expert)
+    info = model.tensor_info(name)
+    shape = tuple(info.shape[1:]) if expert is not None else tuple(info.shape)
+    total = 2 * matrix.size
+    stats = tensor_stats(model, name, expert, progress, cancelled, 0, total)
+    lo, hi = (stats.min, stats.max) if stats.finite_count else (0.0, 1.0)
+    if lo == hi:
+        lo, hi = lo - 0.5, hi + 0.5
+    edges = np.linspace(lo, hi, bins + 1)
+    counts = np.zeros(bins, dtype=np.int64)
+    heat = _HeatmapAccumulator(matrix.shape, max_cells) if len(shape) >= 2 else None
+    done = matrix.size
+    block_rows = heat.br if heat is not None else 1
+    for start, rows in _row_chunks(matrix, block_rows):
+        _check(cancelled)
+        values = to_float32(rows, dtype)
+        flat = values.reshape(-1)
+        finite = flat[np.isfinite(flat)]
+        counts += np.histogram(finite, bins=edges)[0]
+        if heat is not None:
+            heat.add(start, values)
+        done += flat.size
+        progress(done, total, f"histogram of {name}")
+    _check(cancelled)
+    return TensorAnalysis(name, expert, dtype, shape, stats, Histogram(counts, edges),
+                          heat.result() if heat is not None else None)
+
+
+# -- per-layer expert comparison -------------------------------------------------------------
+
+EXPERT_MATRICES = ("moe_w1", "moe_w2", "moe_w3")
+STAT_FIELDS = ("norm", "mean", "std", "min", "max")
+
+
+@dataclass(frozen=True)
+class ExpertComparison:
+    """For one MoE layer: per matrix ('moe_w1', 'moe_w2', 'moe_w3'), the stats of every expert's
+    slice (`stats[matrix][e]`), plus the router: its rows [E, H] as float32 and their L2 norms."""
+
+    layer: int
+    n_experts: int
+    stats: dict[str, list[TensorStats]]
+    router_rows: np.ndarray
+    router_norms: np.ndarray
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def column(self, matrix: str, stat: str) -> np.ndarray:
+        """One statistic of one matrix for every expert, as float64 [E]."""
+        return np.array([getattr(s, stat) for s in self.stats[matrix]], dtype=np.float64)
+
+    def table(self) -> tuple[list[str], list[list[float | int]]]:
+        """(header, rows) of the side-by-side table, one row per expert."""
+        header = ["expert", "router norm"] + [f"{m.split('_')[1]} {s}" for m in EXPERT_MATRICES
+                                              if m in self.stats for s in STAT_FIELDS]
+        rows: list[list[float | int]] = []
+        for e in range(self.n_experts):
+            row: list[float | int] = [e, float(self.router_norms[e])]
+            for m in EXPERT_MATRICES:
+                if m in self.stats:
+                    row.extend(float(getattr(self.stats[m][e], s)) for s in STAT_FIELDS)
+            rows.append(row)
+        return header, rows
+
+
+def compare_experts(model: Model, layer: int, progress: ProgressFn = _no_progress,
+                    cancelled: CancelledFn = _never) -> ExpertComparison:
+    """Statistics of every expert's w1, w2, w3 slices of MoE layer `layer`, and its router."""
+    prefix = f"layers.{layer}."
+    gate_name = prefix + "moe_gate"
+    if gate_name not in model:
+        raise ValueError(f"layer {layer} is not a MoE layer (no {gate_name})")
+    gate_matrix, gate_dtype = tensor_matrix(model, gate_name)
+    router_rows = np.array(to_float32(model.tensor(gate_name), gate_dtype), dtype=np.float32)
+    router_rows = router_rows.reshape(router_rows.shape[0], -1)
+    n_experts = router_rows.shape[0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        router_norms = np.sqrt(np.sum(np.where(np.isfinite(router_rows), router_rows, 0.0)
+                                      .astype(np.float64) ** 2, axis=1))
+    matrices = [m for m in EXPERT_MATRICES if prefix + m in model]
+    total = sum(model.tensor(prefix + m).size for m in matrices)
+    done = 0
+    stats: dict[str, list[TensorStats]] = {}
+    for m in matrices:
+        name = prefix + m
+        per_expert = []
+        size = model.tensor(name).size // max(1, n_experts)
+        for e in range(n_experts):
+            per_expert.append(tensor_stats(model, name, e, progress, cancelled, done, total))
+            done += size
+        stats[m] = per_expert
+    progress(total, total, f"experts of layer {layer}")
+    return ExpertComparison(layer, n_experts, stats, router_rows, router_norms)
+
+
+def moe_layers(model: Model) -> list[int]:
+    """Indices of the layers that have a router."""
+    return [layer for layer in range(model.hparams.n_layers)
+            if f"layers.{layer}.moe_gate" in model]
+
+
+__all__ = ["CHUNK_ELEMENTS", "Cancelled", "EXPERT_MATRICES", "ExpertComparison", "HEATMAP_MAX",
+           "HISTOGRAM_BINS", "Heatmap", "Histogram", "STAT_FIELDS", "TensorAnalysis",
+           "TensorStats", "analyse_tensor", "compare_experts", "heatmap_blocks", "moe_layers",
+           "tensor_matrix", "tensor_stats", "to_float32"]

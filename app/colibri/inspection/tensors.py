@@ -1,0 +1,258 @@
+"""The tensor table as data: one row per tensor, filters, groupings and CSV export (Qt-free).
+
+Owns what the Inspector's tensor table shows, so the Qt model over it only formats cells.
+`rows_for(model)` turns the engine's tensor table into `TensorRow`s with the layer index and a
+kind parsed from the name (docs/format.md's naming scheme). Stacked expert tensors
+(`layers.L.moe_w1` [E, I, H]) are one row with `expert=None` and `n_experts=E`; grouping by
+expert splits each into E virtual rows, each with the byte range of that expert's contiguous
+slice, which is exactly what the engine reads when it dispatches that expert. The router
+`moe_gate` [E, H] is split the same way (row e is expert e's gate row).
+
+`filter_rows` matches a substring, or a glob when the pattern holds `*?[`; `export_csv` writes
+through a temporary file and a rename, so a crash never leaves half a CSV.
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import math
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from colibri.engine import Model
+
+DTYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2}
+CHECK_STATES = ("ok", "bad", "unchecked")
+KINDS = ("embedding", "attention", "norm", "router", "experts", "shared", "mlp", "output")
+CSV_COLUMNS = ("name", "layer", "expert", "kind", "dtype", "shape", "offset", "nbytes", "crc32",
+               "check")
+
+_LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    """One tensor (or, for expert grouping, one expert's slice of a stacked tensor).
+
+    `offset`/`nbytes` are the absolute byte range shown (the slice for a virtual expert row);
+    `shape` is the shape of that range. `n_experts` is E for a stacked expert tensor or the
+    router, else 0. `index` is the tensor's index in the file's table."""
+
+    name: str
+    index: int
+    layer: int | None
+    expert: int | None
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    crc32: int
+    check: str = "unchecked"
+    n_experts: int = 0
+
+    @property
+    def label(self) -> str:
+        """The name as displayed: `layers.0.moe_w1[3]` for expert 3's slice."""
+        return self.name if self.expert is None else f"{self.name}[{self.expert}]"
+
+    @property
+    def shape_text(self) -> str:
+        return "[" + ", ".join(map(str, self.shape)) + "]"
+
+    @property
+    def is_stacked(self) -> bool:
+        """A tensor whose first axis is the expert axis (moe_w1/w2/w3, moe_gate)."""
+        return self.n_experts > 0 and self.expert is None
+
+
+def tensor_kind(name: str) -> str:
+    """The kind of a tensor from its name (docs/format.md 'Tensor names and shapes')."""
+    if name == "token_embd":
+        return "embedding"
+    if name == "output":
+        return "output"
+    if name == "output_norm":
+        return "norm"
+    match = _LAYER_RE.match(name)
+    base = match.group(2) if match else name
+    if base.endswith("_norm"):
+        return "norm"
+    if base.startswith("attn_"):
+        return "attention"
+    if base in ("moe_gate", "moe_gate_bias"):
+        return "router"
+    if base.startswith("moe_"):
+        return "experts"
+    if base.startswith("shared_"):
+        return "shared"
+    if base.startswith("mlp_"):
+        return "mlp"
+    return "other"
+
+
+def tensor_layer(name: str) -> int | None:
+    match = _LAYER_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def rows_for(model: Model, check_status: Mapping[str, str] | None = None) -> list[TensorRow]:
+    """One row per tensor of `model`, in file order."""
+    status = check_status or {}
+    rows = []
+    for t in model.tensors:
+        kind = tensor_kind(t.name)
+        stacked = kind in ("experts", "router") and len(t.shape) >= 2
+        rows.append(TensorRow(t.name, t.index, tensor_layer(t.name), None, kind, t.dtype,
+                              tuple(t.shape), t.offset, t.nbytes, t.crc32,
+                              status.get(t.name, "unchecked"), t.shape[0] if stacked else 0))
+    return rows
+
+
+def with_check_status(rows: Iterable[TensorRow], status: Mapping[str, str]) -> list[TensorRow]:
+    return [replace(r, check=status.get(r.name, r.check)) for r in rows]
+
+
+def expert_slices(row: TensorRow) -> list[TensorRow]:
+    """The per-expert virtual rows of a stacked tensor (itself, unchanged, otherwise)."""
+    if not row.is_stacked:
+        return [row]
+    n = row.n_experts
+    inner = row.shape[1:]
+    per = row.nbytes // n
+    return [replace(row, expert=e, shape=inner, offset=row.offset + e * per, nbytes=per)
+            for e in range(n)]
+
+
+# -- filtering -------------------------------------------------------------------------------
+
+
+def name_matches(name: str, pattern: str) -> bool:
+    """Case-insensitive substring match, or a glob (fnmatch) when `pattern` has `*`, `?` or `[`."""
+    pattern = pattern.strip().lower()
+    if not pattern:
+        return True
+    name = name.lower()
+    if any(ch in pattern for ch in "*?["):
+        return fnmatch.fnmatchcase(name, pattern)
+    return pattern in name
+
+
+def filter_rows(rows: Iterable[TensorRow], pattern: str = "", layer: int | None = None,
+                dtype: str | None = None, kind: str | None = None) -> list[TensorRow]:
+    """Rows whose label matches `pattern` and whose layer / dtype / kind equal the given ones."""
+    return [r for r in rows
+            if name_matches(r.label, pattern)
+            and (layer is None or r.layer == layer)
+            and (dtype is None or r.dtype == dtype)
+            and (kind is None or r.kind == kind)]
+
+
+# -- grouping --------------------------------------------------------------------------------
+
+Group = tuple[str, list[TensorRow]]
+
+
+def group_by_layer(rows: Sequence[TensorRow]) -> list[Group]:
+    """'global (before layers)' (token_embd), 'layer 0', 'layer 1', ..., 'global (after layers)'
+    (output_norm, output), each keeping file order."""
+    before: list[TensorRow] = []
+    after: list[TensorRow] = []
+    layers: dict[int, list[TensorRow]] = {}
+    seen_layer = False
+    for r in rows:
+        if r.layer is None:
+            (after if seen_layer else before).append(r)
+        else:
+            seen_layer = True
+            layers.setdefault(r.layer, []).append(r)
+    groups: list[Group] = []
+    if before:
+        groups.append(("global (before layers)", before))
+    groups.extend((f"layer {layer}", layers[layer]) for layer in sorted(layers))
+    if after:
+        groups.append(("global (after layers)", after))
+    return groups
+
+
+def group_by_expert(rows: Sequence[TensorRow]) -> list[Group]:
+    """'expert 0' ... 'expert E-1', each holding that expert's slice of every stacked tensor
+    (router row and moe_w1/w2/w3 of every layer), then 'not per expert' with everything else."""
+    experts: dict[int, list[TensorRow]] = {}
+    other: list[TensorRow] = []
+    for r in rows:
+        if r.is_stacked:
+            for sliced in expert_slices(r):
+                assert sliced.expert is not None
+                experts.setdefault(sliced.expert, []).append(sliced)
+        else:
+            other.append(r)
+    groups: list[Group] = [(f"expert {e}", experts[e]) for e in sorted(experts)]
+    if other:
+        groups.append(("not per expert", other))
+    return groups
+
+
+GROUPINGS = ("none", "layer", "expert")
+
+
+def group_rows(rows: Sequence[TensorRow], grouping: str) -> list[Group]:
+    """`grouping` 'none' gives one unnamed group holding `rows`."""
+    if grouping == "none":
+        return [("", list(rows))]
+    if grouping == "layer":
+        return group_by_layer(rows)
+    if grouping == "expert":
+        return group_by_expert(rows)
+    raise ValueError(f"unknown grouping {grouping!r}; expected one of {', '.join(GROUPINGS)}")
+
+
+# -- export ----------------------------------------------------------------------------------
+
+
+def csv_record(row: TensorRow) -> list[str]:
+    return [row.label, "" if row.layer is None else str(row.layer),
+            "" if row.expert is None else str(row.expert), row.kind, row.dtype,
+            "x".join(map(str, row.shape)), str(row.offset), str(row.nbytes),
+            f"{row.crc32:08x}" if row.expert is None else "", row.check]
+
+
+def write_csv_atomic(path: str | os.PathLike[str], header: Sequence[str],
+                     records: Iterable[Sequence[object]]) -> None:
+    """Write a CSV through a temporary file in the same directory, then rename it into place."""
+    target = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(target))
+    fd, tmp = tempfile.mkstemp(prefix=".colibri-", suffix=".csv.tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(header)
+            writer.writerows(records)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def export_csv(rows: Iterable[TensorRow], path: str | os.PathLike[str]) -> None:
+    """The rows as CSV with the columns of CSV_COLUMNS."""
+    write_csv_atomic(path, CSV_COLUMNS, (csv_record(r) for r in rows))
+
+
+def element_count(shape: Sequence[int]) -> int:
+    return math.prod(shape) if shape else 0
+
+
+__all__ = ["CHECK_STATES", "CSV_COLUMNS", "GROUPINGS", "Group", "KINDS", "TensorRow",
+           "element_count", "export_csv", "expert_slices", "filter_rows", "group_by_expert",
+           "group_by_layer", "group_rows", "name_matches", "rows_for", "tensor_kind",
+           "tensor_layer", "with_check_status", "write_csv_atomic"]
