@@ -1,4 +1,5 @@
-"""`colibri`: the command line over the public Python API (convert, validate, info, dump, run).
+"""`colibri`: the command line over the public Python API (convert, validate, info, dump, run,
+trace).
 
 The API's first user and a debugging aid that needs no GUI. Every subcommand returns an exit code
 instead of raising: 0 success, 1 a problem with the input (invalid file, bad argument, conversion
@@ -407,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-logits", metavar="OUT.npy", help="save float32 [positions, vocab]")
     p.add_argument("--dump-trace", metavar="OUT.npz", help="save the routing trace")
     p.set_defaults(func=cmd_run)
+
+    from colibri.debugging.commands import add_trace_parser  # `colibri trace` (the debugger)
+    add_trace_parser(sub)
     return parser
 
 

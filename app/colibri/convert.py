@@ -30,7 +30,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from colibri.fileformat import (
-    ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, DTYPE_BF16, DTYPE_BY_NAME, DTYPE_F16,
+    ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, BLOCK_ELEMS, DTYPE_BF16,
+    DTYPE_BY_NAME, DTYPE_F16, QUANT_BY_NAME, quantize as quantize_blocks,
     DTYPE_F32, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS,
     FLAG_SHARED_EXPERT, FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE,
     HParams, TensorSpec, bf16_bits_to_f32, plan_file, storage_to_f32, to_storage, write_colibri,
@@ -113,8 +114,9 @@ def read_safetensors_header(path: str) -> dict[str, _SourceTensor]:
         raise ConversionError(f"{path}: cannot read: {exc}") from exc
     try:
         header = json.loads(header_bytes.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConversionError(f"{path}: safetensors header is not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, huge ints, deep nesting
+        raise ConversionError(f"{path}: safetensors header is not valid JSON: "
+                              f"{str(exc)[:200]}") from exc
     if not isinstance(header, dict):
         raise ConversionError(f"{path}: safetensors header is not a JSON object")
     data_start = 8 + n
@@ -127,7 +129,7 @@ def read_safetensors_header(path: str) -> dict[str, _SourceTensor]:
         if not isinstance(entry, dict):
             raise ConversionError(f"{where}: header entry is not an object")
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in _ST_DTYPES:
+        if not isinstance(dtype, str) or dtype not in _ST_DTYPES:
             raise ConversionError(f"{where}: dtype {dtype!r} not supported (supported: "
                                   f"{', '.join(_ST_DTYPES)})")
         if (not isinstance(shape, list) or
@@ -157,7 +159,7 @@ def _open_checkpoint(hf_dir: str) -> dict[str, _SourceTensor]:
             with open(index_path, encoding="utf-8") as f:
                 weight_map = json.load(f)["weight_map"]
             files = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise ConversionError(f"{index_path}: unreadable index: {exc}") from exc
     else:
         weight_map = None
@@ -249,6 +251,20 @@ class _Config:
         return value
 
 
+def _positive_number(value: Any, what: str) -> float:
+    """A config number that must be finite and > 0 (json.loads accepts Infinity, NaN and
+    integers too large for a float, so each is refused here with the field's name)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConversionError(f"config.json: {what} = {value!r}, expected a number > 0")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not (math.isfinite(number) and number > 0):
+        raise ConversionError(f"config.json: {what} = {value!r}, expected a finite number > 0")
+    return number
+
+
 def _token_id(value: Any) -> int:
     """bos/eos: None -> -1, a list -> its first element."""
     if isinstance(value, list):
@@ -275,19 +291,14 @@ def _rope(cfg: _Config) -> tuple[int, float, float]:
         params = values[0]
     theta = params.get("rope_theta", cfg.raw.get("rope_theta", cfg.defaults["rope_theta"]))
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not theta > 0:
-        raise ConversionError(f"config.json: rope_theta = {theta!r}, expected a number > 0")
+    theta = _positive_number(theta, "rope_theta")
     partial = params.get("partial_rotary_factor", cfg.raw.get("partial_rotary_factor"))
     if partial is not None and partial != 1.0:
         raise ConversionError(f"config.json: partial_rotary_factor = {partial} not supported")
     if rope_type == "default":
-        return 0, float(theta), 1.0
+        return 0, theta, 1.0
     if rope_type == "linear":
-        factor = params.get("factor")
-        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor > 0:
-            raise ConversionError(f"config.json: linear RoPE factor = {factor!r}, expected a "
-                                  "number > 0")
-        return 1, float(theta), float(factor)
+        return 1, theta, _positive_number(params.get("factor"), "linear RoPE factor")
     raise ConversionError(f"RoPE scaling type {rope_type!r} not supported (supported: "
                           "'default', 'linear')")
 
@@ -299,7 +310,12 @@ def _sliding_window(cfg: _Config, n_layers: int) -> int:
     if mt == "mixtral":
         # MixtralModel uses the sliding mask on every layer iff sliding_window is not None.
         window = cfg.get("sliding_window")
-        return int(window) if window else 0
+        if window is None or window == 0:
+            return 0
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ConversionError(f"config.json: sliding_window = {window!r}, expected null or "
+                                  "an integer >= 0")
+        return window
     if not cfg.get("use_sliding_window"):
         return 0  # both Qwen configs drop sliding_window unless use_sliding_window
     window = cfg.get("sliding_window")
@@ -309,9 +325,12 @@ def _sliding_window(cfg: _Config, n_layers: int) -> int:
         layer_types = cfg.get("layer_types")
         if layer_types is None:
             # Qwen2MoeConfig.__post_init__'s rule when layer_types is not given.
-            mwl = cfg.get("max_window_layers")
+            mwl = cfg.int("max_window_layers", minimum=0)
             layer_types = ["sliding_attention" if (i + 1) % 2 and i < mwl else "full_attention"
                            for i in range(n_layers)]
+        if not isinstance(layer_types, list) or len(layer_types) != n_layers:
+            raise ConversionError(f"config.json: layer_types = {layer_types!r}, expected a list "
+                                  f"of {n_layers} layer type names")
         sliding = [t == "sliding_attention" for t in layer_types]
     if not any(sliding):
         return 0
@@ -334,6 +353,9 @@ def _hparams(cfg: _Config, notes: list[str]) -> tuple[HParams, list[int]]:
     mt = cfg.model_type
     qwen = mt in ("qwen2_moe", "qwen3_moe")
     n_layers = cfg.int("num_hidden_layers")
+    if n_layers > 1024:  # checked before any per-layer list is built (a 10**12 would hang)
+        raise ConversionError(f"config.json: num_hidden_layers = {n_layers} outside the "
+                              "supported range 1..1024")
     d_model = cfg.int("hidden_size")
     n_heads = cfg.int("num_attention_heads")
     n_kv = cfg.get("num_key_value_heads")
@@ -355,7 +377,12 @@ def _hparams(cfg: _Config, notes: list[str]) -> tuple[HParams, list[int]]:
         raise ConversionError(f"config.json: num_experts_per_tok {top_k} > {n_experts} experts")
 
     if qwen:
-        mlp_only = set(cfg.get("mlp_only_layers") or [])
+        mlp_only_raw = cfg.get("mlp_only_layers") or []
+        if not isinstance(mlp_only_raw, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in mlp_only_raw):
+            raise ConversionError(f"config.json: mlp_only_layers = {mlp_only_raw!r}, expected a "
+                                  "list of layer indices")
+        mlp_only = set(mlp_only_raw)
         step = cfg.int("decoder_sparse_step")
         kinds = [LAYER_MOE if i not in mlp_only and (i + 1) % step == 0 else LAYER_DENSE
                  for i in range(n_layers)]
@@ -387,14 +414,10 @@ def _hparams(cfg: _Config, notes: list[str]) -> tuple[HParams, list[int]]:
         flags |= FLAG_QK_NORM_FULL
         clip = cfg.get("clip_qkv")
         if clip is not None:
-            if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0:
-                raise ConversionError(f"config.json: clip_qkv = {clip!r}, expected a number > 0")
-            clip_qkv = float(clip)
+            clip_qkv = _positive_number(clip, "clip_qkv")
 
     rope_type, rope_theta, rope_factor = _rope(cfg)
-    eps = cfg.get("rms_norm_eps")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
-        raise ConversionError(f"config.json: rms_norm_eps = {eps!r}, expected a number > 0")
+    eps = _positive_number(cfg.get("rms_norm_eps"), "rms_norm_eps")
 
     hp = HParams(
         arch=_ARCH_CODES[mt], n_layers=n_layers, n_experts=n_experts, n_experts_active=top_k,
@@ -402,7 +425,7 @@ def _hparams(cfg: _Config, notes: list[str]) -> tuple[HParams, list[int]]:
         vocab_size=cfg.int("vocab_size"), max_context=cfg.int("max_position_embeddings"),
         d_ff_expert=d_ff_expert, d_ff_dense=d_ff_dense, d_ff_shared=d_ff_shared, flags=flags,
         sliding_window=_sliding_window(cfg, n_layers), rope_type=rope_type,
-        rope_theta=rope_theta, rope_factor=rope_factor, norm_eps=float(eps), clip_qkv=clip_qkv,
+        rope_theta=rope_theta, rope_factor=rope_factor, norm_eps=eps, clip_qkv=clip_qkv,
         bos_token_id=_token_id(cfg.get("bos_token_id")),
         eos_token_id=_token_id(cfg.get("eos_token_id")))
     _check_limits(hp)
@@ -415,6 +438,21 @@ def _hparams(cfg: _Config, notes: list[str]) -> tuple[HParams, list[int]]:
             notes.append(f"{attr} {value} is outside the vocabulary ({hp.vocab_size}); "
                          "stored as -1")
     return hp, kinds
+
+
+def hparams_from_config(raw: Any) -> tuple[HParams, list[int], list[str]]:
+    """The parsed content of config.json -> (header fields, layer kinds, notes on values that had
+    to change). Any input, of any JSON type, either converts or raises ConversionError naming
+    the field (tests/fuzz/fuzz_convert.py holds it to that)."""
+    if not isinstance(raw, dict):
+        raise ConversionError("config.json: not a JSON object")
+    model_type = raw.get("model_type")
+    if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConversionError(f"model_type {model_type!r} not supported (supported: "
+                              f"{', '.join(SUPPORTED_MODEL_TYPES)})")
+    notes: list[str] = []
+    hp, kinds = _hparams(_Config(raw, model_type), notes)
+    return hp, kinds, notes
 
 
 def _check_limits(hp: HParams) -> None:
@@ -632,13 +670,64 @@ def _plan_tensors(tensors: dict[str, _SourceTensor], hp: HParams, kinds: list[in
 # ---------------------------------------------------------------------------------------------
 # Entry point
 
+# Which matrices `--quantize` applies to. Routing is precision-sensitive, so the router is never
+# quantised (it is f32 in every file); attention and the LM head stay in `dtype` unless asked.
+QUANTIZE_SETS = {
+    "experts": ("moe_w1", "moe_w2", "moe_w3"),
+    "ffn": ("moe_w1", "moe_w2", "moe_w3", "shared_w1", "shared_w2", "shared_w3",
+            "mlp_w1", "mlp_w2", "mlp_w3"),
+    "all": ("moe_w1", "moe_w2", "moe_w3", "shared_w1", "shared_w2", "shared_w3",
+            "mlp_w1", "mlp_w2", "mlp_w3", "attn_q", "attn_k", "attn_v", "attn_o", "output"),
+}
+
+
+def _quantized(spec: TensorSpec, qdtype: int) -> TensorSpec:
+    """The same tensor stored as q8_0/q4_0 blocks, quantised from its `dtype` values."""
+    inner = spec.load
+
+    def load() -> np.ndarray:
+        return quantize_blocks(storage_to_f32(inner(), spec.dtype), qdtype)
+    return TensorSpec(spec.name, qdtype, spec.shape, load)
+
+
+def _apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: str,
+                    notes: list[str]) -> list[TensorSpec]:
+    if quantize_dtype is None:
+        return specs
+    if quantize_dtype not in QUANT_BY_NAME:
+        raise ConversionError(f"quantize {quantize_dtype!r} not supported (supported: q8, q4)")
+    if which not in QUANTIZE_SETS:
+        raise ConversionError(f"quantize set {which!r} not supported (supported: "
+                              f"{', '.join(QUANTIZE_SETS)})")
+    qdtype, suffixes = QUANT_BY_NAME[quantize_dtype], QUANTIZE_SETS[which]
+    out, skipped = [], []
+    for spec in specs:
+        base = spec.name.rsplit(".", 1)[-1]
+        if base in suffixes and len(spec.shape) >= 2:
+            if spec.shape[-1] % BLOCK_ELEMS:
+                skipped.append(spec.name)
+                out.append(spec)
+            else:
+                out.append(_quantized(spec, qdtype))
+        else:
+            out.append(spec)
+    if skipped:
+        notes.append(f"not quantised (rows not a multiple of {BLOCK_ELEMS}): {', '.join(skipped)}")
+    return out
+
+
 def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dtype: str = "f32",
-            progress: Callable[[int, int], None] | None = None) -> None:
+            progress: Callable[[int, int], None] | None = None, quantize: str | None = None,
+            quantize_tensors: str = "experts") -> None:
     """Convert the Hugging Face checkpoint in `hf_dir` to a `.colibri` file at `out_path`.
 
     `dtype` ("f32", "f16" or "bf16") is the storage of every matrix except the router; 1-D
     tensors and `moe_gate` are always f32. `progress(done, total)` is called after each tensor
-    is written. Raises ConversionError for an unsupported or inconsistent checkpoint; nothing is
+    is written. `quantize` ("q8" or "q4", default None) stores the matrices of the
+    `quantize_tensors` set ("experts" = moe_w1/w2/w3, the default; "ffn" adds shared experts and
+    dense MLPs; "all" adds attention and the LM head) as q8_0/q4_0 blocks quantised from their
+    `dtype` values; matrices whose rows are not a multiple of 32 stay in `dtype` (noted in the
+    metadata). Raises ConversionError for an unsupported or inconsistent checkpoint; nothing is
     written unless every check passes, and on any failure no file is left at `out_path` (an
     existing file there is left untouched)."""
     hf_dir, out_path = os.fspath(hf_dir), os.fspath(out_path)
@@ -649,23 +738,19 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
     try:
         with open(config_path, encoding="utf-8") as f:
             raw = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ConversionError(f"{config_path}: cannot read: {exc}") from exc
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ConversionError(f"{config_path}: cannot read: {str(exc)[:200]}") from exc
     if not isinstance(raw, dict):
         raise ConversionError(f"{config_path}: not a JSON object")
-    model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConversionError(f"model_type {model_type!r} not supported (supported: "
-                              f"{', '.join(SUPPORTED_MODEL_TYPES)})")
+    hp, kinds, notes = hparams_from_config(raw)
+    model_type = raw["model_type"]
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir):
         raise ConversionError(f"output directory {out_dir} does not exist")
 
-    cfg = _Config(raw, model_type)
-    notes: list[str] = []
-    hp, kinds = _hparams(cfg, notes)
     tensors = _open_checkpoint(hf_dir)
     specs = _plan_tensors(tensors, hp, kinds, model_type, DTYPE_BY_NAME[dtype])
+    specs = _apply_quantize(specs, quantize, quantize_tensors, notes)
 
     tokenizer = b""
     tokenizer_path = os.path.join(hf_dir, "tokenizer.json")
@@ -677,6 +762,7 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
         "converted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "converter_version": CONVERTER_VERSION,
         "dtype": dtype,
+        **({"quantize": quantize, "quantize_tensors": quantize_tensors} if quantize else {}),
         "hf_config": raw,
     }
     if notes:
@@ -696,13 +782,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("hf_dir")
     parser.add_argument("out_path")
     parser.add_argument("--dtype", default="f32", choices=sorted(DTYPE_BY_NAME))
+    parser.add_argument("--quantize", choices=("q8", "q4"), default=None)
+    parser.add_argument("--quantize-tensors", choices=sorted(QUANTIZE_SETS), default="experts")
     args = parser.parse_args(argv)
 
     def report(done: int, total: int) -> None:
         print(f"\r{done}/{total} tensors", end="" if done < total else "\n", file=sys.stderr)
 
     try:
-        convert(args.hf_dir, args.out_path, args.dtype, report)
+        convert(args.hf_dir, args.out_path, args.dtype, report, args.quantize,
+                args.quantize_tensors)
     except ConversionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

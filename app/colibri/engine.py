@@ -49,7 +49,10 @@ if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale b
         f"expects {ABI_VERSION}; rebuild the extension (`pip install -e .`)")
 
 DTYPE_NAMES: dict[int, str] = {lib.COL_DTYPE_F32: "f32", lib.COL_DTYPE_F16: "f16",
-                               lib.COL_DTYPE_BF16: "bf16"}
+                               lib.COL_DTYPE_BF16: "bf16", lib.COL_DTYPE_Q8_0: "q8_0",
+                               lib.COL_DTYPE_Q4_0: "q4_0"}
+# Block-quantised dtypes (blocks of 32 per row, docs/format.md): raw views are uint8 [..., row bytes].
+BLOCK_DTYPES = (lib.COL_DTYPE_Q8_0, lib.COL_DTYPE_Q4_0)
 # bf16 has no numpy dtype: its views are uint16 bit patterns (see Model.tensor_f32).
 NUMPY_DTYPES: dict[int, type[np.generic]] = {lib.COL_DTYPE_F32: np.float32,
                                              lib.COL_DTYPE_F16: np.float16,
@@ -474,13 +477,20 @@ class Model:
         info = self.tensor_info(name)
         c_info = ffi.new("col_tensor_info *")
         errors.raise_for_status(lib.col_model_tensor(self.handle, info.index, c_info))
+        if int(c_info.dtype) in BLOCK_DTYPES:
+            shape = (*info.shape[:-1], int(lib.col_dtype_row_bytes(c_info.dtype, info.shape[-1])))
+            return _readonly_view(self.handle, c_info.data, info.nbytes, np.uint8, shape)
         dtype = NUMPY_DTYPES[int(c_info.dtype)]
         return _readonly_view(self.handle, c_info.data, info.nbytes, dtype, info.shape)
 
     def tensor_f32(self, name: str) -> np.ndarray:
         """A float32 copy of a tensor's values, whatever its storage dtype (bf16 widened exactly)."""
         data = self.tensor(name)
-        if self.tensor_info(name).dtype == "bf16":
+        info = self.tensor_info(name)
+        if info.dtype in ("q8_0", "q4_0"):
+            from colibri.fileformat import QUANT_BY_NAME, dequantize
+            return dequantize(data, QUANT_BY_NAME[info.dtype], info.shape)
+        if info.dtype == "bf16":
             return (data.astype(np.uint32) << 16).view(np.float32)
         return data.astype(np.float32)
 
@@ -687,6 +697,12 @@ class Session:
             self._busy.release()
 
     @property
+    def kernels(self) -> str:
+        """The kernel path this session runs: 'portable', 'avx2' or 'avx512' (from CPUID; the
+        environment variable COLIBRI_KERNELS can lower it)."""
+        return ffi.string(lib.col_session_kernels(self._live())).decode()
+
+    @property
     def position(self) -> int:
         """Positions processed since creation or the last reset."""
         return int(lib.col_session_position(self._live()))
@@ -723,3 +739,12 @@ class Session:
 
 __all__ = ["ColibriError", "HParams", "HeaderField", "Model", "Problem", "RoutingInfo", "Session",
            "TensorInfo", "Trace", "header_fields", "validate", "validate_bytes"]
+
+
+def measure_read_bandwidth(nbytes: int = 1 << 30, threads: int = 1, repeats: int = 5) -> float:
+    """This machine's read bandwidth in bytes/s: `threads` threads sum a `nbytes` buffer, best of
+    `repeats` (col_measure_read_bandwidth). Releases the GIL while it runs."""
+    bw = lib.col_measure_read_bandwidth(nbytes, threads, repeats)
+    if bw <= 0:
+        raise ColibriError(f"bandwidth probe failed ({nbytes} bytes, {threads} threads)")
+    return float(bw)

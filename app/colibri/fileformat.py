@@ -29,9 +29,81 @@ ALIGNMENT = 64
 NO_TENSOR = 0xFFFFFFFF
 
 DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
+DTYPE_Q8_0, DTYPE_Q4_0 = 3, 4
 DTYPE_NAMES = {DTYPE_F32: "f32", DTYPE_F16: "f16", DTYPE_BF16: "bf16"}
 DTYPE_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
 DTYPE_SIZES = {DTYPE_F32: 4, DTYPE_F16: 2, DTYPE_BF16: 2}
+# Block-quantised dtypes: rows are cut into blocks of 32 elements, each stored as an f16 scale
+# followed by its payload (docs/format.md, "Quantised blocks").
+QUANT_NAMES = {DTYPE_Q8_0: "q8_0", DTYPE_Q4_0: "q4_0"}
+QUANT_BY_NAME = {"q8": DTYPE_Q8_0, "q8_0": DTYPE_Q8_0, "q4": DTYPE_Q4_0, "q4_0": DTYPE_Q4_0}
+BLOCK_ELEMS = 32
+BLOCK_BYTES = {DTYPE_Q8_0: 34, DTYPE_Q4_0: 18}
+
+
+def row_bytes(dtype: int, n: int) -> int:
+    """Bytes of n consecutive elements of `dtype` (n % 32 == 0 for a block dtype)."""
+    if dtype in BLOCK_BYTES:
+        if n % BLOCK_ELEMS:
+            raise ValueError(f"{n} elements is not a whole number of blocks of {BLOCK_ELEMS}")
+        return n // BLOCK_ELEMS * BLOCK_BYTES[dtype]
+    return n * DTYPE_SIZES[dtype]
+
+
+def tensor_bytes(dtype: int, shape: Sequence[int]) -> int:
+    """Bytes of a tensor: rows (all but the last dimension) times row_bytes of the last."""
+    rows = int(np.prod(shape[:-1], dtype=np.uint64)) if len(shape) > 1 else 1
+    return rows * row_bytes(dtype, int(shape[-1]))
+
+
+_Q8_BLOCK = np.dtype([("d", "<f2"), ("q", "i1", (32,))])
+_Q4_BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (16,))])
+
+
+def quantize(values: np.ndarray, dtype: int) -> np.ndarray:
+    """float values [..., n] (n % 32 == 0) -> the stored bytes of q8_0 or q4_0, as uint8 of shape
+    [..., n / 32 * block bytes]. q8_0: d = max|x| / 127, q = round(x / d) in [-127, 127].
+    q4_0: d = m / -8 where m is the value of largest magnitude (sign kept), q = clamp(trunc(x / d
+    + 8.5), 0, 15), stored as nibbles: byte j holds element j (low) and element j + 16 (high)."""
+    x = np.asarray(values, dtype=np.float32)
+    shape = x.shape
+    blocks = x.reshape(-1, BLOCK_ELEMS)
+    if dtype == DTYPE_Q8_0:
+        amax = np.abs(blocks).max(axis=1)
+        d = (amax / 127.0).astype(np.float16)
+        d32 = d.astype(np.float32)
+        inv = np.divide(1.0, d32, out=np.zeros_like(d32), where=d32 != 0)
+        q = np.clip(np.rint(blocks * inv[:, None]), -127, 127).astype(np.int8)
+        out = np.empty(len(blocks), dtype=_Q8_BLOCK)
+        out["d"], out["q"] = d, q
+    elif dtype == DTYPE_Q4_0:
+        idx = np.abs(blocks).argmax(axis=1)
+        m = blocks[np.arange(len(blocks)), idx]
+        d = (m / -8.0).astype(np.float16)
+        d32 = d.astype(np.float32)
+        inv = np.divide(1.0, d32, out=np.zeros_like(d32), where=d32 != 0)
+        q = np.clip(np.trunc(blocks * inv[:, None] + 8.5), 0, 15).astype(np.uint8)
+        out = np.empty(len(blocks), dtype=_Q4_BLOCK)
+        out["d"], out["qs"] = d, q[:, :16] | (q[:, 16:] << 4)
+    else:
+        raise ValueError(f"not a block dtype: {dtype}")
+    return out.view(np.uint8).reshape(*shape[:-1], shape[-1] // BLOCK_ELEMS * BLOCK_BYTES[dtype])
+
+
+def dequantize(data: np.ndarray, dtype: int, shape: Sequence[int]) -> np.ndarray:
+    """Inverse of quantize: the float32 values [shape] the stored blocks stand for."""
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    if dtype == DTYPE_Q8_0:
+        b = raw.view(_Q8_BLOCK)
+        vals = b["d"].astype(np.float32)[:, None] * b["q"].astype(np.float32)
+    elif dtype == DTYPE_Q4_0:
+        b = raw.view(_Q4_BLOCK)
+        qs = b["qs"]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32) - 8.0
+        vals = b["d"].astype(np.float32)[:, None] * q
+    else:
+        raise ValueError(f"not a block dtype: {dtype}")
+    return vals.reshape(tuple(shape))
 
 ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4
 ARCH_NAMES = {ARCH_MIXTRAL: "mixtral", ARCH_QWEN2_MOE: "qwen2_moe", ARCH_QWEN3_MOE: "qwen3_moe",
@@ -106,7 +178,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.uint64)) * DTYPE_SIZES[self.dtype]
+        return tensor_bytes(self.dtype, self.shape)
 
 
 @dataclass
@@ -254,7 +326,7 @@ def refresh_checksums(image: bytearray) -> None:
 
 def _tensor_data(spec: TensorSpec) -> bytes:
     data = np.ascontiguousarray(spec.load())
-    if tuple(data.shape) != tuple(spec.shape):
+    if spec.dtype not in BLOCK_BYTES and tuple(data.shape) != tuple(spec.shape):
         raise ValueError(f"tensor {spec.name}: data shape {data.shape} != declared {spec.shape}")
     raw = data.tobytes()
     if len(raw) != spec.nbytes:

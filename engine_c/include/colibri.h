@@ -93,7 +93,9 @@ typedef struct col_problem {
 typedef enum col_dtype {
     COL_DTYPE_F32 = 0,
     COL_DTYPE_F16 = 1,
-    COL_DTYPE_BF16 = 2
+    COL_DTYPE_BF16 = 2,
+    COL_DTYPE_Q8_0 = 3,            /* blocks of 32 along a row: f16 scale + 32 int8 (34 bytes) */
+    COL_DTYPE_Q4_0 = 4             /* blocks of 32: f16 scale + 16 bytes of nibbles, (q-8)*scale (18 bytes) */
 } col_dtype;
 
 typedef enum col_arch {
@@ -269,6 +271,11 @@ const char *col_status_name(int32_t status);
 /* Byte size of one element of `dtype`, 0 for an unknown dtype. Thread safe. */
 uint32_t col_dtype_size(uint32_t dtype);
 
+/* Bytes of `n` consecutive elements of `dtype` (one row): n * element size, or for the block
+ * dtypes (q8_0, q4_0) n / 32 * block size. 0 for an unknown dtype or n not a multiple of 32 for a
+ * block dtype. Thread safe. */
+uint64_t col_dtype_row_bytes(uint32_t dtype, uint64_t n);
+
 /* CRC-32 (IEEE 802.3 polynomial, zlib-compatible) of `n` bytes, continuing from `crc` (0 to start). */
 uint32_t col_crc32(uint32_t crc, const void *data, size_t n);
 
@@ -360,6 +367,15 @@ uint32_t col_session_position(const col_session *session);
 /* Fill *out with pointers to the trace (zero-copy). All counts are 0 and pointers NULL when
  * tracing is off. */
 int32_t col_session_trace(const col_session *session, col_trace_view *out);
+
+/* Measure this machine's read bandwidth: `n_threads` threads each sum their share of a freshly
+ * allocated, touched buffer of `bytes` bytes; best of `repeats` passes. Returns bytes per second
+ * (0.0 on allocation or thread failure). For benchmarks: run it in the same process and moment
+ * as the measurement it bounds. */
+double col_measure_read_bandwidth(uint64_t bytes, uint32_t n_threads, uint32_t repeats);
+
+/* Name of the kernel path the session runs ("portable", "avx2", "avx512"); static storage. */
+const char *col_session_kernels(const col_session *session);
 
 /* COL_CDEF_END */
 

@@ -66,9 +66,11 @@ void col_attention(col_session *s, uint32_t layer_index)
     uint64_t q_dim = (uint64_t)nh * d, kv_dim = (uint64_t)nkv * d;
     uint32_t pos = s->position;
 
-    project(s, layer->attn_q, s->xn, s->q);
-    project(s, layer->attn_k, s->xn, s->k);
-    project(s, layer->attn_v, s->xn, s->v);
+    /* q, k and v in one kernel dispatch: their rows are split among the threads as one range */
+    col_matvec_job qkv[3] = {{col_weight_of(layer->attn_q), s->xn, s->q, 1},
+                             {col_weight_of(layer->attn_k), s->xn, s->k, 1},
+                             {col_weight_of(layer->attn_v), s->xn, s->v, 1}};
+    col_matmul_many(s->pool, qkv, 3);
     add_bias(s->q, layer->attn_q_bias, q_dim);
     add_bias(s->k, layer->attn_k_bias, kv_dim);
     add_bias(s->v, layer->attn_v_bias, kv_dim);

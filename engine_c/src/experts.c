@@ -29,8 +29,8 @@ static float silu(float z)
 static void swiglu(col_session *s, const col_weight *w1, const col_weight *w3, const col_weight *w2,
                    const float *x, float *out)
 {
-    col_matvec(s->pool, w1, x, s->h1);
-    col_matvec(s->pool, w3, x, s->h3);
+    col_matvec_job up[2] = {{*w1, x, s->h1, 1}, {*w3, x, s->h3, 1}};
+    col_matmul_many(s->pool, up, 2);
     for (uint64_t i = 0; i < w1->rows; i++) s->h1[i] = silu(s->h1[i]) * s->h3[i];
     col_matvec(s->pool, w2, s->h1, out);
 }
@@ -69,14 +69,32 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
     uint32_t n_slots = col_route(&params, s->router_logits, s->route_ids, s->route_weights, &s->router_scratch);
     uint64_t t1 = phase_ns ? col_now_ns() : 0;
 
-    for (uint32_t i = 0; i < d_model; i++) s->acc[i] = 0.0f;
+    /* The selected experts in two kernel dispatches (w1 and w3 of all, then w2 of all), so the
+     * threads meet twice per layer instead of three times per expert. Each expert's hidden
+     * vectors are [d_ff] slices of expert_h1/expert_h3; outputs are [d_model] slices of
+     * expert_out, summed below in selection order, as before. */
+    uint64_t d_ff = layer->moe_w1->shape[1];
     for (uint32_t slot = 0; slot < n_slots; slot++) {
         uint32_t e = (uint32_t)s->route_ids[slot];
-        col_weight w1 = col_weight_expert(layer->moe_w1, e), w2 = col_weight_expert(layer->moe_w2, e),
-                   w3 = col_weight_expert(layer->moe_w3, e);
-        swiglu(s, &w1, &w3, &w2, s->xn, s->tmp);
+        s->expert_jobs[2 * slot] = (col_matvec_job){col_weight_expert(layer->moe_w1, e), s->xn,
+                                                    s->expert_h1 + slot * d_ff, 1};
+        s->expert_jobs[2 * slot + 1] = (col_matvec_job){col_weight_expert(layer->moe_w3, e), s->xn,
+                                                        s->expert_h3 + slot * d_ff, 1};
+    }
+    col_matmul_many(s->pool, s->expert_jobs, 2 * n_slots);
+    for (uint32_t slot = 0; slot < n_slots; slot++) {
+        uint32_t e = (uint32_t)s->route_ids[slot];
+        float *h1 = s->expert_h1 + slot * d_ff, *h3 = s->expert_h3 + slot * d_ff;
+        for (uint64_t i = 0; i < d_ff; i++) h1[i] = silu(h1[i]) * h3[i];
+        s->expert_jobs[slot] = (col_matvec_job){col_weight_expert(layer->moe_w2, e), h1,
+                                                s->expert_out + (uint64_t)slot * d_model, 1};
+    }
+    col_matmul_many(s->pool, s->expert_jobs, n_slots);
+    for (uint32_t i = 0; i < d_model; i++) s->acc[i] = 0.0f;
+    for (uint32_t slot = 0; slot < n_slots; slot++) {
+        const float *out = s->expert_out + (uint64_t)slot * d_model;
         float weight = s->route_weights[slot];
-        for (uint32_t i = 0; i < d_model; i++) s->acc[i] += weight * s->tmp[i];
+        for (uint32_t i = 0; i < d_model; i++) s->acc[i] += weight * out[i];
     }
     uint64_t t2 = phase_ns ? col_now_ns() : 0;
 

@@ -457,8 +457,21 @@ uint32_t col_dtype_size(uint32_t dtype)
     case COL_DTYPE_F32: return 4;
     case COL_DTYPE_F16: return 2;
     case COL_DTYPE_BF16: return 2;
-    default: return 0;
+    default: return 0; /* also the block dtypes: they have no per-element size */
     }
+}
+
+/* Bytes of one quantised block of 32 elements (f16 scale + payload), 0 for element dtypes. */
+static uint32_t block_bytes(uint32_t dtype)
+{
+    return dtype == COL_DTYPE_Q8_0 ? 34 : dtype == COL_DTYPE_Q4_0 ? 18 : 0;
+}
+
+uint64_t col_dtype_row_bytes(uint32_t dtype, uint64_t n)
+{
+    uint32_t bb = block_bytes(dtype);
+    if (bb) return n % 32 ? 0 : n / 32 * bb;
+    return n * col_dtype_size(dtype);
 }
 
 static const char *const status_names[] = {
@@ -739,6 +752,17 @@ static bool check_entry(const layout *L, uint32_t i, sink *s, col_tensor_info *o
             ERR(s, COL_ERR_NAME, eo + bad, nm, "tensor %" PRIu32 ": name '%s' %s", i, nm, why);
     }
     uint32_t dsize = col_dtype_size(out->dtype);
+    uint32_t bsize = block_bytes(out->dtype); /* q8_0/q4_0: sizes count blocks of 32 elements */
+    if (bsize) {
+        dsize = bsize;
+        if (out->ndim >= 1 && out->ndim <= 4 && out->shape[out->ndim - 1] % 32) {
+            ok = false;
+            if (s)
+                ERR(s, COL_ERR_SHAPE, eo + T_SHAPE + 8 * (uint64_t)(out->ndim - 1), nm,
+                    "tensor '%s': rows of %" PRIu64 " elements, a block dtype needs a multiple of 32",
+                    nm, out->shape[out->ndim - 1]);
+        }
+    }
     if (dsize == 0) {
         ok = false;
         if (s)
@@ -783,12 +807,13 @@ static bool check_entry(const layout *L, uint32_t i, sink *s, col_tensor_info *o
                 if (s)
                     ERR(s, COL_ERR_LIMIT, eo + T_SHAPE, nm,
                         "tensor '%s': byte size overflows 64 bits", nm);
-            } else if (count * dsize != out->nbytes) {
+            } else if ((bsize ? count / 32 * bsize : count * dsize) != out->nbytes) {
                 ok = false;
                 if (s)
                     ERR(s, COL_ERR_SIZE_MISMATCH, eo + T_NBYTES, nm,
-                        "tensor '%s': nbytes %" PRIu64 " != %" PRIu64 " elements * %" PRIu32
-                        " bytes", nm, out->nbytes, count, dsize);
+                        "tensor '%s': nbytes %" PRIu64 " != %" PRIu64 " %s * %" PRIu32
+                        " bytes", nm, out->nbytes, bsize ? count / 32 : count,
+                        bsize ? "blocks of 32" : "elements", dsize);
             }
         }
     }
@@ -1298,7 +1323,7 @@ static void check_architecture(const layout *L, sink *s)
         }
         uint32_t dtype = rd32(e + T_DTYPE);
         bool must_f32 = want_ndim == 1 || (cls == NAME_LAYER && slot == S_MOE_GATE);
-        if (must_f32 && col_dtype_size(dtype) && dtype != COL_DTYPE_F32)
+        if (must_f32 && (col_dtype_size(dtype) || block_bytes(dtype)) && dtype != COL_DTYPE_F32)
             ERR(s, COL_ERR_DTYPE, eo + T_DTYPE, nm,
                 "tensor '%s': dtype %" PRIu32 ", this tensor must be f32", nm, dtype);
     }
@@ -1338,10 +1363,15 @@ static void check_data(const col_tensor_info *t, uint32_t flags, sink *s)
         const uint8_t *p = t->data;
         uint64_t n_bad = 0, first = 0;
         uint32_t es = col_dtype_size(t->dtype);
+        bool blocks = block_bytes(t->dtype) != 0; /* only the f16 scale of each block can be non-finite */
+        if (blocks)
+            es = block_bytes(t->dtype);
         uint64_t n = t->nbytes / es;
         for (uint64_t k = 0; k < n; k++) {
             bool bad;
-            if (t->dtype == COL_DTYPE_F32)
+            if (blocks)
+                bad = (rd16(p + es * k) & 0x7C00u) == 0x7C00u;
+            else if (t->dtype == COL_DTYPE_F32)
                 bad = (rd32(p + 4 * k) & 0x7F800000u) == 0x7F800000u;
             else if (t->dtype == COL_DTYPE_F16)
                 bad = (rd16(p + 2 * k) & 0x7C00u) == 0x7C00u;
@@ -1352,8 +1382,8 @@ static void check_data(const col_tensor_info *t, uint32_t flags, sink *s)
         }
         if (n_bad)
             ERR(s, COL_ERR_NONFINITE, t->offset + first * es, t->name,
-                "tensor '%s': %" PRIu64 " NaN/Inf values, first at element %" PRIu64, t->name,
-                n_bad, first);
+                "tensor '%s': %" PRIu64 " NaN/Inf values, first at %s %" PRIu64, t->name,
+                n_bad, blocks ? "the scale of block" : "element", first);
     }
 }
 

@@ -18,7 +18,7 @@ void col_forward_token(col_session *s, int32_t token)
     uint64_t start = tracing ? col_now_ns() : 0;
 
     const col_tensor_info *embd = m->token_embd;
-    const uint8_t *row = (const uint8_t *)embd->data + (uint64_t)token * d_model * col_dtype_size(embd->dtype);
+    const uint8_t *row = (const uint8_t *)embd->data + (uint64_t)token * col_dtype_row_bytes(embd->dtype, d_model);
     col_load_row(row, embd->dtype, d_model, s->x);
 
     for (uint32_t l = 0; l < hp->n_layers; l++) {

@@ -14,26 +14,59 @@
 
 typedef struct col_pool col_pool;
 
-/* Create a pool of n_threads - 1 workers (the caller is the n-th). n_threads >= 1.
- * Returns NULL on allocation or thread-creation failure. */
-col_pool *col_pool_create(uint32_t n_threads);
+/* Instruction-set paths, chosen once per pool from CPUID (or COLIBRI_KERNELS=portable|avx2|avx512,
+ * which can only lower the choice). Every path computes every output element in one fixed order,
+ * so a given path is bit-identical for any thread count; paths differ from each other in the
+ * last bits (different lane order), never in the tested tolerance. */
+typedef enum col_isa {
+    COL_ISA_PORTABLE = 0,
+    COL_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C */
+    COL_ISA_AVX512 = 2      /* AVX-512 F/BW/VL + VNNI (int8 dot products of quantised blocks) */
+} col_isa;
+
+/* One product of a batch: y[t][r] = dot(W[r, :], x[t]) for t < n_tokens, r < w.rows.
+ * x: [n_tokens][w.cols] f32, y: [n_tokens][w.rows] f32. */
+typedef struct col_matvec_job {
+    col_weight w;
+    const float *x;
+    float *y;
+    uint32_t n_tokens;
+} col_matvec_job;
+
+/* Bytes of scratch a pool needs to run batches of at most `max_jobs` jobs whose quantised
+ * activations total at most `max_act_cols` columns (sum over jobs of n_tokens * cols). */
+uint64_t col_pool_scratch_size(uint32_t max_jobs, uint64_t max_act_cols);
+
+/* Create a pool of n_threads - 1 workers (the caller is the n-th); `scratch` (64-byte aligned,
+ * col_pool_scratch_size bytes, owned by the caller, may be NULL when both limits are 0) holds
+ * activations quantised for int8 weights. n_threads >= 1. Returns NULL on allocation or
+ * thread-creation failure. Workers spin briefly between products, then sleep on a condvar. */
+col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint32_t max_jobs, uint64_t max_act_cols);
 
 /* Join the workers and free. NULL is a no-op. */
 void col_pool_free(col_pool *pool);
+
+/* The path this pool runs ("portable", "avx2", "avx512"). */
+col_isa col_pool_isa(const col_pool *pool);
+const char *col_isa_name(col_isa isa);
 
 /* Scalar conversions of stored elements to f32. */
 float col_f16_to_f32(uint16_t h);
 float col_bf16_to_f32(uint16_t b);
 
-/* Element `i` of a stored vector of `dtype`, as f32. */
+/* Element `i` of a stored vector of `dtype` (f32/f16/bf16 only), as f32. */
 float col_load_elem(const void *data, uint32_t dtype, uint64_t i);
 
-/* out[0..n) = stored[0..n) as f32. */
+/* out[0..n) = stored[0..n) as f32 (any dtype; a block dtype needs n % 32 == 0). */
 void col_load_row(const void *data, uint32_t dtype, uint64_t n, float *out);
 
 /* y[r] = dot(W[r, :], x) for r in [0, w->rows); W rows are w->cols long. x: [cols], y: [rows].
- * Splits rows among the pool's threads (pool may be NULL: single-threaded). */
+ * Splits rows among the pool's threads (pool may be NULL: single-threaded portable path). */
 void col_matvec(col_pool *pool, const col_weight *w, const float *x, float *y);
+
+/* Every job of the batch in one dispatch: the rows of all jobs are split among the threads as
+ * one range. Each output equals what col_matvec would produce for that row and token. */
+void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs);
 
 /* Weight view of a 2-D tensor [rows, cols]. */
 col_weight col_weight_of(const col_tensor_info *t);

@@ -25,6 +25,24 @@ static uint32_t max_u32(uint32_t a, uint32_t b)
     return a > b ? a : b;
 }
 
+/* Most products the forward pass batches into one kernel dispatch: w1 and w3 of every selected
+ * expert plus the shared expert's. */
+static uint32_t kernel_jobs(const col_hparams *hp, uint64_t k_slots)
+{
+    (void)hp;
+    return (uint32_t)(2 * k_slots + 4);
+}
+
+/* Most activation columns one dispatch quantises for int8 weights: one input per selected
+ * expert and the shared expert, each at most the widest of d_model, q_dim and d_ff. */
+static uint64_t kernel_act_cols(const col_hparams *hp, uint64_t k_slots)
+{
+    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
+    uint64_t widest = max_u32(max_u32(hp->d_model, (uint32_t)q_dim),
+                              max_u32(hp->d_ff_expert, max_u32(hp->d_ff_dense, hp->d_ff_shared)));
+    return (k_slots + 1) * widest;
+}
+
 /* Reserve `count` elements of `size` bytes at the 64-aligned arena cursor; return their offset. */
 static uint64_t reserve(uint64_t *cursor, uint64_t count, uint64_t size)
 {
@@ -73,6 +91,11 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, col_
     BIND(router_scratch.scores, n_e, sizeof(double));
     BIND(router_scratch.taken, n_e, 1);
     BIND(logits, hp->vocab_size, sizeof(float));
+    BIND(expert_jobs, 2 * k_slots, sizeof(col_matvec_job));
+    BIND(expert_h1, k_slots * hp->d_ff_expert, sizeof(float));
+    BIND(expert_h3, k_slots * hp->d_ff_expert, sizeof(float));
+    BIND(expert_out, k_slots * hp->d_model, sizeof(float));
+    BIND(kernel_scratch, col_pool_scratch_size(kernel_jobs(hp, k_slots), kernel_act_cols(hp, k_slots)), 1);
     if (c->trace) {
         BIND(trace_tokens, cap, sizeof(int32_t));
         BIND(trace_ids, cap * n_moe * k_slots, sizeof(int32_t));
@@ -131,7 +154,8 @@ int32_t col_session_create(const col_model *model, const col_session_config *con
     }
     memset(s->arena, 0, s->arena_size);
     plan_arena(model, config, s, s->arena);
-    s->pool = col_pool_create(config->n_threads);
+    s->pool = col_pool_create(config->n_threads, s->kernel_scratch, kernel_jobs(&model->hp, s->k_slots),
+                              kernel_act_cols(&model->hp, s->k_slots));
     if (!s->pool) {
         free(s->arena);
         free(s);
@@ -186,6 +210,11 @@ int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_
 int32_t col_session_step(col_session *session, int32_t token, float *logits, char *err, size_t errlen)
 {
     return col_session_prefill(session, &token, 1, logits, err, errlen);
+}
+
+const char *col_session_kernels(const col_session *session)
+{
+    return col_isa_name(session ? col_pool_isa(session->pool) : COL_ISA_PORTABLE);
 }
 
 const float *col_session_logits(const col_session *session)

@@ -49,6 +49,11 @@ struct col_session {
     float *route_weights;       /* [n_experts] */
     col_router_scratch router_scratch;
     float *logits;              /* [vocab_size] logits of the last position */
+    col_matvec_job *expert_jobs; /* [2 * k_slots] one dispatch's products */
+    float *expert_h1;           /* [k_slots][d_ff_expert] */
+    float *expert_h3;           /* [k_slots][d_ff_expert] */
+    float *expert_out;          /* [k_slots][d_model] */
+    void *kernel_scratch;       /* col_pool_scratch_size(kernel_jobs, kernel_act_cols) bytes */
 
     /* trace (NULL when tracing is off) */
     int32_t *trace_tokens;      /* [capacity] */

@@ -222,6 +222,8 @@ class ModelDocument:
         from colibri.inspection.hexsource import BytesSource, FileSource, MappedSource
         if self._state.model is not None:
             return MappedSource(self._state.model)
+        if self._state.identity is None or not os.path.isfile(self.path):
+            return BytesSource(self._state.head)
         try:
             return FileSource(self.path)
         except OSError:

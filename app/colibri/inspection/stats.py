@@ -12,6 +12,8 @@ Definitions (what the numbers mean):
     and `inf_count` count the others; `zero_fraction` is zeros / all values. mean and variance
     are merged chunk by chunk with Chan's parallel formula in float64, so the result does not
     drift on a billion values the way a running sum of squares would.
+  * q8_0 / q4_0 tensors (views of raw blocks, uint8 [..., row bytes]) are dequantised row by
+    row, so statistics describe the values the engine computes with.
   * The histogram is a second pass: 100 equal bins over [min, max] of the finite values from
     the first pass (exact counts, no guessed range, at the price of reading the data twice).
   * The heatmap views the tensor as a matrix (a 2-D tensor or expert slice as is; N-D as
@@ -53,8 +55,19 @@ def _never() -> bool:
     return False
 
 
+BLOCK_DTYPES = ("q8_0", "q4_0")
+
+
 def to_float32(chunk: np.ndarray, dtype: str) -> np.ndarray:
-    """A chunk of stored values as float32: f32 as is, f16 widened, bf16 bits shifted."""
+    """A chunk of stored values as float32: f32 as is, f16 widened, bf16 bits shifted, and
+    block-quantised rows (q8_0/q4_0: uint8 [rows, row bytes]) dequantised per row."""
+    if dtype in BLOCK_DTYPES:
+        from colibri import fileformat as ff
+        code = ff.QUANT_BY_NAME[dtype]
+        rows = chunk.reshape(-1, chunk.shape[-1]) if chunk.ndim else chunk.reshape(1, -1)
+        n_cols = rows.shape[-1] // ff.BLOCK_BYTES[code] * ff.BLOCK_ELEMS
+        values = ff.dequantize(rows, code, (rows.shape[0], n_cols))
+        return values.reshape(*chunk.shape[:-1], n_cols) if chunk.ndim > 1 else values.reshape(-1)
     if dtype == "bf16":
         return (chunk.astype(np.uint32) << 16).view(np.float32)
     if chunk.dtype == np.float32:

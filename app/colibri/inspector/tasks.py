@@ -39,7 +39,7 @@ class Task:
 
 
 class _Worker(QObject):
-    sig_progress = Signal(int, int, str)
+    sig_progress = Signal("qlonglong", "qlonglong", str)  # byte counts pass 2**31
     sig_finished = Signal(object)
     sig_failed = Signal(str)
     sig_cancelled = Signal()
@@ -76,7 +76,7 @@ class TaskRunner(QObject):
     """Runs one task at a time on its own thread; starting a new task cancels the previous one."""
 
     sig_started = Signal(str)
-    sig_progress = Signal(int, int, str)
+    sig_progress = Signal("qlonglong", "qlonglong", str)  # byte counts pass 2**31
     sig_finished = Signal(object)
     sig_failed = Signal(str)
     sig_cancelled = Signal()

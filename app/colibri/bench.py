@@ -1,0 +1,165 @@
+"""`colibri bench`: prefill and decode speed of a .colibri file against this machine's own
+read-bandwidth limit, measured in the same run.
+
+Decode on a CPU is bound by memory bandwidth: tokens/s cannot exceed the read bandwidth divided
+by the bytes of weights one token reads (attention, router, the k selected experts, shared
+experts, dense MLPs, the LM head). The report states that byte count (from the tensor table),
+the effective GB/s reached, the probe's GB/s and the fraction of the limit; figures are medians
+of `repeats` runs so a busy neighbour on a shared machine moves them less.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from colibri.engine import Model, Session, measure_read_bandwidth
+
+_EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
+
+
+def weight_bytes_per_token(model: Model) -> int:
+    """Bytes of weights one decoded token reads with top-k routing: every tensor except the
+    embedding table (one row is read) and k / n_experts of each stacked expert tensor."""
+    hp = model.hparams
+    total = 0
+    for t in model.tensors:
+        base = t.name.rsplit(".", 1)[-1]
+        if t.name == "token_embd":
+            total += t.nbytes // hp.vocab_size
+            if hp.flags & 2:  # tied embeddings: the LM head reads the whole table
+                total += t.nbytes
+        elif base in _EXPERT_MATS:
+            total += t.nbytes * hp.n_experts_active // hp.n_experts
+        else:
+            total += t.nbytes
+    return total
+
+
+@dataclass
+class BenchResult:
+    file: str
+    kernels: str
+    threads: int
+    prompt_tokens: int
+    decode_tokens: int
+    repeats: int
+    prefill_tok_s: float
+    decode_tok_s: float
+    decode_ms_per_token: float
+    weight_bytes_per_token: int
+    effective_gb_s: float
+    probe_gb_s: float
+    limit_tok_s: float
+    fraction_of_limit: float
+    trace_on_decode_tok_s: float
+    trace_cost: float
+    peak_rss_mb: float
+    session_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _decode(session: Session, first: int, n: int) -> float:
+    """Greedy decode of n tokens after the current position; returns seconds."""
+    token = first
+    t0 = time.perf_counter()
+    for _ in range(n):
+        token = int(np.argmax(session.step(token)))
+    return time.perf_counter() - t0
+
+
+def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repeats: int = 3,
+              probe_bytes: int = 1 << 30, trace_check: bool = True) -> BenchResult:
+    model = Model.open(path)
+    hp = model.hparams
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, hp.vocab_size, size=prompt).astype(np.int32)
+    ctx = min(hp.max_context, prompt + n + 8)
+    session = Session(model, threads=threads, max_context=ctx, trace=False)
+    # warm: page the whole file in and let the workers settle
+    session.prefill(tokens[: min(prompt, 8)])
+    _decode(session, int(tokens[0]), 4)
+
+    prefill_s, decode_s, traced_s = [], [], []
+    traced = Session(model, threads=threads, max_context=ctx, trace=True) if trace_check else None
+    for _ in range(repeats):
+        session.reset()
+        t0 = time.perf_counter()
+        logits = session.prefill(tokens)
+        prefill_s.append(time.perf_counter() - t0)
+        decode_s.append(_decode(session, int(np.argmax(logits[-1])), n))
+        if traced is not None:  # interleaved with the untraced run, so both see the same machine
+            traced.reset()
+            traced.prefill(tokens[:1])
+            traced_s.append(_decode(traced, int(tokens[1]), n))
+    bw = measure_read_bandwidth(probe_bytes, threads, 5)
+
+    pre = statistics.median(prefill_s)
+    dec = statistics.median(decode_s)
+    dec_tok_s = n / dec
+    wb = weight_bytes_per_token(model)
+    limit = bw / wb
+    traced_tok_s = n / statistics.median(traced_s) if traced_s else float("nan")
+    return BenchResult(
+        file=path, kernels=session.kernels, threads=threads, prompt_tokens=prompt, decode_tokens=n,
+        repeats=repeats, prefill_tok_s=prompt / pre, decode_tok_s=dec_tok_s,
+        decode_ms_per_token=1000.0 * dec / n, weight_bytes_per_token=wb,
+        effective_gb_s=wb * dec_tok_s / 1e9, probe_gb_s=bw / 1e9, limit_tok_s=limit,
+        fraction_of_limit=dec_tok_s / limit, trace_on_decode_tok_s=traced_tok_s,
+        trace_cost=1.0 - traced_tok_s / dec_tok_s if traced_s else float("nan"),
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        session_bytes=Session.memory_estimate(model, threads=threads, max_context=ctx, trace=False))
+
+
+def format_result(r: BenchResult) -> str:
+    return "\n".join([
+        f"file                 {r.file}",
+        f"kernels              {r.kernels}, {r.threads} thread(s)",
+        f"prefill              {r.prefill_tok_s:9.1f} tok/s  ({r.prompt_tokens} tokens, median of {r.repeats})",
+        f"decode               {r.decode_tok_s:9.1f} tok/s  {r.decode_ms_per_token:.2f} ms/token ({r.decode_tokens} tokens)",
+        f"weights per token    {r.weight_bytes_per_token / 1e6:9.1f} MB",
+        f"effective bandwidth  {r.effective_gb_s:9.2f} GB/s",
+        f"probe bandwidth      {r.probe_gb_s:9.2f} GB/s  (same run, {r.threads} thread(s))",
+        f"decode limit         {r.limit_tok_s:9.1f} tok/s  -> {100 * r.fraction_of_limit:.1f}% reached",
+        f"decode, trace on     {r.trace_on_decode_tok_s:9.1f} tok/s  (cost {100 * r.trace_cost:+.1f}%)",
+        f"session memory       {r.session_bytes / 2**20:9.2f} MiB (estimate, beyond the mapped weights)",
+        f"peak RSS             {r.peak_rss_mb:9.1f} MiB",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="colibri bench", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run_cli(p.parse_args(argv))
+
+
+def add_arguments(p: Any) -> None:
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("-p", type=int, default=128, metavar="N", help="prompt tokens (default 128)")
+    p.add_argument("-n", type=int, default=64, metavar="N", help="decoded tokens (default 64)")
+    p.add_argument("-t", "--threads", type=int, default=1, metavar="T")
+    p.add_argument("-r", "--repeats", type=int, default=3)
+    p.add_argument("--probe-mb", type=int, default=1024, help="bandwidth probe buffer (MiB)")
+    p.add_argument("--no-trace-check", action="store_true", help="skip the trace-on decode run")
+    p.add_argument("--json", action="store_true")
+
+
+def run_cli(args: Any) -> int:
+    r = run_bench(args.file, args.p, args.n, args.threads, args.repeats, args.probe_mb << 20,
+                  not args.no_trace_check)
+    print(json.dumps(r.to_dict(), indent=2) if args.json else format_result(r))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,24 @@
+"""The routing debugger's Qt-free core: run, step, break on, inspect and export MoE routing.
+
+Layers (each importable without Qt; the Qt panels in `colibri.inspector.debugger` only read them):
+  * `run`           - `RunSettings` and `Debugger` (owns one engine Session), `RoutingRecord`, the
+                      append-only store of per-position trace copies that every view reads.
+  * `events`        - the (position, MoE layer) event list with derived fields, find, bookmarks.
+  * `breakpoints`   - breakpoint kinds and `BreakpointList.first_hit`.
+  * `stats`         - routing matrices, expert load and balance, co-selection, latency percentiles.
+  * `trace_export`  - Chrome Trace Event JSON (ui.perfetto.dev, chrome://tracing) and CSV.
+  * `session_file`  - the saved debugging session format (docs/session-format.md) and autosave.
+
+Nothing here recomputes routing: every number comes from the engine's trace.
+"""
+
+from __future__ import annotations
+
+from colibri.debugging.breakpoints import (AtPosition, Breakpoint, BreakpointList, ExpertChosen,
+                                           MarginBelow, NonFinite, first_hit)
+from colibri.debugging.events import Event, EventList, float32_ulp_distance
+from colibri.debugging.run import Debugger, PositionRecord, RoutingRecord, RunResult, RunSettings
+
+__all__ = ["AtPosition", "Breakpoint", "BreakpointList", "Debugger", "Event", "EventList",
+           "ExpertChosen", "MarginBelow", "NonFinite", "PositionRecord", "RoutingRecord",
+           "RunResult", "RunSettings", "first_hit", "float32_ulp_distance"]

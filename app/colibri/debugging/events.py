@@ -1,0 +1,344 @@
+"""The event list: one event per (position, MoE layer) routing decision, in execution order.
+
+Event index = position * n_moe_layers + moe_index, so the list is the debugger's navigation spine
+(RenderDoc's event browser): go to an event, find, bookmarks, next/previous routing change.
+
+Derived fields are computed once per position from the engine's trace (vectorised over layers),
+never by re-running the router:
+  * margin      - the gap between the last chosen expert and the first unchosen one:
+                  min(logit of chosen) - max(logit of unchosen), in float32. For plain top-k this
+                  is logit_(k) - logit_(k+1) of the sorted logits; under stable or Gumbel routing
+                  it can be negative (a lower-logit expert was chosen). In soft routing every
+                  expert is "chosen", so the margin is taken at the model's n_experts_active:
+                  sorted logit_(k) - logit_(k+1). NaN when undefined (k >= n_experts, NaN logits).
+  * margin_ulps - the same gap counted in float32 ULPs: the number of representable float32
+                  values stepped over going from the smaller to the larger value (signed like the
+                  margin), from the integer ordering of IEEE-754 bit patterns. None when NaN.
+  * routing_changed - the *set* of chosen experts differs from the previous position's at the
+                  same layer (position 0 never counts as a change).
+  * nonfinite   - NaN or Inf in this event's router logits or hidden-state norm; non-finite
+                  output logits of a position flag its last MoE layer's event (they are
+                  computed after every layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from colibri.debugging.run import RoutingRecord
+
+_NO_ULPS = np.iinfo(np.int64).min
+
+
+def _ordered_keys(values: np.ndarray) -> np.ndarray:
+    """float32 values -> int64 keys whose order (and differences) follow the float32 number line;
+    +0.0 and -0.0 share key 0, adjacent floats differ by 1."""
+    arr = np.asarray(values, dtype=np.float32)
+    bits = np.ascontiguousarray(arr).view(np.int32).astype(np.int64).reshape(arr.shape)
+    return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+
+def float32_ulp_distance(a: float | np.ndarray, b: float | np.ndarray) -> np.ndarray:
+    """Signed number of float32 ULPs from b up to a (a - b in representable steps), as int64.
+    `float32_ulp_distance(np.nextafter(np.float32(1), np.float32(2)), 1.0) == 1`. Entries where
+    either value is NaN are the int64 minimum (use `ulps_or_none`)."""
+    fa = np.asarray(a, dtype=np.float32)
+    fb = np.asarray(b, dtype=np.float32)
+    out = _ordered_keys(fa) - _ordered_keys(fb)
+    return np.where(np.isnan(fa) | np.isnan(fb), _NO_ULPS, out)
+
+
+def ulps_or_none(value: int) -> int | None:
+    return None if value == _NO_ULPS else int(value)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One routing decision, (position, moe_index). `layer` is the model layer index. Arrays are
+    read-only views of the routing record (never copied, never modified)."""
+
+    index: int
+    position: int
+    moe_index: int
+    layer: int
+    token: int
+    token_text: str
+    expert_ids: tuple[int, ...]        # chosen experts in selection order (no empty slots)
+    expert_weights: tuple[float, ...]  # their combination weights
+    margin: float
+    margin_ulps: int | None
+    routing_changed: bool
+    hidden_norm: float                 # L2 norm of the hidden state arriving at the router
+    shared_gate: float                 # NaN when the family has no shared-expert gate
+    nonfinite: bool
+    router_logits: np.ndarray = field(compare=False, repr=False)  # [n_experts] float32
+
+    @property
+    def top1(self) -> int:
+        return self.expert_ids[0] if self.expert_ids else -1
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.position, self.moe_index)
+
+    def label(self) -> str:
+        return f"#{self.index} pos {self.position} {self.token_text!r} layer {self.layer}"
+
+
+def derive(expert_ids: np.ndarray, router_logits: np.ndarray, hidden_norm: np.ndarray,
+           logits_finite: np.ndarray, k_active: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Margin, margin in ULPs and non-finite flags for rows [P, M] from ids [P, M, k], logits
+    [P, M, E], hidden norms [P, M] and per-position output-logit finiteness [P]."""
+    P, M, E = router_logits.shape
+    logits = router_logits.astype(np.float32, copy=False)
+    chosen = np.zeros((P, M, E), dtype=bool)
+    valid = expert_ids >= 0
+    p_idx, m_idx, s_idx = np.nonzero(valid)
+    chosen[p_idx, m_idx, expert_ids[p_idx, m_idx, s_idx]] = True
+    n_chosen = chosen.sum(axis=2)
+    with np.errstate(invalid="ignore"):
+        low_chosen = np.where(chosen, logits, np.float32(np.inf)).min(axis=2)
+        high_unchosen = np.where(chosen, np.float32(-np.inf), logits).max(axis=2)
+    every = n_chosen >= E
+    soft_a = soft_b = np.full((P, M), np.nan, dtype=np.float32)
+    if every.any() and 0 < k_active < E:  # soft routing: measure at the model's k
+        ordered = -np.sort(-logits, axis=2)
+        soft_a, soft_b = ordered[:, :, k_active - 1], ordered[:, :, k_active]
+    a = np.where(every, soft_a, low_chosen).astype(np.float32)
+    b = np.where(every, soft_b, high_unchosen).astype(np.float32)
+    a = np.where(n_chosen == 0, np.float32(np.nan), a)
+    with np.errstate(invalid="ignore", over="ignore"):
+        margin = (a - b).astype(np.float32)
+    ulps = float32_ulp_distance(a, b)
+    ulps = np.where(np.isfinite(margin), ulps, _NO_ULPS)
+    nonfinite = (~np.isfinite(logits).all(axis=2)) | (~np.isfinite(hidden_norm))
+    if M:  # the output logits come after the last layer: blame its event
+        nonfinite[:, M - 1] |= ~logits_finite.astype(bool)
+    return margin, ulps, nonfinite
+
+
+class EventList:
+    """Every (position, MoE layer) event of a routing record, with navigation. Grows with the
+    record (`sync()`); derived fields are computed once per position."""
+
+    def __init__(self, record: RoutingRecord, k_active: int) -> None:
+        self._record = record
+        self._k_active = int(k_active)
+        self._n_moe = int(record.n_moe_layers)
+        self._n_positions = 0
+        self._rows = 0  # allocated rows of the derived arrays (grown by doubling)
+        self._margin = np.zeros((0, self._n_moe), np.float32)
+        self._ulps = np.zeros((0, self._n_moe), np.int64)
+        self._nonfinite = np.zeros((0, self._n_moe), bool)
+        self._changed = np.zeros((0, self._n_moe), bool)
+        self.bookmarks: set[int] = set()
+        self.sync()
+
+    # -- growth ---------------------------------------------------------------------------------
+
+    @property
+    def record(self) -> RoutingRecord:
+        return self._record
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self._n_moe
+
+    @property
+    def n_positions(self) -> int:
+        return self._n_positions
+
+    def sync(self) -> range:
+        """Derive the fields of positions added to the record since the last call; returns the
+        indices of the new events (`[self[i] for i in ...]` builds them)."""
+        rec = self._record
+        start, stop = self._n_positions, rec.n_positions
+        if stop <= start:
+            return range(0)
+        ids = rec.expert_ids[start:stop]
+        margin, ulps, nonfinite = derive(ids, rec.router_logits[start:stop],
+                                         rec.hidden_norm[start:stop],
+                                         rec.logits_finite[start:stop], self._k_active)
+        all_ids = rec.expert_ids[max(start - 1, 0):stop]
+        sets = np.sort(np.where(all_ids >= 0, all_ids, np.iinfo(np.int32).max), axis=2)
+        changed = np.zeros((stop - start, self._n_moe), bool)
+        if start > 0:
+            changed[:] = (sets[1:] != sets[:-1]).any(axis=2)
+        elif stop > 1:
+            changed[1:] = (sets[1:] != sets[:-1]).any(axis=2)
+        if stop > self._rows:
+            rows = max(stop, 2 * self._rows, 64)
+
+            def grown(a: np.ndarray) -> np.ndarray:
+                out = np.zeros((rows, self._n_moe), a.dtype)
+                out[:start] = a[:start]
+                return out
+
+            self._margin, self._ulps = grown(self._margin), grown(self._ulps)
+            self._nonfinite, self._changed = grown(self._nonfinite), grown(self._changed)
+            self._rows = rows
+        self._margin[start:stop] = margin
+        self._ulps[start:stop] = ulps
+        self._nonfinite[start:stop] = nonfinite
+        self._changed[start:stop] = changed
+        self._n_positions = stop
+        return range(start * self._n_moe, stop * self._n_moe)
+
+    def snapshot(self, record: RoutingRecord | None = None) -> EventList:
+        """An event list frozen at the current length, sharing the derived arrays (rows once
+        derived never change), over `record` (default: a snapshot of this list's record). For
+        handing to another thread."""
+        snap = EventList.__new__(EventList)
+        snap.__dict__.update(self.__dict__)
+        snap._record = record if record is not None else self._record.snapshot()
+        snap._rows = 0  # a later sync() on the snapshot reallocates instead of writing shared rows
+        snap.bookmarks = set(self.bookmarks)
+        return snap
+
+    # -- access ---------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._n_positions * self._n_moe
+
+    def __iter__(self) -> Iterable[Event]:
+        return (self[i] for i in range(len(self)))
+
+    def index_of(self, position: int, moe_index: int) -> int:
+        if not (0 <= position < self._n_positions and 0 <= moe_index < self._n_moe):
+            raise IndexError(f"no event at position {position}, MoE layer {moe_index}")
+        return position * self._n_moe + moe_index
+
+    def __getitem__(self, index: int) -> Event:
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"event {index} outside [0, {n})")
+        p, m = divmod(index, self._n_moe)
+        rec = self._record
+        ids = rec.expert_ids[p, m]
+        keep = ids >= 0
+        return Event(
+            index=index, position=p, moe_index=m, layer=int(rec.moe_layers[m]),
+            token=int(rec.tokens[p]), token_text=rec.token_text(p),
+            expert_ids=tuple(int(e) for e in ids[keep]),
+            expert_weights=tuple(float(w) for w in rec.expert_weights[p, m][keep]),
+            margin=float(self._margin[p, m]), margin_ulps=ulps_or_none(int(self._ulps[p, m])),
+            routing_changed=bool(self._changed[p, m]), hidden_norm=float(rec.hidden_norm[p, m]),
+            shared_gate=float(rec.shared_gate[p, m]), nonfinite=bool(self._nonfinite[p, m]),
+            router_logits=rec.router_logits[p, m])
+
+    def position_events(self, position: int) -> list[Event]:
+        return [self[position * self._n_moe + m] for m in range(self._n_moe)]
+
+    # Whole-list derived arrays [positions, moe_layers] (read-only views) for views and breakpoints.
+    @property
+    def margins(self) -> np.ndarray:
+        return _ro(self._margin[:self._n_positions])
+
+    @property
+    def margin_ulps(self) -> np.ndarray:
+        return _ro(self._ulps[:self._n_positions])
+
+    @property
+    def nonfinite(self) -> np.ndarray:
+        return _ro(self._nonfinite[:self._n_positions])
+
+    @property
+    def routing_changed(self) -> np.ndarray:
+        return _ro(self._changed[:self._n_positions])
+
+    # -- navigation -----------------------------------------------------------------------------
+
+    def _scan(self, mask: np.ndarray, start: int | None, backward: bool) -> Event | None:
+        """The first event after `start` (before it when backward) where the flat mask is True;
+        start None scans from the beginning (or the end)."""
+        flat = np.asarray(mask).reshape(-1)[:len(self)]
+        if backward:
+            stop = len(self) if start is None else max(min(start, len(self)), 0)
+            hits = np.flatnonzero(flat[:stop])
+            return self[int(hits[-1])] if hits.size else None
+        begin = 0 if start is None else start + 1
+        hits = np.flatnonzero(flat[begin:])
+        return self[begin + int(hits[0])] if hits.size else None
+
+    def match_mask(self, expert: int | None = None, token: str | None = None,
+                   position: int | None = None, layer: int | None = None) -> np.ndarray:
+        """[positions, moe_layers] bool: events matching every given criterion. `expert` = the
+        expert is among the chosen; `token` = case-insensitive substring of the token text;
+        `layer` = model layer index."""
+        P, M, rec = self._n_positions, self._n_moe, self._record
+        mask = np.ones((P, M), bool)
+        if expert is not None:
+            mask &= (rec.expert_ids[:P] == int(expert)).any(axis=2)
+        if token is not None:
+            needle = token.lower()
+            hit = np.array([needle in rec.token_text(p).lower() for p in range(P)], bool)
+            mask &= hit[:, None]
+        if position is not None:
+            rows = np.zeros(P, bool)
+            if 0 <= position < P:
+                rows[position] = True
+            mask &= rows[:, None]
+        if layer is not None:
+            mask &= (np.asarray(rec.moe_layers) == int(layer))[None, :]
+        return mask
+
+    def find(self, expert: int | None = None, token: str | None = None,
+             position: int | None = None, layer: int | None = None, start: int | None = None,
+             backward: bool = False) -> Event | None:
+        """The next (previous when backward) event after (before) index `start` that matches."""
+        return self._scan(self.match_mask(expert, token, position, layer), start, backward)
+
+    def next_change(self, start: int | None, moe_index: int | None = None) -> Event | None:
+        """The next event after `start` whose routing differs from the previous position's (at
+        one MoE layer when moe_index is given)."""
+        return self._scan(self._change_mask(moe_index), start, backward=False)
+
+    def previous_change(self, start: int | None, moe_index: int | None = None) -> Event | None:
+        return self._scan(self._change_mask(moe_index), start, backward=True)
+
+    def _change_mask(self, moe_index: int | None) -> np.ndarray:
+        mask = self._changed[:self._n_positions].copy()
+        if moe_index is not None:
+            keep = np.zeros(self._n_moe, bool)
+            keep[moe_index] = True
+            mask &= keep[None, :]
+        return mask
+
+    # -- bookmarks ------------------------------------------------------------------------------
+
+    def toggle_bookmark(self, index: int) -> bool:
+        """Add or remove a bookmark; returns whether it is now set."""
+        if index in self.bookmarks:
+            self.bookmarks.discard(index)
+            return False
+        self[index]  # raises IndexError for an event that does not exist
+        self.bookmarks.add(index)
+        return True
+
+    def sorted_bookmarks(self) -> list[int]:
+        return sorted(self.bookmarks)
+
+    def next_bookmark(self, start: int | None) -> Event | None:
+        after = [b for b in sorted(self.bookmarks) if start is None or b > start]
+        return self[after[0]] if after else None
+
+    def previous_bookmark(self, start: int | None) -> Event | None:
+        before = [b for b in sorted(self.bookmarks) if start is None or b < start]
+        return self[before[-1]] if before else None
+
+
+def _ro(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def filter_events(events: Iterable[Event], predicate: Callable[[Event], bool]) -> list[Event]:
+    return [e for e in events if predicate(e)]

@@ -1,0 +1,510 @@
+"""Running and stepping the engine under the debugger.
+
+`Debugger` owns one traced `colibri.Session` and a decoding loop. The engine is driven one
+position at a time (`Session.step`): the prompt's tokens first, then each generated token except
+the last (the same positions `colibri run` processes: len(prompt) + max_new_tokens - 1). After
+every position the new trace rows are copied into the `RoutingRecord`, an append-only store that
+is the single source of truth for every view and export; nothing recomputes routing.
+
+Granularity. The engine computes whole positions (style point 7: pulled trace, no per-layer
+callbacks into Python). "Step layer" is therefore navigation through events already computed:
+the first layer step of a new position computes that whole position and puts the cursor on its
+first MoE layer; each further layer step moves the cursor to the next MoE layer of the same
+position, whose "hidden state arriving at the router" is reported as the trace's `hidden_norm`
+(the L2 norm of the router's input). Stepping past the last MoE layer computes the next position.
+Run-to-breakpoint likewise computes the position containing the hit, then places the cursor on
+exactly the hit (position, layer); Continue first checks the events already computed after the
+cursor, so two hits in one position stop twice.
+
+Threads. `run()` is meant for one worker thread; `request_pause()` and `request_stop()` may be
+called from any thread and are checked between positions. Pausing loses nothing and resuming
+gives bit-identical results (the sampler's RNG lives in the debugger). Stopping ends the run;
+everything produced so far stays in the record.
+
+Decoding: 'greedy' is argmax (lowest id on ties, as `colibri run`); 'sample' draws from
+softmax(logits / temperature) with numpy's default_rng(seed). The same `seed` also seeds Gumbel
+routing. Decoding stops after max_new_tokens or the model's eos token.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+import numpy as np
+
+from colibri.debugging.breakpoints import Breakpoint, BreakpointList, first_hit
+from colibri.debugging.events import Event, EventList
+
+PHASES = ("attention", "router", "experts", "combine", "layer")
+ROUTINGS = ("topk", "stable", "soft", "gumbel")
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything that determines a run (what a saved session records to reproduce it)."""
+
+    prompt_tokens: tuple[int, ...]
+    max_new_tokens: int = 16
+    decoding: Literal["greedy", "sample"] = "greedy"
+    seed: int = 0
+    temperature: float = 1.0
+    routing: str = "topk"
+    epsilon: float | None = None
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
+        if not self.prompt_tokens:
+            raise ValueError("the prompt is empty")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.decoding not in ("greedy", "sample"):
+            raise ValueError(f"decoding must be 'greedy' or 'sample', got {self.decoding!r}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got "
+                             f"{self.routing!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+    @property
+    def n_positions(self) -> int:
+        """Positions a complete run processes (fewer when eos comes early)."""
+        return len(self.prompt_tokens) + max(self.max_new_tokens - 1, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["prompt_tokens"] = list(self.prompt_tokens)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSettings:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+# ---------------------------------------------------------------------------------------------
+# The record
+
+
+@dataclass(frozen=True, eq=False)
+class PositionRecord:
+    """One position's trace rows, copied out of session memory (read-only arrays)."""
+
+    position: int
+    token: int
+    token_text: str
+    expert_ids: np.ndarray      # [moe_layers, k] int32, -1 for an empty slot
+    expert_weights: np.ndarray  # [moe_layers, k] float32
+    router_logits: np.ndarray   # [moe_layers, n_experts] float32
+    shared_gate: np.ndarray     # [moe_layers] float32, NaN without a shared-expert gate
+    hidden_norm: np.ndarray     # [moe_layers] float32
+    phase_ns: np.ndarray        # [n_layers, 5] uint64 durations, see PHASES
+    token_ns: int               # engine time of the whole position
+    wall_ns: int                # wall time of the step as seen from Python (engine + binding)
+    logits_finite: bool         # the position's output logits are all finite
+
+
+# name -> (dtype, trailing shape attribute names); the first axis is always the position
+_ARRAYS: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "tokens": (np.int32, ()),
+    "expert_ids": (np.int32, ("n_moe_layers", "k")),
+    "expert_weights": (np.float32, ("n_moe_layers", "k")),
+    "router_logits": (np.float32, ("n_moe_layers", "n_experts")),
+    "shared_gate": (np.float32, ("n_moe_layers",)),
+    "hidden_norm": (np.float32, ("n_moe_layers",)),
+    "phase_ns": (np.uint64, ("n_layers", "n_phases")),
+    "token_ns": (np.uint64, ()),
+    "wall_ns": (np.uint64, ()),
+    "logits_finite": (np.bool_, ()),
+}
+RECORD_ARRAYS = tuple(_ARRAYS)
+
+
+class RoutingRecord:
+    """Append-only per-position copies of the routing trace. Array properties are read-only
+    views of the first `n_positions` rows; rows once written never change, so a view (or a
+    `snapshot()`) taken on one thread stays valid while another thread appends."""
+
+    n_phases = len(PHASES)
+
+    def __init__(self, moe_layers: Sequence[int], n_layers: int, k: int, n_experts: int,
+                 capacity: int = 64) -> None:
+        self.moe_layers = np.array(moe_layers, dtype=np.int32)
+        self.moe_layers.flags.writeable = False
+        self.n_moe_layers = int(self.moe_layers.size)
+        self.n_layers, self.k, self.n_experts = int(n_layers), int(k), int(n_experts)
+        self._n = 0
+        self._texts: list[str] = []
+        self._frozen = False
+        self._buf = {name: self._alloc(name, max(capacity, 1)) for name in _ARRAYS}
+        self._views: dict[str, Any] = {}
+
+    def _alloc(self, name: str, rows: int) -> np.ndarray:
+        dtype, inner = _ARRAYS[name]
+        return np.zeros((rows, *(getattr(self, a) for a in inner)), dtype=dtype)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    @property
+    def n_positions(self) -> int:
+        return self._n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def array(self, name: str) -> np.ndarray:
+        views = self._views
+        if views.get("@n") != self._n:  # one read-only view per array per length
+            views.clear()
+            views["@n"] = self._n
+        view = views.get(name)
+        if view is None:
+            view = self._buf[name][:self._n]
+            view.flags.writeable = False
+            views[name] = view
+        return view
+
+    tokens = property(lambda self: self.array("tokens"))
+    expert_ids = property(lambda self: self.array("expert_ids"))
+    expert_weights = property(lambda self: self.array("expert_weights"))
+    router_logits = property(lambda self: self.array("router_logits"))
+    shared_gate = property(lambda self: self.array("shared_gate"))
+    hidden_norm = property(lambda self: self.array("hidden_norm"))
+    phase_ns = property(lambda self: self.array("phase_ns"))
+    token_ns = property(lambda self: self.array("token_ns"))
+    wall_ns = property(lambda self: self.array("wall_ns"))
+    logits_finite = property(lambda self: self.array("logits_finite"))
+
+    @property
+    def token_texts(self) -> list[str]:
+        return list(self._texts[:self._n])
+
+    def token_text(self, position: int) -> str:
+        return self._texts[position]
+
+    def row(self, p: int) -> PositionRecord:
+        if not 0 <= p < self._n:
+            raise IndexError(f"position {p} outside [0, {self._n})")
+        b = self._buf
+        return PositionRecord(p, int(b["tokens"][p]), self._texts[p],
+                              *(self.array(n)[p] for n in ("expert_ids", "expert_weights",
+                                                           "router_logits", "shared_gate",
+                                                           "hidden_norm", "phase_ns")),
+                              int(b["token_ns"][p]), int(b["wall_ns"][p]),
+                              bool(b["logits_finite"][p]))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every per-position array (read-only views), plus moe_layers."""
+        out = {name: self.array(name) for name in _ARRAYS}
+        out["moe_layers"] = self.moe_layers
+        return out
+
+    def snapshot(self) -> RoutingRecord:
+        """An immutable record of the rows so far, sharing memory with this one (O(1) arrays)."""
+        snap = RoutingRecord.__new__(RoutingRecord)
+        snap.__dict__.update(self.__dict__)
+        snap._texts = self._texts[:self._n]
+        snap._views = {}
+        snap._frozen = True
+        return snap
+
+    def equals(self, other: RoutingRecord, timings: bool = True) -> bool:
+        """Bit-identical rows (NaNs compared by bits); timings optional."""
+        if (self.n_positions, self.n_layers, self.k, self.n_experts) != (
+                other.n_positions, other.n_layers, other.k, other.n_experts):
+            return False
+        if not np.array_equal(self.moe_layers, other.moe_layers) or \
+                self.token_texts != other.token_texts:
+            return False
+        skip = set() if timings else {"phase_ns", "token_ns", "wall_ns"}
+        return all(self.array(n).tobytes() == other.array(n).tobytes()
+                   for n in _ARRAYS if n not in skip)
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def _grow(self) -> None:
+        rows = self._buf["tokens"].shape[0]
+        if self._n < rows:
+            return
+        new = {}
+        for name, old in self._buf.items():
+            buf = self._alloc(name, rows * 2)
+            buf[:rows] = old
+            new[name] = buf
+        self._buf = new  # old views keep the old buffers alive; rows are identical
+
+    def append(self, token: int, token_text: str, expert_ids: np.ndarray,
+               expert_weights: np.ndarray, router_logits: np.ndarray, shared_gate: np.ndarray,
+               hidden_norm: np.ndarray, phase_ns: np.ndarray, token_ns: int, wall_ns: int = 0,
+               logits_finite: bool = True) -> int:
+        """Copy one position's rows in; returns its position."""
+        if self._frozen:
+            raise RuntimeError("a RoutingRecord snapshot is immutable")
+        self._grow()
+        p, b = self._n, self._buf
+        b["tokens"][p] = token
+        b["expert_ids"][p] = expert_ids
+        b["expert_weights"][p] = expert_weights
+        b["router_logits"][p] = router_logits
+        b["shared_gate"][p] = shared_gate
+        b["hidden_norm"][p] = hidden_norm
+        b["phase_ns"][p] = phase_ns
+        b["token_ns"][p] = token_ns
+        b["wall_ns"][p] = wall_ns
+        b["logits_finite"][p] = logits_finite
+        self._texts.append(token_text)
+        self._n = p + 1  # publish the row last
+        return p
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], token_texts: Sequence[str],
+                    n_layers: int) -> RoutingRecord:
+        """Rebuild a record (e.g. from a saved session)."""
+        ids = arrays["expert_ids"]
+        rec = cls(arrays["moe_layers"], n_layers, ids.shape[2], arrays["router_logits"].shape[2],
+                  capacity=max(ids.shape[0], 1))
+        n = int(ids.shape[0])
+        if len(token_texts) != n:
+            raise ValueError(f"{len(token_texts)} token texts for {n} positions")
+        for name in _ARRAYS:
+            rec._buf[name][:n] = arrays[name]
+        rec._texts = list(token_texts)
+        rec._n = n
+        return rec
+
+
+# ---------------------------------------------------------------------------------------------
+# The debugger
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Why `run()` returned: 'breakpoint' (event, breakpoint set), 'finished' (max tokens or
+    eos), 'paused', 'stopped', or 'limit' (max_positions reached)."""
+
+    reason: str
+    positions: int                          # positions computed by this call
+    event: Event | None = None
+    breakpoint: Breakpoint | None = field(default=None)
+
+
+def token_piece(tokenizer: Any, token: int) -> str:
+    """The vocabulary piece of `token` (its id as text when there is no tokenizer)."""
+    if tokenizer is None:
+        return str(token)
+    piece = tokenizer.id_to_token(int(token))
+    return piece if piece is not None else tokenizer.decode([int(token)])
+
+
+class Debugger:
+    """A run under the debugger: one Session, its RoutingRecord and EventList, a cursor.
+
+    Not thread-safe except `request_pause`/`request_stop` (see the module docstring)."""
+
+    def __init__(self, model: Any, settings: RunSettings, tokenizer: Any = "model") -> None:
+        from colibri.engine import Session  # the only engine dependency of the debugger
+
+        hp = model.hparams
+        if settings.n_positions > hp.max_context:
+            raise ValueError(f"{settings.n_positions} positions exceed the model's max_context "
+                             f"{hp.max_context}")
+        self.model = model
+        self.settings = settings
+        self.tokenizer = model.tokenizer if tokenizer == "model" else tokenizer
+        self.session = Session(model, routing=settings.routing,  # type: ignore[arg-type]
+                               epsilon=settings.epsilon, seed=settings.seed,
+                               threads=settings.threads, max_context=settings.n_positions,
+                               trace=True)
+        trace = self.session.trace
+        assert trace is not None
+        k = int(trace.expert_ids.shape[2])
+        self.record = RoutingRecord(trace.moe_layers, hp.n_layers, k, hp.n_experts,
+                                    capacity=settings.n_positions)
+        self.events = EventList(self.record, hp.n_experts_active)
+        self.breakpoints = BreakpointList()
+        self.cursor: int | None = None
+        self.generated: list[int] = []
+        self.finished = False
+        self.stop_reason = ""
+        self.last_logits: np.ndarray | None = None
+        self._rng = np.random.default_rng(settings.seed)
+        self._pending: int | None = settings.prompt_tokens[0]
+        self._pause = threading.Event()
+        self._stop = threading.Event()
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def position(self) -> int:
+        """Positions computed so far."""
+        return self.record.n_positions
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.settings.prompt_tokens)
+
+    @property
+    def current(self) -> Event | None:
+        return None if self.cursor is None else self.events[self.cursor]
+
+    def token_text(self, token: int) -> str:
+        return token_piece(self.tokenizer, token)
+
+    def prompt_pieces(self) -> list[tuple[int, str]]:
+        """The prompt's tokenisation: (id, piece) per token."""
+        return [(t, self.token_text(t)) for t in self.settings.prompt_tokens]
+
+    def generated_text(self) -> str:
+        if self.tokenizer is None:
+            return " ".join(map(str, self.generated))
+        return str(self.tokenizer.decode(self.generated))
+
+    def close(self) -> None:
+        self.session.close()
+
+    # -- control from other threads ---------------------------------------------------------------
+
+    def request_pause(self) -> None:
+        """Pause the current (or, if none is running, the next) run between positions."""
+        self._pause.set()
+
+    def clear_pause(self) -> None:
+        """Forget a pause request that no run has honoured yet."""
+        self._pause.clear()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    # -- stepping -------------------------------------------------------------------------------
+
+    def _choose(self, logits: np.ndarray) -> int:
+        if not np.isfinite(logits).all():
+            logits = np.nan_to_num(logits, nan=-np.inf)
+        s = self.settings
+        if s.decoding == "greedy" or s.temperature == 0:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / s.temperature
+        z -= z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        return int(self._rng.choice(p.size, p=p))
+
+    def step_token(self) -> list[Event]:
+        """Compute one position; the cursor moves to its first MoE layer. Returns its events
+        ([] when the run is finished)."""
+        return [self.events[i] for i in self._advance()]
+
+    def _advance(self) -> range:
+        """Compute one position; returns the indices of its events (empty when finished)."""
+        if self.finished or self._pending is None:
+            self.finished = True
+            return range(0)
+        token = self._pending
+        p = self.record.n_positions
+        t0 = time.perf_counter_ns()
+        logits = self.session.step(token)
+        wall = time.perf_counter_ns() - t0
+        tr = self.session.trace
+        assert tr is not None
+        self.record.append(token, self.token_text(token), tr.expert_ids[p], tr.expert_weights[p],
+                           tr.router_logits[p], tr.shared_gate[p], tr.hidden_norm[p],
+                           tr.phase_ns[p], int(tr.token_ns[p]), wall,
+                           bool(np.isfinite(logits).all()))
+        self.last_logits = logits
+        if p + 1 < self.n_prompt:
+            self._pending = self.settings.prompt_tokens[p + 1]
+        elif self.settings.max_new_tokens == 0:
+            self._finish("finished")
+        else:
+            chosen = self._choose(logits)
+            self.generated.append(chosen)
+            if len(self.generated) >= self.settings.max_new_tokens:
+                self._finish("finished")
+            elif chosen == self.model.hparams.eos_token_id:
+                self._finish("eos")
+            else:
+                self._pending = chosen
+        new = self.events.sync()
+        if len(new):
+            self.cursor = new[0]
+        return new
+
+    def _finish(self, reason: str) -> None:
+        self._pending = None
+        self.finished = True
+        self.stop_reason = reason
+
+    def step_layer(self) -> Event | None:
+        """Move the cursor to the next MoE layer; computes the next position only when the
+        cursor is on the last MoE layer of the last computed position. Returns the new current
+        event (None when nothing is left)."""
+        nxt = 0 if self.cursor is None else self.cursor + 1
+        if nxt < len(self.events):
+            self.cursor = nxt
+            return self.events[nxt]
+        new = self._advance()
+        return self.events[new[0]] if len(new) else None
+
+    def go_to(self, index: int) -> Event:
+        """Put the cursor on an already computed event."""
+        event = self.events[index]
+        self.cursor = event.index
+        return event
+
+    def run(self, until: BreakpointList | Sequence[Breakpoint] | None = None,
+            max_positions: int | None = None,
+            on_position: Callable[[int], None] | None = None) -> RunResult:
+        """Compute positions until a breakpoint in `until` hits (checking events already
+        computed after the cursor first), the run finishes, a pause or stop is requested, or
+        `max_positions` positions were computed. `on_position(position)` is called after each
+        computed position (the worker's hook for signals and autosave)."""
+        bps = list(until) if until is not None else []
+        done = 0
+        if bps:
+            found = first_hit(bps, self.events, self.cursor)
+            if found is not None:
+                self.cursor = found[0].index
+                return RunResult("breakpoint", 0, found[0], found[1])
+        while True:
+            if self.finished:
+                self._stop.clear()
+                return RunResult("finished", done)
+            if self._stop.is_set():
+                self._stop.clear()
+                self._finish("stopped")
+                return RunResult("stopped", done)
+            if self._pause.is_set():
+                self._pause.clear()
+                return RunResult("paused", done)
+            if max_positions is not None and done >= max_positions:
+                return RunResult("limit", done)
+            before = len(self.events)
+            if self._pending is None:
+                self.finished = True
+                continue
+            position = self.position
+            new = self._advance()
+            done += 1
+            if on_position is not None:
+                on_position(position)
+            if bps and len(new):
+                found = first_hit(bps, self.events, before - 1)
+                if found is not None:
+                    self.cursor = found[0].index
+                    return RunResult("breakpoint", done, found[0], found[1])
+
+    def continue_(self) -> RunResult:
+        """Run to the next hit of the debugger's own breakpoints (or the end)."""
+        return self.run(until=self.breakpoints)
+
+
+__all__ = ["Debugger", "PHASES", "PositionRecord", "RECORD_ARRAYS", "RoutingRecord", "RunResult",
+           "RunSettings", "token_piece"]

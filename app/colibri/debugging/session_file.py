@@ -1,0 +1,226 @@
+"""Saved debugging sessions (`*.colibri-session`, specified in docs/session-format.md) and autosave.
+
+A session file is a ZIP archive (members stored, not compressed, so saving is a plain copy):
+`manifest.json` (format name and version, model path, size and SHA-256, run settings, tokens and
+their texts, generated tokens, cursor, bookmarks, breakpoints, sampler RNG state, and the dtype and
+shape of every array) and one `.npy` file per record array under `arrays/`. It is written through
+a temporary file and renamed, so a crash during a save leaves the previous file intact; `Autosaver`
+rewrites it every N positions or S seconds while a run goes on.
+
+The model checksum is SHA-256 of the whole file, read in 1 MiB chunks and cached per
+(path, size, mtime): exact, independent of the .colibri format's own CRCs, and paid once per
+model per process (about a second per GB).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import io
+import json
+import os
+import time
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from colibri.debugging.breakpoints import BreakpointList
+from colibri.debugging.events import EventList
+from colibri.debugging.files import atomic_write
+from colibri.debugging.run import PHASES, RECORD_ARRAYS, Debugger, RoutingRecord, RunSettings
+
+FORMAT_NAME = "colibri-debug-session"
+FORMAT_VERSION = 1
+SUFFIX = ".colibri-session"
+_CHUNK = 1 << 20
+_checksums: dict[tuple[str, int, int], str] = {}
+
+
+class SessionFormatError(ValueError):
+    """A session file that is not one, or not one this version reads."""
+
+
+def model_checksum(path: str | os.PathLike[str]) -> str:
+    """SHA-256 (hex) of the whole file, cached per (path, size, mtime_ns)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    key = (real, st.st_size, st.st_mtime_ns)
+    if key not in _checksums:
+        h = hashlib.sha256()
+        with open(real, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        _checksums[key] = h.hexdigest()
+    return _checksums[key]
+
+
+@dataclass(eq=False)
+class SavedSession:
+    """Everything a session file holds; `load_session(save_session(x))` equals x."""
+
+    model: dict[str, Any]              # path, size, sha256, arch, n_layers, n_experts, ...
+    settings: RunSettings
+    record: RoutingRecord
+    generated: list[int] = field(default_factory=list)
+    finished: bool = False
+    stop_reason: str = ""
+    cursor: int | None = None
+    bookmarks: list[int] = field(default_factory=list)
+    breakpoints: BreakpointList = field(default_factory=BreakpointList)
+    rng_state: dict[str, Any] | None = None
+    saved_at: str = ""
+
+    @classmethod
+    def from_debugger(cls, dbg: Debugger, checksum: bool = True) -> SavedSession:
+        m, hp = dbg.model, dbg.model.hparams
+        info = {"path": os.path.abspath(m.path), "size": int(m.size), "arch": m.arch,
+                "n_layers": hp.n_layers, "n_experts": hp.n_experts,
+                "n_experts_active": hp.n_experts_active, "vocab_size": hp.vocab_size,
+                "sha256": model_checksum(m.path) if checksum else None}
+        return cls(info, dbg.settings, dbg.record.snapshot(), list(dbg.generated), dbg.finished,
+                   dbg.stop_reason, dbg.cursor, sorted(dbg.events.bookmarks),
+                   BreakpointList(list(dbg.breakpoints)),
+                   _jsonable(dbg._rng.bit_generator.state))
+
+    def events(self) -> EventList:
+        """The event list of the saved record, with its bookmarks."""
+        ev = EventList(self.record, int(self.model.get("n_experts_active", self.record.k)))
+        ev.bookmarks = set(self.bookmarks)
+        return ev
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SavedSession):
+            return NotImplemented
+        return (self.model == other.model and self.settings == other.settings
+                and self.record.equals(other.record) and self.generated == other.generated
+                and self.finished == other.finished and self.stop_reason == other.stop_reason
+                and self.cursor == other.cursor and self.bookmarks == other.bookmarks
+                and self.breakpoints == other.breakpoints and self.rng_state == other.rng_state)
+
+    def model_matches(self, path: str | os.PathLike[str]) -> bool:
+        """The file at `path` is the model this session was recorded on (size and SHA-256)."""
+        if os.path.getsize(path) != self.model.get("size"):
+            return False
+        return self.model.get("sha256") in (None, model_checksum(path))
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=int))
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def session_bytes(saved: SavedSession) -> bytes:
+    rec = saved.record
+    arrays = rec.arrays()
+    manifest = {
+        "format": FORMAT_NAME, "version": FORMAT_VERSION,
+        "saved_at": saved.saved_at or _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "model": saved.model, "settings": saved.settings.to_dict(),
+        "n_positions": rec.n_positions, "n_layers": rec.n_layers, "k": rec.k,
+        "n_experts": rec.n_experts, "phases": list(PHASES),
+        "tokens": [int(t) for t in rec.tokens], "token_texts": rec.token_texts,
+        "generated": [int(t) for t in saved.generated], "finished": saved.finished,
+        "stop_reason": saved.stop_reason, "cursor": saved.cursor,
+        "bookmarks": [int(b) for b in saved.bookmarks],
+        "breakpoints": saved.breakpoints.to_list(), "rng_state": saved.rng_state,
+        "arrays": {name: {"file": f"arrays/{name}.npy", "dtype": a.dtype.str,
+                          "shape": list(a.shape)} for name, a in arrays.items()},
+    }
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("manifest.json", json.dumps(manifest, indent=1, allow_nan=False))
+        for name, a in arrays.items():
+            z.writestr(f"arrays/{name}.npy", _npy(a))
+    return buf.getvalue()
+
+
+def save_session(path: str | os.PathLike[str], session: SavedSession | Debugger) -> SavedSession:
+    """Write a session file atomically; returns what was saved."""
+    saved = session if isinstance(session, SavedSession) else SavedSession.from_debugger(session)
+    data = session_bytes(saved)
+    atomic_write(path, lambda f: f.write(data))
+    return saved
+
+
+def load_session(path: str | os.PathLike[str]) -> SavedSession:
+    """Read a session file; raises SessionFormatError naming what is wrong."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            try:
+                manifest = json.loads(z.read("manifest.json"))
+            except KeyError:
+                raise SessionFormatError(f"{path}: no manifest.json; not a session file") from None
+            if manifest.get("format") != FORMAT_NAME:
+                raise SessionFormatError(f"{path}: format {manifest.get('format')!r}, expected "
+                                         f"{FORMAT_NAME!r}")
+            if manifest.get("version") != FORMAT_VERSION:
+                raise SessionFormatError(f"{path}: session format version "
+                                         f"{manifest.get('version')}, this build reads "
+                                         f"{FORMAT_VERSION}")
+            arrays = {}
+            for name, spec in manifest["arrays"].items():
+                a = np.load(io.BytesIO(z.read(spec["file"])), allow_pickle=False)
+                if a.dtype.str != spec["dtype"] or list(a.shape) != spec["shape"]:
+                    raise SessionFormatError(f"{path}: array {name} is {a.dtype.str} "
+                                             f"{list(a.shape)}, manifest says {spec['dtype']} "
+                                             f"{spec['shape']}")
+                arrays[name] = a
+    except zipfile.BadZipFile as exc:
+        raise SessionFormatError(f"{path}: not a session file ({exc})") from exc
+    missing = [n for n in (*RECORD_ARRAYS, "moe_layers") if n not in arrays]
+    if missing:
+        raise SessionFormatError(f"{path}: missing arrays {', '.join(missing)}")
+    n = int(manifest["n_positions"])
+    bad = [name for name in RECORD_ARRAYS if arrays[name].shape[0] != n]
+    if bad:
+        raise SessionFormatError(f"{path}: arrays {', '.join(bad)} do not have {n} rows")
+    record = RoutingRecord.from_arrays(arrays, manifest["token_texts"], int(manifest["n_layers"]))
+    return SavedSession(
+        model=manifest["model"], settings=RunSettings.from_dict(manifest["settings"]),
+        record=record, generated=list(manifest["generated"]),
+        finished=bool(manifest["finished"]), stop_reason=manifest["stop_reason"],
+        cursor=manifest["cursor"], bookmarks=list(manifest["bookmarks"]),
+        breakpoints=BreakpointList.from_list(manifest["breakpoints"]),
+        rng_state=manifest["rng_state"], saved_at=manifest["saved_at"])
+
+
+class Autosaver:
+    """Rewrites a session file while a run goes on: after every `every_positions` new positions
+    or `every_seconds` seconds, whichever comes first. Call `notify(debugger)` after each
+    position (Debugger.run's on_position hook) and `flush(debugger)` when the run ends."""
+
+    def __init__(self, path: str | os.PathLike[str], every_positions: int = 16,
+                 every_seconds: float = 5.0) -> None:
+        self.path = os.fspath(path)
+        self.every_positions = max(int(every_positions), 1)
+        self.every_seconds = float(every_seconds)
+        self.saves = 0
+        self._saved_positions = -1
+        self._last = time.monotonic()
+
+    def notify(self, dbg: Debugger) -> bool:
+        due = (dbg.position - max(self._saved_positions, 0) >= self.every_positions
+               or time.monotonic() - self._last >= self.every_seconds)
+        if due:
+            self.flush(dbg)
+        return due
+
+    def flush(self, dbg: Debugger) -> None:
+        if dbg.position == self._saved_positions:
+            return
+        save_session(self.path, dbg)
+        self.saves += 1
+        self._saved_positions = dbg.position
+        self._last = time.monotonic()
+
+
+__all__ = ["Autosaver", "FORMAT_NAME", "FORMAT_VERSION", "SUFFIX", "SavedSession",
+           "SessionFormatError", "load_session", "model_checksum", "save_session",
+           "session_bytes"]

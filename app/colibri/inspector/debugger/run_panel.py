@@ -1,0 +1,144 @@
+"""`QtRunPanel`: what to run (prompt, its tokenisation, decoding, routing, threads) and the
+run/step buttons. It only builds `RunSettings` and emits commands; it never touches the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel,
+                               QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+
+from colibri.debugging.run import ROUTINGS, RunSettings
+
+Tokenize = Callable[[str], list[tuple[int, str]]]
+
+
+class QtRunPanel(QWidget):
+    sig_run = Signal(object)        # RunSettings: start a new run and run it
+    sig_restart = Signal(object)    # RunSettings: start a new session, do not run
+    sig_continue = Signal()
+    sig_pause = Signal()
+    sig_stop = Signal()
+    sig_step_token = Signal()
+    sig_step_layer = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._tokenize: Tokenize | None = None
+        self.prompt = QLineEdit(self)
+        self.prompt.setPlaceholderText("prompt text")
+        self.pieces = QLabel("", self)
+        self.pieces.setWordWrap(True)
+        self.pieces.setObjectName("debuggerPromptPieces")
+        self.max_new = QSpinBox(self)
+        self.max_new.setRange(0, 100000)
+        self.max_new.setValue(16)
+        self.decoding = QComboBox(self)
+        self.decoding.addItems(["greedy", "sample"])
+        self.seed = QSpinBox(self)
+        self.seed.setRange(0, 2**31 - 1)
+        self.temperature = QDoubleSpinBox(self)
+        self.temperature.setRange(0.0, 10.0)
+        self.temperature.setSingleStep(0.1)
+        self.temperature.setValue(1.0)
+        self.routing = QComboBox(self)
+        self.routing.addItems(list(ROUTINGS))
+        self.epsilon = QLineEdit(self)
+        self.epsilon.setPlaceholderText("model default")
+        self.threads = QSpinBox(self)
+        self.threads.setRange(1, 256)
+
+        form = QFormLayout()
+        form.addRow("Prompt", self.prompt)
+        form.addRow("Tokens", self.pieces)
+        form.addRow("Max new tokens", self.max_new)
+        form.addRow("Decoding", self.decoding)
+        form.addRow("Seed", self.seed)
+        form.addRow("Temperature", self.temperature)
+        form.addRow("Routing", self.routing)
+        form.addRow("Epsilon", self.epsilon)
+        form.addRow("Threads", self.threads)
+
+        self.buttons: dict[str, QPushButton] = {}
+        row = QHBoxLayout()
+        for name, text, tip in (("run", "Run", "start a new run (Ctrl+R)"),
+                                ("pause", "Pause", "pause between positions"),
+                                ("stop", "Stop", "stop; keeps everything produced (Shift+F5)"),
+                                ("step_token", "Step token", "one position (F10)"),
+                                ("step_layer", "Step layer", "next MoE layer (F11)"),
+                                ("continue", "Continue", "run to the next breakpoint (F5)")):
+            b = QPushButton(text, self)
+            b.setToolTip(tip)
+            row.addWidget(b)
+            self.buttons[name] = b
+        self.status = QLabel("no run", self)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addLayout(row)
+        layout.addWidget(self.status)
+
+        self.prompt.textChanged.connect(self._update_pieces)
+        self.buttons["run"].clicked.connect(self._run)
+        self.buttons["pause"].clicked.connect(self.sig_pause)
+        self.buttons["stop"].clicked.connect(self.sig_stop)
+        self.buttons["step_token"].clicked.connect(self.sig_step_token)
+        self.buttons["step_layer"].clicked.connect(self.sig_step_layer)
+        self.buttons["continue"].clicked.connect(self.sig_continue)
+        self.set_running(False)
+
+    def set_tokenizer(self, tokenize: Tokenize | None) -> None:
+        """`tokenize(text) -> [(id, piece), ...]`; None when the model has no tokenizer (then
+        the prompt is comma-separated token ids)."""
+        self._tokenize = tokenize
+        self._update_pieces()
+
+    def prompt_tokens(self) -> list[tuple[int, str]]:
+        text = self.prompt.text()
+        if self._tokenize is not None:
+            return self._tokenize(text)
+        try:
+            return [(int(t), t.strip()) for t in text.split(",") if t.strip()]
+        except ValueError:
+            return []
+
+    def _update_pieces(self) -> None:
+        pieces = self.prompt_tokens()
+        self.pieces.setText("  ".join(f"{piece!r}:{tid}" for tid, piece in pieces)
+                            or "(no tokens)")
+
+    def settings(self) -> RunSettings:
+        """The RunSettings the form describes; raises ValueError naming what is wrong."""
+        eps_text = self.epsilon.text().strip()
+        epsilon = float(eps_text) if eps_text else None
+        return RunSettings(tuple(t for t, _ in self.prompt_tokens()), self.max_new.value(),
+                           self.decoding.currentText(), self.seed.value(),  # type: ignore[arg-type]
+                           self.temperature.value(), self.routing.currentText(), epsilon,
+                           self.threads.value())
+
+    def set_settings(self, s: RunSettings, prompt_text: str) -> None:
+        self.prompt.setText(prompt_text)
+        self.max_new.setValue(s.max_new_tokens)
+        self.decoding.setCurrentText(s.decoding)
+        self.seed.setValue(int(s.seed))
+        self.temperature.setValue(s.temperature)
+        self.routing.setCurrentText(s.routing)
+        self.epsilon.setText("" if s.epsilon is None else repr(s.epsilon))
+        self.threads.setValue(s.threads)
+
+    def _run(self) -> None:
+        try:
+            settings = self.settings()
+        except ValueError as exc:
+            self.status.setText(f"cannot run: {exc}")
+            return
+        self.sig_run.emit(settings)
+
+    def set_running(self, running: bool) -> None:
+        for name in ("run", "step_token", "step_layer", "continue"):
+            self.buttons[name].setEnabled(not running)
+        self.buttons["pause"].setEnabled(running)
+        self.buttons["stop"].setEnabled(True)  # stopping a paused run finishes it
+
+    def set_status(self, text: str) -> None:
+        self.status.setText(text)

@@ -1,0 +1,724 @@
+"""The Inspector's main window: one tab per open file, menus, status bar, persistence.
+
+`MainWindow` owns the application shell: opening files (File > Open, Open Recent, drag and drop,
+the command line), closing them, the menus and shortcuts, the status bar (file size, validation
+state, progress with cancel) and what survives a restart (window geometry and state, splitter
+sizes, recent files) in QSettings "Colibri"/"Inspector" (or an INI file in the directory named
+by $COLIBRI_INSPECTOR_SETTINGS, which tests use to stay isolated).
+
+`FileView` is one open file: a `ModelDocument` shown by the validation report, header tree,
+tensor table and tensor values (tabs on the left) beside the hexdump (right), wired together so
+a click in one view shows the same bytes in the others. It runs every file-wide job (data
+checks, reloads) on a `TaskRunner`, so the UI thread only ever does bounded work, and watches
+its file: a change on disk (debounced) reloads it on a worker, and the new state replaces the
+old one only once it is fully opened and validated.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QFileSystemWatcher, QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtWidgets import (QFileDialog, QLabel, QMainWindow, QMessageBox, QProgressBar,
+                               QSplitter, QStackedWidget, QTabWidget, QToolButton, QVBoxLayout,
+                               QWidget)
+
+from colibri.inspection.document import (DataCheckResult, DocumentState, ModelDocument,
+                                         data_check, load_state)
+from colibri.inspection.recent import RecentFiles
+from colibri.inspector import resources
+from colibri.inspector.header_view import QtHeaderView
+from colibri.inspector.hexview import QtHexView
+from colibri.inspector.tasks import Cancelled, Task, TaskRunner
+from colibri.inspector.tensor_table import QtTensorTable
+from colibri.inspector.tensor_values import QtTensorValues
+from colibri.inspector.validation_view import QtValidationReport
+
+
+
+def keep_singletons_alive() -> None:
+    """Work around a PySide6 6.12 reference-count bug on CPython < 3.12.
+
+    Some PySide6 calls release a reference they never took to None, True and False (seen with
+    QSettings.setValue, QStandardItem.data, QTreeWidgetItem.setData with a str, and much of
+    pyqtgraph's setupUi: about 800 None references per QtTensorValues, 1000 per QtTensorTable).
+    From CPython 3.12 these objects are immortal and the bug is harmless; on 3.11 None's count
+    (about 18,000 at start) reaches zero after a dozen open files and the interpreter aborts
+    ("none_dealloc" / "bool_dealloc"). Give the objects 3.12 makes immortal (None, booleans,
+    small ints, the empty tuple and string, one-character strings) an effectively immortal count.
+    Called once per process, at import of this module."""
+    global _PINNED
+    if _PINNED or sys.version_info >= (3, 12) or platform.python_implementation() != "CPython":
+        return
+    import ctypes
+    singletons: list[object] = [None, True, False, Ellipsis, NotImplemented, (), "", b""]
+    singletons += list(range(-5, 257)) + [chr(i) for i in range(256)]
+    for obj in singletons:
+        ctypes.c_ssize_t.from_address(id(obj)).value += 1 << 40  # ob_refcnt: the first field
+    _PINNED = True
+
+
+_PINNED = False
+keep_singletons_alive()
+
+ORGANIZATION, APPLICATION = "Colibri", "Inspector"
+ENV_SETTINGS = "COLIBRI_INSPECTOR_SETTINGS"
+VIEW_NAMES = ("validation", "header", "tensors", "hex", "values")
+VIEW_TITLES = {"validation": "Validation", "header": "Header", "tensors": "Tensors",
+               "hex": "Hexdump", "values": "Tensor values"}
+RELOAD_DEBOUNCE_MS = 400
+FILE_FILTER = "Colibri models (*.colibri);;All files (*)"
+
+
+def make_settings() -> QSettings:
+    """The Inspector's settings: an INI file under $COLIBRI_INSPECTOR_SETTINGS when set (tests),
+    else the platform's store for Colibri/Inspector."""
+    directory = os.environ.get(ENV_SETTINGS)
+    if directory:
+        return QSettings(os.path.join(directory, "Inspector.ini"), QSettings.Format.IniFormat)
+    return QSettings(ORGANIZATION, APPLICATION)
+
+
+def size_text(n: int) -> str:
+    value = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n:,} bytes" if unit == "bytes" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{n} bytes"
+
+
+# ---------------------------------------------------------------------------------------------
+# One open file
+
+
+class FileView(QWidget):
+    """Every view of one `ModelDocument`, wired together (see the module docstring)."""
+
+    sig_status_changed = Signal()
+    sig_progress = Signal(int, int, str)
+    sig_running = Signal(bool)
+    sig_reloaded = Signal(str)
+
+    def __init__(self, doc: ModelDocument, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.doc = doc
+        self.data_result: DataCheckResult | None = None
+        self.last_error = ""
+        self._current_view = "validation"
+        self._checking = False
+
+        self.validation = QtValidationReport()
+        self.header = QtHeaderView()
+        self.tensors = QtTensorTable()
+        self.values = QtTensorValues()
+        self.hex = QtHexView()
+
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        for name, widget in (("validation", self.validation), ("header", self.header),
+                             ("tensors", self.tensors), ("values", self.values)):
+            widget.setObjectName(f"view_{name}")
+            self.tabs.addTab(widget, VIEW_TITLES[name])
+        self.hex.setObjectName("view_hex")
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.setObjectName("fileSplitter")
+        self.splitter.addWidget(self.tabs)
+        self.splitter.addWidget(self.hex)
+        self.splitter.setStretchFactor(0, 3)
+        self.splitter.setStretchFactor(1, 2)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.splitter)
+
+        # File-wide jobs: one runner for data checks, one for reloads (each cancels its own).
+        self.checks = TaskRunner(self)
+        self.reloader = TaskRunner(self)
+        self.checks.sig_progress.connect(self._check_progress)
+        self.checks.sig_finished.connect(self._checks_done)
+        self.checks.sig_cancelled.connect(self._checks_stopped)
+        self.checks.sig_failed.connect(self._checks_failed)
+        self.reloader.sig_finished.connect(self._reload_done)
+        self.reloader.sig_failed.connect(self._checks_failed)
+
+        self.validation.sig_problem_selected.connect(self.show_problem)
+        self.validation.sig_run_requested.connect(self.run_checks)
+        self.validation.sig_cancel_requested.connect(self.cancel_checks)
+        self.header.sig_field_selected.connect(self.show_bytes)
+        self.tensors.sig_tensor_selected.connect(self._tensor_selected)
+        self.tensors.sig_range_selected.connect(self.show_bytes)
+        self.tabs.currentChanged.connect(self._tab_changed)
+
+        # Watch the file and its directory (an atomic replace removes the watched file).
+        self.watcher = QFileSystemWatcher(self)
+        self._debounce = QTimer(self)
+        self._debounce.setSingleShot(True)
+        self._debounce.setInterval(RELOAD_DEBOUNCE_MS)
+        self._debounce.timeout.connect(self.reload_if_changed)
+        self.watcher.fileChanged.connect(lambda _p: self._debounce.start())
+        self.watcher.directoryChanged.connect(lambda _p: self._debounce.start())
+        self._watch()
+
+        self._show_document()
+
+    # -- document -------------------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self.doc.path
+
+    def _watch(self) -> None:
+        for path in (self.doc.path, os.path.dirname(self.doc.path)):
+            if os.path.exists(path) and path not in self.watcher.files() + self.watcher.directories():
+                self.watcher.addPath(path)
+
+    def _show_document(self) -> None:
+        doc = self.doc
+        self.data_result = None
+        self.validation.set_document(doc)
+        self.header.set_document(doc)
+        self.tensors.set_model(doc.model)
+        self.values.set_model(doc.model)
+        self.hex.set_source(doc.source())
+        self.hex.set_regions(doc.regions())
+        if doc.model is None:
+            self.set_view("validation")
+        self.sig_status_changed.emit()
+
+    def reload_if_changed(self) -> None:
+        """Debounced watcher callback: reload on a worker when the file's identity changed."""
+        self._watch()
+        if self.doc.changed_on_disk() and not self.reloader.is_running():
+            self.reload()
+
+    def reload(self) -> None:
+        """Open and validate the file again on a worker; swap in the result when complete."""
+        path = self.doc.path
+        self.reloader.start(Task("reload", lambda _progress, _cancelled: load_state(path)))
+
+    def _reload_done(self, state: DocumentState) -> None:
+        self.cancel_checks()
+        self.checks.wait()
+        self.doc.adopt(state)
+        self._show_document()
+        self._watch()
+        self.sig_reloaded.emit(self.doc.path)
+
+    # -- data checks ----------------------------------------------------------------------------
+
+    def run_checks(self, checksums: bool = True, nan_check: bool = True) -> None:
+        """Start the data checks (every tensor's CRC and/or NaN scan) on a worker."""
+        if self.doc.model is None or not (checksums or nan_check):
+            return
+        fn = data_check(self.doc, checksums, nan_check, cancelled_error=Cancelled)
+        self.last_error = ""
+        self.checks.start(Task("data checks", fn))
+        self._checking = True
+        self.validation.set_running(True)
+        self.sig_running.emit(True)
+        self.sig_status_changed.emit()
+
+    def cancel_checks(self) -> None:
+        self.checks.cancel()
+
+    def is_checking(self) -> bool:
+        return self._checking
+
+    def _check_progress(self, done: int, total: int, text: str) -> None:
+        self.validation.set_progress(done, total, text)
+        self.sig_progress.emit(done, total, text)
+
+    def _checks_done(self, result: DataCheckResult) -> None:
+        if result.generation == self.doc.generation:
+            self.data_result = result
+            self.validation.set_data_result(result)
+            self.tensors.set_check_status(dict(result.status))
+        self._checks_stopped()
+
+    def _checks_stopped(self) -> None:
+        self._checking = False
+        self.validation.set_running(False)
+        self.sig_running.emit(False)
+        self.sig_status_changed.emit()
+
+    def _checks_failed(self, message: str) -> None:
+        self.last_error = message.splitlines()[0] if message else "failed"
+        self.validation.summary.setText(f"The check failed: {self.last_error}")
+        self._checks_stopped()
+
+    def validation_state(self) -> str:
+        """One phrase for the status bar."""
+        doc = self.doc
+        if self._checking:
+            return "checking data…"
+        errors = len(doc.errors)
+        if self.data_result is not None:
+            errors += sum(1 for p in self.data_result.problems if p.severity == "error")
+        if doc.model is None or errors:
+            return f"invalid: {errors} error(s)" if errors else "invalid"
+        checked = " and data" if self.data_result is not None else ""
+        warnings = f", {len(doc.warnings)} warning(s)" if doc.warnings else ""
+        return f"valid (structure{checked}){warnings}"
+
+    # -- cross-view navigation ------------------------------------------------------------------
+
+    def show_bytes(self, offset: int, size: int = 1) -> None:
+        self.hex.goto(int(offset), max(1, int(size)))
+
+    def show_problem(self, offset: int, tensor: str) -> None:
+        """A problem clicked: its tensor in the table, its bytes in the hexdump."""
+        model = self.doc.model
+        if tensor and model is not None and tensor in model:
+            self.tensors.select_tensor(tensor)
+        length = next((f.size for f in self.doc.header_fields
+                       if f.present and f.offset <= offset < f.offset + f.size), 1)
+        self.show_bytes(offset, length)
+
+    def show_tensor(self, name: str) -> None:
+        """Select tensor `name`: the table row, its data in the hexdump, its values."""
+        model = self.doc.model
+        if model is not None and name in model:
+            self.tensors.select_tensor(name)
+
+    def _tensor_selected(self, name: str) -> None:
+        """The table's selection changed (its range goes to the hexdump by sig_range_selected):
+        statistics of the tensor, or of the expert slice when the row is one expert."""
+        model = self.doc.model
+        if model is None or name not in model:
+            return
+        row = self.tensors.selected_row()
+        expert = getattr(row, "expert", None) if row is not None and row.name == name else None
+        self.values.show_tensor(name, expert)
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def set_view(self, name: str) -> None:
+        if name not in VIEW_NAMES:
+            raise ValueError(f"unknown view {name!r}; expected one of {', '.join(VIEW_NAMES)}")
+        self._current_view = name
+        if name == "hex":
+            sizes = self.splitter.sizes()
+            if len(sizes) == 2 and sizes[1] == 0:
+                self.splitter.setSizes([sum(sizes) // 2, sum(sizes) - sum(sizes) // 2])
+            self.hex.setFocus()
+            return
+        widget = {"validation": self.validation, "header": self.header, "tensors": self.tensors,
+                  "values": self.values}[name]
+        self.tabs.setCurrentWidget(widget)
+
+    def current_view(self) -> str:
+        return self._current_view
+
+    def _tab_changed(self, _index: int) -> None:
+        names = {self.validation: "validation", self.header: "header", self.tensors: "tensors",
+                 self.values: "values"}
+        self._current_view = names.get(self.tabs.currentWidget(), self._current_view)
+
+    def export_csv(self, path: str) -> None:
+        """The current view's table as CSV (validation, header, tensors)."""
+        view = self._current_view
+        if view == "tensors":
+            self.tensors.export_csv(path)
+            return
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            out = csv.writer(f)
+            if view == "validation":
+                out.writerow(["severity", "code", "message", "offset", "tensor"])
+                for p in self.validation.problems:
+                    out.writerow([p.severity, p.code_name, p.message, p.offset, p.tensor])
+            elif view == "header":
+                out.writerow(["group", "field", "offset", "size", "kind", "raw", "value"])
+                for fld in self.doc.header_fields:
+                    raw = self.doc.head[fld.offset:fld.offset + fld.size] if fld.present else b""
+                    value = fld.value.hex() if isinstance(fld.value, bytes) else fld.value
+                    out.writerow([fld.group, fld.name, fld.offset, fld.size, fld.kind, raw.hex(),
+                                  "" if value is None else value])
+            else:
+                raise ValueError(f"the {VIEW_TITLES[view]} view has no table to export")
+
+    def export_png(self, path: str) -> None:
+        """The current view as a PNG (the plot itself for the values view)."""
+        if self._current_view == "values":
+            self.values.export_png(path)
+            return
+        widget = self.hex if self._current_view == "hex" else self.tabs.currentWidget()
+        if not widget.grab().save(path, "PNG"):
+            raise OSError(f"could not write {path}")
+
+    def shutdown(self) -> None:
+        """Stop workers before the view goes away."""
+        self._debounce.stop()
+        for runner in (self.checks, self.reloader):
+            runner.cancel()
+            runner.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# The window
+
+
+class MainWindow(QMainWindow):
+    """The application window (see the module docstring)."""
+
+    sig_file_opened = Signal(str)
+
+    def __init__(self, settings: QSettings | None = None) -> None:
+        super().__init__()
+        self.setObjectName("mainWindow")
+        self.setWindowTitle("Colibri Inspector")
+        self.setWindowIcon(resources.icon("colibri"))
+        self.setAcceptDrops(True)
+        self.settings = settings if settings is not None else make_settings()
+        self.persist = True   # False: nothing is written to the settings (screenshot mode)
+        self.recent = RecentFiles(self._settings_list("recent_files"))
+        self._splitter_state: QByteArray | None = None
+
+        self.files = QTabWidget()
+        self.files.setObjectName("fileTabs")
+        self.files.setTabsClosable(True)
+        self.files.setMovable(True)
+        self.files.tabCloseRequested.connect(self.close_file)
+        self.files.currentChanged.connect(self._current_file_changed)
+        self.empty = QLabel()
+        self.empty.setObjectName("emptyState")
+        self.empty.setWordWrap(True)
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.set_empty_message("")
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.empty)
+        self.stack.addWidget(self.files)
+        self.setCentralWidget(self.stack)
+
+        self._build_status_bar()
+        self._build_menus()
+        self._restore_window()
+        self._update_status()
+
+    # -- settings -------------------------------------------------------------------------------
+
+    def _settings_list(self, key: str) -> list[str]:
+        value = self.settings.value(key, [])
+        if isinstance(value, str):
+            return [value]
+        return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+    def _restore_window(self) -> None:
+        geometry = self.settings.value("window/geometry")
+        if isinstance(geometry, QByteArray):
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1280, 800)
+        state = self.settings.value("window/state")
+        if isinstance(state, QByteArray):
+            self.restoreState(state)
+        splitter = self.settings.value("window/splitter")
+        if isinstance(splitter, QByteArray):
+            self._splitter_state = splitter
+
+    def save_settings(self) -> None:
+        if not self.persist:
+            return
+        self.settings.setValue("window/geometry", self.saveGeometry())
+        self.settings.setValue("window/state", self.saveState())
+        view = self.current_view()
+        if view is not None:
+            self.settings.setValue("window/splitter", view.splitter.saveState())
+        self.settings.setValue("recent_files", self.recent.paths)
+        self.settings.sync()
+
+    # -- menus ----------------------------------------------------------------------------------
+
+    def _action(self, text: str, slot: Any, shortcut: QKeySequence | str | None = None,
+                icon: str | None = None) -> QAction:
+        action = QAction(text, self)
+        if icon is not None:
+            action.setIcon(resources.icon(icon))
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        action.triggered.connect(lambda _checked=False: slot())
+        self.addAction(action)
+        return action
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        file_menu = bar.addMenu("&File")
+        self.open_action = self._action("&Open…", self.open_dialog, QKeySequence.StandardKey.Open,
+                                        "open")
+        file_menu.addAction(self.open_action)
+        self.recent_menu = file_menu.addMenu("Open &Recent")
+        self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
+        self._fill_recent_menu()
+        self.close_action = self._action("&Close", self.close_current, "Ctrl+W", "close")
+        self.reload_action = self._action("Re&load", self.reload_current, "Ctrl+R", "reload")
+        file_menu.addAction(self.close_action)
+        file_menu.addAction(self.reload_action)
+        file_menu.addSeparator()
+        self.export_csv_action = self._action("Export Table as &CSV…", self.export_csv_dialog,
+                                              "Ctrl+Shift+C", "export")
+        self.export_png_action = self._action("Export View as &PNG…", self.export_png_dialog,
+                                              "Ctrl+Shift+P", "export")
+        file_menu.addAction(self.export_csv_action)
+        file_menu.addAction(self.export_png_action)
+        file_menu.addSeparator()
+        self.quit_action = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        file_menu.addAction(self.quit_action)
+
+        edit_menu = bar.addMenu("&Edit")
+        self.find_action = self._action("&Find Tensor…", self.find, QKeySequence.StandardKey.Find,
+                                        "find")
+        self.goto_action = self._action("&Go to Offset…", self.goto_offset, "Ctrl+G", "goto")
+        edit_menu.addAction(self.find_action)
+        edit_menu.addAction(self.goto_action)
+
+        view_menu = bar.addMenu("&View")
+        self.view_actions: dict[str, QAction] = {}
+        for i, name in enumerate(VIEW_NAMES, start=1):
+            action = self._action(VIEW_TITLES[name], lambda n=name: self.set_view(n), f"Ctrl+{i}")
+            view_menu.addAction(action)
+            self.view_actions[name] = action
+
+        validate_menu = bar.addMenu("&Validate")
+        self.run_action = self._action("&Run Data Checks (checksums + NaN)", self.run_checks,
+                                       "F5", "validate")
+        self.cancel_action = self._action("&Cancel", self.cancel_checks, "Esc", "cancel")
+        validate_menu.addAction(self.run_action)
+        validate_menu.addAction(self.cancel_action)
+
+    def _fill_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        existing = self.recent.existing()
+        for path in existing:
+            action = self.recent_menu.addAction(path)
+            action.triggered.connect(lambda _checked=False, p=path: self.open_path(p))
+        if not existing:
+            self.recent_menu.addAction("(no recent files)").setEnabled(False)
+        self.recent_menu.addSeparator()
+        self.recent_menu.addAction("Clear Menu", self._clear_recent)
+
+    def _clear_recent(self) -> None:
+        self.recent.clear()
+        self.settings.setValue("recent_files", [])
+
+    # -- status bar -----------------------------------------------------------------------------
+
+    def _build_status_bar(self) -> None:
+        bar = self.statusBar()
+        self.size_label = QLabel()
+        self.size_label.setObjectName("statusSize")
+        self.state_label = QLabel()
+        self.state_label.setObjectName("statusState")
+        self.progress = QProgressBar()
+        self.progress.setObjectName("statusProgress")
+        self.progress.setMaximumWidth(200)
+        self.progress.setVisible(False)
+        self.cancel_button = QToolButton()
+        self.cancel_button.setIcon(resources.icon("cancel"))
+        self.cancel_button.setToolTip("Cancel the data checks (Esc)")
+        self.cancel_button.setVisible(False)
+        self.cancel_button.clicked.connect(self.cancel_checks)
+        bar.addPermanentWidget(self.state_label)
+        bar.addPermanentWidget(self.progress)
+        bar.addPermanentWidget(self.cancel_button)
+        bar.addPermanentWidget(self.size_label)
+
+    def _update_status(self) -> None:
+        view = self.current_view()
+        if view is None:
+            self.size_label.setText("")
+            self.state_label.setText("no file")
+            self._set_running(False)
+            return
+        self.size_label.setText(size_text(view.doc.size))
+        self.state_label.setText(view.validation_state())
+        self._set_running(view.is_checking())
+        self.setWindowTitle(f"{view.doc.name} — Colibri Inspector")
+
+    def _set_running(self, running: bool) -> None:
+        self.progress.setVisible(running)
+        self.cancel_button.setVisible(running)
+
+    def _progress(self, done: int, total: int, _text: str) -> None:
+        if self.sender() is self.current_view():
+            self.progress.setRange(0, max(total, 1))
+            self.progress.setValue(done)
+
+    # -- files ----------------------------------------------------------------------------------
+
+    def views(self) -> list[FileView]:
+        return [self.files.widget(i) for i in range(self.files.count())]  # type: ignore[misc]
+
+    def current_view(self) -> FileView | None:
+        widget = self.files.currentWidget()
+        return widget if isinstance(widget, FileView) else None
+
+    def set_empty_message(self, message: str) -> None:
+        """The text shown while no file is open."""
+        self.empty.setText(message or (
+            "No model open.\n\nOpen a .colibri file with File > Open (Ctrl+O), pick one from "
+            "File > Open Recent, or drop it on this window."))
+
+    def open_path(self, path: str | os.PathLike[str]) -> FileView:
+        """Open `path` in a new tab (or switch to its tab). A broken file opens into its
+        validation report; this never raises for a bad file."""
+        absolute = os.path.abspath(os.fspath(path))
+        for view in self.views():
+            if view.path == absolute:
+                self.files.setCurrentWidget(view)
+                return view
+        doc = ModelDocument.open(absolute)
+        view = FileView(doc)
+        if self._splitter_state is not None:
+            view.splitter.restoreState(self._splitter_state)
+        else:
+            width = max(self.width(), 800)
+            view.splitter.setSizes([width * 11 // 20, width * 9 // 20])
+        view.sig_status_changed.connect(self._view_status_changed)
+        view.sig_progress.connect(self._progress)
+        view.sig_reloaded.connect(
+            lambda p: self.statusBar().showMessage(f"Reloaded {os.path.basename(p)}: "
+                                                   "the file changed on disk", 5000))
+        index = self.files.addTab(view, doc.name)
+        self.files.setTabToolTip(index, absolute)
+        self.files.setCurrentIndex(index)
+        self.stack.setCurrentWidget(self.files)
+        if doc.identity is not None and self.persist:
+            self.recent.add(absolute)
+            self.settings.setValue("recent_files", self.recent.paths)
+        self._update_status()
+        self.sig_file_opened.emit(absolute)
+        return view
+
+    def open_dialog(self) -> None:
+        view = self.current_view()
+        start = os.path.dirname(view.path) if view is not None else str(Path.home())
+        paths, _ = QFileDialog.getOpenFileNames(self, "Open Colibri model", start, FILE_FILTER)
+        for path in paths:
+            self.open_path(path)
+
+    def close_file(self, index: int) -> None:
+        view = self.files.widget(index)
+        if isinstance(view, FileView):
+            self._splitter_state = view.splitter.saveState()
+            view.shutdown()
+        self.files.removeTab(index)
+        if view is not None:
+            view.deleteLater()
+        if self.files.count() == 0:
+            self.stack.setCurrentWidget(self.empty)
+        self._update_status()
+
+    def close_current(self) -> None:
+        if self.files.count():
+            self.close_file(self.files.currentIndex())
+
+    def reload_current(self) -> None:
+        view = self.current_view()
+        if view is not None:
+            view.reload()
+
+    def _current_file_changed(self, _index: int) -> None:
+        self._update_status()
+
+    def _view_status_changed(self) -> None:
+        if self.sender() is self.current_view():
+            self._update_status()
+
+    # -- commands -------------------------------------------------------------------------------
+
+    def set_view(self, name: str) -> None:
+        view = self.current_view()
+        if view is not None:
+            view.set_view(name)
+
+    def find(self) -> None:
+        view = self.current_view()
+        if view is not None:
+            view.set_view("tensors")
+            view.tensors.focus_filter()
+
+    def goto_offset(self) -> None:
+        view = self.current_view()
+        if view is not None:
+            view.set_view("hex")
+            view.hex.prompt_goto()
+
+    def run_checks(self) -> None:
+        view = self.current_view()
+        if view is not None:
+            view.run_checks(True, True)
+
+    def cancel_checks(self) -> None:
+        view = self.current_view()
+        if view is not None:
+            view.cancel_checks()
+
+    def export_csv_dialog(self) -> None:
+        view = self.current_view()
+        if view is None:
+            return
+        if view.current_view() not in ("validation", "header", "tensors"):
+            QMessageBox.information(self, "Export CSV", "Switch to the Validation, Header or "
+                                    "Tensors view to export its table.")
+            return
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export table as CSV", f"{Path(view.path).stem}-{view.current_view()}.csv",
+            "CSV (*.csv)")
+        if path:
+            self._export(lambda: view.export_csv(path), path)
+
+    def export_png_dialog(self) -> None:
+        view = self.current_view()
+        if view is None:
+            return
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export view as PNG", f"{Path(view.path).stem}-{view.current_view()}.png",
+            "PNG image (*.png)")
+        if path:
+            self._export(lambda: view.export_png(path), path)
+
+    def _export(self, write: Any, path: str) -> None:
+        try:
+            write()
+        except (OSError, ValueError) as exc:
+            QMessageBox.warning(self, "Export failed", f"Could not write {path}:\n{exc}")
+            return
+        self.statusBar().showMessage(f"Wrote {path}", 5000)
+
+    # -- drag and drop --------------------------------------------------------------------------
+
+    @staticmethod
+    def _local_paths(event: QDragEnterEvent | QDropEvent) -> list[str]:
+        mime = event.mimeData()
+        if not mime.hasUrls():
+            return []
+        return [u.toLocalFile() for u in mime.urls() if u.isLocalFile()]
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 (Qt API)
+        if self._local_paths(event):
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802
+        paths = self._local_paths(event)
+        for path in paths:
+            self.open_path(path)
+        if paths:
+            event.acceptProposedAction()
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        self.save_settings()
+        for view in self.views():
+            view.shutdown()
+        super().closeEvent(event)
+
+
+__all__ = ["FileView", "MainWindow", "VIEW_NAMES", "make_settings"]

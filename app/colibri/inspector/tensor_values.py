@@ -1,0 +1,341 @@
+"""Tensor values: statistics, histogram and heatmap of one tensor; expert comparison of a layer.
+
+Owns the Inspector's numeric views. Every number comes from `colibri.inspection.stats`, run on
+a `TaskRunner` worker (reading a tensor is file-wide work: a 10 GB expert stack must never block
+the UI), with a progress bar and a Cancel button. Results arrive as frozen dataclasses and are
+only drawn here: a stats table, a pyqtgraph histogram (stepped curve), an `ImageItem` heatmap
+with a `ColorBarItem` (pyqtgraph's MatrixDisplay recipe), and for `show_layer_experts` a table of
+every expert's norms and statistics, grouped bar plots of the w1/w2/w3 and router-row norms, and
+the router weight rows as a heatmap. `sig_tensor_shown(name)` and `sig_experts_shown(layer)`
+say when results are on screen; `export_png` saves the current page, `export_csv` its table.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QProgressBar, QPushButton,
+                               QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
+                               QVBoxLayout, QWidget)
+
+from colibri.inspection import stats as S
+from colibri.inspection.tensors import write_csv_atomic
+from colibri.inspector.tasks import Cancelled, Task, TaskRunner
+
+if TYPE_CHECKING:  # pragma: no cover
+    from colibri.engine import Model
+
+PROGRESS_STEPS = 1000   # progress is reported in permille: element counts overflow Qt's int32
+MATRIX_COLOURS = {"moe_w1": (66, 133, 244), "moe_w2": (219, 68, 55), "moe_w3": (244, 180, 0),
+                  "router": (15, 157, 88)}
+
+
+def _fmt(value: float | int) -> str:
+    """Integers with thousands separators; floats to 6 significant digits (the table's raw
+    value, in UserRole, keeps full precision for copy and tests)."""
+    if isinstance(value, (int, np.integer)):
+        return f"{int(value):,}"
+    return f"{float(value):.6g}"
+
+
+def _permille(progress: Any) -> Any:
+    """Wrap a task's progress callback so (done, total) reach Qt as a permille."""
+
+    def report(done: int, total: int, text: str = "") -> None:
+        progress(int(PROGRESS_STEPS * done / total) if total else PROGRESS_STEPS,
+                 PROGRESS_STEPS, text)
+
+    return report
+
+
+def _run_stats(fn: Any) -> Any:
+    """A Task function calling `fn(progress, cancelled)` with stats.Cancelled mapped to the task
+    runner's Cancelled."""
+
+    def task(progress: Any, cancelled: Any) -> Any:
+        try:
+            return fn(_permille(progress), cancelled)
+        except S.Cancelled:
+            raise Cancelled() from None
+
+    return task
+
+
+def _table(parent: QWidget) -> QTableWidget:
+    table = QTableWidget(parent)
+    table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+    table.verticalHeader().setVisible(False)
+    table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    table.setAlternatingRowColors(True)
+    return table
+
+
+def _fill(table: QTableWidget, header: list[str], rows: list[list[Any]]) -> None:
+    table.clear()
+    table.setColumnCount(len(header))
+    table.setRowCount(len(rows))
+    table.setHorizontalHeaderLabels(header)
+    for r, values in enumerate(rows):
+        for c, value in enumerate(values):
+            text = value if isinstance(value, str) else _fmt(value)
+            item = QTableWidgetItem(text)
+            item.setData(Qt.ItemDataRole.UserRole, value)
+            if not isinstance(value, str):
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            table.setItem(r, c, item)
+
+
+def _heatmap_widget(parent: QWidget, title: str) -> tuple[pg.GraphicsLayoutWidget, pg.PlotItem,
+                                                          pg.ImageItem, pg.ColorBarItem]:
+    widget = pg.GraphicsLayoutWidget(parent)
+    plot = widget.addPlot(title=title)
+    plot.invertY(True)
+    plot.setAspectLocked(False)
+    image = pg.ImageItem(axisOrder="row-major")
+    plot.addItem(image)
+    bar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get("viridis"), interactive=True)
+    bar.setImageItem(image, insert_in=plot)
+    return widget, plot, image, bar
+
+
+def _levels(data: np.ndarray) -> tuple[float, float]:
+    finite = data[np.isfinite(data)]
+    if finite.size == 0:
+        return 0.0, 1.0
+    lo, hi = float(finite.min()), float(finite.max())
+    return (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
+
+
+class QtTensorValues(QWidget):
+    """Statistics, histogram and heatmap of a tensor; expert comparison of a MoE layer."""
+
+    sig_tensor_shown = Signal(str)
+    sig_experts_shown = Signal(int)
+    sig_failed = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._model: Model | None = None
+        self.analysis: S.TensorAnalysis | None = None
+        self.comparison: S.ExpertComparison | None = None
+        self.runner = TaskRunner(self)
+        self.runner.sig_progress.connect(self._on_progress)
+        self.runner.sig_finished.connect(self._on_finished)
+        self.runner.sig_failed.connect(self._on_failed)
+        self.runner.sig_cancelled.connect(self._on_cancelled)
+
+        self.title = QLabel("No tensor selected", self)
+        self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.progress = QProgressBar(self)
+        self.progress.setRange(0, PROGRESS_STEPS)
+        self.progress.setVisible(False)
+        self.cancel_button = QPushButton("Cancel", self)
+        self.cancel_button.setVisible(False)
+        self.cancel_button.clicked.connect(self.cancel)
+        top = QHBoxLayout()
+        top.addWidget(self.title, 1)
+        top.addWidget(self.progress)
+        top.addWidget(self.cancel_button)
+
+        self.tabs = QTabWidget(self)
+        # tensor page
+        self.tensor_page = QSplitter(Qt.Orientation.Horizontal, self)
+        left = QSplitter(Qt.Orientation.Vertical, self.tensor_page)
+        self.stats_table = _table(left)
+        self.histogram_plot = pg.PlotWidget(left, title="Histogram (finite values)")
+        self.histogram_plot.setLabel("left", "count")
+        self.histogram_curve = self.histogram_plot.plot([0, 1], [0], stepMode="center",
+                                                        fillLevel=0, brush=(66, 133, 244, 140))
+        left.addWidget(self.stats_table)
+        left.addWidget(self.histogram_plot)
+        (self.heatmap_widget, self.heatmap_plot, self.heatmap_image,
+         self.heatmap_bar) = _heatmap_widget(self.tensor_page, "mean |x| per block")
+        left.setStretchFactor(0, 1)
+        left.setStretchFactor(1, 2)
+        self.tensor_page.addWidget(left)
+        self.tensor_page.addWidget(self.heatmap_widget)
+        self.tensor_page.setSizes([400, 600])
+        left.setSizes([250, 350])
+        self.tabs.addTab(self.tensor_page, "Tensor")
+        # experts page
+        self.experts_page = QSplitter(Qt.Orientation.Vertical, self)
+        self.experts_table = _table(self.experts_page)
+        plots = QSplitter(Qt.Orientation.Horizontal, self.experts_page)
+        self.norms_plot = pg.PlotWidget(plots, title="Frobenius norm per expert")
+        self.norms_plot.addLegend()
+        self.norms_plot.setLabel("bottom", "expert")
+        (self.router_widget, self.router_plot, self.router_image,
+         self.router_bar) = _heatmap_widget(plots, "router weight rows (expert x d_model)")
+        self.router_bar.setColorMap(pg.colormap.get("CET-D1"))
+        plots.addWidget(self.norms_plot)
+        plots.addWidget(self.router_widget)
+        self.experts_page.addWidget(self.experts_table)
+        self.experts_page.addWidget(plots)
+        self.experts_page.setSizes([200, 400])
+        self.tabs.addTab(self.experts_page, "Experts")
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(top)
+        layout.addWidget(self.tabs, 1)
+
+    # -- public API -------------------------------------------------------------------------
+
+    def set_model(self, model: Model | None) -> None:
+        self.cancel()
+        self.runner.wait()
+        self._model = model
+        self.analysis = None
+        self.comparison = None
+        self.title.setText("No tensor selected" if model is not None else "No file")
+        self.stats_table.setRowCount(0)
+        self.experts_table.setRowCount(0)
+        self.histogram_curve.setData([0, 1], [0])
+        self.heatmap_image.clear()
+        self.router_image.clear()
+        self.norms_plot.clear()
+
+    def show_tensor(self, name: str, expert: int | None = None) -> None:
+        """Compute (in the worker) and show statistics, histogram and heatmap of a tensor, or
+        of expert `expert`'s slice of a stacked expert tensor."""
+        model = self._require_model()
+        info = model.tensor_info(name)
+        label = name if expert is None else f"{name}[{expert}]"
+        self.title.setText(f"{label}  {info.dtype} {list(info.shape)}  — computing…")
+        self.tabs.setCurrentWidget(self.tensor_page)
+        self._start(f"values of {label}", lambda p, c: S.analyse_tensor(model, name, expert, p, c))
+
+    def show_layer_experts(self, layer: int) -> None:
+        """Compute (in the worker) and show the expert comparison of MoE layer `layer`."""
+        model = self._require_model()
+        if f"layers.{layer}.moe_gate" not in model:
+            raise ValueError(f"layer {layer} is not a MoE layer")
+        self.title.setText(f"experts of layer {layer} — computing…")
+        self.tabs.setCurrentWidget(self.experts_page)
+        self._start(f"experts of layer {layer}", lambda p, c: S.compare_experts(model, layer, p, c))
+
+    def cancel(self) -> None:
+        self.runner.cancel()
+
+    def is_busy(self) -> bool:
+        return self.runner.is_running()
+
+    def export_png(self, path: str | os.PathLike[str]) -> bool:
+        """Save the current page (tables and plots as on screen) as a PNG."""
+        page = self.tabs.currentWidget()
+        return page.grab().save(os.fspath(path), "PNG")
+
+    def export_csv(self, path: str | os.PathLike[str]) -> None:
+        """Save the current page's table (statistics, or the expert comparison) as CSV."""
+        table = self.stats_table if self.tabs.currentWidget() is self.tensor_page else \
+            self.experts_table
+        header = [table.horizontalHeaderItem(c).text()  # type: ignore[union-attr]
+                  for c in range(table.columnCount())]
+        rows = [[table.item(r, c).data(Qt.ItemDataRole.UserRole)  # type: ignore[union-attr]
+                 for c in range(table.columnCount())] for r in range(table.rowCount())]
+        write_csv_atomic(path, header, rows)
+
+    def stat_value(self, label: str) -> Any:
+        """The raw value shown in the stats table for `label` ('min', 'mean', 'NaN count'…)."""
+        for r in range(self.stats_table.rowCount()):
+            item = self.stats_table.item(r, 0)
+            if item is not None and item.text() == label:
+                value = self.stats_table.item(r, 1)
+                return value.data(Qt.ItemDataRole.UserRole) if value is not None else None
+        raise KeyError(label)
+
+    # -- running ----------------------------------------------------------------------------
+
+    def _require_model(self) -> Model:
+        if self._model is None:
+            raise RuntimeError("no model set")
+        return self._model
+
+    def _start(self, name: str, fn: Any) -> None:
+        self.progress.setValue(0)
+        self.progress.setVisible(True)
+        self.cancel_button.setVisible(True)
+        self.runner.start(Task(name, _run_stats(fn)))
+
+    def _done(self) -> None:
+        self.progress.setVisible(False)
+        self.cancel_button.setVisible(False)
+
+    def _on_progress(self, done: int, total: int, _text: str) -> None:
+        self.progress.setMaximum(max(1, total))
+        self.progress.setValue(done)
+
+    def _on_failed(self, message: str) -> None:
+        self._done()
+        self.title.setText(f"failed: {message.splitlines()[0]}")
+        self.sig_failed.emit(message)
+
+    def _on_cancelled(self) -> None:
+        self._done()
+        self.title.setText(self.title.text().replace("computing…", "cancelled"))
+
+    def _on_finished(self, result: object) -> None:
+        self._done()
+        if isinstance(result, S.TensorAnalysis):
+            self._show_analysis(result)
+        elif isinstance(result, S.ExpertComparison):
+            self._show_comparison(result)
+
+    # -- drawing ----------------------------------------------------------------------------
+
+    def _show_analysis(self, a: S.TensorAnalysis) -> None:
+        self.analysis = a
+        label = a.name if a.expert is None else f"{a.name}[{a.expert}]"
+        self.title.setText(f"{label}  {a.dtype} {list(a.shape)}")
+        _fill(self.stats_table, ["statistic", "value"],
+              [[k, v] for k, v in a.stats.as_rows()])
+        self.histogram_curve.setData(a.histogram.edges, a.histogram.counts.astype(np.float64))
+        if a.heatmap is not None:
+            cells = a.heatmap.cells
+            self.heatmap_image.setImage(cells, autoLevels=False)
+            # one cell = one block: map image pixels back to matrix coordinates
+            self.heatmap_image.setRect(0, 0, cells.shape[1] * a.heatmap.block_cols,
+                                       cells.shape[0] * a.heatmap.block_rows)
+            self.heatmap_bar.setLevels(_levels(cells))
+            self.heatmap_plot.setTitle(
+                f"mean |x| per {a.heatmap.block_rows}x{a.heatmap.block_cols} block "
+                f"of {a.heatmap.shape[0]}x{a.heatmap.shape[1]}")
+            self.heatmap_plot.autoRange()
+        else:
+            self.heatmap_image.clear()
+            self.heatmap_plot.setTitle("no heatmap for 1-D data")
+        self.sig_tensor_shown.emit(label)
+
+    def _show_comparison(self, c: S.ExpertComparison) -> None:
+        self.comparison = c
+        self.title.setText(f"experts of layer {c.layer}: {c.n_experts} experts")
+        header, rows = c.table()
+        _fill(self.experts_table, header, [list(r) for r in rows])
+        self.norms_plot.clear()
+        legend = self.norms_plot.plotItem.legend
+        if legend is not None:
+            legend.clear()
+        series = [(m, c.column(m, "norm")) for m in S.EXPERT_MATRICES if m in c.stats]
+        series.append(("router", c.router_norms.astype(np.float64)))
+        width = 0.8 / len(series)
+        x = np.arange(c.n_experts, dtype=np.float64)
+        for i, (name, heights) in enumerate(series):
+            bars = pg.BarGraphItem(x=x - 0.4 + width * (i + 0.5), height=heights, width=width,
+                                   brush=MATRIX_COLOURS.get(name, (120, 120, 120)), name=name)
+            self.norms_plot.addItem(bars)
+            if legend is not None:
+                legend.addItem(bars, name)
+        self.router_image.setImage(c.router_rows, autoLevels=False)
+        bound = float(np.nanmax(np.abs(c.router_rows))) if c.router_rows.size else 1.0
+        bound = bound if math.isfinite(bound) and bound > 0 else 1.0
+        self.router_bar.setLevels((-bound, bound))
+        self.router_plot.autoRange()
+        self.sig_experts_shown.emit(c.layer)
+
+
+__all__ = ["QtTensorValues"]

@@ -1,0 +1,271 @@
+"""The validation report: every problem of one `ModelDocument`, and the data checks' controls.
+
+`QtValidationReport` shows a plain-language banner (`ModelDocument.plain_explanation()`), a
+summary, and a table of problems (severity, code, message, offset, tensor) backed by a lazy
+`ProblemTableModel`. It runs nothing itself: Run and Cancel emit `sig_run_requested` /
+`sig_cancel_requested`; the file view runs `document.data_check` on a `TaskRunner` and feeds
+progress and the result back. Clicking a problem emits `sig_problem_selected(offset, tensor)`
+(a 64-bit offset: files are larger than 2 GiB).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QHBoxLayout, QHeaderView, QLabel,
+                               QProgressBar, QPushButton, QTableView, QVBoxLayout, QWidget)
+
+from colibri.engine import Problem
+from colibri.inspection.document import DataCheckResult, ModelDocument, merge_problems
+from colibri.inspector import resources
+
+COLUMNS = ("Severity", "Code", "Message", "Offset", "Tensor")
+_Index = QModelIndex | QPersistentModelIndex
+
+
+def short_code(code_name: str) -> str:
+    """'COL_ERR_SHAPE' -> 'SHAPE' (the table's code column)."""
+    return code_name.removeprefix("COL_ERR_")
+
+
+class ProblemTableModel(QAbstractTableModel):
+    """A read-only table over a list of `Problem` values, sortable by any column."""
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self._problems: list[Problem] = []
+        self._icons = {"error": resources.icon("error"), "warning": resources.icon("warning")}
+
+    def set_problems(self, problems: list[Problem]) -> None:
+        self.beginResetModel()
+        self._problems = list(problems)
+        self.endResetModel()
+
+    def problem(self, row: int) -> Problem:
+        return self._problems[row]
+
+    @property
+    def problems(self) -> list[Problem]:
+        return list(self._problems)
+
+    def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: N802 (Qt API)
+        return 0 if parent.isValid() else len(self._problems)
+
+    def columnCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: N802
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section: int, orientation: Qt.Orientation,  # noqa: N802
+                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return COLUMNS[section]
+        return None
+
+    def _key(self, p: Problem, column: int) -> Any:
+        return (p.severity, short_code(p.code_name), p.message, p.offset, p.tensor)[column]
+
+    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid():
+            return None
+        p = self._problems[index.row()]
+        column = index.column()
+        if role == Qt.ItemDataRole.DisplayRole:
+            if column == 3:
+                return f"0x{p.offset:X}"
+            return str(self._key(p, column))
+        if role == Qt.ItemDataRole.DecorationRole and column == 0:
+            return self._icons.get(p.severity)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return str(p)
+        if role == Qt.ItemDataRole.UserRole:
+            return self._key(p, column)
+        return None
+
+    def sort(self, column: int, order: Qt.SortOrder = Qt.SortOrder.AscendingOrder) -> None:
+        self.layoutAboutToBeChanged.emit()
+        self._problems.sort(key=lambda p: self._key(p, column),
+                            reverse=order == Qt.SortOrder.DescendingOrder)
+        self.layoutChanged.emit()
+
+
+class QtValidationReport(QWidget):
+    """The validation report of one document (see the module docstring)."""
+
+    sig_problem_selected = Signal("qlonglong", str)
+    sig_run_requested = Signal(bool, bool)     # checksums, nan_check
+    sig_cancel_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._doc: ModelDocument | None = None
+        self._data: DataCheckResult | None = None
+
+        self.explanation = QLabel()
+        self.explanation.setObjectName("explanation")
+        self.explanation.setWordWrap(True)
+        self.explanation.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.summary = QLabel()
+        self.summary.setObjectName("summary")
+
+        self.checksums = QCheckBox("Checksums (CRC-32 of every tensor)")
+        self.checksums.setChecked(True)
+        self.nan_check = QCheckBox("NaN / Inf scan")
+        self.nan_check.setChecked(True)
+        self.run_button = QPushButton(resources.icon("validate"), "Run data checks")
+        self.run_button.setToolTip("Read every byte of tensor data (F5)")
+        self.cancel_button = QPushButton(resources.icon("cancel"), "Cancel")
+        self.cancel_button.setEnabled(False)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 10_000)
+        self.progress.setTextVisible(True)
+        self.progress.setVisible(False)
+        self.progress_text = QLabel()
+
+        self.model = ProblemTableModel(self)
+        self.table = QTableView()
+        self.table.setObjectName("problemTable")
+        self.table.setModel(self.model)
+        self.table.setSortingEnabled(False)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setAlternatingRowColors(True)
+        self.table.verticalHeader().setVisible(False)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        header.setSortIndicatorShown(True)
+        header.setSectionsClickable(True)
+        header.sectionClicked.connect(self._sort_by)
+        self.table.setColumnWidth(0, 90)
+        self.table.setColumnWidth(1, 140)
+        self.table.setColumnWidth(3, 110)
+        self.table.setColumnWidth(4, 180)
+
+        controls = QHBoxLayout()
+        controls.addWidget(self.checksums)
+        controls.addWidget(self.nan_check)
+        controls.addStretch(1)
+        controls.addWidget(self.progress_text)
+        controls.addWidget(self.progress)
+        controls.addWidget(self.run_button)
+        controls.addWidget(self.cancel_button)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.explanation)
+        layout.addWidget(self.summary)
+        layout.addLayout(controls)
+        layout.addWidget(self.table, 1)
+
+        self.run_button.clicked.connect(self._request_run)
+        self.cancel_button.clicked.connect(self.sig_cancel_requested)
+        self.table.clicked.connect(self._clicked)
+        self.table.activated.connect(self._clicked)
+        self._sort_order = Qt.SortOrder.AscendingOrder
+        self._sort_column = -1
+
+    # -- input ----------------------------------------------------------------------------------
+
+    def set_document(self, doc: ModelDocument | None) -> None:
+        """Show `doc`'s structural problems (data-check results of an older state are dropped)."""
+        self._doc = doc
+        self._data = None
+        self._refresh()
+
+    def set_data_result(self, result: DataCheckResult) -> None:
+        """Add a finished data check's problems (ignored if the document was reloaded since)."""
+        if self._doc is None or result.generation != self._doc.generation:
+            return
+        self._data = result
+        self._refresh()
+
+    def set_running(self, running: bool) -> None:
+        self.run_button.setEnabled(not running and self._doc is not None
+                                   and self._doc.model is not None)
+        self.cancel_button.setEnabled(running)
+        self.progress.setVisible(running)
+        if running:
+            self.progress.setValue(0)
+        else:
+            self.progress_text.setText("")
+
+    def set_progress(self, done: int, total: int, text: str = "") -> None:
+        self.progress.setRange(0, max(total, 1))
+        self.progress.setValue(done)
+        self.progress_text.setText(text)
+
+    # -- output ---------------------------------------------------------------------------------
+
+    @property
+    def problems(self) -> list[Problem]:
+        """The problems shown, in table order."""
+        return self.model.problems
+
+    def select_problem(self, row: int) -> None:
+        """Select row `row` as a click would (emits sig_problem_selected)."""
+        index = self.model.index(row, 0)
+        self.table.setCurrentIndex(index)
+        self._clicked(index)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _request_run(self) -> None:
+        self.sig_run_requested.emit(self.checksums.isChecked(), self.nan_check.isChecked())
+
+    def _clicked(self, index: QModelIndex) -> None:
+        if index.isValid():
+            p = self.model.problem(index.row())
+            self.sig_problem_selected.emit(p.offset, p.tensor)
+
+    def _sort_by(self, column: int) -> None:
+        if column == self._sort_column:
+            self._sort_order = (Qt.SortOrder.DescendingOrder
+                                if self._sort_order == Qt.SortOrder.AscendingOrder
+                                else Qt.SortOrder.AscendingOrder)
+        else:
+            self._sort_column, self._sort_order = column, Qt.SortOrder.AscendingOrder
+        self.table.horizontalHeader().setSortIndicator(column, self._sort_order)
+        self.model.sort(column, self._sort_order)
+
+    def _refresh(self) -> None:
+        doc = self._doc
+        if doc is None:
+            self.model.set_problems([])
+            self._set_banner("No file open.", "unreadable")
+            self.summary.setText("")
+            self.set_running(False)
+            return
+        problems = doc.problems
+        if self._data is not None:
+            problems = merge_problems(problems, self._data.problems)
+        self.model.set_problems(problems)
+        errors = sum(1 for p in problems if p.severity == "error")
+        warnings = len(problems) - errors
+        state = doc.status
+        if self._data is not None and errors and state in ("valid", "warnings"):
+            state = "invalid"
+        text = doc.plain_explanation()
+        if not text:
+            text = "This is a valid Colibri model: every structural check passed."
+        if self._data is not None and self._data.problems and doc.model is not None:
+            bad = sum(1 for s in self._data.status.values() if s == "bad")
+            text = (f"The file's structure is valid, but the data checks found problems in "
+                    f"{bad} tensor(s): the bytes changed after the file was written, or the "
+                    "weights contain NaN/Inf values.")
+        self._set_banner(text, state)
+        parts = [f"{errors} error(s), {warnings} warning(s)"]
+        if self._data is None:
+            parts.append("structural checks only; run the data checks to read every tensor")
+        else:
+            checks = " and ".join(c for c, on in (("checksums", self._data.checksums),
+                                                   ("NaN/Inf scan", self._data.nan_check)) if on)
+            ok = sum(1 for s in self._data.status.values() if s == "ok")
+            parts.append(f"data checks ({checks}): {ok} of {len(self._data.status)} tensors ok")
+        self.summary.setText("; ".join(parts))
+        self.set_running(False)
+
+    def _set_banner(self, text: str, state: str) -> None:
+        self.explanation.setText(text)
+        self.explanation.setProperty("state", state)
+        self.explanation.style().unpolish(self.explanation)
+        self.explanation.style().polish(self.explanation)

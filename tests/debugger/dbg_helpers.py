@@ -1,0 +1,31 @@
+"""Shared helpers for the debugger tests (imported as a plain module: tests have no packages)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from colibri.engine import Model, Session
+
+PROMPT = (3, 4, 5, 6, 7)
+
+
+def reference_run(model: Model, prompt: tuple[int, ...], n: int, routing: str = "topk",
+                  epsilon: float | None = None, seed: int = 0) -> tuple[Any, list[int]]:
+    """What the plain Python API gives: prefill the prompt, then greedy steps (as `colibri run`).
+    Returns (trace copy, generated ids)."""
+    session = Session(model, routing=routing, epsilon=epsilon, seed=seed, trace=True)  # type: ignore[arg-type]
+    logits = session.prefill(prompt)[-1]
+    generated: list[int] = []
+    while len(generated) < n:
+        token = int(np.argmax(logits))
+        generated.append(token)
+        if len(generated) == n or token == model.hparams.eos_token_id:
+            break
+        logits = session.step(token)
+    trace = session.trace
+    assert trace is not None
+    out = trace.copy()
+    session.close()
+    return out, generated

@@ -1,0 +1,85 @@
+"""Saved debugging sessions reopen identical; autosave; broken files are refused clearly."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri.debugging import Debugger, ExpertChosen, MarginBelow, RunSettings
+from colibri.debugging.session_file import (Autosaver, SavedSession, SessionFormatError,
+                                            load_session, model_checksum, save_session)
+from colibri.engine import Model
+
+from dbg_helpers import PROMPT
+
+
+def test_saved_session_reopens_identical(model: Model, tmp_path: Path) -> None:
+    settings = RunSettings(PROMPT, 6, decoding="sample", seed=5, temperature=0.8,
+                           routing="stable", epsilon=1e-3, threads=2)
+    dbg = Debugger(model, settings)
+    dbg.breakpoints.add(ExpertChosen(3, layer=2))
+    dbg.breakpoints.add(MarginBelow(0.25, enabled=False))
+    dbg.run(max_positions=4)
+    dbg.events.toggle_bookmark(3)
+    dbg.go_to(5)
+    path = tmp_path / "run.colibri-session"
+    saved = save_session(path, dbg)
+    loaded = load_session(path)
+    assert loaded == saved
+    assert loaded.settings == settings
+    for name, array in dbg.record.arrays().items():
+        other = loaded.record.arrays()[name]
+        assert other.dtype == array.dtype and other.tobytes() == array.tobytes(), name
+    assert loaded.record.token_texts == dbg.record.token_texts
+    assert loaded.cursor == 5 and loaded.bookmarks == [3]
+    assert list(loaded.breakpoints) == list(dbg.breakpoints)
+    assert loaded.model["sha256"] == model_checksum(model.path)
+    assert loaded.model_matches(model.path)
+    ev = loaded.events()
+    assert len(ev) == len(dbg.events) and ev[5] == dbg.events[5] and ev.bookmarks == {3}
+    # the sampler state was saved: a fresh debugger restored to it would continue identically
+    assert loaded.rng_state == SavedSession.from_debugger(dbg).rng_state
+    with zipfile.ZipFile(path) as z:
+        assert "manifest.json" in z.namelist() and "arrays/router_logits.npy" in z.namelist()
+
+
+def test_autosave_during_a_run(model: Model, tmp_path: Path) -> None:
+    path = tmp_path / "auto.colibri-session"
+    dbg = Debugger(model, RunSettings(PROMPT, 8))
+    saver = Autosaver(path, every_positions=3, every_seconds=1e9)
+    sizes = []
+
+    def on_position(position: int) -> None:
+        if saver.notify(dbg):
+            sizes.append(load_session(path).record.n_positions)
+
+    dbg.run(on_position=on_position)
+    saver.flush(dbg)
+    assert sizes == [3, 6, 9, 12][:len(sizes)] and len(sizes) >= 3
+    final = load_session(path)
+    assert final.record.equals(dbg.record) and final.finished
+    assert not list(tmp_path.glob(".colibri-*.tmp"))  # no temp files left behind
+
+
+def test_broken_session_files(tmp_path: Path, model: Model) -> None:
+    junk = tmp_path / "junk.colibri-session"
+    junk.write_bytes(b"not a zip")
+    with pytest.raises(SessionFormatError, match="not a session file"):
+        load_session(junk)
+    dbg = Debugger(model, RunSettings(PROMPT, 1))
+    dbg.run()
+    good = tmp_path / "good.colibri-session"
+    save_session(good, dbg)
+    with zipfile.ZipFile(good) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    members["manifest.json"] = members["manifest.json"].replace(b'"version": 1', b'"version": 99')
+    bad = tmp_path / "future.colibri-session"
+    with zipfile.ZipFile(bad, "w") as z:
+        for n, data in members.items():
+            z.writestr(n, data)
+    with pytest.raises(SessionFormatError, match="version 99"):
+        load_session(bad)
+    assert np.isnan(load_session(good).record.shared_gate).sum() == 0

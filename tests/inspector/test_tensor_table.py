@@ -1,0 +1,111 @@
+"""The tensor table widget on real files: a model that passes qtmodeltester in every grouping,
+numeric sort, name filter, grouping, selection signals, check status and CSV export."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+from PySide6.QtCore import QModelIndex, Qt
+
+from colibri.engine import Model
+from colibri.inspection.tensors import rows_for
+from colibri.inspector.tensor_table import COLUMNS, QtTensorTable, TensorTableModel
+
+
+@pytest.fixture
+def table(qtbot, tiny_model_path):
+    widget = QtTensorTable()
+    qtbot.addWidget(widget)
+    widget.set_model(Model.open(tiny_model_path("qwen2_moe")))
+    widget.show()
+    return widget
+
+
+@pytest.mark.parametrize("grouping", ["none", "layer", "expert"])
+def test_model_passes_qtmodeltester(qtmodeltester, tiny_model_path, grouping):
+    model = TensorTableModel()
+    model.set_rows(rows_for(Model.open(tiny_model_path())), grouping)
+    qtmodeltester.check(model, force_py=True)
+
+
+def test_proxy_passes_qtmodeltester(qtmodeltester, table):
+    table.set_grouping("layer")
+    table.set_filter("moe")
+    qtmodeltester.check(table.proxy, force_py=True)
+
+
+def test_sort_by_bytes_is_numeric(table):
+    table.view.sortByColumn(COLUMNS.index("bytes"), Qt.SortOrder.DescendingOrder)
+    shown = [r.nbytes for r in table.visible_rows()]
+    assert shown == sorted(shown, reverse=True)
+
+
+def test_default_order_is_file_offset(table):
+    offsets = [r.offset for r in table.visible_rows()]
+    assert offsets == sorted(offsets)
+
+
+def test_filter_by_glob(table):
+    table.set_filter("layers.1.moe_w*")
+    assert [r.name for r in table.visible_rows()] == [
+        "layers.1.moe_w1", "layers.1.moe_w2", "layers.1.moe_w3"]
+    assert table.count_label.text() == f"3 / {len(table.table_model.leaf_rows())} tensors"
+
+
+def test_group_by_layer_has_one_group_per_layer(table):
+    table.set_grouping("layer")
+    labels = [table.proxy.index(r, 0).data() for r in range(table.proxy.rowCount())]
+    assert labels[1].startswith("layer 0 (") and labels[2].startswith("layer 1 (")
+    assert len(labels) == 4
+
+
+def test_group_by_expert_shows_expert_slices(table):
+    table.set_grouping("expert")
+    group = table.proxy.index(2, 0)
+    assert group.data().startswith("expert 2")
+    names = [table.proxy.index(r, 0, group).data() for r in range(table.proxy.rowCount(group))]
+    assert "layers.0.moe_w2[2]" in names
+
+
+def test_selecting_a_row_emits_the_tensor_name_and_range(table):
+    table.set_grouping("expert")
+    names: list[str] = []
+    ranges: list[tuple[int, int]] = []
+    table.sig_tensor_selected.connect(names.append)
+    table.sig_range_selected.connect(lambda offset, nbytes: ranges.append((offset, nbytes)))
+    assert table.select_tensor("layers.1.moe_w3", expert=1)
+    row = table.table_model.row_at(table.table_model.find("layers.1.moe_w3", 1))
+    assert names == ["layers.1.moe_w3"]
+    assert ranges == [(row.offset, row.nbytes)] and row.expert == 1
+
+
+def test_select_tensor_clears_a_filter_hiding_it(table):
+    table.set_filter("attn")
+    assert table.select_tensor("token_embd")
+    assert table.selected_row().name == "token_embd"
+
+
+def test_check_status_is_shown(table):
+    table.set_check_status({"token_embd": "bad", "output": "ok"})
+    col = COLUMNS.index("check")
+    texts = {table.proxy.index(r, 0).data(): table.proxy.index(r, col).data()
+             for r in range(table.proxy.rowCount())}
+    assert texts["token_embd"] == "bad" and texts["output"] == "ok"
+    assert texts["layers.0.attn_q"] == "unchecked"
+
+
+def test_export_csv_writes_the_shown_rows(table, tmp_path):
+    table.set_filter("attn_q")
+    table.set_check_status({"layers.0.attn_q": "ok"})
+    path = tmp_path / "shown.csv"
+    assert table.export_csv(path) == len(table.visible_rows())
+    with open(path, newline="") as handle:
+        records = list(csv.DictReader(handle))
+    assert {r["name"] for r in records} == {r.label for r in table.visible_rows()}
+    assert next(r for r in records if r["name"] == "layers.0.attn_q")["check"] == "ok"
+
+
+def test_set_model_none_empties_the_table(table):
+    table.set_model(None)
+    assert table.proxy.rowCount(QModelIndex()) == 0

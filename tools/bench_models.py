@@ -1,0 +1,70 @@
+"""Build the benchmark models: a Mixtral-shaped MoE of about 0.64 B parameters (hidden 1024,
+8 layers, 8 experts, top-2, expert intermediate 2816, 16 heads / 4 KV heads, vocab 32000) with
+random weights, saved with transformers, then converted to .colibri in f32, bf16, q8 and q4.
+
+Random weights are fine for speed; the router weights are scaled so routing is not degenerate
+(logits spread over several units, every expert chosen). The models live outside the repository
+(default /work/bench-models) and are not committed.
+
+    python tools/bench_models.py [--out /work/bench-models] [--formats f32,bf16,q8,q4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+              num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
+              num_experts_per_tok=2, max_position_embeddings=4096, rms_norm_eps=1e-5,
+              rope_theta=1e6, tie_word_embeddings=False)
+
+
+def build_hf(directory: Path, seed: int = 0) -> Path:
+    import torch
+    import transformers
+
+    if (directory / "config.json").exists():
+        return directory
+    config = transformers.MixtralConfig(**CONFIG)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model = transformers.MixtralForCausalLM(config).eval()
+        g = torch.Generator().manual_seed(seed + 1)
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.copy_(torch.randn(param.shape, generator=g) * 0.1)
+            elif "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.02)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"built Mixtral-shaped model: {n / 1e9:.3f} B parameters", flush=True)
+    model.save_pretrained(directory)
+    return directory
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="/work/bench-models")
+    parser.add_argument("--formats", default="f32,bf16,q8,q4")
+    args = parser.parse_args(argv)
+    from colibri.convert import convert
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    hf = build_hf(out / "mixtral-0.64b-hf")
+    for fmt in args.formats.split(","):
+        path = out / f"mixtral-0.64b-{fmt}.colibri"
+        if path.exists():
+            continue
+        dtype, quant = (fmt, None) if fmt in ("f32", "f16", "bf16") else ("bf16", fmt)
+        print(f"converting {path.name} (dtype {dtype}, quantize {quant})", flush=True)
+        convert(str(hf), str(path), dtype, quantize=quant) if quant else convert(str(hf), str(path), dtype)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

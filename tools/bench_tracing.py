@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Tracing overhead: the same greedy decode with the routing trace off and on, in one process.
+
+Three variants, interleaved repeat by repeat (so drift in clock speed or cache state hits all of
+them alike), each a fresh session decoding the same tokens:
+  off       Session(trace=False), prefill + step loop
+  on        Session(trace=True), same loop (the engine's trace recording and phase timing)
+  debugger  colibri.debugging.Debugger.run(): trace on, one position per step, each position's
+            rows copied into the RoutingRecord and its events derived (what the Inspector pays)
+Prints the median per-position time of each and the overhead against `off` (ratio of medians,
+and the median of per-repeat paired ratios, which is robust to a machine whose load drifts).
+Target (issue): `on` within 3% of `off`.
+
+Model: resources/demo/demo.colibri when it exists, else --model, else a random mixtral-style
+model built with the test fixtures' code at a larger size.
+
+    python tools/bench_tracing.py [--model FILE] [--repeats 15] [--new 48] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "resources" / "demo" / "demo.colibri"
+
+
+def build_model(directory: Path) -> Path:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import make_tiny_model  # the fixtures' builder, at a bigger size
+
+    return make_tiny_model(directory, "mixtral", n_layers=6, n_experts=16, top_k=4, d_model=256,
+                           vocab_size=2048, seed=1).path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--new", type=int, default=48, help="tokens to generate per run")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+
+    from colibri.debugging import Debugger, RunSettings
+    from colibri.engine import Model, Session
+
+    tmp = tempfile.TemporaryDirectory()
+    path = args.model or (DEMO if DEMO.exists() else build_model(Path(tmp.name)))
+    model = Model.open(path)
+    hp = model.hparams
+    prompt = [int(t) % hp.vocab_size for t in (3, 4, 5, 6, 7, 8, 9, 10)]
+    new = min(args.new, hp.max_context - len(prompt) + 1)
+    positions = len(prompt) + new - 1
+
+    # the token sequence of a greedy decode, fixed up front so every variant does the same work
+    s = Session(model, threads=args.threads, trace=False)
+    logits = s.prefill(prompt)[-1]
+    seq = list(prompt)
+    for _ in range(new - 1):
+        token = int(np.argmax(logits))
+        seq.append(token)
+        logits = s.step(token)
+    s.close()
+
+    def engine(trace: bool) -> float:
+        session = Session(model, threads=args.threads, max_context=positions, trace=trace)
+        t0 = time.perf_counter_ns()
+        session.prefill(seq[:len(prompt)])
+        for token in seq[len(prompt):]:
+            session.step(token)
+        dt = time.perf_counter_ns() - t0
+        session.close()
+        return dt / positions
+
+    def debugger() -> float:
+        dbg = Debugger(model, RunSettings(tuple(prompt), new, threads=args.threads))
+        t0 = time.perf_counter_ns()
+        dbg.run()
+        dt = time.perf_counter_ns() - t0
+        assert dbg.position == positions
+        dbg.close()
+        return dt / positions
+
+    variants = {"off": lambda: engine(False), "on": lambda: engine(True), "debugger": debugger}
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for fn in variants.values():  # warm-up
+        fn()
+    names = list(variants)
+    for r in range(args.repeats):
+        for name in names[r % 3:] + names[:r % 3]:  # rotate the order each repeat
+            times[name].append(variants[name]())
+
+    print(f"model {path} ({model.arch}, {hp.n_layers} layers, {hp.n_experts} experts, "
+          f"top-{hp.n_experts_active}, d_model {hp.d_model}); {positions} positions per run, "
+          f"{args.repeats} interleaved repeats, {args.threads} thread(s)")
+    base = statistics.median(times["off"])
+    for name in names:
+        med = statistics.median(times[name])
+        print(f"  {name:<9} median {med / 1e3:9.1f} us/position  "
+              f"({(med / base - 1) * 100:+6.2f}% vs off)")
+    # paired: each repeat's on/off ratio (both measured back to back), then the median
+    paired = statistics.median(a / b for a, b in zip(times["on"], times["off"])) - 1
+    overhead = statistics.median(times["on"]) / base - 1
+    print(f"tracing overhead (on vs off): {overhead * 100:+.2f}% of medians, "
+          f"{paired * 100:+.2f}% median paired  "
+          f"[{'within' if min(overhead, paired) < 0.03 else 'ABOVE'} the 3% target]")
+    model.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,404 @@
+#!/usr/bin/env python3
+"""Generate the corrupt-file corpus: tests/corpus/*.colibri, manifest.json and manifest.txt.
+
+One small valid file (a 2-layer Mixtral-style model, one MoE and one dense layer, f32, no
+tokenizer, fixed metadata: the same bytes on every run), then one file per broken thing, each
+with the exact finding the validator must report: status code name, absolute byte offset, tensor
+and a message substring. The expectation is stated here from the layout (the plan's offsets), not
+read back from the validator; `--check` then runs `colibri.validate` on every entry and fails on
+any difference. The header and table CRCs are recomputed after each edit (refresh_checksums)
+unless the entry is about a checksum, so every file is reported as the one thing broken in it.
+
+Fuzzer findings live in tests/corpus/fuzz/ and are listed in the same manifest (added by hand,
+with the error they must produce): they are never regenerated, only checked.
+
+    python tools/make_corpus.py           # write tests/corpus/ (and check it)
+    python tools/make_corpus.py --check   # only check the committed files against the manifest
+
+manifest.txt is the same list for the C test (engine_c/tests/test_corpus.c): one line per file,
+`file check_flags code_number offset`, with offset -1 for "any".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "app"))
+
+from colibri import fileformat as ff  # noqa: E402
+
+CORPUS = ROOT / "tests" / "corpus"
+MAX_FILE = 64 * 1024
+
+# col_status names (colibri.h; append-only).
+CODES = ["COL_OK", "COL_ERR_IO", "COL_ERR_NOMEM", "COL_ERR_INVALID_ARG", "COL_ERR_TRUNCATED",
+         "COL_ERR_BAD_MAGIC", "COL_ERR_BAD_VERSION", "COL_ERR_LIMIT", "COL_ERR_HEADER",
+         "COL_ERR_SECTION_BOUNDS", "COL_ERR_TENSOR_BOUNDS", "COL_ERR_MISALIGNED",
+         "COL_ERR_SIZE_MISMATCH", "COL_ERR_OVERLAP", "COL_ERR_MISSING_TENSOR", "COL_ERR_SHAPE",
+         "COL_ERR_DTYPE", "COL_ERR_NAME", "COL_ERR_CHECKSUM", "COL_ERR_NONFINITE",
+         "COL_ERR_UNSUPPORTED", "COL_ERR_ROUTING", "COL_ERR_CONTEXT_FULL", "COL_ERR_BAD_TOKEN",
+         "COL_ERR_UNKNOWN_TENSOR"]
+CHECK_CHECKSUMS, CHECK_NONFINITE = 1, 2
+
+# Header field offsets (docs/format.md).
+H_VERSION, H_NUM_EXPERTS, H_HEADER_SIZE, H_TENSOR_COUNT = 0x04, 0x08, 0x10, 0x14
+H_ROUTING_OFFSET, H_DATA_OFFSET, H_FILE_SIZE, H_ARCH, H_FLAGS = 0x18, 0x20, 0x50, 0x58, 0x5C
+H_D_MODEL, H_HEADER_CRC, H_TABLES_CRC = 0x60, 0xC0, 0xC4
+T_DTYPE, T_NDIM, T_SHAPE, T_OFFSET, T_NBYTES, T_CRC = 0x40, 0x44, 0x48, 0x68, 0x70, 0x78
+R_KIND = 0x04
+
+
+@dataclass
+class Entry:
+    """One corpus file and what validating it must report (the first error, or for a file with
+    only warnings the first warning; code COL_OK for a clean file)."""
+
+    file: str
+    code: str
+    offset: int
+    message: str
+    description: str
+    tensor: str = ""
+    severity: str = "error"
+    checksums: bool = False
+    nan_check: bool = False
+    absent: bool = False          # no file: the path itself is the test (COL_ERR_IO)
+    data: bytes = field(default=b"", repr=False)
+
+    @property
+    def flags(self) -> int:
+        return (CHECK_CHECKSUMS if self.checksums else 0) | (CHECK_NONFINITE if self.nan_check else 0)
+
+    def manifest(self) -> dict:
+        return {"file": self.file, "code": self.code, "severity": self.severity,
+                "offset": self.offset, "tensor": self.tensor, "message": self.message,
+                "checksums": self.checksums, "nan_check": self.nan_check, "absent": self.absent,
+                "description": self.description}
+
+
+# ---------------------------------------------------------------------------------------------
+# The base model
+
+
+def base_hparams() -> ff.HParams:
+    return ff.HParams(arch=ff.ARCH_MIXTRAL, n_layers=2, n_experts=2, n_experts_active=1,
+                      d_model=8, n_heads=2, n_kv_heads=1, head_dim=4, vocab_size=16,
+                      max_context=16, d_ff_expert=8, d_ff_dense=8, flags=ff.FLAG_NORM_TOPK,
+                      norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_id=2)
+
+
+KINDS = [ff.LAYER_MOE, ff.LAYER_DENSE]
+
+
+def base_arrays(hp: ff.HParams, extra: bool = False) -> list[tuple[str, np.ndarray, int]]:
+    rng = np.random.default_rng(20261129)
+    H, V, E, I, D = hp.d_model, hp.vocab_size, hp.n_experts, hp.d_ff_expert, hp.d_ff_dense
+    q, kv = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
+
+    def mat(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    out = [("token_embd", mat(V, H))]
+    for layer, kind in enumerate(KINDS):
+        p = f"layers.{layer}."
+        out += [(p + "attn_norm", norm(H)), (p + "attn_q", mat(q, H)), (p + "attn_k", mat(kv, H)),
+                (p + "attn_v", mat(kv, H)), (p + "attn_o", mat(H, q)), (p + "ffn_norm", norm(H))]
+        if kind == ff.LAYER_MOE:
+            out += [(p + "moe_gate", mat(E, H)), (p + "moe_w1", mat(E, I, H)),
+                    (p + "moe_w2", mat(E, H, I)), (p + "moe_w3", mat(E, I, H))]
+        else:
+            out += [(p + "mlp_w1", mat(D, H)), (p + "mlp_w2", mat(H, D)), (p + "mlp_w3", mat(D, H))]
+    out += [("output_norm", norm(H)), ("output", mat(V, H))]
+    if extra:
+        out.append(("extra.scale", norm(1)))
+    return [(name, values, ff.DTYPE_F32) for name, values in out]
+
+
+@dataclass
+class Base:
+    image: bytearray
+    plan: ff.FilePlan
+    index: dict[str, int]
+
+    def entry(self, name: str) -> int:
+        """Absolute offset of tensor `name`'s 128-byte table entry."""
+        return self.plan.tensor_table_offset + self.index[name] * ff.TENSOR_ENTRY_SIZE
+
+    def data(self, name: str) -> int:
+        return self.plan.offsets[self.index[name]]
+
+    def copy(self) -> bytearray:
+        return bytearray(self.image)
+
+
+def build_base(extra: bool = False) -> Base:
+    hp = base_hparams()
+    specs = ff.tensor_specs_from_arrays(base_arrays(hp, extra))
+    plan = ff.plan_file(hp, KINDS, specs, tokenizer=b"", metadata={"corpus": True})
+    image = ff.build_bytes(plan)
+    return Base(image, plan, {s.name: i for i, s in enumerate(specs)})
+
+
+def put(image: bytearray, offset: int, fmt: str, *values: object) -> None:
+    struct.pack_into(fmt, image, offset, *values)
+
+
+def edited(base: Base, edit: Callable[[bytearray], None], refresh: bool = True) -> bytes:
+    image = base.copy()
+    edit(image)
+    if refresh:
+        ff.refresh_checksums(image)
+    return bytes(image)
+
+
+# ---------------------------------------------------------------------------------------------
+# The corpus
+
+
+def corpus_entries() -> list[Entry]:
+    b = build_base()
+    size = len(b.image)
+    p = b.plan
+    out: list[Entry] = []
+
+    def add(file: str, code: str, offset: int, message: str, description: str, data: bytes,
+            **kw: object) -> None:
+        out.append(Entry(file, code, offset, message, description, data=data, **kw))  # type: ignore[arg-type]
+
+    add("valid.colibri", "COL_OK", 0, "", "the clean base file every other entry breaks",
+        bytes(b.image), checksums=True, nan_check=True)
+
+    # -- identity and size
+    add("empty.colibri", "COL_ERR_TRUNCATED", 0, "is empty", "a zero-byte file", b"")
+    add("truncated_header.colibri", "COL_ERR_TRUNCATED", 100, "shorter than the 256-byte",
+        "cut inside the fixed header (an interrupted download)", bytes(b.image[:100]))
+    add("truncated_data.colibri", "COL_ERR_TRUNCATED", size - 100, "declares file_size",
+        "the last 100 bytes of tensor data missing", bytes(b.image[:size - 100]))
+    add("bad_magic.colibri", "COL_ERR_BAD_MAGIC", 0, "expected \"COLI\"",
+        "a GGUF file given a .colibri name", edited(b, lambda im: put(im, 0, "<4s", b"GGUF")))
+    add("bad_version.colibri", "COL_ERR_BAD_VERSION", H_VERSION, "format version 2",
+        "written by a newer converter", edited(b, lambda im: put(im, H_VERSION, "<I", 2)))
+
+    # -- limits: rejected before anything is allocated, the limit stated
+    add("limit_tensor_count.colibri", "COL_ERR_LIMIT", H_TENSOR_COUNT, "tensor_count 4294967295",
+        "tensor_count near 2^32", edited(b, lambda im: put(im, H_TENSOR_COUNT, "<I", 0xFFFFFFFF)))
+    add("limit_num_experts.colibri", "COL_ERR_LIMIT", H_NUM_EXPERTS, "not in 1..4096",
+        "num_experts 0", edited(b, lambda im: put(im, H_NUM_EXPERTS, "<I", 0)))
+    add("limit_ndim.colibri", "COL_ERR_LIMIT", b.entry("layers.0.attn_q") + T_NDIM,
+        "ndim 5 not in 1..4", "a tensor with 5 dimensions",
+        edited(b, lambda im: put(im, b.entry("layers.0.attn_q") + T_NDIM, "<I", 5)),
+        tensor="layers.0.attn_q")
+
+    def overflow(im: bytearray) -> None:
+        e = b.entry("layers.0.moe_w1")
+        put(im, e + T_SHAPE, "<4Q", 1 << 32, 1 << 32, 1 << 32, 1)
+    add("limit_shape_overflow.colibri", "COL_ERR_LIMIT", b.entry("layers.0.moe_w1") + T_SHAPE + 8,
+        "element count overflows 64 bits", "a shape whose product overflows 64 bits",
+        edited(b, overflow), tensor="layers.0.moe_w1")
+
+    # -- header fields
+    add("header_size.colibri", "COL_ERR_HEADER", H_HEADER_SIZE, "header_size 100",
+        "header_size below the fixed header", edited(b, lambda im: put(im, H_HEADER_SIZE, "<I", 100)))
+    add("header_trailing.colibri", "COL_ERR_HEADER", H_FILE_SIZE, "trailing bytes",
+        "64 bytes appended after the declared end", bytes(b.image) + b"\0" * 64)
+    add("header_d_model.colibri", "COL_ERR_HEADER", H_D_MODEL, "d_model 0",
+        "a zero hyper-parameter", edited(b, lambda im: put(im, H_D_MODEL, "<I", 0)))
+
+    # -- sections
+    add("section_routing.colibri", "COL_ERR_SECTION_BOUNDS", H_ROUTING_OFFSET, "routing section",
+        "routing_offset past the end of the file",
+        edited(b, lambda im: put(im, H_ROUTING_OFFSET, "<Q", 1 << 40)))
+    add("section_data_offset.colibri", "COL_ERR_SECTION_BOUNDS", H_DATA_OFFSET, "data_offset",
+        "data_offset beyond the file",
+        edited(b, lambda im: put(im, H_DATA_OFFSET, "<Q", size + 4096)))
+
+    # -- tensor table entries
+    last = p.tensors[-1].name
+    add("tensor_bounds.colibri", "COL_ERR_TENSOR_BOUNDS", b.entry(last) + T_OFFSET, "beyond file end",
+        "the last tensor's offset moved past the end",
+        edited(b, lambda im: put(im, b.entry(last) + T_OFFSET, "<Q", (size + 63) // 64 * 64)),
+        tensor=last)
+    add("misaligned.colibri", "COL_ERR_MISALIGNED", b.entry("output_norm") + T_OFFSET,
+        "not a multiple of 64", "a tensor offset 4 bytes off the 64-byte grid",
+        edited(b, lambda im: put(im, b.entry("output_norm") + T_OFFSET, "<Q",
+                                 b.data("output_norm") + 4)), tensor="output_norm")
+    add("size_mismatch.colibri", "COL_ERR_SIZE_MISMATCH", b.entry("layers.1.ffn_norm") + T_NBYTES,
+        "nbytes 36 != 8 elements * 4 bytes", "nbytes disagrees with shape and dtype",
+        edited(b, lambda im: put(im, b.entry("layers.1.ffn_norm") + T_NBYTES, "<Q", 36)),
+        tensor="layers.1.ffn_norm")
+    add("overlap.colibri", "COL_ERR_OVERLAP", b.entry("layers.0.attn_norm") + T_OFFSET,
+        "overlap or table not sorted", "two tensors share bytes",
+        edited(b, lambda im: put(im, b.entry("layers.0.attn_norm") + T_OFFSET, "<Q",
+                                 b.data("token_embd"))), tensor="layers.0.attn_norm")
+
+    def rename(old: str, new: bytes) -> Callable[[bytearray], None]:
+        def edit(im: bytearray) -> None:
+            im[b.entry(old):b.entry(old) + 64] = new.ljust(64, b"\0")
+        return edit
+
+    add("missing_tensor.colibri", "COL_ERR_MISSING_TENSOR", p.tensor_table_offset,
+        "required tensor 'output_norm' is missing", "output_norm renamed away",
+        edited(b, rename("output_norm", b"output_nrm")), tensor="output_norm")
+
+    def transpose(im: bytearray) -> None:
+        put(im, b.entry("layers.1.mlp_w2") + T_SHAPE, "<2Q", 8, 8)  # stays [8, 8]: no-op guard
+        put(im, b.entry("token_embd") + T_SHAPE, "<2Q", 8, 16)
+    add("shape_transposed.colibri", "COL_ERR_SHAPE", b.entry("token_embd") + T_SHAPE,
+        "(transposed?)", "token_embd stored [d_model, vocab]", edited(b, transpose),
+        tensor="token_embd")
+    add("dtype_unknown.colibri", "COL_ERR_DTYPE", b.entry("layers.0.attn_k") + T_DTYPE,
+        "unknown dtype 7", "a dtype code no engine knows",
+        edited(b, lambda im: put(im, b.entry("layers.0.attn_k") + T_DTYPE, "<I", 7)),
+        tensor="layers.0.attn_k")
+
+    def norm_f16(im: bytearray) -> None:
+        e = b.entry("output_norm")
+        put(im, e + T_DTYPE, "<I", ff.DTYPE_F16)
+        put(im, e + T_NBYTES, "<Q", 16)
+    add("dtype_not_allowed.colibri", "COL_ERR_DTYPE", b.entry("output_norm") + T_DTYPE,
+        "must be f32", "a norm stored as f16", edited(b, norm_f16), tensor="output_norm")
+    add("name_bad_char.colibri", "COL_ERR_NAME", b.entry("layers.0.attn_v") + 6, "name",
+        "a space inside a tensor name",
+        edited(b, rename("layers.0.attn_v", b"layers 0.attn_v")), tensor="layers 0.attn_v")
+    add("name_unterminated.colibri", "COL_ERR_NAME", b.entry("layers.0.attn_v") + 63, "name",
+        "a 64-byte name with no NUL", edited(b, rename("layers.0.attn_v", b"a" * 64)),
+        tensor="a" * 63)
+    add("name_duplicate.colibri", "COL_ERR_NAME", b.entry("layers.0.attn_v"), "duplicates tensor",
+        "two tensors called layers.0.attn_k",
+        edited(b, rename("layers.0.attn_v", b"layers.0.attn_k")), tensor="layers.0.attn_k")
+
+    # -- checksums and data (no CRC refresh: the damage is the point)
+    add("checksum_header.colibri", "COL_ERR_CHECKSUM", H_HEADER_CRC, "header_crc32",
+        "one flipped bit in sliding_window (0x088), a field no other check objects to",
+        edited(b, lambda im: im.__setitem__(0x88, im[0x88] ^ 1), refresh=False))
+
+    def table_crc(im: bytearray) -> None:
+        e = b.entry("layers.1.attn_o") + T_CRC
+        im[e] ^= 0x80
+        head = bytearray(im[:ff.HEADER_SIZE])  # header CRC fixed, tables CRC left stale
+        put(head, H_HEADER_CRC, "<I", zlib.crc32(bytes(head[:H_HEADER_CRC])) & 0xFFFFFFFF)
+        im[:ff.HEADER_SIZE] = head
+    add("checksum_tables.colibri", "COL_ERR_CHECKSUM", H_TABLES_CRC, "tables_crc32",
+        "one flipped bit in the tensor table", edited(b, table_crc, refresh=False))
+    add("checksum_tensor.colibri", "COL_ERR_CHECKSUM", b.data("layers.0.moe_w2"),
+        "data hashes to", "one flipped bit in tensor data (found with --checksums)",
+        edited(b, lambda im: im.__setitem__(b.data("layers.0.moe_w2") + 5,
+                                            im[b.data("layers.0.moe_w2") + 5] ^ 0x10),
+               refresh=False), tensor="layers.0.moe_w2", checksums=True)
+
+    def nan(im: bytearray) -> None:
+        at = b.data("layers.1.mlp_w3") + 4 * 9
+        put(im, at, "<f", float("nan"))
+        n = p.tensors[b.index["layers.1.mlp_w3"]].nbytes
+        crc = zlib.crc32(bytes(im[b.data("layers.1.mlp_w3"):b.data("layers.1.mlp_w3") + n]))
+        put(im, b.entry("layers.1.mlp_w3") + T_CRC, "<I", crc & 0xFFFFFFFF)
+    add("nonfinite.colibri", "COL_ERR_NONFINITE", b.data("layers.1.mlp_w3") + 36,
+        "1 NaN/Inf values, first at element 9", "a NaN with a correct CRC (found with --nan-check)",
+        edited(b, nan), tensor="layers.1.mlp_w3", checksums=True, nan_check=True)
+
+    # -- architecture and routing
+    add("unsupported_arch.colibri", "COL_ERR_UNSUPPORTED", H_ARCH, "unknown arch 99",
+        "an architecture code from the future", edited(b, lambda im: put(im, H_ARCH, "<I", 99)))
+    add("unsupported_flag.colibri", "COL_ERR_UNSUPPORTED", H_FLAGS, "unknown flag bits 0x100",
+        "an unknown flag bit", edited(b, lambda im: put(im, H_FLAGS, "<I", ff.FLAG_NORM_TOPK | 0x100)))
+    add("routing_kind.colibri", "COL_ERR_ROUTING", p.routing_offset + 32 + R_KIND,
+        "unknown layer kind 5", "layer 1's routing kind is 5",
+        edited(b, lambda im: put(im, p.routing_offset + 32 + R_KIND, "<I", 5)))
+
+    e = build_base(extra=True)
+    add("unknown_tensor.colibri", "COL_ERR_UNKNOWN_TENSOR", e.entry("extra.scale"),
+        "not used by this architecture", "an extra tensor: a warning, the file stays valid",
+        bytes(e.image), tensor="extra.scale", severity="warning")
+
+    out.append(Entry("absent.colibri", "COL_ERR_IO", 0, "cannot open",
+                     "no such file (the file is deliberately not in the corpus)", absent=True))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing and checking
+
+
+def load_manifest() -> list[dict]:
+    return json.loads((CORPUS / "manifest.json").read_text())
+
+
+def write_manifests(entries: list[dict]) -> None:
+    (CORPUS / "manifest.json").write_text(json.dumps(entries, indent=2) + "\n")
+    lines = ["# file check_flags code offset  (generated by tools/make_corpus.py from manifest.json)"]
+    for m in entries:
+        flags = (CHECK_CHECKSUMS if m["checksums"] else 0) | (CHECK_NONFINITE if m["nan_check"] else 0)
+        lines.append(f"{m['file']} {flags} {CODES.index(m['code'])} {m['offset']}")
+    (CORPUS / "manifest.txt").write_text("\n".join(lines) + "\n")
+
+
+def first_finding(problems: list) -> object | None:
+    errors = [q for q in problems if q.severity == "error"]
+    return errors[0] if errors else (problems[0] if problems else None)
+
+
+def check(entries: list[dict]) -> list[str]:
+    """Validate every manifest entry; return the differences (empty when all match)."""
+    from colibri import errors, validate
+
+    failures = []
+    for m in entries:
+        path = CORPUS / m["file"]
+        if not m["absent"] and path.stat().st_size > MAX_FILE:
+            failures.append(f"{m['file']}: larger than {MAX_FILE} bytes")
+        try:
+            problems = validate(path, checksums=m["checksums"], nan_check=m["nan_check"])
+        except errors.ColibriError as exc:
+            if exc.code_name != m["code"] or m["message"] not in exc.message:
+                failures.append(f"{m['file']}: raised {exc}, expected {m['code']}")
+            continue
+        got = first_finding(problems)
+        if m["code"] == "COL_OK":
+            if problems:
+                failures.append(f"{m['file']}: expected clean, got {problems[0]}")
+            continue
+        if got is None:
+            failures.append(f"{m['file']}: no finding, expected {m['code']}")
+        elif (got.code_name, got.offset, got.severity) != (m["code"], m["offset"], m["severity"]) \
+                or m["message"] not in got.message or got.tensor != m["tensor"]:
+            failures.append(f"{m['file']}: got {got} (tensor '{got.tensor}'), expected "
+                            f"{m['severity']} {m['code']} at 0x{m['offset']:X} tensor "
+                            f"'{m['tensor']}' containing {m['message']!r}")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only check the committed corpus")
+    args = parser.parse_args(argv)
+    if not args.check:
+        CORPUS.mkdir(parents=True, exist_ok=True)
+        generated = corpus_entries()
+        kept = [m for m in (load_manifest() if (CORPUS / "manifest.json").exists() else [])
+                if m["file"].startswith("fuzz/")]
+        for e in generated:
+            if not e.absent:
+                (CORPUS / e.file).write_bytes(e.data)
+        write_manifests([e.manifest() for e in generated] + kept)
+    failures = check(load_manifest())
+    for f in failures:
+        print(f"FAIL {f}", file=sys.stderr)
+    print(f"{len(load_manifest())} corpus entries, {len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
