@@ -11,6 +11,7 @@
 # with libFuzzer's final stats (executions, coverage); the script exits non-zero when a target
 # found a crash, a leak or a hang (the artifact's path is in the log). PYTHON selects the
 # interpreter for atheris (default: python3). JOBS>1 runs that many format workers in parallel.
+# FUZZ_OUT moves corpora, logs and artifacts elsewhere (two runs at once need two).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
@@ -18,7 +19,7 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(format convert)
 PYTHON="${PYTHON:-python3}"
-OUT=engine_c/build-fuzz
+OUT="${FUZZ_OUT:-engine_c/build-fuzz}"
 mkdir -p "$OUT/artifacts" "$OUT/corpus-format" "$OUT/corpus-convert"
 status=0
 for target in "${targets[@]}"; do

@@ -65,7 +65,11 @@ def engine_sources(absolute: bool = False) -> list[str]:
     return [_as_build_path(p, absolute) for p in sorted((ENGINE_DIR / "src").glob("*.c"))]
 
 
-def make_builder(absolute: bool = False) -> FFI:
+def make_builder(absolute: bool = False, sanitize: bool = False) -> FFI:
+    """The cffi builder. `sanitize` adds AddressSanitizer + UBSan to compile and link (the second
+    build CI tests, see tools/asan_python.sh; load it with libasan preloaded)."""
+    san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+           "-fno-sanitize-recover=all", "-g"] if sanitize else []
     builder = FFI()
     builder.cdef(read_cdef())
     builder.cdef(read_constants())
@@ -74,7 +78,9 @@ def make_builder(absolute: bool = False) -> FFI:
         '#include "colibri.h"\n',
         sources=engine_sources(absolute),
         include_dirs=[_as_build_path(ENGINE_DIR / d, absolute) for d in ("include", "src")],
-        extra_compile_args=["-std=c11", "-O2", "-D_POSIX_C_SOURCE=200809L"],
+        extra_compile_args=["-std=c11", "-O1" if sanitize else "-O2",
+                            "-D_POSIX_C_SOURCE=200809L", *san],
+        extra_link_args=san,
         libraries=["m", "pthread"],
     )
     return builder

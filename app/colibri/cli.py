@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from colibri.errors import ColibriError, ColibriIOError
+from colibri.errors import ColibriError, ColibriFileChangedError, ColibriIOError
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
 
@@ -61,6 +61,8 @@ def _atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
     try:
         with os.fdopen(fd, "wb") as out:
             write(out)
+            out.flush()
+            os.fsync(out.fileno())  # the data is on disk before the name points at it
         os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
@@ -87,7 +89,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     progress = _progress_line if sys.stderr.isatty() else None
     try:
-        convert.convert(args.hf_dir, args.out, dtype=args.dtype, progress=progress)
+        quant = ({"quantize": args.quantize, "quantize_tensors": args.quantize_tensors}
+                 if args.quantize else {})
+        convert.convert(args.hf_dir, args.out, dtype=args.dtype, progress=progress, **quant)
     except convert.ConversionError as exc:
         if progress is not None:
             print(file=sys.stderr)
@@ -275,6 +279,7 @@ def _print_routing(trace: Any, tokenizer: Any, first: int) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from colibri.engine import Session
+    from colibri.reload import HotModel, on_sigusr1
 
     try:
         model = _open(args.file)
@@ -306,17 +311,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                  f"{model.hparams.max_context}")
             return EXIT_INVALID
         want_trace = args.debug_routing or args.dump_trace is not None
+        hot = HotModel(args.file, model)
+        restore = on_sigusr1(hot)  # `kill -USR1`: reopen, validate and swap between tokens
+
+        def new_session(m: Any) -> Any:
+            return Session(m, routing=args.routing, epsilon=args.epsilon, seed=args.seed,
+                           threads=args.threads, max_context=max(positions, 1), trace=want_trace)
+
         try:
-            session = Session(model, routing=args.routing, epsilon=args.epsilon, seed=args.seed,
-                              threads=args.threads, max_context=max(positions, 1),
-                              trace=want_trace)
-            generated, logits = _generate(session, prompt, args.n, model.hparams.eos_token_id,
-                                          tokenizer if args.debug_routing else None,
-                                          args.debug_routing)
+            session = new_session(model)
+            generated, logits, session = _generate(
+                session, prompt, args.n, model.hparams.eos_token_id,
+                tokenizer if args.debug_routing else None, args.debug_routing,
+                reload=_reloader(hot, new_session))
             trace = session.trace.copy() if want_trace and session.trace is not None else None
             session.close()
         except (ColibriError, OSError) as exc:
             return _failure(exc)
+        finally:
+            restore()
     if args.dump_logits is not None:
         stacked = np.ascontiguousarray(np.concatenate(logits), dtype=np.float32)
         _atomic_write(args.dump_logits, lambda f: np.save(f, stacked))
@@ -335,9 +348,79 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """A long-running loop: one prompt per stdin line (comma-separated token ids), greedy
+    generation of -n tokens, one `tokens: ...` line out per prompt. `kill -USR1 PID` after an
+    atomic replace of FILE (or a replace noticed between tokens) swaps the new model in between
+    tokens once it validates; a broken replacement is refused and the loaded model kept."""
+    from colibri.engine import Session
+    from colibri.errors import ColibriValueError
+    from colibri.reload import HotModel, on_sigusr1
+
+    try:
+        model = _open(args.file)
+    except (ColibriError, OSError) as exc:
+        return _failure(exc)
+    hot = HotModel(args.file, model)
+    restore = on_sigusr1(hot)
+
+    def new_session(m: Any) -> Any:
+        return Session(m, routing=args.routing, threads=args.threads, trace=False)
+
+    reload = _reloader(hot, new_session)
+    try:
+        session = new_session(model)
+        print(f"serving {args.file} (pid {os.getpid()})", file=sys.stderr, flush=True)
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            try:
+                prompt = _parse_tokens(line.strip())
+                session = reload(session, [], False) or session
+                session.reset()
+                generated, _, session = _generate(session, prompt, args.n,
+                                                  hot.model.hparams.eos_token_id, None, False,
+                                                  reload=reload)
+            except (argparse.ArgumentTypeError, ColibriValueError) as exc:
+                _err(str(exc))
+                continue
+            print("tokens: " + ",".join(map(str, generated)), flush=True)
+    except (ColibriError, OSError) as exc:
+        return _failure(exc)
+    finally:
+        restore()
+    return EXIT_OK
+
+
+def _reloader(hot: Any, new_session: Callable[[Any], Any]
+              ) -> Callable[[Any, list[int], bool], Any | None]:
+    """Between tokens: when `hot` has a new model (SIGUSR1, or the file replaced or rewritten),
+    a new session on it that has processed `history` again, else None. `changed` says the old
+    mapping failed a step (FILE_CHANGED): then a reload is required, not optional."""
+
+    def reload(session: Any, history: list[int], changed: bool) -> Any | None:
+        model = hot.poll()
+        if model is None:
+            if hot.last_error is not None:
+                _err(f"reload of {hot.path} refused, keeping the loaded model: {hot.last_error}")
+                hot.last_error = None
+            return None
+        fresh = new_session(model)
+        if history:
+            fresh.prefill(history)
+        session.close()
+        _err(f"reloaded {hot.path} (generation {hot.generation}) at position {len(history)}")
+        return fresh
+
+    return reload
+
+
 def _generate(session: Any, prompt: list[int], n: int, eos: int, tokenizer: Any,
-              debug: bool) -> tuple[list[int], list[np.ndarray]]:
-    """Greedy decoding; returns the generated ids and the logits of every processed position."""
+              debug: bool, reload: Callable[[Any, list[int], bool], Any | None] | None = None
+              ) -> tuple[list[int], list[np.ndarray], Any]:
+    """Greedy decoding; returns the generated ids, the logits of every processed position and
+    the session that finished (a different one when `reload` swapped the model between tokens:
+    positions before the swap keep the old model's logits)."""
     logits = [session.prefill(prompt)]
     if debug:
         _print_routing(session.trace, tokenizer, 0)
@@ -347,11 +430,22 @@ def _generate(session: Any, prompt: list[int], n: int, eos: int, tokenizer: Any,
         generated.append(token)
         if len(generated) == n or token == eos:
             break
+        history = prompt + generated[:-1]
+        if reload is not None:
+            session = reload(session, history, False) or session
         before = session.position
-        logits.append(session.step(token)[None, :])
+        try:
+            step = session.step(token)
+        except ColibriFileChangedError:
+            fresh = reload(session, history, True) if reload is not None else None
+            if fresh is None:
+                raise
+            session, before = fresh, fresh.position
+            step = session.step(token)
+        logits.append(step[None, :])
         if debug:
             _print_routing(session.trace, tokenizer, before)
-    return generated, logits
+    return generated, logits, session
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,7 +463,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", metavar="OUT.colibri")
     p.add_argument("--dtype", choices=("f32", "f16", "bf16"), default="f32",
                    help="storage dtype of the matrices (norms and routers stay f32)")
+    p.add_argument("--quantize", choices=("q8", "q4"), default=None,
+                   help="store the --quantize-tensors matrices as q8_0 / q4_0 blocks of 32")
+    p.add_argument("--quantize-tensors", choices=("experts", "ffn", "all"), default="experts",
+                   help="experts (default): moe_w1/w2/w3; ffn: + shared experts and dense MLPs; "
+                        "all: + attention and LM head. The router is never quantised")
     p.set_defaults(func=cmd_convert)
+
+    from colibri import bench  # `colibri bench`
+    p = sub.add_parser("bench", help="prefill/decode speed against this machine's measured "
+                                     "read bandwidth")
+    bench.add_arguments(p)
+    p.set_defaults(func=bench.run_cli)
 
     p = sub.add_parser("validate", help="check a .colibri file; exit 0 valid, 1 invalid, "
                                         "2 unreadable")
@@ -408,6 +513,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-logits", metavar="OUT.npy", help="save float32 [positions, vocab]")
     p.add_argument("--dump-trace", metavar="OUT.npz", help="save the routing trace")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("serve", help="generate for prompts read from stdin (one per line: token "
+                                     "ids); SIGUSR1 hot-reloads FILE between tokens")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("-n", type=int, default=16, metavar="N", help="tokens per prompt (default 16)")
+    p.add_argument("--routing", choices=("topk", "stable", "soft", "gumbel"), default="topk")
+    p.add_argument("--threads", type=int, default=1)
+    p.set_defaults(func=cmd_serve)
 
     from colibri.debugging.commands import add_trace_parser  # `colibri trace` (the debugger)
     add_trace_parser(sub)

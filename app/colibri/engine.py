@@ -32,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from colibri import errors
+from colibri.numerics import Numerics, NumericsError, as_numerics
 from colibri.errors import (COL_ERR_BAD_TOKEN, COL_ERR_INVALID_ARG, ColibriError,
                             ColibriFormatError, ColibriValueError)
 
@@ -260,7 +261,8 @@ def _check_flags(checksums: bool, nan_check: bool) -> int:
 
 
 def _validation_result(status: int, problems: list[Problem]) -> list[Problem]:
-    if status in (errors.COL_ERR_IO, errors.COL_ERR_NOMEM, errors.COL_ERR_INVALID_ARG):
+    if status in (errors.COL_ERR_IO, errors.COL_ERR_NOMEM, errors.COL_ERR_INVALID_ARG,
+                  errors.COL_ERR_FILE_CHANGED):
         first = problems[0].message if problems else ""
         errors.raise_for_status(status, first)
     return problems
@@ -521,6 +523,17 @@ class Model:
                            _no_tensor(int(out.gate_tensor)), _no_tensor(int(out.gate_bias_tensor)),
                            int(out.top_k), int(out.n_experts), int(out.scoring))
 
+    def check_file(self) -> bool:
+        """Is the mapping still the file it was? Raises ColibriFileChangedError when the file was
+        truncated or rewritten in place (close this model and reopen the path). Returns True when
+        the path now names a different file (an atomic replace: this mapping is intact, reopen to
+        see the new file), False when nothing changed. Two system calls; call it freely."""
+        replaced = ffi.new("uint32_t *")
+        err = ffi.new("char[]", _ERRLEN)
+        errors.raise_for_status(int(lib.col_model_check_file(self.handle, replaced, err, _ERRLEN)),
+                                _text(err))
+        return bool(replaced[0])
+
     def check_tensor(self, index: int, checksums: bool = True,
                      nan_check: bool = True) -> list[Problem]:
         """Data checks of tensor `index`: CRC-32 against the table and/or a NaN/Inf scan."""
@@ -538,7 +551,7 @@ class Model:
 
 
 def _session_config(model: Model, routing: str, epsilon: float | None, seed: int, threads: int,
-                    max_context: int, trace: bool) -> Any:
+                    max_context: int, trace: bool, numerics: Any = None) -> Any:
     """A col_session_config with every argument checked first."""
     if routing not in ROUTING_MODES:
         raise ColibriValueError(f"unknown routing {routing!r}; expected one of "
@@ -565,6 +578,10 @@ def _session_config(model: Model, routing: str, epsilon: float | None, seed: int
     config.trace = 1 if trace else 0
     config.epsilon = eps
     config.seed = seed
+    try:  # numerics variant (colibri.numerics): Numerics, spec string, dict or None
+        as_numerics(numerics).apply(config)
+    except NumericsError as exc:
+        raise ColibriValueError(str(exc), COL_ERR_INVALID_ARG) from None
     return config
 
 
@@ -574,11 +591,15 @@ class Session:
 
     routing: 'topk' (the family's own math), 'stable' (ties broken by index with `epsilon`,
     default the model's default_epsilon), 'soft' (every expert, softmax weights), 'gumbel'
-    (top-k on logits + Gumbel noise drawn from `seed`). max_context 0 = min(model's, 4096)."""
+    (top-k on logits + Gumbel noise drawn from `seed`). max_context 0 = min(model's, 4096).
+    numerics: a numerics variant (colibri.numerics.Numerics or spec such as 'blocked8+fma');
+    None = the default computation."""
 
     def __init__(self, model: Model, routing: RoutingName = "topk", epsilon: float | None = None,
-                 seed: int = 0, threads: int = 1, max_context: int = 0, trace: bool = True) -> None:
-        config = _session_config(model, routing, epsilon, seed, threads, max_context, trace)
+                 seed: int = 0, threads: int = 1, max_context: int = 0, trace: bool = True,
+                 numerics: Numerics | str | None = None) -> None:
+        config = _session_config(model, routing, epsilon, seed, threads, max_context, trace,
+                                 numerics)
         model_handle = model.handle
         out = ffi.new("col_session **")
         err = ffi.new("char[]", _ERRLEN)
@@ -589,6 +610,7 @@ class Session:
         self._handle: Any = ffi.gc(out[0], lambda s, _m=model_handle: lib.col_session_free(s))
         self._model = model
         self._routing = routing
+        self._numerics = as_numerics(numerics)
         self._vocab = model.hparams.vocab_size
         self._err = err
         self._busy = threading.Lock()
@@ -596,9 +618,10 @@ class Session:
     @staticmethod
     def memory_estimate(model: Model, routing: RoutingName = "topk", epsilon: float | None = None,
                         seed: int = 0, threads: int = 1, max_context: int = 0,
-                        trace: bool = True) -> int:
+                        trace: bool = True, numerics: Numerics | str | None = None) -> int:
         """Bytes a Session with these arguments would allocate (KV cache, scratch, trace)."""
-        config = _session_config(model, routing, epsilon, seed, threads, max_context, trace)
+        config = _session_config(model, routing, epsilon, seed, threads, max_context, trace,
+                                 numerics)
         return int(lib.col_session_memory_estimate(model.handle, config))
 
     # -- lifetime -------------------------------------------------------------------------------
@@ -625,6 +648,11 @@ class Session:
     @property
     def routing(self) -> str:
         return self._routing
+
+    @property
+    def numerics(self) -> Numerics:
+        """The numerics variant this session computes with (colibri.numerics)."""
+        return self._numerics
 
     def _live(self) -> Any:
         if self._handle is None:

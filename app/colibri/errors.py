@@ -4,6 +4,7 @@ Errors are values in C (`col_status`, 0 = OK) and exceptions here. Every wrapper
 hands a non-zero status to `raise_for_status`, which picks the class from the code alone:
 
     COL_ERR_IO                                  -> ColibriIOError      (also an OSError)
+    COL_ERR_FILE_CHANGED                        -> ColibriFileChangedError (an IOError: reopen)
     COL_ERR_NOMEM                               -> ColibriMemoryError  (also a MemoryError)
     COL_ERR_INVALID_ARG, CONTEXT_FULL, BAD_TOKEN -> ColibriValueError   (also a ValueError)
     every file-format code (TRUNCATED..ROUTING, UNKNOWN_TENSOR) -> ColibriFormatError
@@ -31,6 +32,7 @@ COL_ERR_ROUTING = 21
 COL_ERR_CONTEXT_FULL = 22
 COL_ERR_BAD_TOKEN = 23
 COL_ERR_UNKNOWN_TENSOR = 24
+COL_ERR_FILE_CHANGED = 25
 
 _FORMAT_CODES = frozenset(range(COL_ERR_TRUNCATED, COL_ERR_ROUTING + 1)) | {COL_ERR_UNKNOWN_TENSOR}
 _VALUE_CODES = frozenset({COL_ERR_INVALID_ARG, COL_ERR_CONTEXT_FULL, COL_ERR_BAD_TOKEN})
@@ -79,6 +81,11 @@ class ColibriIOError(ColibriError, OSError):
     """The file cannot be opened, read or mapped."""
 
 
+class ColibriFileChangedError(ColibriIOError):
+    """The mapped file was truncated or rewritten while open. Nothing read from it after the
+    change was used; close the model and reopen the path (the Inspector offers to)."""
+
+
 class ColibriMemoryError(ColibriError, MemoryError):
     """The engine could not allocate what it needed."""
 
@@ -102,6 +109,8 @@ def _raise(status: int, message: str, offset: int, tensor: str,
         raise ColibriFormatError(message, status, offset, tensor, problems)
     if status == COL_ERR_IO:
         raise ColibriIOError(message, status)
+    if status == COL_ERR_FILE_CHANGED:
+        raise ColibriFileChangedError(message, status)
     if status == COL_ERR_NOMEM:
         raise ColibriMemoryError(message, status)
     if status in _VALUE_CODES:

@@ -72,7 +72,8 @@ typedef enum col_status {
     COL_ERR_ROUTING = 21,        /* routing section inconsistent with header or tensor table */
     COL_ERR_CONTEXT_FULL = 22,   /* session has no room for another position */
     COL_ERR_BAD_TOKEN = 23,      /* token id outside [0, vocab_size) */
-    COL_ERR_UNKNOWN_TENSOR = 24  /* warning: a tensor no architecture rule uses */
+    COL_ERR_UNKNOWN_TENSOR = 24, /* warning: a tensor no architecture rule uses */
+    COL_ERR_FILE_CHANGED = 25    /* the mapped file was truncated or rewritten while open: reopen it */
 } col_status;
 
 typedef enum col_severity {
@@ -219,6 +220,22 @@ typedef enum col_routing_mode {
     COL_ROUTING_GUMBEL = 3         /* select on logit[j] + Gumbel noise from (seed, position, layer, j) */
 } col_routing_mode;
 
+/* Reduction order of every dot product of a session (col_session_config.reduction). Variants run
+ * a single-threaded reference loop over weights converted to f32; the default runs the kernels. */
+typedef enum col_reduction {
+    COL_REDUCTION_DEFAULT = 0,     /* the session's kernel path (with fma/split set: sequential) */
+    COL_REDUCTION_SEQUENTIAL = 1,  /* one accumulator, left to right */
+    COL_REDUCTION_PAIRWISE = 2,    /* recursive halving: sum(left half) + sum(right half), leaves of 8 */
+    COL_REDUCTION_BLOCKED = 3      /* element i into lane i % lanes, lanes summed pairwise */
+} col_reduction;
+
+/* Precision activations are rounded to between operations (round to nearest even). */
+typedef enum col_activation_precision {
+    COL_ACTIVATION_F32 = 0,
+    COL_ACTIVATION_BF16 = 1,
+    COL_ACTIVATION_F16 = 2
+} col_activation_precision;
+
 /* Timing phases recorded per (position, layer). */
 typedef enum col_phase {
     COL_PHASE_ATTENTION = 0,
@@ -236,6 +253,14 @@ typedef struct col_session_config {
     uint32_t trace;                /* 1 = record the routing trace and timings, 0 = off */
     double epsilon;                /* stable-top-k epsilon (COL_ROUTING_STABLE) */
     uint64_t seed;                 /* Gumbel seed (COL_ROUTING_GUMBEL) */
+    /* Numerics variant (routing-jitter lab, numerics.c). All zero = the default kernels. */
+    uint32_t reduction;            /* col_reduction */
+    uint32_t lanes;                /* COL_REDUCTION_BLOCKED: accumulator lanes, 1..256 */
+    uint32_t fma;                  /* 1 = fused multiply-add in the variant reductions */
+    uint32_t split;                /* 0/1 = none; S >= 2: each dot product in S contiguous parts, combined last to first */
+    uint32_t activation;           /* col_activation_precision */
+    uint32_t router_noise_ulps;    /* N: each router logit moved by k ULPs, k uniform in [-N, N] */
+    uint64_t noise_seed;           /* k is a hash of (noise_seed, position, layer, expert) */
 } col_session_config;
 
 /* Pointers into session memory; valid until the session is freed. Arrays are row-major and
@@ -376,6 +401,46 @@ double col_measure_read_bandwidth(uint64_t bytes, uint32_t n_threads, uint32_t r
 
 /* Name of the kernel path the session runs ("portable", "avx2", "avx512"); static storage. */
 const char *col_session_kernels(const col_session *session);
+
+/* ---- Hostile environments: allocators, files changing under the mapping -------------------- */
+
+/* A caller-supplied allocator for col_model_open_ex and col_session_create_ex (a host's own heap,
+ * or a test that fails the Nth allocation). `alloc` returns `size` bytes aligned to `alignment`
+ * (a power of two, at most 64) or NULL; `free` releases a block `alloc` returned. `user` is
+ * passed to both. The object made with it keeps a copy of the struct and frees through it, so the
+ * functions must stay callable until the object is closed; thread safety is the caller's to give
+ * when objects are made or freed on several threads. The plain functions use malloc. */
+typedef struct col_allocator {
+    void *(*alloc)(void *user, size_t size, size_t alignment);
+    void (*free)(void *user, void *ptr);
+    void *user;
+} col_allocator;
+
+/* col_model_open with every allocation (the model and its decoded tables) made through
+ * `allocator` (NULL = malloc). Each allocation failure returns COL_ERR_NOMEM with nothing leaked. */
+int32_t col_model_open_ex(const char *path, const col_allocator *allocator, col_model **out,
+                          col_problem *problem);
+
+/* col_session_create with the session struct and its arena from `allocator` (NULL = malloc).
+ * The thread pool's worker threads are made by pthreads and are not counted. */
+int32_t col_session_create_ex(const col_model *model, const col_session_config *config,
+                              const col_allocator *allocator, col_session **out, char *err,
+                              size_t errlen);
+
+/* Is the mapping still the file it was? Compares the open file's size and modification time with
+ * the values at open, and whether a read of the mapping ever faulted (see below). Returns
+ * COL_ERR_FILE_CHANGED (reason in err) when the file was truncated or rewritten in place: the
+ * mapping must not be trusted, close the model and reopen the path. Otherwise COL_OK, with
+ * *replaced (may be NULL) set to 1 when the path now names a different file (an atomic replace:
+ * the mapping is intact, reopen to see the new file) and 0 when it names the mapped one.
+ * Thread safe; two system calls.
+ *
+ * Every entry point that reads tensor data (col_session_prefill/step, col_model_check_tensor,
+ * col_validate_file) makes this check first and, because a truncation can land between the check
+ * and the read, also runs under a SIGBUS guard: a read past the file's new end gets a page of
+ * zeros instead of killing the process, the call returns COL_ERR_FILE_CHANGED, and a session's
+ * position is left where it was before the call. */
+int32_t col_model_check_file(const col_model *model, uint32_t *replaced, char *err, size_t errlen);
 
 /* COL_CDEF_END */
 

@@ -11,6 +11,7 @@
 #include "session.h"
 
 #include <math.h>
+#include <string.h>
 
 void col_rope_init(const col_hparams *hp, float *inv_freq)
 {
@@ -62,15 +63,26 @@ void col_attention(col_session *s, uint32_t layer_index)
     const col_model *m = s->model;
     const col_hparams *hp = &m->hp;
     const col_layer *layer = &m->layers[layer_index];
-    uint32_t d = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads;
-    uint64_t q_dim = (uint64_t)nh * d, kv_dim = (uint64_t)nkv * d;
-    uint32_t pos = s->position;
 
     /* q, k and v in one kernel dispatch: their rows are split among the threads as one range */
     col_matvec_job qkv[3] = {{col_weight_of(layer->attn_q), s->xn, s->q, 1},
                              {col_weight_of(layer->attn_k), s->xn, s->k, 1},
                              {col_weight_of(layer->attn_v), s->xn, s->v, 1}};
     col_matmul_many(s->pool, qkv, 3);
+    col_attend(s, layer_index);
+    project(s, layer->attn_o, s->att, s->tmp);
+    add_bias(s->tmp, layer->attn_o_bias, hp->d_model);
+}
+
+void col_attend(col_session *s, uint32_t layer_index)
+{
+    const col_model *m = s->model;
+    const col_hparams *hp = &m->hp;
+    const col_layer *layer = &m->layers[layer_index];
+    uint32_t d = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads;
+    uint64_t q_dim = (uint64_t)nh * d, kv_dim = (uint64_t)nkv * d;
+    uint32_t pos = s->position;
+
     add_bias(s->q, layer->attn_q_bias, q_dim);
     add_bias(s->k, layer->attn_k_bias, kv_dim);
     add_bias(s->v, layer->attn_v_bias, kv_dim);
@@ -128,6 +140,32 @@ void col_attention(col_session *s, uint32_t layer_index)
             for (uint32_t i = 0; i < d; i++) out[i] += p * vt[i];
         }
     }
-    project(s, layer->attn_o, s->att, s->tmp);
-    add_bias(s->tmp, layer->attn_o_bias, hp->d_model);
+}
+
+/* A block of n positions (s->position .. +n-1): q/k/v and the o-projection as matrix-matrix
+ * products over the block, the per-position part (bias, norms, RoPE, cache, scores) by
+ * col_attend, position by position, so every output is bit-identical to col_attention.
+ * Reads s->bxn [n][d_model], writes s->btmp [n][d_model]. */
+void col_attention_batch(col_session *s, uint32_t layer_index, uint32_t n)
+{
+    const col_hparams *hp = &s->model->hp;
+    const col_layer *layer = &s->model->layers[layer_index];
+    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    col_matvec_job qkv[3] = {{col_weight_of(layer->attn_q), s->bxn, s->bq, n},
+                             {col_weight_of(layer->attn_k), s->bxn, s->bk, n},
+                             {col_weight_of(layer->attn_v), s->bxn, s->bv, n}};
+    col_matmul_many(s->pool, qkv, 3);
+    uint32_t base = s->position;
+    for (uint32_t t = 0; t < n; t++) {
+        s->position = base + t;
+        memcpy(s->q, s->bq + t * q_dim, q_dim * sizeof(float));
+        memcpy(s->k, s->bk + t * kv_dim, kv_dim * sizeof(float));
+        memcpy(s->v, s->bv + t * kv_dim, kv_dim * sizeof(float));
+        col_attend(s, layer_index);
+        memcpy(s->batt + t * q_dim, s->att, q_dim * sizeof(float));
+    }
+    s->position = base;
+    col_matvec_job o = {col_weight_of(layer->attn_o), s->batt, s->btmp, n};
+    col_matmul_many(s->pool, &o, 1);
+    for (uint32_t t = 0; t < n; t++) add_bias(s->btmp + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);
 }

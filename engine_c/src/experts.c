@@ -9,6 +9,7 @@
 #include "session.h"
 
 #include <math.h>
+#include <string.h>
 
 void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
                  float *w_scratch)
@@ -56,6 +57,7 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
 
     col_weight gate = col_weight_of(layer->moe_gate);
     col_matvec(s->pool, &gate, s->xn, s->router_logits);
+    col_numerics_perturb(&s->numerics, s->router_logits, n_experts, s->position, layer_index);
     col_router_params params = {
         .mode = s->config.routing,
         .n_experts = n_experts,
@@ -128,6 +130,149 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
         float norm = 0.0f;
         for (uint32_t i = 0; i < d_model; i++) norm += s->xn[i] * s->xn[i];
         s->trace_hidden_norm[row] = sqrtf(norm);
+    }
+    if (phase_ns) {
+        phase_ns[COL_PHASE_ROUTER] = t1 - t0;
+        phase_ns[COL_PHASE_EXPERTS] = t2 - t1;
+        phase_ns[COL_PHASE_COMBINE] = t3 - t2;
+    }
+}
+
+/* ---- a block of positions (prefill) ------------------------------------------------------ */
+
+/* out[t] = w2 . (silu(w1 . x[t]) * (w3 . x[t])) for t < n, as matrix-matrix products. */
+static void swiglu_batch(col_session *s, const col_tensor_info *t1, const col_tensor_info *t3,
+                         const col_tensor_info *t2, const float *x, uint32_t n, float *out)
+{
+    col_weight w1 = col_weight_of(t1), w3 = col_weight_of(t3), w2 = col_weight_of(t2);
+    col_matvec_job up[2] = {{w1, x, s->gh1, n}, {w3, x, s->gh3, n}};
+    col_matmul_many(s->pool, up, 2);
+    for (uint64_t i = 0; i < (uint64_t)n * w1.rows; i++) s->gh1[i] = silu(s->gh1[i]) * s->gh3[i];
+    col_matvec_job down = {w2, s->gh1, out, n};
+    col_matmul_many(s->pool, &down, 1);
+}
+
+/* The feed-forward block for n positions starting at s->position: reads s->bxn [n][d_model],
+ * writes s->btmp. Tokens are grouped by expert (count, prefix-sum offsets, one contiguous batch
+ * per expert), each expert runs once as a matrix-matrix product over its tokens, and each
+ * token's outputs are combined in its own selection order, so every position's result is
+ * bit-identical to col_feed_forward. `phase_ns` (may be NULL) receives the block's timings. */
+void col_feed_forward_batch(col_session *s, uint32_t layer_index, uint32_t n, uint64_t *phase_ns)
+{
+    const col_model *m = s->model;
+    const col_hparams *hp = &m->hp;
+    const col_layer *layer = &m->layers[layer_index];
+    uint32_t d_model = hp->d_model, n_experts = hp->n_experts, ks = s->k_slots;
+    if (layer->kind != COL_LAYER_MOE) {
+        swiglu_batch(s, layer->mlp_w1, layer->mlp_w3, layer->mlp_w2, s->bxn, n, s->btmp);
+        return;
+    }
+    uint64_t t0 = phase_ns ? col_now_ns() : 0;
+    col_matvec_job gate = {col_weight_of(layer->moe_gate), s->bxn, s->brl, n};
+    col_matmul_many(s->pool, &gate, 1);
+    for (uint32_t t = 0; t < n; t++) /* numerics variant: router-logit noise (no-op by default) */
+        col_numerics_perturb(&s->numerics, s->brl + (uint64_t)t * n_experts, n_experts, s->position + t, layer_index);
+    uint32_t n_slots = 0, base = s->position;
+    for (uint32_t e = 0; e < n_experts; e++) s->bcount[e] = 0;
+    for (uint32_t t = 0; t < n; t++) {
+        col_router_params params = {
+            .mode = s->config.routing,
+            .n_experts = n_experts,
+            .k = hp->n_experts_active,
+            .renormalize = (hp->flags & COL_FLAG_NORM_TOPK) != 0,
+            .epsilon = s->config.epsilon,
+            .seed = s->config.seed,
+            .position = base + t,
+            .layer = layer_index,
+        };
+        n_slots = col_route(&params, s->brl + (uint64_t)t * n_experts, s->bids + (uint64_t)t * ks,
+                            s->bw + (uint64_t)t * ks, &s->router_scratch);
+        for (uint32_t slot = 0; slot < n_slots; slot++) s->bcount[s->bids[t * ks + slot]]++;
+    }
+    uint64_t t1 = phase_ns ? col_now_ns() : 0;
+
+    /* counting sort of the (token, slot) pairs by expert */
+    uint32_t n_jobs = 0, off = 0;
+    for (uint32_t e = 0; e < n_experts; e++) {
+        s->boffset[e] = off;
+        off += s->bcount[e];
+        s->bcount[e] = 0; /* becomes the fill cursor */
+    }
+    uint64_t d_ff = layer->moe_w1->shape[1];
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t slot = 0; slot < n_slots; slot++) {
+            uint32_t e = (uint32_t)s->bids[t * ks + slot];
+            uint32_t row = s->boffset[e] + s->bcount[e]++;
+            s->bmap[t * ks + slot] = row;
+            memcpy(s->gx + (uint64_t)row * d_model, s->bxn + (uint64_t)t * d_model, d_model * sizeof(float));
+        }
+    for (uint32_t e = 0; e < n_experts; e++) {
+        if (!s->bcount[e]) continue;
+        uint64_t o = s->boffset[e];
+        s->bjobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w1, e), s->gx + o * d_model,
+                                              s->gh1 + o * d_ff, s->bcount[e]};
+        s->bjobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w3, e), s->gx + o * d_model,
+                                              s->gh3 + o * d_ff, s->bcount[e]};
+    }
+    col_matmul_many(s->pool, s->bjobs, n_jobs);
+    for (uint64_t i = 0; i < (uint64_t)off * d_ff; i++) s->gh1[i] = silu(s->gh1[i]) * s->gh3[i];
+    n_jobs = 0;
+    for (uint32_t e = 0; e < n_experts; e++) {
+        if (!s->bcount[e]) continue;
+        uint64_t o = s->boffset[e];
+        s->bjobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w2, e), s->gh1 + o * d_ff,
+                                              s->go + o * d_model, s->bcount[e]};
+    }
+    col_matmul_many(s->pool, s->bjobs, n_jobs);
+    for (uint32_t t = 0; t < n; t++) {
+        float *acc = s->bacc + (uint64_t)t * d_model;
+        for (uint32_t i = 0; i < d_model; i++) acc[i] = 0.0f;
+        for (uint32_t slot = 0; slot < n_slots; slot++) {
+            const float *out = s->go + (uint64_t)s->bmap[t * ks + slot] * d_model;
+            float weight = s->bw[t * ks + slot];
+            for (uint32_t i = 0; i < d_model; i++) acc[i] += weight * out[i];
+        }
+    }
+    uint64_t t2 = phase_ns ? col_now_ns() : 0;
+
+    for (uint32_t t = 0; t < n; t++) s->bsgate[t] = NAN;
+    if (layer->shared_w1) {
+        /* the expert outputs in gx are consumed; reuse it for the shared expert's [n][d_model] */
+        swiglu_batch(s, layer->shared_w1, layer->shared_w3, layer->shared_w2, s->bxn, n, s->gx);
+        if (layer->shared_gate) {
+            col_matvec_job g = {col_weight_of(layer->shared_gate), s->bxn, s->bsgate, n};
+            col_matmul_many(s->pool, &g, 1);
+        }
+        for (uint32_t t = 0; t < n; t++) {
+            float scale = 1.0f;
+            if (layer->shared_gate) {
+                scale = 1.0f / (1.0f + expf(-s->bsgate[t]));
+                s->bsgate[t] = scale;
+            }
+            float *acc = s->bacc + (uint64_t)t * d_model;
+            const float *sh = s->gx + (uint64_t)t * d_model;
+            for (uint32_t i = 0; i < d_model; i++) acc[i] += scale * sh[i];
+        }
+    }
+    memcpy(s->btmp, s->bacc, (uint64_t)n * d_model * sizeof(float));
+    uint64_t t3 = phase_ns ? col_now_ns() : 0;
+
+    if (s->trace_ids) {
+        uint32_t mi = layer->moe_index, n_moe = hp->n_moe_layers;
+        for (uint32_t t = 0; t < n; t++) {
+            uint64_t row = (uint64_t)(base + t) * n_moe + mi;
+            for (uint32_t slot = 0; slot < s->k_slots; slot++) {
+                s->trace_ids[row * s->k_slots + slot] = slot < n_slots ? s->bids[t * ks + slot] : -1;
+                s->trace_weights[row * s->k_slots + slot] = slot < n_slots ? s->bw[t * ks + slot] : 0.0f;
+            }
+            for (uint32_t j = 0; j < n_experts; j++)
+                s->trace_logits[row * n_experts + j] = s->brl[(uint64_t)t * n_experts + j];
+            s->trace_shared_gate[row] = s->bsgate[t];
+            const float *xn = s->bxn + (uint64_t)t * d_model;
+            float norm = 0.0f;
+            for (uint32_t i = 0; i < d_model; i++) norm += xn[i] * xn[i];
+            s->trace_hidden_norm[row] = sqrtf(norm);
+        }
     }
     if (phase_ns) {
         phase_ns[COL_PHASE_ROUTER] = t1 - t0;

@@ -481,7 +481,7 @@ static const char *const status_names[] = {
     "COL_ERR_SIZE_MISMATCH", "COL_ERR_OVERLAP", "COL_ERR_MISSING_TENSOR", "COL_ERR_SHAPE",
     "COL_ERR_DTYPE", "COL_ERR_NAME", "COL_ERR_CHECKSUM", "COL_ERR_NONFINITE",
     "COL_ERR_UNSUPPORTED", "COL_ERR_ROUTING", "COL_ERR_CONTEXT_FULL", "COL_ERR_BAD_TOKEN",
-    "COL_ERR_UNKNOWN_TENSOR",
+    "COL_ERR_UNKNOWN_TENSOR", "COL_ERR_FILE_CHANGED",
 };
 
 const char *col_status_name(int32_t status)
@@ -1547,11 +1547,15 @@ static const char *errno_text(int e, char *buf, size_t n)
 }
 
 /* Map `path` read-only. On failure returns the status and fills *p; a zero-size file is
- * TRUNCATED (mmap cannot map it, and it is a truncated .colibri file rather than an I/O fault). */
-static int32_t map_file(const char *path, const uint8_t **base, uint64_t *size, col_problem *p)
+ * TRUNCATED (mmap cannot map it, and it is a truncated .colibri file rather than an I/O fault).
+ * With keep_fd non-NULL the file stays open and *keep_fd receives it (for identity checks). */
+static int32_t map_file(const char *path, const uint8_t **base, uint64_t *size, col_problem *p,
+                        int *keep_fd)
 {
     *base = NULL;
     *size = 0;
+    if (keep_fd)
+        *keep_fd = -1;
     if (!path) {
         set_problem(p, COL_ERR_INVALID_ARG, 0, "path is NULL");
         return COL_ERR_INVALID_ARG;
@@ -1588,7 +1592,10 @@ static int32_t map_file(const char *path, const uint8_t **base, uint64_t *size, 
     }
     void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
-    close(fd); /* the mapping keeps the file alive */
+    if (keep_fd && m != MAP_FAILED)
+        *keep_fd = fd;
+    else
+        close(fd); /* the mapping keeps the file alive */
     if (m == MAP_FAILED) {
         set_problem(p, COL_ERR_IO, 0, "cannot map '%s': %s", path, errno_text(e, why, sizeof why));
         return COL_ERR_IO;
@@ -1604,7 +1611,7 @@ int32_t col_validate_file(const char *path, uint32_t check_flags,
     const uint8_t *base;
     uint64_t size;
     col_problem p;
-    int32_t rc = map_file(path, &base, &size, &p);
+    int32_t rc = map_file(path, &base, &size, &p, NULL);
     if (rc != COL_OK) {
         if (problems && max_problems)
             problems[0] = p;
@@ -1612,7 +1619,20 @@ int32_t col_validate_file(const char *path, uint32_t check_flags,
             *n_problems = 1;
         return rc;
     }
+    /* A file truncated during the scan must not kill the process (guard.c): the findings of a
+     * faulted scan are replaced by one FILE_CHANGED problem. */
+    int32_t guard = col_guard_register(base, size);
     rc = col_validate_buffer(base, size, check_flags, problems, max_problems, n_problems);
+    if (col_guard_faulted(guard)) {
+        set_problem(&p, COL_ERR_FILE_CHANGED, size,
+                    "'%s' was truncated while being read (a read past its new end faulted)", path);
+        if (problems && max_problems)
+            problems[0] = p;
+        if (n_problems)
+            *n_problems = 1;
+        rc = COL_ERR_FILE_CHANGED;
+    }
+    col_guard_unregister(guard);
     munmap((void *)base, (size_t)size);
     return rc;
 }
@@ -1667,14 +1687,18 @@ void col_model_close(col_model *model)
     if (!model)
         return;
     model_ext *x = (model_ext *)model;
+    col_guard_unregister(model->guard);
     if (model->base)
         munmap((void *)model->base, (size_t)model->size);
-    free(model->tensors);
-    free(model->routing);
-    free(model->layers);
-    free(model->moe_layers);
-    free(x->by_name);
-    free(x);
+    if (model->fd >= 0)
+        close(model->fd);
+    const col_allocator a = model->alloc;
+    col_dealloc(&a, model->tensors);
+    col_dealloc(&a, model->routing);
+    col_dealloc(&a, model->layers);
+    col_dealloc(&a, model->moe_layers);
+    col_dealloc(&a, x->by_name);
+    col_dealloc(&a, x);
 }
 
 /* Fill the decoded tables of a model whose bytes passed validation. Only tensors the
@@ -1685,11 +1709,13 @@ static int32_t build_model(model_ext *x, const layout *L, col_problem *problem)
     col_model *m = &x->m;
     m->hp = L->hp;
     m->n_tensors = L->n_tensors;
-    m->tensors = calloc(L->n_tensors, sizeof *m->tensors);
-    m->routing = calloc(L->n_layers, sizeof *m->routing);
-    m->layers = calloc(L->n_layers, sizeof *m->layers);
-    m->moe_layers = calloc(L->hp.n_moe_layers ? L->hp.n_moe_layers : 1, sizeof *m->moe_layers);
-    x->by_name = calloc(L->n_tensors, sizeof *x->by_name);
+    const col_allocator *a = &m->alloc;
+    m->tensors = col_alloc_zeroed(a, L->n_tensors, sizeof *m->tensors);
+    m->routing = col_alloc_zeroed(a, L->n_layers, sizeof *m->routing);
+    m->layers = col_alloc_zeroed(a, L->n_layers, sizeof *m->layers);
+    m->moe_layers = col_alloc_zeroed(a, L->hp.n_moe_layers ? L->hp.n_moe_layers : 1,
+                                     sizeof *m->moe_layers);
+    x->by_name = col_alloc_zeroed(a, L->n_tensors, sizeof *x->by_name);
     if (!m->tensors || !m->routing || !m->layers || !m->moe_layers || !x->by_name) {
         set_problem(problem, COL_ERR_NOMEM, 0, "out of memory decoding %" PRIu32 " tensors",
                     L->n_tensors);
@@ -1753,6 +1779,21 @@ static int32_t build_model(model_ext *x, const layout *L, col_problem *problem)
 
 int32_t col_model_open(const char *path, col_model **out, col_problem *problem)
 {
+    return col_model_open_ex(path, NULL, out, problem);
+}
+
+/* Unmap and release what col_model_open_ex holds before the model struct exists. */
+static int32_t open_failed(const uint8_t *base, uint64_t size, int fd, int32_t guard, int32_t rc)
+{
+    col_guard_unregister(guard);
+    munmap((void *)base, (size_t)size);
+    close(fd);
+    return rc;
+}
+
+int32_t col_model_open_ex(const char *path, const col_allocator *allocator, col_model **out,
+                          col_problem *problem)
+{
     if (problem)
         memset(problem, 0, sizeof *problem);
     if (!out) {
@@ -1760,33 +1801,52 @@ int32_t col_model_open(const char *path, col_model **out, col_problem *problem)
         return COL_ERR_INVALID_ARG;
     }
     *out = NULL;
+    col_allocator alloc;
+    col_allocator_or_default(allocator, &alloc);
     const uint8_t *base;
     uint64_t size;
     col_problem p;
-    int32_t rc = map_file(path, &base, &size, &p);
+    int fd;
+    int32_t rc = map_file(path, &base, &size, &p, &fd);
     if (rc != COL_OK) {
         if (problem)
             *problem = p;
         return rc;
     }
+    /* Guarded from the first read: the validator itself may meet a truncation. */
+    int32_t guard = col_guard_register(base, size);
+    col_file_id id;
+    if (col_file_identity(fd, &id) != COL_OK || id.size != size) {
+        set_problem(problem, COL_ERR_FILE_CHANGED, 0, "'%s' changed while being opened", path);
+        return open_failed(base, size, fd, guard, COL_ERR_FILE_CHANGED);
+    }
     sink s;
     layout L;
     sink_init(&s, NULL, 0);
     validate(base, size, 0, &L, &s);
+    if (col_guard_faulted(guard)) {
+        set_problem(problem, COL_ERR_FILE_CHANGED, size,
+                    "'%s' was truncated while being opened (a read past its new end faulted)",
+                    path);
+        return open_failed(base, size, fd, guard, COL_ERR_FILE_CHANGED);
+    }
     if (s.first_error != COL_OK) {
         if (problem)
             *problem = s.first;
-        munmap((void *)base, (size_t)size);
-        return s.first_error;
+        return open_failed(base, size, fd, guard, s.first_error);
     }
-    model_ext *x = calloc(1, sizeof *x);
+    model_ext *x = col_alloc_zeroed(&alloc, 1, sizeof *x);
     if (!x) {
-        munmap((void *)base, (size_t)size);
         set_problem(problem, COL_ERR_NOMEM, 0, "out of memory");
-        return COL_ERR_NOMEM;
+        return open_failed(base, size, fd, guard, COL_ERR_NOMEM);
     }
     x->m.base = base;
     x->m.size = size;
+    x->m.alloc = alloc;
+    x->m.fd = fd;
+    x->m.file_id = id;
+    x->m.guard = guard;
+    snprintf(x->m.path, sizeof x->m.path, "%s", path);
     rc = build_model(x, &L, problem);
     if (rc != COL_OK) {
         col_model_close(&x->m);
@@ -1873,7 +1933,18 @@ int32_t col_model_check_tensor(const col_model *model, uint32_t index, uint32_t 
         return COL_ERR_INVALID_ARG;
     sink s;
     sink_init(&s, problems, max_problems);
-    check_data(&model->tensors[index], check_flags, &s);
+    char why[256];
+    /* The file may have changed under the mapping (guard.c): check before reading, and throw
+     * the findings away if a read faulted during the scan. */
+    int32_t rc = col_model_check_file(model, NULL, why, sizeof why);
+    if (rc == COL_OK)
+        check_data(&model->tensors[index], check_flags, &s);
+    if (rc == COL_OK && col_guard_faulted(model->guard))
+        rc = col_model_check_file(model, NULL, why, sizeof why);
+    if (rc != COL_OK) {
+        sink_init(&s, problems, max_problems);
+        ERR(&s, rc, model->tensors[index].offset, model->tensors[index].name, "%s", why);
+    }
     if (n_problems)
         *n_problems = s.count;
     return s.first_error;

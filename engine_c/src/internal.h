@@ -36,6 +36,12 @@ typedef struct col_layer {
     const col_tensor_info *mlp_w1, *mlp_w2, *mlp_w3;                              /* dense layers */
 } col_layer;
 
+/* What identifies the mapped file: compared by col_model_check_file (guard.c). */
+typedef struct col_file_id {
+    uint64_t dev, ino, size;
+    int64_t mtime_sec, mtime_nsec;
+} col_file_id;
+
 struct col_model {
     const uint8_t *base;            /* read-only mapping of the whole file */
     uint64_t size;
@@ -50,7 +56,25 @@ struct col_model {
     uint64_t tokenizer_size;
     const uint8_t *metadata;
     uint64_t metadata_size;
+    col_allocator alloc;            /* what the model and its tables were allocated with */
+    int fd;                         /* the mapped file, kept open for identity checks; -1 if none */
+    col_file_id file_id;            /* at open */
+    int32_t guard;                  /* SIGBUS guard slot (guard.c), -1 when unguarded */
+    char path[1024];                /* as opened (truncated if longer), for messages and reopen */
 };
+
+/* util.c: allocation through a col_allocator (NULL = malloc). col_alloc_zeroed returns `count`
+ * zeroed elements of `size` bytes, 64-byte aligned, or NULL on failure or overflow. */
+void col_allocator_or_default(const col_allocator *in, col_allocator *out);
+void *col_alloc_zeroed(const col_allocator *a, uint64_t count, uint64_t size);
+void col_dealloc(const col_allocator *a, void *p);
+
+/* guard.c: the SIGBUS guard over mappings. register returns a slot, or -1 when the mapping
+ * cannot be guarded (it still works; only a truncation race is then fatal). */
+int32_t col_guard_register(const void *base, uint64_t size);
+void col_guard_unregister(int32_t slot);
+bool col_guard_faulted(int32_t slot);
+int32_t col_file_identity(int fd, col_file_id *out);
 
 /* Write a formatted message to err (may be NULL) and return `status`. */
 int32_t col_set_error(char *err, size_t errlen, int32_t status, const char *fmt, ...)

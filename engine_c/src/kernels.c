@@ -27,6 +27,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,7 +265,7 @@ static float tail(float s, const uint8_t *row, uint32_t dtype, const float *x, u
     return s;
 }
 
-/* A tile of NR rows x NT tokens (NR * NT <= 4) for float weights. */
+/* A tile of NR rows x NT tokens (NR <= 2, NT <= 4) for float weights. */
 COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, int NR, int NT, uint32_t t, uint32_t dtype)
 {
     const col_weight *w = &j->w;
@@ -272,7 +273,8 @@ COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, int NR, 
     const uint8_t *row[2] = {(const uint8_t *)w->data + r * rb, (const uint8_t *)w->data + (r + (NR > 1)) * rb};
     const float *x[4];
     for (int b = 0; b < 4; b++) x[b] = j->x + (uint64_t)(t + (b < NT ? b : 0)) * n;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acc[8];
+    for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
     uint64_t i = 0;
     for (; i + 8 <= n; i += 8)
         for (int a = 0; a < NR; a++) {
@@ -291,7 +293,8 @@ COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, int 
     const uint8_t *row[2] = {(const uint8_t *)w->data + r * rb, (const uint8_t *)w->data + (r + (NR > 1)) * rb};
     const float *x[4];
     for (int b = 0; b < 4; b++) x[b] = j->x + (uint64_t)(t + (b < NT ? b : 0)) * n;
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 acc[8];
+    for (int a = 0; a < 8; a++) acc[a] = _mm512_setzero_ps();
     uint64_t i = 0;
     for (; i + 16 <= n; i += 16)
         for (int a = 0; a < NR; a++) {
@@ -353,7 +356,8 @@ COL_INLINE COL_T512 void tile_q(const col_matvec_job *j, const uint8_t *qx, uint
         xd[b] = (const float *)(base + nb * QK);
         xc[b] = (const int32_t *)(base + nb * (QK + 4));
     }
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acc[8];
+    for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
     for (uint64_t blk = 0; blk < nb; blk++)
         for (int a = 0; a < NR; a++) {
             float dw;
@@ -385,7 +389,8 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
         xd[b] = (const float *)(base + nb * QK);
         xc[b] = (const int32_t *)(base + nb * (QK + 4));
     }
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acc[8];
+    for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
     for (uint64_t blk = 0; blk < nb; blk++)
         for (int a = 0; a < NR; a++) {
             float dw;
@@ -401,8 +406,8 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
         for (int b = 0; b < NT; b++) j->y[(uint64_t)(t + b) * w->rows + r + a] = hsum8(acc[a * NT + b]);
 }
 
-/* Walk rows [r0, r1) x all tokens in tiles: 2x1 for one token (two independent chains), 1x4
- * for batches. TILE(NR, NT, t) must expand to a call with literal NR and NT. */
+/* Walk rows [r0, r1) x all tokens in tiles: 2x1 for one token (two independent chains), 2x4
+ * for batches (8 accumulators: each weight vector feeds four tokens, each token vector two rows). TILE(NR, NT, t) must expand to a call with literal NR and NT. */
 #define WALK_TILES(TILE)                                                             \
     do {                                                                             \
         uint32_t nt_ = j->n_tokens;                                                  \
@@ -411,7 +416,18 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
             for (; r + 2 <= r1; r += 2) TILE(2, 1, 0);                               \
             if (r < r1) TILE(1, 1, 0);                                               \
         } else {                                                                     \
-            for (uint64_t r = r0; r < r1; r++) {                                     \
+            uint64_t r = r0;                                                         \
+            for (; r + 2 <= r1; r += 2) {                                            \
+                uint32_t t = 0;                                                      \
+                for (; t + 4 <= nt_; t += 4) TILE(2, 4, t);                          \
+                switch (nt_ - t) {                                                   \
+                case 3: TILE(2, 3, t); break;                                        \
+                case 2: TILE(2, 2, t); break;                                        \
+                case 1: TILE(2, 1, t); break;                                        \
+                default: break;                                                      \
+                }                                                                    \
+            }                                                                        \
+            for (; r < r1; r++) {                                                    \
                 uint32_t t = 0;                                                      \
                 for (; t + 4 <= nt_; t += 4) TILE(1, 4, t);                          \
                 switch (nt_ - t) {                                                   \
@@ -516,6 +532,7 @@ struct col_pool {
     uint64_t max_act_cols;
     const uint8_t **qx;            /* [max_jobs] */
     uint8_t *qbuf;                 /* quantised rows */
+    const col_numerics *numerics;  /* a session's numerics variant (numerics.c), NULL = none */
 };
 
 typedef struct worker_arg {
@@ -551,8 +568,14 @@ static void run_share(const col_pool *pool, uint32_t t, uint32_t n)
     }
 }
 
-static void cpu_relax(void)
+/* One step of a spin-wait: pause, and after a while yield the core, because on an oversubscribed
+ * machine the thread being waited for may be the one that needs it. */
+static void cpu_relax(uint32_t spins)
 {
+    if (spins > 2000u) {
+        sched_yield();
+        return;
+    }
 #if defined(__x86_64__)
     _mm_pause();
 #endif
@@ -569,7 +592,7 @@ static void *worker_main(void *p)
         uint64_t g;
         while ((g = atomic_load(&pool->generation)) == seen && !atomic_load(&pool->stopping)) {
             if (++spins < COL_SPIN_LIMIT) {
-                cpu_relax();
+                cpu_relax(spins);
                 continue;
             }
             pthread_mutex_lock(&pool->mutex);
@@ -667,7 +690,21 @@ col_isa col_pool_isa(const col_pool *pool)
     return pool ? pool->isa : COL_ISA_PORTABLE;
 }
 
+void col_pool_set_numerics(col_pool *pool, const col_numerics *numerics)
+{
+    if (pool) pool->numerics = numerics;
+}
+
 void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs)
+{
+    if (pool && pool->numerics) { /* numerics variant: numerics.c runs it (and calls back below) */
+        col_numerics_matmul(pool->numerics, pool, jobs, n_jobs);
+        return;
+    }
+    col_matmul_kernels(pool, jobs, n_jobs);
+}
+
+void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs)
 {
     if (n_jobs == 0) return;
     col_pool local = {0};
@@ -719,7 +756,7 @@ void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs
         pthread_mutex_unlock(&pool->mutex);
     }
     run_share(pool, 0, pool->n_threads);
-    while (atomic_load(&pool->n_done) < pool->n_threads - 1) cpu_relax();
+    for (uint32_t spins = 0; atomic_load(&pool->n_done) < pool->n_threads - 1; spins++) cpu_relax(spins);
 }
 
 void col_matvec(col_pool *pool, const col_weight *w, const float *x, float *y)

@@ -11,6 +11,7 @@
 #define COLIBRI_KERNELS_H
 
 #include "internal.h"
+#include "numerics.h"
 
 typedef struct col_pool col_pool;
 
@@ -67,6 +68,13 @@ void col_matvec(col_pool *pool, const col_weight *w, const float *x, float *y);
 /* Every job of the batch in one dispatch: the rows of all jobs are split among the threads as
  * one range. Each output equals what col_matvec would produce for that row and token. */
 void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs);
+
+/* col_matmul_many on the kernels alone, ignoring a numerics variant (numerics.c calls it). */
+void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs);
+
+/* Route every product of this pool through col_numerics_matmul(numerics) (NULL = the kernels).
+ * `numerics` must outlive the pool's use (it lives in the session). */
+void col_pool_set_numerics(col_pool *pool, const col_numerics *numerics);
 
 /* Weight view of a 2-D tensor [rows, cols]. */
 col_weight col_weight_of(const col_tensor_info *t);

@@ -29,8 +29,7 @@ static uint32_t max_u32(uint32_t a, uint32_t b)
  * expert plus the shared expert's. */
 static uint32_t kernel_jobs(const col_hparams *hp, uint64_t k_slots)
 {
-    (void)hp;
-    return (uint32_t)(2 * k_slots + 4);
+    return (uint32_t)(2 * (k_slots > hp->n_experts ? k_slots : hp->n_experts) + 4);
 }
 
 /* Most activation columns one dispatch quantises for int8 weights: one input per selected
@@ -40,7 +39,7 @@ static uint64_t kernel_act_cols(const col_hparams *hp, uint64_t k_slots)
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     uint64_t widest = max_u32(max_u32(hp->d_model, (uint32_t)q_dim),
                               max_u32(hp->d_ff_expert, max_u32(hp->d_ff_dense, hp->d_ff_shared)));
-    return (k_slots + 1) * widest;
+    return (k_slots + 1) * widest * COL_BATCH;
 }
 
 /* Reserve `count` elements of `size` bytes at the 64-aligned arena cursor; return their offset. */
@@ -95,6 +94,28 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, col_
     BIND(expert_h1, k_slots * hp->d_ff_expert, sizeof(float));
     BIND(expert_h3, k_slots * hp->d_ff_expert, sizeof(float));
     BIND(expert_out, k_slots * hp->d_model, sizeof(float));
+    uint64_t B = COL_BATCH, gff = max_u32((uint32_t)(k_slots * hp->d_ff_expert), max_u32(hp->d_ff_dense, hp->d_ff_shared));
+    BIND(bx, B * hp->d_model, sizeof(float));
+    BIND(bxn, B * hp->d_model, sizeof(float));
+    BIND(bq, B * q_dim, sizeof(float));
+    BIND(bk, B * kv_dim, sizeof(float));
+    BIND(bv, B * kv_dim, sizeof(float));
+    BIND(batt, B * q_dim, sizeof(float));
+    BIND(btmp, B * hp->d_model, sizeof(float));
+    BIND(bacc, B * hp->d_model, sizeof(float));
+    BIND(brl, B * n_e, sizeof(float));
+    BIND(bids, B * k_slots, sizeof(int32_t));
+    BIND(bw, B * k_slots, sizeof(float));
+    BIND(bmap, B * k_slots, sizeof(uint32_t));
+    BIND(bcount, n_e, sizeof(uint32_t));
+    BIND(boffset, n_e, sizeof(uint32_t));
+    BIND(bsgate, B, sizeof(float));
+    BIND(gx, B * k_slots * hp->d_model, sizeof(float));
+    BIND(gh1, B * gff, sizeof(float));
+    BIND(gh3, B * gff, sizeof(float));
+    BIND(go, B * k_slots * hp->d_model, sizeof(float));
+    BIND(blogits, B * hp->vocab_size, sizeof(float));
+    BIND(bjobs, 2 * n_e + 4, sizeof(col_matvec_job));
     BIND(kernel_scratch, col_pool_scratch_size(kernel_jobs(hp, k_slots), kernel_act_cols(hp, k_slots)), 1);
     if (c->trace) {
         BIND(trace_tokens, cap, sizeof(int32_t));
@@ -123,7 +144,7 @@ static int32_t check_config(const col_model *m, const col_session_config *c, cha
     if (!isfinite(c->epsilon) || c->epsilon < 0.0)
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "epsilon must be finite and >= 0");
     if (c->trace > 1) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "trace must be 0 or 1");
-    return COL_OK;
+    return col_numerics_check(c, err, errlen);
 }
 
 uint64_t col_session_memory_estimate(const col_model *model, const col_session_config *config)
@@ -135,32 +156,43 @@ uint64_t col_session_memory_estimate(const col_model *model, const col_session_c
 int32_t col_session_create(const col_model *model, const col_session_config *config, col_session **out,
                            char *err, size_t errlen)
 {
+    return col_session_create_ex(model, config, NULL, out, err, errlen);
+}
+
+int32_t col_session_create_ex(const col_model *model, const col_session_config *config,
+                              const col_allocator *allocator, col_session **out, char *err, size_t errlen)
+{
     if (!out) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "out is NULL");
     *out = NULL;
     int32_t status = check_config(model, config, err, errlen);
     if (status != COL_OK) return status;
 
-    col_session *s = calloc(1, sizeof *s);
+    col_allocator alloc;
+    col_allocator_or_default(allocator, &alloc);
+    col_session *s = col_alloc_zeroed(&alloc, 1, sizeof *s);
     if (!s) return col_set_error(err, errlen, COL_ERR_NOMEM, "cannot allocate the session");
+    s->alloc = alloc;
     s->model = model;
     s->config = *config;
     s->capacity = default_capacity(&model->hp, config);
     s->k_slots = config->routing == COL_ROUTING_SOFT ? model->hp.n_experts : model->hp.n_experts_active;
     s->arena_size = plan_arena(model, config, NULL, NULL);
-    if (posix_memalign(&s->arena, 64, s->arena_size) != 0) {
+    s->arena = col_alloc_zeroed(&alloc, s->arena_size, 1);
+    if (!s->arena) {
         unsigned long long wanted = (unsigned long long)s->arena_size;
-        free(s);
+        col_dealloc(&alloc, s);
         return col_set_error(err, errlen, COL_ERR_NOMEM, "cannot allocate %llu bytes of session memory", wanted);
     }
-    memset(s->arena, 0, s->arena_size);
     plan_arena(model, config, s, s->arena);
     s->pool = col_pool_create(config->n_threads, s->kernel_scratch, kernel_jobs(&model->hp, s->k_slots),
                               kernel_act_cols(&model->hp, s->k_slots));
     if (!s->pool) {
-        free(s->arena);
-        free(s);
+        col_dealloc(&alloc, s->arena);
+        col_dealloc(&alloc, s);
         return col_set_error(err, errlen, COL_ERR_NOMEM, "cannot start %u threads", config->n_threads);
     }
+    s->numerics = col_numerics_of(config);
+    if (col_numerics_hooks_products(&s->numerics)) col_pool_set_numerics(s->pool, &s->numerics);
     col_rope_init(&model->hp, s->inv_freq);
     *out = s;
     return COL_OK;
@@ -170,8 +202,9 @@ void col_session_free(col_session *session)
 {
     if (!session) return;
     col_pool_free(session->pool);
-    free(session->arena);
-    free(session);
+    const col_allocator a = session->alloc;
+    col_dealloc(&a, session->arena);
+    col_dealloc(&a, session);
 }
 
 int32_t col_session_reset(col_session *session)
@@ -193,18 +226,42 @@ static int32_t check_tokens(const col_session *s, const int32_t *tokens, uint32_
     return COL_OK;
 }
 
-int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_t n, float *logits, char *err,
-                            size_t errlen)
+/* The forward pass over checked tokens; col_session_prefill wraps it in the file checks. */
+static int32_t run_tokens(col_session *session, const int32_t *tokens, uint32_t n, float *logits, char *err,
+                          size_t errlen)
 {
     if (!session || (n > 0 && !tokens)) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session and tokens are required");
     int32_t status = check_tokens(session, tokens, n, err, errlen);
     if (status != COL_OK) return status;
     uint32_t vocab = session->model->hp.vocab_size;
-    for (uint32_t i = 0; i < n; i++) {
-        col_forward_token(session, tokens[i]);
-        if (logits) memcpy(logits + (uint64_t)i * vocab, session->logits, (uint64_t)vocab * sizeof(float));
+    if (n == 1) { /* decode: the single-position path, no block buffers */
+        col_forward_token(session, tokens[0]);
+        if (logits) memcpy(logits, session->logits, (uint64_t)vocab * sizeof(float));
+        return COL_OK;
+    }
+    for (uint32_t i = 0; i < n; i += COL_BATCH) {
+        uint32_t m = n - i < COL_BATCH ? n - i : COL_BATCH;
+        col_forward_batch(session, tokens + i, m, logits ? logits + (uint64_t)i * vocab : NULL);
     }
     return COL_OK;
+}
+
+/* The mapped file may be truncated or rewritten under us (guard.c): refuse to read a file that
+ * changed, and when a truncation lands during the pass (the SIGBUS guard served zeros), throw the
+ * result away and put the position back, so the session is as it was before the call. */
+int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_t n, float *logits, char *err,
+                            size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    int32_t status = col_model_check_file(session->model, NULL, err, errlen);
+    if (status != COL_OK) return status;
+    uint32_t start = session->position;
+    status = run_tokens(session, tokens, n, logits, err, errlen);
+    if (status == COL_OK && col_guard_faulted(session->model->guard)) {
+        session->position = start;
+        return col_model_check_file(session->model, NULL, err, errlen);
+    }
+    return status;
 }
 
 int32_t col_session_step(col_session *session, int32_t token, float *logits, char *err, size_t errlen)

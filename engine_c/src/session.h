@@ -15,12 +15,14 @@
 struct col_session {
     const col_model *model;
     col_session_config config;
+    col_numerics numerics;      /* the config's numerics variant (numerics.c); the pool points here */
     col_pool *pool;
     uint32_t position;          /* positions processed so far */
     uint32_t capacity;          /* max positions (KV cache and trace rows) */
     uint32_t k_slots;           /* routing slots per decision: top-k, or n_experts when soft */
     uint32_t d_ff_max;          /* largest intermediate size of any MLP */
 
+    col_allocator alloc;        /* what the session and its arena were allocated with */
     void *arena;                /* the single allocation everything below points into */
     uint64_t arena_size;
 
@@ -53,6 +55,28 @@ struct col_session {
     float *expert_h1;           /* [k_slots][d_ff_expert] */
     float *expert_h3;           /* [k_slots][d_ff_expert] */
     float *expert_out;          /* [k_slots][d_model] */
+    /* a block of up to COL_BATCH positions (prefill): [B] below is COL_BATCH */
+    float *bx;                  /* [B][d_model] residual streams */
+    float *bxn;                 /* [B][d_model] */
+    float *bq;                  /* [B][n_heads * head_dim] */
+    float *bk;                  /* [B][n_kv_heads * head_dim] */
+    float *bv;                  /* [B][n_kv_heads * head_dim] */
+    float *batt;                /* [B][n_heads * head_dim] */
+    float *btmp;                /* [B][d_model] */
+    float *bacc;                /* [B][d_model] */
+    float *brl;                 /* [B][n_experts] router logits */
+    int32_t *bids;              /* [B][k_slots] */
+    float *bw;                  /* [B][k_slots] */
+    uint32_t *bmap;             /* [B][k_slots] row of (token, slot) in the expert-grouped batch */
+    uint32_t *bcount;           /* [n_experts] */
+    uint32_t *boffset;          /* [n_experts] */
+    float *bsgate;              /* [B] shared-expert gate */
+    float *gx;                  /* [B * k_slots][d_model] expert inputs grouped by expert */
+    float *gh1;                 /* [B * max(k_slots * d_ff_expert, d_ff_dense, d_ff_shared)] */
+    float *gh3;                 /* same */
+    float *go;                  /* [B * k_slots][d_model] expert outputs */
+    float *blogits;             /* [B][vocab_size] */
+    col_matvec_job *bjobs;      /* [2 * n_experts + 4] */
     void *kernel_scratch;       /* col_pool_scratch_size(kernel_jobs, kernel_act_cols) bytes */
 
     /* trace (NULL when tracing is off) */
@@ -70,11 +94,16 @@ struct col_session {
  * reads s->xn, writes s->tmp (the attention block's output, o-proj and bias applied). */
 void col_rope_init(const col_hparams *hp, float *inv_freq);
 void col_attention(col_session *s, uint32_t layer);
+/* The part after the q/k/v projection, for s->position: s->q/k/v -> KV cache -> s->att. */
+void col_attend(col_session *s, uint32_t layer);
+/* n positions from s->position: s->bxn -> s->btmp (bit-identical to col_attention each). */
+void col_attention_batch(col_session *s, uint32_t layer, uint32_t n);
 
 /* experts.c: the feed-forward block of `layer` (MoE or dense) on s->xn, output in s->tmp.
  * Records routing into the trace when on; `phase_ns` (may be NULL) gets router/experts/combine
  * timings. */
 void col_feed_forward(col_session *s, uint32_t layer, uint64_t *phase_ns);
+void col_feed_forward_batch(col_session *s, uint32_t layer, uint32_t n, uint64_t *phase_ns);
 
 /* rmsnorm: out = w * (x / sqrt(mean(x^2) + eps)), w stored in `w` (any dtype, n elements). */
 void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
@@ -82,5 +111,12 @@ void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n
 
 /* forward.c: process one token at the session's current position; logits into s->logits. */
 void col_forward_token(col_session *s, int32_t token);
+
+/* Positions processed together by prefill (matrix-matrix products over the block). */
+#define COL_BATCH 64
+
+/* forward.c: n <= COL_BATCH tokens at positions s->position..+n-1, bit-identical to n calls of
+ * col_forward_token. logits (may be NULL) receives [n][vocab]; s->logits gets the last row. */
+void col_forward_batch(col_session *s, const int32_t *tokens, uint32_t n, float *logits);
 
 #endif

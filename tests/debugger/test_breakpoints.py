@@ -127,9 +127,9 @@ def test_nonfinite_stops_where_nan_first_appears(moe3_path: Path, tmp_path: Path
         assert expected is not None and expected[0] > 0, "the crafted model must go non-finite"
         dbg, result = _run_to(model, NonFinite())
         assert result.reason == "breakpoint"
-        # the output logits of the blown-up position may already be non-finite: that flags its
-        # last MoE layer, which can only come before `expected` if it is in an earlier position
-        assert result.event.key <= expected
+        # NaN first shows in the router input of the MoE layer after the broken expert's layer
+        assert result.event.key == expected
+        assert expected[1] == 2 and dbg.position == expected[0] + 1
         assert result.event.nonfinite
         earlier = [e for e in dbg.events if e.index < result.event.index]
         assert not any(e.nonfinite for e in earlier)

@@ -100,7 +100,8 @@ def test_routing_csv(model: Model, tmp_path: Path) -> None:
     dbg = _run(model)
     out = tmp_path / "routing.csv"
     n = write_routing_csv(out, dbg.events)
-    rows = list(csv.reader(out.open()))
+    with out.open(newline="") as f:
+        rows = list(csv.reader(f))
     assert tuple(rows[0]) == CSV_COLUMNS
     rec = dbg.record
     assert n == len(rows) - 1 == dbg.position * rec.n_moe_layers * rec.k

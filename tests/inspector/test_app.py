@@ -149,7 +149,17 @@ def test_shortcuts_are_the_desktop_conventions(window):
     assert window.run_action.shortcut() == QKeySequence("F5")
     assert window.cancel_action.shortcut() == QKeySequence("Esc")
     assert [window.view_actions[n].shortcut().toString() for n in VIEW_NAMES] == [
-        f"Ctrl+{i}" for i in range(1, 6)]
+        f"Ctrl+{i}" for i in range(1, len(VIEW_NAMES) + 1)]
+
+
+def test_debugger_view_takes_over_its_shortcuts(window, tiny_model_path):
+    view = window.open_path(tiny_model_path())
+    window.view_actions["debugger"].trigger()
+    assert view.tabs.currentWidget() is view._debugger_page
+    assert view.debugger.model is view.doc.model
+    assert not window.reload_action.isEnabled() and not window.run_action.isEnabled()
+    window.view_actions["header"].trigger()
+    assert window.reload_action.isEnabled() and window.run_action.isEnabled()
 
 
 def test_view_shortcuts_switch_views(window, tiny_model_path):

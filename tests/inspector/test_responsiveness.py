@@ -43,6 +43,7 @@ class GapProbe:
 
     def __init__(self) -> None:
         self.worst_ms = 0.0
+        self.worst_at = 0.0   # seconds after start() of the worst gap's end
         self.ticks = 0
         self._last = time.perf_counter()
         self.timer = QTimer()
@@ -51,12 +52,14 @@ class GapProbe:
 
     def _tick(self) -> None:
         now = time.perf_counter()
-        self.worst_ms = max(self.worst_ms, (now - self._last) * 1000)
+        gap = (now - self._last) * 1000
+        if gap > self.worst_ms:
+            self.worst_ms, self.worst_at = gap, now - self._started
         self._last = now
         self.ticks += 1
 
     def start(self) -> None:
-        self._last = time.perf_counter()
+        self._last = self._started = time.perf_counter()
         self.timer.start()
 
 
@@ -71,6 +74,8 @@ def test_event_loop_answers_while_checksums_run_on_2gb(qtbot, sparse_2gb):
     qtbot.addWidget(window)
     window.show()
     view = window.open_path(sparse_2gb)
+    qtbot.waitExposed(window)
+    qtbot.wait(300)   # first paint done: the probe measures the checks, not the window's birth
     probe = GapProbe()
     probe.start()
     view.run_checks(True, True)
@@ -79,7 +84,8 @@ def test_event_loop_answers_while_checksums_run_on_2gb(qtbot, sparse_2gb):
     assert view.data_result is not None and view.data_result.bytes_checked >= 2 * 10**9
     assert view.data_result.problems == []
     assert probe.ticks > 50
-    assert probe.worst_ms < 100, f"worst event-loop gap {probe.worst_ms:.1f} ms"
+    assert probe.worst_ms < 100, (
+        f"worst event-loop gap {probe.worst_ms:.1f} ms, {probe.worst_at:.2f} s after start")
 
 
 def test_cancel_stops_checks_on_2gb_promptly(qtbot, sparse_2gb):

@@ -121,9 +121,13 @@ class LatencySeries:
         """[positions, len(q)] percentiles of token time over the `window` positions ending at
         each position (the live timeline's bands)."""
         t = self.token_ns.astype(np.float64)
+        window = max(int(window), 1)
         out = np.full((t.size, len(q)), np.nan)
-        for i in range(t.size):
-            out[i] = np.percentile(t[max(0, i - window + 1):i + 1], q)
+        for i in range(min(window - 1, t.size)):  # the first, shorter windows
+            out[i] = np.percentile(t[:i + 1], q)
+        if t.size >= window:
+            full = np.lib.stride_tricks.sliding_window_view(t, window)
+            out[window - 1:] = np.percentile(full, q, axis=1).T
         return out
 
     def tokens_per_second(self, window: int | None = None, wall: bool = False) -> float:

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QApplication
 from colibri.inspector import resources
 from colibri.inspector.main_window import VIEW_NAMES, MainWindow
 
-SCREENSHOT_SIZE = (1400, 860)
+SCREENSHOT_SIZE = (1600, 900)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

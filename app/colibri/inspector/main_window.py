@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import csv
 import os
-import platform
-import sys
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QFileSystemWatcher, QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import (QByteArray, QFileSystemWatcher, QSettings, QStandardPaths, Qt, QTimer,
+                            Signal)
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (QFileDialog, QLabel, QMainWindow, QMessageBox, QProgressBar,
                                QSplitter, QStackedWidget, QTabWidget, QToolButton, QVBoxLayout,
@@ -31,8 +30,10 @@ from PySide6.QtWidgets import (QFileDialog, QLabel, QMainWindow, QMessageBox, QP
 
 from colibri.inspection.document import (DataCheckResult, DocumentState, ModelDocument,
                                          data_check, load_state)
+from colibri.debugging.session_file import SUFFIX as SESSION_SUFFIX
 from colibri.inspection.recent import RecentFiles
 from colibri.inspector import resources
+from colibri.inspector.debugger.panel import QtDebuggerPanel
 from colibri.inspector.header_view import QtHeaderView
 from colibri.inspector.hexview import QtHexView
 from colibri.inspector.tasks import Cancelled, Task, TaskRunner
@@ -42,36 +43,13 @@ from colibri.inspector.validation_view import QtValidationReport
 
 
 
-def keep_singletons_alive() -> None:
-    """Work around a PySide6 6.12 reference-count bug on CPython < 3.12.
-
-    Some PySide6 calls release a reference they never took to None, True and False (seen with
-    QSettings.setValue, QStandardItem.data, QTreeWidgetItem.setData with a str, and much of
-    pyqtgraph's setupUi: about 800 None references per QtTensorValues, 1000 per QtTensorTable).
-    From CPython 3.12 these objects are immortal and the bug is harmless; on 3.11 None's count
-    (about 18,000 at start) reaches zero after a dozen open files and the interpreter aborts
-    ("none_dealloc" / "bool_dealloc"). Give the objects 3.12 makes immortal (None, booleans,
-    small ints, the empty tuple and string, one-character strings) an effectively immortal count.
-    Called once per process, at import of this module."""
-    global _PINNED
-    if _PINNED or sys.version_info >= (3, 12) or platform.python_implementation() != "CPython":
-        return
-    import ctypes
-    singletons: list[object] = [None, True, False, Ellipsis, NotImplemented, (), "", b""]
-    singletons += list(range(-5, 257)) + [chr(i) for i in range(256)]
-    for obj in singletons:
-        ctypes.c_ssize_t.from_address(id(obj)).value += 1 << 40  # ob_refcnt: the first field
-    _PINNED = True
-
-
-_PINNED = False
-keep_singletons_alive()
-
 ORGANIZATION, APPLICATION = "Colibri", "Inspector"
 ENV_SETTINGS = "COLIBRI_INSPECTOR_SETTINGS"
-VIEW_NAMES = ("validation", "header", "tensors", "hex", "values")
+VIEW_NAMES = ("validation", "header", "tensors", "hex", "values", "debugger")
 VIEW_TITLES = {"validation": "Validation", "header": "Header", "tensors": "Tensors",
-               "hex": "Hexdump", "values": "Tensor values"}
+               "hex": "Hexdump", "values": "Tensor values", "debugger": "Debugger"}
+# Window-wide shortcuts the debugger panel uses for itself while it is the current view.
+DEBUGGER_SHORTCUT_ACTIONS = ("reload_action", "run_action", "find_action", "goto_action")
 RELOAD_DEBOUNCE_MS = 400
 FILE_FILTER = "Colibri models (*.colibri);;All files (*)"
 
@@ -83,6 +61,16 @@ def make_settings() -> QSettings:
     if directory:
         return QSettings(os.path.join(directory, "Inspector.ini"), QSettings.Format.IniFormat)
     return QSettings(ORGANIZATION, APPLICATION)
+
+
+def autosave_path_for(model_path: str) -> str:
+    """Where the debugger autosaves a run on `model_path`: the sessions directory beside the
+    settings ($COLIBRI_INSPECTOR_SETTINGS in tests, the platform's app-data folder otherwise)."""
+    base = os.environ.get(ENV_SETTINGS) or QStandardPaths.writableLocation(
+        QStandardPaths.StandardLocation.AppDataLocation)
+    directory = os.path.join(base, "sessions")
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(directory, f"{Path(model_path).stem}-autosave{SESSION_SUFFIX}")
 
 
 def size_text(n: int) -> str:
@@ -102,7 +90,8 @@ class FileView(QWidget):
     """Every view of one `ModelDocument`, wired together (see the module docstring)."""
 
     sig_status_changed = Signal()
-    sig_progress = Signal(int, int, str)
+    sig_progress = Signal("qlonglong", "qlonglong", str)
+    sig_view_changed = Signal(str)
     sig_running = Signal(bool)
     sig_reloaded = Signal(str)
 
@@ -117,13 +106,23 @@ class FileView(QWidget):
         self.validation = QtValidationReport()
         self.header = QtHeaderView()
         self.tensors = QtTensorTable()
-        self.values = QtTensorValues()
+        # The values view (six pyqtgraph plots, ~350 ms to build) is built on first use, so the
+        # first paint of a file does not wait for it.
+        self._values: QtTensorValues | None = None
+        self._values_page = QWidget()
+        QVBoxLayout(self._values_page).setContentsMargins(0, 0, 0, 0)
+        self._pending_tensor: tuple[str, int | None] | None = None
+        # The debugger (engine worker thread, plots) is built on first use as well.
+        self._debugger: QtDebuggerPanel | None = None
+        self._debugger_page = QWidget()
+        QVBoxLayout(self._debugger_page).setContentsMargins(0, 0, 0, 0)
         self.hex = QtHexView()
 
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         for name, widget in (("validation", self.validation), ("header", self.header),
-                             ("tensors", self.tensors), ("values", self.values)):
+                             ("tensors", self.tensors), ("values", self._values_page),
+                             ("debugger", self._debugger_page)):
             widget.setObjectName(f"view_{name}")
             self.tabs.addTab(widget, VIEW_TITLES[name])
         self.hex.setObjectName("view_hex")
@@ -184,7 +183,11 @@ class FileView(QWidget):
         self.validation.set_document(doc)
         self.header.set_document(doc)
         self.tensors.set_model(doc.model)
-        self.values.set_model(doc.model)
+        self._pending_tensor = None
+        if self._values is not None:
+            self._values.set_model(doc.model)
+        if self._debugger is not None:  # a running debug session finishes on the old mapping
+            self._debugger.set_model(doc.model)
         self.hex.set_source(doc.source())
         self.hex.set_regions(doc.regions())
         if doc.model is None:
@@ -294,7 +297,37 @@ class FileView(QWidget):
             return
         row = self.tensors.selected_row()
         expert = getattr(row, "expert", None) if row is not None and row.name == name else None
+        if self._values is None and self.tabs.currentWidget() is not self._values_page:
+            self._pending_tensor = (name, expert)   # shown when the values view is first opened
+            return
         self.values.show_tensor(name, expert)
+
+    @property
+    def values(self) -> QtTensorValues:
+        """The tensor values view, built on first use."""
+        if self._values is None:
+            self._values = QtTensorValues()
+            self._values.setObjectName("tensorValues")
+            layout = self._values_page.layout()
+            assert layout is not None
+            layout.addWidget(self._values)
+            self._values.set_model(self.doc.model)
+            if self._pending_tensor is not None and self.doc.model is not None:
+                name, expert = self._pending_tensor
+                self._pending_tensor = None
+                self._values.show_tensor(name, expert)
+        return self._values
+
+    @property
+    def debugger(self) -> QtDebuggerPanel:
+        """The routing debugger for this file, built on first use. Its autosave file lives in the
+        sessions directory, named after the model, so a crash loses nothing of a run."""
+        if self._debugger is None:
+            self._debugger = QtDebuggerPanel(autosave_path=autosave_path_for(self.doc.path))
+            self._debugger_page.layout().addWidget(self._debugger)
+            if self.doc.model is not None:
+                self._debugger.set_model(self.doc.model)
+        return self._debugger
 
     # -- views ----------------------------------------------------------------------------------
 
@@ -309,7 +342,7 @@ class FileView(QWidget):
             self.hex.setFocus()
             return
         widget = {"validation": self.validation, "header": self.header, "tensors": self.tensors,
-                  "values": self.values}[name]
+                  "values": self._values_page, "debugger": self._debugger_page}[name]
         self.tabs.setCurrentWidget(widget)
 
     def current_view(self) -> str:
@@ -317,8 +350,13 @@ class FileView(QWidget):
 
     def _tab_changed(self, _index: int) -> None:
         names = {self.validation: "validation", self.header: "header", self.tensors: "tensors",
-                 self.values: "values"}
+                 self._values_page: "values", self._debugger_page: "debugger"}
         self._current_view = names.get(self.tabs.currentWidget(), self._current_view)
+        if self._current_view == "values":
+            _ = self.values   # build it now that it is shown
+        elif self._current_view == "debugger":
+            _ = self.debugger
+        self.sig_view_changed.emit(self._current_view)
 
     def export_csv(self, path: str) -> None:
         """The current view's table as CSV (validation, header, tensors)."""
@@ -354,6 +392,8 @@ class FileView(QWidget):
     def shutdown(self) -> None:
         """Stop workers before the view goes away."""
         self._debounce.stop()
+        if self._debugger is not None:
+            self._debugger.shutdown()
         for runner in (self.checks, self.reloader):
             runner.cancel()
             runner.wait()
@@ -515,7 +555,8 @@ class MainWindow(QMainWindow):
         self.state_label.setObjectName("statusState")
         self.progress = QProgressBar()
         self.progress.setObjectName("statusProgress")
-        self.progress.setMaximumWidth(200)
+        self.progress.setFixedWidth(160)
+        self.progress.setRange(0, 10_000)
         self.progress.setVisible(False)
         self.cancel_button = QToolButton()
         self.cancel_button.setIcon(resources.icon("cancel"))
@@ -545,7 +586,8 @@ class MainWindow(QMainWindow):
 
     def _progress(self, done: int, total: int, _text: str) -> None:
         if self.sender() is self.current_view():
-            self.progress.setRange(0, max(total, 1))
+            if self.progress.maximum() != max(total, 1):
+                self.progress.setRange(0, max(total, 1))
             self.progress.setValue(done)
 
     # -- files ----------------------------------------------------------------------------------
@@ -580,6 +622,7 @@ class MainWindow(QMainWindow):
             view.splitter.setSizes([width * 11 // 20, width * 9 // 20])
         view.sig_status_changed.connect(self._view_status_changed)
         view.sig_progress.connect(self._progress)
+        view.sig_view_changed.connect(self._view_changed)
         view.sig_reloaded.connect(
             lambda p: self.statusBar().showMessage(f"Reloaded {os.path.basename(p)}: "
                                                    "the file changed on disk", 5000))
@@ -624,6 +667,17 @@ class MainWindow(QMainWindow):
 
     def _current_file_changed(self, _index: int) -> None:
         self._update_status()
+        view = self.current_view()
+        for attr in DEBUGGER_SHORTCUT_ACTIONS:
+            if hasattr(self, attr):
+                getattr(self, attr).setEnabled(view is None or view.current_view() != "debugger")
+
+    def _view_changed(self, name: str) -> None:
+        """While the debugger is shown its own shortcuts (Ctrl+R run, F5 continue, Ctrl+F find
+        event, Ctrl+G go to event) win over the window's file commands of the same keys."""
+        if self.sender() is self.current_view():
+            for attr in DEBUGGER_SHORTCUT_ACTIONS:
+                getattr(self, attr).setEnabled(name != "debugger")
 
     def _view_status_changed(self) -> None:
         if self.sender() is self.current_view():

@@ -118,8 +118,15 @@ class QtValidationReport(QWidget):
         self.progress = QProgressBar()
         self.progress.setRange(0, 10_000)
         self.progress.setTextVisible(True)
+        # Fixed sizes, kept when hidden: progress updates every 50 ms must not relayout the view.
+        self.progress.setFixedWidth(160)
+        policy = self.progress.sizePolicy()
+        policy.setRetainSizeWhenHidden(True)
+        self.progress.setSizePolicy(policy)
         self.progress.setVisible(False)
         self.progress_text = QLabel()
+        self.progress_text.setFixedWidth(320)
+        self.progress_text.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
 
         self.model = ProblemTableModel(self)
         self.table = QTableView()
@@ -190,9 +197,12 @@ class QtValidationReport(QWidget):
             self.progress_text.setText("")
 
     def set_progress(self, done: int, total: int, text: str = "") -> None:
-        self.progress.setRange(0, max(total, 1))
+        if self.progress.maximum() != max(total, 1):
+            self.progress.setRange(0, max(total, 1))
         self.progress.setValue(done)
-        self.progress_text.setText(text)
+        metrics = self.progress_text.fontMetrics()
+        self.progress_text.setText(metrics.elidedText(text, Qt.TextElideMode.ElideMiddle,
+                                                      self.progress_text.width()))
 
     # -- output ---------------------------------------------------------------------------------
 

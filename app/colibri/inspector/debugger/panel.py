@@ -1,0 +1,397 @@
+"""`QtDebuggerPanel`: the routing debugger as one widget for the main window to dock.
+
+    panel = QtDebuggerPanel(autosave_path=None)
+    panel.set_model(model)          # a colibri.engine.Model (read-only; shared with the worker)
+    ...
+    panel.shutdown()                # before the model is closed
+
+Layout: run panel and breakpoints (left), event browser and token view (centre), routing map
+and latency (right, tabs), a navigation bar on top. The engine runs on `DebuggerController`'s
+thread; snapshots arrive by signal and are painted on a 30 Hz timer (only the visible tab).
+
+Shortcuts (active while focus is inside the panel; RenderDoc / IDE conventions):
+  Ctrl+R run · F5 continue to breakpoint · F6 pause · Shift+F5 stop · F10 step token ·
+  F11 step layer · Ctrl+F find · F3 / Shift+F3 find next / previous · Ctrl+G go to event ·
+  Ctrl+B toggle bookmark · F2 / Shift+F2 next / previous bookmark ·
+  Alt+Down / Alt+Up next / previous routing change · Ctrl+Shift+S save session.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QLineEdit, QPushButton,
+                               QSpinBox, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+
+from colibri.debugging.events import Event, EventList
+from colibri.debugging.session_file import SUFFIX, SavedSession, load_session, save_session
+from colibri.debugging.trace_export import write_chrome_trace, write_routing_csv
+from colibri.inspector.debugger.run_panel import QtRunPanel
+from colibri.inspector.debugger.views import (QtBreakpointList, QtEventList, QtLatencyView,
+                                              QtRoutingHeatmap, QtTokenView)
+from colibri.inspector.debugger.worker import DebuggerController, DebuggerSnapshot
+
+REPAINT_MS = 33
+
+
+class QtDebuggerPanel(QWidget):
+    sig_status = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None, autosave_path: str | None = None,
+                 step_delay_s: float = 0.0) -> None:
+        super().__init__(parent)
+        self.model: Any = None
+        self.snapshot: DebuggerSnapshot | None = None
+        self.selected: int | None = None
+        self.saved: SavedSession | None = None
+        self.controller = DebuggerController(self, step_delay_s=step_delay_s,
+                                             autosave_path=autosave_path)
+        self.run_panel = QtRunPanel(self)
+        self.breakpoint_view = QtBreakpointList(self)
+        self.event_list = QtEventList(self)
+        self.token_view = QtTokenView(self)
+        self.routing_map = QtRoutingHeatmap(self)
+        self.latency = QtLatencyView(self)
+        self.tabs = QTabWidget(self)
+        self.tabs.addTab(self.routing_map, "Routing map")
+        self.tabs.addTab(self.latency, "Latency")
+
+        self.find_box = QLineEdit(self)
+        self.find_box.setPlaceholderText("find: expert N, pos N, or token text")
+        self.goto_box = QSpinBox(self)
+        self.goto_box.setRange(0, 10**9)
+        self.goto_box.setPrefix("event ")
+        nav = QHBoxLayout()
+        nav.addWidget(self.find_box, 1)
+        nav.addWidget(self.goto_box)
+        for text, slot in (("Go", self.go_to_box), ("Bookmark", self.toggle_bookmark),
+                           ("Prev change", self.previous_change),
+                           ("Next change", self.next_change),
+                           ("Save session", self.save_dialog), ("Open session", self.open_dialog),
+                           ("Export trace", self.export_trace_dialog),
+                           ("Export CSV", self.export_csv_dialog)):
+            b = QPushButton(text, self)
+            b.clicked.connect(slot)
+            nav.addWidget(b)
+        self.status = QLabel("open a model, enter a prompt and Run", self)
+
+        left = QSplitter(Qt.Orientation.Vertical, self)
+        left.addWidget(self.run_panel)
+        left.addWidget(self.breakpoint_view)
+        centre = QSplitter(Qt.Orientation.Vertical, self)
+        centre.addWidget(self.event_list)
+        centre.addWidget(self.token_view)
+        main = QSplitter(Qt.Orientation.Horizontal, self)
+        for w in (left, centre, self.tabs):
+            main.addWidget(w)
+        layout = QVBoxLayout(self)
+        layout.addLayout(nav)
+        layout.addWidget(main, 1)
+        layout.addWidget(self.status)
+
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(REPAINT_MS)
+        self._timer.timeout.connect(self._repaint)
+
+        c = self.controller
+        c.sig_started.connect(self._started)
+        c.sig_position_done.connect(self._snapshot)
+        c.sig_run_finished.connect(self._run_finished)
+        c.sig_failed.connect(self._failed)
+        c.sig_running.connect(self.run_panel.set_running)
+        rp = self.run_panel
+        rp.sig_run.connect(self.start_run)
+        rp.sig_continue.connect(self.continue_run)
+        rp.sig_pause.connect(c.pause)
+        rp.sig_stop.connect(c.stop)
+        rp.sig_step_token.connect(self.step_token)
+        rp.sig_step_layer.connect(self.step_layer)
+        self.event_list.sig_event_selected.connect(self.select_event)
+        self.routing_map.sig_cell_selected.connect(self._cell_selected)
+        self.tabs.currentChanged.connect(lambda _i: self._repaint())
+        self.find_box.returnPressed.connect(self.find_next)
+        self._shortcuts()
+
+    def _shortcuts(self) -> None:
+        for keys, slot in (("Ctrl+R", self.run_panel._run), ("F5", self.continue_run),
+                           ("F6", self.controller.pause), ("Shift+F5", self.controller.stop),
+                           ("F10", self.step_token), ("F11", self.step_layer),
+                           ("Ctrl+F", self.find_box.setFocus), ("F3", self.find_next),
+                           ("Shift+F3", self.find_previous), ("Ctrl+G", self.goto_box.setFocus),
+                           ("Ctrl+B", self.toggle_bookmark), ("F2", self.next_bookmark),
+                           ("Shift+F2", self.previous_bookmark),
+                           ("Alt+Down", self.next_change), ("Alt+Up", self.previous_change),
+                           ("Ctrl+Shift+S", self.save_dialog)):
+            s = QShortcut(QKeySequence(keys), self)
+            s.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+            s.activated.connect(slot)
+
+    # -- model and run control ------------------------------------------------------------------
+
+    def set_model(self, model: Any) -> None:
+        """Debug `model` (a colibri.engine.Model). The panel does not close it."""
+        self.model = model
+        tok = model.tokenizer if model is not None else None
+        if tok is None:
+            self.run_panel.set_tokenizer(None)
+        else:
+            def tokenize(text: str) -> list[tuple[int, str]]:
+                enc = tok.encode(text)
+                return list(zip(enc.ids, enc.tokens))
+            self.run_panel.set_tokenizer(tokenize)
+        self._set_status(f"model {os.path.basename(model.path)}" if model is not None
+                         else "no model")
+
+    def start_run(self, settings: Any, run: bool = True) -> None:
+        if self.model is None:
+            self._set_status("no model: open one first")
+            return
+        self.saved = None
+        self._run_after_start = run
+        self.controller.start(self.model, settings)
+
+    def _started(self, snap: DebuggerSnapshot) -> None:
+        self._snapshot(snap)
+        if getattr(self, "_run_after_start", False):
+            self.continue_run()
+
+    def continue_run(self) -> None:
+        if self.controller.worker.debugger is None and self.model is not None:
+            try:
+                settings = self.run_panel.settings()
+            except ValueError as exc:
+                self._set_status(f"cannot run: {exc}")
+                return
+            self.start_run(settings)
+            return
+        self.controller.run(list(self.breakpoint_view.breakpoints))
+
+    def step_token(self) -> None:
+        self._ensure_session(self.controller.step_token)
+
+    def step_layer(self) -> None:
+        self._ensure_session(self.controller.step_layer)
+
+    def _ensure_session(self, then: Any) -> None:
+        if self.controller.worker.debugger is None:
+            if self.model is None:
+                return
+            try:
+                settings = self.run_panel.settings()
+            except ValueError as exc:
+                self._set_status(f"cannot start: {exc}")
+                return
+            self.start_run(settings, run=False)
+        then()
+
+    def shutdown(self) -> None:
+        self.controller.shutdown()
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def _snapshot(self, snap: DebuggerSnapshot) -> None:
+        self.saved = None  # live data replaces a saved session on view
+        self.snapshot = snap
+        state = "running" if snap.running else (snap.stop_reason or "ready")
+        self.run_panel.set_status(f"{snap.record.n_positions}/{snap.settings.n_positions} "
+                                  f"positions, {state}; generated: {snap.generated_text!r}")
+        self.selected = snap.cursor
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def _run_finished(self, snap: DebuggerSnapshot) -> None:
+        self._snapshot(snap)
+        r = snap.result
+        if r is not None and r.reason == "breakpoint" and r.event is not None:
+            self._set_status(f"breakpoint: {r.breakpoint.describe() if r.breakpoint else ''} "
+                             f"at {r.event.label()}")
+        elif r is not None:
+            self._set_status(f"{r.reason} after {snap.record.n_positions} positions; "
+                             f"generated {snap.generated_text!r}")
+
+    def _failed(self, message: str) -> None:
+        self._set_status(f"error: {message.splitlines()[0]}")
+
+    @property
+    def events(self) -> EventList | None:
+        if self.saved is not None:
+            return self._saved_events
+        return self.snapshot.events if self.snapshot is not None else None
+
+    def _repaint(self) -> None:
+        events, cursor = self.events, self.selected
+        self.event_list.set_events(events, cursor)
+        event = events[cursor] if events is not None and cursor is not None and \
+            cursor < len(events) else None
+        self.token_view.set_event(event)
+        current = self.tabs.currentWidget()
+        if current is self.routing_map:
+            self.routing_map.set_events(events, cursor)
+        elif current is self.latency:
+            self.latency.set_events(events, cursor)
+
+    def _set_status(self, text: str) -> None:
+        self.status.setText(text)
+        self.sig_status.emit(text)
+
+    # -- navigation -----------------------------------------------------------------------------
+
+    def select_event(self, index: int) -> Event | None:
+        events = self.events
+        if events is None or not 0 <= index < len(events):
+            return None
+        self.selected = index
+        if self.saved is None and not self.controller.running:
+            self.controller.go_to(index)  # the debugger's cursor follows (Continue resumes here)
+        self._repaint()
+        return events[index]
+
+    def _cell_selected(self, position: int, moe_index: int) -> None:
+        if self.events is not None:
+            self.select_event(self.events.index_of(position, moe_index))
+
+    def _go(self, event: Event | None, what: str) -> None:
+        if event is None:
+            self._set_status(f"no {what}")
+        else:
+            self.select_event(event.index)
+
+    def _find(self, backward: bool) -> None:
+        events = self.events
+        text = self.find_box.text().strip()
+        if events is None or not text:
+            return
+        words = text.split()
+        kwargs: dict[str, Any] = {}
+        if len(words) == 2 and words[0] in ("expert", "pos", "position", "layer") and \
+                words[1].lstrip("-").isdigit():
+            key = {"pos": "position"}.get(words[0], words[0])
+            kwargs[key] = int(words[1])
+        else:
+            kwargs["token"] = text
+        self._go(events.find(start=self.selected, backward=backward, **kwargs), f"match for {text!r}")
+
+    def find_next(self) -> None:
+        self._find(False)
+
+    def find_previous(self) -> None:
+        self._find(True)
+
+    def go_to_box(self) -> None:
+        self.select_event(self.goto_box.value())
+
+    def toggle_bookmark(self) -> None:
+        if self.events is not None and self.selected is not None:
+            self.events.toggle_bookmark(self.selected)
+            if self.saved is None and self.controller.worker.debugger is not None:
+                # bookmarks live in the worker's list too, so saved sessions keep them
+                self.controller.worker.debugger.events.bookmarks = set(self.events.bookmarks)
+            self._repaint()
+
+    def next_bookmark(self) -> None:
+        if self.events is not None:
+            self._go(self.events.next_bookmark(self.selected), "next bookmark")
+
+    def previous_bookmark(self) -> None:
+        if self.events is not None:
+            self._go(self.events.previous_bookmark(self.selected), "previous bookmark")
+
+    def next_change(self) -> None:
+        if self.events is not None:
+            self._go(self.events.next_change(self.selected), "later routing change")
+
+    def previous_change(self) -> None:
+        if self.events is not None:
+            self._go(self.events.previous_change(self.selected), "earlier routing change")
+
+    # -- files ----------------------------------------------------------------------------------
+
+    def current_session(self) -> SavedSession | None:
+        if self.saved is not None:
+            return self.saved
+        snap = self.snapshot
+        if snap is None or self.model is None:
+            return None
+        dbg = self.controller.worker.debugger
+        base = SavedSession.from_debugger(dbg) if dbg is not None and not self.controller.running \
+            else None
+        if base is not None:
+            base.bookmarks = sorted(snap.events.bookmarks)
+            base.breakpoints = self.breakpoint_view.breakpoints
+            return base
+        m = self.model
+        info = {"path": os.path.abspath(m.path), "size": int(m.size), "arch": m.arch,
+                "n_layers": m.hparams.n_layers, "n_experts": m.hparams.n_experts,
+                "n_experts_active": m.hparams.n_experts_active,
+                "vocab_size": m.hparams.vocab_size, "sha256": None}
+        return SavedSession(info, snap.settings, snap.record, list(snap.generated),
+                            snap.finished, snap.stop_reason, self.selected,
+                            sorted(snap.events.bookmarks), self.breakpoint_view.breakpoints)
+
+    def save_session(self, path: str) -> None:
+        session = self.current_session()
+        if session is None:
+            self._set_status("nothing to save")
+            return
+        save_session(path, session)
+        self._set_status(f"saved session {path}")
+
+    def open_session(self, path: str) -> SavedSession:
+        saved = load_session(path)
+        self.saved = saved
+        self._saved_events = saved.events()
+        self.selected = saved.cursor
+        self.breakpoint_view.set_breakpoints(saved.breakpoints)
+        self._repaint()
+        note = "" if self.model is None or saved.model_matches(self.model.path) else \
+            " (recorded on a different model file)"
+        self._set_status(f"viewing saved session {os.path.basename(path)}{note}; Run starts "
+                         f"a new run")
+        return saved
+
+    def export_trace(self, path: str) -> None:
+        events = self.events
+        if events is None:
+            return
+        settings = self.saved.settings if self.saved is not None else (
+            self.snapshot.settings if self.snapshot is not None else None)
+        name = os.path.basename(self.model.path) if self.model is not None else "engine"
+        write_chrome_trace(path, events, settings, other={"model_name": name})
+        self._set_status(f"wrote trace {path} (open in ui.perfetto.dev)")
+
+    def export_csv(self, path: str) -> None:
+        if self.events is not None:
+            n = write_routing_csv(path, self.events)
+            self._set_status(f"wrote {n} routing rows to {path}")
+
+    def _ask(self, save: bool, title: str, pattern: str) -> str:
+        fn = QFileDialog.getSaveFileName if save else QFileDialog.getOpenFileName
+        path, _ = fn(self, title, "", pattern)
+        return path
+
+    def save_dialog(self) -> None:
+        path = self._ask(True, "Save debugging session", f"Sessions (*{SUFFIX})")
+        if path:
+            self.save_session(path)
+
+    def open_dialog(self) -> None:
+        path = self._ask(False, "Open debugging session", f"Sessions (*{SUFFIX});;All (*)")
+        if path:
+            try:
+                self.open_session(path)
+            except (OSError, ValueError) as exc:
+                self._set_status(f"cannot open {path}: {exc}")
+
+    def export_trace_dialog(self) -> None:
+        path = self._ask(True, "Export Chrome trace", "Trace JSON (*.json)")
+        if path:
+            self.export_trace(path)
+
+    def export_csv_dialog(self) -> None:
+        path = self._ask(True, "Export routing CSV", "CSV (*.csv)")
+        if path:
+            self.export_csv(path)

@@ -1,0 +1,480 @@
+"""The debugger's views, each a widget over one Qt-free model from `colibri.debugging`:
+
+  * `QtEventList`      - `EventList` as a lazy table (RenderDoc's event browser); current event
+                         marked, bookmarks starred; `sig_event_selected(index)`.
+  * `QtTokenView`      - one `Event`: router logits of every expert as bars (chosen top-k in
+                         colour, weights as labels), margin (absolute and ULPs), shared-expert
+                         gate, hidden-state norm.
+  * `QtRoutingHeatmap` - a `RoutingMatrix`: positions x MoE layers coloured by top-1 expert
+                         (ImageItem + ColorBarItem), hover shows the full top-k and weights;
+                         per-layer expert load bars, balance figure, prompt coloured by expert,
+                         co-selection matrix for the chosen layer.
+  * `QtLatencyView`    - a `LatencySeries`: token time per position with rolling p50/p95/p99,
+                         tokens per second, and the current position's layers split by phase
+                         (plus "other": layer time no phase covers - norms, dense MLP).
+  * `QtBreakpointList` - a `BreakpointList`: checkable entries, add and remove.
+None recomputes routing: they read the record, the event list's derived arrays and `stats`.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QHBoxLayout,
+                               QHeaderView, QLabel, QListWidget, QListWidgetItem, QPushButton,
+                               QSpinBox, QSplitter, QTableView, QTextBrowser, QVBoxLayout,
+                               QWidget)
+
+from colibri.debugging.breakpoints import (AtPosition, Breakpoint, BreakpointList, ExpertChosen,
+                                           MarginBelow, NonFinite)
+from colibri.debugging.events import Event, EventList
+from colibri.debugging.stats import (LatencySeries, co_selection, expert_load, load_balance,
+                                     routing_matrix)
+
+_CURRENT = QColor(120, 200, 120, 90)  # RenderDoc's green flag for the current event
+_CHOSEN = (230, 140, 40)
+_OTHER = (110, 130, 160)
+Index = QModelIndex | QPersistentModelIndex
+
+
+def expert_colours(n: int) -> np.ndarray:
+    """[n, 4] uint8 RGBA, one distinct colour per expert (and row n: grey for 'none')."""
+    # evenly spaced hues at two brightness levels, so neighbouring ids differ (not a cyclic map)
+    rows = [pg.intColor(i, hues=max((n + 1) // 2, 1), values=2).getRgb() for i in range(n)]
+    return np.array(rows + [(60, 60, 60, 255)], dtype=np.uint8).reshape(n + 1, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Event list
+
+
+class EventTableModel(QAbstractTableModel):
+    """A lazy table over an EventList snapshot: rows are built only when painted."""
+
+    COLUMNS = ("#", "pos", "token", "layer", "experts", "weights", "margin", "ULPs", "change")
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.events: EventList | None = None
+        self.cursor: int | None = None
+        self._n = 0
+
+    def set_events(self, events: EventList | None, cursor: int | None) -> None:
+        n = len(events) if events is not None else 0
+        if events is None or n < self._n or self.events is None:
+            self.beginResetModel()
+            self.events, self._n, self.cursor = events, n, cursor
+            self.endResetModel()
+            return
+        old_cursor = self.cursor
+        self.events, self.cursor = events, cursor
+        if n > self._n:  # append rows: views keep their scroll position and selection
+            self.beginInsertRows(QModelIndex(), self._n, n - 1)
+            self._n = n
+            self.endInsertRows()
+        for row in (old_cursor, cursor):
+            if row is not None and row < n:
+                self.dataChanged.emit(self.index(row, 0), self.index(row, self.columnCount() - 1))
+
+    def rowCount(self, parent: Index = QModelIndex()) -> int:
+        return 0 if parent.isValid() else self._n
+
+    def columnCount(self, parent: Index = QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(self.COLUMNS)
+
+    def headerData(self, section: int, orientation: Qt.Orientation,
+                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return self.COLUMNS[section]
+        return None
+
+    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid() or self.events is None or not 0 <= index.row() < self._n:
+            return None
+        row, col = index.row(), index.column()
+        if role == Qt.ItemDataRole.BackgroundRole:
+            return QBrush(_CURRENT) if row == self.cursor else None
+        if role not in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.ToolTipRole):
+            return None
+        e = self.events[row]
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return e.label()
+        star = "\u2605" if row in self.events.bookmarks else ""
+        values = (f"{star}{e.index}", e.position, e.token_text, e.layer,
+                  " ".join(map(str, e.expert_ids)),
+                  " ".join(f"{w:.3f}" for w in e.expert_weights),
+                  f"{e.margin:.4g}", "" if e.margin_ulps is None else str(e.margin_ulps),
+                  "\u21c4" if e.routing_changed else "")
+        return values[col]
+
+
+class QtEventList(QWidget):
+    """The event browser: (position, layer) rows; selecting one emits `sig_event_selected`."""
+
+    sig_event_selected = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = EventTableModel(self)
+        self.table = QTableView(self)
+        self.table.setModel(self.model)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.follow = True  # scroll to the current event as it moves
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.table)
+        self.table.clicked.connect(lambda ix: self.sig_event_selected.emit(ix.row()))
+        self.table.activated.connect(lambda ix: self.sig_event_selected.emit(ix.row()))
+
+    def set_events(self, events: EventList | None, cursor: int | None) -> None:
+        self.model.set_events(events, cursor)
+        if cursor is not None and self.follow and cursor < self.model.rowCount():
+            self.table.scrollTo(self.model.index(cursor, 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Token view
+
+
+class QtTokenView(QWidget):
+    """One event: router logit bars with the chosen top-k marked and the routing figures."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.title = QLabel("no event", self)
+        self.title.setObjectName("debuggerTokenTitle")
+        self.details = QLabel("", self)
+        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.plot = pg.PlotWidget(self)
+        self.plot.setLabel("bottom", "expert")
+        self.plot.setLabel("left", "router logit")
+        self.plot.showGrid(y=True, alpha=0.3)
+        self.bars: pg.BarGraphItem | None = None
+        self.labels: list[pg.TextItem] = []
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.title)
+        layout.addWidget(self.plot, 1)
+        layout.addWidget(self.details)
+        self.event: Event | None = None
+
+    def set_event(self, e: Event | None) -> None:
+        self.event = e
+        for item in self.labels:
+            self.plot.removeItem(item)
+        self.labels = []
+        if self.bars is not None:
+            self.plot.removeItem(self.bars)
+            self.bars = None
+        if e is None:
+            self.title.setText("no event")
+            self.details.setText("")
+            return
+        logits = np.nan_to_num(np.asarray(e.router_logits, dtype=np.float64), nan=0.0,
+                               posinf=0.0, neginf=0.0)
+        x = np.arange(logits.size)
+        brushes = [pg.mkBrush(*(_CHOSEN if i in e.expert_ids else _OTHER)) for i in x]
+        self.bars = pg.BarGraphItem(x=x, height=logits, width=0.8, brushes=brushes)
+        self.plot.addItem(self.bars)
+        for rank, (expert, weight) in enumerate(zip(e.expert_ids, e.expert_weights)):
+            label = pg.TextItem(f"#{rank + 1} w={weight:.3f}", anchor=(0.5, 1.0))
+            label.setPos(float(expert), float(max(logits[expert], 0.0)))
+            self.plot.addItem(label)
+            self.labels.append(label)
+        self.title.setText(f"event {e.index}: position {e.position} {e.token_text!r} "
+                           f"(id {e.token}), layer {e.layer}")
+        ulps = "n/a" if e.margin_ulps is None else f"{e.margin_ulps} ULPs"
+        gate = "none" if np.isnan(e.shared_gate) else f"{e.shared_gate:.4f}"
+        flags = []
+        if e.routing_changed:
+            flags.append("routing changed vs previous position")
+        if e.nonfinite:
+            flags.append("NaN/Inf")
+        self.details.setText(
+            f"experts {list(e.expert_ids)}  weights "
+            f"{[round(w, 4) for w in e.expert_weights]}\n"
+            f"margin to first unchosen: {e.margin:.6g} ({ulps})   shared gate: {gate}   "
+            f"hidden norm at router: {e.hidden_norm:.6g}" + ("\n" + "; ".join(flags)
+                                                              if flags else ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing map
+
+
+class QtRoutingHeatmap(QWidget):
+    """Routing map: top-1 expert per (position, MoE layer), load, balance, co-selection."""
+
+    sig_cell_selected = Signal(int, int)  # position, moe_index
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.events: EventList | None = None
+        self.graphics = pg.GraphicsLayoutWidget(self)
+        self.map_plot = self.graphics.addPlot(title="top-1 expert (position x MoE layer)")
+        self.map_plot.setLabel("bottom", "position")
+        self.map_plot.setLabel("left", "MoE layer")
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.map_plot.addItem(self.image)
+        self.marker = pg.ScatterPlotItem(size=12, pen=pg.mkPen("w", width=2), brush=None,
+                                         symbol="s")
+        self.map_plot.addItem(self.marker)
+        self.graphics.nextRow()
+        self.load_plot = self.graphics.addPlot(title="expert load at layer")
+        self.load_bars: pg.BarGraphItem | None = None
+        self.graphics.nextRow()
+        self.co_plot = self.graphics.addPlot(title="co-selection at layer")
+        self.co_image = pg.ImageItem(axisOrder="row-major")
+        self.co_plot.addItem(self.co_image)
+        self.co_bar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get("viridis"),
+                                      interactive=False)
+        self.co_bar.setImageItem(self.co_image, insert_in=self.co_plot)
+        self.layer_box = QComboBox(self)
+        self.balance = QLabel("", self)
+        self.text = QTextBrowser(self)
+        self.text.setMaximumHeight(90)
+        self.hover = QLabel("", self)
+        top = QHBoxLayout()
+        top.addWidget(QLabel("layer", self))
+        top.addWidget(self.layer_box)
+        top.addWidget(self.balance, 1)
+        layout = QVBoxLayout(self)
+        layout.addLayout(top)
+        layout.addWidget(self.graphics, 1)
+        layout.addWidget(self.hover)
+        layout.addWidget(self.text)
+        self.layer_box.currentIndexChanged.connect(lambda _i: self._layer_views())
+        self.image.setAcceptHoverEvents(True)
+        self.map_plot.scene().sigMouseMoved.connect(self._mouse_moved)
+        self.map_plot.scene().sigMouseClicked.connect(self._mouse_clicked)
+        self._matrix: Any = None
+
+    def set_events(self, events: EventList | None, cursor: int | None) -> None:
+        self.events = events
+        if events is None or len(events) == 0:
+            self.image.clear()
+            return
+        rec = events.record
+        m = routing_matrix(rec)
+        self._matrix = m
+        colours = expert_colours(m.n_experts)
+        top1 = np.where(m.top1 >= 0, m.top1, m.n_experts)
+        self.image.setImage(colours[top1.T], autoLevels=False)  # rows = layers, cols = positions
+        self.image.setRect(0, 0, top1.shape[0], top1.shape[1])
+        if cursor is not None:
+            p, mi = divmod(cursor, events.n_moe_layers)
+            self.marker.setData([p + 0.5], [mi + 0.5])
+        if self.layer_box.count() != rec.n_moe_layers:
+            self.layer_box.blockSignals(True)
+            self.layer_box.clear()
+            self.layer_box.addItems([str(int(layer)) for layer in rec.moe_layers])
+            self.layer_box.blockSignals(False)
+        if cursor is not None:
+            self.layer_box.setCurrentIndex(cursor % events.n_moe_layers)
+        self._layer_views()
+
+    def _layer_views(self) -> None:
+        ev = self.events
+        mi = self.layer_box.currentIndex()
+        if ev is None or mi < 0 or len(ev) == 0:
+            return
+        rec = ev.record
+        load = expert_load(rec)
+        ratio, cv = load_balance(load)
+        if self.load_bars is not None:
+            self.load_plot.removeItem(self.load_bars)
+        colours = expert_colours(rec.n_experts)
+        self.load_bars = pg.BarGraphItem(x=np.arange(rec.n_experts), height=load[mi], width=0.8,
+                                         brushes=[pg.mkBrush(*c[:3]) for c in colours[:-1]])
+        self.load_plot.addItem(self.load_bars)
+        self.balance.setText(f"load balance (max/mean): {ratio[mi]:.3f}   CV: {cv[mi]:.3f}   "
+                             f"(1.0 = even)")
+        co = co_selection(rec)[mi].astype(np.float64)
+        self.co_image.setImage(co, autoLevels=False)
+        self.co_bar.setLevels((0.0, float(max(co.max(), 1.0))))
+        parts = []
+        for p in range(rec.n_positions):
+            e = int(rec.expert_ids[p, mi, 0])
+            c = colours[e if e >= 0 else -1]
+            parts.append(f'<span style="background-color: rgb({c[0]},{c[1]},{c[2]})" '
+                         f'title="expert {e}">{html.escape(rec.token_text(p))}</span>')
+        self.text.setHtml(" ".join(parts))
+
+    def _cell_at(self, scene_pos: Any) -> tuple[int, int] | None:
+        if self._matrix is None:
+            return None
+        point = self.map_plot.vb.mapSceneToView(scene_pos)
+        p, mi = int(np.floor(point.x())), int(np.floor(point.y()))
+        P, M = self._matrix.shape
+        return (p, mi) if 0 <= p < P and 0 <= mi < M else None
+
+    def _mouse_moved(self, pos: Any) -> None:
+        cell = self._cell_at(pos)
+        self.hover.setText(self._matrix.hover(*cell) if cell else "")
+
+    def _mouse_clicked(self, ev: Any) -> None:
+        cell = self._cell_at(ev.scenePos())
+        if cell:
+            self.sig_cell_selected.emit(*cell)
+
+
+# ---------------------------------------------------------------------------------------------
+# Latency
+
+
+class QtLatencyView(QWidget):
+    """Token time per position with rolling percentiles; phases of the current position."""
+
+    WINDOW = 32
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.summary = QLabel("", self)
+        self.graphics = pg.GraphicsLayoutWidget(self)
+        self.series_plot = self.graphics.addPlot(title="time per position (us)")
+        self.series_plot.addLegend()
+        self.curves = {name: self.series_plot.plot(pen=pen, name=name) for name, pen in
+                       (("token", pg.mkPen((200, 200, 200))), ("p50", pg.mkPen("g")),
+                        ("p95", pg.mkPen("y")), ("p99", pg.mkPen("r")))}
+        self.graphics.nextRow()
+        self.phase_plot = self.graphics.addPlot(title="layers of the current position (us)")
+        self.phase_plot.setLabel("bottom", "layer")
+        self.phase_plot.addLegend(offset=(-10, 10))
+        self.phase_bars: list[pg.BarGraphItem] = []
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.graphics, 1)
+
+    def set_events(self, events: EventList | None, cursor: int | None) -> None:
+        if events is None or events.record.n_positions == 0:
+            return
+        rec = events.record
+        lat = LatencySeries(rec)
+        t = lat.token_ns.astype(np.float64) / 1e3
+        x = np.arange(t.size)
+        self.curves["token"].setData(x, t)
+        bands = lat.rolling_percentiles(self.WINDOW) / 1e3
+        for i, name in enumerate(("p50", "p95", "p99")):
+            self.curves[name].setData(x, bands[:, i])
+        pc = lat.percentiles(self.WINDOW)
+        self.summary.setText(
+            f"last {min(self.WINDOW, t.size)} positions: p50 {pc['p50'] / 1e3:.1f} us, "
+            f"p95 {pc['p95'] / 1e3:.1f} us, p99 {pc['p99'] / 1e3:.1f} us;  "
+            f"{lat.tokens_per_second(self.WINDOW):.1f} tok/s engine, "
+            f"{lat.tokens_per_second(self.WINDOW, wall=True):.1f} tok/s wall")
+        position = rec.n_positions - 1 if cursor is None else cursor // max(events.n_moe_layers, 1)
+        for bar in self.phase_bars:
+            self.phase_plot.removeItem(bar)
+        self.phase_bars = []
+        layer = rec.phase_ns[position].astype(np.float64) / 1e3  # [n_layers, 5]
+        other = np.maximum(layer[:, 4] - layer[:, :4].sum(axis=1), 0.0)
+        phases = np.column_stack([layer[:, :4], other])
+        bottom = np.zeros(phases.shape[0])
+        self.phase_plot.setTitle(f"layers of position {position} (us)")
+        for i, (name, colour) in enumerate((("attention", (90, 140, 220)),
+                                             ("router", (230, 140, 40)),
+                                             ("experts", (120, 190, 90)),
+                                             ("combine", (180, 100, 180)),
+                                             ("other (norms, dense MLP)", (120, 120, 120)))):
+            bar = pg.BarGraphItem(x=np.arange(phases.shape[0]), height=phases[:, i], y0=bottom,
+                                  width=0.8, brush=pg.mkBrush(*colour), name=name)
+            self.phase_plot.addItem(bar)
+            self.phase_bars.append(bar)
+            bottom = bottom + phases[:, i]
+
+
+# ---------------------------------------------------------------------------------------------
+# Breakpoints
+
+
+class QtBreakpointList(QWidget):
+    """A `BreakpointList`: check to enable, add from the form, remove the selected one."""
+
+    sig_changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.breakpoints = BreakpointList()
+        self.list = QListWidget(self)
+        self.kind = QComboBox(self)
+        self.kind.addItems(["expert chosen", "margin below", "NaN/Inf", "at position"])
+        self.expert = QSpinBox(self)
+        self.expert.setRange(0, 4095)
+        self.layer = QSpinBox(self)
+        self.layer.setRange(-1, 4095)
+        self.layer.setSpecialValueText("any layer")
+        self.layer.setValue(-1)
+        self.threshold = QDoubleSpinBox(self)
+        self.threshold.setDecimals(6)
+        self.threshold.setRange(0.0, 1e6)
+        self.threshold.setValue(0.01)
+        self.position = QSpinBox(self)
+        self.position.setRange(0, 10**7)
+        add, remove = QPushButton("Add", self), QPushButton("Remove", self)
+        form = QHBoxLayout()
+        for w in (self.kind, QLabel("expert", self), self.expert, QLabel("layer", self),
+                  self.layer, QLabel("margin <", self), self.threshold,
+                  QLabel("position", self), self.position, add, remove):
+            form.addWidget(w)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.list)
+        add.clicked.connect(self.add_from_form)
+        remove.clicked.connect(self.remove_selected)
+        self.list.itemChanged.connect(self._item_changed)
+
+    def form_breakpoint(self) -> Breakpoint:
+        layer = None if self.layer.value() < 0 else self.layer.value()
+        return [ExpertChosen(self.expert.value(), layer), MarginBelow(self.threshold.value(),
+                                                                      layer),
+                NonFinite(), AtPosition(self.position.value())][self.kind.currentIndex()]
+
+    def add_from_form(self) -> None:
+        self.add(self.form_breakpoint())
+
+    def add(self, bp: Breakpoint) -> None:
+        self.breakpoints.add(bp)
+        self._refill()
+
+    def set_breakpoints(self, bps: BreakpointList) -> None:
+        self.breakpoints = BreakpointList(list(bps))
+        self._refill()
+
+    def remove_selected(self) -> None:
+        row = self.list.currentRow()
+        if 0 <= row < len(self.breakpoints):
+            self.breakpoints.remove(row)
+            self._refill()
+
+    def _refill(self) -> None:
+        self.list.blockSignals(True)
+        self.list.clear()
+        for bp in self.breakpoints:
+            item = QListWidgetItem(bp.describe())
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Checked if bp.enabled else Qt.CheckState.Unchecked)
+            self.list.addItem(item)
+        self.list.blockSignals(False)
+        self.sig_changed.emit()
+
+    def _item_changed(self, item: QListWidgetItem) -> None:
+        row = self.list.row(item)
+        want = item.checkState() == Qt.CheckState.Checked
+        if self.breakpoints[row].enabled != want:
+            self.breakpoints.toggle(row)
+            self.sig_changed.emit()
+
+
+def splitter(orientation: Qt.Orientation, *widgets: QWidget) -> QSplitter:
+    s = QSplitter(orientation)
+    for w in widgets:
+        s.addWidget(w)
+    return s

@@ -1,0 +1,74 @@
+"""Variants of the jitter lab: a numerics setting of the engine plus, optionally, the same
+checkpoint converted to another weight precision.
+
+Spec strings extend colibri.numerics' with a weight component: `w-f32`, `w-f16`, `w-bf16`
+(e.g. `w-bf16`, `w-f16+blocked8`). Lists are comma-separated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from colibri.numerics import Numerics, NumericsError
+
+WEIGHT_DTYPES = ("f32", "f16", "bf16")
+
+# The default list: every reduction shape (sequential, pairwise, the SIMD widths 4/8/16/32 with
+# and without FMA), thread splits, activation and weight precisions, and router-logit noise.
+DEFAULT_VARIANTS = (
+    "seq", "seq+fma", "pairwise", "pairwise+fma",
+    "blocked4", "blocked8", "blocked16", "blocked32",
+    "blocked4+fma", "blocked8+fma", "blocked16+fma", "blocked32+fma",
+    "seq+split2", "seq+split4", "blocked8+fma+split4",
+    "act-bf16", "act-f16",
+    "w-f32", "w-f16", "w-bf16",
+    "noise1", "noise2", "noise4",
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    numerics: Numerics = Numerics()
+    weights: str | None = None      # None = the file as it is; else f32 / f16 / bf16
+
+    @property
+    def name(self) -> str:
+        parts = [] if self.weights is None else [f"w-{self.weights}"]
+        if not self.numerics.is_default or not parts:
+            parts.append(self.numerics.spec)
+        return "+".join(parts)
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.weights is None and self.numerics.is_default
+
+    @classmethod
+    def parse(cls, spec: str) -> Variant:
+        weights = None
+        rest = []
+        for part in spec.strip().lower().split("+"):
+            part = part.strip()
+            if part.startswith("w-"):
+                if part[2:] not in WEIGHT_DTYPES:
+                    raise NumericsError(f"unknown weight precision {part!r} (w-f32, w-f16, w-bf16)")
+                weights = part[2:]
+            elif part:
+                rest.append(part)
+        return cls(Numerics.parse("+".join(rest)), weights)
+
+
+def parse_variants(text: str | None) -> list[Variant]:
+    """A comma-separated list (None or '' = DEFAULT_VARIANTS), duplicates and the baseline
+    dropped, order kept."""
+    specs = DEFAULT_VARIANTS if not text else [s for s in text.split(",") if s.strip()]
+    out: list[Variant] = []
+    seen: set[str] = set()
+    for spec in specs:
+        v = Variant.parse(spec)
+        if v.is_baseline or v.name in seen:
+            continue
+        seen.add(v.name)
+        out.append(v)
+    if not out:
+        raise NumericsError("no variant other than the baseline was given")
+    return out

@@ -1,0 +1,51 @@
+"""Weight-precision variants: the same checkpoint re-written with its matrices in f32, f16 or bf16.
+
+The copy keeps the header, routing section, tokenizer and metadata; every tensor goes through
+float32 (`Model.tensor_f32`, which dequantises q8_0/q4_0) and is stored in the target dtype,
+except 1-D tensors and the routers (`moe_gate`), which docs/format.md keeps in f32. So `w-f16` of
+an f32 file rounds every matrix to f16, and `w-f32` of an f16 file is the f16 values widened
+(which the kernels then read through a different load path).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from pathlib import Path
+
+from colibri import fileformat as ff
+from colibri.engine import Model
+
+_DTYPE = {"f32": ff.DTYPE_F32, "f16": ff.DTYPE_F16, "bf16": ff.DTYPE_BF16}
+
+
+def _storage_dtype(name: str, ndim: int, target: str) -> int:
+    if ndim == 1 or name.endswith("moe_gate"):
+        return ff.DTYPE_F32
+    return _DTYPE[target]
+
+
+def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str]) -> Path:
+    """Write `model` with its matrices stored as `target` (f32/f16/bf16) to `out_path`."""
+    if target not in _DTYPE:
+        raise ValueError(f"unknown weight precision {target!r}")
+    hp = model.hparams
+    names = {f.name for f in fields(ff.HParams)}
+    fhp = ff.HParams(**{k: v for k, v in hp.to_dict().items() if k in names})
+    kinds = [ff.LAYER_MOE if model.routing(layer).kind == "moe" else ff.LAYER_DENSE
+             for layer in range(hp.n_layers)]
+    specs = []
+    for info in model.tensors:
+        dtype = _storage_dtype(info.name, len(info.shape), target)
+        shape = tuple(int(s) for s in info.shape)
+
+        def load(name: str = info.name, dtype: int = dtype) -> object:
+            return ff.to_storage(model.tensor_f32(name), dtype)
+
+        specs.append(ff.TensorSpec(info.name, dtype, shape, load))
+    user = model.metadata.get("user")
+    metadata = dict(user) if isinstance(user, dict) else {}
+    metadata["jitter_weights"] = target
+    plan = ff.plan_file(fhp, kinds, specs, tokenizer=model.tokenizer_json, metadata=metadata)
+    ff.write_colibri(out_path, plan)
+    return Path(out_path)

@@ -1,0 +1,239 @@
+/*
+ * test_hostile.c - the engine against a hostile environment rather than a hostile file:
+ *   - failing allocations: an allocator that fails the Nth call, for N = 0, 1, ... through
+ *     col_model_open_ex and col_session_create_ex until they succeed; every failure must return
+ *     COL_ERR_NOMEM with no block outstanding (the allocator counts them; LSan checks the rest
+ *     under `make asan`);
+ *   - a file truncated or rewritten while mapped: steps and checksum scans return
+ *     COL_ERR_FILE_CHANGED, a read past the new end through the mapping is served zeros by the
+ *     SIGBUS guard instead of killing the process, an atomic replace is reported as "replaced".
+ * Uses tests/corpus/valid.colibri (directory as in test_corpus.c).
+ */
+#include "colibri.h"
+#include "harness.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- A failing, counting allocator ----------------------------------------------------------- */
+
+typedef struct counting {
+    long calls;         /* allocations attempted */
+    long fail_at;       /* the call index that fails (and every later one), -1 = never */
+    long outstanding;   /* blocks allocated and not yet freed */
+} counting;
+
+static void *counting_alloc(void *user, size_t size, size_t alignment)
+{
+    counting *c = user;
+    if (c->fail_at >= 0 && c->calls++ >= c->fail_at)
+        return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, alignment < sizeof(void *) ? sizeof(void *) : alignment, size) != 0)
+        return NULL;
+    c->outstanding++;
+    return p;
+}
+
+static void counting_free(void *user, void *p)
+{
+    counting *c = user;
+    c->outstanding--;
+    free(p);
+}
+
+/* ---- Files ----------------------------------------------------------------------------------- */
+
+static char valid_path[512];
+
+static bool find_valid(void)
+{
+    const char *dirs[] = {"../tests/corpus", "tests/corpus"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(valid_path, sizeof valid_path, "%s/valid.colibri", dirs[i]);
+        if (access(valid_path, R_OK) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Copy the valid file to a private temporary path (the tests truncate it). */
+static void copy_valid(char *out, size_t n, const char *tag)
+{
+    snprintf(out, n, "/tmp/colibri-hostile-%ld-%s.colibri", (long)getpid(), tag);
+    FILE *in = fopen(valid_path, "rb"), *o = fopen(out, "wb");
+    char buf[4096];
+    size_t k;
+    while (in && o && (k = fread(buf, 1, sizeof buf, in)) > 0)
+        fwrite(buf, 1, k, o);
+    if (in)
+        fclose(in);
+    if (o)
+        fclose(o);
+}
+
+static col_session_config small_config(void)
+{
+    col_session_config c;
+    memset(&c, 0, sizeof c);
+    c.n_threads = 1;
+    c.max_context = 8;
+    c.trace = 1;
+    return c;
+}
+
+/* ---- Tests ----------------------------------------------------------------------------------- */
+
+static void test_model_open_allocation_failures(void)
+{
+    int failures = 0;
+    for (long n = 0; n < 1000; n++) {
+        counting c = {0, n, 0};
+        col_allocator a = {counting_alloc, counting_free, &c};
+        col_model *m = NULL;
+        col_problem p;
+        int32_t rc = col_model_open_ex(valid_path, &a, &m, &p);
+        if (rc == COL_OK) {
+            CHECK(m != NULL && c.outstanding > 0);
+            col_model_close(m);
+            CHECK(c.outstanding == 0);
+            CHECK(n > 0 && failures == n); /* every earlier N failed cleanly */
+            return;
+        }
+        failures++;
+        CHECK(rc == COL_ERR_NOMEM && m == NULL && p.code == COL_ERR_NOMEM);
+        CHECK(c.outstanding == 0);
+    }
+    CHECK(!"col_model_open_ex never succeeded");
+}
+
+static void test_session_create_allocation_failures(void)
+{
+    col_model *m = NULL;
+    CHECK(col_model_open(valid_path, &m, NULL) == COL_OK);
+    if (!m)
+        return;
+    col_session_config cfg = small_config();
+    for (long n = 0; n < 1000; n++) {
+        counting c = {0, n, 0};
+        col_allocator a = {counting_alloc, counting_free, &c};
+        col_session *s = NULL;
+        char err[256] = "";
+        int32_t rc = col_session_create_ex(m, &cfg, &a, &s, err, sizeof err);
+        if (rc == COL_OK) {
+            float logits[16];
+            CHECK(col_session_step(s, 1, logits, err, sizeof err) == COL_OK);
+            col_session_free(s);
+            CHECK(c.outstanding == 0 && n > 0);
+            col_model_close(m);
+            return;
+        }
+        CHECK(rc == COL_ERR_NOMEM && s == NULL && strstr(err, "allocate") != NULL);
+        CHECK(c.outstanding == 0);
+    }
+    CHECK(!"col_session_create_ex never succeeded");
+    col_model_close(m);
+}
+
+static void test_truncated_during_run(void)
+{
+    char path[256];
+    copy_valid(path, sizeof path, "run");
+    col_model *m = NULL;
+    CHECK(col_model_open(path, &m, NULL) == COL_OK);
+    if (!m)
+        return;
+    col_session_config cfg = small_config();
+    col_session *s = NULL;
+    char err[256];
+    CHECK(col_session_create(m, &cfg, &s, err, sizeof err) == COL_OK);
+    float logits[16];
+    CHECK(col_session_step(s, 1, logits, err, sizeof err) == COL_OK);
+    uint32_t replaced = 7;
+    CHECK(col_model_check_file(m, &replaced, err, sizeof err) == COL_OK && replaced == 0);
+
+    uint64_t size;
+    const uint8_t *bytes = col_model_bytes(m, &size);
+    CHECK(truncate(path, 4096) == 0);
+    CHECK(col_session_step(s, 2, logits, err, sizeof err) == COL_ERR_FILE_CHANGED);
+    CHECK(strstr(err, "size is now 4096") != NULL);
+    CHECK(col_session_position(s) == 1);
+    col_problem p;
+    uint32_t n = 0;
+    CHECK(col_model_check_tensor(m, col_model_tensor_count(m) - 1, COL_CHECK_CHECKSUMS, &p, 1, &n) ==
+          COL_ERR_FILE_CHANGED);
+    CHECK(n == 1 && p.code == COL_ERR_FILE_CHANGED);
+
+    /* The guard: a direct read of a page past the new end would be SIGBUS; it reads zeros and
+     * the model is marked. */
+    volatile uint8_t last = bytes[size - 1];
+    CHECK(last == 0);
+    CHECK(col_model_check_file(m, NULL, err, sizeof err) == COL_ERR_FILE_CHANGED);
+    CHECK(strstr(err, "faulted") != NULL);
+    col_session_free(s);
+    col_model_close(m);
+    unlink(path);
+}
+
+static void test_rewritten_and_replaced(void)
+{
+    char path[256], other[256];
+    copy_valid(path, sizeof path, "rewrite");
+    copy_valid(other, sizeof other, "replacement");
+    col_model *m = NULL;
+    CHECK(col_model_open(path, &m, NULL) == COL_OK);
+    if (!m)
+        return;
+    /* An atomic replace leaves the mapping intact: OK, replaced = 1. */
+    CHECK(rename(other, path) == 0);
+    uint32_t replaced = 0;
+    char err[256];
+    CHECK(col_model_check_file(m, &replaced, err, sizeof err) == COL_OK && replaced == 1);
+    col_model_close(m);
+
+    /* A rewrite in place of the same size changes the mtime. */
+    CHECK(col_model_open(path, &m, NULL) == COL_OK);
+    if (!m)
+        return;
+    struct timespec pause = {0, 20000000};
+    nanosleep(&pause, NULL);
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    if (f) {
+        fseek(f, 300, SEEK_SET);
+        fputc(0x5A, f);
+        fclose(f);
+    }
+    CHECK(col_model_check_file(m, &replaced, err, sizeof err) == COL_ERR_FILE_CHANGED);
+    CHECK(strstr(err, "modified in place") != NULL);
+    col_model_close(m);
+    unlink(path);
+}
+
+static void test_validate_file_truncated(void)
+{
+    char path[256];
+    copy_valid(path, sizeof path, "validate");
+    CHECK(truncate(path, 200) == 0);
+    col_problem p;
+    uint32_t n = 0;
+    CHECK(col_validate_file(path, COL_CHECK_CHECKSUMS, &p, 1, &n) == COL_ERR_TRUNCATED);
+    unlink(path);
+}
+
+int main(void)
+{
+    CHECK(find_valid());
+    if (!find_valid())
+        return TEST_REPORT();
+    test_model_open_allocation_failures();
+    test_session_create_allocation_failures();
+    test_truncated_during_run();
+    test_rewritten_and_replaced();
+    test_validate_file_truncated();
+    return TEST_REPORT();
+}

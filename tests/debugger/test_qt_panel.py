@@ -1,0 +1,169 @@
+"""The Qt debugger: worker thread results equal a headless run, pause/resume through the UI,
+the event loop stays live during a run, and the composite panel's navigation and files work."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+
+from PySide6.QtCore import QTimer  # noqa: E402
+
+from colibri.debugging import AtPosition, Debugger, RunSettings  # noqa: E402
+from colibri.debugging.trace_export import check_trace_events  # noqa: E402
+from colibri.engine import Model  # noqa: E402
+from colibri.inspector.debugger import DebuggerController, QtDebuggerPanel  # noqa: E402
+from colibri.inspector.debugger.views import EventTableModel  # noqa: E402
+
+from dbg_helpers import PROMPT  # noqa: E402
+
+WAIT_MS = 20000
+
+
+def _headless(model: Model, settings: RunSettings) -> Debugger:
+    dbg = Debugger(model, settings)
+    dbg.run()
+    return dbg
+
+
+@pytest.fixture
+def controller(qtbot):
+    c = DebuggerController()
+    yield c
+    c.shutdown()
+
+
+def test_worker_run_equals_headless_run(qtbot, controller: DebuggerController,
+                                        model: Model) -> None:
+    settings = RunSettings(PROMPT, 8, decoding="sample", seed=11)
+    with qtbot.waitSignal(controller.sig_started, timeout=WAIT_MS):
+        controller.start(model, settings)
+    with qtbot.waitSignal(controller.sig_run_finished, timeout=WAIT_MS) as blocker:
+        controller.run()
+    snap = blocker.args[0]
+    assert snap.result.reason == "finished" and snap.finished
+    ref = _headless(model, settings)
+    assert snap.record.equals(ref.record, timings=False)
+    assert list(snap.generated) == ref.generated
+
+
+def test_ui_stays_live_and_pause_resume_is_exact(qtbot, model: Model) -> None:
+    c = DebuggerController(step_delay_s=0.02)  # slow motion: about 0.3 s for the whole run
+    try:
+        settings = RunSettings(PROMPT, 12)
+        with qtbot.waitSignal(c.sig_started, timeout=WAIT_MS):
+            c.start(model, settings)
+        ticks: list[float] = []
+        timer = QTimer()
+        timer.setInterval(10)
+        timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+        timer.start()
+        # pause as soon as the first live update arrives
+        c.sig_position_done.connect(lambda _s: c.pause())
+        with qtbot.waitSignal(c.sig_run_finished, timeout=WAIT_MS) as blocker:
+            c.run()
+        assert blocker.args[0].result.reason == "paused"
+        paused_at = blocker.args[0].record.n_positions
+        assert 0 < paused_at < settings.n_positions
+        c.sig_position_done.disconnect()
+        with qtbot.waitSignal(c.sig_run_finished, timeout=WAIT_MS) as blocker:
+            c.run()
+        timer.stop()
+        snap = blocker.args[0]
+        assert snap.result.reason == "finished"
+        assert snap.record.equals(_headless(model, settings).record, timings=False)
+        gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+        assert len(ticks) > 10 and max(gaps) < 0.1, f"UI thread blocked for {max(gaps):.3f} s"
+    finally:
+        c.shutdown()
+
+
+def test_stop_a_paused_run_keeps_everything(qtbot, controller: DebuggerController,
+                                            model: Model) -> None:
+    with qtbot.waitSignal(controller.sig_started, timeout=WAIT_MS):
+        controller.start(model, RunSettings(PROMPT, 12))
+    with qtbot.waitSignal(controller.sig_run_finished, timeout=WAIT_MS):
+        controller.run(max_positions=4)
+    with qtbot.waitSignal(controller.sig_run_finished, timeout=WAIT_MS) as blocker:
+        controller.stop()
+    snap = blocker.args[0]
+    assert snap.result.reason == "stopped" and snap.record.n_positions == 4
+    assert snap.stop_reason == "stopped"
+
+
+def test_event_table_model(qtmodeltester, model: Model) -> None:
+    dbg = _headless(model, RunSettings(PROMPT, 4))
+    table = EventTableModel()
+    table.set_events(dbg.events, 3)
+    qtmodeltester.check(table)
+    assert table.rowCount() == len(dbg.events)
+    assert table.data(table.index(3, 2)) == dbg.events[3].token_text
+
+
+def test_panel_end_to_end(qtbot, model: Model, tmp_path: Path) -> None:
+    panel = QtDebuggerPanel()
+    qtbot.addWidget(panel)
+    try:
+        panel.set_model(model)
+        panel.run_panel.prompt.setText("the cat sat on")
+        assert "'cat':4" in panel.run_panel.pieces.text()
+        panel.run_panel.max_new.setValue(6)
+        panel.breakpoint_view.add(AtPosition(3))
+        with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
+            panel.run_panel.buttons["run"].click()
+        snap = blocker.args[0]
+        assert snap.result.reason == "breakpoint" and snap.result.event.key == (3, 0)
+        qtbot.waitUntil(lambda: panel.event_list.model.rowCount() == len(snap.events))
+        assert panel.event_list.model.cursor == snap.cursor
+        assert "position 3" in panel.token_view.title.text()
+        # step layer: next MoE layer of the same position, nothing computed
+        with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
+            panel.step_layer()
+        assert blocker.args[0].events[blocker.args[0].cursor].key == (3, 1)
+        assert blocker.args[0].record.n_positions == 4
+        with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
+            panel.continue_run()
+        final = blocker.args[0]
+        assert final.result.reason == "finished"
+        qtbot.waitUntil(lambda: panel.event_list.model.rowCount() == len(final.events))
+        # views
+        panel.tabs.setCurrentWidget(panel.routing_map)
+        panel._repaint()
+        assert panel.routing_map.layer_box.count() == final.record.n_moe_layers
+        assert "load balance" in panel.routing_map.balance.text()
+        panel.tabs.setCurrentWidget(panel.latency)
+        panel._repaint()
+        assert "tok/s" in panel.latency.summary.text()
+        # navigation
+        panel.find_box.setText("sat")
+        panel.selected = None
+        panel.find_next()
+        assert panel.events[panel.selected].token_text == "sat"
+        panel.toggle_bookmark()
+        marked = panel.selected
+        panel.select_event(0)
+        panel.next_bookmark()
+        assert panel.selected == marked
+        panel.select_event(0)
+        panel.next_change()
+        assert panel.events[panel.selected].routing_changed
+        # files
+        qtbot.waitUntil(lambda: not panel.controller.running)
+        session = tmp_path / "s.colibri-session"
+        panel.save_session(str(session))
+        trace, table = tmp_path / "t.json", tmp_path / "r.csv"
+        panel.export_trace(str(trace))
+        panel.export_csv(str(table))
+        assert check_trace_events(json.loads(trace.read_text())) == []
+        assert table.read_text().startswith("position,token")
+        saved = panel.open_session(str(session))
+        assert saved.record.equals(final.record)
+        assert saved.bookmarks == [marked]
+        assert panel.event_list.model.rowCount() == len(final.events)
+    finally:
+        panel.shutdown()

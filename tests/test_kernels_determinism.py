@@ -1,0 +1,90 @@
+"""The kernel layer's determinism contract: logits and routing traces are bit-identical for any
+thread count (1..4) and across repeated runs, for every stored dtype, on the conformance-shaped
+tiny models and on a wider model whose products are large enough to be split among threads.
+Also: every kernel path (portable, AVX2, AVX-512) agrees with the portable one within float
+rounding, and prefill equals stepping on every path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri.engine import Model, Session
+from quant_models import make_model
+
+TOKENS = [3, 17, 42, 7, 99, 5, 120, 64, 8, 200, 31, 2]
+
+
+def _run(path: Path, threads: int, routing: str = "topk") -> tuple[bytes, bytes, bytes, bytes]:
+    with Model.open(path) as model:
+        s = Session(model, threads=threads, routing=routing, max_context=64)
+        logits = s.prefill(TOKENS[:6])
+        steps = [s.step(t) for t in TOKENS[6:]]
+        tr = s.trace
+        return (logits.tobytes() + b"".join(x.tobytes() for x in steps), tr.expert_ids.tobytes(),
+                tr.expert_weights.tobytes(), tr.router_logits.tobytes())
+
+
+@pytest.mark.parametrize("dtype,quant", [("f32", None), ("f16", None), ("bf16", None),
+                                         ("bf16", "q8"), ("bf16", "q4")])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_bit_identical_for_threads_1_to_4(tmp_path: Path, arch: str, dtype: str,
+                                          quant: str | None) -> None:
+    path = make_model(tmp_path, arch, dtype, quant, "all" if quant else "experts")
+    first = _run(path, 1)
+    for threads in (1, 2, 3, 4):
+        assert _run(path, threads) == first, f"threads={threads}"
+
+
+def test_bit_identical_soft_routing(tmp_path: Path) -> None:
+    path = make_model(tmp_path, "mixtral", "bf16", "q4")
+    first = _run(path, 1, "soft")
+    for threads in (2, 3, 4):
+        assert _run(path, threads, "soft") == first
+
+
+def test_conformance_shaped_models_thread_invariant(tiny_model_path) -> None:  # type: ignore[no-untyped-def]
+    for arch in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
+        path = tiny_model_path(arch, "f32")
+        tokens = [1, 3, 4, 5, 6, 7]
+        results = []
+        for threads in (1, 2, 3, 4):
+            with Model.open(path) as model:
+                s = Session(model, threads=threads)
+                results.append((s.prefill(tokens).tobytes(), s.trace.expert_ids.tobytes()))
+        assert all(r == results[0] for r in results), arch
+
+
+_PATHS_SCRIPT = """
+import sys, numpy as np
+from colibri.engine import Model, Session
+with Model.open(sys.argv[1]) as m:
+    s = Session(m, threads=2, max_context=64)
+    a = s.prefill({tokens})
+    s2 = Session(m, threads=3, max_context=64)
+    b = np.stack([s2.step(t) for t in {tokens}])
+    assert a.tobytes() == b.tobytes(), "prefill != steps"
+    sys.stdout.write(s.kernels + "\\n")
+    np.save(sys.argv[2], a)
+"""
+
+
+@pytest.mark.parametrize("quant", [None, "q8", "q4"])
+def test_kernel_paths_agree(tmp_path: Path, quant: str | None) -> None:
+    """Each path (forced with COLIBRI_KERNELS) is self-consistent, and all agree to rounding."""
+    path = make_model(tmp_path, "mixtral", "bf16", quant)
+    out = {}
+    for isa in ("portable", "avx2", "avx512"):
+        npy = tmp_path / f"{isa}.npy"
+        env = dict(os.environ, COLIBRI_KERNELS=isa)
+        done = subprocess.run([sys.executable, "-c", _PATHS_SCRIPT.format(tokens=TOKENS), str(path),
+                               str(npy)], env=env, capture_output=True, text=True, check=True)
+        out[done.stdout.strip()] = np.load(npy)
+    ref = out["portable"]
+    for name, logits in out.items():
+        assert np.allclose(logits, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max()), name
