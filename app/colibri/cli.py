@@ -524,6 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from colibri.debugging.commands import add_trace_parser  # `colibri trace` (the debugger)
     add_trace_parser(sub)
+    from colibri.jitter.cli import add_commands as add_jitter_commands  # `jitter`, `epsilon`
+    add_jitter_commands(sub)
     return parser
 
 

@@ -152,6 +152,15 @@ def test_shortcuts_are_the_desktop_conventions(window):
         f"Ctrl+{i}" for i in range(1, len(VIEW_NAMES) + 1)]
 
 
+def test_routing_decision_jumps_to_router_weights(window, tiny_model_path, qtbot):
+    view = window.open_path(tiny_model_path())
+    window.view_actions["debugger"].trigger()
+    view.debugger.sig_show_router_weights.emit(1)
+    assert view.current_view() == "values"
+    assert view.tensors.selected_row().name == "layers.1.moe_gate"
+    qtbot.waitUntil(lambda: not view.values.is_busy(), timeout=20000)
+
+
 def test_debugger_view_takes_over_its_shortcuts(window, tiny_model_path):
     view = window.open_path(tiny_model_path())
     window.view_actions["debugger"].trigger()

@@ -289,6 +289,15 @@ class FileView(QWidget):
         if model is not None and name in model:
             self.tensors.select_tensor(name)
 
+    def show_router_weights(self, layer: int) -> None:
+        """From a routing decision to the router that made it: select `layers.L.moe_gate` in the
+        table (its bytes in the hexdump) and show the layer's expert comparison, whose heatmap is
+        the router's weight rows."""
+        name = f"layers.{layer}.moe_gate"
+        self.show_tensor(name)
+        self.set_view("values")
+        self.values.show_layer_experts(layer)
+
     def _tensor_selected(self, name: str) -> None:
         """The table's selection changed (its range goes to the hexdump by sig_range_selected):
         statistics of the tensor, or of the expert slice when the row is one expert."""
@@ -324,6 +333,7 @@ class FileView(QWidget):
         sessions directory, named after the model, so a crash loses nothing of a run."""
         if self._debugger is None:
             self._debugger = QtDebuggerPanel(autosave_path=autosave_path_for(self.doc.path))
+            self._debugger.sig_show_router_weights.connect(self.show_router_weights)
             self._debugger_page.layout().addWidget(self._debugger)
             if self.doc.model is not None:
                 self._debugger.set_model(self.doc.model)

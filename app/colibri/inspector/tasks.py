@@ -19,7 +19,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 ProgressFn = Callable[..., None]
 CancelledFn = Callable[[], bool]
@@ -86,14 +86,25 @@ class TaskRunner(QObject):
         self._thread: QThread | None = None
         self._worker: _Worker | None = None
         self._cancel = threading.Event()
+        self._retired: list[tuple[QThread, _Worker | None]] = []
         self.task_name = ""
+
+    def _forget(self, thread: QThread) -> None:
+        self._retired = [(t, w) for t, w in self._retired if t is not thread]
 
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.isRunning()
 
     def start(self, task: Task) -> None:
         self.cancel()
-        self.wait()
+        if not self.wait(2000):
+            # Still running (a long C call): keep it referenced until it ends; a QThread object
+            # destroyed while running aborts the process.
+            old = self._thread
+            assert old is not None
+            self._retired.append((old, self._worker))
+            old.finished.connect(lambda t=old: self._forget(t))
+            self._thread = None
         self._cancel = threading.Event()
         self.task_name = task.name
         thread = QThread()
@@ -104,8 +115,10 @@ class TaskRunner(QObject):
         worker.sig_finished.connect(self.sig_finished)
         worker.sig_failed.connect(self.sig_failed)
         worker.sig_cancelled.connect(self.sig_cancelled)
+        # QThread.quit is thread-safe; a direct call lets wait() on the UI thread return without
+        # the UI thread's event loop having to deliver a queued quit (which wait() would block).
         for done in (worker.sig_finished, worker.sig_failed, worker.sig_cancelled):
-            done.connect(thread.quit)
+            done.connect(thread.quit, Qt.ConnectionType.DirectConnection)
         self._thread, self._worker = thread, worker
         thread.start()
         self.sig_started.emit(task.name)

@@ -39,6 +39,7 @@ REPAINT_MS = 33
 
 class QtDebuggerPanel(QWidget):
     sig_status = Signal(str)
+    sig_show_router_weights = Signal(int)   # layer index: open its router rows in the file views
 
     def __init__(self, parent: QWidget | None = None, autosave_path: str | None = None,
                  step_delay_s: float = 0.0) -> None:
@@ -72,7 +73,8 @@ class QtDebuggerPanel(QWidget):
                            ("Next change", self.next_change),
                            ("Save session", self.save_dialog), ("Open session", self.open_dialog),
                            ("Export trace", self.export_trace_dialog),
-                           ("Export CSV", self.export_csv_dialog)):
+                           ("Export CSV", self.export_csv_dialog),
+                           ("Router weights", self.show_router_weights)):
             b = QPushButton(text, self)
             b.clicked.connect(slot)
             nav.addWidget(b)
@@ -249,6 +251,14 @@ class QtDebuggerPanel(QWidget):
             self.controller.go_to(index)  # the debugger's cursor follows (Continue resumes here)
         self._repaint()
         return events[index]
+
+    def show_router_weights(self) -> None:
+        """Jump from the selected routing decision to its layer's router weight rows."""
+        events = self.events
+        if events is None or self.selected is None or not 0 <= self.selected < len(events):
+            self._set_status("select a routing decision first")
+            return
+        self.sig_show_router_weights.emit(int(events[self.selected].layer))
 
     def _cell_selected(self, position: int, moe_index: int) -> None:
         if self.events is not None:

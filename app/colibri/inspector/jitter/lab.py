@@ -1,0 +1,281 @@
+"""`QtJitterLab`: the routing-jitter lab as one dockable widget.
+
+Controls (prompt text or token ids, greedy continuation length, variants, epsilon list,
+threads) start the analysis on a `TaskRunner` worker (colibri.jitter.analyze_jitter /
+analyze_epsilon, progress bar, Cancel between runs); results arrive as report objects and feed
+the views of colibri.inspector.jitter.views. Clicking a cell of either heatmap opens the token
+tab on that cell. `state()` / `restore(state)` give the reports as JSON-ready dicts for the
+Inspector's session file, and Save/Load write and read them as one JSON file.
+
+The lead docks it with `lab = QtJitterLab(); lab.set_model(model)` (a colibri.Model or a path:
+the worker opens its own handle on the file, so the UI's model is never used off-thread).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
+                               QProgressBar, QPushButton, QSpinBox, QTabWidget, QVBoxLayout,
+                               QWidget)
+
+from colibri.inspector.jitter.views import (QtCellLogits, QtEpsilonCurve, QtFlipsVsMargin,
+                                            QtJitterHeatmap, QtMarginHeatmap, QtRoutingAB)
+from colibri.inspector.tasks import Cancelled, Task, TaskRunner
+from colibri.jitter import analysis
+from colibri.jitter.analysis import (EpsilonReport, JitterReport, Runner, analyze_epsilon,
+                                     analyze_jitter, parse_eps)
+from colibri.jitter.variants import parse_variants
+
+STATE_SCHEMA = "colibri.jitter-lab/1"
+
+
+def _parse_prompt(text: str, runner: Runner) -> list[int]:
+    """Token ids 'ID,ID,...' when the text is only digits and commas, else the tokenizer's ids."""
+    stripped = text.replace(" ", "")
+    if stripped and all(part.isdigit() for part in stripped.split(",")):
+        return [int(part) for part in stripped.split(",")]
+    return list(runner.model.tokenizer.encode(text).ids)
+
+
+def make_task(path: str, kind: str, prompt: str, generate: int, variants: str, eps: str,
+              threads: int) -> Task:
+    """A TaskRunner task computing one report ('jitter' or 'epsilon'). Qt-free body."""
+    variant_list = parse_variants(variants or None)
+    eps_list = parse_eps(eps or None)
+
+    def fn(progress: Any, cancelled: Any) -> tuple[str, JitterReport | EpsilonReport]:
+        try:
+            with Runner(path, threads=threads) as runner:
+                prompt_ids = _parse_prompt(prompt, runner)
+                tokens = runner.greedy_sequence(prompt_ids, generate)
+                if kind == "jitter":
+                    return kind, analyze_jitter(runner, tokens, variant_list, len(prompt_ids),
+                                                progress, cancelled)
+                return kind, analyze_epsilon(runner, tokens, eps_list, variant_list,
+                                             len(prompt_ids), progress, cancelled)
+        except analysis.Cancelled:
+            raise Cancelled() from None
+
+    return Task(f"jitter lab: {kind}", fn)
+
+
+class QtJitterLab(QWidget):
+    """The routing-jitter lab: controls, progress, and the jitter/token/epsilon/A-B views."""
+
+    sig_report_ready = Signal(str)   # "jitter" or "epsilon"
+    sig_failed = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.path: str | None = None
+        self.jitter_report: JitterReport | None = None
+        self.epsilon_report: EpsilonReport | None = None
+        self.runner = TaskRunner(self)
+
+        self.prompt = QLineEdit(self)
+        self.prompt.setPlaceholderText("prompt text, or token ids 3,4,5")
+        self.generate = QSpinBox(self)
+        self.generate.setRange(0, 4096)
+        self.generate.setValue(16)
+        self.variants = QLineEdit(self)
+        self.variants.setPlaceholderText("default list (seq, pairwise, blocked4..32 +-fma, split, "
+                                         "act-bf16/f16, w-f32/f16/bf16, noise1/2/4)")
+        self.eps = QLineEdit(self)
+        self.eps.setPlaceholderText("0,1e-10,1e-9,1e-8,1e-7,1e-6,1e-5")
+        self.threads = QSpinBox(self)
+        self.threads.setRange(1, 256)
+        self.run_jitter_button = QPushButton("Run jitter", self)
+        self.run_epsilon_button = QPushButton("Run epsilon sweep", self)
+        self.cancel_button = QPushButton("Cancel", self)
+        self.cancel_button.setEnabled(False)
+        self.save_button = QPushButton("Save…", self)
+        self.load_button = QPushButton("Load…", self)
+        self.progress = QProgressBar(self)
+        self.status = QLabel("open a model", self)
+
+        form = QFormLayout()
+        form.addRow("prompt", self.prompt)
+        form.addRow("generate", self.generate)
+        form.addRow("variants", self.variants)
+        form.addRow("epsilons", self.eps)
+        form.addRow("threads", self.threads)
+        buttons = QHBoxLayout()
+        for b in (self.run_jitter_button, self.run_epsilon_button, self.cancel_button,
+                  self.save_button, self.load_button):
+            buttons.addWidget(b)
+        buttons.addWidget(self.progress, 1)
+
+        self.heatmap = QtJitterHeatmap(self)
+        self.margins = QtMarginHeatmap(self)
+        self.scatter = QtFlipsVsMargin(self)
+        self.token = QtCellLogits(self)
+        self.curve = QtEpsilonCurve(self)
+        self.ab = QtRoutingAB(self)
+        jitter_tab = QWidget(self)
+        jl = QHBoxLayout(jitter_tab)
+        jl.addWidget(self.heatmap, 1)
+        jl.addWidget(self.margins, 1)
+        jl.addWidget(self.scatter, 1)
+        self.tabs = QTabWidget(self)
+        self.tabs.addTab(jitter_tab, "Jitter")
+        self.tabs.addTab(self.token, "Token")
+        self.tabs.addTab(self.curve, "Epsilon")
+        self.tabs.addTab(self.ab, "A/B")
+
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addLayout(buttons)
+        layout.addWidget(self.status)
+        layout.addWidget(self.tabs, 1)
+
+        self.run_jitter_button.clicked.connect(lambda: self.start("jitter"))
+        self.run_epsilon_button.clicked.connect(lambda: self.start("epsilon"))
+        self.cancel_button.clicked.connect(self.cancel)
+        self.save_button.clicked.connect(self._save_dialog)
+        self.load_button.clicked.connect(self._load_dialog)
+        self.heatmap.sig_cell_selected.connect(self.select_cell)
+        self.margins.sig_cell_selected.connect(self.select_cell)
+        self.runner.sig_progress.connect(self._progress)
+        self.runner.sig_finished.connect(self._finished)
+        self.runner.sig_failed.connect(self._failed)
+        self.runner.sig_cancelled.connect(self._cancelled)
+        self._set_running(False)
+
+    # -- model and runs -------------------------------------------------------------------------
+
+    def set_model(self, model: Any) -> None:
+        """A colibri.Model (its path is used) or a path; None clears. Keeps computed reports
+        only when the file is the same."""
+        path = None if model is None else os.fspath(getattr(model, "path", model))
+        if path != self.path:
+            self.set_reports(None, None)
+        self.path = path
+        self.status.setText("open a model" if path is None else f"model: {os.path.basename(path)}")
+        self._set_running(False)
+
+    def start(self, kind: str) -> None:
+        if self.path is None:
+            return
+        try:
+            task = make_task(self.path, kind, self.prompt.text() or "3,4,5,6,7",
+                             self.generate.value(), self.variants.text(), self.eps.text(),
+                             self.threads.value())
+        except ValueError as exc:
+            self.status.setText(f"error: {exc}")
+            self.sig_failed.emit(str(exc))
+            return
+        self._set_running(True)
+        self.status.setText(f"running {kind}…")
+        self.runner.start(task)
+
+    def cancel(self) -> None:
+        self.runner.cancel()
+
+    def _set_running(self, running: bool) -> None:
+        self.cancel_button.setEnabled(running)
+        idle = not running and self.path is not None
+        self.run_jitter_button.setEnabled(idle)
+        self.run_epsilon_button.setEnabled(idle)
+
+    def _progress(self, done: int, total: int, text: str) -> None:
+        self.progress.setRange(0, int(total))
+        self.progress.setValue(int(done))
+        self.status.setText(f"{done}/{total} {text}")
+
+    def _finished(self, result: tuple[str, Any]) -> None:
+        kind, report = result
+        self._set_running(False)
+        if kind == "jitter":
+            self.set_reports(report, self.epsilon_report)
+            s = report.summary()
+            self.status.setText(f"jitter: {s['flipped_cells']} of {s['cells']} cells flipped, "
+                                f"overall flip rate {s['overall_flip_rate']:.4f}")
+        else:
+            self.set_reports(self.jitter_report, report)
+            rec = report.recommended()
+            self.status.setText("epsilon sweep: " + ("no epsilon removes every flip"
+                                                     if rec is None else
+                                                     f"recommended {rec.eps:g}"))
+        self.sig_report_ready.emit(kind)
+
+    def _failed(self, message: str) -> None:
+        self._set_running(False)
+        self.status.setText(f"failed: {message.splitlines()[0] if message else ''}")
+        self.sig_failed.emit(message)
+
+    def _cancelled(self) -> None:
+        self._set_running(False)
+        self.status.setText("cancelled")
+
+    # -- reports and views ----------------------------------------------------------------------
+
+    def set_reports(self, jitter: JitterReport | None, epsilon: EpsilonReport | None) -> None:
+        self.jitter_report, self.epsilon_report = jitter, epsilon
+        self.heatmap.set_report(jitter)
+        self.margins.set_report(jitter)
+        self.scatter.set_report(jitter)
+        self.token.set_cell(None)
+        self.curve.set_report(epsilon)
+        self.ab.set_reports(jitter, epsilon)
+
+    def select_cell(self, p: int, mi: int) -> None:
+        """Open the token view on cell (position p, MoE layer index mi)."""
+        if self.jitter_report is None:
+            return
+        self.heatmap.mark(p, mi)
+        self.margins.mark(p, mi)
+        self.token.set_cell(self.jitter_report, p, mi)
+        self.tabs.setCurrentWidget(self.token)
+
+    def state(self) -> dict[str, Any]:
+        """The reports as JSON-ready dicts (for the session file)."""
+        return {"schema": STATE_SCHEMA,
+                "jitter": None if self.jitter_report is None else self.jitter_report.to_dict(),
+                "epsilon": None if self.epsilon_report is None else self.epsilon_report.to_dict()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if state.get("schema") != STATE_SCHEMA:
+            raise ValueError(f"not a jitter-lab state (schema {state.get('schema')!r})")
+        self.set_reports(
+            None if state.get("jitter") is None else JitterReport.from_dict(state["jitter"]),
+            None if state.get("epsilon") is None else EpsilonReport.from_dict(state["epsilon"]))
+
+    def load_json(self, path: str) -> None:
+        """A saved lab state, or a `colibri jitter/epsilon --json` report."""
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        schema = data.get("schema")
+        if schema == analysis.SCHEMA_JITTER:
+            self.set_reports(JitterReport.from_dict(data), self.epsilon_report)
+        elif schema == analysis.SCHEMA_EPSILON:
+            self.set_reports(self.jitter_report, EpsilonReport.from_dict(data))
+        else:
+            self.restore(data)
+
+    def save_json(self, path: str) -> None:
+        from colibri.cli import _atomic_write
+
+        data = json.dumps(self.state(), sort_keys=True, separators=(",", ":")).encode("utf-8")
+        _atomic_write(path, lambda f: f.write(data))
+
+    def _save_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save jitter results", "", "JSON (*.json)")
+        if path:
+            self.save_json(path)
+
+    def _load_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Load jitter results", "", "JSON (*.json)")
+        if path:
+            try:
+                self.load_json(path)
+            except (OSError, ValueError, KeyError) as exc:
+                self.status.setText(f"cannot load {path}: {exc}")
+
+    def shutdown(self) -> None:
+        """Cancel and join the worker (call before closing the window)."""
+        self.runner.cancel()
+        self.runner.wait()

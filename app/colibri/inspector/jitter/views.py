@@ -1,0 +1,434 @@
+"""The routing-jitter lab's views, each over a Qt-free report from `colibri.jitter`:
+
+  * `QtJitterHeatmap`  - a `JitterReport`'s cell flip rate (positions x MoE layers: the fraction
+                         of variants that change the cell's selected set); click = select a cell.
+  * `QtMarginHeatmap`  - the baseline's k-th/(k+1)-th margin in ULPs, log2(1 + ULPs) coloured.
+  * `QtFlipsVsMargin`  - every cell as (log2(1 + margin ULPs), variants flipping it), plus the
+                         report's margin bins as bars (flipped pairs per bin).
+  * `QtCellLogits`     - one cell: the router logits of every run side by side (a table, rows =
+                         runs, columns = experts; selected experts marked, flipped runs tinted)
+                         and each variant's logit offsets from the baseline in ULPs.
+  * `QtEpsilonCurve`   - an `EpsilonReport`: jitter left and decisions changed (bias) against
+                         epsilon, the recommended epsilon marked (eps 0 drawn one decade left of
+                         the smallest positive epsilon, on a log axis).
+  * `QtRoutingAB`      - two settings' routing maps (positions x (layer, expert), 1 = selected)
+                         and their difference (+1 only in A, -1 only in B), the first divergent
+                         position marked by a line.
+Each exposes the numbers it draws (`values()`, `points()`, `curve()`, ...) so tests can compare
+them with the CLI's JSON; none recomputes an analysis.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QTableWidget, QTableWidgetItem,
+                               QVBoxLayout, QWidget)
+
+from colibri.jitter.analysis import BASELINE, EpsilonReport, JitterReport, ordered_int
+
+_FLIPPED = QColor(230, 140, 40, 90)
+_SELECTED = QColor(120, 200, 120, 120)
+
+
+class _CellHeatmap(QWidget):
+    """A positions x MoE layers heatmap with a colour bar, hover text and click selection."""
+
+    sig_cell_selected = Signal(int, int)  # position, moe_index
+
+    title = ""
+    colormap = "viridis"
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.graphics = pg.GraphicsLayoutWidget(self)
+        self.plot = self.graphics.addPlot(title=self.title)
+        self.plot.setLabel("bottom", "position")
+        self.plot.setLabel("left", "MoE layer")
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.plot.addItem(self.image)
+        self.bar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get(self.colormap),
+                                   interactive=False)
+        self.bar.setImageItem(self.image, insert_in=self.plot)
+        self.marker = pg.ScatterPlotItem(size=12, pen=pg.mkPen("w", width=2), brush=None,
+                                         symbol="s")
+        self.plot.addItem(self.marker)
+        self.hover = QLabel("", self)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.graphics, 1)
+        layout.addWidget(self.hover)
+        self.plot.scene().sigMouseMoved.connect(self._mouse_moved)
+        self.plot.scene().sigMouseClicked.connect(self._mouse_clicked)
+        self.report: JitterReport | None = None
+        self._values: np.ndarray | None = None
+
+    def _compute(self, report: JitterReport) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
+        """(values [P][M] as reported, image [P][M] as drawn, colour levels)."""
+        raise NotImplementedError
+
+    def _describe(self, p: int, mi: int) -> str:
+        raise NotImplementedError
+
+    def set_report(self, report: JitterReport | None) -> None:
+        self.report = report
+        if report is None or report.margin_ulps.size == 0:
+            self._values = None
+            self.image.clear()
+            return
+        self._values, drawn, levels = self._compute(report)
+        self.image.setImage(drawn.T.astype(np.float64), autoLevels=False)  # rows = layers
+        self.image.setRect(0, 0, drawn.shape[0], drawn.shape[1])
+        self.bar.setLevels(levels)
+
+    def values(self) -> np.ndarray | None:
+        """The reported numbers behind the image, [P][M]."""
+        return self._values
+
+    def mark(self, p: int, mi: int) -> None:
+        self.marker.setData([p + 0.5], [mi + 0.5])
+
+    def _cell_at(self, scene_pos: Any) -> tuple[int, int] | None:
+        if self._values is None:
+            return None
+        point = self.plot.vb.mapSceneToView(scene_pos)
+        p, mi = int(np.floor(point.x())), int(np.floor(point.y()))
+        P, M = self._values.shape
+        return (p, mi) if 0 <= p < P and 0 <= mi < M else None
+
+    def _mouse_moved(self, pos: Any) -> None:
+        cell = self._cell_at(pos)
+        self.hover.setText(self._describe(*cell) if cell else "")
+
+    def _mouse_clicked(self, ev: Any) -> None:
+        cell = self._cell_at(ev.scenePos())
+        if cell:
+            self.sig_cell_selected.emit(*cell)
+
+
+class QtJitterHeatmap(_CellHeatmap):
+    title = "flip rate (fraction of variants changing the top-k set)"
+    colormap = "inferno"
+
+    def _compute(self, report: JitterReport) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
+        rate = report.cell_flip_rate()
+        return rate, rate, (0.0, max(float(rate.max()), 1e-9))
+
+    def _describe(self, p: int, mi: int) -> str:
+        r = self.report
+        assert r is not None
+        who = [n for n in r.variants if r.flips(n)[p, mi]]
+        return (f"position {p} layer {r.moe_layers[mi]}: flip rate {r.cell_flip_rate()[p, mi]:.3f}"
+                f" ({len(who)}/{len(r.variants)}) {', '.join(who[:8])}")
+
+
+class QtMarginHeatmap(_CellHeatmap):
+    title = "baseline margin k-th / (k+1)-th logit, log2(1 + ULPs)"
+    colormap = "viridis"
+
+    def _compute(self, report: JitterReport) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
+        ulps = report.margin_ulps
+        drawn = np.log2(1.0 + np.maximum(ulps, 0).astype(np.float64))
+        return ulps, drawn, (0.0, max(float(drawn.max()), 1.0))
+
+    def _describe(self, p: int, mi: int) -> str:
+        r = self.report
+        assert r is not None
+        return (f"position {p} layer {r.moe_layers[mi]}: margin {int(r.margin_ulps[p, mi])} ULP "
+                f"({r.margin_abs[p, mi]:.3g}), top-k {r.sets[BASELINE][p, mi].tolist()}")
+
+
+class QtFlipsVsMargin(QWidget):
+    """Scatter of cells (log2(1 + margin ULPs), number of variants flipping) and bin bars."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.graphics = pg.GraphicsLayoutWidget(self)
+        self.scatter_plot = self.graphics.addPlot(title="flips against margin (one dot per cell)")
+        self.scatter_plot.setLabel("bottom", "log2(1 + margin ULPs)")
+        self.scatter_plot.setLabel("left", "variants flipping the cell")
+        self.scatter = pg.ScatterPlotItem(size=7, pen=None, brush=pg.mkBrush(230, 140, 40, 160))
+        self.scatter_plot.addItem(self.scatter)
+        self.graphics.nextRow()
+        self.bin_plot = self.graphics.addPlot(title="flip rate per margin bin (ULPs)")
+        self.bars: pg.BarGraphItem | None = None
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.graphics)
+        self._points = np.zeros((0, 2))
+        self._bins: list[dict[str, Any]] = []
+
+    def set_report(self, report: JitterReport | None) -> None:
+        if self.bars is not None:
+            self.bin_plot.removeItem(self.bars)
+            self.bars = None
+        if report is None:
+            self._points, self._bins = np.zeros((0, 2)), []
+            self.scatter.clear()
+            return
+        x = np.log2(1.0 + np.maximum(report.margin_ulps, 0).astype(np.float64)).ravel()
+        y = report.flip_counts().astype(np.float64).ravel()
+        self._points = np.stack([x, y], axis=1)
+        self.scatter.setData(x, y)
+        self._bins = report.flips_vs_margin()
+        rates = [b["flip_rate"] for b in self._bins]
+        self.bars = pg.BarGraphItem(x=np.arange(len(rates)), height=rates, width=0.8,
+                                    brush=pg.mkBrush(110, 130, 160))
+        self.bin_plot.addItem(self.bars)
+        axis = self.bin_plot.getAxis("bottom")
+        axis.setTicks([[(i, b["label"]) for i, b in enumerate(self._bins)]])
+
+    def points(self) -> np.ndarray:
+        """[cells][2]: log2(1 + margin ULPs), variants flipping (row-major cell order)."""
+        return self._points
+
+    def bins(self) -> list[dict[str, Any]]:
+        return self._bins
+
+
+class QtCellLogits(QWidget):
+    """One cell's router logits under every run, side by side."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.title = QLabel("click a cell of a heatmap", self)
+        self.table = QTableWidget(self)
+        self.graphics = pg.GraphicsLayoutWidget(self)
+        self.plot = self.graphics.addPlot(title="logit - baseline logit (ULPs), per expert")
+        self.plot.setLabel("bottom", "expert")
+        self.plot.addLegend(offset=(5, 5))
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.title)
+        layout.addWidget(self.table, 2)
+        layout.addWidget(self.graphics, 1)
+        self.cell: dict[str, Any] | None = None
+
+    def set_cell(self, report: JitterReport | None, p: int | None = None,
+                 mi: int | None = None) -> None:
+        self.table.clear()
+        self.plot.clear()
+        if report is None or p is None or mi is None:
+            self.cell = None
+            self.table.setRowCount(0)
+            return
+        cell = report.cell(p, mi)
+        self.cell = cell
+        names = list(cell["runs"])
+        E = report.n_experts
+        self.title.setText(f"position {p} (token {cell['token']}) layer {cell['layer']}: "
+                           f"margin {cell['margin_ulps']} ULP ({cell['margin_abs']:.3g})")
+        self.table.setRowCount(len(names))
+        self.table.setColumnCount(E + 2)
+        self.table.setHorizontalHeaderLabels([f"e{j}" for j in range(E)] + ["selected", "flip"])
+        self.table.setVerticalHeaderLabels(names)
+        base = np.asarray(cell["runs"][BASELINE]["router_logits"], dtype=np.float32)
+        for row, name in enumerate(names):
+            run = cell["runs"][name]
+            for j, v in enumerate(run["router_logits"]):
+                item = QTableWidgetItem(f"{v:.9g}")
+                item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
+                if j in run["selected"]:
+                    item.setBackground(QBrush(_SELECTED))
+                self.table.setItem(row, j, item)
+            sel = QTableWidgetItem(str(run["selected"]))
+            flip = QTableWidgetItem("flip" if run["flipped"] else "")
+            if run["flipped"]:
+                flip.setBackground(QBrush(_FLIPPED))
+                sel.setBackground(QBrush(_FLIPPED))
+            self.table.setItem(row, E, sel)
+            self.table.setItem(row, E + 1, flip)
+        width = 0.8 / max(len(names) - 1, 1)
+        for i, name in enumerate(names[1:]):
+            logits = np.asarray(cell["runs"][name]["router_logits"], dtype=np.float32)
+            d = (ordered_int(logits) - ordered_int(base)).astype(np.float64)
+            colour = pg.intColor(i, hues=max(len(names) - 1, 1))
+            self.plot.addItem(pg.BarGraphItem(x=np.arange(E) - 0.4 + (i + 0.5) * width, height=d,
+                                              width=width, brush=colour, name=name))
+
+    def table_values(self) -> dict[str, list[float]]:
+        """Run name -> the logits the table shows (parsed back from the cells)."""
+        out = {}
+        for row in range(self.table.rowCount()):
+            name = self.table.verticalHeaderItem(row).text()
+            out[name] = [float(self.table.item(row, j).text())
+                         for j in range(self.table.columnCount() - 2)]
+        return out
+
+
+def _eps_x(eps: list[float]) -> list[float]:
+    """log10 positions; eps 0 one decade left of the smallest positive (or -12)."""
+    positive = [e for e in eps if e > 0]
+    zero_at = (math.log10(min(positive)) - 1.0) if positive else -12.0
+    return [math.log10(e) if e > 0 else zero_at for e in eps]
+
+
+class QtEpsilonCurve(QWidget):
+    """Jitter left and decisions changed against epsilon; the recommendation marked."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.graphics = pg.GraphicsLayoutWidget(self)
+        self.plot = self.graphics.addPlot(title="stable top-k: jitter left and bias vs epsilon")
+        self.plot.setLabel("bottom", "log10(epsilon)  (leftmost point: eps = 0)")
+        self.plot.setLabel("left", "cells")
+        self.plot.addLegend()
+        self.jitter = self.plot.plot([], [], pen=pg.mkPen((230, 90, 60), width=2), symbol="o",
+                                     name="jitter left")
+        self.bias = self.plot.plot([], [], pen=pg.mkPen((90, 140, 230), width=2), symbol="t",
+                                   name="decisions changed")
+        self.rec_line = pg.InfiniteLine(angle=90, pen=pg.mkPen((120, 200, 120), width=2,
+                                                               style=Qt.PenStyle.DashLine))
+        self.plot.addItem(self.rec_line)
+        self.text = QLabel("", self)
+        self.text.setWordWrap(True)
+        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.graphics, 1)
+        layout.addWidget(self.text)
+        self._curve: list[dict[str, Any]] = []
+        self._recommended: float | None = None
+
+    def set_report(self, report: EpsilonReport | None) -> None:
+        if report is None:
+            self._curve, self._recommended = [], None
+            self.jitter.setData([], [])
+            self.bias.setData([], [])
+            self.rec_line.hide()
+            self.text.setText("")
+            return
+        self._curve = [{"eps": r.eps, "jitter_left": r.jitter_left, "bias": r.n_bias}
+                       for r in report.rows]
+        x = _eps_x([c["eps"] for c in self._curve])
+        self.jitter.setData(x, [c["jitter_left"] for c in self._curve])
+        self.bias.setData(x, [c["bias"] for c in self._curve])
+        rec = report.recommended()
+        self._recommended = None if rec is None else rec.eps
+        if rec is None:
+            self.rec_line.hide()
+            self.text.setText("no epsilon of the list removes every flip")
+            return
+        self.rec_line.setValue(x[[c["eps"] for c in self._curve].index(rec.eps)])
+        self.rec_line.show()
+        changed = report.changed_decisions(rec)
+        lines = [f"recommended epsilon: {rec.eps:g} (smallest with no jitter left); it changes "
+                 f"{len(changed)} decision(s) of plain top-k"]
+        lines += [f"pos {c['position']} layer {c['layer']}: {c['plain']} -> {c['stable']}"
+                  for c in changed[:12]]
+        self.text.setText("\n".join(lines))
+
+    def curve(self) -> list[dict[str, Any]]:
+        return self._curve
+
+    def recommended(self) -> float | None:
+        return self._recommended
+
+
+def routing_map(sets: np.ndarray, n_experts: int) -> np.ndarray:
+    """[P][M][k] selected sets -> [P][M * n_experts] one-hot (1 = selected)."""
+    P, M, _ = sets.shape
+    out = np.zeros((P, M, n_experts), dtype=np.int8)
+    for idx in np.ndindex(P, M):
+        for e in sets[idx]:
+            if e >= 0:
+                out[idx][e] = 1
+    return out.reshape(P, M * n_experts)
+
+
+class QtRoutingAB(QWidget):
+    """Two settings' routing maps and their difference, first divergence marked."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.box_a = QComboBox(self)
+        self.box_b = QComboBox(self)
+        self.info = QLabel("", self)
+        self.graphics = pg.GraphicsLayoutWidget(self)
+        self.images: dict[str, pg.ImageItem] = {}
+        self.lines: dict[str, pg.InfiniteLine] = {}
+        for key, title in (("a", "A"), ("b", "B"), ("diff", "A - B (+1 only A, -1 only B)")):
+            plot = self.graphics.addPlot(title=title)
+            plot.setLabel("bottom", "position")
+            plot.setLabel("left", "layer x expert")
+            image = pg.ImageItem(axisOrder="row-major")
+            plot.addItem(image)
+            line = pg.InfiniteLine(angle=90, pen=pg.mkPen((255, 60, 60), width=2))
+            plot.addItem(line)
+            line.hide()
+            self.images[key], self.lines[key] = image, line
+            self.graphics.nextRow()
+        self.images["diff"].setLookupTable(
+            pg.ColorMap([0.0, 0.5, 1.0], [(60, 120, 230), (30, 30, 30), (230, 120, 60)])
+            .getLookupTable(nPts=3))
+        top = QHBoxLayout()
+        top.addWidget(QLabel("A", self))
+        top.addWidget(self.box_a, 1)
+        top.addWidget(QLabel("B", self))
+        top.addWidget(self.box_b, 1)
+        layout = QVBoxLayout(self)
+        layout.addLayout(top)
+        layout.addWidget(self.info)
+        layout.addWidget(self.graphics, 1)
+        self._settings: dict[str, np.ndarray] = {}
+        self._n_experts = 0
+        self._first: int | None = None
+        self.box_a.currentTextChanged.connect(lambda _t: self._redraw())
+        self.box_b.currentTextChanged.connect(lambda _t: self._redraw())
+
+    def set_reports(self, jitter: JitterReport | None, epsilon: EpsilonReport | None) -> None:
+        settings: dict[str, np.ndarray] = {}
+        n_experts = 0
+        if jitter is not None:
+            n_experts = jitter.n_experts
+            for name in [BASELINE, *jitter.variants]:
+                settings[name] = jitter.sets[name]
+        if epsilon is not None:
+            n_experts = epsilon.n_experts
+            settings.setdefault(BASELINE, epsilon.plain_sets)
+            for row in epsilon.rows:
+                settings[f"stable eps={row.eps:g}"] = row.sets
+        self._settings, self._n_experts = settings, n_experts
+        for box, pick in ((self.box_a, 0), (self.box_b, 1)):
+            box.blockSignals(True)
+            box.clear()
+            box.addItems(list(settings))
+            box.setCurrentIndex(min(pick, len(settings) - 1))
+            box.blockSignals(False)
+        self._redraw()
+
+    def set_pair(self, a: str, b: str) -> None:
+        self.box_a.setCurrentText(a)
+        self.box_b.setCurrentText(b)
+        self._redraw()
+
+    def _redraw(self) -> None:
+        a, b = self.box_a.currentText(), self.box_b.currentText()
+        if a not in self._settings or b not in self._settings:
+            for image in self.images.values():
+                image.clear()
+            self._first = None
+            return
+        sa, sb = self._settings[a], self._settings[b]
+        ma, mb = routing_map(sa, self._n_experts), routing_map(sb, self._n_experts)
+        diff = ma.astype(np.int16) - mb.astype(np.int16)
+        rows = np.flatnonzero((sa != sb).any(axis=(1, 2)))
+        self._first = int(rows[0]) if rows.size else None
+        for key, data, levels in (("a", ma, (0, 1)), ("b", mb, (0, 1)), ("diff", diff + 1, (0, 2))):
+            self.images[key].setImage(data.T.astype(np.float64), levels=levels)
+            self.images[key].setRect(0, 0, data.shape[0], data.shape[1])
+            if self._first is None:
+                self.lines[key].hide()
+            else:
+                self.lines[key].setValue(self._first + 0.5)
+                self.lines[key].show()
+        changed = int((sa != sb).any(axis=-1).sum())
+        self.info.setText(f"{changed} cells differ; first divergence: "
+                          f"{'none' if self._first is None else f'position {self._first}'}")
+
+    def first_divergence(self) -> int | None:
+        return self._first
+
+    def settings(self) -> list[str]:
+        return list(self._settings)

@@ -1,0 +1,21 @@
+"""The routing-jitter lab (Qt-free): run a model under real numerics variants on a fixed token
+sequence, find the fragile top-k decisions, and measure what a stable-top-k epsilon costs.
+
+    with Runner("model.colibri") as r:
+        tokens = r.greedy_sequence(prompt_ids, 16)
+        report = analyze_jitter(r, tokens)          # JitterReport
+        sweep = analyze_epsilon(r, tokens)          # EpsilonReport
+
+Definitions are in colibri.jitter.analysis; variant spelling in colibri.jitter.variants.
+"""
+
+from colibri.jitter.analysis import (BASELINE, DEFAULT_EPS, Cancelled, Downstream, EpsilonReport,
+                                     EpsilonRow, JitterReport, Run, Runner, analyze_epsilon,
+                                     analyze_jitter, margins, ordered_int, parse_eps,
+                                     selection_order)
+from colibri.jitter.variants import DEFAULT_VARIANTS, Variant, parse_variants
+
+__all__ = ["BASELINE", "DEFAULT_EPS", "DEFAULT_VARIANTS", "Cancelled", "Downstream",
+           "EpsilonReport", "EpsilonRow", "JitterReport", "Run", "Runner", "Variant",
+           "analyze_epsilon", "analyze_jitter", "margins", "ordered_int", "parse_eps",
+           "parse_variants", "selection_order"]

@@ -1,0 +1,588 @@
+"""Routing-jitter analysis: which top-k decisions are fragile under real numerics variants, and
+what a stable-top-k epsilon costs. Qt-free; the CLI and the Inspector both read its reports.
+
+Method. A fixed token sequence (the prompt, then the baseline's greedy continuation) is
+processed teacher-forced by the baseline (default numerics, plain top-k) and by every variant
+(colibri.numerics settings or weight-precision copies, colibri.jitter.variants), so position p
+is the same token in every run. A *cell* is one (position, MoE layer) routing decision.
+
+jitter report (`analyze_jitter`):
+  - baseline top-k set of every cell; margin = k-th minus (k+1)-th router logit of the baseline,
+    absolute (float64 difference of the float32 values) and in ULPs (distance on the ordered
+    float32 line, adjacent floats 1 apart, +0 == -0);
+  - a variant *flips* a cell when its selected set (order ignored) differs from the baseline's;
+    flip rate of a variant = flipped cells / cells; cell flip rate = fraction of variants that
+    flip the cell; overall flip rate = flipped (cell, variant) pairs / (cells * variants);
+  - flips against margin: cells binned by baseline ULP margin (0, 1, 2-3, 4-7, ...);
+  - downstream per variant: the first position whose selected experts differ in any layer, the
+    first position whose greedy next token (arg-max of the logits, lowest id on ties) differs,
+    and per position the max |logit difference| and KL(baseline || variant) of the softmaxes.
+  Later flips can be consequences of earlier ones (the hidden states diverge); the first
+  divergence positions separate cause from consequence.
+
+epsilon report (`analyze_epsilon`), for each epsilon of the list:
+  - the eps-baseline and every variant run with stable routing at that epsilon;
+  - jitter left = cells where at least one variant's set differs from the eps-baseline's;
+  - bias = cells where the eps-baseline's set differs from the plain top-k baseline's (the
+    decisions the epsilon itself changes), with their downstream divergence;
+  - recommended epsilon = the smallest of the list with zero jitter left, with the decisions it
+    changes (its bias cells) stated; None when no epsilon of the list removes every flip.
+
+Everything is a pure function of (file, tokens, settings): the engine is deterministic, the
+reports hold no timestamps, and `to_dict` output is stable (JSON with sorted keys).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from colibri.engine import Model, Session
+from colibri.jitter.variants import Variant, parse_variants
+from colibri.jitter.weights import convert_weights
+
+SCHEMA_JITTER = "colibri.jitter/1"
+SCHEMA_EPSILON = "colibri.epsilon/1"
+DEFAULT_EPS = (0.0, 1e-10, 1e-9, 1e-8, 1e-7, 1e-6, 1e-5)
+BASELINE = "baseline"
+
+ProgressFn = Callable[..., None]
+CancelledFn = Callable[[], bool]
+
+
+class Cancelled(Exception):
+    """The analysis noticed its cancel flag between two runs."""
+
+
+def _no_progress(done: int, total: int, text: str = "") -> None:
+    pass
+
+
+def _never() -> bool:
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# float32 helpers
+
+
+def ordered_int(values: np.ndarray) -> np.ndarray:
+    """float32 values -> int64 positions on the ordered float line (adjacent floats differ by 1,
+    +0 and -0 are both 0)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.int64)
+    mag = bits & 0x7FFFFFFF
+    return np.where(bits & 0x80000000, -mag, mag)
+
+
+def selection_order(router_logits: np.ndarray, epsilon: float = 0.0) -> np.ndarray:
+    """Expert indices of each cell in the engine's selection order: descending
+    (double)logit[j] + j*epsilon, exact ties to the lower index (router.c)."""
+    scores = router_logits.astype(np.float64)
+    if epsilon:
+        scores = scores + np.arange(scores.shape[-1], dtype=np.float64) * epsilon
+    return np.argsort(-scores, axis=-1, kind="stable")
+
+
+def margins(router_logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(absolute, ULP) margin between the k-th and (k+1)-th logit of each cell, [P][M]. With
+    k == n_experts there is no (k+1)-th: inf and -1."""
+    P, M, E = router_logits.shape
+    if k >= E:
+        return np.full((P, M), np.inf), np.full((P, M), -1, dtype=np.int64)
+    order = selection_order(router_logits)
+    kth = np.take_along_axis(router_logits, order[..., k - 1:k], axis=-1)[..., 0]
+    nxt = np.take_along_axis(router_logits, order[..., k:k + 1], axis=-1)[..., 0]
+    return (kth.astype(np.float64) - nxt.astype(np.float64),
+            ordered_int(kth) - ordered_int(nxt))
+
+
+def ulp_bin(ulps: int) -> int:
+    """Bin of a ULP margin: 0 -> 0, 1 -> 1, 2-3 -> 2, 4-7 -> 3, ... (negative: -1)."""
+    return -1 if ulps < 0 else (0 if ulps == 0 else int(ulps).bit_length())
+
+
+def ulp_bin_label(b: int) -> str:
+    if b < 0:
+        return "none"
+    if b <= 1:
+        return str(b)
+    if b <= 10:
+        return f"{1 << (b - 1)}-{(1 << b) - 1}"
+    return f"2^{b - 1}-2^{b}"
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def logit_divergence(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per position: max |a - b| and KL(softmax(a) || softmax(b)), both float64 [P]."""
+    max_abs = np.abs(a.astype(np.float64) - b.astype(np.float64)).max(axis=-1)
+    la, lb = _log_softmax(a), _log_softmax(b)
+    kl = (np.exp(la) * (la - lb)).sum(axis=-1)
+    return max_abs, np.maximum(kl, 0.0)
+
+
+def _first(mask: np.ndarray) -> int | None:
+    idx = np.flatnonzero(mask)
+    return int(idx[0]) if idx.size else None
+
+
+# ---------------------------------------------------------------------------------------------
+# runs
+
+
+@dataclass(frozen=True)
+class Run:
+    """One teacher-forced pass: logits [P][V], selected experts [P][M][k] in selection order,
+    router logits as routing used them [P][M][E]."""
+
+    name: str
+    logits: np.ndarray
+    expert_ids: np.ndarray
+    router_logits: np.ndarray
+
+    @property
+    def sets(self) -> np.ndarray:
+        """Selected expert sets, sorted ascending per cell [P][M][k]."""
+        return np.sort(self.expert_ids, axis=-1)
+
+
+class Runner:
+    """Runs variants of one model file on token sequences. Weight-precision copies are written
+    once to a private temporary directory, removed by `close`."""
+
+    def __init__(self, path: str | os.PathLike[str], threads: int = 1) -> None:
+        self.path = os.fspath(path)
+        self.threads = threads
+        self.model = Model.open(self.path)
+        self._models: dict[str | None, Model] = {None: self.model}
+        self._tmp: str | None = None
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for m in self._models.values():
+            m.close()
+        self._models = {}
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def model_for(self, variant: Variant) -> Model:
+        if variant.weights not in self._models:
+            if self._tmp is None:
+                self._tmp = tempfile.mkdtemp(prefix="colibri-jitter-")
+            out = os.path.join(self._tmp, f"weights-{variant.weights}.colibri")
+            convert_weights(self.model, variant.weights or "f32", out)
+            self._models[variant.weights] = Model.open(out)
+        return self._models[variant.weights]
+
+    def run(self, tokens: Sequence[int], variant: Variant | None = None, routing: str = "topk",
+            epsilon: float = 0.0) -> Run:
+        variant = variant or Variant()
+        model = self.model_for(variant)
+        with Session(model, routing=routing, epsilon=epsilon, threads=self.threads,
+                     max_context=len(tokens), trace=True, numerics=variant.numerics) as s:
+            logits = s.prefill(list(tokens))
+            trace = s.trace
+            assert trace is not None
+            return Run(BASELINE if variant.is_baseline else variant.name, logits,
+                       np.array(trace.expert_ids), np.array(trace.router_logits))
+
+    def greedy_sequence(self, prompt: Sequence[int], n_generate: int) -> list[int]:
+        """prompt + the baseline's greedy continuation of n_generate tokens (stops after EOS)."""
+        hp = self.model.hparams
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) + n_generate > hp.max_context:
+            raise ValueError(f"{len(prompt)} prompt + {n_generate} generated tokens exceed the "
+                             f"model's context of {hp.max_context}")
+        tokens = list(int(t) for t in prompt)
+        if n_generate <= 0:
+            return tokens
+        with Session(self.model, threads=self.threads, max_context=len(prompt) + n_generate,
+                     trace=False) as s:
+            logits = s.prefill(tokens)[-1]
+            for i in range(n_generate):
+                nxt = int(np.argmax(logits))
+                tokens.append(nxt)
+                if nxt == hp.eos_token_id or i == n_generate - 1:
+                    break
+                logits = s.step(nxt)
+        return tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# jitter report
+
+
+def _ints(a: np.ndarray) -> list[Any]:
+    return np.asarray(a).tolist()
+
+
+def _floats(a: np.ndarray) -> list[Any]:
+    """float arrays -> nested lists of Python floats (inf/nan as strings, JSON-safe)."""
+    def conv(x: Any) -> Any:
+        if isinstance(x, list):
+            return [conv(v) for v in x]
+        x = float(x)
+        return x if math.isfinite(x) else repr(x)
+    return conv(np.asarray(a, dtype=np.float64).tolist())
+
+
+def _unfloats(a: Any, dtype: Any = np.float64) -> np.ndarray:
+    def conv(x: Any) -> Any:
+        if isinstance(x, list):
+            return [conv(v) for v in x]
+        return float(x)
+    return np.asarray(conv(a), dtype=dtype)
+
+
+@dataclass
+class Downstream:
+    first_expert_divergence: int | None
+    first_token_divergence: int | None
+    max_abs: np.ndarray            # [P] float64
+    kl: np.ndarray                 # [P] float64
+
+    @classmethod
+    def between(cls, base: Run, other: Run) -> Downstream:
+        differ = (base.sets != other.sets).any(axis=(1, 2))
+        tokens = np.argmax(base.logits, axis=-1) != np.argmax(other.logits, axis=-1)
+        max_abs, kl = logit_divergence(base.logits, other.logits)
+        return cls(_first(differ), _first(tokens), max_abs, kl)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"first_expert_divergence": self.first_expert_divergence,
+                "first_token_divergence": self.first_token_divergence,
+                "max_abs": _floats(self.max_abs), "kl": _floats(self.kl),
+                "max_abs_max": float(self.max_abs.max()) if self.max_abs.size else 0.0,
+                "kl_max": float(self.kl.max()) if self.kl.size else 0.0}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Downstream:
+        return cls(d["first_expert_divergence"], d["first_token_divergence"],
+                   _unfloats(d["max_abs"]), _unfloats(d["kl"]))
+
+
+@dataclass
+class JitterReport:
+    """Everything the jitter views show; `to_dict`/`from_dict` round-trip it through JSON."""
+
+    model: str                               # file name
+    tokens: list[int]
+    n_prompt: int
+    moe_layers: list[int]
+    n_experts: int
+    k: int
+    threads: int
+    variants: list[str]                      # in run order, baseline excluded
+    sets: dict[str, np.ndarray]              # name (and "baseline") -> [P][M][k] sorted ids
+    router_logits: dict[str, np.ndarray]     # name (and "baseline") -> [P][M][E] float32
+    margin_abs: np.ndarray                   # [P][M] float64
+    margin_ulps: np.ndarray                  # [P][M] int64
+    downstream: dict[str, Downstream] = field(default_factory=dict)
+
+    @property
+    def n_positions(self) -> int:
+        return len(self.tokens)
+
+    def flips(self, name: str) -> np.ndarray:
+        """[P][M] bool: cells whose selected set under `name` differs from the baseline's."""
+        return (self.sets[name] != self.sets[BASELINE]).any(axis=-1)
+
+    def flip_counts(self) -> np.ndarray:
+        """[P][M] number of variants flipping each cell."""
+        total = np.zeros(self.margin_ulps.shape, dtype=np.int64)
+        for name in self.variants:
+            total += self.flips(name)
+        return total
+
+    def cell_flip_rate(self) -> np.ndarray:
+        return self.flip_counts() / max(len(self.variants), 1)
+
+    def flip_rate(self) -> dict[str, float]:
+        return {name: float(self.flips(name).mean()) for name in self.variants}
+
+    def overall_flip_rate(self) -> float:
+        cells = self.margin_ulps.size * len(self.variants)
+        return float(self.flip_counts().sum() / cells) if cells else 0.0
+
+    def flips_vs_margin(self) -> list[dict[str, Any]]:
+        """Per ULP-margin bin: cells, cells flipped by any variant, flipped (cell, variant) pairs."""
+        counts = self.flip_counts()
+        bins: dict[int, list[int]] = {}
+        for (p, m), u in np.ndenumerate(self.margin_ulps):
+            b = ulp_bin(int(u))
+            row = bins.setdefault(b, [0, 0, 0])
+            row[0] += 1
+            row[1] += int(counts[p, m] > 0)
+            row[2] += int(counts[p, m])
+        return [{"bin": b, "label": ulp_bin_label(b), "cells": c, "flipped_cells": f,
+                 "flips": n, "flip_rate": n / (c * max(len(self.variants), 1))}
+                for b, (c, f, n) in sorted(bins.items())]
+
+    def cell(self, position: int, layer_index: int) -> dict[str, Any]:
+        """One cell for the token view: every run's router logits and selected set."""
+        names = [BASELINE, *self.variants]
+        return {
+            "position": position, "layer": self.moe_layers[layer_index],
+            "token": self.tokens[position],
+            "margin_abs": float(self.margin_abs[position, layer_index]),
+            "margin_ulps": int(self.margin_ulps[position, layer_index]),
+            "runs": {n: {"router_logits": self.router_logits[n][position, layer_index].tolist(),
+                         "selected": self.sets[n][position, layer_index].tolist(),
+                         "flipped": bool(n != BASELINE and self.flips(n)[position, layer_index])}
+                     for n in names},
+        }
+
+    def summary(self) -> dict[str, Any]:
+        return {"cells": int(self.margin_ulps.size),
+                "flipped_cells": int((self.flip_counts() > 0).sum()),
+                "overall_flip_rate": self.overall_flip_rate()}
+
+    def to_dict(self) -> dict[str, Any]:
+        names = [BASELINE, *self.variants]
+        return {
+            "schema": SCHEMA_JITTER,
+            "model": self.model, "tokens": list(self.tokens), "n_prompt": self.n_prompt,
+            "moe_layers": list(self.moe_layers), "n_experts": self.n_experts, "k": self.k,
+            "threads": self.threads, "variants": list(self.variants),
+            "sets": {n: _ints(self.sets[n]) for n in names},
+            "router_logits": {n: _floats(self.router_logits[n]) for n in names},
+            "margin_abs": _floats(self.margin_abs), "margin_ulps": _ints(self.margin_ulps),
+            "flips": {n: _ints(self.flips(n).astype(np.int8)) for n in self.variants},
+            "cell_flip_rate": _floats(self.cell_flip_rate()),
+            "flip_rate": self.flip_rate(),
+            "flips_vs_margin": self.flips_vs_margin(),
+            "downstream": {n: self.downstream[n].to_dict() for n in self.variants},
+            "summary": self.summary(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JitterReport:
+        if d.get("schema") != SCHEMA_JITTER:
+            raise ValueError(f"not a jitter report (schema {d.get('schema')!r})")
+        names = [BASELINE, *d["variants"]]
+        return cls(d["model"], list(d["tokens"]), d["n_prompt"], list(d["moe_layers"]),
+                   d["n_experts"], d["k"], d["threads"], list(d["variants"]),
+                   {n: np.asarray(d["sets"][n], dtype=np.int32) for n in names},
+                   {n: _unfloats(d["router_logits"][n], np.float32) for n in names},
+                   _unfloats(d["margin_abs"]), np.asarray(d["margin_ulps"], dtype=np.int64),
+                   {n: Downstream.from_dict(d["downstream"][n]) for n in d["variants"]})
+
+
+def _report_base(runner: Runner, tokens: Sequence[int]) -> dict[str, Any]:
+    hp = runner.model.hparams
+    moe = [layer for layer in range(hp.n_layers) if runner.model.routing(layer).kind == "moe"]
+    return {"model": os.path.basename(runner.path), "tokens": [int(t) for t in tokens],
+            "moe_layers": moe, "n_experts": hp.n_experts, "k": hp.n_experts_active,
+            "threads": runner.threads}
+
+
+def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Variant] | str | None
+                   = None, n_prompt: int | None = None, progress: ProgressFn = _no_progress,
+                   cancelled: CancelledFn = _never) -> JitterReport:
+    """Run the baseline and every variant on `tokens` (teacher-forced) and compare routing."""
+    if variants is None or isinstance(variants, str):
+        variants = parse_variants(variants)
+    total = 1 + len(variants)
+    progress(0, total, "baseline")
+    base = runner.run(tokens)
+    margin_abs, margin_ulps = margins(base.router_logits, runner.model.hparams.n_experts_active)
+    sets = {BASELINE: base.sets}
+    router = {BASELINE: base.router_logits}
+    downstream = {}
+    names = []
+    for i, v in enumerate(variants):
+        if cancelled():
+            raise Cancelled()
+        progress(i + 1, total, v.name)
+        run = runner.run(tokens, v)
+        names.append(run.name)
+        sets[run.name] = run.sets
+        router[run.name] = run.router_logits
+        downstream[run.name] = Downstream.between(base, run)
+    progress(total, total, "done")
+    info = _report_base(runner, tokens)
+    return JitterReport(info["model"], info["tokens"],
+                        len(tokens) if n_prompt is None else n_prompt, info["moe_layers"],
+                        info["n_experts"], info["k"], info["threads"], names, sets, router,
+                        margin_abs, margin_ulps, downstream)
+
+
+# ---------------------------------------------------------------------------------------------
+# epsilon report
+
+
+@dataclass
+class EpsilonRow:
+    eps: float
+    sets: np.ndarray                         # [P][M][k] eps-baseline sets
+    jitter_cells: np.ndarray                 # [P][M] bool: some variant differs from eps-baseline
+    variant_flips: dict[str, int]            # cells each variant flips against the eps-baseline
+    bias_cells: np.ndarray                   # [P][M] bool: eps-baseline differs from plain top-k
+    bias: Downstream                         # eps-baseline against plain top-k
+    jitter_max_abs: float                    # max over variants and positions, vs eps-baseline
+    jitter_kl_max: float
+    jitter_first_token_divergence: int | None
+
+    @property
+    def jitter_left(self) -> int:
+        return int(self.jitter_cells.sum())
+
+    @property
+    def n_bias(self) -> int:
+        return int(self.bias_cells.sum())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"eps": self.eps, "sets": _ints(self.sets),
+                "jitter_left": self.jitter_left, "jitter_cells": _ints(np.argwhere(self.jitter_cells)),
+                "variant_flips": dict(self.variant_flips),
+                "bias": self.n_bias, "bias_cells": _ints(np.argwhere(self.bias_cells)),
+                "bias_downstream": self.bias.to_dict(),
+                "jitter_max_abs": self.jitter_max_abs, "jitter_kl_max": self.jitter_kl_max,
+                "jitter_first_token_divergence": self.jitter_first_token_divergence}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], shape: tuple[int, int]) -> EpsilonRow:
+        def mask(cells: list[list[int]]) -> np.ndarray:
+            m = np.zeros(shape, dtype=bool)
+            for p, layer in cells:
+                m[p, layer] = True
+            return m
+        return cls(d["eps"], np.asarray(d["sets"], dtype=np.int32), mask(d["jitter_cells"]),
+                   dict(d["variant_flips"]), mask(d["bias_cells"]),
+                   Downstream.from_dict(d["bias_downstream"]), d["jitter_max_abs"],
+                   d["jitter_kl_max"], d["jitter_first_token_divergence"])
+
+
+@dataclass
+class EpsilonReport:
+    model: str
+    tokens: list[int]
+    n_prompt: int
+    moe_layers: list[int]
+    n_experts: int
+    k: int
+    threads: int
+    variants: list[str]
+    plain_sets: np.ndarray                   # [P][M][k] plain top-k baseline
+    rows: list[EpsilonRow]                   # ascending eps
+
+    def recommended(self) -> EpsilonRow | None:
+        """The smallest epsilon of the list with zero jitter left."""
+        for row in self.rows:
+            if row.jitter_left == 0:
+                return row
+        return None
+
+    def changed_decisions(self, row: EpsilonRow) -> list[dict[str, Any]]:
+        return [{"position": int(p), "layer": self.moe_layers[m], "layer_index": int(m),
+                 "plain": _ints(self.plain_sets[p, m]), "stable": _ints(row.sets[p, m])}
+                for p, m in np.argwhere(row.bias_cells)]
+
+    def to_dict(self) -> dict[str, Any]:
+        rec = self.recommended()
+        return {
+            "schema": SCHEMA_EPSILON,
+            "model": self.model, "tokens": list(self.tokens), "n_prompt": self.n_prompt,
+            "moe_layers": list(self.moe_layers), "n_experts": self.n_experts, "k": self.k,
+            "threads": self.threads, "variants": list(self.variants),
+            "plain_sets": _ints(self.plain_sets),
+            "rows": [r.to_dict() for r in self.rows],
+            "curve": [{"eps": r.eps, "jitter_left": r.jitter_left, "bias": r.n_bias}
+                      for r in self.rows],
+            "recommended": None if rec is None else {
+                "eps": rec.eps, "bias": rec.n_bias,
+                "changed_decisions": self.changed_decisions(rec)},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EpsilonReport:
+        if d.get("schema") != SCHEMA_EPSILON:
+            raise ValueError(f"not an epsilon report (schema {d.get('schema')!r})")
+        plain = np.asarray(d["plain_sets"], dtype=np.int32)
+        shape = (plain.shape[0], plain.shape[1])
+        return cls(d["model"], list(d["tokens"]), d["n_prompt"], list(d["moe_layers"]),
+                   d["n_experts"], d["k"], d["threads"], list(d["variants"]), plain,
+                   [EpsilonRow.from_dict(r, shape) for r in d["rows"]])
+
+
+def parse_eps(text: str | None) -> list[float]:
+    """'0,1e-9,...' -> sorted unique floats (None or '' = DEFAULT_EPS); each finite and >= 0."""
+    if not text:
+        return list(DEFAULT_EPS)
+    out = set()
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        value = float(part)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"epsilon must be finite and >= 0, got {part.strip()!r}")
+        out.add(value)
+    if not out:
+        raise ValueError("empty epsilon list")
+    return sorted(out)
+
+
+def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] | None = None,
+                    variants: Sequence[Variant] | str | None = None, n_prompt: int | None = None,
+                    progress: ProgressFn = _no_progress,
+                    cancelled: CancelledFn = _never) -> EpsilonReport:
+    """The epsilon sweep: for each epsilon, baseline and variants under stable routing."""
+    if variants is None or isinstance(variants, str):
+        variants = parse_variants(variants)
+    eps_list = sorted(set(float(e) for e in (DEFAULT_EPS if eps is None else eps)))
+    total = 1 + len(eps_list) * (1 + len(variants))
+    done = 0
+    progress(done, total, "plain top-k")
+    plain = runner.run(tokens)
+    rows = []
+    names = [v.name for v in variants]
+    for e in eps_list:
+        if cancelled():
+            raise Cancelled()
+        done += 1
+        progress(done, total, f"eps {e:g}: baseline")
+        base = runner.run(tokens, routing="stable", epsilon=e)
+        jitter = np.zeros(base.sets.shape[:2], dtype=bool)
+        flips: dict[str, int] = {}
+        max_abs, kl_max, first_tok = 0.0, 0.0, None
+        for v in variants:
+            if cancelled():
+                raise Cancelled()
+            done += 1
+            progress(done, total, f"eps {e:g}: {v.name}")
+            run = runner.run(tokens, v, routing="stable", epsilon=e)
+            diff = (run.sets != base.sets).any(axis=-1)
+            jitter |= diff
+            flips[v.name] = int(diff.sum())
+            d = Downstream.between(base, run)
+            max_abs = max(max_abs, float(d.max_abs.max()))
+            kl_max = max(kl_max, float(d.kl.max()))
+            if d.first_token_divergence is not None:
+                first_tok = d.first_token_divergence if first_tok is None else min(
+                    first_tok, d.first_token_divergence)
+        bias_cells = (base.sets != plain.sets).any(axis=-1)
+        rows.append(EpsilonRow(e, base.sets, jitter, flips, bias_cells,
+                               Downstream.between(plain, base), max_abs, kl_max, first_tok))
+    progress(total, total, "done")
+    info = _report_base(runner, tokens)
+    return EpsilonReport(info["model"], info["tokens"],
+                         len(tokens) if n_prompt is None else n_prompt, info["moe_layers"],
+                         info["n_experts"], info["k"], info["threads"], names, plain.sets, rows)

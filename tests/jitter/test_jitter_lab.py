@@ -1,0 +1,258 @@
+"""The routing-jitter lab: numerics variants in the engine, exact-tie rules, epsilon, the
+analysis reports and the `colibri jitter` / `colibri epsilon` commands."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri.cli import main
+from colibri.engine import Model, Session
+from colibri.errors import ColibriValueError
+from colibri.jitter import (BASELINE, EpsilonReport, JitterReport, Runner, Variant,
+                            analyze_epsilon, analyze_jitter, margins, ordered_int, parse_variants)
+from colibri.jitter.cli import report_json
+from colibri.numerics import Numerics
+
+from jitter_models import TIE_LAYER, TIED, make_tie_model, make_wide_model
+
+PROMPT = [3, 4, 5, 6, 7]
+NOISE = "noise1,noise2,noise4"
+
+
+@pytest.fixture(scope="module")
+def tie_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tie_model(tmp_path_factory.mktemp("jitter"))
+
+
+@pytest.fixture(scope="module")
+def tie_tokens(tie_path: Path) -> list[int]:
+    with Runner(tie_path) as r:
+        return r.greedy_sequence(PROMPT, 8)
+
+
+def _run(path: Path, tokens: list[int], **kw: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    with Model.open(path) as m, Session(m, max_context=len(tokens), **kw) as s:
+        logits = s.prefill(tokens)
+        t = s.trace
+        return logits, np.array(t.expert_ids), np.array(t.router_logits)
+
+
+# ---- float helpers --------------------------------------------------------------------------
+
+
+def test_ordered_int_and_margins_count_ulps() -> None:
+    one = np.float32(1.0)
+    up = np.nextafter(one, np.float32(2.0))
+    assert int(ordered_int(np.array([up]))[0] - ordered_int(np.array([one]))[0]) == 1
+    assert ordered_int(np.array([-0.0, 0.0], dtype=np.float32)).tolist() == [0, 0]
+    tiny = np.nextafter(np.float32(0.0), np.float32(1.0))
+    assert int(ordered_int(np.array([tiny]))[0] - ordered_int(np.array([-tiny]))[0]) == 2
+    logits = np.array([[[3.0, up, one, -1.0]]], dtype=np.float32)
+    abs_m, ulp_m = margins(logits, 2)
+    assert ulp_m[0, 0] == 1 and abs_m[0, 0] == float(up) - 1.0
+    tie = np.array([[[2.0, 1.0, 1.0, 0.0]]], dtype=np.float32)
+    assert margins(tie, 2)[1][0, 0] == 0
+
+
+def test_variant_specs_round_trip() -> None:
+    for spec in ("seq", "seq+fma", "pairwise", "blocked8+fma", "seq+split4", "act-bf16",
+                 "noise3@9", "w-f16", "w-bf16+blocked16"):
+        v = Variant.parse(spec)
+        assert Variant.parse(v.name) == v
+    assert Variant.parse("split4").numerics.reduction == "sequential"
+    assert all(not v.is_baseline for v in parse_variants(None))
+    assert parse_variants("noise0,seq")[0].name == "seq"  # the baseline itself is dropped
+
+
+def test_bad_numerics_are_refused(tiny_model_path: Callable[..., Path]) -> None:
+    with Model.open(tiny_model_path()) as m:
+        with pytest.raises(ColibriValueError):
+            Session(m, numerics="blocked0")
+        with pytest.raises(ColibriValueError):
+            Session(m, numerics={"reduction": "pairwise", "lanes": 4})
+        with pytest.raises(ColibriValueError):
+            Session(m, numerics="bogus")
+
+
+# ---- the exact tie --------------------------------------------------------------------------
+
+
+def test_tie_is_exact_and_plain_topk_takes_the_lower_index(tie_path: Path,
+                                                            tie_tokens: list[int]) -> None:
+    _, ids, router = _run(tie_path, tie_tokens)
+    a, b = TIED
+    cells = router[:, TIE_LAYER]
+    assert np.array_equal(cells[:, a].view(np.uint32), cells[:, b].view(np.uint32))
+    _, ulps = margins(router, 2)
+    assert (ulps[:, TIE_LAYER] == 0).all()  # the tie sits on the top-k boundary
+    chosen = ids[:, TIE_LAYER]
+    assert (chosen == a).any(axis=-1).all() and not (chosen == b).any()
+
+
+@pytest.mark.parametrize("eps", [1e-9, 1e-6])
+def test_stable_topk_breaks_the_tie_by_the_documented_order(tie_path: Path,
+                                                             tie_tokens: list[int],
+                                                             eps: float) -> None:
+    """(double)logit[j] + j*eps: the higher index of an exact tie wins for any eps > 0."""
+    _, plain, _ = _run(tie_path, tie_tokens)
+    _, ids, _ = _run(tie_path, tie_tokens, routing="stable", epsilon=eps)
+    a, b = TIED
+    chosen = ids[:, TIE_LAYER]
+    assert (chosen == b).any(axis=-1).all() and not (chosen == a).any()
+    # the other slot is the plain one: eps only resolved the tie
+    others = np.sort(np.where(plain[:, TIE_LAYER] == a, b, plain[:, TIE_LAYER]), axis=-1)
+    assert np.array_equal(np.sort(chosen, axis=-1), others)
+
+
+def test_noise_flips_the_tie_and_epsilon_removes_the_flips(tie_path: Path,
+                                                           tie_tokens: list[int]) -> None:
+    with Runner(tie_path) as r:
+        jit = analyze_jitter(r, tie_tokens, NOISE, n_prompt=len(PROMPT))
+        sweep = analyze_epsilon(r, tie_tokens, [0.0, 1e-9, 1e-5], NOISE)
+    tie_rate = jit.cell_flip_rate()[:, TIE_LAYER]
+    assert tie_rate.max() > 0 and all(jit.flips(n)[:, TIE_LAYER].any() for n in jit.variants)
+    # reduction-order variants keep an exact tie exact: they never flip it
+    with Runner(tie_path) as r:
+        red = analyze_jitter(r, tie_tokens, "seq,pairwise,blocked8+fma,seq+split4")
+    assert not any(red.flips(n)[:, TIE_LAYER].any() for n in red.variants)
+
+    rows = {row.eps: row for row in sweep.rows}
+    assert rows[0.0].jitter_cells[:, TIE_LAYER].any()
+    assert rows[0.0].n_bias == 0                                   # eps 0 == plain top-k
+    assert not rows[1e-5].jitter_cells[:, TIE_LAYER].any()         # flip rate drops to zero
+    assert rows[1e-5].jitter_left == 0
+    assert rows[1e-5].bias_cells[:, TIE_LAYER].all()               # ... at the documented cost
+    rec = sweep.recommended()
+    assert rec is not None and rec.eps == 1e-5
+    changed = sweep.changed_decisions(rec)
+    assert {(c["position"], c["layer_index"]) for c in changed} == {
+        (int(p), int(m)) for p, m in np.argwhere(rec.bias_cells)}
+    assert json.loads(report_json(sweep))["recommended"]["eps"] == 1e-5
+
+
+# ---- engine numerics ------------------------------------------------------------------------
+
+
+def test_zero_ulp_noise_reproduces_the_baseline_bit_exactly(tie_path: Path,
+                                                            tie_tokens: list[int]) -> None:
+    base = _run(tie_path, tie_tokens)
+    for numerics in ("noise0@12345", Numerics(router_noise_ulps=0, noise_seed=7)):
+        other = _run(tie_path, tie_tokens, numerics=numerics)
+        for x, y in zip(base, other):
+            assert x.tobytes() == y.tobytes()
+
+
+def test_noise_moves_first_layer_logits_by_at_most_n_ulps(tie_path: Path,
+                                                          tie_tokens: list[int]) -> None:
+    _, _, base = _run(tie_path, tie_tokens)
+    for n in (1, 4):
+        _, _, noisy = _run(tie_path, tie_tokens, numerics=f"noise{n}@3")
+        d = ordered_int(noisy[:, 0]) - ordered_int(base[:, 0])  # the first MoE layer's input is untouched
+        assert np.abs(d).max() <= n and np.abs(d).max() > 0
+
+
+def test_default_path_is_bit_identical_for_1_2_4_threads(tmp_path: Path) -> None:
+    path = make_wide_model(tmp_path)  # products big enough for the pool to split them
+    tokens = list(range(3, 40))
+    runs = [_run(path, tokens, threads=t) for t in (1, 2, 4)]
+    for other in runs[1:]:
+        for x, y in zip(runs[0], other):
+            assert x.tobytes() == y.tobytes()
+
+
+def test_variants_are_real_deterministic_computations(tiny_model_path: Callable[..., Path]) -> None:
+    path = tiny_model_path("qwen2_moe", n_layers=3, n_experts=8, top_k=2, dense_layers=(1,))
+    tokens = list(range(3, 23))
+    base = _run(path, tokens)
+    for spec in ("seq", "blocked8+fma", "seq+split4", "act-bf16"):
+        one = _run(path, tokens, numerics=spec)
+        four = _run(path, tokens, numerics=spec, threads=4)
+        assert one[0].tobytes() == four[0].tobytes()
+        assert one[0].tobytes() != base[0].tobytes()  # a different computation, not a relabel
+        with Model.open(path) as m, Session(m, numerics=spec, max_context=len(tokens)) as s:
+            stepped = np.stack([s.step(t) for t in tokens])
+        assert stepped.tobytes() == one[0].tobytes()  # prefill == steps under a variant too
+    # bf16 activations: every product output, router logits included, is a bf16 value
+    _, _, router = _run(path, tokens, numerics="act-bf16")
+    assert not (router.view(np.uint32) & 0xFFFF).any()
+
+
+def test_weight_precision_variant_rewrites_the_checkpoint(tiny_model_path: Callable[..., Path]
+                                                          ) -> None:
+    path = tiny_model_path()
+    with Runner(path) as r:
+        m = r.model_for(Variant.parse("w-bf16"))
+        dtypes = {t.name: t.dtype for t in m.tensors}
+        assert dtypes["layers.0.attn_q"] == "bf16" and dtypes["layers.0.moe_gate"] == "f32"
+        assert dtypes["layers.0.attn_norm"] == "f32"
+        same = r.run(PROMPT, Variant.parse("w-f32"))  # an f32 file rewritten as f32
+        base = r.run(PROMPT)
+        assert same.logits.tobytes() == base.logits.tobytes()
+
+
+# ---- reports and CLI ------------------------------------------------------------------------
+
+
+def test_analysis_is_deterministic(tie_path: Path, tie_tokens: list[int]) -> None:
+    variants = "seq,act-bf16,w-bf16,noise2"
+    with Runner(tie_path) as r:
+        a = report_json(analyze_jitter(r, tie_tokens, variants))
+        b = report_json(analyze_jitter(r, tie_tokens, variants))
+        e1 = report_json(analyze_epsilon(r, tie_tokens, [0, 1e-6], "noise2"))
+    with Runner(tie_path, threads=2) as r:
+        c = report_json(analyze_jitter(r, tie_tokens, variants))
+        e2 = report_json(analyze_epsilon(r, tie_tokens, [0, 1e-6], "noise2"))
+    assert a == b
+    assert json.loads(a) | {"threads": 0} == json.loads(c) | {"threads": 0}
+    assert json.loads(e1) | {"threads": 0} == json.loads(e2) | {"threads": 0}
+
+
+def test_reports_round_trip_through_json(tie_path: Path, tie_tokens: list[int]) -> None:
+    with Runner(tie_path) as r:
+        jit = analyze_jitter(r, tie_tokens, NOISE)
+        eps = analyze_epsilon(r, tie_tokens, [0, 1e-5], NOISE)
+    assert report_json(JitterReport.from_dict(json.loads(report_json(jit)))) == report_json(jit)
+    assert report_json(EpsilonReport.from_dict(json.loads(report_json(eps)))) == report_json(eps)
+
+
+def test_cli_json_equals_the_python_report(tie_path: Path, tie_tokens: list[int], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "j.json"
+    args = ["--tokens", ",".join(map(str, PROMPT)), "--generate", "8", "--variants", NOISE]
+    assert main(["jitter", str(tie_path), *args, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    with Runner(tie_path) as r:
+        jit = analyze_jitter(r, tie_tokens, NOISE, n_prompt=len(PROMPT))
+        eps = analyze_epsilon(r, tie_tokens, [0, 1e-5], NOISE, n_prompt=len(PROMPT))
+    assert out.read_bytes() == report_json(jit)
+    assert f"overall flip rate {jit.overall_flip_rate():.4f}" in text
+    assert main(["epsilon", str(tie_path), *args, "--eps", "1e-5,0", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert out.read_bytes() == report_json(eps)
+    assert "recommended epsilon: 1e-05" in text
+
+
+def test_cli_refuses_bad_arguments(tie_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["jitter", str(tie_path), "--tokens", "3,4", "--variants", "blocked0"]) == 1
+    assert main(["epsilon", str(tie_path), "--tokens", "3,4", "--eps", "-1"]) == 1
+    assert main(["jitter", str(tie_path), "--tokens", "3,4", "--generate", "999"]) == 1
+    assert main(["jitter", str(tie_path) + ".missing", "--tokens", "3"]) == 2
+    assert "colibri:" in capsys.readouterr().err
+
+
+def test_margin_bins_cover_every_cell(tie_path: Path, tie_tokens: list[int]) -> None:
+    with Runner(tie_path) as r:
+        jit = analyze_jitter(r, tie_tokens, NOISE)
+    bins = jit.flips_vs_margin()
+    assert sum(b["cells"] for b in bins) == jit.margin_ulps.size
+    assert sum(b["flips"] for b in bins) == int(jit.flip_counts().sum())
+    assert bins[0]["label"] == "0" and bins[0]["cells"] == len(tie_tokens)
+    cell = jit.cell(0, TIE_LAYER)
+    assert set(cell["runs"]) == {BASELINE, *jit.variants}
+    assert not math.isnan(cell["margin_abs"])

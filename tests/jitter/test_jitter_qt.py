@@ -1,0 +1,118 @@
+"""The jitter lab's Qt views show the numbers of the CLI's JSON reports; the lab runs on a
+TaskRunner with progress and cancel and round-trips its results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("PySide6")
+pytest.importorskip("pyqtgraph")
+
+from colibri.cli import main  # noqa: E402
+from colibri.inspector.jitter import QtJitterLab  # noqa: E402
+from colibri.jitter import BASELINE, EpsilonReport, JitterReport  # noqa: E402
+from colibri.jitter.cli import report_json  # noqa: E402
+
+from jitter_models import TIE_LAYER, make_tie_model  # noqa: E402
+
+PROMPT = "3,4,5,6,7"
+VARIANTS = "seq,blocked8+fma,act-bf16,noise1,noise2,noise4"
+EPS = "0,1e-9,1e-6,1e-5"
+
+
+@pytest.fixture(scope="module")
+def tie_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tie_model(tmp_path_factory.mktemp("jitter-qt"))
+
+
+@pytest.fixture(scope="module")
+def cli_reports(tie_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    out = tmp_path_factory.mktemp("jitter-json")
+    common = ["--tokens", PROMPT, "--generate", "8", "--variants", VARIANTS]
+    assert main(["jitter", str(tie_path), *common, "--json", str(out / "j.json")]) == 0
+    assert main(["epsilon", str(tie_path), *common, "--eps", EPS,
+                 "--json", str(out / "e.json")]) == 0
+    return (json.loads((out / "j.json").read_text()), json.loads((out / "e.json").read_text()))
+
+
+@pytest.fixture
+def lab(qtbot, tie_path: Path) -> QtJitterLab:
+    w = QtJitterLab()
+    qtbot.addWidget(w)
+    w.set_model(tie_path)
+    w.prompt.setText(PROMPT)
+    w.generate.setValue(8)
+    w.variants.setText(VARIANTS)
+    w.eps.setText(EPS)
+    yield w
+    w.shutdown()
+
+
+def _run(qtbot, lab: QtJitterLab, kind: str) -> None:
+    with qtbot.waitSignal(lab.sig_report_ready, timeout=60000) as blocker:
+        lab.start(kind)
+    assert blocker.args == [kind]
+
+
+def test_views_show_the_cli_numbers(qtbot, lab: QtJitterLab, cli_reports: tuple[dict, dict]
+                                    ) -> None:
+    jd, ed = cli_reports
+    _run(qtbot, lab, "jitter")
+    _run(qtbot, lab, "epsilon")
+    # the worker's reports are the CLI's, byte for byte
+    assert report_json(lab.jitter_report) == json.dumps(jd, sort_keys=True,
+                                                        separators=(",", ":")).encode()
+    assert report_json(lab.epsilon_report) == json.dumps(ed, sort_keys=True,
+                                                         separators=(",", ":")).encode()
+    assert np.array_equal(lab.heatmap.values(), np.asarray(jd["cell_flip_rate"]))
+    assert np.array_equal(lab.margins.values(), np.asarray(jd["margin_ulps"]))
+    counts = np.sum([np.asarray(jd["flips"][n]) for n in jd["variants"]], axis=0)
+    assert np.array_equal(lab.scatter.points()[:, 1], counts.ravel())
+    assert lab.scatter.bins() == jd["flips_vs_margin"]
+    assert lab.curve.curve() == ed["curve"]
+    assert lab.curve.recommended() == ed["recommended"]["eps"]
+
+
+def test_clicking_a_cell_opens_the_token_view(qtbot, lab: QtJitterLab,
+                                              cli_reports: tuple[dict, dict]) -> None:
+    jd, _ = cli_reports
+    _run(qtbot, lab, "jitter")
+    lab.heatmap.sig_cell_selected.emit(2, TIE_LAYER)
+    assert lab.tabs.currentWidget() is lab.token
+    shown = lab.token.table_values()
+    assert list(shown) == [BASELINE, *jd["variants"]]
+    for name, logits in shown.items():
+        expected = np.asarray(jd["router_logits"][name][2][TIE_LAYER], dtype=np.float32)
+        assert np.array_equal(np.asarray(logits, dtype=np.float32), expected)
+
+
+def test_ab_view_marks_the_first_divergence(qtbot, lab: QtJitterLab,
+                                            cli_reports: tuple[dict, dict]) -> None:
+    jd, ed = cli_reports
+    lab.set_reports(JitterReport.from_dict(jd), EpsilonReport.from_dict(ed))
+    for name in jd["variants"]:
+        lab.ab.set_pair(BASELINE, name)
+        assert lab.ab.first_divergence() == jd["downstream"][name]["first_expert_divergence"]
+    lab.ab.set_pair(BASELINE, "stable eps=1e-05")
+    bias = ed["rows"][-1]["bias_cells"]
+    assert lab.ab.first_divergence() == (min(p for p, _ in bias) if bias else None)
+
+
+def test_cancel_and_state_round_trip(qtbot, lab: QtJitterLab, tmp_path: Path,
+                                     cli_reports: tuple[dict, dict]) -> None:
+    jd, ed = cli_reports
+    lab.variants.setText("")  # the full default list: long enough to cancel
+    with qtbot.waitSignal(lab.runner.sig_cancelled, timeout=60000):
+        lab.start("epsilon")
+        lab.cancel()
+    assert lab.status.text() == "cancelled" and lab.run_jitter_button.isEnabled()
+    lab.set_reports(JitterReport.from_dict(jd), EpsilonReport.from_dict(ed))
+    lab.save_json(str(tmp_path / "lab.json"))
+    other = QtJitterLab()
+    qtbot.addWidget(other)
+    other.load_json(str(tmp_path / "lab.json"))
+    assert other.state() == lab.state()
