@@ -25,6 +25,7 @@
  */
 #include "kernels.h"
 
+#include <assert.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -563,7 +564,7 @@ static void run_share(const col_pool *pool, uint32_t t, uint32_t n)
     for (uint32_t k = 0; k < pool->n_jobs && base < g1; k++) {
         const col_matvec_job *j = &pool->jobs[k];
         uint64_t lo = g0 > base ? g0 - base : 0, hi = g1 - base < j->w.rows ? g1 - base : j->w.rows;
-        if (lo < hi) job_rows(pool, j, pool->qx[k], lo, hi);
+        if (lo < hi) job_rows(pool, j, k < pool->max_jobs ? pool->qx[k] : NULL, lo, hi);
         base += j->w.rows;
     }
 }
@@ -707,13 +708,14 @@ void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs
 void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs)
 {
     if (n_jobs == 0) return;
-    col_pool local = {0};
-    const uint8_t *local_qx[1] = {NULL};
-    if (!pool) { /* single-threaded portable path; only float weights (no scratch for int8 rows) */
-        local.n_threads = 1;
-        local.qx = local_qx;
-        pool = &local;
+    if (!pool) { /* single-threaded portable path; float weights only (no scratch for int8 rows) */
+        for (uint32_t k = 0; k < n_jobs; k++) {
+            assert(!is_block_dtype(jobs[k].w.dtype));
+            if (!is_block_dtype(jobs[k].w.dtype)) rows_portable(&jobs[k], NULL, 0, jobs[k].w.rows);
+        }
+        return;
     }
+    assert(n_jobs <= pool->max_jobs || pool->max_jobs == 0);
     uint64_t total = 0, macs = 0, used = 0;
     for (uint32_t k = 0; k < n_jobs; k++) {
         const col_matvec_job *j = &jobs[k];
@@ -726,7 +728,8 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
                 q = pool->qx[k - 1]; /* same activations as the previous job (w1 and w3) */
             } else {
                 uint64_t need = (uint64_t)j->n_tokens * j->w.cols;
-                if (k >= pool->max_jobs || used + need > pool->max_act_cols) return; /* programmer error: sized too small */
+                assert(k < pool->max_jobs && used + need <= pool->max_act_cols); /* sized by the session */
+                if (k >= pool->max_jobs || used + need > pool->max_act_cols) return;
                 uint8_t *dst = pool->qbuf + qrow_bytes(used);
                 for (uint32_t t = 0; t < j->n_tokens; t++)
                     quantize_row(j->x + (uint64_t)t * j->w.cols, j->w.cols, dst + t * qrow_bytes(j->w.cols));
@@ -734,11 +737,7 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
                 q = dst;
             }
         }
-        if (pool != &local) pool->qx[k] = q;
-    }
-    if (pool == &local) {
-        for (uint32_t k = 0; k < n_jobs; k++) rows_portable(&jobs[k], NULL, 0, jobs[k].w.rows);
-        return;
+        if (k < pool->max_jobs) pool->qx[k] = q;
     }
     pool->jobs = jobs;
     pool->n_jobs = n_jobs;

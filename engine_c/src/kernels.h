@@ -62,7 +62,8 @@ float col_load_elem(const void *data, uint32_t dtype, uint64_t i);
 void col_load_row(const void *data, uint32_t dtype, uint64_t n, float *out);
 
 /* y[r] = dot(W[r, :], x) for r in [0, w->rows); W rows are w->cols long. x: [cols], y: [rows].
- * Splits rows among the pool's threads (pool may be NULL: single-threaded portable path). */
+ * Splits rows among the pool's threads (pool may be NULL: single-threaded portable path, float
+ * weights only, since int8 blocks need the pool's scratch). */
 void col_matvec(col_pool *pool, const col_weight *w, const float *x, float *y);
 
 /* Every job of the batch in one dispatch: the rows of all jobs are split among the threads as

@@ -162,8 +162,11 @@ void col_numerics_perturb(const col_numerics *nx, float *logits, uint32_t n, uin
 
 /* ---- reference dot products -------------------------------------------------------------- */
 
-/* Sequential access to one stored row as f32, converted 32 elements at a time. */
+/* One stored row as f32: the whole row converted once (`full`, rows up to COL_ROW_BUFFER
+ * elements, the common case) or, for longer rows, 32 elements at a time. */
+#define COL_ROW_BUFFER 16384u
 typedef struct row_reader {
+    const float *full;    /* the converted row, or NULL */
     const uint8_t *data;
     uint32_t dtype;
     uint64_t n;
@@ -173,6 +176,7 @@ typedef struct row_reader {
 
 static float row_at(row_reader *r, uint64_t i)
 {
+    if (r->full) return r->full[i];
     uint64_t b = i / 32;
     if (b != r->block) {
         uint64_t first = b * 32, count = r->n - first < 32 ? r->n - first : 32;
@@ -251,6 +255,7 @@ void col_numerics_matmul(const col_numerics *nx, col_pool *pool, const col_matve
         col_matmul_kernels(pool, jobs, n_jobs);
     } else {
         row_reader r;
+        float row_f32[COL_ROW_BUFFER]; /* 64 KiB of stack: no allocation on the token path */
         for (uint32_t k = 0; k < n_jobs; k++) {
             const col_matvec_job *j = &jobs[k];
             uint64_t rb = col_dtype_row_bytes(j->w.dtype, j->w.cols);
@@ -259,6 +264,11 @@ void col_numerics_matmul(const col_numerics *nx, col_pool *pool, const col_matve
                 r.dtype = j->w.dtype;
                 r.n = j->w.cols;
                 r.block = UINT64_MAX;
+                r.full = NULL;
+                if (r.n <= COL_ROW_BUFFER) {
+                    col_load_row(r.data, r.dtype, r.n, row_f32);
+                    r.full = row_f32;
+                }
                 for (uint32_t t = 0; t < j->n_tokens; t++) {
                     j->y[(uint64_t)t * j->w.rows + row] = dot_variant(nx, &r, j->x + (uint64_t)t * j->w.cols);
                 }

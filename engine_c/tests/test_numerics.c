@@ -91,6 +91,27 @@ static void test_reductions(void)
     CHECK(y == (-1e8f + 1.0f) + (1e8f + 1.0f));
 }
 
+/* rows longer than the 16384-element buffer take the 32-at-a-time reader: same bits */
+static void test_long_rows(void)
+{
+    enum { N = 16384 + 96 };
+    static uint16_t w[N];
+    static float x[N];
+    for (int i = 0; i < N; i++) {
+        w[i] = (uint16_t)(0x3C00u + (uint32_t)(i * 37) % 1024u); /* f16 values in [1, 2) */
+        x[i] = (float)((i * 7919) % 101 - 50) / 64.0f;
+    }
+    float y = 0.0f, expect = 0.0f;
+    for (int i = 0; i < N; i++) expect = fmaf(col_f16_to_f32(w[i]), x[i], expect);
+    col_weight cw = {w, COL_DTYPE_F16, 1, N, 0};
+    col_matvec_job job = {cw, x, &y, 1};
+    col_numerics nx = {0};
+    nx.reduction = COL_REDUCTION_SEQUENTIAL;
+    nx.fma = 1;
+    col_numerics_matmul(&nx, NULL, &job, 1);
+    CHECK(bits_of(y) == bits_of(expect));
+}
+
 static void test_config_checks(void)
 {
     col_session_config c;
@@ -117,6 +138,7 @@ int main(void)
     test_rounding();
     test_noise();
     test_reductions();
+    test_long_rows();
     test_config_checks();
     return TEST_REPORT();
 }

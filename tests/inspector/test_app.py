@@ -161,6 +161,13 @@ def test_routing_decision_jumps_to_router_weights(window, tiny_model_path, qtbot
     qtbot.waitUntil(lambda: not view.values.is_busy(), timeout=20000)
 
 
+def test_jitter_lab_view_gets_the_model(window, tiny_model_path):
+    view = window.open_path(tiny_model_path())
+    window.view_actions["jitter"].trigger()
+    assert view.tabs.currentWidget() is view._jitter_page
+    assert view.jitter.path == view.doc.model.path
+
+
 def test_debugger_view_takes_over_its_shortcuts(window, tiny_model_path):
     view = window.open_path(tiny_model_path())
     window.view_actions["debugger"].trigger()

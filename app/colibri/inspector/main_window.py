@@ -35,6 +35,7 @@ from colibri.inspection.recent import RecentFiles
 from colibri.inspector import resources
 from colibri.inspector.debugger.panel import QtDebuggerPanel
 from colibri.inspector.header_view import QtHeaderView
+from colibri.inspector.jitter.lab import QtJitterLab
 from colibri.inspector.hexview import QtHexView
 from colibri.inspector.tasks import Cancelled, Task, TaskRunner
 from colibri.inspector.tensor_table import QtTensorTable
@@ -45,9 +46,10 @@ from colibri.inspector.validation_view import QtValidationReport
 
 ORGANIZATION, APPLICATION = "Colibri", "Inspector"
 ENV_SETTINGS = "COLIBRI_INSPECTOR_SETTINGS"
-VIEW_NAMES = ("validation", "header", "tensors", "hex", "values", "debugger")
+VIEW_NAMES = ("validation", "header", "tensors", "hex", "values", "debugger", "jitter")
 VIEW_TITLES = {"validation": "Validation", "header": "Header", "tensors": "Tensors",
-               "hex": "Hexdump", "values": "Tensor values", "debugger": "Debugger"}
+               "hex": "Hexdump", "values": "Tensor values", "debugger": "Debugger",
+               "jitter": "Jitter lab"}
 # Window-wide shortcuts the debugger panel uses for itself while it is the current view.
 DEBUGGER_SHORTCUT_ACTIONS = ("reload_action", "run_action", "find_action", "goto_action")
 RELOAD_DEBOUNCE_MS = 400
@@ -116,13 +118,16 @@ class FileView(QWidget):
         self._debugger: QtDebuggerPanel | None = None
         self._debugger_page = QWidget()
         QVBoxLayout(self._debugger_page).setContentsMargins(0, 0, 0, 0)
+        self._jitter: QtJitterLab | None = None
+        self._jitter_page = QWidget()
+        QVBoxLayout(self._jitter_page).setContentsMargins(0, 0, 0, 0)
         self.hex = QtHexView()
 
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         for name, widget in (("validation", self.validation), ("header", self.header),
                              ("tensors", self.tensors), ("values", self._values_page),
-                             ("debugger", self._debugger_page)):
+                             ("debugger", self._debugger_page), ("jitter", self._jitter_page)):
             widget.setObjectName(f"view_{name}")
             self.tabs.addTab(widget, VIEW_TITLES[name])
         self.hex.setObjectName("view_hex")
@@ -188,6 +193,8 @@ class FileView(QWidget):
             self._values.set_model(doc.model)
         if self._debugger is not None:  # a running debug session finishes on the old mapping
             self._debugger.set_model(doc.model)
+        if self._jitter is not None:
+            self._jitter.set_model(doc.model)
         self.hex.set_source(doc.source())
         self.hex.set_regions(doc.regions())
         if doc.model is None:
@@ -339,6 +346,16 @@ class FileView(QWidget):
                 self._debugger.set_model(self.doc.model)
         return self._debugger
 
+    @property
+    def jitter(self) -> QtJitterLab:
+        """The routing-jitter lab for this file, built on first use."""
+        if self._jitter is None:
+            self._jitter = QtJitterLab()
+            self._jitter_page.layout().addWidget(self._jitter)
+            if self.doc.model is not None:
+                self._jitter.set_model(self.doc.model)
+        return self._jitter
+
     # -- views ----------------------------------------------------------------------------------
 
     def set_view(self, name: str) -> None:
@@ -352,7 +369,8 @@ class FileView(QWidget):
             self.hex.setFocus()
             return
         widget = {"validation": self.validation, "header": self.header, "tensors": self.tensors,
-                  "values": self._values_page, "debugger": self._debugger_page}[name]
+                  "values": self._values_page, "debugger": self._debugger_page,
+                  "jitter": self._jitter_page}[name]
         self.tabs.setCurrentWidget(widget)
 
     def current_view(self) -> str:
@@ -360,12 +378,15 @@ class FileView(QWidget):
 
     def _tab_changed(self, _index: int) -> None:
         names = {self.validation: "validation", self.header: "header", self.tensors: "tensors",
-                 self._values_page: "values", self._debugger_page: "debugger"}
+                 self._values_page: "values", self._debugger_page: "debugger",
+                 self._jitter_page: "jitter"}
         self._current_view = names.get(self.tabs.currentWidget(), self._current_view)
         if self._current_view == "values":
             _ = self.values   # build it now that it is shown
         elif self._current_view == "debugger":
             _ = self.debugger
+        elif self._current_view == "jitter":
+            _ = self.jitter
         self.sig_view_changed.emit(self._current_view)
 
     def export_csv(self, path: str) -> None:
@@ -404,6 +425,8 @@ class FileView(QWidget):
         self._debounce.stop()
         if self._debugger is not None:
             self._debugger.shutdown()
+        if self._jitter is not None:
+            self._jitter.shutdown()
         for runner in (self.checks, self.reloader):
             runner.cancel()
             runner.wait()

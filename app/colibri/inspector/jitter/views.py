@@ -7,7 +7,8 @@
                          report's margin bins as bars (flipped pairs per bin).
   * `QtCellLogits`     - one cell: the router logits of every run side by side (a table, rows =
                          runs, columns = experts; selected experts marked, flipped runs tinted)
-                         and each variant's logit offsets from the baseline in ULPs.
+                         and each variant's logit offsets from the baseline in ULPs (signed
+                         log2 scale).
   * `QtEpsilonCurve`   - an `EpsilonReport`: jitter left and decisions changed (bias) against
                          epsilon, the recommended epsilon marked (eps 0 drawn one decade left of
                          the smallest positive epsilon, on a log axis).
@@ -197,7 +198,8 @@ class QtCellLogits(QWidget):
         self.title = QLabel("click a cell of a heatmap", self)
         self.table = QTableWidget(self)
         self.graphics = pg.GraphicsLayoutWidget(self)
-        self.plot = self.graphics.addPlot(title="logit - baseline logit (ULPs), per expert")
+        self.plot = self.graphics.addPlot(
+            title="offset from the baseline logit: sign * log2(1 + |ULPs|), per expert")
         self.plot.setLabel("bottom", "expert")
         self.plot.addLegend(offset=(5, 5))
         layout = QVBoxLayout(self)
@@ -244,6 +246,7 @@ class QtCellLogits(QWidget):
         for i, name in enumerate(names[1:]):
             logits = np.asarray(cell["runs"][name]["router_logits"], dtype=np.float32)
             d = (ordered_int(logits) - ordered_int(base)).astype(np.float64)
+            d = np.sign(d) * np.log2(1.0 + np.abs(d))  # 1 ULP and 10^5 ULPs on one axis
             colour = pg.intColor(i, hues=max(len(names) - 1, 1))
             self.plot.addItem(pg.BarGraphItem(x=np.arange(E) - 0.4 + (i + 0.5) * width, height=d,
                                               width=width, brush=colour, name=name))
