@@ -36,15 +36,18 @@ class HotModel:
         self.model = model if model is not None else Model.open(self.path)
         self.generation = 0                  # how many times a new model was swapped in
         self.last_error: str | None = None   # why the last reload was refused
-        self._requested = threading.Event()
+        # A plain attribute, not a threading.Event: Python runs signal handlers in the main
+        # thread between bytecodes, and an Event's set() takes a lock that the interrupted
+        # frame may hold (clear() in poll), which deadlocks. Assignment needs no lock.
+        self._requested = False
 
     def request(self) -> None:
-        """Ask for a reload at the next `poll()` (async-signal safe, thread safe)."""
-        self._requested.set()
+        """Ask for a reload at the next `poll()` (safe from a signal handler or any thread)."""
+        self._requested = True
 
     @property
     def pending(self) -> bool:
-        return self._requested.is_set()
+        return self._requested
 
     def poll(self) -> Model | None:
         """Between tokens: the new model when one was swapped in, else None. Raises
@@ -53,12 +56,12 @@ class HotModel:
         must = False
         try:
             if self.model.check_file():
-                self._requested.set()        # replaced without a signal: take it too
+                self._requested = True       # replaced without a signal: take it too
         except errors.ColibriFileChangedError:
             must = True
-        if not (must or self._requested.is_set()):
+        if not (must or self._requested):
             return None
-        self._requested.clear()
+        self._requested = False  # a request arriving after this is served by the open below
         try:
             new = Model.open(self.path)
         except errors.ColibriError as exc:

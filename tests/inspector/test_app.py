@@ -303,3 +303,26 @@ def test_unknown_icon_fails_loudly():
 def test_style_sheets_load_in_name_order():
     sheet = resources.style_sheet()
     assert sheet.index("Base look") < sheet.index("validation report")
+
+
+def test_saved_session_carries_the_jitter_lab_results(window, tiny_model_path, tmp_path):
+    from colibri.debugging import Debugger, RunSettings
+    from colibri.debugging.session_file import SavedSession, save_session
+    from colibri.jitter.analysis import Runner, analyze_jitter
+
+    path = tiny_model_path()
+    view = window.open_path(path)
+    with Runner(path) as runner:
+        report = analyze_jitter(runner, [3, 4, 5, 6], "seq,noise1")
+    view.jitter.set_reports(report, None)
+    state = view.jitter.state()
+    dbg = Debugger(view.doc.model, RunSettings([3, 4, 5], 2))
+    dbg.run()
+    session_path = tmp_path / "s.colibri-session"
+    saved = SavedSession.from_debugger(dbg)
+    saved.analyses = view._analyses()
+    save_session(session_path, saved)
+
+    other = window.open_path(tiny_model_path(dtype="f16"))
+    other.debugger.open_session(str(session_path))
+    assert other.jitter.state() == state

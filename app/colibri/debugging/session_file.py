@@ -71,6 +71,9 @@ class SavedSession:
     breakpoints: BreakpointList = field(default_factory=BreakpointList)
     rng_state: dict[str, Any] | None = None
     saved_at: str = ""
+    # Results of analyses run on the same model (e.g. "jitter_lab": the jitter lab's reports),
+    # stored as JSON so a session carries everything the user made.
+    analyses: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_debugger(cls, dbg: Debugger, checksum: bool = True) -> SavedSession:
@@ -97,7 +100,8 @@ class SavedSession:
                 and self.record.equals(other.record) and self.generated == other.generated
                 and self.finished == other.finished and self.stop_reason == other.stop_reason
                 and self.cursor == other.cursor and self.bookmarks == other.bookmarks
-                and self.breakpoints == other.breakpoints and self.rng_state == other.rng_state)
+                and self.breakpoints == other.breakpoints and self.rng_state == other.rng_state
+                and self.analyses == other.analyses)
 
     def model_matches(self, path: str | os.PathLike[str]) -> bool:
         """The file at `path` is the model this session was recorded on (size and SHA-256)."""
@@ -130,6 +134,7 @@ def session_bytes(saved: SavedSession) -> bytes:
         "stop_reason": saved.stop_reason, "cursor": saved.cursor,
         "bookmarks": [int(b) for b in saved.bookmarks],
         "breakpoints": saved.breakpoints.to_list(), "rng_state": saved.rng_state,
+        "analyses": _jsonable(saved.analyses),
         "arrays": {name: {"file": f"arrays/{name}.npy", "dtype": a.dtype.str,
                           "shape": list(a.shape)} for name, a in arrays.items()},
     }
@@ -188,7 +193,8 @@ def load_session(path: str | os.PathLike[str]) -> SavedSession:
         finished=bool(manifest["finished"]), stop_reason=manifest["stop_reason"],
         cursor=manifest["cursor"], bookmarks=list(manifest["bookmarks"]),
         breakpoints=BreakpointList.from_list(manifest["breakpoints"]),
-        rng_state=manifest["rng_state"], saved_at=manifest["saved_at"])
+        rng_state=manifest["rng_state"], saved_at=manifest["saved_at"],
+        analyses=dict(manifest.get("analyses") or {}))
 
 
 class Autosaver:

@@ -341,10 +341,20 @@ class FileView(QWidget):
         if self._debugger is None:
             self._debugger = QtDebuggerPanel(autosave_path=autosave_path_for(self.doc.path))
             self._debugger.sig_show_router_weights.connect(self.show_router_weights)
+            self._debugger.analysis_provider = self._analyses
+            self._debugger.sig_analyses_loaded.connect(self._restore_analyses)
             self._debugger_page.layout().addWidget(self._debugger)
             if self.doc.model is not None:
                 self._debugger.set_model(self.doc.model)
         return self._debugger
+
+    def _analyses(self) -> dict[str, Any]:
+        """What a saved debugging session carries besides the run: the jitter lab's results."""
+        return {} if self._jitter is None else {"jitter_lab": self._jitter.state()}
+
+    def _restore_analyses(self, analyses: dict[str, Any]) -> None:
+        if "jitter_lab" in analyses:
+            self.jitter.restore(analyses["jitter_lab"])
 
     @property
     def jitter(self) -> QtJitterLab:

@@ -19,7 +19,7 @@ Shortcuts (active while focus is inside the panel; RenderDoc / IDE conventions):
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
@@ -40,11 +40,14 @@ REPAINT_MS = 33
 class QtDebuggerPanel(QWidget):
     sig_status = Signal(str)
     sig_show_router_weights = Signal(int)   # layer index: open its router rows in the file views
+    sig_analyses_loaded = Signal(object)    # dict: the analyses a reopened session carried
 
     def __init__(self, parent: QWidget | None = None, autosave_path: str | None = None,
                  step_delay_s: float = 0.0) -> None:
         super().__init__(parent)
         self.model: Any = None
+        # Called when a session is saved: JSON-ready results of other analyses to store with it.
+        self.analysis_provider: Callable[[], dict[str, Any]] | None = None
         self.snapshot: DebuggerSnapshot | None = None
         self.selected: int | None = None
         self.saved: SavedSession | None = None
@@ -347,6 +350,8 @@ class QtDebuggerPanel(QWidget):
         if session is None:
             self._set_status("nothing to save")
             return
+        if self.analysis_provider is not None:
+            session.analyses = self.analysis_provider()
         save_session(path, session)
         self._set_status(f"saved session {path}")
 
@@ -356,6 +361,8 @@ class QtDebuggerPanel(QWidget):
         self._saved_events = saved.events()
         self.selected = saved.cursor
         self.breakpoint_view.set_breakpoints(saved.breakpoints)
+        if saved.analyses:
+            self.sig_analyses_loaded.emit(saved.analyses)
         self._repaint()
         note = "" if self.model is None or saved.model_matches(self.model.path) else \
             " (recorded on a different model file)"
