@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from colibri import fileformat as ff
-from conftest import arch_hparams, arch_tensors, tokenizer_json
+from tiny_models import arch_hparams, arch_tensors, tokenizer_json
 
 QUANT_SETS = {
     "experts": ("moe_w1", "moe_w2", "moe_w3"),

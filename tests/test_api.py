@@ -19,7 +19,7 @@ from colibri import fileformat as ff
 from colibri.engine import Model, Problem, Session, validate, validate_bytes
 from colibri.errors import ColibriFormatError, ColibriIOError, ColibriValueError
 
-from conftest import ARCHS, DTYPES, TinyModel
+from tiny_models import ARCHS, DTYPES, TinyModel
 
 BuildModel = Callable[..., TinyModel]
 BuildPath = Callable[..., Path]

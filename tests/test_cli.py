@@ -15,7 +15,7 @@ import pytest
 from colibri import fileformat as ff
 from colibri.cli import main
 
-from conftest import TinyModel
+from tiny_models import TinyModel
 
 BuildModel = Callable[..., TinyModel]
 BuildPath = Callable[..., Path]

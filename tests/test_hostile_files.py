@@ -25,7 +25,7 @@ from colibri import errors
 from colibri import fileformat as ff
 from colibri.engine import Model, Session, validate_bytes
 
-from conftest import TinyModel
+from tiny_models import TinyModel
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 

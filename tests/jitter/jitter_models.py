@@ -10,30 +10,13 @@ stable top-k with eps > 0 must pick expert 2. Layer 1 routes with a random gate.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from colibri import fileformat as ff
 
-
-def _top_conftest():  # type: ignore[no-untyped-def]
-    """tests/conftest.py as a module of its own: `from conftest import` finds whichever
-    conftest.py pytest loaded last (tests/debugger has one too)."""
-    path = Path(__file__).resolve().parents[1] / "conftest.py"
-    spec = importlib.util.spec_from_file_location("colibri_tests_top_conftest", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
-
-
-_helpers = _top_conftest()
-arch_hparams, arch_tensors = _helpers.arch_hparams, _helpers.arch_tensors
-storage_dtype, tokenizer_json = _helpers.storage_dtype, _helpers.tokenizer_json
+from tiny_models import arch_hparams, arch_tensors, storage_dtype, tokenizer_json
 
 TIE_LAYER = 0
 TIED = (1, 2)

@@ -1,0 +1,152 @@
+"""Small valid .colibri files for tests, built with colibri.fileformat (tensor names and shapes
+of docs/format.md for each of the four architectures).
+
+A plain module, not a conftest: test modules import it by name (`from tiny_models import ...`),
+which stays unambiguous when several conftest.py files are loaded. tests/conftest.py wraps it in
+fixtures.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from colibri import fileformat as ff
+
+ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+DTYPES = ("f32", "f16", "bf16")
+
+WORDS = ["<unk>", "<s>", "</s>", "the", "cat", "sat", "on", "mat", "a", "dog"]
+
+
+@dataclass
+class TinyModel:
+    """What a test file contains, as written."""
+
+    path: Path
+    hparams: ff.HParams
+    layer_kinds: list[int]
+    dtype: str
+    values: dict[str, np.ndarray]          # float32 values before storage conversion
+    stored: dict[str, np.ndarray]          # arrays exactly as stored (f32 / f16 / bf16 bits)
+    dtypes: dict[str, int]                 # storage dtype code per tensor
+    metadata: dict[str, Any] = field(default_factory=dict)
+    tokenizer_json: bytes = b""
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.values)
+
+
+def tokenizer_json(vocab_size: int) -> bytes:
+    """A word-level tokenizer.json over `vocab_size` tokens: WORDS, then w10, w11, ..."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = (WORDS + [f"w{i}" for i in range(len(WORDS), vocab_size)])[:vocab_size]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tok.to_str().encode("utf-8")
+
+
+def arch_hparams(arch: str, n_layers: int, n_experts: int, top_k: int, d_model: int,
+                 vocab_size: int, dense_layers: tuple[int, ...], eos_token_id: int) -> ff.HParams:
+    code = {name: c for c, name in ff.ARCH_NAMES.items()}[arch]
+    hp = ff.HParams(arch=code, n_layers=n_layers, n_experts=n_experts, n_experts_active=top_k,
+                    d_model=d_model, n_heads=4, n_kv_heads=2, head_dim=d_model // 4,
+                    vocab_size=vocab_size, max_context=64, d_ff_expert=16,
+                    d_ff_dense=48 if dense_layers else 0, norm_eps=1e-5, rope_theta=10000.0,
+                    bos_token_id=1, eos_token_id=eos_token_id, default_epsilon=1e-6)
+    if arch == "mixtral":
+        hp.flags = ff.FLAG_NORM_TOPK
+        hp.rope_theta = 1e6
+    elif arch == "qwen2_moe":
+        hp.flags = ff.FLAG_SHARED_EXPERT | ff.FLAG_SHARED_EXPERT_GATE | ff.FLAG_QKV_BIAS
+        hp.d_ff_shared = 24
+    elif arch == "qwen3_moe":
+        hp.flags = ff.FLAG_QK_NORM_HEAD | ff.FLAG_NORM_TOPK
+    elif arch == "olmoe":
+        hp.flags = ff.FLAG_QK_NORM_FULL
+        hp.clip_qkv = 8.0
+    return hp
+
+
+def arch_tensors(hp: ff.HParams, layer_kinds: list[int],
+                 rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random float32 values for every tensor the architecture requires, in file order."""
+    H, V, E, I = hp.d_model, hp.vocab_size, hp.n_experts, hp.d_ff_expert
+    q_dim, kv_dim, d = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim, hp.head_dim
+
+    def mat(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t: dict[str, np.ndarray] = {"token_embd": mat(V, H)}
+    for layer, kind in enumerate(layer_kinds):
+        p = f"layers.{layer}."
+        t[p + "attn_norm"] = norm(H)
+        t[p + "attn_q"], t[p + "attn_k"] = mat(q_dim, H), mat(kv_dim, H)
+        t[p + "attn_v"], t[p + "attn_o"] = mat(kv_dim, H), mat(H, q_dim)
+        if hp.flags & ff.FLAG_QKV_BIAS:
+            t[p + "attn_q_bias"] = 0.1 * mat(q_dim)
+            t[p + "attn_k_bias"], t[p + "attn_v_bias"] = 0.1 * mat(kv_dim), 0.1 * mat(kv_dim)
+        if hp.flags & ff.FLAG_QK_NORM_HEAD:
+            t[p + "attn_q_norm"], t[p + "attn_k_norm"] = norm(d), norm(d)
+        if hp.flags & ff.FLAG_QK_NORM_FULL:
+            t[p + "attn_q_norm"], t[p + "attn_k_norm"] = norm(q_dim), norm(kv_dim)
+        t[p + "ffn_norm"] = norm(H)
+        if kind == ff.LAYER_MOE:
+            t[p + "moe_gate"] = mat(E, H)
+            t[p + "moe_w1"], t[p + "moe_w2"], t[p + "moe_w3"] = mat(E, I, H), mat(E, H, I), mat(E, I, H)
+            if hp.flags & ff.FLAG_SHARED_EXPERT:
+                S = hp.d_ff_shared
+                t[p + "shared_w1"], t[p + "shared_w2"] = mat(S, H), mat(H, S)
+                t[p + "shared_w3"] = mat(S, H)
+            if hp.flags & ff.FLAG_SHARED_EXPERT_GATE:
+                t[p + "shared_gate"] = mat(1, H)
+        else:
+            D = hp.d_ff_dense
+            t[p + "mlp_w1"], t[p + "mlp_w2"], t[p + "mlp_w3"] = mat(D, H), mat(H, D), mat(D, H)
+    t["output_norm"] = norm(H)
+    if not hp.flags & ff.FLAG_TIED_EMBEDDINGS:
+        t["output"] = mat(V, H)
+    return t
+
+
+def storage_dtype(name: str, values: np.ndarray, dtype: str) -> int:
+    """1-D tensors and routers stay f32 (docs/format.md); every other tensor uses `dtype`."""
+    if values.ndim == 1 or name.endswith("moe_gate"):
+        return ff.DTYPE_F32
+    return ff.DTYPE_BY_NAME[dtype]
+
+
+def make_tiny_model(directory: Path, arch: str = "mixtral", dtype: str = "f32", *,
+                    n_layers: int = 2, n_experts: int = 4, top_k: int = 2, d_model: int = 32,
+                    vocab_size: int = 50, dense_layers: tuple[int, ...] = (),
+                    eos_token_id: int = -1, with_tokenizer: bool = True,
+                    tokenizer_bytes: bytes | None = None, seed: int = 0) -> TinyModel:
+    """Build and write a tiny model; `tokenizer_bytes` replaces the generated tokenizer.json."""
+    hp = arch_hparams(arch, n_layers, n_experts, top_k, d_model, vocab_size, dense_layers,
+                      eos_token_id)
+    kinds = [ff.LAYER_DENSE if i in dense_layers else ff.LAYER_MOE for i in range(n_layers)]
+    values = arch_tensors(hp, kinds, np.random.default_rng(seed))
+    dtypes = {name: storage_dtype(name, v, dtype) for name, v in values.items()}
+    stored = {name: ff.to_storage(v, dtypes[name]) for name, v in values.items()}
+    specs = ff.tensor_specs_from_arrays((name, values[name], dtypes[name]) for name in values)
+    metadata = {"source": {"model_type": arch}, "dtype": dtype, "test": True}
+    tok = tokenizer_json(vocab_size) if with_tokenizer else b""
+    if tokenizer_bytes is not None:
+        tok = tokenizer_bytes
+    plan = ff.plan_file(hp, kinds, specs, tokenizer=tok, metadata=metadata)
+    key = f"{arch}-{dtype}-L{n_layers}-E{n_experts}-k{top_k}-H{d_model}-V{vocab_size}-" \
+          f"d{'_'.join(map(str, dense_layers))}-eos{eos_token_id}-t{int(with_tokenizer)}-" \
+          f"{zlib.crc32(tok):08x}-s{seed}"
+    path = directory / f"{key}.colibri"
+    ff.write_colibri(path, plan)
+    return TinyModel(path, hp, kinds, dtype, values, stored, dtypes, metadata, tok)
