@@ -14,12 +14,13 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication
 
 from colibri.inspector import resources
-from colibri.inspector.main_window import VIEW_NAMES, MainWindow
+from colibri.inspector.main_window import VIEW_NAMES, FileView, MainWindow
 
 SCREENSHOT_SIZE = (1600, 900)
 
@@ -108,8 +109,42 @@ def screenshot(window: MainWindow, path: str, view: str | None,
             deadline = time.monotonic() + 10
             while current.values.is_busy() and time.monotonic() < deadline:
                 _settle(app, 20)
+        if view == "debugger" and model is not None and model.tokenizer is not None:
+            _demo_debug_run(app, current, model)
+        if view == "jitter" and model is not None and model.tokenizer is not None:
+            _demo_jitter_run(app, current)
     _settle(app)
     return window.grab().save(path, "PNG")
+
+
+SCREENSHOT_PROMPT = "def read_header(self, data):\n    "
+
+
+def _wait(app: QApplication, busy: Any, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while busy() and time.monotonic() < deadline:
+        _settle(app, 20)
+
+
+def _demo_debug_run(app: QApplication, view: FileView, model: Any) -> None:
+    """A short greedy run so the debugger picture shows routing, not an empty form."""
+    from colibri.debugging import RunSettings
+
+    panel = view.debugger
+    panel.run_panel.prompt.setText(SCREENSHOT_PROMPT)
+    panel.start_run(RunSettings(model.tokenizer.encode(SCREENSHOT_PROMPT).ids, 24))
+    _settle(app, 100)
+    _wait(app, lambda: panel.controller.running)
+    if panel.events is not None and len(panel.events):
+        panel.select_event(len(panel.events) // 2)
+
+
+def _demo_jitter_run(app: QApplication, view: FileView) -> None:
+    lab = view.jitter
+    lab.prompt.setText(SCREENSHOT_PROMPT)
+    lab.start("jitter")
+    _settle(app, 100)
+    _wait(app, lab.runner.is_running, 120)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

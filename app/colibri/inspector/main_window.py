@@ -104,6 +104,7 @@ class FileView(QWidget):
         self.last_error = ""
         self._current_view = "validation"
         self._checking = False
+        self._hex_width = 0
 
         self.validation = QtValidationReport()
         self.header = QtHeaderView()
@@ -386,6 +387,21 @@ class FileView(QWidget):
     def current_view(self) -> str:
         return self._current_view
 
+    # Views that need the whole width: the hexdump side is folded away while they are shown
+    # and comes back at its previous width afterwards.
+    WIDE_VIEWS = ("debugger", "jitter")
+
+    def _fit_hexdump(self) -> None:
+        sizes = self.splitter.sizes()
+        if len(sizes) != 2:
+            return
+        if self._current_view in self.WIDE_VIEWS and sizes[1] > 0:
+            self._hex_width = sizes[1]
+            self.splitter.setSizes([sum(sizes), 0])
+        elif self._current_view not in self.WIDE_VIEWS and sizes[1] == 0 and self._hex_width:
+            self.splitter.setSizes([max(sum(sizes) - self._hex_width, 1), self._hex_width])
+            self._hex_width = 0
+
     def _tab_changed(self, _index: int) -> None:
         names = {self.validation: "validation", self.header: "header", self.tensors: "tensors",
                  self._values_page: "values", self._debugger_page: "debugger",
@@ -397,6 +413,7 @@ class FileView(QWidget):
             _ = self.debugger
         elif self._current_view == "jitter":
             _ = self.jitter
+        self._fit_hexdump()
         self.sig_view_changed.emit(self._current_view)
 
     def export_csv(self, path: str) -> None:

@@ -24,9 +24,10 @@ from typing import Any, Callable
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QLineEdit, QPushButton,
-                               QSpinBox, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+                               QSizePolicy, QSpinBox, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
 from colibri.debugging.events import Event, EventList
+from colibri.debugging.run import token_piece
 from colibri.debugging.session_file import SUFFIX, SavedSession, load_session, save_session
 from colibri.debugging.trace_export import write_chrome_trace, write_routing_csv
 from colibri.inspector.debugger.run_panel import QtRunPanel
@@ -92,6 +93,10 @@ class QtDebuggerPanel(QWidget):
         main = QSplitter(Qt.Orientation.Horizontal, self)
         for w in (left, centre, self.tabs):
             main.addWidget(w)
+        # the plots need the room; the run form is narrow by nature
+        for index, stretch in enumerate((2, 3, 4)):
+            main.setStretchFactor(index, stretch)
+        main.setSizes([400, 600, 800])
         layout = QVBoxLayout(self)
         layout.addLayout(nav)
         layout.addWidget(main, 1)
@@ -120,6 +125,13 @@ class QtDebuggerPanel(QWidget):
         self.tabs.currentChanged.connect(lambda _i: self._repaint())
         self.find_box.returnPressed.connect(self.find_next)
         self._shortcuts()
+        # Labels carry run-dependent text (status, generated text, token details): let them
+        # wrap rather than grow the panel's minimum width with every token.
+        for label in (self.status, self.run_panel.pieces, self.run_panel.status,
+                      self.token_view.title, self.token_view.details, self.routing_map.balance,
+                      self.routing_map.hover, self.latency.summary):
+            label.setWordWrap(True)
+            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
 
     def _shortcuts(self) -> None:
         for keys, slot in (("Ctrl+R", self.run_panel._run), ("F5", self.continue_run),
@@ -145,8 +157,8 @@ class QtDebuggerPanel(QWidget):
             self.run_panel.set_tokenizer(None)
         else:
             def tokenize(text: str) -> list[tuple[int, str]]:
-                enc = tok.encode(text)
-                return list(zip(enc.ids, enc.tokens))
+                ids = tok.encode(text).ids
+                return [(i, token_piece(tok, i)) for i in ids]
             self.run_panel.set_tokenizer(tokenize)
         self._set_status(f"model {os.path.basename(model.path)}" if model is not None
                          else "no model")

@@ -419,13 +419,17 @@ class QtBreakpointList(QWidget):
         self.position = QSpinBox(self)
         self.position.setRange(0, 10**7)
         add, remove = QPushButton("Add", self), QPushButton("Remove", self)
-        form = QHBoxLayout()
+        # two rows, so the breakpoint form does not set the debugger's minimum width
+        first, second = QHBoxLayout(), QHBoxLayout()
         for w in (self.kind, QLabel("expert", self), self.expert, QLabel("layer", self),
-                  self.layer, QLabel("margin <", self), self.threshold,
-                  QLabel("position", self), self.position, add, remove):
-            form.addWidget(w)
+                  self.layer):
+            first.addWidget(w)
+        for w in (QLabel("margin <", self), self.threshold, QLabel("position", self),
+                  self.position, add, remove):
+            second.addWidget(w)
         layout = QVBoxLayout(self)
-        layout.addLayout(form)
+        layout.addLayout(first)
+        layout.addLayout(second)
         layout.addWidget(self.list)
         add.clicked.connect(self.add_from_form)
         remove.clicked.connect(self.remove_selected)
