@@ -19,6 +19,7 @@ from typing import IO, Any
 import numpy as np
 
 from colibri.errors import ColibriError, ColibriFileChangedError, ColibriIOError
+from colibri.tokens import token_text
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
 
@@ -260,10 +261,7 @@ def _parse_tokens(text: str) -> list[int]:
 
 
 def _token_text(tokenizer: Any, token: int) -> str:
-    if tokenizer is None:
-        return str(token)
-    piece = tokenizer.id_to_token(token)
-    return repr(piece if piece is not None else tokenizer.decode([token]))
+    return repr(token_text(tokenizer, token)) if tokenizer is not None else str(token)
 
 
 def _print_routing(trace: Any, tokenizer: Any, first: int) -> None:

@@ -38,6 +38,7 @@ import numpy as np
 
 from colibri.debugging.breakpoints import Breakpoint, BreakpointList, first_hit
 from colibri.debugging.events import Event, EventList
+from colibri import tokens
 
 PHASES = ("attention", "router", "experts", "combine", "layer")
 ROUTINGS = ("topk", "stable", "soft", "gumbel")
@@ -297,16 +298,8 @@ class RunResult:
 
 
 def token_piece(tokenizer: Any, token: int) -> str:
-    """The text of `token` as a reader sees it: decoded on its own, so byte-level BPE pieces
-    read " the" rather than "Ġthe" (the vocabulary piece when decoding yields nothing; the id
-    as text when there is no tokenizer)."""
-    if tokenizer is None:
-        return str(token)
-    text = tokenizer.decode([int(token)])
-    if text:
-        return text
-    piece = tokenizer.id_to_token(int(token))
-    return piece if piece is not None else str(token)
+    """The text of `token` (see colibri.tokens.token_text)."""
+    return tokens.token_text(tokenizer, token)
 
 
 class Debugger:

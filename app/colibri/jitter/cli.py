@@ -23,6 +23,7 @@ from colibri.jitter.analysis import (BASELINE, EpsilonReport, JitterReport, Runn
                                      analyze_epsilon, analyze_jitter, parse_eps, ulp_bin_label)
 from colibri.jitter.variants import DEFAULT_VARIANTS, parse_variants
 from colibri.numerics import NumericsError
+from colibri.tokens import token_text
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
 
@@ -40,10 +41,7 @@ def report_json(report: JitterReport | EpsilonReport) -> bytes:
 
 
 def _token_text(tokenizer: Any, token: int) -> str:
-    if tokenizer is None:
-        return str(token)
-    piece = tokenizer.id_to_token(token)
-    return repr(piece if piece is not None else str(token))
+    return repr(token_text(tokenizer, token)) if tokenizer is not None else str(token)
 
 
 def _fmt(x: float | None) -> str:
