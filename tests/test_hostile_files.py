@@ -224,7 +224,7 @@ def test_absurd_tensor_count_states_the_limit() -> None:
 
 
 def test_interrupted_cli_dump_keeps_the_previous_file(tmp_path: Path) -> None:
-    from colibri.cli import _atomic_write
+    from colibri.files import atomic_write as _atomic_write
 
     target = tmp_path / "logits.npy"
     target.write_bytes(b"previous")

@@ -12,13 +12,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from colibri.errors import ColibriError, ColibriFileChangedError, ColibriIOError
+from colibri.files import atomic_write
 from colibri.tokens import token_text
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
@@ -55,23 +55,7 @@ def _unreadable(path: str) -> str | None:
     return None
 
 
-def _atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
-    """Write through a temporary file in the same directory, then rename over `path`."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".colibri-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            write(out)
-            out.flush()
-            os.fsync(out.fileno())  # the data is on disk before the name points at it
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+_atomic_write = atomic_write  # kept for the subcommands' call sites
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import IO, Callable, Iterable, Sequence
 
 import numpy as np
+
+from colibri.files import atomic_write
 
 MAGIC = b"COLI"
 FORMAT_VERSION = 1
@@ -362,34 +363,22 @@ def write_colibri(path: str | os.PathLike[str], plan: FilePlan,
     """Stream `plan` to `path`: data first (one tensor in memory at a time), then the header and
     tables, fsync, and an atomic rename. On any error the temporary file is removed and an
     existing file at `path` is left untouched."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".colibri-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            plan.crcs = []
-            out.truncate(plan.file_size)
-            for i, (spec, offset) in enumerate(zip(plan.tensors, plan.offsets)):
-                raw = _tensor_data(spec)
-                out.seek(offset)
-                out.write(raw)
-                plan.crcs.append(zlib.crc32(raw) & 0xFFFFFFFF)
-                if progress is not None:
-                    progress(i + 1, len(plan.tensors))
-            head = bytearray(plan.data_offset)
-            _write_metadata_sections(plan, head)
-            out.seek(0)
-            out.write(head)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    def stream(out: IO[bytes]) -> None:
+        plan.crcs = []
+        out.truncate(plan.file_size)
+        for i, (spec, offset) in enumerate(zip(plan.tensors, plan.offsets)):
+            raw = _tensor_data(spec)
+            out.seek(offset)
+            out.write(raw)
+            plan.crcs.append(zlib.crc32(raw) & 0xFFFFFFFF)
+            if progress is not None:
+                progress(i + 1, len(plan.tensors))
+        head = bytearray(plan.data_offset)
+        _write_metadata_sections(plan, head)
+        out.seek(0)
+        out.write(head)
+
+    atomic_write(path, stream)
 
 
 def tensor_specs_from_arrays(arrays: Iterable[tuple[str, np.ndarray, int]]) -> list[TensorSpec]:

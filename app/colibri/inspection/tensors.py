@@ -14,15 +14,15 @@ through a temporary file and a rename, so a crash never leaves half a CSV.
 
 from __future__ import annotations
 
-import csv
 import fnmatch
 import math
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
+
+from colibri.files import atomic_write_csv
 
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.engine import Model
@@ -223,24 +223,7 @@ def csv_record(row: TensorRow) -> list[str]:
             f"{row.crc32:08x}" if row.expert is None else "", row.check]
 
 
-def write_csv_atomic(path: str | os.PathLike[str], header: Sequence[str],
-                     records: Iterable[Sequence[object]]) -> None:
-    """Write a CSV through a temporary file in the same directory, then rename it into place."""
-    target = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(target))
-    fd, tmp = tempfile.mkstemp(prefix=".colibri-", suffix=".csv.tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(header)
-            writer.writerows(records)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+write_csv_atomic = atomic_write_csv
 
 
 def export_csv(rows: Iterable[TensorRow], path: str | os.PathLike[str]) -> None:

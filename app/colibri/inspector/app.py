@@ -20,6 +20,7 @@ from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication
 
 from colibri.inspector import resources
+from colibri.inspector.export import save_png
 from colibri.inspector.main_window import VIEW_NAMES, FileView, MainWindow
 
 SCREENSHOT_SIZE = (1600, 900)
@@ -114,7 +115,7 @@ def screenshot(window: MainWindow, path: str, view: str | None,
         if view == "jitter" and model is not None and model.tokenizer is not None:
             _demo_jitter_run(app, current)
     _settle(app)
-    return window.grab().save(path, "PNG")
+    return save_png(window, path)
 
 
 SCREENSHOT_PROMPT = "def read_header(self, data):\n    "

@@ -16,7 +16,6 @@ old one only once it is fully opened and validated.
 
 from __future__ import annotations
 
-import csv
 import os
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,10 @@ from PySide6.QtWidgets import (QFileDialog, QLabel, QMainWindow, QMessageBox, QP
 from colibri.inspection.document import (DataCheckResult, DocumentState, ModelDocument,
                                          data_check, load_state)
 from colibri.debugging.session_file import SUFFIX as SESSION_SUFFIX
+from colibri.files import atomic_write_csv
 from colibri.inspection.recent import RecentFiles
 from colibri.inspector import resources
+from colibri.inspector.export import save_png
 from colibri.inspector.debugger.panel import QtDebuggerPanel
 from colibri.inspector.header_view import QtHeaderView
 from colibri.inspector.jitter.lab import QtJitterLab
@@ -422,21 +423,21 @@ class FileView(QWidget):
         if view == "tensors":
             self.tensors.export_csv(path)
             return
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            out = csv.writer(f)
-            if view == "validation":
-                out.writerow(["severity", "code", "message", "offset", "tensor"])
-                for p in self.validation.problems:
-                    out.writerow([p.severity, p.code_name, p.message, p.offset, p.tensor])
-            elif view == "header":
-                out.writerow(["group", "field", "offset", "size", "kind", "raw", "value"])
-                for fld in self.doc.header_fields:
-                    raw = self.doc.head[fld.offset:fld.offset + fld.size] if fld.present else b""
-                    value = fld.value.hex() if isinstance(fld.value, bytes) else fld.value
-                    out.writerow([fld.group, fld.name, fld.offset, fld.size, fld.kind, raw.hex(),
-                                  "" if value is None else value])
-            else:
-                raise ValueError(f"the {VIEW_TITLES[view]} view has no table to export")
+        if view == "validation":
+            atomic_write_csv(path, ["severity", "code", "message", "offset", "tensor"],
+                             ([p.severity, p.code_name, p.message, p.offset, p.tensor]
+                              for p in self.validation.problems))
+        elif view == "header":
+            rows = []
+            for fld in self.doc.header_fields:
+                raw = self.doc.head[fld.offset:fld.offset + fld.size] if fld.present else b""
+                value = fld.value.hex() if isinstance(fld.value, bytes) else fld.value
+                rows.append([fld.group, fld.name, fld.offset, fld.size, fld.kind, raw.hex(),
+                             "" if value is None else value])
+            atomic_write_csv(path, ["group", "field", "offset", "size", "kind", "raw", "value"],
+                             rows)
+        else:
+            raise ValueError(f"the {VIEW_TITLES[view]} view has no table to export")
 
     def export_png(self, path: str) -> None:
         """The current view as a PNG (the plot itself for the values view)."""
@@ -444,8 +445,7 @@ class FileView(QWidget):
             self.values.export_png(path)
             return
         widget = self.hex if self._current_view == "hex" else self.tabs.currentWidget()
-        if not widget.grab().save(path, "PNG"):
-            raise OSError(f"could not write {path}")
+        save_png(widget, path)
 
     def shutdown(self) -> None:
         """Stop workers before the view goes away."""

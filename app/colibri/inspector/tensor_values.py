@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QProgressBar, Q
 from colibri.inspection import stats as S
 from colibri.inspection.tensors import write_csv_atomic
 from colibri.inspector.tasks import Cancelled, Task, TaskRunner
+from colibri.inspector.export import save_png
 
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.engine import Model
@@ -228,7 +229,7 @@ class QtTensorValues(QWidget):
     def export_png(self, path: str | os.PathLike[str]) -> bool:
         """Save the current page (tables and plots as on screen) as a PNG."""
         page = self.tabs.currentWidget()
-        return page.grab().save(os.fspath(path), "PNG")
+        return save_png(page, path)
 
     def export_csv(self, path: str | os.PathLike[str]) -> None:
         """Save the current page's table (statistics, or the expert comparison) as CSV."""

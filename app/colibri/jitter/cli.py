@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from colibri.files import atomic_write_bytes
 from colibri.errors import ColibriError
 from colibri.jitter.analysis import (BASELINE, EpsilonReport, JitterReport, Runner,
                                      analyze_epsilon, analyze_jitter, parse_eps, ulp_bin_label)
@@ -88,9 +89,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Runner, list[int], int, Any] | i
 
 
 def _write_json(path: str, data: bytes) -> None:
-    from colibri.cli import _atomic_write
-
-    _atomic_write(path, lambda f: f.write(data))
+    atomic_write_bytes(path, data)
 
 
 def print_jitter(report: JitterReport, tokenizer: Any = None, top: int = 10) -> None:

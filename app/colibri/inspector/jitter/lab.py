@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (QFileDialog, QFormLayout, QHBoxLayout, QLabel, QL
                                QProgressBar, QPushButton, QSpinBox, QTabWidget, QVBoxLayout,
                                QWidget)
 
+from colibri.files import atomic_write_bytes
 from colibri.inspector.jitter.views import (QtCellLogits, QtEpsilonCurve, QtFlipsVsMargin,
                                             QtJitterHeatmap, QtMarginHeatmap, QtRoutingAB)
 from colibri.inspector.tasks import Cancelled, Task, TaskRunner
@@ -257,10 +258,8 @@ class QtJitterLab(QWidget):
             self.restore(data)
 
     def save_json(self, path: str) -> None:
-        from colibri.cli import _atomic_write
-
         data = json.dumps(self.state(), sort_keys=True, separators=(",", ":")).encode("utf-8")
-        _atomic_write(path, lambda f: f.write(data))
+        atomic_write_bytes(path, data)
 
     def _save_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Save jitter results", "", "JSON (*.json)")
