@@ -240,7 +240,11 @@ def test_file_replaced_on_disk_is_reloaded(qtbot, window, tiny_model_path, tiny_
     tmp = tmp_path / "incoming.tmp"
     tmp.write_bytes(broken.data)
     os.replace(tmp, path)
-    qtbot.waitUntil(lambda: view.doc.generation == 1, timeout=10000)
+    # a replacement that does not open is announced, not swapped in silently
+    qtbot.waitUntil(lambda: view.changed_banner.isVisibleTo(view), timeout=10000)
+    assert view.doc.generation == 0
+    view.reopen()
+    assert view.doc.generation == 1
     assert "COL_ERR_OVERLAP" in [p.code_name for p in view.validation.problems]
 
 
@@ -326,3 +330,34 @@ def test_saved_session_carries_the_jitter_lab_results(window, tiny_model_path, t
     other = window.open_path(tiny_model_path(dtype="f16"))
     other.debugger.open_session(str(session_path))
     assert other.jitter.state() == state
+
+
+def test_a_truncated_file_keeps_the_old_view_and_offers_to_reopen(window, tiny_model_path,
+                                                                  tmp_path, qtbot):
+    path = tmp_path / "model.colibri"
+    path.write_bytes(tiny_model_path().read_bytes())
+    view = window.open_path(path)
+    old_model = view.doc.model
+    with open(path, "r+b") as f:      # a download cut short, in place
+        f.truncate(path.stat().st_size // 2)
+    view.reload_if_changed()
+    qtbot.waitUntil(lambda: view.changed_banner.isVisibleTo(view), timeout=20000)
+    assert view.doc.model is old_model                   # still showing the file as it was
+    assert "no longer opens" in view.changed_text.text()
+    view.reopen()
+    assert view.doc.model is None
+    assert any(p.code_name == "COL_ERR_TRUNCATED" for p in view.validation.problems)
+    assert not view.changed_banner.isVisibleTo(view)
+
+
+def test_a_valid_replacement_is_swapped_in(window, tiny_model_path, tmp_path, qtbot):
+    path = tmp_path / "model.colibri"
+    path.write_bytes(tiny_model_path().read_bytes())
+    view = window.open_path(path)
+    replacement = tmp_path / "new.colibri"
+    replacement.write_bytes(tiny_model_path(dtype="f16").read_bytes())
+    os.replace(replacement, path)   # an atomic replace, as converters do
+    with qtbot.waitSignal(view.sig_reloaded, timeout=20000):
+        view.reload_if_changed()
+    assert view.doc.model.tensor_info("layers.0.moe_w1").dtype == "f16"
+    assert not view.changed_banner.isVisibleTo(view)

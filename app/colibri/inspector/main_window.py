@@ -23,13 +23,15 @@ from typing import Any
 from PySide6.QtCore import (QByteArray, QFileSystemWatcher, QSettings, QStandardPaths, Qt, QTimer,
                             Signal)
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
-from PySide6.QtWidgets import (QFileDialog, QLabel, QMainWindow, QMessageBox, QProgressBar,
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
+                               QProgressBar, QPushButton,
                                QSplitter, QStackedWidget, QTabWidget, QToolButton, QVBoxLayout,
                                QWidget)
 
 from colibri.inspection.document import (DataCheckResult, DocumentState, ModelDocument,
-                                         data_check, load_state)
+                                         data_check, explain, load_state)
 from colibri.debugging.session_file import SUFFIX as SESSION_SUFFIX
+from colibri.errors import ColibriFileChangedError
 from colibri.files import atomic_write_csv
 from colibri.inspection.recent import RecentFiles
 from colibri.inspector import resources
@@ -97,6 +99,7 @@ class FileView(QWidget):
     sig_view_changed = Signal(str)
     sig_running = Signal(bool)
     sig_reloaded = Signal(str)
+    sig_file_broken = Signal(str)
 
     def __init__(self, doc: ModelDocument, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -133,6 +136,22 @@ class FileView(QWidget):
             widget.setObjectName(f"view_{name}")
             self.tabs.addTab(widget, VIEW_TITLES[name])
         self.hex.setObjectName("view_hex")
+        # Shown when the file changed on disk into something that does not validate: the old view
+        # stays (its mapping is guarded by the engine) until the user chooses to reopen.
+        self.changed_banner = QWidget()
+        self.changed_banner.setObjectName("changedBanner")
+        self.changed_text = QLabel()
+        self.changed_text.setWordWrap(True)
+        self.reopen_button = QPushButton("Reopen")
+        self.dismiss_button = QPushButton("Keep the old view")
+        banner = QHBoxLayout(self.changed_banner)
+        banner.addWidget(self.changed_text, 1)
+        banner.addWidget(self.reopen_button)
+        banner.addWidget(self.dismiss_button)
+        self.changed_banner.hide()
+        self._pending_state: DocumentState | None = None
+        self.reopen_button.clicked.connect(self.reopen)
+        self.dismiss_button.clicked.connect(self.changed_banner.hide)
         self.splitter = QSplitter(Qt.Orientation.Horizontal)
         self.splitter.setObjectName("fileSplitter")
         self.splitter.addWidget(self.tabs)
@@ -141,6 +160,7 @@ class FileView(QWidget):
         self.splitter.setStretchFactor(1, 2)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.changed_banner)
         layout.addWidget(self.splitter)
 
         # File-wide jobs: one runner for data checks, one for reloads (each cancels its own).
@@ -215,11 +235,34 @@ class FileView(QWidget):
         self.reloader.start(Task("reload", lambda _progress, _cancelled: load_state(path)))
 
     def _reload_done(self, state: DocumentState) -> None:
+        """A replacement that opens is swapped in at once. One that does not (truncated, being
+        written, corrupt) is not: the user is told why and offered to reopen into its report."""
+        self._watch()
+        if state.model is None and self.doc.model is not None:
+            self._pending_state = state
+            self.changed_text.setText(
+                f"{self.doc.name} changed on disk and no longer opens: {explain(state)} "
+                "The views still show the file as it was.")
+            self.changed_banner.show()
+            self.sig_file_broken.emit(self.doc.path)
+            return
+        self._adopt(state)
+
+    def reopen(self) -> None:
+        """Show the file as it is now (the pending broken state, or a fresh load)."""
+        state, self._pending_state = self._pending_state, None
+        if state is None:
+            self.reload()
+            return
+        self._adopt(state)
+
+    def _adopt(self, state: DocumentState) -> None:
+        self.changed_banner.hide()
+        self._pending_state = None
         self.cancel_checks()
         self.checks.wait()
         self.doc.adopt(state)
         self._show_document()
-        self._watch()
         self.sig_reloaded.emit(self.doc.path)
 
     # -- data checks ----------------------------------------------------------------------------
@@ -263,6 +306,8 @@ class FileView(QWidget):
         self.last_error = message.splitlines()[0] if message else "failed"
         self.validation.summary.setText(f"The check failed: {self.last_error}")
         self._checks_stopped()
+        if message.startswith(ColibriFileChangedError.__name__) or self.doc.changed_on_disk():
+            self.reload()   # the file moved under the scan: say so and offer to reopen
 
     def validation_state(self) -> str:
         """One phrase for the status bar."""
