@@ -43,6 +43,23 @@ static void dense_mlp(col_session *s, const col_layer *layer)
     swiglu(s, &w1, &w3, &w2, s->xn, s->tmp);
 }
 
+/* The session's routing settings for one decision at (position, layer). */
+static col_router_params router_params(const col_session *s, uint32_t layer, uint32_t position)
+{
+    const col_hparams *hp = &s->model->hp;
+    col_router_params params = {
+        .mode = s->config.routing,
+        .n_experts = hp->n_experts,
+        .k = hp->n_experts_active,
+        .renormalize = (hp->flags & COL_FLAG_NORM_TOPK) != 0,
+        .epsilon = s->config.epsilon,
+        .seed = s->config.seed,
+        .position = position,
+        .layer = layer,
+    };
+    return params;
+}
+
 void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
 {
     const col_model *m = s->model;
@@ -58,16 +75,7 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
     col_weight gate = col_weight_of(layer->moe_gate);
     col_matvec(s->pool, &gate, s->xn, s->router_logits);
     col_numerics_perturb(&s->numerics, s->router_logits, n_experts, s->position, layer_index);
-    col_router_params params = {
-        .mode = s->config.routing,
-        .n_experts = n_experts,
-        .k = hp->n_experts_active,
-        .renormalize = (hp->flags & COL_FLAG_NORM_TOPK) != 0,
-        .epsilon = s->config.epsilon,
-        .seed = s->config.seed,
-        .position = s->position,
-        .layer = layer_index,
-    };
+    col_router_params params = router_params(s, layer_index, s->position);
     uint32_t n_slots = col_route(&params, s->router_logits, s->route_ids, s->route_weights, &s->router_scratch);
     uint64_t t1 = phase_ns ? col_now_ns() : 0;
 
@@ -175,16 +183,7 @@ void col_feed_forward_batch(col_session *s, uint32_t layer_index, uint32_t n, ui
     uint32_t n_slots = 0, base = s->position;
     for (uint32_t e = 0; e < n_experts; e++) s->bcount[e] = 0;
     for (uint32_t t = 0; t < n; t++) {
-        col_router_params params = {
-            .mode = s->config.routing,
-            .n_experts = n_experts,
-            .k = hp->n_experts_active,
-            .renormalize = (hp->flags & COL_FLAG_NORM_TOPK) != 0,
-            .epsilon = s->config.epsilon,
-            .seed = s->config.seed,
-            .position = base + t,
-            .layer = layer_index,
-        };
+        col_router_params params = router_params(s, layer_index, base + t);
         n_slots = col_route(&params, s->brl + (uint64_t)t * n_experts, s->bids + (uint64_t)t * ks,
                             s->bw + (uint64_t)t * ks, &s->router_scratch);
         for (uint32_t slot = 0; slot < n_slots; slot++) s->bcount[s->bids[t * ks + slot]]++;

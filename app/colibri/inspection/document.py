@@ -261,11 +261,12 @@ def _guess_format(head: bytes) -> str:
     return ""
 
 
-def _size_text(n: int) -> str:
+def size_text(n: int) -> str:
+    """A byte count for people: "812 bytes", "12.80 MiB"."""
     value = float(n)
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
         if value < 1024 or unit == "TiB":
-            return f"{n} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+            return f"{n:,} bytes" if unit == "bytes" else f"{value:.2f} {unit}"
         value /= 1024
     return f"{n} bytes"
 
@@ -301,8 +302,8 @@ def explain(state: DocumentState) -> str:
                     "Colibri header. The download or copy probably stopped early.")
         if declared > size:
             pct = 100.0 * size / declared
-            return (f"This Colibri file is truncated: it has {_size_text(size)} but its header "
-                    f"says {_size_text(declared)} ({pct:.1f}% present). The download or copy "
+            return (f"This Colibri file is truncated: it has {size_text(size)} but its header "
+                    f"says {size_text(declared)} ({pct:.1f}% present). The download or copy "
                     "probably stopped early; fetch the file again.")
         return ("This Colibri file is truncated: it ends before the data its header describes. "
                 "The download or copy probably stopped early.")
@@ -379,7 +380,7 @@ def data_check(doc: ModelDocument, checksums: bool = True, nan_check: bool = Tru
             done += t.nbytes
             result.bytes_checked = done
             progress(done * _PROGRESS_UNITS // total, _PROGRESS_UNITS,
-                     f"{t.name} ({_size_text(done)} of {_size_text(total)})")
+                     f"{t.name} ({size_text(done)} of {size_text(total)})")
         return result
 
     return run

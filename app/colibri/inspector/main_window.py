@@ -29,7 +29,8 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QM
                                QWidget)
 
 from colibri.inspection.document import (DataCheckResult, DocumentState, ModelDocument,
-                                         data_check, explain, load_state)
+                                         data_check, explain, load_state,
+                                         size_text)
 from colibri.debugging.session_file import SUFFIX as SESSION_SUFFIX
 from colibri.errors import ColibriFileChangedError
 from colibri.files import atomic_write_csv
@@ -76,15 +77,6 @@ def autosave_path_for(model_path: str) -> str:
     directory = os.path.join(base, "sessions")
     os.makedirs(directory, exist_ok=True)
     return os.path.join(directory, f"{Path(model_path).stem}-autosave{SESSION_SUFFIX}")
-
-
-def size_text(n: int) -> str:
-    value = float(n)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{n:,} bytes" if unit == "bytes" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{n} bytes"
 
 
 # ---------------------------------------------------------------------------------------------
