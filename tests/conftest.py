@@ -9,6 +9,7 @@ Tensor names and shapes follow docs/format.md for each of the four architectures
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,9 @@ from typing import Any
 import pytest
 
 from tiny_models import TinyModel, make_tiny_model
+
+# Qt tests never need a display: without one, Qt would abort the whole run looking for it.
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 
 @pytest.fixture(scope="session")
