@@ -422,7 +422,7 @@ int32_t col_model_open_ex(const char *path, const col_allocator *allocator, col_
                           col_problem *problem);
 
 /* col_session_create with the session struct and its arena from `allocator` (NULL = malloc).
- * The thread pool's worker threads are made by pthreads and are not counted. */
+ * The thread pool's bookkeeping comes from `allocator` too; the threads' own stacks come from pthreads. */
 int32_t col_session_create_ex(const col_model *model, const col_session_config *config,
                               const col_allocator *allocator, col_session **out, char *err,
                               size_t errlen);

@@ -513,10 +513,17 @@ const char *col_isa_name(col_isa isa)
 
 /* ---- thread pool ------------------------------------------------------------------------- */
 
+typedef struct worker_arg {
+    col_pool *pool;
+    uint32_t index;           /* 1..n_threads-1; the caller is 0 */
+} worker_arg;
+
 struct col_pool {
     uint32_t n_threads;
     col_isa isa;
-    pthread_t *threads;
+    pthread_t *threads;       /* [n_threads - 1] */
+    worker_arg *args;         /* [n_threads - 1], what each worker was started with */
+    col_allocator alloc;      /* what the pool, threads and args were allocated with */
     uint32_t n_started;
     pthread_mutex_t mutex;
     pthread_cond_t work_ready;
@@ -536,10 +543,6 @@ struct col_pool {
     const col_numerics *numerics;  /* a session's numerics variant (numerics.c), NULL = none */
 };
 
-typedef struct worker_arg {
-    col_pool *pool;
-    uint32_t index;           /* 1..n_threads-1; the caller is 0 */
-} worker_arg;
 
 static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1)
 {
@@ -585,7 +588,6 @@ static void cpu_relax(uint32_t spins)
 static void *worker_main(void *p)
 {
     worker_arg arg = *(worker_arg *)p;
-    free(p);
     col_pool *pool = arg.pool;
     uint64_t seen = 0;
     for (;;) {
@@ -618,11 +620,13 @@ uint64_t col_pool_scratch_size(uint32_t max_jobs, uint64_t max_act_cols)
     return ptrs + qrow_bytes(max_act_cols) + 64;
 }
 
-col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint32_t max_jobs, uint64_t max_act_cols)
+col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint32_t max_jobs, uint64_t max_act_cols,
+                          const col_allocator *alloc)
 {
-    if (n_threads == 0 || (!scratch && (max_jobs || max_act_cols))) return NULL;
-    col_pool *pool = calloc(1, sizeof *pool);
+    if (n_threads == 0 || (!scratch && (max_jobs || max_act_cols)) || !alloc) return NULL;
+    col_pool *pool = col_alloc_zeroed(alloc, 1, sizeof *pool);
     if (!pool) return NULL;
+    pool->alloc = *alloc;
     pool->n_threads = n_threads;
     pool->isa = detect_isa();
     const char *env = getenv("COLIBRI_KERNELS");
@@ -643,26 +647,22 @@ col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint32_t max_jobs, 
     atomic_init(&pool->n_sleeping, 0);
     atomic_init(&pool->stopping, 0);
     if (pthread_mutex_init(&pool->mutex, NULL) != 0) {
-        free(pool);
+        col_dealloc(alloc, pool);
         return NULL;
     }
     pthread_cond_init(&pool->work_ready, NULL);
     if (n_threads > 1) {
-        pool->threads = calloc(n_threads - 1, sizeof *pool->threads);
-        if (!pool->threads) {
+        pool->threads = col_alloc_zeroed(alloc, n_threads - 1, sizeof *pool->threads);
+        pool->args = col_alloc_zeroed(alloc, n_threads - 1, sizeof *pool->args);
+        if (!pool->threads || !pool->args) {
             col_pool_free(pool);
             return NULL;
         }
         for (uint32_t i = 1; i < n_threads; i++) {
-            worker_arg *arg = malloc(sizeof *arg);
-            if (!arg) {
-                col_pool_free(pool);
-                return NULL;
-            }
+            worker_arg *arg = &pool->args[i - 1];
             arg->pool = pool;
             arg->index = i;
             if (pthread_create(&pool->threads[i - 1], NULL, worker_main, arg) != 0) {
-                free(arg);
                 col_pool_free(pool);
                 return NULL;
             }
@@ -680,10 +680,12 @@ void col_pool_free(col_pool *pool)
     pthread_cond_broadcast(&pool->work_ready);
     pthread_mutex_unlock(&pool->mutex);
     for (uint32_t i = 0; i < pool->n_started; i++) pthread_join(pool->threads[i], NULL);
-    free(pool->threads);
+    const col_allocator alloc = pool->alloc;
+    col_dealloc(&alloc, pool->threads);
+    col_dealloc(&alloc, pool->args);
     pthread_cond_destroy(&pool->work_ready);
     pthread_mutex_destroy(&pool->mutex);
-    free(pool);
+    col_dealloc(&alloc, pool);
 }
 
 col_isa col_pool_isa(const col_pool *pool)

@@ -41,8 +41,10 @@ uint64_t col_pool_scratch_size(uint32_t max_jobs, uint64_t max_act_cols);
 /* Create a pool of n_threads - 1 workers (the caller is the n-th); `scratch` (64-byte aligned,
  * col_pool_scratch_size bytes, owned by the caller, may be NULL when both limits are 0) holds
  * activations quantised for int8 weights. n_threads >= 1. Returns NULL on allocation or
- * thread-creation failure. Workers spin briefly between products, then sleep on a condvar. */
-col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint32_t max_jobs, uint64_t max_act_cols);
+ * thread-creation failure. The pool struct, thread handles and worker arguments come from `alloc`
+ * (the session's allocator). Workers spin briefly between products, then sleep on a condvar. */
+col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint32_t max_jobs, uint64_t max_act_cols,
+                          const col_allocator *alloc);
 
 /* Join the workers and free. NULL is a no-op. */
 void col_pool_free(col_pool *pool);

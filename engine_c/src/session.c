@@ -185,11 +185,12 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     }
     plan_arena(model, config, s, s->arena);
     s->pool = col_pool_create(config->n_threads, s->kernel_scratch, kernel_jobs(&model->hp, s->k_slots),
-                              kernel_act_cols(&model->hp, s->k_slots));
+                              kernel_act_cols(&model->hp, s->k_slots), &alloc);
     if (!s->pool) {
         col_dealloc(&alloc, s->arena);
         col_dealloc(&alloc, s);
-        return col_set_error(err, errlen, COL_ERR_NOMEM, "cannot start %u threads", config->n_threads);
+        return col_set_error(err, errlen, COL_ERR_NOMEM, "cannot allocate or start the thread pool of %u threads",
+                             config->n_threads);
     }
     s->numerics = col_numerics_of(config);
     if (col_numerics_hooks_products(&s->numerics)) col_pool_set_numerics(s->pool, &s->numerics);

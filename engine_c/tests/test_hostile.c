@@ -111,13 +111,16 @@ static void test_model_open_allocation_failures(void)
     CHECK(!"col_model_open_ex never succeeded");
 }
 
-static void test_session_create_allocation_failures(void)
+/* Every allocation of session creation, the thread pool's bookkeeping included (n_threads > 1),
+ * can fail without a leak. */
+static void test_session_create_allocation_failures(uint32_t n_threads)
 {
     col_model *m = NULL;
     CHECK(col_model_open(valid_path, &m, NULL) == COL_OK);
     if (!m)
         return;
     col_session_config cfg = small_config();
+    cfg.n_threads = n_threads;
     for (long n = 0; n < 1000; n++) {
         counting c = {0, n, 0};
         col_allocator a = {counting_alloc, counting_free, &c};
@@ -231,7 +234,8 @@ int main(void)
     if (!find_valid())
         return TEST_REPORT();
     test_model_open_allocation_failures();
-    test_session_create_allocation_failures();
+    test_session_create_allocation_failures(1);
+    test_session_create_allocation_failures(3);
     test_truncated_during_run();
     test_rewritten_and_replaced();
     test_validate_file_truncated();
