@@ -116,3 +116,30 @@ def test_cancel_and_state_round_trip(qtbot, lab: QtJitterLab, tmp_path: Path,
     qtbot.addWidget(other)
     other.load_json(str(tmp_path / "lab.json"))
     assert other.state() == lab.state()
+
+
+DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo" / "demo.colibri"
+DEMO_PROMPT = "def read_header(self, data):"
+DEMO_VARIANTS = "seq,blocked16+fma,seq+split4,act-bf16,w-bf16,noise4"
+
+
+def test_on_the_demo_model_the_cli_and_the_lab_agree(qtbot, tmp_path: Path) -> None:
+    out = tmp_path / "demo-jitter.json"
+    assert main(["jitter", str(DEMO), "--prompt", DEMO_PROMPT, "--generate", "12",
+                 "--variants", DEMO_VARIANTS, "--json", str(out)]) == 0
+    cli = json.loads(out.read_text())
+    w = QtJitterLab()
+    qtbot.addWidget(w)
+    w.set_model(DEMO)
+    w.prompt.setText(DEMO_PROMPT)
+    w.generate.setValue(12)
+    w.variants.setText(DEMO_VARIANTS)
+    try:
+        _run(qtbot, w, "jitter")
+        assert report_json(w.jitter_report) == json.dumps(cli, sort_keys=True,
+                                                          separators=(",", ":")).encode()
+        assert np.array_equal(w.heatmap.values(), np.asarray(cli["cell_flip_rate"]))
+        assert np.array_equal(w.margins.values(), np.asarray(cli["margin_ulps"]))
+        assert w.scatter.bins() == cli["flips_vs_margin"]
+    finally:
+        w.shutdown()
