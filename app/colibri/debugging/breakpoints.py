@@ -16,6 +16,7 @@ that (position, layer) even when the engine computed the whole position.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
@@ -26,13 +27,13 @@ from colibri.debugging.events import Event, EventList
 
 
 @dataclass(frozen=True)
-class Breakpoint:
+class Breakpoint(ABC):
     kind: ClassVar[str] = ""
     enabled: bool = field(default=True, kw_only=True)
 
+    @abstractmethod
     def mask(self, events: EventList, first: int = 0) -> np.ndarray:
         """[positions first.., moe_layers] bool: the events this breakpoint hits."""
-        raise NotImplementedError
 
     def hits(self, event: Event, events: EventList) -> bool:
         return bool(self.mask(events, event.position)[0, event.moe_index])
@@ -45,8 +46,9 @@ class Breakpoint:
     def toggled(self) -> Breakpoint:
         return replace(self, enabled=not self.enabled)
 
+    @abstractmethod
     def describe(self) -> str:
-        raise NotImplementedError
+        """One line for the breakpoint list."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **asdict(self)}
