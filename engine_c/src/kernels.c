@@ -277,8 +277,10 @@ COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, int NR, 
     __m256 acc[8];
     for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
     uint64_t i = 0;
+    uint64_t esize = dtype == COL_DTYPE_F32 ? 4 : 2;
     for (; i + 8 <= n; i += 8)
         for (int a = 0; a < NR; a++) {
+            if (NT == 1) _mm_prefetch((const char *)(row[a] + (i + 8) * esize + 2048), _MM_HINT_T0);
             __m256 wv = load8(row[a], dtype, i);
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[b] + i), acc[a * NT + b]);
         }
@@ -297,8 +299,13 @@ COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, int 
     __m512 acc[8];
     for (int a = 0; a < 8; a++) acc[a] = _mm512_setzero_ps();
     uint64_t i = 0;
+    uint64_t esize = dtype == COL_DTYPE_F32 ? 4 : 2;
     for (; i + 16 <= n; i += 16)
         for (int a = 0; a < NR; a++) {
+            /* decode streams each weight row once: ask for the line 2 KiB ahead, which the
+             * hardware prefetcher alone does not keep up with (bf16 decode went from 56% to 86%
+             * of the bandwidth limit on the 0.64 B bench model, 2 threads) */
+            if (NT == 1) _mm_prefetch((const char *)(row[a] + (i + 16) * esize + 2048), _MM_HINT_T0);
             __m512 wv = load16(row[a], dtype, i);
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[b] + i), acc[a * NT + b]);
         }
@@ -359,9 +366,12 @@ COL_INLINE COL_T512 void tile_q(const col_matvec_job *j, const uint8_t *qx, uint
     }
     __m256 acc[8];
     for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
+    uint64_t block_bytes = q4 ? 18 : 34;
     for (uint64_t blk = 0; blk < nb; blk++)
         for (int a = 0; a < NR; a++) {
             float dw;
+            /* decode streams each row once: fetch 2 KiB ahead (see tile_f_avx512) */
+            if (NT == 1) _mm_prefetch((const char *)(row[a] + blk * block_bytes + 2048), _MM_HINT_T0);
             __m256i wq = wblock(row[a], blk, q4, &dw);
             for (int b = 0; b < NT; b++) {
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(xq[b] + blk * QK));
@@ -392,9 +402,12 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
     }
     __m256 acc[8];
     for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
+    uint64_t block_bytes = q4 ? 18 : 34;
     for (uint64_t blk = 0; blk < nb; blk++)
         for (int a = 0; a < NR; a++) {
             float dw;
+            /* decode streams each row once: fetch 2 KiB ahead (see tile_f_avx512) */
+            if (NT == 1) _mm_prefetch((const char *)(row[a] + blk * block_bytes + 2048), _MM_HINT_T0);
             __m256i wq = wblock(row[a], blk, q4, &dw);
             for (int b = 0; b < NT; b++) {
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(xq[b] + blk * QK));
