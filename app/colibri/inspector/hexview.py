@@ -90,6 +90,9 @@ class _HexCanvas(QAbstractScrollArea):
         self._hex_col = self._offset_digits + 2
         self._ascii_col = self._hex_col + BYTES_PER_ROW * 3 + 1 + 1
         self._line_chars = self._ascii_col + BYTES_PER_ROW
+        # a whole row (offset, 16 bytes, ASCII) always fits: a hexdump cut at byte 5 is useless
+        scrollbar = self.verticalScrollBar().sizeHint().width()
+        self.setMinimumWidth(int(math.ceil((self._line_chars + 1) * self._cw)) + scrollbar + 4)
 
     def _hex_char(self, i: int) -> int:
         """Character column of byte i (0..15) of a row in the hex area."""

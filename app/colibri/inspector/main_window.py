@@ -100,7 +100,6 @@ class FileView(QWidget):
         self.last_error = ""
         self._current_view = "validation"
         self._checking = False
-        self._hex_width = 0
 
         self.validation = QtValidationReport()
         self.header = QtHeaderView()
@@ -412,6 +411,10 @@ class FileView(QWidget):
             raise ValueError(f"unknown view {name!r}; expected one of {', '.join(VIEW_NAMES)}")
         self._current_view = name
         if name == "hex":
+            if self.tabs.currentWidget() in (self._debugger_page, self._jitter_page):
+                self.tabs.setCurrentWidget(self.validation)   # the hexdump sits beside the file views
+                self._current_view = name
+            self.hex.setVisible(True)
             sizes = self.splitter.sizes()
             if len(sizes) == 2 and sizes[1] == 0:
                 self.splitter.setSizes([sum(sizes) // 2, sum(sizes) - sum(sizes) // 2])
@@ -425,20 +428,13 @@ class FileView(QWidget):
     def current_view(self) -> str:
         return self._current_view
 
-    # Views that need the whole width: the hexdump side is folded away while they are shown
-    # and comes back at its previous width afterwards.
+    # Views that need the whole width: the hexdump is hidden while they are shown and comes
+    # back at its previous width afterwards.
     WIDE_VIEWS = ("debugger", "jitter")
 
     def _fit_hexdump(self) -> None:
-        sizes = self.splitter.sizes()
-        if len(sizes) != 2:
-            return
-        if self._current_view in self.WIDE_VIEWS and sizes[1] > 0:
-            self._hex_width = sizes[1]
-            self.splitter.setSizes([sum(sizes), 0])
-        elif self._current_view not in self.WIDE_VIEWS and sizes[1] == 0 and self._hex_width:
-            self.splitter.setSizes([max(sum(sizes) - self._hex_width, 1), self._hex_width])
-            self._hex_width = 0
+        # hidden rather than collapsed: a hidden widget's minimum width does not count
+        self.hex.setVisible(self._current_view not in self.WIDE_VIEWS)
 
     def _tab_changed(self, _index: int) -> None:
         names = {self.validation: "validation", self.header: "header", self.tensors: "tensors",

@@ -106,6 +106,7 @@ class QtValidationReport(QWidget):
         self.explanation.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.summary = QLabel()
         self.summary.setObjectName("summary")
+        self.summary.setWordWrap(True)
 
         self.checksums = QCheckBox("Checksums (CRC-32 of every tensor)")
         self.checksums.setChecked(True)
@@ -153,15 +154,20 @@ class QtValidationReport(QWidget):
         controls.addWidget(self.checksums)
         controls.addWidget(self.nan_check)
         controls.addStretch(1)
-        controls.addWidget(self.progress_text)
-        controls.addWidget(self.progress)
         controls.addWidget(self.run_button)
         controls.addWidget(self.cancel_button)
+        # progress on a line of its own, so the view stays narrow enough to sit beside the
+        # hexdump on a laptop screen
+        progress_row = QHBoxLayout()
+        progress_row.addStretch(1)
+        progress_row.addWidget(self.progress_text)
+        progress_row.addWidget(self.progress)
 
         layout = QVBoxLayout(self)
         layout.addWidget(self.explanation)
         layout.addWidget(self.summary)
         layout.addLayout(controls)
+        layout.addLayout(progress_row)
         layout.addWidget(self.table, 1)
 
         self.run_button.clicked.connect(self._request_run)
