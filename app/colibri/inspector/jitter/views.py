@@ -22,6 +22,7 @@ them with the CLI's JSON; none recomputes an analysis.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,23 +38,30 @@ _FLIPPED = QColor(230, 140, 40, 90)
 _SELECTED = QColor(120, 200, 120, 120)
 
 
+# What a cell heatmap shows of a report: (values [P][M] as reported, image [P][M] as drawn,
+# colour levels), and the hover text of cell (p, mi).
+CellCompute = Callable[[JitterReport], tuple[np.ndarray, np.ndarray, tuple[float, float]]]
+CellDescribe = Callable[[JitterReport, int, int], str]
+
+
 class _CellHeatmap(QWidget):
-    """A positions x MoE layers heatmap with a colour bar, hover text and click selection."""
+    """A positions x MoE layers heatmap with a colour bar, hover text and click selection; what
+    it shows is the `compute` and `describe` functions it is built with."""
 
     sig_cell_selected = Signal(int, int)  # position, moe_index
 
-    title = ""
-    colormap = "viridis"
-
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, title: str, colormap: str, compute: CellCompute, describe: CellDescribe,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self._compute = compute
+        self._describe_cell = describe
         self.graphics = pg.GraphicsLayoutWidget(self)
-        self.plot = self.graphics.addPlot(title=self.title)
+        self.plot = self.graphics.addPlot(title=title)
         self.plot.setLabel("bottom", "position")
         self.plot.setLabel("left", "MoE layer")
         self.image = pg.ImageItem(axisOrder="row-major")
         self.plot.addItem(self.image)
-        self.bar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get(self.colormap),
+        self.bar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get(colormap),
                                    interactive=False)
         self.bar.setImageItem(self.image, insert_in=self.plot)
         self.marker = pg.ScatterPlotItem(size=12, pen=pg.mkPen("w", width=2), brush=None,
@@ -67,13 +75,6 @@ class _CellHeatmap(QWidget):
         self.plot.scene().sigMouseClicked.connect(self._mouse_clicked)
         self.report: JitterReport | None = None
         self._values: np.ndarray | None = None
-
-    def _compute(self, report: JitterReport) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
-        """(values [P][M] as reported, image [P][M] as drawn, colour levels)."""
-        raise NotImplementedError
-
-    def _describe(self, p: int, mi: int) -> str:
-        raise NotImplementedError
 
     def set_report(self, report: JitterReport | None) -> None:
         self.report = report
@@ -103,7 +104,8 @@ class _CellHeatmap(QWidget):
 
     def _mouse_moved(self, pos: Any) -> None:
         cell = self._cell_at(pos)
-        self.hover.setText(self._describe(*cell) if cell else "")
+        self.hover.setText(self._describe_cell(self.report, *cell)
+                           if cell and self.report is not None else "")
 
     def _mouse_clicked(self, ev: Any) -> None:
         cell = self._cell_at(ev.scenePos())
@@ -111,36 +113,42 @@ class _CellHeatmap(QWidget):
             self.sig_cell_selected.emit(*cell)
 
 
+def _flip_rate(report: JitterReport) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
+    rate = report.cell_flip_rate()
+    return rate, rate, (0.0, max(float(rate.max()), 1e-9))
+
+
+def _describe_flips(r: JitterReport, p: int, mi: int) -> str:
+    who = [n for n in r.variants if r.flips(n)[p, mi]]
+    return (f"position {p} layer {r.moe_layers[mi]}: flip rate {r.cell_flip_rate()[p, mi]:.3f}"
+            f" ({len(who)}/{len(r.variants)}) {', '.join(who[:8])}")
+
+
+def _margin(report: JitterReport) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
+    ulps = report.margin_ulps
+    drawn = np.log2(1.0 + np.maximum(ulps, 0).astype(np.float64))
+    return ulps, drawn, (0.0, max(float(drawn.max()), 1.0))
+
+
+def _describe_margin(r: JitterReport, p: int, mi: int) -> str:
+    return (f"position {p} layer {r.moe_layers[mi]}: margin {int(r.margin_ulps[p, mi])} ULP "
+            f"({r.margin_abs[p, mi]:.3g}), top-k {r.sets[BASELINE][p, mi].tolist()}")
+
+
 class QtJitterHeatmap(_CellHeatmap):
-    title = "flip rate (fraction of variants changing the top-k set)"
-    colormap = "inferno"
+    """Flip rate per (position, MoE layer): the fraction of variants changing the top-k set."""
 
-    def _compute(self, report: JitterReport) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
-        rate = report.cell_flip_rate()
-        return rate, rate, (0.0, max(float(rate.max()), 1e-9))
-
-    def _describe(self, p: int, mi: int) -> str:
-        r = self.report
-        assert r is not None
-        who = [n for n in r.variants if r.flips(n)[p, mi]]
-        return (f"position {p} layer {r.moe_layers[mi]}: flip rate {r.cell_flip_rate()[p, mi]:.3f}"
-                f" ({len(who)}/{len(r.variants)}) {', '.join(who[:8])}")
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("flip rate (fraction of variants changing the top-k set)", "inferno",
+                         _flip_rate, _describe_flips, parent)
 
 
 class QtMarginHeatmap(_CellHeatmap):
-    title = "baseline margin k-th / (k+1)-th logit, log2(1 + ULPs)"
-    colormap = "viridis"
+    """The baseline's top-k margin per (position, MoE layer), in ULPs on a log scale."""
 
-    def _compute(self, report: JitterReport) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
-        ulps = report.margin_ulps
-        drawn = np.log2(1.0 + np.maximum(ulps, 0).astype(np.float64))
-        return ulps, drawn, (0.0, max(float(drawn.max()), 1.0))
-
-    def _describe(self, p: int, mi: int) -> str:
-        r = self.report
-        assert r is not None
-        return (f"position {p} layer {r.moe_layers[mi]}: margin {int(r.margin_ulps[p, mi])} ULP "
-                f"({r.margin_abs[p, mi]:.3g}), top-k {r.sets[BASELINE][p, mi].tolist()}")
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("baseline margin k-th / (k+1)-th logit, log2(1 + ULPs)", "viridis",
+                         _margin, _describe_margin, parent)
 
 
 class QtFlipsVsMargin(QWidget):
