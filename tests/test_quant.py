@@ -28,19 +28,69 @@ def test_round_trip_error_bounds(q: int, bound: float) -> None:
     assert err.max() <= bound + 2e-3  # + f16 rounding of the scale
 
 
+def _f16_bytes(values: list[float]) -> bytes:
+    return np.array(values, dtype=np.float32).astype("<f2").tobytes()
+
+
 def test_block_layouts_byte_by_byte() -> None:
-    x = np.arange(32, dtype=np.float32) - 16.0  # -16..15; max |x| = 16 at element 0
+    # One row of two blocks: block 0 is -16..15 (max |x| = 16 at element 0), block 1 is
+    # 4, 3.75, ..., -3.75 (max |x| = 4 at element 32), so the two scales differ.
+    ramp = np.arange(32, dtype=np.float32) - 16.0
+    x = np.concatenate([ramp, ramp * -0.25])
+    assert ff.DTYPE_Q8_0 == 5 and ff.DTYPE_Q4_0 == 6  # 3 and 4 are the retired block layouts
+
+    # q8_0: both f16 scales first, then the 64 int8 in element order.
     q8 = ff.quantize(x, ff.DTYPE_Q8_0).tobytes()
-    assert len(q8) == 34
-    assert np.float16(np.frombuffer(q8[:2], "<f2")[0]) == np.float16(16 / 127)
-    assert struct.unpack("<b", q8[2:3])[0] == -127
+    assert len(q8) == 68 == ff.row_bytes(ff.DTYPE_Q8_0, 64)
+    assert q8[:4] == _f16_bytes([16 / 127, 4 / 127])
+    d8 = np.repeat(np.frombuffer(q8[:4], "<f2").astype(np.float32), 32)
+    q = np.clip(np.rint(x / d8), -127, 127).astype(np.int8)
+    assert q8[4:] == q.tobytes()
+    assert struct.unpack("<b", q8[4:5])[0] == -127       # element 0 = -16
+    assert struct.unpack("<b", q8[4 + 16:4 + 17])[0] == 0  # element 16 = 0
+    assert struct.unpack("<b", q8[4 + 32:4 + 33])[0] == 127  # element 32 = 4, block 1's max
+    assert np.array_equal(ff.dequantize(np.frombuffer(q8, np.uint8), ff.DTYPE_Q8_0, (64,)),
+                          d8 * q.astype(np.float32))
+
+    # q4_0: both f16 scales first, then 16 bytes per block; byte j of block b holds element
+    # 32 b + j (low nibble) and 32 b + j + 16 (high nibble).
     q4 = ff.quantize(x, ff.DTYPE_Q4_0).tobytes()
-    assert len(q4) == 18
-    d = float(np.frombuffer(q4[:2], "<f2")[0])
-    assert d == 2.0  # m = -16, d = m / -8
-    assert q4[2] & 0x0F == 0 and q4[2] >> 4 == 8  # element 0: -16/2+8 = 0; element 16: 0/2+8
-    assert np.allclose(ff.dequantize(np.frombuffer(q4, np.uint8), ff.DTYPE_Q4_0, (32,)),
-                       np.clip(np.trunc(x / 2 + 8.5), 0, 15) * 2 - 16)
+    assert len(q4) == 36 == ff.row_bytes(ff.DTYPE_Q4_0, 64)
+    assert q4[:4] == _f16_bytes([2.0, -0.5]) == b"\x00\x40\x00\xb8"  # d = m / -8, m = -16, 4
+    d4 = np.repeat([2.0, -0.5], 32).astype(np.float32)
+    nib = [min(15, max(0, int(np.trunc(v / d + 8.5)))) for v, d in zip(x, d4)]
+    expected = bytes(nib[32 * b + j] | nib[32 * b + j + 16] << 4
+                     for b in range(2) for j in range(16))
+    assert q4[4:] == expected
+    assert q4[4] == 0x80   # element 0: -16/2+8 = 0 (low); element 16: 0/2+8 = 8 (high)
+    assert q4[19] == 0xF8  # element 15: -1/2+8.5 -> 8 (low); element 31: 15/2+8.5 -> 15 (high)
+    assert q4[20] == 0x80  # element 32: 4/-0.5+8.5 -> 0 (low); element 48: 0 -> 8 (high)
+    assert q4[35] == 0xF8  # element 47: 0.25/-0.5+8.5 = 8 (low); element 63: 16 -> 15 (high)
+    assert np.allclose(ff.dequantize(np.frombuffer(q4, np.uint8), ff.DTYPE_Q4_0, (64,)),
+                       np.clip(np.trunc(x / d4 + 8.5), 0, 15) * d4 - 8 * d4)
+
+
+@pytest.mark.parametrize("q,bound", [(ff.DTYPE_Q8_0, 0.5 / 127), (ff.DTYPE_Q4_0, 1.0 / 8)])
+def test_round_trip_of_a_stack(q: int, bound: float) -> None:
+    # An [E, rows, n] stack (as moe_w1 is stored): rows are quantised independently and stored
+    # back to back, so each expert's slice and each row dequantise on their own.
+    x = np.random.default_rng(1).standard_normal((3, 5, 64)).astype(np.float32)
+    x[1, 2] *= 100.0
+    x[2, 4, 32:] = 0.0  # an all-zero block: scale 0, values 0
+    stored = ff.quantize(x, q)
+    assert stored.shape == (3, 5, ff.row_bytes(q, 64)) and stored.dtype == np.uint8
+    back = ff.dequantize(stored, q, x.shape)
+    assert back.shape == x.shape and back.dtype == np.float32
+    amax = np.abs(x.reshape(-1, 32)).max(axis=1, keepdims=True)
+    err = np.abs(back - x).reshape(-1, 32) / np.where(amax == 0, 1, amax)
+    assert err.max() <= bound + 2e-3  # + f16 rounding of the scale
+    assert np.all(back[2, 4, 32:] == 0)
+    for e in range(3):
+        assert np.array_equal(ff.dequantize(stored[e], q, (5, 64)), back[e])
+        for r in range(5):
+            assert np.array_equal(stored[e, r], ff.quantize(x[e, r], q))
+            assert np.array_equal(ff.dequantize(stored[e, r], q, (64,)), back[e, r])
+    assert np.array_equal(ff.dequantize(stored.reshape(-1), q, x.shape), back)
 
 
 @pytest.mark.parametrize("quant", ["q8", "q4"])
@@ -76,6 +126,49 @@ def test_validator_rejects_bad_block_tensors(tmp_path: Path) -> None:
     assert SIZE in edited(w1.table_offset, ff.DTYPE_Q8_0, 8 * 48 * 4 * 34 - 1)
     # exactly right size: accepted structurally (data is whatever bytes are there)
     assert not {DTYPE, SIZE, SHAPE} & edited(w1.table_offset, ff.DTYPE_Q4_0, 8 * 48 * 4 * 18)
+
+
+def test_validator_refuses_retired_block_codes(tmp_path: Path) -> None:
+    # 3 and 4 were q8_0 / q4_0 with the interleaved (llama.cpp-style) blocks: same sizes, other
+    # arrangement, so a file using them must be converted again rather than read.
+    DTYPE = 16  # COL_ERR_DTYPE
+    path = make_model(tmp_path, "mixtral", "f32")
+    image = bytes(path.read_bytes())
+    with Model.open(path) as m:
+        w1 = m.tensor_info("layers.0.moe_w1")
+    for retired, block_bytes in ((3, 34), (4, 18)):  # sizes consistent with the old blocks
+        bad = bytearray(image)
+        struct.pack_into("<I", bad, w1.table_offset + 64, retired)
+        struct.pack_into("<Q", bad, w1.table_offset + 112, 8 * 96 * 4 * block_bytes)
+        ff.refresh_checksums(bad)
+        found = [p for p in validate_bytes(bytes(bad)) if p.code == DTYPE]
+        assert [(p.offset, p.tensor) for p in found] == [(w1.table_offset + 64, w1.name)], found
+        assert "convert" in found[0].message.lower(), found[0].message
+
+
+@pytest.mark.parametrize("quant", ["q8", "q4"])
+def test_nan_check_reads_the_row_scales(tmp_path: Path, quant: str) -> None:
+    NONFINITE = 19  # COL_ERR_NONFINITE
+    path = make_model(tmp_path, "mixtral", "f32", quant)
+    image = bytes(path.read_bytes())
+    with Model.open(path) as m:
+        w1 = m.tensor_info("layers.0.moe_w1")
+    rb = ff.row_bytes(ff.QUANT_BY_NAME[quant], 128)  # 4 blocks: scales at bytes 0..7 of a row
+    nan = struct.pack("<H", 0x7E00)
+
+    def nonfinite(at: int) -> list[tuple[int, str]]:
+        bad = bytearray(image)
+        bad[at:at + 2] = nan
+        return [(p.offset, p.tensor) for p in validate_bytes(bytes(bad), nan_check=True)
+                if p.code == NONFINITE]
+
+    # the scale of block 2 of row 5 of expert 1
+    at = w1.offset + (96 + 5) * rb + 2 * 2
+    assert nonfinite(at) == [(at, w1.name)]
+    # payload bytes are quantised elements, never scales, whatever their bit pattern (byte
+    # BLOCK_BYTES of a row held block 1's scale in the retired interleaved layouts)
+    assert nonfinite(w1.offset + ff.BLOCK_BYTES[ff.QUANT_BY_NAME[quant]]) == []
+    assert nonfinite(w1.offset + rb - 2) == []
 
 
 def _greedy_agreement(ref: Path, test: Path, n: int = 24) -> tuple[float, float, float]:

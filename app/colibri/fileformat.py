@@ -30,12 +30,13 @@ ALIGNMENT = 64
 NO_TENSOR = 0xFFFFFFFF
 
 DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
-DTYPE_Q8_0, DTYPE_Q4_0 = 3, 4
+DTYPE_Q8_0, DTYPE_Q4_0 = 5, 6  # 3 and 4 (the old interleaved blocks) are retired
 DTYPE_NAMES = {DTYPE_F32: "f32", DTYPE_F16: "f16", DTYPE_BF16: "bf16"}
 DTYPE_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
 DTYPE_SIZES = {DTYPE_F32: 4, DTYPE_F16: 2, DTYPE_BF16: 2}
-# Block-quantised dtypes: rows are cut into blocks of 32 elements, each stored as an f16 scale
-# followed by its payload (docs/format.md, "Quantised blocks").
+# Block-quantised dtypes: rows are cut into blocks of 32 elements; a row stores the f16 scales of
+# all its blocks first, then all its quantised elements (docs/format.md, "Quantised rows"). A row of
+# n elements still takes n / 32 * BLOCK_BYTES[dtype] bytes, and rows stay back to back.
 QUANT_NAMES = {DTYPE_Q8_0: "q8_0", DTYPE_Q4_0: "q4_0"}
 QUANT_BY_NAME = {"q8": DTYPE_Q8_0, "q8_0": DTYPE_Q8_0, "q4": DTYPE_Q4_0, "q4_0": DTYPE_Q4_0}
 BLOCK_ELEMS = 32
@@ -57,54 +58,69 @@ def tensor_bytes(dtype: int, shape: Sequence[int]) -> int:
     return rows * row_bytes(dtype, int(shape[-1]))
 
 
-_Q8_BLOCK = np.dtype([("d", "<f2"), ("q", "i1", (32,))])
-_Q4_BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (16,))])
-
-
 def quantize(values: np.ndarray, dtype: int) -> np.ndarray:
-    """float values [..., n] (n % 32 == 0) -> the stored bytes of q8_0 or q4_0, as uint8 of shape
-    [..., n / 32 * block bytes]. q8_0: d = max|x| / 127, q = round(x / d) in [-127, 127].
-    q4_0: d = m / -8 where m is the value of largest magnitude (sign kept), q = clamp(trunc(x / d
-    + 8.5), 0, 15), stored as nibbles: byte j holds element j (low) and element j + 16 (high)."""
+    """float values [..., n] (n % 32 == 0) -> the stored rows of q8_0 or q4_0, as uint8 of shape
+    [..., row_bytes(dtype, n)]; every row is quantised in blocks of 32 elements.
+
+    A row of nb = n / 32 blocks starts with the nb little-endian f16 scales d[0..nb), followed by
+    the payload. q8_0: d = max|x| / 127, q = round-half-even(x / d) in [-127, 127]; the payload is
+    the n int8 q in element order. q4_0: d = m / -8 where m is the block's value of largest
+    magnitude (sign kept), q = clamp(trunc(x / d + 8.5), 0, 15); the payload is 16 bytes per
+    block, byte j of block b holding element 32 b + j (low nibble) and 32 b + j + 16 (high)."""
     x = np.asarray(values, dtype=np.float32)
     shape = x.shape
-    blocks = x.reshape(-1, BLOCK_ELEMS)
+    n = shape[-1]
+    if n % BLOCK_ELEMS:
+        raise ValueError(f"{n} elements is not a whole number of blocks of {BLOCK_ELEMS}")
+    nb = n // BLOCK_ELEMS
+    blocks = x.reshape(-1, nb, BLOCK_ELEMS)  # [rows, blocks, 32]
     if dtype == DTYPE_Q8_0:
-        amax = np.abs(blocks).max(axis=1)
-        d = (amax / 127.0).astype(np.float16)
+        d = (np.abs(blocks).max(axis=2) / 127.0).astype(np.float16)
         d32 = d.astype(np.float32)
         inv = np.divide(1.0, d32, out=np.zeros_like(d32), where=d32 != 0)
-        q = np.clip(np.rint(blocks * inv[:, None]), -127, 127).astype(np.int8)
-        out = np.empty(len(blocks), dtype=_Q8_BLOCK)
-        out["d"], out["q"] = d, q
+        q = np.clip(np.rint(blocks * inv[..., None]), -127, 127).astype(np.int8)
+        payload = q.reshape(len(blocks), n).view(np.uint8)
     elif dtype == DTYPE_Q4_0:
-        idx = np.abs(blocks).argmax(axis=1)
-        m = blocks[np.arange(len(blocks)), idx]
+        idx = np.abs(blocks).argmax(axis=2)
+        m = np.take_along_axis(blocks, idx[..., None], axis=2)[..., 0]
         d = (m / -8.0).astype(np.float16)
         d32 = d.astype(np.float32)
         inv = np.divide(1.0, d32, out=np.zeros_like(d32), where=d32 != 0)
-        q = np.clip(np.trunc(blocks * inv[:, None] + 8.5), 0, 15).astype(np.uint8)
-        out = np.empty(len(blocks), dtype=_Q4_BLOCK)
-        out["d"], out["qs"] = d, q[:, :16] | (q[:, 16:] << 4)
+        q = np.clip(np.trunc(blocks * inv[..., None] + 8.5), 0, 15).astype(np.uint8)
+        payload = (q[..., :16] | (q[..., 16:] << 4)).reshape(len(blocks), nb * 16)
     else:
         raise ValueError(f"not a block dtype: {dtype}")
-    return out.view(np.uint8).reshape(*shape[:-1], shape[-1] // BLOCK_ELEMS * BLOCK_BYTES[dtype])
+    scales = np.ascontiguousarray(d.astype("<f2")).view(np.uint8).reshape(len(blocks), 2 * nb)
+    out = np.concatenate([scales, payload], axis=1)
+    return out.reshape(*shape[:-1], row_bytes(dtype, n))
 
 
 def dequantize(data: np.ndarray, dtype: int, shape: Sequence[int]) -> np.ndarray:
-    """Inverse of quantize: the float32 values [shape] the stored blocks stand for."""
-    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-    if dtype == DTYPE_Q8_0:
-        b = raw.view(_Q8_BLOCK)
-        vals = b["d"].astype(np.float32)[:, None] * b["q"].astype(np.float32)
-    elif dtype == DTYPE_Q4_0:
-        b = raw.view(_Q4_BLOCK)
-        qs = b["qs"]
-        q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32) - 8.0
-        vals = b["d"].astype(np.float32)[:, None] * q
-    else:
+    """Inverse of quantize: the float32 values [shape] that stored rows stand for. `data` holds
+    whole rows back to back (any array shape, e.g. one row, [rows, row bytes] or a stacked
+    [E, rows, row bytes]); rows have shape[-1] elements."""
+    if dtype not in BLOCK_BYTES:
         raise ValueError(f"not a block dtype: {dtype}")
-    return vals.reshape(tuple(shape))
+    shape = tuple(int(s) for s in shape)
+    n = shape[-1]
+    if n % BLOCK_ELEMS:
+        raise ValueError(f"{n} elements is not a whole number of blocks of {BLOCK_ELEMS}")
+    nb = n // BLOCK_ELEMS
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    rb = row_bytes(dtype, n)
+    if raw.size % rb or raw.size // rb * n != int(np.prod(shape, dtype=np.uint64)):
+        raise ValueError(f"{raw.size} bytes are not the rows of a {QUANT_NAMES[dtype]} tensor "
+                         f"of shape {shape}")
+    rows = raw.reshape(-1, rb)
+    d = np.ascontiguousarray(rows[:, :2 * nb]).view("<f2").astype(np.float32)  # [rows, nb]
+    payload = rows[:, 2 * nb:]
+    if dtype == DTYPE_Q8_0:
+        q = payload.view(np.int8).astype(np.float32).reshape(-1, nb, BLOCK_ELEMS)
+    else:
+        qs = payload.reshape(-1, nb, 16)
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.float32) - 8.0
+    return (d[..., None] * q).reshape(shape)
+
 
 ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4
 ARCH_NAMES = {ARCH_MIXTRAL: "mixtral", ARCH_QWEN2_MOE: "qwen2_moe", ARCH_QWEN3_MOE: "qwen3_moe",

@@ -95,8 +95,10 @@ typedef enum col_dtype {
     COL_DTYPE_F32 = 0,
     COL_DTYPE_F16 = 1,
     COL_DTYPE_BF16 = 2,
-    COL_DTYPE_Q8_0 = 3,            /* blocks of 32 along a row: f16 scale + 32 int8 (34 bytes) */
-    COL_DTYPE_Q4_0 = 4             /* blocks of 32: f16 scale + 16 bytes of nibbles, (q-8)*scale (18 bytes) */
+    /* 3 and 4 were q8_0/q4_0 with each block's scale beside its payload (files converted before
+     * 2026-11-29); they are refused with COL_ERR_DTYPE and a request to convert again. */
+    COL_DTYPE_Q8_0 = 5,            /* blocks of 32 along a row: a row holds its f16 scales, then 32 int8 per block (34 bytes per block) */
+    COL_DTYPE_Q4_0 = 6             /* blocks of 32: f16 scales, then 16 bytes of nibbles per block, (q-8)*scale (18 bytes per block) */
 } col_dtype;
 
 typedef enum col_arch {
@@ -394,7 +396,8 @@ uint32_t col_session_position(const col_session *session);
 int32_t col_session_trace(const col_session *session, col_trace_view *out);
 
 /* Measure this machine's read bandwidth: `n_threads` threads each sum their share of a freshly
- * allocated, touched buffer of `bytes` bytes; best of `repeats` passes. Returns bytes per second
+ * allocated, touched buffer of `bytes` bytes, reading eight places of it at once (the most
+ * memory-level parallelism a kernel can use); best of `repeats` passes. Returns bytes per second
  * (0.0 on allocation or thread failure). For benchmarks: run it in the same process and moment
  * as the measurement it bounds. */
 double col_measure_read_bandwidth(uint64_t bytes, uint32_t n_threads, uint32_t repeats);

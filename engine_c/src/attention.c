@@ -74,97 +74,141 @@ void col_attention(col_session *s, uint32_t layer_index)
     add_bias(s->tmp, layer->attn_o_bias, hp->d_model);
 }
 
-void col_attend(col_session *s, uint32_t layer_index)
+/* The per-position part before the scores: biases, q/k norms, clip, RoPE, and k/v into the
+ * layer's cache at `pos`. q [q_dim], k and v [kv_dim] are updated in place. */
+static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos, float *q, float *k, float *v)
 {
     const col_model *m = s->model;
     const col_hparams *hp = &m->hp;
     const col_layer *layer = &m->layers[layer_index];
     uint32_t d = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads;
     uint64_t q_dim = (uint64_t)nh * d, kv_dim = (uint64_t)nkv * d;
-    uint32_t pos = s->position;
 
-    add_bias(s->q, layer->attn_q_bias, q_dim);
-    add_bias(s->k, layer->attn_k_bias, kv_dim);
-    add_bias(s->v, layer->attn_v_bias, kv_dim);
+    add_bias(q, layer->attn_q_bias, q_dim);
+    add_bias(k, layer->attn_k_bias, kv_dim);
+    add_bias(v, layer->attn_v_bias, kv_dim);
 
     if (hp->flags & COL_FLAG_QK_NORM_FULL) {
-        col_rmsnorm(s->q, layer->attn_q_norm, hp->norm_eps, q_dim, s->q, s->norm_weight);
-        col_rmsnorm(s->k, layer->attn_k_norm, hp->norm_eps, kv_dim, s->k, s->norm_weight);
+        col_rmsnorm(q, layer->attn_q_norm, hp->norm_eps, q_dim, q, s->norm_weight);
+        col_rmsnorm(k, layer->attn_k_norm, hp->norm_eps, kv_dim, k, s->norm_weight);
     }
     if (hp->clip_qkv > 0.0f) {
-        clamp_all(s->q, q_dim, hp->clip_qkv);
-        clamp_all(s->k, kv_dim, hp->clip_qkv);
-        clamp_all(s->v, kv_dim, hp->clip_qkv);
+        clamp_all(q, q_dim, hp->clip_qkv);
+        clamp_all(k, kv_dim, hp->clip_qkv);
+        clamp_all(v, kv_dim, hp->clip_qkv);
     }
     if (hp->flags & COL_FLAG_QK_NORM_HEAD) {
         for (uint32_t h = 0; h < nh; h++)
-            col_rmsnorm(s->q + (uint64_t)h * d, layer->attn_q_norm, hp->norm_eps, d, s->q + (uint64_t)h * d, s->norm_weight);
+            col_rmsnorm(q + (uint64_t)h * d, layer->attn_q_norm, hp->norm_eps, d, q + (uint64_t)h * d, s->norm_weight);
         for (uint32_t h = 0; h < nkv; h++)
-            col_rmsnorm(s->k + (uint64_t)h * d, layer->attn_k_norm, hp->norm_eps, d, s->k + (uint64_t)h * d, s->norm_weight);
+            col_rmsnorm(k + (uint64_t)h * d, layer->attn_k_norm, hp->norm_eps, d, k + (uint64_t)h * d, s->norm_weight);
     }
-    rope_apply(s->q, nh, d, pos, s->inv_freq);
-    rope_apply(s->k, nkv, d, pos, s->inv_freq);
+    rope_apply(q, nh, d, pos, s->inv_freq);
+    rope_apply(k, nkv, d, pos, s->inv_freq);
 
     float *k_layer = s->k_cache + (uint64_t)layer_index * s->capacity * kv_dim;
     float *v_layer = s->v_cache + (uint64_t)layer_index * s->capacity * kv_dim;
-    for (uint64_t i = 0; i < kv_dim; i++) {
-        k_layer[(uint64_t)pos * kv_dim + i] = s->k[i];
-        v_layer[(uint64_t)pos * kv_dim + i] = s->v[i];
-    }
+    memcpy(k_layer + (uint64_t)pos * kv_dim, k, kv_dim * sizeof(float));
+    memcpy(v_layer + (uint64_t)pos * kv_dim, v, kv_dim * sizeof(float));
+}
 
+/* Fixed-order dot product of n floats: eight interleaved partial sums (which the compiler can keep
+ * in one vector register), combined pairwise, then the tail. */
+static float dot8(const float *a, const float *b, uint32_t n)
+{
+    float p[8] = {0};
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) p[l] += a[i + l] * b[i + l];
+    float sum = ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
+    for (; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+/* One head of one position: scores against the cached keys first..pos, softmax, weighted values. */
+static void attend_head(const col_hparams *hp, const float *k_layer, const float *v_layer, const float *qh,
+                        uint32_t pos, uint32_t h, float *scores, float *out)
+{
+    uint32_t d = hp->head_dim, group = hp->n_heads / hp->n_kv_heads;
+    uint64_t kv_dim = (uint64_t)hp->n_kv_heads * d, kv_off = (uint64_t)(h / group) * d;
     uint32_t first = 0;
     if (hp->sliding_window > 0 && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
     float scale = (float)(1.0 / sqrt((double)d));
-    uint32_t group = nh / nkv;
-    for (uint32_t h = 0; h < nh; h++) {
-        const float *qh = s->q + (uint64_t)h * d;
-        uint64_t kv_off = (uint64_t)(h / group) * d;
-        float max = -INFINITY;
-        for (uint32_t t = first; t <= pos; t++) {
-            const float *kt = k_layer + (uint64_t)t * kv_dim + kv_off;
-            float dot = 0.0f;
-            for (uint32_t i = 0; i < d; i++) dot += qh[i] * kt[i];
-            s->scores[t] = dot * scale;
-            if (s->scores[t] > max) max = s->scores[t];
-        }
-        float sum = 0.0f;
-        for (uint32_t t = first; t <= pos; t++) {
-            s->scores[t] = expf(s->scores[t] - max);
-            sum += s->scores[t];
-        }
-        float *out = s->att + (uint64_t)h * d;
-        for (uint32_t i = 0; i < d; i++) out[i] = 0.0f;
-        for (uint32_t t = first; t <= pos; t++) {
-            float p = s->scores[t] / sum;
-            const float *vt = v_layer + (uint64_t)t * kv_dim + kv_off;
-            for (uint32_t i = 0; i < d; i++) out[i] += p * vt[i];
-        }
+    float max = -INFINITY;
+    for (uint32_t t = first; t <= pos; t++) {
+        scores[t] = dot8(qh, k_layer + (uint64_t)t * kv_dim + kv_off, d) * scale;
+        if (scores[t] > max) max = scores[t];
+    }
+    float sum = 0.0f;
+    for (uint32_t t = first; t <= pos; t++) {
+        scores[t] = expf(scores[t] - max);
+        sum += scores[t];
+    }
+    for (uint32_t i = 0; i < d; i++) out[i] = 0.0f;
+    for (uint32_t t = first; t <= pos; t++) {
+        float p = scores[t] / sum;
+        const float *vt = v_layer + (uint64_t)t * kv_dim + kv_off;
+        for (uint32_t i = 0; i < d; i++) out[i] += p * vt[i];
     }
 }
 
+/* The heads of n positions from `base`, as pool items (position-major): queries q [n][q_dim],
+ * outputs att [n][q_dim]; each thread scores into its own row of s->scores. */
+typedef struct heads_task {
+    col_session *s;
+    uint32_t layer, base;
+    const float *q;
+    float *att;
+} heads_task;
+
+static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
+{
+    const heads_task *task = ctx;
+    const col_session *s = task->s;
+    const col_hparams *hp = &s->model->hp;
+    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    const float *k_layer = s->k_cache + (uint64_t)task->layer * s->capacity * kv_dim;
+    const float *v_layer = s->v_cache + (uint64_t)task->layer * s->capacity * kv_dim;
+    float *scores = s->scores + (uint64_t)thread * s->capacity;
+    for (uint64_t i = i0; i < i1; i++) {
+        uint64_t t = i / hp->n_heads;
+        uint32_t h = (uint32_t)(i % hp->n_heads);
+        uint64_t at = t * q_dim + (uint64_t)h * hp->head_dim;
+        attend_head(hp, k_layer, v_layer, task->q + at, task->base + (uint32_t)t, h, scores, task->att + at);
+    }
+}
+
+/* Attention of the n positions base.. whose q/k/v rows are in q, k, v (updated in place), into att.
+ * Every position is prepared (and its k/v cached) before any head runs, so a position of a block
+ * sees the earlier positions of the same block; the heads then run on the pool's threads. */
+static void attend_positions(col_session *s, uint32_t layer_index, uint32_t base, uint32_t n, float *q, float *k,
+                             float *v, float *att)
+{
+    const col_hparams *hp = &s->model->hp;
+    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    for (uint32_t t = 0; t < n; t++)
+        prepare_position(s, layer_index, base + t, q + t * q_dim, k + t * kv_dim, v + t * kv_dim);
+    heads_task task = {s, layer_index, base, q, att};
+    col_pool_run(s->pool, run_heads, &task, (uint64_t)n * hp->n_heads);
+}
+
+void col_attend(col_session *s, uint32_t layer_index)
+{
+    attend_positions(s, layer_index, s->position, 1, s->q, s->k, s->v, s->att);
+}
+
 /* A block of n positions (s->position .. +n-1): q/k/v and the o-projection as matrix-matrix
- * products over the block, the per-position part (bias, norms, RoPE, cache, scores) by
- * col_attend, position by position, so every output is bit-identical to col_attention.
- * Reads s->bxn [n][d_model], writes s->btmp [n][d_model]. */
+ * products over the block, then attend_positions, so every output is bit-identical to
+ * col_attention position by position. Reads s->bxn [n][d_model], writes s->btmp [n][d_model]. */
 void col_attention_batch(col_session *s, uint32_t layer_index, uint32_t n)
 {
     const col_hparams *hp = &s->model->hp;
     const col_layer *layer = &s->model->layers[layer_index];
-    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
     col_matvec_job qkv[3] = {{col_weight_of(layer->attn_q), s->bxn, s->bq, n},
                              {col_weight_of(layer->attn_k), s->bxn, s->bk, n},
                              {col_weight_of(layer->attn_v), s->bxn, s->bv, n}};
     col_matmul_many(s->pool, qkv, 3);
-    uint32_t base = s->position;
-    for (uint32_t t = 0; t < n; t++) {
-        s->position = base + t;
-        memcpy(s->q, s->bq + t * q_dim, q_dim * sizeof(float));
-        memcpy(s->k, s->bk + t * kv_dim, kv_dim * sizeof(float));
-        memcpy(s->v, s->bv + t * kv_dim, kv_dim * sizeof(float));
-        col_attend(s, layer_index);
-        memcpy(s->batt + t * q_dim, s->att, q_dim * sizeof(float));
-    }
-    s->position = base;
+    attend_positions(s, layer_index, s->position, n, s->bq, s->bk, s->bv, s->batt);
     col_matvec_job o = {col_weight_of(layer->attn_o), s->batt, s->btmp, n};
     col_matmul_many(s->pool, &o, 1);
     for (uint32_t t = 0; t < n; t++) add_bias(s->btmp + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);

@@ -765,7 +765,12 @@ static bool check_entry(const layout *L, uint32_t i, sink *s, col_tensor_info *o
     }
     if (dsize == 0) {
         ok = false;
-        if (s)
+        if (s && (out->dtype == 3 || out->dtype == 4))
+            ERR(s, COL_ERR_DTYPE, eo + T_DTYPE, nm,
+                "tensor '%s': dtype %" PRIu32 " is %s with interleaved blocks, written by converters "
+                "before 2026-11-29 and no longer read: convert the model again", nm, out->dtype,
+                out->dtype == 3 ? "q8_0" : "q4_0");
+        else if (s)
             ERR(s, COL_ERR_DTYPE, eo + T_DTYPE, nm, "tensor '%s': unknown dtype %" PRIu32, nm,
                 out->dtype);
     }
@@ -1363,14 +1368,16 @@ static void check_data(const col_tensor_info *t, uint32_t flags, sink *s)
         const uint8_t *p = t->data;
         uint64_t n_bad = 0, first = 0;
         uint32_t es = col_dtype_size(t->dtype);
-        bool blocks = block_bytes(t->dtype) != 0; /* only the f16 scale of each block can be non-finite */
+        bool blocks = block_bytes(t->dtype) != 0; /* only the f16 scales can be non-finite */
+        uint64_t cols = t->ndim >= 1 && t->ndim <= 4 ? t->shape[t->ndim - 1] : 0, nb = cols / 32;
+        uint64_t rb = blocks ? col_dtype_row_bytes(t->dtype, cols) : 0;
         if (blocks)
             es = block_bytes(t->dtype);
-        uint64_t n = t->nbytes / es;
+        uint64_t n = t->nbytes / es; /* elements, or blocks: nb per row, scales at the row's start */
         for (uint64_t k = 0; k < n; k++) {
             bool bad;
             if (blocks)
-                bad = (rd16(p + es * k) & 0x7C00u) == 0x7C00u;
+                bad = rb && (rd16(p + rb * (k / nb) + 2 * (k % nb)) & 0x7C00u) == 0x7C00u;
             else if (t->dtype == COL_DTYPE_F32)
                 bad = (rd32(p + 4 * k) & 0x7F800000u) == 0x7F800000u;
             else if (t->dtype == COL_DTYPE_F16)
@@ -1381,7 +1388,7 @@ static void check_data(const col_tensor_info *t, uint32_t flags, sink *s)
                 first = k;
         }
         if (n_bad)
-            ERR(s, COL_ERR_NONFINITE, t->offset + first * es, t->name,
+            ERR(s, COL_ERR_NONFINITE, t->offset + (blocks ? rb * (first / nb) + 2 * (first % nb) : first * es), t->name,
                 "tensor '%s': %" PRIu64 " NaN/Inf values, first at %s %" PRIu64, t->name,
                 n_bad, blocks ? "the scale of block" : "element", first);
     }

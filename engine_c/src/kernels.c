@@ -41,6 +41,9 @@
 /* Spins of a worker waiting for the next product before it sleeps (~100 us). */
 #define COL_SPIN_LIMIT 20000u
 #define QK 32 /* elements per quantised block */
+#ifndef COL_PREFETCH_AHEAD
+#define COL_PREFETCH_AHEAD 1024 /* bytes ahead of a decode tile's weight loads (see tile_f_avx512) */
+#endif
 
 /* ---- element conversion ------------------------------------------------------------------ */
 
@@ -94,27 +97,32 @@ static uint16_t rd16u(const uint8_t *p)
     return (uint16_t)(p[0] | (p[1] << 8));
 }
 
+/* Quantised rows (docs/format.md): nb = cols / 32 f16 scales, then the payload. q8_0: one int8
+ * per element in element order. q4_0: 16 bytes per block, byte j holding element j (low nibble)
+ * and element j + 16 (high nibble), value q - 8. */
+static int32_t weight_q(const uint8_t *payload, uint32_t dtype, uint64_t b, uint32_t j)
+{
+    if (dtype == COL_DTYPE_Q8_0) return (int8_t)payload[b * QK + j];
+    uint8_t byte = payload[b * 16 + (j & 15u)];
+    return (int32_t)(j < 16 ? byte & 0x0F : byte >> 4) - 8;
+}
+
+void col_load_range(const void *row, uint32_t dtype, uint64_t cols, uint64_t first, uint64_t count, float *out)
+{
+    if (dtype == COL_DTYPE_F32) {
+        memcpy(out, (const float *)row + first, count * sizeof(float));
+    } else if (dtype == COL_DTYPE_Q8_0 || dtype == COL_DTYPE_Q4_0) {
+        const uint8_t *p = row, *payload = p + 2 * (cols / QK);
+        for (uint64_t i = first; i < first + count; i++)
+            out[i - first] = col_f16_to_f32(rd16u(p + 2 * (i / QK))) * (float)weight_q(payload, dtype, i / QK, (uint32_t)(i % QK));
+    } else {
+        for (uint64_t i = first; i < first + count; i++) out[i - first] = col_load_elem(row, dtype, i);
+    }
+}
+
 void col_load_row(const void *data, uint32_t dtype, uint64_t n, float *out)
 {
-    const uint8_t *p = data;
-    if (dtype == COL_DTYPE_F32) {
-        memcpy(out, data, n * sizeof(float));
-    } else if (dtype == COL_DTYPE_Q8_0) {
-        for (uint64_t b = 0; b < n / QK; b++, p += 34) {
-            float d = col_f16_to_f32(rd16u(p));
-            for (int j = 0; j < QK; j++) out[b * QK + j] = d * (float)(int8_t)p[2 + j];
-        }
-    } else if (dtype == COL_DTYPE_Q4_0) {
-        for (uint64_t b = 0; b < n / QK; b++, p += 18) {
-            float d = col_f16_to_f32(rd16u(p));
-            for (int j = 0; j < 16; j++) {
-                out[b * QK + j] = d * (float)((p[2 + j] & 0x0F) - 8);
-                out[b * QK + j + 16] = d * (float)((p[2 + j] >> 4) - 8);
-            }
-        }
-    } else {
-        for (uint64_t i = 0; i < n; i++) out[i] = col_load_elem(data, dtype, i);
-    }
+    col_load_range(data, dtype, n, 0, n, out);
 }
 
 static int is_block_dtype(uint32_t dtype)
@@ -125,18 +133,33 @@ static int is_block_dtype(uint32_t dtype)
 /* ---- activation quantisation (shared by every path, so every path sees the same integers) ---- */
 
 /* Layout of one quantised activation row of `cols` (nb = cols / 32 blocks), in bytes:
- * [nb*32] int8 values | [nb] f32 scales d_x | [nb][8] int32 q4 corrections -8 * sum of 4 values. */
+ * [cols] int8 values | [nb] f32 scales d_x | [cols / 4] int32 lane corrections.
+ * The int8 values are in the order the weight dtype's SIMD kernels read them (xq_pos), and the
+ * corrections turn VNNI's unsigned x signed products into signed ones: q8_0 kernels multiply
+ * w + 128 (so lane L holds -128 * the sum of values 4L..4L+3), q4_0 kernels multiply the raw
+ * nibble q = w + 8 (lane L of group G holds -8 * the sum of the 8 values its two products read). */
 static uint64_t qrow_bytes(uint64_t cols)
 {
     return cols / QK * (QK + 4 + 32);
 }
 
-static void quantize_row(const float *x, uint64_t cols, uint8_t *out)
+/* Where element j of block b sits among the int8 values of an activation row of nb blocks. q8_0
+ * kernels read element order. q4_0 kernels read groups of four blocks as the four low halves then
+ * the four high halves, the order of the nibbles of 64 payload bytes (a last group of fewer
+ * blocks is arranged the same way with its own count). */
+static uint64_t xq_pos(uint32_t wdtype, uint64_t nb, uint64_t b, uint32_t j)
+{
+    if (wdtype != COL_DTYPE_Q4_0) return b * QK + j;
+    uint64_t g = b / 4, in_group = nb - g * 4 < 4 ? nb - g * 4 : 4, k = b % 4;
+    return g * 128 + (j < 16 ? k * 16 + j : in_group * 16 + k * 16 + (j - 16));
+}
+
+static void quantize_row(const float *x, uint64_t cols, uint32_t wdtype, uint8_t *out)
 {
     uint64_t nb = cols / QK;
     int8_t *q = (int8_t *)out;
-    float *d = (float *)(out + nb * QK);
-    int32_t *c = (int32_t *)(out + nb * (QK + 4));
+    float *d = (float *)(out + cols);
+    int32_t *c = (int32_t *)(out + cols + nb * 4);
     for (uint64_t b = 0; b < nb; b++) {
         const float *xb = x + b * QK;
         float amax = 0.0f;
@@ -147,14 +170,30 @@ static void quantize_row(const float *x, uint64_t cols, uint8_t *out)
         float dx = amax / 127.0f;
         float id = dx > 0.0f ? 1.0f / dx : 0.0f;
         d[b] = dx;
-        for (int j = 0; j < QK; j++) {
+        for (uint32_t j = 0; j < QK; j++) {
             long v = lrintf(xb[j] * id);
-            q[b * QK + j] = (int8_t)(v > 127 ? 127 : (v < -127 ? -127 : v));
+            q[xq_pos(wdtype, nb, b, j)] = (int8_t)(v > 127 ? 127 : (v < -127 ? -127 : v));
         }
-        for (int i = 0; i < 8; i++)
-            c[b * 8 + i] = -8 * (q[b * QK + 4 * i] + q[b * QK + 4 * i + 1] + q[b * QK + 4 * i + 2] +
-                                 q[b * QK + 4 * i + 3]);
     }
+    memset(c, 0, cols);
+    if (wdtype == COL_DTYPE_Q8_0) {
+        for (uint64_t l = 0; l < cols / 4; l++)
+            c[l] = -128 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+    } else {
+        for (uint64_t g = 0; g < nb / 4; g++)
+            for (uint64_t l = 0; l < 16; l++) {
+                const int8_t *lo = q + g * 128 + 4 * l, *hi = lo + 64;
+                c[g * 16 + l] = -8 * (lo[0] + lo[1] + lo[2] + lo[3] + hi[0] + hi[1] + hi[2] + hi[3]);
+            }
+    }
+}
+
+/* Exact integer dot product of weight block b with its activation block. */
+static int32_t block_isum(const uint8_t *payload, uint32_t dtype, const int8_t *xq, uint64_t nb, uint64_t b)
+{
+    int32_t isum = 0;
+    for (uint32_t j = 0; j < QK; j++) isum += weight_q(payload, dtype, b, j) * xq[xq_pos(dtype, nb, b, j)];
+    return isum;
 }
 
 /* ---- portable path ----------------------------------------------------------------------- */
@@ -182,25 +221,14 @@ static float dot_portable(const void *row, uint32_t dtype, const float *x, uint6
     return acc;
 }
 
-static float dotq_portable(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n)
+/* Sum over blocks b0.. of isum * (d_w * d_x), in block order. */
+static float dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n, uint64_t b0)
 {
     uint64_t nb = n / QK;
-    const int8_t *q = (const int8_t *)qx;
-    const float *d = (const float *)(qx + nb * QK);
+    const float *d = (const float *)(qx + n);
     float acc = 0.0f;
-    for (uint64_t b = 0; b < nb; b++) {
-        int32_t isum = 0;
-        if (dtype == COL_DTYPE_Q8_0) {
-            const uint8_t *blk = row + b * 34;
-            for (int j = 0; j < QK; j++) isum += (int8_t)blk[2 + j] * q[b * QK + j];
-            acc += col_f16_to_f32(rd16u(blk)) * d[b] * (float)isum;
-        } else {
-            const uint8_t *blk = row + b * 18;
-            for (int j = 0; j < 16; j++)
-                isum += ((blk[2 + j] & 0x0F) - 8) * q[b * QK + j] + ((blk[2 + j] >> 4) - 8) * q[b * QK + j + 16];
-            acc += col_f16_to_f32(rd16u(blk)) * d[b] * (float)isum;
-        }
-    }
+    for (uint64_t b = b0; b < nb; b++)
+        acc += col_f16_to_f32(rd16u(row + 2 * b)) * d[b] * (float)block_isum(row + 2 * nb, dtype, (const int8_t *)qx, nb, b);
     return acc;
 }
 
@@ -211,7 +239,7 @@ static void rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r
     for (uint64_t r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + r * rb;
         for (uint32_t t = 0; t < j->n_tokens; t++)
-            j->y[(uint64_t)t * w->rows + r] = qx ? dotq_portable(row, w->dtype, qx + t * qb, w->cols)
+            j->y[(uint64_t)t * w->rows + r] = qx ? dotq_blocks(row, w->dtype, qx + t * qb, w->cols, 0)
                                                  : dot_portable(row, w->dtype, j->x + (uint64_t)t * w->cols, w->cols);
     }
 }
@@ -266,211 +294,265 @@ static float tail(float s, const uint8_t *row, uint32_t dtype, const float *x, u
     return s;
 }
 
-/* A tile of NR rows x NT tokens (NR <= 2, NT <= 4) for float weights. */
-COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, int NR, int NT, uint32_t t, uint32_t dtype)
+/* Tiles. A tile computes NR rows x NT tokens (tokens t .. t+NT-1) of one product; its rows are
+ * r, r + step, ..., r + (NR-1) * step. Decode (one token) takes its rows from NR distant places
+ * of the thread's share (step = share / NR), so each row is a separate stream through memory:
+ * that keeps enough cache-line misses in flight for one core to approach the machine's read
+ * bandwidth, which a single front-to-back stream per core does not (about 60% of the limit on the
+ * development VM). Batches take neighbouring rows (step 1) so each loaded weight vector feeds NT
+ * tokens. Every (row, token) output is the same sequence of operations whatever the tile, so
+ * neither the tile shape, the batch size nor the thread count changes a bit. */
+#define MAX_TILE_ROWS 8
+#define MAX_TILE 16 /* NR * NT */
+
+/* A tile for float weights: one vector accumulator per output, walked left to right. */
+COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
+                                   uint32_t dtype)
 {
     const col_weight *w = &j->w;
-    uint64_t n = w->cols, rb = col_dtype_row_bytes(dtype, n);
-    const uint8_t *row[2] = {(const uint8_t *)w->data + r * rb, (const uint8_t *)w->data + (r + (NR > 1)) * rb};
+    uint64_t n = w->cols, rb = col_dtype_row_bytes(dtype, n), esize = dtype == COL_DTYPE_F32 ? 4 : 2;
+    const uint8_t *row[MAX_TILE_ROWS];
     const float *x[4];
-    for (int b = 0; b < 4; b++) x[b] = j->x + (uint64_t)(t + (b < NT ? b : 0)) * n;
-    __m256 acc[8];
-    for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
+    __m256 acc[MAX_TILE];
+    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
+    for (int b = 0; b < NT; b++) x[b] = j->x + (uint64_t)(t + b) * n;
+    for (int k = 0; k < NR * NT; k++) acc[k] = _mm256_setzero_ps();
     uint64_t i = 0;
-    uint64_t esize = dtype == COL_DTYPE_F32 ? 4 : 2;
     for (; i + 8 <= n; i += 8)
+#pragma GCC unroll 8
         for (int a = 0; a < NR; a++) {
-            if (NT == 1) _mm_prefetch((const char *)(row[a] + (i + 8) * esize + 2048), _MM_HINT_T0);
+            if (NT == 1) _mm_prefetch((const char *)(row[a] + i * esize + COL_PREFETCH_AHEAD), _MM_HINT_T0);
             __m256 wv = load8(row[a], dtype, i);
+#pragma GCC unroll 4
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[b] + i), acc[a * NT + b]);
         }
     for (int a = 0; a < NR; a++)
         for (int b = 0; b < NT; b++)
-            j->y[(uint64_t)(t + b) * w->rows + r + a] = tail(hsum8(acc[a * NT + b]), row[a], dtype, x[b], i, n);
+            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] =
+                tail(hsum8(acc[a * NT + b]), row[a], dtype, x[b], i, n);
 }
 
-COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, int NR, int NT, uint32_t t, uint32_t dtype)
+COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
+                                       uint32_t dtype)
 {
     const col_weight *w = &j->w;
-    uint64_t n = w->cols, rb = col_dtype_row_bytes(dtype, n);
-    const uint8_t *row[2] = {(const uint8_t *)w->data + r * rb, (const uint8_t *)w->data + (r + (NR > 1)) * rb};
+    uint64_t n = w->cols, rb = col_dtype_row_bytes(dtype, n), esize = dtype == COL_DTYPE_F32 ? 4 : 2;
+    const uint8_t *row[MAX_TILE_ROWS];
     const float *x[4];
-    for (int b = 0; b < 4; b++) x[b] = j->x + (uint64_t)(t + (b < NT ? b : 0)) * n;
-    __m512 acc[8];
-    for (int a = 0; a < 8; a++) acc[a] = _mm512_setzero_ps();
+    __m512 acc[MAX_TILE];
+    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
+    for (int b = 0; b < NT; b++) x[b] = j->x + (uint64_t)(t + b) * n;
+    for (int k = 0; k < NR * NT; k++) acc[k] = _mm512_setzero_ps();
     uint64_t i = 0;
-    uint64_t esize = dtype == COL_DTYPE_F32 ? 4 : 2;
     for (; i + 16 <= n; i += 16)
+#pragma GCC unroll 8
         for (int a = 0; a < NR; a++) {
-            /* decode streams each weight row once: ask for the line 2 KiB ahead, which the
-             * hardware prefetcher alone does not keep up with (bf16 decode went from 56% to 86%
-             * of the bandwidth limit on the 0.64 B bench model, 2 threads) */
-            if (NT == 1) _mm_prefetch((const char *)(row[a] + (i + 16) * esize + 2048), _MM_HINT_T0);
+            /* decode reads each weight once: ask for lines ahead of the loads as well, which the
+             * hardware prefetcher alone does not keep up with (perf: the loop stalled on the
+             * first use of each load) */
+            if (NT == 1) _mm_prefetch((const char *)(row[a] + i * esize + COL_PREFETCH_AHEAD), _MM_HINT_T0);
             __m512 wv = load16(row[a], dtype, i);
+#pragma GCC unroll 4
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[b] + i), acc[a * NT + b]);
         }
     for (int a = 0; a < NR; a++)
         for (int b = 0; b < NT; b++)
-            j->y[(uint64_t)(t + b) * w->rows + r + a] = tail(hsum16(acc[a * NT + b]), row[a], dtype, x[b], i, n);
+            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] =
+                tail(hsum16(acc[a * NT + b]), row[a], dtype, x[b], i, n);
 }
 
-/* Integer sums of one weight block against one activation block, as 8 int32 lanes (lane i
- * covers elements 4i..4i+3 of the 32-element block in the layout of `wq`). */
-COL_INLINE COL_T2 __m256i bsum_avx2(__m256i wq, __m256i xq, __m256i corr, int q4)
+/* The quantised activations of token b of a tile (layout: qrow_bytes). */
+typedef struct qx_row {
+    const int8_t *q;
+    const float *d;
+    const int32_t *c;
+    const uint8_t *base;
+} qx_row;
+
+COL_INLINE qx_row qx_at(const uint8_t *qx, uint64_t n, uint32_t token)
 {
-    __m256i ones = _mm256_set1_epi16(1);
-    if (q4) /* wq holds unsigned 0..15: sum(wq*x) - 8*sum(x) */
-        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones), corr);
-    /* |x| * (w with x's sign) == x * w; |x|, |w| <= 127 so the int16 pairs cannot saturate */
-    __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(xq), _mm256_sign_epi8(wq, xq));
-    return _mm256_madd_epi16(p, ones);
+    const uint8_t *base = qx + (uint64_t)token * qrow_bytes(n);
+    qx_row x = {(const int8_t *)base, (const float *)(base + n), (const int32_t *)(base + n + n / QK * 4), base};
+    return x;
 }
 
-COL_INLINE COL_T512 __m256i bsum_vnni(__m256i wq, __m256i xq, __m256i corr, int q4)
-{
-    if (q4) return _mm256_dpbusd_epi32(corr, wq, xq);
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(xq), _mm256_sign_epi8(wq, xq));
-}
-
-/* Weight block b of a row as 32 bytes in activation order, and its scale. */
-COL_INLINE COL_T2 __m256i wblock(const uint8_t *row, uint64_t b, int q4, float *d)
-{
-    if (!q4) {
-        const uint8_t *blk = row + b * 34;
-        *d = _cvtsh_ss(rd16u(blk));
-        return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    }
-    const uint8_t *blk = row + b * 18;
-    *d = _cvtsh_ss(rd16u(blk));
-    __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 2));
-    __m128i m = _mm_set1_epi8(0x0F);
-    __m128i lo = _mm_and_si128(raw, m), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m);
-    return _mm256_insertf128_si256(_mm256_castsi128_si256(lo), hi, 1);
-}
-
-/* A tile of NR rows x NT tokens for q8_0/q4_0 weights; VNNI selects the integer instruction. */
-COL_INLINE COL_T512 void tile_q(const col_matvec_job *j, const uint8_t *qx, uint64_t r, int NR, int NT, uint32_t t,
-                                int q4, int vnni)
+/* A tile for q8_0/q4_0 weights, AVX-512 VNNI. One step reads 64 payload bytes of each row (two
+ * q8_0 blocks or four q4_0 blocks), forms 16 int32 lane sums with vpdpbusd (lanes 8 per block for
+ * q8_0, 4 for q4_0; the corrections of quantize_row start each sum), and adds them to the
+ * accumulator scaled lane by lane by d_w * d_x of the lane's block. The scales of 16 blocks are
+ * read and multiplied once per chunk of 16 blocks. Blocks left over after whole steps (a q8_0
+ * row of an odd block count, q4_0 rows of nb % 4 != 0) are summed exactly like the portable path
+ * and added after the vector part. */
+COL_INLINE COL_T512 void tile_q_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t step, int NR,
+                                       int NT, uint32_t t, int q4)
 {
     const col_weight *w = &j->w;
-    uint64_t n = w->cols, nb = n / QK, rb = col_dtype_row_bytes(w->dtype, n), qb = qrow_bytes(n);
-    const uint8_t *row[2] = {(const uint8_t *)w->data + r * rb, (const uint8_t *)w->data + (r + (NR > 1)) * rb};
-    const int8_t *xq[4];
-    const float *xd[4];
-    const int32_t *xc[4];
-    for (int b = 0; b < 4; b++) {
-        const uint8_t *base = qx + (uint64_t)(t + (b < NT ? b : 0)) * qb;
-        xq[b] = (const int8_t *)base;
-        xd[b] = (const float *)(base + nb * QK);
-        xc[b] = (const int32_t *)(base + nb * (QK + 4));
-    }
-    __m256 acc[8];
-    for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
-    uint64_t block_bytes = q4 ? 18 : 34;
-    for (uint64_t blk = 0; blk < nb; blk++)
+    const uint64_t n = w->cols, nb = n / QK, rb = col_dtype_row_bytes(w->dtype, n);
+    const uint64_t per_step = q4 ? 4 : 2, n_steps = nb / per_step, steps_per_chunk = 16 / per_step;
+    const uint8_t *row[MAX_TILE_ROWS];
+    qx_row x[4];
+    __m512 acc[MAX_TILE];
+    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
+    for (int b = 0; b < NT; b++) x[b] = qx_at(qx, n, t + (uint32_t)b);
+    for (int k = 0; k < NR * NT; k++) acc[k] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8((char)0x80);
+    /* lane -> block within the step: lane / 8 for q8_0, lane / 4 for q4_0 */
+    const __m512i lane_block = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                 q4 ? 2 : 3);
+    uint64_t s = 0;
+    for (uint64_t c = 0; s < n_steps; c++) {
+        uint64_t left = nb - 16 * c;
+        __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+        __m512 sc[MAX_TILE], xs[4];
+        for (int b = 0; b < NT; b++) xs[b] = _mm512_maskz_loadu_ps(m, x[b].d + 16 * c);
+#pragma GCC unroll 8
         for (int a = 0; a < NR; a++) {
-            float dw;
-            /* decode streams each row once: fetch 2 KiB ahead (see tile_f_avx512) */
-            if (NT == 1) _mm_prefetch((const char *)(row[a] + blk * block_bytes + 2048), _MM_HINT_T0);
-            __m256i wq = wblock(row[a], blk, q4, &dw);
-            for (int b = 0; b < NT; b++) {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq[b] + blk * QK));
-                __m256i cv = q4 ? _mm256_loadu_si256((const __m256i *)(xc[b] + blk * 8)) : _mm256_setzero_si256();
-                __m256i s = vnni ? bsum_vnni(wq, xv, cv, q4) : bsum_avx2(wq, xv, cv, q4);
-                acc[a * NT + b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * xd[b][blk]), acc[a * NT + b]);
+            __m512 ws = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row[a] + 32 * c));
+            for (int b = 0; b < NT; b++) sc[a * NT + b] = _mm512_mul_ps(ws, xs[b]);
+        }
+        for (uint64_t k = 0; k < steps_per_chunk && s < n_steps; k++, s++) {
+            __m512i idx = _mm512_add_epi32(lane_block, _mm512_set1_epi32((int)(k * per_step)));
+#pragma GCC unroll 8
+            for (int a = 0; a < NR; a++) {
+                const uint8_t *payload = row[a] + 2 * nb + 64 * s;
+                if (NT == 1) _mm_prefetch((const char *)(payload + COL_PREFETCH_AHEAD), _MM_HINT_T0);
+                __m512i raw = _mm512_loadu_si512((const void *)payload), lo, hi = raw;
+                if (q4) {
+                    lo = _mm512_and_si512(raw, low4);
+                    hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                } else {
+                    lo = _mm512_xor_si512(raw, bias); /* w + 128: vpdpbusd wants unsigned bytes */
+                }
+#pragma GCC unroll 4
+                for (int b = 0; b < NT; b++) {
+                    __m512i sum = _mm512_loadu_si512((const void *)(x[b].c + 16 * s));
+                    sum = _mm512_dpbusd_epi32(sum, lo, _mm512_loadu_si512((const void *)(x[b].q + (q4 ? 128 : 64) * s)));
+                    if (q4) sum = _mm512_dpbusd_epi32(sum, hi, _mm512_loadu_si512((const void *)(x[b].q + 128 * s + 64)));
+                    acc[a * NT + b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_permutexvar_ps(idx, sc[a * NT + b]),
+                                                      acc[a * NT + b]);
+                }
             }
         }
+    }
     for (int a = 0; a < NR; a++)
-        for (int b = 0; b < NT; b++) j->y[(uint64_t)(t + b) * w->rows + r + a] = hsum8(acc[a * NT + b]);
+        for (int b = 0; b < NT; b++)
+            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] =
+                hsum16(acc[a * NT + b]) + dotq_blocks(row[a], w->dtype, x[b].base, n, n_steps * per_step);
 }
 
-/* The same tile for the AVX2 path (no VNNI): compiled without AVX-512 so it runs on AVX2-only CPUs. */
-COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r, int NR, int NT, uint32_t t,
-                                   int q4)
+/* The same for AVX2 without VNNI: a step is one q8_0 block (32 bytes; vpmaddubsw of |x| and w with
+ * x's sign, so no correction) or two q4_0 blocks (32 bytes, half a group of four: the nibbles are
+ * unsigned and the pair sums cannot saturate, 15 * 127 * 2 < 32767). Chunks of 8 blocks. */
+COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t step, int NR,
+                                   int NT, uint32_t t, int q4)
 {
     const col_weight *w = &j->w;
-    uint64_t n = w->cols, nb = n / QK, rb = col_dtype_row_bytes(w->dtype, n), qb = qrow_bytes(n);
-    const uint8_t *row[2] = {(const uint8_t *)w->data + r * rb, (const uint8_t *)w->data + (r + (NR > 1)) * rb};
-    const int8_t *xq[4];
-    const float *xd[4];
-    const int32_t *xc[4];
-    for (int b = 0; b < 4; b++) {
-        const uint8_t *base = qx + (uint64_t)(t + (b < NT ? b : 0)) * qb;
-        xq[b] = (const int8_t *)base;
-        xd[b] = (const float *)(base + nb * QK);
-        xc[b] = (const int32_t *)(base + nb * (QK + 4));
-    }
-    __m256 acc[8];
-    for (int a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
-    uint64_t block_bytes = q4 ? 18 : 34;
-    for (uint64_t blk = 0; blk < nb; blk++)
+    const uint64_t n = w->cols, nb = n / QK, rb = col_dtype_row_bytes(w->dtype, n);
+    const uint64_t per_step = q4 ? 2 : 1, n_steps = q4 ? nb / 4 * 2 : nb, steps_per_chunk = 8 / per_step;
+    const uint8_t *row[MAX_TILE_ROWS];
+    qx_row x[4];
+    __m256 acc[MAX_TILE];
+    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
+    for (int b = 0; b < NT; b++) x[b] = qx_at(qx, n, t + (uint32_t)b);
+    for (int k = 0; k < NR * NT; k++) acc[k] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i lane_block = q4 ? _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0) : _mm256_setzero_si256();
+    uint64_t s = 0;
+    for (uint64_t c = 0; s < n_steps; c++) {
+        float wbuf[8] = {0}, xbuf[8] = {0};
+        uint64_t have = nb - 8 * c < 8 ? nb - 8 * c : 8;
+        __m256 sc[MAX_TILE], xs[4];
+        for (int b = 0; b < NT; b++) {
+            memcpy(xbuf, x[b].d + 8 * c, have * sizeof(float));
+            xs[b] = _mm256_loadu_ps(xbuf);
+        }
         for (int a = 0; a < NR; a++) {
-            float dw;
-            /* decode streams each row once: fetch 2 KiB ahead (see tile_f_avx512) */
-            if (NT == 1) _mm_prefetch((const char *)(row[a] + blk * block_bytes + 2048), _MM_HINT_T0);
-            __m256i wq = wblock(row[a], blk, q4, &dw);
-            for (int b = 0; b < NT; b++) {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq[b] + blk * QK));
-                __m256i cv = q4 ? _mm256_loadu_si256((const __m256i *)(xc[b] + blk * 8)) : _mm256_setzero_si256();
-                __m256i s = bsum_avx2(wq, xv, cv, q4);
-                acc[a * NT + b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * xd[b][blk]), acc[a * NT + b]);
+            for (uint64_t k = 0; k < have; k++) wbuf[k] = _cvtsh_ss(rd16u(row[a] + 16 * c + 2 * k));
+            __m256 ws = _mm256_loadu_ps(wbuf);
+            for (int b = 0; b < NT; b++) sc[a * NT + b] = _mm256_mul_ps(ws, xs[b]);
+        }
+        for (uint64_t k = 0; k < steps_per_chunk && s < n_steps; k++, s++) {
+            __m256i idx = _mm256_add_epi32(lane_block, _mm256_set1_epi32((int)(k * per_step)));
+#pragma GCC unroll 8
+            for (int a = 0; a < NR; a++) {
+                const uint8_t *payload = row[a] + 2 * nb + 32 * s;
+                if (NT == 1) _mm_prefetch((const char *)(payload + COL_PREFETCH_AHEAD), _MM_HINT_T0);
+                __m256i raw = _mm256_loadu_si256((const __m256i *)payload);
+                __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+#pragma GCC unroll 4
+                for (int b = 0; b < NT; b++) {
+                    __m256i sum;
+                    if (q4) {
+                        const int8_t *xg = x[b].q + 128 * (s / 2) + 32 * (s % 2);
+                        sum = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xg)), ones),
+                                               _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xg + 64))), ones));
+                        sum = _mm256_add_epi32(sum, _mm256_loadu_si256((const __m256i *)(x[b].c + 16 * (s / 2) + 8 * (s % 2))));
+                    } else {
+                        __m256i xv = _mm256_loadu_si256((const __m256i *)(x[b].q + 32 * s));
+                        sum = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(raw, xv)), ones);
+                    }
+                    acc[a * NT + b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_permutevar8x32_ps(sc[a * NT + b], idx),
+                                                      acc[a * NT + b]);
+                }
             }
         }
+    }
     for (int a = 0; a < NR; a++)
-        for (int b = 0; b < NT; b++) j->y[(uint64_t)(t + b) * w->rows + r + a] = hsum8(acc[a * NT + b]);
+        for (int b = 0; b < NT; b++)
+            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] =
+                hsum8(acc[a * NT + b]) + dotq_blocks(row[a], w->dtype, x[b].base, n, n_steps * per_step);
 }
 
-/* Walk rows [r0, r1) x all tokens in tiles: 2x1 for one token (two independent chains), 2x4
- * for batches (8 accumulators: each weight vector feeds four tokens, each token vector two rows). TILE(NR, NT, t) must expand to a call with literal NR and NT. */
-#define WALK_TILES(TILE)                                                             \
+/* Walk rows [r0, r1) x all tokens in tiles. One token: NRD rows at a time from NRD streams, then
+ * the rows left over one by one. Batches: NRB neighbouring rows x 4 tokens (then 3, 2, 1), then
+ * the rows left over one by one. TILE(NR, NT, r, step, t) must expand to a call with literal NR and
+ * NT. */
+#define WALK_TILES(TILE, NRD, NRB)                                                   \
     do {                                                                             \
         uint32_t nt_ = j->n_tokens;                                                  \
         if (nt_ == 1) {                                                              \
-            uint64_t r = r0;                                                         \
-            for (; r + 2 <= r1; r += 2) TILE(2, 1, 0);                               \
-            if (r < r1) TILE(1, 1, 0);                                               \
+            uint64_t q_ = (r1 - r0) / (NRD);                                         \
+            for (uint64_t i_ = 0; i_ < q_; i_++) TILE(NRD, 1, r0 + i_, q_, 0);      \
+            for (uint64_t r_ = r0 + q_ * (NRD); r_ < r1; r_++) TILE(1, 1, r_, 1, 0); \
         } else {                                                                     \
-            uint64_t r = r0;                                                         \
-            for (; r + 2 <= r1; r += 2) {                                            \
-                uint32_t t = 0;                                                      \
-                for (; t + 4 <= nt_; t += 4) TILE(2, 4, t);                          \
-                switch (nt_ - t) {                                                   \
-                case 3: TILE(2, 3, t); break;                                        \
-                case 2: TILE(2, 2, t); break;                                        \
-                case 1: TILE(2, 1, t); break;                                        \
-                default: break;                                                      \
-                }                                                                    \
-            }                                                                        \
-            for (; r < r1; r++) {                                                    \
-                uint32_t t = 0;                                                      \
-                for (; t + 4 <= nt_; t += 4) TILE(1, 4, t);                          \
-                switch (nt_ - t) {                                                   \
-                case 3: TILE(1, 3, t); break;                                        \
-                case 2: TILE(1, 2, t); break;                                        \
-                case 1: TILE(1, 1, t); break;                                        \
-                default: break;                                                      \
-                }                                                                    \
-            }                                                                        \
+            uint64_t r_ = r0;                                                        \
+            for (; r_ + (NRB) <= r1; r_ += (NRB)) WALK_TOKENS(TILE, NRB, r_);        \
+            for (; r_ < r1; r_++) WALK_TOKENS(TILE, 1, r_);                          \
         }                                                                            \
     } while (0)
+#define WALK_TOKENS(TILE, NR, r)                                                     \
+    do {                                                                             \
+        uint32_t t_ = 0;                                                             \
+        for (; t_ + 4 <= nt_; t_ += 4) TILE(NR, 4, r, 1, t_);                        \
+        switch (nt_ - t_) {                                                          \
+        case 3: TILE(NR, 3, r, 1, t_); break;                                        \
+        case 2: TILE(NR, 2, r, 1, t_); break;                                        \
+        case 1: TILE(NR, 1, r, 1, t_); break;                                        \
+        default: break;                                                              \
+        }                                                                            \
+    } while (0)
+
+#ifndef COL_DECODE_STREAMS
+#define COL_DECODE_STREAMS 8
+#endif
 
 static COL_T2 void rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1)
 {
     switch (j->w.dtype) {
-#define T(NR, NT, t) tile_f_avx2(j, r, NR, NT, t, COL_DTYPE_F32)
-    case COL_DTYPE_F32: WALK_TILES(T); break;
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F32)
+    case COL_DTYPE_F32: WALK_TILES(T, COL_DECODE_STREAMS, 2); break;
 #undef T
-#define T(NR, NT, t) tile_f_avx2(j, r, NR, NT, t, COL_DTYPE_F16)
-    case COL_DTYPE_F16: WALK_TILES(T); break;
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F16)
+    case COL_DTYPE_F16: WALK_TILES(T, COL_DECODE_STREAMS, 2); break;
 #undef T
-#define T(NR, NT, t) tile_f_avx2(j, r, NR, NT, t, COL_DTYPE_BF16)
-    case COL_DTYPE_BF16: WALK_TILES(T); break;
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_BF16)
+    case COL_DTYPE_BF16: WALK_TILES(T, COL_DECODE_STREAMS, 2); break;
 #undef T
-#define T(NR, NT, t) tile_q_avx2(j, qx, r, NR, NT, t, 0)
-    case COL_DTYPE_Q8_0: WALK_TILES(T); break;
+#define T(NR, NT, r, step, t) tile_q_avx2(j, qx, r, step, NR, NT, t, 0)
+    case COL_DTYPE_Q8_0: WALK_TILES(T, COL_DECODE_STREAMS, 2); break;
 #undef T
-#define T(NR, NT, t) tile_q_avx2(j, qx, r, NR, NT, t, 1)
-    case COL_DTYPE_Q4_0: WALK_TILES(T); break;
+#define T(NR, NT, r, step, t) tile_q_avx2(j, qx, r, step, NR, NT, t, 1)
+    case COL_DTYPE_Q4_0: WALK_TILES(T, COL_DECODE_STREAMS, 2); break;
 #undef T
     default: break;
     }
@@ -479,20 +561,20 @@ static COL_T2 void rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_
 static COL_T512 void rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1)
 {
     switch (j->w.dtype) {
-#define T(NR, NT, t) tile_f_avx512(j, r, NR, NT, t, COL_DTYPE_F32)
-    case COL_DTYPE_F32: WALK_TILES(T); break;
+#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F32)
+    case COL_DTYPE_F32: WALK_TILES(T, COL_DECODE_STREAMS, 4); break;
 #undef T
-#define T(NR, NT, t) tile_f_avx512(j, r, NR, NT, t, COL_DTYPE_F16)
-    case COL_DTYPE_F16: WALK_TILES(T); break;
+#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F16)
+    case COL_DTYPE_F16: WALK_TILES(T, COL_DECODE_STREAMS, 4); break;
 #undef T
-#define T(NR, NT, t) tile_f_avx512(j, r, NR, NT, t, COL_DTYPE_BF16)
-    case COL_DTYPE_BF16: WALK_TILES(T); break;
+#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_BF16)
+    case COL_DTYPE_BF16: WALK_TILES(T, COL_DECODE_STREAMS, 4); break;
 #undef T
-#define T(NR, NT, t) tile_q(j, qx, r, NR, NT, t, 0, 1)
-    case COL_DTYPE_Q8_0: WALK_TILES(T); break;
+#define T(NR, NT, r, step, t) tile_q_avx512(j, qx, r, step, NR, NT, t, 0)
+    case COL_DTYPE_Q8_0: WALK_TILES(T, COL_DECODE_STREAMS, 2); break;
 #undef T
-#define T(NR, NT, t) tile_q(j, qx, r, NR, NT, t, 1, 1)
-    case COL_DTYPE_Q4_0: WALK_TILES(T); break;
+#define T(NR, NT, r, step, t) tile_q_avx512(j, qx, r, step, NR, NT, t, 1)
+    case COL_DTYPE_Q4_0: WALK_TILES(T, COL_DECODE_STREAMS, 2); break;
 #undef T
     default: break;
     }
@@ -544,7 +626,10 @@ struct col_pool {
     _Atomic uint32_t n_done;       /* workers finished with the current batch */
     _Atomic uint32_t n_sleeping;   /* workers blocked on work_ready */
     _Atomic int stopping;
-    /* the current batch, written before generation is bumped */
+    /* the current batch, written before generation is bumped: products, or a task */
+    col_pool_task task;
+    void *task_ctx;
+    uint64_t n_items;
     const col_matvec_job *jobs;
     uint32_t n_jobs;
     uint64_t total_rows;
@@ -573,9 +658,17 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
     rows_portable(j, qx, r0, r1);
 }
 
-/* Thread `t` of `n` owns rows [R*t/n, R*(t+1)/n) of the batch's rows laid end to end. */
+static void dispatch(col_pool *pool, int worth_sharing);
+
+/* Thread `t` of `n` owns rows [R*t/n, R*(t+1)/n) of the batch's rows laid end to end (or items
+ * [N*t/n, N*(t+1)/n) of a task). */
 static void run_share(const col_pool *pool, uint32_t t, uint32_t n)
 {
+    if (pool->task) {
+        uint64_t i0 = pool->n_items * t / n, i1 = pool->n_items * (t + 1) / n;
+        if (i0 < i1) pool->task(pool->task_ctx, t, i0, i1);
+        return;
+    }
     uint64_t g0 = pool->total_rows * t / n, g1 = pool->total_rows * (t + 1) / n, base = 0;
     for (uint32_t k = 0; k < pool->n_jobs && base < g1; k++) {
         const col_matvec_job *j = &pool->jobs[k];
@@ -747,18 +840,44 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
                 if (k >= pool->max_jobs || used + need > pool->max_act_cols) return;
                 uint8_t *dst = pool->qbuf + qrow_bytes(used);
                 for (uint32_t t = 0; t < j->n_tokens; t++)
-                    quantize_row(j->x + (uint64_t)t * j->w.cols, j->w.cols, dst + t * qrow_bytes(j->w.cols));
+                    quantize_row(j->x + (uint64_t)t * j->w.cols, j->w.cols, j->w.dtype, dst + t * qrow_bytes(j->w.cols));
                 used += need;
                 q = dst;
             }
         }
         if (k < pool->max_jobs) pool->qx[k] = q;
     }
+    pool->task = NULL;
     pool->jobs = jobs;
     pool->n_jobs = n_jobs;
     pool->total_rows = total;
-    if (pool->n_threads == 1 || pool->n_started + 1 < pool->n_threads || total < pool->n_threads ||
-        macs < COL_PARALLEL_MIN_MACS) {
+    dispatch(pool, total >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
+}
+
+void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items)
+{
+    if (n_items == 0) return;
+    if (!pool) {
+        fn(ctx, 0, 0, n_items);
+        return;
+    }
+    pool->task = fn;
+    pool->task_ctx = ctx;
+    pool->n_items = n_items;
+    dispatch(pool, n_items >= pool->n_threads);
+    pool->task = NULL;
+}
+
+uint32_t col_pool_threads(const col_pool *pool)
+{
+    return pool ? pool->n_threads : 1;
+}
+
+/* Run the batch just described in the pool: on all threads, or on the caller alone when it is not
+ * worth waking the workers (or they are not all running). Returns when every share is done. */
+static void dispatch(col_pool *pool, int worth_sharing)
+{
+    if (pool->n_threads == 1 || pool->n_started + 1 < pool->n_threads || !worth_sharing) {
         run_share(pool, 0, 1);
         return;
     }

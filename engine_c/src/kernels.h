@@ -49,6 +49,16 @@ col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint32_t max_jobs, 
 /* Join the workers and free. NULL is a no-op. */
 void col_pool_free(col_pool *pool);
 
+/* Work that is not a product, split over the pool: thread t (0 = the caller) runs
+ * fn(ctx, t, i0, i1) on its share [N*t/T, N*(t+1)/T) of items 0..N-1, and col_pool_run returns
+ * when all shares are done. As with products, an item's result must not depend on the thread that
+ * computes it; `t` is for per-thread scratch. Not reentrant: fn must not use the pool. */
+typedef void (*col_pool_task)(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1);
+void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items);
+
+/* Threads of the pool including the caller (1 for NULL). */
+uint32_t col_pool_threads(const col_pool *pool);
+
 /* The path this pool runs ("portable", "avx2", "avx512"). */
 col_isa col_pool_isa(const col_pool *pool);
 const char *col_isa_name(col_isa isa);
@@ -60,8 +70,12 @@ float col_bf16_to_f32(uint16_t b);
 /* Element `i` of a stored vector of `dtype` (f32/f16/bf16 only), as f32. */
 float col_load_elem(const void *data, uint32_t dtype, uint64_t i);
 
-/* out[0..n) = stored[0..n) as f32 (any dtype; a block dtype needs n % 32 == 0). */
+/* out[0..n) = stored[0..n) as f32 (any dtype; a block dtype needs n % 32 == 0 and `data` at the
+ * start of a row of exactly n elements, since its scales precede its payload). */
 void col_load_row(const void *data, uint32_t dtype, uint64_t n, float *out);
+
+/* out[0..count) = elements [first, first + count) of the stored row `row` of `cols` elements. */
+void col_load_range(const void *row, uint32_t dtype, uint64_t cols, uint64_t first, uint64_t count, float *out);
 
 /* y[r] = dot(W[r, :], x) for r in [0, w->rows); W rows are w->cols long. x: [cols], y: [rows].
  * Splits rows among the pool's threads (pool may be NULL: single-threaded portable path, float

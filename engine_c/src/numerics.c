@@ -180,7 +180,7 @@ static float row_at(row_reader *r, uint64_t i)
     uint64_t b = i / 32;
     if (b != r->block) {
         uint64_t first = b * 32, count = r->n - first < 32 ? r->n - first : 32;
-        col_load_row(r->data + col_dtype_row_bytes(r->dtype, 32) * b, r->dtype, count, r->buf);
+        col_load_range(r->data, r->dtype, r->n, first, count, r->buf);
         r->block = b;
     }
     return r->buf[i % 32];

@@ -77,7 +77,7 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, col_
     BIND(k, kv_dim, sizeof(float));
     BIND(v, kv_dim, sizeof(float));
     BIND(att, q_dim, sizeof(float));
-    BIND(scores, cap, sizeof(float));
+    BIND(scores, (uint64_t)c->n_threads * cap, sizeof(float)); /* one row per thread */
     BIND(tmp, hp->d_model, sizeof(float));
     BIND(acc, hp->d_model, sizeof(float));
     BIND(h1, d_ff, sizeof(float));

@@ -1,0 +1,231 @@
+/* test_kernels.c - the matrix kernels (kernels.c) on every path this CPU has (portable, AVX2,
+ * AVX-512), every weight dtype, and shapes chosen to reach every tail: rows of 1..37 (fewer rows
+ * than decode streams, and rows left over after them), columns of 32..1056 (a q8_0 row with an odd
+ * block count, q4_0 rows whose last group of four blocks is partial, a last chunk of fewer than 16
+ * scales), 1..6 tokens (whole and partial tiles of four).
+ *
+ * The reference is computed here, in double precision, from weights this file writes in the
+ * format's layout (docs/format.md), not from the engine's own loaders: q8_0/q4_0 weights are
+ * multiplied with activations quantised by the documented rule (d = max|x| / 127, q = round(x / d)).
+ * Then: one thread and three threads give the same bits, and a batch of tokens gives the same
+ * bits as the tokens one at a time (prefill equals stepping). */
+#include "harness.h"
+#include "kernels.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t rng_state = 12345u;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return (float)((rng_state >> 8) & 0xFFFFFF) / (float)0x800000 - 1.0f;
+}
+
+static uint16_t f32_to_f16(float f) /* round to nearest even; the test's values are normal */
+{
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    uint32_t sign = (b >> 16) & 0x8000u;
+    int32_t e = (int32_t)((b >> 23) & 0xFF) - 127 + 15;
+    uint32_t m = b & 0x7FFFFFu;
+    if (e <= 0) return (uint16_t)sign; /* flush tiny values: the test never needs them */
+    uint32_t h = sign | ((uint32_t)e << 10) | (m >> 13);
+    uint32_t rest = m & 0x1FFFu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)h;
+}
+
+static float f16_value(uint16_t h) { return col_f16_to_f32(h); }
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+/* Store `rows` x `cols` values as `dtype`; *stored receives the values the stored bytes stand for. */
+static uint8_t *store(const float *v, uint64_t rows, uint64_t cols, uint32_t dtype, double *stored)
+{
+    uint64_t rb = col_dtype_row_bytes(dtype, cols), nb = cols / 32;
+    uint8_t *out = calloc(rows * rb + 64, 1);
+    for (uint64_t r = 0; r < rows; r++) {
+        const float *x = v + r * cols;
+        uint8_t *row = out + r * rb;
+        double *s = stored + r * cols;
+        if (dtype == COL_DTYPE_F32) {
+            memcpy(row, x, cols * 4);
+            for (uint64_t i = 0; i < cols; i++) s[i] = x[i];
+        } else if (dtype == COL_DTYPE_F16 || dtype == COL_DTYPE_BF16) {
+            for (uint64_t i = 0; i < cols; i++) {
+                uint16_t h = dtype == COL_DTYPE_F16 ? f32_to_f16(x[i]) : f32_to_bf16(x[i]);
+                memcpy(row + 2 * i, &h, 2);
+                s[i] = dtype == COL_DTYPE_F16 ? f16_value(h) : col_bf16_to_f32(h);
+            }
+        } else {
+            for (uint64_t b = 0; b < nb; b++) {
+                const float *xb = x + 32 * b;
+                float amax = 0.0f, m = 0.0f;
+                for (int j = 0; j < 32; j++)
+                    if (fabsf(xb[j]) > amax) amax = fabsf(xb[j]), m = xb[j];
+                uint16_t d16 = f32_to_f16(dtype == COL_DTYPE_Q8_0 ? amax / 127.0f : m / -8.0f);
+                float d = f16_value(d16), id = d != 0.0f ? 1.0f / d : 0.0f;
+                memcpy(row + 2 * b, &d16, 2);
+                uint8_t *payload = row + 2 * nb;
+                for (int j = 0; j < 32; j++) {
+                    if (dtype == COL_DTYPE_Q8_0) {
+                        long q = lrintf(xb[j] * id);
+                        q = q > 127 ? 127 : q < -127 ? -127 : q;
+                        payload[32 * b + j] = (uint8_t)(int8_t)q;
+                        s[32 * b + j] = (double)d * (double)q;
+                    } else {
+                        float t = truncf(xb[j] * id + 8.5f);
+                        int q = t < 0.0f ? 0 : t > 15.0f ? 15 : (int)t;
+                        uint8_t *byte = payload + 16 * b + (j & 15);
+                        *byte = (uint8_t)(j < 16 ? (*byte & 0xF0) | q : (*byte & 0x0F) | (q << 4));
+                        s[32 * b + j] = (double)d * (double)(q - 8);
+                    }
+                }
+            }
+        }
+    }
+    return out;
+}
+
+/* The activations as int8 kernels see them: per block of 32, d = max|x| / 127, q = round(x / d). */
+static void quantised_activations(const float *x, uint64_t cols, double *out)
+{
+    for (uint64_t b = 0; b < cols / 32; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[32 * b + j]) > amax) amax = fabsf(x[32 * b + j]);
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            long q = lrintf(x[32 * b + j] * id);
+            out[32 * b + j] = (double)d * (double)(q > 127 ? 127 : q < -127 ? -127 : q);
+        }
+    }
+}
+
+typedef struct run {
+    col_pool *pool;
+    void *scratch;
+} run;
+
+static run pool_for(const char *isa, uint32_t threads, uint64_t max_cols)
+{
+    run r;
+    setenv("COLIBRI_KERNELS", isa, 1);
+    col_allocator alloc;
+    col_allocator_or_default(NULL, &alloc);
+    r.scratch = NULL;
+    if (posix_memalign(&r.scratch, 64, col_pool_scratch_size(1, max_cols)) != 0) r.scratch = NULL;
+    r.pool = col_pool_create(threads, r.scratch, 1, max_cols, &alloc);
+    unsetenv("COLIBRI_KERNELS");
+    return r;
+}
+
+static void pool_done(run *r)
+{
+    col_pool_free(r->pool);
+    free(r->scratch);
+}
+
+static const uint32_t dtypes[] = {COL_DTYPE_F32, COL_DTYPE_F16, COL_DTYPE_BF16, COL_DTYPE_Q8_0, COL_DTYPE_Q4_0};
+static const uint64_t col_sizes[] = {32, 64, 96, 160, 224, 544, 1056};
+static const uint64_t row_sizes[] = {1, 3, 4, 7, 9, 37};
+static const uint32_t token_counts[] = {1, 2, 5, 6};
+
+/* Every shape on one path: the reference agrees, and thread counts and batch sizes change no bit. */
+static void test_path(const char *isa)
+{
+    enum { MAX_T = 6 };
+    uint64_t max_cols = 1056 * MAX_T;
+    run one = pool_for(isa, 1, max_cols), three = pool_for(isa, 3, max_cols);
+    CHECK(one.pool && three.pool);
+    if (!one.pool || !three.pool) return;
+    int bad_ref = 0, bad_threads = 0, bad_batch = 0;
+    for (size_t di = 0; di < sizeof dtypes / sizeof *dtypes; di++)
+        for (size_t ci = 0; ci < sizeof col_sizes / sizeof *col_sizes; ci++)
+            for (size_t ri = 0; ri < sizeof row_sizes / sizeof *row_sizes; ri++)
+                for (size_t ti = 0; ti < sizeof token_counts / sizeof *token_counts; ti++) {
+                    uint32_t dtype = dtypes[di], nt = token_counts[ti];
+                    uint64_t cols = col_sizes[ci], rows = row_sizes[ri];
+                    float *wv = malloc(rows * cols * sizeof *wv), *x = malloc(nt * cols * sizeof *x);
+                    double *ws = malloc(rows * cols * sizeof *ws), *xs = malloc(cols * sizeof *xs);
+                    for (uint64_t i = 0; i < rows * cols; i++) wv[i] = frand();
+                    for (uint64_t i = 0; i < nt * cols; i++) x[i] = frand();
+                    uint8_t *data = store(wv, rows, cols, dtype, ws);
+                    col_weight w = {data, dtype, rows, cols, 0};
+                    float *y1 = calloc(nt * rows, sizeof *y1), *y3 = calloc(nt * rows, sizeof *y3);
+                    float *ystep = calloc(rows, sizeof *ystep);
+                    col_matvec_job job1 = {w, x, y1, nt}, job3 = {w, x, y3, nt};
+                    col_matmul_many(one.pool, &job1, 1);
+                    col_matmul_many(three.pool, &job3, 1);
+                    bool quantised = dtype == COL_DTYPE_Q8_0 || dtype == COL_DTYPE_Q4_0;
+                    for (uint32_t t = 0; t < nt; t++) {
+                        if (quantised)
+                            quantised_activations(x + t * cols, cols, xs);
+                        else
+                            for (uint64_t i = 0; i < cols; i++) xs[i] = x[t * cols + i];
+                        for (uint64_t r = 0; r < rows; r++) {
+                            double ref = 0.0, mag = 0.0;
+                            for (uint64_t i = 0; i < cols; i++) {
+                                ref += ws[r * cols + i] * xs[i];
+                                mag += fabs(ws[r * cols + i] * xs[i]);
+                            }
+                            if (fabs((double)y1[t * rows + r] - ref) > 1e-5 * mag + 1e-6) bad_ref++;
+                        }
+                        col_matvec_job step = {w, x + t * cols, ystep, 1};
+                        col_matmul_many(three.pool, &step, 1);
+                        if (memcmp(ystep, y1 + t * rows, rows * sizeof *ystep) != 0) bad_batch++;
+                    }
+                    if (memcmp(y1, y3, nt * rows * sizeof *y1) != 0) bad_threads++;
+                    free(wv), free(x), free(ws), free(xs), free(data), free(y1), free(y3), free(ystep);
+                }
+    if (bad_ref || bad_threads || bad_batch)
+        fprintf(stderr, "%s: %d outputs off the reference, %d products differ by thread count, %d tokens "
+                        "differ between batch and step\n", isa, bad_ref, bad_threads, bad_batch);
+    CHECK(bad_ref == 0);
+    CHECK(bad_threads == 0);
+    CHECK(bad_batch == 0);
+    pool_done(&one);
+    pool_done(&three);
+}
+
+/* col_load_range reads any part of a row in the stored layout (the numerics variants read long
+ * rows 32 elements at a time). */
+static void test_load_range(void)
+{
+    for (size_t di = 0; di < sizeof dtypes / sizeof *dtypes; di++) {
+        uint64_t cols = 160;
+        float v[160], got[160];
+        double want[160];
+        for (int i = 0; i < 160; i++) v[i] = frand();
+        uint8_t *data = store(v, 1, cols, dtypes[di], want);
+        int bad = 0;
+        col_load_row(data, dtypes[di], cols, got);
+        for (int i = 0; i < 160; i++) bad += got[i] != (float)want[i];
+        col_load_range(data, dtypes[di], cols, 37, 64, got);
+        for (int i = 0; i < 64; i++) bad += got[i] != (float)want[37 + i];
+        CHECK(bad == 0);
+        free(data);
+    }
+}
+
+int main(void)
+{
+    test_load_range();
+    test_path("portable");
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_path("avx2");
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        test_path("avx512");
+#endif
+    return TEST_REPORT();
+}
