@@ -112,46 +112,6 @@ static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos,
     memcpy(v_layer + (uint64_t)pos * kv_dim, v, kv_dim * sizeof(float));
 }
 
-/* Fixed-order dot product of n floats: eight interleaved partial sums (which the compiler can keep
- * in one vector register), combined pairwise, then the tail. */
-static float dot8(const float *a, const float *b, uint32_t n)
-{
-    float p[8] = {0};
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) p[l] += a[i + l] * b[i + l];
-    float sum = ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
-    for (; i < n; i++) sum += a[i] * b[i];
-    return sum;
-}
-
-/* One head of one position: scores against the cached keys first..pos, softmax, weighted values. */
-static void attend_head(const col_hparams *hp, const float *k_layer, const float *v_layer, const float *qh,
-                        uint32_t pos, uint32_t h, float *scores, float *out)
-{
-    uint32_t d = hp->head_dim, group = hp->n_heads / hp->n_kv_heads;
-    uint64_t kv_dim = (uint64_t)hp->n_kv_heads * d, kv_off = (uint64_t)(h / group) * d;
-    uint32_t first = 0;
-    if (hp->sliding_window > 0 && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
-    float scale = (float)(1.0 / sqrt((double)d));
-    float max = -INFINITY;
-    for (uint32_t t = first; t <= pos; t++) {
-        scores[t] = dot8(qh, k_layer + (uint64_t)t * kv_dim + kv_off, d) * scale;
-        if (scores[t] > max) max = scores[t];
-    }
-    float sum = 0.0f;
-    for (uint32_t t = first; t <= pos; t++) {
-        scores[t] = expf(scores[t] - max);
-        sum += scores[t];
-    }
-    for (uint32_t i = 0; i < d; i++) out[i] = 0.0f;
-    for (uint32_t t = first; t <= pos; t++) {
-        float p = scores[t] / sum;
-        const float *vt = v_layer + (uint64_t)t * kv_dim + kv_off;
-        for (uint32_t i = 0; i < d; i++) out[i] += p * vt[i];
-    }
-}
-
 /* The heads of n positions from `base`, as pool items (position-major): queries q [n][q_dim],
  * outputs att [n][q_dim]; each thread scores into its own row of s->scores. */
 typedef struct heads_task {
@@ -170,11 +130,17 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     const float *k_layer = s->k_cache + (uint64_t)task->layer * s->capacity * kv_dim;
     const float *v_layer = s->v_cache + (uint64_t)task->layer * s->capacity * kv_dim;
     float *scores = s->scores + (uint64_t)thread * s->capacity;
+    float scale = (float)(1.0 / sqrt((double)hp->head_dim));
     for (uint64_t i = i0; i < i1; i++) {
         uint64_t t = i / hp->n_heads;
         uint32_t h = (uint32_t)(i % hp->n_heads);
         uint64_t at = t * q_dim + (uint64_t)h * hp->head_dim;
-        attend_head(hp, k_layer, v_layer, task->q + at, task->base + (uint32_t)t, h, scores, task->att + at);
+        uint32_t pos = task->base + (uint32_t)t, first = 0;
+        if (hp->sliding_window > 0 && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
+        uint64_t kv_off = (uint64_t)(h / (hp->n_heads / hp->n_kv_heads)) * hp->head_dim;
+        col_head_job job = {task->q + at, k_layer + (uint64_t)first * kv_dim + kv_off,
+                            v_layer + (uint64_t)first * kv_dim + kv_off, kv_dim, pos + 1 - first, hp->head_dim, scale};
+        col_attend_head(s->pool, &job, scores, task->att + at);
     }
 }
 

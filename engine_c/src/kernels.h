@@ -56,6 +56,20 @@ void col_pool_free(col_pool *pool);
 typedef void (*col_pool_task)(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1);
 void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items);
 
+/* One attention head at one position: out[0..d) = sum_t p[t] * v[t], p = softmax(scale * q.k[t])
+ * over n_keys cached keys k[t] = k + t * stride (values likewise), in f32 on the pool's kernel
+ * path. scores: [n_keys] scratch. Fixed order per path, so bit-identical for any thread count. */
+typedef struct col_head_job {
+    const float *q;
+    const float *k;
+    const float *v;
+    uint64_t stride;   /* floats between consecutive positions of k and v */
+    uint32_t n_keys;
+    uint32_t d;
+    float scale;
+} col_head_job;
+void col_attend_head(const col_pool *pool, const col_head_job *head, float *scores, float *out);
+
 /* Threads of the pool including the caller (1 for NULL). */
 uint32_t col_pool_threads(const col_pool *pool);
 
