@@ -112,11 +112,11 @@ static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos,
     memcpy(v_layer + (uint64_t)pos * kv_dim, v, kv_dim * sizeof(float));
 }
 
-/* The heads of n positions from `base`, as pool items (position-major): queries q [n][q_dim],
+/* The heads of n positions from `base`, as pool items (head-major): queries q [n][q_dim],
  * outputs att [n][q_dim]; each thread scores into its own row of s->scores. */
 typedef struct heads_task {
     col_session *s;
-    uint32_t layer, base;
+    uint32_t layer, base, n;
     const float *q;
     float *att;
 } heads_task;
@@ -132,8 +132,10 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     float *scores = s->scores + (uint64_t)thread * s->capacity;
     float scale = (float)(1.0 / sqrt((double)hp->head_dim));
     for (uint64_t i = i0; i < i1; i++) {
-        uint64_t t = i / hp->n_heads;
-        uint32_t h = (uint32_t)(i % hp->n_heads);
+        /* head-major, so each thread's share holds early and late positions alike (a late
+         * position attends to more keys) */
+        uint64_t n = task->n, t = i % n;
+        uint32_t h = (uint32_t)(i / n);
         uint64_t at = t * q_dim + (uint64_t)h * hp->head_dim;
         uint32_t pos = task->base + (uint32_t)t, first = 0;
         if (hp->sliding_window > 0 && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
@@ -154,7 +156,7 @@ static void attend_positions(col_session *s, uint32_t layer_index, uint32_t base
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
     for (uint32_t t = 0; t < n; t++)
         prepare_position(s, layer_index, base + t, q + t * q_dim, k + t * kv_dim, v + t * kv_dim);
-    heads_task task = {s, layer_index, base, q, att};
+    heads_task task = {s, layer_index, base, n, q, att};
     col_pool_run(s->pool, run_heads, &task, (uint64_t)n * hp->n_heads);
 }
 

@@ -724,7 +724,7 @@ struct col_pool {
     uint64_t n_items;
     const col_matvec_job *jobs;
     uint32_t n_jobs;
-    uint64_t total_rows;
+    uint64_t total_work;       /* sum over jobs of rows * row_work */
     /* scratch (caller-owned): per-job quantised activations */
     uint32_t max_jobs;
     uint64_t max_act_cols;
@@ -752,8 +752,16 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
 
 static void dispatch(col_pool *pool, int worth_sharing);
 
-/* Thread `t` of `n` owns rows [R*t/n, R*(t+1)/n) of the batch's rows laid end to end (or items
- * [N*t/n, N*(t+1)/n) of a task). */
+/* Work of one output row of a job: its multiply-adds. Shares are cut by work, not rows, because
+ * the products of a batch differ in width and token count (a prefill block's experts see from one
+ * to all of its tokens), and equal rows left one thread waiting for the other. */
+static uint64_t row_work(const col_matvec_job *j)
+{
+    return j->w.cols * j->n_tokens;
+}
+
+/* Thread `t` of `n` owns the rows whose work starts in [W*t/n, W*(t+1)/n) of the batch's total
+ * work W, rows laid end to end (or items [N*t/n, N*(t+1)/n) of a task). */
 static void run_share(const col_pool *pool, uint32_t t, uint32_t n)
 {
     if (pool->task) {
@@ -761,12 +769,15 @@ static void run_share(const col_pool *pool, uint32_t t, uint32_t n)
         if (i0 < i1) pool->task(pool->task_ctx, t, i0, i1);
         return;
     }
-    uint64_t g0 = pool->total_rows * t / n, g1 = pool->total_rows * (t + 1) / n, base = 0;
+    uint64_t g0 = pool->total_work * t / n, g1 = pool->total_work * (t + 1) / n, base = 0;
     for (uint32_t k = 0; k < pool->n_jobs && base < g1; k++) {
         const col_matvec_job *j = &pool->jobs[k];
-        uint64_t lo = g0 > base ? g0 - base : 0, hi = g1 - base < j->w.rows ? g1 - base : j->w.rows;
+        uint64_t c = row_work(j), span = j->w.rows * c;
+        /* rows r with base + r*c in [g0, g1): r from ceil((g0-base)/c) to ceil((g1-base)/c) */
+        uint64_t lo = g0 > base ? (g0 - base + c - 1) / c : 0;
+        uint64_t hi = g1 - base < span ? (g1 - base + c - 1) / c : j->w.rows;
         if (lo < hi) job_rows(pool, j, k < pool->max_jobs ? pool->qx[k] : NULL, lo, hi);
-        base += j->w.rows;
+        base += span;
     }
 }
 
@@ -933,15 +944,15 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
         return;
     }
     assert(n_jobs <= pool->max_jobs || pool->max_jobs == 0);
-    uint64_t total = 0, macs = 0, used = 0;
+    uint64_t rows = 0, macs = 0, used = 0;
     for (uint32_t k = 0; k < n_jobs; k++) {
         const col_matvec_job *j = &jobs[k];
-        total += j->w.rows;
-        macs += j->w.rows * j->w.cols * j->n_tokens;
+        rows += j->w.rows;
+        macs += j->w.rows * row_work(j);
         const uint8_t *q = NULL;
         if (is_block_dtype(j->w.dtype)) {
             if (k > 0 && jobs[k - 1].x == j->x && jobs[k - 1].n_tokens == j->n_tokens &&
-                jobs[k - 1].w.cols == j->w.cols && pool->qx[k - 1]) {
+                jobs[k - 1].w.cols == j->w.cols && jobs[k - 1].w.dtype == j->w.dtype && pool->qx[k - 1]) {
                 q = pool->qx[k - 1]; /* same activations as the previous job (w1 and w3) */
             } else {
                 uint64_t need = (uint64_t)j->n_tokens * j->w.cols;
@@ -959,8 +970,8 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
     pool->task = NULL;
     pool->jobs = jobs;
     pool->n_jobs = n_jobs;
-    pool->total_rows = total;
-    dispatch(pool, total >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
+    pool->total_work = macs;
+    dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
 }
 
 void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items)

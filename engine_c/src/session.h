@@ -113,7 +113,7 @@ void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n
 void col_forward_token(col_session *s, int32_t token);
 
 /* Positions processed together by prefill (matrix-matrix products over the block). */
-#define COL_BATCH 64
+#define COL_BATCH 128
 
 /* forward.c: n <= COL_BATCH tokens at positions s->position..+n-1, bit-identical to n calls of
  * col_forward_token. logits (may be NULL) receives [n][vocab]; s->logits gets the last row. */
