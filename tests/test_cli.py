@@ -281,3 +281,28 @@ def test_convert_then_run_matches_transformers(capsys: Capture, tmp_path: Path) 
 def test_convert_missing_config_exits_1(capsys: Capture, tmp_path: Path) -> None:
     code, _, err = run_cli(capsys, "convert", tmp_path, tmp_path / "out.colibri")
     assert code == 1 and "conversion failed" in err
+
+
+def test_bench_json_states_decode_against_the_same_run_probe(capsys: Capture) -> None:
+    """`colibri bench` on the demo model: the bytes per token come from the tensor table (one
+    embedding row, the whole table again when it is also the LM head, k/E of every expert
+    tensor, all of everything else), and the limit and the
+    fraction are the probe's bandwidth over those bytes."""
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    assert main(["bench", str(demo), "-p", "8", "-n", "4", "-r", "2", "-t", "2",
+                 "--probe-mb", "64", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    from colibri.engine import Model
+    with Model.open(demo) as m:
+        hp = m.hparams
+        expected = sum(t.nbytes // hp.vocab_size if t.name == "token_embd"
+                       else t.nbytes * hp.n_experts_active // hp.n_experts
+                       if t.name.rsplit(".", 1)[-1] in ("moe_w1", "moe_w2", "moe_w3") else t.nbytes
+                       for t in m.tensors)
+        tied = next(t.nbytes for t in m.tensors if t.name == "token_embd") if hp.flags & 2 else 0
+    per_token = expected + tied
+    assert r["weight_bytes_per_token"] == per_token
+    assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["trace_on_decode_tok_s"] > 0
+    assert r["limit_tok_s"] == pytest.approx(r["probe_gb_s"] * 1e9 / per_token)
+    assert r["effective_gb_s"] == pytest.approx(per_token * r["decode_tok_s"] / 1e9)
+    assert 0 < r["fraction_of_limit"]

@@ -215,3 +215,23 @@ def test_converter_quantize_experts_only(tmp_path: Path) -> None:
         assert dtypes["moe_gate"] == "f32" and dtypes["attn_q"] == "bf16"
         assert dtypes["moe_w1"] == ("q8_0" if cfg_ok else "bf16")
         assert m.metadata["user"]["quantize"] == "q8"
+
+
+def test_requantised_copy_matches_the_converters_blocks(tmp_path: Path) -> None:
+    """`convert_weights(..., quantize=)` (tools/quant_accuracy.py --requantize, for models that
+    exist only as .colibri files, like the demo) stores exactly the converter's blocks for the
+    expert matrices and f32 elsewhere."""
+    from colibri.jitter.weights import convert_weights
+
+    src = make_model(tmp_path, "mixtral", "f32")
+    direct = make_model(tmp_path, "mixtral", "f32", "q4")
+    out = tmp_path / "requantised.colibri"
+    with Model.open(src) as m:
+        convert_weights(m, "f32", out, quantize="q4")
+    with Model.open(out) as a, Model.open(direct) as b:
+        assert validate_bytes(out.read_bytes(), checksums=True, nan_check=True) == []
+        for info in a.tensors:
+            expected = "q4_0" if info.name.rsplit(".", 1)[-1] in ("moe_w1", "moe_w2", "moe_w3") else "f32"
+            assert info.dtype == expected, info.name
+        w1 = "layers.1.moe_w1"
+        assert np.array_equal(a.tensor_f32(w1), b.tensor_f32(w1))

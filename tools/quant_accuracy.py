@@ -5,6 +5,11 @@ random token ids (or the model's tokenizer on --text).
 
     python tools/quant_accuracy.py REF_F32.colibri TEST.colibri [TEST ...] [-n 128]
     python tools/quant_accuracy.py --conformance [--quant q8,q4]   # tests/hf_reference models
+    python tools/quant_accuracy.py --requantize FILE [--text F]   # e.g. the demo model
+
+--requantize writes FILE's weights as f32 (the reference) and with its expert matrices as q8_0
+and q4_0 (everything else f32), so the comparison isolates the quantisation of the experts.
+--text tokenizes a text file with the model's own tokenizer instead of random ids.
 """
 
 from __future__ import annotations
@@ -24,10 +29,15 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def compare(ref: str, test: str, n: int = 128, threads: int = 2, seed: int = 0) -> dict[str, float]:
+def compare(ref: str, test: str, n: int = 128, threads: int = 2, seed: int = 0,
+            text: str | None = None) -> dict[str, float]:
     with Model.open(ref) as a, Model.open(test) as b:
         vocab = a.hparams.vocab_size
-        tokens = np.random.default_rng(seed).integers(0, vocab, size=min(n, a.hparams.max_context - 1))
+        limit = min(n, a.hparams.max_context - 1)
+        if text is not None:
+            tokens = np.asarray(a.tokenizer.encode(text).ids[:limit], dtype=np.int32)
+        else:
+            tokens = np.random.default_rng(seed).integers(0, vocab, size=limit)
         sa = Session(a, threads=threads, max_context=len(tokens) + 1)
         sb = Session(b, threads=threads, max_context=len(tokens) + 1)
         la, lb = sa.prefill(tokens), sb.prefill(tokens)
@@ -63,18 +73,36 @@ def conformance(quants: list[str], n: int) -> None:
                 print(_row(f"{v.name} {q}{note}", compare(str(ref), str(out), n)), flush=True)
 
 
+def requantize(path: str, quants: list[str], n: int, text: str | None) -> None:
+    from colibri.jitter.weights import convert_weights
+
+    with tempfile.TemporaryDirectory() as tmp, Model.open(path) as model:
+        ref = Path(tmp) / "f32.colibri"
+        convert_weights(model, "f32", ref)
+        for q in quants:
+            out = Path(tmp) / f"{q}.colibri"
+            convert_weights(model, "f32", out, quantize=q)
+            print(_row(f"{Path(path).name} experts {q}", compare(str(ref), str(out), n, text=text)),
+                  flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="*")
     p.add_argument("--conformance", action="store_true")
     p.add_argument("--quant", default="q8,q4")
     p.add_argument("-n", type=int, default=128)
+    p.add_argument("--requantize", metavar="FILE")
+    p.add_argument("--text", metavar="FILE", help="prompt text (tokenized by the model)")
     args = p.parse_args(argv)
+    text = Path(args.text).read_text(encoding="utf-8") if args.text else None
     if args.conformance:
         conformance(args.quant.split(","), args.n)
+    if args.requantize:
+        requantize(args.requantize, args.quant.split(","), args.n, text)
     if len(args.files) >= 2:
         for test in args.files[1:]:
-            print(_row(Path(test).name, compare(args.files[0], test, args.n)), flush=True)
+            print(_row(Path(test).name, compare(args.files[0], test, args.n, text=text)), flush=True)
     return 0
 
 

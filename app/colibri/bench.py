@@ -92,17 +92,26 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     prefill_s, decode_s, traced_s = [], [], []
     probes = [measure_read_bandwidth(probe_bytes, threads, 3)]
     traced = Session(model, threads=threads, max_context=ctx, trace=True) if trace_check else None
-    for _ in range(repeats):
+    def untraced_run() -> None:
         session.reset()
         t0 = time.perf_counter()
         logits = session.prefill(tokens)
         prefill_s.append(time.perf_counter() - t0)
-        first = int(np.argmax(logits[-1]))
-        decode_s.append(_decode(session, first, n))
-        if traced is not None:  # interleaved, same prompt and positions: only tracing differs
-            traced.reset()
-            traced.prefill(tokens)
-            traced_s.append(_decode(traced, first, n))
+        decode_s.append(_decode(session, int(np.argmax(logits[-1])), n))
+
+    def traced_run() -> None:  # same prompt and positions: only tracing differs
+        assert traced is not None
+        traced.reset()
+        logits = traced.prefill(tokens)
+        traced_s.append(_decode(traced, int(np.argmax(logits[-1])), n))
+
+    for rep in range(repeats):
+        # interleaved, and in alternating order: whichever runs second in a pair was measured
+        # up to 15% faster or slower than the first on this VM
+        order = [untraced_run] if traced is None else (
+            [untraced_run, traced_run] if rep % 2 == 0 else [traced_run, untraced_run])
+        for run in order:
+            run()
         # the probe runs between the repeats, so each decode run has a reading taken just before
         # and just after it; a busy neighbour can only lower a reading, so the better one counts
         probes.append(measure_read_bandwidth(probe_bytes, threads, 3))

@@ -171,8 +171,11 @@ static void quantize_row(const float *x, uint64_t cols, uint32_t wdtype, uint8_t
         float id = dx > 0.0f ? 1.0f / dx : 0.0f;
         d[b] = dx;
         for (uint32_t j = 0; j < QK; j++) {
-            long v = lrintf(xb[j] * id);
-            q[xq_pos(wdtype, nb, b, j)] = (int8_t)(v > 127 ? 127 : (v < -127 ? -127 : v));
+            /* round half to even like lrintf, without its library call per element: |x*id| <=
+             * 127 (plus rounding), far below 2^22, where adding and subtracting 1.5 * 2^23 leaves
+             * exactly the nearest integer */
+            float v = (xb[j] * id + 12582912.0f) - 12582912.0f;
+            q[xq_pos(wdtype, nb, b, j)] = (int8_t)(v > 127.0f ? 127 : (v < -127.0f ? -127 : (int)v));
         }
     }
     memset(c, 0, cols);

@@ -1,4 +1,5 @@
-"""Weight-precision variants: the same checkpoint re-written with its matrices in f32, f16 or bf16.
+"""Weight-precision variants: the same checkpoint re-written with its matrices in f32, f16 or bf16,
+optionally with the expert matrices block-quantised (q8_0/q4_0, the converter's default set).
 
 The copy keeps the header, routing section, tokenizer and metadata; every tensor goes through
 float32 (`Model.tensor_f32`, which dequantises q8_0/q4_0) and is stored in the target dtype,
@@ -17,6 +18,7 @@ from colibri import fileformat as ff
 from colibri.engine import Model
 
 _DTYPE = {"f32": ff.DTYPE_F32, "f16": ff.DTYPE_F16, "bf16": ff.DTYPE_BF16}
+_EXPERT_MATRICES = ("moe_w1", "moe_w2", "moe_w3")
 
 
 def _storage_dtype(name: str, ndim: int, target: str) -> int:
@@ -25,10 +27,15 @@ def _storage_dtype(name: str, ndim: int, target: str) -> int:
     return _DTYPE[target]
 
 
-def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str]) -> Path:
-    """Write `model` with its matrices stored as `target` (f32/f16/bf16) to `out_path`."""
+def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str],
+                    quantize: str | None = None) -> Path:
+    """Write `model` with its matrices stored as `target` (f32/f16/bf16) to `out_path`; with
+    `quantize` ("q8"/"q4"), the expert matrices (moe_w1/w2/w3) are stored as q8_0/q4_0 blocks
+    quantised from the float32 values instead (rows must be whole blocks of 32)."""
     if target not in _DTYPE:
         raise ValueError(f"unknown weight precision {target!r}")
+    if quantize is not None and quantize not in ff.QUANT_BY_NAME:
+        raise ValueError(f"unknown quantisation {quantize!r}")
     hp = model.hparams
     names = {f.name for f in fields(ff.HParams)}
     fhp = ff.HParams(**{k: v for k, v in hp.to_dict().items() if k in names})
@@ -38,14 +45,18 @@ def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str])
     for info in model.tensors:
         dtype = _storage_dtype(info.name, len(info.shape), target)
         shape = tuple(int(s) for s in info.shape)
+        if quantize is not None and info.name.rsplit(".", 1)[-1] in _EXPERT_MATRICES:
+            dtype = ff.QUANT_BY_NAME[quantize]
 
         def load(name: str = info.name, dtype: int = dtype) -> object:
+            if dtype in ff.BLOCK_BYTES:
+                return ff.quantize(model.tensor_f32(name), dtype)
             return ff.to_storage(model.tensor_f32(name), dtype)
 
         specs.append(ff.TensorSpec(info.name, dtype, shape, load))
     user = model.metadata.get("user")
     metadata = dict(user) if isinstance(user, dict) else {}
-    metadata["jitter_weights"] = target
+    metadata["jitter_weights"] = target if quantize is None else f"{target}+{quantize}"
     plan = ff.plan_file(fhp, kinds, specs, tokenizer=model.tokenizer_json, metadata=metadata)
     ff.write_colibri(out_path, plan)
     return Path(out_path)
