@@ -38,6 +38,12 @@
 
 /* Products smaller than this many multiply-adds are not worth waking the workers. */
 #define COL_PARALLEL_MIN_MACS (1u << 14)
+/* Products are cut into at most this many chunks per thread, each of at least COL_CHUNK_MIN_MACS
+ * multiply-adds (a chunk's rows are read as up to 8 streams, which need some length to pay off). */
+#ifndef COL_CHUNKS_PER_THREAD
+#define COL_CHUNKS_PER_THREAD 4
+#endif
+#define COL_CHUNK_MIN_MACS (1u << 20)
 /* Spins of a worker waiting for the next product before it sleeps (~100 us). */
 #define COL_SPIN_LIMIT 20000u
 #define QK 32 /* elements per quantised block */
@@ -728,6 +734,8 @@ struct col_pool {
     const col_matvec_job *jobs;
     uint32_t n_jobs;
     uint64_t total_work;       /* sum over jobs of rows * row_work */
+    uint32_t n_chunks;         /* products: pieces the threads take in turn */
+    _Atomic uint32_t next_chunk;
     /* scratch (caller-owned): per-job quantised activations */
     uint32_t max_jobs;
     uint64_t max_act_cols;
@@ -763,16 +771,11 @@ static uint64_t row_work(const col_matvec_job *j)
     return j->w.cols * j->n_tokens;
 }
 
-/* Thread `t` of `n` owns the rows whose work starts in [W*t/n, W*(t+1)/n) of the batch's total
- * work W, rows laid end to end (or items [N*t/n, N*(t+1)/n) of a task). */
-static void run_share(const col_pool *pool, uint32_t t, uint32_t n)
+/* Chunk c of C of a batch of products: the rows whose work starts in [W*c/C, W*(c+1)/C) of the
+ * batch's total work W, rows laid end to end. */
+static void run_chunk(const col_pool *pool, uint64_t chunk, uint64_t n_chunks)
 {
-    if (pool->task) {
-        uint64_t i0 = pool->n_items * t / n, i1 = pool->n_items * (t + 1) / n;
-        if (i0 < i1) pool->task(pool->task_ctx, t, i0, i1);
-        return;
-    }
-    uint64_t g0 = pool->total_work * t / n, g1 = pool->total_work * (t + 1) / n, base = 0;
+    uint64_t g0 = pool->total_work * chunk / n_chunks, g1 = pool->total_work * (chunk + 1) / n_chunks, base = 0;
     for (uint32_t k = 0; k < pool->n_jobs && base < g1; k++) {
         const col_matvec_job *j = &pool->jobs[k];
         uint64_t c = row_work(j), span = j->w.rows * c;
@@ -782,6 +785,25 @@ static void run_share(const col_pool *pool, uint32_t t, uint32_t n)
         if (lo < hi) job_rows(pool, j, k < pool->max_jobs ? pool->qx[k] : NULL, lo, hi);
         base += span;
     }
+}
+
+/* Thread `t` of `n`'s part of the current batch. A task is split statically (items
+ * [N*t/n, N*(t+1)/n)). Products are cut into chunks that the threads take in turn from a shared
+ * counter, so a thread that the memory system serves more slowly for a while does fewer chunks
+ * instead of holding the other up at the end of the product. Which thread computes a row never
+ * changes its bits. */
+static void run_share(col_pool *pool, uint32_t t, uint32_t n)
+{
+    if (pool->task) {
+        uint64_t i0 = pool->n_items * t / n, i1 = pool->n_items * (t + 1) / n;
+        if (i0 < i1) pool->task(pool->task_ctx, t, i0, i1);
+        return;
+    }
+    if (n == 1) {
+        run_chunk(pool, 0, 1);
+        return;
+    }
+    for (uint32_t c; (c = atomic_fetch_add(&pool->next_chunk, 1)) < pool->n_chunks;) run_chunk(pool, c, pool->n_chunks);
 }
 
 /* One step of a spin-wait: pause, and after a while yield the core, because on an oversubscribed
@@ -856,6 +878,7 @@ col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint32_t max_jobs, 
     }
     atomic_init(&pool->generation, 0);
     atomic_init(&pool->n_done, 0);
+    atomic_init(&pool->next_chunk, 0);
     atomic_init(&pool->n_sleeping, 0);
     atomic_init(&pool->stopping, 0);
     if (pthread_mutex_init(&pool->mutex, NULL) != 0) {
@@ -974,6 +997,10 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
     pool->jobs = jobs;
     pool->n_jobs = n_jobs;
     pool->total_work = macs;
+    uint64_t chunks = macs / COL_CHUNK_MIN_MACS;
+    chunks = chunks > (uint64_t)pool->n_threads * COL_CHUNKS_PER_THREAD ? (uint64_t)pool->n_threads * COL_CHUNKS_PER_THREAD : chunks;
+    pool->n_chunks = (uint32_t)(chunks < pool->n_threads ? pool->n_threads : chunks);
+    atomic_store(&pool->next_chunk, 0);
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
 }
 
