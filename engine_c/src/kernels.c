@@ -9,15 +9,17 @@
  *
  * Determinism by construction: every output element (row r, token t) is one dot product computed
  * by exactly one thread, with a fixed lane layout: a single vector accumulator walked left to
- * right over the row, a fixed horizontal reduction, then the scalar tail in order. Tiles (two rows
- * for one token in decode, one row for four tokens in a batch) only interleave independent
- * accumulators, so an output's bits depend neither on the thread count nor on the batch size:
- * a prefill equals the same tokens stepped one at a time.
+ * right over the row, a fixed horizontal reduction, then the scalar tail in order. Tiles (eight
+ * distant rows for one token in decode, four or two neighbouring rows for four tokens in a batch)
+ * only interleave independent accumulators, and which thread or chunk computes a row never
+ * matters, so an output's bits depend neither on the thread count nor on the batch size: a
+ * prefill equals the same tokens stepped one at a time.
  *
- * Quantised weights (q8_0, q4_0: blocks of 32 with an f16 scale) are multiplied against the
- * activations quantised per block of 32 to int8 (scale = max|x| / 127), with exact integer block
- * sums (VNNI vpdpbusd, or AVX2 vpmaddubsw + vpmaddwd, which give the same integers) scaled by
- * d_w * d_x into f32 lanes. The activations are quantised once per product on the calling thread.
+ * Quantised weights (q8_0, q4_0: rows of f16 scales then payload, blocks of 32) are multiplied
+ * against the activations quantised per block of 32 to int8 (scale = max|x| / 127), with exact
+ * integer block sums (VNNI vpdpbusd over 64 payload bytes per step, or AVX2 vpmaddubsw +
+ * vpmaddwd, which give the same integers) scaled by d_w * d_x into f32 lanes. The activations are
+ * quantised once per product on the calling thread, in the order the weight dtype's kernels read.
  *
  * The pool's workers spin on an atomic generation counter for a short while after each product
  * (a forward pass issues tens of products per token, too many for a condvar wake-up each), then
