@@ -162,30 +162,77 @@ static uint64_t xq_pos(uint32_t wdtype, uint64_t nb, uint64_t b, uint32_t j)
     return g * 128 + (j < 16 ? k * 16 + j : in_group * 16 + k * 16 + (j - 16));
 }
 
-static void quantize_row(const float *x, uint64_t cols, uint32_t wdtype, uint8_t *out)
+/* Store block b's 32 int8 values (element order) where the weight dtype's kernels read them
+ * (the arrangement of xq_pos, a half block at a time). */
+static void place_block(int8_t *q, uint32_t wdtype, uint64_t nb, uint64_t b, const int8_t *vals)
+{
+    if (wdtype != COL_DTYPE_Q4_0) {
+        memcpy(q + b * QK, vals, QK);
+        return;
+    }
+    memcpy(q + xq_pos(wdtype, nb, b, 0), vals, 16);
+    memcpy(q + xq_pos(wdtype, nb, b, 16), vals + 16, 16);
+}
+
+/* One block of 32 activations to int8: d = max|x| / 127, q = x * (1/d) rounded half to even and
+ * clamped to [-127, 127] (a NaN becomes -127, what the SIMD conversion's "integer indefinite"
+ * clamps to, so every path gives the same bytes). Returns d. */
+static float quantize_block(const float *xb, int8_t *vals)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) {
+        float a = fabsf(xb[j]);
+        if (a > amax) amax = a;
+    }
+    float dx = amax / 127.0f;
+    float id = dx > 0.0f ? 1.0f / dx : 0.0f;
+    for (int j = 0; j < QK; j++) {
+        /* round half to even like lrintf, without its library call per element: |x*id| <= 127
+         * (plus rounding), far below 2^22, where adding and subtracting 1.5 * 2^23 leaves exactly
+         * the nearest integer */
+        float v = (xb[j] * id + 12582912.0f) - 12582912.0f;
+        vals[j] = (int8_t)(v != v ? -127 : v > 127.0f ? 127 : (v < -127.0f ? -127 : (int)v));
+    }
+    return dx;
+}
+
+#if defined(__x86_64__)
+/* The same with AVX-512: the maximum is exact in any order, the product is the same IEEE
+ * multiply, and vcvtps2dq rounds half to even under the default MXCSR, so the bytes are
+ * identical to quantize_block's. */
+__attribute__((target("avx512f"))) static float quantize_block_avx512(const float *xb, int8_t *vals)
+{
+    __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    if (amax != amax) return quantize_block(xb, vals); /* NaN: the scalar rules */
+    float dx = amax / 127.0f;
+    __m512 id = _mm512_set1_ps(dx > 0.0f ? 1.0f / dx : 0.0f);
+    const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
+    __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
+    qlo = _mm512_min_epi32(_mm512_max_epi32(qlo, bottom), top);
+    qhi = _mm512_min_epi32(_mm512_max_epi32(qhi, bottom), top);
+    _mm_storeu_si128((__m128i *)vals, _mm512_cvtepi32_epi8(qlo));
+    _mm_storeu_si128((__m128i *)(vals + 16), _mm512_cvtepi32_epi8(qhi));
+    return dx;
+}
+#endif
+
+static void quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa isa, uint8_t *out)
 {
     uint64_t nb = cols / QK;
-    int8_t *q = (int8_t *)out;
+    int8_t *q = (int8_t *)out, vals[QK];
     float *d = (float *)(out + cols);
     int32_t *c = (int32_t *)(out + cols + nb * 4);
     for (uint64_t b = 0; b < nb; b++) {
-        const float *xb = x + b * QK;
-        float amax = 0.0f;
-        for (int j = 0; j < QK; j++) {
-            float a = fabsf(xb[j]);
-            if (a > amax) amax = a;
-        }
-        float dx = amax / 127.0f;
-        float id = dx > 0.0f ? 1.0f / dx : 0.0f;
-        d[b] = dx;
-        for (uint32_t j = 0; j < QK; j++) {
-            /* round half to even like lrintf, without its library call per element: |x*id| <=
-             * 127 (plus rounding), far below 2^22, where adding and subtracting 1.5 * 2^23 leaves
-             * exactly the nearest integer */
-            float v = (xb[j] * id + 12582912.0f) - 12582912.0f;
-            q[xq_pos(wdtype, nb, b, j)] = (int8_t)(v > 127.0f ? 127 : (v < -127.0f ? -127 : (int)v));
-        }
+#if defined(__x86_64__)
+        if (isa == COL_ISA_AVX512)
+            d[b] = quantize_block_avx512(x + b * QK, vals);
+        else
+#endif
+            d[b] = quantize_block(x + b * QK, vals);
+        place_block(q, wdtype, nb, b, vals);
     }
+    (void)isa;
     memset(c, 0, cols);
     if (wdtype == COL_DTYPE_Q8_0) {
         for (uint64_t l = 0; l < cols / 4; l++)
@@ -988,7 +1035,7 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
                 if (k >= pool->max_jobs || used + need > pool->max_act_cols) return;
                 uint8_t *dst = pool->qbuf + qrow_bytes(used);
                 for (uint32_t t = 0; t < j->n_tokens; t++)
-                    quantize_row(j->x + (uint64_t)t * j->w.cols, j->w.cols, j->w.dtype, dst + t * qrow_bytes(j->w.cols));
+                    quantize_row(j->x + (uint64_t)t * j->w.cols, j->w.cols, j->w.dtype, pool->isa, dst + t * qrow_bytes(j->w.cols));
                 used += need;
                 q = dst;
             }
