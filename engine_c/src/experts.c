@@ -26,13 +26,20 @@ static float silu(float z)
     return z / (1.0f + expf(-z));
 }
 
+/* h1[i] = silu(h1[i]) * h3[i] for i < n. (Running it on the pool for prefill blocks measured no
+ * faster: paired in-process runs, ratio 0.999.) */
+static void swiglu_gate(float *h1, const float *h3, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) h1[i] = silu(h1[i]) * h3[i];
+}
+
 /* out = w2 . (silu(w1 . x) * (w3 . x)) */
 static void swiglu(col_session *s, const col_weight *w1, const col_weight *w3, const col_weight *w2,
                    const float *x, float *out)
 {
     col_matvec_job up[2] = {{*w1, x, s->h1, 1}, {*w3, x, s->h3, 1}};
     col_matmul_many(s->pool, up, 2);
-    for (uint64_t i = 0; i < w1->rows; i++) s->h1[i] = silu(s->h1[i]) * s->h3[i];
+    swiglu_gate(s->h1, s->h3, w1->rows);
     col_matvec(s->pool, w2, s->h1, out);
 }
 
@@ -95,7 +102,7 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
     for (uint32_t slot = 0; slot < n_slots; slot++) {
         uint32_t e = (uint32_t)s->route_ids[slot];
         float *h1 = s->expert_h1 + slot * d_ff, *h3 = s->expert_h3 + slot * d_ff;
-        for (uint64_t i = 0; i < d_ff; i++) h1[i] = silu(h1[i]) * h3[i];
+        swiglu_gate(h1, h3, d_ff);
         s->expert_jobs[slot] = (col_matvec_job){col_weight_expert(layer->moe_w2, e), h1,
                                                 s->expert_out + (uint64_t)slot * d_model, 1};
     }
@@ -155,7 +162,7 @@ static void swiglu_batch(col_session *s, const col_tensor_info *t1, const col_te
     col_weight w1 = col_weight_of(t1), w3 = col_weight_of(t3), w2 = col_weight_of(t2);
     col_matvec_job up[2] = {{w1, x, s->gh1, n}, {w3, x, s->gh3, n}};
     col_matmul_many(s->pool, up, 2);
-    for (uint64_t i = 0; i < (uint64_t)n * w1.rows; i++) s->gh1[i] = silu(s->gh1[i]) * s->gh3[i];
+    swiglu_gate(s->gh1, s->gh3, (uint64_t)n * w1.rows);
     col_matvec_job down = {w2, s->gh1, out, n};
     col_matmul_many(s->pool, &down, 1);
 }
@@ -214,7 +221,7 @@ void col_feed_forward_batch(col_session *s, uint32_t layer_index, uint32_t n, ui
                                               s->gh3 + o * d_ff, s->bcount[e]};
     }
     col_matmul_many(s->pool, s->bjobs, n_jobs);
-    for (uint64_t i = 0; i < (uint64_t)off * d_ff; i++) s->gh1[i] = silu(s->gh1[i]) * s->gh3[i];
+    swiglu_gate(s->gh1, s->gh3, (uint64_t)off * d_ff);
     n_jobs = 0;
     for (uint32_t e = 0; e < n_experts; e++) {
         if (!s->bcount[e]) continue;
