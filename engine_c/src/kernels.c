@@ -52,6 +52,9 @@
 #ifndef COL_PREFETCH_AHEAD
 #define COL_PREFETCH_AHEAD 1024 /* bytes ahead of a decode tile's weight loads (see tile_f_avx512) */
 #endif
+/* The same for q8_0/q4_0 payloads: 2 KiB measured 2.4% and 3.5% faster than 1 KiB for q4_0
+ * decode in paired in-process runs, and the same for q8_0. */
+#define COL_PREFETCH_AHEAD_Q 2048
 
 /* ---- element conversion ------------------------------------------------------------------ */
 
@@ -515,7 +518,7 @@ COL_INLINE COL_T512 void tile_q_avx512(const col_matvec_job *j, const uint8_t *q
 #pragma GCC unroll 8
             for (int a = 0; a < NR; a++) {
                 const uint8_t *payload = row[a] + 2 * nb + 64 * s;
-                if (NT == 1) _mm_prefetch((const char *)(payload + COL_PREFETCH_AHEAD), _MM_HINT_T0);
+                if (NT == 1) _mm_prefetch((const char *)(payload + COL_PREFETCH_AHEAD_Q), _MM_HINT_T0);
                 __m512i raw = _mm512_loadu_si512((const void *)payload), lo, hi = raw;
                 if (q4) {
                     lo = _mm512_and_si512(raw, low4);
@@ -576,7 +579,7 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
 #pragma GCC unroll 8
             for (int a = 0; a < NR; a++) {
                 const uint8_t *payload = row[a] + 2 * nb + 32 * s;
-                if (NT == 1) _mm_prefetch((const char *)(payload + COL_PREFETCH_AHEAD), _MM_HINT_T0);
+                if (NT == 1) _mm_prefetch((const char *)(payload + COL_PREFETCH_AHEAD_Q), _MM_HINT_T0);
                 __m256i raw = _mm256_loadu_si256((const __m256i *)payload);
                 __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
 #pragma GCC unroll 4
