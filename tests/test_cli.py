@@ -306,3 +306,7 @@ def test_bench_json_states_decode_against_the_same_run_probe(capsys: Capture) ->
     assert r["limit_tok_s"] == pytest.approx(r["probe_gb_s"] * 1e9 / per_token)
     assert r["effective_gb_s"] == pytest.approx(per_token * r["decode_tok_s"] / 1e9)
     assert 0 < r["fraction_of_limit"]
+    # the traced run's phases: every weight byte of a token is counted in exactly one part
+    assert set(r["phases"]) == {"attention", "feed-forward", "outside layers"}
+    assert sum(p["mb"] for p in r["phases"].values()) * 1e6 == pytest.approx(per_token)
+    assert all(p["ms"] > 0 and p["gb_s"] > 0 for p in r["phases"].values())

@@ -43,6 +43,45 @@ def weight_bytes_per_token(model: Model) -> int:
     return total
 
 
+def phase_bytes(model: Model) -> dict[str, int]:
+    """Bytes of weights one decoded token reads in each part of the step: the attention
+    projections, the feed-forward (router, the k selected experts, shared experts, dense MLPs) and
+    what runs outside the layers (the embedding row, the final norm, the LM head)."""
+    hp = model.hparams
+    parts = {"attention": 0, "feed-forward": 0, "outside layers": 0}
+    for t in model.tensors:
+        base = t.name.rsplit(".", 1)[-1]
+        if t.name == "token_embd":
+            parts["outside layers"] += t.nbytes // hp.vocab_size + (t.nbytes if hp.flags & 2 else 0)
+        elif not t.name.startswith("layers."):
+            parts["outside layers"] += t.nbytes
+        elif base.startswith("attn_"):
+            parts["attention"] += t.nbytes
+        elif base in _EXPERT_MATS:
+            parts["feed-forward"] += t.nbytes * hp.n_experts_active // hp.n_experts
+        else:
+            parts["feed-forward"] += t.nbytes
+    return parts
+
+
+def phase_breakdown(model: Model, session: Session, first: int, n: int) -> dict[str, dict[str, float]]:
+    """Median milliseconds per decoded token of each part of the step (from the trace's phase
+    timings of positions first..first+n-1) and the weight bandwidth each part reached: a part
+    well below the others is where a step loses time to something other than reading weights."""
+    trace = session.trace
+    assert trace is not None
+    phases = trace.phase_ns[first:first + n].astype(np.float64) / 1e6  # [n, layers, phase]
+    per_token = phases.sum(axis=1)                                       # [n, phase]
+    token_ms = trace.token_ns[first:first + n].astype(np.float64) / 1e6
+    ms = {"attention": float(np.median(per_token[:, 0])),
+          "feed-forward": float(np.median(per_token[:, 1] + per_token[:, 2] + per_token[:, 3])),
+          "outside layers": float(np.median(token_ms - per_token[:, 4]))}
+    nbytes = phase_bytes(model)
+    return {part: {"ms": ms[part], "mb": nbytes[part] / 1e6,
+                   "gb_s": nbytes[part] / (ms[part] * 1e6) if ms[part] > 0 else float("nan")}
+            for part in ms}
+
+
 @dataclass
 class BenchResult:
     file: str
@@ -63,6 +102,7 @@ class BenchResult:
     trace_cost: float
     peak_rss_mb: float
     session_bytes: int
+    phases: dict[str, dict[str, float]]  # from the traced run; empty without it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +130,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     _decode(session, int(tokens[0]), 4)
 
     prefill_s, decode_s, traced_s = [], [], []
+    phase_runs: list[dict[str, dict[str, float]]] = []
     probes = [measure_read_bandwidth(probe_bytes, threads, 3)]
     traced = Session(model, threads=threads, max_context=ctx, trace=True) if trace_check else None
     def untraced_run() -> None:
@@ -104,6 +145,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         traced.reset()
         logits = traced.prefill(tokens)
         traced_s.append(_decode(traced, int(np.argmax(logits[-1])), n))
+        phase_runs.append(phase_breakdown(model, traced, prompt, n))
 
     for rep in range(repeats):
         # interleaved, and in alternating order: whichever runs second in a pair was measured
@@ -132,7 +174,9 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         fraction_of_limit=statistics.median(fractions), trace_on_decode_tok_s=traced_tok_s,
         trace_cost=1.0 - traced_tok_s / dec_tok_s if traced_s else float("nan"),
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-        session_bytes=Session.memory_estimate(model, threads=threads, max_context=ctx, trace=False))
+        session_bytes=Session.memory_estimate(model, threads=threads, max_context=ctx, trace=False),
+        phases={part: {key: statistics.median(run[part][key] for run in phase_runs)
+                       for key in ("ms", "mb", "gb_s")} for part in phase_runs[0]} if phase_runs else {})
 
 
 def format_result(r: BenchResult) -> str:
@@ -150,6 +194,8 @@ def format_result(r: BenchResult) -> str:
         f"decode, trace on     {r.trace_on_decode_tok_s:9.1f} tok/s  (cost {100 * r.trace_cost:+.1f}%)",
         f"session memory       {r.session_bytes / 2**20:9.2f} MiB (estimate, beyond the mapped weights)",
         f"peak RSS             {r.peak_rss_mb:9.1f} MiB",
+        *(f"  {part:18s} {v['ms']:8.2f} ms/token  {v['mb']:8.1f} MB  {v['gb_s']:6.1f} GB/s  (traced run)"
+          for part, v in r.phases.items()),
     ])
 
 
