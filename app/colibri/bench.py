@@ -25,24 +25,6 @@ from colibri.engine import Model, Session, measure_read_bandwidth
 _EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
 
 
-def weight_bytes_per_token(model: Model) -> int:
-    """Bytes of weights one decoded token reads with top-k routing: every tensor except the
-    embedding table (one row is read) and k / n_experts of each stacked expert tensor."""
-    hp = model.hparams
-    total = 0
-    for t in model.tensors:
-        base = t.name.rsplit(".", 1)[-1]
-        if t.name == "token_embd":
-            total += t.nbytes // hp.vocab_size
-            if hp.flags & 2:  # tied embeddings: the LM head reads the whole table
-                total += t.nbytes
-        elif base in _EXPERT_MATS:
-            total += t.nbytes * hp.n_experts_active // hp.n_experts
-        else:
-            total += t.nbytes
-    return total
-
-
 def phase_bytes(model: Model) -> dict[str, int]:
     """Bytes of weights one decoded token reads in each part of the step: the attention
     projections, the feed-forward (router, the k selected experts, shared experts, dense MLPs) and
@@ -62,6 +44,13 @@ def phase_bytes(model: Model) -> dict[str, int]:
         else:
             parts["feed-forward"] += t.nbytes
     return parts
+
+
+def weight_bytes_per_token(model: Model) -> int:
+    """Bytes of weights one decoded token reads with top-k routing: every tensor except the
+    embedding table (one row is read, plus the whole table when it is also the LM head) and
+    k / n_experts of each stacked expert tensor."""
+    return sum(phase_bytes(model).values())
 
 
 def phase_breakdown(model: Model, session: Session, first: int, n: int) -> dict[str, dict[str, float]]:

@@ -15,10 +15,10 @@ from dataclasses import fields
 from pathlib import Path
 
 from colibri import fileformat as ff
+from colibri.convert import QUANTIZE_SETS
 from colibri.engine import Model
 
 _DTYPE = {"f32": ff.DTYPE_F32, "f16": ff.DTYPE_F16, "bf16": ff.DTYPE_BF16}
-_EXPERT_MATRICES = ("moe_w1", "moe_w2", "moe_w3")
 
 
 def _storage_dtype(name: str, ndim: int, target: str) -> int:
@@ -45,7 +45,7 @@ def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str],
     for info in model.tensors:
         dtype = _storage_dtype(info.name, len(info.shape), target)
         shape = tuple(int(s) for s in info.shape)
-        if quantize is not None and info.name.rsplit(".", 1)[-1] in _EXPERT_MATRICES:
+        if quantize is not None and info.name.rsplit(".", 1)[-1] in QUANTIZE_SETS["experts"]:
             dtype = ff.QUANT_BY_NAME[quantize]
 
         def load(name: str = info.name, dtype: int = dtype) -> object:
