@@ -79,7 +79,7 @@ def test_kernel_paths_agree(tmp_path: Path, quant: str | None) -> None:
     """Each path (forced with COLIBRI_KERNELS) is self-consistent, and all agree to rounding."""
     path = make_model(tmp_path, "mixtral", "bf16", quant)
     out = {}
-    for isa in ("portable", "avx2", "avx512"):
+    for isa in ("portable", "avx2", "avx512", "amx"):
         npy = tmp_path / f"{isa}.npy"
         env = dict(os.environ, COLIBRI_KERNELS=isa)
         done = subprocess.run([sys.executable, "-c", _PATHS_SCRIPT.format(tokens=TOKENS), str(path),

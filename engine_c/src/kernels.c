@@ -26,6 +26,7 @@
  * sleep on a condvar so an idle session costs no CPU.
  */
 #include "kernels.h"
+#include "kernels_amx.h"
 
 #include <assert.h>
 #include <math.h>
@@ -228,7 +229,7 @@ static void quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa
     int32_t *c = (int32_t *)(out + cols + nb * 4);
     for (uint64_t b = 0; b < nb; b++) {
 #if defined(__x86_64__)
-        if (isa == COL_ISA_AVX512)
+        if (isa >= COL_ISA_AVX512)
             d[b] = quantize_block_avx512(x + b * QK, vals);
         else
 #endif
@@ -755,6 +756,7 @@ const char *col_isa_name(col_isa isa)
     switch (isa) {
     case COL_ISA_AVX2: return "avx2";
     case COL_ISA_AVX512: return "avx512";
+    case COL_ISA_AMX: return "amx";
     default: return "portable";
     }
 }
@@ -788,19 +790,29 @@ struct col_pool {
     uint64_t total_work;       /* sum over jobs of rows * row_work */
     uint32_t n_chunks;         /* products: pieces the threads take in turn */
     _Atomic uint32_t next_chunk;
-    /* scratch (caller-owned): per-job quantised activations */
+    /* scratch (caller-owned): per-job prepared activations, per-thread AMX staging */
     uint32_t max_jobs;
-    uint64_t max_act_cols;
-    const uint8_t **qx;            /* [max_jobs] */
-    uint8_t *qbuf;                 /* quantised rows */
+    uint64_t act_capacity;         /* bytes at act_buf */
+    const uint8_t **act;           /* [max_jobs] */
+    uint8_t *act_buf;              /* quantised rows or AMX-packed activations */
+    uint8_t *stage;                /* [n_threads][stage_bytes] */
+    uint64_t stage_bytes;
     const col_numerics *numerics;  /* a session's numerics variant (numerics.c), NULL = none */
 };
 
 
-static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1)
+/* Rows [r0, r1) of job j on thread t; `act` is the job's prepared activations (quantised for int8
+ * weights, packed for AMX tiles, NULL otherwise). */
+static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_t *act, uint32_t t, uint64_t r0,
+                     uint64_t r1)
 {
+    const uint8_t *qx = act;
 #if defined(__x86_64__)
-    if (pool->isa == COL_ISA_AVX512) {
+    if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) {
+        col_amx_rows(j, act, pool->stage + (uint64_t)t * pool->stage_bytes, r0, r1);
+        return;
+    }
+    if (pool->isa >= COL_ISA_AVX512) {
         rows_avx512(j, qx, r0, r1);
         return;
     }
@@ -809,7 +821,7 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
         return;
     }
 #endif
-    (void)pool;
+    (void)pool, (void)t;
     rows_portable(j, qx, r0, r1);
 }
 
@@ -825,7 +837,7 @@ static uint64_t row_work(const col_matvec_job *j)
 
 /* Chunk c of C of a batch of products: the rows whose work starts in [W*c/C, W*(c+1)/C) of the
  * batch's total work W, rows laid end to end. */
-static void run_chunk(const col_pool *pool, uint64_t chunk, uint64_t n_chunks)
+static void run_chunk(const col_pool *pool, uint32_t t, uint64_t chunk, uint64_t n_chunks)
 {
     uint64_t g0 = pool->total_work * chunk / n_chunks, g1 = pool->total_work * (chunk + 1) / n_chunks, base = 0;
     for (uint32_t k = 0; k < pool->n_jobs && base < g1; k++) {
@@ -834,7 +846,7 @@ static void run_chunk(const col_pool *pool, uint64_t chunk, uint64_t n_chunks)
         /* rows r with base + r*c in [g0, g1): r from ceil((g0-base)/c) to ceil((g1-base)/c) */
         uint64_t lo = g0 > base ? (g0 - base + c - 1) / c : 0;
         uint64_t hi = g1 - base < span ? (g1 - base + c - 1) / c : j->w.rows;
-        if (lo < hi) job_rows(pool, j, k < pool->max_jobs ? pool->qx[k] : NULL, lo, hi);
+        if (lo < hi) job_rows(pool, j, k < pool->max_jobs ? pool->act[k] : NULL, t, lo, hi);
         base += span;
     }
 }
@@ -852,10 +864,10 @@ static void run_share(col_pool *pool, uint32_t t, uint32_t n)
         return;
     }
     if (n == 1) {
-        run_chunk(pool, 0, 1);
+        run_chunk(pool, t, 0, 1);
         return;
     }
-    for (uint32_t c; (c = atomic_fetch_add(&pool->next_chunk, 1)) < pool->n_chunks;) run_chunk(pool, c, pool->n_chunks);
+    for (uint32_t c; (c = atomic_fetch_add(&pool->next_chunk, 1)) < pool->n_chunks;) run_chunk(pool, t, c, pool->n_chunks);
 }
 
 /* One step of a spin-wait: pause, and after a while yield the core, because on an oversubscribed
@@ -900,33 +912,72 @@ static void *worker_main(void *p)
     return NULL;
 }
 
-uint64_t col_pool_scratch_size(uint32_t max_jobs, uint64_t max_act_cols)
+/* The path a pool created now would run: the best the CPU has (AMX only when the OS grants it),
+ * lowered by COLIBRI_KERNELS. */
+static col_isa choose_isa(void)
 {
-    uint64_t ptrs = ((uint64_t)max_jobs * sizeof(const uint8_t *) + 63) & ~(uint64_t)63;
-    return ptrs + qrow_bytes(max_act_cols) + 64;
-}
-
-col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint32_t max_jobs, uint64_t max_act_cols,
-                          const col_allocator *alloc)
-{
-    if (n_threads == 0 || (!scratch && (max_jobs || max_act_cols)) || !alloc) return NULL;
-    col_pool *pool = col_alloc_zeroed(alloc, 1, sizeof *pool);
-    if (!pool) return NULL;
-    pool->alloc = *alloc;
-    pool->n_threads = n_threads;
-    pool->isa = detect_isa();
+    col_isa isa = detect_isa();
+    if (isa == COL_ISA_AVX512 && col_amx_enable()) isa = COL_ISA_AMX;
     const char *env = getenv("COLIBRI_KERNELS");
     if (env) { /* can only lower the choice: a forced path the CPU lacks would crash */
         col_isa want = strcmp(env, "portable") == 0 ? COL_ISA_PORTABLE
                      : strcmp(env, "avx2") == 0     ? COL_ISA_AVX2
-                                                    : COL_ISA_AVX512;
-        if (want < pool->isa) pool->isa = want;
+                     : strcmp(env, "avx512") == 0   ? COL_ISA_AVX512
+                                                    : COL_ISA_AMX;
+        if (want < isa) isa = want;
     }
-    pool->max_jobs = max_jobs;
-    pool->max_act_cols = max_act_cols;
+    return isa;
+}
+
+/* Scratch layout: [max_jobs] activation pointers | activations | [n_threads] AMX staging. The
+ * activations of a batch take, per job, n_tokens quantised rows, or AMX-packed tokens, which
+ * need nt * ceil(cols / 32) * 192 bytes <= 6 nt cols + 186 nt, plus 64 of slack and 64 of
+ * alignment. */
+static uint64_t pointers_bytes(uint32_t max_jobs)
+{
+    return ((uint64_t)max_jobs * sizeof(const uint8_t *) + 63) & ~(uint64_t)63;
+}
+static uint64_t act_bytes(col_isa isa, const col_pool_limits *l)
+{
+    uint64_t q = qrow_bytes(l->max_act_cols) + 64 * (uint64_t)l->max_jobs;
+    uint64_t amx = 6 * l->max_act_cols + (uint64_t)l->max_jobs * (186 * (uint64_t)l->max_tokens + 128);
+    uint64_t bytes = isa == COL_ISA_AMX && amx > q ? amx : q;
+    return (bytes + 63) & ~(uint64_t)63; /* the staging after it is 64-byte aligned */
+}
+static uint64_t stage_bytes(col_isa isa, const col_pool_limits *l)
+{
+    return isa == COL_ISA_AMX ? (col_amx_stage_bytes(l->max_cols) + 63) & ~(uint64_t)63 : 0;
+}
+static uint64_t scratch_bytes_for(col_isa isa, uint32_t n_threads, const col_pool_limits *l)
+{
+    return pointers_bytes(l->max_jobs) + act_bytes(isa, l) + n_threads * stage_bytes(isa, l);
+}
+
+uint64_t col_pool_scratch_size(uint32_t n_threads, const col_pool_limits *limits)
+{
+    return scratch_bytes_for(choose_isa(), n_threads, limits);
+}
+
+col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint64_t scratch_bytes, const col_pool_limits *limits,
+                          const col_allocator *alloc)
+{
+    if (n_threads == 0 || !limits || !alloc) return NULL;
+    if (!scratch && scratch_bytes_for(COL_ISA_PORTABLE, n_threads, limits) > 0) return NULL;
+    col_pool *pool = col_alloc_zeroed(alloc, 1, sizeof *pool);
+    if (!pool) return NULL;
+    pool->alloc = *alloc;
+    pool->n_threads = n_threads;
+    pool->isa = choose_isa();
+    if (pool->isa == COL_ISA_AMX &&
+        (limits->max_jobs == 0 || scratch_bytes_for(COL_ISA_AMX, n_threads, limits) > scratch_bytes))
+        pool->isa = COL_ISA_AVX512; /* no room to pack activations: the vector path needs none */
+    pool->max_jobs = limits->max_jobs;
     if (scratch) {
-        pool->qx = scratch;
-        pool->qbuf = (uint8_t *)scratch + (((uint64_t)max_jobs * sizeof(const uint8_t *) + 63) & ~(uint64_t)63);
+        pool->act = scratch;
+        pool->act_buf = (uint8_t *)scratch + pointers_bytes(limits->max_jobs);
+        pool->act_capacity = act_bytes(pool->isa, limits);
+        pool->stage = pool->act_buf + pool->act_capacity;
+        pool->stage_bytes = stage_bytes(pool->isa, limits);
     }
     atomic_init(&pool->generation, 0);
     atomic_init(&pool->n_done, 0);
@@ -979,7 +1030,7 @@ void col_attend_head(const col_pool *pool, const col_head_job *head, float *scor
 {
 #if defined(__x86_64__)
     col_isa isa = col_pool_isa(pool);
-    if (isa == COL_ISA_AVX512) {
+    if (isa >= COL_ISA_AVX512) {
         attend_head_avx512(head, scores, out);
         return;
     }
@@ -1027,23 +1078,30 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
         const col_matvec_job *j = &jobs[k];
         rows += j->w.rows;
         macs += j->w.rows * row_work(j);
-        const uint8_t *q = NULL;
-        if (is_block_dtype(j->w.dtype)) {
-            if (k > 0 && jobs[k - 1].x == j->x && jobs[k - 1].n_tokens == j->n_tokens &&
-                jobs[k - 1].w.cols == j->w.cols && jobs[k - 1].w.dtype == j->w.dtype && pool->qx[k - 1]) {
-                q = pool->qx[k - 1]; /* same activations as the previous job (w1 and w3) */
+        const int amx = pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype);
+        const uint8_t *act = NULL;
+        if (amx || is_block_dtype(j->w.dtype)) {
+            const col_matvec_job *prev = k > 0 ? &jobs[k - 1] : NULL;
+            if (prev && prev->x == j->x && prev->n_tokens == j->n_tokens && prev->w.cols == j->w.cols &&
+                (amx ? col_amx_handles(prev->w.dtype) : prev->w.dtype == j->w.dtype) && pool->act[k - 1]) {
+                act = pool->act[k - 1]; /* same activations as the previous job (w1 and w3; q, k and v) */
             } else {
-                uint64_t need = (uint64_t)j->n_tokens * j->w.cols;
-                assert(k < pool->max_jobs && used + need <= pool->max_act_cols); /* sized by the session */
-                if (k >= pool->max_jobs || used + need > pool->max_act_cols) return;
-                uint8_t *dst = pool->qbuf + qrow_bytes(used);
-                for (uint32_t t = 0; t < j->n_tokens; t++)
-                    quantize_row(j->x + (uint64_t)t * j->w.cols, j->w.cols, j->w.dtype, pool->isa, dst + t * qrow_bytes(j->w.cols));
+                uint64_t need = amx ? col_amx_packed_bytes(j->n_tokens, j->w.cols) : j->n_tokens * qrow_bytes(j->w.cols);
+                need = (need + 63) & ~(uint64_t)63;
+                assert(k < pool->max_jobs && used + need <= pool->act_capacity); /* sized by the session */
+                if (k >= pool->max_jobs || used + need > pool->act_capacity) return;
+                uint8_t *dst = pool->act_buf + used;
+                if (amx)
+                    col_amx_pack(j->x, j->n_tokens, j->w.cols, dst);
+                else
+                    for (uint32_t t = 0; t < j->n_tokens; t++)
+                        quantize_row(j->x + (uint64_t)t * j->w.cols, j->w.cols, j->w.dtype, pool->isa,
+                                     dst + t * qrow_bytes(j->w.cols));
                 used += need;
-                q = dst;
+                act = dst;
             }
         }
-        if (k < pool->max_jobs) pool->qx[k] = q;
+        if (k < pool->max_jobs) pool->act[k] = act;
     }
     pool->task = NULL;
     pool->jobs = jobs;

@@ -15,14 +15,15 @@
 
 typedef struct col_pool col_pool;
 
-/* Instruction-set paths, chosen once per pool from CPUID (or COLIBRI_KERNELS=portable|avx2|avx512,
+/* Instruction-set paths, chosen once per pool from CPUID (or COLIBRI_KERNELS=portable|avx2|avx512|amx,
  * which can only lower the choice). Every path computes every output element in one fixed order,
  * so a given path is bit-identical for any thread count; paths differ from each other in the
  * last bits (different lane order), never in the tested tolerance. */
 typedef enum col_isa {
     COL_ISA_PORTABLE = 0,
     COL_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C */
-    COL_ISA_AVX512 = 2      /* AVX-512 F/BW/VL + VNNI (int8 dot products of quantised blocks) */
+    COL_ISA_AVX512 = 2,     /* AVX-512 F/BW/VL + VNNI (int8 dot products of quantised blocks) */
+    COL_ISA_AMX = 3         /* AVX-512, and AMX tiles for bf16 weights (kernels_amx.h) */
 } col_isa;
 
 /* One product of a batch: y[t][r] = dot(W[r, :], x[t]) for t < n_tokens, r < w.rows.
@@ -34,16 +35,26 @@ typedef struct col_matvec_job {
     uint32_t n_tokens;
 } col_matvec_job;
 
-/* Bytes of scratch a pool needs to run batches of at most `max_jobs` jobs whose quantised
- * activations total at most `max_act_cols` columns (sum over jobs of n_tokens * cols). */
-uint64_t col_pool_scratch_size(uint32_t max_jobs, uint64_t max_act_cols);
+/* What the products a pool runs can be at most: they size the pool's scratch. */
+typedef struct col_pool_limits {
+    uint32_t max_jobs;      /* products in one col_matmul_many batch */
+    uint64_t max_act_cols;  /* sum over a batch's jobs of n_tokens * cols */
+    uint32_t max_tokens;    /* n_tokens of one product */
+    uint64_t max_cols;      /* cols of one product */
+} col_pool_limits;
+
+/* Bytes of scratch a pool of n_threads needs for products within `limits`, on the path it will
+ * choose: activations quantised for int8 weights or packed for AMX tiles, and per-thread staging
+ * for AMX. Depends on the CPU and COLIBRI_KERNELS, so call it right before col_pool_create. */
+uint64_t col_pool_scratch_size(uint32_t n_threads, const col_pool_limits *limits);
 
 /* Create a pool of n_threads - 1 workers (the caller is the n-th); `scratch` (64-byte aligned,
- * col_pool_scratch_size bytes, owned by the caller, may be NULL when both limits are 0) holds
- * activations quantised for int8 weights. n_threads >= 1. Returns NULL on allocation or
- * thread-creation failure. The pool struct, thread handles and worker arguments come from `alloc`
- * (the session's allocator). Workers spin briefly between products, then sleep on a condvar. */
-col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint32_t max_jobs, uint64_t max_act_cols,
+ * scratch_bytes long, owned by the caller, may be NULL when every limit is 0) is sized by
+ * col_pool_scratch_size; if it is too small for the AMX path, the pool runs AVX-512 instead.
+ * n_threads >= 1. Returns NULL on allocation or thread-creation failure. The pool struct, thread
+ * handles and worker arguments come from `alloc` (the session's allocator). Workers spin briefly
+ * between products, then sleep on a condvar. */
+col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint64_t scratch_bytes, const col_pool_limits *limits,
                           const col_allocator *alloc);
 
 /* Join the workers and free. NULL is a no-op. */
@@ -73,7 +84,7 @@ void col_attend_head(const col_pool *pool, const col_head_job *head, float *scor
 /* Threads of the pool including the caller (1 for NULL). */
 uint32_t col_pool_threads(const col_pool *pool);
 
-/* The path this pool runs ("portable", "avx2", "avx512"). */
+/* The path this pool runs ("portable", "avx2", "avx512", "amx"). */
 col_isa col_pool_isa(const col_pool *pool);
 const char *col_isa_name(col_isa isa);
 

@@ -32,14 +32,23 @@ static uint32_t kernel_jobs(const col_hparams *hp, uint64_t k_slots)
     return (uint32_t)(2 * (k_slots > hp->n_experts ? k_slots : hp->n_experts) + 4);
 }
 
-/* Most activation columns one dispatch quantises for int8 weights: one input per selected
- * expert and the shared expert, each at most the widest of d_model, q_dim and d_ff. */
-static uint64_t kernel_act_cols(const col_hparams *hp, uint64_t k_slots)
+/* The largest products the forward pass runs. Activation columns of one dispatch: one input per
+ * selected expert and the shared expert, each at most the widest of d_model, q_dim and d_ff. */
+static col_pool_limits kernel_limits(const col_hparams *hp, uint64_t k_slots)
 {
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     uint64_t widest = max_u32(max_u32(hp->d_model, (uint32_t)q_dim),
                               max_u32(hp->d_ff_expert, max_u32(hp->d_ff_dense, hp->d_ff_shared)));
-    return (k_slots + 1) * widest * COL_BATCH;
+    col_pool_limits limits = {kernel_jobs(hp, k_slots), (k_slots + 1) * widest * COL_BATCH, COL_BATCH, widest};
+    return limits;
+}
+
+/* Bytes of the pool's scratch, asked once per session so that sizing and binding agree. */
+static uint64_t kernel_scratch_bytes(const col_model *m, const col_session_config *c)
+{
+    uint64_t k_slots = c->routing == COL_ROUTING_SOFT ? m->hp.n_experts : m->hp.n_experts_active;
+    const col_pool_limits limits = kernel_limits(&m->hp, k_slots);
+    return col_pool_scratch_size(c->n_threads, &limits);
 }
 
 /* Reserve `count` elements of `size` bytes at the 64-aligned arena cursor; return their offset. */
@@ -51,7 +60,8 @@ static uint64_t reserve(uint64_t *cursor, uint64_t count, uint64_t size)
 }
 
 /* Walk every session buffer. With base == NULL only sizes are computed. Returns the total. */
-static uint64_t plan_arena(const col_model *m, const col_session_config *c, col_session *s, uint8_t *base)
+static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint64_t scratch_bytes, col_session *s,
+                           uint8_t *base)
 {
     const col_hparams *hp = &m->hp;
     uint64_t cap = default_capacity(hp, c);
@@ -116,7 +126,7 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, col_
     BIND(go, B * k_slots * hp->d_model, sizeof(float));
     BIND(blogits, B * hp->vocab_size, sizeof(float));
     BIND(bjobs, 2 * n_e + 4, sizeof(col_matvec_job));
-    BIND(kernel_scratch, col_pool_scratch_size(kernel_jobs(hp, k_slots), kernel_act_cols(hp, k_slots)), 1);
+    BIND(kernel_scratch, scratch_bytes, 1);
     if (c->trace) {
         BIND(trace_tokens, cap, sizeof(int32_t));
         BIND(trace_ids, cap * n_moe * k_slots, sizeof(int32_t));
@@ -150,7 +160,7 @@ static int32_t check_config(const col_model *m, const col_session_config *c, cha
 uint64_t col_session_memory_estimate(const col_model *model, const col_session_config *config)
 {
     if (check_config(model, config, NULL, 0) != COL_OK) return 0;
-    return plan_arena(model, config, NULL, NULL) + sizeof(col_session);
+    return plan_arena(model, config, kernel_scratch_bytes(model, config), NULL, NULL) + sizeof(col_session);
 }
 
 int32_t col_session_create(const col_model *model, const col_session_config *config, col_session **out,
@@ -176,16 +186,17 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     s->config = *config;
     s->capacity = default_capacity(&model->hp, config);
     s->k_slots = config->routing == COL_ROUTING_SOFT ? model->hp.n_experts : model->hp.n_experts_active;
-    s->arena_size = plan_arena(model, config, NULL, NULL);
+    s->kernel_scratch_bytes = kernel_scratch_bytes(model, config);
+    s->arena_size = plan_arena(model, config, s->kernel_scratch_bytes, NULL, NULL);
     s->arena = col_alloc_zeroed(&alloc, s->arena_size, 1);
     if (!s->arena) {
         unsigned long long wanted = (unsigned long long)s->arena_size;
         col_dealloc(&alloc, s);
         return col_set_error(err, errlen, COL_ERR_NOMEM, "cannot allocate %llu bytes of session memory", wanted);
     }
-    plan_arena(model, config, s, s->arena);
-    s->pool = col_pool_create(config->n_threads, s->kernel_scratch, kernel_jobs(&model->hp, s->k_slots),
-                              kernel_act_cols(&model->hp, s->k_slots), &alloc);
+    plan_arena(model, config, s->kernel_scratch_bytes, s, s->arena);
+    const col_pool_limits limits = kernel_limits(&model->hp, s->k_slots);
+    s->pool = col_pool_create(config->n_threads, s->kernel_scratch, s->kernel_scratch_bytes, &limits, &alloc);
     if (!s->pool) {
         col_dealloc(&alloc, s->arena);
         col_dealloc(&alloc, s);

@@ -77,7 +77,8 @@ struct col_session {
     float *go;                  /* [B * k_slots][d_model] expert outputs */
     float *blogits;             /* [B][vocab_size] */
     col_matvec_job *bjobs;      /* [2 * n_experts + 4] */
-    void *kernel_scratch;       /* col_pool_scratch_size(kernel_jobs, kernel_act_cols) bytes */
+    void *kernel_scratch;       /* kernel_scratch_bytes: col_pool_scratch_size(kernel_limits) */
+    uint64_t kernel_scratch_bytes;
 
     /* trace (NULL when tracing is off) */
     int32_t *trace_tokens;      /* [capacity] */

@@ -1,0 +1,328 @@
+/*
+ * kernels_amx.c - bf16-weight products on AMX tiles (see kernels_amx.h for the arithmetic and the
+ * determinism argument).
+ *
+ * One tile multiply (TDPBF16PS) adds A[16 x 32] . B[32 x 16] into C[16 x 16] in f32, with bf16
+ * inputs taken as pairs along the 32. Here A is 16 weight rows x 32 columns as stored; B holds the
+ * activations of up to 5 tokens, 3 parts each, in 15 of its 16 columns; C holds the 16 rows x 15
+ * (token, part) sums.
+ *
+ * Decode takes 16 distant rows of the thread's share per tile (16 streams through memory, as the
+ * vector path's 8-row decode tiles), loaded straight from the mapped file. Batches stage 32
+ * neighbouring rows as contiguous tiles once and run every pair of token groups over them with
+ * 2 x 2 C tiles. Partial groups and partial blocks go through the per-thread staging buffer, zero
+ * padded.
+ *
+ * The packed activations use a compact layout: the rows of a B tile are 12 bytes per token apart,
+ * so a tile load also reads the next rows' words into the unused columns. Those columns only feed
+ * C columns that are never read.
+ */
+#if defined(__linux__)
+#define _DEFAULT_SOURCE /* syscall(), for arch_prctl */
+#endif
+#include "kernels_amx.h"
+
+#include <string.h>
+
+#define TG 5            /* tokens per activation tile (3 parts each: 15 of its 16 columns) */
+#define KB 32           /* weight columns per block: one 64-byte tile row of bf16 */
+#define ROWS 16         /* weight rows per tile */
+#define TILE_BYTES 1024 /* one 16 x 64-byte tile */
+#define PAIR_BYTES 12   /* one token's three parts of one column pair */
+#define PREFETCH_AHEAD 1024
+
+int col_amx_handles(uint32_t dtype)
+{
+    return dtype == COL_DTYPE_BF16;
+}
+
+static uint64_t blocks(uint64_t cols)
+{
+    return (cols + KB - 1) / KB;
+}
+
+uint64_t col_amx_packed_bytes(uint32_t n_tokens, uint64_t cols)
+{
+    return (uint64_t)n_tokens * blocks(cols) * ROWS * PAIR_BYTES + 64;
+}
+
+uint64_t col_amx_stage_bytes(uint64_t max_cols)
+{
+    return 2 * blocks(max_cols) * TILE_BYTES; /* two row groups */
+}
+
+/* Tokens in activation group g of a product of nt tokens, and where the group starts. */
+static uint32_t group_tokens(uint32_t nt, uint32_t g)
+{
+    return nt - g * TG < TG ? nt - g * TG : TG;
+}
+static uint64_t group_offset(uint32_t g, uint64_t n_blocks)
+{
+    return (uint64_t)g * TG * n_blocks * ROWS * PAIR_BYTES;
+}
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+int col_amx_enable(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    int tile = (d >> 24) & 1, tile_bf16 = (d >> 22) & 1;
+    if (!tile || !tile_bf16 || a < 1) return 0;
+    __get_cpuid_count(7, 1, &a, &b, &c, &d);
+    if (!((a >> 5) & 1)) return 0; /* AVX512-BF16: splitting into bf16 parts */
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+#define COL_AMX_T __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
+#define COL_AMX_INLINE static inline __attribute__((always_inline))
+
+/* Palette 1, all eight tiles 16 rows x 64 bytes. Tile 0: weights (A); 1-3: activations (B) of up
+ * to three token groups; 4-6: their sums (C). */
+typedef struct tile_config {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+_Static_assert(sizeof(tile_config) == 64, "LDTILECFG reads 64 bytes");
+static const tile_config config = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
+COL_AMX_INLINE COL_AMX_T __m512 bf16_low_f32(__m512i v) /* elements 0..15 of 32 bf16 */
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
+}
+COL_AMX_INLINE COL_AMX_T __m512 bf16_high_f32(__m512i v) /* elements 16..31 */
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16));
+}
+COL_AMX_INLINE COL_AMX_T __m512i to_bf16(__m512 lo16, __m512 hi16)
+{
+    return (__m512i)_mm512_cvtne2ps_pbh(hi16, lo16);
+}
+
+/* 32 values (v0: 0..15, v1: 16..31) as bf16 parts, each rounded to nearest from what the earlier
+ * parts left: v = hi + mid + lo up to the last bit of an f32. */
+COL_AMX_INLINE COL_AMX_T void split3(__m512 v0, __m512 v1, __m512i *hi, __m512i *mid, __m512i *lo)
+{
+    *hi = to_bf16(v0, v1);
+    v0 = _mm512_sub_ps(v0, bf16_low_f32(*hi));
+    v1 = _mm512_sub_ps(v1, bf16_high_f32(*hi));
+    *mid = to_bf16(v0, v1);
+    v0 = _mm512_sub_ps(v0, bf16_low_f32(*mid));
+    v1 = _mm512_sub_ps(v1, bf16_high_f32(*mid));
+    *lo = to_bf16(v0, v1);
+}
+
+/* Columns [32 kb, 32 kb + 32) of the (up to 32) values left from column c: masks for the tail. */
+COL_AMX_INLINE __mmask32 block_mask(uint64_t cols, uint64_t kb)
+{
+    uint64_t n = cols - kb * KB;
+    return n >= KB ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << n) - 1u);
+}
+
+static COL_AMX_T void pack_amx(const float *x, uint32_t n_tokens, uint64_t cols, uint8_t *out)
+{
+    const uint64_t n_blocks = blocks(cols);
+    const __m512i pair_index = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    for (uint32_t t = 0; t < n_tokens; t++) {
+        uint32_t g = t / TG, tt = t % TG, n_g = group_tokens(n_tokens, g);
+        /* word (pair p, token tt, part) sits at p * 3 n_g + 3 tt + part words into the block */
+        const __m512i index = _mm512_mullo_epi32(pair_index, _mm512_set1_epi32((int)(3 * n_g)));
+        uint8_t *group = out + group_offset(g, n_blocks) + (uint64_t)tt * PAIR_BYTES;
+        const float *xt = x + (uint64_t)t * cols;
+        for (uint64_t kb = 0; kb < n_blocks; kb++) {
+            __mmask32 m = block_mask(cols, kb);
+            __m512 v0 = _mm512_maskz_loadu_ps((__mmask16)m, xt + kb * KB);
+            __m512 v1 = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), xt + kb * KB + 16);
+            __m512i hi, mid, lo;
+            split3(v0, v1, &hi, &mid, &lo);
+            uint8_t *block = group + kb * ROWS * PAIR_BYTES * n_g;
+            _mm512_i32scatter_epi32(block, index, hi, 4);
+            _mm512_i32scatter_epi32(block + 4, index, mid, 4);
+            _mm512_i32scatter_epi32(block + 8, index, lo, 4);
+        }
+    }
+    memset(out + (uint64_t)n_tokens * n_blocks * ROWS * PAIR_BYTES, 0, 64);
+}
+
+void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, uint8_t *out)
+{
+    pack_amx(x, n_tokens, cols, out);
+}
+
+/* 16 weight rows read with one stride; tile row m is output row first + m * step. */
+typedef struct row_group {
+    const uint8_t *base;
+    uint64_t stride;
+    uint64_t first, step;
+    uint32_t n_rows; /* 1..16: tile rows past it are zero */
+} row_group;
+
+/* Block kb of the group's rows as a contiguous tile at dst: zero past the group's rows and past
+ * the last column. */
+static COL_AMX_T void stage_block(const row_group *g, uint64_t cols, uint64_t kb, int prefetch, uint8_t *dst)
+{
+    const __mmask32 m = block_mask(cols, kb);
+    for (uint32_t r = 0; r < ROWS; r++) {
+        __m512i v = _mm512_setzero_si512();
+        if (r < g->n_rows) {
+            const uint8_t *p = g->base + r * g->stride + kb * KB * 2;
+            if (prefetch) _mm_prefetch((const char *)p + PREFETCH_AHEAD, _MM_HINT_T0);
+            v = _mm512_maskz_loadu_epi16(m, p);
+        }
+        _mm512_store_si512((void *)(dst + r * 64), v);
+    }
+}
+
+/* Where the activation tile of token group g, block kb starts, and its row stride. */
+#define B_TILE(g, kb) (packed + group_offset((g), n_blocks) + (kb) * ROWS * PAIR_BYTES * group_tokens(nt, (g)))
+#define B_STRIDE(g) ((long)(PAIR_BYTES * group_tokens(nt, (g))))
+
+/* Output of tile row r, token tt of a C tile stored at c: its three parts, (hi + mid) + lo. */
+static void store_outputs(const col_matvec_job *j, const row_group *g, uint32_t group, const float *c)
+{
+    for (uint32_t tt = 0; tt < group_tokens(j->n_tokens, group); tt++) {
+        float *y = j->y + (uint64_t)(group * TG + tt) * j->w.rows;
+        for (uint32_t r = 0; r < g->n_rows; r++) {
+            const float *s = c + r * 16 + 3 * tt;
+            y[g->first + r * g->step] = (s[0] + s[1]) + s[2];
+        }
+    }
+}
+
+/* One row group against every token of a product of at most one token group (decode, and batches
+ * of up to 5 tokens), block by block: whole groups straight from the weights, the rest staged. */
+static COL_AMX_T void run_group(const col_matvec_job *j, const row_group *g, const uint8_t *packed, uint8_t *stage)
+{
+    const uint32_t nt = j->n_tokens;
+    const uint64_t cols = j->w.cols, n_blocks = blocks(cols);
+    const int decode = nt == 1, direct = g->n_rows == ROWS && cols % KB == 0;
+    float c[ROWS * 16] __attribute__((aligned(64)));
+    _tile_zero(4);
+    for (uint64_t kb = 0; kb < n_blocks; kb++) {
+        _tile_loadd(1, B_TILE(0, kb), B_STRIDE(0));
+        if (direct) {
+            const uint8_t *a = g->base + kb * 64;
+            if (decode)
+                for (uint32_t r = 0; r < ROWS; r++) _mm_prefetch((const char *)a + r * g->stride + PREFETCH_AHEAD, _MM_HINT_T0);
+            _tile_loadd(0, a, (long)g->stride);
+        } else {
+            stage_block(g, cols, kb, decode, stage);
+            _tile_loadd(0, stage, 64);
+        }
+        _tile_dpbf16ps(4, 0, 1);
+    }
+    _tile_stored(4, c, 64);
+    store_outputs(j, g, 0, c);
+}
+
+/* Up to 32 neighbouring rows (two row groups) against a batch of two or more token groups. The
+ * rows are staged once as contiguous tiles, then each pair of token groups runs over them with
+ * 2 x 2 C tiles. Each load is issued as soon as the tile it overwrites has been read, so it
+ * overlaps the multiplies still running. Blocks run in the same order as in run_group, so every
+ * output gets the same operations. */
+static COL_AMX_T void run_rows_batch(const col_matvec_job *j, uint64_t r, uint64_t n, const uint8_t *packed,
+                                     uint8_t *stage)
+{
+    const uint32_t nt = j->n_tokens, n_groups = (nt + TG - 1) / TG;
+    const uint64_t cols = j->w.cols, n_blocks = blocks(cols), rb = col_dtype_row_bytes(j->w.dtype, cols);
+    const int two_a = n > ROWS;
+    row_group g[2];
+    uint8_t *a[2] = {stage, stage + n_blocks * TILE_BYTES};
+    for (int i = 0; i <= two_a; i++) {
+        uint64_t first = r + (uint64_t)i * ROWS;
+        row_group gi = {(const uint8_t *)j->w.data + first * rb, rb, first, 1,
+                        (uint32_t)(r + n - first < ROWS ? r + n - first : ROWS)};
+        g[i] = gi;
+        for (uint64_t kb = 0; kb < n_blocks; kb++) stage_block(&g[i], cols, kb, 0, a[i] + kb * TILE_BYTES);
+    }
+    float c[4][ROWS * 16] __attribute__((aligned(64)));
+    for (uint32_t g0 = 0; g0 < n_groups; g0 += 2) {
+        const int two_b = g0 + 1 < n_groups;
+        _tile_zero(4);
+        _tile_zero(5);
+        _tile_zero(6);
+        _tile_zero(7);
+        _tile_loadd(0, a[0], 64);
+        if (two_a) _tile_loadd(1, a[1], 64);
+        _tile_loadd(2, B_TILE(g0, 0), B_STRIDE(g0));
+        if (two_b) _tile_loadd(3, B_TILE(g0 + 1, 0), B_STRIDE(g0 + 1));
+        for (uint64_t kb = 0; kb < n_blocks; kb++) {
+            const int more = kb + 1 < n_blocks;
+            _tile_dpbf16ps(4, 0, 2);
+            if (two_b) _tile_dpbf16ps(5, 0, 3);
+            if (more) _tile_loadd(0, a[0] + (kb + 1) * TILE_BYTES, 64);
+            if (two_a) _tile_dpbf16ps(6, 1, 2);
+            if (more) _tile_loadd(2, B_TILE(g0, kb + 1), B_STRIDE(g0));
+            if (two_a && two_b) _tile_dpbf16ps(7, 1, 3);
+            if (more && two_a) _tile_loadd(1, a[1] + (kb + 1) * TILE_BYTES, 64);
+            if (more && two_b) _tile_loadd(3, B_TILE(g0 + 1, kb + 1), B_STRIDE(g0 + 1));
+        }
+        _tile_stored(4, c[0], 64);
+        _tile_stored(5, c[1], 64);
+        _tile_stored(6, c[2], 64);
+        _tile_stored(7, c[3], 64);
+        store_outputs(j, &g[0], g0, c[0]);
+        if (two_b) store_outputs(j, &g[0], g0 + 1, c[1]);
+        if (two_a) store_outputs(j, &g[1], g0, c[2]);
+        if (two_a && two_b) store_outputs(j, &g[1], g0 + 1, c[3]);
+    }
+}
+
+static COL_AMX_T void rows_amx(const col_matvec_job *j, const uint8_t *packed, uint8_t *stage, uint64_t r0, uint64_t r1)
+{
+    _tile_loadconfig(&config);
+    const uint64_t rb = col_dtype_row_bytes(j->w.dtype, j->w.cols);
+    const uint8_t *data = j->w.data;
+    uint64_t r = r0;
+    if (j->n_tokens > TG) {
+        for (; r < r1; r += 2 * ROWS) run_rows_batch(j, r, r1 - r < 2 * ROWS ? r1 - r : 2 * ROWS, packed, stage);
+    } else {
+        /* one token: 16 distant rows per tile (16 streams through memory); a few tokens: neighbours */
+        const uint64_t q = j->n_tokens == 1 ? (r1 - r0) / ROWS : 1;
+        const uint64_t n_full = j->n_tokens == 1 ? q : (r1 - r0) / ROWS;
+        for (uint64_t i = 0; i < n_full; i++) {
+            uint64_t first = j->n_tokens == 1 ? r0 + i : r0 + i * ROWS;
+            row_group g = {data + first * rb, q * rb, first, q, ROWS};
+            run_group(j, &g, packed, stage);
+        }
+        r = r0 + n_full * ROWS;
+        if (r < r1) {
+            row_group g = {data + r * rb, rb, r, 1, (uint32_t)(r1 - r)};
+            run_group(j, &g, packed, stage);
+        }
+    }
+    _tile_release();
+}
+
+void col_amx_rows(const col_matvec_job *j, const uint8_t *packed, uint8_t *stage, uint64_t r0, uint64_t r1)
+{
+    rows_amx(j, packed, stage, r0, r1);
+}
+
+#else /* no AMX on this system */
+
+int col_amx_enable(void)
+{
+    return 0;
+}
+
+void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, uint8_t *out)
+{
+    (void)x, (void)n_tokens, (void)cols, (void)out;
+}
+
+void col_amx_rows(const col_matvec_job *j, const uint8_t *packed, uint8_t *stage, uint64_t r0, uint64_t r1)
+{
+    (void)j, (void)packed, (void)stage, (void)r0, (void)r1;
+}
+
+#endif

@@ -1,0 +1,48 @@
+/*
+ * kernels_amx.h - products over bf16 weights on Intel AMX tiles, for the kernel layer (kernels.c)
+ * only. The forward pass never sees this: the pool picks it for bf16 weights when the CPU has
+ * AMX-BF16 and the OS grants this process the tile state.
+ *
+ * Arithmetic: each activation x is split into three bf16 parts, x = hi + mid + lo, each rounded to
+ * nearest from what the earlier parts left (24 significant bits, all an f32 has). A product of a
+ * bf16 weight and a bf16 part is exact in f32, and the tile unit accumulates in f32, so an output
+ * carries the rounding of an f32 accumulation, like the vector paths, while the multiply-adds run
+ * on the tile unit. (f32 and f16 weights would need splitting too, three and two parts: measured
+ * slower than the AVX-512 path for f32, in decode and prefill, so they stay there.)
+ *
+ * Determinism: an output (row r, token t) is one tile element, accumulated block of 32 columns by
+ * block in order, then its three activation parts summed as (hi + mid) + lo. Which rows share a
+ * tile, which tokens share the activation tile and which thread runs it change nothing, so
+ * batches equal steps and any thread count gives the same bits.
+ */
+#ifndef COLIBRI_KERNELS_AMX_H
+#define COLIBRI_KERNELS_AMX_H
+
+#include "kernels.h"
+
+/* 1 when the CPU has AMX-TILE, AMX-BF16 and AVX512-BF16 and the OS lets this process use the tile
+ * state (on Linux, after asking for it once with arch_prctl; the permission is per process and
+ * asking again is harmless). 0 otherwise, and on every other system. Thread-safe. */
+int col_amx_enable(void);
+
+/* Weight dtypes the AMX path computes (bf16). */
+int col_amx_handles(uint32_t dtype);
+
+/* Bytes of the packed activations of n_tokens x cols (col_amx_pack), including the 64 bytes past
+ * the end that the tile loads may read. */
+uint64_t col_amx_packed_bytes(uint32_t n_tokens, uint64_t cols);
+
+/* Split x ([n_tokens][cols] f32) into bf16 parts and lay them out as the tile unit reads them:
+ * groups of 5 tokens, blocks of 32 columns, 16 column pairs, each token's three parts. */
+void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, uint8_t *out);
+
+/* Bytes of per-thread staging for products of at most max_cols columns (64-byte aligned use). */
+uint64_t col_amx_stage_bytes(uint64_t max_cols);
+
+/* y[t][r] for rows [r0, r1) and every token of j (see col_matvec_job), from activations packed by
+ * col_amx_pack. `stage`: this thread's col_amx_stage_bytes scratch, 64-byte aligned. Loads the
+ * tile configuration on entry and releases the tiles on return. Only call when col_amx_enable()
+ * returned 1 and col_amx_handles(j->w.dtype). */
+void col_amx_rows(const col_matvec_job *j, const uint8_t *packed, uint8_t *stage, uint64_t r0, uint64_t r1);
+
+#endif /* COLIBRI_KERNELS_AMX_H */
