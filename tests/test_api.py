@@ -597,6 +597,15 @@ def test_memory_estimate_grows_with_context(tiny_model_path: BuildPath) -> None:
     assert 0 < small < large
 
 
+def test_demo_session_memory_under_16_mb_at_2048_tokens() -> None:
+    """The engine issue's budget: what a session allocates beyond the mapped weights, for the
+    demo model at 2048 tokens of context, on the kernel path this machine runs."""
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    with Model.open(demo) as model:
+        estimate = Session.memory_estimate(model, max_context=2048, threads=2)
+    assert estimate < 16_000_000
+
+
 def test_session_refuses_concurrent_use(tiny_model_path: BuildPath) -> None:
     with Model.open(tiny_model_path()) as model, Session(model) as session:
         session._busy.acquire()  # as if another thread were inside a C call

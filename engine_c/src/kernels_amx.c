@@ -8,9 +8,9 @@
  * (token, part) sums.
  *
  * Decode takes 16 distant rows of the thread's share per tile (16 streams through memory, as the
- * vector path's 8-row decode tiles), loaded straight from the mapped file. Batches stage 32
- * neighbouring rows as contiguous tiles once and run every pair of token groups over them with
- * 2 x 2 C tiles. Partial groups and partial blocks go through the per-thread staging buffer, zero
+ * vector path's 8-row decode tiles). Batches take 32 neighbouring rows and run every pair of token
+ * groups over them with 2 x 2 C tiles. Whole rows are loaded into the tiles straight from the
+ * mapped file; partial groups and partial blocks go through the per-thread staging buffer, zero
  * padded.
  *
  * The packed activations use a compact layout: the rows of a B tile are 12 bytes per token apart,
@@ -224,11 +224,12 @@ static COL_AMX_T void run_group(const col_matvec_job *j, const row_group *g, con
     store_outputs(j, g, 0, c);
 }
 
-/* Up to 32 neighbouring rows (two row groups) against a batch of two or more token groups. The
- * rows are staged once as contiguous tiles, then each pair of token groups runs over them with
- * 2 x 2 C tiles. Each load is issued as soon as the tile it overwrites has been read, so it
- * overlaps the multiplies still running. Blocks run in the same order as in run_group, so every
- * output gets the same operations. */
+/* Up to 32 neighbouring rows (two row groups) against a batch of two or more token groups: each
+ * pair of token groups runs over the rows with 2 x 2 C tiles. 32 whole rows are loaded straight
+ * from the weights (measured 10-20% faster than staging them as contiguous tiles first); fewer
+ * rows, or rows ending in a partial block, are staged once, zero padded. Each load is issued as
+ * soon as the tile it overwrites has been read, so it overlaps the multiplies still running.
+ * Blocks run in the same order as in run_group, so every output gets the same operations. */
 static COL_AMX_T void run_rows_batch(const col_matvec_job *j, uint64_t r, uint64_t n, const uint8_t *packed,
                                      uint8_t *stage)
 {
@@ -236,13 +237,19 @@ static COL_AMX_T void run_rows_batch(const col_matvec_job *j, uint64_t r, uint64
     const uint64_t cols = j->w.cols, n_blocks = blocks(cols), rb = col_dtype_row_bytes(j->w.dtype, cols);
     const int two_a = n > ROWS;
     row_group g[2];
-    uint8_t *a[2] = {stage, stage + n_blocks * TILE_BYTES};
+    const uint8_t *a[2] = {stage, stage + n_blocks * TILE_BYTES};
+    const int direct = n == 2 * ROWS && cols % KB == 0; /* else staged, zero padded */
+    const long a_stride = direct ? (long)rb : 64;
+    const uint64_t a_step = direct ? 64 : TILE_BYTES;
     for (int i = 0; i <= two_a; i++) {
         uint64_t first = r + (uint64_t)i * ROWS;
         row_group gi = {(const uint8_t *)j->w.data + first * rb, rb, first, 1,
                         (uint32_t)(r + n - first < ROWS ? r + n - first : ROWS)};
         g[i] = gi;
-        for (uint64_t kb = 0; kb < n_blocks; kb++) stage_block(&g[i], cols, kb, 0, a[i] + kb * TILE_BYTES);
+        if (direct)
+            a[i] = gi.base;
+        else
+            for (uint64_t kb = 0; kb < n_blocks; kb++) stage_block(&g[i], cols, kb, 0, stage + (i * n_blocks + kb) * TILE_BYTES);
     }
     float c[4][ROWS * 16] __attribute__((aligned(64)));
     for (uint32_t g0 = 0; g0 < n_groups; g0 += 2) {
@@ -251,19 +258,19 @@ static COL_AMX_T void run_rows_batch(const col_matvec_job *j, uint64_t r, uint64
         _tile_zero(5);
         _tile_zero(6);
         _tile_zero(7);
-        _tile_loadd(0, a[0], 64);
-        if (two_a) _tile_loadd(1, a[1], 64);
+        _tile_loadd(0, a[0], a_stride);
+        if (two_a) _tile_loadd(1, a[1], a_stride);
         _tile_loadd(2, B_TILE(g0, 0), B_STRIDE(g0));
         if (two_b) _tile_loadd(3, B_TILE(g0 + 1, 0), B_STRIDE(g0 + 1));
         for (uint64_t kb = 0; kb < n_blocks; kb++) {
             const int more = kb + 1 < n_blocks;
             _tile_dpbf16ps(4, 0, 2);
             if (two_b) _tile_dpbf16ps(5, 0, 3);
-            if (more) _tile_loadd(0, a[0] + (kb + 1) * TILE_BYTES, 64);
+            if (more) _tile_loadd(0, a[0] + (kb + 1) * a_step, a_stride);
             if (two_a) _tile_dpbf16ps(6, 1, 2);
             if (more) _tile_loadd(2, B_TILE(g0, kb + 1), B_STRIDE(g0));
             if (two_a && two_b) _tile_dpbf16ps(7, 1, 3);
-            if (more && two_a) _tile_loadd(1, a[1] + (kb + 1) * TILE_BYTES, 64);
+            if (more && two_a) _tile_loadd(1, a[1] + (kb + 1) * a_step, a_stride);
             if (more && two_b) _tile_loadd(3, B_TILE(g0 + 1, kb + 1), B_STRIDE(g0 + 1));
         }
         _tile_stored(4, c[0], 64);
