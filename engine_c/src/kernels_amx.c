@@ -186,14 +186,23 @@ static COL_AMX_T void stage_block(const row_group *g, uint64_t cols, uint64_t kb
 #define B_TILE(g, kb) (packed + group_offset((g), n_blocks) + (kb) * ROWS * PAIR_BYTES * group_tokens(nt, (g)))
 #define B_STRIDE(g) ((long)(PAIR_BYTES * group_tokens(nt, (g))))
 
-/* Output of tile row r, token tt of a C tile stored at c: its three parts, (hi + mid) + lo. */
-static void store_outputs(const col_matvec_job *j, const row_group *g, uint32_t group, const float *c)
+/* Output of tile row r, token tt of a C tile stored at c: its three parts, (hi + mid) + lo. A
+ * whole group of neighbouring rows is one vector per token (the same additions, 16 at a time). */
+static COL_AMX_T void store_outputs(const col_matvec_job *j, const row_group *g, uint32_t group, const float *c)
 {
+    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(16));
     for (uint32_t tt = 0; tt < group_tokens(j->n_tokens, group); tt++) {
-        float *y = j->y + (uint64_t)(group * TG + tt) * j->w.rows;
+        float *y = j->y + (uint64_t)(group * TG + tt) * j->w.rows + g->first;
+        if (g->n_rows == ROWS && g->step == 1) {
+            const float *s = c + 3 * tt;
+            __m512 sum = _mm512_add_ps(_mm512_i32gather_ps(rows, s, 4), _mm512_i32gather_ps(rows, s + 1, 4));
+            _mm512_storeu_ps(y, _mm512_add_ps(sum, _mm512_i32gather_ps(rows, s + 2, 4)));
+            continue;
+        }
         for (uint32_t r = 0; r < g->n_rows; r++) {
             const float *s = c + r * 16 + 3 * tt;
-            y[g->first + r * g->step] = (s[0] + s[1]) + s[2];
+            y[r * g->step] = (s[0] + s[1]) + s[2];
         }
     }
 }
