@@ -726,8 +726,9 @@ class Session:
 
     @property
     def kernels(self) -> str:
-        """The kernel path this session runs: 'portable', 'avx2' or 'avx512' (from CPUID; the
-        environment variable COLIBRI_KERNELS can lower it)."""
+        """The kernel path this session runs: 'portable', 'avx2', 'avx512' or 'amx' (from CPUID and,
+        for 'amx', the OS granting the tile state; the environment variable COLIBRI_KERNELS can
+        lower it)."""
         return ffi.string(lib.col_session_kernels(self._live())).decode()
 
     @property

@@ -402,7 +402,7 @@ int32_t col_session_trace(const col_session *session, col_trace_view *out);
  * as the measurement it bounds. */
 double col_measure_read_bandwidth(uint64_t bytes, uint32_t n_threads, uint32_t repeats);
 
-/* Name of the kernel path the session runs ("portable", "avx2", "avx512"); static storage. */
+/* Name of the kernel path the session runs ("portable", "avx2", "avx512", "amx"); static storage. */
 const char *col_session_kernels(const col_session *session);
 
 /* ---- Hostile environments: allocators, files changing under the mapping -------------------- */
