@@ -227,9 +227,35 @@ static void test_load_range(void)
     }
 }
 
+/* A pool given scratch sized for the vector paths, on a machine that would choose AMX, runs
+ * AVX-512 instead of overrunning it (the session sizes its scratch before creating the pool; the
+ * choice could change in between, e.g. with COLIBRI_KERNELS). */
+static void test_amx_falls_back_when_scratch_is_short(void)
+{
+    col_allocator alloc;
+    col_allocator_or_default(NULL, &alloc);
+    col_pool_limits limits = {1, 6 * 1056, 6, 1056};
+    uint64_t full = col_pool_scratch_size(2, &limits);
+    setenv("COLIBRI_KERNELS", "avx512", 1);
+    uint64_t vector_only = col_pool_scratch_size(2, &limits);
+    unsetenv("COLIBRI_KERNELS");
+    if (full == vector_only) { /* no AMX here: nothing to fall back from */
+        fprintf(stderr, "amx fallback: AMX not available here\n");
+        return;
+    }
+    void *scratch = NULL;
+    CHECK(posix_memalign(&scratch, 64, vector_only) == 0);
+    col_pool *pool = col_pool_create(2, scratch, vector_only, &limits, &alloc);
+    CHECK(pool != NULL);
+    if (pool) CHECK(strcmp(col_isa_name(col_pool_isa(pool)), "avx512") == 0);
+    col_pool_free(pool);
+    free(scratch);
+}
+
 int main(void)
 {
     test_load_range();
+    test_amx_falls_back_when_scratch_is_short();
     test_path("portable");
 #if defined(__x86_64__)
     __builtin_cpu_init();
