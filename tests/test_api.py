@@ -16,7 +16,7 @@ import pytest
 
 from colibri import errors
 from colibri import fileformat as ff
-from colibri.engine import Model, Problem, Session, validate, validate_bytes
+from colibri.engine import KERNEL_PATHS, Model, Problem, Session, best_kernels, validate, validate_bytes
 from colibri.errors import ColibriFormatError, ColibriIOError, ColibriValueError
 
 from tiny_models import ARCHS, DTYPES, TinyModel
@@ -604,6 +604,39 @@ def test_demo_session_memory_under_16_mb_at_2048_tokens() -> None:
     with Model.open(demo) as model:
         estimate = Session.memory_estimate(model, max_context=2048, threads=2)
     assert estimate < 16_000_000
+
+
+def test_kernels_option_runs_the_path_asked_for(tiny_model_path: BuildPath) -> None:
+    """A session's kernel ceiling picks a real path: the portable one always exists, and a
+    ceiling at the machine's best path gives the same session as no ceiling."""
+    with Model.open(tiny_model_path("mixtral", "bf16")) as model:
+        assert Session(model, kernels="portable").kernels == "portable"
+        best = best_kernels()
+        assert Session(model, kernels=best).kernels == best == Session(model).kernels
+
+
+def test_kernel_paths_agree_in_process(tiny_model_path: BuildPath) -> None:
+    """Every path this machine has computes the same logits to rounding, and each is itself
+    bit-identical between a batch and single steps."""
+    tokens = [1, 7, 3, 9, 4, 4, 12]
+    paths = KERNEL_PATHS[:KERNEL_PATHS.index(best_kernels()) + 1]
+    with Model.open(tiny_model_path("mixtral", "bf16")) as model:
+        results = {}
+        for path in paths:
+            with Session(model, kernels=path) as a, Session(model, kernels=path) as b:
+                assert a.kernels == path
+                batch = a.prefill(tokens)
+                assert batch.tobytes() == np.stack([b.step(t) for t in tokens]).tobytes(), path
+                results[path] = batch
+    ref = results["portable"]
+    for path, logits in results.items():
+        assert np.allclose(logits, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max()), path
+
+
+def test_unknown_kernel_path_is_refused(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        with pytest.raises(ColibriValueError, match="kernel path"):
+            Session(model, kernels="neon")
 
 
 def test_session_refuses_concurrent_use(tiny_model_path: BuildPath) -> None:

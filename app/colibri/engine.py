@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale build
     raise ImportError(
         f"colibri: compiled engine has ABI version {lib.col_abi_version()}, this Python package "
@@ -550,9 +550,23 @@ class Model:
 # Session
 
 
+# Kernel paths, least to most capable (col_kernels 1..4; 0 = the best the machine has).
+KERNEL_PATHS = ("portable", "avx2", "avx512", "amx")
+
+
+def best_kernels() -> str:
+    """The kernel path a session with kernels=None runs on this machine now (CPUID, the OS
+    granting AMX state, the environment variable COLIBRI_KERNELS)."""
+    return KERNEL_PATHS[int(lib.col_best_kernels()) - 1]
+
+
 def _session_config(model: Model, routing: str, epsilon: float | None, seed: int, threads: int,
-                    max_context: int, trace: bool, numerics: Any = None) -> Any:
+                    max_context: int, trace: bool, numerics: Any = None,
+                    kernels: str | None = None) -> Any:
     """A col_session_config with every argument checked first."""
+    if kernels is not None and kernels not in KERNEL_PATHS:
+        raise ColibriValueError(f"unknown kernel path {kernels!r}; expected one of "
+                                f"{', '.join(KERNEL_PATHS)} or None", COL_ERR_INVALID_ARG)
     if routing not in ROUTING_MODES:
         raise ColibriValueError(f"unknown routing {routing!r}; expected one of "
                                 f"{', '.join(ROUTING_MODES)}", COL_ERR_INVALID_ARG)
@@ -578,6 +592,7 @@ def _session_config(model: Model, routing: str, epsilon: float | None, seed: int
     config.trace = 1 if trace else 0
     config.epsilon = eps
     config.seed = seed
+    config.kernels = 0 if kernels is None else KERNEL_PATHS.index(kernels) + 1
     try:  # numerics variant (colibri.numerics): Numerics, spec string, dict or None
         as_numerics(numerics).apply(config)
     except NumericsError as exc:
@@ -593,13 +608,15 @@ class Session:
     default the model's default_epsilon), 'soft' (every expert, softmax weights), 'gumbel'
     (top-k on logits + Gumbel noise drawn from `seed`). max_context 0 = min(model's, 4096).
     numerics: a numerics variant (colibri.numerics.Numerics or spec such as 'blocked8+fma');
-    None = the default computation."""
+    None = the default computation. kernels: the most capable kernel path to use (one of
+    KERNEL_PATHS; the session runs the best of those the machine has at or below it; `kernels`
+    names the one chosen); None = the best the machine has. Paths differ in the last bits."""
 
     def __init__(self, model: Model, routing: RoutingName = "topk", epsilon: float | None = None,
                  seed: int = 0, threads: int = 1, max_context: int = 0, trace: bool = True,
-                 numerics: Numerics | str | None = None) -> None:
+                 numerics: Numerics | str | None = None, kernels: str | None = None) -> None:
         config = _session_config(model, routing, epsilon, seed, threads, max_context, trace,
-                                 numerics)
+                                 numerics, kernels)
         model_handle = model.handle
         out = ffi.new("col_session **")
         err = ffi.new("char[]", _ERRLEN)
@@ -618,10 +635,11 @@ class Session:
     @staticmethod
     def memory_estimate(model: Model, routing: RoutingName = "topk", epsilon: float | None = None,
                         seed: int = 0, threads: int = 1, max_context: int = 0,
-                        trace: bool = True, numerics: Numerics | str | None = None) -> int:
+                        trace: bool = True, numerics: Numerics | str | None = None,
+                        kernels: str | None = None) -> int:
         """Bytes a Session with these arguments would allocate (KV cache, scratch, trace)."""
         config = _session_config(model, routing, epsilon, seed, threads, max_context, trace,
-                                 numerics)
+                                 numerics, kernels)
         return int(lib.col_session_memory_estimate(model.handle, config))
 
     # -- lifetime -------------------------------------------------------------------------------
@@ -766,8 +784,9 @@ class Session:
         )
 
 
-__all__ = ["ColibriError", "HParams", "HeaderField", "Model", "Problem", "RoutingInfo", "Session",
-           "TensorInfo", "Trace", "header_fields", "validate", "validate_bytes"]
+__all__ = ["KERNEL_PATHS", "ColibriError", "HParams", "HeaderField", "Model", "Problem", "RoutingInfo",
+           "Session", "TensorInfo", "Trace", "best_kernels", "header_fields", "validate",
+           "validate_bytes"]
 
 
 def measure_read_bandwidth(nbytes: int = 1 << 30, threads: int = 1, repeats: int = 5) -> float:

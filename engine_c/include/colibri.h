@@ -35,7 +35,7 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 1
+#define COL_ABI_VERSION 2
 #define COL_FORMAT_VERSION 1
 #define COL_HEADER_SIZE 256
 #define COL_ROUTING_ENTRY_SIZE 32
@@ -238,6 +238,17 @@ typedef enum col_activation_precision {
     COL_ACTIVATION_F16 = 2
 } col_activation_precision;
 
+/* Kernel paths (col_session_config.kernels): the most capable one a session may use. The paths
+ * compute the same products and differ in the last bits (lane order; the AMX path's tile
+ * accumulation), each bit-identical for any thread count and between prefill and stepping. */
+typedef enum col_kernels {
+    COL_KERNELS_BEST = 0,      /* the best this machine has */
+    COL_KERNELS_PORTABLE = 1,  /* plain C */
+    COL_KERNELS_AVX2 = 2,      /* AVX2 + FMA + F16C */
+    COL_KERNELS_AVX512 = 3,    /* AVX-512 F/BW/VL + VNNI */
+    COL_KERNELS_AMX = 4        /* AVX-512, and AMX tiles for bf16 weights (Linux) */
+} col_kernels;
+
 /* Timing phases recorded per (position, layer). */
 typedef enum col_phase {
     COL_PHASE_ATTENTION = 0,
@@ -263,6 +274,10 @@ typedef struct col_session_config {
     uint32_t activation;           /* col_activation_precision */
     uint32_t router_noise_ulps;    /* N: each router logit moved by k ULPs, k uniform in [-N, N] */
     uint64_t noise_seed;           /* k is a hash of (noise_seed, position, layer, expert) */
+    /* col_kernels: the most capable kernel path the session may use; it runs the best of those
+     * the machine has at or below it (the environment variable COLIBRI_KERNELS can lower it too).
+     * col_session_kernels names the one chosen. */
+    uint32_t kernels;
 } col_session_config;
 
 /* Pointers into session memory; valid until the session is freed. Arrays are row-major and
@@ -404,6 +419,10 @@ double col_measure_read_bandwidth(uint64_t bytes, uint32_t n_threads, uint32_t r
 
 /* Name of the kernel path the session runs ("portable", "avx2", "avx512", "amx"); static storage. */
 const char *col_session_kernels(const col_session *session);
+
+/* The col_kernels value of the path a session with kernels = COL_KERNELS_BEST would run on this
+ * machine now (CPUID, the OS granting AMX state, COLIBRI_KERNELS). Thread safe. */
+uint32_t col_best_kernels(void);
 
 /* ---- Hostile environments: allocators, files changing under the mapping -------------------- */
 

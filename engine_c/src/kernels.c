@@ -912,12 +912,11 @@ static void *worker_main(void *p)
     return NULL;
 }
 
-/* The path a pool created now would run: the best the CPU has (AMX only when the OS grants it),
- * lowered by COLIBRI_KERNELS. */
-static col_isa choose_isa(void)
+col_isa col_choose_isa(col_isa ceiling)
 {
     col_isa isa = detect_isa();
-    if (isa == COL_ISA_AVX512 && col_amx_enable()) isa = COL_ISA_AMX;
+    if (isa == COL_ISA_AVX512 && ceiling == COL_ISA_AMX && col_amx_enable()) isa = COL_ISA_AMX;
+    if (isa > ceiling) isa = ceiling;
     const char *env = getenv("COLIBRI_KERNELS");
     if (env) { /* can only lower the choice: a forced path the CPU lacks would crash */
         col_isa want = strcmp(env, "portable") == 0 ? COL_ISA_PORTABLE
@@ -953,13 +952,13 @@ static uint64_t scratch_bytes_for(col_isa isa, uint32_t n_threads, const col_poo
     return pointers_bytes(l->max_jobs) + act_bytes(isa, l) + n_threads * stage_bytes(isa, l);
 }
 
-uint64_t col_pool_scratch_size(uint32_t n_threads, const col_pool_limits *limits)
+uint64_t col_pool_scratch_size(col_isa isa, uint32_t n_threads, const col_pool_limits *limits)
 {
-    return scratch_bytes_for(choose_isa(), n_threads, limits);
+    return scratch_bytes_for(isa, n_threads, limits);
 }
 
-col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint64_t scratch_bytes, const col_pool_limits *limits,
-                          const col_allocator *alloc)
+col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64_t scratch_bytes,
+                          const col_pool_limits *limits, const col_allocator *alloc)
 {
     if (n_threads == 0 || !limits || !alloc) return NULL;
     if (!scratch && scratch_bytes_for(COL_ISA_PORTABLE, n_threads, limits) > 0) return NULL;
@@ -967,7 +966,8 @@ col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint64_t scratch_by
     if (!pool) return NULL;
     pool->alloc = *alloc;
     pool->n_threads = n_threads;
-    pool->isa = choose_isa();
+    const col_isa can = col_choose_isa(isa); /* never a path this machine lacks */
+    pool->isa = can < isa ? can : isa;
     if (pool->isa == COL_ISA_AMX &&
         (limits->max_jobs == 0 || scratch_bytes_for(COL_ISA_AMX, n_threads, limits) > scratch_bytes))
         pool->isa = COL_ISA_AVX512; /* no room to pack activations: the vector path needs none */

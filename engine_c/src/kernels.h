@@ -43,19 +43,24 @@ typedef struct col_pool_limits {
     uint64_t max_cols;      /* cols of one product */
 } col_pool_limits;
 
-/* Bytes of scratch a pool of n_threads needs for products within `limits`, on the path it will
- * choose: activations quantised for int8 weights or packed for AMX tiles, and per-thread staging
- * for AMX. Depends on the CPU and COLIBRI_KERNELS, so call it right before col_pool_create. */
-uint64_t col_pool_scratch_size(uint32_t n_threads, const col_pool_limits *limits);
+/* The path a pool created now with this ceiling would run: the best the CPU has (AMX only when
+ * the OS grants the tile state), at most `ceiling`, lowered further by COLIBRI_KERNELS. */
+col_isa col_choose_isa(col_isa ceiling);
 
-/* Create a pool of n_threads - 1 workers (the caller is the n-th); `scratch` (64-byte aligned,
- * scratch_bytes long, owned by the caller, may be NULL when every limit is 0) is sized by
- * col_pool_scratch_size; if it is too small for the AMX path, the pool runs AVX-512 instead.
- * n_threads >= 1. Returns NULL on allocation or thread-creation failure. The pool struct, thread
- * handles and worker arguments come from `alloc` (the session's allocator). Workers spin briefly
- * between products, then sleep on a condvar. */
-col_pool *col_pool_create(uint32_t n_threads, void *scratch, uint64_t scratch_bytes, const col_pool_limits *limits,
-                          const col_allocator *alloc);
+/* Bytes of scratch a pool of n_threads needs for products within `limits` on path `isa`
+ * (col_choose_isa): activations quantised for int8 weights or packed for AMX tiles, and
+ * per-thread staging for AMX. */
+uint64_t col_pool_scratch_size(col_isa isa, uint32_t n_threads, const col_pool_limits *limits);
+
+/* Create a pool of n_threads - 1 workers (the caller is the n-th) running path `isa` (from
+ * col_choose_isa, so one the CPU has); `scratch` (64-byte aligned, scratch_bytes long, owned by
+ * the caller, may be NULL when every limit is 0) is sized by col_pool_scratch_size; if it is too
+ * small for the AMX path, the pool runs AVX-512 instead. n_threads >= 1. Returns NULL on
+ * allocation or thread-creation failure. The pool struct, thread handles and worker arguments
+ * come from `alloc` (the session's allocator). Workers spin briefly between products, then sleep
+ * on a condvar. */
+col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64_t scratch_bytes,
+                          const col_pool_limits *limits, const col_allocator *alloc);
 
 /* Join the workers and free. NULL is a no-op. */
 void col_pool_free(col_pool *pool);

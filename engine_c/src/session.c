@@ -43,12 +43,23 @@ static col_pool_limits kernel_limits(const col_hparams *hp, uint64_t k_slots)
     return limits;
 }
 
-/* Bytes of the pool's scratch, asked once per session so that sizing and binding agree. */
-static uint64_t kernel_scratch_bytes(const col_model *m, const col_session_config *c)
+/* The kernel path of a session with this config (col_kernels ceiling, CPU, COLIBRI_KERNELS). */
+static col_isa session_isa(const col_session_config *c)
+{
+    return col_choose_isa(c->kernels == COL_KERNELS_BEST ? COL_ISA_AMX : (col_isa)(c->kernels - 1));
+}
+
+uint32_t col_best_kernels(void)
+{
+    return (uint32_t)col_choose_isa(COL_ISA_AMX) + 1;
+}
+
+/* Bytes of the pool's scratch on path `isa`, asked once per session so sizing and binding agree. */
+static uint64_t kernel_scratch_bytes(const col_model *m, const col_session_config *c, col_isa isa)
 {
     uint64_t k_slots = c->routing == COL_ROUTING_SOFT ? m->hp.n_experts : m->hp.n_experts_active;
     const col_pool_limits limits = kernel_limits(&m->hp, k_slots);
-    return col_pool_scratch_size(c->n_threads, &limits);
+    return col_pool_scratch_size(isa, c->n_threads, &limits);
 }
 
 /* Reserve `count` elements of `size` bytes at the 64-aligned arena cursor; return their offset. */
@@ -154,13 +165,16 @@ static int32_t check_config(const col_model *m, const col_session_config *c, cha
     if (!isfinite(c->epsilon) || c->epsilon < 0.0)
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "epsilon must be finite and >= 0");
     if (c->trace > 1) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "trace must be 0 or 1");
+    if (c->kernels > COL_KERNELS_AMX)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "unknown kernel path %u (0..%d)", c->kernels, COL_KERNELS_AMX);
     return col_numerics_check(c, err, errlen);
 }
 
 uint64_t col_session_memory_estimate(const col_model *model, const col_session_config *config)
 {
     if (check_config(model, config, NULL, 0) != COL_OK) return 0;
-    return plan_arena(model, config, kernel_scratch_bytes(model, config), NULL, NULL) + sizeof(col_session);
+    return plan_arena(model, config, kernel_scratch_bytes(model, config, session_isa(config)), NULL, NULL) +
+           sizeof(col_session);
 }
 
 int32_t col_session_create(const col_model *model, const col_session_config *config, col_session **out,
@@ -186,7 +200,8 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     s->config = *config;
     s->capacity = default_capacity(&model->hp, config);
     s->k_slots = config->routing == COL_ROUTING_SOFT ? model->hp.n_experts : model->hp.n_experts_active;
-    s->kernel_scratch_bytes = kernel_scratch_bytes(model, config);
+    const col_isa isa = session_isa(config);
+    s->kernel_scratch_bytes = kernel_scratch_bytes(model, config, isa);
     s->arena_size = plan_arena(model, config, s->kernel_scratch_bytes, NULL, NULL);
     s->arena = col_alloc_zeroed(&alloc, s->arena_size, 1);
     if (!s->arena) {
@@ -196,7 +211,7 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     }
     plan_arena(model, config, s->kernel_scratch_bytes, s, s->arena);
     const col_pool_limits limits = kernel_limits(&model->hp, s->k_slots);
-    s->pool = col_pool_create(config->n_threads, s->kernel_scratch, s->kernel_scratch_bytes, &limits, &alloc);
+    s->pool = col_pool_create(isa, config->n_threads, s->kernel_scratch, s->kernel_scratch_bytes, &limits, &alloc);
     if (!s->pool) {
         col_dealloc(&alloc, s->arena);
         col_dealloc(&alloc, s);

@@ -124,10 +124,11 @@ static run pool_for(const char *isa, uint32_t threads, uint32_t max_tokens, uint
     col_allocator alloc;
     col_allocator_or_default(NULL, &alloc);
     col_pool_limits limits = {1, max_tokens * max_cols, max_tokens, max_cols};
-    uint64_t bytes = col_pool_scratch_size(threads, &limits);
+    col_isa chosen = col_choose_isa(COL_ISA_AMX);
+    uint64_t bytes = col_pool_scratch_size(chosen, threads, &limits);
     r.scratch = NULL;
     if (posix_memalign(&r.scratch, 64, bytes) != 0) r.scratch = NULL;
-    r.pool = col_pool_create(threads, r.scratch, bytes, &limits, &alloc);
+    r.pool = col_pool_create(chosen, threads, r.scratch, bytes, &limits, &alloc);
     unsetenv("COLIBRI_KERNELS");
     return r;
 }
@@ -235,17 +236,15 @@ static void test_amx_falls_back_when_scratch_is_short(void)
     col_allocator alloc;
     col_allocator_or_default(NULL, &alloc);
     col_pool_limits limits = {1, 6 * 1056, 6, 1056};
-    uint64_t full = col_pool_scratch_size(2, &limits);
-    setenv("COLIBRI_KERNELS", "avx512", 1);
-    uint64_t vector_only = col_pool_scratch_size(2, &limits);
-    unsetenv("COLIBRI_KERNELS");
-    if (full == vector_only) { /* no AMX here: nothing to fall back from */
+    if (col_choose_isa(COL_ISA_AMX) != COL_ISA_AMX) { /* nothing to fall back from */
         fprintf(stderr, "amx fallback: AMX not available here\n");
         return;
     }
+    uint64_t vector_only = col_pool_scratch_size(COL_ISA_AVX512, 2, &limits);
+    CHECK(vector_only < col_pool_scratch_size(COL_ISA_AMX, 2, &limits));
     void *scratch = NULL;
     CHECK(posix_memalign(&scratch, 64, vector_only) == 0);
-    col_pool *pool = col_pool_create(2, scratch, vector_only, &limits, &alloc);
+    col_pool *pool = col_pool_create(COL_ISA_AMX, 2, scratch, vector_only, &limits, &alloc);
     CHECK(pool != NULL);
     if (pool) CHECK(strcmp(col_isa_name(col_pool_isa(pool)), "avx512") == 0);
     col_pool_free(pool);

@@ -167,3 +167,25 @@ def test_panel_end_to_end(qtbot, model: Model, tmp_path: Path) -> None:
         assert panel.event_list.model.rowCount() == len(final.events)
     finally:
         panel.shutdown()
+
+
+def test_run_panel_kernel_choice_reaches_the_session(qtbot, model: Model, tmp_path: Path) -> None:
+    panel = QtDebuggerPanel()
+    qtbot.addWidget(panel)
+    try:
+        panel.set_model(model)
+        panel.run_panel.prompt.setText("the cat")
+        panel.run_panel.max_new.setValue(2)
+        panel.run_panel.kernels.setCurrentText("portable")
+        assert panel.run_panel.settings().kernels == "portable"
+        with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS):
+            panel.run_panel.buttons["run"].click()
+        qtbot.waitUntil(lambda: not panel.controller.running)
+        session = tmp_path / "k.colibri-session"
+        panel.save_session(str(session))
+        saved = panel.open_session(str(session))
+        assert saved.kernels == "portable" and saved.settings.kernels == "portable"
+        panel.run_panel.kernels.setCurrentText("best")
+        assert panel.run_panel.settings().kernels is None
+    finally:
+        panel.shutdown()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import zipfile
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from colibri.debugging import Debugger, ExpertChosen, MarginBelow, RunSettings
 from colibri.debugging.session_file import (Autosaver, SavedSession, SessionFormatError,
                                             load_session, model_checksum, save_session)
-from colibri.engine import Model
+from colibri.engine import Model, best_kernels
 
 from dbg_helpers import PROMPT
 
@@ -44,6 +45,30 @@ def test_saved_session_reopens_identical(model: Model, tmp_path: Path) -> None:
     assert loaded.rng_state == SavedSession.from_debugger(dbg).rng_state
     with zipfile.ZipFile(path) as z:
         assert "manifest.json" in z.namelist() and "arrays/router_logits.npy" in z.namelist()
+
+
+def test_session_records_the_kernel_path_it_ran_on(model: Model, tmp_path: Path) -> None:
+    """The last bits of every product depend on the kernel path, so a saved session says which
+    ran, and says so when a new run here would use another one."""
+    dbg = Debugger(model, RunSettings(PROMPT, 2, kernels="portable"))
+    dbg.run()
+    assert dbg.kernels == "portable"
+    path = tmp_path / "portable.colibri-session"
+    save_session(path, dbg)
+    loaded = load_session(path)
+    assert loaded.kernels == "portable" and loaded.settings.kernels == "portable"
+    assert loaded.kernels_note() == ""  # the settings ask for the same path again
+    best = Debugger(model, RunSettings(PROMPT, 2))
+    assert best.kernels == best_kernels()
+    other = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, kernels=None))
+    assert (other.kernels_note() == "") == (best_kernels() == "portable")
+
+
+def test_a_kernel_path_the_machine_lacks_is_refused(model: Model,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLIBRI_KERNELS", "portable")  # as on a machine with no SIMD path
+    with pytest.raises(ValueError, match="no avx2 kernels"):
+        Debugger(model, RunSettings(PROMPT, 1, kernels="avx2"))
 
 
 def test_autosave_during_a_run(model: Model, tmp_path: Path) -> None:

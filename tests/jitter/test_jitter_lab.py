@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from colibri.cli import main
-from colibri.engine import Model, Session
+from colibri.engine import Model, Session, best_kernels
 from colibri.errors import ColibriValueError
 from colibri.jitter import (BASELINE, EpsilonReport, JitterReport, Runner, Variant,
                             analyze_epsilon, analyze_jitter, margins, ordered_int, parse_variants)
 from colibri.jitter.cli import report_json
-from colibri.numerics import Numerics
+from colibri.numerics import Numerics, NumericsError
 
 from jitter_models import TIE_LAYER, TIED, make_tie_model, make_wide_model
 
@@ -62,12 +62,37 @@ def test_ordered_int_and_margins_count_ulps() -> None:
 
 def test_variant_specs_round_trip() -> None:
     for spec in ("seq", "seq+fma", "pairwise", "blocked8+fma", "seq+split4", "act-bf16",
-                 "noise3@9", "w-f16", "w-bf16+blocked16"):
+                 "noise3@9", "w-f16", "w-bf16+blocked16", "k-portable", "w-bf16+k-avx2",
+                 "k-avx512+act-bf16"):
         v = Variant.parse(spec)
         assert Variant.parse(v.name) == v
     assert Variant.parse("split4").numerics.reduction == "sequential"
     assert all(not v.is_baseline for v in parse_variants(None))
     assert parse_variants("noise0,seq")[0].name == "seq"  # the baseline itself is dropped
+
+
+def test_kernel_path_variants_follow_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default list adds every kernel path below the best one; a path above it is refused,
+    and the best one itself is the baseline."""
+    monkeypatch.setenv("COLIBRI_KERNELS", "avx2")  # as on a machine whose best path is AVX2
+    assert best_kernels() == "avx2"
+    names = [v.name for v in parse_variants(None)]
+    assert "k-portable" in names and "k-avx2" not in names and "k-avx512" not in names
+    with pytest.raises(NumericsError, match="no avx512 kernels"):
+        parse_variants("k-avx512")
+    assert [v.name for v in parse_variants("k-avx2,k-avx2+seq")] == ["seq"]
+
+
+def test_kernel_path_variant_runs_that_path(tiny_model_path: Callable[..., Path]) -> None:
+    path = tiny_model_path("mixtral", "bf16")
+    with Runner(path) as r:
+        base = r.run(PROMPT)
+        port = r.run(PROMPT, Variant.parse("k-portable"))
+        report = analyze_jitter(r, PROMPT, "k-portable")
+    assert (base.kernels, port.kernels) == (best_kernels(), "portable")
+    assert np.allclose(port.logits, base.logits, rtol=1e-5, atol=1e-5 * np.abs(base.logits).max())
+    assert report.kernels == best_kernels() and report.variants == ["k-portable"]
+    assert JitterReport.from_dict(json.loads(report_json(report))).kernels == best_kernels()
 
 
 def test_bad_numerics_are_refused(tiny_model_path: Callable[..., Path]) -> None:

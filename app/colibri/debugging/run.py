@@ -60,6 +60,7 @@ class RunSettings:
     routing: str = "topk"
     epsilon: float | None = None
     threads: int = 1
+    kernels: str | None = None     # kernel path ceiling (colibri.engine.KERNEL_PATHS); None = best
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
@@ -320,7 +321,13 @@ class Debugger:
         self.session = Session(model, routing=settings.routing,  # type: ignore[arg-type]
                                epsilon=settings.epsilon, seed=settings.seed,
                                threads=settings.threads, max_context=settings.n_positions,
-                               trace=True)
+                               trace=True, kernels=settings.kernels)
+        # the path that runs: the last bits of every product (and so near-tie routing) depend on it
+        self.kernels = self.session.kernels
+        if settings.kernels is not None and self.kernels != settings.kernels:
+            self.session.close()
+            raise ValueError(f"this machine runs no {settings.kernels} kernels (its best path is "
+                             f"{self.kernels})")
         trace = self.session.trace
         assert trace is not None
         k = int(trace.expert_ids.shape[2])

@@ -74,6 +74,7 @@ class SavedSession:
     # Results of analyses run on the same model (e.g. "jitter_lab": the jitter lab's reports),
     # stored as JSON so a session carries everything the user made.
     analyses: dict[str, Any] = field(default_factory=dict)
+    kernels: str = ""              # the kernel path the run ran on ("" in older files)
 
     @classmethod
     def from_debugger(cls, dbg: Debugger, checksum: bool = True) -> SavedSession:
@@ -85,7 +86,7 @@ class SavedSession:
         return cls(info, dbg.settings, dbg.record.snapshot(), list(dbg.generated), dbg.finished,
                    dbg.stop_reason, dbg.cursor, sorted(dbg.events.bookmarks),
                    BreakpointList(list(dbg.breakpoints)),
-                   _jsonable(dbg._rng.bit_generator.state))
+                   _jsonable(dbg._rng.bit_generator.state), kernels=dbg.kernels)
 
     def events(self) -> EventList:
         """The event list of the saved record, with its bookmarks."""
@@ -101,7 +102,22 @@ class SavedSession:
                 and self.finished == other.finished and self.stop_reason == other.stop_reason
                 and self.cursor == other.cursor and self.bookmarks == other.bookmarks
                 and self.breakpoints == other.breakpoints and self.rng_state == other.rng_state
-                and self.analyses == other.analyses)
+                and self.analyses == other.analyses and self.kernels == other.kernels)
+
+    def kernels_note(self) -> str:
+        """'' when a new run of these settings here would use the kernel path the session was
+        recorded on (or the file does not say); otherwise a sentence saying what differs."""
+        if not self.kernels:
+            return ""
+        from colibri.engine import KERNEL_PATHS, best_kernels
+        here = best_kernels()
+        wanted = self.settings.kernels
+        if wanted in KERNEL_PATHS and KERNEL_PATHS.index(wanted) < KERNEL_PATHS.index(here):
+            here = wanted
+        if here == self.kernels:
+            return ""
+        return (f"recorded on the {self.kernels} kernels; a new run here uses {here}, so "
+                f"near-tie routing can differ")
 
     def model_matches(self, path: str | os.PathLike[str]) -> bool:
         """The file at `path` is the model this session was recorded on (size and SHA-256)."""
@@ -134,7 +150,7 @@ def session_bytes(saved: SavedSession) -> bytes:
         "stop_reason": saved.stop_reason, "cursor": saved.cursor,
         "bookmarks": [int(b) for b in saved.bookmarks],
         "breakpoints": saved.breakpoints.to_list(), "rng_state": saved.rng_state,
-        "analyses": _jsonable(saved.analyses),
+        "analyses": _jsonable(saved.analyses), "kernels": saved.kernels,
         "arrays": {name: {"file": f"arrays/{name}.npy", "dtype": a.dtype.str,
                           "shape": list(a.shape)} for name, a in arrays.items()},
     }
@@ -194,7 +210,7 @@ def load_session(path: str | os.PathLike[str]) -> SavedSession:
         cursor=manifest["cursor"], bookmarks=list(manifest["bookmarks"]),
         breakpoints=BreakpointList.from_list(manifest["breakpoints"]),
         rng_state=manifest["rng_state"], saved_at=manifest["saved_at"],
-        analyses=dict(manifest.get("analyses") or {}))
+        analyses=dict(manifest.get("analyses") or {}), kernels=str(manifest.get("kernels") or ""))
 
 
 class Autosaver:

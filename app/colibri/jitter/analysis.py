@@ -150,6 +150,7 @@ class Run:
     logits: np.ndarray
     expert_ids: np.ndarray
     router_logits: np.ndarray
+    kernels: str = ""                        # the kernel path the run's session ran
 
     @property
     def sets(self) -> np.ndarray:
@@ -196,12 +197,16 @@ class Runner:
         variant = variant or Variant()
         model = self.model_for(variant)
         with Session(model, routing=routing, epsilon=epsilon, threads=self.threads,
-                     max_context=len(tokens), trace=True, numerics=variant.numerics) as s:
+                     max_context=len(tokens), trace=True, numerics=variant.numerics,
+                     kernels=variant.kernels) as s:
+            if variant.kernels is not None and s.kernels != variant.kernels:
+                raise ValueError(f"variant {variant.name}: this machine runs no {variant.kernels} "
+                                 f"kernels (it ran {s.kernels})")
             logits = s.prefill(list(tokens))
             trace = s.trace
             assert trace is not None
             return Run(BASELINE if variant.is_baseline else variant.name, logits,
-                       np.array(trace.expert_ids), np.array(trace.router_logits))
+                       np.array(trace.expert_ids), np.array(trace.router_logits), s.kernels)
 
     def greedy_sequence(self, prompt: Sequence[int], n_generate: int) -> list[int]:
         """prompt + the baseline's greedy continuation of n_generate tokens (stops after EOS)."""
@@ -296,6 +301,7 @@ class JitterReport:
     margin_abs: np.ndarray                   # [P][M] float64
     margin_ulps: np.ndarray                  # [P][M] int64
     downstream: dict[str, Downstream] = field(default_factory=dict)
+    kernels: str = ""                        # the baseline's kernel path ("" in older reports)
 
     @property
     def n_positions(self) -> int:
@@ -361,7 +367,7 @@ class JitterReport:
             "schema": SCHEMA_JITTER,
             "model": self.model, "tokens": list(self.tokens), "n_prompt": self.n_prompt,
             "moe_layers": list(self.moe_layers), "n_experts": self.n_experts, "k": self.k,
-            "threads": self.threads, "variants": list(self.variants),
+            "threads": self.threads, "kernels": self.kernels, "variants": list(self.variants),
             "sets": {n: _ints(self.sets[n]) for n in names},
             "router_logits": {n: _floats(self.router_logits[n]) for n in names},
             "margin_abs": _floats(self.margin_abs), "margin_ulps": _ints(self.margin_ulps),
@@ -383,7 +389,8 @@ class JitterReport:
                    {n: np.asarray(d["sets"][n], dtype=np.int32) for n in names},
                    {n: _unfloats(d["router_logits"][n], np.float32) for n in names},
                    _unfloats(d["margin_abs"]), np.asarray(d["margin_ulps"], dtype=np.int64),
-                   {n: Downstream.from_dict(d["downstream"][n]) for n in d["variants"]})
+                   {n: Downstream.from_dict(d["downstream"][n]) for n in d["variants"]},
+                   d.get("kernels", ""))
 
 
 def _report_base(runner: Runner, tokens: Sequence[int]) -> dict[str, Any]:
@@ -422,7 +429,7 @@ def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Var
     return JitterReport(info["model"], info["tokens"],
                         len(tokens) if n_prompt is None else n_prompt, info["moe_layers"],
                         info["n_experts"], info["k"], info["threads"], names, sets, router,
-                        margin_abs, margin_ulps, downstream)
+                        margin_abs, margin_ulps, downstream, base.kernels)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,6 +490,7 @@ class EpsilonReport:
     variants: list[str]
     plain_sets: np.ndarray                   # [P][M][k] plain top-k baseline
     rows: list[EpsilonRow]                   # ascending eps
+    kernels: str = ""                        # the baselines' kernel path ("" in older reports)
 
     def recommended(self) -> EpsilonRow | None:
         """The smallest epsilon of the list with zero jitter left."""
@@ -502,7 +510,7 @@ class EpsilonReport:
             "schema": SCHEMA_EPSILON,
             "model": self.model, "tokens": list(self.tokens), "n_prompt": self.n_prompt,
             "moe_layers": list(self.moe_layers), "n_experts": self.n_experts, "k": self.k,
-            "threads": self.threads, "variants": list(self.variants),
+            "threads": self.threads, "kernels": self.kernels, "variants": list(self.variants),
             "plain_sets": _ints(self.plain_sets),
             "rows": [r.to_dict() for r in self.rows],
             "curve": [{"eps": r.eps, "jitter_left": r.jitter_left, "bias": r.n_bias}
@@ -520,7 +528,7 @@ class EpsilonReport:
         shape = (plain.shape[0], plain.shape[1])
         return cls(d["model"], list(d["tokens"]), d["n_prompt"], list(d["moe_layers"]),
                    d["n_experts"], d["k"], d["threads"], list(d["variants"]), plain,
-                   [EpsilonRow.from_dict(r, shape) for r in d["rows"]])
+                   [EpsilonRow.from_dict(r, shape) for r in d["rows"]], d.get("kernels", ""))
 
 
 def parse_eps(text: str | None) -> list[float]:
@@ -585,4 +593,5 @@ def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] 
     info = _report_base(runner, tokens)
     return EpsilonReport(info["model"], info["tokens"],
                          len(tokens) if n_prompt is None else n_prompt, info["moe_layers"],
-                         info["n_experts"], info["k"], info["threads"], names, plain.sets, rows)
+                         info["n_experts"], info["k"], info["threads"], names, plain.sets, rows,
+                         plain.kernels)

@@ -30,7 +30,10 @@ EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
 
 VARIANT_HELP = ("comma-separated variants; each joins components with '+': seq, pairwise, "
                 "blockedL (L lanes), fma, splitS, act-bf16, act-f16, w-f32, w-f16, w-bf16, "
-                "noiseN[@seed] (router logits +-N ULPs). Default: " + ",".join(DEFAULT_VARIANTS))
+                "noiseN[@seed] (router logits +-N ULPs), k-portable, k-avx2, k-avx512, k-amx (the "
+                "engine's kernels on that path of this machine). Default: "
+                + ",".join(DEFAULT_VARIANTS) + " and a k- variant for every kernel path of this "
+                "machine below its best")
 
 
 def _err(message: str) -> None:
@@ -96,7 +99,8 @@ def print_jitter(report: JitterReport, tokenizer: Any = None, top: int = 10) -> 
     P, M = report.margin_ulps.shape
     print(f"jitter: {report.model}: {P} positions ({report.n_prompt} prompt) x {M} MoE layers = "
           f"{P * M} cells, top-{report.k} of {report.n_experts} experts, "
-          f"{len(report.variants)} variants")
+          f"{len(report.variants)} variants"
+          + (f", baseline on the {report.kernels} kernels" if report.kernels else ""))
     if P * M and report.margin_ulps.min() >= 0:
         p, m = np.unravel_index(int(np.argmin(report.margin_ulps)), report.margin_ulps.shape)
         print(f"smallest baseline margin: {int(report.margin_ulps[p, m])} ULP "

@@ -378,6 +378,8 @@ class QtDebuggerPanel(QWidget):
         self._repaint()
         note = "" if self.model is None or saved.model_matches(self.model.path) else \
             " (recorded on a different model file)"
+        if saved.kernels_note():
+            note += f" ({saved.kernels_note()})"
         self._set_status(f"viewing saved session {os.path.basename(path)}{note}; Run starts "
                          f"a new run")
         return saved

@@ -1,5 +1,6 @@
-"""`QtRunPanel`: what to run (prompt, its tokenisation, decoding, routing, threads) and the
-run/step buttons. It only builds `RunSettings` and emits commands; it never touches the engine."""
+"""`QtRunPanel`: what to run (prompt, its tokenisation, decoding, routing, threads, kernel
+path) and the run/step buttons. It only builds `RunSettings` and emits commands; it never touches
+the engine."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayo
 from colibri.debugging.run import ROUTINGS, RunSettings
 
 Tokenize = Callable[[str], list[tuple[int, str]]]
+# "best", then colibri.engine.KERNEL_PATHS (written out: this panel does not import the engine)
+KERNEL_CHOICES = ("best", "portable", "avx2", "avx512", "amx")
 
 
 class QtRunPanel(QWidget):
@@ -48,6 +51,11 @@ class QtRunPanel(QWidget):
         self.epsilon.setPlaceholderText("model default")
         self.threads = QSpinBox(self)
         self.threads.setRange(1, 256)
+        self.kernels = QComboBox(self)
+        self.kernels.addItems(list(KERNEL_CHOICES))
+        self.kernels.setToolTip("kernel path: 'best' is the best this machine has; a lower one "
+                                "runs as a machine without the better ones would (last bits "
+                                "differ, so near-tie routing can)")
 
         form = QFormLayout()
         form.addRow("Prompt", self.prompt)
@@ -59,6 +67,7 @@ class QtRunPanel(QWidget):
         form.addRow("Routing", self.routing)
         form.addRow("Epsilon", self.epsilon)
         form.addRow("Threads", self.threads)
+        form.addRow("Kernels", self.kernels)
 
         self.buttons: dict[str, QPushButton] = {}
         row = QHBoxLayout()
@@ -114,7 +123,8 @@ class QtRunPanel(QWidget):
         return RunSettings(tuple(t for t, _ in self.prompt_tokens()), self.max_new.value(),
                            self.decoding.currentText(), self.seed.value(),  # type: ignore[arg-type]
                            self.temperature.value(), self.routing.currentText(), epsilon,
-                           self.threads.value())
+                           self.threads.value(),
+                           None if self.kernels.currentIndex() == 0 else self.kernels.currentText())
 
     def set_settings(self, s: RunSettings, prompt_text: str) -> None:
         self.prompt.setText(prompt_text)
@@ -125,6 +135,7 @@ class QtRunPanel(QWidget):
         self.routing.setCurrentText(s.routing)
         self.epsilon.setText("" if s.epsilon is None else repr(s.epsilon))
         self.threads.setValue(s.threads)
+        self.kernels.setCurrentText(s.kernels or KERNEL_CHOICES[0])
 
     def _run(self) -> None:
         try:

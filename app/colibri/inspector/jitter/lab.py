@@ -194,7 +194,9 @@ class QtJitterLab(QWidget):
             self.set_reports(report, self.epsilon_report)
             s = report.summary()
             self.status.setText(f"jitter: {s['flipped_cells']} of {s['cells']} cells flipped, "
-                                f"overall flip rate {s['overall_flip_rate']:.4f}")
+                                f"overall flip rate {s['overall_flip_rate']:.4f}"
+                                + (f" (baseline on the {report.kernels} kernels)"
+                                   if report.kernels else ""))
         else:
             self.set_reports(self.jitter_report, report)
             rec = report.recommended()
