@@ -310,3 +310,10 @@ def test_bench_json_states_decode_against_the_same_run_probe(capsys: Capture) ->
     assert set(r["phases"]) == {"attention", "feed-forward", "outside layers"}
     assert sum(p["mb"] for p in r["phases"].values()) * 1e6 == pytest.approx(per_token)
     assert all(p["ms"] > 0 and p["gb_s"] > 0 for p in r["phases"].values())
+
+
+def test_bench_runs_the_kernel_path_asked_for(capsys: Capture) -> None:
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    assert main(["bench", str(demo), "-p", "4", "-n", "2", "-r", "1", "--probe-mb", "16",
+                 "--no-trace-check", "--kernels", "portable", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kernels"] == "portable"

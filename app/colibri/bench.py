@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from colibri.engine import Model, Session, measure_read_bandwidth
+from colibri.engine import KERNEL_PATHS, Model, Session, measure_read_bandwidth
 
 _EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
 
@@ -107,13 +107,14 @@ def _decode(session: Session, first: int, n: int) -> float:
 
 
 def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repeats: int = 3,
-              probe_bytes: int = 1 << 30, trace_check: bool = True) -> BenchResult:
+              probe_bytes: int = 1 << 30, trace_check: bool = True,
+              kernels: str | None = None) -> BenchResult:
     model = Model.open(path)
     hp = model.hparams
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, hp.vocab_size, size=prompt).astype(np.int32)
     ctx = min(hp.max_context, prompt + n + 8)
-    session = Session(model, threads=threads, max_context=ctx, trace=False)
+    session = Session(model, threads=threads, max_context=ctx, trace=False, kernels=kernels)
     # warm: page the whole file in and let the workers settle
     session.prefill(tokens[: min(prompt, 8)])
     _decode(session, int(tokens[0]), 4)
@@ -121,7 +122,8 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     prefill_s, decode_s, traced_s = [], [], []
     phase_runs: list[dict[str, dict[str, float]]] = []
     probes = [measure_read_bandwidth(probe_bytes, threads, 3)]
-    traced = Session(model, threads=threads, max_context=ctx, trace=True) if trace_check else None
+    traced = Session(model, threads=threads, max_context=ctx, trace=True,
+                     kernels=kernels) if trace_check else None
     def untraced_run() -> None:
         session.reset()
         t0 = time.perf_counter()
@@ -204,12 +206,14 @@ def add_arguments(p: Any) -> None:
     p.add_argument("-r", "--repeats", type=int, default=3)
     p.add_argument("--probe-mb", type=int, default=1024, help="bandwidth probe buffer (MiB)")
     p.add_argument("--no-trace-check", action="store_true", help="skip the trace-on decode run")
+    p.add_argument("--kernels", choices=KERNEL_PATHS, default=None,
+                   help="most capable kernel path to use (default: the best this machine has)")
     p.add_argument("--json", action="store_true")
 
 
 def run_cli(args: Any) -> int:
     r = run_bench(args.file, args.p, args.n, args.threads, args.repeats, args.probe_mb << 20,
-                  not args.no_trace_check)
+                  not args.no_trace_check, args.kernels)
     print(json.dumps(r.to_dict(), indent=2) if args.json else format_result(r))
     return 0
 
