@@ -317,3 +317,20 @@ def test_bench_runs_the_kernel_path_asked_for(capsys: Capture) -> None:
     assert main(["bench", str(demo), "-p", "4", "-n", "2", "-r", "1", "--probe-mb", "16",
                  "--no-trace-check", "--kernels", "portable", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["kernels"] == "portable"
+
+
+def test_bench_kernels_tool_compares_two_paths_in_one_process(capsys: Capture) -> None:
+    """tools/bench_kernels.py: one session per path, alternating repeats, paired ratios."""
+    import importlib.util
+
+    from colibri.engine import best_kernels
+    tool = Path(__file__).resolve().parents[1] / "tools" / "bench_kernels.py"
+    spec = importlib.util.spec_from_file_location("bench_kernels", tool)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    assert module.main([str(demo), "--a", "portable", "--b", best_kernels(), "-p", "4", "-n", "2",
+                        "-t", "1", "-r", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"decode {best_kernels()}/portable: median" in out and "  portable  prefill" in out
