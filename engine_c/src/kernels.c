@@ -2,10 +2,12 @@
  * kernels.c - matrix-vector and matrix-matrix products over stored weights (f32, f16, bf16,
  * q8_0, q4_0) and the thread pool that splits them by output rows.
  *
- * Three paths behind one interface: portable C (runs everywhere), AVX2+FMA+F16C, and AVX-512
- * (F/BW/VL with VNNI for the int8 blocks). The SIMD paths are compiled with function target
- * attributes, so the default build flags stay portable, and one is chosen from CPUID when the
- * pool is created (the choice lives in the pool, hence in the session; no global state).
+ * Four paths behind one interface: portable C (runs everywhere), AVX2+FMA+F16C, AVX-512
+ * (F/BW/VL with VNNI for the int8 blocks), and AMX, which is AVX-512 with bf16 weights on the
+ * tile unit (kernels_amx.c). The SIMD paths are compiled with function target attributes, so the
+ * default build flags stay portable, and one is chosen from CPUID (and the session's ceiling)
+ * when the pool is created (the choice lives in the pool, hence in the session; no global
+ * state).
  *
  * Determinism by construction: every output element (row r, token t) is one dot product computed
  * by exactly one thread, with a fixed lane layout: a single vector accumulator walked left to
