@@ -128,11 +128,12 @@ COL_AMX_INLINE __mmask32 block_mask(uint64_t cols, uint64_t kb)
     return n >= KB ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << n) - 1u);
 }
 
-static COL_AMX_T void pack_amx(const float *x, uint32_t n_tokens, uint64_t cols, uint8_t *out)
+static COL_AMX_T void pack_amx(const float *x, uint32_t n_tokens, uint64_t cols, uint32_t t0, uint32_t t1,
+                                uint8_t *out)
 {
     const uint64_t n_blocks = blocks(cols);
     const __m512i pair_index = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    for (uint32_t t = 0; t < n_tokens; t++) {
+    for (uint32_t t = t0; t < t1; t++) {
         uint32_t g = t / TG, tt = t % TG, n_g = group_tokens(n_tokens, g);
         /* word (pair p, token tt, part) sits at p * 3 n_g + 3 tt + part words into the block */
         const __m512i index = _mm512_mullo_epi32(pair_index, _mm512_set1_epi32((int)(3 * n_g)));
@@ -150,12 +151,12 @@ static COL_AMX_T void pack_amx(const float *x, uint32_t n_tokens, uint64_t cols,
             _mm512_i32scatter_epi32(block + 8, index, lo, 4);
         }
     }
-    memset(out + (uint64_t)n_tokens * n_blocks * ROWS * PAIR_BYTES, 0, 64);
+    if (t1 == n_tokens) memset(out + (uint64_t)n_tokens * n_blocks * ROWS * PAIR_BYTES, 0, 64);
 }
 
-void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, uint8_t *out)
+void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, uint32_t t0, uint32_t t1, uint8_t *out)
 {
-    pack_amx(x, n_tokens, cols, out);
+    pack_amx(x, n_tokens, cols, t0, t1, out);
 }
 
 /* 16 weight rows read with one stride; tile row m is output row first + m * step. */
@@ -331,9 +332,9 @@ int col_amx_enable(void)
     return 0;
 }
 
-void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, uint8_t *out)
+void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, uint32_t t0, uint32_t t1, uint8_t *out)
 {
-    (void)x, (void)n_tokens, (void)cols, (void)out;
+    (void)x, (void)n_tokens, (void)cols, (void)t0, (void)t1, (void)out;
 }
 
 void col_amx_rows(const col_matvec_job *j, const uint8_t *packed, uint8_t *stage, uint64_t r0, uint64_t r1)

@@ -32,9 +32,11 @@ int col_amx_handles(uint32_t dtype);
  * the end that the tile loads may read. */
 uint64_t col_amx_packed_bytes(uint32_t n_tokens, uint64_t cols);
 
-/* Split x ([n_tokens][cols] f32) into bf16 parts and lay them out as the tile unit reads them:
- * groups of 5 tokens, blocks of 32 columns, 16 column pairs, each token's three parts. */
-void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, uint8_t *out);
+/* Split tokens [t0, t1) of x ([n_tokens][cols] f32) into bf16 parts and lay them out as the tile
+ * unit reads them: groups of 5 tokens, blocks of 32 columns, 16 column pairs, each token's three
+ * parts. The call that packs the last token also zeroes the 64 bytes of slack. Calls for disjoint
+ * token ranges may run concurrently. */
+void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, uint32_t t0, uint32_t t1, uint8_t *out);
 
 /* Bytes of per-thread staging for products of at most max_cols columns (64-byte aligned use). */
 uint64_t col_amx_stage_bytes(uint64_t max_cols);

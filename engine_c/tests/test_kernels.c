@@ -228,6 +228,41 @@ static void test_load_range(void)
     }
 }
 
+/* A batch big enough that its activations are quantised or packed on the pool's threads gives the
+ * same bits as one thread (which prepares them alone) and as its tokens stepped one at a time. */
+static void test_parallel_preparation(void)
+{
+    enum { NT = 70, COLS = 1024, ROWS = 40 };
+    run one = pool_for("amx", 1, NT, COLS), three = pool_for("amx", 3, NT, COLS);
+    CHECK(one.pool && three.pool);
+    if (!one.pool || !three.pool) return;
+    const uint32_t kinds[] = {COL_DTYPE_BF16, COL_DTYPE_Q8_0, COL_DTYPE_Q4_0, COL_DTYPE_F32};
+    float *wv = malloc(ROWS * COLS * sizeof *wv), *x = malloc(NT * COLS * sizeof *x);
+    double *ws = malloc(ROWS * COLS * sizeof *ws);
+    float *y1 = malloc(NT * ROWS * sizeof *y1), *y3 = malloc(NT * ROWS * sizeof *y3), ystep[ROWS];
+    for (uint64_t i = 0; i < ROWS * COLS; i++) wv[i] = frand();
+    for (uint64_t i = 0; i < NT * COLS; i++) x[i] = frand();
+    for (size_t d = 0; d < sizeof kinds / sizeof *kinds; d++) {
+        uint8_t *data = store(wv, ROWS, COLS, kinds[d], ws);
+        col_weight w = {data, kinds[d], ROWS, COLS, 0};
+        col_matvec_job a = {w, x, y1, NT}, b = {w, x, y3, NT};
+        col_matmul_many(one.pool, &a, 1);
+        col_matmul_many(three.pool, &b, 1);
+        CHECK(memcmp(y1, y3, sizeof(float) * NT * ROWS) == 0);
+        int bad_step = 0;
+        for (uint32_t t = 0; t < NT; t++) {
+            col_matvec_job step = {w, x + t * COLS, ystep, 1};
+            col_matmul_many(three.pool, &step, 1);
+            bad_step += memcmp(ystep, y3 + t * ROWS, sizeof ystep) != 0;
+        }
+        CHECK(bad_step == 0);
+        free(data);
+    }
+    free(wv), free(x), free(ws), free(y1), free(y3);
+    pool_done(&one);
+    pool_done(&three);
+}
+
 /* A pool given scratch sized for the vector paths, on a machine that would choose AMX, runs
  * AVX-512 instead of overrunning it (the session sizes its scratch before creating the pool; the
  * choice could change in between, e.g. with COLIBRI_KERNELS). */
@@ -255,6 +290,7 @@ int main(void)
 {
     test_load_range();
     test_amx_falls_back_when_scratch_is_short();
+    test_parallel_preparation();
     test_path("portable");
 #if defined(__x86_64__)
     __builtin_cpu_init();
