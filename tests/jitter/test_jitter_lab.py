@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from colibri.cli import main
-from colibri.engine import Model, Session, best_kernels
+from colibri.engine import KERNEL_PATHS, Model, Session, best_kernels
 from colibri.errors import ColibriValueError
 from colibri.jitter import (BASELINE, EpsilonReport, JitterReport, Runner, Variant,
                             analyze_epsilon, analyze_jitter, margins, ordered_int, parse_variants)
@@ -74,13 +74,15 @@ def test_variant_specs_round_trip() -> None:
 def test_kernel_path_variants_follow_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """The default list adds every kernel path below the best one; a path above it is refused,
     and the best one itself is the baseline."""
-    monkeypatch.setenv("COLIBRI_KERNELS", "avx2")  # as on a machine whose best path is AVX2
-    assert best_kernels() == "avx2"
-    names = [v.name for v in parse_variants(None)]
-    assert "k-portable" in names and "k-avx2" not in names and "k-avx512" not in names
-    with pytest.raises(NumericsError, match="no avx512 kernels"):
-        parse_variants("k-avx512")
-    assert [v.name for v in parse_variants("k-avx2,k-avx2+seq")] == ["seq"]
+    best = best_kernels()
+    below = [v.name for v in parse_variants(None) if v.kernels is not None]
+    assert below == [f"k-{p}" for p in KERNEL_PATHS[:KERNEL_PATHS.index(best)]]
+    monkeypatch.setenv("COLIBRI_KERNELS", "portable")  # as on a machine with no SIMD path
+    assert best_kernels() == "portable"
+    assert not any(v.kernels for v in parse_variants(None))
+    with pytest.raises(NumericsError, match="no avx2 kernels"):
+        parse_variants("k-avx2")
+    assert [v.name for v in parse_variants("k-portable,k-portable+seq")] == ["seq"]
 
 
 def test_kernel_path_variant_runs_that_path(tiny_model_path: Callable[..., Path]) -> None:
