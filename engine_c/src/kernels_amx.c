@@ -84,8 +84,9 @@ int col_amx_enable(void)
 #define COL_AMX_T __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
 #define COL_AMX_INLINE static inline __attribute__((always_inline))
 
-/* Palette 1, all eight tiles 16 rows x 64 bytes. Tile 0: weights (A); 1-3: activations (B) of up
- * to three token groups; 4-6: their sums (C). */
+/* Palette 1, all eight tiles 16 rows x 64 bytes. One row group (run_group): tile 0 the weights
+ * (A), 1 the activations (B), 4 the sums (C). Two row groups against two token groups
+ * (run_rows_batch): 0-1 weights, 2-3 activations, 4-7 sums. */
 typedef struct tile_config {
     uint8_t palette, start_row;
     uint8_t reserved[14];
@@ -121,7 +122,7 @@ COL_AMX_INLINE COL_AMX_T void split3(__m512 v0, __m512 v1, __m512i *hi, __m512i 
     *lo = to_bf16(v0, v1);
 }
 
-/* Columns [32 kb, 32 kb + 32) of the (up to 32) values left from column c: masks for the tail. */
+/* The columns of block kb that exist: min(32, cols - 32 kb) low bits set. */
 COL_AMX_INLINE __mmask32 block_mask(uint64_t cols, uint64_t kb)
 {
     uint64_t n = cols - kb * KB;
