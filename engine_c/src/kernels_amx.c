@@ -51,6 +51,15 @@ uint64_t col_amx_stage_bytes(uint64_t max_cols)
     return 2 * blocks(max_cols) * TILE_BYTES; /* two row groups */
 }
 
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
 /* Tokens in activation group g of a product of nt tokens, and where the group starts. */
 static uint32_t group_tokens(uint32_t nt, uint32_t g)
 {
@@ -60,15 +69,6 @@ static uint64_t group_offset(uint32_t g, uint64_t n_blocks)
 {
     return (uint64_t)g * TG * n_blocks * ROWS * PAIR_BYTES;
 }
-
-#if defined(__x86_64__) && defined(__linux__)
-#include <cpuid.h>
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 
 int col_amx_enable(void)
 {
