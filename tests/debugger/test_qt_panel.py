@@ -178,8 +178,10 @@ def test_run_panel_kernel_choice_reaches_the_session(qtbot, model: Model, tmp_pa
         panel.run_panel.max_new.setValue(2)
         panel.run_panel.kernels.setCurrentText("portable")
         assert panel.run_panel.settings().kernels == "portable"
-        with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS):
+        with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
             panel.run_panel.buttons["run"].click()
+        assert blocker.args[0].kernels == "portable"
+        assert "(portable kernels)" in panel.run_panel.status.text()
         qtbot.waitUntil(lambda: not panel.controller.running)
         session = tmp_path / "k.colibri-session"
         panel.save_session(str(session))

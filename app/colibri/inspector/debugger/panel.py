@@ -215,7 +215,8 @@ class QtDebuggerPanel(QWidget):
         self.snapshot = snap
         state = "running" if snap.running else (snap.stop_reason or "ready")
         self.run_panel.set_status(f"{snap.record.n_positions}/{snap.settings.n_positions} "
-                                  f"positions, {state}; generated: {snap.generated_text!r}")
+                                  f"positions, {state} ({snap.kernels} kernels); generated: "
+                                  f"{snap.generated_text!r}")
         self.selected = snap.cursor
         if not self._timer.isActive():
             self._timer.start()

@@ -44,6 +44,7 @@ class DebuggerSnapshot:
     running: bool
     result: RunResult | None = None
     prompt_pieces: tuple[tuple[int, str], ...] = field(default=())
+    kernels: str = ""                       # the kernel path the session runs
 
 
 class DebuggerWorker(QObject):
@@ -68,7 +69,8 @@ class DebuggerWorker(QObject):
         record = dbg.record.snapshot()
         return DebuggerSnapshot(dbg.settings, record, dbg.events.snapshot(record), dbg.cursor,
                                 tuple(dbg.generated), dbg.generated_text(), dbg.finished,
-                                dbg.stop_reason, running, result, tuple(dbg.prompt_pieces()))
+                                dbg.stop_reason, running, result, tuple(dbg.prompt_pieces()),
+                                dbg.kernels)
 
     @Slot(object, object)
     def start(self, model: Any, settings: RunSettings) -> None:
