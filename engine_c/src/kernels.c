@@ -797,8 +797,7 @@ struct col_pool {
     /* scratch (caller-owned): per-job prepared activations, per-thread AMX staging */
     uint32_t max_jobs;
     uint64_t act_capacity;         /* bytes at act_buf */
-    const uint8_t **act;           /* [max_jobs] */
-    uint8_t *act_own;              /* [max_jobs] 1: the job prepares act (not shared with the previous) */
+    uint8_t **act;                 /* [max_jobs]; a job sharing the previous one's holds the same pointer */
     uint8_t *act_buf;              /* quantised rows or AMX-packed activations */
     uint8_t *stage;                /* [n_threads][stage_bytes] */
     uint64_t stage_bytes;
@@ -811,23 +810,22 @@ struct col_pool {
 static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_t *act, uint32_t t, uint64_t r0,
                      uint64_t r1)
 {
-    const uint8_t *qx = act;
 #if defined(__x86_64__)
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) {
         col_amx_rows(j, act, pool->stage + (uint64_t)t * pool->stage_bytes, r0, r1);
         return;
     }
     if (pool->isa >= COL_ISA_AVX512) {
-        rows_avx512(j, qx, r0, r1);
+        rows_avx512(j, act, r0, r1);
         return;
     }
     if (pool->isa == COL_ISA_AVX2) {
-        rows_avx2(j, qx, r0, r1);
+        rows_avx2(j, act, r0, r1);
         return;
     }
 #endif
     (void)pool, (void)t;
-    rows_portable(j, qx, r0, r1);
+    rows_portable(j, act, r0, r1);
 }
 
 static void dispatch(col_pool *pool, int worth_sharing);
@@ -939,7 +937,7 @@ col_isa col_choose_isa(col_isa ceiling)
  * alignment. */
 static uint64_t pointers_bytes(uint32_t max_jobs)
 {
-    return ((uint64_t)max_jobs * (sizeof(const uint8_t *) + 1) + 63) & ~(uint64_t)63;
+    return ((uint64_t)max_jobs * sizeof(uint8_t *) + 63) & ~(uint64_t)63;
 }
 static uint64_t act_bytes(col_isa isa, const col_pool_limits *l)
 {
@@ -979,7 +977,6 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
     pool->max_jobs = limits->max_jobs;
     if (scratch) {
         pool->act = scratch;
-        pool->act_own = (uint8_t *)scratch + (uint64_t)limits->max_jobs * sizeof(const uint8_t *);
         pool->act_buf = (uint8_t *)scratch + pointers_bytes(limits->max_jobs);
         pool->act_capacity = act_bytes(pool->isa, limits);
         pool->stage = pool->act_buf + pool->act_capacity;
@@ -1090,10 +1087,11 @@ static void prepare_items(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     (void)thread;
     uint64_t base = 0;
     for (uint32_t k = 0; k < c->n_jobs && base < i1; k++) {
-        if (!c->pool->act_own[k]) continue;
+        uint8_t *act = c->pool->act[k];
+        if (!act || (k > 0 && act == c->pool->act[k - 1])) continue; /* none, or the previous job's */
         const col_matvec_job *j = &c->jobs[k];
         for (uint64_t i = i0 > base ? i0 : base; i < i1 && i < base + j->n_tokens; i++)
-            prepare_token(c->pool, j, (uint8_t *)(uintptr_t)c->pool->act[k], (uint32_t)(i - base));
+            prepare_token(c->pool, j, act, (uint32_t)(i - base));
         base += j->n_tokens;
     }
 }
@@ -1129,7 +1127,7 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
         rows += j->w.rows;
         macs += j->w.rows * row_work(j);
         const int amx = pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype);
-        const uint8_t *act = NULL;
+        uint8_t *act = NULL;
         if (amx || is_block_dtype(j->w.dtype)) {
             const col_matvec_job *prev = k > 0 ? &jobs[k - 1] : NULL;
             if (prev && prev->x == j->x && prev->n_tokens == j->n_tokens && prev->w.cols == j->w.cols &&
@@ -1146,10 +1144,7 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
                 own_elems += (uint64_t)j->n_tokens * j->w.cols;
             }
         }
-        if (k < pool->max_jobs) {
-            pool->act[k] = act;
-            pool->act_own[k] = act && (k == 0 || act != pool->act[k - 1]);
-        }
+        if (k < pool->max_jobs) pool->act[k] = act;
     }
     prepare_activations(pool, jobs, n_jobs, own_tokens, own_elems);
     pool->task = NULL;

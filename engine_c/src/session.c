@@ -54,11 +54,16 @@ uint32_t col_best_kernels(void)
     return (uint32_t)col_choose_isa(COL_ISA_AMX) + 1;
 }
 
+/* Expert slots per MoE layer: every expert in soft routing, else the family's top-k. */
+static uint32_t slots_of(const col_hparams *hp, const col_session_config *c)
+{
+    return c->routing == COL_ROUTING_SOFT ? hp->n_experts : hp->n_experts_active;
+}
+
 /* Bytes of the pool's scratch on path `isa`, asked once per session so sizing and binding agree. */
 static uint64_t kernel_scratch_bytes(const col_model *m, const col_session_config *c, col_isa isa)
 {
-    uint64_t k_slots = c->routing == COL_ROUTING_SOFT ? m->hp.n_experts : m->hp.n_experts_active;
-    const col_pool_limits limits = kernel_limits(&m->hp, k_slots);
+    const col_pool_limits limits = kernel_limits(&m->hp, slots_of(&m->hp, c));
     return col_pool_scratch_size(isa, c->n_threads, &limits);
 }
 
@@ -80,7 +85,7 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     uint64_t d_ff = max_u32(hp->d_ff_expert, max_u32(hp->d_ff_dense, hp->d_ff_shared));
     uint64_t n_e = hp->n_experts;
-    uint64_t k_slots = c->routing == COL_ROUTING_SOFT ? n_e : hp->n_experts_active;
+    uint64_t k_slots = slots_of(hp, c);
     uint64_t n_moe = hp->n_moe_layers;
     uint64_t cur = 0;
 /* Bind a buffer: its offset is always reserved; the pointer is set only when building. */
@@ -199,7 +204,7 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     s->model = model;
     s->config = *config;
     s->capacity = default_capacity(&model->hp, config);
-    s->k_slots = config->routing == COL_ROUTING_SOFT ? model->hp.n_experts : model->hp.n_experts_active;
+    s->k_slots = slots_of(&model->hp, config);
     const col_isa isa = session_isa(config);
     s->kernel_scratch_bytes = kernel_scratch_bytes(model, config, isa);
     s->arena_size = plan_arena(model, config, s->kernel_scratch_bytes, NULL, NULL);

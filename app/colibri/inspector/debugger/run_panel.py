@@ -11,10 +11,10 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayo
                                QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from colibri.debugging.run import ROUTINGS, RunSettings
+from colibri.engine import KERNEL_PATHS  # the names only; the panel never calls the engine
 
 Tokenize = Callable[[str], list[tuple[int, str]]]
-# "best", then colibri.engine.KERNEL_PATHS (written out: this panel does not import the engine)
-KERNEL_CHOICES = ("best", "portable", "avx2", "avx512", "amx")
+KERNEL_CHOICES = ("best", *KERNEL_PATHS)
 
 
 class QtRunPanel(QWidget):
