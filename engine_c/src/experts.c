@@ -21,50 +21,13 @@ void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n
     for (uint64_t i = 0; i < n; i++) out[i] = w_scratch[i] * (x[i] * inv);
 }
 
-static float silu(float z)
-{
-    return z / (1.0f + expf(-z));
-}
-
-/* h1[i] = silu(h1[i]) * h3[i] for i < n. */
-static void swiglu_gate(float *h1, const float *h3, uint64_t n)
-{
-    for (uint64_t i = 0; i < n; i++) h1[i] = silu(h1[i]) * h3[i];
-}
-
-/* The same over a prefill block's hidden rows, split among the pool's threads in pieces of
- * GATE_PIECE elements (each element's result is the same whichever thread computes it). Serial,
- * it was 5-10 % of a bf16 prefill once the products ran on AMX tiles: paired in-process runs of
- * the pool version gave 1.02x and 1.06x prefill (it had measured 1.00x when the products were
- * slower). */
-#define GATE_PIECE 4096
-typedef struct gate_task {
-    float *h1;
-    const float *h3;
-    uint64_t n;
-} gate_task;
-
-static void gate_pieces(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
-{
-    const gate_task *g = ctx;
-    (void)thread;
-    uint64_t a = i0 * GATE_PIECE, b = i1 * GATE_PIECE < g->n ? i1 * GATE_PIECE : g->n;
-    if (a < b) swiglu_gate(g->h1 + a, g->h3 + a, b - a);
-}
-
-static void swiglu_gate_pool(col_session *s, float *h1, const float *h3, uint64_t n)
-{
-    gate_task task = {h1, h3, n};
-    col_pool_run(s->pool, gate_pieces, &task, (n + GATE_PIECE - 1) / GATE_PIECE);
-}
-
 /* out = w2 . (silu(w1 . x) * (w3 . x)) */
 static void swiglu(col_session *s, const col_weight *w1, const col_weight *w3, const col_weight *w2,
                    const float *x, float *out)
 {
     col_matvec_job up[2] = {{*w1, x, s->h1, 1}, {*w3, x, s->h3, 1}};
     col_matmul_many(s->pool, up, 2);
-    swiglu_gate(s->h1, s->h3, w1->rows);
+    col_swiglu_gate(s->pool, s->h1, s->h3, w1->rows);
     col_matvec(s->pool, w2, s->h1, out);
 }
 
@@ -124,10 +87,10 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
                                                         s->expert_h3 + slot * d_ff, 1};
     }
     col_matmul_many(s->pool, s->expert_jobs, 2 * n_slots);
+    col_swiglu_gate(s->pool, s->expert_h1, s->expert_h3, n_slots * d_ff); /* the slots' slices lie end to end */
     for (uint32_t slot = 0; slot < n_slots; slot++) {
         uint32_t e = (uint32_t)s->route_ids[slot];
-        float *h1 = s->expert_h1 + slot * d_ff, *h3 = s->expert_h3 + slot * d_ff;
-        swiglu_gate(h1, h3, d_ff);
+        float *h1 = s->expert_h1 + slot * d_ff;
         s->expert_jobs[slot] = (col_matvec_job){col_weight_expert(layer->moe_w2, e), h1,
                                                 s->expert_out + (uint64_t)slot * d_model, 1};
     }
@@ -187,7 +150,7 @@ static void swiglu_batch(col_session *s, const col_tensor_info *t1, const col_te
     col_weight w1 = col_weight_of(t1), w3 = col_weight_of(t3), w2 = col_weight_of(t2);
     col_matvec_job up[2] = {{w1, x, s->gh1, n}, {w3, x, s->gh3, n}};
     col_matmul_many(s->pool, up, 2);
-    swiglu_gate_pool(s, s->gh1, s->gh3, (uint64_t)n * w1.rows);
+    col_swiglu_gate(s->pool, s->gh1, s->gh3, (uint64_t)n * w1.rows);
     col_matvec_job down = {w2, s->gh1, out, n};
     col_matmul_many(s->pool, &down, 1);
 }
@@ -246,7 +209,7 @@ void col_feed_forward_batch(col_session *s, uint32_t layer_index, uint32_t n, ui
                                               s->gh3 + o * d_ff, s->bcount[e]};
     }
     col_matmul_many(s->pool, s->bjobs, n_jobs);
-    swiglu_gate_pool(s, s->gh1, s->gh3, (uint64_t)off * d_ff);
+    col_swiglu_gate(s->pool, s->gh1, s->gh3, (uint64_t)off * d_ff);
     n_jobs = 0;
     for (uint32_t e = 0; e < n_experts; e++) {
         if (!s->bcount[e]) continue;
