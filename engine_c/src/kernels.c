@@ -46,7 +46,9 @@
 /* Products are cut into chunks of decreasing size (plan_chunks), each of at least
  * COL_GUIDED_MIN_MACS multiply-adds (a chunk's rows are read as up to 8 streams, which need some
  * length to pay off) and at most COL_MAX_CHUNKS of them. */
+#ifndef COL_GUIDED_MIN_MACS
 #define COL_GUIDED_MIN_MACS (1u << 17)
+#endif
 #define COL_MAX_CHUNKS 64
 /* The SwiGLU gate runs on the pool from this many elements, in pieces of COL_GATE_PIECE: serial,
  * it was 5-10 % of a bf16 prefill once the products ran on AMX tiles. */
@@ -697,30 +699,138 @@ static COL_T512 void rows_avx512(const col_matvec_job *j, const uint8_t *qx, uin
     }
 }
 
-/* One attention head (col_attend_head): the score and value loops with one vector accumulator per
- * 16 (8) dimensions of the head; the softmax in between is the shared scalar code. */
-COL_INLINE COL_T512 float dot_head_avx512(const float *a, const float *b, uint32_t d)
+/* exp(x), 16 at a time, for the SwiGLU gate and the softmax of a head: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is
+ * exact to a few ulp), exp(r) by its Taylor series to r^7 (truncation below 6e-9 relative, so the
+ * result is within 2 ulp of expf), scaled by 2^n with vscalefps, which gives 0 and inf past the
+ * range. x is clamped to [-150, 150] first (exp is 0 or inf there already) so that n stays
+ * finite; a NaN passes through the clamp (the second operand of max/min is returned). */
+COL_INLINE COL_T512 __m512 exp16(__m512 x)
 {
-    __m512 acc = _mm512_setzero_ps();
-    uint32_t i = 0;
-    for (; i + 16 <= d; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-    float s = hsum16(acc);
-    for (; i < d; i++) s += a[i] * b[i];
-    return s;
+    x = _mm512_min_ps(_mm512_set1_ps(150.0f), _mm512_max_ps(_mm512_set1_ps(-150.0f), x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* One attention head (col_attend_head) on AVX-512, in three passes over the keys:
+ * - scores, 16 keys at a time: each key's products with q accumulate in one vector over q's
+ *   blocks of 16 (the last one masked), and the 16 vectors are summed lane-wise by one transpose
+ *   tree (sum16x16), which gives every key the same additions in the same order, so a key's score
+ *   depends only on q and that key (missing keys of the last group are zero vectors);
+ * - softmax: the maximum, exp16 of the differences and their sum in 16 lanes, summed once;
+ * - values, 64 dimensions at a time: even and odd keys go to two sets of 4 accumulators, added at
+ *   the end, so 8 independent chains keep both FMA units busy.
+ * Before this, one horizontal sum per key and one dependent chain per 16 dimensions made the
+ * heads 3.1 % of a q4 decode step at 144 positions (perf) on the calling thread alone. The result
+ * is a fixed function of the head's inputs, so a step and a prefill block agree bit for bit. */
+COL_INLINE COL_T512 __m512 sum16x16(__m512 *a)
+{
+    __m512 x[8], y[4], z[2];
+    for (int i = 0; i < 8; i++) /* lanes 4L..4L+3: keys 2i, 2i+1 interleaved, elements 0+2 and 1+3 */
+        x[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; i++) { /* each 128-bit lane: keys 4i..4i+3, the lane's four elements summed */
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(x[2 * i]), _mm512_castps_pd(x[2 * i + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(x[2 * i]), _mm512_castps_pd(x[2 * i + 1]));
+        y[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    for (int i = 0; i < 2; i++) /* 128-bit lanes (0 + 1, 2 + 3) of y[2i], then of y[2i + 1] */
+        z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+COL_INLINE __mmask16 lanes_below(uint64_t n) /* the first min(n, 16) lanes */
+{
+    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
+}
+
+static COL_T512 void head_scores_avx512(const col_head_job *h, float *scores)
+{
+    const uint32_t nb = (h->d + 15) / 16;
+    for (uint32_t t0 = 0; t0 < h->n_keys; t0 += 16) {
+        const uint32_t here = h->n_keys - t0 < 16 ? h->n_keys - t0 : 16;
+        const float *key = h->k + (uint64_t)t0 * h->stride;
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (uint32_t k = 0; k < 16; k++) acc[k] = _mm512_setzero_ps();
+        for (uint32_t b = 0; b < nb; b++) {
+            const __mmask16 m = lanes_below(h->d - 16 * b);
+            const __m512 qb = _mm512_maskz_loadu_ps(m, h->q + 16 * b);
+#pragma GCC unroll 16
+            for (uint32_t k = 0; k < 16; k++) /* a missing key loads nothing (mask 0) */
+                acc[k] = _mm512_fmadd_ps(qb, _mm512_maskz_loadu_ps(k < here ? m : 0, key + (uint64_t)k * h->stride + 16 * b), acc[k]);
+        }
+        __m512 s = _mm512_mul_ps(sum16x16(acc), _mm512_set1_ps(h->scale));
+        _mm512_mask_storeu_ps(scores + t0, lanes_below(here), s);
+    }
+}
+
+static COL_T512 void softmax_avx512(float *scores, uint32_t n)
+{
+    __m512 max = _mm512_set1_ps(-INFINITY);
+    for (uint32_t t = 0; t < n; t += 16)
+        max = _mm512_max_ps(_mm512_mask_loadu_ps(max, lanes_below(n - t), scores + t), max);
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+    __m512 sum = _mm512_setzero_ps();
+    for (uint32_t t = 0; t < n; t += 16) {
+        __mmask16 m = lanes_below(n - t);
+        __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + t), top)));
+        sum = _mm512_add_ps(sum, e);
+        _mm512_mask_storeu_ps(scores + t, m, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / hsum16(sum));
+    for (uint32_t t = 0; t < n; t += 16) {
+        __mmask16 m = lanes_below(n - t);
+        _mm512_mask_storeu_ps(scores + t, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, scores + t), inv));
+    }
+}
+
+static COL_T512 void head_values_avx512(const col_head_job *h, const float *p, float *out)
+{
+    for (uint32_t i0 = 0; i0 < h->d; i0 += 64) {
+        const uint32_t nb = h->d - i0 >= 64 ? 4 : (h->d - i0 + 15) / 16;
+        __mmask16 m[4];
+        __m512 even[4], odd[4];
+        for (uint32_t b = 0; b < 4; b++) {
+            m[b] = b < nb ? lanes_below(h->d - i0 - 16 * b) : 0;
+            even[b] = odd[b] = _mm512_setzero_ps();
+        }
+        const float *v = h->v + i0;
+        uint32_t t = 0;
+        for (; t + 2 <= h->n_keys; t += 2) {
+            const __m512 p0 = _mm512_set1_ps(p[t]), p1 = _mm512_set1_ps(p[t + 1]);
+            const float *v0 = v + (uint64_t)t * h->stride, *v1 = v0 + h->stride;
+#pragma GCC unroll 4
+            for (uint32_t b = 0; b < 4; b++) {
+                even[b] = _mm512_fmadd_ps(p0, _mm512_maskz_loadu_ps(m[b], v0 + 16 * b), even[b]);
+                odd[b] = _mm512_fmadd_ps(p1, _mm512_maskz_loadu_ps(m[b], v1 + 16 * b), odd[b]);
+            }
+        }
+        if (t < h->n_keys) {
+            const __m512 p0 = _mm512_set1_ps(p[t]);
+            const float *v0 = v + (uint64_t)t * h->stride;
+            for (uint32_t b = 0; b < 4; b++) even[b] = _mm512_fmadd_ps(p0, _mm512_maskz_loadu_ps(m[b], v0 + 16 * b), even[b]);
+        }
+        for (uint32_t b = 0; b < nb; b++) _mm512_mask_storeu_ps(out + i0 + 16 * b, m[b], _mm512_add_ps(even[b], odd[b]));
+    }
 }
 
 static COL_T512 void attend_head_avx512(const col_head_job *h, float *scores, float *out)
 {
-    for (uint32_t t = 0; t < h->n_keys; t++) scores[t] = dot_head_avx512(h->q, h->k + (uint64_t)t * h->stride, h->d) * h->scale;
-    softmax_in_place(scores, h->n_keys);
-    uint32_t i = 0;
-    for (; i + 16 <= h->d; i += 16) {
-        __m512 acc = _mm512_setzero_ps();
-        for (uint32_t t = 0; t < h->n_keys; t++)
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[t]), _mm512_loadu_ps(h->v + (uint64_t)t * h->stride + i), acc);
-        _mm512_storeu_ps(out + i, acc);
-    }
-    for (; i < h->d; i++) out[i] = weighted_value(h, scores, i);
+    head_scores_avx512(h, scores);
+    softmax_avx512(scores, h->n_keys);
+    head_values_avx512(h, scores, out);
 }
 
 COL_INLINE COL_T2 float dot_head_avx2(const float *a, const float *b, uint32_t d)
@@ -745,29 +855,6 @@ static COL_T2 void attend_head_avx2(const col_head_job *h, float *scores, float 
         _mm256_storeu_ps(out + i, acc);
     }
     for (; i < h->d; i++) out[i] = weighted_value(h, scores, i);
-}
-
-/* exp(x) for the SwiGLU gate: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is
- * exact to a few ulp), exp(r) by its Taylor series to r^7 (truncation below 6e-9 relative, so the
- * result is within 2 ulp of expf), scaled by 2^n with vscalefps, which gives 0 and inf past the
- * range. x is clamped to [-150, 150] first (exp is 0 or inf there already) so that n stays
- * finite; a NaN passes through the clamp (the second operand of max/min is returned). */
-COL_INLINE COL_T512 __m512 exp16(__m512 x)
-{
-    x = _mm512_min_ps(_mm512_set1_ps(150.0f), _mm512_max_ps(_mm512_set1_ps(-150.0f), x));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* h1[i] = silu(h1[i]) * h3[i] = h1[i] / (1 + exp(-h1[i])) * h3[i], 16 at a time (a tail of
