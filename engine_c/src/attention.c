@@ -129,19 +129,22 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
     const float *k_layer = s->k_cache + (uint64_t)task->layer * s->capacity * kv_dim;
     const float *v_layer = s->v_cache + (uint64_t)task->layer * s->capacity * kv_dim;
-    float *scores = s->scores + (uint64_t)thread * s->capacity;
+    const uint32_t group = hp->n_heads / hp->n_kv_heads; /* query heads per KV head */
+    float *scores = s->scores + (uint64_t)thread * group * s->capacity;
     float scale = (float)(1.0 / sqrt((double)hp->head_dim));
     for (uint64_t i = i0; i < i1; i++) {
-        /* head-major, so each thread's share holds early and late positions alike (a late
-         * position attends to more keys) */
+        /* KV-head-major, so each thread's share holds early and late positions alike (a late
+         * position attends to more keys); the query heads of a KV head run together, so each key
+         * and value read from the cache serves all of them */
         uint64_t n = task->n, t = i % n;
-        uint32_t h = (uint32_t)(i / n);
-        uint64_t at = t * q_dim + (uint64_t)h * hp->head_dim;
+        uint32_t g = (uint32_t)(i / n);
+        uint64_t at = t * q_dim + (uint64_t)g * group * hp->head_dim;
         uint32_t pos = task->base + (uint32_t)t, first = 0;
         if (hp->sliding_window > 0 && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
-        uint64_t kv_off = (uint64_t)(h / (hp->n_heads / hp->n_kv_heads)) * hp->head_dim;
+        uint64_t kv_off = (uint64_t)g * hp->head_dim;
         col_head_job job = {task->q + at, k_layer + (uint64_t)first * kv_dim + kv_off,
-                            v_layer + (uint64_t)first * kv_dim + kv_off, kv_dim, pos + 1 - first, hp->head_dim, scale};
+                            v_layer + (uint64_t)first * kv_dim + kv_off, kv_dim, pos + 1 - first, hp->head_dim, scale,
+                            group};
         col_attend_head(s->pool, &job, scores, task->att + at);
     }
 }
@@ -157,7 +160,7 @@ static void attend_positions(col_session *s, uint32_t layer_index, uint32_t base
     for (uint32_t t = 0; t < n; t++)
         prepare_position(s, layer_index, base + t, q + t * q_dim, k + t * kv_dim, v + t * kv_dim);
     heads_task task = {s, layer_index, base, n, q, att};
-    col_pool_run(s->pool, run_heads, &task, (uint64_t)n * hp->n_heads);
+    col_pool_run(s->pool, run_heads, &task, (uint64_t)n * hp->n_kv_heads);
 }
 
 void col_attend(col_session *s, uint32_t layer_index)

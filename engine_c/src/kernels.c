@@ -722,17 +722,19 @@ COL_INLINE COL_T512 __m512 exp16(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
-/* One attention head (col_attend_head) on AVX-512, in three passes over the keys:
- * - scores, 16 keys at a time: each key's products with q accumulate in one vector over q's
- *   blocks of 16 (the last one masked), and the 16 vectors are summed lane-wise by one transpose
- *   tree (sum16x16), which gives every key the same additions in the same order, so a key's score
- *   depends only on q and that key (missing keys of the last group are zero vectors);
- * - softmax: the maximum, exp16 of the differences and their sum in 16 lanes, summed once;
- * - values, 64 dimensions at a time: even and odd keys go to two sets of 4 accumulators, added at
- *   the end, so 8 independent chains keep both FMA units busy.
- * Before this, one horizontal sum per key and one dependent chain per 16 dimensions made the
- * heads 3.1 % of a q4 decode step at 144 positions (perf) on the calling thread alone. The result
- * is a fixed function of the head's inputs, so a step and a prefill block agree bit for bit. */
+/* The query heads of one KV group (col_attend_head) on AVX-512, in three passes over the keys,
+ * up to four heads at a time so that each key and value line fetched serves all of them:
+ * - scores: each (head, key) product accumulates in one vector over the blocks of 16 of q and the
+ *   key (the last block masked); 16 such vectors (4 heads x 4 keys, 2 x 8 or 1 x 16) are summed
+ *   lane-wise by one transpose tree (sum16x16), which gives every vector the same additions in the
+ *   same order, so a score depends only on its query and key, never on which heads or keys shared
+ *   its tree (missing keys are zero vectors);
+ * - softmax per head: the maximum, exp16 of the differences and their sum in 16 lanes, summed once;
+ * - values: each (head, block of 16 dimensions) output has two chains, even and odd keys, added
+ *   at the end; 16 chains run at once (4 heads x 2 blocks, 2 x 4 or 1 x 8).
+ * One head at a time with a horizontal sum per key, the heads were 3.1 % of a q4 decode step at
+ * 144 positions and 35 % at 1536 (perf, phase times). The result is a fixed function of a head's
+ * inputs, so a step and a prefill block agree bit for bit. */
 COL_INLINE COL_T512 __m512 sum16x16(__m512 *a)
 {
     __m512 x[8], y[4], z[2];
@@ -755,24 +757,45 @@ COL_INLINE __mmask16 lanes_below(uint64_t n) /* the first min(n, 16) lanes */
     return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
 }
 
-static COL_T512 void head_scores_avx512(const col_head_job *h, float *scores)
+/* Scores of heads h0 .. h0 + HC - 1 (HC = 1, 2 or 4) against every key, 16 / HC keys per tree;
+ * head j's scores go to scores + j * n_keys. */
+COL_INLINE COL_T512 void group_scores(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores)
 {
-    const uint32_t nb = (h->d + 15) / 16;
-    for (uint32_t t0 = 0; t0 < h->n_keys; t0 += 16) {
-        const uint32_t here = h->n_keys - t0 < 16 ? h->n_keys - t0 : 16;
+    const uint32_t nb = (h->d + 15) / 16, KC = 16 / HC;
+    for (uint32_t t0 = 0; t0 < h->n_keys; t0 += KC) {
+        const uint32_t here = h->n_keys - t0 < KC ? h->n_keys - t0 : KC;
         const float *key = h->k + (uint64_t)t0 * h->stride;
         __m512 acc[16];
 #pragma GCC unroll 16
-        for (uint32_t k = 0; k < 16; k++) acc[k] = _mm512_setzero_ps();
+        for (uint32_t a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
         for (uint32_t b = 0; b < nb; b++) {
             const __mmask16 m = lanes_below(h->d - 16 * b);
-            const __m512 qb = _mm512_maskz_loadu_ps(m, h->q + 16 * b);
+            __m512 kb[16];
 #pragma GCC unroll 16
-            for (uint32_t k = 0; k < 16; k++) /* a missing key loads nothing (mask 0) */
-                acc[k] = _mm512_fmadd_ps(qb, _mm512_maskz_loadu_ps(k < here ? m : 0, key + (uint64_t)k * h->stride + 16 * b), acc[k]);
+            for (uint32_t k = 0; k < KC; k++) /* a missing key loads nothing (mask 0) */
+                kb[k] = _mm512_maskz_loadu_ps(k < here ? m : 0, key + (uint64_t)k * h->stride + 16 * b);
+#pragma GCC unroll 4
+            for (uint32_t j = 0; j < HC; j++) {
+                const __m512 qb = _mm512_maskz_loadu_ps(m, h->q + (uint64_t)(h0 + j) * h->d + 16 * b);
+#pragma GCC unroll 16
+                for (uint32_t k = 0; k < KC; k++) acc[j * KC + k] = _mm512_fmadd_ps(qb, kb[k], acc[j * KC + k]);
+            }
         }
-        __m512 s = _mm512_mul_ps(sum16x16(acc), _mm512_set1_ps(h->scale));
-        _mm512_mask_storeu_ps(scores + t0, lanes_below(here), s);
+        const __m512 sc = _mm512_mul_ps(sum16x16(acc), _mm512_set1_ps(h->scale)); /* lane j * KC + k */
+        float *dst = scores + (uint64_t)h0 * h->n_keys + t0;
+        if (HC == 1) {
+            _mm512_mask_storeu_ps(dst, lanes_below(here), sc);
+        } else if (HC == 2) {
+            const __mmask8 m8 = (__mmask8)lanes_below(here);
+            _mm256_mask_storeu_ps(dst, m8, _mm512_castps512_ps256(sc));
+            _mm256_mask_storeu_ps(dst + h->n_keys, m8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sc), 1)));
+        } else {
+            const __mmask8 m4 = (__mmask8)lanes_below(here);
+            _mm_mask_storeu_ps(dst, m4, _mm512_castps512_ps128(sc));
+            _mm_mask_storeu_ps(dst + h->n_keys, m4, _mm512_extractf32x4_ps(sc, 1));
+            _mm_mask_storeu_ps(dst + 2 * (uint64_t)h->n_keys, m4, _mm512_extractf32x4_ps(sc, 2));
+            _mm_mask_storeu_ps(dst + 3 * (uint64_t)h->n_keys, m4, _mm512_extractf32x4_ps(sc, 3));
+        }
     }
 }
 
@@ -796,41 +819,81 @@ static COL_T512 void softmax_avx512(float *scores, uint32_t n)
     }
 }
 
-static COL_T512 void head_values_avx512(const col_head_job *h, const float *p, float *out)
+/* Outputs of heads h0 .. h0 + HC - 1 from their probabilities p + j * n_keys, 8 / HC blocks of 16
+ * dimensions per pass. */
+COL_INLINE COL_T512 void group_values(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p,
+                                      float *out)
 {
-    for (uint32_t i0 = 0; i0 < h->d; i0 += 64) {
-        const uint32_t nb = h->d - i0 >= 64 ? 4 : (h->d - i0 + 15) / 16;
-        __mmask16 m[4];
-        __m512 even[4], odd[4];
-        for (uint32_t b = 0; b < 4; b++) {
-            m[b] = b < nb ? lanes_below(h->d - i0 - 16 * b) : 0;
-            even[b] = odd[b] = _mm512_setzero_ps();
-        }
+    const uint32_t BP = 8 / HC, n = h->n_keys;
+    for (uint32_t i0 = 0; i0 < h->d; i0 += 16 * BP) {
+        __mmask16 m[8];
+        __m512 even[16], odd[16]; /* [j * BP + b] */
+#pragma GCC unroll 8
+        for (uint32_t b = 0; b < BP; b++) m[b] = i0 + 16 * b < h->d ? lanes_below(h->d - i0 - 16 * b) : 0;
+#pragma GCC unroll 16
+        for (uint32_t a = 0; a < 16; a++) even[a] = odd[a] = _mm512_setzero_ps();
         const float *v = h->v + i0;
         uint32_t t = 0;
-        for (; t + 2 <= h->n_keys; t += 2) {
-            const __m512 p0 = _mm512_set1_ps(p[t]), p1 = _mm512_set1_ps(p[t + 1]);
+        for (; t + 2 <= n; t += 2) {
             const float *v0 = v + (uint64_t)t * h->stride, *v1 = v0 + h->stride;
+            __m512 x0[8], x1[8];
+#pragma GCC unroll 8
+            for (uint32_t b = 0; b < BP; b++) {
+                x0[b] = _mm512_maskz_loadu_ps(m[b], v0 + 16 * b);
+                x1[b] = _mm512_maskz_loadu_ps(m[b], v1 + 16 * b);
+            }
 #pragma GCC unroll 4
-            for (uint32_t b = 0; b < 4; b++) {
-                even[b] = _mm512_fmadd_ps(p0, _mm512_maskz_loadu_ps(m[b], v0 + 16 * b), even[b]);
-                odd[b] = _mm512_fmadd_ps(p1, _mm512_maskz_loadu_ps(m[b], v1 + 16 * b), odd[b]);
+            for (uint32_t j = 0; j < HC; j++) {
+                const __m512 p0 = _mm512_set1_ps(p[(uint64_t)j * n + t]), p1 = _mm512_set1_ps(p[(uint64_t)j * n + t + 1]);
+#pragma GCC unroll 8
+                for (uint32_t b = 0; b < BP; b++) {
+                    even[j * BP + b] = _mm512_fmadd_ps(p0, x0[b], even[j * BP + b]);
+                    odd[j * BP + b] = _mm512_fmadd_ps(p1, x1[b], odd[j * BP + b]);
+                }
             }
         }
-        if (t < h->n_keys) {
-            const __m512 p0 = _mm512_set1_ps(p[t]);
+        if (t < n) {
             const float *v0 = v + (uint64_t)t * h->stride;
-            for (uint32_t b = 0; b < 4; b++) even[b] = _mm512_fmadd_ps(p0, _mm512_maskz_loadu_ps(m[b], v0 + 16 * b), even[b]);
+#pragma GCC unroll 4
+            for (uint32_t j = 0; j < HC; j++) {
+                const __m512 p0 = _mm512_set1_ps(p[(uint64_t)j * n + t]);
+#pragma GCC unroll 8
+                for (uint32_t b = 0; b < BP; b++)
+                    even[j * BP + b] = _mm512_fmadd_ps(p0, _mm512_maskz_loadu_ps(m[b], v0 + 16 * b), even[j * BP + b]);
+            }
         }
-        for (uint32_t b = 0; b < nb; b++) _mm512_mask_storeu_ps(out + i0 + 16 * b, m[b], _mm512_add_ps(even[b], odd[b]));
+#pragma GCC unroll 4
+        for (uint32_t j = 0; j < HC; j++)
+#pragma GCC unroll 8
+            for (uint32_t b = 0; b < BP; b++)
+                if (m[b])
+                    _mm512_mask_storeu_ps(out + (uint64_t)(h0 + j) * h->d + i0 + 16 * b, m[b],
+                                          _mm512_add_ps(even[j * BP + b], odd[j * BP + b]));
     }
 }
 
-static COL_T512 void attend_head_avx512(const col_head_job *h, float *scores, float *out)
+COL_INLINE COL_T512 void attend_heads(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores, float *out)
 {
-    head_scores_avx512(h, scores);
-    softmax_avx512(scores, h->n_keys);
-    head_values_avx512(h, scores, out);
+    group_scores(h, h0, HC, scores);
+    for (uint32_t j = 0; j < HC; j++) softmax_avx512(scores + (uint64_t)(h0 + j) * h->n_keys, h->n_keys);
+    group_values(h, h0, HC, scores + (uint64_t)h0 * h->n_keys, out);
+}
+
+static COL_T512 void attend_group_avx512(const col_head_job *h, float *scores, float *out)
+{
+    for (uint32_t h0 = 0; h0 < h->n_q;) {
+        const uint32_t left = h->n_q - h0;
+        if (left >= 4) {
+            attend_heads(h, h0, 4, scores, out);
+            h0 += 4;
+        } else if (left >= 2) {
+            attend_heads(h, h0, 2, scores, out);
+            h0 += 2;
+        } else {
+            attend_heads(h, h0, 1, scores, out);
+            h0 += 1;
+        }
+    }
 }
 
 COL_INLINE COL_T2 float dot_head_avx2(const float *a, const float *b, uint32_t d)
@@ -1188,19 +1251,26 @@ void col_pool_free(col_pool *pool)
 
 void col_attend_head(const col_pool *pool, const col_head_job *head, float *scores, float *out)
 {
+    const col_isa isa = col_pool_isa(pool);
 #if defined(__x86_64__)
-    col_isa isa = col_pool_isa(pool);
     if (isa >= COL_ISA_AVX512) {
-        attend_head_avx512(head, scores, out);
-        return;
-    }
-    if (isa == COL_ISA_AVX2) {
-        attend_head_avx2(head, scores, out);
+        attend_group_avx512(head, scores, out);
         return;
     }
 #endif
-    (void)pool;
-    attend_head_portable(head, scores, out);
+    (void)isa; /* only x86 has paths to choose from */
+    for (uint32_t j = 0; j < head->n_q; j++) {
+        col_head_job one = *head;
+        one.q = head->q + (uint64_t)j * head->d;
+        one.n_q = 1;
+#if defined(__x86_64__)
+        if (isa == COL_ISA_AVX2) {
+            attend_head_avx2(&one, scores, out + (uint64_t)j * head->d);
+            continue;
+        }
+#endif
+        attend_head_portable(&one, scores, out + (uint64_t)j * head->d);
+    }
 }
 
 static void swiglu_gate_range(col_isa isa, float *h1, const float *h3, uint64_t n)

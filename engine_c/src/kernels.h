@@ -72,9 +72,11 @@ void col_pool_free(col_pool *pool);
 typedef void (*col_pool_task)(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1);
 void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items);
 
-/* One attention head at one position: out[0..d) = sum_t p[t] * v[t], p = softmax(scale * q.k[t])
- * over n_keys cached keys k[t] = k + t * stride (values likewise), in f32 on the pool's kernel
- * path. scores: [n_keys] scratch. Fixed order per path, so bit-identical for any thread count. */
+/* The query heads of one KV group at one position: for each head j < n_q, with its query
+ * q + j * d, out[j * d .. (j + 1) * d) = sum_t p[t] * v[t], p = softmax(scale * q.k[t]) over n_keys
+ * cached keys k[t] = k + t * stride (values likewise), in f32 on the pool's kernel path. scores:
+ * [n_q][n_keys] scratch. A head's result depends only on its own inputs and the path (not on
+ * n_q, the thread count or the position of the call), so a step equals a prefill block. */
 typedef struct col_head_job {
     const float *q;
     const float *k;
@@ -83,6 +85,7 @@ typedef struct col_head_job {
     uint32_t n_keys;
     uint32_t d;
     float scale;
+    uint32_t n_q;      /* query heads sharing k and v (>= 1) */
 } col_head_job;
 void col_attend_head(const col_pool *pool, const col_head_job *head, float *scores, float *out);
 

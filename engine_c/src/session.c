@@ -103,7 +103,7 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     BIND(k, kv_dim, sizeof(float));
     BIND(v, kv_dim, sizeof(float));
     BIND(att, q_dim, sizeof(float));
-    BIND(scores, (uint64_t)c->n_threads * cap, sizeof(float)); /* one row per thread */
+    BIND(scores, (uint64_t)c->n_threads * (hp->n_heads / hp->n_kv_heads) * cap, sizeof(float)); /* per thread: a KV group's heads */
     BIND(tmp, hp->d_model, sizeof(float));
     BIND(acc, hp->d_model, sizeof(float));
     BIND(h1, d_ff, sizeof(float));

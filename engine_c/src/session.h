@@ -40,7 +40,7 @@ struct col_session {
     float *k;                   /* [n_kv_heads * head_dim] */
     float *v;                   /* [n_kv_heads * head_dim] */
     float *att;                 /* [n_heads * head_dim] attention output before o-proj */
-    float *scores;              /* [n_threads][capacity] attention scores of one head, per thread */
+    float *scores;              /* [n_threads][n_heads / n_kv_heads][capacity] attention scores of one KV group's heads */
     float *tmp;                 /* [d_model] a sublayer's output */
     float *acc;                 /* [d_model] MoE accumulator */
     float *h1;                  /* [d_ff_max] */

@@ -341,45 +341,56 @@ static void test_swiglu_gate(const char *isa)
     pool_done(&three);
 }
 
-/* One attention head on one path, against a double-precision softmax(q.K * scale) . V: head
- * dimensions with and without a partial block of 16 (17, 64, 80, 128, 200) and key counts around
- * the groups of 16 the AVX-512 scores use (1..35, 100), keys spaced by a stride as in the cache. */
-static void test_attend_head(const char *isa)
+/* The query heads of a KV group on one path, against a double-precision softmax(q.K * scale) . V
+ * per head: head dimensions with and without a partial block of 16 (17, 64, 80, 128, 200), key
+ * counts around the groups of keys the AVX-512 scores use (1..35, 100), keys spaced by a stride
+ * as in the cache, and 1..5 or 8 heads per group. Every head's output is also the same, bit for
+ * bit, as that head run alone (a head's result must not depend on its group). */
+static void test_attend_heads(const char *isa)
 {
     run r = pool_for(isa, 1, 1, 32);
     CHECK(r.pool != NULL);
     if (!r.pool) return;
-    enum { MAX_KEYS = 100, MAX_D = 200, STRIDE = 2 * MAX_D + 3 };
-    float *k = malloc(MAX_KEYS * STRIDE * sizeof *k), *v = malloc(MAX_KEYS * STRIDE * sizeof *v), q[MAX_D],
-          scores[MAX_KEYS], out[MAX_D];
+    enum { MAX_KEYS = 100, MAX_D = 200, MAX_Q = 8, STRIDE = 2 * MAX_D + 3 };
+    float *k = malloc(MAX_KEYS * STRIDE * sizeof *k), *v = malloc(MAX_KEYS * STRIDE * sizeof *v), q[MAX_Q * MAX_D],
+          *scores = malloc(MAX_Q * MAX_KEYS * sizeof *scores), out[MAX_Q * MAX_D], alone[MAX_D];
     for (int i = 0; i < MAX_KEYS * STRIDE; i++) k[i] = 2.0f * frand(), v[i] = frand();
-    const uint32_t dims[] = {17, 64, 80, 128, 200};
-    int bad = 0;
+    const uint32_t dims[] = {17, 64, 80, 128, 200}, groups[] = {1, 2, 3, 4, 5, 8};
+    int bad = 0, grouped_differs = 0;
     for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
         uint32_t d = dims[di];
-        for (uint32_t i = 0; i < d; i++) q[i] = frand();
-        for (uint32_t n = 1; n <= MAX_KEYS; n = n < 35 ? n + 1 : MAX_KEYS) {
-            col_head_job job = {q, k, v, STRIDE, n, d, 0.125f};
-            col_attend_head(r.pool, &job, scores, out);
-            double p[MAX_KEYS], max = -INFINITY, sum = 0.0;
-            for (uint32_t t = 0; t < n; t++) {
-                double dot = 0.0;
-                for (uint32_t i = 0; i < d; i++) dot += (double)q[i] * k[t * STRIDE + i];
-                p[t] = dot * 0.125;
-                max = p[t] > max ? p[t] : max;
+        for (uint32_t i = 0; i < MAX_Q * d; i++) q[i] = frand();
+        for (size_t gi = 0; gi < sizeof groups / sizeof *groups; gi++) {
+            uint32_t nq = groups[gi];
+            for (uint32_t n = 1; n <= MAX_KEYS; n = n < 35 ? n + 1 : MAX_KEYS) {
+                col_head_job job = {q, k, v, STRIDE, n, d, 0.125f, nq};
+                col_attend_head(r.pool, &job, scores, out);
+                for (uint32_t h = 0; h < nq; h++) {
+                    col_head_job one = {q + h * d, k, v, STRIDE, n, d, 0.125f, 1};
+                    col_attend_head(r.pool, &one, scores, alone);
+                    grouped_differs += memcmp(alone, out + h * d, d * sizeof *alone) != 0;
+                    double p[MAX_KEYS], max = -INFINITY, sum = 0.0;
+                    for (uint32_t t = 0; t < n; t++) {
+                        double dot = 0.0;
+                        for (uint32_t i = 0; i < d; i++) dot += (double)q[h * d + i] * k[t * STRIDE + i];
+                        p[t] = dot * 0.125;
+                        max = p[t] > max ? p[t] : max;
+                    }
+                    for (uint32_t t = 0; t < n; t++) sum += p[t] = exp(p[t] - max);
+                    for (uint32_t i = 0; i < d; i++) {
+                        double want = 0.0;
+                        for (uint32_t t = 0; t < n; t++) want += p[t] / sum * v[t * STRIDE + i];
+                        bad += fabs(out[h * d + i] - want) > 2e-6;
+                    }
+                }
+                if (n == MAX_KEYS) break;
             }
-            for (uint32_t t = 0; t < n; t++) sum += p[t] = exp(p[t] - max);
-            for (uint32_t i = 0; i < d; i++) {
-                double want = 0.0;
-                for (uint32_t t = 0; t < n; t++) want += p[t] / sum * v[t * STRIDE + i];
-                bad += fabs(out[i] - want) > 2e-6;
-            }
-            if (n == MAX_KEYS) break;
         }
     }
     CHECK(bad == 0);
-    if (bad) fprintf(stderr, "attend head %s: %d outputs off\n", isa, bad);
-    free(k), free(v);
+    CHECK(grouped_differs == 0);
+    if (bad || grouped_differs) fprintf(stderr, "attend heads %s: %d outputs off, %d grouped heads differ\n", isa, bad, grouped_differs);
+    free(k), free(v), free(scores);
     pool_done(&r);
 }
 
@@ -390,15 +401,15 @@ int main(void)
     test_parallel_preparation();
     test_path("portable");
     test_swiglu_gate("portable");
-    test_attend_head("portable");
+    test_attend_heads("portable");
 #if defined(__x86_64__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_path("avx2");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_path("avx512");
     if (__builtin_cpu_supports("avx512f")) test_swiglu_gate("avx512");
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_attend_head("avx2");
-    if (__builtin_cpu_supports("avx512f")) test_attend_head("avx512");
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_attend_heads("avx2");
+    if (__builtin_cpu_supports("avx512f")) test_attend_heads("avx512");
     test_path("amx");
 #endif
     return TEST_REPORT();
