@@ -11,14 +11,45 @@
 #include <math.h>
 #include <string.h>
 
-void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
-                 float *w_scratch)
+/* out = weight * (x / rms(x)), the weight already as f32. */
+static void rmsnorm_loaded(const float *x, const float *weight, float eps, uint64_t n, float *out)
 {
     float sum = 0.0f;
     for (uint64_t i = 0; i < n; i++) sum += x[i] * x[i];
     float inv = 1.0f / sqrtf(sum / (float)n + eps);
+    for (uint64_t i = 0; i < n; i++) out[i] = weight[i] * (x[i] * inv);
+}
+
+void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
+                 float *w_scratch)
+{
     col_load_row(w->data, w->dtype, n, w_scratch);
-    for (uint64_t i = 0; i < n; i++) out[i] = w_scratch[i] * (x[i] * inv);
+    rmsnorm_loaded(x, w_scratch, eps, n, out);
+}
+
+typedef struct norm_task {
+    const float *x, *weight;
+    float eps;
+    uint64_t n;
+    float *out;
+} norm_task;
+
+static void norm_rows(void *ctx, uint32_t thread, uint64_t r0, uint64_t r1)
+{
+    const norm_task *task = ctx;
+    (void)thread;
+    for (uint64_t r = r0; r < r1; r++) rmsnorm_loaded(task->x + r * task->n, task->weight, task->eps, task->n, task->out + r * task->n);
+}
+
+/* A prefill block's rows were normalised one by one on the calling thread, each loading the
+ * weight again: 2 % of a bf16 prefill (perf) while the other thread waited. Paired in-process
+ * runs of this version: prefill 1.04x (bf16 and q4). */
+void col_rmsnorm_rows(col_session *s, const float *x, const col_tensor_info *w, uint32_t rows, float *out)
+{
+    const uint64_t n = s->model->hp.d_model;
+    col_load_row(w->data, w->dtype, n, s->norm_weight);
+    norm_task task = {x, s->norm_weight, s->model->hp.norm_eps, n, out};
+    col_pool_run(s->pool, norm_rows, &task, rows);
 }
 
 /* out = w2 . (silu(w1 . x) * (w3 . x)) */

@@ -78,16 +78,12 @@ void col_forward_batch(col_session *s, const int32_t *tokens, uint32_t n, float 
         const col_layer *layer = &m->layers[l];
         uint64_t phase[COL_PHASE_COUNT] = {0};
         uint64_t t0 = tracing ? col_now_ns() : 0;
-        for (uint32_t t = 0; t < n; t++)
-            col_rmsnorm(s->bx + (uint64_t)t * d_model, layer->attn_norm, hp->norm_eps, d_model,
-                        s->bxn + (uint64_t)t * d_model, s->norm_weight);
+        col_rmsnorm_rows(s, s->bx, layer->attn_norm, n, s->bxn);
         col_attention_batch(s, l, n);
         for (uint64_t i = 0; i < (uint64_t)n * d_model; i++) s->bx[i] += s->btmp[i];
         col_numerics_round(&s->numerics, s->bx, (uint64_t)n * d_model);
         uint64_t t1 = tracing ? col_now_ns() : 0;
-        for (uint32_t t = 0; t < n; t++)
-            col_rmsnorm(s->bx + (uint64_t)t * d_model, layer->ffn_norm, hp->norm_eps, d_model,
-                        s->bxn + (uint64_t)t * d_model, s->norm_weight);
+        col_rmsnorm_rows(s, s->bx, layer->ffn_norm, n, s->bxn);
         col_feed_forward_batch(s, l, n, tracing ? phase : NULL);
         for (uint64_t i = 0; i < (uint64_t)n * d_model; i++) s->bx[i] += s->btmp[i];
         col_numerics_round(&s->numerics, s->bx, (uint64_t)n * d_model);
@@ -102,9 +98,7 @@ void col_forward_batch(col_session *s, const int32_t *tokens, uint32_t n, float 
     }
     /* the LM head over every position when all logits are wanted, else over the last only */
     uint32_t first = logits ? 0 : n - 1, rows = n - first;
-    for (uint32_t t = first; t < n; t++)
-        col_rmsnorm(s->bx + (uint64_t)t * d_model, m->output_norm, hp->norm_eps, d_model,
-                    s->bxn + (uint64_t)(t - first) * d_model, s->norm_weight);
+    col_rmsnorm_rows(s, s->bx + (uint64_t)first * d_model, m->output_norm, rows, s->bxn);
     col_matvec_job head = {col_weight_of(m->output), s->bxn, logits ? logits : s->blogits, rows};
     col_matmul_many(s->pool, &head, 1);
     const float *last = (logits ? logits : s->blogits) + (uint64_t)(rows - 1) * hp->vocab_size;

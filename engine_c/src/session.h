@@ -109,6 +109,10 @@ void col_feed_forward_batch(col_session *s, uint32_t layer, uint32_t n, uint64_t
 /* rmsnorm: out = w * (x / sqrt(mean(x^2) + eps)), w stored in `w` (any dtype, n elements). */
 void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
                  float *w_scratch);
+/* col_rmsnorm of `rows` rows of d_model values (x and out [rows][d_model]) with the session's
+ * eps, the weight loaded once and the rows split among the pool's threads; each row's result is
+ * what col_rmsnorm gives it. Uses s->norm_weight. */
+void col_rmsnorm_rows(col_session *s, const float *x, const col_tensor_info *w, uint32_t rows, float *out);
 
 /* forward.c: process one token at the session's current position; logits into s->logits. */
 void col_forward_token(col_session *s, int32_t token);
