@@ -732,8 +732,10 @@ COL_INLINE COL_T512 __m512 exp16(__m512 x)
  * - softmax per head: the maximum, exp16 of the differences and their sum in 16 lanes, summed once;
  * - values: each (head, block of 16 dimensions) output has two chains, even and odd keys, added
  *   at the end; 16 chains run at once (4 heads x 2 blocks, 2 x 4 or 1 x 8).
- * One head at a time with a horizontal sum per key, the heads were 3.1 % of a q4 decode step at
- * 144 positions and 35 % at 1536 (perf, phase times). The result is a fixed function of a head's
+ * A job whose cache comes from memory (decode: the step's weights have flushed it) asks for the
+ * lines of the keys and values `prefetch` positions ahead. One head at a time with a horizontal
+ * sum per key, the heads were 3.1 % of a q4 decode step at 144 positions and 35 % at 1536 (perf,
+ * phase times). The result is a fixed function of a head's
  * inputs, so a step and a prefill block agree bit for bit. */
 COL_INLINE COL_T512 __m512 sum16x16(__m512 *a)
 {
@@ -765,6 +767,10 @@ COL_INLINE COL_T512 void group_scores(const col_head_job *h, uint32_t h0, const 
     for (uint32_t t0 = 0; t0 < h->n_keys; t0 += KC) {
         const uint32_t here = h->n_keys - t0 < KC ? h->n_keys - t0 : KC;
         const float *key = h->k + (uint64_t)t0 * h->stride;
+        if (h->prefetch && t0 + h->prefetch < h->n_keys) /* the lines of the keys that far ahead */
+            for (uint32_t k = 0; k < KC && t0 + h->prefetch + k < h->n_keys; k++)
+                for (uint32_t i = 0; i < h->d; i += 16)
+                    _mm_prefetch((const char *)(key + (uint64_t)(h->prefetch + k) * h->stride + i), _MM_HINT_T0);
         __m512 acc[16];
 #pragma GCC unroll 16
         for (uint32_t a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
@@ -836,6 +842,12 @@ COL_INLINE COL_T512 void group_values(const col_head_job *h, uint32_t h0, const 
         uint32_t t = 0;
         for (; t + 2 <= n; t += 2) {
             const float *v0 = v + (uint64_t)t * h->stride, *v1 = v0 + h->stride;
+            if (h->prefetch && t + h->prefetch + 1 < n)
+#pragma GCC unroll 8
+                for (uint32_t b = 0; b < BP; b++) {
+                    _mm_prefetch((const char *)(v0 + (uint64_t)h->prefetch * h->stride + 16 * b), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(v1 + (uint64_t)h->prefetch * h->stride + 16 * b), _MM_HINT_T0);
+                }
             __m512 x0[8], x1[8];
 #pragma GCC unroll 8
             for (uint32_t b = 0; b < BP; b++) {
