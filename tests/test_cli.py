@@ -302,6 +302,9 @@ def test_bench_json_states_decode_against_the_same_run_probe(capsys: Capture) ->
         tied = next(t.nbytes for t in m.tensors if t.name == "token_embd") if hp.flags & 2 else 0
     per_token = expected + tied
     assert r["weight_bytes_per_token"] == per_token
+    # decoded positions 8..11 read the keys and values of 9..12 positions in every layer
+    kv_per_position = 2 * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4
+    assert r["kv_bytes_per_token"] == kv_per_position * (9 + 10 + 11 + 12) // 4
     assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["trace_on_decode_tok_s"] > 0
     assert r["limit_tok_s"] == pytest.approx(r["probe_gb_s"] * 1e9 / per_token)
     assert r["effective_gb_s"] == pytest.approx(per_token * r["decode_tok_s"] / 1e9)

@@ -53,6 +53,18 @@ def weight_bytes_per_token(model: Model) -> int:
     return sum(phase_bytes(model).values())
 
 
+def kv_bytes_per_token(model: Model, first: int, n: int) -> int:
+    """Bytes of KV cache the steps at positions first..first+n-1 read, on average: every layer's
+    keys and values (f32) of the positions each attends to (all before it and itself, or the
+    sliding window). Not counted in the limit, which is about weights, but at long contexts it
+    is what the attention heads wait on."""
+    hp = model.hparams
+    per_position = 2 * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4
+    seen = [min(pos + 1, hp.sliding_window) if hp.sliding_window > 0 else pos + 1
+            for pos in range(first, first + n)]
+    return per_position * sum(seen) // n
+
+
 def phase_breakdown(model: Model, session: Session, first: int, n: int) -> dict[str, dict[str, float]]:
     """Median milliseconds per decoded token of each part of the step (from the trace's phase
     timings of positions first..first+n-1) and the weight bandwidth each part reached: a part
@@ -83,6 +95,7 @@ class BenchResult:
     decode_tok_s: float
     decode_ms_per_token: float
     weight_bytes_per_token: int
+    kv_bytes_per_token: int  # average over the decoded positions; not in the limit
     effective_gb_s: float
     probe_gb_s: float
     limit_tok_s: float
@@ -161,6 +174,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         file=path, kernels=session.kernels, threads=threads, prompt_tokens=prompt, decode_tokens=n,
         repeats=repeats, prefill_tok_s=prompt / pre, decode_tok_s=dec_tok_s,
         decode_ms_per_token=1000.0 * dec / n, weight_bytes_per_token=wb,
+        kv_bytes_per_token=kv_bytes_per_token(model, prompt, n),
         effective_gb_s=wb * dec_tok_s / 1e9, probe_gb_s=bw / 1e9, limit_tok_s=limit,
         fraction_of_limit=statistics.median(fractions), trace_on_decode_tok_s=traced_tok_s,
         trace_cost=1.0 - traced_tok_s / dec_tok_s if traced_s else float("nan"),
@@ -177,6 +191,8 @@ def format_result(r: BenchResult) -> str:
         f"prefill              {r.prefill_tok_s:9.1f} tok/s  ({r.prompt_tokens} tokens, median of {r.repeats})",
         f"decode               {r.decode_tok_s:9.1f} tok/s  {r.decode_ms_per_token:.2f} ms/token ({r.decode_tokens} tokens)",
         f"weights per token    {r.weight_bytes_per_token / 1e6:9.1f} MB",
+        f"KV cache per token   {r.kv_bytes_per_token / 1e6:9.2f} MB  (read by the heads, average over the decoded "
+        "positions; not in the limit)",
         f"effective bandwidth  {r.effective_gb_s:9.2f} GB/s",
         f"probe bandwidth      {r.probe_gb_s:9.2f} GB/s  (same run, {r.threads} thread(s), best of {r.repeats + 1} probes)",
         f"decode limit         {r.limit_tok_s:9.1f} tok/s  (best probe)",
