@@ -699,11 +699,12 @@ static COL_T512 void rows_avx512(const col_matvec_job *j, const uint8_t *qx, uin
     }
 }
 
-/* exp(x), 16 at a time, for the SwiGLU gate and the softmax of a head: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is
- * exact to a few ulp), exp(r) by its Taylor series to r^7 (truncation below 6e-9 relative, so the
- * result is within 2 ulp of expf), scaled by 2^n with vscalefps, which gives 0 and inf past the
- * range. x is clamped to [-150, 150] first (exp is 0 or inf there already) so that n stays
- * finite; a NaN passes through the clamp (the second operand of max/min is returned). */
+/* exp(x), 16 at a time, for the SwiGLU gate and the softmax of a head: x = n ln2 + r with |r| <=
+ * ln2 / 2 (ln2 in two parts, so r is exact to a few ulp), exp(r) by its Taylor series to r^7
+ * (truncation below 6e-9 relative, so the result is within 2 ulp of expf), scaled by 2^n with
+ * vscalefps, which gives 0 and inf past the range. x is clamped to [-150, 150] first (exp is 0 or
+ * inf there already) so that n stays finite; a NaN passes through the clamp (the second operand of
+ * max/min is returned). */
 COL_INLINE COL_T512 __m512 exp16(__m512 x)
 {
     x = _mm512_min_ps(_mm512_set1_ps(150.0f), _mm512_max_ps(_mm512_set1_ps(-150.0f), x));
@@ -722,21 +723,21 @@ COL_INLINE COL_T512 __m512 exp16(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
-/* The query heads of one KV group (col_attend_head) on AVX-512, in three passes over the keys,
- * up to four heads at a time so that each key and value line fetched serves all of them:
+/* The query heads of one KV group (col_attend_head) on AVX-512, in three passes over the keys, up
+ * to four heads at a time so that each key and value line fetched serves all of them:
  * - scores: each (head, key) product accumulates in one vector over the blocks of 16 of q and the
  *   key (the last block masked); 16 such vectors (4 heads x 4 keys, 2 x 8 or 1 x 16) are summed
- *   lane-wise by one transpose tree (sum16x16), which gives every vector the same additions in the
- *   same order, so a score depends only on its query and key, never on which heads or keys shared
- *   its tree (missing keys are zero vectors);
+ *   lane-wise by one transpose tree (sum16x16), which gives every vector the same additions in
+ *   the same order, so a score depends only on its query and key, never on which heads or keys
+ *   shared its tree (missing keys are zero vectors);
  * - softmax per head: the maximum, exp16 of the differences and their sum in 16 lanes, summed once;
- * - values: each (head, block of 16 dimensions) output has two chains, even and odd keys, added
- *   at the end; 16 chains run at once (4 heads x 2 blocks, 2 x 4 or 1 x 8).
+ * - values: each (head, block of 16 dimensions) output has two chains, even and odd keys, added at
+ *   the end; 16 chains run at once (4 heads x 2 blocks, 2 x 4 or 1 x 8).
  * A job whose cache comes from memory (decode: the step's weights have flushed it) asks for the
  * lines of the keys and values `prefetch` positions ahead. One head at a time with a horizontal
  * sum per key, the heads were 3.1 % of a q4 decode step at 144 positions and 35 % at 1536 (perf,
- * phase times). The result is a fixed function of a head's
- * inputs, so a step and a prefill block agree bit for bit. */
+ * phase times). The result is a fixed function of a head's inputs, so a step and a prefill block
+ * agree bit for bit. */
 COL_INLINE COL_T512 __m512 sum16x16(__m512 *a)
 {
     __m512 x[8], y[4], z[2];
@@ -1062,13 +1063,14 @@ static void run_chunk(const col_pool *pool, uint32_t t, uint32_t chunk)
     }
 }
 
-/* Cut a batch of `work` multiply-adds into chunks for the pool's n threads, guided: each chunk
- * is the work left divided by 2n, but at least COL_GUIDED_MIN_MACS (and a 32nd of the work, so
- * there are at most COL_MAX_CHUNKS; and at most an n-th of the work, so each thread gets one), so the first chunks are long (their rows make long streams)
- * and the last ones short. Equal chunks (2-8 per product, as before) left the calling thread
- * waiting 9 % of a q4 decode step for the worker to finish its last one; guided chunks cut that
- * wait to 2 %. Paired in-process runs: prefill 1.03-1.07x (f32, bf16, q4); decode 0.99-1.03x,
- * since while one thread waits the other reads faster. */
+/* Cut a batch of `work` multiply-adds into chunks for the pool's n threads, guided: each chunk is
+ * the work left divided by 2n, but at least COL_GUIDED_MIN_MACS (and a 32nd of the work, so there
+ * are at most COL_MAX_CHUNKS; and at most an n-th of the work, so each thread gets one), so the
+ * first chunks are long (their rows make long streams) and the last ones short. Equal chunks (2-8
+ * per product, as before) left the calling thread waiting 9 % of a q4 decode step for the worker
+ * to finish its last one; guided chunks cut that wait to 2 %. Paired in-process runs: prefill
+ * 1.03-1.07x (f32, bf16, q4); decode 0.99-1.03x, since while one thread waits the other reads
+ * faster. */
 static void plan_chunks(col_pool *pool, uint64_t work)
 {
     const uint64_t n = pool->n_threads, least_by_work = work / (COL_MAX_CHUNKS / 2);
