@@ -24,21 +24,35 @@ void col_rope_init(const col_hparams *hp, float *inv_freq)
     }
 }
 
-/* Rotate each of n_heads vectors of head_dim values in place (rotate_half layout). */
-static void rope_apply(float *vec, uint32_t n_heads, uint32_t head_dim, uint32_t position,
-                       const float *inv_freq)
+/* Rotate each of n_heads vectors of head_dim values in place by the angles whose cosines and
+ * sines are c and s [head_dim / 2] (rotate_half layout). */
+static void rope_rotate(float *vec, uint32_t n_heads, uint32_t head_dim, const float *c, const float *s)
 {
     uint32_t half = head_dim / 2;
-    for (uint32_t i = 0; i < half; i++) {
-        float angle = (float)position * inv_freq[i];
-        float c = cosf(angle), s = sinf(angle);
-        for (uint32_t h = 0; h < n_heads; h++) {
-            float *v = vec + (uint64_t)h * head_dim;
+    for (uint32_t h = 0; h < n_heads; h++) {
+        float *v = vec + (uint64_t)h * head_dim;
+        for (uint32_t i = 0; i < half; i++) {
             float x1 = v[i], x2 = v[i + half];
-            v[i] = x1 * c - x2 * s;
-            v[i + half] = x2 * c + x1 * s;
+            v[i] = x1 * c[i] - x2 * s[i];
+            v[i + half] = x2 * c[i] + x1 * s[i];
         }
     }
+}
+
+/* RoPE of q [n_heads] and k [n_kv_heads] at `position`, with the cosines and sines computed once
+ * for both, and before the heads' loops rather than inside them (perf put RoPE at 1.1 % of a bf16
+ * prefill's calling thread). The same values as before, so the same bits. */
+static void rope_apply(float *q, uint32_t n_heads, float *k, uint32_t n_kv_heads, uint32_t head_dim, uint32_t position,
+                       const float *inv_freq)
+{
+    float c[COL_MAX_HEAD_DIM / 2], s[COL_MAX_HEAD_DIM / 2];
+    for (uint32_t i = 0; i < head_dim / 2; i++) {
+        float angle = (float)position * inv_freq[i];
+        c[i] = cosf(angle);
+        s[i] = sinf(angle);
+    }
+    rope_rotate(q, n_heads, head_dim, c, s);
+    rope_rotate(k, n_kv_heads, head_dim, c, s);
 }
 
 static void add_bias(float *y, const col_tensor_info *bias, uint64_t n)
@@ -103,8 +117,7 @@ static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos,
         for (uint32_t h = 0; h < nkv; h++)
             col_rmsnorm(k + (uint64_t)h * d, layer->attn_k_norm, hp->norm_eps, d, k + (uint64_t)h * d, s->norm_weight);
     }
-    rope_apply(q, nh, d, pos, s->inv_freq);
-    rope_apply(k, nkv, d, pos, s->inv_freq);
+    rope_apply(q, nh, k, nkv, d, pos, s->inv_freq);
 
     float *k_layer = s->k_cache + (uint64_t)layer_index * s->capacity * kv_dim;
     float *v_layer = s->v_cache + (uint64_t)layer_index * s->capacity * kv_dim;

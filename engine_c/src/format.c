@@ -1058,9 +1058,9 @@ static void check_hparams(const layout *L, sink *s)
         ERR(s, COL_ERR_HEADER, H_N_KV_HEADS, "",
             "n_kv_heads %" PRIu32 " not in 1..n_heads or does not divide n_heads %" PRIu32,
             hp->n_kv_heads, hp->n_heads);
-    if (hp->head_dim < 2 || hp->head_dim > 1024 || hp->head_dim % 2)
-        ERR(s, COL_ERR_HEADER, H_HEAD_DIM, "", "head_dim %" PRIu32 " not even in 2..1024",
-            hp->head_dim);
+    if (hp->head_dim < 2 || hp->head_dim > COL_MAX_HEAD_DIM || hp->head_dim % 2)
+        ERR(s, COL_ERR_HEADER, H_HEAD_DIM, "", "head_dim %" PRIu32 " not even in 2..%d",
+            hp->head_dim, COL_MAX_HEAD_DIM);
     if (hp->vocab_size < 1 || hp->vocab_size > 16777216)
         ERR(s, COL_ERR_HEADER, H_VOCAB, "", "vocab_size %" PRIu32 " not in 1..16777216",
             hp->vocab_size);

@@ -7,6 +7,9 @@
 #ifndef COLIBRI_INTERNAL_H
 #define COLIBRI_INTERNAL_H
 
+/* The largest head_dim a file may declare (format.c checks it; attention.c sizes by it). */
+#define COL_MAX_HEAD_DIM 1024
+
 #include "colibri.h"
 
 #include <stdbool.h>
