@@ -38,7 +38,8 @@ static void norm_rows(void *ctx, uint32_t thread, uint64_t r0, uint64_t r1)
 {
     const norm_task *task = ctx;
     (void)thread;
-    for (uint64_t r = r0; r < r1; r++) rmsnorm_loaded(task->x + r * task->n, task->weight, task->eps, task->n, task->out + r * task->n);
+    for (uint64_t r = r0; r < r1; r++)
+        rmsnorm_loaded(task->x + r * task->n, task->weight, task->eps, task->n, task->out + r * task->n);
 }
 
 /* A prefill block's rows were normalised one by one on the calling thread, each loading the
