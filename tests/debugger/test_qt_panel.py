@@ -38,6 +38,16 @@ def controller(qtbot):
     c.shutdown()
 
 
+@pytest.fixture
+def panel(qtbot, model: Model):
+    """A debugger panel on the test model, shut down after the test."""
+    p = QtDebuggerPanel()
+    qtbot.addWidget(p)
+    p.set_model(model)
+    yield p
+    p.shutdown()
+
+
 def test_worker_run_equals_headless_run(qtbot, controller: DebuggerController,
                                         model: Model) -> None:
     settings = RunSettings(PROMPT, 8, decoding="sample", seed=11)
@@ -105,89 +115,77 @@ def test_event_table_model(qtmodeltester, model: Model) -> None:
     assert table.data(table.index(3, 2)) == dbg.events[3].token_text
 
 
-def test_panel_end_to_end(qtbot, model: Model, tmp_path: Path) -> None:
-    panel = QtDebuggerPanel()
-    qtbot.addWidget(panel)
-    try:
-        panel.set_model(model)
-        panel.run_panel.prompt.setText("the cat sat on")
-        assert "'cat':4" in panel.run_panel.pieces.text()
-        panel.run_panel.max_new.setValue(6)
-        panel.breakpoint_view.add(AtPosition(3))
-        with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
-            panel.run_panel.buttons["run"].click()
-        snap = blocker.args[0]
-        assert snap.result.reason == "breakpoint" and snap.result.event.key == (3, 0)
-        qtbot.waitUntil(lambda: panel.event_list.model.rowCount() == len(snap.events))
-        assert panel.event_list.model.cursor == snap.cursor
-        assert "position 3" in panel.token_view.title.text()
-        # step layer: next MoE layer of the same position, nothing computed
-        with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
-            panel.step_layer()
-        assert blocker.args[0].events[blocker.args[0].cursor].key == (3, 1)
-        assert blocker.args[0].record.n_positions == 4
-        with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
-            panel.continue_run()
-        final = blocker.args[0]
-        assert final.result.reason == "finished"
-        qtbot.waitUntil(lambda: panel.event_list.model.rowCount() == len(final.events))
-        # views
-        panel.tabs.setCurrentWidget(panel.routing_map)
-        panel._repaint()
-        assert panel.routing_map.layer_box.count() == final.record.n_moe_layers
-        assert "load balance" in panel.routing_map.balance.text()
-        panel.tabs.setCurrentWidget(panel.latency)
-        panel._repaint()
-        assert "tok/s" in panel.latency.summary.text()
-        # navigation
-        panel.find_box.setText("sat")
-        panel.selected = None
-        panel.find_next()
-        assert panel.events[panel.selected].token_text == "sat"
-        panel.toggle_bookmark()
-        marked = panel.selected
-        panel.select_event(0)
-        panel.next_bookmark()
-        assert panel.selected == marked
-        panel.select_event(0)
-        panel.next_change()
-        assert panel.events[panel.selected].routing_changed
-        # files
-        qtbot.waitUntil(lambda: not panel.controller.running)
-        session = tmp_path / "s.colibri-session"
-        panel.save_session(str(session))
-        trace, table = tmp_path / "t.json", tmp_path / "r.csv"
-        panel.export_trace(str(trace))
-        panel.export_csv(str(table))
-        assert check_trace_events(json.loads(trace.read_text())) == []
-        assert table.read_text().startswith("position,token")
-        saved = panel.open_session(str(session))
-        assert saved.record.equals(final.record)
-        assert saved.bookmarks == [marked]
-        assert panel.event_list.model.rowCount() == len(final.events)
-    finally:
-        panel.shutdown()
+def test_panel_end_to_end(qtbot, panel: QtDebuggerPanel, tmp_path: Path) -> None:
+    panel.run_panel.prompt.setText("the cat sat on")
+    assert "'cat':4" in panel.run_panel.pieces.text()
+    panel.run_panel.max_new.setValue(6)
+    panel.breakpoint_view.add(AtPosition(3))
+    with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
+        panel.run_panel.buttons["run"].click()
+    snap = blocker.args[0]
+    assert snap.result.reason == "breakpoint" and snap.result.event.key == (3, 0)
+    qtbot.waitUntil(lambda: panel.event_list.model.rowCount() == len(snap.events))
+    assert panel.event_list.model.cursor == snap.cursor
+    assert "position 3" in panel.token_view.title.text()
+    # step layer: next MoE layer of the same position, nothing computed
+    with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
+        panel.step_layer()
+    assert blocker.args[0].events[blocker.args[0].cursor].key == (3, 1)
+    assert blocker.args[0].record.n_positions == 4
+    with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
+        panel.continue_run()
+    final = blocker.args[0]
+    assert final.result.reason == "finished"
+    qtbot.waitUntil(lambda: panel.event_list.model.rowCount() == len(final.events))
+    # views
+    panel.tabs.setCurrentWidget(panel.routing_map)
+    panel._repaint()
+    assert panel.routing_map.layer_box.count() == final.record.n_moe_layers
+    assert "load balance" in panel.routing_map.balance.text()
+    panel.tabs.setCurrentWidget(panel.latency)
+    panel._repaint()
+    assert "tok/s" in panel.latency.summary.text()
+    # navigation
+    panel.find_box.setText("sat")
+    panel.selected = None
+    panel.find_next()
+    assert panel.events[panel.selected].token_text == "sat"
+    panel.toggle_bookmark()
+    marked = panel.selected
+    panel.select_event(0)
+    panel.next_bookmark()
+    assert panel.selected == marked
+    panel.select_event(0)
+    panel.next_change()
+    assert panel.events[panel.selected].routing_changed
+    # files
+    qtbot.waitUntil(lambda: not panel.controller.running)
+    session = tmp_path / "s.colibri-session"
+    panel.save_session(str(session))
+    trace, table = tmp_path / "t.json", tmp_path / "r.csv"
+    panel.export_trace(str(trace))
+    panel.export_csv(str(table))
+    assert check_trace_events(json.loads(trace.read_text())) == []
+    assert table.read_text().startswith("position,token")
+    saved = panel.open_session(str(session))
+    assert saved.record.equals(final.record)
+    assert saved.bookmarks == [marked]
+    assert panel.event_list.model.rowCount() == len(final.events)
 
 
-def test_run_panel_kernel_choice_reaches_the_session(qtbot, model: Model, tmp_path: Path) -> None:
-    panel = QtDebuggerPanel()
-    qtbot.addWidget(panel)
-    try:
-        panel.set_model(model)
-        panel.run_panel.prompt.setText("the cat")
-        panel.run_panel.max_new.setValue(2)
-        panel.run_panel.kernels.setCurrentText("portable")
-        assert panel.run_panel.settings().kernels == "portable"
-        with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
-            panel.run_panel.buttons["run"].click()
-        assert blocker.args[0].kernels == "portable"
-        assert "(portable kernels)" in panel.run_panel.status.text()
-        qtbot.waitUntil(lambda: not panel.controller.running)
-        session = tmp_path / "k.colibri-session"
-        panel.save_session(str(session))
-        saved = panel.open_session(str(session))
-        assert saved.kernels == "portable" and saved.settings.kernels == "portable"
-        panel.run_panel.kernels.setCurrentText("best")
-        assert panel.run_panel.settings().kernels is None
-    finally:
-        panel.shutdown()
+def test_run_panel_kernel_choice_reaches_the_session(qtbot, panel: QtDebuggerPanel, tmp_path: Path) -> None:
+    panel.run_panel.prompt.setText("the cat")
+    panel.run_panel.max_new.setValue(2)
+    panel.run_panel.kernels.setCurrentText("portable")
+    assert panel.run_panel.settings().kernels == "portable"
+    with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
+        panel.run_panel.buttons["run"].click()
+    assert blocker.args[0].kernels == "portable"
+    assert "(portable kernels)" in panel.run_panel.status.text()
+    qtbot.waitUntil(lambda: not panel.controller.running)
+    session = tmp_path / "k.colibri-session"
+    panel.save_session(str(session))
+    saved = panel.open_session(str(session))
+    assert saved.kernels == "portable" and saved.settings.kernels == "portable"
+    panel.run_panel.kernels.setCurrentText("best")
+    assert panel.run_panel.settings().kernels is None
