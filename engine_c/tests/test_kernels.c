@@ -141,7 +141,7 @@ static void pool_done(run *r)
 
 static const uint32_t dtypes[] = {COL_DTYPE_F32, COL_DTYPE_F16, COL_DTYPE_BF16, COL_DTYPE_Q8_0, COL_DTYPE_Q4_0};
 static const uint64_t col_sizes[] = {17, 32, 64, 96, 100, 160, 224, 544, 1056};
-static const uint64_t row_sizes[] = {1, 3, 4, 7, 9, 37};
+static const uint64_t row_sizes[] = {1, 3, 4, 7, 9, 11, 37};
 static const uint32_t token_counts[] = {1, 2, 5, 6, 17};
 
 /* Every shape on one path: the reference agrees, and thread counts and batch sizes change no bit. */
