@@ -13,9 +13,9 @@
  * by exactly one thread, with a fixed lane layout: a single vector accumulator walked left to
  * right over the row, a fixed horizontal reduction, then the scalar tail in order. Tiles (eight
  * distant rows for one token in decode, six (AVX-512) or two (AVX2) neighbouring rows for four
- * tokens in a batch) only interleave independent accumulators, and which thread or chunk computes a row never
- * matters, so an output's bits depend neither on the thread count nor on the batch size: a
- * prefill equals the same tokens stepped one at a time.
+ * tokens in a batch) only interleave independent accumulators, and which thread or chunk
+ * computes a row never matters, so an output's bits depend neither on the thread count nor on
+ * the batch size: a prefill equals the same tokens stepped one at a time.
  *
  * Quantised weights (q8_0, q4_0: rows of f16 scales then payload, blocks of 32) are multiplied
  * against the activations quantised per block of 32 to int8 (scale = max|x| / 127), with exact
@@ -662,7 +662,7 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
  * token's int8 block and block sums once for 6 rows instead of 2. The token rows come from L2, so
  * fewer loads of them per multiply-add is what counts. Paired in-process on 32-token expert
  * products: f32 1.04-1.07x over 4 rows, q8_0 and q4_0 1.2-1.4x over 2 rows; 8 rows were no
- * better for q8_0/q4_0 (1.0-1.07x over 6) and more tokens per tile were slower for f32. */
+ * better for q8_0/q4_0 (0.99-1.07x over 6) and more tokens per tile were slower for f32. */
 #ifndef COL_BATCH_ROWS_512
 #define COL_BATCH_ROWS_512 6
 #endif
