@@ -88,6 +88,18 @@ void col_attention(col_session *s, uint32_t layer_index)
     add_bias(s->tmp, layer->attn_o_bias, hp->d_model);
 }
 
+/* The cached rows of KV head g in a layer. Head-major (session.h), so a head's keys and values
+ * are each one contiguous stream: in the position-major layout a position's four 256-byte head
+ * rows sat 1 KiB apart, which put a head's lines in 16 of L1's 64 sets. Same bits; a KV group's
+ * heads over 1551 cached positions ran 2x faster warm in a C driver; paired in-process, prefill
+ * 1.04-1.07x at 1536 positions and 1.05x at 128, decode unchanged (it reads the cache from
+ * memory at about 9 GB/s per thread either way). */
+static float *kv_rows(const col_session *s, float *cache, uint32_t layer_index, uint32_t g)
+{
+    const col_hparams *hp = &s->model->hp;
+    return cache + ((uint64_t)layer_index * hp->n_kv_heads + g) * s->capacity * hp->head_dim;
+}
+
 /* The per-position part before the scores: biases, q/k norms, clip, RoPE, and k/v into the
  * layer's cache at `pos`. q [q_dim], k and v [kv_dim] are updated in place. */
 static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos, float *q, float *k, float *v)
@@ -119,10 +131,10 @@ static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos,
     }
     rope_apply(q, nh, k, nkv, d, pos, s->inv_freq);
 
-    float *k_layer = s->k_cache + (uint64_t)layer_index * s->capacity * kv_dim;
-    float *v_layer = s->v_cache + (uint64_t)layer_index * s->capacity * kv_dim;
-    memcpy(k_layer + (uint64_t)pos * kv_dim, k, kv_dim * sizeof(float));
-    memcpy(v_layer + (uint64_t)pos * kv_dim, v, kv_dim * sizeof(float));
+    for (uint32_t g = 0; g < nkv; g++) {
+        memcpy(kv_rows(s, s->k_cache, layer_index, g) + (uint64_t)pos * d, k + (uint64_t)g * d, d * sizeof(float));
+        memcpy(kv_rows(s, s->v_cache, layer_index, g) + (uint64_t)pos * d, v + (uint64_t)g * d, d * sizeof(float));
+    }
 }
 
 /* The heads of n positions from `base`, as pool items (head-major): queries q [n][q_dim],
@@ -147,9 +159,7 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     const heads_task *task = ctx;
     const col_session *s = task->s;
     const col_hparams *hp = &s->model->hp;
-    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
-    const float *k_layer = s->k_cache + (uint64_t)task->layer * s->capacity * kv_dim;
-    const float *v_layer = s->v_cache + (uint64_t)task->layer * s->capacity * kv_dim;
+    const uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, d = hp->head_dim;
     const uint32_t group = hp->n_heads / hp->n_kv_heads; /* query heads per KV head */
     float *scores = s->scores + (uint64_t)thread * group * s->capacity;
     float scale = (float)(1.0 / sqrt((double)hp->head_dim));
@@ -162,9 +172,8 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
         uint64_t at = t * q_dim + (uint64_t)g * group * hp->head_dim;
         uint32_t pos = task->base + (uint32_t)t, first = 0;
         if (hp->sliding_window > 0 && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
-        uint64_t kv_off = (uint64_t)g * hp->head_dim;
-        col_head_job job = {task->q + at, k_layer + (uint64_t)first * kv_dim + kv_off,
-                            v_layer + (uint64_t)first * kv_dim + kv_off, kv_dim, pos + 1 - first, hp->head_dim, scale,
+        col_head_job job = {task->q + at, kv_rows(s, s->k_cache, task->layer, g) + first * d,
+                            kv_rows(s, s->v_cache, task->layer, g) + first * d, d, pos + 1 - first, hp->head_dim, scale,
                             group, n == 1 ? COL_DECODE_KV_PREFETCH : 0};
         col_attend_head(s->pool, &job, scores, task->att + at);
     }

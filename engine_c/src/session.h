@@ -26,7 +26,8 @@ struct col_session {
     void *arena;                /* the single allocation everything below points into */
     uint64_t arena_size;
 
-    /* KV cache: [n_layers][capacity][n_kv_heads * head_dim] */
+    /* KV cache: [n_layers][n_kv_heads][capacity][head_dim], head-major so that the heads read
+     * each KV head's keys and values as one contiguous stream (attention.c, kv_rows) */
     float *k_cache;
     float *v_cache;
 
