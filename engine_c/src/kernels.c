@@ -1179,8 +1179,9 @@ col_isa col_choose_isa(col_isa ceiling)
 
 /* Scratch layout: [max_jobs] activation pointers | activations | [n_threads] AMX staging. The
  * activations of a batch take, per job, n_tokens quantised rows, or AMX-packed tokens, which
- * need nt * ceil(cols / 32) * 192 bytes <= 6 nt cols + 186 nt, plus 64 of slack and 64 of
- * alignment. */
+ * need at most ceil(nt / 5) * ceil(cols / 32) * 1024 <= 32 (nt + 4) (cols + 31) / 5 bytes
+ * = 6.4 nt cols + 198.4 nt + 25.6 cols + 793.6 (col_amx_packed_bytes), plus 64 of slack and 64
+ * of alignment. */
 static uint64_t pointers_bytes(uint32_t max_jobs)
 {
     return ((uint64_t)max_jobs * sizeof(uint8_t *) + 63) & ~(uint64_t)63;
@@ -1188,7 +1189,8 @@ static uint64_t pointers_bytes(uint32_t max_jobs)
 static uint64_t act_bytes(col_isa isa, const col_pool_limits *l)
 {
     uint64_t q = qrow_bytes(l->max_act_cols) + 64 * (uint64_t)l->max_jobs;
-    uint64_t amx = 6 * l->max_act_cols + (uint64_t)l->max_jobs * (186 * (uint64_t)l->max_tokens + 128);
+    uint64_t amx = 32 * (uint64_t)l->max_act_cols / 5 + 1 +
+                   (uint64_t)l->max_jobs * (199 * (uint64_t)l->max_tokens + 26 * (uint64_t)l->max_cols + 794 + 128);
     uint64_t bytes = isa == COL_ISA_AMX && amx > q ? amx : q;
     return (bytes + 63) & ~(uint64_t)63; /* the staging after it is 64-byte aligned */
 }
