@@ -337,3 +337,28 @@ def test_bench_kernels_tool_compares_two_paths_in_one_process(capsys: Capture) -
                         "-t", "1", "-r", "2"]) == 0
     out = capsys.readouterr().out
     assert f"decode {best_kernels()}/portable: median" in out and "  portable  prefill" in out
+
+
+def test_bench_compare_tool_runs_both_engines_on_one_model(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """tools/bench_compare.py: transformers and Colibri on the same tiny Mixtral, ratios printed."""
+    import importlib.util
+
+    pytest.importorskip("torch")
+    hf_reference = pytest.importorskip("hf_reference")
+    from colibri.convert import convert
+
+    hf_dir = hf_reference.save(hf_reference.build(hf_reference.VARIANTS[0]), tmp_path / "hf")
+    out = tmp_path / "tiny.colibri"
+    convert(hf_dir, out, dtype="f32")
+    tool = Path(__file__).resolve().parents[1] / "tools" / "bench_compare.py"
+    spec = importlib.util.spec_from_file_location("bench_compare", tool)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main([str(hf_dir), str(out), "-p", "8", "-n", "2", "-t", "1", "-r", "1",
+                        "--probe-mb", "16"]) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if x.startswith("ratio colibri / transformers"))
+    prefill, decode = (float(w.rstrip("x,")) for w in line.split() if w.endswith(("x", "x,")))
+    assert prefill > 0 and decode > 0
