@@ -20,7 +20,7 @@ void col_forward_token(col_session *s, int32_t token)
     const col_tensor_info *embd = m->token_embd;
     const uint8_t *row = (const uint8_t *)embd->data + (uint64_t)token * col_dtype_row_bytes(embd->dtype, d_model);
     col_load_row(row, embd->dtype, d_model, s->x);
-    col_numerics_round(&s->numerics, s->x, d_model); /* numerics variant: rounded residual stream */
+    col_numerics_round(&s->numerics, s->pool, s->x, d_model); /* numerics variant: rounded residual stream */
 
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const col_layer *layer = &m->layers[l];
@@ -30,14 +30,14 @@ void col_forward_token(col_session *s, int32_t token)
         col_rmsnorm(s->x, layer->attn_norm, hp->norm_eps, d_model, s->xn, s->norm_weight);
         col_attention(s, l);
         for (uint32_t i = 0; i < d_model; i++) s->x[i] += s->tmp[i];
-        col_numerics_round(&s->numerics, s->x, d_model);
+        col_numerics_round(&s->numerics, s->pool, s->x, d_model);
         uint64_t t1 = tracing ? col_now_ns() : 0;
 
         col_rmsnorm(s->x, layer->ffn_norm, hp->norm_eps, d_model, s->xn, s->norm_weight);
         if (phase) memset(phase, 0, COL_PHASE_COUNT * sizeof *phase);
         col_feed_forward(s, l, phase);
         for (uint32_t i = 0; i < d_model; i++) s->x[i] += s->tmp[i];
-        col_numerics_round(&s->numerics, s->x, d_model);
+        col_numerics_round(&s->numerics, s->pool, s->x, d_model);
 
         if (phase) {
             phase[COL_PHASE_ATTENTION] = t1 - t0;
@@ -73,7 +73,7 @@ void col_forward_batch(col_session *s, const int32_t *tokens, uint32_t n, float 
         const uint8_t *row = (const uint8_t *)embd->data + (uint64_t)tokens[t] * col_dtype_row_bytes(embd->dtype, d_model);
         col_load_row(row, embd->dtype, d_model, s->bx + (uint64_t)t * d_model);
     }
-    col_numerics_round(&s->numerics, s->bx, (uint64_t)n * d_model);
+    col_numerics_round(&s->numerics, s->pool, s->bx, (uint64_t)n * d_model);
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const col_layer *layer = &m->layers[l];
         uint64_t phase[COL_PHASE_COUNT] = {0};
@@ -81,12 +81,12 @@ void col_forward_batch(col_session *s, const int32_t *tokens, uint32_t n, float 
         col_rmsnorm_rows(s, s->bx, layer->attn_norm, n, s->bxn);
         col_attention_batch(s, l, n);
         for (uint64_t i = 0; i < (uint64_t)n * d_model; i++) s->bx[i] += s->btmp[i];
-        col_numerics_round(&s->numerics, s->bx, (uint64_t)n * d_model);
+        col_numerics_round(&s->numerics, s->pool, s->bx, (uint64_t)n * d_model);
         uint64_t t1 = tracing ? col_now_ns() : 0;
         col_rmsnorm_rows(s, s->bx, layer->ffn_norm, n, s->bxn);
         col_feed_forward_batch(s, l, n, tracing ? phase : NULL);
         for (uint64_t i = 0; i < (uint64_t)n * d_model; i++) s->bx[i] += s->btmp[i];
-        col_numerics_round(&s->numerics, s->bx, (uint64_t)n * d_model);
+        col_numerics_round(&s->numerics, s->pool, s->bx, (uint64_t)n * d_model);
         if (tracing) {
             phase[COL_PHASE_ATTENTION] = t1 - t0;
             phase[COL_PHASE_LAYER] = col_now_ns() - t0;

@@ -317,6 +317,19 @@ static void rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r
 
 /* ---- one attention head ------------------------------------------------------------------ */
 
+/* v[i] to the nearest bf16, ties to even; Inf and NaN unchanged. No branch, so it vectorises
+ * where the compiler does (the AVX-512 version below is the same arithmetic). */
+static void round_bf16_portable(float *v, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &v[i], sizeof b);
+        uint32_t r = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+        b = (b & 0x7F800000u) == 0x7F800000u ? b : r;
+        memcpy(&v[i], &b, sizeof b);
+    }
+}
+
 /* h1[i] = silu(h1[i]) * h3[i] with the C library's expf. */
 static void swiglu_gate_portable(float *h1, const float *h3, uint64_t n)
 {
@@ -1011,6 +1024,7 @@ struct col_pool {
     uint64_t n_items;
     const col_matvec_job *jobs;
     uint32_t n_jobs;
+    int x_bf16;                /* every activation of the batch is a bf16 value (col_matmul_kernels) */
     uint64_t total_work;       /* sum over jobs of rows * row_work */
     uint32_t n_chunks;         /* products: pieces the threads take in turn */
     uint64_t chunk_end[COL_MAX_CHUNKS]; /* work at which chunk c ends (it starts where c - 1 ends) */
@@ -1033,7 +1047,7 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
 {
 #if defined(__x86_64__)
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) {
-        col_amx_rows(j, act, pool->stage + (uint64_t)t * pool->stage_bytes, r0, r1);
+        col_amx_rows(j, pool->x_bf16, act, pool->stage + (uint64_t)t * pool->stage_bytes, r0, r1);
         return;
     }
     if (pool->isa >= COL_ISA_AVX512) {
@@ -1301,6 +1315,32 @@ void col_attend_head(const col_pool *pool, const col_head_job *head, float *scor
     }
 }
 
+static COL_T512 void round_bf16_avx512(float *v, uint64_t n)
+{
+    const __m512i exp_mask = _mm512_set1_epi32(0x7F800000), half = _mm512_set1_epi32(0x7FFF);
+    const __m512i one = _mm512_set1_epi32(1), keep = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (uint64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512i b = _mm512_maskz_loadu_epi32(m, v + i);
+        __m512i r = _mm512_add_epi32(_mm512_add_epi32(b, half), _mm512_and_si512(_mm512_srli_epi32(b, 16), one));
+        r = _mm512_and_si512(r, keep);
+        __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, exp_mask), exp_mask);
+        _mm512_mask_storeu_epi32(v + i, m, _mm512_mask_blend_epi32(special, r, b));
+    }
+}
+
+static void round_bf16_range(col_isa isa, float *v, uint64_t n)
+{
+#if defined(__x86_64__)
+    if (isa >= COL_ISA_AVX512) {
+        round_bf16_avx512(v, n);
+        return;
+    }
+#endif
+    (void)isa;
+    round_bf16_portable(v, n);
+}
+
 static void swiglu_gate_range(col_isa isa, float *h1, const float *h3, uint64_t n)
 {
 #if defined(__x86_64__)
@@ -1337,6 +1377,23 @@ void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n)
         col_pool_run(pool, gate_pieces, &task, (n + COL_GATE_PIECE - 1) / COL_GATE_PIECE);
 }
 
+static void round_pieces(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
+{
+    const gate_task *g = ctx; /* h3 unused */
+    (void)thread;
+    uint64_t a = i0 * COL_GATE_PIECE, b = i1 * COL_GATE_PIECE < g->n ? i1 * COL_GATE_PIECE : g->n;
+    if (a < b) round_bf16_range(g->isa, g->h1 + a, b - a);
+}
+
+void col_round_bf16(col_pool *pool, float *v, uint64_t n)
+{
+    gate_task task = {col_pool_isa(pool), v, NULL, n};
+    if (n < COL_GATE_PARALLEL_ELEMS)
+        round_pieces(&task, 0, 0, (n + COL_GATE_PIECE - 1) / COL_GATE_PIECE);
+    else
+        col_pool_run(pool, round_pieces, &task, (n + COL_GATE_PIECE - 1) / COL_GATE_PIECE);
+}
+
 col_isa col_pool_isa(const col_pool *pool)
 {
     return pool ? pool->isa : COL_ISA_PORTABLE;
@@ -1353,14 +1410,14 @@ void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs
         col_numerics_matmul(pool->numerics, pool, jobs, n_jobs);
         return;
     }
-    col_matmul_kernels(pool, jobs, n_jobs);
+    col_matmul_kernels(pool, jobs, n_jobs, 0);
 }
 
 /* Token t of job j's activations into the place the job's kernels read them from. */
 static void prepare_token(const col_pool *pool, const col_matvec_job *j, uint8_t *act, uint32_t t)
 {
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype))
-        col_amx_pack(j->x, j->n_tokens, j->w.cols, t, t + 1, act);
+        col_amx_pack(j->x, j->n_tokens, j->w.cols, pool->x_bf16, t, t + 1, act);
     else
         quantize_row(j->x + (uint64_t)t * j->w.cols, j->w.cols, j->w.dtype, pool->isa, act + t * qrow_bytes(j->w.cols));
 }
@@ -1401,7 +1458,7 @@ static void prepare_activations(col_pool *pool, const col_matvec_job *jobs, uint
         col_pool_run(pool, prepare_items, &ctx, n_tokens);
 }
 
-void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs)
+void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, int x_bf16)
 {
     if (n_jobs == 0) return;
     if (!pool) { /* single-threaded portable path; float weights only (no scratch for int8 rows) */
@@ -1425,7 +1482,8 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
                 (amx ? col_amx_handles(prev->w.dtype) : prev->w.dtype == j->w.dtype) && pool->act[k - 1]) {
                 act = pool->act[k - 1]; /* same activations as the previous job (w1 and w3; q, k and v) */
             } else {
-                uint64_t need = amx ? col_amx_packed_bytes(j->n_tokens, j->w.cols) : j->n_tokens * qrow_bytes(j->w.cols);
+                uint64_t need = amx ? col_amx_packed_bytes(j->n_tokens, j->w.cols, x_bf16)
+                                    : j->n_tokens * qrow_bytes(j->w.cols);
                 need = (need + 63) & ~(uint64_t)63;
                 assert(k < pool->max_jobs && used + need <= pool->act_capacity); /* sized by the session */
                 if (k >= pool->max_jobs || used + need > pool->act_capacity) return;
@@ -1437,6 +1495,7 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
         }
         if (k < pool->max_jobs) pool->act[k] = act;
     }
+    pool->x_bf16 = x_bf16;
     prepare_activations(pool, jobs, n_jobs, own_tokens, own_elems);
     pool->task = NULL;
     pool->jobs = jobs;

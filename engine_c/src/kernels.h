@@ -103,6 +103,10 @@ const char *col_isa_name(col_isa isa);
  * within 2 ulp of expf, the others expf), so a prefill block and a step give the same bits. */
 void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n);
 
+/* v[i] rounded to the nearest bf16 in place (ties to even; Inf and NaN unchanged), for i < n; on
+ * the pool's threads when n is large (pool may be NULL). The same bits on every path. */
+void col_round_bf16(col_pool *pool, float *v, uint64_t n);
+
 /* Scalar conversions of stored elements to f32. */
 float col_f16_to_f32(uint16_t h);
 float col_bf16_to_f32(uint16_t b);
@@ -126,8 +130,11 @@ void col_matvec(col_pool *pool, const col_weight *w, const float *x, float *y);
  * one range. Each output equals what col_matvec would produce for that row and token. */
 void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs);
 
-/* col_matmul_many on the kernels alone, ignoring a numerics variant (numerics.c calls it). */
-void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs);
+/* col_matmul_many on the kernels alone, ignoring a numerics variant (numerics.c calls it).
+ * x_bf16: 1 when every activation of every job is a bf16 value (numerics.c rounded them), which
+ * lets the AMX path pack one bf16 part per activation instead of three (the same bits; other
+ * paths ignore it); 0 otherwise. */
+void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, int x_bf16);
 
 /* Route every product of this pool through col_numerics_matmul(numerics) (NULL = the kernels).
  * `numerics` must outlive the pool's use (it lives in the session). */

@@ -26,11 +26,9 @@
 
 #include <string.h>
 
-#define TG 5            /* tokens per activation tile (3 parts each: 15 of its 16 columns) */
 #define KB 32           /* weight columns per block: one 64-byte tile row of bf16 */
 #define ROWS 16         /* weight rows per tile */
 #define TILE_BYTES 1024 /* one 16 x 64-byte tile */
-#define PAIR_BYTES 12   /* one token's three parts of one column pair */
 #define PREFETCH_AHEAD 1024
 
 int col_amx_handles(uint32_t dtype)
@@ -43,25 +41,38 @@ static uint64_t blocks(uint64_t cols)
     return (cols + KB - 1) / KB;
 }
 
-/* Bytes between the rows of an activation tile: a product of one token group (decode) packs its
- * parts compactly, 12 bytes per token, so a narrow tile load reads only them; batches give each
- * row a whole 64 bytes (15 columns and one unused). Rows 60 bytes apart straddle cache lines:
- * the batch loop ran 1.27x slower on them (C driver, tiles from L2), bf16 prefill 1.04-1.08x. */
-static uint64_t b_row_bytes(uint32_t n_tokens)
+/* How a product's activations sit in the tiles: bf16 parts per token (three, or one when every
+ * activation is a bf16 value already), the bytes of one token's parts of one column pair, and the
+ * tokens of one activation tile (5 x 3 or 16 x 1 of its 16 columns). */
+typedef struct amx_layout {
+    uint32_t parts, pair_bytes, group;
+} amx_layout;
+
+static amx_layout layout_of(int x_bf16)
 {
-    return n_tokens <= TG ? (uint64_t)PAIR_BYTES * n_tokens : 64;
+    amx_layout l = {x_bf16 ? 1 : 3, x_bf16 ? 4 : 12, x_bf16 ? 16 : 5};
+    return l;
+}
+
+/* Bytes between the rows of an activation tile: a product of one token group (decode) packs its
+ * parts compactly, pair_bytes per token, so a narrow tile load reads only them; batches give each
+ * row a whole 64 bytes (unused columns included). Rows 60 bytes apart straddle cache lines: the
+ * batch loop ran 1.27x slower on them (C driver, tiles from L2), bf16 prefill 1.04-1.08x. */
+static uint64_t b_row_bytes(uint32_t n_tokens, amx_layout l)
+{
+    return n_tokens <= l.group ? (uint64_t)l.pair_bytes * n_tokens : 64;
 }
 
 /* Bytes of the packed activations before the 64 of slack. */
-static uint64_t packed_data_bytes(uint32_t n_tokens, uint64_t cols)
+static uint64_t packed_data_bytes(uint32_t n_tokens, uint64_t cols, amx_layout l)
 {
-    const uint64_t groups = (n_tokens + TG - 1) / TG;
-    return n_tokens <= TG ? b_row_bytes(n_tokens) * blocks(cols) * ROWS : groups * blocks(cols) * TILE_BYTES;
+    const uint64_t groups = (n_tokens + l.group - 1) / l.group;
+    return n_tokens <= l.group ? b_row_bytes(n_tokens, l) * blocks(cols) * ROWS : groups * blocks(cols) * TILE_BYTES;
 }
 
-uint64_t col_amx_packed_bytes(uint32_t n_tokens, uint64_t cols)
+uint64_t col_amx_packed_bytes(uint32_t n_tokens, uint64_t cols, int x_bf16)
 {
-    return packed_data_bytes(n_tokens, cols) + 64;
+    return packed_data_bytes(n_tokens, cols, layout_of(x_bf16)) + 64;
 }
 
 uint64_t col_amx_stage_bytes(uint64_t max_cols)
@@ -79,9 +90,9 @@ uint64_t col_amx_stage_bytes(uint64_t max_cols)
 #define XFEATURE_XTILEDATA 18
 
 /* Tokens in activation group g of a product of nt tokens, and where the group starts. */
-static uint32_t group_tokens(uint32_t nt, uint32_t g)
+static uint32_t group_tokens(uint32_t nt, uint32_t g, amx_layout l)
 {
-    return nt - g * TG < TG ? nt - g * TG : TG;
+    return nt - g * l.group < l.group ? nt - g * l.group : l.group;
 }
 static uint64_t group_offset(uint32_t g, uint64_t n_blocks)
 {
@@ -115,16 +126,16 @@ _Static_assert(sizeof(tile_config) == 64, "LDTILECFG reads 64 bytes");
 static const tile_config config = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
 /* The configuration for a product of n_tokens: a product of one token group (decode, and
- * batches of up to TG tokens, all in run_group) narrows its activation and sum tiles (1 and 4)
- * to the group's 3 n_g columns, so a tile load reads the 12 n_g bytes of each column pair
- * instead of 64. Each sum is computed alone, whatever the tile's width (the tests hold a step
+ * batches of up to l.group tokens, all in run_group) narrows its activation and sum tiles (1 and
+ * 4) to the group's parts x n_g columns, so a tile load reads the pair_bytes x n_g bytes of each
+ * column pair instead of 64. Each sum is computed alone, whatever the tile's width (the tests hold a step
  * to a prefill block's bits, whose tiles are 16 columns wide). Decode from L2 ran 1.23x faster
  * (one thread, 1024 columns); from memory, paired in one process, products 1.01-1.03x and whole
  * steps 1.02x (bf16, q4). */
-static tile_config config_for(uint32_t n_tokens)
+static tile_config config_for(uint32_t n_tokens, amx_layout l)
 {
     tile_config c = config;
-    if (n_tokens <= TG) c.colsb[1] = c.colsb[4] = (uint16_t)(PAIR_BYTES * n_tokens);
+    if (n_tokens <= l.group) c.colsb[1] = c.colsb[4] = (uint16_t)(l.pair_bytes * n_tokens);
     return c;
 }
 
@@ -161,36 +172,41 @@ COL_AMX_INLINE __mmask32 block_mask(uint64_t cols, uint64_t kb)
     return n >= KB ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << n) - 1u);
 }
 
-static COL_AMX_T void pack_amx(const float *x, uint32_t n_tokens, uint64_t cols, uint32_t t0, uint32_t t1,
-                                uint8_t *out)
+static COL_AMX_T void pack_amx(const float *x, uint32_t n_tokens, uint64_t cols, amx_layout l, uint32_t t0,
+                                uint32_t t1, uint8_t *out)
 {
     const uint64_t n_blocks = blocks(cols);
     const __m512i pair_index = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const uint64_t row = b_row_bytes(n_tokens);
+    const uint64_t row = b_row_bytes(n_tokens, l);
+    /* word (pair p, token tt, part) sits at p * row / 4 + parts * tt + part words into the block */
+    const __m512i index = _mm512_mullo_epi32(pair_index, _mm512_set1_epi32((int)(row / 4)));
     for (uint32_t t = t0; t < t1; t++) {
-        uint32_t g = t / TG, tt = t % TG;
-        /* word (pair p, token tt, part) sits at p * row + 3 tt + part words into the block */
-        const __m512i index = _mm512_mullo_epi32(pair_index, _mm512_set1_epi32((int)(row / 4)));
-        uint8_t *group = out + group_offset(g, n_blocks) + (uint64_t)tt * PAIR_BYTES;
+        uint32_t g = t / l.group, tt = t % l.group;
+        uint8_t *group = out + group_offset(g, n_blocks) + (uint64_t)tt * l.pair_bytes;
         const float *xt = x + (uint64_t)t * cols;
         for (uint64_t kb = 0; kb < n_blocks; kb++) {
             __mmask32 m = block_mask(cols, kb);
             __m512 v0 = _mm512_maskz_loadu_ps((__mmask16)m, xt + kb * KB);
             __m512 v1 = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), xt + kb * KB + 16);
+            uint8_t *block = group + kb * ROWS * row;
+            if (l.parts == 1) { /* bf16 values already: the conversion is exact */
+                _mm512_i32scatter_epi32(block, index, to_bf16(v0, v1), 4);
+                continue;
+            }
             __m512i hi, mid, lo;
             split3(v0, v1, &hi, &mid, &lo);
-            uint8_t *block = group + kb * ROWS * row;
             _mm512_i32scatter_epi32(block, index, hi, 4);
             _mm512_i32scatter_epi32(block + 4, index, mid, 4);
             _mm512_i32scatter_epi32(block + 8, index, lo, 4);
         }
     }
-    if (t1 == n_tokens) memset(out + packed_data_bytes(n_tokens, cols), 0, 64);
+    if (t1 == n_tokens) memset(out + packed_data_bytes(n_tokens, cols, l), 0, 64);
 }
 
-void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, uint32_t t0, uint32_t t1, uint8_t *out)
+void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, int x_bf16, uint32_t t0, uint32_t t1,
+                  uint8_t *out)
 {
-    pack_amx(x, n_tokens, cols, t0, t1, out);
+    pack_amx(x, n_tokens, cols, layout_of(x_bf16), t0, t1, out);
 }
 
 /* 16 weight rows read with one stride; tile row m is output row first + m * step. */
@@ -218,33 +234,44 @@ static COL_AMX_T void stage_block(const row_group *g, uint64_t cols, uint64_t kb
 }
 
 /* Where the activation tile of token group g, block kb starts, and its row stride. */
-#define B_TILE(g, kb) (packed + group_offset((g), n_blocks) + (kb) * ROWS * b_row_bytes(nt))
-#define B_STRIDE ((long)b_row_bytes(nt))
+#define B_TILE(g, kb) (packed + group_offset((g), n_blocks) + (kb) * ROWS * b_row_bytes(nt, l))
+#define B_STRIDE ((long)b_row_bytes(nt, l))
 
 /* Output of tile row r, token tt of a C tile stored at c: its three parts, (hi + mid) + lo. A
- * whole group of neighbouring rows is one vector per token (the same additions, 16 at a time). */
-static COL_AMX_T void store_outputs(const col_matvec_job *j, const row_group *g, uint32_t group, const float *c)
+ * whole group of neighbouring rows is one vector per token (the same additions, 16 at a time).
+ * With one part the sum is hi + 0: what three parts give when mid and lo are zero (their sums
+ * are +0), so -0 turns +0 in both layouts. */
+static COL_AMX_T void store_outputs(const col_matvec_job *j, amx_layout l, const row_group *g, uint32_t group,
+                                    const float *c)
 {
     const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                             _mm512_set1_epi32(16));
-    for (uint32_t tt = 0; tt < group_tokens(j->n_tokens, group); tt++) {
-        float *y = j->y + (uint64_t)(group * TG + tt) * j->w.rows + g->first;
+    const __m512 zero = _mm512_setzero_ps();
+    for (uint32_t tt = 0; tt < group_tokens(j->n_tokens, group, l); tt++) {
+        float *y = j->y + (uint64_t)(group * l.group + tt) * j->w.rows + g->first;
+        const float *s = c + l.parts * tt;
         if (g->n_rows == ROWS && g->step == 1) {
-            const float *s = c + 3 * tt;
-            __m512 sum = _mm512_add_ps(_mm512_i32gather_ps(rows, s, 4), _mm512_i32gather_ps(rows, s + 1, 4));
+            __m512 hi = _mm512_i32gather_ps(rows, s, 4);
+            if (l.parts == 1) {
+                _mm512_storeu_ps(y, _mm512_add_ps(hi, zero));
+                continue;
+            }
+            __m512 sum = _mm512_add_ps(hi, _mm512_i32gather_ps(rows, s + 1, 4));
             _mm512_storeu_ps(y, _mm512_add_ps(sum, _mm512_i32gather_ps(rows, s + 2, 4)));
             continue;
         }
         for (uint32_t r = 0; r < g->n_rows; r++) {
-            const float *s = c + r * 16 + 3 * tt;
-            y[r * g->step] = (s[0] + s[1]) + s[2];
+            const float *sr = s + r * 16;
+            y[r * g->step] = l.parts == 1 ? sr[0] + 0.0f : (sr[0] + sr[1]) + sr[2];
         }
     }
 }
 
 /* One row group against every token of a product of at most one token group (decode, and batches
- * of up to 5 tokens), block by block: whole groups straight from the weights, the rest staged. */
-static COL_AMX_T void run_group(const col_matvec_job *j, const row_group *g, const uint8_t *packed, uint8_t *stage)
+ * of up to l.group tokens), block by block: whole groups straight from the weights, the rest
+ * staged. */
+static COL_AMX_T void run_group(const col_matvec_job *j, amx_layout l, const row_group *g, const uint8_t *packed,
+                                uint8_t *stage)
 {
     const uint32_t nt = j->n_tokens;
     const uint64_t cols = j->w.cols, n_blocks = blocks(cols);
@@ -265,7 +292,7 @@ static COL_AMX_T void run_group(const col_matvec_job *j, const row_group *g, con
         _tile_dpbf16ps(4, 0, 1);
     }
     _tile_stored(4, c, 64);
-    store_outputs(j, g, 0, c);
+    store_outputs(j, l, g, 0, c);
 }
 
 /* Up to 32 neighbouring rows (two row groups) against a batch of two or more token groups: each
@@ -274,10 +301,10 @@ static COL_AMX_T void run_group(const col_matvec_job *j, const row_group *g, con
  * rows, or rows ending in a partial block, are staged once, zero padded. Each load is issued as
  * soon as the tile it overwrites has been read, so it overlaps the multiplies still running.
  * Blocks run in the same order as in run_group, so every output gets the same operations. */
-static COL_AMX_T void run_rows_batch(const col_matvec_job *j, uint64_t r, uint64_t n, const uint8_t *packed,
-                                     uint8_t *stage)
+static COL_AMX_T void run_rows_batch(const col_matvec_job *j, amx_layout l, uint64_t r, uint64_t n,
+                                     const uint8_t *packed, uint8_t *stage)
 {
-    const uint32_t nt = j->n_tokens, n_groups = (nt + TG - 1) / TG;
+    const uint32_t nt = j->n_tokens, n_groups = (nt + l.group - 1) / l.group;
     const uint64_t cols = j->w.cols, n_blocks = blocks(cols), rb = col_dtype_row_bytes(j->w.dtype, cols);
     const int two_a = n > ROWS;
     row_group g[2];
@@ -321,22 +348,23 @@ static COL_AMX_T void run_rows_batch(const col_matvec_job *j, uint64_t r, uint64
         _tile_stored(5, c[1], 64);
         _tile_stored(6, c[2], 64);
         _tile_stored(7, c[3], 64);
-        store_outputs(j, &g[0], g0, c[0]);
-        if (two_b) store_outputs(j, &g[0], g0 + 1, c[1]);
-        if (two_a) store_outputs(j, &g[1], g0, c[2]);
-        if (two_a && two_b) store_outputs(j, &g[1], g0 + 1, c[3]);
+        store_outputs(j, l, &g[0], g0, c[0]);
+        if (two_b) store_outputs(j, l, &g[0], g0 + 1, c[1]);
+        if (two_a) store_outputs(j, l, &g[1], g0, c[2]);
+        if (two_a && two_b) store_outputs(j, l, &g[1], g0 + 1, c[3]);
     }
 }
 
-static COL_AMX_T void rows_amx(const col_matvec_job *j, const uint8_t *packed, uint8_t *stage, uint64_t r0, uint64_t r1)
+static COL_AMX_T void rows_amx(const col_matvec_job *j, amx_layout l, const uint8_t *packed, uint8_t *stage,
+                                uint64_t r0, uint64_t r1)
 {
-    const tile_config c = config_for(j->n_tokens);
+    const tile_config c = config_for(j->n_tokens, l);
     _tile_loadconfig(&c);
     const uint64_t rb = col_dtype_row_bytes(j->w.dtype, j->w.cols);
     const uint8_t *data = j->w.data;
     uint64_t r = r0;
-    if (j->n_tokens > TG) {
-        for (; r < r1; r += 2 * ROWS) run_rows_batch(j, r, r1 - r < 2 * ROWS ? r1 - r : 2 * ROWS, packed, stage);
+    if (j->n_tokens > l.group) {
+        for (; r < r1; r += 2 * ROWS) run_rows_batch(j, l, r, r1 - r < 2 * ROWS ? r1 - r : 2 * ROWS, packed, stage);
     } else {
         /* one token: 16 distant rows per tile (16 streams through memory); a few tokens: neighbours */
         const uint64_t q = j->n_tokens == 1 ? (r1 - r0) / ROWS : 1;
@@ -344,20 +372,21 @@ static COL_AMX_T void rows_amx(const col_matvec_job *j, const uint8_t *packed, u
         for (uint64_t i = 0; i < n_full; i++) {
             uint64_t first = j->n_tokens == 1 ? r0 + i : r0 + i * ROWS;
             row_group g = {data + first * rb, q * rb, first, q, ROWS};
-            run_group(j, &g, packed, stage);
+            run_group(j, l, &g, packed, stage);
         }
         r = r0 + n_full * ROWS;
         if (r < r1) {
             row_group g = {data + r * rb, rb, r, 1, (uint32_t)(r1 - r)};
-            run_group(j, &g, packed, stage);
+            run_group(j, l, &g, packed, stage);
         }
     }
     _tile_release();
 }
 
-void col_amx_rows(const col_matvec_job *j, const uint8_t *packed, uint8_t *stage, uint64_t r0, uint64_t r1)
+void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t r0,
+                  uint64_t r1)
 {
-    rows_amx(j, packed, stage, r0, r1);
+    rows_amx(j, layout_of(x_bf16), packed, stage, r0, r1);
 }
 
 #else /* no AMX on this system */
@@ -367,14 +396,16 @@ int col_amx_enable(void)
     return 0;
 }
 
-void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, uint32_t t0, uint32_t t1, uint8_t *out)
+void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, int x_bf16, uint32_t t0, uint32_t t1,
+                  uint8_t *out)
 {
-    (void)x, (void)n_tokens, (void)cols, (void)t0, (void)t1, (void)out;
+    (void)x, (void)n_tokens, (void)cols, (void)x_bf16, (void)t0, (void)t1, (void)out;
 }
 
-void col_amx_rows(const col_matvec_job *j, const uint8_t *packed, uint8_t *stage, uint64_t r0, uint64_t r1)
+void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t r0,
+                  uint64_t r1)
 {
-    (void)j, (void)packed, (void)stage, (void)r0, (void)r1;
+    (void)j, (void)x_bf16, (void)packed, (void)stage, (void)r0, (void)r1;
 }
 
 #endif

@@ -10,6 +10,11 @@
  * on the tile unit. (f32 and f16 weights would need splitting too, three and two parts: measured
  * slower than the AVX-512 path for f32, in decode and prefill, so they stay there.)
  *
+ * When every activation is a bf16 value already (the `act-bf16` numerics variant rounds a
+ * product's inputs before it runs), hi is the activation and mid and lo are zero: such products
+ * (`x_bf16`) pack one part per token, 16 tokens per activation tile instead of 5, a third of the
+ * tile multiplies, and give the same bits as three parts would (tested).
+ *
  * Determinism: an output (row r, token t) is one tile element, accumulated block of 32 columns by
  * block in order, then its three activation parts summed as (hi + mid) + lo. Which rows share a
  * tile, which tokens share the activation tile and which thread runs it change nothing, so
@@ -29,22 +34,26 @@ int col_amx_enable(void);
 int col_amx_handles(uint32_t dtype);
 
 /* Bytes of the packed activations of n_tokens x cols (col_amx_pack), including the 64 bytes past
- * the end that the tile loads may read. */
-uint64_t col_amx_packed_bytes(uint32_t n_tokens, uint64_t cols);
+ * the end that the tile loads may read. x_bf16: 1 when every activation is a bf16 value (one part
+ * per token), 0 otherwise (three). At most ceil(n_tokens / 5) * ceil(cols / 32) * 1024 + 64. */
+uint64_t col_amx_packed_bytes(uint32_t n_tokens, uint64_t cols, int x_bf16);
 
 /* Split tokens [t0, t1) of x ([n_tokens][cols] f32) into bf16 parts and lay them out as the tile
- * unit reads them: groups of 5 tokens, blocks of 32 columns, 16 column pairs, each token's three
- * parts. The call that packs the last token also zeroes the 64 bytes of slack. Calls for disjoint
- * token ranges may run concurrently. */
-void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, uint32_t t0, uint32_t t1, uint8_t *out);
+ * unit reads them: groups of 5 tokens (16 with x_bf16), blocks of 32 columns, 16 column pairs,
+ * each token's three parts (one with x_bf16, when x holds bf16 values only; other values would be
+ * rounded). The call that packs the last token also zeroes the 64 bytes of slack. Calls for
+ * disjoint token ranges may run concurrently. */
+void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, int x_bf16, uint32_t t0, uint32_t t1,
+                  uint8_t *out);
 
 /* Bytes of per-thread staging for products of at most max_cols columns (64-byte aligned use). */
 uint64_t col_amx_stage_bytes(uint64_t max_cols);
 
 /* y[t][r] for rows [r0, r1) and every token of j (see col_matvec_job), from activations packed by
- * col_amx_pack. `stage`: this thread's col_amx_stage_bytes scratch, 64-byte aligned. Loads the
- * tile configuration on entry and releases the tiles on return. Only call when col_amx_enable()
- * returned 1 and col_amx_handles(j->w.dtype). */
-void col_amx_rows(const col_matvec_job *j, const uint8_t *packed, uint8_t *stage, uint64_t r0, uint64_t r1);
+ * col_amx_pack with the same x_bf16. `stage`: this thread's col_amx_stage_bytes scratch, 64-byte
+ * aligned. Loads the tile configuration on entry and releases the tiles on return. Only call when
+ * col_amx_enable() returned 1 and col_amx_handles(j->w.dtype). */
+void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t r0,
+                  uint64_t r1);
 
 #endif /* COLIBRI_KERNELS_AMX_H */

@@ -46,8 +46,9 @@ int col_numerics_hooks_products(const col_numerics *nx);
 void col_numerics_matmul(const col_numerics *nx, struct col_pool *pool, const struct col_matvec_job *jobs,
                          uint32_t n_jobs);
 
-/* Round v[0..n) to the activation precision in place; no-op for F32 (and a NULL nx). */
-void col_numerics_round(const col_numerics *nx, float *v, uint64_t n);
+/* Round v[0..n) to the activation precision in place; no-op for F32 (and a NULL nx). bf16 runs on
+ * `pool`'s threads when n is large (pool may be NULL). */
+void col_numerics_round(const col_numerics *nx, struct col_pool *pool, float *v, uint64_t n);
 
 /* Move each of logits[0..n) by k ULPs, k uniform in [-N, N] from (seed, position, layer, j);
  * no-op when N == 0 (and a NULL nx). Steps walk the ordered float line (through zero, never past

@@ -395,12 +395,108 @@ static void test_attend_heads(const char *isa)
     pool_done(&r);
 }
 
+/* x rounded to the nearest bf16 (ties to even), as the act-bf16 numerics variant rounds it. */
+static float round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* col_round_bf16 on a path: the bits of round_bf16 (the scalar rule) for every element, with ties,
+ * signed zeros, subnormals, the largest finite value (to Inf), Inf and NaN (unchanged), on a short
+ * array with a vector tail and on one long enough for the pool's threads. */
+static void test_round_bf16(const char *isa)
+{
+    run r = pool_for(isa, 3, 1, 32);
+    CHECK(r.pool != NULL);
+    if (!r.pool) return;
+    static const uint64_t sizes[] = {37, 100003};
+    for (size_t si = 0; si < 2; si++) {
+        uint64_t n = sizes[si];
+        float *v = malloc(n * sizeof *v), *want = malloc(n * sizeof *want);
+        for (uint64_t i = 0; i < n; i++) v[i] = frand() * 1000.0f;
+        const float special[] = {1.0f + 0x1p-8f, 1.0f + 0x1p-7f + 0x1p-8f, -0.0f, 0.0f, 1e-39f, -3e-40f,
+                                 3.4028235e38f, INFINITY, -INFINITY, NAN};
+        for (size_t k = 0; k < sizeof special / sizeof *special; k++) v[k * 3] = special[k];
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t bits;
+            memcpy(&bits, &v[i], 4);
+            want[i] = (bits & 0x7F800000u) == 0x7F800000u ? v[i] : round_bf16(v[i]);
+        }
+        col_round_bf16(r.pool, v, n);
+        CHECK(memcmp(v, want, n * sizeof *v) == 0);
+        free(v), free(want);
+    }
+    pool_done(&r);
+}
+
+/* Activations that are bf16 values already (x_bf16): the AMX path packs one part per token, 16
+ * tokens per tile, and every output keeps the bits three parts give, on any thread count, in a
+ * batch as in a step. Signed zeros and a subnormal are among the activations. */
+static void test_amx_one_part(void)
+{
+    enum { MAX_T = 70, MAX_C = 1056 };
+    run one = pool_for("amx", 1, MAX_T, MAX_C), three = pool_for("amx", 3, MAX_T, MAX_C);
+    CHECK(one.pool && three.pool);
+    if (!one.pool || !three.pool) return;
+    if (col_pool_isa(one.pool) != COL_ISA_AMX) {
+        fprintf(stderr, "amx one part: AMX not available here\n");
+        pool_done(&one);
+        pool_done(&three);
+        return;
+    }
+    static const uint64_t cols_list[] = {17, 32, 100, 1056};
+    static const uint64_t rows_list[] = {1, 7, 16, 37};
+    static const uint32_t nt_list[] = {1, 2, 5, 6, 16, 17, 33, 70};
+    int differs = 0, differs_threads = 0, differs_step = 0;
+    for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++)
+        for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
+            for (size_t ti = 0; ti < sizeof nt_list / sizeof *nt_list; ti++) {
+                uint64_t cols = cols_list[ci], rows = rows_list[ri];
+                uint32_t nt = nt_list[ti];
+                float *wv = malloc(rows * cols * sizeof *wv), *x = malloc(nt * cols * sizeof *x);
+                double *ws = malloc(rows * cols * sizeof *ws);
+                for (uint64_t i = 0; i < rows * cols; i++) wv[i] = frand();
+                for (uint64_t i = 0; i < nt * cols; i++) x[i] = round_bf16(frand());
+                x[0] = -0.0f;
+                if (nt * cols > 2) x[1] = 0.0f, x[2] = 1e-39f; /* 1e-39: a bf16 subnormal */
+                uint8_t *data = store(wv, rows, cols, COL_DTYPE_BF16, ws);
+                col_weight w = {data, COL_DTYPE_BF16, rows, cols, 0};
+                float *y_three = malloc(nt * rows * sizeof(float)), *y_one = malloc(nt * rows * sizeof(float));
+                float *y_one3 = malloc(nt * rows * sizeof(float)), *ystep = malloc(rows * sizeof(float));
+                col_matvec_job a = {w, x, y_three, nt}, b = {w, x, y_one, nt}, c = {w, x, y_one3, nt};
+                col_matmul_kernels(one.pool, &a, 1, 0);
+                col_matmul_kernels(one.pool, &b, 1, 1);
+                col_matmul_kernels(three.pool, &c, 1, 1);
+                differs += memcmp(y_three, y_one, nt * rows * sizeof(float)) != 0;
+                differs_threads += memcmp(y_one, y_one3, nt * rows * sizeof(float)) != 0;
+                for (uint32_t t = 0; t < nt; t++) {
+                    col_matvec_job step = {w, x + t * cols, ystep, 1};
+                    col_matmul_kernels(three.pool, &step, 1, 1);
+                    differs_step += memcmp(ystep, y_one + t * rows, rows * sizeof(float)) != 0;
+                }
+                free(wv), free(x), free(ws), free(data), free(y_three), free(y_one), free(y_one3), free(ystep);
+            }
+    if (differs || differs_threads || differs_step)
+        fprintf(stderr, "amx one part: %d products differ from three parts, %d by thread count, %d steps from "
+                        "their batch\n", differs, differs_threads, differs_step);
+    CHECK(differs == 0);
+    CHECK(differs_threads == 0);
+    CHECK(differs_step == 0);
+    pool_done(&one);
+    pool_done(&three);
+}
+
 int main(void)
 {
     test_load_range();
     test_amx_falls_back_when_scratch_is_short();
     test_parallel_preparation();
     test_path("portable");
+    test_round_bf16("portable");
     test_swiglu_gate("portable");
     test_attend_heads("portable");
 #if defined(__x86_64__)
@@ -409,9 +505,12 @@ int main(void)
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_path("avx512");
     if (__builtin_cpu_supports("avx512f")) test_swiglu_gate("avx512");
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        test_round_bf16("avx512");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_attend_heads("avx2");
     if (__builtin_cpu_supports("avx512f")) test_attend_heads("avx512");
     test_path("amx");
+    test_amx_one_part();
 #endif
     return TEST_REPORT();
 }

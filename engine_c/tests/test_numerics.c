@@ -20,7 +20,7 @@ static float round_with(uint32_t activation, float v)
 {
     col_numerics nx = {0};
     nx.activation = activation;
-    col_numerics_round(&nx, &v, 1);
+    col_numerics_round(&nx, NULL, &v, 1);
     return v;
 }
 
