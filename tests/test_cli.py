@@ -322,6 +322,16 @@ def test_bench_runs_the_kernel_path_asked_for(capsys: Capture) -> None:
     assert json.loads(capsys.readouterr().out)["kernels"] == "portable"
 
 
+def test_bench_runs_a_numerics_variant(capsys: Capture) -> None:
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    assert main(["bench", str(demo), "-p", "4", "-n", "2", "-r", "1", "--probe-mb", "16",
+                 "--no-trace-check", "--numerics", "act-bf16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["numerics"] == "act-bf16"
+    assert main(["bench", str(demo), "-p", "4", "-n", "2", "-r", "1", "--probe-mb", "16",
+                 "--no-trace-check"]) == 0
+    assert "numerics" not in capsys.readouterr().out  # the exact computation needs no mention
+
+
 def test_bench_kernels_tool_compares_two_paths_in_one_process(capsys: Capture) -> None:
     """tools/bench_kernels.py: one session per path, alternating repeats, paired ratios."""
     import importlib.util
@@ -350,15 +360,16 @@ def test_bench_compare_tool_runs_both_engines_on_one_model(tmp_path: Path,
 
     hf_dir = hf_reference.save(hf_reference.build(hf_reference.VARIANTS[0]), tmp_path / "hf")
     out = tmp_path / "tiny.colibri"
-    convert(hf_dir, out, dtype="f32")
+    convert(hf_dir, out, dtype="bf16")
     tool = Path(__file__).resolve().parents[1] / "tools" / "bench_compare.py"
     spec = importlib.util.spec_from_file_location("bench_compare", tool)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert module.main([str(hf_dir), str(out), "-p", "8", "-n", "2", "-t", "1", "-r", "1",
-                        "--probe-mb", "16"]) == 0
+    assert module.main([str(hf_dir), str(out), "--dtype", "bf16", "--numerics", "act-bf16", "-p", "8",
+                        "-n", "2", "-t", "1", "-r", "1", "--probe-mb", "16"]) == 0
     text = capsys.readouterr().out
+    assert "colibri, numerics act-bf16" in text and "transformers bf16" in text
     line = next(x for x in text.splitlines() if x.startswith("ratio colibri / transformers"))
     prefill, decode = (float(w.rstrip("x,")) for w in line.split() if w.endswith(("x", "x,")))
     assert prefill > 0 and decode > 0

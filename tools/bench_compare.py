@@ -57,22 +57,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("-r", "--repeats", type=int, default=3)
     p.add_argument("--probe-mb", type=int, default=512, help="size of Colibri's bandwidth probe")
+    p.add_argument("--numerics", default=None, metavar="SPEC",
+                   help="Colibri's numerics variant, e.g. act-bf16 (activations rounded to bf16, "
+                        "as transformers computes in bf16); default: exact")
     args = p.parse_args(argv)
     from colibri.bench import format_result, run_bench
     from colibri.engine import Model
 
     probe = args.probe_mb << 20
-    c = run_bench(args.colibri_file, args.p, args.n, args.threads, args.repeats, probe, False)
+    c = run_bench(args.colibri_file, args.p, args.n, args.threads, args.repeats, probe, False,
+                  numerics=args.numerics)
     vocab = Model.open(args.colibri_file).hparams.vocab_size
     tokens = np.random.default_rng(0).integers(0, vocab, size=args.p)
     hf_pre, hf_dec = hf_bench(args.hf_dir, args.dtype, tokens, args.n, args.threads, args.repeats)
-    c2 = run_bench(args.colibri_file, args.p, args.n, args.threads, args.repeats, probe, False)
+    c2 = run_bench(args.colibri_file, args.p, args.n, args.threads, args.repeats, probe, False,
+                   numerics=args.numerics)
     pre = statistics.mean([c.prefill_tok_s, c2.prefill_tok_s])
     dec = statistics.mean([c.decode_tok_s, c2.decode_tok_s])
     print(format_result(c2))
     print(f"\ntransformers {args.dtype}, {args.threads} threads: prefill {hf_pre:.1f} tok/s, "
           f"decode {hf_dec:.1f} tok/s")
-    print(f"colibri (mean of runs before and after): prefill {pre:.1f} tok/s, decode {dec:.1f} tok/s")
+    print(f"colibri, numerics {c2.numerics} (mean of runs before and after): prefill {pre:.1f} tok/s, "
+          f"decode {dec:.1f} tok/s")
     print(f"ratio colibri / transformers: prefill {pre / hf_pre:.2f}x, decode {dec / hf_dec:.2f}x")
     return 0
 

@@ -87,6 +87,7 @@ def phase_breakdown(model: Model, session: Session, first: int, n: int) -> dict[
 class BenchResult:
     file: str
     kernels: str
+    numerics: str  # the numerics variant's spec ('default': the exact computation)
     threads: int
     prompt_tokens: int
     decode_tokens: int
@@ -121,13 +122,14 @@ def _decode(session: Session, first: int, n: int) -> float:
 
 def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repeats: int = 3,
               probe_bytes: int = 1 << 30, trace_check: bool = True,
-              kernels: str | None = None) -> BenchResult:
+              kernels: str | None = None, numerics: str | None = None) -> BenchResult:
     model = Model.open(path)
     hp = model.hparams
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, hp.vocab_size, size=prompt).astype(np.int32)
     ctx = min(hp.max_context, prompt + n + 8)
-    session = Session(model, threads=threads, max_context=ctx, trace=False, kernels=kernels)
+    session = Session(model, threads=threads, max_context=ctx, trace=False, kernels=kernels,
+                      numerics=numerics)
     # warm: page the whole file in and let the workers settle
     session.prefill(tokens[: min(prompt, 8)])
     _decode(session, int(tokens[0]), 4)
@@ -135,8 +137,8 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     prefill_s, decode_s, traced_s = [], [], []
     phase_runs: list[dict[str, dict[str, float]]] = []
     probes = [measure_read_bandwidth(probe_bytes, threads, 3)]
-    traced = Session(model, threads=threads, max_context=ctx, trace=True,
-                     kernels=kernels) if trace_check else None
+    traced = Session(model, threads=threads, max_context=ctx, trace=True, kernels=kernels,
+                     numerics=numerics) if trace_check else None
     def untraced_run() -> None:
         session.reset()
         t0 = time.perf_counter()
@@ -171,7 +173,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     limit = bw / wb
     traced_tok_s = n / statistics.median(traced_s) if traced_s else float("nan")
     return BenchResult(
-        file=path, kernels=session.kernels, threads=threads, prompt_tokens=prompt, decode_tokens=n,
+        file=path, kernels=session.kernels, numerics=session.numerics.spec, threads=threads, prompt_tokens=prompt, decode_tokens=n,
         repeats=repeats, prefill_tok_s=prompt / pre, decode_tok_s=dec_tok_s,
         decode_ms_per_token=1000.0 * dec / n, weight_bytes_per_token=wb,
         kv_bytes_per_token=kv_bytes_per_token(model, prompt, n),
@@ -187,7 +189,8 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
 def format_result(r: BenchResult) -> str:
     return "\n".join([
         f"file                 {r.file}",
-        f"kernels              {r.kernels}, {r.threads} thread(s)",
+        f"kernels              {r.kernels}, {r.threads} thread(s)"
+        + ("" if r.numerics == "default" else f", numerics {r.numerics}"),
         f"prefill              {r.prefill_tok_s:9.1f} tok/s  ({r.prompt_tokens} tokens, median of {r.repeats})",
         f"decode               {r.decode_tok_s:9.1f} tok/s  {r.decode_ms_per_token:.2f} ms/token ({r.decode_tokens} tokens)",
         f"weights per token    {r.weight_bytes_per_token / 1e6:9.1f} MB",
@@ -224,12 +227,15 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--no-trace-check", action="store_true", help="skip the trace-on decode run")
     p.add_argument("--kernels", choices=KERNEL_PATHS, default=None,
                    help="most capable kernel path to use (default: the best this machine has)")
+    p.add_argument("--numerics", default=None, metavar="SPEC",
+                   help="numerics variant (colibri.numerics spec, e.g. act-bf16: activations "
+                        "rounded to bf16 as half-precision engines compute; default: exact)")
     p.add_argument("--json", action="store_true")
 
 
 def run_cli(args: Any) -> int:
     r = run_bench(args.file, args.p, args.n, args.threads, args.repeats, args.probe_mb << 20,
-                  not args.no_trace_check, args.kernels)
+                  not args.no_trace_check, args.kernels, args.numerics)
     print(json.dumps(r.to_dict(), indent=2) if args.json else format_result(r))
     return 0
 
