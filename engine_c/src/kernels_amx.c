@@ -323,6 +323,13 @@ static COL_AMX_T void run_rows_batch(const col_matvec_job *j, amx_layout l, uint
             for (uint64_t kb = 0; kb < n_blocks; kb++) stage_block(&g[i], cols, kb, 0, stage + (i * n_blocks + kb) * TILE_BYTES);
     }
     float c[4][ROWS * 16] __attribute__((aligned(64)));
+    /* The next 32 rows (one contiguous run of bytes) into L2, a slice per block over all the token
+     * groups' passes, so the next call's first pass does not wait for memory: bf16 prefill 1.06-1.09x
+     * in paired runs (denser, during the first pass only, it had lost: 0.86-1.02x). */
+    const uint8_t *next = (const uint8_t *)j->w.data + (r + n) * rb;
+    const uint64_t next_lines = (r + n + 2 * ROWS <= j->w.rows ? 2 * ROWS : j->w.rows - (r + n)) * rb / 64;
+    const uint64_t passes = (n_groups + 1) / 2, per_block = (next_lines + passes * n_blocks - 1) / (passes * n_blocks);
+    uint64_t line = 0;
     for (uint32_t g0 = 0; g0 < n_groups; g0 += 2) {
         const int two_b = g0 + 1 < n_groups;
         _tile_zero(4);
@@ -343,6 +350,8 @@ static COL_AMX_T void run_rows_batch(const col_matvec_job *j, amx_layout l, uint
             if (two_a && two_b) _tile_dpbf16ps(7, 1, 3);
             if (more && two_a) _tile_loadd(1, a[1] + (kb + 1) * a_step, a_stride);
             if (more && two_b) _tile_loadd(3, B_TILE(g0 + 1, kb + 1), B_STRIDE);
+            for (uint64_t end = line + per_block; line < end && line < next_lines; line++)
+                _mm_prefetch((const char *)next + line * 64, _MM_HINT_T1);
         }
         _tile_stored(4, c[0], 64);
         _tile_stored(5, c[1], 64);
