@@ -50,10 +50,11 @@
 #define COL_GUIDED_MIN_MACS (1u << 17)
 #endif
 #define COL_MAX_CHUNKS 64
-/* The SwiGLU gate runs on the pool from this many elements, in pieces of COL_GATE_PIECE: serial,
- * it was 5-10 % of a bf16 prefill once the products ran on AMX tiles. */
-#define COL_GATE_PARALLEL_ELEMS (1u << 15)
-#define COL_GATE_PIECE 4096
+/* Element-wise kernels (the SwiGLU gate, bf16 rounding) run on the pool from this many elements,
+ * in pieces of COL_ELEMENTWISE_PIECE: serial, the gate was 5-10 % of a bf16 prefill once the
+ * products ran on AMX tiles, the rounding 14 % of an act-bf16 one. */
+#define COL_ELEMENTWISE_PARALLEL (1u << 15)
+#define COL_ELEMENTWISE_PIECE 4096
 /* Activations of a batch are prepared on the pool from this many elements (prepare_activations). */
 #define COL_PREPARE_PARALLEL_ELEMS (1u << 16)
 /* Spins of a worker waiting for the next product before it sleeps (~100 us). */
@@ -1353,45 +1354,50 @@ static void swiglu_gate_range(col_isa isa, float *h1, const float *h3, uint64_t 
     swiglu_gate_portable(h1, h3, n);
 }
 
-typedef struct gate_task {
+/* An element-wise kernel over v[0..n) (and w alongside, when it reads one), on the pool's threads
+ * in pieces of COL_ELEMENTWISE_PIECE when n is large. An element's result does not depend on the
+ * piece it falls in. */
+typedef struct elementwise_task {
+    void (*range)(col_isa isa, float *v, const float *w, uint64_t n);
     col_isa isa;
-    float *h1;
-    const float *h3;
+    float *v;
+    const float *w;
     uint64_t n;
-} gate_task;
+} elementwise_task;
 
-static void gate_pieces(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
+static void elementwise_pieces(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
 {
-    const gate_task *g = ctx;
+    const elementwise_task *e = ctx;
     (void)thread;
-    uint64_t a = i0 * COL_GATE_PIECE, b = i1 * COL_GATE_PIECE < g->n ? i1 * COL_GATE_PIECE : g->n;
-    if (a < b) swiglu_gate_range(g->isa, g->h1 + a, g->h3 + a, b - a);
+    uint64_t a = i0 * COL_ELEMENTWISE_PIECE, b = i1 * COL_ELEMENTWISE_PIECE < e->n ? i1 * COL_ELEMENTWISE_PIECE : e->n;
+    if (a < b) e->range(e->isa, e->v + a, e->w ? e->w + a : NULL, b - a);
+}
+
+static void run_elementwise(col_pool *pool, elementwise_task *task)
+{
+    const uint64_t pieces = (task->n + COL_ELEMENTWISE_PIECE - 1) / COL_ELEMENTWISE_PIECE;
+    if (task->n < COL_ELEMENTWISE_PARALLEL)
+        elementwise_pieces(task, 0, 0, pieces);
+    else
+        col_pool_run(pool, elementwise_pieces, task, pieces);
 }
 
 void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n)
 {
-    gate_task task = {col_pool_isa(pool), h1, h3, n};
-    if (n < COL_GATE_PARALLEL_ELEMS)
-        gate_pieces(&task, 0, 0, (n + COL_GATE_PIECE - 1) / COL_GATE_PIECE);
-    else
-        col_pool_run(pool, gate_pieces, &task, (n + COL_GATE_PIECE - 1) / COL_GATE_PIECE);
+    elementwise_task task = {swiglu_gate_range, col_pool_isa(pool), h1, h3, n};
+    run_elementwise(pool, &task);
 }
 
-static void round_pieces(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
+static void round_range(col_isa isa, float *v, const float *unused, uint64_t n)
 {
-    const gate_task *g = ctx; /* h3 unused */
-    (void)thread;
-    uint64_t a = i0 * COL_GATE_PIECE, b = i1 * COL_GATE_PIECE < g->n ? i1 * COL_GATE_PIECE : g->n;
-    if (a < b) round_bf16_range(g->isa, g->h1 + a, b - a);
+    (void)unused;
+    round_bf16_range(isa, v, n);
 }
 
 void col_round_bf16(col_pool *pool, float *v, uint64_t n)
 {
-    gate_task task = {col_pool_isa(pool), v, NULL, n};
-    if (n < COL_GATE_PARALLEL_ELEMS)
-        round_pieces(&task, 0, 0, (n + COL_GATE_PIECE - 1) / COL_GATE_PIECE);
-    else
-        col_pool_run(pool, round_pieces, &task, (n + COL_GATE_PIECE - 1) / COL_GATE_PIECE);
+    elementwise_task task = {round_range, col_pool_isa(pool), v, NULL, n};
+    run_elementwise(pool, &task);
 }
 
 col_isa col_pool_isa(const col_pool *pool)
