@@ -4,8 +4,9 @@
  *
  * One tile multiply (TDPBF16PS) adds A[16 x 32] . B[32 x 16] into C[16 x 16] in f32, with bf16
  * inputs taken as pairs along the 32. Here A is 16 weight rows x 32 columns as stored; B holds the
- * activations of up to 5 tokens, 3 parts each, in 15 of its 16 columns; C holds the 16 rows x 15
- * (token, part) sums.
+ * activations of up to 5 tokens, 3 parts each, in 15 of its 16 columns (or of 16 tokens, one part
+ * each, when the activations are bf16 values already: amx_layout); C holds the 16 rows x (token,
+ * part) sums.
  *
  * Decode takes 16 distant rows of the thread's share per tile (16 streams through memory, as the
  * vector path's 8-row decode tiles). Batches take 32 neighbouring rows and run every pair of token
@@ -128,8 +129,8 @@ static const tile_config config = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, 
 /* The configuration for a product of n_tokens: a product of one token group (decode, and
  * batches of up to l.group tokens, all in run_group) narrows its activation and sum tiles (1 and
  * 4) to the group's parts x n_g columns, so a tile load reads the pair_bytes x n_g bytes of each
- * column pair instead of 64. Each sum is computed alone, whatever the tile's width (the tests hold a step
- * to a prefill block's bits, whose tiles are 16 columns wide). Decode from L2 ran 1.23x faster
+ * column pair instead of 64. Each sum is computed alone, whatever the tile's width (the tests
+ * hold a step to a prefill block's bits, whose tiles are 16 columns wide). Decode from L2 ran 1.23x faster
  * (one thread, 1024 columns); from memory, paired in one process, products 1.01-1.03x and whole
  * steps 1.02x (bf16, q4). */
 static tile_config config_for(uint32_t n_tokens, amx_layout l)
@@ -239,8 +240,8 @@ static COL_AMX_T void stage_block(const row_group *g, uint64_t cols, uint64_t kb
 
 /* Output of tile row r, token tt of a C tile stored at c: its three parts, (hi + mid) + lo. A
  * whole group of neighbouring rows is one vector per token (the same additions, 16 at a time).
- * With one part the sum is hi + 0: what three parts give when mid and lo are zero (their sums
- * are +0), so -0 turns +0 in both layouts. */
+ * With one part the output is hi + 0, the additions three parts make when mid and lo are zero
+ * (their sums are +0), so the two layouts agree to the bit, signed zeros included. */
 static COL_AMX_T void store_outputs(const col_matvec_job *j, amx_layout l, const row_group *g, uint32_t group,
                                     const float *c)
 {
