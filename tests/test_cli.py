@@ -323,6 +323,20 @@ def test_bench_runs_the_kernel_path_asked_for(capsys: Capture) -> None:
     assert json.loads(capsys.readouterr().out)["kernels"] == "portable"
 
 
+def test_bench_missing_file_exits_2(capsys: Capture, tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "bench", tmp_path / "missing.colibri", "-p", "4", "-n", "2",
+                           "-r", "1", "--probe-mb", "16")
+    assert code == 2 and "missing.colibri" in err
+
+
+def test_bench_refuses_an_unknown_numerics_spec(capsys: Capture) -> None:
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", str(demo), "--numerics", "act-bf17"])
+    assert exit_info.value.code == 2
+    assert "unknown numerics component 'act-bf17'" in capsys.readouterr().err
+
+
 def test_bench_runs_a_numerics_variant(capsys: Capture) -> None:
     demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
     assert main(["bench", str(demo), "-p", "4", "-n", "2", "-r", "1", "--probe-mb", "16",

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from colibri.bench import numerics_spec
+
 SETTLE_S = 0.02  # between turns: the other engine's spinning worker threads go to sleep
 
 
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("hf_dir")
     p.add_argument("colibri_file")
     p.add_argument("--dtype", default="f32", choices=("f32", "bf16"))
-    p.add_argument("--numerics", default=None, metavar="SPEC",
+    p.add_argument("--numerics", type=numerics_spec, default=None, metavar="SPEC",
                    help="Colibri's numerics variant, e.g. act-bf16 (activations rounded to bf16, "
                         "as transformers computes in bf16); default: exact")
     p.add_argument("-p", type=int, default=128, help="prompt tokens")

@@ -11,6 +11,7 @@ after every repeat (the best reading is the limit).
 
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import statistics
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from colibri.engine import KERNEL_PATHS, Model, Session, measure_read_bandwidth
+from colibri.numerics import Numerics, NumericsError
 
 _EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
 
@@ -210,11 +212,17 @@ def format_result(r: BenchResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(prog="colibri bench", description=__doc__.splitlines()[0])
     add_arguments(p)
     return run_cli(p.parse_args(argv))
+
+
+def numerics_spec(text: str) -> str:
+    """argparse type: a numerics spec the engine accepts, in its canonical spelling."""
+    try:
+        return Numerics.parse(text).spec
+    except NumericsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(p: Any) -> None:
@@ -227,7 +235,7 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--no-trace-check", action="store_true", help="skip the trace-on decode run")
     p.add_argument("--kernels", choices=KERNEL_PATHS, default=None,
                    help="most capable kernel path to use (default: the best this machine has)")
-    p.add_argument("--numerics", default=None, metavar="SPEC",
+    p.add_argument("--numerics", type=numerics_spec, default=None, metavar="SPEC",
                    help="numerics variant (colibri.numerics spec, e.g. act-bf16: activations "
                         "rounded to bf16 as half-precision engines compute; default: exact)")
     p.add_argument("--json", action="store_true")

@@ -44,6 +44,15 @@ def _failure(exc: ColibriError | OSError) -> int:
     return EXIT_UNREADABLE if isinstance(exc, (ColibriIOError, OSError)) else EXIT_INVALID
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from colibri import bench
+
+    try:
+        return bench.run_cli(args)
+    except (ColibriError, OSError) as exc:
+        return _failure(exc)
+
+
 def _unreadable(path: str) -> str | None:
     """Why `path` cannot be read as a file at all, or None."""
     if not os.path.exists(path):
@@ -456,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="prefill/decode speed against this machine's measured "
                                      "read bandwidth")
     bench.add_arguments(p)
-    p.set_defaults(func=bench.run_cli)
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("validate", help="check a .colibri file; exit 0 valid, 1 invalid, "
                                         "2 unreadable")
