@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     vocab = Model.open(args.colibri_file).hparams.vocab_size
     tokens = np.random.default_rng(0).integers(0, vocab, size=args.p + args.n)
     prompt, continuation = tokens[: args.p], tokens[args.p:]
-    *colibri, kernels = colibri_runner(args.colibri_file, args.threads, args.p + args.n + 8,
-                                       args.numerics)
+    colibri_prefill, colibri_decode, kernels = colibri_runner(
+        args.colibri_file, args.threads, args.p + args.n + 8, args.numerics)
     hf = hf_runner(args.hf_dir, args.dtype, args.threads)
-    times = compare(hf, (colibri[0], colibri[1]), prompt, continuation, args.repeats)
+    times = compare(hf, (colibri_prefill, colibri_decode), prompt, continuation, args.repeats)
 
     print(f"{args.p}-token prefill and {args.n} decoded tokens, {args.threads} thread(s), "
           f"{args.repeats} turns each; colibri: {kernels}; transformers: {args.dtype}")

@@ -316,8 +316,6 @@ static void rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r
     }
 }
 
-/* ---- one attention head ------------------------------------------------------------------ */
-
 /* v[i] to the nearest bf16, ties to even; Inf and NaN unchanged. No branch, so it vectorises
  * where the compiler does (the AVX-512 version below is the same arithmetic). */
 static void round_bf16_portable(float *v, uint64_t n)
@@ -336,6 +334,8 @@ static void swiglu_gate_portable(float *h1, const float *h3, uint64_t n)
 {
     for (uint64_t i = 0; i < n; i++) h1[i] = h1[i] / (1.0f + expf(-h1[i])) * h3[i];
 }
+
+/* ---- one attention head ------------------------------------------------------------------ */
 
 /* Softmax of n scores in place, in f32: subtract the maximum, exponentiate, divide by the sum. */
 static void softmax_in_place(float *scores, uint32_t n)
