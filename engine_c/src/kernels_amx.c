@@ -393,6 +393,11 @@ static COL_AMX_T void rows_amx(const col_matvec_job *j, amx_layout l, const uint
     _tile_release();
 }
 
+uint64_t col_amx_tile_rows(uint32_t n_tokens, int x_bf16)
+{
+    return n_tokens == 1 ? 1 : n_tokens > layout_of(x_bf16).group ? 2 * ROWS : ROWS;
+}
+
 void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t r0,
                   uint64_t r1)
 {
@@ -410,6 +415,12 @@ void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, int x_bf16, 
                   uint8_t *out)
 {
     (void)x, (void)n_tokens, (void)cols, (void)x_bf16, (void)t0, (void)t1, (void)out;
+}
+
+uint64_t col_amx_tile_rows(uint32_t n_tokens, int x_bf16)
+{
+    (void)n_tokens, (void)x_bf16;
+    return 1;
 }
 
 void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t r0,

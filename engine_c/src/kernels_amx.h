@@ -46,6 +46,11 @@ uint64_t col_amx_packed_bytes(uint32_t n_tokens, uint64_t cols, int x_bf16);
 void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, int x_bf16, uint32_t t0, uint32_t t1,
                   uint8_t *out);
 
+/* Neighbouring rows col_amx_rows computes together for n_tokens tokens (32 for a batch of more
+ * than one token group, 16 for a few tokens, 1 for one token, whose tiles take distant rows): a
+ * range of rows that is a multiple of it has no short tile. Thread-safe. */
+uint64_t col_amx_tile_rows(uint32_t n_tokens, int x_bf16);
+
 /* Bytes of per-thread staging for products of at most max_cols columns (64-byte aligned use). */
 uint64_t col_amx_stage_bytes(uint64_t max_cols);
 
