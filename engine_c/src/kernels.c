@@ -386,6 +386,41 @@ COL_INLINE COL_T2 float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* hsum8 of 8 vectors at once, bit for bit (the same additions in the same order, by a transpose
+ * tree as in hsum16x16 below), out[k] = hsum8(acc[k]) for k < n (a constant after inlining, at
+ * most 24): the end of every AVX2 tile, whose accumulators then stay in registers. Old and new
+ * binaries in turns on the AVX2 path, a 128-token prompt: f32 1.12x, q4 1.02x. */
+COL_INLINE COL_T2 __m256 hsum8x8(const __m256 *v)
+{
+    __m256 s4[4], s2[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) /* halves: v[2i] in the low 128 bits, v[2i+1] in the high */
+        s4[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                              _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) { /* pairs: lane h holds v[4i + h] (elements 0-1), v[4i + 2 + h] (2-3) */
+        __m256d lo = _mm256_unpacklo_pd(_mm256_castps_pd(s4[2 * i]), _mm256_castps_pd(s4[2 * i + 1]));
+        __m256d hi = _mm256_unpackhi_pd(_mm256_castps_pd(s4[2 * i]), _mm256_castps_pd(s4[2 * i + 1]));
+        s2[i] = _mm256_add_ps(_mm256_castpd_ps(lo), _mm256_castpd_ps(hi));
+    }
+    return _mm256_add_ps(_mm256_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)), /* lane 4h + q: v[2q + h] */
+                         _mm256_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+COL_INLINE COL_T2 void hsum8_many(const __m256 *acc, int n, float *out)
+{
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+#pragma GCC unroll 3
+    for (int k0 = 0; k0 < n; k0 += 8) {
+        __m256 v[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) v[k] = k0 + k < n ? acc[k0 + k] : _mm256_setzero_ps();
+        __m256 sums = _mm256_permutevar8x32_ps(hsum8x8(v), order);
+        _mm256_maskstore_ps(out + k0, _mm256_cmpgt_epi32(_mm256_set1_epi32(n - k0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                            sums);
+    }
+}
+
 COL_INLINE COL_T512 float hsum16(__m512 v)
 {
     __m256 lo = _mm512_castps512_ps256(v);
@@ -528,6 +563,7 @@ COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t
     __m256 acc[MAX_TILE];
     for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
     for (int b = 0; b < NT; b++) x[b] = j->x + (uint64_t)(t + b) * n;
+#pragma GCC unroll 24
     for (int k = 0; k < NR * NT; k++) acc[k] = _mm256_setzero_ps();
     next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, n / 8);
     uint64_t i = 0;
@@ -544,10 +580,11 @@ COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[b] + i), acc[a * NT + b]);
         }
     }
+    float sums[MAX_TILE];
+    hsum8_many(acc, NR * NT, sums);
     for (int a = 0; a < NR; a++)
         for (int b = 0; b < NT; b++)
-            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] =
-                tail(hsum8(acc[a * NT + b]), row[a], dtype, x[b], i, n);
+            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] = tail(sums[a * NT + b], row[a], dtype, x[b], i, n);
 }
 
 COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
@@ -688,6 +725,7 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
     __m256 acc[MAX_TILE];
     for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
     for (int b = 0; b < NT; b++) x[b] = qx_at(qx, n, t + (uint32_t)b);
+#pragma GCC unroll 24
     for (int k = 0; k < NR * NT; k++) acc[k] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     const __m256i lane_block = q4 ? _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0) : _mm256_setzero_si256();
@@ -736,10 +774,12 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
             }
         }
     }
+    float sums[MAX_TILE];
+    hsum8_many(acc, NR * NT, sums);
     for (int a = 0; a < NR; a++)
         for (int b = 0; b < NT; b++)
             j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] =
-                hsum8(acc[a * NT + b]) + (n_steps * per_step < nb ? dotq_blocks(row[a], w->dtype, x[b].base, n, n_steps * per_step) : 0.0f);
+                sums[a * NT + b] + (n_steps * per_step < nb ? dotq_blocks(row[a], w->dtype, x[b].base, n, n_steps * per_step) : 0.0f);
 }
 
 /* Walk rows [r0, r1) x all tokens in tiles. One token: NRD rows at a time from NRD streams, then

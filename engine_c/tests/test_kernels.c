@@ -208,31 +208,30 @@ static void test_path(const char *isa)
     pool_done(&three);
 }
 
-/* What the AVX-512 path computes for one f32 output, in scalar: lane l (of 16) accumulates the
- * products of columns l, l + 16, ... of the whole 16-column blocks with a fused multiply-add, in
- * order; the lanes are summed as lane i + lane i+8, then i + i+4 of those, i + i+2, and the last
- * two; the columns past the last whole block are added one by one. */
-static float avx512_order(const float *w, const float *x, uint64_t cols)
+/* What a vector path computes for one f32 output, in scalar: lane l (of 16 on AVX-512, 8 on AVX2)
+ * accumulates the products of columns l, l + lanes, ... of the whole blocks with a fused
+ * multiply-add, in order; the lanes are summed by halving (lane i + lane i + lanes/2, then i + the
+ * next half of those, down to the last two); the columns past the last whole block are added one
+ * by one. */
+static float vector_order(const float *w, const float *x, uint64_t cols, unsigned lanes)
 {
     float lane[16] = {0};
-    uint64_t whole = cols / 16 * 16;
-    for (uint64_t i = 0; i < whole; i++) lane[i % 16] = fmaf(w[i], x[i], lane[i % 16]);
-    float s8[8], s4[4], s2[2];
-    for (int i = 0; i < 8; i++) s8[i] = lane[i] + lane[i + 8];
-    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
-    for (int i = 0; i < 2; i++) s2[i] = s4[i] + s4[i + 2];
-    float s = s2[0] + s2[1];
+    uint64_t whole = cols / lanes * lanes;
+    for (uint64_t i = 0; i < whole; i++) lane[i % lanes] = fmaf(w[i], x[i], lane[i % lanes]);
+    for (unsigned half = lanes / 2; half >= 1; half /= 2)
+        for (unsigned i = 0; i < half; i++) lane[i] += lane[i + half];
+    float s = lane[0];
     for (uint64_t i = whole; i < cols; i++) s += w[i] * x[i];
     return s;
 }
 
-/* The AVX-512 float tiles (decode's 8 distant rows and the batches' 6 x 4, and the tiles of 4, 2
- * and 1 rows left over) give every output exactly the bits of that order, however many outputs
- * share a tile's final sums. */
-static void test_avx512_float_order(void)
+/* The float tiles of a vector path (decode's 8 distant rows; the batches' 6 x 4 on AVX-512, 2 x 4
+ * on AVX2; the tiles left over) give every output exactly the bits of that order, however many
+ * outputs share a tile's final sums. */
+static void test_float_order(const char *isa, unsigned lanes)
 {
     enum { MAX_T = 17 };
-    run one = pool_for("avx512", 1, MAX_T, 1056);
+    run one = pool_for(isa, 1, MAX_T, 1056);
     CHECK(one.pool != NULL);
     if (!one.pool) return;
     static const uint64_t cols_list[] = {16, 17, 100, 1056};
@@ -252,13 +251,13 @@ static void test_avx512_float_order(void)
                 col_matmul_many(one.pool, &job, 1);
                 for (uint32_t t = 0; t < nt; t++)
                     for (uint64_t r = 0; r < rows; r++) {
-                        float want = avx512_order(w + r * cols, x + t * cols, cols), got = y[t * rows + r];
+                        float want = vector_order(w + r * cols, x + t * cols, cols, lanes), got = y[t * rows + r];
                         bad += memcmp(&want, &got, sizeof want) != 0;
                         checked++;
                     }
                 free(w), free(x), free(y);
             }
-    if (bad) fprintf(stderr, "avx512: %d of %d f32 outputs differ from the documented order\n", bad, checked);
+    if (bad) fprintf(stderr, "%s: %d of %d f32 outputs differ from the documented order\n", isa, bad, checked);
     CHECK(bad == 0);
     pool_done(&one);
 }
@@ -557,10 +556,11 @@ int main(void)
 #if defined(__x86_64__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_path("avx2");
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_float_order("avx2", 8);
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_path("avx512");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
-        test_avx512_float_order();
+        test_float_order("avx512", 16);
     if (__builtin_cpu_supports("avx512f")) test_swiglu_gate("avx512");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_round_bf16("avx512");
