@@ -78,7 +78,7 @@ def make_builder(absolute: bool = False, sanitize: bool = False) -> FFI:
         '#include "colibri.h"\n',
         sources=engine_sources(absolute),
         include_dirs=[_as_build_path(ENGINE_DIR / d, absolute) for d in ("include", "src")],
-        extra_compile_args=["-std=c11", "-O1" if sanitize else "-O2",
+        extra_compile_args=["-std=c11", "-O1" if sanitize else "-O2", "-ffp-contract=off",
                             "-D_POSIX_C_SOURCE=200809L", *san],
         extra_link_args=san,
         libraries=["m", "pthread"],
