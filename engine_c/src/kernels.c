@@ -530,10 +530,10 @@ static inline __attribute__((always_inline)) float tail(float s, const uint8_t *
  * than 24 tokens for an f32 tile of 6 rows), nothing is prefetched, since the prefetches then
  * competed with the tile's own loads (f32, 2 threads: 0.93-0.96x at 8-16 tokens; and two lines per
  * step over part of a pass were 0.91-0.93x of one line at 32 tokens, likely why an earlier attempt
- * with two found nothing). Paired in one
- * process, 2 threads: f32 products of 32 tokens 1.09-1.14x (2816 x 1024 and 1024 x 2816), 128
- * tokens 1.03-1.05x; prefill of 128 tokens f32 1.08-1.09x, bf16 on AVX-512 1.12x, q8 1.06x, q4
- * 1.09x (AVX2 path: 1.03-1.07x). Prefetches change no bits. */
+ * with two found nothing). Paired in one process, 2 threads: f32 products of 32 tokens
+ * 1.09-1.14x (2816 x 1024 and 1024 x 2816), 128 tokens 1.03-1.05x; prefill of 128 tokens f32
+ * 1.06-1.09x, bf16 on AVX-512 1.12x, q8 1.06x, q4 1.09x (AVX2 path: 1.03-1.07x). Prefetches
+ * change no bits. */
 typedef struct next_tile_prefetch {
     const char *at, *end;
 } next_tile_prefetch;
@@ -927,7 +927,6 @@ COL_INLINE COL_T512 __m512 sum16x16(__m512 *a)
     return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
-
 
 /* Scores of heads h0 .. h0 + HC - 1 (HC = 1, 2 or 4) against every key, 16 / HC keys per tree;
  * head j's scores go to scores + j * n_keys. */
