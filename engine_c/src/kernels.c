@@ -552,6 +552,15 @@ COL_INLINE next_tile_prefetch next_tile_slice(const col_matvec_job *j, uint64_t 
     return pf;
 }
 
+/* One step of the k loop: the slice's next line, if any is left. */
+COL_INLINE void next_tile_step(next_tile_prefetch *pf)
+{
+    if (pf->at < pf->end) {
+        _mm_prefetch(pf->at, _MM_HINT_T1);
+        pf->at += 64;
+    }
+}
+
 /* A tile for float weights: one vector accumulator per output, walked left to right. */
 COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
                                    uint32_t dtype)
@@ -568,10 +577,7 @@ COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t
     next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, n / 8);
     uint64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        if (pf.at < pf.end) {
-            _mm_prefetch(pf.at, _MM_HINT_T1);
-            pf.at += 64;
-        }
+        next_tile_step(&pf);
 #pragma GCC unroll 8
         for (int a = 0; a < NR; a++) {
             if (NT == 1) _mm_prefetch((const char *)(row[a] + i * esize + COL_PREFETCH_AHEAD), _MM_HINT_T0);
@@ -602,10 +608,7 @@ COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, uint
     next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, n / 16);
     uint64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        if (pf.at < pf.end) {
-            _mm_prefetch(pf.at, _MM_HINT_T1);
-            pf.at += 64;
-        }
+        next_tile_step(&pf);
 #pragma GCC unroll 8
         for (int a = 0; a < NR; a++) {
             /* decode reads each weight once: ask for lines ahead of the loads as well, which the
@@ -677,10 +680,7 @@ COL_INLINE COL_T512 void tile_q_avx512(const col_matvec_job *j, const uint8_t *q
         }
         for (uint64_t k = 0; k < steps_per_chunk && s < n_steps; k++, s++) {
             __m512i idx = _mm512_add_epi32(lane_block, _mm512_set1_epi32((int)(k * per_step)));
-            if (pf.at < pf.end) {
-                _mm_prefetch(pf.at, _MM_HINT_T1);
-                pf.at += 64;
-            }
+            next_tile_step(&pf);
 #pragma GCC unroll 8
             for (int a = 0; a < NR; a++) {
                 const uint8_t *payload = row[a] + 2 * nb + 64 * s;
@@ -746,10 +746,7 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
         }
         for (uint64_t k = 0; k < steps_per_chunk && s < n_steps; k++, s++) {
             __m256i idx = _mm256_add_epi32(lane_block, _mm256_set1_epi32((int)(k * per_step)));
-            if (pf.at < pf.end) {
-                _mm_prefetch(pf.at, _MM_HINT_T1);
-                pf.at += 64;
-            }
+            next_tile_step(&pf);
 #pragma GCC unroll 8
             for (int a = 0; a < NR; a++) {
                 const uint8_t *payload = row[a] + 2 * nb + 32 * s;
