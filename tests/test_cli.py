@@ -390,3 +390,23 @@ def test_bench_compare_tool_runs_both_engines_on_one_model(tmp_path: Path,
         line = next(x for x in text.splitlines() if x.startswith(phase))
         ratio = re.search(r"ratio colibri / transformers ([0-9.]+)x", line)
         assert ratio is not None and float(ratio.group(1)) > 0, line
+
+
+def test_bench_products_tool_compares_one_product_with_torch(capsys: pytest.CaptureFixture[str]) -> None:
+    """tools/bench_products.py: Colibri's bench_products and torch take turns on each shape and
+    token count; one line per product with both rates and the per-turn ratio."""
+    import importlib.util
+
+    pytest.importorskip("torch")
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(["make", "-s", "-C", str(root / "engine_c"), "build/bench_products"], check=True)
+    spec = importlib.util.spec_from_file_location("bench_products", root / "tools" / "bench_products.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--shapes", "64x96", "--tokens", "1,6", "-t", "1", "-r", "2", "--megabytes", "1"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if "tokens" in x and "ratio" in x]
+    assert len(lines) == 2 and "    1 tokens" in lines[0] and "    6 tokens" in lines[1]
+    for line in lines:
+        ratio = re.search(r"ratio +([0-9.]+)x", line)
+        assert ratio is not None and float(ratio.group(1)) > 0, line
