@@ -226,21 +226,22 @@ static float vector_order(const float *w, const float *x, uint64_t cols, unsigne
 }
 
 /* The float tiles of a vector path (decode's 8 distant rows; the batches' 6 x 4 on AVX-512, 2 x 4
- * on AVX2; the tiles left over) give every output exactly the bits of that order, however many
- * outputs share a tile's final sums. */
+ * on AVX2; the tiles left over; on AVX-512, long rows walked in column blocks with the lane sums
+ * carried across, in chunks of 64 tokens) give every output exactly the bits of that order,
+ * however many outputs share a tile's final sums. */
 static void test_float_order(const char *isa, unsigned lanes)
 {
-    enum { MAX_T = 17 };
-    run one = pool_for(isa, 1, MAX_T, 1056);
+    enum { MAX_T = 70 };
+    run one = pool_for(isa, 1, MAX_T, 2100);
     CHECK(one.pool != NULL);
     if (!one.pool) return;
-    static const uint64_t cols_list[] = {16, 17, 100, 1056};
+    static const uint64_t cols_list[] = {16, 17, 100, 1056, 2100};
     static const uint64_t rows_list[] = {1, 5, 11, 37};
-    static const uint32_t tokens_list[] = {1, 3, 4, 9, 17};
+    static const uint32_t tokens_list[] = {1, 3, 4, 9, 17, 70};
     int bad = 0, checked = 0;
-    for (size_t ci = 0; ci < 4; ci++)
+    for (size_t ci = 0; ci < 5; ci++)
         for (size_t ri = 0; ri < 4; ri++)
-            for (size_t ti = 0; ti < 5; ti++) {
+            for (size_t ti = 0; ti < 6; ti++) {
                 uint64_t cols = cols_list[ci], rows = rows_list[ri];
                 uint32_t nt = tokens_list[ti];
                 float *w = malloc(rows * cols * sizeof *w), *x = malloc(nt * cols * sizeof *x);
