@@ -538,6 +538,9 @@ typedef struct next_tile_prefetch {
     const char *at, *end;
 } next_tile_prefetch;
 
+/* The slice of the next tile's bytes for a pass that covers units [u0, u1) of the tile's `units`
+ * (tokens, or (column block, token) pairs for long rows): none for a tile's only pass, for
+ * distant rows (decode) or the last tile, or where the slice is more than a line per step. */
 COL_INLINE next_tile_prefetch next_tile_units(const col_matvec_job *j, uint64_t r, uint64_t step, int NR,
                                               uint64_t u0, uint64_t u1, uint64_t units, uint64_t rb, uint64_t steps)
 {
@@ -600,6 +603,9 @@ COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t
             j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] = tail(sums[a * NT + b], row[a], dtype, x[b], i, n);
 }
 
+/* Columns [k0, k1) of a tile (k0 a multiple of 16): the lane sums start at zero for k0 = 0 and
+ * from `carry` (NR * NT vectors) otherwise; a block that ends before the row does leaves them in
+ * `carry`, the last one sums them and writes the outputs. carry may be NULL for a whole row. */
 COL_INLINE COL_T512 void tile_f_avx512_cols(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT,
                                             uint32_t t, uint32_t dtype, uint64_t k0, uint64_t k1, __m512 *carry,
                                             next_tile_prefetch pf)
