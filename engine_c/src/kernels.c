@@ -603,15 +603,16 @@ COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t
             j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] = tail(sums[a * NT + b], row[a], dtype, x[b], i, n);
 }
 
-/* Columns [k0, k1) of a tile (k0 a multiple of 16): the lane sums start at zero for k0 = 0 and
- * from `carry` (NR * NT vectors) otherwise; a block that ends before the row does leaves them in
- * `carry`, the last one sums them and writes the outputs. carry may be NULL for a whole row. */
+/* Columns [k0, k1) of a tile (k0 a multiple of 16; rb the row bytes): the lane sums start at zero
+ * for k0 = 0 and from `carry` (NR * NT vectors) otherwise; a block that ends before the row does
+ * leaves them in `carry`, the last one sums them and writes the outputs. carry may be NULL for a
+ * whole row. */
 COL_INLINE COL_T512 void tile_f_avx512_cols(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT,
-                                            uint32_t t, uint32_t dtype, uint64_t k0, uint64_t k1, __m512 *carry,
-                                            next_tile_prefetch pf)
+                                            uint32_t t, uint32_t dtype, uint64_t rb, uint64_t k0, uint64_t k1,
+                                            __m512 *carry, next_tile_prefetch pf)
 {
     const col_weight *w = &j->w;
-    uint64_t n = w->cols, rb = col_dtype_row_bytes(dtype, n), esize = dtype == COL_DTYPE_F32 ? 4 : 2;
+    uint64_t n = w->cols, esize = dtype == COL_DTYPE_F32 ? 4 : 2;
     const uint8_t *row[MAX_TILE_ROWS];
     const float *x[4];
     __m512 acc[MAX_TILE];
@@ -648,9 +649,8 @@ COL_INLINE COL_T512 void tile_f_avx512_cols(const col_matvec_job *j, uint64_t r,
 COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
                                        uint32_t dtype)
 {
-    const uint64_t n = j->w.cols;
-    tile_f_avx512_cols(j, r, step, NR, NT, t, dtype, 0, n, NULL,
-                       next_tile_slice(j, r, step, NR, NT, t, col_dtype_row_bytes(dtype, n), n / 16));
+    const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(dtype, n);
+    tile_f_avx512_cols(j, r, step, NR, NT, t, dtype, rb, 0, n, NULL, next_tile_slice(j, r, step, NR, NT, t, rb, n / 16));
 }
 
 /* The quantised activations of token b of a tile (layout: qrow_bytes). */
@@ -904,10 +904,10 @@ COL_INLINE COL_T512 void tokens_kblocked_avx512(const col_matvec_job *j, uint64_
                     next_tile_units(j, r, 1, NR, b * nt + t, b * nt + t + m, units, rb, COL_BATCH_KBLOCK / 16);
                 __m512 *tile_carry = carry + (t - c0) / 4 * NR * 4;
                 switch (m) {
-                case 4: tile_f_avx512_cols(j, r, 1, NR, 4, t, dtype, k0, k1, tile_carry, pf); break;
-                case 3: tile_f_avx512_cols(j, r, 1, NR, 3, t, dtype, k0, k1, tile_carry, pf); break;
-                case 2: tile_f_avx512_cols(j, r, 1, NR, 2, t, dtype, k0, k1, tile_carry, pf); break;
-                default: tile_f_avx512_cols(j, r, 1, NR, 1, t, dtype, k0, k1, tile_carry, pf); break;
+                case 4: tile_f_avx512_cols(j, r, 1, NR, 4, t, dtype, rb, k0, k1, tile_carry, pf); break;
+                case 3: tile_f_avx512_cols(j, r, 1, NR, 3, t, dtype, rb, k0, k1, tile_carry, pf); break;
+                case 2: tile_f_avx512_cols(j, r, 1, NR, 2, t, dtype, rb, k0, k1, tile_carry, pf); break;
+                default: tile_f_avx512_cols(j, r, 1, NR, 1, t, dtype, rb, k0, k1, tile_carry, pf); break;
                 }
             }
         }
