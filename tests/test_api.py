@@ -438,6 +438,26 @@ def test_prefill_equals_steps_bit_identical(tiny_model_path: BuildPath, arch: st
     assert batch.tobytes() == steps.tobytes()
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_of_last_logits_only_gives_the_last_row_bit_identical(tiny_model_path: BuildPath,
+                                                                       arch: str) -> None:
+    tokens = [1, 7, 3, 9, 4]
+    with Model.open(tiny_model_path(arch)) as model:
+        with Session(model) as a, Session(model) as b:
+            every = a.prefill(tokens)
+            last = b.prefill(tokens, all_logits=False)
+            assert b.position == a.position == len(tokens)
+            after = (a.step(5).tobytes(), b.step(5).tobytes())
+    assert (last.shape, last.dtype) == ((1, 50), np.float32)
+    assert last.tobytes() == every[-1:].tobytes()
+    assert after[0] == after[1]
+
+
+def test_prefill_of_no_tokens_for_last_logits_only_is_empty(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        assert session.prefill([], all_logits=False).shape == (0, 50)
+
+
 def test_step_returns_vocab_logits(tiny_model_path: BuildPath) -> None:
     with Model.open(tiny_model_path()) as model, Session(model) as session:
         logits = session.step(3)

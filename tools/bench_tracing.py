@@ -61,7 +61,7 @@ def main() -> int:
 
     # the token sequence of a greedy decode, fixed up front so every variant does the same work
     s = Session(model, threads=args.threads, trace=False)
-    logits = s.prefill(prompt)[-1]
+    logits = s.prefill(prompt, all_logits=False)[-1]
     seq = list(prompt)
     for _ in range(new - 1):
         token = int(np.argmax(logits))
@@ -72,7 +72,7 @@ def main() -> int:
     def engine(trace: bool) -> float:
         session = Session(model, threads=args.threads, max_context=positions, trace=trace)
         t0 = time.perf_counter_ns()
-        session.prefill(seq[:len(prompt)])
+        session.prefill(seq[:len(prompt)], all_logits=False)
         for token in seq[len(prompt):]:
             session.step(token)
         dt = time.perf_counter_ns() - t0

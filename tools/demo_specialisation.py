@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
         tok = model.tokenizer
         ids = tok.encode(text).ids[:1500]
         session = colibri.Session(model, max_context=len(ids))
-        session.prefill(ids)
+        session.prefill(ids, all_logits=False)
         trace = session.trace
         top1 = trace.expert_ids[:, :, 0]
         n_experts = model.hparams.n_experts

@@ -398,7 +398,7 @@ def _reloader(hot: Any, new_session: Callable[[Any], Any]
             return None
         fresh = new_session(model)
         if history:
-            fresh.prefill(history)
+            fresh.prefill(history, all_logits=False)
         session.close()
         _err(f"reloaded {hot.path} (generation {hot.generation}) at position {len(history)}")
         return fresh

@@ -221,7 +221,7 @@ class Runner:
             return tokens
         with Session(self.model, threads=self.threads, max_context=len(prompt) + n_generate,
                      trace=False) as s:
-            logits = s.prefill(tokens)[-1]
+            logits = s.prefill(tokens, all_logits=False)[-1]
             for i in range(n_generate):
                 nxt = int(np.argmax(logits))
                 tokens.append(nxt)
