@@ -874,56 +874,127 @@ static COL_T2 void rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_
 }
 
 /* Batches over long rows. A 6-row tile over all of a 2816-column row holds 66 KiB of weights,
- * more than L1, and re-reads them from L2 in every token pass, beside the pass's 4 token rows.
- * So rows of more than COL_BATCH_KBLOCK columns are walked a block of that many columns at a
- * time: each block runs every token pass of a chunk of up to COL_KBLOCK_TOKENS tokens, the tiles'
- * lane accumulators carried from one block to the next (tile_f_avx512_cols), so every output gets
- * exactly the operations of a tile over the whole row. Paired in one process, f32, 2 threads, from
- * memory: 1024 x 2816 products 1.15x (8 tokens), 1.16x (32), 1.18x (64), 1.14x (128); 4096 x 4096
- * at 32 and 128 tokens 1.28x and 1.16x; 4096 x 14336 at 128 tokens 0.97x (its 7 MiB of token rows
- * stay in L3 whatever the blocks); f32 prefill of the bench model 1.06x. Blocks of 512 or 2048
- * columns were slower. */
+ * more than L1, and re-read them from L2 in every token pass. So rows of more than
+ * COL_BATCH_KBLOCK columns are walked a block of that many columns at a time, the tiles' lane
+ * accumulators carried from one block to the next (tile_f_avx512_cols), so every output gets
+ * exactly the operations of a tile over the whole row (ninth session: 1.14-1.28x on 1024 x 2816
+ * and 4096 x 4096 products). From 24 tokens on, up to COL_KBLOCK_TILES neighbouring tiles walk
+ * their blocks together (tiles_kblocked_avx512): each column block of every tile runs before the
+ * next block, so the block's columns of the tokens, read from L2, serve all of them. A tile alone
+ * streamed all of its tokens' columns through L2 again, from L3 once they no longer fit there
+ * (7 MiB at 14336 columns and 128 tokens). Old and new bench_products binaries in turns, f32, 2
+ * threads, from memory: 4096 x 14336 1.37x, 1.52-1.78x at 32 and 128 tokens; 14336 x 4096
+ * 1.21-1.30x and 4096 x 4096 1.44x at 128; the bench model's 1024 x 2816 1.14x at 128 tokens,
+ * 1.08x at 64, 1.00x at 32; with fewer tokens a block's token columns are small, and a group was
+ * slower (0.90x at 8: its tiles' rows are farther apart), so a tile walks alone. Groups of 4 or 16
+ * tiles did about as well as 8. */
 #define COL_BATCH_KBLOCK 1024
-#define COL_KBLOCK_TOKENS 64
+#define COL_KBLOCK_TOKENS 128 /* tokens walked together; a batch with more walks them in chunks */
+#define COL_KBLOCK_TILES 8
 
-COL_INLINE COL_T512 void tokens_kblocked_avx512(const col_matvec_job *j, uint64_t r, uint32_t dtype)
+/* Bytes of carried lane sums one tile of a batch of n_tokens needs: a 6 x 4 tile's 24 vectors
+ * for each pass of 4 tokens of a chunk. */
+static uint64_t kblock_carry_bytes(uint32_t n_tokens)
+{
+    const uint64_t chunk = n_tokens < COL_KBLOCK_TOKENS ? n_tokens : COL_KBLOCK_TOKENS;
+    return (chunk + 3) / 4 * COL_BATCH_ROWS_512 * 4 * 64;
+}
+
+/* The slice of tile-block (rows rn .. rn + NR - 1, columns [k0, k1)) that pass p of the P passes
+ * of the tile-block before it prefetches: the NR row segments are dealt to the passes in order and
+ * each segment's passes split it evenly, so a pass's slice is one contiguous range. None with
+ * fewer passes than rows, past the last row, or where the slice is more than a line per step. */
+COL_INLINE next_tile_prefetch next_block_slice(const col_matvec_job *j, uint64_t rn, int NR, uint64_t k0, uint64_t k1,
+                                               uint32_t p, uint32_t P, uint64_t rb, uint64_t esize, uint64_t steps)
+{
+    next_tile_prefetch pf = {NULL, NULL};
+    if (P < (uint32_t)NR || rn + (uint64_t)NR > j->w.rows) return pf;
+    const uint32_t seg = p * (uint32_t)NR / P;
+    const uint32_t q0 = (seg * P + (uint32_t)NR - 1) / (uint32_t)NR, q1 = ((seg + 1) * P + (uint32_t)NR - 1) / (uint32_t)NR;
+    const uint64_t bytes = (k1 - k0) * esize;
+    const char *base = (const char *)j->w.data + (rn + seg) * rb + k0 * esize;
+    pf.at = base + (bytes * (p - q0) / (q1 - q0) & ~(uint64_t)63);
+    pf.end = base + bytes * (p + 1 - q0) / (q1 - q0);
+    if ((uint64_t)(pf.end - pf.at + 63) / 64 > steps) pf.at = pf.end;
+    return pf;
+}
+
+/* Tiles r, r + NR, .. (n_tiles of them) over long rows: for each chunk of up to COL_KBLOCK_TOKENS
+ * tokens, each column block of every tile before the next block. `carry` holds n_tiles *
+ * kblock_carry_bytes(n_tokens) (64-byte aligned). Each tile-block's passes prefetch the next
+ * tile-block's weights into L2 (next_block_slice): the next tile's in this block, else the first
+ * tile's in the next block, else the next group's first. */
+COL_INLINE COL_T512 void tiles_kblocked_avx512(const col_matvec_job *j, uint64_t r, uint32_t n_tiles, uint32_t dtype,
+                                               __m512 *carry)
 {
     enum { NR = COL_BATCH_ROWS_512 };
-    __m512 carry[COL_KBLOCK_TOKENS / 4 * NR * 4] __attribute__((aligned(64)));
     const uint32_t nt = j->n_tokens;
-    const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(dtype, n);
-    const uint64_t n_blocks = (n + COL_BATCH_KBLOCK - 1) / COL_BATCH_KBLOCK, units = n_blocks * nt;
+    const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(dtype, n), esize = dtype == COL_DTYPE_F32 ? 4 : 2;
+    const uint64_t n_blocks = (n + COL_BATCH_KBLOCK - 1) / COL_BATCH_KBLOCK;
     for (uint32_t c0 = 0; c0 < nt; c0 += COL_KBLOCK_TOKENS) {
-        const uint32_t c1 = nt - c0 < COL_KBLOCK_TOKENS ? nt : c0 + COL_KBLOCK_TOKENS;
+        const uint32_t c1 = nt - c0 < COL_KBLOCK_TOKENS ? nt : c0 + COL_KBLOCK_TOKENS, P = (c1 - c0 + 3) / 4;
         for (uint64_t b = 0; b < n_blocks; b++) {
             const uint64_t k0 = b * COL_BATCH_KBLOCK, k1 = n - k0 < COL_BATCH_KBLOCK ? n : k0 + COL_BATCH_KBLOCK;
-            for (uint32_t t = c0; t < c1; t += 4) {
-                const uint32_t m = c1 - t < 4 ? c1 - t : 4;
-                /* the next tile's rows, a slice per (block, token) pass as in next_tile_slice */
-                const next_tile_prefetch pf =
-                    next_tile_units(j, r, 1, NR, b * nt + t, b * nt + t + m, units, rb, COL_BATCH_KBLOCK / 16);
-                __m512 *tile_carry = carry + (t - c0) / 4 * NR * 4;
-                switch (m) {
-                case 4: tile_f_avx512_cols(j, r, 1, NR, 4, t, dtype, rb, k0, k1, tile_carry, pf); break;
-                case 3: tile_f_avx512_cols(j, r, 1, NR, 3, t, dtype, rb, k0, k1, tile_carry, pf); break;
-                case 2: tile_f_avx512_cols(j, r, 1, NR, 2, t, dtype, rb, k0, k1, tile_carry, pf); break;
-                default: tile_f_avx512_cols(j, r, 1, NR, 1, t, dtype, rb, k0, k1, tile_carry, pf); break;
+            for (uint32_t g = 0; g < n_tiles; g++) {
+                const uint64_t rr = r + (uint64_t)g * NR;
+                uint64_t rn = rr + NR, nk0 = k0, nk1 = k1;
+                if (g + 1 == n_tiles) {
+                    const int last = b + 1 == n_blocks;
+                    rn = last ? r + (uint64_t)n_tiles * NR : r;
+                    nk0 = last ? 0 : k1;
+                    nk1 = n - nk0 < COL_BATCH_KBLOCK ? n : nk0 + COL_BATCH_KBLOCK;
+                }
+                for (uint32_t t = c0, p = 0; t < c1; t += 4, p++) {
+                    const uint32_t m = c1 - t < 4 ? c1 - t : 4;
+                    const next_tile_prefetch pf = next_block_slice(j, rn, NR, nk0, nk1, p, P, rb, esize, (k1 - k0) / 16);
+                    __m512 *tile_carry = carry + ((uint64_t)g * P + p) * NR * 4;
+                    switch (m) {
+                    case 4: tile_f_avx512_cols(j, rr, 1, NR, 4, t, dtype, rb, k0, k1, tile_carry, pf); break;
+                    case 3: tile_f_avx512_cols(j, rr, 1, NR, 3, t, dtype, rb, k0, k1, tile_carry, pf); break;
+                    case 2: tile_f_avx512_cols(j, rr, 1, NR, 2, t, dtype, rb, k0, k1, tile_carry, pf); break;
+                    default: tile_f_avx512_cols(j, rr, 1, NR, 1, t, dtype, rb, k0, k1, tile_carry, pf); break;
+                    }
                 }
             }
         }
     }
 }
 
-/* Float weights on AVX-512: batches over long rows in column blocks (tokens_kblocked_avx512) for
+#define COL_KBLOCK_GROUP_TOKENS 24 /* fewer tokens: one tile at a time */
+
+/* The whole tiles of rows [r0, r1) of a batch over long rows, in groups of as many tiles as the
+ * thread's `carry` scratch (carry_bytes) holds, at most COL_KBLOCK_TILES. Returns the first row
+ * not done: r0 when the scratch holds no tile (the caller's whole-row tiles give the same bits).
+ * Not inlined: inlined into rows_avx512, it made gcc compile the short rows' tiles there slower
+ * (2816 x 1024 products at 128 tokens 0.75-0.80x). */
+static COL_T512 __attribute__((noinline)) uint64_t rows_kblocked_avx512(const col_matvec_job *j, uint64_t r0, uint64_t r1,
+                                                                        uint32_t dtype, uint8_t *carry, uint64_t carry_bytes)
+{
+    enum { NR = COL_BATCH_ROWS_512 };
+    uint64_t fit = carry ? carry_bytes / kblock_carry_bytes(j->n_tokens) : 0;
+    if (fit > COL_KBLOCK_TILES) fit = COL_KBLOCK_TILES;
+    if (fit > 1 && j->n_tokens < COL_KBLOCK_GROUP_TOKENS) fit = 1;
+    while (fit > 0 && r0 + NR <= r1) {
+        const uint64_t tiles = (r1 - r0) / NR < fit ? (r1 - r0) / NR : fit;
+        tiles_kblocked_avx512(j, r0, (uint32_t)tiles, dtype, (__m512 *)(void *)carry);
+        r0 += tiles * NR;
+    }
+    return r0;
+}
+
+/* Float weights on AVX-512: batches over long rows in column blocks (rows_kblocked_avx512) for
  * whole 6-row tiles, everything else (decode, short rows, the rows left over) by WALK_TILES. */
-#define WALK_FLOAT_512(TILE, dtype)                                                                  \
-    do {                                                                                             \
-        if (j->n_tokens > 1 && j->w.cols > COL_BATCH_KBLOCK)                                         \
-            for (; r0 + COL_BATCH_ROWS_512 <= r1; r0 += COL_BATCH_ROWS_512) tokens_kblocked_avx512(j, r0, dtype); \
-        WALK_TILES(TILE, COL_DECODE_STREAMS, COL_BATCH_ROWS_512);                                     \
+#define WALK_FLOAT_512(TILE, dtype)                                                                 \
+    do {                                                                                            \
+        if (j->n_tokens > 1 && j->w.cols > COL_BATCH_KBLOCK)                                        \
+            r0 = rows_kblocked_avx512(j, r0, r1, dtype, carry, carry_bytes);                        \
+        WALK_TILES(TILE, COL_DECODE_STREAMS, COL_BATCH_ROWS_512);                                    \
     } while (0)
 
-static COL_T512 void rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1)
+/* Rows [r0, r1) of job j on AVX-512; `carry` (carry_bytes, may be NULL) is the thread's scratch
+ * for batches over long rows. */
+static COL_T512 void rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *carry,
+                                 uint64_t carry_bytes)
 {
     switch (j->w.dtype) {
 #define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F32)
@@ -1283,7 +1354,7 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
         return;
     }
     if (pool->isa >= COL_ISA_AVX512) {
-        rows_avx512(j, act, r0, r1);
+        rows_avx512(j, act, r0, r1, pool->stage ? pool->stage + (uint64_t)t * pool->stage_bytes : NULL, pool->stage_bytes);
         return;
     }
     if (pool->isa == COL_ISA_AVX2) {
@@ -1466,9 +1537,16 @@ static uint64_t act_bytes(col_isa isa, const col_pool_limits *l)
     uint64_t bytes = isa == COL_ISA_AMX && amx > q ? amx : q;
     return (bytes + 63) & ~(uint64_t)63; /* the staging after it is 64-byte aligned */
 }
+/* Per-thread staging: the AMX path's, and on AVX-512 (which the AMX path runs for other dtypes)
+ * the carried lane sums of a group of tiles over long rows (rows_kblocked_avx512). */
 static uint64_t stage_bytes(col_isa isa, const col_pool_limits *l)
 {
-    return isa == COL_ISA_AMX ? (col_amx_stage_bytes(l->max_cols) + 63) & ~(uint64_t)63 : 0;
+    uint64_t amx = isa == COL_ISA_AMX ? (col_amx_stage_bytes(l->max_cols) + 63) & ~(uint64_t)63 : 0, carry = 0;
+#if defined(__x86_64__)
+    if (isa >= COL_ISA_AVX512 && l->max_tokens > 1 && l->max_cols > COL_BATCH_KBLOCK)
+        carry = COL_KBLOCK_TILES * kblock_carry_bytes(l->max_tokens);
+#endif
+    return amx > carry ? amx : carry;
 }
 static uint64_t scratch_bytes_for(col_isa isa, uint32_t n_threads, const col_pool_limits *l)
 {
@@ -1501,6 +1579,8 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
         pool->act_capacity = act_bytes(pool->isa, limits);
         pool->stage = pool->act_buf + pool->act_capacity;
         pool->stage_bytes = stage_bytes(pool->isa, limits);
+        if (scratch_bytes_for(pool->isa, n_threads, limits) > scratch_bytes)
+            pool->stage_bytes = 0; /* no room for carried sums: long rows run as whole-row tiles, same bits */
     }
     atomic_init(&pool->generation, 0);
     atomic_init(&pool->n_done, 0);

@@ -49,7 +49,8 @@ col_isa col_choose_isa(col_isa ceiling);
 
 /* Bytes of scratch a pool of n_threads needs for products within `limits` on path `isa`
  * (col_choose_isa): activations quantised for int8 weights or packed for AMX tiles, and
- * per-thread staging for AMX. */
+ * per-thread staging (AMX tiles; on AVX-512 the lane sums a group of batch tiles carries across
+ * the column blocks of long rows). */
 uint64_t col_pool_scratch_size(col_isa isa, uint32_t n_threads, const col_pool_limits *limits);
 
 /* Create a pool of n_threads - 1 workers (the caller is the n-th) running path `isa` (from
