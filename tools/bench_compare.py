@@ -6,9 +6,9 @@ medians of each engine's own runs are printed too.
 
 Both do the same work: the prefill asks each for the last position's logits only (transformers'
 `logits_to_keep=1`, as its `generate` does; Colibri's `prefill(..., all_logits=False)`). The LM
-head over every prompt position is a fifth of a 128-token prefill of the 0.64 B bench model
-(Colibri 1.19-1.20x slower with it, f32 and bf16), so asking one engine for more logits than the
-other skews the ratio. Decode feeds both the same fixed tokens, so neither's choice of token
+head over every prompt position adds a fifth to the multiply-adds of a 128-token prefill of the
+0.64 B bench model (Colibri 1.07-1.20x slower with it), so asking one engine for more logits than
+the other skews the ratio. Decode feeds both the same fixed tokens, so neither's choice of token
 changes the other's work.
 
     python tools/bench_compare.py HF_DIR FILE.colibri [--dtype f32|bf16] [--numerics act-bf16]

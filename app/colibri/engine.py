@@ -694,7 +694,7 @@ class Session:
         """Process `token_ids` at the next positions; returns float32 logits [n, vocab], one row
         per processed position. With `all_logits=False` only the last position's logits are
         computed, returned as [1, vocab] (the LM head then runs once instead of n times: on the
-        0.64 B bench model a 128-token prefill is about 1.2x faster; the bits of that row are the
+        0.64 B bench model a 128-token prefill is 1.07-1.2x faster; the bits of that row are the
         same). Nothing is processed when it raises."""
         tokens = np.asarray(list(token_ids) if not isinstance(token_ids, np.ndarray) else token_ids)
         if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
