@@ -2,11 +2,15 @@
 8 layers, 8 experts, top-2, expert intermediate 2816, 16 heads / 4 KV heads, vocab 32000) with
 random weights, saved with transformers, then converted to .colibri in f32, bf16, q8 and q4.
 
+With `--wide`, one layer of Mixtral-8x7B's shapes instead (hidden 4096, expert intermediate
+14336, 32 heads / 8 KV heads, 8 experts, top-2, vocab 32000: 1.7 B parameters, 6.9 GB in f32), to
+measure the products of a large model end to end.
+
 Random weights are fine for speed; the router weights are scaled so routing is not degenerate
 (logits spread over several units, every expert chosen). The models live outside the repository
 (default /work/bench-models) and are not committed.
 
-    python tools/bench_models.py [--out /work/bench-models] [--formats f32,bf16,q8,q4]
+    python tools/bench_models.py [--out /work/bench-models] [--formats f32,bf16,q8,q4] [--wide]
 """
 
 from __future__ import annotations
@@ -20,15 +24,17 @@ CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hi
               num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
               num_experts_per_tok=2, max_position_embeddings=4096, rms_norm_eps=1e-5,
               rope_theta=1e6, tie_word_embeddings=False)
+WIDE = dict(CONFIG, hidden_size=4096, intermediate_size=14336, num_hidden_layers=1,
+            num_attention_heads=32, num_key_value_heads=8)
 
 
-def build_hf(directory: Path, seed: int = 0) -> Path:
+def build_hf(directory: Path, config_args: dict = CONFIG, seed: int = 0) -> Path:
     import torch
     import transformers
 
     if (directory / "config.json").exists():
         return directory
-    config = transformers.MixtralConfig(**CONFIG)
+    config = transformers.MixtralConfig(**config_args)
     torch.manual_seed(seed)
     with torch.no_grad():
         model = transformers.MixtralForCausalLM(config).eval()
@@ -50,14 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="/work/bench-models")
     parser.add_argument("--formats", default="f32,bf16,q8,q4")
+    parser.add_argument("--wide", action="store_true", help="one layer of Mixtral-8x7B's shapes")
     args = parser.parse_args(argv)
     from colibri.convert import convert
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    hf = build_hf(out / "mixtral-0.64b-hf")
+    name = "mixtral-wide-1layer" if args.wide else "mixtral-0.64b"
+    hf = build_hf(out / f"{name}-hf", WIDE if args.wide else CONFIG)
     for fmt in args.formats.split(","):
-        path = out / f"mixtral-0.64b-{fmt}.colibri"
+        path = out / f"{name}-{fmt}.colibri"
         if path.exists():
             continue
         dtype, quant = (fmt, None) if fmt in ("f32", "f16", "bf16") else ("bf16", fmt)
