@@ -538,28 +538,22 @@ typedef struct next_tile_prefetch {
     const char *at, *end;
 } next_tile_prefetch;
 
-/* The slice of the next tile's bytes for a pass that covers units [u0, u1) of the tile's `units`
- * (tokens, or (column block, token) pairs for long rows): none for a tile's only pass, for
- * distant rows (decode) or the last tile, or where the slice is more than a line per step. */
-COL_INLINE next_tile_prefetch next_tile_units(const col_matvec_job *j, uint64_t r, uint64_t step, int NR,
-                                              uint64_t u0, uint64_t u1, uint64_t units, uint64_t rb, uint64_t steps)
-{
-    next_tile_prefetch pf = {NULL, NULL};
-    if (u1 - u0 == units || step != 1 || r + 2 * (uint64_t)NR > j->w.rows) return pf;
-    const uint64_t tile = (uint64_t)NR * rb;
-    const char *next = (const char *)j->w.data + (r + (uint64_t)NR) * rb;
-    pf.at = next + (tile * u0 / units & ~(uint64_t)63);
-    pf.end = next + tile * u1 / units;
-    uint64_t lines = (uint64_t)(pf.end - pf.at + 63) / 64;
-    if (lines > steps) pf.at = pf.end;
-    return pf;
-}
-
+/* The slice of the next tile's bytes for the pass over tokens [t, t + NT) of a tile: none for
+ * decode (one token, distant rows), a tile's only pass, the last tile, or where the slice is more
+ * than a line per step. */
 COL_INLINE next_tile_prefetch next_tile_slice(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT,
                                               uint32_t t, uint64_t rb, uint64_t steps)
 {
-    if (NT == 1) return (next_tile_prefetch){NULL, NULL};
-    return next_tile_units(j, r, step, NR, t, t + (uint32_t)NT, j->n_tokens, rb, steps);
+    next_tile_prefetch pf = {NULL, NULL};
+    const uint64_t units = j->n_tokens;
+    if (NT == 1 || (uint64_t)NT == units || step != 1 || r + 2 * (uint64_t)NR > j->w.rows) return pf;
+    const uint64_t tile = (uint64_t)NR * rb;
+    const char *next = (const char *)j->w.data + (r + (uint64_t)NR) * rb;
+    pf.at = next + (tile * t / units & ~(uint64_t)63);
+    pf.end = next + tile * (t + (uint64_t)NT) / units;
+    uint64_t lines = (uint64_t)(pf.end - pf.at + 63) / 64;
+    if (lines > steps) pf.at = pf.end;
+    return pf;
 }
 
 /* One step of the k loop: the slice's next line, if any is left. */
