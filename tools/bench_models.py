@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
               num_attention_heads=16, num_key_value_heads=4, num_local_experts=8,
@@ -28,7 +29,7 @@ WIDE = dict(CONFIG, hidden_size=4096, intermediate_size=14336, num_hidden_layers
             num_attention_heads=32, num_key_value_heads=8)
 
 
-def build_hf(directory: Path, config_args: dict = CONFIG, seed: int = 0) -> Path:
+def build_hf(directory: Path, config_args: dict[str, Any] = CONFIG, seed: int = 0) -> Path:
     import torch
     import transformers
 

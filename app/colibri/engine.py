@@ -715,7 +715,7 @@ class Session:
             errors.raise_for_status(status, _text(self._err))
             if not all_logits:
                 ffi.memmove(ffi.from_buffer("float[]", logits, require_writable=True),
-                            lib.col_session_logits(handle), self._vocab * 4)
+                            lib.col_session_logits(handle), logits.nbytes)
         finally:
             self._busy.release()
         return logits
