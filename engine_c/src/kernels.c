@@ -1344,7 +1344,7 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
 {
 #if defined(__x86_64__)
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) {
-        col_amx_rows(j, pool->x_bf16, act, pool->stage + (uint64_t)t * pool->stage_bytes, r0, r1);
+        col_amx_rows(j, pool->x_bf16, act, pool->stage + (uint64_t)t * pool->stage_bytes, pool->stage_bytes, r0, r1);
         return;
     }
     if (pool->isa >= COL_ISA_AVX512) {
@@ -1535,7 +1535,7 @@ static uint64_t act_bytes(col_isa isa, const col_pool_limits *l)
  * the carried lane sums of a group of tiles over long rows (rows_kblocked_avx512). */
 static uint64_t stage_bytes(col_isa isa, const col_pool_limits *l)
 {
-    uint64_t amx = isa == COL_ISA_AMX ? (col_amx_stage_bytes(l->max_cols) + 63) & ~(uint64_t)63 : 0, carry = 0;
+    uint64_t amx = isa == COL_ISA_AMX ? (col_amx_stage_bytes(l->max_cols, l->max_tokens) + 63) & ~(uint64_t)63 : 0, carry = 0;
 #if defined(__x86_64__)
     if (isa >= COL_ISA_AVX512 && l->max_tokens > 1 && l->max_cols > COL_BATCH_KBLOCK)
         carry = COL_KBLOCK_TILES * kblock_carry_bytes(l->max_tokens);

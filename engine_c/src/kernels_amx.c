@@ -76,9 +76,24 @@ uint64_t col_amx_packed_bytes(uint32_t n_tokens, uint64_t cols, int x_bf16)
     return packed_data_bytes(n_tokens, cols, layout_of(x_bf16)) + 64;
 }
 
-uint64_t col_amx_stage_bytes(uint64_t max_cols)
+/* Batches over rows of more than CHUNK_BLOCKS blocks walk them a chunk of blocks at a time, up to
+ * CHUNK_ROW_BLOCKS blocks of 32 rows together, saving their C tiles between chunks (rows_amx). */
+#define CHUNK_BLOCKS 32u
+#define CHUNK_ROW_BLOCKS 8u
+
+/* Bytes of saved C tiles one 32-row block needs for a batch of n_tokens: 4 tiles per pair of token
+ * groups. */
+static uint64_t chunk_carry_bytes(uint32_t n_tokens, amx_layout l)
 {
-    return 2 * blocks(max_cols) * TILE_BYTES; /* two row groups */
+    const uint64_t n_groups = (n_tokens + l.group - 1) / l.group;
+    return (n_groups + 1) / 2 * 4 * TILE_BYTES;
+}
+
+uint64_t col_amx_stage_bytes(uint64_t max_cols, uint32_t max_tokens)
+{
+    const uint64_t staged = 2 * blocks(max_cols) * TILE_BYTES; /* two row groups */
+    const uint64_t saved_c = CHUNK_ROW_BLOCKS * chunk_carry_bytes(max_tokens, layout_of(0)); /* three parts: most groups */
+    return blocks(max_cols) > CHUNK_BLOCKS && saved_c > staged ? saved_c : staged;
 }
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -365,8 +380,80 @@ static COL_AMX_T void run_rows_batch(const col_matvec_job *j, amx_layout l, uint
     }
 }
 
+/* Batches over long rows. run_rows_batch walks all of a row's blocks for each pair of token
+ * groups, so each 32-row block streamed every token's packed columns through L2 again: 11 MiB at
+ * 14336 columns and 128 tokens (three parts), from L3. Rows of more than CHUNK_BLOCKS blocks are
+ * instead walked a chunk of blocks at a time, up to CHUNK_ROW_BLOCKS 32-row blocks per chunk,
+ * so a chunk's packed columns (128 tokens x 1024 columns: 768 KiB) serve all of them from L2; the
+ * C tiles are saved between chunks in the thread's staging. Old and new bench_products binaries
+ * in turns, bf16, 2 threads, from memory: 4096 x 14336 1.68x (128 tokens) and 1.72x (32);
+ * 14336 x 4096 1.30x, 4096 x 4096 1.32x, the bench model's 1024 x 2816 1.11x at 128 tokens and
+ * 1.06-1.07x at 16-32. Chunks of 16 blocks did as well, 64 worse (0.85-0.94x of 32); 8 row blocks
+ * beat 4 by 1.00-1.10x and 2 by 1.13-1.20x. The ninth session's chunks of 4-16 blocks without
+ * row blocks together had lost (0.83-0.93x): they saved the C tiles without saving any traffic.
+ * (CHUNK_BLOCKS, CHUNK_ROW_BLOCKS, chunk_carry_bytes: above.) */
+/* 32 neighbouring whole rows (r.., their blocks whole) against every token group of a batch, blocks
+ * [kb0, kb1) only: the C tiles of each pair of token groups start from zero (kb0 = 0) or from
+ * `carry` (4 tiles per pair), and end in `carry` or, after the last block, in the outputs. The
+ * tile unit's sums are saved and reloaded exactly, so every output gets run_rows_batch's
+ * operations. */
+static COL_AMX_T void run_rows_chunk(const col_matvec_job *j, amx_layout l, uint64_t r, const uint8_t *packed,
+                                     uint64_t kb0, uint64_t kb1, float *carry)
+{
+    const uint32_t nt = j->n_tokens, n_groups = (nt + l.group - 1) / l.group;
+    const uint64_t cols = j->w.cols, n_blocks = blocks(cols), rb = col_dtype_row_bytes(j->w.dtype, cols);
+    const uint8_t *a0 = (const uint8_t *)j->w.data + r * rb, *a1 = a0 + ROWS * rb;
+    const row_group g[2] = {{a0, rb, r, 1, ROWS}, {a1, rb, r + ROWS, 1, ROWS}};
+    for (uint32_t g0 = 0; g0 < n_groups; g0 += 2) {
+        const int two_b = g0 + 1 < n_groups;
+        float *cc = carry + (uint64_t)(g0 / 2) * 4 * ROWS * 16;
+        if (kb0 == 0) {
+            _tile_zero(4);
+            _tile_zero(5);
+            _tile_zero(6);
+            _tile_zero(7);
+        } else {
+            _tile_loadd(4, cc, 64);
+            _tile_loadd(5, cc + ROWS * 16, 64);
+            _tile_loadd(6, cc + 2 * ROWS * 16, 64);
+            _tile_loadd(7, cc + 3 * ROWS * 16, 64);
+        }
+        _tile_loadd(0, a0 + kb0 * 64, (long)rb);
+        _tile_loadd(1, a1 + kb0 * 64, (long)rb);
+        _tile_loadd(2, B_TILE(g0, kb0), B_STRIDE);
+        if (two_b) _tile_loadd(3, B_TILE(g0 + 1, kb0), B_STRIDE);
+        for (uint64_t kb = kb0; kb < kb1; kb++) {
+            const int more = kb + 1 < kb1;
+            _tile_dpbf16ps(4, 0, 2);
+            if (two_b) _tile_dpbf16ps(5, 0, 3);
+            if (more) _tile_loadd(0, a0 + (kb + 1) * 64, (long)rb);
+            _tile_dpbf16ps(6, 1, 2);
+            if (more) _tile_loadd(2, B_TILE(g0, kb + 1), B_STRIDE);
+            if (two_b) _tile_dpbf16ps(7, 1, 3);
+            if (more) _tile_loadd(1, a1 + (kb + 1) * 64, (long)rb);
+            if (more && two_b) _tile_loadd(3, B_TILE(g0 + 1, kb + 1), B_STRIDE);
+        }
+        if (kb1 < n_blocks) {
+            _tile_stored(4, cc, 64);
+            _tile_stored(5, cc + ROWS * 16, 64);
+            _tile_stored(6, cc + 2 * ROWS * 16, 64);
+            _tile_stored(7, cc + 3 * ROWS * 16, 64);
+            continue;
+        }
+        float c[4][ROWS * 16] __attribute__((aligned(64)));
+        _tile_stored(4, c[0], 64);
+        _tile_stored(5, c[1], 64);
+        _tile_stored(6, c[2], 64);
+        _tile_stored(7, c[3], 64);
+        store_outputs(j, l, &g[0], g0, c[0]);
+        if (two_b) store_outputs(j, l, &g[0], g0 + 1, c[1]);
+        store_outputs(j, l, &g[1], g0, c[2]);
+        if (two_b) store_outputs(j, l, &g[1], g0 + 1, c[3]);
+    }
+}
+
 static COL_AMX_T void rows_amx(const col_matvec_job *j, amx_layout l, const uint8_t *packed, uint8_t *stage,
-                                uint64_t r0, uint64_t r1)
+                                uint64_t stage_bytes, uint64_t r0, uint64_t r1)
 {
     const tile_config c = config_for(j->n_tokens, l);
     _tile_loadconfig(&c);
@@ -374,6 +461,20 @@ static COL_AMX_T void rows_amx(const col_matvec_job *j, amx_layout l, const uint
     const uint8_t *data = j->w.data;
     uint64_t r = r0;
     if (j->n_tokens > l.group) {
+        /* long whole rows: up to CHUNK_ROW_BLOCKS 32-row blocks walk each chunk of blocks together */
+        const uint64_t n_blocks = blocks(j->w.cols), per_block = chunk_carry_bytes(j->n_tokens, l);
+        uint64_t fit = stage_bytes / per_block;
+        if (fit > CHUNK_ROW_BLOCKS) fit = CHUNK_ROW_BLOCKS;
+        if (j->w.cols % KB == 0 && n_blocks > CHUNK_BLOCKS)
+            while (fit > 0 && r + 2 * ROWS <= r1) {
+                const uint64_t nb = (r1 - r) / (2 * ROWS) < fit ? (r1 - r) / (2 * ROWS) : fit;
+                for (uint64_t kb0 = 0; kb0 < n_blocks; kb0 += CHUNK_BLOCKS) {
+                    const uint64_t kb1 = n_blocks - kb0 < CHUNK_BLOCKS ? n_blocks : kb0 + CHUNK_BLOCKS;
+                    for (uint64_t b = 0; b < nb; b++)
+                        run_rows_chunk(j, l, r + b * 2 * ROWS, packed, kb0, kb1, (float *)(void *)(stage + b * per_block));
+                }
+                r += nb * 2 * ROWS;
+            }
         for (; r < r1; r += 2 * ROWS) run_rows_batch(j, l, r, r1 - r < 2 * ROWS ? r1 - r : 2 * ROWS, packed, stage);
     } else {
         /* one token: 16 distant rows per tile (16 streams through memory); a few tokens: neighbours */
@@ -398,10 +499,10 @@ uint64_t col_amx_tile_rows(uint32_t n_tokens, int x_bf16)
     return n_tokens == 1 ? 1 : n_tokens > layout_of(x_bf16).group ? 2 * ROWS : ROWS;
 }
 
-void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t r0,
-                  uint64_t r1)
+void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t stage_bytes,
+                  uint64_t r0, uint64_t r1)
 {
-    rows_amx(j, layout_of(x_bf16), packed, stage, r0, r1);
+    rows_amx(j, layout_of(x_bf16), packed, stage, stage_bytes, r0, r1);
 }
 
 #else /* no AMX on this system */
@@ -423,10 +524,10 @@ uint64_t col_amx_tile_rows(uint32_t n_tokens, int x_bf16)
     return 1;
 }
 
-void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t r0,
-                  uint64_t r1)
+void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t stage_bytes,
+                  uint64_t r0, uint64_t r1)
 {
-    (void)j, (void)x_bf16, (void)packed, (void)stage, (void)r0, (void)r1;
+    (void)j, (void)x_bf16, (void)packed, (void)stage, (void)stage_bytes, (void)r0, (void)r1;
 }
 
 #endif

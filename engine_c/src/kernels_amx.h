@@ -51,14 +51,15 @@ void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, int x_bf16, 
  * range of rows that is a multiple of it has no short tile. Thread-safe. */
 uint64_t col_amx_tile_rows(uint32_t n_tokens, int x_bf16);
 
-/* Bytes of per-thread staging for products of at most max_cols columns (64-byte aligned use). */
-uint64_t col_amx_stage_bytes(uint64_t max_cols);
+/* Bytes of per-thread staging for products of at most max_cols columns and max_tokens tokens
+ * (64-byte aligned use): tiles of rows staged, or the C tiles saved between chunks of long rows. */
+uint64_t col_amx_stage_bytes(uint64_t max_cols, uint32_t max_tokens);
 
 /* y[t][r] for rows [r0, r1) and every token of j (see col_matvec_job), from activations packed by
  * col_amx_pack with the same x_bf16. `stage`: this thread's col_amx_stage_bytes scratch, 64-byte
  * aligned. Loads the tile configuration on entry and releases the tiles on return. Only call when
  * col_amx_enable() returned 1 and col_amx_handles(j->w.dtype). */
-void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t r0,
-                  uint64_t r1);
+void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t stage_bytes,
+                  uint64_t r0, uint64_t r1);
 
 #endif /* COLIBRI_KERNELS_AMX_H */

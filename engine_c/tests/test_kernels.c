@@ -323,6 +323,50 @@ static void test_parallel_preparation(void)
     pool_done(&three);
 }
 
+/* AMX batches over long rows walk chunks of 32 blocks, several 32-row blocks at a time, saving
+ * the C tiles between chunks: a bf16 product over rows of 2112 columns (three chunks; 200 rows:
+ * six 32-row blocks and a short rest) gives the same bits on 1 and 3 threads and as its tokens
+ * stepped one at a time, with three activation parts and with one. */
+static void test_amx_long_rows(void)
+{
+    enum { NT = 40, COLS = 2112, ROWS = 200 };
+    run one = pool_for("amx", 1, NT, COLS), three = pool_for("amx", 3, NT, COLS);
+    CHECK(one.pool && three.pool);
+    if (!one.pool || !three.pool) return;
+    if (col_pool_isa(one.pool) != COL_ISA_AMX) {
+        fprintf(stderr, "amx long rows: AMX not available here\n");
+        pool_done(&one);
+        pool_done(&three);
+        return;
+    }
+    float *wv = malloc(ROWS * COLS * sizeof *wv), *x = malloc(NT * COLS * sizeof *x);
+    double *ws = malloc(ROWS * COLS * sizeof *ws);
+    float *y1 = malloc(NT * ROWS * sizeof *y1), *y3 = malloc(NT * ROWS * sizeof *y3), ystep[ROWS];
+    for (uint64_t i = 0; i < ROWS * COLS; i++) wv[i] = frand();
+    uint8_t *data = store(wv, ROWS, COLS, COL_DTYPE_BF16, ws);
+    col_weight w = {data, COL_DTYPE_BF16, ROWS, COLS, 0};
+    for (int x_bf16 = 0; x_bf16 <= 1; x_bf16++) {
+        for (uint64_t i = 0; i < NT * COLS; i++) x[i] = frand();
+        if (x_bf16) col_round_bf16(one.pool, x, NT * COLS);
+        col_matvec_job a = {w, x, y1, NT}, b = {w, x, y3, NT};
+        col_matmul_kernels(one.pool, &a, 1, x_bf16);
+        col_matmul_kernels(three.pool, &b, 1, x_bf16);
+        CHECK(memcmp(y1, y3, sizeof(float) * NT * ROWS) == 0);
+        int bad_step = 0;
+        for (uint32_t t = 0; t < NT; t++) {
+            col_matvec_job step = {w, x + t * COLS, ystep, 1};
+            col_matmul_kernels(three.pool, &step, 1, x_bf16);
+            bad_step += memcmp(ystep, y3 + t * ROWS, sizeof ystep) != 0;
+        }
+        if (bad_step) fprintf(stderr, "amx long rows (x_bf16 %d): %d tokens differ between batch and step\n", x_bf16, bad_step);
+        CHECK(bad_step == 0);
+    }
+    free(data);
+    free(wv), free(x), free(ws), free(y1), free(y3);
+    pool_done(&one);
+    pool_done(&three);
+}
+
 /* A pool given scratch sized for the vector paths, on a machine that would choose AMX, runs
  * AVX-512 instead of overrunning it (the session sizes its scratch before creating the pool; the
  * choice could change in between, e.g. with COLIBRI_KERNELS). */
@@ -574,6 +618,7 @@ int main(void)
     if (__builtin_cpu_supports("avx512f")) test_attend_heads("avx512");
     test_path("amx");
     test_amx_one_part();
+    test_amx_long_rows();
 #endif
     return TEST_REPORT();
 }
