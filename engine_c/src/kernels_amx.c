@@ -283,6 +283,22 @@ static COL_AMX_T void store_outputs(const col_matvec_job *j, amx_layout l, const
     }
 }
 
+/* The 2 x 2 C tiles (4..7) of a batch's row groups g[0], g[1] (only when two_a) and token groups
+ * g0, g0 + 1 (only when two_b) into the outputs. */
+static COL_AMX_T void store_pair_outputs(const col_matvec_job *j, amx_layout l, const row_group *g, uint32_t g0,
+                                         int two_a, int two_b)
+{
+    float c[4][ROWS * 16] __attribute__((aligned(64)));
+    _tile_stored(4, c[0], 64);
+    _tile_stored(5, c[1], 64);
+    _tile_stored(6, c[2], 64);
+    _tile_stored(7, c[3], 64);
+    store_outputs(j, l, &g[0], g0, c[0]);
+    if (two_b) store_outputs(j, l, &g[0], g0 + 1, c[1]);
+    if (two_a) store_outputs(j, l, &g[1], g0, c[2]);
+    if (two_a && two_b) store_outputs(j, l, &g[1], g0 + 1, c[3]);
+}
+
 /* One row group against every token of a product of at most one token group (decode, and batches
  * of up to l.group tokens), block by block: whole groups straight from the weights, the rest
  * staged. */
@@ -338,7 +354,6 @@ static COL_AMX_T void run_rows_batch(const col_matvec_job *j, amx_layout l, uint
         else
             for (uint64_t kb = 0; kb < n_blocks; kb++) stage_block(&g[i], cols, kb, 0, stage + (i * n_blocks + kb) * TILE_BYTES);
     }
-    float c[4][ROWS * 16] __attribute__((aligned(64)));
     /* The next 32 rows (one contiguous run of bytes) into L2, a slice per block over all the token
      * groups' passes, so the next call's first pass does not wait for memory: bf16 prefill 1.06-1.09x
      * in paired runs (denser, during the first pass only, it had lost: 0.86-1.02x). */
@@ -369,14 +384,7 @@ static COL_AMX_T void run_rows_batch(const col_matvec_job *j, amx_layout l, uint
             for (uint64_t end = line + per_block; line < end && line < next_lines; line++)
                 _mm_prefetch((const char *)next + line * 64, _MM_HINT_T1);
         }
-        _tile_stored(4, c[0], 64);
-        _tile_stored(5, c[1], 64);
-        _tile_stored(6, c[2], 64);
-        _tile_stored(7, c[3], 64);
-        store_outputs(j, l, &g[0], g0, c[0]);
-        if (two_b) store_outputs(j, l, &g[0], g0 + 1, c[1]);
-        if (two_a) store_outputs(j, l, &g[1], g0, c[2]);
-        if (two_a && two_b) store_outputs(j, l, &g[1], g0 + 1, c[3]);
+        store_pair_outputs(j, l, g, g0, two_a, two_b);
     }
 }
 
@@ -440,15 +448,7 @@ static COL_AMX_T void run_rows_chunk(const col_matvec_job *j, amx_layout l, uint
             _tile_stored(7, cc + 3 * ROWS * 16, 64);
             continue;
         }
-        float c[4][ROWS * 16] __attribute__((aligned(64)));
-        _tile_stored(4, c[0], 64);
-        _tile_stored(5, c[1], 64);
-        _tile_stored(6, c[2], 64);
-        _tile_stored(7, c[3], 64);
-        store_outputs(j, l, &g[0], g0, c[0]);
-        if (two_b) store_outputs(j, l, &g[0], g0 + 1, c[1]);
-        store_outputs(j, l, &g[1], g0, c[2]);
-        if (two_b) store_outputs(j, l, &g[1], g0 + 1, c[3]);
+        store_pair_outputs(j, l, g, g0, 1, two_b);
     }
 }
 
