@@ -323,6 +323,20 @@ static void test_parallel_preparation(void)
     pool_done(&three);
 }
 
+/* AMX pools of 1 and 3 threads for products within (max_t, max_c): 1 when both run AMX; 0 (with a
+ * note, or a failed CHECK when a pool could not be made) otherwise, nothing left to free. */
+static int amx_pools(const char *test, uint32_t max_t, uint64_t max_c, run *one, run *three)
+{
+    *one = pool_for("amx", 1, max_t, max_c);
+    *three = pool_for("amx", 3, max_t, max_c);
+    CHECK(one->pool && three->pool);
+    if (one->pool && three->pool && col_pool_isa(one->pool) == COL_ISA_AMX) return 1;
+    if (one->pool && three->pool) fprintf(stderr, "%s: AMX not available here\n", test);
+    pool_done(one);
+    pool_done(three);
+    return 0;
+}
+
 /* AMX batches over long rows walk chunks of 32 blocks, several 32-row blocks at a time, saving
  * the C tiles between chunks: a bf16 product over rows of 2112 columns (three chunks; 200 rows:
  * six 32-row blocks and a short rest) gives the same bits on 1 and 3 threads and as its tokens
@@ -330,15 +344,8 @@ static void test_parallel_preparation(void)
 static void test_amx_long_rows(void)
 {
     enum { NT = 40, COLS = 2112, ROWS = 200 };
-    run one = pool_for("amx", 1, NT, COLS), three = pool_for("amx", 3, NT, COLS);
-    CHECK(one.pool && three.pool);
-    if (!one.pool || !three.pool) return;
-    if (col_pool_isa(one.pool) != COL_ISA_AMX) {
-        fprintf(stderr, "amx long rows: AMX not available here\n");
-        pool_done(&one);
-        pool_done(&three);
-        return;
-    }
+    run one, three;
+    if (!amx_pools("amx long rows", NT, COLS, &one, &three)) return;
     float *wv = malloc(ROWS * COLS * sizeof *wv), *x = malloc(NT * COLS * sizeof *x);
     double *ws = malloc(ROWS * COLS * sizeof *ws);
     float *y1 = malloc(NT * ROWS * sizeof *y1), *y3 = malloc(NT * ROWS * sizeof *y3), ystep[ROWS];
@@ -543,15 +550,8 @@ static void test_round_bf16(const char *isa)
 static void test_amx_one_part(void)
 {
     enum { MAX_T = 70, MAX_C = 1056 };
-    run one = pool_for("amx", 1, MAX_T, MAX_C), three = pool_for("amx", 3, MAX_T, MAX_C);
-    CHECK(one.pool && three.pool);
-    if (!one.pool || !three.pool) return;
-    if (col_pool_isa(one.pool) != COL_ISA_AMX) {
-        fprintf(stderr, "amx one part: AMX not available here\n");
-        pool_done(&one);
-        pool_done(&three);
-        return;
-    }
+    run one, three;
+    if (!amx_pools("amx one part", MAX_T, MAX_C, &one, &three)) return;
     static const uint64_t cols_list[] = {17, 32, 100, 1056};
     static const uint64_t rows_list[] = {1, 7, 16, 37};
     static const uint32_t nt_list[] = {1, 2, 5, 6, 16, 17, 33, 70};
