@@ -8,11 +8,11 @@
  * each, when the activations are bf16 values already: amx_layout); C holds the 16 rows x (token,
  * part) sums.
  *
- * Decode takes 16 distant rows of the thread's share per tile (16 streams through memory, as the
- * vector path's 8-row decode tiles). Batches take 32 neighbouring rows and run every pair of token
- * groups over them with 2 x 2 C tiles. Whole rows are loaded into the tiles straight from the
- * mapped file; partial groups and partial blocks go through the per-thread staging buffer, zero
- * padded.
+ * Decode takes 8 distant rows of the thread's share per tile (8 streams through memory, as the
+ * vector path's decode tiles; its weight and sum tiles are configured 8 rows tall). Batches take
+ * 32 neighbouring rows and run every pair of token groups over them with 2 x 2 C tiles. Whole
+ * rows are loaded into the tiles straight from the mapped file; partial groups and partial blocks
+ * go through the per-thread staging buffer, zero padded.
  *
  * The packed activations of a product of one token group (decode) are compact: the rows of its B
  * tile are 12 bytes per token apart, and it loads B tiles exactly that wide (config_for). In
@@ -31,6 +31,11 @@
 #define ROWS 16         /* weight rows per tile */
 #define TILE_BYTES 1024 /* one 16 x 64-byte tile */
 #define PREFETCH_AHEAD 1024
+/* Weight rows per decode tile, each from its own stream. 16 (a whole tile) had the tile path
+ * decode bf16 4-5 % slower than the vector path's 8-row tiles; 8 rows, dec2 driver in turns (bf16
+ * bench model, 2 threads): steps 1.03x (bf16) and 1.02x (q4, whose attention and LM head are
+ * bf16); 4 and 12 rows were no better than 16. */
+#define DECODE_ROWS 8
 
 int col_amx_handles(uint32_t dtype)
 {
@@ -152,6 +157,7 @@ static tile_config config_for(uint32_t n_tokens, amx_layout l)
 {
     tile_config c = config;
     if (n_tokens <= l.group) c.colsb[1] = c.colsb[4] = (uint16_t)(l.pair_bytes * n_tokens);
+    if (n_tokens == 1) c.rows[0] = c.rows[4] = DECODE_ROWS; /* decode: tiles of DECODE_ROWS rows */
     return c;
 }
 
@@ -307,7 +313,7 @@ static COL_AMX_T void run_group(const col_matvec_job *j, amx_layout l, const row
 {
     const uint32_t nt = j->n_tokens;
     const uint64_t cols = j->w.cols, n_blocks = blocks(cols);
-    const int decode = nt == 1, direct = g->n_rows == ROWS && cols % KB == 0;
+    const int decode = nt == 1, direct = g->n_rows == (decode ? DECODE_ROWS : ROWS) && cols % KB == 0;
     float c[ROWS * 16] __attribute__((aligned(64)));
     _tile_zero(4);
     for (uint64_t kb = 0; kb < n_blocks; kb++) {
@@ -315,7 +321,7 @@ static COL_AMX_T void run_group(const col_matvec_job *j, amx_layout l, const row
         if (direct) {
             const uint8_t *a = g->base + kb * 64;
             if (decode)
-                for (uint32_t r = 0; r < ROWS; r++) _mm_prefetch((const char *)a + r * g->stride + PREFETCH_AHEAD, _MM_HINT_T0);
+                for (uint32_t r = 0; r < DECODE_ROWS; r++) _mm_prefetch((const char *)a + r * g->stride + PREFETCH_AHEAD, _MM_HINT_T0);
             _tile_loadd(0, a, (long)g->stride);
         } else {
             stage_block(g, cols, kb, decode, stage);
@@ -477,15 +483,17 @@ static COL_AMX_T void rows_amx(const col_matvec_job *j, amx_layout l, const uint
             }
         for (; r < r1; r += 2 * ROWS) run_rows_batch(j, l, r, r1 - r < 2 * ROWS ? r1 - r : 2 * ROWS, packed, stage);
     } else {
-        /* one token: 16 distant rows per tile (16 streams through memory); a few tokens: neighbours */
-        const uint64_t q = j->n_tokens == 1 ? (r1 - r0) / ROWS : 1;
+        /* one token: DECODE_ROWS distant rows per tile (as many streams through memory); a few
+         * tokens: 16 neighbours */
+        const uint32_t tile_rows = j->n_tokens == 1 ? DECODE_ROWS : ROWS;
+        const uint64_t q = j->n_tokens == 1 ? (r1 - r0) / tile_rows : 1;
         const uint64_t n_full = j->n_tokens == 1 ? q : (r1 - r0) / ROWS;
         for (uint64_t i = 0; i < n_full; i++) {
             uint64_t first = j->n_tokens == 1 ? r0 + i : r0 + i * ROWS;
-            row_group g = {data + first * rb, q * rb, first, q, ROWS};
+            row_group g = {data + first * rb, q * rb, first, q, tile_rows};
             run_group(j, l, &g, packed, stage);
         }
-        r = r0 + n_full * ROWS;
+        r = r0 + n_full * tile_rows;
         if (r < r1) {
             row_group g = {data + r * rb, rb, r, 1, (uint32_t)(r1 - r)};
             run_group(j, l, &g, packed, stage);
