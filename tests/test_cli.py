@@ -316,6 +316,24 @@ def test_bench_json_states_decode_against_the_same_run_probe(capsys: Capture) ->
     assert all(p["ms"] > 0 and p["gb_s"] > 0 for p in r["phases"].values())
 
 
+def test_bench_states_the_spread_of_its_repeats(capsys: Capture) -> None:
+    """Each median of `colibri bench` comes with its slowest and fastest repeat (the fraction of
+    the limit with its lowest and highest), in the JSON and in the text, so a reader of one run
+    on a shared machine sees how far the repeats moved."""
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    args = ["bench", str(demo), "-p", "8", "-n", "4", "-r", "3", "-t", "2", "--probe-mb", "16", "--no-trace-check"]
+    assert main([*args, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    for key in ("prefill_tok_s", "decode_tok_s", "fraction_of_limit"):
+        lo, hi = r[key + "_range"]
+        assert 0 < lo <= r[key] <= hi, key
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^prefill .*; repeats [0-9.]+-[0-9.]+\)$", text, re.M)
+    assert re.search(r"^decode .*; repeats [0-9.]+-[0-9.]+\)$", text, re.M)
+    assert re.search(r"^of the limit .*; repeats [0-9.]+-[0-9.]+%\)$", text, re.M)
+
+
 def test_bench_runs_the_kernel_path_asked_for(capsys: Capture) -> None:
     demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
     assert main(["bench", str(demo), "-p", "4", "-n", "2", "-r", "1", "--probe-mb", "16",

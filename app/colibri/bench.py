@@ -106,6 +106,11 @@ class BenchResult:
     probe_gb_s: float
     limit_tok_s: float
     fraction_of_limit: float
+    # the slowest and fastest repeat (fraction: lowest and highest), so a reader sees how far a
+    # shared machine moved the medians above
+    prefill_tok_s_range: tuple[float, float]
+    decode_tok_s_range: tuple[float, float]
+    fraction_of_limit_range: tuple[float, float]
     trace_on_decode_tok_s: float
     trace_cost: float
     peak_rss_mb: float
@@ -184,11 +189,18 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         kv_bytes_per_token=kv_bytes_per_token(model, prompt, n),
         effective_gb_s=wb * dec_tok_s / 1e9, probe_gb_s=bw / 1e9, limit_tok_s=limit,
         fraction_of_limit=statistics.median(fractions), trace_on_decode_tok_s=traced_tok_s,
+        prefill_tok_s_range=(prompt / max(prefill_s), prompt / min(prefill_s)),
+        decode_tok_s_range=(n / max(decode_s), n / min(decode_s)),
+        fraction_of_limit_range=(min(fractions), max(fractions)),
         trace_cost=1.0 - traced_tok_s / dec_tok_s if traced_s else float("nan"),
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         session_bytes=Session.memory_estimate(model, threads=threads, max_context=ctx, trace=False),
         phases={part: {key: statistics.median(run[part][key] for run in phase_runs)
                        for key in ("ms", "mb", "gb_s")} for part in phase_runs[0]} if phase_runs else {})
+
+
+def _span(lo_hi: tuple[float, float], scale: float = 1.0) -> str:
+    return f"{scale * lo_hi[0]:.1f}-{scale * lo_hi[1]:.1f}"
 
 
 def format_result(r: BenchResult) -> str:
@@ -197,8 +209,9 @@ def format_result(r: BenchResult) -> str:
         f"kernels              {r.kernels}, {r.threads} thread(s)"
         + ("" if r.numerics == "default" else f", numerics {r.numerics}"),
         f"prefill              {r.prefill_tok_s:9.1f} tok/s  ({r.prompt_tokens} tokens, the last position's logits, "
-        f"median of {r.repeats})",
-        f"decode               {r.decode_tok_s:9.1f} tok/s  {r.decode_ms_per_token:.2f} ms/token ({r.decode_tokens} tokens)",
+        f"median of {r.repeats}; repeats {_span(r.prefill_tok_s_range)})",
+        f"decode               {r.decode_tok_s:9.1f} tok/s  {r.decode_ms_per_token:.2f} ms/token ({r.decode_tokens} tokens; "
+        f"repeats {_span(r.decode_tok_s_range)})",
         f"weights per token    {r.weight_bytes_per_token / 1e6:9.1f} MB",
         f"KV cache per token   {r.kv_bytes_per_token / 1e6:9.2f} MB  (read by the heads, average over the decoded "
         "positions; not in the limit)",
@@ -206,7 +219,7 @@ def format_result(r: BenchResult) -> str:
         f"probe bandwidth      {r.probe_gb_s:9.2f} GB/s  (same run, {r.threads} thread(s), best of {r.repeats + 1} probes)",
         f"decode limit         {r.limit_tok_s:9.1f} tok/s  (best probe)",
         f"of the limit         {100 * r.fraction_of_limit:9.1f}%  (median over repeats, each against "
-        "the better probe beside it)",
+        f"the better probe beside it; repeats {_span(r.fraction_of_limit_range, 100.0)}%)",
         f"decode, trace on     {r.trace_on_decode_tok_s:9.1f} tok/s  (cost {100 * r.trace_cost:+.1f}%)",
         f"session memory       {r.session_bytes / 2**20:9.2f} MiB (estimate, beyond the mapped weights)",
         f"peak RSS             {r.peak_rss_mb:9.1f} MiB",
