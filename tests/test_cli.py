@@ -428,3 +428,45 @@ def test_bench_products_tool_compares_one_product_with_torch(capsys: pytest.Capt
     for line in lines:
         ratio = re.search(r"ratio +([0-9.]+)x", line)
         assert ratio is not None and float(ratio.group(1)) > 0, line
+
+
+def test_bench_session_times_every_repeat_of_a_prefill_and_its_decode() -> None:
+    """engine_c's bench_session (public API only): one JSON line with the path that ran and the
+    seconds of each repeat's prefill and of the steps after it."""
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(["make", "-s", "-C", str(root / "engine_c"), "build/bench_session"], check=True)
+    out = subprocess.run([str(root / "engine_c" / "build" / "bench_session"),
+                          str(root / "resources" / "demo" / "demo.colibri"), "--prompt", "12", "--decode", "5",
+                          "--threads", "2", "--repeats", "3", "--kernels", "portable"],
+                         check=True, capture_output=True, text=True).stdout
+    r = json.loads(out)
+    assert r["kernels"] == "portable" and (r["threads"], r["prompt"], r["decode"]) == (2, 12, 5)
+    assert len(r["prefill_seconds"]) == len(r["decode_seconds"]) == 3
+    assert all(s > 0 for s in r["prefill_seconds"] + r["decode_seconds"])
+
+
+def test_bench_session_names_an_unreadable_file() -> None:
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(["make", "-s", "-C", str(root / "engine_c"), "build/bench_session"], check=True)
+    run = subprocess.run([str(root / "engine_c" / "build" / "bench_session"), "/nonexistent.colibri"],
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and run.stderr.startswith("bench_session: /nonexistent.colibri: ")
+
+
+def test_bench_builds_tool_runs_two_builds_in_turns(capsys: Capture) -> None:
+    """tools/bench_builds.py: builds the engine twice (here the working tree both times, which
+    needs no git history), runs the two in turns and prints both rates and the paired ratio."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_builds", root / "tools" / "bench_builds.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main([str(root / "resources" / "demo" / "demo.colibri"), "--a", "worktree", "--b", "worktree",
+                        "-p", "8", "-n", "4", "--turns", "2", "-r", "1"]) == 0
+    text = capsys.readouterr().out
+    for phase in ("prefill", "decode"):
+        line = next(x for x in text.splitlines() if x.startswith(phase))
+        ratio = re.search(r"A +([0-9.]+) tok/s, B +([0-9.]+) tok/s; B / A ([0-9.]+) ", line)
+        assert ratio is not None and all(float(v) > 0 for v in ratio.groups()), line

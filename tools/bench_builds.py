@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Two builds of the engine on one model file, in turns: prefill and decode speed of each and
+their paired ratios. How docs/performance.md measures a change ("old and new in turns").
+
+Each build is a revision's engine_c (`git archive REV engine_c`), or the working tree's
+(uncommitted changes included), compiled in a temporary directory with engine_c/tools/bench_session.c
+of the working tree linked against it (it uses the public API only, so it builds against every
+revision's library). The two binaries then run alternately, A B, B A, ..., each turn a fresh process
+timing --repeats prefills of the same prompt and the decode after each (medians per turn): one pair
+of turns sees the machine within seconds, so the paired ratios show a change of 2-3 % on a shared
+machine whose speed drifts by 10 % from minute to minute. Prints, per build, the median tokens/s,
+and the median and quartiles of the per-pair ratios B / A (above 1: B is faster).
+
+    python tools/bench_builds.py FILE [--a HEAD] [--b worktree] [-p 128] [-n 32] [-t 2] [--turns 8] [-r 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKTREE = "worktree"
+
+
+def build(revision: str, into: Path) -> Path:
+    """Compile `revision`'s engine (or the working tree's) under `into`; returns its bench_session."""
+    engine = into / "engine_c"
+    into.mkdir(parents=True)
+    if revision == WORKTREE:
+        shutil.copytree(ROOT / "engine_c", engine, ignore=shutil.ignore_patterns("build*"))
+    else:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "engine_c"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    jobs = str(os.cpu_count() or 1)
+    subprocess.run(["make", "-s", "-C", str(engine), "-j", jobs, "build/libcolibri.a"], check=True)
+    binary = into / "bench_session"
+    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L",
+                    "-I", str(engine / "include"), str(ROOT / "engine_c" / "tools" / "bench_session.c"),
+                    str(engine / "build" / "libcolibri.a"), "-lm", "-lpthread", "-o", str(binary)], check=True)
+    return binary
+
+
+def turn(binary: Path, args: argparse.Namespace) -> tuple[float, float]:
+    """One process of `binary`: the median prefill tokens/s and decode tokens/s of its repeats."""
+    out = subprocess.run([str(binary), args.file, "--prompt", str(args.p), "--decode", str(args.n),
+                          "--threads", str(args.threads), "--repeats", str(args.repeats),
+                          "--kernels", args.kernels], check=True, capture_output=True, text=True).stdout
+    r = json.loads(out)
+    return args.p / statistics.median(r["prefill_seconds"]), args.n / statistics.median(r["decode_seconds"])
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    v = sorted(values)
+    return v[len(v) // 4], statistics.median(v), v[(3 * len(v)) // 4]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("file")
+    ap.add_argument("--a", default="HEAD", help=f"reference build: a git revision or '{WORKTREE}' (default HEAD)")
+    ap.add_argument("--b", default=WORKTREE, help=f"build compared with it (default: the {WORKTREE})")
+    ap.add_argument("-p", type=int, default=128, help="prompt tokens")
+    ap.add_argument("-n", type=int, default=32, help="decoded tokens after each prefill")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--kernels", default="best", choices=("best", "portable", "avx2", "avx512", "amx"))
+    ap.add_argument("--turns", type=int, default=8, help="turns of each build (processes)")
+    ap.add_argument("-r", "--repeats", type=int, default=3, help="prefills (and decodes) per turn")
+    args = ap.parse_args(argv)
+    if args.p < 1 or args.n < 1 or args.turns < 1 or args.repeats < 1:
+        ap.error("-p, -n, --turns and -r must be at least 1")
+
+    with tempfile.TemporaryDirectory(prefix="colibri-builds-") as tmp:
+        try:
+            binaries = {name: build(rev, Path(tmp) / name) for name, rev in (("a", args.a), ("b", args.b))}
+        except subprocess.CalledProcessError as exc:
+            print(f"bench_builds: building failed: {' '.join(map(str, exc.cmd))}", file=sys.stderr)
+            return 1
+        runs: dict[str, list[tuple[float, float]]] = {"a": [], "b": []}
+        for i in range(args.turns):
+            for name in ("a", "b") if i % 2 == 0 else ("b", "a"):
+                runs[name].append(turn(binaries[name], args))
+
+    print(f"{Path(args.file).name}: {args.p}-token prefill and {args.n} decoded tokens, {args.threads} thread(s), "
+          f"{args.turns} turns of {args.repeats} repeats; A = {args.a}, B = {args.b}")
+    for index, label in ((0, "prefill"), (1, "decode ")):
+        a = [r[index] for r in runs["a"]]
+        b = [r[index] for r in runs["b"]]
+        low, mid, high = quartiles([y / x for x, y in zip(a, b)])
+        print(f"{label}  A {statistics.median(a):9.1f} tok/s, B {statistics.median(b):9.1f} tok/s; "
+              f"B / A {mid:.3f} (per pair of turns, quartiles {low:.3f}-{high:.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
