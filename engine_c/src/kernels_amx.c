@@ -31,10 +31,10 @@
 #define ROWS 16         /* weight rows per tile */
 #define TILE_BYTES 1024 /* one 16 x 64-byte tile */
 #define PREFETCH_AHEAD 1024
-/* Weight rows per decode tile, each from its own stream. 16 (a whole tile) had the tile path
- * decode bf16 4-5 % slower than the vector path's 8-row tiles; 8 rows, dec2 driver in turns (bf16
- * bench model, 2 threads): steps 1.03x (bf16) and 1.02x (q4, whose attention and LM head are
- * bf16); 4 and 12 rows were no better than 16. */
+/* Weight rows per decode tile, each from its own stream. With 16 (a whole tile) the tile path
+ * decoded bf16 4-5 % slower than the vector path's 8-row tiles; with 8, old and new builds in turns
+ * (tools/bench_builds.py, bench model, 2 threads): bf16 decode 1.03x, q4 (whose attention and LM
+ * head are bf16) 1.00-1.02x. 4 and 12 rows were no better than 16. */
 #define DECODE_ROWS 8
 
 int col_amx_handles(uint32_t dtype)
