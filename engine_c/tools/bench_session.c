@@ -86,7 +86,7 @@ int main(int argc, char **argv)
     config.max_context = (uint32_t)(prompt + decode + 1);
     config.kernels = kernels;
     col_session *session = NULL;
-    char err[256];
+    char err[256] = "";
     int32_t *tokens = malloc(prompt * sizeof *tokens);
     double *prefill_s = malloc(repeats * sizeof *prefill_s), *decode_s = malloc(repeats * sizeof *decode_s);
     int rc = 1;
@@ -104,7 +104,10 @@ int main(int argc, char **argv)
     for (unsigned long i = 0; i < 4 && prompt + i < config.max_context; i++)
         if (col_session_step(session, tokens[i], NULL, err, sizeof err) != COL_OK) goto failed;
     for (unsigned long r = 0; r < repeats; r++) {
-        if (col_session_reset(session) != COL_OK) goto failed;
+        if (col_session_reset(session) != COL_OK) { /* reset takes no message buffer */
+            snprintf(err, sizeof err, "col_session_reset failed");
+            goto failed;
+        }
         double t0 = now_s();
         if (col_session_prefill(session, tokens, (uint32_t)prompt, NULL, err, sizeof err) != COL_OK) goto failed;
         double t1 = now_s();
