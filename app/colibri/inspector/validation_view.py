@@ -14,7 +14,8 @@ from typing import Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QHBoxLayout, QHeaderView, QLabel,
-                               QProgressBar, QPushButton, QTableView, QVBoxLayout, QWidget)
+                               QProgressBar, QPushButton, QSizePolicy, QTableView, QVBoxLayout,
+                               QWidget)
 
 from colibri.engine import Problem
 from colibri.inspection.document import DataCheckResult, ModelDocument, merge_problems
@@ -126,8 +127,9 @@ class QtValidationReport(QWidget):
         self.progress.setSizePolicy(policy)
         self.progress.setVisible(False)
         self.progress_text = QLabel()
-        self.progress_text.setFixedWidth(320)
-        self.progress_text.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        # Ignored width: the text changes every 50 ms and must neither relayout the view nor set
+        # its minimum width (it is elided to whatever room there is).
+        self.progress_text.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
 
         self.model = ProblemTableModel(self)
         self.table = QTableView()
@@ -150,24 +152,23 @@ class QtValidationReport(QWidget):
         self.table.setColumnWidth(3, 110)
         self.table.setColumnWidth(4, 180)
 
+        # what to check on one line, the buttons and progress on the next, so the view stays
+        # narrow enough to sit beside the hexdump on a 1280-pixel screen
+        options = QHBoxLayout()
+        options.addWidget(self.checksums)
+        options.addWidget(self.nan_check)
+        options.addStretch(1)
         controls = QHBoxLayout()
-        controls.addWidget(self.checksums)
-        controls.addWidget(self.nan_check)
-        controls.addStretch(1)
         controls.addWidget(self.run_button)
         controls.addWidget(self.cancel_button)
-        # progress on a line of its own, so the view stays narrow enough to sit beside the
-        # hexdump on a laptop screen
-        progress_row = QHBoxLayout()
-        progress_row.addStretch(1)
-        progress_row.addWidget(self.progress_text)
-        progress_row.addWidget(self.progress)
+        controls.addWidget(self.progress)
+        controls.addWidget(self.progress_text, 1)
 
         layout = QVBoxLayout(self)
         layout.addWidget(self.explanation)
         layout.addWidget(self.summary)
+        layout.addLayout(options)
         layout.addLayout(controls)
-        layout.addLayout(progress_row)
         layout.addWidget(self.table, 1)
 
         self.run_button.clicked.connect(self._request_run)

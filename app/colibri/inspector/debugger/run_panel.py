@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel,
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QLabel,
                                QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from colibri.debugging.run import ROUTINGS, RunSettings
@@ -70,21 +70,22 @@ class QtRunPanel(QWidget):
         form.addRow("Kernels", self.kernels)
 
         self.buttons: dict[str, QPushButton] = {}
-        row = QHBoxLayout()
-        for name, text, tip in (("run", "Run", "start a new run (Ctrl+R)"),
-                                ("pause", "Pause", "pause between positions"),
-                                ("stop", "Stop", "stop; keeps everything produced (Shift+F5)"),
-                                ("step_token", "Step token", "one position (F10)"),
-                                ("step_layer", "Step layer", "next MoE layer (F11)"),
-                                ("continue", "Continue", "run to the next breakpoint (F5)")):
+        grid = QGridLayout()   # two rows of three: run control, then stepping
+        for i, (name, text, tip) in enumerate((
+                ("run", "Run", "start a new run (Ctrl+R)"),
+                ("pause", "Pause", "pause between positions (F6)"),
+                ("stop", "Stop", "stop; keeps everything produced (Shift+F5)"),
+                ("step_token", "Step token", "one position (F10)"),
+                ("step_layer", "Step layer", "next MoE layer (F11)"),
+                ("continue", "Continue", "run to the next breakpoint (F5)"))):
             b = QPushButton(text, self)
             b.setToolTip(tip)
-            row.addWidget(b)
+            grid.addWidget(b, *divmod(i, 3))
             self.buttons[name] = b
         self.status = QLabel("no run", self)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
-        layout.addLayout(row)
+        layout.addLayout(grid)
         layout.addWidget(self.status)
 
         self.prompt.textChanged.connect(self._update_pieces)

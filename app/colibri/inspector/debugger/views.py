@@ -25,10 +25,10 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
 from PySide6.QtGui import QBrush, QColor
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QHBoxLayout,
-                               QHeaderView, QLabel, QListWidget, QListWidgetItem, QPushButton,
-                               QSpinBox, QSplitter, QTableView, QTextBrowser, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QGridLayout,
+                               QHBoxLayout, QHeaderView, QLabel, QListWidget, QListWidgetItem,
+                               QPushButton, QSpinBox, QSplitter, QTableView, QTextBrowser,
+                               QVBoxLayout, QWidget)
 
 from colibri.debugging.breakpoints import (AtPosition, Breakpoint, BreakpointList, ExpertChosen,
                                            MarginBelow, NonFinite)
@@ -419,17 +419,18 @@ class QtBreakpointList(QWidget):
         self.position = QSpinBox(self)
         self.position.setRange(0, 10**7)
         add, remove = QPushButton("Add", self), QPushButton("Remove", self)
-        # two rows, so the breakpoint form does not set the debugger's minimum width
-        first, second = QHBoxLayout(), QHBoxLayout()
-        for w in (self.kind, QLabel("expert", self), self.expert, QLabel("layer", self),
-                  self.layer):
-            first.addWidget(w)
-        for w in (QLabel("margin <", self), self.threshold, QLabel("position", self),
-                  self.position, add, remove):
-            second.addWidget(w)
+        # a grid of short rows, so the breakpoint form does not set the debugger's minimum width
+        form = QGridLayout()
+        for row, cells in enumerate(((self.kind, None, add, remove),
+                                     (QLabel("expert", self), self.expert,
+                                      QLabel("layer", self), self.layer),
+                                     (QLabel("margin <", self), self.threshold,
+                                      QLabel("position", self), self.position))):
+            for column, w in enumerate(cells):
+                if w is not None:
+                    form.addWidget(w, row, column, 1, 2 if w is self.kind else 1)
         layout = QVBoxLayout(self)
-        layout.addLayout(first)
-        layout.addLayout(second)
+        layout.addLayout(form)
         layout.addWidget(self.list)
         add.clicked.connect(self.add_from_form)
         remove.clicked.connect(self.remove_selected)
