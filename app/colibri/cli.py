@@ -85,7 +85,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     try:
         quant = ({"quantize": args.quantize, "quantize_tensors": args.quantize_tensors}
                  if args.quantize else {})
-        convert.convert(args.hf_dir, args.out, dtype=args.dtype, progress=progress, **quant)
+        warnings = convert.convert(args.hf_dir, args.out, dtype=args.dtype, progress=progress,
+                                   **quant)
     except convert.ConversionError as exc:
         if progress is not None:
             print(file=sys.stderr)
@@ -93,6 +94,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     if progress is not None:
         print(file=sys.stderr)
+    for warning in warnings:
+        _err(f"warning: {warning}")
     print(f"wrote {args.out}")
     return EXIT_OK
 
@@ -122,9 +125,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"valid": valid, "problems": [p.to_dict() for p in problems]}, indent=2))
     else:
-        for p in problems:
-            tensor = f" tensor '{p.tensor}'" if p.tensor else ""
-            print(f"{p.severity}: {p.code_name} at 0x{p.offset:X}{tensor}: {p.message}")
+        from colibri.inspection.report import problem_lines
+
+        for line in problem_lines(problems):
+            print(line)
         n_err = sum(p.severity == "error" for p in problems)
         n_warn = len(problems) - n_err
         verdict = "valid" if valid else "INVALID"

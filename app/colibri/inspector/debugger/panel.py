@@ -34,6 +34,7 @@ from colibri.inspector.debugger.run_panel import QtRunPanel
 from colibri.inspector.debugger.views import (QtBreakpointList, QtEventList, QtLatencyView,
                                               QtRoutingHeatmap, QtTokenView)
 from colibri.inspector.debugger.worker import DebuggerController, DebuggerSnapshot
+from colibri.inspector.prompt import example_prompt
 
 REPAINT_MS = 33
 
@@ -171,6 +172,8 @@ class QtDebuggerPanel(QWidget):
                 ids = tok.encode(text).ids
                 return [(i, token_piece(tok, i)) for i in ids]
             self.run_panel.set_tokenizer(tokenize)
+        if model is not None and not self.run_panel.prompt.text():
+            self.run_panel.prompt.setText(example_prompt(model))
         self._set_status(f"model {os.path.basename(model.path)}" if model is not None
                          else "no model")
 

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayo
 
 from colibri.debugging.run import ROUTINGS, RunSettings
 from colibri.engine import KERNEL_PATHS  # the names only; the panel never calls the engine
+from colibri.inspector.prompt import NO_TOKENIZER, QtPromptEdit, placeholder, token_ids
 
 Tokenize = Callable[[str], list[tuple[int, str]]]
 KERNEL_CHOICES = ("best", *KERNEL_PATHS)
@@ -29,8 +30,8 @@ class QtRunPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._tokenize: Tokenize | None = None
-        self.prompt = QLineEdit(self)
-        self.prompt.setPlaceholderText("prompt text")
+        self.prompt = QtPromptEdit(self)
+        self.prompt.setPlaceholderText(placeholder(False))
         self.pieces = QLabel("", self)
         self.pieces.setWordWrap(True)
         self.pieces.setObjectName("debuggerPromptPieces")
@@ -101,19 +102,28 @@ class QtRunPanel(QWidget):
         """`tokenize(text) -> [(id, piece), ...]`; None when the model has no tokenizer (then
         the prompt is comma-separated token ids)."""
         self._tokenize = tokenize
+        self.prompt.setPlaceholderText(placeholder(tokenize is not None))
         self._update_pieces()
 
     def prompt_tokens(self) -> list[tuple[int, str]]:
+        """(id, piece) of each prompt token (see colibri.inspector.prompt); raises ValueError
+        for prompt text on a model without a tokenizer."""
         text = self.prompt.text()
-        if self._tokenize is not None:
-            return self._tokenize(text)
-        try:
-            return [(int(t), t.strip()) for t in text.split(",") if t.strip()]
-        except ValueError:
+        ids = token_ids(text)
+        if ids is not None:
+            return [(i, str(i)) for i in ids]
+        if not text:
             return []
+        if self._tokenize is None:
+            raise ValueError(NO_TOKENIZER)
+        return self._tokenize(text)
 
     def _update_pieces(self) -> None:
-        pieces = self.prompt_tokens()
+        try:
+            pieces = self.prompt_tokens()
+        except ValueError as exc:
+            self.pieces.setText(f"({exc})")
+            return
         self.pieces.setText("  ".join(f"{piece!r}:{tid}" for tid, piece in pieces)
                             or "(no tokens)")
 

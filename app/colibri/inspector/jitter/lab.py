@@ -25,6 +25,8 @@ from PySide6.QtWidgets import (QFileDialog, QFormLayout, QHBoxLayout, QLabel, QL
 from colibri.files import atomic_write_bytes
 from colibri.inspector.jitter.views import (QtCellLogits, QtEpsilonCurve, QtFlipsVsMargin,
                                             QtJitterHeatmap, QtMarginHeatmap, QtRoutingAB)
+from colibri.inspector.prompt import (NO_TOKENIZER, QtPromptEdit, example_prompt, placeholder,
+                                      token_ids)
 from colibri.inspector.tasks import Cancelled, Task, TaskRunner
 from colibri.jitter import analysis
 from colibri.jitter.analysis import (EpsilonReport, JitterReport, Runner, analyze_epsilon,
@@ -35,10 +37,12 @@ STATE_SCHEMA = "colibri.jitter-lab/1"
 
 
 def _parse_prompt(text: str, runner: Runner) -> list[int]:
-    """Token ids 'ID,ID,...' when the text is only digits and commas, else the tokenizer's ids."""
-    stripped = text.replace(" ", "")
-    if stripped and all(part.isdigit() for part in stripped.split(",")):
-        return [int(part) for part in stripped.split(",")]
+    """The prompt's token ids (colibri.inspector.prompt.token_ids, else the tokenizer's)."""
+    ids = token_ids(text)
+    if ids is not None:
+        return ids
+    if runner.model.tokenizer is None:
+        raise ValueError(NO_TOKENIZER)
     return list(runner.model.tokenizer.encode(text).ids)
 
 
@@ -77,8 +81,8 @@ class QtJitterLab(QWidget):
         self.epsilon_report: EpsilonReport | None = None
         self.runner = TaskRunner(self)
 
-        self.prompt = QLineEdit(self)
-        self.prompt.setPlaceholderText("prompt text, or token ids 3,4,5")
+        self.prompt = QtPromptEdit(self)
+        self.prompt.setPlaceholderText(placeholder(True))
         self.generate = QSpinBox(self)
         self.generate.setRange(0, 4096)
         self.generate.setValue(16)
@@ -155,14 +159,21 @@ class QtJitterLab(QWidget):
         if path != self.path:
             self.set_reports(None, None)
         self.path = path
+        if hasattr(model, "tokenizer"):
+            self.prompt.setPlaceholderText(placeholder(model.tokenizer is not None))
+            if not self.prompt.text():
+                self.prompt.setText(example_prompt(model))
         self.status.setText("open a model" if path is None else f"model: {os.path.basename(path)}")
         self._set_running(False)
 
     def start(self, kind: str) -> None:
         if self.path is None:
             return
+        if not self.prompt.text():
+            self.status.setText("enter a prompt: text, or token ids separated by commas")
+            return
         try:
-            task = make_task(self.path, kind, self.prompt.text() or "3,4,5,6,7",
+            task = make_task(self.path, kind, self.prompt.text(),
                              self.generate.value(), self.variants.text(), self.eps.text(),
                              self.threads.value())
         except ValueError as exc:
@@ -207,7 +218,8 @@ class QtJitterLab(QWidget):
 
     def _failed(self, message: str) -> None:
         self._set_running(False)
-        self.status.setText(f"failed: {message.splitlines()[0] if message else ''}")
+        first = message.splitlines()[0] if message else ""
+        self.status.setText(f"failed: {first.removeprefix('ValueError: ')}")
         self.sig_failed.emit(message)
 
     def _cancelled(self) -> None:
