@@ -57,6 +57,10 @@ VIEW_TITLES = {"validation": "Validation", "header": "Header", "tensors": "Tenso
 # Window-wide shortcuts the debugger panel uses for itself while it is the current view.
 DEBUGGER_SHORTCUT_ACTIONS = ("reload_action", "run_action", "find_action", "goto_action")
 RELOAD_DEBOUNCE_MS = 400
+# Files up to this size get their data checks (every tensor's CRC-32, NaN/Inf scan) started as
+# soon as they open: about a second of reading on a worker, cancellable; larger files wait for
+# F5 and say "data not checked" until then.
+AUTO_CHECK_BYTES = 1 << 30
 FILE_FILTER = "Colibri models (*.colibri);;All files (*)"
 
 
@@ -212,7 +216,13 @@ class FileView(QWidget):
         self.hex.set_regions(doc.regions())
         if doc.model is None:
             self.set_view("validation")
+        elif doc.size <= AUTO_CHECK_BYTES:
+            QTimer.singleShot(0, self._auto_check)   # once the window has wired its signals
         self.sig_status_changed.emit()
+
+    def _auto_check(self) -> None:
+        if self.doc.model is not None and self.data_result is None and not self._checking:
+            self.run_checks(True, True)
 
     def reload_if_changed(self) -> None:
         """Debounced watcher callback: reload on a worker when the file's identity changed."""
@@ -310,9 +320,10 @@ class FileView(QWidget):
             errors += sum(1 for p in self.data_result.problems if p.severity == "error")
         if doc.model is None or errors:
             return f"invalid: {errors} error(s)" if errors else "invalid"
-        checked = " and data" if self.data_result is not None else ""
         warnings = f", {len(doc.warnings)} warning(s)" if doc.warnings else ""
-        return f"valid (structure{checked}){warnings}"
+        if self.data_result is None:
+            return f"structure valid, data not checked{warnings}"
+        return f"valid (structure and data){warnings}"
 
     # -- cross-view navigation ------------------------------------------------------------------
 

@@ -100,6 +100,7 @@ class QtValidationReport(QWidget):
         super().__init__(parent)
         self._doc: ModelDocument | None = None
         self._data: DataCheckResult | None = None
+        self._running = False
 
         self.explanation = QLabel()
         self.explanation.setObjectName("explanation")
@@ -194,6 +195,10 @@ class QtValidationReport(QWidget):
         self._refresh()
 
     def set_running(self, running: bool) -> None:
+        if running != self._running:
+            self._running = running
+            if running and self._data is None:
+                self._refresh_banner()
         self.run_button.setEnabled(not running and self._doc is not None
                                    and self._doc.model is not None)
         self.cancel_button.setEnabled(running)
@@ -258,18 +263,7 @@ class QtValidationReport(QWidget):
         self.model.set_problems(problems)
         errors = sum(1 for p in problems if p.severity == "error")
         warnings = len(problems) - errors
-        state = doc.status
-        if self._data is not None and errors and state in ("valid", "warnings"):
-            state = "invalid"
-        text = doc.plain_explanation()
-        if not text:
-            text = "This is a valid Colibri model: every structural check passed."
-        if self._data is not None and self._data.problems and doc.model is not None:
-            bad = sum(1 for s in self._data.status.values() if s == "bad")
-            text = (f"The file's structure is valid, but the data checks found problems in "
-                    f"{bad} tensor(s): the bytes changed after the file was written, or the "
-                    "weights contain NaN/Inf values.")
-        self._set_banner(text, state)
+        self._refresh_banner()
         parts = [f"{errors} error(s), {warnings} warning(s)"]
         if self._data is None:
             parts.append("structural checks only; run the data checks to read every tensor")
@@ -280,6 +274,34 @@ class QtValidationReport(QWidget):
             parts.append(f"data checks ({checks}): {ok} of {len(self._data.status)} tensors ok")
         self.summary.setText("; ".join(parts))
         self.set_running(False)
+
+    def _refresh_banner(self) -> None:
+        doc = self._doc
+        if doc is None:
+            return
+        errors = any(p.severity == "error" for p in doc.problems) or (
+            self._data is not None and any(p.severity == "error" for p in self._data.problems))
+        state = doc.status
+        if self._data is not None and errors and state in ("valid", "warnings"):
+            state = "invalid"
+        text = doc.plain_explanation()
+        if not text and self._data is None:
+            # a valid structure says nothing about the bytes of the weights (one flipped bit)
+            state = "unchecked"
+            text = ("The file's structure is valid: every structural check passed. Its data is "
+                    + ("being checked now (every tensor's checksum and a NaN/Inf scan)."
+                       if self._running else
+                       "not checked yet: Run data checks (F5) reads every tensor's checksum "
+                       "and scans for NaN/Inf."))
+        elif not text:
+            text = ("This is a valid Colibri model: every structural check passed, and the data "
+                    "checks found every tensor intact.")
+        if self._data is not None and self._data.problems and doc.model is not None:
+            bad = sum(1 for s in self._data.status.values() if s == "bad")
+            text = (f"The file's structure is valid, but the data checks found problems in "
+                    f"{bad} tensor(s): the bytes changed after the file was written, or the "
+                    "weights contain NaN/Inf values.")
+        self._set_banner(text, state)
 
     def _set_banner(self, text: str, state: str) -> None:
         self.explanation.setText(text)
