@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6 import QtGui
 from PySide6.QtCore import QPoint, QRect, QRectF, Qt
 from PySide6.QtGui import QFontMetrics, QImage, QPainter
 from PySide6.QtWidgets import (QAbstractButton, QAbstractScrollArea, QApplication, QLabel,
@@ -70,7 +71,7 @@ def _outside_parent(w: QWidget) -> str | None:
 def _clipped_text(w: QWidget) -> str | None:
     if isinstance(w, QLabel):
         text = w.text()
-        if not text or w.textFormat() == Qt.TextFormat.RichText or Qt.mightBeRichText(text) \
+        if not text or w.textFormat() == Qt.TextFormat.RichText or QtGui.Qt.mightBeRichText(text) \
                 or not w.pixmap().isNull():
             return None
         room = w.contentsRect()
@@ -115,12 +116,38 @@ def _tick_texts(axis: pg.AxisItem) -> list[tuple[QRectF, str]]:
     return [(rect, text) for rect, _flags, text in specs[2]]
 
 
-def _axis_problems(where: str, axis: pg.AxisItem, colour_bar: bool) -> list[str]:
+def _axis_problems(where: str, axis: pg.AxisItem, colour_bar: bool, visible: QRectF,
+                   cells: bool = False) -> list[str]:
+    """Tick labels of `axis`: present, apart, inside the visible part of the scene, whole
+    numbers on counting axes, and on a heatmap (`cells`) at the centres of the cells."""
     texts = _tick_texts(axis)
     out = []
     label = axis.labelText or axis.orientation
     if not texts and (colour_bar or axis.style["showValues"]):
         out.append(f"{where}: axis '{label}' shows no numbers")
+    for rect, text in texts:
+        if not visible.adjusted(-1, -1, 1, 1).contains(axis.mapRectToScene(rect)):
+            out.append(f"{where}: axis '{label}' tick label {text!r} is cut off by the view")
+            break
+    if axis.label.isVisible() and axis.labelText:
+        margin = axis.label.document().documentMargin()   # blank space around the text
+        title = axis.label.mapRectToScene(
+            axis.label.boundingRect().adjusted(margin, margin, -margin, -margin))
+        along = title.height() if axis.orientation in ("left", "right") else title.width()
+        room = axis.sceneBoundingRect()
+        length = room.height() if axis.orientation in ("left", "right") else room.width()
+        if along > length + 1 or not visible.adjusted(-1, -1, 1, 1).contains(title):
+            out.append(f"{where}: axis title {axis.labelText!r} is longer than its axis")
+    view = axis.linkedView()
+    if cells and view is not None and axis.labelText in INTEGER_AXES:
+        horizontal = axis.orientation in ("top", "bottom")
+        pixel = view.viewPixelSize()[0 if horizontal else 1]
+        for rect, text in texts:
+            point = view.mapSceneToView(axis.mapToScene(rect.center()))
+            value = point.x() if horizontal else point.y()
+            if abs(value - math.floor(value) - 0.5) > 2 * pixel + 1e-9:
+                out.append(f"{where}: axis '{label}' tick {text!r} is not at a cell's centre")
+                break
     for i, (a, ta) in enumerate(texts):
         for b, tb in texts[i + 1:]:
             overlap = a.intersected(b)
@@ -137,14 +164,18 @@ def _axis_problems(where: str, axis: pg.AxisItem, colour_bar: bool) -> list[str]
     return out
 
 
-def _plot_problems(where: str, plot: pg.PlotItem) -> list[str]:
+def _plot_problems(where: str, plot: pg.PlotItem, visible: QRectF) -> list[str]:
     out = []
     view = plot.getViewBox()
     data_rect = view.sceneBoundingRect()
+    if not visible.adjusted(-1, -1, 1, 1).contains(plot.sceneBoundingRect()):
+        out.append(f"{where}: plot '{plot.titleLabel.text}' is wider or taller than its view")
+    cells = any(isinstance(item, pg.ImageItem) for item in view.addedItems)
     for name in ("left", "bottom", "right", "top"):
         axis = plot.getAxis(name)
         if axis.isVisible():
-            out += _axis_problems(f"{where} '{plot.titleLabel.text}'", axis, False)
+            out += _axis_problems(f"{where} '{plot.titleLabel.text}'", axis, False, visible,
+                                  cells)
     for item in view.addedItems:
         if isinstance(item, pg.TextItem) and item.isVisible():
             box = item.sceneBoundingRect()
@@ -154,9 +185,9 @@ def _plot_problems(where: str, plot: pg.PlotItem) -> list[str]:
     title = plot.titleLabel
     if title.isVisible() and title.text:
         need = title.item.boundingRect().width()
-        if need > title.boundingRect().width() + 1:
-            out.append(f"{where}: title {title.text!r} cut off ({need:.0f} px in "
-                       f"{title.boundingRect().width():.0f})")
+        if need > title.boundingRect().width() + 1 or not visible.adjusted(-1, -1, 1, 1).contains(
+                title.item.sceneBoundingRect()):
+            out.append(f"{where}: title {title.text!r} cut off")
     legend = plot.legend
     if legend is not None and legend.isVisible() and legend.items:
         box = legend.sceneBoundingRect()
@@ -184,13 +215,17 @@ def _bar_rects(bars: pg.BarGraphItem) -> list[QRectF]:
 
 def _graphics_problems(where: str, view: pg.GraphicsView) -> list[str]:
     out = []
+    visible = view.mapToScene(view.viewport().rect()).boundingRect()
     for item in view.scene().items():
         if not item.isVisible():
             continue
         if isinstance(item, pg.PlotItem):
-            out += _plot_problems(where, item)
+            out += _plot_problems(where, item, visible)
         elif isinstance(item, pg.ColorBarItem):
-            out += _axis_problems(f"{where} colour bar", item.axis, True)
+            out += _axis_problems(f"{where} colour bar", item.axis, True, visible)
+        elif isinstance(item, pg.LegendItem) and item.items and not visible.adjusted(
+                -1, -1, 1, 1).contains(item.sceneBoundingRect()):
+            out.append(f"{where}: a legend is cut off by the view")
     return out
 
 

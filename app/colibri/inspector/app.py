@@ -14,18 +14,18 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from PySide6.QtCore import QCoreApplication, QEventLoop, QSocketNotifier, QTimer
+from PySide6.QtCore import QCoreApplication, QSocketNotifier
 from PySide6.QtWidgets import QApplication
 
 from colibri.inspector import resources
 from colibri.inspector.display import startup_problem
+from colibri.inspector.examples import prepare, settle
 from colibri.inspector.export import save_png
-from colibri.inspector.main_window import VIEW_NAMES, FileView, MainWindow
+from colibri.inspector.main_window import VIEW_NAMES, MainWindow
 
 SCREENSHOT_SIZE = (1280, 800)
 
@@ -88,70 +88,17 @@ def build_window(files: Sequence[str], view: str | None = None,
     return window
 
 
-def _settle(app: QApplication, ms: int = 150) -> None:
-    """Let layouts, first paints and queued signals run for `ms` milliseconds."""
-    loop = QEventLoop()
-    QTimer.singleShot(ms, loop.quit)
-    loop.exec()
-    app.processEvents()
-
-
 def screenshot(window: MainWindow, path: str, view: str | None,
                size: tuple[int, int] = SCREENSHOT_SIZE) -> bool:
-    """Render `window` at `view` to a PNG at `path`; True on success."""
-    app = QApplication.instance()
-    assert isinstance(app, QApplication)
+    """Render `window` at `view` (after real work on its model: colibri.inspector.examples) to
+    a PNG at `path`; True on success."""
     window.resize(*size)
     window.show()
     current = window.current_view()
-    if current is not None and view is not None:
-        current.set_view(view)
-        model = current.doc.model
-        if view in ("values", "tensors") and model is not None and model.tensors:
-            # Show something meaningful: the first routed expert matrix, else the first tensor.
-            name = next((t.name for t in model.tensors if t.name.endswith("moe_w1")),
-                        model.tensors[0].name)
-            current.show_tensor(name)
-            current.set_view(view)
-            deadline = time.monotonic() + 10
-            while current.values.is_busy() and time.monotonic() < deadline:
-                _settle(app, 20)
-        if view == "debugger" and model is not None and model.tokenizer is not None:
-            _demo_debug_run(app, current, model)
-        if view == "jitter" and model is not None and model.tokenizer is not None:
-            _demo_jitter_run(app, current)
-    _settle(app)
+    if current is not None:
+        prepare(current, view or current.current_view())
+    settle()
     return save_png(window, path)
-
-
-SCREENSHOT_PROMPT = "def read_header(self, data):\n    "
-
-
-def _wait(app: QApplication, busy: Any, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while busy() and time.monotonic() < deadline:
-        _settle(app, 20)
-
-
-def _demo_debug_run(app: QApplication, view: FileView, model: Any) -> None:
-    """A short greedy run so the debugger picture shows routing, not an empty form."""
-    from colibri.debugging import RunSettings
-
-    panel = view.debugger
-    panel.run_panel.prompt.setText(SCREENSHOT_PROMPT)
-    panel.start_run(RunSettings(model.tokenizer.encode(SCREENSHOT_PROMPT).ids, 24))
-    _settle(app, 100)
-    _wait(app, lambda: panel.controller.running)
-    if panel.events is not None and len(panel.events):
-        panel.select_event(len(panel.events) // 2)
-
-
-def _demo_jitter_run(app: QApplication, view: FileView) -> None:
-    lab = view.jitter
-    lab.prompt.setText(SCREENSHOT_PROMPT)
-    lab.start("jitter")
-    _settle(app, 100)
-    _wait(app, lab.runner.is_running, 120)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,9 +24,8 @@ from PySide6.QtCore import (QByteArray, QFileSystemWatcher, QSettings, QStandard
                             Signal)
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
-                               QProgressBar, QPushButton,
-                               QSplitter, QStackedWidget, QTabWidget, QToolButton, QVBoxLayout,
-                               QWidget)
+                               QProgressBar, QPushButton, QSizePolicy, QSplitter, QStackedWidget,
+                               QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
 from colibri.inspection.document import (DataCheckResult, DocumentState, ModelDocument,
                                          data_check, explain, load_state,
@@ -151,8 +150,9 @@ class FileView(QWidget):
         self.splitter.setObjectName("fileSplitter")
         self.splitter.addWidget(self.tabs)
         self.splitter.addWidget(self.hex)
-        self.splitter.setStretchFactor(0, 3)
-        self.splitter.setStretchFactor(1, 2)
+        # a wider window widens the views; the hexdump's rows are a fixed number of characters
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 0)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.changed_banner)
@@ -185,6 +185,7 @@ class FileView(QWidget):
         self.watcher.fileChanged.connect(lambda _p: self._debounce.start())
         self.watcher.directoryChanged.connect(lambda _p: self._debounce.start())
         self._watch()
+        self._fit_hexdump()
 
         self._show_document()
 
@@ -446,6 +447,15 @@ class FileView(QWidget):
     def _fit_hexdump(self) -> None:
         # hidden rather than collapsed: a hidden widget's minimum width does not count
         self.hex.setVisible(self._current_view not in self.WIDE_VIEWS)
+        # A tab widget is as large as its largest page, shown or not: the debugger's minimum
+        # width beside the hexdump would push the window past a 1280-pixel screen. A page's
+        # minimum counts only while it is the current one (Ignored pages count as 0).
+        current = self.tabs.currentWidget()
+        for i in range(self.tabs.count()):
+            page = self.tabs.widget(i)
+            policy = QSizePolicy.Policy.Preferred if page is current else \
+                QSizePolicy.Policy.Ignored
+            page.setSizePolicy(policy, policy)
 
     def _tab_changed(self, _index: int) -> None:
         names = {self.validation: "validation", self.header: "header", self.tensors: "tensors",
@@ -721,9 +731,10 @@ class MainWindow(QMainWindow):
         view = FileView(doc)
         if self._splitter_state is not None:
             view.splitter.restoreState(self._splitter_state)
-        else:
+        else:   # the hexdump as wide as one row of it, the views the rest
             width = max(self.width(), 800)
-            view.splitter.setSizes([width * 11 // 20, width * 9 // 20])
+            hexdump = view.hex.minimumSizeHint().width() + 8
+            view.splitter.setSizes([width - hexdump, hexdump])
         view.sig_status_changed.connect(self._view_status_changed)
         view.sig_progress.connect(self._progress)
         view.sig_view_changed.connect(self._view_changed)

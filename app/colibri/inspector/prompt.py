@@ -65,3 +65,24 @@ def example_prompt(model: object) -> str:
     prompts = demo.get("prompts") if isinstance(demo, dict) else None
     first = prompts[0] if isinstance(prompts, list) and prompts else ""
     return first if isinstance(first, str) else ""
+
+
+class QtTokenPieces(QPlainTextEdit):
+    """The prompt's tokens (`'piece':id ...`), read-only, two lines tall and scrolling beyond:
+    a long prompt never pushes the form off the screen or gets cut off."""
+
+    def __init__(self, parent: QWidget | None = None, lines: int = 2) -> None:
+        super().__init__(parent)
+        self.setReadOnly(True)
+        self.setFrameShape(QPlainTextEdit.Shape.NoFrame)
+        self.viewport().setAutoFillBackground(False)
+        margins = self.contentsMargins()
+        self.setFixedHeight(self.fontMetrics().lineSpacing() * lines
+                            + 2 * int(self.document().documentMargin())
+                            + margins.top() + margins.bottom())
+
+    def text(self) -> str:
+        return self.toPlainText()
+
+    def setText(self, text: str) -> None:  # noqa: N802 (QLabel's name)
+        self.setPlainText(text)

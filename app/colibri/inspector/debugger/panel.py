@@ -106,9 +106,10 @@ class QtDebuggerPanel(QWidget):
         for w in (left, centre, self.tabs):
             main.addWidget(w)
         # the plots need the room; the run form is narrow by nature
-        for index, stretch in enumerate((2, 3, 4)):
+        # the event list wide enough for position, token, layer, experts, weights and margin
+        for index, stretch in enumerate((3, 4, 5)):
             main.setStretchFactor(index, stretch)
-        main.setSizes([400, 600, 800])
+        main.setSizes([300, 430, 510])
         layout = QVBoxLayout(self)
         layout.addWidget(self.toolbar)
         layout.addWidget(main, 1)
@@ -139,7 +140,7 @@ class QtDebuggerPanel(QWidget):
         self._shortcuts()
         # Labels carry run-dependent text (status, generated text, token details): let them
         # wrap rather than grow the panel's minimum width with every token.
-        for label in (self.status, self.run_panel.pieces, self.run_panel.status,
+        for label in (self.status, self.run_panel.status,
                       self.token_view.title, self.token_view.details, self.routing_map.balance,
                       self.routing_map.hover, self.latency.summary):
             label.setWordWrap(True)

@@ -12,7 +12,8 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayo
 
 from colibri.debugging.run import ROUTINGS, RunSettings
 from colibri.engine import KERNEL_PATHS  # the names only; the panel never calls the engine
-from colibri.inspector.prompt import NO_TOKENIZER, QtPromptEdit, placeholder, token_ids
+from colibri.inspector.prompt import (NO_TOKENIZER, QtPromptEdit, QtTokenPieces, placeholder,
+                                      token_ids)
 
 Tokenize = Callable[[str], list[tuple[int, str]]]
 KERNEL_CHOICES = ("best", *KERNEL_PATHS)
@@ -32,8 +33,7 @@ class QtRunPanel(QWidget):
         self._tokenize: Tokenize | None = None
         self.prompt = QtPromptEdit(self)
         self.prompt.setPlaceholderText(placeholder(False))
-        self.pieces = QLabel("", self)
-        self.pieces.setWordWrap(True)
+        self.pieces = QtTokenPieces(self)
         self.pieces.setObjectName("debuggerPromptPieces")
         self.max_new = QSpinBox(self)
         self.max_new.setRange(0, 100000)

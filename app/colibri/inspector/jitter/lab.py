@@ -18,9 +18,9 @@ import os
 from typing import Any
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-                               QProgressBar, QPushButton, QSpinBox, QTabWidget, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QFileDialog, QGridLayout, QHBoxLayout, QLabel, QLineEdit,
+                               QProgressBar, QPushButton, QSizePolicy, QSpinBox, QTabWidget,
+                               QVBoxLayout, QWidget)
 
 from colibri.files import atomic_write_bytes
 from colibri.inspector.jitter.views import (QtCellLogits, QtEpsilonCurve, QtFlipsVsMargin,
@@ -89,6 +89,8 @@ class QtJitterLab(QWidget):
         self.variants = QLineEdit(self)
         self.variants.setPlaceholderText("default list (seq, pairwise, blocked4..32 +-fma, split, "
                                          "act-bf16/f16, w-f32/f16/bf16, noise1/2/4)")
+        self.variants.setToolTip("comma-separated variants; each joins components with '+' "
+                                 "(docs/jitter.md); empty: the default list")
         self.eps = QLineEdit(self)
         self.eps.setPlaceholderText("0,1e-10,1e-9,1e-8,1e-7,1e-6,1e-5")
         self.threads = QSpinBox(self)
@@ -101,14 +103,23 @@ class QtJitterLab(QWidget):
         self.load_button = QPushButton("Load…", self)
         self.progress = QProgressBar(self)
         self.status = QLabel("open a model", self)
+        self.status.setWordWrap(True)
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
 
-        form = QFormLayout()
-        form.addRow("prompt", self.prompt)
-        form.addRow("generate", self.generate)
-        form.addRow("variants", self.variants)
-        form.addRow("epsilons", self.eps)
-        form.addRow("threads", self.threads)
+        # three rows, so the plots keep most of a 800-pixel-high window
+        form = QGridLayout()
+        form.addWidget(QLabel("prompt", self), 0, 0)
+        form.addWidget(self.prompt, 0, 1, 1, 3)
+        form.addWidget(QLabel("variants", self), 1, 0)
+        form.addWidget(self.variants, 1, 1)
+        form.addWidget(QLabel("epsilons", self), 1, 2)
+        form.addWidget(self.eps, 1, 3)
+        form.setColumnStretch(1, 3)
+        form.setColumnStretch(3, 2)
         buttons = QHBoxLayout()
+        for label, spin in (("generate", self.generate), ("threads", self.threads)):
+            buttons.addWidget(QLabel(label, self))
+            buttons.addWidget(spin)
         for b in (self.run_jitter_button, self.run_epsilon_button, self.cancel_button,
                   self.save_button, self.load_button):
             buttons.addWidget(b)
