@@ -150,3 +150,60 @@ def test_header_values_read_as_the_cli_prints_them(demo) -> None:
     shown = {hparams.child(i).text(0): hparams.child(i).text(VALUE_COLUMN)
              for i in range(hparams.childCount())}
     assert shown["norm_eps"] == "1e-05" and shown["rope_theta"] == "10000"
+
+
+def test_views_before_any_run_read_sensibly(qtbot, tmp_path, monkeypatch) -> None:
+    """Every view of the demo before anything ran: no clipped text, and the empty plots show
+    plain ranges (no negative counts, no SI-scaled '-500..500 (x0.001)' axes)."""
+    monkeypatch.setenv(ENV_SETTINGS, str(tmp_path))
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.persist = False
+    window.resize(*SIZES[0])
+    window.show()
+    view = window.open_path(DEMO)
+    problems = []
+    for page, show in _pages(view):
+        if page in ("validation", "header", "tensors", "hex"):
+            view.set_view(page)
+        else:
+            show()
+        settle(60)
+        problems += [f"{page}: {f}" for f in findings(window)]
+        for axis in _count_axes(window):
+            values = [v for _spacing, vs in axis.tickValues(*axis.range, 300) for v in vs]
+            assert all(v >= 0 for v in values), f"{page}: negative ticks {values}"
+            assert not axis.autoSIPrefixScale != 1.0, f"{page}: an SI-scaled axis"
+    view.shutdown()
+    assert not problems, "\n".join(problems)
+
+
+def _count_axes(window: MainWindow) -> list:
+    import pyqtgraph as pg
+
+    from colibri.inspector.plots import IndexAxis
+    return [item for view in window.findChildren(pg.GraphicsView) if view.isVisible()
+            for item in view.scene().items() if isinstance(item, IndexAxis) and item.isVisible()]
+
+
+def test_an_all_zero_epsilon_sweep_shows_no_negative_cells(qtbot, tiny_model_path) -> None:
+    """A model without near-ties: every count of the sweep is 0 and the axis starts at 0."""
+    from colibri.inspector.jitter import QtJitterLab
+
+    lab = QtJitterLab()
+    qtbot.addWidget(lab)
+    lab.resize(1000, 600)
+    lab.show()
+    lab.set_model(str(tiny_model_path()))
+    lab.prompt.setText("3, 4, 5, 6")
+    lab.variants.setText("seq,blocked8")
+    lab.eps.setText("0,1e-9,1e-6")
+    with qtbot.waitSignal(lab.sig_report_ready, timeout=60000):
+        lab.start("epsilon")
+    assert [c["jitter_left"] for c in lab.curve.curve()] == [0, 0, 0]
+    low, high = lab.curve.plot.getViewBox().viewRange()[1]
+    assert low == 0 and high > 0
+    axis = lab.curve.plot.getAxis("left")
+    ticks = [v for _s, vs in axis.tickValues(low, high, 300) for v in vs]
+    assert ticks and min(ticks) >= 0 and all(float(t).is_integer() for t in ticks)
+    lab.shutdown()

@@ -116,14 +116,15 @@ def _tick_texts(axis: pg.AxisItem) -> list[tuple[QRectF, str]]:
     return [(rect, text) for rect, _flags, text in specs[2]]
 
 
-def _axis_problems(where: str, axis: pg.AxisItem, colour_bar: bool, visible: QRectF,
+def _axis_problems(where: str, axis: pg.AxisItem, must_read: bool, visible: QRectF,
                    cells: bool = False) -> list[str]:
-    """Tick labels of `axis`: present, apart, inside the visible part of the scene, whole
-    numbers on counting axes, and on a heatmap (`cells`) at the centres of the cells."""
+    """Tick labels of `axis`: present when `must_read` (a colour bar, a plot with data), apart,
+    inside the visible part of the scene, whole numbers on counting axes, and on a heatmap
+    (`cells`) at the centres of the cells."""
     texts = _tick_texts(axis)
     out = []
     label = axis.labelText or axis.orientation
-    if not texts and (colour_bar or axis.style["showValues"]):
+    if not texts and must_read and axis.style["showValues"]:
         out.append(f"{where}: axis '{label}' shows no numbers")
     for rect, text in texts:
         if not visible.adjusted(-1, -1, 1, 1).contains(axis.mapRectToScene(rect)):
@@ -174,8 +175,8 @@ def _plot_problems(where: str, plot: pg.PlotItem, visible: QRectF) -> list[str]:
     for name in ("left", "bottom", "right", "top"):
         axis = plot.getAxis(name)
         if axis.isVisible():
-            out += _axis_problems(f"{where} '{plot.titleLabel.text}'", axis, False, visible,
-                                  cells)
+            out += _axis_problems(f"{where} '{plot.titleLabel.text}'", axis, _has_data(view),
+                                  visible, cells)
     for item in view.addedItems:
         if isinstance(item, pg.TextItem) and item.isVisible():
             box = item.sceneBoundingRect()
@@ -197,6 +198,20 @@ def _plot_problems(where: str, plot: pg.PlotItem, visible: QRectF) -> list[str]:
                 out.append(f"{where}: the legend covers bars of '{plot.titleLabel.text}'")
                 break
     return out
+
+
+def _has_data(view: pg.ViewBox) -> bool:
+    """Whether a plot shows anything yet (an empty plot may leave its axes unnumbered)."""
+    for item in view.addedItems:
+        if not item.isVisible():
+            continue
+        if isinstance(item, pg.ImageItem) and item.image is not None:
+            return True
+        if isinstance(item, pg.BarGraphItem) and len(item.opts.get("height", [])):
+            return True
+        if isinstance(item, pg.PlotDataItem) and item.xData is not None and len(item.xData):
+            return True
+    return False
 
 
 def _bar_rects(bars: pg.BarGraphItem) -> list[QRectF]:

@@ -55,7 +55,8 @@ class IndexAxis(pg.AxisItem):
     def tickValues(self, minVal: float, maxVal: float, size: float) -> list:  # noqa: N802
         offset = 0.5 if self.cells else 0.0
         minVal, maxVal = min(minVal, maxVal), max(minVal, maxVal)   # an inverted view
-        first, last = math.ceil(minVal - offset), math.floor(maxVal - offset)
+        # indices are never negative (an empty plot's default range starts below 0)
+        first, last = max(math.ceil(minVal - offset), 0), math.floor(maxVal - offset)
         if last < first or size <= 0:
             return []
         span = max(maxVal - minVal, 1e-9)
