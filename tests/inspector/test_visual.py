@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtGui import QGuiApplication
 
+from colibri.inspector import resources
 from colibri.inspector.examples import prepare, settle
 from colibri.inspector.export import save_png
 from colibri.inspector.header_view import VALUE_COLUMN
@@ -64,6 +65,15 @@ def _pages(view: FileView) -> list[tuple[str, Callable[[], None]]]:
             ("jitter-token", tab("jitter", lambda: view.jitter.tabs, 1)),
             ("jitter-epsilon", tab("jitter", lambda: view.jitter.tabs, 2)),
             ("jitter-ab", tab("jitter", lambda: view.jitter.tabs, 3))]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def styled(qapp) -> Iterator[None]:
+    """The application's own style sheets, as `colibri-inspector` applies them."""
+    before = qapp.styleSheet()
+    qapp.setStyleSheet(resources.style_sheet())
+    yield
+    qapp.setStyleSheet(before)
 
 
 @pytest.fixture(scope="module")

@@ -82,12 +82,10 @@ class QtHeaderView(QWidget):
         self.tree.setUniformRowHeights(True)
         self.tree.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         header = self.tree.header()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        # field, offset, size and value as wide as their text (in whatever font the style
+        # sheet gives), the raw bytes the rest
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
-        metrics = self.tree.fontMetrics()
-        for column, sample in enumerate(("rope_original_max_context  ", "0x0A8", "Size",
-                                         "13,417,856 (0xCCBE80)")):
-            self.tree.setColumnWidth(column, metrics.horizontalAdvance(sample) + 24)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.tree)
