@@ -31,65 +31,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from colibri.debugging.breakpoints import Breakpoint, BreakpointList, first_hit
 from colibri.debugging.events import Event, EventList
 from colibri import tokens
+from colibri.values import RunSettings
 
 PHASES = ("attention", "router", "experts", "combine", "layer")
-ROUTINGS = ("topk", "stable", "soft", "gumbel")
-
-
-# ---------------------------------------------------------------------------------------------
-# Settings
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """Everything that determines a run (what a saved session records to reproduce it)."""
-
-    prompt_tokens: tuple[int, ...]
-    max_new_tokens: int = 16
-    decoding: Literal["greedy", "sample"] = "greedy"
-    seed: int = 0
-    temperature: float = 1.0
-    routing: str = "topk"
-    epsilon: float | None = None
-    threads: int = 1
-    kernels: str | None = None     # kernel path ceiling (colibri.engine.KERNEL_PATHS); None = best
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
-        if not self.prompt_tokens:
-            raise ValueError("the prompt is empty")
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if self.decoding not in ("greedy", "sample"):
-            raise ValueError(f"decoding must be 'greedy' or 'sample', got {self.decoding!r}")
-        if self.routing not in ROUTINGS:
-            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got "
-                             f"{self.routing!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-
-    @property
-    def n_positions(self) -> int:
-        """Positions a complete run processes (fewer when eos comes early)."""
-        return len(self.prompt_tokens) + max(self.max_new_tokens - 1, 0)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["prompt_tokens"] = list(self.prompt_tokens)
-        return d
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunSettings:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 # ---------------------------------------------------------------------------------------------

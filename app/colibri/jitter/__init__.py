@@ -9,13 +9,13 @@ sequence, find the fragile top-k decisions, and measure what a stable-top-k epsi
 Definitions are in colibri.jitter.analysis; variant spelling in colibri.jitter.variants.
 """
 
-from colibri.jitter.analysis import (BASELINE, DEFAULT_EPS, Cancelled, Downstream, EpsilonReport,
+from colibri.jitter.analysis import (BASELINE, DEFAULT_EPS, Downstream, EpsilonReport,
                                      EpsilonRow, JitterReport, Run, Runner, analyze_epsilon,
                                      analyze_jitter, margins, ordered_int, parse_eps,
                                      selection_order)
 from colibri.jitter.variants import DEFAULT_VARIANTS, Variant, parse_variants
 
-__all__ = ["BASELINE", "DEFAULT_EPS", "DEFAULT_VARIANTS", "Cancelled", "Downstream",
+__all__ = ["BASELINE", "DEFAULT_EPS", "DEFAULT_VARIANTS", "Downstream",
            "EpsilonReport", "EpsilonRow", "JitterReport", "Run", "Runner", "Variant",
            "analyze_epsilon", "analyze_jitter", "margins", "ordered_int", "parse_eps",
            "parse_variants", "selection_order"]

@@ -38,7 +38,7 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,27 +47,12 @@ import numpy as np
 from colibri.engine import Model, Session
 from colibri.jitter.variants import Variant, parse_variants
 from colibri.jitter.weights import convert_weights
+from colibri.values import CancelFlag, Progress, check_cancelled, never_cancelled, no_progress
 
 SCHEMA_JITTER = "colibri.jitter/1"
 SCHEMA_EPSILON = "colibri.epsilon/1"
 DEFAULT_EPS = (0.0, 1e-10, 1e-9, 1e-8, 1e-7, 1e-6, 1e-5)
 BASELINE = "baseline"
-
-ProgressFn = Callable[..., None]
-CancelledFn = Callable[[], bool]
-
-
-class Cancelled(Exception):
-    """The analysis noticed its cancel flag between two runs."""
-
-
-def _no_progress(done: int, total: int, text: str = "") -> None:
-    pass
-
-
-def _never() -> bool:
-    return False
-
 
 # ---------------------------------------------------------------------------------------------
 # float32 helpers
@@ -402,8 +387,8 @@ def _report_base(runner: Runner, tokens: Sequence[int]) -> dict[str, Any]:
 
 
 def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Variant] | str | None
-                   = None, n_prompt: int | None = None, progress: ProgressFn = _no_progress,
-                   cancelled: CancelledFn = _never) -> JitterReport:
+                   = None, n_prompt: int | None = None, progress: Progress = no_progress,
+                   cancelled: CancelFlag = never_cancelled) -> JitterReport:
     """Run the baseline and every variant on `tokens` (teacher-forced) and compare routing."""
     if variants is None or isinstance(variants, str):
         variants = parse_variants(variants)
@@ -416,8 +401,7 @@ def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Var
     downstream = {}
     names = []
     for i, v in enumerate(variants):
-        if cancelled():
-            raise Cancelled()
+        check_cancelled(cancelled)
         progress(i + 1, total, v.name)
         run = runner.run(tokens, v)
         names.append(run.name)
@@ -550,8 +534,8 @@ def parse_eps(text: str | None) -> list[float]:
 
 def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] | None = None,
                     variants: Sequence[Variant] | str | None = None, n_prompt: int | None = None,
-                    progress: ProgressFn = _no_progress,
-                    cancelled: CancelledFn = _never) -> EpsilonReport:
+                    progress: Progress = no_progress,
+                    cancelled: CancelFlag = never_cancelled) -> EpsilonReport:
     """The epsilon sweep: for each epsilon, baseline and variants under stable routing."""
     if variants is None or isinstance(variants, str):
         variants = parse_variants(variants)
@@ -563,8 +547,7 @@ def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] 
     rows = []
     names = [v.name for v in variants]
     for e in eps_list:
-        if cancelled():
-            raise Cancelled()
+        check_cancelled(cancelled)
         done += 1
         progress(done, total, f"eps {e:g}: baseline")
         base = runner.run(tokens, routing="stable", epsilon=e)
@@ -572,8 +555,7 @@ def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] 
         flips: dict[str, int] = {}
         max_abs, kl_max, first_tok = 0.0, 0.0, None
         for v in variants:
-            if cancelled():
-                raise Cancelled()
+            check_cancelled(cancelled)
             done += 1
             progress(done, total, f"eps {e:g}: {v.name}")
             run = runner.run(tokens, v, routing="stable", epsilon=e)

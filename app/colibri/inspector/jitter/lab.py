@@ -25,10 +25,9 @@ from PySide6.QtWidgets import (QFileDialog, QFormLayout, QHBoxLayout, QLabel, QL
 from colibri.files import atomic_write_bytes
 from colibri.inspector.jitter.views import (QtCellLogits, QtEpsilonCurve, QtFlipsVsMargin,
                                             QtJitterHeatmap, QtMarginHeatmap, QtRoutingAB)
-from colibri.inspector.tasks import Cancelled, Task, TaskRunner
-from colibri.jitter import analysis
-from colibri.jitter.analysis import (EpsilonReport, JitterReport, Runner, analyze_epsilon,
-                                     analyze_jitter, parse_eps)
+from colibri.inspector.tasks import Task, TaskRunner
+from colibri.jitter.analysis import (SCHEMA_EPSILON, SCHEMA_JITTER, EpsilonReport, JitterReport,
+                                     Runner, analyze_epsilon, analyze_jitter, parse_eps)
 from colibri.jitter.variants import parse_variants
 
 STATE_SCHEMA = "colibri.jitter-lab/1"
@@ -49,17 +48,14 @@ def make_task(path: str, kind: str, prompt: str, generate: int, variants: str, e
     eps_list = parse_eps(eps or None)
 
     def fn(progress: Any, cancelled: Any) -> tuple[str, JitterReport | EpsilonReport]:
-        try:
-            with Runner(path, threads=threads) as runner:
-                prompt_ids = _parse_prompt(prompt, runner)
-                tokens = runner.greedy_sequence(prompt_ids, generate)
-                if kind == "jitter":
-                    return kind, analyze_jitter(runner, tokens, variant_list, len(prompt_ids),
-                                                progress, cancelled)
-                return kind, analyze_epsilon(runner, tokens, eps_list, variant_list,
-                                             len(prompt_ids), progress, cancelled)
-        except analysis.Cancelled:
-            raise Cancelled() from None
+        with Runner(path, threads=threads) as runner:
+            prompt_ids = _parse_prompt(prompt, runner)
+            tokens = runner.greedy_sequence(prompt_ids, generate)
+            if kind == "jitter":
+                return kind, analyze_jitter(runner, tokens, variant_list, len(prompt_ids),
+                                            progress, cancelled)
+            return kind, analyze_epsilon(runner, tokens, eps_list, variant_list,
+                                         len(prompt_ids), progress, cancelled)
 
     return Task(f"jitter lab: {kind}", fn)
 
@@ -252,9 +248,9 @@ class QtJitterLab(QWidget):
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         schema = data.get("schema")
-        if schema == analysis.SCHEMA_JITTER:
+        if schema == SCHEMA_JITTER:
             self.set_reports(JitterReport.from_dict(data), self.epsilon_report)
-        elif schema == analysis.SCHEMA_EPSILON:
+        elif schema == SCHEMA_EPSILON:
             self.set_reports(self.jitter_report, EpsilonReport.from_dict(data))
         else:
             self.restore(data)
