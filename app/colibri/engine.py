@@ -24,7 +24,7 @@ import json
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any, Literal
@@ -32,8 +32,9 @@ from typing import Any, Literal
 import numpy as np
 
 from colibri import errors
+from colibri.generation import Generation, OnPosition, StopFn, SwapFn
 from colibri.numerics import Numerics, NumericsError, as_numerics
-from colibri.values import KERNEL_PATHS, ROUTING_MODES, HParams, RoutingName
+from colibri.values import KERNEL_PATHS, ROUTING_MODES, DecodingName, HParams, RoutingName
 from colibri.errors import (COL_ERR_BAD_TOKEN, COL_ERR_INVALID_ARG, ColibriError,
                             ColibriFormatError, ColibriValueError)
 
@@ -747,6 +748,23 @@ class Session:
         finally:
             self._busy.release()
         return logits
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int = 16, *,
+                 decoding: DecodingName = "greedy", temperature: float = 1.0, seed: int = 0,
+                 eos: int | None | Literal["model"] = "model", stop: StopFn | None = None,
+                 on_position: OnPosition | None = None, step_prompt: bool = False,
+                 keep_logits: bool = False, swap: SwapFn | None = None) -> Generation:
+        """Generate up to `max_new_tokens` tokens after `prompt`, from the current position, and
+        return the `Generation` (colibri.generation: positions processed, greedy or sampled
+        decoding, stop conditions, the per-position callback that can pause or stop, hot-reload
+        hand-over). `eos` defaults to the model's eos_token_id; None never stops there. A
+        generation paused by `on_position` continues with its `run()`."""
+        generation = Generation(
+            self, prompt, max_new_tokens, decoding=decoding, temperature=temperature, seed=seed,
+            eos=self._model.hparams.eos_token_id if eos == "model" else eos, stop=stop,
+            step_prompt=step_prompt, keep_logits=keep_logits, swap=swap)
+        generation.run(on_position)
+        return generation
 
     def reset(self) -> None:
         """Forget every position (KV cache and trace); keep configuration and buffers."""

@@ -34,6 +34,7 @@ reports hold no timestamps, and `to_dict` output is stable (JSON with sorted key
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -144,15 +145,25 @@ class Run:
 
 
 class Runner:
-    """Runs variants of one model file on token sequences. Weight-precision copies are written
-    once to a private temporary directory, removed by `close`."""
+    """Runs variants of one open model on token sequences. Weight-precision copies are written
+    once to a private temporary directory and removed by `close`, which closes them but not the
+    model it was given (`Runner.open(path)` opens one of its own and closes that too)."""
 
-    def __init__(self, path: str | os.PathLike[str], threads: int = 1) -> None:
-        self.path = os.fspath(path)
+    def __init__(self, model: Model, threads: int = 1) -> None:
+        self.model = model
+        self.path = model.path
         self.threads = threads
-        self.model = Model.open(self.path)
-        self._models: dict[str | None, Model] = {None: self.model}
+        self._models: dict[str | None, Model] = {None: model}
+        self._owned: list[Model] = []
         self._tmp: str | None = None
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], threads: int = 1) -> Runner:
+        """A runner on its own model of `path` (for scripts; the CLI and the Inspector hand
+        over the model they opened)."""
+        runner = cls(Model.open(path), threads)
+        runner._owned.append(runner.model)
+        return runner
 
     def __enter__(self) -> Runner:
         return self
@@ -161,9 +172,9 @@ class Runner:
         self.close()
 
     def close(self) -> None:
-        for m in self._models.values():
+        for m in self._owned:
             m.close()
-        self._models = {}
+        self._models, self._owned = {}, []
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
@@ -174,11 +185,24 @@ class Runner:
                 self._tmp = tempfile.mkdtemp(prefix="colibri-jitter-")
             out = os.path.join(self._tmp, f"weights-{variant.weights}.colibri")
             convert_weights(self.model, variant.weights or "f32", out)
-            self._models[variant.weights] = Model.open(out)
+            copy = Model.open(out)
+            self._models[variant.weights] = copy
+            self._owned.append(copy)
         return self._models[variant.weights]
+
+    def check(self, variants: Sequence[Variant] = (), eps: Sequence[float] = ()) -> None:
+        """Ask the engine, before anything runs, whether it takes every variant's numerics and
+        every stable-routing epsilon (col_session_config_check, nothing allocated); raises its
+        ColibriValueError otherwise."""
+        for v in variants:
+            Session.memory_estimate(self.model, numerics=v.numerics, kernels=v.kernels,
+                                    threads=self.threads)
+        for e in eps:
+            Session.memory_estimate(self.model, routing="stable", epsilon=e, threads=self.threads)
 
     def run(self, tokens: Sequence[int], variant: Variant | None = None, routing: str = "topk",
             epsilon: float = 0.0) -> Run:
+        """One teacher-forced pass: `tokens` in one prefill (every position's logits)."""
         variant = variant or Variant()
         model = self.model_for(variant)
         with Session(model, routing=routing, epsilon=epsilon, threads=self.threads,
@@ -195,25 +219,9 @@ class Runner:
 
     def greedy_sequence(self, prompt: Sequence[int], n_generate: int) -> list[int]:
         """prompt + the baseline's greedy continuation of n_generate tokens (stops after EOS)."""
-        hp = self.model.hparams
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if len(prompt) + n_generate > hp.max_context:
-            raise ValueError(f"{len(prompt)} prompt + {n_generate} generated tokens exceed the "
-                             f"model's context of {hp.max_context}")
-        tokens = list(int(t) for t in prompt)
-        if n_generate <= 0:
-            return tokens
-        with Session(self.model, threads=self.threads, max_context=len(prompt) + n_generate,
-                     trace=False) as s:
-            logits = s.prefill(tokens, all_logits=False)[-1]
-            for i in range(n_generate):
-                nxt = int(np.argmax(logits))
-                tokens.append(nxt)
-                if nxt == hp.eos_token_id or i == n_generate - 1:
-                    break
-                logits = s.step(nxt)
-        return tokens
+        with Session(self.model, threads=self.threads,
+                     max_context=len(prompt) + max(n_generate, 0), trace=False) as s:
+            return s.generate(prompt, n_generate).tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,6 +386,12 @@ class JitterReport:
                    d.get("kernels", ""))
 
 
+def report_json(report: JitterReport | EpsilonReport) -> bytes:
+    """A report as JSON bytes: sorted keys, no whitespace, no timestamps, so the same inputs give
+    the same bytes (what `colibri jitter --json` writes and the lab saves)."""
+    return json.dumps(report.to_dict(), sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
 def _report_base(runner: Runner, tokens: Sequence[int]) -> dict[str, Any]:
     hp = runner.model.hparams
     moe = [layer for layer in range(hp.n_layers) if runner.model.routing(layer).kind == "moe"]
@@ -392,6 +406,7 @@ def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Var
     """Run the baseline and every variant on `tokens` (teacher-forced) and compare routing."""
     if variants is None or isinstance(variants, str):
         variants = parse_variants(variants)
+    runner.check(variants)
     total = 1 + len(variants)
     progress(0, total, "baseline")
     base = runner.run(tokens)
@@ -516,17 +531,18 @@ class EpsilonReport:
 
 
 def parse_eps(text: str | None) -> list[float]:
-    """'0,1e-9,...' -> sorted unique floats (None or '' = DEFAULT_EPS); each finite and >= 0."""
+    """'0,1e-9,...' -> sorted unique floats (None or '' = DEFAULT_EPS). Whether the engine takes
+    each one is its to say (Runner.check)."""
     if not text:
         return list(DEFAULT_EPS)
     out = set()
     for part in text.split(","):
         if not part.strip():
             continue
-        value = float(part)
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"epsilon must be finite and >= 0, got {part.strip()!r}")
-        out.add(value)
+        try:
+            out.add(float(part))
+        except ValueError:
+            raise ValueError(f"expected comma-separated epsilons, got {text!r}") from None
     if not out:
         raise ValueError("empty epsilon list")
     return sorted(out)
@@ -540,6 +556,7 @@ def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] 
     if variants is None or isinstance(variants, str):
         variants = parse_variants(variants)
     eps_list = sorted(set(float(e) for e in (DEFAULT_EPS if eps is None else eps)))
+    runner.check(variants, eps_list)
     total = 1 + len(eps_list) * (1 + len(variants))
     done = 0
     progress(done, total, "plain top-k")
