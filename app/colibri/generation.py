@@ -150,38 +150,38 @@ class Generation:
         if self.finished:
             return range(0)
         first = self.positions
-        if first < len(self.prompt):
-            chunk = self.prompt[first:first + 1] if self.step_prompt else self.prompt[first:]
+        if first >= len(self.prompt):
+            token = self._pending
+            assert token is not None
             t0 = time.perf_counter_ns()
-            if len(chunk) == 1:
-                logits = self.session.step(chunk[0])[None, :]
-            else:
-                logits = self.session.prefill(chunk, all_logits=self.logits is not None)
+            logits = self.session.step(token) if self.swap is None else self._swap_step(token)
             self.call_ns = time.perf_counter_ns() - t0
-            self.prefill_ns += self.call_ns
-            self._processed(len(chunk), logits)
-            if self.positions == len(self.prompt):
-                self._decode_from = time.perf_counter_ns()
-                self._choose()
+            self.positions = first + 1
+            self.last_logits = logits
+            if self.logits is not None:
+                self.logits.append(logits[None, :])
+            self._choose(logits)
+            return range(first, first + 1)
+        chunk = self.prompt[first:first + 1] if self.step_prompt else self.prompt[first:]
+        t0 = time.perf_counter_ns()
+        if len(chunk) == 1:
+            rows = self.session.step(chunk[0])[None, :]
         else:
-            assert self._pending is not None
-            t0 = time.perf_counter_ns()
-            logits = self._step(self._pending)[None, :]
-            self.call_ns = time.perf_counter_ns() - t0
-            self._processed(1, logits)
-            self._choose()
+            rows = self.session.prefill(chunk, all_logits=self.logits is not None)
+        self.call_ns = time.perf_counter_ns() - t0
+        self.prefill_ns += self.call_ns
+        self.positions = first + len(chunk)
+        self.last_logits = rows[-1]
+        if self.logits is not None:
+            self.logits.append(rows)
+        if self.positions == len(self.prompt):
+            self._decode_from = time.perf_counter_ns()
+            self._choose(rows[-1])
         return range(first, self.positions)
 
-    def _processed(self, n: int, logits: np.ndarray) -> None:
-        self.positions += n
-        self.last_logits = logits[-1]
-        if self.logits is not None:
-            self.logits.append(logits)
-
-    def _step(self, token: int) -> np.ndarray:
+    def _swap_step(self, token: int) -> np.ndarray:
         """One step, on a swapped-in session when the swap hook has one."""
-        if self.swap is None:
-            return self.session.step(token)
+        assert self.swap is not None
         history = self.tokens[:self.positions]
         self.session = self.swap(self.session, history, False) or self.session
         try:
@@ -193,15 +193,15 @@ class Generation:
             self.session = fresh
             return self.session.step(token)
 
-    def _choose(self) -> None:
+    def _choose(self, logits: np.ndarray) -> None:
         """After the prompt or a generated token: pick the next token, or finish."""
         if self.max_new_tokens == 0:
             self._finish("finished")
             return
-        assert self.last_logits is not None
-        token = self._pick(self.last_logits)
-        self.generated.append(token)
-        if len(self.generated) >= self.max_new_tokens:
+        token = self._pick(logits)
+        generated = self.generated
+        generated.append(token)
+        if len(generated) >= self.max_new_tokens:
             self._finish("finished")
         elif token == self.eos:
             self._finish("eos")
@@ -212,8 +212,9 @@ class Generation:
 
     def _pick(self, logits: np.ndarray) -> int:
         if self.greedy:
-            token = int(np.argmax(logits))
-            if not np.isnan(logits[token]):
+            token = int(logits.argmax())
+            best = float(logits[token])
+            if best == best:  # argmax lands on the first NaN when there is one
                 return token
             return int(np.argmax(np.nan_to_num(logits, nan=-np.inf)))
         if not np.isfinite(logits).all():
