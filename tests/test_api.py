@@ -34,6 +34,25 @@ def table_entry(image: bytearray, index: int) -> int:
     return struct.unpack_from("<Q", image, TABLE_OFFSET)[0] + index * ff.TENSOR_ENTRY_SIZE
 
 
+def rename_every_tensor(image: bytearray) -> int:
+    """Name every tensor `extra.i` (each an unknown tensor, every required one missing); returns
+    the tensor count."""
+    n_tensors = struct.unpack_from("<I", image, 0x14)[0]
+    for i in range(n_tensors):
+        entry = table_entry(image, i)
+        image[entry:entry + ff.TENSOR_NAME_MAX] = f"extra.{i}".encode().ljust(64, b"\0")
+    ff.refresh_checksums(image)
+    return n_tensors
+
+
+def rename_output(image: bytearray) -> None:
+    """Rename a qwen2_moe file's last tensor, "output", to "output_extra": an unknown tensor (a
+    warning) and a missing output, unless the embeddings are then marked tied."""
+    last = struct.unpack_from("<I", image, 0x14)[0] - 1
+    entry = table_entry(image, last)
+    image[entry:entry + 64] = b"output_extra".ljust(64, b"\0")
+
+
 # ---------------------------------------------------------------------------------------------
 # errors.raise_for_status
 
@@ -314,9 +333,7 @@ def test_open_keeps_every_finding_of_a_broken_file(tiny_image: BuildImage,
     """One validation pass: the error raised carries every finding, the same ones (in the same
     order) as a separate validate() of the file."""
     image = tiny_image("qwen2_moe")
-    last = struct.unpack_from("<I", image, 0x14)[0] - 1
-    entry = table_entry(image, last)             # "output" renamed: unknown (a warning) and missing
-    image[entry:entry + 64] = b"output_extra".ljust(64, b"\0")
+    rename_output(image)                         # a warning and a missing tensor
     struct.pack_into("<I", image, 0x74, 0)       # max_context 0: a header error
     ff.refresh_checksums(image)
     path = write_image(image)
@@ -333,9 +350,7 @@ def test_open_keeps_every_finding_of_a_broken_file(tiny_image: BuildImage,
 def test_open_keeps_the_warnings_of_a_file_that_opens(tiny_image: BuildImage,
                                                       write_image: WriteImage) -> None:
     image = tiny_image("qwen2_moe")
-    last = struct.unpack_from("<I", image, 0x14)[0] - 1
-    entry = table_entry(image, last)
-    image[entry:entry + 64] = b"output_extra".ljust(64, b"\0")
+    rename_output(image)
     flags = struct.unpack_from("<I", image, 0x5C)[0] | ff.FLAG_TIED_EMBEDDINGS
     struct.pack_into("<I", image, 0x5C, flags)
     ff.refresh_checksums(image)
@@ -352,12 +367,8 @@ def test_open_of_a_clean_file_has_no_problems(tiny_model_path: BuildPath) -> Non
 def test_open_keeps_more_findings_than_its_first_array_holds(tiny_image: BuildImage,
                                                             write_image: WriteImage) -> None:
     image = tiny_image(n_layers=40)
-    n_tensors = struct.unpack_from("<I", image, 0x14)[0]
+    n_tensors = rename_every_tensor(image)
     assert n_tensors > 256
-    for i in range(n_tensors):
-        entry = table_entry(image, i)
-        image[entry:entry + ff.TENSOR_NAME_MAX] = f"extra.{i}".encode().ljust(64, b"\0")
-    ff.refresh_checksums(image)
     path = write_image(image)
     with pytest.raises(ColibriFormatError) as info:
         Model.open(path)
@@ -448,21 +459,15 @@ def test_validate_nan_found_by_nan_check(tiny_model: BuildModel, tiny_image: Bui
 
 def test_validate_grows_problem_buffer(tiny_image: BuildImage, write_image: WriteImage) -> None:
     image = tiny_image(n_layers=8)
-    n_tensors = struct.unpack_from("<I", image, 0x14)[0]
+    n_tensors = rename_every_tensor(image)
     assert n_tensors > 64
-    for i in range(n_tensors):
-        entry = table_entry(image, i)
-        image[entry:entry + ff.TENSOR_NAME_MAX] = f"extra.{i}".encode().ljust(64, b"\0")
-    ff.refresh_checksums(image)
     warnings = [p for p in validate(write_image(image)) if p.code_name == "COL_ERR_UNKNOWN_TENSOR"]
     assert len(warnings) == n_tensors
 
 
 def test_validate_unknown_tensor_is_warning(tiny_image: BuildImage, write_image: WriteImage) -> None:
     image = tiny_image("qwen2_moe")
-    last = struct.unpack_from("<I", image, 0x14)[0] - 1
-    entry = table_entry(image, last)  # "output": rename it, and mark the embeddings tied
-    image[entry:entry + 64] = b"output_extra".ljust(64, b"\0")
+    rename_output(image)  # and mark the embeddings tied
     flags = struct.unpack_from("<I", image, 0x5C)[0] | ff.FLAG_TIED_EMBEDDINGS
     struct.pack_into("<I", image, 0x5C, flags)
     ff.refresh_checksums(image)
