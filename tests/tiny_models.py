@@ -59,8 +59,8 @@ def arch_hparams(arch: str, n_layers: int, n_experts: int, top_k: int, d_model: 
     code = {name: c for c, name in ARCH_NAMES.items()}[arch]
     family: dict[str, Any] = {
         "mixtral": {"flags": ff.FLAG_NORM_TOPK, "rope_theta": 1e6},
-        "qwen2_moe": {"flags": ff.FLAG_SHARED_EXPERT | ff.FLAG_SHARED_EXPERT_GATE | ff.FLAG_QKV_BIAS,
-                      "d_ff_shared": 24},
+        "qwen2_moe": {"flags": ff.FLAG_SHARED_EXPERT | ff.FLAG_SHARED_EXPERT_GATE
+                      | ff.FLAG_QKV_BIAS, "d_ff_shared": 24},
         "qwen3_moe": {"flags": ff.FLAG_QK_NORM_HEAD | ff.FLAG_NORM_TOPK},
         "olmoe": {"flags": ff.FLAG_QK_NORM_FULL, "clip_qkv": 8.0},
     }[arch]

@@ -17,9 +17,10 @@ logits are never chosen.
 
 Stopping: after `max_new_tokens` (reason 'finished'), after the `eos` token ('eos'; None never
 stops there), when `stop(generated)` returns True ('stop'), or when `on_position` returns
-`Control.STOP` or the owner calls `stop()` between positions ('stopped'). `on_position(generation, position)` runs after
-every processed position; returning `Control.PAUSE` makes `run()` return with the generation
-resumable: `run()` again continues bit-identically (the sampler's state lives here).
+`Control.STOP` or the owner calls `stop()` between positions ('stopped').
+`on_position(generation, position)` runs after every processed position; returning
+`Control.PAUSE` makes `run()` return with the generation resumable: `run()` again continues
+bit-identically (the sampler's state lives here).
 
 Session hand-over (hot reload): between positions `swap(session, history, changed)` may return
 a new session that has processed `history` (the tokens so far) on a new model; the generation
