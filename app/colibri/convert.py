@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
@@ -34,8 +34,9 @@ from colibri.fileformat import (
     DTYPE_BY_NAME, DTYPE_F16, QUANT_BY_NAME, quantize as quantize_blocks,
     DTYPE_F32, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS,
     FLAG_SHARED_EXPERT, FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE,
-    HParams, TensorSpec, bf16_bits_to_f32, plan_file, storage_to_f32, to_storage, write_colibri,
+    TensorSpec, bf16_bits_to_f32, plan_file, storage_to_f32, to_storage, write_colibri,
 )
+from colibri.values import HParams
 
 CONVERTER_VERSION = "1"
 
@@ -434,7 +435,7 @@ def _hparams(cfg: _Config, notes: list[str]) -> tuple[HParams, list[int]]:
         if value >= hp.vocab_size:
             # An id the model cannot produce (e.g. OLMoE's class default eos 50279 in a tiny
             # random model); the format requires -1 or an id below vocab_size.
-            setattr(hp, attr, -1)
+            hp = replace(hp, **{attr: -1})
             notes.append(f"{attr} {value} is outside the vocabulary ({hp.vocab_size}); "
                          "stored as -1")
     return hp, kinds
@@ -776,36 +777,3 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
     plan = plan_file(hp, kinds, specs, tokenizer, metadata)
     write_colibri(out_path, plan, progress)
     return warnings
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m colibri.convert HF_DIR OUT.colibri [--dtype f32|f16|bf16]`."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(
-        prog="python -m colibri.convert",
-        description="Convert a Hugging Face MoE checkpoint to .colibri")
-    parser.add_argument("hf_dir")
-    parser.add_argument("out_path")
-    parser.add_argument("--dtype", default="f32", choices=sorted(DTYPE_BY_NAME))
-    parser.add_argument("--quantize", choices=("q8", "q4"), default=None)
-    parser.add_argument("--quantize-tensors", choices=sorted(QUANTIZE_SETS), default="experts")
-    args = parser.parse_args(argv)
-
-    def report(done: int, total: int) -> None:
-        print(f"\r{done}/{total} tensors", end="" if done < total else "\n", file=sys.stderr)
-
-    try:
-        warnings = convert(args.hf_dir, args.out_path, args.dtype, report, args.quantize,
-                           args.quantize_tensors)
-    except ConversionError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

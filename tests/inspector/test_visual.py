@@ -200,11 +200,14 @@ def test_an_all_zero_epsilon_sweep_shows_no_negative_cells(qtbot, tiny_model_pat
     """A model without near-ties: every count of the sweep is 0 and the axis starts at 0."""
     from colibri.inspector.jitter import QtJitterLab
 
+    from colibri.engine import Model
+
     lab = QtJitterLab()
     qtbot.addWidget(lab)
     lab.resize(1000, 600)
     lab.show()
-    lab.set_model(str(tiny_model_path()))
+    model = Model.open(tiny_model_path())
+    lab.set_model(model)
     lab.prompt.setText("3, 4, 5, 6")
     lab.variants.setText("seq,blocked8")
     lab.eps.setText("0,1e-9,1e-6")
@@ -217,3 +220,4 @@ def test_an_all_zero_epsilon_sweep_shows_no_negative_cells(qtbot, tiny_model_pat
     ticks = [v for _s, vs in axis.tickValues(low, high, 300) for v in vs]
     assert ticks and min(ticks) >= 0 and all(float(t).is_integer() for t in ticks)
     lab.shutdown()
+    model.close()

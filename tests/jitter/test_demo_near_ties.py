@@ -22,9 +22,8 @@ def demo_run() -> tuple[Runner, list[int], int, dict]:
     with Model.open(DEMO) as model:
         demo = model.metadata["user"]["demo"]
         prompt = list(model.tokenizer.encode(demo["prompts"][0]).ids)
-    runner = Runner(DEMO)
-    yield runner, runner.greedy_sequence(prompt, 16), len(prompt), demo
-    runner.close()
+        with Runner(model) as runner:
+            yield runner, runner.greedy_sequence(prompt, 16), len(prompt), demo
 
 
 def test_the_demo_records_its_near_ties_and_prompts(demo_run) -> None:

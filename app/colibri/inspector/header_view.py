@@ -19,9 +19,10 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QHeaderView, QTreeWidget, QTreeWidgetItem,
                                QVBoxLayout, QWidget)
 
-from colibri.engine import ARCH_NAMES, HeaderField
+from colibri.engine import HeaderField
 from colibri.inspection.document import ModelDocument
 from colibri.inspection.values import format_scalar
+from colibri.values import ARCH_NAMES
 
 # The decoded value before the raw bytes: the value is what a reader wants, the bytes are also
 # in the hexdump beside this view.

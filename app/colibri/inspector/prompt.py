@@ -9,21 +9,24 @@ and a model without one says so instead of running an empty prompt.
 
 from __future__ import annotations
 
-import re
-
 from PySide6.QtGui import QTextOption
 from PySide6.QtWidgets import QPlainTextEdit, QWidget
 
-_IDS = re.compile(r"\s*\d+(\s*,\s*\d+)*\s*,?\s*")
+from colibri.tokens import parse_token_ids
+
 NO_TOKENIZER = ("this model has no tokenizer: enter token ids separated by commas, "
                 "e.g. 1, 2, 3")
 
 
 def token_ids(text: str) -> list[int] | None:
-    """The ids of a prompt written as token ids ('3, 4, 5'), or None for prompt text."""
-    if not _IDS.fullmatch(text):
+    """The ids of a prompt written as token ids ('3, 4, 5': colibri.tokens.parse_token_ids), or
+    None for prompt text."""
+    if not text.strip():
         return None
-    return [int(part) for part in text.split(",") if part.strip()]
+    try:
+        return parse_token_ids(text)
+    except ValueError:
+        return None
 
 
 def placeholder(has_tokenizer: bool) -> str:
