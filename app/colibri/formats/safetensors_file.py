@@ -98,7 +98,7 @@ def validate_header(buf: Any, size: int, path: str = "") -> Header:
     try:
         _validate(buf, size, head, found)
     except RecursionError:
-        found.error(HEADER, 8, "JSON header nested too deeply")
+        found.error(HEADER, 8, "safetensors header is not valid JSON: nested too deeply")
     head.problems = found.result()
     head.regions.sort(key=lambda r: (r.start, -r.length))
     return head
@@ -115,34 +115,36 @@ def _validate(buf: Any, size: int, head: Header, found: Findings) -> None:
     (n,) = struct.unpack_from("<Q", buf, 0)
     head.header_length = n
     head.regions.append(Region(0, 8, "header", f"header length = {n}"))
+    if n > size - 8:
+        found.error(TRUNCATED, 0, f"safetensors header length {n} does not fit in the file "
+                                  f"({size} bytes)")
+        return
     if n > MAX_HEADER:
         found.error(LIMIT, 0, f"header length {n} exceeds the safetensors limit of {MAX_HEADER} "
                               "bytes")
-        return
-    if n > size - 8:
-        found.error(TRUNCATED, 0, f"header length {n} runs past the end of the file ({size} "
-                                  "bytes)")
         return
     raw = bytes(buf[8:8 + n])
     head.data_offset = 8 + n
     head.regions.append(Region(8, n, "metadata", "JSON header"))
     if not raw.startswith(b"{"):
-        found.error(HEADER, 8, f"header does not start with '{{' (first byte {raw[:1]!r})")
+        found.error(HEADER, 8, "safetensors header is not valid JSON: it does not start with "
+                               f"'{{' (first byte {raw[:1]!r})")
         return
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        found.error(HEADER, 8 + exc.start, f"header is not valid UTF-8 (byte {exc.start})")
+        found.error(HEADER, 8 + exc.start, "safetensors header is not valid JSON: not UTF-8 "
+                                           f"(byte {exc.start})")
         return
     try:
         doc = json.loads(text, object_pairs_hook=_reject_duplicates)
     except ValueError as exc:  # JSONDecodeError, and int() refusing huge numbers
         pos = getattr(exc, "pos", 0)
         found.error(HEADER, 8 + len(text[:pos].encode("utf-8")),
-                    f"header is not valid JSON: {str(exc)[:200]}")
+                    f"safetensors header is not valid JSON: {str(exc)[:200]}")
         return
     if not isinstance(doc, dict):
-        found.error(HEADER, 8, "header is not a JSON object")
+        found.error(HEADER, 8, "safetensors header is not a JSON object")
         return
     for dup in doc.pop("\0duplicates", []):
         found.error(NAME, _key_offset(text, raw, dup, 8), f"name '{dup}' appears more than once "
@@ -184,8 +186,8 @@ def _entry(name: str, entry: Any, where: int, data_size: int, head: Header,
         return None
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        found.error(DTYPE, where, f"tensor '{name}': dtype {dtype!r} unknown (known: "
-                                  f"{', '.join(DTYPES)})", name)
+        found.error(DTYPE, where, f"tensor '{name}': dtype {str(dtype)[:40]} not supported "
+                                  f"(known: {', '.join(DTYPES)})", name)
         return None
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         found.error(SHAPE, where, f"tensor '{name}': shape {str(shape)[:80]} is not a list of "
@@ -203,7 +205,7 @@ def _entry(name: str, entry: Any, where: int, data_size: int, head: Header,
         return None
     if end > data_size:
         found.error(TENSOR_BOUNDS, where, f"tensor '{name}': data_offsets [{begin}, {end}] "
-                                          f"beyond the {data_size} bytes of data", name)
+                                          f"outside the data region of {data_size} bytes", name)
         return None
     expected = math.prod(shape) * DTYPES[dtype].itemsize
     if end - begin != expected:
