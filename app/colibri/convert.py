@@ -31,7 +31,7 @@ import numpy as np
 
 from colibri.errors import ColibriFormatError, ColibriIOError
 from colibri.fileformat import (
-    ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, BLOCK_ELEMS, DTYPE_BF16,
+    ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, BLOCK_BYTES, BLOCK_ELEMS, DTYPE_BF16,
     DTYPE_BY_NAME, DTYPE_F16, QUANT_BY_NAME, quantize as quantize_blocks,
     DTYPE_F32, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS,
     FLAG_SHARED_EXPERT, FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE,
@@ -332,7 +332,7 @@ def _hparams(cfg: _Config, notes: list[str]) -> tuple[HParams, list[int]]:
         rope_theta=rope_theta, rope_factor=rope_factor, norm_eps=eps, clip_qkv=clip_qkv,
         bos_token_id=_token_id(cfg.get("bos_token_id")),
         eos_token_id=_token_id(cfg.get("eos_token_id")))
-    _check_limits(hp)
+    check_limits(hp)
     for attr in ("bos_token_id", "eos_token_id"):
         value = getattr(hp, attr)
         if value >= hp.vocab_size:
@@ -359,7 +359,7 @@ def hparams_from_config(raw: Any) -> tuple[HParams, list[int], list[str]]:
     return hp, kinds, notes
 
 
-def _check_limits(hp: HParams) -> None:
+def check_limits(hp: HParams) -> None:
     """The header limits of docs/format.md, so that a checkpoint the engine would refuse fails
     here with the config field's name rather than later in `colibri validate`."""
     limits = (("num_hidden_layers", hp.n_layers, 1, 1024),
@@ -403,7 +403,7 @@ class _Piece:
         return values
 
 
-def _to_storage_checked(values: np.ndarray, dtype: int, name: str) -> np.ndarray:
+def to_storage_checked(values: np.ndarray, dtype: int, name: str) -> np.ndarray:
     """to_storage, refusing finite values that overflow the storage dtype (f16 max 65504)."""
     if dtype == DTYPE_F32:
         return to_storage(values, dtype)
@@ -427,7 +427,7 @@ def _loader(name: str, dtype: int, shape: tuple[int, ...], pieces: Sequence[_Pie
         out = np.empty(math.prod(shape), dtype=_STORAGE_NP[dtype])
         cursor = 0
         for p in pieces:
-            out[cursor:cursor + p.count] = _to_storage_checked(p.read(), dtype, name)
+            out[cursor:cursor + p.count] = to_storage_checked(p.read(), dtype, name)
             cursor += p.count
         return out.reshape(shape)
     return load
@@ -612,7 +612,7 @@ def _quantized(spec: TensorSpec, qdtype: int) -> TensorSpec:
     return TensorSpec(spec.name, qdtype, spec.shape, load)
 
 
-def _apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: str,
+def apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: str,
                     notes: list[str]) -> list[TensorSpec]:
     if quantize_dtype is None:
         return specs
@@ -625,7 +625,7 @@ def _apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: 
     out, skipped = [], []
     for spec in specs:
         base = spec.name.rsplit(".", 1)[-1]
-        if base in suffixes and len(spec.shape) >= 2:
+        if base in suffixes and len(spec.shape) >= 2 and spec.dtype not in BLOCK_BYTES:
             if spec.shape[-1] % BLOCK_ELEMS:
                 skipped.append(spec.name)
                 out.append(spec)
@@ -672,7 +672,7 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
 
     tensors = _open_checkpoint(hf_dir)
     specs = _plan_tensors(tensors, hp, kinds, model_type, DTYPE_BY_NAME[dtype])
-    specs = _apply_quantize(specs, quantize, quantize_tensors, notes)
+    specs = apply_quantize(specs, quantize, quantize_tensors, notes)
 
     tokenizer = b""
     tokenizer_path = os.path.join(hf_dir, "tokenizer.json")
