@@ -67,6 +67,13 @@ def _unreadable(path: str) -> str | None:
 _atomic_write = atomic_write  # kept for the subcommands' call sites
 
 
+def _other_format(args: argparse.Namespace, command: str) -> int | None:
+    """GGUF and safetensors paths (detected by content) go to colibri.formats; None for the
+    rest, which the .colibri code below handles."""
+    from colibri.formats import commands
+    return commands.run(args, command)
+
+
 # ---------------------------------------------------------------------------------------------
 # convert
 
@@ -104,6 +111,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from colibri.engine import validate
 
+    other = _other_format(args, "validate")
+    if other is not None:
+        return other
     reason = _unreadable(args.file)
     try:
         if reason is not None:
@@ -111,7 +121,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         problems = validate(args.file, checksums=args.checksums, nan_check=args.nan_check)
     except (ColibriIOError, OSError) as exc:
         if args.json:
-            print(json.dumps({"valid": False, "error": str(exc), "problems": []}))
+            print(json.dumps({"valid": False, "format": None, "error": str(exc),
+                              "problems": []}))
         else:
             _err(str(exc))
         return EXIT_UNREADABLE
@@ -120,7 +131,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     valid = not any(p.severity == "error" for p in problems)
     if args.json:
-        print(json.dumps({"valid": valid, "problems": [p.to_dict() for p in problems]}, indent=2))
+        print(json.dumps({"valid": valid, "format": "colibri",
+                          "problems": [p.to_dict() for p in problems]}, indent=2))
     else:
         for p in problems:
             tensor = f" tensor '{p.tensor}'" if p.tensor else ""
@@ -173,6 +185,9 @@ def _flag_names(flags: int) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    other = _other_format(args, "info")
+    if other is not None:
+        return other
     try:
         model = _open(args.file)
     except (ColibriError, OSError) as exc:
@@ -184,7 +199,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         hp = model.hparams.to_dict()
         if args.json:
             doc = {
-                "path": model.path, "arch": model.arch, "size": model.size,
+                "path": model.path, "format": "colibri", "arch": model.arch, "size": model.size,
                 "header": [{"name": f.name, "group": f.group, "offset": f.offset, "size": f.size,
                             "kind": f.kind, "value": _field_value(f.value)} for f in header],
                 "hparams": hp, "user_metadata": user,
@@ -217,6 +232,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
+    other = _other_format(args, "dump")
+    if other is not None:
+        return other
     try:
         model = _open(args.file)
     except (ColibriError, OSError) as exc:
@@ -449,11 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
                                     ".colibri files.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("convert", help="convert a Hugging Face MoE checkpoint to .colibri")
-    p.add_argument("hf_dir", metavar="HF_DIR")
+    p = sub.add_parser("convert", help="convert a Hugging Face MoE checkpoint or a GGUF file "
+                                       "to .colibri")
+    p.add_argument("hf_dir", metavar="HF_DIR|MODEL.gguf")
     p.add_argument("out", metavar="OUT.colibri")
     p.add_argument("--dtype", choices=("f32", "f16", "bf16"), default="f32",
-                   help="storage dtype of the matrices (norms and routers stay f32)")
+                   help="storage dtype of the matrices (norms and routers stay f32); for GGUF, "
+                        "of tensors whose type Colibri does not store (K-quants, IQ...)")
     p.add_argument("--quantize", choices=("q8", "q4"), default=None,
                    help="store the --quantize-tensors matrices as q8_0 / q4_0 blocks of 32")
     p.add_argument("--quantize-tensors", choices=("experts", "ffn", "all"), default="experts",
@@ -467,10 +487,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(p)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("validate", help="check a .colibri file; exit 0 valid, 1 invalid, "
+    p = sub.add_parser("validate", help="check a .colibri, GGUF or safetensors file (or "
+                                        "checkpoint directory); exit 0 valid, 1 invalid, "
                                         "2 unreadable")
     p.add_argument("file", metavar="FILE")
-    p.add_argument("--checksums", action="store_true", help="verify every tensor's CRC-32")
+    p.add_argument("--checksums", action="store_true", help="verify every tensor's CRC-32 "
+                   "(GGUF, safetensors: read every tensor's bytes)")
     p.add_argument("--nan-check", action="store_true", help="scan every tensor for NaN/Inf")
     p.add_argument("--json", action="store_true", help='print {"valid": ..., "problems": [...]}')
     p.set_defaults(func=cmd_validate)

@@ -638,6 +638,14 @@ def apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: s
     return out
 
 
+def _is_gguf(path: str) -> bool:
+    from colibri.formats import detect
+    try:
+        return detect(path) == "gguf"
+    except ColibriIOError as exc:
+        raise ConversionError(str(exc)) from exc
+
+
 def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dtype: str = "f32",
             progress: Callable[[int, int], None] | None = None, quantize: str | None = None,
             quantize_tensors: str = "experts") -> None:
@@ -649,10 +657,15 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
     `quantize_tensors` set ("experts" = moe_w1/w2/w3, the default; "ffn" adds shared experts and
     dense MLPs; "all" adds attention and the LM head) as q8_0/q4_0 blocks quantised from their
     `dtype` values; matrices whose rows are not a multiple of 32 stay in `dtype` (noted in the
-    metadata). Raises ConversionError for an unsupported or inconsistent checkpoint; nothing is
+    metadata). A GGUF file instead of a directory is imported by `convert_gguf.convert_gguf`
+    (same arguments). Raises ConversionError for an unsupported or inconsistent checkpoint; nothing is
     written unless every check passes, and on any failure no file is left at `out_path` (an
     existing file there is left untouched)."""
     hf_dir, out_path = os.fspath(hf_dir), os.fspath(out_path)
+    if os.path.isfile(hf_dir) and _is_gguf(hf_dir):
+        from colibri.convert_gguf import convert_gguf
+        convert_gguf(hf_dir, out_path, dtype, progress, quantize, quantize_tensors)
+        return
     if dtype not in DTYPE_BY_NAME:
         raise ConversionError(f"dtype {dtype!r} not supported (supported: "
                               f"{', '.join(DTYPE_BY_NAME)})")
