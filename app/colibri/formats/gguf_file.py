@@ -259,7 +259,7 @@ class _Walker:
                 pos += 8 + n
             cur.pos = pos
             return ArrayValue(etype, count, first, pos, values)
-        nested = [self.array(f"{where}[{i}]", depth) for i in range(count)]
+        nested = [self.array(f"{where}[{i}]", depth + 1) for i in range(count)]
         return ArrayValue(etype, count, first, cur.pos, nested if count <= SMALL_ARRAY else None)
 
     # -- sections -------------------------------------------------------------------------------
