@@ -209,7 +209,7 @@ def _unpermute(rows: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(shape))
 
 
-def _repack(rows: np.ndarray, block_bytes: int) -> np.ndarray:
+def repack_blocks(rows: np.ndarray, block_bytes: int) -> np.ndarray:
     """GGUF's interleaved blocks ([f16 d][payload] per block) -> Colibri's rows: every scale of
     the row first, then every payload, in block order (docs/format.md, "Quantised rows")."""
     n_rows, row_bytes = rows.shape
@@ -261,7 +261,7 @@ class _Importer:
                 if heads:
                     rows = _unpermute(rows, heads)
                 block = 34 if qtype == Q.Q8_0 else 18
-                return _repack(rows, block).reshape(*shape[:-1], -1)
+                return repack_blocks(rows, block).reshape(*shape[:-1], -1)
             if out != DTYPE_F32 and qtype in _KEPT and _KEPT[qtype] == out:
                 data = np.array(f.tensor(gguf_name)).reshape(shape)  # bits as stored
                 return _unpermute(data, heads) if heads else data
@@ -377,4 +377,4 @@ def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
     return notes
 
 
-__all__ = ["ARCHITECTURES", "convert_gguf"]
+__all__ = ["ARCHITECTURES", "convert_gguf", "repack_blocks"]
