@@ -218,6 +218,11 @@ def repack_blocks(rows: np.ndarray, block_bytes: int) -> np.ndarray:
                            blocks[:, :, 2:].reshape(n_rows, -1)], axis=1)
 
 
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape without its 1s: llama-quantize writes the [1, H] shared-expert gate as [H]."""
+    return tuple(d for d in shape if d != 1)
+
+
 class _Importer:
     def __init__(self, f: GGUFFile, hp: HParams, dtype: int, permute: bool) -> None:
         self.f, self.hp, self.dtype, self.permute = f, hp, dtype, permute
@@ -232,7 +237,7 @@ class _Importer:
             self.problems.append(f"missing tensor '{gguf_name}' (for {name})")
             return
         t = f.tensor_info(gguf_name)
-        if t.shape != shape and not (len(shape) == 1 and t.shape == (1, *shape)):
+        if t.shape != shape and _squeezed(t.shape) != _squeezed(shape):
             self.problems.append(f"tensor '{gguf_name}' has shape {list(t.shape)}, expected "
                                  f"{list(shape)} (for {name})")
             return
