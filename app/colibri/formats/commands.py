@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -113,11 +114,15 @@ def _info(args: argparse.Namespace, fmt: str) -> int:
         text = json.dumps(_json_value(value), ensure_ascii=False)
         print(f"  {key:<40} {text if len(text) <= 100 else text[:97] + '...'}")
     print("\ntensors:")
-    width = max((len(t.name) for t in tensors), default=4)
-    print(f"  {'name':<{width}}  {'dtype':<7} {'shape':<20} {'offset':>12} {'bytes':>12}")
+    width = max([4] + [len(t.name) for t in tensors])
+    shards = fmt == "safetensors" and len(f.files) > 1  # offsets are within each shard
+    print(f"  {'name':<{width}}  {'dtype':<7} {'shape':<20} {'offset':>12} {'bytes':>12}"
+          + ("  file" if shards else ""))
     for t in tensors:
         shape = "[" + ", ".join(map(str, t.shape)) + "]"
-        print(f"  {t.name:<{width}}  {t.dtype:<7} {shape:<20} 0x{t.offset:010X} {t.nbytes:>12}")
+        where = f"  {os.path.basename(t.path)}" if shards else ""
+        print(f"  {t.name:<{width}}  {t.dtype:<7} {shape:<20} 0x{t.offset:010X} {t.nbytes:>12}"
+              f"{where}")
     return EXIT_OK
 
 

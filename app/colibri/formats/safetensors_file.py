@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -75,6 +76,27 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out[key] = value
     if dups:
         out["\0duplicates"] = dups  # a key JSON text cannot produce unescaped
+    return out
+
+
+_KEY = re.compile(r'"([^"\\]*(?:\\.[^"\\]*)*)"\s*:\s*\{')
+
+
+def _key_offsets(text: str, base: int) -> dict[str, int]:
+    """Absolute offset of each key whose value is an object (the tensors, `__metadata__`) in
+    one pass over the header; the first occurrence of a key wins."""
+    ascii_only = text.isascii()
+    out: dict[str, int] = {}
+    for m in _KEY.finditer(text):
+        key = m.group(1)
+        if "\\" in key:
+            try:
+                key = json.loads(f'"{key}"')
+            except ValueError:
+                continue
+        if key not in out:
+            i = m.start()
+            out[key] = base + (i if ascii_only else len(text[:i].encode("utf-8")))
     return out
 
 
@@ -158,8 +180,11 @@ def _validate(buf: Any, size: int, head: Header, found: Findings) -> None:
             head.metadata = meta
     data_size = size - head.data_offset
     spans: list[tuple[int, int, str, int]] = []
+    offsets = _key_offsets(text, 8)
     for name, entry in doc.items():
-        where = _key_offset(text, raw, name, 8)
+        where = offsets.get(name)
+        if where is None:  # an entry that is not an object
+            where = _key_offset(text, raw, name, 8)
         t = _entry(name, entry, where, data_size, head, found)
         if t is not None:
             spans.append(t)
