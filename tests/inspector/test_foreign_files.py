@@ -108,3 +108,22 @@ def test_detection_for_the_inspector() -> None:
     assert is_foreign(GGUF) and is_foreign(CORPUS / "sharded")
     assert not is_foreign(ROOT / "resources" / "demo" / "demo.colibri")
     assert not is_foreign(CORPUS / "absent.gguf")
+
+
+def test_run_in_the_debugger_imports_once_into_the_cache(window, qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLIBRI_CACHE", str(tmp_path / "cache"))
+    view = window.open_path(GGUF)
+    assert view.run_button.isVisibleTo(view)
+    with qtbot.waitSignal(view.sig_imported, timeout=60000) as blocker:
+        view.run_button.click()
+    target = blocker.args[0]
+    assert target.startswith(str(tmp_path / "cache" / "imports"))
+    current = window.current_view()
+    assert current is not None and current.path == target
+    assert current.current_view() == "debugger"
+    assert current.doc.model is not None and current.doc.model.arch == "qwen2_moe"
+    before = Path(target).stat().st_mtime_ns
+    from colibri.inspection.foreign import import_for_debugger, import_path
+    assert import_for_debugger(GGUF) == target == import_path(GGUF)
+    assert Path(target).stat().st_mtime_ns == before  # the cached import is reused
+    assert not window.open_path(CORPUS / "valid.gguf").run_button.isVisibleTo(window)

@@ -11,6 +11,7 @@ when asked. For a checkpoint of several shards the hex view shows one shard at a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -226,6 +227,47 @@ class ForeignDocument:
         return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Running a GGUF model in the debugger: imported once into a cache keyed by the file's identity
+
+
+def cache_directory() -> str:
+    """$COLIBRI_CACHE/imports (default ~/.cache/colibri/imports)."""
+    root = os.environ.get("COLIBRI_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                           "colibri")
+    return os.path.join(root, "imports")
+
+
+def import_path(path: str | os.PathLike[str]) -> str:
+    """Where the import of the GGUF file at `path` lives: named by the file's real path, size,
+    modification time and inode, so an edited or replaced file gets a new import."""
+    real = os.path.realpath(os.fspath(path))
+    st = os.stat(real)
+    key = hashlib.sha256(f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}".encode())
+    stem = os.path.splitext(os.path.basename(real))[0]
+    return os.path.join(cache_directory(), f"{stem}-{key.hexdigest()[:16]}.colibri")
+
+
+def can_run(doc: ForeignDocument) -> bool:
+    """A valid GGUF file of an architecture the engine runs."""
+    from colibri.convert_gguf import ARCHITECTURES
+    f = doc.file
+    return (doc.format == "gguf" and f is not None and f.architecture in ARCHITECTURES
+            and bool(f.get(f"{f.architecture}.expert_count")))
+
+
+def import_for_debugger(path: str | os.PathLike[str],
+                        progress: Any = None) -> str:
+    """The path of the `.colibri` import of a GGUF file, converting it first unless the cache
+    already holds it (the converter writes atomically, so a crash leaves no half file)."""
+    from colibri.convert_gguf import convert_gguf
+    target = import_path(path)
+    if not os.path.isfile(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        convert_gguf(path, target, progress=progress)
+    return target
+
+
 def is_foreign(path: str | os.PathLike[str]) -> bool:
     """Whether the Inspector should open `path` as a GGUF or safetensors document."""
     try:
@@ -234,4 +276,5 @@ def is_foreign(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-__all__ = ["ForeignDocument", "MetadataRow", "ValueSummary", "is_foreign"]
+__all__ = ["ForeignDocument", "MetadataRow", "ValueSummary", "can_run", "import_for_debugger",
+           "import_path", "is_foreign"]

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QSplitter, QTableView,
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPushButton, QSplitter, QTableView,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
-from colibri.inspection.foreign import ForeignDocument
+from colibri.inspection.foreign import ForeignDocument, can_run, import_for_debugger
 from colibri.inspector.hexview import QtHexView
 from colibri.inspector.tasks import Task, TaskRunner
 from colibri.inspector.tensor_table import QtTensorTable
@@ -43,6 +43,8 @@ class QtForeignFileView(QWidget):
     """A tab for a GGUF file or a safetensors checkpoint (see the module docstring)."""
 
     sig_values_ready = Signal(object)
+    sig_imported = Signal(str)          # the .colibri import to open in the debugger
+    sig_import_failed = Signal(str)
 
     def __init__(self, doc: ForeignDocument, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -50,6 +52,9 @@ class QtForeignFileView(QWidget):
         self.path = doc.path
         self.runner = TaskRunner(self)
         self.runner.sig_finished.connect(self._values_done)
+        self.importer = TaskRunner(self)
+        self.importer.sig_finished.connect(self._imported)
+        self.importer.sig_failed.connect(self._import_failed)
         self.tabs = QTabWidget(self)
         self.explanation = QLabel(doc.explanation() or f"{doc.format}: valid", self)
         self.explanation.setWordWrap(True)
@@ -60,6 +65,11 @@ class QtForeignFileView(QWidget):
         report = QWidget(self)
         box = QVBoxLayout(report)
         box.addWidget(self.explanation)
+        self.run_button = QPushButton("Run in the debugger", self)  # above the hexdump
+        self.run_button.setToolTip("Import this GGUF file into Colibri's cache (once per file "
+                                   "version) and open it in the debugger")
+        self.run_button.setVisible(can_run(doc))
+        self.run_button.clicked.connect(self.run_in_debugger)
         box.addWidget(self.problem_view, 1)
         self.tabs.addTab(report, "Validation")
         meta = doc.metadata_rows()
@@ -87,7 +97,10 @@ class QtForeignFileView(QWidget):
         right = QWidget(self)
         rbox = QVBoxLayout(right)
         rbox.setContentsMargins(0, 0, 0, 0)
-        rbox.addWidget(self.shard)
+        top = QHBoxLayout()
+        top.addWidget(self.shard, 1)
+        top.addWidget(self.run_button)
+        rbox.addLayout(top)
         rbox.addWidget(self.hex, 1)
         self.splitter = QSplitter(self)
         self.splitter.addWidget(self.tabs)
@@ -139,11 +152,29 @@ class QtForeignFileView(QWidget):
                 self.experts.setItem(r, c, QTableWidgetItem(text))
         self.sig_values_ready.emit(result)
 
+    def run_in_debugger(self) -> None:
+        """Import the file on a worker; `sig_imported(path)` when the import is ready."""
+        if not can_run(self.doc) or self.importer.is_running():
+            return
+        self.run_button.setEnabled(False)
+        path = self.doc.path
+        self.importer.start(Task(f"import {self.doc.name}",
+                                 lambda progress, cancelled: import_for_debugger(path)))
+
+    def _imported(self, target: Any) -> None:
+        self.run_button.setEnabled(True)
+        self.sig_imported.emit(str(target))
+
+    def _import_failed(self, message: str) -> None:
+        self.run_button.setEnabled(True)
+        self.sig_import_failed.emit(message)
+
     def validation_state(self) -> str:
         return self.doc.status
 
     def shutdown(self) -> None:
         self.runner.cancel()
+        self.importer.cancel()
 
 
 __all__ = ["QtForeignFileView", "TAB_NAMES"]

@@ -748,6 +748,9 @@ class MainWindow(QMainWindow):
 
     def _open_foreign(self, absolute: str) -> QtForeignFileView:
         foreign = QtForeignFileView(ForeignDocument(absolute))
+        foreign.sig_imported.connect(self._run_imported)
+        foreign.sig_import_failed.connect(
+            lambda message: QMessageBox.warning(self, "Import failed", message))
         index = self.files.addTab(foreign, foreign.doc.name)
         self.files.setTabToolTip(index, absolute)
         self.files.setCurrentIndex(index)
@@ -758,6 +761,12 @@ class MainWindow(QMainWindow):
         self._update_status()
         self.sig_file_opened.emit(absolute)
         return foreign
+
+    def _run_imported(self, colibri_path: str) -> None:
+        """A GGUF file's import is ready: open it and show the debugger."""
+        view = self.open_path(colibri_path)
+        if isinstance(view, FileView):
+            view.set_view("debugger")
 
     def open_dialog(self) -> None:
         view = self.current_view()
