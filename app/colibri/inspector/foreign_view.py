@@ -99,6 +99,8 @@ class QtForeignFileView(QWidget):
         rbox.setContentsMargins(0, 0, 0, 0)
         top = QHBoxLayout()
         top.addWidget(self.shard, 1)
+        if self.shard.count() <= 1:
+            top.addStretch(1)  # keep the button its own size beside no shard choice
         top.addWidget(self.run_button)
         rbox.addLayout(top)
         rbox.addWidget(self.hex, 1)
