@@ -119,7 +119,7 @@ class LlamaCpp:
             log("configuring")
             subprocess.run(["cmake", "-S", str(source), "-B", str(self.build_dir),
                             *CMAKE_OPTIONS], check=True, stdout=subprocess.DEVNULL)
-        log(f"building {', '.join(missing)} (several minutes on two cores)")
+        log(f"building {', '.join(missing)} (about 50 minutes on two busy cores)")
         subprocess.run(["cmake", "--build", str(self.build_dir), "--target", *missing,
                         "-j", str(jobs or os.cpu_count() or 1)], check=True,
                        stdout=subprocess.DEVNULL)

@@ -716,10 +716,6 @@ class GGUFFile:
                 yield part.reshape(-1), values
         return scan_tensors(self.tensors, chunks, checksums, nan_check, progress, cancelled)
 
-    def close(self) -> None:
-        """Drop this file's reference to the mapping (views keep it alive while they exist)."""
-        self._by_name = {}
-
 
 def _is_float(qtype: GGMLQuantizationType) -> bool:
     return qtype not in (GGMLQuantizationType.I8, GGMLQuantizationType.I16,
