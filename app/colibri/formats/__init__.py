@@ -14,7 +14,7 @@ import struct
 from typing import Any, Literal
 
 from colibri.engine import Problem
-from colibri.errors import ColibriIOError
+from colibri.errors import ColibriFormatError, ColibriIOError
 
 Format = Literal["colibri", "gguf", "safetensors"]
 
@@ -81,16 +81,15 @@ def validate(path: str | os.PathLike[str], checksums: bool = False, nan_check: b
     if reason is not None:
         raise ColibriIOError(reason, _IO)
     fmt = detect(path)
-    if fmt == "gguf":
-        problems = gguf_file.validate(path)
-        if (checksums or nan_check) and not any(p.severity == "error" for p in problems):
-            problems += gguf_file.GGUFFile.open(path).scan(checksums, nan_check).problems
-        return fmt, problems
-    if fmt == "safetensors":
-        problems = safetensors_file.validate(path)
-        if (checksums or nan_check) and not any(p.severity == "error" for p in problems):
-            problems += safetensors_file.Checkpoint.open(path).scan(checksums,
-                                                                    nan_check).problems
+    if fmt in ("gguf", "safetensors"):
+        reader = gguf_file.GGUFFile if fmt == "gguf" else safetensors_file.Checkpoint
+        try:
+            f = reader.open(path)  # one walk: the problems of a valid file, or the error
+        except ColibriFormatError as exc:
+            return fmt, list(exc.problems)
+        problems = f.problems
+        if checksums or nan_check:
+            problems += f.scan(checksums, nan_check).problems
         return fmt, problems
     if os.path.isdir(path):
         raise ColibriIOError(f"{path}: a directory without *.safetensors files", _IO)

@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 
 from colibri.engine import Problem
-from colibri.errors import ColibriError
-from colibri.formats import detect
-from colibri.formats import validate as validate_any
+from colibri.errors import ColibriError, ColibriFormatError
+from colibri.formats import detect, open_file
 from colibri.formats.gguf_file import ArrayValue
 from colibri.inspection.hexsource import BytesSource, FileSource, Region
 from colibri.inspection.tensors import TensorRow
@@ -87,10 +86,11 @@ class ForeignDocument:
         self.format = ""
         try:
             self.format = detect(self.path) or ""
-            _, self.problems = validate_any(self.path)
-            if not any(p.severity == "error" for p in self.problems):
-                from colibri.formats import open_file
-                self.file = open_file(self.path)
+            self.file = open_file(self.path)  # validates first, once
+            self.problems = list(self.file.problems)
+        except ColibriFormatError as exc:
+            self.problems = list(exc.problems)
+            self.open_error = exc
         except (ColibriError, OSError) as exc:
             self.open_error = exc
 
