@@ -8,7 +8,7 @@ in 4 shards with 1 000 tensors each. Prints the median of `--repeats` opens of e
 `--gguf-reader` the `gguf` package's GGUFReader on the same GGUF for comparison (slow: over a
 minute). The Inspector's first view needs the open to be well under 300 ms.
 
-    python tools/bench_formats.py [--repeats 5] [--gguf-reader]
+    python tools/bench_formats.py [--repeats 5] [--inspector] [--gguf-reader]
 """
 
 from __future__ import annotations
@@ -83,10 +83,38 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def inspector_first_view(path: Path) -> float:
+    """Seconds from asking the main window to open `path` until its window has painted once
+    (prints when the work queued behind the first paint, the tensor table's rows, is done)."""
+    import os
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ.setdefault("COLIBRI_INSPECTOR_SETTINGS", tempfile.mkdtemp())
+    from PySide6.QtWidgets import QApplication
+
+    from colibri.inspector.main_window import MainWindow
+    app = QApplication.instance() or QApplication([])
+    window = MainWindow()
+    window.resize(1600, 900)
+    window.show()
+    app.processEvents()
+    start = time.perf_counter()
+    view = window.open_path(path)
+    window.repaint()  # synchronous: the tab's first paint (queued work comes after it)
+    first = time.perf_counter() - start
+    app.processEvents()
+    print(f"  {path.name}: everything queued done after "
+          f"{(time.perf_counter() - start) * 1000:.0f} ms ({type(view).__name__})")
+    window.close()
+    return first
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--gguf-reader", action="store_true")
+    parser.add_argument("--inspector", action="store_true",
+                        help="also time the Inspector opening each file into a tab and painting "
+                             "it once (offscreen, in this process)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         g = Path(tmp) / "big.gguf"
@@ -100,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{t_gguf * 1000:.0f} ms (median of {args.repeats})")
         print(f"safetensors, 20 GB sparse, 4 shards x 1000 tensors + index: open "
               f"{t_st * 1000:.0f} ms (median of {args.repeats})")
+        if args.inspector:
+            for label, path in (("GGUF", g), ("safetensors checkpoint", ckpt)):
+                print(f"Inspector, {label}: first paint after "
+                      f"{inspector_first_view(path) * 1000:.0f} ms")
         if args.gguf_reader:
             import gguf
             t_ref = timed(lambda: gguf.GGUFReader(str(g)), 1)

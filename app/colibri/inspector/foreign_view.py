@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPushButton, QSplitter, QTableView,
                                QTableWidget, QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget)
 
@@ -78,7 +78,9 @@ class QtForeignFileView(QWidget):
                                 for m in meta], self)
         self.tabs.addTab(self.metadata, "Metadata")
         self.tensor_table = QtTensorTable(self)
-        self.tensor_table.set_rows(doc.tensor_rows())
+        # The table's filter proxy visits every row in Python when rows are set (about 0.3 ms
+        # a row), so the rows go in after the tab's first paint.
+        QTimer.singleShot(0, self._fill_tensor_table)
         self.tabs.addTab(self.tensor_table, "Tensors")
         self.values_label = QLabel("Select a tensor to see its values.", self)
         self.values_label.setWordWrap(True)
@@ -113,7 +115,13 @@ class QtForeignFileView(QWidget):
         self._show_shard(0)
         self.tensor_table.sig_tensor_selected.connect(self.show_tensor)
         self.tabs.setCurrentIndex(0 if doc.problems or doc.file is None else 2)
+        self._filled = False
         self.summary: Any = None
+
+    def _fill_tensor_table(self) -> None:
+        if not self._filled:
+            self._filled = True
+            self.tensor_table.set_rows(self.doc.tensor_rows())
 
     def _show_shard(self, index: int) -> None:
         self.hex.set_source(self.doc.source(max(index, 0)))
@@ -124,6 +132,7 @@ class QtForeignFileView(QWidget):
 
     def show_tensor(self, name: str) -> None:
         """Move the hexdump to the tensor's bytes and compute its values on a worker."""
+        self._fill_tensor_table()
         f = self.doc.file
         if f is None or name not in f:
             return
