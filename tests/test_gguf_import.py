@@ -28,7 +28,7 @@ import gguf  # noqa: E402
 import colibri  # noqa: E402
 from colibri import fileformat  # noqa: E402
 from colibri.cli import main  # noqa: E402
-from colibri.convert import ConversionError, convert  # noqa: E402
+from colibri.convert import ConversionError  # noqa: E402
 from colibri.convert_gguf import convert_gguf, repack_blocks  # noqa: E402
 from colibri.formats.gguf_file import GGUFFile  # noqa: E402
 from test_conformance import TOLERANCE, greedy, topk_sets_agree  # noqa: E402
@@ -244,7 +244,8 @@ def test_other_types_are_dequantised_with_a_note(tmp_path: Path) -> None:
 def test_broken_or_unsupported_gguf_is_a_conversion_error(tmp_path: Path) -> None:
     corpus = Path(__file__).resolve().parent / "corpus" / "formats"
     with pytest.raises(ConversionError, match="not a valid GGUF file: .*llama.cpp expects 256"):
-        convert(corpus / "gap.gguf", tmp_path / "m.colibri")
+        convert_gguf(corpus / "gap.gguf", tmp_path / "m.colibri")
     with pytest.raises(ConversionError, match="a dense llama model"):
-        convert(corpus / "valid.gguf", tmp_path / "m.colibri")
+        convert_gguf(corpus / "valid.gguf", tmp_path / "m.colibri")
+    assert main(["convert", str(corpus / "gap.gguf"), str(tmp_path / "m.colibri")]) == 1
     assert list(tmp_path.iterdir()) == []

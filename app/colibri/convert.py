@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
@@ -35,11 +35,12 @@ from colibri.fileformat import (
     DTYPE_BY_NAME, DTYPE_F16, QUANT_BY_NAME, quantize as quantize_blocks,
     DTYPE_F32, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS,
     FLAG_SHARED_EXPERT, FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE,
-    HParams, TensorSpec, plan_file, storage_to_f32, to_storage, write_colibri,
+    TensorSpec, plan_file, storage_to_f32, to_storage, write_colibri,
 )
 from colibri.formats import safetensors_file
 from colibri.formats.common import TensorEntry
 from colibri.formats.safetensors_file import Checkpoint
+from colibri.values import HParams
 
 CONVERTER_VERSION = "1"
 
@@ -338,7 +339,7 @@ def _hparams(cfg: _Config, notes: list[str]) -> tuple[HParams, list[int]]:
         if value >= hp.vocab_size:
             # An id the model cannot produce (e.g. OLMoE's class default eos 50279 in a tiny
             # random model); the format requires -1 or an id below vocab_size.
-            setattr(hp, attr, -1)
+            hp = replace(hp, **{attr: -1})
             notes.append(f"{attr} {value} is outside the vocabulary ({hp.vocab_size}); "
                          "stored as -1")
     return hp, kinds
@@ -638,14 +639,6 @@ def apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: s
     return out
 
 
-def _is_gguf(path: str) -> bool:
-    from colibri.formats import detect
-    try:
-        return detect(path) == "gguf"
-    except ColibriIOError as exc:
-        raise ConversionError(str(exc)) from exc
-
-
 def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dtype: str = "f32",
             progress: Callable[[int, int], None] | None = None, quantize: str | None = None,
             quantize_tensors: str = "experts") -> None:
@@ -657,15 +650,10 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
     `quantize_tensors` set ("experts" = moe_w1/w2/w3, the default; "ffn" adds shared experts and
     dense MLPs; "all" adds attention and the LM head) as q8_0/q4_0 blocks quantised from their
     `dtype` values; matrices whose rows are not a multiple of 32 stay in `dtype` (noted in the
-    metadata). A GGUF file instead of a directory is imported by `convert_gguf.convert_gguf`
-    (same arguments). Raises ConversionError for an unsupported or inconsistent checkpoint; nothing is
+    metadata). Raises ConversionError for an unsupported or inconsistent checkpoint; nothing is
     written unless every check passes, and on any failure no file is left at `out_path` (an
     existing file there is left untouched)."""
     hf_dir, out_path = os.fspath(hf_dir), os.fspath(out_path)
-    if os.path.isfile(hf_dir) and _is_gguf(hf_dir):
-        from colibri.convert_gguf import convert_gguf
-        convert_gguf(hf_dir, out_path, dtype, progress, quantize, quantize_tensors)
-        return
     if dtype not in DTYPE_BY_NAME:
         raise ConversionError(f"dtype {dtype!r} not supported (supported: "
                               f"{', '.join(DTYPE_BY_NAME)})")
@@ -704,34 +692,3 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
         metadata["notes"] = notes
     plan = plan_file(hp, kinds, specs, tokenizer, metadata)
     write_colibri(out_path, plan, progress)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m colibri.convert HF_DIR OUT.colibri [--dtype f32|f16|bf16]`."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(
-        prog="python -m colibri.convert",
-        description="Convert a Hugging Face MoE checkpoint to .colibri")
-    parser.add_argument("hf_dir")
-    parser.add_argument("out_path")
-    parser.add_argument("--dtype", default="f32", choices=sorted(DTYPE_BY_NAME))
-    parser.add_argument("--quantize", choices=("q8", "q4"), default=None)
-    parser.add_argument("--quantize-tensors", choices=sorted(QUANTIZE_SETS), default="experts")
-    args = parser.parse_args(argv)
-
-    def report(done: int, total: int) -> None:
-        print(f"\r{done}/{total} tensors", end="" if done < total else "\n", file=sys.stderr)
-
-    try:
-        convert(args.hf_dir, args.out_path, args.dtype, report, args.quantize,
-                args.quantize_tensors)
-    except ConversionError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

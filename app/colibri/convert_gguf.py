@@ -41,11 +41,12 @@ from colibri.fileformat import (
     ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, DTYPE_BF16,
     DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32, DTYPE_Q4_0, DTYPE_Q8_0, FLAG_NORM_TOPK, FLAG_O_BIAS,
     FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS, FLAG_SHARED_EXPERT,
-    FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE, HParams, TensorSpec,
+    FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE, TensorSpec,
     plan_file, write_colibri,
 )
 from colibri.formats.gguf_file import GGUFFile
 from colibri.formats.gguf_tokenizer import TokenizerError, tokenizer_json
+from colibri.values import HParams
 
 # general.architecture -> (family, Colibri arch code, renormalise top-k by default)
 ARCHITECTURES: dict[str, tuple[str, int, bool]] = {
