@@ -58,3 +58,23 @@ def test_inspector_without_a_display_exits_with_advice():
                          capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 2
     assert "no display" in run.stderr and "--screenshot" in run.stderr
+
+
+def test_ctrl_c_closes_the_window(qtbot, tmp_path, monkeypatch):
+    """SIGINT (Ctrl+C in the terminal) reaches Python while Qt's event loop waits, and closes
+    the window as File > Quit would."""
+    import signal
+
+    from colibri.inspector.app import quit_on_interrupt
+    from colibri.inspector.main_window import ENV_SETTINGS, MainWindow
+
+    monkeypatch.setenv(ENV_SETTINGS, str(tmp_path))
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.show()
+    qtbot.waitExposed(window)
+    with quit_on_interrupt(window):
+        os.kill(os.getpid(), signal.SIGINT)
+        qtbot.waitUntil(lambda: not window.isVisible(), timeout=5000)
+    assert (tmp_path / "Inspector.ini").exists()   # closed the way Quit closes: settings saved
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
