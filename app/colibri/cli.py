@@ -517,6 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_trace_parser(sub)
     from colibri.jitter.cli import add_commands as add_jitter_commands  # `jitter`, `epsilon`
     add_jitter_commands(sub)
+    from colibri.profile.cli import add_commands as add_profile_commands  # `profile`
+    add_profile_commands(sub)
     return parser
 
 
