@@ -39,6 +39,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="the view to show first (with --screenshot: the view captured)")
     parser.add_argument("--size", metavar="WxH", default=None,
                         help="window size for --screenshot (default 1400x860)")
+    parser.add_argument("--profile", metavar="DIR", default=None,
+                        help="open a `colibri profile` directory in the Corpus view")
+    parser.add_argument("--compare", metavar="DIR", default=None,
+                        help="with --profile: a second profile, shown as differences")
     return parser.parse_args(list(argv) if argv is not None else None)
 
 
@@ -114,6 +118,12 @@ def screenshot(window: MainWindow, path: str, view: str | None,
             _demo_debug_run(app, current, model)
         if view == "jitter" and model is not None and model.tokenizer is not None:
             _demo_jitter_run(app, current)
+        if view == "corpus":
+            _wait(app, current.corpus.is_loading)
+            shown = current.corpus.shown()
+            if shown is not None:   # a clicked expert: its tokens and contexts in the picture
+                last = len(shown.layers) - 1
+                current.corpus.select(last, int(shown.load_share[last].argmax()))
     _settle(app)
     return save_png(window, path)
 
@@ -163,6 +173,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
     app = application()
     window = build_window(args.files, args.view, persist=not args.screenshot)
+    current = window.current_view()
+    if args.profile and current is not None:
+        current.set_view("corpus")
+        current.corpus.open_profile(args.profile, "A")
+        if args.compare:
+            current.corpus.open_profile(args.compare, "B")
     if args.screenshot:
         ok = screenshot(window, args.screenshot, args.view, size)
         window.close()
