@@ -108,6 +108,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except Interrupted as exc:
         _err(str(exc))
         return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before any shard ran (reading or tokenising the dataset)
+        _err("interrupted before any shard ran")
+        return EXIT_INTERRUPTED
     except (ColibriIOError, OSError) as exc:
         _err(str(exc))
         return EXIT_UNREADABLE
@@ -150,8 +153,8 @@ def add_commands(sub: Any) -> None:
                    ", w-bf16, k-avx2); 'none' for no jitter. Default: "
                    + ",".join(DEFAULT_VARIANTS) + " (cheap; the reduction-order variants run "
                    "20-40x slower than the default kernels)")
-    p.add_argument("--jitter-every", type=int, default=16, metavar="N",
-                   help="run the jitter variants on every Nth window (default 16)")
+    p.add_argument("--jitter-every", type=int, default=32, metavar="N",
+                   help="run the jitter variants on every Nth window (default 32)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="worker processes, each mapping the model file (default: the CPU "
                    "count); with --ray local the Ray instance's workers, with --ray ADDRESS the "

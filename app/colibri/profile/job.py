@@ -29,7 +29,7 @@ import os
 import queue
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,7 +38,7 @@ import numpy as np
 from colibri.engine import Model
 from colibri.errors import ColibriError
 from colibri.files import atomic_write, atomic_write_bytes
-from colibri.jitter import Variant
+from colibri.jitter import parse_variants
 from colibri.numerics import NumericsError
 from colibri.profile.dataset import Corpus, DatasetError, detect_format, read_documents, tokenize
 from colibri.profile.shard import (ProfileError, ProfileSettings, ShardJob, model_identity,
@@ -97,7 +97,7 @@ class ProfileRequest:
     epsilon: float | None = None
     seed: int = 0
     jitter_variants: Sequence[str] = DEFAULT_VARIANTS
-    jitter_every: int = 16
+    jitter_every: int = 32
     workers: int | None = None               # None: the CPU count (Ray cluster: CPUs / threads)
     threads: int = 1
     ray: str | None = None                   # None: local; 'local' or a Ray cluster address
@@ -148,15 +148,13 @@ def _check_request(req: ProfileRequest) -> list[str]:
             raise ValueError(f"{name.replace('_', '-')} must be an int >= 1, got {value!r}")
     if req.max_tokens is not None and req.max_tokens < 1:
         raise ValueError(f"max-tokens must be >= 1, got {req.max_tokens}")
-    names: list[str] = []
-    for spec in req.jitter_variants:
-        try:
-            v = Variant.parse(spec)
-        except NumericsError as exc:
-            raise ValueError(f"jitter variant {spec!r}: {exc}") from None
-        if not v.is_baseline and v.name not in names:
-            names.append(v.name)
-    return names
+    specs = [s.strip() for s in req.jitter_variants if s.strip()]
+    if not specs:
+        return []
+    try:  # the jitter lab's parser: canonical names, duplicates dropped, kernels checked
+        return [v.name for v in parse_variants(",".join(specs))]
+    except NumericsError as exc:
+        raise ValueError(f"--jitter-variants: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +234,11 @@ def _pool_init(events: Any) -> None:
 
 
 def _pool_run(job: ShardJob) -> dict[str, np.ndarray]:
-    return run_shard(job, _events.put)
+    try:
+        return run_shard(job, _events.put)
+    except Exception as exc:  # as a plain message: not every exception unpickles in the parent
+        raise ProfileError(str(exc) if isinstance(exc, ProfileError)
+                           else f"{type(exc).__name__}: {exc}") from None
 
 
 def _run_pool(jobs: list[ShardJob], workers: int, write: WriteFn, progress: Progress,
@@ -362,14 +364,15 @@ def run_profile(req: ProfileRequest, progress: Progress | None = None,
         progress.close()
     run_s = time.perf_counter() - run_started
 
-    partials = []
-    for job in jobs:
-        partial = read_shard(shard_path(out_dir, job.index), job.digest())
-        if partial is None:
-            raise ProfileError(f"{shard_path(out_dir, job.index)} vanished or changed during "
-                               "the run; run again to recompute it")
-        partials.append(partial)
-    merged = merge(partials)
+    def finished_shards() -> Iterator[dict[str, np.ndarray]]:
+        for job in jobs:
+            partial = read_shard(shard_path(out_dir, job.index), job.digest())
+            if partial is None:
+                raise ProfileError(f"{shard_path(out_dir, job.index)} vanished or changed "
+                                   "during the run; run again to recompute it")
+            yield partial
+
+    merged = merge(finished_shards())
     tables = build_tables(merged, shape, layers, variants, tokenizer, corpus)
     files = write_tables(out_dir, tables)
     elapsed = time.perf_counter() - started

@@ -45,7 +45,7 @@ class ProfileSettings:
     seed: int = 0                      # Gumbel routing
     window: int = 512
     jitter_variants: tuple[str, ...] = ()
-    jitter_every: int = 16
+    jitter_every: int = 32
     threads: int = 1
 
     def fingerprint(self) -> str:

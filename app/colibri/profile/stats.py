@@ -24,6 +24,7 @@ the same bits, and a resumed run equals an uninterrupted one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -242,22 +243,29 @@ _SUMMED = ("load", "weight_sum", "cosel", "ulp_hist", "abs_hist", "jitter_cells"
            "jitter_flips", "n_tokens", "n_windows", "n_sampled_windows", "n_sampled_tokens")
 
 
-def merge(partials: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """One partial from the partials of every shard, taken in shard order."""
-    if not partials:
-        raise ValueError("no shard to merge")
+def merge(partials: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One partial from the partials of every shard, taken in shard order (one at a time: the
+    sparse token counts are folded every few shards, so memory stays near one shard's)."""
     out: dict[str, np.ndarray] = {}
-    for name in _SUMMED:
-        total = np.array(partials[0][name], copy=True)
-        for p in partials[1:]:
-            total = total + p[name]
-        out[name] = total
-    out["token_keys"], out["token_counts"] = sum_sparse(
-        np.concatenate([p["token_keys"] for p in partials]),
-        np.concatenate([p["token_counts"] for p in partials]))
-    out["occ_ids"], out["occ_counts"] = sum_sparse(
-        np.concatenate([p["occ_ids"] for p in partials]),
-        np.concatenate([p["occ_counts"] for p in partials]))
-    ex = reduce_examples([{k[3:]: p[k] for k in p if k.startswith("ex_")} for p in partials])
-    out.update({f"ex_{k}": v for k, v in ex.items()})
+    sparse: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {"token": [], "occ": []}
+    examples: list[dict[str, np.ndarray]] = []
+    names = {"token": ("token_keys", "token_counts"), "occ": ("occ_ids", "occ_counts")}
+    for n, p in enumerate(partials, start=1):
+        for name in _SUMMED:
+            out[name] = np.array(p[name], copy=True) if name not in out else out[name] + p[name]
+        for kind, (keys, counts) in names.items():
+            sparse[kind].append((p[keys], p[counts]))
+        examples = [reduce_examples(examples + [{k[3:]: p[k] for k in p if k.startswith("ex_")}])]
+        if n % 64 == 0:
+            for kind in sparse:
+                sparse[kind] = [_fold(sparse[kind])]
+    if not out:
+        raise ValueError("no shard to merge")
+    for kind, (keys, counts) in names.items():
+        out[keys], out[counts] = _fold(sparse[kind])
+    out.update({f"ex_{k}": v for k, v in examples[0].items()})
     return out
+
+
+def _fold(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    return sum_sparse(np.concatenate([k for k, _ in parts]), np.concatenate([c for _, c in parts]))
