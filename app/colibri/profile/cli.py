@@ -88,7 +88,7 @@ def print_outcome(outcome: ProfileOutcome) -> None:
               f"{profile.median_margin_label(i):>14}")
     if profile.variants:
         print(f"\njitter on {tot['sampled_windows']:,} sampled windows "
-              f"({tot['sampled_tokens']:,} tokens; every {s['settings']['jitter_every']}th):")
+              f"({tot['sampled_tokens']:,} tokens; 1 window in {s['settings']['jitter_every']}):")
         for v in profile.variants:
             cells, flips = profile.jitter_totals(v)
             print(f"  {v:<22} {flips:>7,} of {cells:,} cells flipped "
