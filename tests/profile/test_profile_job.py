@@ -161,6 +161,13 @@ def _shards(out: Path) -> list[Path]:
     return sorted(directory.glob("shard-*.npz")) if directory.exists() else []
 
 
+def _living(group: int) -> list[str]:
+    """The processes of a process group that still run (zombies awaiting their reaper aside)."""
+    ps = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(group)], capture_output=True,
+                        text=True)
+    return [line for line in ps.stdout.splitlines() if "Z" not in line.split()[1]]
+
+
 def _start(out: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen([*COLIBRI, "profile", str(DEMO), "--dataset", str(CORPUS), "--out",
                              str(out), *CLI_SETTINGS, "--workers", "1", *extra],
@@ -195,15 +202,24 @@ def test_a_killed_run_resumes_to_the_same_result(local_dir: Path, tmp_path: Path
     assert_same_statistics(local_dir, out)
 
 
-def test_ctrl_c_stops_cleanly_and_keeps_finished_shards(local_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_a_stop_is_clean_and_keeps_finished_shards(local_dir: Path, tmp_path: Path,
+                                                   stop: str) -> None:
     out = tmp_path / "interrupted"
     proc = _start(out, "--workers", "2")
     try:
         _wait_for_shards(proc, out, 1)
-        os.killpg(proc.pid, signal.SIGINT)       # Ctrl+C reaches the whole process group
+        if stop == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)   # Ctrl+C reaches the whole process group
+        else:
+            os.kill(proc.pid, signal.SIGTERM)    # a scheduler stops the main process only
         _, err = proc.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while _living(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _living(proc.pid), f"worker processes outlived the run: {_living(proc.pid)}"
     finally:
-        if proc.poll() is None:
+        if _living(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err
     kept = len(_shards(out))

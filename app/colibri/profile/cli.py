@@ -5,8 +5,8 @@
                     [--jitter-variants LIST] [--jitter-every N] [--workers N] [--threads N]
                     [--shard-tokens N] [--ray ADDRESS|local] [--json]
 
-A progress bar (tokens, tokens/s, ETA) goes to stderr; Ctrl+C stops cleanly (exit 130) and keeps
-every finished shard, so running the same command again resumes. Exit 1 for a bad dataset,
+A progress bar (tokens, tokens/s, ETA) goes to stderr; Ctrl+C (or SIGTERM) stops cleanly (exit
+130) and keeps every finished shard, so running the same command again resumes. Exit 1 for a bad dataset,
 argument or job, 2 for a model file that cannot be read.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -53,6 +54,10 @@ class BarProgress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def _raise_interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _variants(text: str | None) -> list[str]:
@@ -103,6 +108,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, routing=args.routing, epsilon=args.epsilon, seed=args.seed,
         jitter_variants=_variants(args.jitter_variants), jitter_every=args.jitter_every,
         workers=args.workers, threads=args.threads, ray=args.ray)
+    # `kill PID` (a scheduler's stop) stops as cleanly as Ctrl+C: finished shards are kept and
+    # the worker processes are ended with the run.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         outcome = run_profile(req, BarProgress())
     except Interrupted as exc:
@@ -117,6 +125,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except (DatasetError, ProfileError, ColibriError, ValueError) as exc:
         _err(str(exc))
         return EXIT_INVALID
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if args.json:
         print(json.dumps(outcome.summary, indent=1, sort_keys=True))
     else:
