@@ -114,7 +114,7 @@ def test_jitter_counts_are_the_jitter_labs_flips(local_dir: Path) -> None:
     k = profile.k
     cells = np.zeros_like(profile.jitter_cells[0])
     flips = np.zeros_like(profile.jitter_flips[0])
-    with Runner(DEMO) as runner:
+    with Runner.open(DEMO) as runner:
         for w in sampled:
             base = runner.run(w)
             run = runner.run(w, Variant.parse("act-bf16"))

@@ -31,7 +31,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from colibri.profile.shard import (ProfileError, ProfileSettings, ShardJob, mode
                                    moe_layers, profile_shape, release_worker, run_shard)
 from colibri.profile.stats import merge
 from colibri.profile.tables import TABLES, build_tables
+from colibri.values import CancelFlag, Cancelled, Progress, never_cancelled, no_progress
 
 SCHEMA = "colibri.profile/1"
 MANIFEST = "manifest.json"
@@ -53,34 +54,13 @@ SHARD_DIR = "shards"
 DEFAULT_VARIANTS = ("noise1", "act-bf16")
 
 
-class Interrupted(Exception):
-    """The run stopped early (Ctrl+C or a cancel); finished shards are kept on disk."""
+class Interrupted(Cancelled):
+    """The run stopped early (Ctrl+C, SIGTERM or a cancel); finished shards are kept on disk."""
 
     def __init__(self, done: int, total: int, out_dir: str) -> None:
         super().__init__(f"interrupted: {done} of {total} shards finished and kept in {out_dir}; "
                          "run the same command again to resume")
         self.done, self.total = done, total
-
-
-class Progress(Protocol):
-    def start(self, total_tokens: int, done_tokens: int) -> None: ...
-    def advance(self, n_tokens: int) -> None: ...
-    def close(self) -> None: ...
-
-
-class NoProgress:
-    def start(self, total_tokens: int, done_tokens: int) -> None:
-        pass
-
-    def advance(self, n_tokens: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _never() -> bool:
-    return False
 
 
 @dataclass
@@ -207,19 +187,20 @@ def read_shard(path: str, digest: str | None = None) -> dict[str, np.ndarray] | 
 
 
 # ---------------------------------------------------------------------------------------------
-# Backends: each runs `jobs`, calls write(job, result) as each finishes and progress.advance per
-# window (or per shard), and stops with Interrupted when cancelled() turns true.
+# Backends: each runs `jobs`, calls write(job, result) as each finishes and advance(n_tokens) per
+# window (or per shard), and raises KeyboardInterrupt when cancelled() turns true.
 
 WriteFn = Callable[[ShardJob, dict[str, np.ndarray]], None]
+AdvanceFn = Callable[[int], None]
 
 
-def _run_here(jobs: list[ShardJob], write: WriteFn, progress: Progress,
-              cancelled: Callable[[], bool]) -> None:
+def _run_here(jobs: list[ShardJob], write: WriteFn, advance: AdvanceFn,
+              cancelled: CancelFlag) -> None:
     try:
         for job in jobs:
             if cancelled():
                 raise KeyboardInterrupt
-            write(job, run_shard(job, progress.advance))
+            write(job, run_shard(job, advance))
     finally:
         release_worker()
 
@@ -241,8 +222,8 @@ def _pool_run(job: ShardJob) -> dict[str, np.ndarray]:
                            else f"{type(exc).__name__}: {exc}") from None
 
 
-def _run_pool(jobs: list[ShardJob], workers: int, write: WriteFn, progress: Progress,
-              cancelled: Callable[[], bool]) -> None:
+def _run_pool(jobs: list[ShardJob], workers: int, write: WriteFn, advance: AdvanceFn,
+              cancelled: CancelFlag) -> None:
     ctx = mp.get_context("spawn")  # no fork: the parent may hold threads (tokenizer, Qt)
     events = ctx.Queue()
     finished: queue.Queue[tuple[ShardJob, Any, BaseException | None]] = queue.Queue()
@@ -256,7 +237,7 @@ def _run_pool(jobs: list[ShardJob], workers: int, write: WriteFn, progress: Prog
         while remaining:
             while True:
                 try:
-                    progress.advance(events.get_nowait())
+                    advance(events.get_nowait())
                 except queue.Empty:
                     break
             if cancelled():
@@ -288,13 +269,13 @@ def _dataset_summary(req: ProfileRequest, corpus: Corpus) -> dict[str, Any]:
             "records": corpus.n_records}
 
 
-def run_profile(req: ProfileRequest, progress: Progress | None = None,
-                cancelled: Callable[[], bool] = _never) -> ProfileOutcome:
-    """Run (or resume) the profile job of `req`; see the module docstring. Raises DatasetError
-    for a dataset that cannot be profiled, ProfileError for a job that cannot run,
+def run_profile(req: ProfileRequest, progress: Progress = no_progress,
+                cancelled: CancelFlag = never_cancelled) -> ProfileOutcome:
+    """Run (or resume) the profile job of `req`; see the module docstring. `progress(done,
+    total)` counts tokens (the first report's `done`: tokens of shards already on disk). Raises
+    DatasetError for a dataset that cannot be profiled, ProfileError for a job that cannot run,
     ColibriError for a model that does not open, Interrupted when stopped early."""
     started = time.perf_counter()
-    progress = progress or NoProgress()
     variants = _check_request(req)
     model_path = os.path.abspath(req.model)
     model = Model.open(model_path)
@@ -348,20 +329,24 @@ def run_profile(req: ProfileRequest, progress: Progress | None = None,
     tokens_run = sum(job.n_tokens for job in pending)
     workers = req.workers or (1 if req.ray not in (None, "local") else os.cpu_count() or 1)
     run_started = time.perf_counter()
-    progress.start(corpus.n_tokens, corpus.n_tokens - tokens_run)
+    done = [corpus.n_tokens - tokens_run]
+
+    def advance(n_tokens: int) -> None:
+        done[0] += n_tokens
+        progress(done[0], corpus.n_tokens, "")
+
+    progress(done[0], corpus.n_tokens, "")
     try:
         if pending:
             if req.ray is not None:
                 from colibri.profile.ray_backend import run_ray
-                run_ray(pending, req.ray, req.workers, req.threads, write, progress, cancelled)
+                run_ray(pending, req.ray, req.workers, req.threads, write, advance, cancelled)
             elif workers == 1 or len(pending) == 1:
-                _run_here(pending, write, progress, cancelled)
+                _run_here(pending, write, advance, cancelled)
             else:
-                _run_pool(pending, workers, write, progress, cancelled)
+                _run_pool(pending, workers, write, advance, cancelled)
     except KeyboardInterrupt:
         raise Interrupted(finished[0], len(jobs), out_dir) from None
-    finally:
-        progress.close()
     run_s = time.perf_counter() - run_started
 
     def finished_shards() -> Iterator[dict[str, np.ndarray]]:
@@ -413,6 +398,5 @@ def write_tables(out_dir: str, tables: dict[str, Any]) -> list[str]:
     return files
 
 
-__all__ = ["DEFAULT_VARIANTS", "DatasetError", "Interrupted", "NoProgress", "ProfileError",
-           "ProfileOutcome", "ProfileRequest", "Progress", "plan_shards", "read_shard",
-           "run_profile", "ColibriError"]
+__all__ = ["DEFAULT_VARIANTS", "DatasetError", "Interrupted", "ProfileError", "ProfileOutcome",
+           "ProfileRequest", "plan_shards", "read_shard", "run_profile"]

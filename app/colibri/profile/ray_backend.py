@@ -69,7 +69,7 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
 
 def run_ray(jobs: list[ShardJob], address: str, workers: int | None, threads: int, write: WriteFn,
-            progress: Any, cancelled: Callable[[], bool]) -> None:
+            advance: Callable[[int], None], cancelled: Callable[[], bool]) -> None:
     """Run `jobs` as Ray tasks (see the module docstring); raises KeyboardInterrupt when
     `cancelled()` turns true, after cancelling the tasks still out."""
     ray = _import_ray(address)
@@ -106,7 +106,7 @@ def run_ray(jobs: list[ShardJob], address: str, workers: int | None, threads: in
                 except Exception as exc:  # a worker's error, re-raised by Ray
                     raise ProfileError(f"shard {job.index}: {_error_text(exc)}") from None
                 write(job, result)
-                progress.advance(job.n_tokens)
+                advance(job.n_tokens)
             if cancelled():
                 raise KeyboardInterrupt
     finally:

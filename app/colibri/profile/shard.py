@@ -104,7 +104,7 @@ class _Worker:
         path = settings.model_path
         if not os.path.isfile(path):
             raise ProfileError(f"{path}: no such model file on this node ({os.uname().nodename})")
-        self.runner = Runner(path, threads=settings.threads)
+        self.runner = Runner.open(path, threads=settings.threads)
         model = self.runner.model
         if model.size != settings.model_bytes or model_identity(model) != settings.model_digest:
             self.runner.close()

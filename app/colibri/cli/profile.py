@@ -7,7 +7,8 @@
 
 A progress bar (tokens, tokens/s, ETA) goes to stderr; Ctrl+C (or SIGTERM) stops cleanly (exit
 130) and keeps every finished shard, so running the same command again resumes. Exit 1 for a bad dataset,
-argument or job, 2 for a model file that cannot be read.
+argument or job, 2 for a model file that cannot be read (the engine's and OS errors go to
+`colibri.cli.main`'s one printer).
 """
 
 from __future__ import annotations
@@ -19,36 +20,33 @@ import signal
 import sys
 from typing import Any
 
-from colibri.errors import ColibriError, ColibriIOError
+from colibri.cli.common import (EXIT_OK, add_file, add_json, add_routing, add_threads, error,
+                                failure)
 from colibri.jitter.variants import DEFAULT_VARIANTS as JITTER_VARIANTS
 from colibri.profile.dataset import FORMATS, DatasetError
 from colibri.profile.job import (DEFAULT_VARIANTS, Interrupted, ProfileOutcome, ProfileRequest,
                                  run_profile)
 from colibri.profile.shard import ProfileError
 
-EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-def _err(message: str) -> None:
-    print(f"colibri: {message}", file=sys.stderr)
+EXIT_INTERRUPTED = 130
 
 
 class BarProgress:
-    """tqdm's bar on stderr: tokens done, tokens/s and the time left."""
+    """A `colibri.values.Progress` drawing tqdm's bar on stderr: tokens done, tokens/s and the
+    time left (the first report's `done` is what an earlier run already finished)."""
 
     def __init__(self) -> None:
         self._bar: Any = None
 
-    def start(self, total_tokens: int, done_tokens: int) -> None:
-        from tqdm import tqdm
+    def __call__(self, done: int, total: int, text: str = "") -> None:
+        if self._bar is None:
+            from tqdm import tqdm
 
-        self._bar = tqdm(total=total_tokens, initial=done_tokens, unit="tok", unit_scale=True,
-                         desc="profile", file=sys.stderr, dynamic_ncols=True, smoothing=0.05,
-                         disable=None)
-
-    def advance(self, n_tokens: int) -> None:
-        if self._bar is not None:
-            self._bar.update(n_tokens)
+            self._bar = tqdm(total=total, initial=done, unit="tok", unit_scale=True,
+                             desc="profile", file=sys.stderr, dynamic_ncols=True, smoothing=0.05,
+                             disable=None)
+        elif done > self._bar.n:
+            self._bar.update(done - self._bar.n)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -111,21 +109,22 @@ def cmd_profile(args: argparse.Namespace) -> int:
     # `kill PID` (a scheduler's stop) stops as cleanly as Ctrl+C: finished shards are kept and
     # the worker processes are ended with the run.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    bar = BarProgress()
     try:
-        outcome = run_profile(req, BarProgress())
+        outcome = run_profile(req, bar)
     except Interrupted as exc:
-        _err(str(exc))
+        bar.close()
+        error(str(exc))
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:  # before any shard ran (reading or tokenising the dataset)
-        _err("interrupted before any shard ran")
+        bar.close()
+        error("interrupted before any shard ran")
         return EXIT_INTERRUPTED
-    except (ColibriIOError, OSError) as exc:
-        _err(str(exc))
-        return EXIT_UNREADABLE
-    except (DatasetError, ProfileError, ColibriError, ValueError) as exc:
-        _err(str(exc))
-        return EXIT_INVALID
+    except (DatasetError, ProfileError) as exc:
+        bar.close()
+        return failure(exc)
     finally:
+        bar.close()
         signal.signal(signal.SIGTERM, previous)
     if args.json:
         print(json.dumps(outcome.summary, indent=1, sort_keys=True))
@@ -140,7 +139,7 @@ def add_commands(sub: Any) -> None:
         "profile", help="routing statistics over a corpus (expert load, token classes, "
         "co-selection, margins, sampled jitter) as Parquet; resumable; local or on Ray",
         description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("file", metavar="FILE")
+    add_file(p)
     p.add_argument("--dataset", required=True, metavar="PATH",
                    help="a text file (one document), JSON Lines (.jsonl) or Parquet (.parquet)")
     p.add_argument("--out", required=True, metavar="PROFILE_DIR",
@@ -153,10 +152,7 @@ def add_commands(sub: Any) -> None:
                    help="tokens per window, each run from an empty context (default 512)")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N",
                    help="profile the first N tokens of the dataset only")
-    p.add_argument("--routing", choices=("topk", "stable", "soft", "gumbel"), default="topk")
-    p.add_argument("--epsilon", type=float, default=None,
-                   help="stable-routing epsilon (default: the model's default_epsilon)")
-    p.add_argument("--seed", type=int, default=0, help="Gumbel routing seed")
+    add_routing(p, seed="Gumbel routing seed")
     p.add_argument("--jitter-variants", default=None, metavar="LIST",
                    help="numerics variants whose flips are counted on sampled windows, as "
                    "`colibri jitter --variants` (e.g. " + ",".join(JITTER_VARIANTS[:4]) +
@@ -169,8 +165,7 @@ def add_commands(sub: Any) -> None:
                    help="worker processes, each mapping the model file (default: the CPU "
                    "count); with --ray local the Ray instance's workers, with --ray ADDRESS the "
                    "tasks run at once (default: the cluster's CPUs / threads)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="engine threads per worker (default 1)")
+    add_threads(p, "engine threads per worker (default 1; results are identical for any count)")
     p.add_argument("--shard-tokens", type=int, default=16384, metavar="N",
                    help="tokens per shard, the unit of resumption and of work sent to a worker "
                    "(default 16384)")
@@ -178,7 +173,7 @@ def add_commands(sub: Any) -> None:
                    help="run the shards as Ray tasks: on the cluster at ADDRESS (host:port), or "
                    "on a Ray instance started here with --workers workers (needs "
                    "pip install 'colibri-moe[cluster]')")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_json(p, "print the summary as JSON")
     p.set_defaults(func=cmd_profile)
 
 
