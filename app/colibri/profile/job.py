@@ -205,57 +205,62 @@ def _run_here(jobs: list[ShardJob], write: WriteFn, advance: AdvanceFn,
         release_worker()
 
 
-_events: Any = None  # a worker process's progress queue (set by its pool initializer)
-
-
-def _pool_init(events: Any) -> None:
-    global _events
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on Ctrl+C
-    _events = events
-
-
-def _pool_run(job: ShardJob) -> dict[str, np.ndarray]:
-    try:
-        return run_shard(job, _events.put)
-    except Exception as exc:  # as a plain message: not every exception unpickles in the parent
-        raise ProfileError(str(exc) if isinstance(exc, ProfileError)
-                           else f"{type(exc).__name__}: {exc}") from None
+def _worker_main(tasks: Any, results: Any) -> None:
+    """A local worker process: run shards from `tasks` until None, report on `results`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers on Ctrl+C
+    while True:
+        job = tasks.get()
+        if job is None:
+            return
+        try:
+            result = run_shard(job, lambda n: results.put(("window", n, None)))
+            results.put(("done", job.index, result))
+        except Exception as exc:  # as a plain message: not every exception unpickles
+            results.put(("error", job.index, str(exc) if isinstance(exc, ProfileError)
+                         else f"{type(exc).__name__}: {exc}"))
 
 
 def _run_pool(jobs: list[ShardJob], workers: int, write: WriteFn, advance: AdvanceFn,
               cancelled: CancelFlag) -> None:
-    ctx = mp.get_context("spawn")  # no fork: the parent may hold threads (tokenizer, Qt)
-    events = ctx.Queue()
-    finished: queue.Queue[tuple[ShardJob, Any, BaseException | None]] = queue.Queue()
-    pool = ctx.Pool(min(workers, len(jobs)), initializer=_pool_init, initargs=(events,))
+    """`workers` processes (spawned: the parent may hold threads) take shards from one queue;
+    on a stop or an error every one of them is killed, so nothing outlives the run."""
+    ctx = mp.get_context("spawn")
+    tasks, results = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_worker_main, args=(tasks, results), daemon=True)
+             for _ in range(min(workers, len(jobs)))]
+    for proc in procs:
+        proc.start()
+    by_index = {job.index: job for job in jobs}
+    for item in [*jobs, *[None] * len(procs)]:
+        tasks.put(item)
     try:
-        for job in jobs:
-            pool.apply_async(_pool_run, (job,),
-                             callback=lambda r, j=job: finished.put((j, r, None)),
-                             error_callback=lambda e, j=job: finished.put((j, None, e)))
         remaining = len(jobs)
         while remaining:
-            while True:
-                try:
-                    advance(events.get_nowait())
-                except queue.Empty:
-                    break
             if cancelled():
                 raise KeyboardInterrupt
             try:
-                job, result, error = finished.get(timeout=0.1)
+                kind, index, value = results.get(timeout=0.2)
             except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise ProfileError(f"a worker process died (exit code {dead[0]})") from None
                 continue
-            if error is not None:
-                raise ProfileError(f"shard {job.index}: {error}") from error
-            write(job, result)
-            remaining -= 1
-        pool.close()
-        pool.join()
+            if kind == "window":
+                advance(index)
+            elif kind == "error":
+                raise ProfileError(f"shard {index}: {value}")
+            else:
+                write(by_index[index], value)
+                remaining -= 1
     finally:
-        pool.terminate()
-        pool.join()
-        events.close()
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in procs:
+            proc.join(timeout=10)
+        for q in (tasks, results):   # never wait on a pipe whose reader was killed
+            q.cancel_join_thread()
+            q.close()
 
 
 # ---------------------------------------------------------------------------------------------
