@@ -40,6 +40,7 @@ from colibri.inspector.export import save_png
 from colibri.inspector.foreign_view import QtForeignFileView
 from colibri.inspector.debugger.panel import QtDebuggerPanel
 from colibri.inspector.header_view import QtHeaderView
+from colibri.inspector.corpus import QtCorpusView
 from colibri.inspector.jitter.lab import QtJitterLab
 from colibri.inspector.hexview import QtHexView
 from colibri.inspector.tasks import Task, TaskRunner
@@ -51,10 +52,10 @@ from colibri.inspector.validation_view import QtValidationReport
 
 ORGANIZATION, APPLICATION = "Colibri", "Inspector"
 ENV_SETTINGS = "COLIBRI_INSPECTOR_SETTINGS"
-VIEW_NAMES = ("validation", "header", "tensors", "hex", "values", "debugger", "jitter")
+VIEW_NAMES = ("validation", "header", "tensors", "hex", "values", "debugger", "jitter", "corpus")
 VIEW_TITLES = {"validation": "Validation", "header": "Header", "tensors": "Tensors",
                "hex": "Hexdump", "values": "Tensor values", "debugger": "Debugger",
-               "jitter": "Jitter lab"}
+               "jitter": "Jitter lab", "corpus": "Corpus"}
 # Window-wide shortcuts the debugger panel uses for itself while it is the current view.
 DEBUGGER_SHORTCUT_ACTIONS = ("reload_action", "run_action", "find_action", "goto_action")
 RELOAD_DEBOUNCE_MS = 400
@@ -124,13 +125,17 @@ class FileView(QWidget):
         self._jitter: QtJitterLab | None = None
         self._jitter_page = QWidget()
         QVBoxLayout(self._jitter_page).setContentsMargins(0, 0, 0, 0)
+        self._corpus: QtCorpusView | None = None
+        self._corpus_page = QWidget()
+        QVBoxLayout(self._corpus_page).setContentsMargins(0, 0, 0, 0)
         self.hex = QtHexView()
 
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         for name, widget in (("validation", self.validation), ("header", self.header),
                              ("tensors", self.tensors), ("values", self._values_page),
-                             ("debugger", self._debugger_page), ("jitter", self._jitter_page)):
+                             ("debugger", self._debugger_page), ("jitter", self._jitter_page),
+                             ("corpus", self._corpus_page)):
             widget.setObjectName(f"view_{name}")
             self.tabs.addTab(widget, VIEW_TITLES[name])
         self.hex.setObjectName("view_hex")
@@ -420,6 +425,14 @@ class FileView(QWidget):
                 self._jitter.set_model(self.doc.model)
         return self._jitter
 
+    @property
+    def corpus(self) -> QtCorpusView:
+        """The Corpus view (profiles made by `colibri profile`), built on first use."""
+        if self._corpus is None:
+            self._corpus = QtCorpusView()
+            self._corpus_page.layout().addWidget(self._corpus)
+        return self._corpus
+
     # -- views ----------------------------------------------------------------------------------
 
     def set_view(self, name: str) -> None:
@@ -427,7 +440,8 @@ class FileView(QWidget):
             raise ValueError(f"unknown view {name!r}; expected one of {', '.join(VIEW_NAMES)}")
         self._current_view = name
         if name == "hex":
-            if self.tabs.currentWidget() in (self._debugger_page, self._jitter_page):
+            if self.tabs.currentWidget() in (self._debugger_page, self._jitter_page,
+                                             self._corpus_page):
                 self.tabs.setCurrentWidget(self.validation)   # the hexdump sits beside the file views
                 self._current_view = name
             self.hex.setVisible(True)
@@ -438,7 +452,7 @@ class FileView(QWidget):
             return
         widget = {"validation": self.validation, "header": self.header, "tensors": self.tensors,
                   "values": self._values_page, "debugger": self._debugger_page,
-                  "jitter": self._jitter_page}[name]
+                  "jitter": self._jitter_page, "corpus": self._corpus_page}[name]
         self.tabs.setCurrentWidget(widget)
 
     def current_view(self) -> str:
@@ -446,7 +460,7 @@ class FileView(QWidget):
 
     # Views that need the whole width: the hexdump is hidden while they are shown and comes
     # back at its previous width afterwards.
-    WIDE_VIEWS = ("debugger", "jitter")
+    WIDE_VIEWS = ("debugger", "jitter", "corpus")
 
     def _fit_hexdump(self) -> None:
         # hidden rather than collapsed: a hidden widget's minimum width does not count
@@ -464,7 +478,7 @@ class FileView(QWidget):
     def _tab_changed(self, _index: int) -> None:
         names = {self.validation: "validation", self.header: "header", self.tensors: "tensors",
                  self._values_page: "values", self._debugger_page: "debugger",
-                 self._jitter_page: "jitter"}
+                 self._jitter_page: "jitter", self._corpus_page: "corpus"}
         self._current_view = names.get(self.tabs.currentWidget(), self._current_view)
         if self._current_view == "values":
             _ = self.values   # build it now that it is shown
@@ -472,6 +486,8 @@ class FileView(QWidget):
             _ = self.debugger
         elif self._current_view == "jitter":
             _ = self.jitter
+        elif self._current_view == "corpus":
+            _ = self.corpus
         self._fit_hexdump()
         self.sig_view_changed.emit(self._current_view)
 
@@ -512,6 +528,8 @@ class FileView(QWidget):
             self._debugger.shutdown()
         if self._jitter is not None:
             self._jitter.shutdown()
+        if self._corpus is not None:
+            self._corpus.shutdown()
         for runner in (self.checks, self.reloader):
             runner.cancel()
             runner.wait()
