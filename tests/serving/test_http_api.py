@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -287,29 +289,36 @@ def _wait_until(predicate: Callable[[], bool], timeout: float = 60) -> None:
         time.sleep(0.01)
 
 
-def test_a_full_queue_is_503_and_a_time_limit_stops_a_request(
-        serve: Callable[..., RunningServer]) -> None:
-    server = serve(DEMO, "--queue", "1", "--timeout", "1.5")
+def test_a_full_queue_is_503(serve: Callable[..., RunningServer]) -> None:
+    server = serve(DEMO, "--queue", "1")
     client = server.client
     results: list[Any] = []
-    first = _complete_in_thread(client, results, prompt="import os", max_tokens=2000,
-                                temperature=0)
+    first = _complete_in_thread(client, results, prompt="import os", max_tokens=2046,
+                                temperature=0)   # a second or more of engine work
     _wait_until(lambda: client.health()["running"] is not None)
     second = _complete_in_thread(client, results, prompt="def", max_tokens=4, temperature=0)
     _wait_until(lambda: client.health()["queue"]["waiting"] == 1)
     status, headers, raw = raw_request(server.port, "POST", "/v1/completions",
                                        b'{"prompt": "x", "max_tokens": 1}')
     assert status == 503 and headers["retry-after"] == "1"
-    assert "1 requests are waiting (--queue)" in json.loads(raw)["error"]["message"]
-    first.join(60)
-    second.join(60)
-    assert [status for status, _doc in results] == [200, 200]
-    by_size = {doc["usage"]["prompt_tokens"]: doc for _status, doc in results}
-    stopped = by_size[2]  # "import os": stopped by its time limit, keeping its tokens
-    assert stopped["choices"][0]["finish_reason"] == "time_limit"
-    assert 0 < stopped["usage"]["completion_tokens"] < 2000
-    assert 1.5e9 <= stopped["colibri"]["timings"]["total_ns"] < 5e9
-    assert by_size[1]["choices"][0]["finish_reason"] == "length"  # "def" ran after it
+    error = json.loads(raw)["error"]
+    assert "1 requests are waiting (--queue)" in error["message"]
+    assert error["type"] == "server_busy"
+    first.join(120)
+    second.join(120)
+    assert sorted(doc["usage"]["completion_tokens"] for _status, doc in results) == [4, 2046]
+
+
+def test_a_time_limit_stops_a_request_keeping_its_tokens(
+        serve: Callable[..., RunningServer]) -> None:
+    server = serve(DEMO, "--timeout", "0.3")
+    doc = server.client.complete("import os", max_tokens=2046, temperature=0)
+    assert doc["choices"][0]["finish_reason"] == "time_limit"
+    assert 0 < doc["usage"]["completion_tokens"] < 2046
+    assert 0.3e9 <= doc["colibri"]["timings"]["total_ns"] < 5e9
+    trace = server.client.trace(doc["id"])
+    assert trace["status"] == "finished" and trace["finish_reason"] == "time_limit"
+    assert trace["n_positions"] == 2 + doc["usage"]["completion_tokens"] - 1
 
 
 def test_a_client_that_goes_away_cancels_its_request(serve: Callable[..., RunningServer]) -> None:
@@ -328,3 +337,24 @@ def test_a_client_that_goes_away_cancels_its_request(serve: Callable[..., Runnin
     assert doc["status"] == "cancelled" and doc["finish_reason"] == "cancelled"
     assert 0 < len(doc["generated"]) < 2000
     assert server.client.health()["running"] is None
+
+
+def test_a_model_changed_in_place_is_503_until_a_valid_file_returns(
+        serve: Callable[..., RunningServer], model_path: Path, tmp_path: Path) -> None:
+    live = tmp_path / "live.colibri"
+    shutil.copyfile(model_path, live)
+    server = serve(live)
+    assert server.client.complete([1, 2], max_tokens=2)["usage"]["completion_tokens"] == 2
+    os.truncate(live, 1000)  # rewritten in place: the mapping cannot be trusted any more
+    _wait_until(lambda: server.client.health()["status"] == "error")
+    status, _h, raw = raw_request(server.port, "GET", "/health")
+    health = json.loads(raw)
+    assert status == 503 and "changed while mapped and cannot be reopened" in health["error"]
+    status, doc = post_json(server.port, "/v1/completions", {"prompt": [1, 2]})
+    assert status == 503 and "the model cannot be served" in doc["error"]["message"]
+    tmp = tmp_path / "fixed.tmp"
+    shutil.copyfile(model_path, tmp)
+    os.replace(tmp, live)  # a valid file again: taken without a signal
+    _wait_until(lambda: server.client.health()["status"] == "ok")
+    assert server.client.health()["reload"]["generation"] == 1
+    assert server.client.complete([1, 2], max_tokens=2)["usage"]["completion_tokens"] == 2

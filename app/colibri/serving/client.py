@@ -74,7 +74,8 @@ class ServerClient:
     def address(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """(HTTP status, JSON body) of one request; ServerError when the body is not JSON."""
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
             data = None if body is None else json.dumps(body).encode()
@@ -85,23 +86,22 @@ class ServerClient:
         finally:
             conn.close()
         try:
-            doc = json.loads(raw) if raw else None
+            return response.status, (json.loads(raw) if raw else None)
         except ValueError:
             raise ServerError(f"{self.address}{path} answered {response.status} with no JSON: "
                               f"is this a Colibri server?", response.status) from None
-        if response.status >= 300:
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        """The JSON body of a 2xx answer; ServerError with the server's message otherwise."""
+        status, doc = self.call(method, path, body)
+        if status >= 300:
             message = doc.get("error", {}).get("message") if isinstance(doc, dict) else None
-            raise ServerError(message or f"{self.address}{path} answered {response.status}",
-                              response.status)
+            raise ServerError(message or f"{self.address}{path} answered {status}", status)
         return doc
 
     def health(self) -> dict[str, Any]:
-        try:
-            doc = self.request("GET", "/health")
-        except ServerError as exc:
-            if exc.status != 503:
-                raise
-            doc = None
+        """GET /health, also when it is a 503 (the model cannot be served now)."""
+        _status, doc = self.call("GET", "/health")
         if not isinstance(doc, dict) or "model" not in doc or "reload" not in doc:
             raise ServerError(f"{self.address} is not a Colibri server (GET /health)")
         return doc

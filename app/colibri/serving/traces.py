@@ -4,7 +4,8 @@
 a hot reload switched models), what the engine did at every position, when, and how it ended.
 The per-position arrays are every per-position field of `colibri.engine.Trace` (taken by name,
 so arrays added to the engine's trace appear here unchanged), copied from the session as each
-position is processed, plus two the server measures: `wall_ns` (the engine call's wall time;
+position is processed (in batches: at least every 0.1 s while it runs), plus two the server
+measures: `wall_ns` (the engine call's wall time;
 a prompt's positions share their one prefill call equally) and `logits_finite` (the position's
 output logits are all finite; True where they were not computed: the prompt's positions before
 its last). These are the arrays the debugger's `RoutingRecord` holds, so a client can rebuild
@@ -141,20 +142,24 @@ class RequestTrace:
         self.timings["queue_ns"] = time.monotonic_ns() - self.arrived_ns
         self.status = "running"
 
-    def add_rows(self, trace: Trace, positions: range, wall_ns: int, last_finite: bool,
-                 texts: Sequence[str]) -> None:
-        """Copy the rows of `positions` from the session's trace; the call took `wall_ns`, its
-        last position's logits were finite or not, `texts` are the positions' token texts."""
+    def note_call(self, positions: range, wall_ns: int, last_finite: bool) -> None:
+        """An engine call processed `positions` in `wall_ns`; its last position's logits were
+        finite or not (the rows themselves come with `add_rows`)."""
         start, stop = positions.start, positions.stop
+        if stop > start:
+            self._arrays["wall_ns"][start:stop] = wall_ns // (stop - start)
+            self._arrays["logits_finite"][start:stop] = True
+            self._arrays["logits_finite"][stop - 1] = last_finite
+
+    def add_rows(self, trace: Trace, stop: int, texts: Sequence[str]) -> None:
+        """Copy the session trace's rows from the last one copied up to `stop` (one slice per
+        array: the engine thread copies in batches, not per position); `texts` are those
+        positions' token texts."""
+        start = self._n
         if stop <= start:
             return
-        if start != self._n:
-            raise ValueError(f"rows from position {start}, expected {self._n}")
         for name in Trace.position_fields():
             self._arrays[name][start:stop] = getattr(trace, name)[start:stop]
-        self._arrays["wall_ns"][start:stop] = wall_ns // (stop - start)
-        self._arrays["logits_finite"][start:stop] = True
-        self._arrays["logits_finite"][stop - 1] = last_finite
         self.token_texts.extend(texts)
         self._n = stop  # publish the rows last
 

@@ -98,7 +98,7 @@ def serving_model(model: Model, generation: int, context: int) -> ServingModel:
 class Job:
     """One request on its way through the worker: its trace, its deadline (time.monotonic), and
     `notify(kind, data)` for what it produces: ('tokens', {'token_ids': new ids, 'text': the text
-    they add}) and ('done', None)."""
+    they add}) for a streamed request, and ('done', None)."""
 
     def __init__(self, trace: RequestTrace, deadline: float, notify: Notify) -> None:
         self.trace = trace
@@ -125,6 +125,7 @@ class EngineWorker:
         self.queue_size = queue_size
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_size)
         self.serving = serving_model(hot.model, hot.generation, context)
+        self._before_swap: Callable[[], None] | None = None   # set while a request runs
         self._session = self._new_session(hot.model)   # raises for a bad --routing/--threads
         self.kernels = self._session.kernels
         self._swap = session_swapper(hot, self._new_session, self._report)
@@ -210,6 +211,8 @@ class EngineWorker:
         self._session.close()
 
     def _new_session(self, model: Model) -> Session:
+        if self._before_swap is not None:  # a reload inside a request: save its rows first
+            self._before_swap()
         return Session(model, routing=self.routing,  # type: ignore[arg-type]
                        epsilon=self.epsilon, seed=self.seed, threads=self.threads,
                        max_context=min(self.max_context, model.hparams.max_context), trace=True)
@@ -322,7 +325,18 @@ class EngineWorker:
         gen = Generation(session, params.prompt, params.max_tokens, decoding=decoding,
                          temperature=params.temperature, seed=params.seed,
                          eos=serving.model.hparams.eos_token_id, swap=self._job_swap(trace))
-        text = ""
+        text = _Detokenizer(tokenizer)
+
+        def copy_rows() -> None:
+            """The rows processed so far into the trace (before a reload too: the old session
+            holds them)."""
+            rows = gen.session.trace
+            assert rows is not None
+            first, stop = trace.n_positions, gen.positions
+            trace.add_rows(rows, stop, [token_text(tokenizer, int(t))
+                                        for t in rows.tokens[first:stop]])
+
+        self._before_swap = copy_rows
         last_progress = 0.0
         stopped = ""
         try:
@@ -332,31 +346,33 @@ class EngineWorker:
                     gen.stop()
                     break
                 positions = gen.advance()
-                rows = gen.session.trace
-                assert rows is not None and gen.last_logits is not None
-                trace.add_rows(rows, positions, gen.call_ns,
-                               bool(np.isfinite(gen.last_logits).all()),
-                               [token_text(tokenizer, int(t))
-                                for t in rows.tokens[positions.start:positions.stop]])
+                assert gen.last_logits is not None
+                trace.note_call(positions, gen.call_ns, bool(np.isfinite(gen.last_logits).all()))
                 if len(gen.generated) > len(trace.generated):
-                    text = self._send(job, tokenizer, gen.generated, len(trace.generated), text,
-                                      False)
+                    if params.stream:  # a whole response waits for 'done' alone
+                        job.notify("tokens", {"token_ids": gen.generated[len(trace.generated):],
+                                              "text": text.add(gen.generated)})
                     trace.generated = list(gen.generated)
                 now = time.monotonic()
                 if now - last_progress >= PROGRESS_S:
                     last_progress = now
+                    copy_rows()
                     self._event("progress", trace.summary())
+            copy_rows()
         except ColibriFileChangedError as exc:
             self.error = str(exc)
             self.log(f"cannot serve: {exc}")
             trace.fail(f"the model file changed in place and cannot be reopened: {exc}", 503)
             return
         finally:
+            self._before_swap = None
             self._session = gen.session
             trace.timings["prefill_ns"] = gen.prefill_ns
             trace.timings["decode_ns"] = gen.decode_ns
         trace.generated = list(gen.generated)
-        self._send(job, tokenizer, trace.generated, len(trace.generated), text, True)
+        rest = text.flush(trace.generated) if params.stream else ""
+        if rest:
+            job.notify("tokens", {"token_ids": [], "text": rest})
         trace.text = str(tokenizer.decode(trace.generated)) if tokenizer is not None else ""
         if stopped == "cancelled":
             trace.finish("cancelled", "cancelled")
@@ -364,19 +380,37 @@ class EngineWorker:
             trace.finish(stopped or {"finished": "length", "eos": "stop"}.get(gen.reason,
                                                                               gen.reason))
 
-    @staticmethod
-    def _send(job: Job, tokenizer: Any, generated: list[int], already: int, sent: str,
-              final: bool) -> str:
-        """Tell the job its tokens from index `already` on and the text they add. Text ending in
-        a partial character (U+FFFD) waits for the next token unless `final`. Returns the text
-        sent so far ('' without a tokenizer: the ids are the output)."""
-        text = str(tokenizer.decode(generated)) if tokenizer is not None else ""
-        if (text.endswith("\ufffd") and not final) or not text.startswith(sent):
-            text = sent
-        new_ids = list(generated[already:])
-        if new_ids or len(text) > len(sent):
-            job.notify("tokens", {"token_ids": new_ids, "text": text[len(sent):]})
-        return text
+
+class _Detokenizer:
+    """The text each new token adds, decoding a short window (the previous token's and the new
+    ones') instead of everything so far; text ending in a partial character (U+FFFD) waits for
+    the next token. Without a tokenizer there is no text."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.prefix = 0   # start of the window: gives the new tokens their context
+        self.read = 0     # tokens whose text was sent
+
+    def add(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        decode = self.tokenizer.decode
+        before = str(decode(ids[self.prefix:self.read]))
+        after = str(decode(ids[self.prefix:]))
+        if len(after) <= len(before) or after.endswith("\ufffd") or \
+                not after.startswith(before):
+            return ""
+        self.prefix, self.read = self.read, len(ids)
+        return after[len(before):]
+
+    def flush(self, ids: list[int]) -> str:
+        """At the end: whatever the last tokens add, partial characters included."""
+        if self.tokenizer is None or self.read >= len(ids):
+            return ""
+        before = str(self.tokenizer.decode(ids[self.prefix:self.read]))
+        after = str(self.tokenizer.decode(ids[self.prefix:]))
+        self.read = len(ids)
+        return after[len(before):] if after.startswith(before) else ""
 
 
 __all__ = ["EngineWorker", "Job", "QueueFull", "ServingModel", "fingerprint", "serving_model"]
