@@ -79,7 +79,7 @@ def test_a_reload_between_tokens_continues_the_request_on_the_new_model(
 
     prompt = [3, 4, 5, 6]
     try:
-        trace = run_job(worker, CompletionParams(tuple(prompt), 6, 0.0, 0, False),
+        trace = run_job(worker, CompletionParams(tuple(prompt), 6, 0.0, 0, True),  # streamed
                         after_first_token)
     finally:
         worker.stop()
@@ -193,3 +193,19 @@ def test_the_store_evicts_the_least_recently_used_finished_traces() -> None:
     assert [t["id"] for t in store.summaries()] == [t.id for t in traces[2:]]
     with pytest.raises(TraceNotFound, match="no trace cmpl-elsewhere-1 on this server"):
         store.get("cmpl-elsewhere-1")
+
+
+def test_stopping_cancels_the_running_request() -> None:
+    demo = Path(__file__).resolve().parents[2] / "resources" / "demo" / "demo.colibri"
+    started = threading.Event()
+    done = threading.Event()
+    worker = EngineWorker(HotModel(demo), log=lambda line: None,
+                          on_event=lambda kind, _d: started.set() if kind == "started" else None)
+    worker.start()
+    trace = RequestTrace("cmpl-t-1", CompletionParams((1, 2), 2046, 0.0, 0, False))
+    worker.submit(Job(trace, float("inf"),
+                      lambda kind, _d: done.set() if kind == "done" else None))
+    assert started.wait(60)
+    worker.stop()
+    assert done.wait(10) and trace.status == "cancelled"
+    assert len(trace.generated) < 2046

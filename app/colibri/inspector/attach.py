@@ -367,6 +367,8 @@ class QtServerMonitor(QWidget):
         else:
             cursor = None
         self.event_list.set_events(events, cursor)
+        if cursor is not None:  # after a reset the table lays its rows out later: scroll then
+            QTimer.singleShot(0, self, lambda c=cursor: self._scroll_to(c))
         self.token_view.set_event(events[cursor] if events is not None and cursor is not None
                                   else None)
         current = self.tabs.currentWidget()
@@ -375,6 +377,11 @@ class QtServerMonitor(QWidget):
         elif current is self.latency:
             self.latency.set_events(events, cursor)
         self.request_label.setText(self._describe(request))
+
+    def _scroll_to(self, cursor: int) -> None:
+        model = self.event_list.model
+        if cursor < model.rowCount():
+            self.event_list.table.scrollTo(model.index(cursor, 0))
 
     @staticmethod
     def _describe(request: RemoteRequest | None) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 
 from colibri.serving.traces import CompletionParams, RequestTrace
 from colibri.serving.worker import ServingModel
+from colibri.tokens import token_text
 
 DEFAULT_MAX_TOKENS = 16
 ACCEPTED = ("prompt", "max_tokens", "temperature", "seed", "stream", "model", "user",
@@ -171,8 +172,6 @@ def parse_tokenize(body: Any, serving: ServingModel) -> dict[str, Any]:
         raise RequestError(f"prompt must be a string, got {text!r}", param="prompt")
     if serving.tokenizer is None:
         raise RequestError(f"{serving.name} has no tokenizer", param="prompt")
-    from colibri.tokens import token_text
-
     ids = [int(t) for t in serving.tokenizer.encode(text).ids]
     return {"tokens": ids, "pieces": [token_text(serving.tokenizer, t) for t in ids],
             "count": len(ids), "context": serving.context, "model": serving.name}

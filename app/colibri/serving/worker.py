@@ -134,6 +134,7 @@ class EngineWorker:
         self.last_reload: dict[str, Any] | None = None
         self.reload_refused: str | None = None
         self.running: str | None = None          # id of the request being run
+        self._current: Job | None = None
         self.served = 0
         self.started = time.time()
         self._stop = threading.Event()
@@ -147,6 +148,9 @@ class EngineWorker:
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel the running request and every queued one, and join the thread."""
         self._stop.set()
+        current = self._current
+        if current is not None:
+            current.cancel()
         for job in self._drain():
             job.cancel()
             job.trace.fail("the server is shutting down", 503)
@@ -298,7 +302,7 @@ class EngineWorker:
                        f"context of {serving.name} (generation {serving.generation}) is "
                        f"{serving.context}", 400, "max_tokens")
             return self._done(job)
-        self.running = trace.id
+        self.running, self._current = trace.id, job
         try:
             self._generate(job, serving)
         except ColibriError as exc:
@@ -306,7 +310,7 @@ class EngineWorker:
         except Exception as exc:  # the thread must outlive any one request
             trace.fail(f"internal error: {type(exc).__name__}: {exc}", 500)
         finally:
-            self.running = None
+            self.running, self._current = None, None
             self.served += 1
         self._done(job)
 
