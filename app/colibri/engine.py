@@ -120,8 +120,12 @@ class Problem:
     def from_c(cls, p: Any) -> Problem:
         severity: Literal["error", "warning"] = (
             "warning" if p.severity == lib.COL_SEVERITY_WARNING else "error")
+        tensor, message = _text(p.tensor), _text(p.message)
+        # the engine's message names its tensor for callers that get only the text; here the
+        # tensor is a field of its own, shown beside the message
+        message = message.removeprefix(f"tensor '{tensor}': ") if tensor else message
         return cls(int(p.code), errors.status_name(int(p.code)), severity, int(p.offset),
-                   _text(p.tensor), _text(p.message))
+                   tensor, message)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -10,13 +10,16 @@ from typing import Any
 import numpy as np
 
 from colibri.cli.common import (EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE, add_file, add_json, error,
-                                fail, open_model, unreadable)
+                                fail, open_model, other_format, unreadable)
 from colibri.errors import ColibriError, ColibriIOError
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from colibri.engine import validate
 
+    other = other_format(args, "validate")
+    if other is not None:
+        return other
     reason = unreadable(args.file)
     try:
         if reason is not None:
@@ -24,7 +27,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         problems = validate(args.file, checksums=args.checksums, nan_check=args.nan_check)
     except (ColibriIOError, OSError) as exc:
         if args.json:
-            print(json.dumps({"valid": False, "error": str(exc), "problems": []}))
+            print(json.dumps({"valid": False, "format": None, "error": str(exc),
+                              "problems": []}))
         else:
             error(str(exc))
         return EXIT_UNREADABLE
@@ -33,11 +37,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     valid = not any(p.severity == "error" for p in problems)
     if args.json:
-        print(json.dumps({"valid": valid, "problems": [p.to_dict() for p in problems]}, indent=2))
+        print(json.dumps({"valid": valid, "format": "colibri",
+                          "problems": [p.to_dict() for p in problems]}, indent=2))
     else:
-        for p in problems:
-            tensor = f" tensor '{p.tensor}'" if p.tensor else ""
-            print(f"{p.severity}: {p.code_name} at 0x{p.offset:X}{tensor}: {p.message}")
+        from colibri.inspection.report import problem_lines
+
+        for line in problem_lines(problems):
+            print(line)
         n_err = sum(p.severity == "error" for p in problems)
         n_warn = len(problems) - n_err
         verdict = "valid" if valid else "INVALID"
@@ -73,6 +79,9 @@ def _flag_names(flags: int) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    other = other_format(args, "info")
+    if other is not None:
+        return other
     with open_model(args.file) as model:
         header = model.header_fields()
         tensors = model.tensors
@@ -80,7 +89,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         hp = model.hparams.to_dict()
         if args.json:
             doc = {
-                "path": model.path, "arch": model.arch, "size": model.size,
+                "path": model.path, "format": "colibri", "arch": model.arch, "size": model.size,
                 "header": [{"name": f.name, "group": f.group, "offset": f.offset, "size": f.size,
                             "kind": f.kind, "value": _field_value(f.value)} for f in header],
                 "hparams": hp, "user_metadata": user,
@@ -113,6 +122,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
+    other = other_format(args, "dump")
+    if other is not None:
+        return other
     with open_model(args.file) as model:
         if args.tensor not in model:
             fail(f"{args.file}: no tensor {args.tensor!r} (see `colibri info {args.file}`)")
@@ -134,10 +146,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    p = sub.add_parser("validate", help="check a .colibri file; exit 0 valid, 1 invalid, "
+    p = sub.add_parser("validate", help="check a .colibri, GGUF or safetensors file (or "
+                                        "checkpoint directory); exit 0 valid, 1 invalid, "
                                         "2 unreadable")
     add_file(p)
-    p.add_argument("--checksums", action="store_true", help="verify every tensor's CRC-32")
+    p.add_argument("--checksums", action="store_true", help="verify every tensor's CRC-32 "
+                   "(GGUF, safetensors: read every tensor's bytes)")
     p.add_argument("--nan-check", action="store_true", help="scan every tensor for NaN/Inf")
     add_json(p, 'print {"valid": ..., "problems": [...]}')
     p.set_defaults(func=cmd_validate)
