@@ -6,7 +6,8 @@ registering its commands with `add_commands(subparsers)`:
     convert                      colibri.cli.convert
     bench                        colibri.cli.bench
     validate, info, dump         colibri.cli.files
-    run, serve                   colibri.cli.run
+    run                          colibri.cli.run
+    serve                        colibri.cli.serve
     trace                        colibri.cli.trace
     jitter, epsilon              colibri.cli.jitter
     profile                      colibri.cli.profile
@@ -22,7 +23,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from colibri.cli import bench, convert, files, jitter, profile, run, trace
+from colibri.cli import bench, convert, files, jitter, profile, run, serve, trace
 from colibri.cli.common import EXIT_OK, CommandError, failure
 from colibri.errors import ColibriError
 
@@ -32,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="colibri", description="Colibri MoE engine: convert, validate, inspect and run "
                                     ".colibri files.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (convert, bench, files, run, trace, jitter, profile):
+    for group in (convert, bench, files, run, serve, trace, jitter, profile):
         group.add_commands(sub)
     return parser
 

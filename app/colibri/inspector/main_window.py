@@ -23,9 +23,9 @@ from typing import Any
 from PySide6.QtCore import (QByteArray, QFileSystemWatcher, QSettings, QStandardPaths, Qt, QTimer,
                             Signal)
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
-                               QProgressBar, QPushButton, QSizePolicy, QSplitter, QStackedWidget,
-                               QTabWidget, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QInputDialog, QLabel, QMainWindow,
+                               QMessageBox, QProgressBar, QPushButton, QSizePolicy, QSplitter,
+                               QStackedWidget, QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
 from colibri.inspection.document import (DataCheckResult, DocumentState, ModelDocument,
                                          data_check, explain, load_state,
@@ -34,8 +34,10 @@ from colibri.debugging.session_file import SUFFIX as SESSION_SUFFIX
 from colibri.errors import ColibriFileChangedError
 from colibri.files import atomic_write_csv
 from colibri.inspection.recent import RecentFiles
+from colibri.serving.client import parse_address
 from colibri.inspector import resources
 from colibri.inspection.foreign import ForeignDocument, is_foreign
+from colibri.inspector.attach import QtServerMonitor, wait_for_retired
 from colibri.inspector.export import save_png
 from colibri.inspector.foreign_view import QtForeignFileView
 from colibri.inspector.debugger.panel import QtDebuggerPanel
@@ -635,6 +637,10 @@ class MainWindow(QMainWindow):
         file_menu.addAction(self.close_action)
         file_menu.addAction(self.reload_action)
         file_menu.addSeparator()
+        self.attach_action = self._action("&Attach to Server…", self.attach_dialog,
+                                          "Ctrl+Shift+A")
+        file_menu.addAction(self.attach_action)
+        file_menu.addSeparator()
         self.export_csv_action = self._action("Export Table as &CSV…", self.export_csv_dialog,
                                               "Ctrl+Shift+C", "export")
         self.export_png_action = self._action("Export View as &PNG…", self.export_png_dialog,
@@ -736,8 +742,14 @@ class MainWindow(QMainWindow):
     # -- files ----------------------------------------------------------------------------------
 
     def views(self) -> list[Any]:
-        """Every open tab: `FileView`s (.colibri) and `QtForeignFileView`s (GGUF, safetensors)."""
-        return [self.files.widget(i) for i in range(self.files.count())]
+        """Every open file's tab: `FileView`s (.colibri) and `QtForeignFileView`s (GGUF,
+        safetensors); attached servers are `monitors()`."""
+        return [w for w in map(self.files.widget, range(self.files.count()))
+                if not isinstance(w, QtServerMonitor)]
+
+    def monitors(self) -> list[QtServerMonitor]:
+        return [w for w in map(self.files.widget, range(self.files.count()))
+                if isinstance(w, QtServerMonitor)]
 
     def current_view(self) -> FileView | None:
         widget = self.files.currentWidget()
@@ -820,7 +832,7 @@ class MainWindow(QMainWindow):
         if isinstance(view, FileView):
             self._splitter_state = view.splitter.saveState()
             view.shutdown()
-        elif isinstance(view, QtForeignFileView):
+        elif isinstance(view, (QtForeignFileView, QtServerMonitor)):
             view.shutdown()
         self.files.removeTab(index)
         if view is not None:
@@ -828,6 +840,37 @@ class MainWindow(QMainWindow):
         if self.files.count() == 0:
             self.stack.setCurrentWidget(self.empty)
         self._update_status()
+
+    def attach_dialog(self) -> None:
+        last = str(self.settings.value("attach/address", "127.0.0.1:8080"))
+        text, ok = QInputDialog.getText(self, "Attach to a Colibri server",
+                                        "Address of `colibri serve --http` (host:port):",
+                                        text=last)
+        if ok:
+            self.attach(text)
+
+    def attach(self, address: str) -> QtServerMonitor | None:
+        """Follow the server at `address` in a tab of its own (or switch to its tab)."""
+        try:
+            host, port = parse_address(address)
+        except ValueError as exc:
+            QMessageBox.warning(self, "Attach to a Colibri server", str(exc))
+            return None
+        for monitor in self.monitors():
+            if (monitor.host, monitor.port) == (host, port):
+                self.files.setCurrentWidget(monitor)
+                monitor.attach()
+                return monitor
+        monitor = QtServerMonitor(host, port)
+        index = self.files.addTab(monitor, f"server {monitor.address}")
+        self.files.setTabToolTip(index, f"colibri serve --http {monitor.address}")
+        self.files.setCurrentIndex(index)
+        self.stack.setCurrentWidget(self.files)
+        monitor.sig_status.connect(lambda text: self.statusBar().showMessage(text, 5000))
+        monitor.attach()
+        if self.persist:
+            self.settings.setValue("attach/address", address.strip())
+        return monitor
 
     def close_current(self) -> None:
         if self.files.count():
@@ -945,6 +988,9 @@ class MainWindow(QMainWindow):
         self.save_settings()
         for view in self.views():
             view.shutdown()
+        for monitor in self.monitors():
+            monitor.shutdown()
+        wait_for_retired()
         super().closeEvent(event)
 
 
