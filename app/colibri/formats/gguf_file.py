@@ -44,6 +44,7 @@ from colibri.formats.common import (
     SHAPE, TENSOR_BOUNDS, TRUNCATED, UNSUPPORTED, Findings, Mapping, ScanResult, TensorEntry,
     SCAN_CHUNK_BYTES, raise_first_error, scan_tensors, unholdable_shape,
 )
+from colibri.errors import ColibriFormatError
 from colibri.inspection.hexsource import Region
 
 MAGIC = b"GGUF"
@@ -72,6 +73,11 @@ _PLAIN_NUMPY = {GGMLQuantizationType.F32: "<f4", GGMLQuantizationType.F16: "<f2"
                 GGMLQuantizationType.F64: "<f8", GGMLQuantizationType.I8: "<i1",
                 GGMLQuantizationType.I16: "<i2", GGMLQuantizationType.I32: "<i4",
                 GGMLQuantizationType.I64: "<i8", GGMLQuantizationType.BF16: "<u2"}
+
+# Types with no dequantiser in the gguf package: llama.cpp's activation types (Q8_1, Q8_K) are
+# never meant for files, Q1_0 is newer than the package.
+_NO_DEQUANTIZER = {GGMLQuantizationType.Q8_1, GGMLQuantizationType.Q8_K,
+                   GGMLQuantizationType.Q1_0}
 
 
 def type_name(ggml_type: int) -> str:
@@ -463,6 +469,10 @@ class _Walker:
                                 nbytes, info_offset=start, block_size=block, type_size=tsize)
             lay.tensors.append(entry)
             lay.ne[name] = ne
+            if _quant_type(ggml_type) in _NO_DEQUANTIZER:
+                found.warning(UNSUPPORTED, type_offset, f"tensor '{name}': values of ggml type "
+                                                        f"{type_name(ggml_type)} cannot be read "
+                                                        "here (no dequantiser)", name)
             if rel % lay.alignment:
                 found.error(MISALIGNED, type_offset + 4, f"tensor '{name}': offset {rel} is not a "
                                                          f"multiple of the alignment "
@@ -712,7 +722,7 @@ class GGUFFile:
         if flat_rows is None:
             return np.zeros(t.shape, np.float32)
         part = flat_rows if rows is None else flat_rows[rows]
-        values = _dequantize(part, qtype)
+        values = _dequantize(part, qtype, t)
         if rows is None:
             return values.reshape(t.shape)
         return values
@@ -738,9 +748,10 @@ class GGUFFile:
             rows = self.raw(t.name).reshape(-1, t.row_bytes)
             step = max(1, SCAN_CHUNK_BYTES // max(t.row_bytes, 1))
             qtype = self.ggml_type(t.name)
+            readable = _is_float(qtype) and qtype not in _NO_DEQUANTIZER
             for first in range(0, rows.shape[0], step):
                 part = rows[first:first + step]
-                values = _dequantize(part, qtype) if nan_check and _is_float(qtype) else None
+                values = _dequantize(part, qtype, t) if nan_check and readable else None
                 yield part.reshape(-1), values
         return scan_tensors(self.tensors, chunks, checksums, nan_check, progress, cancelled)
 
@@ -750,14 +761,18 @@ def _is_float(qtype: GGMLQuantizationType) -> bool:
                          GGMLQuantizationType.I32, GGMLQuantizationType.I64)
 
 
-def _dequantize(rows: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
-    """float32 values of whole rows of raw bytes [n_rows, row bytes]."""
+def _dequantize(rows: np.ndarray, qtype: GGMLQuantizationType, tensor: TensorEntry
+                ) -> np.ndarray:
+    """float32 values of whole rows of `tensor`'s raw bytes [n_rows, row bytes]."""
     code = _PLAIN_NUMPY.get(qtype)
     if qtype == GGMLQuantizationType.BF16:
         bits = np.ascontiguousarray(rows).view("<u2")
         return (bits.astype(np.uint32) << 16).view(np.float32)
     if code is not None:
         return np.ascontiguousarray(rows).view(code).astype(np.float32)
+    if qtype in _NO_DEQUANTIZER:
+        raise ColibriFormatError(f"values of ggml type {qtype.name} cannot be read here (no "
+                                 "dequantiser)", UNSUPPORTED, tensor.offset, tensor.name)
     return np.asarray(gguf_dequantize(np.ascontiguousarray(rows), qtype), dtype=np.float32)
 
 
