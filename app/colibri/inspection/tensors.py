@@ -40,9 +40,10 @@ _LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
 class TensorRow:
     """One tensor (or, for expert grouping, one expert's slice of a stacked tensor).
 
-    `offset`/`nbytes` are the absolute byte range shown (the slice for a virtual expert row);
-    `shape` is the shape of that range. `n_experts` is E for a stacked expert tensor or the
-    router, else 0. `index` is the tensor's index in the file's table."""
+    `offset`/`nbytes` are the absolute byte range shown (the slice for a virtual expert row)
+    in file number `shard` of a multi-file checkpoint (0 otherwise); `shape` is the shape of
+    that range. `n_experts` is E for a stacked expert tensor or the router, else 0. `index` is
+    the tensor's index in the file's table."""
 
     name: str
     index: int
@@ -56,6 +57,7 @@ class TensorRow:
     crc32: int
     check: str = "unchecked"
     n_experts: int = 0
+    shard: int = 0
 
     @property
     def label(self) -> str:
