@@ -47,7 +47,9 @@ from colibri.values import (CancelFlag, Cancelled, Progress, check_cancelled, ne
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.engine import Model
 
-CHUNK_ELEMENTS = 1 << 22          # 4 Mi values (16 MiB as float32) per chunk
+# 1 Mi values (4 MiB as float32) per chunk: a cancel or a new selection waits for one chunk at
+# most (a Q4_K chunk dequantises in about 40 ms here)
+CHUNK_ELEMENTS = 1 << 20
 HISTOGRAM_BINS = 100
 HEATMAP_MAX = 512
 

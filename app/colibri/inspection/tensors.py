@@ -42,8 +42,9 @@ class TensorRow:
 
     `offset`/`nbytes` are the absolute byte range shown (the slice for a virtual expert row)
     in file number `shard` of a multi-file checkpoint (0 otherwise); `shape` is the shape of
-    that range. `n_experts` is E for a stacked expert tensor or the router, else 0. `index` is
-    the tensor's index in the file's table."""
+    that range. `n_experts` is E for a stacked expert tensor or the router, else 0;
+    `expert_of` is the expert a whole tensor belongs to (a Hugging Face checkpoint's
+    `experts.{e}.` tensors), else None. `index` is the tensor's index in the file's table."""
 
     name: str
     index: int
@@ -58,6 +59,7 @@ class TensorRow:
     check: str = "unchecked"
     n_experts: int = 0
     shard: int = 0
+    expert_of: int | None = None
 
     @property
     def label(self) -> str:
@@ -185,7 +187,8 @@ def group_by_layer(rows: Sequence[TensorRow]) -> list[Group]:
 
 def group_by_expert(rows: Sequence[TensorRow]) -> list[Group]:
     """'expert 0' ... 'expert E-1', each holding that expert's slice of every stacked tensor
-    (router row and moe_w1/w2/w3 of every layer), then 'not per expert' with everything else."""
+    (router row and moe_w1/w2/w3 of every layer) and its own tensors, then 'not per expert'
+    with everything else."""
     experts: dict[int, list[TensorRow]] = {}
     other: list[TensorRow] = []
     for r in rows:
@@ -193,6 +196,8 @@ def group_by_expert(rows: Sequence[TensorRow]) -> list[Group]:
             for sliced in expert_slices(r):
                 assert sliced.expert is not None
                 experts.setdefault(sliced.expert, []).append(sliced)
+        elif r.expert_of is not None:
+            experts.setdefault(r.expert_of, []).append(r)
         else:
             other.append(r)
     groups: list[Group] = [(f"expert {e}", experts[e]) for e in sorted(experts)]
@@ -219,8 +224,9 @@ def group_rows(rows: Sequence[TensorRow], grouping: str) -> list[Group]:
 
 
 def csv_record(row: TensorRow) -> list[str]:
+    expert = row.expert if row.expert is not None else row.expert_of
     return [row.label, "" if row.layer is None else str(row.layer),
-            "" if row.expert is None else str(row.expert), row.kind, row.dtype,
+            "" if expert is None else str(expert), row.kind, row.dtype,
             "x".join(map(str, row.shape)), str(row.offset), str(row.nbytes),
             f"{row.crc32:08x}" if row.expert is None else "", row.check]
 

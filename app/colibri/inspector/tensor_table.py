@@ -283,6 +283,8 @@ class TensorTableModel(QAbstractItemModel):
         if name == "expert":
             if row.expert is not None:
                 return str(row.expert)
+            if row.expert_of is not None:
+                return str(row.expert_of)
             return f"×{row.n_experts}" if row.n_experts else ""
         if name == "kind":
             return row.kind
@@ -302,7 +304,8 @@ class TensorTableModel(QAbstractItemModel):
         if name == "layer":
             return -1 if row.layer is None else row.layer
         if name == "expert":
-            return -1 if row.expert is None else row.expert
+            expert = row.expert if row.expert is not None else row.expert_of
+            return -1 if expert is None else expert
         if name == "shape":
             return T.element_count(row.shape)
         if name == "offset":
