@@ -135,12 +135,12 @@ def test_key_columns_are_in_view(demo, size) -> None:
     window.resize(*size)
     view.set_view("tensors")
     settle()
-    tree = view.tensors.view
+    rows, header = view.tensors.view, view.tensors.header()
     from colibri.inspector.tensor_table import COLUMNS
     for column in ("name", "dtype", "shape", "offset", "bytes"):
         index = COLUMNS.index(column)
-        right = tree.header().sectionViewportPosition(index) + tree.header().sectionSize(index)
-        assert right <= tree.viewport().width(), f"tensor table column {column!r} out of view"
+        right = header.sectionViewportPosition(index) + header.sectionSize(index)
+        assert right <= rows.viewport().width(), f"tensor table column {column!r} out of view"
     view.set_view("debugger")
     settle()
     table = view.debugger.event_list.table

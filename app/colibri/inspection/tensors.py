@@ -18,7 +18,7 @@ import fnmatch
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -137,22 +137,29 @@ def expert_slices(row: TensorRow) -> list[TensorRow]:
 # -- filtering -------------------------------------------------------------------------------
 
 
-def name_matches(name: str, pattern: str) -> bool:
-    """Case-insensitive substring match, or a glob (fnmatch) when `pattern` has `*`, `?` or `[`."""
+def name_matcher(pattern: str) -> Callable[[str], bool]:
+    """A case-insensitive test of names against `pattern`: a substring, or a glob (fnmatch)
+    when it has `*`, `?` or `[` (built once for a whole table)."""
     pattern = pattern.strip().lower()
     if not pattern:
-        return True
-    name = name.lower()
+        return lambda _name: True
     if any(ch in pattern for ch in "*?["):
-        return fnmatch.fnmatchcase(name, pattern)
-    return pattern in name
+        match = re.compile(fnmatch.translate(pattern)).match
+        return lambda name: match(name.lower()) is not None
+    return lambda name: pattern in name.lower()
+
+
+def name_matches(name: str, pattern: str) -> bool:
+    """Case-insensitive substring match, or a glob (fnmatch) when `pattern` has `*`, `?` or `[`."""
+    return name_matcher(pattern)(name)
 
 
 def filter_rows(rows: Iterable[TensorRow], pattern: str = "", layer: int | None = None,
                 dtype: str | None = None, kind: str | None = None) -> list[TensorRow]:
     """Rows whose label matches `pattern` and whose layer / dtype / kind equal the given ones."""
+    matches = name_matcher(pattern)
     return [r for r in rows
-            if name_matches(r.label, pattern)
+            if matches(r.label)
             and (layer is None or r.layer == layer)
             and (dtype is None or r.dtype == dtype)
             and (kind is None or r.kind == kind)]
@@ -245,5 +252,5 @@ def element_count(shape: Sequence[int]) -> int:
 
 __all__ = ["CHECK_STATES", "CSV_COLUMNS", "GROUPINGS", "Group", "KINDS", "TensorRow",
            "element_count", "export_csv", "expert_slices", "filter_rows", "group_by_expert",
-           "group_by_layer", "group_rows", "name_matches", "rows_for", "tensor_kind",
-           "tensor_layer", "with_check_status", "write_csv_atomic"]
+           "group_by_layer", "group_rows", "name_matcher", "name_matches", "rows_for",
+           "tensor_kind", "tensor_layer", "with_check_status", "write_csv_atomic"]

@@ -30,6 +30,7 @@ from colibri.inspection.document import DataCheckResult, validation_phrase
 from colibri.inspection.foreign import (ForeignDocument, can_run, data_check,
                                         import_for_debugger)
 from colibri.inspection.foreign_tree import metadata_tree
+from colibri.inspection.tensors import TensorRow
 from colibri.inspector.export import save_png
 from colibri.inspector.hexview import QtHexView
 from colibri.inspector.metadata_view import QtMetadataTree
@@ -127,8 +128,11 @@ class QtForeignFileView(QWidget):
         self.tabs.currentChanged.connect(self._tab_changed)
 
         path_now = self.path
-        self.opener.start(Task(f"open {self.name}",
-                               lambda _progress, _cancelled: ForeignDocument(path_now)))
+
+        def read(_progress: Any, _cancelled: Any) -> tuple[ForeignDocument, list[TensorRow]]:
+            doc = ForeignDocument(path_now)
+            return doc, doc.tensor_rows()
+        self.opener.start(Task(f"open {self.name}", read))
 
     # -- document -------------------------------------------------------------------------------
 
@@ -140,11 +144,12 @@ class QtForeignFileView(QWidget):
         """Whether the document has been read (valid or not) and is shown."""
         return self.doc is not None
 
-    def _opened(self, doc: ForeignDocument) -> None:
+    def _opened(self, result: tuple[ForeignDocument, list[TensorRow]]) -> None:
+        doc, rows = result
         self.doc = doc
         self.validation.set_document(doc)
         self.metadata.set_root(metadata_tree(doc))
-        self.tensors.set_rows(doc.tensor_rows())
+        self.tensors.set_rows(rows)
         if self._values is not None:
             self._values.set_store(doc.store())
         self._files = doc.file_paths()
