@@ -24,7 +24,8 @@ from PySide6.QtWidgets import QApplication
 
 from colibri.inspector import resources
 from colibri.inspector.display import startup_problem
-from colibri.inspector.examples import prepare, settle
+from colibri.inspector.examples import prepare, settle, wait_while
+from colibri.inspector.foreign_view import QtForeignFileView
 from colibri.inspector.export import save_png
 from colibri.inspector.main_window import VIEW_NAMES, MainWindow
 
@@ -34,8 +35,8 @@ SCREENSHOT_SIZE = (1280, 800)
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="colibri-inspector",
-        description="Inspect .colibri model files: validation report, header, tensors, "
-                    "hexdump and tensor values.")
+        description="Inspect .colibri model files, GGUF files and safetensors checkpoints: "
+                    "validation report, header, tensors, hexdump and tensor values.")
     parser.add_argument("files", nargs="*", metavar="FILE",
                         help="model files to open (default: the bundled demo model)")
     parser.add_argument("--screenshot", metavar="PATH",
@@ -110,7 +111,9 @@ def screenshot(window: MainWindow, path: str, view: str | None,
     a PNG at `path`; True on success."""
     window.resize(*size)
     window.show()
-    current = window.current_view()
+    current = window.file_tab()
+    if isinstance(current, QtForeignFileView):
+        wait_while(lambda: not current.is_open())   # its first view follows what it holds
     if current is not None:
         prepare(current, view or current.current_view())
     settle()

@@ -122,8 +122,10 @@ class MetadataTreeModel(QAbstractItemModel):
             if node.offset < 0:
                 return ""
             return f"0x{node.offset:X}" if column == 3 else f"{node.size:,}"
-        if role == Qt.ItemDataRole.ToolTipRole and node.offset >= 0:
-            return f"{node.key}: bytes [0x{node.offset:X}, 0x{node.offset + node.size:X})"
+        if role == Qt.ItemDataRole.ToolTipRole:
+            where = (f"\nbytes [0x{node.offset:X}, 0x{node.offset + node.size:X})"
+                     if node.offset >= 0 else "")
+            return f"{node.key} ({node.type})\n{node.value}{where}"
         if role == Qt.ItemDataRole.TextAlignmentRole and column >= 3:
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         return None
@@ -147,11 +149,14 @@ class QtMetadataTree(QWidget):
         header = self.view.header()
         header.setStretchLastSection(False)
         header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        # the value gets what the others leave; a longer key shows in full in its tooltip
         metrics = self.view.fontMetrics()
-        for column, sample in enumerate(("tokenizer.ggml.token_type", "string[151936]", "",
-                                         "0x1FFFFFFFF", "999,999,999")):
+        for column, sample in enumerate(("tokenizer.ggml.tokens", "string[151936]", "",
+                                         "0x1FFFFFFFF", "99,999")):
             if sample:
-                self.view.setColumnWidth(column, metrics.horizontalAdvance(sample) + 24)
+                indent = 2 * self.view.indentation() if column == 0 else 0
+                self.view.setColumnWidth(column, metrics.horizontalAdvance(sample) + 12 + indent)
+        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)   # a key's both ends
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.view)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import (QAbstractItemModel, QItemSelectionModel, QModelIndex,
                             QPersistentModelIndex, Qt, Signal)
-from PySide6.QtGui import QBrush, QColor
+from PySide6.QtGui import QBrush, QColor, QResizeEvent
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel,
                                QLineEdit, QStackedWidget, QTableView, QTreeView, QVBoxLayout,
                                QWidget)
@@ -377,11 +377,12 @@ class QtTensorTable(QWidget):
             for column, sample in zip(COLUMNS, ("layers.00.moe_w1[7]", "bf16",
                                                 "[32, 1024, 4096]", "0x1fffff000",
                                                 "999,999,999", "unchecked", "layer", "expert",
-                                                "attention")):
+                                                "embedding")):
                 width = max(metrics.horizontalAdvance(sample), metrics.horizontalAdvance(column))
                 view.setColumnWidth(COLUMNS.index(column), width + 18)
             view.selectionModel().currentRowChanged.connect(self._on_current)
             header.sortIndicatorChanged.connect(self._sorted)
+        self._name_width = self.table_view.columnWidth(0)
         self.views = QStackedWidget(self)
         self.views.addWidget(self.table_view)
         self.views.addWidget(self.tree_view)
@@ -402,6 +403,14 @@ class QtTensorTable(QWidget):
         self._keep_current = True
         self._restoring = False
         self._update_count()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 (Qt API)
+        """Names get the width the other columns leave (GGUF and Hugging Face names are long)."""
+        super().resizeEvent(event)
+        for view in (self.table_view, self.tree_view):
+            others = sum(view.columnWidth(c) for c in range(1, len(COLUMNS)))
+            room = self.width() - others - view.verticalScrollBar().sizeHint().width() - 8
+            view.setColumnWidth(0, max(self._name_width, room))
 
     @staticmethod
     def _header(view: QTableView | QTreeView) -> QHeaderView:

@@ -272,7 +272,8 @@ class QtValidationReport(QWidget):
         if self._data is None:
             parts.append("structural checks only; run the data checks to read every tensor")
         else:
-            checks = " and ".join(c for c, on in (("checksums", self._data.checksums),
+            read = "checksums" if doc.stores_checksums else "every tensor read"
+            checks = " and ".join(c for c, on in ((read, self._data.checksums),
                                                    ("NaN/Inf scan", self._data.nan_check)) if on)
             ok = sum(1 for s in self._data.status.values() if s == "ok")
             parts.append(f"data checks ({checks}): {ok} of {len(self._data.status)} tensors ok")
