@@ -349,6 +349,41 @@ def test_a_broken_file_opens_into_its_validation_report(window, qtbot) -> None:
     assert view.hex.cursor_offset() == view.validation.problems[0].offset
 
 
+BROKEN = {e["file"]: e for e in json.loads((CORPUS / "manifest.json").read_text())}
+
+
+@pytest.mark.parametrize("path, entry", [
+    ("truncated_header.gguf", "truncated_header.gguf"),
+    ("not_json.safetensors", "not_json.safetensors"),
+    ("index_not_json/model.safetensors.index.json", "index_not_json"),
+    ("index_wrong_shard/model.safetensors.index.json", "index_wrong_shard"),
+    ("missing_shard", "missing_shard")], ids=["gguf", "safetensors", "index", "index-shard", "dir"])
+def test_every_kind_of_broken_file_opens_into_its_report(window, qtbot, path, entry) -> None:
+    """Dropped on the window, a damaged file, index or directory opens in a foreign tab on its
+    validation report with the corpus's expected error, its bytes in the hexdump, and no offer
+    to run it."""
+    target, expected = CORPUS / path, BROKEN[entry]
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(target))])
+    window.dropEvent(QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime,
+                                Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier))
+    view = window.files.currentWidget()
+    assert isinstance(view, QtForeignFileView)
+    if not view.is_open():
+        with qtbot.waitSignal(view.sig_opened, timeout=TIMEOUT_MS):
+            pass
+    assert view.doc.file is None and view.tabs.currentWidget() is view.validation
+    assert window.state_label.text().startswith("invalid: ")
+    first = view.validation.problems[0]
+    assert (first.code_name, first.tensor) == (expected["code"], expected["tensor"])
+    assert expected["message"] in first.message
+    assert expected["message"] in view.validation.explanation.text()
+    checkpoint = target if target.is_dir() else target.parent if path.startswith("index") else None
+    files = [target] if checkpoint is None else list(checkpoint.iterdir())
+    assert view.hex.source().size() in {f.stat().st_size for f in files}
+    assert not view.run_button.isVisibleTo(view)
+
+
 def test_a_broken_shard_s_problem_shows_its_bytes_in_that_shard(window, qtbot) -> None:
     view = _open(window, qtbot, CORPUS / "shard_duplicate")
     problem = view.validation.problems[0]
@@ -393,6 +428,24 @@ def test_drop_and_open_recent(window, qtbot, path) -> None:
     action.trigger()
     reopened = window.files.currentWidget()
     assert isinstance(reopened, QtForeignFileView) and reopened.path == str(path)
+
+
+def test_a_checkpoint_directory_opens_from_the_file_menu(window, qtbot, monkeypatch) -> None:
+    from colibri.inspector import main_window
+    asked = []
+
+    def pick(parent, caption, start):
+        asked.append(caption)
+        return str(CORPUS / "sharded")
+    monkeypatch.setattr(main_window.QFileDialog, "getExistingDirectory", pick)
+    assert window.open_directory_action in window.menuBar().actions()[0].menu().actions()
+    window.open_directory_action.trigger()
+    view = window.files.currentWidget()
+    assert asked and isinstance(view, QtForeignFileView) and view.path == str(CORPUS / "sharded")
+    if not view.is_open():
+        with qtbot.waitSignal(view.sig_opened, timeout=TIMEOUT_MS):
+            pass
+    assert [r.name for r in view.doc.tensor_rows()] == ["a", "b"]
 
 
 def test_the_table_of_a_big_checkpoint_holds_one_chunk_until_scrolled(window, qtbot, tmp_path):

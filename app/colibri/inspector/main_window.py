@@ -619,6 +619,9 @@ class MainWindow(QMainWindow):
         self.open_action = self._action("&Open…", self.open_dialog, QKeySequence.StandardKey.Open,
                                         "open")
         file_menu.addAction(self.open_action)
+        self.open_directory_action = self._action("Open Checkpoint &Directory…",
+                                                  self.open_directory_dialog, "Ctrl+Shift+O")
+        file_menu.addAction(self.open_directory_action)
         self.recent_menu = file_menu.addMenu("Open &Recent")
         self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
         self._fill_recent_menu()
@@ -829,6 +832,15 @@ class MainWindow(QMainWindow):
         start = os.path.dirname(view.path) if view is not None else str(Path.home())
         paths, _ = QFileDialog.getOpenFileNames(self, "Open Colibri model", start, FILE_FILTER)
         for path in paths:
+            self.open_path(path)
+
+    def open_directory_dialog(self) -> None:
+        """A checkpoint's directory (its shards with or without an index): the file dialog
+        picks files only."""
+        view = self.current_view()
+        start = os.path.dirname(view.path) if view is not None else str(Path.home())
+        path = QFileDialog.getExistingDirectory(self, "Open checkpoint directory", start)
+        if path:
             self.open_path(path)
 
     def close_file(self, index: int) -> None:
