@@ -213,6 +213,21 @@ def test_detect_by_content_not_extension(tmp_path: Path) -> None:
     assert formats.detect(renamed) == "safetensors"
     (tmp_path / "notes.txt").write_text("hello")
     assert formats.detect(tmp_path / "notes.txt") is None
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2_moe"}')
+    assert formats.detect(tmp_path / "config.json") is None
+
+
+def test_a_broken_index_file_is_validated_as_an_index(tmp_path: Path) -> None:
+    """Opened by its name, an index that is no longer JSON reports that, as its directory does,
+    instead of failing the `.colibri` magic check."""
+    index = CORPUS / "index_not_json" / "model.safetensors.index.json"
+    assert formats.detect(index) == "safetensors"
+    empty = tmp_path / "model.safetensors.index.json"
+    empty.write_bytes(b"")
+    assert formats.validate(empty)[1][0].message.startswith("index is not valid UTF-8 JSON")
+    fmt, (problem,) = formats.validate(index)
+    assert fmt == "safetensors"
+    assert problem.code_name == "COL_ERR_HEADER" and "index is not valid UTF-8 JSON" in problem.message
     with pytest.raises(ColibriIOError):
         formats.detect(tmp_path / "absent.gguf")
 

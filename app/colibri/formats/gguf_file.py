@@ -576,6 +576,7 @@ class GGUFFile:
         self.path = mapping.path
         self._by_name = {t.name: t for t in layout.tensors or []}
         self._kv = {kv.key: kv for kv in layout.kvs or []}
+        self._starts: dict[int, list[int]] = {}   # array offset -> its elements' offsets so far
 
     @classmethod
     def open(cls, path: str) -> GGUFFile:
@@ -658,6 +659,55 @@ class GGUFFile:
             out_nested.append(self.array_list(inner))
         return out_nested
 
+    def array_items(self, value: ArrayValue, start: int, count: int,
+                    ) -> list[tuple[int, int, Any]]:
+        """(offset, end, value) of elements [start, start + count) of a metadata array: numbers,
+        strings, or nested arrays as `ArrayValue`s. The file was validated, so the elements are
+        read without checks; the offsets of variable-size elements are found once, as far as
+        they are asked for (a 151 000-token vocabulary is walked only as far as it is shown)."""
+        stop = min(value.count, start + max(0, count))
+        if start >= stop:
+            return []
+        buf, etype = self._map.buffer, value.element_type
+        if etype in _NUMPY:
+            dt = np.dtype(_NUMPY[etype])
+            items = np.frombuffer(buf, dt, stop - start, value.offset + start * dt.itemsize)
+            values = [bool(v) for v in items.tolist()] if etype == 7 else items.tolist()
+            return [(value.offset + (start + i) * dt.itemsize,
+                     value.offset + (start + i + 1) * dt.itemsize, v)
+                    for i, v in enumerate(values)]
+        starts = self._element_starts(value, stop)
+        out: list[tuple[int, int, Any]] = []
+        for i in range(start, stop):
+            pos, end = starts[i], starts[i + 1]
+            if etype == STRING:
+                item: Any = _decode(bytes(buf[pos + 8:end]))[0]
+            else:
+                walker = _Walker(buf, self._map.size)
+                walker.cur.pos = pos
+                item = walker.array(f"[{i}]", 1)
+            out.append((pos, end, item))
+        return out
+
+    def _element_starts(self, value: ArrayValue, stop: int) -> list[int]:
+        """Offsets of elements 0..stop of a string or nested array (stop + 1 entries; the last
+        is where element `stop` starts, or the array's end)."""
+        starts = self._starts.setdefault(value.offset, [value.offset])
+        if len(starts) > stop:
+            return starts
+        buf, unpack = self._map.buffer, _U64.unpack_from
+        pos = starts[-1]
+        walker = _Walker(buf, self._map.size) if value.element_type == ARRAY else None
+        while len(starts) <= stop:
+            if walker is None:
+                pos += 8 + unpack(buf, pos)[0]
+            else:
+                walker.cur.pos = pos
+                walker.array("", 1)
+                pos = walker.cur.pos
+            starts.append(pos)
+        return starts
+
     def metadata(self, max_items: int = SMALL_ARRAY) -> dict[str, Any]:
         """Every key/value for display or JSON; arrays longer than `max_items` summarised as
         {"type", "count", "first"}."""
@@ -727,6 +777,13 @@ class GGUFFile:
             return values.reshape(t.shape)
         return values
 
+    def decode_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """float32 values [n, columns] of whole rows of tensor `name` as `tensor` or `raw` gives
+        them (a slice of either: typed values or row bytes)."""
+        rows = np.ascontiguousarray(rows)
+        raw = rows.view(np.uint8).reshape(-1, self.tensor_info(name).row_bytes)
+        return _dequantize(raw, self.ggml_type(name))
+
     def bytes(self) -> np.ndarray:
         """The whole file as a read-only uint8 view."""
         return self._map.view(0, self._map.size)
@@ -783,5 +840,5 @@ def validate(path: str) -> list[Problem]:
     return walk(mapping.buffer, mapping.size).problems or []
 
 
-__all__ = ["ArrayValue", "GGUFFile", "KeyValue", "Layout", "type_name", "validate",
-           "validate_bytes", "walk"]
+__all__ = ["ArrayValue", "DEFAULT_ALIGNMENT", "GGUFFile", "HEADER_SIZE", "KeyValue", "Layout",
+           "VALUE_TYPES", "type_name", "validate", "validate_bytes", "walk"]
