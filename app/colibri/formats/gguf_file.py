@@ -781,8 +781,9 @@ class GGUFFile:
         """float32 values [n, columns] of whole rows of tensor `name` as `tensor` or `raw` gives
         them (a slice of either: typed values or row bytes)."""
         rows = np.ascontiguousarray(rows)
-        raw = rows.view(np.uint8).reshape(-1, self.tensor_info(name).row_bytes)
-        return _dequantize(raw, self.ggml_type(name))
+        t = self.tensor_info(name)
+        raw = rows.view(np.uint8).reshape(-1, t.row_bytes)
+        return _dequantize(raw, self.ggml_type(name), t)
 
     def bytes(self) -> np.ndarray:
         """The whole file as a read-only uint8 view."""
