@@ -86,7 +86,7 @@ def test_validate_json_lists_problems(capsys: Capture, tiny_image: BuildImage,
 
 def test_validate_json_clean(capsys: Capture, tiny_model_path: BuildPath) -> None:
     _, out, _ = run_cli(capsys, "validate", tiny_model_path(), "--json")
-    assert json.loads(out) == {"valid": True, "problems": []}
+    assert json.loads(out) == {"valid": True, "format": "colibri", "problems": []}
 
 
 def test_validate_garbage_has_no_traceback(tmp_path: Path) -> None:
@@ -224,6 +224,57 @@ def test_run_stops_at_eos(capsys: Capture, tiny_model_path: BuildPath) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# arguments shared by the commands
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "trace", "jitter", "epsilon", "bench"])
+def test_generate_and_threads_are_spelled_alike_everywhere(command: str) -> None:
+    from colibri.cli import build_parser
+
+    extra = {"run": ["--tokens", "1"], "trace": ["--tokens", "1", "--out", "x.json"],
+             "jitter": ["--tokens", "1"], "epsilon": ["--tokens", "1"]}.get(command, [])
+    parser = build_parser()
+    short = parser.parse_args([command, "f.colibri", *extra, "-n", "5", "-t", "3"])
+    long = parser.parse_args([command, "f.colibri", *extra, "--generate", "5", "--threads", "3"])
+    assert (short.generate, short.threads) == (long.generate, long.threads) == (5, 3)
+
+
+@pytest.mark.parametrize("command", ["run", "trace", "jitter", "epsilon"])
+def test_token_ids_are_parsed_alike_everywhere(command: str, capsys: Capture) -> None:
+    from colibri.cli import build_parser
+
+    extra = ["--out", "x.json"] if command == "trace" else []
+    args = build_parser().parse_args([command, "f.colibri", "--tokens", " 3, 4,,5 ", *extra])
+    assert args.tokens == [3, 4, 5]
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([command, "f.colibri", "--tokens", "3,four", *extra])
+    assert exit_info.value.code == 2
+    assert "expected comma-separated token ids, got '3,four'" in capsys.readouterr().err
+
+
+def test_run_generate_is_the_old_n(capsys: Capture, tiny_model_path: BuildPath) -> None:
+    args = ("run", tiny_model_path(), "--tokens", "1,3,4")
+    assert generated_tokens(run_cli(capsys, *args, "-n", "4")[1]) == generated_tokens(
+        run_cli(capsys, *args, "--generate", "4")[1])
+
+
+def test_run_beyond_the_models_context_is_refused_in_the_engines_words(
+        capsys: Capture, tiny_model_path: BuildPath) -> None:
+    code, out, err = run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3,4", "-n", "100")
+    assert code == 1 and out == ""
+    assert err.startswith("colibri: ") and "max_context 102 exceeds the model's 64" in err
+
+
+def test_errors_are_one_line_on_stderr(capsys: Capture, tiny_model_path: BuildPath,
+                                       tmp_path: Path) -> None:
+    for argv, code in ((["info", tmp_path / "missing.colibri"], 2),
+                       (["dump", tiny_model_path(), "--tensor", "nope"], 1),
+                       (["run", tiny_model_path(with_tokenizer=False), "--prompt", "x"], 1)):
+        got, out, err = run_cli(capsys, *argv)
+        assert got == code and out == "" and err.count("\n") == 1 and err.startswith("colibri: ")
+
+
+# ---------------------------------------------------------------------------------------------
 # convert (the converter module is stubbed: these tests are about the CLI's contract)
 
 
@@ -231,14 +282,16 @@ class FakeConversionError(Exception):
     pass
 
 
-def fake_converter(fail: bool) -> types.ModuleType:
+def fake_converter(fail: bool, warnings: tuple[str, ...] = ()) -> types.ModuleType:
     module = types.ModuleType("colibri.convert")
     calls: list[tuple[str, str, str]] = []
 
-    def convert(hf_dir: str, out_path: str, dtype: str = "f32", progress: object = None) -> None:
+    def convert(hf_dir: str, out_path: str, dtype: str = "f32",
+                progress: object = None) -> list[str]:
         calls.append((str(hf_dir), str(out_path), dtype))
         if fail:
             raise FakeConversionError("config.json: unsupported model_type 'llama'")
+        return list(warnings)
 
     module.convert = convert  # type: ignore[attr-defined]
     module.ConversionError = FakeConversionError  # type: ignore[attr-defined]
@@ -258,6 +311,14 @@ def test_convert_passes_arguments(capsys: Capture, monkeypatch: pytest.MonkeyPat
     install(monkeypatch, module)
     code, _, _ = run_cli(capsys, "convert", "hf", "out.colibri", "--dtype", "bf16")
     assert (code, module.calls) == (0, [("hf", "out.colibri", "bf16")])  # type: ignore[attr-defined]
+
+
+def test_convert_prints_the_converters_warnings(capsys: Capture,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, fake_converter(fail=False, warnings=("hf has no tokenizer.json",)))
+    code, out, err = run_cli(capsys, "convert", "hf", "out.colibri")
+    assert code == 0 and "wrote out.colibri" in out
+    assert "colibri: warning: hf has no tokenizer.json" in err
 
 
 def test_convert_error_exits_1(capsys: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -470,3 +531,43 @@ def test_bench_builds_tool_runs_two_builds_in_turns(capsys: Capture) -> None:
         line = next(x for x in text.splitlines() if x.startswith(phase))
         ratio = re.search(r"A +([0-9.]+) tok/s, B +([0-9.]+) tok/s; B / A ([0-9.]+) ", line)
         assert ratio is not None and all(float(v) > 0 for v in ratio.groups()), line
+
+
+def test_bench_peak_memory_leaves_out_the_probe_and_names_the_mapped_file() -> None:
+    """The peak RSS `colibri bench` reports is that of the runs: a 512 MiB probe buffer does not
+    show in it, and the resident pages of the mapped model file are given apart."""
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    args = ["bench", str(demo), "-p", "8", "-n", "4", "-r", "1", "--probe-mb", "512",
+            "--no-trace-check"]
+
+    def bench(*extra: str) -> str:   # a fresh process: the test run's own heap is not measured
+        run = subprocess.run([sys.executable, "-c", "import sys; from colibri.cli import main; "
+                              "sys.exit(main(sys.argv[1:]))", *args, *extra],
+                             capture_output=True, text=True, timeout=300, check=False)
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    r = json.loads(bench("--json"))
+    assert r["peak_rss_excludes_probe"] is (sys.platform == "linux")
+    if r["peak_rss_excludes_probe"]:
+        assert r["peak_rss_mb"] < 512
+    assert 0 < r["mapped_rss_mb"] <= demo.stat().st_size / 2**20 + 0.01
+    assert r["model_bytes"] < demo.stat().st_size and r["probe_mb"] == 512
+    line = next(x for x in bench().splitlines() if x.startswith("peak RSS"))
+    assert "MiB of it the mapped model file" in line and "512 MiB bandwidth probe" in line
+
+
+def test_bench_explains_a_model_that_fits_in_the_cache() -> None:
+    """Above 100% of the bandwidth limit is no mystery when the weights fit in the last-level
+    cache: the report says so, and says why otherwise."""
+    from colibri.bench import BenchResult, limit_note
+
+    def result(model_bytes: int, cache_bytes: int, fraction: float) -> BenchResult:
+        return BenchResult("m", "avx2", "default", 1, 8, 4, 1, 1.0, 1.0, 1.0, 1, 0, 1.0, 1.0,
+                           1.0, fraction, (1.0, 1.0), (1.0, 1.0), (fraction, fraction), 1.0,
+                           0.0, 50.0, 10.0, True, 1024.0, model_bytes, cache_bytes, 1, {})
+
+    fits = limit_note(result(13_000_000, 32 << 20, 1.62))
+    assert "fit in this machine's 32 MiB last-level cache" in fits and "not bandwidth-bound" in fits
+    assert "above 100%" in limit_note(result(10**9, 32 << 20, 1.05))
+    assert limit_note(result(10**9, 32 << 20, 0.8)) == ""

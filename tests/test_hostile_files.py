@@ -23,6 +23,7 @@ import pytest
 import colibri
 from colibri import errors
 from colibri import fileformat as ff
+from colibri.values import HParams
 from colibri.engine import Model, Session, validate_bytes
 
 from tiny_models import TinyModel
@@ -193,9 +194,11 @@ def absurd_table_image(n_tensors: int, size: int = 1 << 20) -> bytearray:
 @pytest.mark.parametrize("n_tensors", [4096, 8000, 0xFFFFFFFF])
 def test_validate_one_mebibyte_worst_cases_is_fast(n_tensors: int) -> None:
     image = absurd_table_image(n_tensors)
-    start = time.perf_counter()
+    # CPU time of this thread: the bound is on the validator's work, which a busy machine's
+    # run-queue waits would otherwise add to (the call runs on this thread, GIL released).
+    start = time.thread_time()
     problems = validate_bytes(image, checksums=True, nan_check=True)
-    elapsed = time.perf_counter() - start
+    elapsed = time.thread_time() - start
     assert problems and elapsed < 1.0, elapsed
 
 
@@ -207,9 +210,9 @@ def test_validate_random_mebibytes_is_fast() -> None:
         mutated = bytearray(image)
         for at in rng.integers(0, 8448, 40):
             mutated[at] = int(rng.integers(0, 256))
-        start = time.perf_counter()
+        start = time.thread_time()
         validate_bytes(mutated, checksums=True, nan_check=True)
-        assert time.perf_counter() - start < 1.0
+        assert time.thread_time() - start < 1.0
 
 
 def test_absurd_tensor_count_states_the_limit() -> None:
@@ -243,9 +246,9 @@ def test_interrupted_colibri_write_keeps_the_previous_file(tmp_path: Path) -> No
     target = tmp_path / "model.colibri"
     shutil.copyfile(CORPUS / "valid.colibri", target)
     before = target.read_bytes()
-    hp = ff.HParams(arch=ff.ARCH_MIXTRAL, n_layers=1, n_experts=1, n_experts_active=1, d_model=4,
-                    n_heads=1, n_kv_heads=1, head_dim=4, vocab_size=4, max_context=4,
-                    d_ff_expert=4)
+    hp = HParams(arch=ff.ARCH_MIXTRAL, n_layers=1, n_experts=1, n_experts_active=1, d_model=4,
+                 n_heads=1, n_kv_heads=1, head_dim=4, vocab_size=4, max_context=4,
+                 d_ff_expert=4)
 
     def boom() -> np.ndarray:
         raise KeyboardInterrupt

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "app"))
 
 from colibri import fileformat as ff  # noqa: E402
+from colibri.values import HParams  # noqa: E402
 
 CORPUS = ROOT / "tests" / "corpus"
 MAX_FILE = 64 * 1024
@@ -90,17 +91,17 @@ class Entry:
 # The base model
 
 
-def base_hparams() -> ff.HParams:
-    return ff.HParams(arch=ff.ARCH_MIXTRAL, n_layers=2, n_experts=2, n_experts_active=1,
-                      d_model=8, n_heads=2, n_kv_heads=1, head_dim=4, vocab_size=16,
-                      max_context=16, d_ff_expert=8, d_ff_dense=8, flags=ff.FLAG_NORM_TOPK,
-                      norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_id=2)
+def base_hparams() -> HParams:
+    return HParams(arch=ff.ARCH_MIXTRAL, n_layers=2, n_experts=2, n_experts_active=1,
+                   d_model=8, n_heads=2, n_kv_heads=1, head_dim=4, vocab_size=16,
+                   max_context=16, d_ff_expert=8, d_ff_dense=8, flags=ff.FLAG_NORM_TOPK,
+                   norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_id=2)
 
 
 KINDS = [ff.LAYER_MOE, ff.LAYER_DENSE]
 
 
-def base_arrays(hp: ff.HParams, extra: bool = False) -> list[tuple[str, np.ndarray, int]]:
+def base_arrays(hp: HParams, extra: bool = False) -> list[tuple[str, np.ndarray, int]]:
     rng = np.random.default_rng(20261129)
     H, V, E, I, D = hp.d_model, hp.vocab_size, hp.n_experts, hp.d_ff_expert, hp.d_ff_dense
     q, kv = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim

@@ -7,10 +7,10 @@ Qwen2-MoE, Qwen3-MoE and OLMoE, in both on-disk expert layouts that transformers
 per-expert tensors (the default `save_pretrained`, and what Hub checkpoints hold) and fused 3-D
 tensors (`save_pretrained(..., save_original_format=False)`).
 
-It reads safetensors with its own small reader rather than `safetensors.safe_open`, because numpy
-has no bfloat16 and most released checkpoints are bf16; the reader validates the header (dtype,
-shape, offsets inside the file) and reads one tensor, or one expert's slice of a fused tensor, at
-a time. Everything is checked before the first byte is written: every required tensor exists and
+It reads safetensors through `colibri.formats.safetensors_file`: every file of the checkpoint
+(index, shards) is validated byte by byte first, and only then read with the `safetensors`
+library's `safe_open` (numpy, bf16 through ml_dtypes), one tensor, or one expert's slice of a
+fused tensor, at a time. Everything is checked before the first byte is written: every required tensor exists and
 has the shape the hyper-parameters imply. Only then does `write_colibri` stream the data, loading
 one output tensor at a time, into a temporary file that is renamed into place at the end, so a
 failed conversion never leaves a partial file and never touches an existing one.
@@ -23,19 +23,24 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from colibri.errors import ColibriFormatError, ColibriIOError
 from colibri.fileformat import (
-    ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, BLOCK_ELEMS, DTYPE_BF16,
+    ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, BLOCK_BYTES, BLOCK_ELEMS, DTYPE_BF16,
     DTYPE_BY_NAME, DTYPE_F16, QUANT_BY_NAME, quantize as quantize_blocks,
     DTYPE_F32, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS,
     FLAG_SHARED_EXPERT, FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE,
-    HParams, TensorSpec, bf16_bits_to_f32, plan_file, storage_to_f32, to_storage, write_colibri,
+    TensorSpec, plan_file, storage_to_f32, to_storage, write_colibri,
 )
+from colibri.formats import safetensors_file
+from colibri.formats.common import TensorEntry
+from colibri.formats.safetensors_file import Checkpoint
+from colibri.values import HParams
 
 CONVERTER_VERSION = "1"
 
@@ -50,139 +55,39 @@ class ConversionError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
-# Safetensors reading
-#
-# A .safetensors file is: u64 little-endian header length N, N bytes of JSON mapping each tensor
-# name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to byte 8 + N), an
-# optional "__metadata__" entry, then the data.
+# Safetensors reading (validated by colibri.formats first, then read with safe_open)
 
-_ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
-              "F64": np.dtype("<f8")}
-_ST_MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
+# The checkpoint dtypes the converter reads (what transformers writes for these families).
+SOURCE_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
-@dataclass(frozen=True)
-class _SourceTensor:
-    """One tensor of a safetensors file: where its bytes are, not the bytes themselves."""
-
-    name: str
-    path: str
-    dtype: str             # safetensors dtype code: F32, F16, BF16, F64
-    shape: tuple[int, ...]
-    start: int             # absolute byte offset of the data in `path`
-    nbytes: int
-
-    @property
-    def count(self) -> int:
-        return math.prod(self.shape)
-
-    def read(self, first: int = 0, count: int | None = None) -> np.ndarray:
-        """Elements [first, first + count) of the flattened tensor, as a 1-D float32 array."""
-        if count is None:
-            count = self.count - first
-        item = _ST_DTYPES[self.dtype].itemsize
-        if first < 0 or count < 0 or first + count > self.count:
-            raise ConversionError(f"{self.path}: tensor '{self.name}': read of elements "
-                                  f"[{first}, {first + count}) outside {self.count}")
-        with open(self.path, "rb") as f:
-            f.seek(self.start + first * item)
-            raw = f.read(count * item)
-        if len(raw) != count * item:
-            raise ConversionError(f"{self.path}: tensor '{self.name}': file ends early "
-                                  f"(read {len(raw)} of {count * item} bytes)")
-        data = np.frombuffer(raw, dtype=_ST_DTYPES[self.dtype])
-        if self.dtype == "BF16":
-            return bf16_bits_to_f32(data)
-        return data.astype(np.float32)
+def _format_problems(problems: Sequence[Any]) -> str:
+    errs = [p for p in problems if p.severity == "error"]
+    shown = "; ".join(f"{p.message} (at byte 0x{p.offset:X})" for p in errs[:5])
+    return shown + (f"; and {len(errs) - 5} more" if len(errs) > 5 else "")
 
 
-def read_safetensors_header(path: str) -> dict[str, _SourceTensor]:
-    """Parse and check the header of one .safetensors file; no tensor data is read."""
+def read_safetensors_header(path: str) -> dict[str, TensorEntry]:
+    """Validate one .safetensors file (header and offsets; no tensor data is read) and return
+    its tensors by name. Raises ConversionError naming the file, the tensor and the byte."""
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) != 8:
-                raise ConversionError(f"{path}: not a safetensors file ({size} bytes, shorter "
-                                      "than the 8-byte header length)")
-            n = int.from_bytes(head, "little")
-            if n > _ST_MAX_HEADER or 8 + n > size:
-                raise ConversionError(f"{path}: safetensors header length {n} does not fit in "
-                                      f"the file ({size} bytes)")
-            header_bytes = f.read(n)
-    except OSError as exc:
-        raise ConversionError(f"{path}: cannot read: {exc}") from exc
+        header = safetensors_file.validate_file(path)
+    except ColibriIOError as exc:
+        raise ConversionError(f"{path}: cannot read: {exc.message}") from exc
+    if any(p.severity == "error" for p in header.problems):
+        raise ConversionError(f"{path}: {_format_problems(header.problems)}")
+    return {t.name: t for t in header.tensors}
+
+
+def _open_checkpoint(hf_dir: str) -> Checkpoint:
+    """Every file of the checkpoint validated (index, shards, headers); nothing read yet."""
     try:
-        header = json.loads(header_bytes.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, huge ints, deep nesting
-        raise ConversionError(f"{path}: safetensors header is not valid JSON: "
-                              f"{str(exc)[:200]}") from exc
-    if not isinstance(header, dict):
-        raise ConversionError(f"{path}: safetensors header is not a JSON object")
-    data_start = 8 + n
-    data_size = size - data_start
-    tensors: dict[str, _SourceTensor] = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        where = f"{path}: tensor '{name}'"
-        if not isinstance(entry, dict):
-            raise ConversionError(f"{where}: header entry is not an object")
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in _ST_DTYPES:
-            raise ConversionError(f"{where}: dtype {dtype!r} not supported (supported: "
-                                  f"{', '.join(_ST_DTYPES)})")
-        if (not isinstance(shape, list) or
-                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise ConversionError(f"{where}: bad shape {shape!r}")
-        if (not isinstance(offsets, list) or len(offsets) != 2 or
-                not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
-            raise ConversionError(f"{where}: bad data_offsets {offsets!r}")
-        begin, end = offsets
-        if not 0 <= begin <= end <= data_size:
-            raise ConversionError(f"{where}: data_offsets [{begin}, {end}] outside the data "
-                                  f"region of {data_size} bytes")
-        expected = math.prod(shape) * _ST_DTYPES[dtype].itemsize
-        if end - begin != expected:
-            raise ConversionError(f"{where}: {end - begin} data bytes, but shape {shape} of "
-                                  f"{dtype} needs {expected}")
-        tensors[name] = _SourceTensor(name, path, dtype, tuple(shape), data_start + begin,
-                                      end - begin)
-    return tensors
-
-
-def _open_checkpoint(hf_dir: str) -> dict[str, _SourceTensor]:
-    """All tensors of the checkpoint by HF name (headers only)."""
-    index_path = os.path.join(hf_dir, "model.safetensors.index.json")
-    if os.path.exists(index_path):
-        try:
-            with open(index_path, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-            files = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            raise ConversionError(f"{index_path}: unreadable index: {exc}") from exc
-    else:
-        weight_map = None
-        files = sorted(n for n in os.listdir(hf_dir) if n.endswith(".safetensors"))
-        if not files:
-            raise ConversionError(f"{hf_dir}: no *.safetensors files")
-    tensors: dict[str, _SourceTensor] = {}
-    for file in files:
-        path = os.path.join(hf_dir, file)
-        if not os.path.isfile(path):
-            raise ConversionError(f"{index_path}: lists shard '{file}', which does not exist")
-        for name, t in read_safetensors_header(path).items():
-            if name in tensors:
-                raise ConversionError(f"tensor '{name}' appears in both {tensors[name].path} "
-                                      f"and {path}")
-            tensors[name] = t
-    if weight_map is not None:
-        for name, file in weight_map.items():
-            t = tensors.get(name)
-            if t is None or os.path.basename(t.path) != file:
-                raise ConversionError(f"{index_path}: maps tensor '{name}' to '{file}', which "
-                                      "does not contain it")
-    return tensors
+        return Checkpoint.open(hf_dir)
+    except ColibriFormatError as exc:
+        where = exc.problems[0].message if exc.problems else exc.message
+        raise ConversionError(f"{hf_dir}: {_format_problems(exc.problems) or where}") from exc
+    except ColibriIOError as exc:
+        raise ConversionError(f"{hf_dir}: {exc.message}") from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,13 +333,13 @@ def _hparams(cfg: _Config, notes: list[str]) -> tuple[HParams, list[int]]:
         rope_theta=rope_theta, rope_factor=rope_factor, norm_eps=eps, clip_qkv=clip_qkv,
         bos_token_id=_token_id(cfg.get("bos_token_id")),
         eos_token_id=_token_id(cfg.get("eos_token_id")))
-    _check_limits(hp)
+    check_limits(hp)
     for attr in ("bos_token_id", "eos_token_id"):
         value = getattr(hp, attr)
         if value >= hp.vocab_size:
             # An id the model cannot produce (e.g. OLMoE's class default eos 50279 in a tiny
             # random model); the format requires -1 or an id below vocab_size.
-            setattr(hp, attr, -1)
+            hp = replace(hp, **{attr: -1})
             notes.append(f"{attr} {value} is outside the vocabulary ({hp.vocab_size}); "
                          "stored as -1")
     return hp, kinds
@@ -455,7 +360,7 @@ def hparams_from_config(raw: Any) -> tuple[HParams, list[int], list[str]]:
     return hp, kinds, notes
 
 
-def _check_limits(hp: HParams) -> None:
+def check_limits(hp: HParams) -> None:
     """The header limits of docs/format.md, so that a checkpoint the engine would refuse fails
     here with the config field's name rather than later in `colibri validate`."""
     limits = (("num_hidden_layers", hp.n_layers, 1, 1024),
@@ -482,14 +387,24 @@ _STORAGE_NP = {DTYPE_F32: np.float32, DTYPE_F16: np.float16, DTYPE_BF16: np.uint
 
 @dataclass(frozen=True)
 class _Piece:
-    """A run of elements of one source tensor: elements [first, first + count) of `src`."""
+    """Part of one source tensor: `index` (a tuple of ints and slices; () = all of it) into the
+    tensor `name`, `count` elements, read with the safetensors library's lazy slice."""
 
-    src: _SourceTensor
-    first: int
+    ckpt: Checkpoint
+    name: str
+    index: tuple[Any, ...]
     count: int
 
+    def read(self) -> np.ndarray:
+        part = self.ckpt.slice(self.name)[self.index if self.index else slice(None)]
+        values = np.asarray(part).astype(np.float32).reshape(-1)
+        if values.size != self.count:
+            raise ConversionError(f"tensor '{self.name}': read {values.size} elements, expected "
+                                  f"{self.count}")
+        return values
 
-def _to_storage_checked(values: np.ndarray, dtype: int, name: str) -> np.ndarray:
+
+def to_storage_checked(values: np.ndarray, dtype: int, name: str) -> np.ndarray:
     """to_storage, refusing finite values that overflow the storage dtype (f16 max 65504)."""
     if dtype == DTYPE_F32:
         return to_storage(values, dtype)
@@ -513,8 +428,7 @@ def _loader(name: str, dtype: int, shape: tuple[int, ...], pieces: Sequence[_Pie
         out = np.empty(math.prod(shape), dtype=_STORAGE_NP[dtype])
         cursor = 0
         for p in pieces:
-            out[cursor:cursor + p.count] = _to_storage_checked(p.src.read(p.first, p.count),
-                                                               dtype, name)
+            out[cursor:cursor + p.count] = to_storage_checked(p.read(), dtype, name)
             cursor += p.count
         return out.reshape(shape)
     return load
@@ -524,14 +438,15 @@ class _Planner:
     """Collects the output tensors and every problem with the checkpoint, so that all missing
     tensors and bad shapes are reported together, before anything is written."""
 
-    def __init__(self, tensors: dict[str, _SourceTensor], dtype: int):
-        self.tensors = tensors
+    def __init__(self, ckpt: Checkpoint, dtype: int):
+        self.ckpt = ckpt
+        self.tensors = {t.name: t for t in ckpt.tensors}
         self.dtype = dtype
         self.specs: list[TensorSpec] = []
         self.problems: list[str] = []
         self.used: set[str] = set()
 
-    def source(self, hf_name: str, shape: tuple[int, ...], what: str) -> _SourceTensor | None:
+    def source(self, hf_name: str, shape: tuple[int, ...], what: str) -> TensorEntry | None:
         t = self.tensors.get(hf_name)
         if t is None:
             self.problems.append(f"missing tensor '{hf_name}' (for {what})")
@@ -541,7 +456,15 @@ class _Planner:
             self.problems.append(f"tensor '{hf_name}' has shape {list(t.shape)}, expected "
                                  f"{list(shape)} (for {what})")
             return None
+        if t.dtype not in SOURCE_DTYPES:
+            self.problems.append(f"tensor '{hf_name}' has dtype {t.dtype}, not one the converter "
+                                 f"reads ({', '.join(SOURCE_DTYPES)})")
+            return None
         return t
+
+    def piece(self, t: TensorEntry, index: tuple[Any, ...] = (), count: int | None = None
+              ) -> _Piece:
+        return _Piece(self.ckpt, t.name, index, t.n_elements if count is None else count)
 
     def add(self, name: str, shape: tuple[int, ...], pieces: Sequence[_Piece] | None,
             force_f32: bool = False) -> None:
@@ -555,14 +478,14 @@ class _Planner:
     def single(self, name: str, hf_name: str, shape: tuple[int, ...],
                force_f32: bool = False) -> None:
         t = self.source(hf_name, shape, name)
-        self.add(name, shape, None if t is None else [_Piece(t, 0, t.count)], force_f32)
+        self.add(name, shape, None if t is None else [self.piece(t)], force_f32)
 
     def stacked(self, name: str, hf_names: Sequence[str], shape: tuple[int, ...]) -> None:
         """Per-expert matrices of `shape` stacked into [E, *shape]."""
         sources = [self.source(n, shape, name) for n in hf_names]
         ok = all(s is not None for s in sources)
         self.add(name, (len(hf_names), *shape),
-                 [_Piece(s, 0, s.count) for s in sources] if ok else None)
+                 [self.piece(s) for s in sources if s is not None] if ok else None)
 
 
 def _attention(p: _Planner, hp: HParams, layer: int, mt: str) -> None:
@@ -617,11 +540,11 @@ def _moe(p: _Planner, hp: HParams, layer: int, mt: str) -> None:
         down = p.source(fused_down, (E, H, I), f"{dst}.moe_w2")
         # gate_up_proj[e] is [2I, H]: rows 0..I-1 are the gate (w1), rows I..2I-1 the up (w3).
         p.add(f"{dst}.moe_w1", (E, I, H),
-              None if gu is None else [_Piece(gu, e * 2 * I * H, I * H) for e in range(E)])
+              None if gu is None else [p.piece(gu, (e, slice(0, I)), I * H) for e in range(E)])
         p.add(f"{dst}.moe_w2", (E, H, I),
-              None if down is None else [_Piece(down, e * H * I, H * I) for e in range(E)])
+              None if down is None else [p.piece(down, (e,), H * I) for e in range(E)])
         p.add(f"{dst}.moe_w3", (E, I, H),
-              None if gu is None else [_Piece(gu, e * 2 * I * H + I * H, I * H)
+              None if gu is None else [p.piece(gu, (e, slice(I, 2 * I)), I * H)
                                        for e in range(E)])
     else:
         p.stacked(f"{dst}.moe_w1", per_expert[0], (I, H))
@@ -645,7 +568,7 @@ def _dense(p: _Planner, hp: HParams, layer: int) -> None:
     p.single(f"{dst}.mlp_w3", f"{src}.up_proj.weight", (D, H))
 
 
-def _plan_tensors(tensors: dict[str, _SourceTensor], hp: HParams, kinds: list[int], mt: str,
+def _plan_tensors(tensors: Checkpoint, hp: HParams, kinds: list[int], mt: str,
                   dtype: int) -> list[TensorSpec]:
     p = _Planner(tensors, dtype)
     V, H = hp.vocab_size, hp.d_model
@@ -690,7 +613,7 @@ def _quantized(spec: TensorSpec, qdtype: int) -> TensorSpec:
     return TensorSpec(spec.name, qdtype, spec.shape, load)
 
 
-def _apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: str,
+def apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: str,
                     notes: list[str]) -> list[TensorSpec]:
     if quantize_dtype is None:
         return specs
@@ -703,7 +626,7 @@ def _apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: 
     out, skipped = [], []
     for spec in specs:
         base = spec.name.rsplit(".", 1)[-1]
-        if base in suffixes and len(spec.shape) >= 2:
+        if base in suffixes and len(spec.shape) >= 2 and spec.dtype not in BLOCK_BYTES:
             if spec.shape[-1] % BLOCK_ELEMS:
                 skipped.append(spec.name)
                 out.append(spec)
@@ -718,8 +641,9 @@ def _apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: 
 
 def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dtype: str = "f32",
             progress: Callable[[int, int], None] | None = None, quantize: str | None = None,
-            quantize_tensors: str = "experts") -> None:
-    """Convert the Hugging Face checkpoint in `hf_dir` to a `.colibri` file at `out_path`.
+            quantize_tensors: str = "experts") -> list[str]:
+    """Convert the Hugging Face checkpoint in `hf_dir` to a `.colibri` file at `out_path`;
+    returns warnings about the file written (one sentence each), e.g. that it has no tokenizer.
 
     `dtype` ("f32", "f16" or "bf16") is the storage of every matrix except the router; 1-D
     tensors and `moe_gate` are always f32. `progress(done, total)` is called after each tensor
@@ -750,13 +674,18 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
 
     tensors = _open_checkpoint(hf_dir)
     specs = _plan_tensors(tensors, hp, kinds, model_type, DTYPE_BY_NAME[dtype])
-    specs = _apply_quantize(specs, quantize, quantize_tensors, notes)
+    specs = apply_quantize(specs, quantize, quantize_tensors, notes)
 
     tokenizer = b""
+    warnings = []
     tokenizer_path = os.path.join(hf_dir, "tokenizer.json")
     if os.path.exists(tokenizer_path):
         with open(tokenizer_path, "rb") as f:
             tokenizer = f.read()
+    else:
+        warnings.append(f"{hf_dir} has no tokenizer.json, so the file has no tokenizer: prompts "
+                        "must be given as token ids (colibri run --tokens; the Inspector's "
+                        "prompt field takes them too)")
     metadata = {
         "source": {"model_type": model_type, "architectures": raw.get("architectures")},
         "converted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -769,34 +698,4 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
         metadata["notes"] = notes
     plan = plan_file(hp, kinds, specs, tokenizer, metadata)
     write_colibri(out_path, plan, progress)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m colibri.convert HF_DIR OUT.colibri [--dtype f32|f16|bf16]`."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(
-        prog="python -m colibri.convert",
-        description="Convert a Hugging Face MoE checkpoint to .colibri")
-    parser.add_argument("hf_dir")
-    parser.add_argument("out_path")
-    parser.add_argument("--dtype", default="f32", choices=sorted(DTYPE_BY_NAME))
-    parser.add_argument("--quantize", choices=("q8", "q4"), default=None)
-    parser.add_argument("--quantize-tensors", choices=sorted(QUANTIZE_SETS), default="experts")
-    args = parser.parse_args(argv)
-
-    def report(done: int, total: int) -> None:
-        print(f"\r{done}/{total} tensors", end="" if done < total else "\n", file=sys.stderr)
-
-    try:
-        convert(args.hf_dir, args.out_path, args.dtype, report, args.quantize,
-                args.quantize_tensors)
-    except ConversionError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return warnings

@@ -13,15 +13,15 @@ import json
 import os
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Callable, Iterable, Sequence
 
 import numpy as np
 
 from colibri.files import atomic_write
+from colibri.values import ARCH_NAMES, FORMAT_VERSION, HParams
 
 MAGIC = b"COLI"
-FORMAT_VERSION = 1
 HEADER_SIZE = 256
 ROUTING_ENTRY_SIZE = 32
 TENSOR_ENTRY_SIZE = 128
@@ -122,9 +122,7 @@ def dequantize(data: np.ndarray, dtype: int, shape: Sequence[int]) -> np.ndarray
     return (d[..., None] * q).reshape(shape)
 
 
-ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4
-ARCH_NAMES = {ARCH_MIXTRAL: "mixtral", ARCH_QWEN2_MOE: "qwen2_moe", ARCH_QWEN3_MOE: "qwen3_moe",
-              ARCH_OLMOE: "olmoe"}
+ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4  # keys of ARCH_NAMES
 
 FLAG_NORM_TOPK = 1
 FLAG_TIED_EMBEDDINGS = 2
@@ -149,38 +147,6 @@ _HPARAM_FIELDS: tuple[tuple[int, str, str], ...] = (
     (0x0A8, "<f", "norm_eps"), (0x0AC, "<f", "clip_qkv"), (0x0B0, "<f", "default_epsilon"),
     (0x0B4, "<i", "bos_token_id"), (0x0B8, "<i", "eos_token_id"),
 )
-
-
-@dataclass
-class HParams:
-    """Architecture and hyper-parameters, as stored in the fixed header."""
-
-    arch: int
-    n_layers: int
-    n_experts: int
-    n_experts_active: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    max_context: int
-    d_ff_expert: int
-    d_ff_dense: int = 0
-    d_ff_shared: int = 0
-    flags: int = 0
-    sliding_window: int = 0
-    rope_type: int = 0
-    rope_theta: float = 10000.0
-    rope_factor: float = 1.0
-    rope_original_max_context: int = 0
-    rope_low_freq_factor: float = 0.0
-    rope_high_freq_factor: float = 0.0
-    norm_eps: float = 1e-6
-    clip_qkv: float = 0.0
-    default_epsilon: float = 1e-8
-    bos_token_id: int = -1
-    eos_token_id: int = -1
 
 
 @dataclass
@@ -256,9 +222,13 @@ def storage_to_f32(data: np.ndarray, dtype: int) -> np.ndarray:
 
 def plan_file(hparams: HParams, layer_kinds: Sequence[int], tensors: Sequence[TensorSpec],
               tokenizer: bytes = b"", metadata: dict | None = None) -> FilePlan:
-    """Lay out a file: sections in the documented order, tensors 64-byte aligned in list order."""
+    """Lay out a file: sections in the documented order, tensors 64-byte aligned in list order.
+    The plan's `hparams` are those written: `version` is FORMAT_VERSION and `n_moe_layers`
+    counts the MoE layers of `layer_kinds`, whatever `hparams` said."""
     if len(layer_kinds) != hparams.n_layers:
         raise ValueError(f"{len(layer_kinds)} layer kinds for {hparams.n_layers} layers")
+    hparams = replace(hparams, version=FORMAT_VERSION,
+                      n_moe_layers=sum(1 for k in layer_kinds if k == LAYER_MOE))
     names = [t.name for t in tensors]
     if len(set(names)) != len(names):
         raise ValueError("duplicate tensor names")
@@ -307,16 +277,15 @@ def _table_bytes(plan: FilePlan) -> bytes:
 def header_bytes(plan: FilePlan, routing: bytes, table: bytes) -> bytes:
     """The 256-byte fixed header, CRCs included."""
     hp = plan.hparams
-    n_moe = sum(1 for k in plan.layer_kinds if k == LAYER_MOE)
     head = bytearray(HEADER_SIZE)
-    struct.pack_into("<4sIIIII", head, 0, MAGIC, FORMAT_VERSION, hp.n_experts, hp.n_layers,
+    struct.pack_into("<4sIIIII", head, 0, MAGIC, hp.version, hp.n_experts, hp.n_layers,
                      HEADER_SIZE, len(plan.tensors))
     struct.pack_into("<QQQQQQQQ", head, 0x18, plan.routing_offset, plan.data_offset,
                      plan.tensor_table_offset, plan.tokenizer_offset, len(plan.tokenizer),
                      plan.metadata_offset, len(plan.metadata), plan.file_size)
     for offset, code, attr in _HPARAM_FIELDS:
         struct.pack_into(code, head, offset, getattr(hp, attr))
-    struct.pack_into("<I", head, 0x0BC, n_moe)
+    struct.pack_into("<I", head, 0x0BC, hp.n_moe_layers)
     fix_crcs(head, routing + table)
     return bytes(head)
 

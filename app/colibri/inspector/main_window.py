@@ -24,9 +24,8 @@ from PySide6.QtCore import (QByteArray, QFileSystemWatcher, QSettings, QStandard
                             Signal)
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
-                               QProgressBar, QPushButton,
-                               QSplitter, QStackedWidget, QTabWidget, QToolButton, QVBoxLayout,
-                               QWidget)
+                               QProgressBar, QPushButton, QSizePolicy, QSplitter, QStackedWidget,
+                               QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
 from colibri.inspection.document import (DataCheckResult, DocumentState, ModelDocument,
                                          data_check, explain, load_state,
@@ -36,12 +35,14 @@ from colibri.errors import ColibriFileChangedError
 from colibri.files import atomic_write_csv
 from colibri.inspection.recent import RecentFiles
 from colibri.inspector import resources
+from colibri.inspection.foreign import ForeignDocument, is_foreign
 from colibri.inspector.export import save_png
+from colibri.inspector.foreign_view import QtForeignFileView
 from colibri.inspector.debugger.panel import QtDebuggerPanel
 from colibri.inspector.header_view import QtHeaderView
 from colibri.inspector.jitter.lab import QtJitterLab
 from colibri.inspector.hexview import QtHexView
-from colibri.inspector.tasks import Cancelled, Task, TaskRunner
+from colibri.inspector.tasks import Task, TaskRunner
 from colibri.inspector.tensor_table import QtTensorTable
 from colibri.inspector.tensor_values import QtTensorValues
 from colibri.inspector.validation_view import QtValidationReport
@@ -57,7 +58,13 @@ VIEW_TITLES = {"validation": "Validation", "header": "Header", "tensors": "Tenso
 # Window-wide shortcuts the debugger panel uses for itself while it is the current view.
 DEBUGGER_SHORTCUT_ACTIONS = ("reload_action", "run_action", "find_action", "goto_action")
 RELOAD_DEBOUNCE_MS = 400
-FILE_FILTER = "Colibri models (*.colibri);;All files (*)"
+# Files up to this size get their data checks (every tensor's CRC-32, NaN/Inf scan) started as
+# soon as they open: about a second of reading on a worker, cancellable; larger files wait for
+# F5 and say "data not checked" until then.
+AUTO_CHECK_BYTES = 1 << 30
+FILE_FILTER = ("Models (*.colibri *.gguf *.safetensors *.json);;Colibri models (*.colibri);;"
+               "GGUF files (*.gguf);;safetensors (*.safetensors *.safetensors.index.json);;"
+               "All files (*)")
 
 
 def make_settings() -> QSettings:
@@ -147,8 +154,9 @@ class FileView(QWidget):
         self.splitter.setObjectName("fileSplitter")
         self.splitter.addWidget(self.tabs)
         self.splitter.addWidget(self.hex)
-        self.splitter.setStretchFactor(0, 3)
-        self.splitter.setStretchFactor(1, 2)
+        # a wider window widens the views; the hexdump's rows are a fixed number of characters
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 0)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.changed_banner)
@@ -181,6 +189,7 @@ class FileView(QWidget):
         self.watcher.fileChanged.connect(lambda _p: self._debounce.start())
         self.watcher.directoryChanged.connect(lambda _p: self._debounce.start())
         self._watch()
+        self._fit_hexdump()
 
         self._show_document()
 
@@ -212,7 +221,13 @@ class FileView(QWidget):
         self.hex.set_regions(doc.regions())
         if doc.model is None:
             self.set_view("validation")
+        elif doc.size <= AUTO_CHECK_BYTES:
+            QTimer.singleShot(0, self._auto_check)   # once the window has wired its signals
         self.sig_status_changed.emit()
+
+    def _auto_check(self) -> None:
+        if self.doc.model is not None and self.data_result is None and not self._checking:
+            self.run_checks(True, True)
 
     def reload_if_changed(self) -> None:
         """Debounced watcher callback: reload on a worker when the file's identity changed."""
@@ -262,7 +277,7 @@ class FileView(QWidget):
         """Start the data checks (every tensor's CRC and/or NaN scan) on a worker."""
         if self.doc.model is None or not (checksums or nan_check):
             return
-        fn = data_check(self.doc, checksums, nan_check, cancelled_error=Cancelled)
+        fn = data_check(self.doc, checksums, nan_check)
         self.last_error = ""
         self.checks.start(Task("data checks", fn))
         self._checking = True
@@ -310,9 +325,10 @@ class FileView(QWidget):
             errors += sum(1 for p in self.data_result.problems if p.severity == "error")
         if doc.model is None or errors:
             return f"invalid: {errors} error(s)" if errors else "invalid"
-        checked = " and data" if self.data_result is not None else ""
         warnings = f", {len(doc.warnings)} warning(s)" if doc.warnings else ""
-        return f"valid (structure{checked}){warnings}"
+        if self.data_result is None:
+            return f"structure valid, data not checked{warnings}"
+        return f"valid (structure and data){warnings}"
 
     # -- cross-view navigation ------------------------------------------------------------------
 
@@ -435,6 +451,15 @@ class FileView(QWidget):
     def _fit_hexdump(self) -> None:
         # hidden rather than collapsed: a hidden widget's minimum width does not count
         self.hex.setVisible(self._current_view not in self.WIDE_VIEWS)
+        # A tab widget is as large as its largest page, shown or not: the debugger's minimum
+        # width beside the hexdump would push the window past a 1280-pixel screen. A page's
+        # minimum counts only while it is the current one (Ignored pages count as 0).
+        current = self.tabs.currentWidget()
+        for i in range(self.tabs.count()):
+            page = self.tabs.widget(i)
+            policy = QSizePolicy.Policy.Preferred if page is current else \
+                QSizePolicy.Policy.Ignored
+            page.setSizePolicy(policy, policy)
 
     def _tab_changed(self, _index: int) -> None:
         names = {self.validation: "validation", self.header: "header", self.tensors: "tensors",
@@ -663,6 +688,13 @@ class MainWindow(QMainWindow):
 
     def _update_status(self) -> None:
         view = self.current_view()
+        foreign = self.files.currentWidget()
+        if view is None and isinstance(foreign, QtForeignFileView):
+            self.size_label.setText(size_text(foreign.doc.size))
+            self.state_label.setText(foreign.validation_state())
+            self._set_running(False)
+            self.setWindowTitle(f"{foreign.doc.name} — Colibri Inspector")
+            return
         if view is None:
             self.size_label.setText("")
             self.state_label.setText("no file")
@@ -685,8 +717,9 @@ class MainWindow(QMainWindow):
 
     # -- files ----------------------------------------------------------------------------------
 
-    def views(self) -> list[FileView]:
-        return [self.files.widget(i) for i in range(self.files.count())]  # type: ignore[misc]
+    def views(self) -> list[Any]:
+        """Every open tab: `FileView`s (.colibri) and `QtForeignFileView`s (GGUF, safetensors)."""
+        return [self.files.widget(i) for i in range(self.files.count())]
 
     def current_view(self) -> FileView | None:
         widget = self.files.currentWidget()
@@ -698,21 +731,26 @@ class MainWindow(QMainWindow):
             "No model open.\n\nOpen a .colibri file with File > Open (Ctrl+O), pick one from "
             "File > Open Recent, or drop it on this window."))
 
-    def open_path(self, path: str | os.PathLike[str]) -> FileView:
+    def open_path(self, path: str | os.PathLike[str]) -> Any:
         """Open `path` in a new tab (or switch to its tab). A broken file opens into its
-        validation report; this never raises for a bad file."""
+        validation report; this never raises for a bad file. GGUF files and safetensors
+        checkpoints (a file, an index or a directory; detected by content) open in a
+        `QtForeignFileView`, everything else in a `FileView`."""
         absolute = os.path.abspath(os.fspath(path))
         for view in self.views():
             if view.path == absolute:
                 self.files.setCurrentWidget(view)
                 return view
+        if is_foreign(absolute):
+            return self._open_foreign(absolute)
         doc = ModelDocument.open(absolute)
         view = FileView(doc)
         if self._splitter_state is not None:
             view.splitter.restoreState(self._splitter_state)
-        else:
+        else:   # the hexdump as wide as one row of it, the views the rest
             width = max(self.width(), 800)
-            view.splitter.setSizes([width * 11 // 20, width * 9 // 20])
+            hexdump = view.hex.minimumSizeHint().width() + 8
+            view.splitter.setSizes([width - hexdump, hexdump])
         view.sig_status_changed.connect(self._view_status_changed)
         view.sig_progress.connect(self._progress)
         view.sig_view_changed.connect(self._view_changed)
@@ -730,6 +768,28 @@ class MainWindow(QMainWindow):
         self.sig_file_opened.emit(absolute)
         return view
 
+    def _open_foreign(self, absolute: str) -> QtForeignFileView:
+        foreign = QtForeignFileView(ForeignDocument(absolute))
+        foreign.sig_imported.connect(self._run_imported)
+        foreign.sig_import_failed.connect(
+            lambda message: QMessageBox.warning(self, "Import failed", message))
+        index = self.files.addTab(foreign, foreign.doc.name)
+        self.files.setTabToolTip(index, absolute)
+        self.files.setCurrentIndex(index)
+        self.stack.setCurrentWidget(self.files)
+        if self.persist:
+            self.recent.add(absolute)
+            self.settings.setValue("recent_files", self.recent.paths)
+        self._update_status()
+        self.sig_file_opened.emit(absolute)
+        return foreign
+
+    def _run_imported(self, colibri_path: str) -> None:
+        """A GGUF file's import is ready: open it and show the debugger."""
+        view = self.open_path(colibri_path)
+        if isinstance(view, FileView):
+            view.set_view("debugger")
+
     def open_dialog(self) -> None:
         view = self.current_view()
         start = os.path.dirname(view.path) if view is not None else str(Path.home())
@@ -741,6 +801,8 @@ class MainWindow(QMainWindow):
         view = self.files.widget(index)
         if isinstance(view, FileView):
             self._splitter_state = view.splitter.saveState()
+            view.shutdown()
+        elif isinstance(view, QtForeignFileView):
             view.shutdown()
         self.files.removeTab(index)
         if view is not None:

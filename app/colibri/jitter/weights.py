@@ -11,7 +11,6 @@ an f32 file rounds every matrix to f16, and `w-f32` of an f16 file is the f16 va
 from __future__ import annotations
 
 import os
-from dataclasses import fields
 from pathlib import Path
 
 from colibri import fileformat as ff
@@ -37,8 +36,6 @@ def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str],
     if quantize is not None and quantize not in ff.QUANT_BY_NAME:
         raise ValueError(f"unknown quantisation {quantize!r}")
     hp = model.hparams
-    names = {f.name for f in fields(ff.HParams)}
-    fhp = ff.HParams(**{k: v for k, v in hp.to_dict().items() if k in names})
     kinds = [ff.LAYER_MOE if model.routing(layer).kind == "moe" else ff.LAYER_DENSE
              for layer in range(hp.n_layers)]
     specs = []
@@ -57,6 +54,6 @@ def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str],
     user = model.metadata.get("user")
     metadata = dict(user) if isinstance(user, dict) else {}
     metadata["jitter_weights"] = target if quantize is None else f"{target}+{quantize}"
-    plan = ff.plan_file(fhp, kinds, specs, tokenizer=model.tokenizer_json, metadata=metadata)
+    plan = ff.plan_file(hp, kinds, specs, tokenizer=model.tokenizer_json, metadata=metadata)
     ff.write_colibri(out_path, plan)
     return Path(out_path)

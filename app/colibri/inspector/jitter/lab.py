@@ -7,59 +7,64 @@ the views of colibri.inspector.jitter.views. Clicking a cell of either heatmap o
 tab on that cell. `state()` / `restore(state)` give the reports as JSON-ready dicts for the
 Inspector's session file, and Save/Load write and read them as one JSON file.
 
-The lead docks it with `lab = QtJitterLab(); lab.set_model(model)` (a colibri.Model or a path:
-the worker opens its own handle on the file, so the UI's model is never used off-thread).
+The lead docks it with `lab = QtJitterLab(); lab.set_model(model)`: the open colibri.Model of
+the tab. The worker runs sessions on that model (a Model is immutable and any thread may create
+sessions on it); weight-precision copies are the worker's own, removed when it ends.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-                               QProgressBar, QPushButton, QSpinBox, QTabWidget, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QFileDialog, QGridLayout, QHBoxLayout, QLabel, QLineEdit,
+                               QProgressBar, QPushButton, QSizePolicy, QSpinBox, QTabWidget,
+                               QVBoxLayout, QWidget)
 
 from colibri.files import atomic_write_bytes
 from colibri.inspector.jitter.views import (QtCellLogits, QtEpsilonCurve, QtFlipsVsMargin,
                                             QtJitterHeatmap, QtMarginHeatmap, QtRoutingAB)
-from colibri.inspector.tasks import Cancelled, Task, TaskRunner
-from colibri.jitter import analysis
-from colibri.jitter.analysis import (EpsilonReport, JitterReport, Runner, analyze_epsilon,
-                                     analyze_jitter, parse_eps)
+from colibri.inspector.prompt import (NO_TOKENIZER, QtPromptEdit, example_prompt, placeholder,
+                                      token_ids)
+from colibri.inspector.tasks import Task, TaskRunner
+from colibri.jitter.analysis import (SCHEMA_EPSILON, SCHEMA_JITTER, EpsilonReport, JitterReport,
+                                     Runner, analyze_epsilon, analyze_jitter, parse_eps)
 from colibri.jitter.variants import parse_variants
+
+if TYPE_CHECKING:  # pragma: no cover
+    from colibri.engine import Model
 
 STATE_SCHEMA = "colibri.jitter-lab/1"
 
 
-def _parse_prompt(text: str, runner: Runner) -> list[int]:
-    """Token ids 'ID,ID,...' when the text is only digits and commas, else the tokenizer's ids."""
-    stripped = text.replace(" ", "")
-    if stripped and all(part.isdigit() for part in stripped.split(",")):
-        return [int(part) for part in stripped.split(",")]
-    return list(runner.model.tokenizer.encode(text).ids)
+def _parse_prompt(text: str, model: Model) -> list[int]:
+    """The prompt's token ids (colibri.inspector.prompt.token_ids, else the tokenizer's)."""
+    ids = token_ids(text)
+    if ids is not None:
+        return ids
+    if model.tokenizer is None:
+        raise ValueError(NO_TOKENIZER)
+    return list(model.tokenizer.encode(text).ids)
 
 
-def make_task(path: str, kind: str, prompt: str, generate: int, variants: str, eps: str,
+def make_task(model: Model, kind: str, prompt: str, generate: int, variants: str, eps: str,
               threads: int) -> Task:
-    """A TaskRunner task computing one report ('jitter' or 'epsilon'). Qt-free body."""
+    """A TaskRunner task computing one report ('jitter' or 'epsilon') on the open `model`.
+    Qt-free body."""
     variant_list = parse_variants(variants or None)
     eps_list = parse_eps(eps or None)
 
     def fn(progress: Any, cancelled: Any) -> tuple[str, JitterReport | EpsilonReport]:
-        try:
-            with Runner(path, threads=threads) as runner:
-                prompt_ids = _parse_prompt(prompt, runner)
-                tokens = runner.greedy_sequence(prompt_ids, generate)
-                if kind == "jitter":
-                    return kind, analyze_jitter(runner, tokens, variant_list, len(prompt_ids),
-                                                progress, cancelled)
-                return kind, analyze_epsilon(runner, tokens, eps_list, variant_list,
-                                             len(prompt_ids), progress, cancelled)
-        except analysis.Cancelled:
-            raise Cancelled() from None
+        with Runner(model, threads=threads) as runner:
+            prompt_ids = _parse_prompt(prompt, model)
+            tokens = runner.greedy_sequence(prompt_ids, generate)
+            if kind == "jitter":
+                return kind, analyze_jitter(runner, tokens, variant_list, len(prompt_ids),
+                                            progress, cancelled)
+            return kind, analyze_epsilon(runner, tokens, eps_list, variant_list,
+                                         len(prompt_ids), progress, cancelled)
 
     return Task(f"jitter lab: {kind}", fn)
 
@@ -72,19 +77,22 @@ class QtJitterLab(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.model: Model | None = None
         self.path: str | None = None
         self.jitter_report: JitterReport | None = None
         self.epsilon_report: EpsilonReport | None = None
         self.runner = TaskRunner(self)
 
-        self.prompt = QLineEdit(self)
-        self.prompt.setPlaceholderText("prompt text, or token ids 3,4,5")
+        self.prompt = QtPromptEdit(self)
+        self.prompt.setPlaceholderText(placeholder(True))
         self.generate = QSpinBox(self)
         self.generate.setRange(0, 4096)
         self.generate.setValue(16)
         self.variants = QLineEdit(self)
         self.variants.setPlaceholderText("default list (seq, pairwise, blocked4..32 +-fma, split, "
                                          "act-bf16/f16, w-f32/f16/bf16, noise1/2/4)")
+        self.variants.setToolTip("comma-separated variants; each joins components with '+' "
+                                 "(docs/jitter.md); empty: the default list")
         self.eps = QLineEdit(self)
         self.eps.setPlaceholderText("0,1e-10,1e-9,1e-8,1e-7,1e-6,1e-5")
         self.threads = QSpinBox(self)
@@ -97,14 +105,23 @@ class QtJitterLab(QWidget):
         self.load_button = QPushButton("Load…", self)
         self.progress = QProgressBar(self)
         self.status = QLabel("open a model", self)
+        self.status.setWordWrap(True)
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
 
-        form = QFormLayout()
-        form.addRow("prompt", self.prompt)
-        form.addRow("generate", self.generate)
-        form.addRow("variants", self.variants)
-        form.addRow("epsilons", self.eps)
-        form.addRow("threads", self.threads)
+        # three rows, so the plots keep most of a 800-pixel-high window
+        form = QGridLayout()
+        form.addWidget(QLabel("prompt", self), 0, 0)
+        form.addWidget(self.prompt, 0, 1, 1, 3)
+        form.addWidget(QLabel("variants", self), 1, 0)
+        form.addWidget(self.variants, 1, 1)
+        form.addWidget(QLabel("epsilons", self), 1, 2)
+        form.addWidget(self.eps, 1, 3)
+        form.setColumnStretch(1, 3)
+        form.setColumnStretch(3, 2)
         buttons = QHBoxLayout()
+        for label, spin in (("generate", self.generate), ("threads", self.threads)):
+            buttons.addWidget(QLabel(label, self))
+            buttons.addWidget(spin)
         for b in (self.run_jitter_button, self.run_epsilon_button, self.cancel_button,
                   self.save_button, self.load_button):
             buttons.addWidget(b)
@@ -148,21 +165,28 @@ class QtJitterLab(QWidget):
 
     # -- model and runs -------------------------------------------------------------------------
 
-    def set_model(self, model: Any) -> None:
-        """A colibri.Model (its path is used) or a path; None clears. Keeps computed reports
-        only when the file is the same."""
-        path = None if model is None else os.fspath(getattr(model, "path", model))
+    def set_model(self, model: Model | None) -> None:
+        """The open model to analyse (None clears). Keeps computed reports only when the file
+        is the same."""
+        path = None if model is None else model.path
         if path != self.path:
             self.set_reports(None, None)
-        self.path = path
+        self.model, self.path = model, path
+        if model is not None:
+            self.prompt.setPlaceholderText(placeholder(model.tokenizer is not None))
+            if not self.prompt.text():
+                self.prompt.setText(example_prompt(model))
         self.status.setText("open a model" if path is None else f"model: {os.path.basename(path)}")
         self._set_running(False)
 
     def start(self, kind: str) -> None:
-        if self.path is None:
+        if self.model is None:
+            return
+        if not self.prompt.text():
+            self.status.setText("enter a prompt: text, or token ids separated by commas")
             return
         try:
-            task = make_task(self.path, kind, self.prompt.text() or "3,4,5,6,7",
+            task = make_task(self.model, kind, self.prompt.text(),
                              self.generate.value(), self.variants.text(), self.eps.text(),
                              self.threads.value())
         except ValueError as exc:
@@ -207,7 +231,8 @@ class QtJitterLab(QWidget):
 
     def _failed(self, message: str) -> None:
         self._set_running(False)
-        self.status.setText(f"failed: {message.splitlines()[0] if message else ''}")
+        first = message.splitlines()[0] if message else ""
+        self.status.setText(f"failed: {first.removeprefix('ValueError: ')}")
         self.sig_failed.emit(message)
 
     def _cancelled(self) -> None:
@@ -252,9 +277,9 @@ class QtJitterLab(QWidget):
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         schema = data.get("schema")
-        if schema == analysis.SCHEMA_JITTER:
+        if schema == SCHEMA_JITTER:
             self.set_reports(JitterReport.from_dict(data), self.epsilon_report)
-        elif schema == analysis.SCHEMA_EPSILON:
+        elif schema == SCHEMA_EPSILON:
             self.set_reports(self.jitter_report, EpsilonReport.from_dict(data))
         else:
             self.restore(data)
