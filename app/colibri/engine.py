@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -206,9 +206,18 @@ class Trace:
     phase_ns: np.ndarray        # [pos, n_layers, 5] uint64, see col_phase
     token_ns: np.ndarray        # [pos] uint64
 
+    # The fields without a position axis; every other field's first axis is the position, so a
+    # reader can take rows generically (the server's traces do) and new arrays come along.
+    PER_MODEL: ClassVar[frozenset[str]] = frozenset({"moe_layers"})
+
     @property
     def n_positions(self) -> int:
         return int(self.tokens.shape[0])
+
+    @classmethod
+    def position_fields(cls) -> tuple[str, ...]:
+        """Names of the per-position arrays, in declaration order."""
+        return tuple(f.name for f in fields(cls) if f.name not in cls.PER_MODEL)
 
     def copy(self) -> Trace:
         return Trace(**{f.name: np.array(getattr(self, f.name), copy=True) for f in fields(self)})

@@ -44,6 +44,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--size", metavar="WxH", default=None,
                         help="window size for --screenshot (default "
                              f"{SCREENSHOT_SIZE[0]}x{SCREENSHOT_SIZE[1]})")
+    parser.add_argument("--profile", metavar="DIR", default=None,
+                        help="open a `colibri profile` directory in the Corpus view")
+    parser.add_argument("--compare", metavar="DIR", default=None,
+                        help="with --profile: a second profile, shown as differences")
     return parser.parse_args(list(argv) if argv is not None else None)
 
 
@@ -121,6 +125,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     app = application()
     window = build_window(args.files, args.view, persist=not args.screenshot)
+    current = window.current_view()
+    if args.profile and current is not None:
+        current.set_view("corpus")
+        current.corpus.open_profile(args.profile, "A")
+        if args.compare:
+            current.corpus.open_profile(args.compare, "B")
     if args.screenshot:
         ok = screenshot(window, args.screenshot, args.view, size)
         window.close()

@@ -6,7 +6,8 @@ sees after a first run. `prepare(view, name)` does it for one view, blocking whi
 loop runs: the data checks finished (validation), a routed expert matrix selected (tensors,
 values), the router rows of a layer with near-ties in the hexdump (hex), a greedy run of the
 model's example prompt with an event selected (debugger), the jitter analysis and the epsilon
-sweep with the first fragile cell opened (jitter). Nothing here computes: it drives the views.
+sweep with the first fragile cell opened (jitter), the busiest expert of an open profile
+selected (corpus). Nothing here computes: it drives the views.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def prepare(view: FileView, name: str, jitter_variants: str | None = None) -> No
         _debug_run(view)
     elif name == "jitter":
         _jitter_runs(view, jitter_variants)
+    elif name == "corpus":
+        _corpus_selection(view)
     settle()
 
 
@@ -89,6 +92,15 @@ def _debug_run(view: FileView) -> None:
     if events is not None and len(events):
         changes = [i for i in range(len(events)) if events[i].routing_changed]
         panel.select_event(changes[len(changes) // 2] if changes else len(events) // 2)
+
+
+def _corpus_selection(view: FileView) -> None:
+    """The loaded profile with its last layer's busiest expert clicked: its tokens and contexts."""
+    wait_while(view.corpus.is_loading)
+    shown = view.corpus.shown()
+    if shown is not None:
+        last = len(shown.layers) - 1
+        view.corpus.select(last, int(shown.load_share[last].argmax()))
 
 
 def _jitter_runs(view: FileView, variants: str | None) -> None:
