@@ -17,8 +17,7 @@
 #include <string.h>
 
 /* Element-wise kernels (the SwiGLU gate, bf16 rounding) run on the pool from this many elements,
- * in pieces of COL_ELEMENTWISE_PIECE: serial, the gate was 5-10 % of a bf16 prefill once the
- * products ran on AMX tiles, the rounding 14 % of an act-bf16 one. */
+ * in pieces of COL_ELEMENTWISE_PIECE: a block's worth is too much for the calling thread alone. */
 #define COL_ELEMENTWISE_PARALLEL (1u << 15)
 #define COL_ELEMENTWISE_PIECE 4096
 

@@ -53,13 +53,9 @@ float col_weighted_value(const col_head_job *h, const float *p, uint32_t i);
 col_isa col_detect_isa(void);
 
 #if defined(__x86_64__)
-/* Neighbouring rows per batch tile on AVX-512, for every weight dtype. A float tile of 6 rows x 4
- * tokens keeps 24 accumulators, the 4 token vectors and a weight vector in the 32 registers and
- * loads 10 vectors per 24 multiply-adds (4 x 4 loaded 8 per 16); a quantised tile loads each
- * token's int8 block and block sums once for 6 rows instead of 2. The token rows come from L2, so
- * fewer loads of them per multiply-add is what counts. Paired in-process on 32-token expert
- * products: f32 1.04-1.07x over 4 rows, q8_0 and q4_0 1.2-1.4x over 2 rows; 8 rows were no
- * better for q8_0/q4_0 (0.99-1.07x over 6) and more tokens per tile were slower for f32. */
+/* Neighbouring rows per batch tile on AVX-512, for every weight dtype: 6 rows x 4 tokens keep 24
+ * accumulators, 4 token vectors and a weight vector in the 32 registers, so each token vector
+ * (from L2) is loaded once per 6 rows. */
 #ifndef COL_BATCH_ROWS_512
 #define COL_BATCH_ROWS_512 6
 #endif

@@ -32,8 +32,7 @@
 #ifndef COL_PREFETCH_AHEAD
 #define COL_PREFETCH_AHEAD 1024 /* bytes ahead of a decode tile's weight loads (see tile_f_avx512) */
 #endif
-/* The same for q8_0/q4_0 payloads: 2 KiB measured 2.4% and 3.5% faster than 1 KiB for q4_0
- * decode in paired in-process runs (q8_0: no difference). */
+/* The same for q8_0/q4_0 payloads, whose arithmetic per byte leaves the prefetch more time. */
 #define COL_PREFETCH_AHEAD_Q 2048
 
 /* ---- x86 SIMD paths ---------------------------------------------------------------------- */
@@ -54,8 +53,7 @@ COL_INLINE COL_T2 float hsum8(__m256 v)
 
 /* hsum8 of 8 vectors at once, bit for bit (the same additions in the same order, by a transpose
  * tree as in hsum16x16 below), out[k] = hsum8(acc[k]) for k < n (a constant after inlining, at
- * most 24): the end of every AVX2 tile, whose accumulators then stay in registers. Old and new
- * binaries in turns on the AVX2 path, a 128-token prompt: f32 1.12x, q4 1.02x. */
+ * most 24): the end of every AVX2 tile, whose accumulators then stay in registers. */
 COL_INLINE COL_T2 __m256 hsum8x8(const __m256 *v)
 {
     __m256 s4[4], s2[2];
@@ -129,10 +127,8 @@ COL_INLINE COL_T512 __m512 hsum16x16(const __m512 *v)
 }
 
 /* out[k] = hsum16(acc[k]) for k < n (n a constant after inlining, at most 32): the end of every
- * AVX-512 tile. One tree per 16 outputs instead of 16 horizontal sums, and, every index being a
- * constant, the accumulators stay in registers (summed one by one in a loop, they had been kept in
- * a stack array that was zeroed and reloaded for every tile). Old and new `colibri run` binaries
- * in turns, a 128-token prompt: f32 1.17x, q4 1.11x; decode unchanged (0.98-1.00x). */
+ * AVX-512 tile. One tree per 16 outputs, every index a constant, so the accumulators stay in
+ * registers (a loop of horizontal sums kept them in a stack array). */
 COL_INLINE COL_T512 void hsum16_many(const __m512 *acc, int n, float *out)
 {
     static const int32_t natural[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
@@ -164,8 +160,7 @@ COL_INLINE COL_T512 __m512 load16(const uint8_t *row, uint32_t dtype, uint64_t i
 }
 
 /* Scalar tail of one output, in order, after the vector part `s`. Only called when there is a
- * tail: a call into this (non-VEX) code from the AVX-512 tiles cost more than the tile itself
- * (perf: 12% of q8_0 decode in an empty tail call's first SSE instruction). */
+ * tail: a call into this non-VEX code from an AVX-512 tile costs an SSE/AVX transition. */
 static float tail_loop(float s, const uint8_t *row, uint32_t dtype, const float *x, uint64_t i, uint64_t n)
 {
     for (; i < n; i++) s += col_load_elem(row, dtype, i) * x[i];
@@ -181,25 +176,19 @@ static inline __attribute__((always_inline)) float tail(float s, const uint8_t *
  * r, r + step, ..., r + (NR-1) * step. Decode (one token) takes its rows from NR distant places
  * of the thread's share (step = share / NR), so each row is a separate stream through memory:
  * that keeps enough cache-line misses in flight for one core to approach the machine's read
- * bandwidth, which a single front-to-back stream per core does not (about 60% of the limit on the
- * development VM). Batches take neighbouring rows (step 1) so each loaded weight vector feeds NT
+ * bandwidth, which a single front-to-back stream per core does not. Batches take neighbouring rows (step 1) so each loaded weight vector feeds NT
  * tokens. Every (row, token) output is the same sequence of operations whatever the tile, so
  * neither the tile shape, the batch size nor the thread count changes a bit. */
 #define MAX_TILE_ROWS 8
 #define MAX_TILE 24 /* NR * NT */
 
 /* A batch tile reads its rows from memory in its first token pass and from cache in the others,
- * and the hardware prefetcher does not run ahead from one tile's rows into the next: the first pass
- * waited on memory. So each token pass of a tile (tokens [t, t + NT) of n_tokens) prefetches its
- * share of the next tile's bytes into L2, one line per step of the k loop, and the next tile's
- * first pass finds its rows there. One line per step at most: where a pass's share is more (fewer
- * than 24 tokens for an f32 tile of 6 rows), nothing is prefetched, since the prefetches then
- * competed with the tile's own loads (f32, 2 threads: 0.93-0.96x at 8-16 tokens; and two lines per
- * step over part of a pass were 0.91-0.93x of one line at 32 tokens, likely why an earlier attempt
- * with two found nothing). Paired in one process, 2 threads: f32 products of 32 tokens
- * 1.09-1.14x (2816 x 1024 and 1024 x 2816), 128 tokens 1.03-1.05x; prefill of 128 tokens f32
- * 1.06-1.09x, bf16 on AVX-512 1.12x, q8 1.06x, q4 1.09x (AVX2 path: 1.03-1.07x). Prefetches
- * change no bits. */
+ * and the hardware prefetcher does not run ahead from one tile's rows into the next. So each token
+ * pass of a tile (tokens [t, t + NT) of n_tokens) prefetches its share of the next tile's bytes
+ * into L2, one line per step of the k loop, and the next tile's first pass finds its rows there.
+ * At most one line per step: where a pass's share is more (fewer than 24 tokens for an f32 tile of
+ * 6 rows), nothing is prefetched, since more prefetches compete with the tile's own loads.
+ * Prefetches change no bits. */
 typedef struct next_tile_prefetch {
     const char *at, *end;
 } next_tile_prefetch;
@@ -286,8 +275,7 @@ COL_INLINE COL_T512 void tile_f_avx512_cols(const col_matvec_job *j, uint64_t r,
 #pragma GCC unroll 8
         for (int a = 0; a < NR; a++) {
             /* decode reads each weight once: ask for lines ahead of the loads as well, which the
-             * hardware prefetcher alone does not keep up with (perf: the loop stalled on the
-             * first use of each load) */
+             * hardware prefetcher alone does not keep up with */
             if (NT == 1) _mm_prefetch((const char *)(row[a] + i * esize + COL_PREFETCH_AHEAD), _MM_HINT_T0);
             __m512 wv = load16(row[a], dtype, i);
 #pragma GCC unroll 4
@@ -313,7 +301,7 @@ COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, uint
     tile_f_avx512_cols(j, r, step, NR, NT, t, dtype, rb, 0, n, NULL, next_tile_slice(j, r, step, NR, NT, t, rb, n / 16));
 }
 
-/* The quantised activations of token b of a tile (layout: qrow_bytes). */
+/* The quantised activations of token b of a tile (layout: col_qrow_bytes). */
 typedef struct qx_row {
     const int8_t *q;
     const float *d;
@@ -330,7 +318,7 @@ COL_INLINE qx_row qx_at(const uint8_t *qx, uint64_t n, uint32_t token)
 
 /* A tile for q8_0/q4_0 weights, AVX-512 VNNI. One step reads 64 payload bytes of each row (two
  * q8_0 blocks or four q4_0 blocks), forms 16 int32 lane sums with vpdpbusd (lanes 8 per block for
- * q8_0, 4 for q4_0; the corrections of quantize_row start each sum), and adds them to the
+ * q8_0, 4 for q4_0; the corrections of col_quantize_row start each sum), and adds them to the
  * accumulator scaled lane by lane by d_w * d_x of the lane's block. The scales of 16 blocks are
  * read and multiplied once per chunk of 16 blocks. Blocks left over after whole steps (a q8_0
  * row of an odd block count, q4_0 rows of nb % 4 != 0) are summed exactly like the portable path
@@ -523,20 +511,14 @@ COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r
 }
 
 /* Batches over long rows. A 6-row tile over all of a 2816-column row holds 66 KiB of weights,
- * more than L1, and re-read them from L2 in every token pass. So rows of more than
+ * more than L1, and would re-read them from L2 in every token pass. So rows of more than
  * COL_BATCH_KBLOCK columns are walked a block of that many columns at a time, the tiles' lane
  * accumulators carried from one block to the next (tile_f_avx512_cols), so every output gets
- * exactly the operations of a tile over the whole row (ninth session: 1.14-1.28x on 1024 x 2816
- * and 4096 x 4096 products). From 24 tokens on, up to COL_KBLOCK_TILES neighbouring tiles walk
- * their blocks together (tiles_kblocked_avx512): each column block of every tile runs before the
- * next block, so the block's columns of the tokens, read from L2, serve all of them. A tile alone
- * streamed all of its tokens' columns through L2 again, from L3 once they no longer fit there
- * (7 MiB at 14336 columns and 128 tokens). Old and new bench_products binaries in turns, f32, 2
- * threads, from memory: 4096 x 14336 1.37x, 1.52-1.78x at 32 and 128 tokens; 14336 x 4096
- * 1.21-1.30x and 4096 x 4096 1.44x at 128; the bench model's 1024 x 2816 1.14x at 128 tokens,
- * 1.08x at 64, 1.00x at 32; with fewer tokens a block's token columns are small, and a group was
- * slower (0.90x at 8: its tiles' rows are farther apart), so a tile walks alone. Groups of 4 or 16
- * tiles did about as well as 8. */
+ * exactly the operations of a tile over the whole row. From COL_KBLOCK_GROUP_TOKENS tokens on, up
+ * to COL_KBLOCK_TILES neighbouring tiles walk their blocks together (tiles_kblocked_avx512): each
+ * column block of every tile runs before the next block, so the block's columns of the tokens,
+ * read from L2, serve all of them instead of each tile streaming them again (from L3 once they
+ * no longer fit L2). With fewer tokens the columns are small and a tile walks alone. */
 
 /* Bytes of carried lane sums one tile of a batch of n_tokens needs: a 6 x 4 tile's 24 vectors
  * for each pass of 4 tokens of a chunk. */
@@ -611,8 +593,7 @@ COL_INLINE COL_T512 void tiles_kblocked_avx512(const col_matvec_job *j, uint64_t
 /* The whole tiles of rows [r0, r1) of a batch over long rows, in groups of as many tiles as the
  * thread's `carry` scratch (carry_bytes) holds, at most COL_KBLOCK_TILES. Returns the first row
  * not done: r0 when the scratch holds no tile (the caller's whole-row tiles give the same bits).
- * Not inlined: inlined into rows_avx512, it made gcc compile the short rows' tiles there slower
- * (2816 x 1024 products at 128 tokens 0.75-0.80x). */
+ * Not inlined: inlined into col_rows_avx512, it made gcc compile the short rows' tiles slower. */
 static COL_T512 __attribute__((noinline)) uint64_t rows_kblocked_avx512(const col_matvec_job *j, uint64_t r0, uint64_t r1,
                                                                         uint32_t dtype, uint8_t *carry, uint64_t carry_bytes)
 {
@@ -697,13 +678,10 @@ COL_INLINE COL_T512 __m512 exp16(__m512 x)
  * - values: each (head, block of 16 dimensions) output has two chains, even and odd keys, added at
  *   the end; 16 chains run at once (4 heads x 2 blocks, 2 x 4 or 1 x 8).
  * A job whose cache comes from memory (decode: the step's weights have flushed it) asks for the
- * lines of the keys and values `prefetch` positions ahead. One head at a time with a horizontal
- * sum per key, the heads were 3.1 % of a q4 decode step at 144 positions and 35 % at 1536 (perf,
- * phase times). The tree's loops are unrolled and a full set of keys loads without per-key masks
- * (key_scores), so the 16 accumulators stay in registers; before, gcc stored them to the stack
- * after every block: 1.13x from memory (2 threads, 1536 positions, d = 64, 4 query heads; C
- * driver), 1.2x from L2 on one thread, the same bits. The result is a fixed function of a head's
- * inputs, so a step and a prefill block agree bit for bit. */
+ * lines of the keys and values `prefetch` positions ahead. The tree's loops are unrolled and a full
+ * set of keys loads without per-key masks (key_scores), so the 16 accumulators stay in registers.
+ * The result is a fixed function of a head's inputs, so a step and a prefill block agree bit for
+ * bit. */
 COL_INLINE COL_T512 __m512 sum16x16(__m512 *a)
 {
     __m512 x[8], y[4], z[2];

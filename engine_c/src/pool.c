@@ -121,8 +121,7 @@ static uint64_t row_work(const col_matvec_job *j)
  * ends on a multiple of it, so that no chunk ends in a short tile, which does less with each
  * weight or token vector it loads (a vector tile of one row loads 4 token vectors per 4
  * multiply-adds instead of 10 per 24; an AMX block of a few rows costs the tile multiplies of 32).
- * Paired prefill: bf16 1.05x, bf16 with act-bf16 1.04x, q4 1.03x, f32 1.01x. Decode tiles take
- * distant rows and need no such edge. */
+ * Decode tiles take distant rows and need no such edge. */
 static uint64_t batch_tile_rows(const col_pool *pool, const col_matvec_job *j)
 {
     if (j->n_tokens == 1) return 1;
@@ -162,11 +161,8 @@ static void run_chunk(const col_pool *pool, uint32_t t, uint32_t chunk)
 /* Cut a batch of `work` multiply-adds into chunks for the pool's n threads, guided: each chunk is
  * the work left divided by 2n, but at least COL_GUIDED_MIN_MACS (and a 32nd of the work, so there
  * are at most COL_MAX_CHUNKS; and at most an n-th of the work, so each thread gets one), so the
- * first chunks are long (their rows make long streams) and the last ones short. Equal chunks (2-8
- * per product, as before) left the calling thread waiting 9 % of a q4 decode step for the worker
- * to finish its last one; guided chunks cut that wait to 2 %. Paired in-process runs: prefill
- * 1.03-1.07x (f32, bf16, q4); decode 0.99-1.03x, since while one thread waits the other reads
- * faster. */
+ * first chunks are long (their rows make long streams) and the last ones short, so neither thread
+ * waits long for the other's last chunk. */
 static void plan_chunks(col_pool *pool, uint64_t work)
 {
     const uint64_t n = pool->n_threads, least_by_work = work / (COL_MAX_CHUNKS / 2);
@@ -405,9 +401,7 @@ static void prepare_items(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
 }
 
 /* Quantise or pack the activations of a batch: on the calling thread when small (a decode step),
- * else split by tokens over the pool. Every token's bytes are the same either way. Paired
- * in-process runs against the calling thread alone: prefill 1.07x (bf16, AMX packing) and 1.10x
- * (q4, int8 quantisation and AMX packing). */
+ * else split by tokens over the pool. Every token's bytes are the same either way. */
 static void prepare_activations(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, uint64_t n_tokens,
                                 uint64_t n_elems)
 {
