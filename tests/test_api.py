@@ -75,10 +75,15 @@ def test_hparams_equal_written(tiny_model: BuildModel, arch: str) -> None:
     tm = tiny_model(arch)
     with Model.open(tm.path) as model:
         hp = model.hparams
-    written = dataclasses.asdict(tm.hparams)
+        rules = [model.routing(layer) for layer in range(hp.n_layers)]
+    written = {name: tm.hparams.v2_value(name) for name in dataclasses.asdict(tm.hparams)}
+    # version 1's routing flags are stated by each routing entry of a version-2 file
+    written["flags"] &= ~ff.FLAGS_V1_ONLY
     for name, value in written.items():
         assert getattr(hp, name) == pytest.approx(np.float32(value) if isinstance(value, float)
                                                   else value, rel=1e-7), name
+    implied = ff.RouteRule.from_v1_flags(tm.hparams.flags)
+    assert all(ff.RouteRule.from_info(r) == implied for r in rules if r.kind == "moe")
 
 
 def test_hparams_n_moe_layers_counts_moe_layers(tiny_model: BuildModel) -> None:

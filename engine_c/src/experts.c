@@ -70,21 +70,47 @@ static void dense_mlp(col_session *s, const col_layer *layer)
     swiglu(s, &w1, &w3, &w2, s->xn, s->tmp);
 }
 
-/* The session's routing settings for one decision at (position, layer). */
-static col_router_params router_params(const col_session *s, uint32_t layer, uint32_t position)
+/* The router bias (GPT-OSS's router.bias) is part of the logits: added before anything reads them. */
+static void add_gate_bias(const col_layer *layer, float *logits, uint32_t n)
 {
-    const col_hparams *hp = &s->model->hp;
-    col_router_params params = {
-        .mode = s->config.routing,
-        .n_experts = hp->n_experts,
-        .k = hp->n_experts_active,
-        .renormalize = (hp->flags & COL_FLAG_NORM_TOPK) != 0,
-        .epsilon = s->config.epsilon,
-        .seed = s->config.seed,
-        .position = position,
-        .layer = layer,
-    };
-    return params;
+    if (!layer->moe_gate_bias) return;
+    const float *b = (const float *)layer->moe_gate_bias->data; /* f32 (format.c checks) */
+    for (uint32_t j = 0; j < n; j++) logits[j] += b[j];
+}
+
+/* One routing decision of `layer` at `position` by the layer's rule and the session's mode. */
+static uint32_t route(col_session *s, const col_layer *layer, uint32_t layer_index, uint32_t position,
+                      const float *logits, int32_t *ids, float *weights, float *selection, int32_t *groups)
+{
+    col_router_params params = {s->config.routing, s->config.epsilon, s->config.seed, position, layer_index};
+    const float *bias = layer->moe_correction_bias ? (const float *)layer->moe_correction_bias->data : NULL;
+    col_route_out out = {ids, weights, selection, groups};
+    return col_route(layer->route, bias, &params, logits, &out, &s->router_scratch);
+}
+
+/* The trace's rows of one decision (position, MoE layer): ids and weights padded to k_slots,
+ * logits, selection scores, kept groups, shared gate and the router input's norm. */
+static void trace_decision(col_session *s, const col_layer *layer, uint32_t position, uint32_t n_slots,
+                           const int32_t *ids, const float *weights, const float *logits, const float *selection,
+                           const int32_t *groups, float shared_gate, const float *xn)
+{
+    const col_model *m = s->model;
+    uint32_t n_experts = m->hp.n_experts, d_model = m->hp.d_model, g = m->n_chosen_groups;
+    uint64_t row = (uint64_t)position * m->hp.n_moe_layers + layer->moe_index;
+    for (uint32_t slot = 0; slot < s->k_slots; slot++) {
+        s->trace_ids[row * s->k_slots + slot] = slot < n_slots ? ids[slot] : -1;
+        s->trace_weights[row * s->k_slots + slot] = slot < n_slots ? weights[slot] : 0.0f;
+    }
+    memcpy(s->trace_logits + row * n_experts, logits, n_experts * sizeof(float));
+    memcpy(s->trace_selection + row * n_experts, selection, n_experts * sizeof(float));
+    if (g) {
+        uint32_t kept = layer->route->n_groups > 1 ? layer->route->n_groups_kept : 0;
+        for (uint32_t i = 0; i < g; i++) s->trace_groups[row * g + i] = i < kept ? groups[i] : -1;
+    }
+    s->trace_shared_gate[row] = shared_gate;
+    float norm = 0.0f;
+    for (uint32_t i = 0; i < d_model; i++) norm += xn[i] * xn[i];
+    s->trace_hidden_norm[row] = sqrtf(norm);
 }
 
 void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
@@ -101,9 +127,10 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
 
     col_weight gate = col_weight_of(layer->moe_gate);
     col_matvec(s->pool, &gate, s->xn, s->router_logits);
+    add_gate_bias(layer, s->router_logits, n_experts);
     col_numerics_perturb(&s->numerics, s->router_logits, n_experts, s->position, layer_index);
-    col_router_params params = router_params(s, layer_index, s->position);
-    uint32_t n_slots = col_route(&params, s->router_logits, s->route_ids, s->route_weights, &s->router_scratch);
+    uint32_t n_slots = route(s, layer, layer_index, s->position, s->router_logits, s->route_ids, s->route_weights,
+                             s->route_selection, s->route_groups);
     uint64_t t1 = phase_ns ? col_now_ns() : 0;
 
     /* The selected experts in two kernel dispatches (w1 and w3 of all, then w2 of all), so the
@@ -153,19 +180,9 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
     for (uint32_t i = 0; i < d_model; i++) s->tmp[i] = s->acc[i];
     uint64_t t3 = phase_ns ? col_now_ns() : 0;
 
-    if (s->trace_ids) {
-        uint32_t mi = layer->moe_index, n_moe = hp->n_moe_layers;
-        uint64_t row = (uint64_t)s->position * n_moe + mi;
-        for (uint32_t slot = 0; slot < s->k_slots; slot++) {
-            s->trace_ids[row * s->k_slots + slot] = slot < n_slots ? s->route_ids[slot] : -1;
-            s->trace_weights[row * s->k_slots + slot] = slot < n_slots ? s->route_weights[slot] : 0.0f;
-        }
-        for (uint32_t j = 0; j < n_experts; j++) s->trace_logits[row * n_experts + j] = s->router_logits[j];
-        s->trace_shared_gate[row] = shared_gate;
-        float norm = 0.0f;
-        for (uint32_t i = 0; i < d_model; i++) norm += s->xn[i] * s->xn[i];
-        s->trace_hidden_norm[row] = sqrtf(norm);
-    }
+    if (s->trace_ids)
+        trace_decision(s, layer, s->position, n_slots, s->route_ids, s->route_weights, s->router_logits,
+                       s->route_selection, s->route_groups, shared_gate, s->xn);
     if (phase_ns) {
         phase_ns[COL_PHASE_ROUTER] = t1 - t0;
         phase_ns[COL_PHASE_EXPERTS] = t2 - t1;
@@ -205,14 +222,15 @@ void col_feed_forward_batch(col_session *s, uint32_t layer_index, uint32_t n, ui
     uint64_t t0 = phase_ns ? col_now_ns() : 0;
     col_matvec_job gate = {col_weight_of(layer->moe_gate), s->bxn, s->brl, n};
     col_matmul_many(s->pool, &gate, 1);
-    for (uint32_t t = 0; t < n; t++) /* numerics variant: router-logit noise (no-op by default) */
+    for (uint32_t t = 0; t < n; t++) { /* the router bias, then the numerics variant's noise (no-op by default) */
+        add_gate_bias(layer, s->brl + (uint64_t)t * n_experts, n_experts);
         col_numerics_perturb(&s->numerics, s->brl + (uint64_t)t * n_experts, n_experts, s->position + t, layer_index);
-    uint32_t n_slots = 0, base = s->position;
+    }
+    uint32_t n_slots = 0, base = s->position, gs = s->model->n_chosen_groups ? s->model->n_chosen_groups : 1;
     for (uint32_t e = 0; e < n_experts; e++) s->bcount[e] = 0;
     for (uint32_t t = 0; t < n; t++) {
-        col_router_params params = router_params(s, layer_index, base + t);
-        n_slots = col_route(&params, s->brl + (uint64_t)t * n_experts, s->bids + (uint64_t)t * ks,
-                            s->bw + (uint64_t)t * ks, &s->router_scratch);
+        n_slots = route(s, layer, layer_index, base + t, s->brl + (uint64_t)t * n_experts, s->bids + (uint64_t)t * ks,
+                        s->bw + (uint64_t)t * ks, s->bsel + (uint64_t)t * n_experts, s->bgroups + (uint64_t)t * gs);
         for (uint32_t slot = 0; slot < n_slots; slot++) s->bcount[s->bids[t * ks + slot]]++;
     }
     uint64_t t1 = phase_ns ? col_now_ns() : 0;
@@ -283,23 +301,11 @@ void col_feed_forward_batch(col_session *s, uint32_t layer_index, uint32_t n, ui
     memcpy(s->btmp, s->bacc, (uint64_t)n * d_model * sizeof(float));
     uint64_t t3 = phase_ns ? col_now_ns() : 0;
 
-    if (s->trace_ids) {
-        uint32_t mi = layer->moe_index, n_moe = hp->n_moe_layers;
-        for (uint32_t t = 0; t < n; t++) {
-            uint64_t row = (uint64_t)(base + t) * n_moe + mi;
-            for (uint32_t slot = 0; slot < s->k_slots; slot++) {
-                s->trace_ids[row * s->k_slots + slot] = slot < n_slots ? s->bids[t * ks + slot] : -1;
-                s->trace_weights[row * s->k_slots + slot] = slot < n_slots ? s->bw[t * ks + slot] : 0.0f;
-            }
-            for (uint32_t j = 0; j < n_experts; j++)
-                s->trace_logits[row * n_experts + j] = s->brl[(uint64_t)t * n_experts + j];
-            s->trace_shared_gate[row] = s->bsgate[t];
-            const float *xn = s->bxn + (uint64_t)t * d_model;
-            float norm = 0.0f;
-            for (uint32_t i = 0; i < d_model; i++) norm += xn[i] * xn[i];
-            s->trace_hidden_norm[row] = sqrtf(norm);
-        }
-    }
+    if (s->trace_ids)
+        for (uint32_t t = 0; t < n; t++)
+            trace_decision(s, layer, base + t, n_slots, s->bids + (uint64_t)t * ks, s->bw + (uint64_t)t * ks,
+                           s->brl + (uint64_t)t * n_experts, s->bsel + (uint64_t)t * n_experts,
+                           s->bgroups + (uint64_t)t * gs, s->bsgate[t], s->bxn + (uint64_t)t * d_model);
     if (phase_ns) {
         phase_ns[COL_PHASE_ROUTER] = t1 - t0;
         phase_ns[COL_PHASE_EXPERTS] = t2 - t1;

@@ -26,7 +26,13 @@ struct col_session {
     void *arena;                /* the single allocation everything below points into */
     uint64_t arena_size;
 
-    /* KV cache: [n_layers][n_kv_heads][capacity][head_dim], head-major so that the heads read
+    /* Attention geometry: GQA reads kv_heads = n_kv_heads caches of att_dim = head_dim, each
+     * shared by att_group = n_heads / n_kv_heads query heads; MLA one latent row of att_dim =
+     * kv_lora_rank + qk_rope_head_dim per position, read by all n_heads query heads as key and
+     * as value (v_cache == k_cache). */
+    uint32_t kv_heads, att_dim, att_group;
+
+    /* KV cache: [n_layers][kv_heads][capacity][att_dim], head-major so that the heads read
      * each KV head's keys and values as one contiguous stream (attention.c, kv_rows) */
     float *k_cache;
     float *v_cache;
@@ -47,6 +53,8 @@ struct col_session {
     float *h1;                  /* [d_ff_max] */
     float *h3;                  /* [d_ff_max] */
     float *router_logits;       /* [n_experts] */
+    float *route_selection;     /* [n_experts] selection scores of the step's decision */
+    int32_t *route_groups;      /* [max(1, n_chosen_groups)] its kept groups */
     float *norm_weight;         /* [max(d_model, n_heads*head_dim)] a norm's weights as f32 */
     int32_t *route_ids;         /* [n_experts] */
     float *route_weights;       /* [n_experts] */
@@ -66,6 +74,8 @@ struct col_session {
     float *btmp;                /* [B][d_model] */
     float *bacc;                /* [B][d_model] */
     float *brl;                 /* [B][n_experts] router logits */
+    float *bsel;                /* [B][n_experts] selection scores */
+    int32_t *bgroups;           /* [B][max(1, n_chosen_groups)] kept groups */
     int32_t *bids;              /* [B][k_slots] */
     float *bw;                  /* [B][k_slots] */
     uint32_t *bmap;             /* [B][k_slots] row of (token, slot) in the expert-grouped batch */
@@ -78,6 +88,16 @@ struct col_session {
     float *go;                  /* [B * k_slots][d_model] expert outputs */
     float *blogits;             /* [B][vocab_size] */
     col_matvec_job *bjobs;      /* [2 * n_experts + 4] */
+    /* MLA (attention.c; empty otherwise), for up to B positions; nope/r/c/ql/vd as in docs/format.md */
+    float *mla_qa;              /* [B][q_lora_rank] */
+    float *mla_kv;              /* [B][c + r] */
+    float *mla_q;               /* [B][n_heads * (nope + r)] */
+    float *mla_heads;           /* [n_heads][B][max(nope, r, vd)] per-head gathers */
+    float *mla_lat;             /* [n_heads][B][c] */
+    float *mla_qatt;            /* [B][n_heads * (c + r)] the heads' queries */
+    float *mla_att;             /* [B][n_heads * (c + r)] their attended sums */
+    float *mla_o;               /* [B][n_heads * vd] */
+    col_matvec_job *mla_jobs;   /* [n_heads] */
     void *kernel_scratch;       /* kernel_scratch_bytes: col_pool_scratch_size(kernel_limits) */
     uint64_t kernel_scratch_bytes;
 
@@ -86,6 +106,8 @@ struct col_session {
     int32_t *trace_ids;         /* [capacity][n_moe_layers][k_slots] */
     float *trace_weights;       /* [capacity][n_moe_layers][k_slots] */
     float *trace_logits;        /* [capacity][n_moe_layers][n_experts] */
+    float *trace_selection;     /* [capacity][n_moe_layers][n_experts] */
+    int32_t *trace_groups;      /* [capacity][n_moe_layers][n_chosen_groups], NULL without groups */
     float *trace_shared_gate;   /* [capacity][n_moe_layers] */
     float *trace_hidden_norm;   /* [capacity][n_moe_layers] */
     uint64_t *trace_phase_ns;   /* [capacity][n_layers][COL_PHASE_COUNT] */
