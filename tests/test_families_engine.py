@@ -137,3 +137,13 @@ def test_dump_trace_has_selection_scores_and_chosen_groups(converted: dict, tmp_
         assert trace["chosen_groups"].shape == (5, 2, 1)
         assert trace["chosen_groups"].dtype == np.int32
         assert not np.array_equal(trace["selection_scores"], trace["router_logits"])
+
+
+def test_info_states_each_layers_rule_in_words(converted: dict,
+                                               capsys: pytest.CaptureFixture) -> None:
+    assert main(["info", str(converted[("deepseek_v3-groups-qlora", "f32")])]) == 0
+    out = capsys.readouterr().out
+    assert "layer 0    dense MLP" in out
+    assert ("layer 1    sigmoid over 8 experts, + correction bias for the choice only, top-2 within "
+            "the 1 best of 2 groups (by the sum of their best two), divided by their sum + 1e-20, "
+            "times 2.5; plus a shared expert") in out

@@ -9,6 +9,7 @@ failure), 2 a file that cannot be read at all. Engine errors are printed to stde
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -186,12 +187,14 @@ def cmd_info(args: argparse.Namespace) -> int:
         tensors = model.tensors
         user = model.metadata["user"]
         hp = model.hparams.to_dict()
+        routing = [model.routing(layer) for layer in range(model.hparams.n_layers)]
         if args.json:
             doc = {
                 "path": model.path, "arch": model.arch, "size": model.size,
                 "header": [{"name": f.name, "group": f.group, "offset": f.offset, "size": f.size,
                             "kind": f.kind, "value": _field_value(f.value)} for f in header],
                 "hparams": hp, "user_metadata": user,
+                "routing": [{**dataclasses.asdict(r), "rule": r.describe()} for r in routing],
                 "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
                              "offset": t.offset, "nbytes": t.nbytes, "crc32": t.crc32}
                             for t in tensors],
@@ -208,6 +211,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         for name, value in hp.items():
             extra = f" ({_flag_names(int(value))})" if name == "flags" else ""
             print(f"  {name:<28} {_show(value)}{extra}")
+        print("\nrouting:")
+        for r in routing:
+            print(f"  layer {r.layer:<4} {r.describe()}")
         if user is not None:
             print("\nuser metadata:")
             print("  " + json.dumps(user, sort_keys=True)[:2000])

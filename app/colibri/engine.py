@@ -236,6 +236,20 @@ class RoutingInfo:
     def has_groups(self) -> bool:
         return self.kind == "moe" and self.n_groups > 1
 
+    def describe(self) -> str:
+        """The rule in words, as the engine words it (col_routing_describe)."""
+        info = ffi.new("col_routing_info *")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "kind":
+                value = {v: k for k, v in LAYER_KINDS.items()}.get(value, 0)
+            elif value is None:
+                value = lib.COL_NO_TENSOR
+            setattr(info, f.name, value)
+        out = ffi.new("char[]", 512)
+        errors.raise_for_status(lib.col_routing_describe(info, out, 512))
+        return _text(out)
+
 
 @dataclass(frozen=True)
 class HeaderField:

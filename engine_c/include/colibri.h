@@ -477,6 +477,13 @@ int32_t col_model_find_tensor(const col_model *model, const char *name, uint32_t
 /* Routing entry of `layer` (0..n_layers-1). */
 int32_t col_model_routing(const col_model *model, uint32_t layer, col_routing_info *out);
 
+/* A routing entry's rule in words ("sigmoid over 256 experts, + correction bias for the choice
+ * only, top-8 within the 4 best of 8 groups (by the sum of their best two), divided by their sum
+ * + 1e-20, times 2.5; plus a shared expert"), NUL-terminated and truncated to n bytes. The one
+ * wording of a rule: the command-line tools and the Inspector show it. COL_ERR_INVALID_ARG for a
+ * NULL argument or n == 0. Thread safe. */
+int32_t col_routing_describe(const col_routing_info *rule, char *out, size_t n);
+
 /* The embedded tokenizer.json and user-metadata JSON bytes (not NUL-terminated; size may be 0). */
 const uint8_t *col_model_tokenizer(const col_model *model, uint64_t *size);
 const uint8_t *col_model_metadata(const col_model *model, uint64_t *size);

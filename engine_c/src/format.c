@@ -2330,6 +2330,74 @@ int32_t col_model_routing(const col_model *model, uint32_t layer, col_routing_in
     return COL_OK;
 }
 
+/* Append to a bounded buffer; `*used` may pass n (then nothing more is written). */
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+static void put_text(char *out, size_t n, size_t *used, const char *fmt, ...)
+{
+    if (*used >= n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(out + *used, n - *used, fmt, ap);
+    va_end(ap);
+    *used += w > 0 ? (size_t)w : 0;
+}
+
+int32_t col_routing_describe(const col_routing_info *r, char *out, size_t n)
+{
+    if (!r || !out || n == 0)
+        return COL_ERR_INVALID_ARG;
+    size_t used = 0;
+    out[0] = '\0';
+    const char *attention = r->attention == COL_LAYER_SLIDING ? "; sliding-window attention" : "";
+    if (r->kind != COL_LAYER_MOE) {
+        put_text(out, n, &used, "dense MLP%s", attention);
+        return COL_OK;
+    }
+    const char *gate_bias = r->gate_bias_tensor != COL_NO_TENSOR ? " (+ router bias)" : "";
+    if (r->scoring == COL_SCORING_SPARSEMIXER) {
+        put_text(out, n, &used, "sparsemixer over %" PRIu32 " experts%s: the best logit, then the best of the "
+                 "rest, each weighted by a softmax over the logits within %g of it", r->n_experts, gate_bias,
+                 2.0 * (double)r->sparsemixer_eps);
+    } else if (r->select_on == COL_SELECT_LOGITS) {
+        put_text(out, n, &used, "top-%" PRIu32 " of %" PRIu32 " logits%s, weighted by %s", r->top_k,
+                 r->n_experts, gate_bias,
+                 r->scoring == COL_SCORING_SIGMOID ? "their sigmoids" : "a softmax over the chosen");
+    } else {
+        put_text(out, n, &used, "%s over %" PRIu32 " experts%s%s, top-%" PRIu32,
+                 r->scoring == COL_SCORING_SIGMOID ? "sigmoid" : "softmax", r->n_experts, gate_bias,
+                 r->correction_bias_tensor != COL_NO_TENSOR ? ", + correction bias for the choice only" : "",
+                 r->top_k);
+        if (r->n_groups > 1)
+            put_text(out, n, &used, " within the %" PRIu32 " best of %" PRIu32 " groups (by %s)", r->n_groups_kept,
+                     r->n_groups, r->group_score == COL_GROUP_TOP2_SUM ? "the sum of their best two" : "their best");
+    }
+    switch (r->normalize) {
+    case COL_NORM_SUM:
+        put_text(out, n, &used, r->norm_eps > 0.0f ? ", divided by their sum + %g" : ", divided by their sum",
+                 (double)r->norm_eps);
+        break;
+    case COL_NORM_SUM_CLAMPED:
+        put_text(out, n, &used, ", divided by max(their sum, %g)", (double)r->norm_eps);
+        break;
+    case COL_NORM_P:
+        put_text(out, n, &used, ", divided by their %g-norm", (double)r->norm_p);
+        break;
+    default:
+        break;
+    }
+    if (r->scale != 1.0f)
+        put_text(out, n, &used, ", times %g", (double)r->scale);
+    if (r->shared == COL_SHARED_PLAIN)
+        put_text(out, n, &used, "; plus a shared expert");
+    else if (r->shared == COL_SHARED_SIGMOID_GATE)
+        put_text(out, n, &used, "; plus a sigmoid-gated shared expert");
+    put_text(out, n, &used, "%s", attention);
+    return COL_OK;
+}
+
 const uint8_t *col_model_tokenizer(const col_model *model, uint64_t *size)
 {
     if (size)

@@ -1168,6 +1168,13 @@ static void test_v2_decoded_rules(void)
         CHECK(m->layers[1].moe_correction_bias == &m->tensors[idx] && m->layers[1].route == &m->routing[1]);
         CHECK(m->layers[1].shared_w1 && m->layers[1].shared_gate == NULL);
         CHECK(m->n_chosen_groups == 1);
+        char text[512];
+        CHECK(col_routing_describe(&r, text, sizeof text) == COL_OK);
+        CHECK(strcmp(text, "sigmoid over 4 experts, + correction bias for the choice only, top-2 within the 1 best "
+                           "of 2 groups (by the sum of their best two), divided by their sum + 1e-20, times 2.5; "
+                           "plus a shared expert") == 0);
+        CHECK(col_routing_describe(&r, text, 8) == COL_OK && strlen(text) == 7); /* truncated, terminated */
+        CHECK(col_routing_describe(&r, text, 0) == COL_ERR_INVALID_ARG);
         col_hparams hp;
         CHECK(col_model_hparams(m, &hp) == COL_OK && hp.version == 2 && hp.attn_scale == 0.5f &&
               hp.rotary_dim == 4 && hp.v_head_dim == 4 && hp.attention == COL_ATTENTION_GQA);

@@ -108,6 +108,10 @@ static const char *arch_name(uint32_t arch)
     case COL_ARCH_QWEN2_MOE: return "qwen2_moe";
     case COL_ARCH_QWEN3_MOE: return "qwen3_moe";
     case COL_ARCH_OLMOE: return "olmoe";
+    case COL_ARCH_DEEPSEEK_V2: return "deepseek_v2";
+    case COL_ARCH_DEEPSEEK_V3: return "deepseek_v3";
+    case COL_ARCH_GLM4_MOE: return "glm4_moe";
+    case COL_ARCH_ERNIE4_5_MOE: return "ernie4_5_moe";
     default: return "unknown";
     }
 }
@@ -284,11 +288,13 @@ static int cmd_info(int argc, char **argv)
         fputs("{\"file\": ", stdout);
         json_str(path);
         printf(", \"size\": %" PRIu64 ", \"arch\": \"%s\", \"header\": [", size, arch_name(hp.arch));
-        for (uint32_t i = 0; i < nf; i++) {
+        for (uint32_t i = 0, shown = 0; i < nf; i++) {
             col_field f;
             col_header_field(bytes, size, i, &f);
+            if (!f.in_version)
+                continue; /* a field of the other format version's header */
             printf("%s\n  {\"name\": \"%s\", \"group\": \"%s\", \"offset\": %" PRIu64
-                   ", \"size\": %" PRIu32 ", \"value\": ", i ? "," : "", f.name, f.group, f.offset,
+                   ", \"size\": %" PRIu32 ", \"value\": ", shown++ ? "," : "", f.name, f.group, f.offset,
                    f.size);
             print_field_value(&f, bytes, true);
             putchar('}');
@@ -325,6 +331,8 @@ static int cmd_info(int argc, char **argv)
         for (uint32_t i = 0; i < nf; i++) {
             col_field f;
             col_header_field(bytes, size, i, &f);
+            if (!f.in_version)
+                continue;
             printf("  0x%03" PRIX64 " %-26s %-17s ", f.offset, f.name, f.group);
             print_field_value(&f, bytes, false);
             putchar('\n');
@@ -333,11 +341,12 @@ static int cmd_info(int argc, char **argv)
         for (uint32_t l = 0; l < hp.n_layers; l++) {
             col_routing_info r;
             col_model_routing(m, l, &r);
+            char rule[512];
+            col_routing_describe(&r, rule, sizeof rule);
             if (r.kind == COL_LAYER_MOE)
-                printf("  layer %-4" PRIu32 " moe   gate tensor %" PRIu32 ", top-%" PRIu32
-                       " of %" PRIu32 "\n", l, r.gate_tensor, r.top_k, r.n_experts);
+                printf("  layer %-4" PRIu32 " moe   gate tensor %" PRIu32 ": %s\n", l, r.gate_tensor, rule);
             else
-                printf("  layer %-4" PRIu32 " dense\n", l);
+                printf("  layer %-4" PRIu32 " %s\n", l, rule);
         }
         printf("\ntokenizer: %" PRIu64 " bytes, metadata: %" PRIu64 " bytes\n\ntensors:\n",
                tok_size, meta_size);
