@@ -73,7 +73,7 @@ def test_hyper_parameters_and_user_metadata_are_shown(header, tiny_model):
 def test_corrupt_file_header_is_still_shown(header, tiny_image, tmp_path):
     case = next(c for c in corrupt_cases(tiny_image()) if c.name == "bad_version")
     header.set_document(ModelDocument(case.write(tmp_path)))
-    assert header.field("version").value == 2
+    assert header.field("version").value == 3
     assert header.field("magic").value == b"COLI"
 
 
