@@ -147,3 +147,30 @@ def test_info_states_each_layers_rule_in_words(converted: dict,
     assert ("layer 1    sigmoid over 8 experts, + correction bias for the choice only, top-2 within "
             "the 1 best of 2 groups (by the sum of their best two), divided by their sum + 1e-20, "
             "times 2.5; plus a shared expert") in out
+
+
+def test_the_trace_flags_decisions_the_correction_bias_changed(converted: dict) -> None:
+    """bias_changed is set exactly where the same rule on the sigmoids alone (groups by their
+    top-2 sums, the best group kept, top-2 in it) chooses another set, and a BiasChanged
+    breakpoint stops the debugger at the first such decision."""
+    from colibri.debugging import BiasChanged, Debugger, RunSettings
+
+    path = converted[("deepseek_v3-groups-qlora", "f32")]
+    with Model.open(path) as model:
+        s = Session(model, max_context=32)
+        s.prefill(TOKENS)
+        tr = s.trace
+        sig = 1.0 / (1.0 + np.exp(-tr.router_logits.astype(np.float64)))
+        groups = sig.reshape(*sig.shape[:2], 2, 4)
+        best = np.argmax(np.sort(groups, -1)[..., -2:].sum(-1), -1)          # [P, M]
+        in_best = np.take_along_axis(groups, best[..., None, None], axis=2)[:, :, 0]
+        unbiased = np.sort(np.argsort(-in_best, -1)[..., :2] + 4 * best[..., None], -1)
+        expected = (unbiased != np.sort(tr.expert_ids, -1)).any(-1)
+        assert expected.any() and not expected.all()
+        np.testing.assert_array_equal(tr.bias_changed, expected)
+        first = int(np.flatnonzero(expected.reshape(-1))[0])
+
+        dbg = Debugger(model, RunSettings(tuple(TOKENS), 0))
+        result = dbg.run([BiasChanged()])
+        assert result.reason == "breakpoint" and result.event.index == first
+        assert result.event.bias_changed

@@ -34,8 +34,9 @@ moe_layers, k], router_logits float32 [positions, moe_layers, n_experts], select
 float32 [positions, moe_layers, n_experts] (the values the choice ranked: the logits for a
 softmax without a correction bias, sigmoid + bias for DeepSeek-V3), chosen_groups int32
 [positions, moe_layers, groups] (the kept groups, best first, -1 in layers without groups; only
-when a layer routes within groups), moe_layers int32 [moe_layers] (the layer index of each MoE
-layer) and tokens int32 [positions].
+when a layer routes within groups), bias_changed bool [positions, moe_layers] (the correction bias
+changed the choice; only when it did somewhere), moe_layers int32 [moe_layers] (the layer index
+of each MoE layer) and tokens int32 [positions].
 Decoding is greedy (argmax, lowest id on ties); it stops early after the model's eos token."""
 
 
@@ -343,6 +344,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                   "tokens": trace.tokens.astype(np.int32)}
         if trace.chosen_groups.shape[2]:
             arrays["chosen_groups"] = trace.chosen_groups.astype(np.int32)
+        if trace.bias_changed.any():
+            arrays["bias_changed"] = trace.bias_changed.astype(np.bool_)
         _atomic_write(args.dump_trace, lambda f: np.savez(f, **arrays))
     if tokenizer is not None:
         print(f"prompt: {tokenizer.decode(prompt)}")

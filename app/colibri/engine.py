@@ -278,6 +278,7 @@ class Trace:
     router_logits: np.ndarray   # [pos, moe_layers, n_experts] float32 (router bias included)
     selection_scores: np.ndarray  # [pos, moe_layers, n_experts] float32: what the choice ranks
     chosen_groups: np.ndarray   # [pos, moe_layers, g] int32 kept groups best first, -1 none (g 0: no groups)
+    bias_changed: np.ndarray    # [pos, moe_layers] bool: the correction bias changed the choice
     shared_gate: np.ndarray     # [pos, moe_layers] float32, NaN without a shared expert gate
     hidden_norm: np.ndarray     # [pos, moe_layers] float32
     phase_ns: np.ndarray        # [pos, n_layers, 5] uint64, see col_phase
@@ -849,6 +850,7 @@ class Session:
             selection_scores=view(t.selection_scores, np.float32, n_moe, n_exp),
             chosen_groups=(view(t.chosen_groups, np.int32, n_moe, int(t.n_chosen_groups))
                            if t.n_chosen_groups else np.zeros((n, n_moe, 0), np.int32)),
+            bias_changed=view(t.bias_changed, np.bool_, n_moe),
             shared_gate=view(t.shared_gate, np.float32, n_moe),
             hidden_norm=view(t.hidden_norm, np.float32, n_moe),
             phase_ns=view(t.phase_ns, np.uint64, n_layers, int(lib.COL_PHASE_COUNT)),

@@ -405,6 +405,8 @@ typedef struct col_trace_view {
     uint32_t n_chosen_groups;      /* groups kept per decision (largest over the layers); 0 without groups */
     const int32_t *chosen_groups;  /* [capacity][n_moe_layers][n_chosen_groups] kept groups, best first; -1
                                     * in layers without groups and in soft routing; NULL when 0 */
+    const uint8_t *bias_changed;   /* [capacity][n_moe_layers] 1 when the layer's correction bias changed the
+                                    * choice (the same ranking of the scores alone chose another set) */
     const float *shared_gate;      /* [capacity][n_moe_layers] sigmoid gate of the shared expert, NaN if none */
     const float *hidden_norm;      /* [capacity][n_moe_layers] L2 norm of the router's input */
     const uint64_t *phase_ns;      /* [capacity][n_layers][COL_PHASE_COUNT] monotonic nanoseconds */

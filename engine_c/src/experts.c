@@ -80,11 +80,14 @@ static void add_gate_bias(const col_layer *layer, float *logits, uint32_t n)
 
 /* One routing decision of `layer` at `position` by the layer's rule and the session's mode. */
 static uint32_t route(col_session *s, const col_layer *layer, uint32_t layer_index, uint32_t position,
-                      const float *logits, int32_t *ids, float *weights, float *selection, int32_t *groups)
+                      const float *logits, int32_t *ids, float *weights, float *selection, int32_t *groups,
+                      uint8_t *bias_changed)
 {
     col_router_params params = {s->config.routing, s->config.epsilon, s->config.seed, position, layer_index};
     const float *bias = layer->moe_correction_bias ? (const float *)layer->moe_correction_bias->data : NULL;
-    col_route_out out = {ids, weights, selection, groups};
+    /* whether the bias changed the choice: a second ranking, asked only for the trace */
+    col_route_out out = {ids, weights, selection, groups, s->trace_ids && bias ? bias_changed : NULL};
+    *bias_changed = 0;
     return col_route(layer->route, bias, &params, logits, &out, &s->router_scratch);
 }
 
@@ -92,7 +95,7 @@ static uint32_t route(col_session *s, const col_layer *layer, uint32_t layer_ind
  * logits, selection scores, kept groups, shared gate and the router input's norm. */
 static void trace_decision(col_session *s, const col_layer *layer, uint32_t position, uint32_t n_slots,
                            const int32_t *ids, const float *weights, const float *logits, const float *selection,
-                           const int32_t *groups, float shared_gate, const float *xn)
+                           const int32_t *groups, uint8_t bias_changed, float shared_gate, const float *xn)
 {
     const col_model *m = s->model;
     uint32_t n_experts = m->hp.n_experts, d_model = m->hp.d_model, g = m->n_chosen_groups;
@@ -108,6 +111,7 @@ static void trace_decision(col_session *s, const col_layer *layer, uint32_t posi
         for (uint32_t i = 0; i < g; i++) s->trace_groups[row * g + i] = i < kept ? groups[i] : -1;
     }
     s->trace_shared_gate[row] = shared_gate;
+    s->trace_bias_changed[row] = bias_changed;
     float norm = 0.0f;
     for (uint32_t i = 0; i < d_model; i++) norm += xn[i] * xn[i];
     s->trace_hidden_norm[row] = sqrtf(norm);
@@ -130,7 +134,7 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
     add_gate_bias(layer, s->router_logits, n_experts);
     col_numerics_perturb(&s->numerics, s->router_logits, n_experts, s->position, layer_index);
     uint32_t n_slots = route(s, layer, layer_index, s->position, s->router_logits, s->route_ids, s->route_weights,
-                             s->route_selection, s->route_groups);
+                             s->route_selection, s->route_groups, s->route_bias_changed);
     uint64_t t1 = phase_ns ? col_now_ns() : 0;
 
     /* The selected experts in two kernel dispatches (w1 and w3 of all, then w2 of all), so the
@@ -182,7 +186,7 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
 
     if (s->trace_ids)
         trace_decision(s, layer, s->position, n_slots, s->route_ids, s->route_weights, s->router_logits,
-                       s->route_selection, s->route_groups, shared_gate, s->xn);
+                       s->route_selection, s->route_groups, *s->route_bias_changed, shared_gate, s->xn);
     if (phase_ns) {
         phase_ns[COL_PHASE_ROUTER] = t1 - t0;
         phase_ns[COL_PHASE_EXPERTS] = t2 - t1;
@@ -230,7 +234,8 @@ void col_feed_forward_batch(col_session *s, uint32_t layer_index, uint32_t n, ui
     for (uint32_t e = 0; e < n_experts; e++) s->bcount[e] = 0;
     for (uint32_t t = 0; t < n; t++) {
         n_slots = route(s, layer, layer_index, base + t, s->brl + (uint64_t)t * n_experts, s->bids + (uint64_t)t * ks,
-                        s->bw + (uint64_t)t * ks, s->bsel + (uint64_t)t * n_experts, s->bgroups + (uint64_t)t * gs);
+                        s->bw + (uint64_t)t * ks, s->bsel + (uint64_t)t * n_experts, s->bgroups + (uint64_t)t * gs,
+                        s->bbias + t);
         for (uint32_t slot = 0; slot < n_slots; slot++) s->bcount[s->bids[t * ks + slot]]++;
     }
     uint64_t t1 = phase_ns ? col_now_ns() : 0;
@@ -305,7 +310,7 @@ void col_feed_forward_batch(col_session *s, uint32_t layer_index, uint32_t n, ui
         for (uint32_t t = 0; t < n; t++)
             trace_decision(s, layer, base + t, n_slots, s->bids + (uint64_t)t * ks, s->bw + (uint64_t)t * ks,
                            s->brl + (uint64_t)t * n_experts, s->bsel + (uint64_t)t * n_experts,
-                           s->bgroups + (uint64_t)t * gs, s->bsgate[t], s->bxn + (uint64_t)t * d_model);
+                           s->bgroups + (uint64_t)t * gs, s->bbias[t], s->bsgate[t], s->bxn + (uint64_t)t * d_model);
     if (phase_ns) {
         phase_ns[COL_PHASE_ROUTER] = t1 - t0;
         phase_ns[COL_PHASE_EXPERTS] = t2 - t1;

@@ -19,7 +19,9 @@
  * (double)selection_score[j] + j*epsilon, Gumbel routing adds noise from (seed, position, layer, j),
  * and soft routing takes every expert with no group limit, weighted by the rule's scores of all
  * of them (normalised as the rule says, except a softmax over every expert, which needs none).
- * Weights always come from the unperturbed values.
+ * Weights always come from the unperturbed values. When asked, a decision also says whether its
+ * correction bias changed the outcome: whether the same ranking (same mode, same group rule) of
+ * the scores without the bias chooses another set.
  * Selection is an arg-max per slot (k and the group count are small; no sort, no allocation)
  * with one tie rule: on exactly equal keys the lower expert index wins, and the lower group
  * index between groups, in every mode.
@@ -178,6 +180,7 @@ uint32_t col_route(const col_routing_info *r, const float *bias, const col_route
         }
         if (out->groups && r->n_groups > 1)
             for (uint32_t g = 0; g < r->n_groups_kept; g++) out->groups[g] = -1;
+        if (out->bias_changed) *out->bias_changed = 0;
         if (r->scoring != COL_SCORING_SOFTMAX && r->scoring != COL_SCORING_SPARSEMIXER) normalize(r, out->weights, n);
         for (uint32_t slot = 0; slot < n; slot++) out->weights[slot] *= r->scale;
         return n;
@@ -204,5 +207,28 @@ uint32_t col_route(const col_routing_info *r, const float *bias, const col_route
     /* step 5 */
     normalize(r, out->weights, k);
     for (uint32_t slot = 0; slot < k; slot++) out->weights[slot] *= r->scale;
+
+    if (out->bias_changed) {
+        *out->bias_changed = 0;
+        if (bias && on_scores) { /* the same choice on the scores alone */
+            for (uint32_t j = 0; j < n; j++) {
+                double key = s->scores[j];
+                if (p->mode == COL_ROUTING_STABLE) key += (double)j * p->epsilon;
+                else if (p->mode == COL_ROUTING_GUMBEL) key += col_gumbel_noise(p->seed, p->position, p->layer, j);
+                s->keys[j] = key;
+                s->taken[j] = 0;
+            }
+            if (r->n_groups > 1) limit_groups(r, s->keys, s, NULL);
+            for (uint32_t slot = 0; slot < k; slot++) {
+                s->alt_ids[slot] = best_untaken(s->keys, s->taken, n);
+                s->taken[s->alt_ids[slot]] = 1;
+            }
+            for (uint32_t a = 0; a < k && !*out->bias_changed; a++) {
+                int found = 0;
+                for (uint32_t b = 0; b < k; b++) found |= s->alt_ids[a] == out->ids[b];
+                *out->bias_changed = !found;
+            }
+        }
+    }
     return k;
 }

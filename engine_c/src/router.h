@@ -23,6 +23,7 @@ typedef struct col_router_scratch {
     uint8_t *taken;         /* chosen, or excluded by the group limit */
     double *group_keys;     /* [n_groups <= n_experts] */
     uint8_t *group_taken;   /* [n_groups] kept */
+    int32_t *alt_ids;       /* [n_experts] the choice without the correction bias */
 } col_router_scratch;
 
 /* Where one decision goes. */
@@ -32,6 +33,8 @@ typedef struct col_route_out {
     float *selection;       /* [n_experts] every expert's unperturbed selection score */
     int32_t *groups;        /* [n_groups_kept] kept groups, best first (-1 in soft routing); NULL when
                              * the caller does not want them; untouched when the rule has no groups */
+    uint8_t *bias_changed;  /* 1 when the rule without its correction bias would have chosen another
+                             * set (0 without a bias and in soft routing); NULL: not computed */
 } col_route_out;
 
 /* Route one token. rule: a MoE layer's decoded routing entry; correction_bias: its

@@ -133,11 +133,13 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     uint64_t n_groups = m->n_chosen_groups ? m->n_chosen_groups : 1;
     BIND(route_selection, n_e, sizeof(float));
     BIND(route_groups, n_groups, sizeof(int32_t));
+    BIND(route_bias_changed, 1, 1);
     BIND(router_scratch.scores, n_e, sizeof(float));
     BIND(router_scratch.keys, n_e, sizeof(double));
     BIND(router_scratch.taken, n_e, 1);
     BIND(router_scratch.group_keys, n_e, sizeof(double));
     BIND(router_scratch.group_taken, n_e, 1);
+    BIND(router_scratch.alt_ids, n_e, sizeof(int32_t));
     BIND(logits, hp->vocab_size, sizeof(float));
     BIND(expert_jobs, 2 * k_slots, sizeof(col_matvec_job));
     BIND(expert_h1, k_slots * hp->d_ff_expert, sizeof(float));
@@ -155,6 +157,7 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     BIND(brl, B * n_e, sizeof(float));
     BIND(bsel, B * n_e, sizeof(float));
     BIND(bgroups, B * n_groups, sizeof(int32_t));
+    BIND(bbias, B, 1);
     BIND(bids, B * k_slots, sizeof(int32_t));
     BIND(bw, B * k_slots, sizeof(float));
     BIND(bmap, B * k_slots, sizeof(uint32_t));
@@ -187,6 +190,7 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
         BIND(trace_logits, cap * n_moe * n_e, sizeof(float));
         BIND(trace_selection, cap * n_moe * n_e, sizeof(float));
         if (m->n_chosen_groups) BIND(trace_groups, cap * n_moe * m->n_chosen_groups, sizeof(int32_t));
+        BIND(trace_bias_changed, cap * n_moe, 1);
         BIND(trace_shared_gate, cap * n_moe, sizeof(float));
         BIND(trace_hidden_norm, cap * n_moe, sizeof(float));
         BIND(trace_phase_ns, cap * hp->n_layers * COL_PHASE_COUNT, sizeof(uint64_t));
@@ -380,6 +384,7 @@ int32_t col_session_trace(const col_session *session, col_trace_view *out)
     out->selection_scores = session->trace_selection;
     out->n_chosen_groups = session->model->n_chosen_groups;
     out->chosen_groups = session->trace_groups;
+    out->bias_changed = session->trace_bias_changed;
     out->shared_gate = session->trace_shared_gate;
     out->hidden_norm = session->trace_hidden_norm;
     out->phase_ns = session->trace_phase_ns;

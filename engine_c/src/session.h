@@ -55,6 +55,7 @@ struct col_session {
     float *router_logits;       /* [n_experts] */
     float *route_selection;     /* [n_experts] selection scores of the step's decision */
     int32_t *route_groups;      /* [max(1, n_chosen_groups)] its kept groups */
+    uint8_t *route_bias_changed; /* [1] */
     float *norm_weight;         /* [max(d_model, n_heads*head_dim)] a norm's weights as f32 */
     int32_t *route_ids;         /* [n_experts] */
     float *route_weights;       /* [n_experts] */
@@ -76,6 +77,7 @@ struct col_session {
     float *brl;                 /* [B][n_experts] router logits */
     float *bsel;                /* [B][n_experts] selection scores */
     int32_t *bgroups;           /* [B][max(1, n_chosen_groups)] kept groups */
+    uint8_t *bbias;             /* [B] the correction bias changed the choice */
     int32_t *bids;              /* [B][k_slots] */
     float *bw;                  /* [B][k_slots] */
     uint32_t *bmap;             /* [B][k_slots] row of (token, slot) in the expert-grouped batch */
@@ -108,6 +110,7 @@ struct col_session {
     float *trace_logits;        /* [capacity][n_moe_layers][n_experts] */
     float *trace_selection;     /* [capacity][n_moe_layers][n_experts] */
     int32_t *trace_groups;      /* [capacity][n_moe_layers][n_chosen_groups], NULL without groups */
+    uint8_t *trace_bias_changed; /* [capacity][n_moe_layers] */
     float *trace_shared_gate;   /* [capacity][n_moe_layers] */
     float *trace_hidden_norm;   /* [capacity][n_moe_layers] */
     uint64_t *trace_phase_ns;   /* [capacity][n_layers][COL_PHASE_COUNT] */

@@ -12,8 +12,8 @@
 typedef struct fixture {
     float scores[N];
     double keys[N], group_keys[N];
-    uint8_t taken[N], group_taken[N];
-    int32_t ids[N], groups[N];
+    uint8_t taken[N], group_taken[N], bias_changed;
+    int32_t ids[N], groups[N], alt[N];
     float weights[N], selection[N];
     col_router_scratch scratch;
     col_route_out out;
@@ -22,8 +22,8 @@ typedef struct fixture {
 static void setup(fixture *f)
 {
     memset(f, 0, sizeof *f);
-    f->scratch = (col_router_scratch){f->scores, f->keys, f->taken, f->group_keys, f->group_taken};
-    f->out = (col_route_out){f->ids, f->weights, f->selection, f->groups};
+    f->scratch = (col_router_scratch){f->scores, f->keys, f->taken, f->group_keys, f->group_taken, f->alt};
+    f->out = (col_route_out){f->ids, f->weights, f->selection, f->groups, &f->bias_changed};
 }
 
 /* Mixtral's rule (format version 1's): softmax over every expert, top-k of the scores. */
@@ -171,9 +171,14 @@ static void test_correction_bias_changes_selection_not_weights(void)
     float sum = sig(1.0f) + sig(3.0f) + 1e-20f;
     CHECK(f.weights[0] == sig(1.0f) / sum * 2.5f);
     CHECK(f.weights[1] == sig(3.0f) / sum * 2.5f);
+    CHECK(f.bias_changed == 1); /* the scores alone choose {3, 1} */
     /* without the bias the same logits choose expert 1 */
     col_route(&r, NULL, &p, logits, &f.out, &f.scratch);
-    CHECK(f.ids[0] == 3 && f.ids[1] == 1);
+    CHECK(f.ids[0] == 3 && f.ids[1] == 1 && f.bias_changed == 0);
+    /* a bias too small to move the choice */
+    bias[5] = 0.1f;
+    col_route(&r, bias, &p, logits, &f.out, &f.scratch);
+    CHECK(f.ids[0] == 3 && f.ids[1] == 1 && f.bias_changed == 0);
 }
 
 /* DeepSeek-V3's groups: expert 0 has the best single score but group 0's two best sum lower

@@ -14,11 +14,12 @@ Nothing here recomputes routing: every number comes from the engine's trace.
 
 from __future__ import annotations
 
-from colibri.debugging.breakpoints import (AtPosition, Breakpoint, BreakpointList, ExpertChosen,
-                                           MarginBelow, NonFinite, first_hit)
+from colibri.debugging.breakpoints import (AtPosition, BiasChanged, Breakpoint, BreakpointList,
+                                           ExpertChosen, MarginBelow, NonFinite, first_hit)
 from colibri.debugging.events import Event, EventList, float32_ulp_distance
 from colibri.debugging.run import Debugger, PositionRecord, RoutingRecord, RunResult, RunSettings
 
-__all__ = ["AtPosition", "Breakpoint", "BreakpointList", "Debugger", "Event", "EventList",
+__all__ = ["AtPosition", "BiasChanged", "Breakpoint", "BreakpointList", "Debugger", "Event",
+           "EventList",
            "ExpertChosen", "MarginBelow", "NonFinite", "PositionRecord", "RoutingRecord",
            "RunResult", "RunSettings", "first_hit", "float32_ulp_distance"]

@@ -63,6 +63,7 @@ class Event:
     router_logits: np.ndarray = field(compare=False, repr=False)  # [n_experts] float32
     selection_scores: np.ndarray = field(compare=False, repr=False)  # [n_experts] float32
     chosen_groups: tuple[int, ...] = ()  # kept groups, best first (empty without a group limit)
+    bias_changed: bool = False  # the correction bias changed the choice (the scores alone chose another set)
 
     @property
     def top1(self) -> int:
@@ -208,7 +209,8 @@ class EventList:
             routing_changed=bool(self._changed[p, m]), hidden_norm=float(rec.hidden_norm[p, m]),
             shared_gate=float(rec.shared_gate[p, m]), nonfinite=bool(self._nonfinite[p, m]),
             router_logits=rec.router_logits[p, m], selection_scores=rec.selection_scores[p, m],
-            chosen_groups=tuple(int(g) for g in rec.chosen_groups[p, m] if g >= 0))
+            chosen_groups=tuple(int(g) for g in rec.chosen_groups[p, m] if g >= 0),
+            bias_changed=bool(rec.bias_changed[p, m]))
 
     def position_events(self, position: int) -> list[Event]:
         return [self[position * self._n_moe + m] for m in range(self._n_moe)]

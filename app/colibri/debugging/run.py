@@ -115,6 +115,7 @@ class PositionRecord:
     logits_finite: bool         # the position's output logits are all finite
     selection_scores: np.ndarray  # [moe_layers, n_experts] float32, what the choice ranked
     chosen_groups: np.ndarray   # [moe_layers, n_groups] int32 kept groups, -1 none
+    bias_changed: np.ndarray    # [moe_layers] bool: the correction bias changed the choice
 
 
 # name -> (dtype, trailing shape attribute names); the first axis is always the position
@@ -125,6 +126,7 @@ _ARRAYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "router_logits": (np.float32, ("n_moe_layers", "n_experts")),
     "selection_scores": (np.float32, ("n_moe_layers", "n_experts")),
     "chosen_groups": (np.int32, ("n_moe_layers", "n_groups")),
+    "bias_changed": (np.bool_, ("n_moe_layers",)),
     "shared_gate": (np.float32, ("n_moe_layers",)),
     "hidden_norm": (np.float32, ("n_moe_layers",)),
     "phase_ns": (np.uint64, ("n_layers", "n_phases")),
@@ -135,7 +137,7 @@ _ARRAYS: dict[str, tuple[Any, tuple[str, ...]]] = {
 RECORD_ARRAYS = tuple(_ARRAYS)
 # Arrays session files written before format version 2 do not have, and what they hold there:
 # those files come from version-1 models, which select on the router logits with no groups.
-LATER_ARRAYS = ("selection_scores", "chosen_groups")
+LATER_ARRAYS = ("selection_scores", "chosen_groups", "bias_changed")
 
 
 class RoutingRecord:
@@ -189,6 +191,7 @@ class RoutingRecord:
     router_logits = property(lambda self: self.array("router_logits"))
     selection_scores = property(lambda self: self.array("selection_scores"))
     chosen_groups = property(lambda self: self.array("chosen_groups"))
+    bias_changed = property(lambda self: self.array("bias_changed"))
     shared_gate = property(lambda self: self.array("shared_gate"))
     hidden_norm = property(lambda self: self.array("hidden_norm"))
     phase_ns = property(lambda self: self.array("phase_ns"))
@@ -213,7 +216,7 @@ class RoutingRecord:
                                                            "hidden_norm", "phase_ns")),
                               int(b["token_ns"][p]), int(b["wall_ns"][p]),
                               bool(b["logits_finite"][p]), self.array("selection_scores")[p],
-                              self.array("chosen_groups")[p])
+                              self.array("chosen_groups")[p], self.array("bias_changed")[p])
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Every per-position array (read-only views), plus moe_layers."""
@@ -259,7 +262,7 @@ class RoutingRecord:
                expert_weights: np.ndarray, router_logits: np.ndarray, shared_gate: np.ndarray,
                hidden_norm: np.ndarray, phase_ns: np.ndarray, token_ns: int, wall_ns: int = 0,
                logits_finite: bool = True, *, selection_scores: np.ndarray,
-               chosen_groups: np.ndarray) -> int:
+               chosen_groups: np.ndarray, bias_changed: np.ndarray) -> int:
         """Copy one position's rows in; returns its position."""
         if self._frozen:
             raise RuntimeError("a RoutingRecord snapshot is immutable")
@@ -271,6 +274,7 @@ class RoutingRecord:
         b["router_logits"][p] = router_logits
         b["selection_scores"][p] = selection_scores
         b["chosen_groups"][p] = chosen_groups
+        b["bias_changed"][p] = bias_changed
         b["shared_gate"][p] = shared_gate
         b["hidden_norm"][p] = hidden_norm
         b["phase_ns"][p] = phase_ns
@@ -291,6 +295,7 @@ class RoutingRecord:
         arrays = dict(arrays)
         arrays.setdefault("selection_scores", arrays["router_logits"])
         arrays.setdefault("chosen_groups", np.zeros((*ids.shape[:2], 0), np.int32))
+        arrays.setdefault("bias_changed", np.zeros(ids.shape[:2], np.bool_))
         rec = cls(arrays["moe_layers"], n_layers, ids.shape[2], arrays["router_logits"].shape[2],
                   capacity=max(ids.shape[0], 1), n_groups=arrays["chosen_groups"].shape[2])
         n = int(ids.shape[0])
@@ -445,7 +450,7 @@ class Debugger:
                            tr.phase_ns[p], int(tr.token_ns[p]), wall,
                            bool(np.isfinite(logits).all()),
                            selection_scores=tr.selection_scores[p],
-                           chosen_groups=tr.chosen_groups[p])
+                           chosen_groups=tr.chosen_groups[p], bias_changed=tr.bias_changed[p])
         self.last_logits = logits
         if p + 1 < self.n_prompt:
             self._pending = self.settings.prompt_tokens[p + 1]
