@@ -4,6 +4,7 @@ top-2), stored in f32/f16/bf16 with optional q8_0/q4_0 matrices."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +23,7 @@ def make_model(directory: Path, arch: str = "mixtral", dtype: str = "f32", quant
                which: str = "experts", *, d_model: int = 128, d_ff: int = 96, n_layers: int = 3,
                n_experts: int = 8, top_k: int = 2, vocab: int = 256, seed: int = 0) -> Path:
     hp = arch_hparams(arch, n_layers, n_experts, top_k, d_model, vocab, (), -1)
-    hp.d_ff_expert = d_ff
-    hp.max_context = 256
-    if hp.d_ff_shared:
-        hp.d_ff_shared = 64
+    hp = replace(hp, d_ff_expert=d_ff, max_context=256, d_ff_shared=64 if hp.d_ff_shared else 0)
     kinds = [ff.LAYER_MOE] * n_layers
     values = arch_tensors(hp, kinds, np.random.default_rng(seed))
     for name in values:  # decisive routing, as the conformance models have

@@ -34,6 +34,25 @@ def table_entry(image: bytearray, index: int) -> int:
     return struct.unpack_from("<Q", image, TABLE_OFFSET)[0] + index * ff.TENSOR_ENTRY_SIZE
 
 
+def rename_every_tensor(image: bytearray) -> int:
+    """Name every tensor `extra.i` (each an unknown tensor, every required one missing); returns
+    the tensor count."""
+    n_tensors = struct.unpack_from("<I", image, 0x14)[0]
+    for i in range(n_tensors):
+        entry = table_entry(image, i)
+        image[entry:entry + ff.TENSOR_NAME_MAX] = f"extra.{i}".encode().ljust(64, b"\0")
+    ff.refresh_checksums(image)
+    return n_tensors
+
+
+def rename_output(image: bytearray) -> None:
+    """Rename a qwen2_moe file's last tensor, "output", to "output_extra": an unknown tensor (a
+    warning) and a missing output, unless the embeddings are then marked tied."""
+    last = struct.unpack_from("<I", image, 0x14)[0] - 1
+    entry = table_entry(image, last)
+    image[entry:entry + 64] = b"output_extra".ljust(64, b"\0")
+
+
 # ---------------------------------------------------------------------------------------------
 # errors.raise_for_status
 
@@ -314,6 +333,76 @@ def test_open_misaligned_tensor_names_it(tiny_model: BuildModel, tiny_image: Bui
     assert entry <= info.value.offset < entry + ff.TENSOR_ENTRY_SIZE
 
 
+def test_open_keeps_every_finding_of_a_broken_file(tiny_image: BuildImage,
+                                                   write_image: WriteImage) -> None:
+    """One validation pass: the error raised carries every finding, the same ones (in the same
+    order) as a separate validate() of the file."""
+    image = tiny_image("qwen2_moe")
+    rename_output(image)                         # a warning and a missing tensor
+    struct.pack_into("<I", image, 0x74, 0)       # max_context 0: a header error
+    ff.refresh_checksums(image)
+    path = write_image(image)
+    with pytest.raises(ColibriFormatError) as info:
+        Model.open(path)
+    found = info.value.problems
+    assert found == validate(path) and len(found) >= 3
+    assert {"error", "warning"} == {p.severity for p in found}
+    first = next(p for p in found if p.severity == "error")
+    assert (info.value.code, info.value.offset, info.value.tensor) == (first.code, first.offset,
+                                                                      first.tensor)
+
+
+def test_open_keeps_the_warnings_of_a_file_that_opens(tiny_image: BuildImage,
+                                                      write_image: WriteImage) -> None:
+    image = tiny_image("qwen2_moe")
+    rename_output(image)
+    flags = struct.unpack_from("<I", image, 0x5C)[0] | ff.FLAG_TIED_EMBEDDINGS
+    struct.pack_into("<I", image, 0x5C, flags)
+    ff.refresh_checksums(image)
+    with Model.open(write_image(image)) as model:
+        assert [(p.code_name, p.severity, p.tensor) for p in model.problems] == [
+            ("COL_ERR_UNKNOWN_TENSOR", "warning", "output_extra")]
+
+
+def test_open_of_a_clean_file_has_no_problems(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        assert model.problems == []
+
+
+def test_open_keeps_more_findings_than_its_first_array_holds(tiny_image: BuildImage,
+                                                            write_image: WriteImage) -> None:
+    image = tiny_image(n_layers=40)
+    n_tensors = rename_every_tensor(image)
+    assert n_tensors > 256
+    path = write_image(image)
+    with pytest.raises(ColibriFormatError) as info:
+        Model.open(path)
+    assert info.value.problems == validate(path)
+    assert sum(p.code_name == "COL_ERR_UNKNOWN_TENSOR" for p in info.value.problems) == n_tensors
+
+
+def test_sections_locate_every_region(tiny_model: BuildModel) -> None:
+    tm = tiny_model()
+    data = tm.path.read_bytes()
+    head = struct.unpack_from("<IIQQQQQQQ", data, 0x10)
+    header_size, n_tensors, routing, data_offset, table, tok, tok_size, meta, meta_size = head
+    with Model.open(tm.path) as model:
+        sections = model.sections
+        assert list(sections) == ["header", "routing", "tensor_table", "tokenizer", "metadata",
+                                  "data"]
+        entry = ff.routing_entry_size(struct.unpack_from("<I", data, 4)[0])
+        assert [(s.offset, s.size) for s in sections.values()] == [
+            (0, header_size), (routing, entry * tm.hparams.n_layers), (table, 128 * n_tensors),
+            (tok, tok_size), (meta, meta_size), (data_offset, len(data) - data_offset)]
+        assert data[tok:tok + tok_size] == model.tokenizer_json == tm.tokenizer_json
+
+
+def test_sections_of_a_file_without_tokenizer(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path(with_tokenizer=False)) as model:
+        tokenizer = model.sections["tokenizer"]
+        assert (tokenizer.offset, tokenizer.size) == (0, 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # validate
 
@@ -376,21 +465,15 @@ def test_validate_nan_found_by_nan_check(tiny_model: BuildModel, tiny_image: Bui
 
 def test_validate_grows_problem_buffer(tiny_image: BuildImage, write_image: WriteImage) -> None:
     image = tiny_image(n_layers=8)
-    n_tensors = struct.unpack_from("<I", image, 0x14)[0]
+    n_tensors = rename_every_tensor(image)
     assert n_tensors > 64
-    for i in range(n_tensors):
-        entry = table_entry(image, i)
-        image[entry:entry + ff.TENSOR_NAME_MAX] = f"extra.{i}".encode().ljust(64, b"\0")
-    ff.refresh_checksums(image)
     warnings = [p for p in validate(write_image(image)) if p.code_name == "COL_ERR_UNKNOWN_TENSOR"]
     assert len(warnings) == n_tensors
 
 
 def test_validate_unknown_tensor_is_warning(tiny_image: BuildImage, write_image: WriteImage) -> None:
     image = tiny_image("qwen2_moe")
-    last = struct.unpack_from("<I", image, 0x14)[0] - 1
-    entry = table_entry(image, last)  # "output": rename it, and mark the embeddings tied
-    image[entry:entry + 64] = b"output_extra".ljust(64, b"\0")
+    rename_output(image)  # and mark the embeddings tied
     flags = struct.unpack_from("<I", image, 0x5C)[0] | ff.FLAG_TIED_EMBEDDINGS
     struct.pack_into("<I", image, 0x5C, flags)
     ff.refresh_checksums(image)
@@ -507,6 +590,64 @@ def test_zero_threads_raises(tiny_model_path: BuildPath) -> None:
     with Model.open(tiny_model_path()) as model:
         with pytest.raises(ColibriValueError):
             Session(model, threads=0)
+
+
+def test_threads_beyond_the_engines_limit_raise_its_message(tiny_model_path: BuildPath) -> None:
+    """The engine judges ranges (col_session_config_check); Python forwards its words."""
+    with Model.open(tiny_model_path()) as model:
+        with pytest.raises(ColibriValueError, match="n_threads 257 outside 1..256"):
+            Session(model, threads=257)
+        with pytest.raises(ColibriValueError, match="n_threads 257 outside 1..256"):
+            Session.memory_estimate(model, threads=257)
+        Session(model, threads=256).close()
+
+
+@pytest.mark.parametrize("arguments,words", [
+    ({"max_context": 65}, "max_context 65 exceeds the model's 64"),
+    ({"epsilon": float("nan")}, "epsilon must be finite and >= 0"),
+    ({"epsilon": -1e-9}, "epsilon must be finite and >= 0"),
+    ({"numerics": "blocked300"}, "lanes in 1..256, got 300"),
+    ({"numerics": "split999"}, "split 999 outside 0..256"),
+])
+def test_session_ranges_are_the_engines(tiny_model_path: BuildPath, arguments: dict[str, object],
+                                        words: str) -> None:
+    with Model.open(tiny_model_path()) as model:
+        with pytest.raises(ColibriValueError, match=words):
+            Session(model, **arguments)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("arguments", [{"threads": 1.5}, {"threads": True}, {"seed": "7"},
+                                       {"max_context": None}, {"epsilon": "small"}])
+def test_session_argument_types_are_checked_in_python(tiny_model_path: BuildPath,
+                                                      arguments: dict[str, object]) -> None:
+    with Model.open(tiny_model_path()) as model:
+        with pytest.raises(ColibriValueError, match="must be"):
+            Session(model, **arguments)  # type: ignore[arg-type]
+
+
+def test_arguments_the_c_types_cannot_hold_raise(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        with pytest.raises(ColibriValueError, match="does not fit"):
+            Session(model, seed=-1)
+        with pytest.raises(ColibriValueError, match="does not fit"):
+            Session(model, threads=2**32)
+        with Session(model) as session:
+            with pytest.raises(ColibriValueError, match="does not fit int32"):
+                session.prefill([1, 2**40])
+            with pytest.raises(ColibriValueError, match="does not fit int32"):
+                session.step(2**31)
+            assert session.position == 0
+
+
+def test_values_restated_from_the_header_match_the_engine() -> None:
+    from colibri.engine import lib
+    from colibri.values import ARCH_NAMES, KERNEL_PATHS as VALUE_PATHS, ROUTING_MODES
+
+    assert {getattr(lib, f"COL_ARCH_{name.upper()}"): name for name in ARCH_NAMES.values()} == (
+        ARCH_NAMES)
+    assert [getattr(lib, f"COL_ROUTING_{name.upper()}") for name in ROUTING_MODES] == [0, 1, 2, 3]
+    assert [getattr(lib, f"COL_KERNELS_{name.upper()}") for name in VALUE_PATHS] == [1, 2, 3, 4]
+    assert VALUE_PATHS == KERNEL_PATHS
 
 
 def test_gumbel_is_deterministic_per_seed(tiny_model_path: BuildPath) -> None:

@@ -229,6 +229,57 @@ def test_run_stops_at_eos(capsys: Capture, tiny_model_path: BuildPath) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# arguments shared by the commands
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "trace", "jitter", "epsilon", "bench"])
+def test_generate_and_threads_are_spelled_alike_everywhere(command: str) -> None:
+    from colibri.cli import build_parser
+
+    extra = {"run": ["--tokens", "1"], "trace": ["--tokens", "1", "--out", "x.json"],
+             "jitter": ["--tokens", "1"], "epsilon": ["--tokens", "1"]}.get(command, [])
+    parser = build_parser()
+    short = parser.parse_args([command, "f.colibri", *extra, "-n", "5", "-t", "3"])
+    long = parser.parse_args([command, "f.colibri", *extra, "--generate", "5", "--threads", "3"])
+    assert (short.generate, short.threads) == (long.generate, long.threads) == (5, 3)
+
+
+@pytest.mark.parametrize("command", ["run", "trace", "jitter", "epsilon"])
+def test_token_ids_are_parsed_alike_everywhere(command: str, capsys: Capture) -> None:
+    from colibri.cli import build_parser
+
+    extra = ["--out", "x.json"] if command == "trace" else []
+    args = build_parser().parse_args([command, "f.colibri", "--tokens", " 3, 4,,5 ", *extra])
+    assert args.tokens == [3, 4, 5]
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([command, "f.colibri", "--tokens", "3,four", *extra])
+    assert exit_info.value.code == 2
+    assert "expected comma-separated token ids, got '3,four'" in capsys.readouterr().err
+
+
+def test_run_generate_is_the_old_n(capsys: Capture, tiny_model_path: BuildPath) -> None:
+    args = ("run", tiny_model_path(), "--tokens", "1,3,4")
+    assert generated_tokens(run_cli(capsys, *args, "-n", "4")[1]) == generated_tokens(
+        run_cli(capsys, *args, "--generate", "4")[1])
+
+
+def test_run_beyond_the_models_context_is_refused_in_the_engines_words(
+        capsys: Capture, tiny_model_path: BuildPath) -> None:
+    code, out, err = run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3,4", "-n", "100")
+    assert code == 1 and out == ""
+    assert err.startswith("colibri: ") and "max_context 102 exceeds the model's 64" in err
+
+
+def test_errors_are_one_line_on_stderr(capsys: Capture, tiny_model_path: BuildPath,
+                                       tmp_path: Path) -> None:
+    for argv, code in ((["info", tmp_path / "missing.colibri"], 2),
+                       (["dump", tiny_model_path(), "--tensor", "nope"], 1),
+                       (["run", tiny_model_path(with_tokenizer=False), "--prompt", "x"], 1)):
+        got, out, err = run_cli(capsys, *argv)
+        assert got == code and out == "" and err.count("\n") == 1 and err.startswith("colibri: ")
+
+
+# ---------------------------------------------------------------------------------------------
 # convert (the converter module is stubbed: these tests are about the CLI's contract)
 
 

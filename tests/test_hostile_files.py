@@ -23,6 +23,7 @@ import pytest
 import colibri
 from colibri import errors
 from colibri import fileformat as ff
+from colibri.values import HParams
 from colibri.engine import Model, Session, validate_bytes
 
 from tiny_models import TinyModel
@@ -243,9 +244,9 @@ def test_interrupted_colibri_write_keeps_the_previous_file(tmp_path: Path) -> No
     target = tmp_path / "model.colibri"
     shutil.copyfile(CORPUS / "valid.colibri", target)
     before = target.read_bytes()
-    hp = ff.HParams(arch=ff.ARCH_MIXTRAL, n_layers=1, n_experts=1, n_experts_active=1, d_model=4,
-                    n_heads=1, n_kv_heads=1, head_dim=4, vocab_size=4, max_context=4,
-                    d_ff_expert=4)
+    hp = HParams(arch=ff.ARCH_MIXTRAL, n_layers=1, n_experts=1, n_experts_active=1, d_model=4,
+                 n_heads=1, n_kv_heads=1, head_dim=4, vocab_size=4, max_context=4,
+                 d_ff_expert=4)
 
     def boom() -> np.ndarray:
         raise KeyboardInterrupt

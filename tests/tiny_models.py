@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from colibri import fileformat as ff
+from colibri.values import ARCH_NAMES, HParams
 
 ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 DTYPES = ("f32", "f16", "bf16")
@@ -29,7 +30,7 @@ class TinyModel:
     """What a test file contains, as written."""
 
     path: Path
-    hparams: ff.HParams
+    hparams: HParams
     layer_kinds: list[int]
     dtype: str
     values: dict[str, np.ndarray]          # float32 values before storage conversion
@@ -54,28 +55,24 @@ def tokenizer_json(vocab_size: int) -> bytes:
 
 
 def arch_hparams(arch: str, n_layers: int, n_experts: int, top_k: int, d_model: int,
-                 vocab_size: int, dense_layers: tuple[int, ...], eos_token_id: int) -> ff.HParams:
-    code = {name: c for c, name in ff.ARCH_NAMES.items()}[arch]
-    hp = ff.HParams(arch=code, n_layers=n_layers, n_experts=n_experts, n_experts_active=top_k,
-                    d_model=d_model, n_heads=4, n_kv_heads=2, head_dim=d_model // 4,
-                    vocab_size=vocab_size, max_context=64, d_ff_expert=16,
-                    d_ff_dense=48 if dense_layers else 0, norm_eps=1e-5, rope_theta=10000.0,
-                    bos_token_id=1, eos_token_id=eos_token_id, default_epsilon=1e-6)
-    if arch == "mixtral":
-        hp.flags = ff.FLAG_NORM_TOPK
-        hp.rope_theta = 1e6
-    elif arch == "qwen2_moe":
-        hp.flags = ff.FLAG_SHARED_EXPERT | ff.FLAG_SHARED_EXPERT_GATE | ff.FLAG_QKV_BIAS
-        hp.d_ff_shared = 24
-    elif arch == "qwen3_moe":
-        hp.flags = ff.FLAG_QK_NORM_HEAD | ff.FLAG_NORM_TOPK
-    elif arch == "olmoe":
-        hp.flags = ff.FLAG_QK_NORM_FULL
-        hp.clip_qkv = 8.0
-    return hp
+                 vocab_size: int, dense_layers: tuple[int, ...], eos_token_id: int) -> HParams:
+    code = {name: c for c, name in ARCH_NAMES.items()}[arch]
+    family: dict[str, Any] = {
+        "mixtral": {"flags": ff.FLAG_NORM_TOPK, "rope_theta": 1e6},
+        "qwen2_moe": {"flags": ff.FLAG_SHARED_EXPERT | ff.FLAG_SHARED_EXPERT_GATE
+                      | ff.FLAG_QKV_BIAS, "d_ff_shared": 24},
+        "qwen3_moe": {"flags": ff.FLAG_QK_NORM_HEAD | ff.FLAG_NORM_TOPK},
+        "olmoe": {"flags": ff.FLAG_QK_NORM_FULL, "clip_qkv": 8.0},
+    }[arch]
+    return HParams(**{**dict(arch=code, n_layers=n_layers, n_experts=n_experts,
+                             n_experts_active=top_k, d_model=d_model, n_heads=4, n_kv_heads=2,
+                             head_dim=d_model // 4, vocab_size=vocab_size, max_context=64,
+                             d_ff_expert=16, d_ff_dense=48 if dense_layers else 0, norm_eps=1e-5,
+                             rope_theta=10000.0, bos_token_id=1, eos_token_id=eos_token_id,
+                             default_epsilon=1e-6), **family})
 
 
-def arch_tensors(hp: ff.HParams, layer_kinds: list[int],
+def arch_tensors(hp: HParams, layer_kinds: list[int],
                  rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Random float32 values for every tensor the architecture requires, in file order."""
     H, V, E, I = hp.d_model, hp.vocab_size, hp.n_experts, hp.d_ff_expert
@@ -149,4 +146,4 @@ def make_tiny_model(directory: Path, arch: str = "mixtral", dtype: str = "f32", 
           f"{zlib.crc32(tok):08x}-s{seed}"
     path = directory / f"{key}.colibri"
     ff.write_colibri(path, plan)
-    return TinyModel(path, hp, kinds, dtype, values, stored, dtypes, metadata, tok)
+    return TinyModel(path, plan.hparams, kinds, dtype, values, stored, dtypes, metadata, tok)

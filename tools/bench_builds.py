@@ -5,13 +5,16 @@ their paired ratios. How docs/performance.md measures a change ("old and new in 
 Each build is a revision's engine_c (`git archive REV engine_c`), or the working tree's
 (uncommitted changes included), compiled in a temporary directory with engine_c/tools/bench_session.c
 of the working tree linked against it (it uses the public API only, so it builds against every
-revision's library). The two binaries then run alternately, A B, B A, ..., each turn a fresh process
+revision's library). With --python each build is the revision's whole package instead (the
+engine and the Python layer, its extension built by app/colibri/_build_ffi.py), and a turn is its
+own `colibri bench` (the figures a user sees, Python's decoding loop included). The two binaries then run alternately, A B, B A, ..., each turn a fresh process
 timing --repeats prefills of the same prompt and the decode after each (medians per turn): one pair
 of turns sees the machine within seconds, so the paired ratios show a change of 2-3 % on a shared
 machine whose speed drifts by 10 % from minute to minute. Prints, per build, the median tokens/s,
 and the median and quartiles of the per-pair ratios B / A (above 1: B is faster).
 
     python tools/bench_builds.py FILE [--a HEAD] [--b worktree] [-p 128] [-n 32] [-t 2] [--turns 8] [-r 3]
+                                 [--python]
 """
 
 from __future__ import annotations
@@ -49,6 +52,40 @@ def build(revision: str, into: Path) -> Path:
     return binary
 
 
+def build_package(revision: str, into: Path) -> Path:
+    """`revision`'s whole source tree (or the working tree's) under `into`, its extension built in
+    place; returns the directory to put on PYTHONPATH."""
+    into.mkdir(parents=True)
+    if revision == WORKTREE:
+        for part in ("app", "engine_c", "setup.py", "pyproject.toml"):
+            source = ROOT / part
+            if source.is_dir():
+                shutil.copytree(source, into / part, ignore=shutil.ignore_patterns(
+                    "build*", "__pycache__", "*.so"))
+            else:
+                shutil.copy2(source, into / part)
+    else:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    subprocess.run([sys.executable, str(into / "app" / "colibri" / "_build_ffi.py")], check=True,
+                   cwd=into, capture_output=True)
+    return into / "app"
+
+
+def turn_package(app: Path, args: argparse.Namespace) -> tuple[float, float]:
+    """One `colibri bench` process of the package at `app`: its median prefill and decode tok/s."""
+    command = [sys.executable, "-m", "colibri.cli", "bench", args.file, "-p", str(args.p), "-n",
+               str(args.n), "-t", str(args.threads), "-r", str(args.repeats), "--probe-mb", "64",
+               "--no-trace-check", "--json"]
+    if args.kernels != "best":
+        command += ["--kernels", args.kernels]
+    env = {**os.environ, "PYTHONPATH": str(app)}
+    r = json.loads(subprocess.run(command, check=True, capture_output=True, text=True,
+                                  env=env).stdout)
+    return r["prefill_tok_s"], r["decode_tok_s"]
+
+
 def turn(binary: Path, args: argparse.Namespace) -> tuple[float, float]:
     """One process of `binary`: the median prefill tokens/s and decode tokens/s of its repeats."""
     out = subprocess.run([str(binary), args.file, "--prompt", str(args.p), "--decode", str(args.n),
@@ -74,23 +111,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default="best", choices=("best", "portable", "avx2", "avx512", "amx"))
     ap.add_argument("--turns", type=int, default=8, help="turns of each build (processes)")
     ap.add_argument("-r", "--repeats", type=int, default=3, help="prefills (and decodes) per turn")
+    ap.add_argument("--python", action="store_true",
+                    help="build whole packages and time their `colibri bench` (the Python layer too)")
     args = ap.parse_args(argv)
     if args.p < 1 or args.n < 1 or args.turns < 1 or args.repeats < 1:
         ap.error("-p, -n, --turns and -r must be at least 1")
 
     with tempfile.TemporaryDirectory(prefix="colibri-builds-") as tmp:
         try:
-            binaries = {name: build(rev, Path(tmp) / name) for name, rev in (("a", args.a), ("b", args.b))}
+            make, run = (build_package, turn_package) if args.python else (build, turn)
+            binaries = {name: make(rev, Path(tmp) / name) for name, rev in (("a", args.a), ("b", args.b))}
         except subprocess.CalledProcessError as exc:
             print(f"bench_builds: building failed: {' '.join(map(str, exc.cmd))}", file=sys.stderr)
             return 1
         runs: dict[str, list[tuple[float, float]]] = {"a": [], "b": []}
         for i in range(args.turns):
             for name in ("a", "b") if i % 2 == 0 else ("b", "a"):
-                runs[name].append(turn(binaries[name], args))
+                runs[name].append(run(binaries[name], args))
 
     print(f"{Path(args.file).name}: {args.p}-token prefill and {args.n} decoded tokens, {args.threads} thread(s), "
-          f"{args.turns} turns of {args.repeats} repeats; A = {args.a}, B = {args.b}")
+          f"{args.turns} turns of {args.repeats} repeats; A = {args.a}, B = {args.b}"
+          + (" (colibri bench of each package)" if args.python else ""))
     for index, label in ((0, "prefill"), (1, "decode ")):
         a = [r[index] for r in runs["a"]]
         b = [r[index] for r in runs["b"]]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from colibri.bench import numerics_spec
+from colibri.cli.common import numerics_spec
 
 SETTLE_S = 0.02  # between turns: the other engine's spinning worker threads go to sleep
 

@@ -101,13 +101,14 @@ def build_sparse_model(path: str | os.PathLike[str], n_layers: int = 7, d_model:
     """Write a valid Mixtral-shaped .colibri whose tensor data are all zeros, as a sparse file
     (only the header and tables are written). Defaults give ~20.8 GB."""
     from colibri import fileformat as ff
+    from colibri.values import HParams
 
     head_dim = d_model // n_heads
-    hp = ff.HParams(arch=ff.ARCH_MIXTRAL, n_layers=n_layers, n_experts=n_experts,
-                    n_experts_active=2, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                    head_dim=head_dim, vocab_size=vocab, max_context=4096, d_ff_expert=d_ff,
-                    flags=ff.FLAG_NORM_TOPK, rope_theta=1e6, norm_eps=1e-5,
-                    default_epsilon=1e-6, bos_token_id=1, eos_token_id=2)
+    hp = HParams(arch=ff.ARCH_MIXTRAL, n_layers=n_layers, n_experts=n_experts,
+                 n_experts_active=2, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                 head_dim=head_dim, vocab_size=vocab, max_context=4096, d_ff_expert=d_ff,
+                 flags=ff.FLAG_NORM_TOPK, rope_theta=1e6, norm_eps=1e-5,
+                 default_epsilon=1e-6, bos_token_id=1, eos_token_id=2)
     big = ff.DTYPE_BY_NAME[dtype]
     H, E, I, q, kv = d_model, n_experts, d_ff, n_heads * head_dim, n_kv_heads * head_dim
     shapes: list[tuple[str, int, tuple[int, ...]]] = [("token_embd", big, (vocab, H))]

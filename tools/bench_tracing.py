@@ -2,9 +2,10 @@
 """Tracing overhead: the same greedy decode with the routing trace off and on, in one process.
 
 Three variants, interleaved repeat by repeat (so drift in clock speed or cache state hits all of
-them alike), each a fresh session decoding the same tokens:
-  off       Session(trace=False), prefill + step loop
-  on        Session(trace=True), same loop (the engine's trace recording and phase timing)
+them alike), each a fresh session decoding the same tokens (greedy decoding is deterministic and
+tracing changes no bit):
+  off       Session(trace=False), Session.generate
+  on        Session(trace=True), the same (the engine's trace recording and phase timing)
   debugger  colibri.debugging.Debugger.run(): trace on, one position per step, each position's
             rows copied into the RoutingRecord and its events derived (what the Inspector pays)
 Prints the median per-position time of each and the overhead against `off` (ratio of medians,
@@ -26,8 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "resources" / "demo" / "demo.colibri"
 
@@ -48,7 +47,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
 
-    from colibri.debugging import Debugger, RunSettings
+    from colibri.debugging import Debugger
+    from colibri.values import RunSettings
     from colibri.engine import Model, Session
 
     tmp = tempfile.TemporaryDirectory()
@@ -59,23 +59,12 @@ def main() -> int:
     new = min(args.new, hp.max_context - len(prompt) + 1)
     positions = len(prompt) + new - 1
 
-    # the token sequence of a greedy decode, fixed up front so every variant does the same work
-    s = Session(model, threads=args.threads, trace=False)
-    logits = s.prefill(prompt, all_logits=False)[-1]
-    seq = list(prompt)
-    for _ in range(new - 1):
-        token = int(np.argmax(logits))
-        seq.append(token)
-        logits = s.step(token)
-    s.close()
-
     def engine(trace: bool) -> float:
         session = Session(model, threads=args.threads, max_context=positions, trace=trace)
         t0 = time.perf_counter_ns()
-        session.prefill(seq[:len(prompt)], all_logits=False)
-        for token in seq[len(prompt):]:
-            session.step(token)
+        generation = session.generate(prompt, new, eos=None)
         dt = time.perf_counter_ns() - t0
+        assert generation.positions == positions
         session.close()
         return dt / positions
 

@@ -28,7 +28,7 @@ import json
 import struct
 import sys
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "app"))
 
 from colibri import fileformat as ff  # noqa: E402
+from colibri.values import HParams  # noqa: E402
 
 CORPUS = ROOT / "tests" / "corpus"
 MAX_FILE = 64 * 1024
@@ -94,11 +95,11 @@ class Entry:
 # The base model
 
 
-def base_hparams() -> ff.HParams:
-    return ff.HParams(arch=ff.ARCH_MIXTRAL, n_layers=2, n_experts=2, n_experts_active=1,
-                      d_model=8, n_heads=2, n_kv_heads=1, head_dim=4, vocab_size=16,
-                      max_context=16, d_ff_expert=8, d_ff_dense=8, flags=ff.FLAG_NORM_TOPK,
-                      norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_id=2)
+def base_hparams() -> HParams:
+    return HParams(arch=ff.ARCH_MIXTRAL, n_layers=2, n_experts=2, n_experts_active=1,
+                   d_model=8, n_heads=2, n_kv_heads=1, head_dim=4, vocab_size=16,
+                   max_context=16, d_ff_expert=8, d_ff_dense=8, flags=ff.FLAG_NORM_TOPK,
+                   norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_id=2)
 
 
 KINDS = [ff.LAYER_MOE, ff.LAYER_DENSE]
@@ -110,13 +111,11 @@ V3_RULE = ff.RouteRule(scoring=ff.SCORING_SIGMOID, correction_bias=True, n_group
                        norm_eps=1e-20, scale=2.5)
 
 
-def v3_hparams() -> ff.HParams:
-    hp = base_hparams()
-    hp.flags, hp.n_experts, hp.n_experts_active = 0, 4, 2
-    return hp
+def v3_hparams() -> HParams:
+    return replace(base_hparams(), flags=0, n_experts=4, n_experts_active=2)
 
 
-def base_arrays(hp: ff.HParams, extra: bool = False,
+def base_arrays(hp: HParams, extra: bool = False,
                 correction_bias: bool = False) -> list[tuple[str, np.ndarray, int]]:
     rng = np.random.default_rng(20261129)
     H, V, E, I, D = hp.d_model, hp.vocab_size, hp.n_experts, hp.d_ff_expert, hp.d_ff_dense

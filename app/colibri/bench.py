@@ -14,18 +14,14 @@ after every repeat (the best reading is the limit).
 
 from __future__ import annotations
 
-import argparse
-import json
 import resource
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from colibri.engine import KERNEL_PATHS, Model, Session, measure_read_bandwidth
-from colibri.numerics import Numerics, NumericsError
+from colibri.engine import Model, Session, measure_read_bandwidth
 
 _EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
 
@@ -126,15 +122,6 @@ class BenchResult:
         return asdict(self)
 
 
-def _decode(session: Session, first: int, n: int) -> float:
-    """Greedy decode of n tokens after the current position; returns seconds."""
-    token = first
-    t0 = time.perf_counter()
-    for _ in range(n):
-        token = int(np.argmax(session.step(token)))
-    return time.perf_counter() - t0
-
-
 def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repeats: int = 3,
               probe_bytes: int = 1 << 30, trace_check: bool = True,
               kernels: str | None = None, numerics: str | None = None) -> BenchResult:
@@ -146,26 +133,24 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     session = Session(model, threads=threads, max_context=ctx, trace=False, kernels=kernels,
                       numerics=numerics)
     # warm: page the whole file in and let the workers settle
-    session.prefill(tokens[: min(prompt, 8)], all_logits=False)
-    _decode(session, int(tokens[0]), 4)
+    session.generate(tokens[: min(prompt, 8)], 5, eos=None)
 
     prefill_s, decode_s, traced_s = [], [], []
     phase_runs: list[dict[str, dict[str, float]]] = []
     probes = [measure_read_bandwidth(probe_bytes, threads, 3)]
     traced = Session(model, threads=threads, max_context=ctx, trace=True, kernels=kernels,
                      numerics=numerics) if trace_check else None
+    # prompt, then n steps: the prompt's positions and n decoded ones (eos ignored)
     def untraced_run() -> None:
         session.reset()
-        t0 = time.perf_counter()
-        logits = session.prefill(tokens, all_logits=False)
-        prefill_s.append(time.perf_counter() - t0)
-        decode_s.append(_decode(session, int(np.argmax(logits[-1])), n))
+        generation = session.generate(tokens, n + 1, eos=None)
+        prefill_s.append(generation.prefill_ns / 1e9)
+        decode_s.append(generation.decode_ns / 1e9)
 
     def traced_run() -> None:  # same prompt and positions: only tracing differs
         assert traced is not None
         traced.reset()
-        logits = traced.prefill(tokens, all_logits=False)
-        traced_s.append(_decode(traced, int(np.argmax(logits[-1])), n))
+        traced_s.append(traced.generate(tokens, n + 1, eos=None).decode_ns / 1e9)
         phase_runs.append(phase_breakdown(model, traced, prompt, n))
 
     for rep in range(repeats):
@@ -231,44 +216,3 @@ def format_result(r: BenchResult) -> str:
         *(f"  {part:18s} {v['ms']:8.2f} ms/token  {v['mb']:8.1f} MB  {v['gb_s']:6.1f} GB/s  (traced run)"
           for part, v in r.phases.items()),
     ])
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="colibri bench", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run_cli(p.parse_args(argv))
-
-
-def numerics_spec(text: str) -> str:
-    """argparse type: a numerics spec the engine accepts, in its canonical spelling."""
-    try:
-        return Numerics.parse(text).spec
-    except NumericsError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def add_arguments(p: Any) -> None:
-    p.add_argument("file", metavar="FILE")
-    p.add_argument("-p", type=int, default=128, metavar="N", help="prompt tokens (default 128)")
-    p.add_argument("-n", type=int, default=64, metavar="N", help="decoded tokens (default 64)")
-    p.add_argument("-t", "--threads", type=int, default=1, metavar="T")
-    p.add_argument("-r", "--repeats", type=int, default=3)
-    p.add_argument("--probe-mb", type=int, default=1024, help="bandwidth probe buffer (MiB)")
-    p.add_argument("--no-trace-check", action="store_true", help="skip the trace-on decode run")
-    p.add_argument("--kernels", choices=KERNEL_PATHS, default=None,
-                   help="most capable kernel path to use (default: the best this machine has)")
-    p.add_argument("--numerics", type=numerics_spec, default=None, metavar="SPEC",
-                   help="numerics variant (colibri.numerics spec, e.g. act-bf16: activations "
-                        "rounded to bf16 as half-precision engines compute; default: exact)")
-    p.add_argument("--json", action="store_true")
-
-
-def run_cli(args: Any) -> int:
-    r = run_bench(args.file, args.p, args.n, args.threads, args.repeats, args.probe_mb << 20,
-                  not args.no_trace_check, args.kernels, args.numerics)
-    print(json.dumps(r.to_dict(), indent=2) if args.json else format_result(r))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
@@ -40,6 +40,7 @@ from colibri.fileformat import (
     bf16_bits_to_f32, plan_file, quantize as quantize_blocks, storage_to_f32, to_storage,
     write_colibri,
 )
+from colibri.values import HParams
 
 CONVERTER_VERSION = "2"
 
@@ -434,34 +435,3 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
     plan = plan_file(arch.hp, arch.kinds, specs, tokenizer, metadata, rules=arch.rules,
                      attention=arch.attention)
     write_colibri(out_path, plan, progress)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m colibri.convert HF_DIR OUT.colibri [--dtype f32|f16|bf16]`."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(
-        prog="python -m colibri.convert",
-        description="Convert a Hugging Face MoE checkpoint to .colibri")
-    parser.add_argument("hf_dir")
-    parser.add_argument("out_path")
-    parser.add_argument("--dtype", default="f32", choices=sorted(DTYPE_BY_NAME))
-    parser.add_argument("--quantize", choices=("q8", "q4"), default=None)
-    parser.add_argument("--quantize-tensors", choices=sorted(QUANTIZE_SETS), default="experts")
-    args = parser.parse_args(argv)
-
-    def report(done: int, total: int) -> None:
-        print(f"\r{done}/{total} tensors", end="" if done < total else "\n", file=sys.stderr)
-
-    try:
-        convert(args.hf_dir, args.out_path, args.dtype, report, args.quantize,
-                args.quantize_tensors)
-    except ConversionError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -24,7 +24,7 @@ import json
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any, Literal
@@ -32,7 +32,9 @@ from typing import Any, Literal
 import numpy as np
 
 from colibri import errors
+from colibri.generation import Generation, OnPosition, StopFn, SwapFn
 from colibri.numerics import Numerics, NumericsError, as_numerics
+from colibri.values import KERNEL_PATHS, ROUTING_MODES, DecodingName, HParams, RoutingName
 from colibri.errors import (COL_ERR_BAD_TOKEN, COL_ERR_INVALID_ARG, ColibriError,
                             ColibriFormatError, ColibriValueError)
 
@@ -43,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale build
     raise ImportError(
         f"colibri: compiled engine has ABI version {lib.col_abi_version()}, this Python package "
@@ -58,15 +60,8 @@ BLOCK_DTYPES = (lib.COL_DTYPE_Q8_0, lib.COL_DTYPE_Q4_0)
 NUMPY_DTYPES: dict[int, type[np.generic]] = {lib.COL_DTYPE_F32: np.float32,
                                              lib.COL_DTYPE_F16: np.float16,
                                              lib.COL_DTYPE_BF16: np.uint16}
-ARCH_NAMES: dict[int, str] = {lib.COL_ARCH_MIXTRAL: "mixtral", lib.COL_ARCH_QWEN2_MOE: "qwen2_moe",
-                              lib.COL_ARCH_QWEN3_MOE: "qwen3_moe", lib.COL_ARCH_OLMOE: "olmoe",
-                              lib.COL_ARCH_DEEPSEEK_V2: "deepseek_v2",
-                              lib.COL_ARCH_DEEPSEEK_V3: "deepseek_v3",
-                              lib.COL_ARCH_GLM4_MOE: "glm4_moe",
-                              lib.COL_ARCH_ERNIE4_5_MOE: "ernie4_5_moe"}
-RoutingName = Literal["topk", "stable", "soft", "gumbel"]
-ROUTING_MODES: dict[str, int] = {"topk": lib.COL_ROUTING_TOPK, "stable": lib.COL_ROUTING_STABLE,
-                                 "soft": lib.COL_ROUTING_SOFT, "gumbel": lib.COL_ROUTING_GUMBEL}
+_ROUTING_CODES: dict[str, int] = {name: getattr(lib, f"COL_ROUTING_{name.upper()}")
+                                  for name in ROUTING_MODES}
 FIELD_KINDS: dict[int, str] = {lib.COL_FIELD_BYTES: "bytes", lib.COL_FIELD_U32: "u32",
                                lib.COL_FIELD_I32: "i32", lib.COL_FIELD_U64: "u64",
                                lib.COL_FIELD_F32: "f32", lib.COL_FIELD_F64: "f64"}
@@ -74,6 +69,7 @@ LAYER_KINDS: dict[int, str] = {lib.COL_LAYER_DENSE: "dense", lib.COL_LAYER_MOE: 
 
 _ERRLEN = 512
 _FIRST_PROBLEMS = 64
+_OPEN_PROBLEMS = 256   # findings room of Model.open's one pass (more: a second pass, with room)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,61 +132,6 @@ class Problem:
 
 
 @dataclass(frozen=True)
-class HParams:
-    """The decoded hyper-parameters of a model (col_hparams)."""
-
-    version: int
-    arch: int
-    flags: int
-    n_layers: int
-    n_experts: int
-    n_experts_active: int
-    n_moe_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    max_context: int
-    d_ff_expert: int
-    d_ff_dense: int
-    d_ff_shared: int
-    sliding_window: int
-    rope_type: int
-    rope_original_max_context: int
-    bos_token_id: int
-    eos_token_id: int
-    rope_theta: float
-    rope_factor: float
-    rope_low_freq_factor: float
-    rope_high_freq_factor: float
-    norm_eps: float
-    clip_qkv: float
-    default_epsilon: float
-    attention: int                 # col_attention_kind: 0 GQA, 1 MLA
-    q_lora_rank: int
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    rotary_dim: int
-    rope_layout: int               # 0 halves (rotate_half), 1 interleaved pairs
-    rope_truncate: int
-    attn_scale: float
-    latent_norm_eps: float
-    rope_attn_factor: float
-    rope_beta_fast: float
-    rope_beta_slow: float
-
-    @property
-    def arch_name(self) -> str:
-        return ARCH_NAMES.get(self.arch, f"arch-{self.arch}")
-
-    def to_dict(self) -> dict[str, int | float]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass(frozen=True)
 class TensorInfo:
     """One tensor table entry. `offset` is the file offset of the data, `table_offset` that of
     the 128-byte table entry; `dtype` is 'f32', 'f16' or 'bf16'."""
@@ -249,6 +190,20 @@ class RoutingInfo:
         out = ffi.new("char[]", 512)
         errors.raise_for_status(lib.col_routing_describe(info, out, 512))
         return _text(out)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One region of a file (col_section): `name` ('header', 'routing', 'tensor_table',
+    'tokenizer', 'metadata', 'data'), absolute `offset`, `size` in bytes."""
+
+    name: str
+    offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
 
 
 @dataclass(frozen=True)
@@ -387,32 +342,44 @@ def _no_tensor(index: int) -> int | None:
 class Model:
     """A read-only, validated .colibri file mapped in memory. Open with `Model.open(path)`."""
 
-    def __init__(self, handle: Any, path: str) -> None:
+    def __init__(self, handle: Any, path: str, problems: list[Problem] | None = None) -> None:
         # Use Model.open; `handle` is a gc'd col_model pointer.
         self._handle: Any = handle
         self._path = path
+        self._problems = list(problems or [])
         hp = ffi.new("col_hparams *")
         errors.raise_for_status(lib.col_model_hparams(handle, hp))
         self._hparams = HParams(**{f.name: getattr(hp, f.name) for f in fields(HParams)})
         self._tensors = [self._tensor_from_c(i) for i in range(lib.col_model_tensor_count(handle))]
         self._by_name = {t.name: t for t in self._tensors}
+        self._sections = self._sections_from_c(handle)
         self._tokenizer: Any = None
         self._tokenizer_loaded = False
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Model:
-        """Map and structurally validate `path`. Raises ColibriFormatError (code, offset, tensor
-        of the first error) for a broken file and ColibriIOError for an unreadable one."""
+        """Map `path` and run every structural check in one pass (col_model_open_report), keeping
+        every finding: a file that opens has its warnings in `problems`; a broken one raises
+        ColibriFormatError with the code, offset and tensor of the first error and every finding
+        in `problems`; an unreadable one raises ColibriIOError."""
         raw = _check_path(path)
         out = ffi.new("col_model **")
-        problem = ffi.new("col_problem *")
-        status = int(lib.col_model_open(raw, out, problem))
+        count = ffi.new("uint32_t *")
+        capacity = _OPEN_PROBLEMS
+        while True:
+            buf = ffi.new("col_problem[]", capacity)
+            status = int(lib.col_model_open_report(raw, ffi.NULL, out, buf, capacity, count))
+            if int(count[0]) <= capacity:
+                break
+            lib.col_model_close(out[0])  # more findings than room (rare): again, room for all
+            capacity = int(count[0])
+        problems = [Problem.from_c(buf[i]) for i in range(int(count[0]))]
         if status != errors.COL_OK:
-            found = Problem.from_c(problem)
-            errors.raise_for_status(status, found.message or errors.status_name(status),
-                                    offset=found.offset, tensor=found.tensor,
-                                    problems=[found] if found.code == status else [])
-        return cls(ffi.gc(out[0], lib.col_model_close), os.fspath(path))
+            first = next((p for p in problems if p.severity == "error"), None)
+            errors.raise_for_status(status, first.message if first else "",
+                                    offset=first.offset if first else 0,
+                                    tensor=first.tensor if first else "", problems=problems)
+        return cls(ffi.gc(out[0], lib.col_model_close), os.fspath(path), problems)
 
     # -- lifetime -------------------------------------------------------------------------------
 
@@ -480,6 +447,28 @@ class Model:
         return bytes(ffi.buffer(ptr, size[0])) if size[0] and ptr != ffi.NULL else b""
 
     @property
+    def problems(self) -> list[Problem]:
+        """The findings of the structural validation `open` ran: warnings only, since a file
+        with an error does not open ([] for a clean file)."""
+        return list(self._problems)
+
+    @staticmethod
+    def _sections_from_c(handle: Any) -> dict[str, Section]:
+        out = ffi.new("col_section *")
+        sections = {}
+        for index in range(lib.col_model_section_count()):
+            errors.raise_for_status(lib.col_model_section(handle, index, out))
+            section = Section(_text(out.name), int(out.offset), int(out.size))
+            sections[section.name] = section
+        return sections
+
+    @property
+    def sections(self) -> dict[str, Section]:
+        """The file's regions by name, in file order: 'header', 'routing', 'tensor_table',
+        'tokenizer', 'metadata' (size 0 when absent) and 'data' (col_model_section)."""
+        return dict(self._sections)
+
+    @property
     def tokenizer_json(self) -> bytes:
         """The embedded tokenizer.json bytes (b"" when absent)."""
         return self._section(lib.col_model_tokenizer)
@@ -495,11 +484,9 @@ class Model:
                 try:
                     self._tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
                 except Exception as exc:  # tokenizers raises a bare Exception
-                    offset = next((f.value for f in self.header_fields()
-                                   if f.name == "tokenizer_offset"), 0)
                     raise ColibriFormatError(f"embedded tokenizer.json cannot be loaded: {exc}",
                                              lib.COL_ERR_UNSUPPORTED,
-                                             offset=int(offset or 0)) from exc
+                                             offset=self._sections["tokenizer"].offset) from exc
             self._tokenizer_loaded = True
         return self._tokenizer
 
@@ -613,53 +600,55 @@ class Model:
 # Session
 
 
-# Kernel paths, least to most capable (col_kernels 1..4; 0 = the best the machine has).
-KERNEL_PATHS = ("portable", "avx2", "avx512", "amx")
-
-
 def best_kernels() -> str:
     """The kernel path a session with kernels=None runs on this machine now (CPUID, the OS
     granting AMX state, the environment variable COLIBRI_KERNELS)."""
     return KERNEL_PATHS[int(lib.col_best_kernels()) - 1]
 
 
+def _set_int(config: Any, field: str, value: Any, what: str) -> None:
+    """Store an int argument in a config field; its range is the engine's to judge, but it must
+    be an int that the field's C type can hold."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ColibriValueError(f"{what} must be an int, got {value!r}", COL_ERR_INVALID_ARG)
+    try:
+        setattr(config, field, int(value))
+    except OverflowError:
+        ctype = dict(ffi.typeof(config[0]).fields)[field].type.cname
+        raise ColibriValueError(f"{what} {int(value)} does not fit the engine's {ctype} {field}",
+                                COL_ERR_INVALID_ARG) from None
+
+
 def _session_config(model: Model, routing: str, epsilon: float | None, seed: int, threads: int,
                     max_context: int, trace: bool, numerics: Any = None,
                     kernels: str | None = None) -> Any:
-    """A col_session_config with every argument checked first."""
+    """A col_session_config from the arguments. Python checks their types and names; the engine
+    judges every range (col_session_config_check, the same checks as col_session_create) and
+    its message becomes the ColibriValueError."""
     if kernels is not None and kernels not in KERNEL_PATHS:
         raise ColibriValueError(f"unknown kernel path {kernels!r}; expected one of "
                                 f"{', '.join(KERNEL_PATHS)} or None", COL_ERR_INVALID_ARG)
-    if routing not in ROUTING_MODES:
+    if routing not in _ROUTING_CODES:
         raise ColibriValueError(f"unknown routing {routing!r}; expected one of "
                                 f"{', '.join(ROUTING_MODES)}", COL_ERR_INVALID_ARG)
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 4096:
-        raise ColibriValueError(f"threads must be an int in [1, 4096], got {threads!r}",
-                                COL_ERR_INVALID_ARG)
-    limit = model.hparams.max_context
-    if isinstance(max_context, bool) or not isinstance(max_context, int) or not (
-            0 <= max_context <= limit):
-        raise ColibriValueError(f"max_context must be an int in [0, {limit}] (0 = default), "
-                                f"got {max_context!r}", COL_ERR_INVALID_ARG)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-        raise ColibriValueError(f"seed must be an int in [0, 2**64), got {seed!r}",
-                                COL_ERR_INVALID_ARG)
-    eps = float(model.hparams.default_epsilon if epsilon is None else epsilon)
-    if not math.isfinite(eps) or eps < 0:
-        raise ColibriValueError(f"epsilon must be finite and >= 0, got {epsilon!r}",
-                                COL_ERR_INVALID_ARG)
+    if epsilon is not None and (isinstance(epsilon, bool)
+                                or not isinstance(epsilon, (int, float, np.floating))):
+        raise ColibriValueError(f"epsilon must be a number, got {epsilon!r}", COL_ERR_INVALID_ARG)
     config = ffi.new("col_session_config *")
-    config.routing = ROUTING_MODES[routing]
-    config.n_threads = threads
-    config.max_context = max_context
+    config.routing = _ROUTING_CODES[routing]
+    _set_int(config, "n_threads", threads, "threads")
+    _set_int(config, "max_context", max_context, "max_context")
+    _set_int(config, "seed", seed, "seed")
     config.trace = 1 if trace else 0
-    config.epsilon = eps
-    config.seed = seed
+    config.epsilon = float(model.hparams.default_epsilon if epsilon is None else epsilon)
     config.kernels = 0 if kernels is None else KERNEL_PATHS.index(kernels) + 1
     try:  # numerics variant (colibri.numerics): Numerics, spec string, dict or None
         as_numerics(numerics).apply(config)
-    except NumericsError as exc:
-        raise ColibriValueError(str(exc), COL_ERR_INVALID_ARG) from None
+    except (NumericsError, OverflowError, TypeError) as exc:
+        raise ColibriValueError(f"numerics: {exc}", COL_ERR_INVALID_ARG) from None
+    err = ffi.new("char[]", _ERRLEN)
+    errors.raise_for_status(int(lib.col_session_config_check(model.handle, config, err, _ERRLEN)),
+                            _text(err))
     return config
 
 
@@ -746,12 +735,15 @@ class Session:
 
     # -- inference ------------------------------------------------------------------------------
 
-    def _check_tokens(self, tokens: np.ndarray) -> None:
-        bad = (tokens < 0) | (tokens >= self._vocab)
-        if bad.any():
-            first = int(tokens[np.argmax(bad)])
-            raise ColibriValueError(f"token id {first} outside [0, {self._vocab})",
-                                    COL_ERR_BAD_TOKEN)
+    @staticmethod
+    def _int32(tokens: np.ndarray) -> np.ndarray:
+        """Token ids as the engine's int32; whether each is in the vocabulary is the engine's
+        check (COL_ERR_BAD_TOKEN, nothing processed)."""
+        ids = np.ascontiguousarray(tokens, dtype=np.int32)
+        if tokens.size and not np.array_equal(ids, tokens):
+            first = int(tokens[np.argmax(ids != tokens)])
+            raise ColibriValueError(f"token id {first} does not fit int32", COL_ERR_BAD_TOKEN)
+        return ids
 
     def prefill(self, token_ids: Iterable[int] | np.ndarray, *, all_logits: bool = True) -> np.ndarray:
         """Process `token_ids` at the next positions; returns float32 logits [n, vocab], one row
@@ -762,12 +754,11 @@ class Session:
         tokens = np.asarray(list(token_ids) if not isinstance(token_ids, np.ndarray) else token_ids)
         if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
             raise ColibriValueError("token_ids must be a 1-D sequence of ints", COL_ERR_INVALID_ARG)
-        self._check_tokens(tokens)
+        ids = self._int32(tokens)
         n = int(tokens.size)
         logits = np.empty((n if all_logits else min(n, 1), self._vocab), dtype=np.float32)
         if n == 0:
             return logits
-        ids = np.ascontiguousarray(tokens, dtype=np.int32)
         handle = self._live()
         self._acquire()
         try:
@@ -788,8 +779,8 @@ class Session:
         if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)):
             raise ColibriValueError(f"token id must be an int, got {token_id!r}",
                                     COL_ERR_INVALID_ARG)
-        if not 0 <= int(token_id) < self._vocab:
-            raise ColibriValueError(f"token id {int(token_id)} outside [0, {self._vocab})",
+        if not -2**31 <= int(token_id) < 2**31:
+            raise ColibriValueError(f"token id {int(token_id)} does not fit int32",
                                     COL_ERR_BAD_TOKEN)
         logits = np.empty(self._vocab, dtype=np.float32)
         handle = self._live()
@@ -802,6 +793,23 @@ class Session:
         finally:
             self._busy.release()
         return logits
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int = 16, *,
+                 decoding: DecodingName = "greedy", temperature: float = 1.0, seed: int = 0,
+                 eos: int | None | Literal["model"] = "model", stop: StopFn | None = None,
+                 on_position: OnPosition | None = None, step_prompt: bool = False,
+                 keep_logits: bool = False, swap: SwapFn | None = None) -> Generation:
+        """Generate up to `max_new_tokens` tokens after `prompt`, from the current position, and
+        return the `Generation` (colibri.generation: positions processed, greedy or sampled
+        decoding, stop conditions, the per-position callback that can pause or stop, hot-reload
+        hand-over). `eos` defaults to the model's eos_token_id; None never stops there. A
+        generation paused by `on_position` continues with its `run()`."""
+        generation = Generation(
+            self, prompt, max_new_tokens, decoding=decoding, temperature=temperature, seed=seed,
+            eos=self._model.hparams.eos_token_id if eos == "model" else eos, stop=stop,
+            step_prompt=step_prompt, keep_logits=keep_logits, swap=swap)
+        generation.run(on_position)
+        return generation
 
     def reset(self) -> None:
         """Forget every position (KV cache and trace); keep configuration and buffers."""
@@ -859,7 +867,7 @@ class Session:
 
 
 __all__ = ["KERNEL_PATHS", "ColibriError", "HParams", "HeaderField", "Model", "Problem", "RoutingInfo",
-           "Session", "TensorInfo", "Trace", "best_kernels", "header_fields", "validate",
+           "Section", "Session", "TensorInfo", "Trace", "best_kernels", "header_fields", "validate",
            "validate_bytes"]
 
 

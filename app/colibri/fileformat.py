@@ -13,15 +13,15 @@ import json
 import os
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from colibri.files import atomic_write
+from colibri.values import ARCH_NAMES, FORMAT_VERSION, HParams
 
 MAGIC = b"COLI"
-FORMAT_VERSION = 2             # what plan_file writes unless asked for version 1
 HEADER_SIZE = 512              # version 2's fixed header
 ROUTING_ENTRY_SIZE = 128       # version 2's routing entry
 HEADER_SIZE_V1 = 256
@@ -129,11 +129,8 @@ def dequantize(data: np.ndarray, dtype: int, shape: Sequence[int]) -> np.ndarray
     return (d[..., None] * q).reshape(shape)
 
 
-ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4
+ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4  # keys of ARCH_NAMES
 ARCH_DEEPSEEK_V2, ARCH_DEEPSEEK_V3, ARCH_GLM4_MOE, ARCH_ERNIE4_5_MOE = 5, 6, 7, 8  # version 2
-ARCH_NAMES = {ARCH_MIXTRAL: "mixtral", ARCH_QWEN2_MOE: "qwen2_moe", ARCH_QWEN3_MOE: "qwen3_moe",
-              ARCH_OLMOE: "olmoe", ARCH_DEEPSEEK_V2: "deepseek_v2", ARCH_DEEPSEEK_V3: "deepseek_v3",
-              ARCH_GLM4_MOE: "glm4_moe", ARCH_ERNIE4_5_MOE: "ernie4_5_moe"}
 
 FLAG_NORM_TOPK = 1              # version 1 only (a version-2 routing entry states it)
 FLAG_TIED_EMBEDDINGS = 2
@@ -180,62 +177,6 @@ _HPARAM_FIELDS_V2: tuple[tuple[int, str, str], ...] = (
 
 
 @dataclass
-class HParams:
-    """Architecture and hyper-parameters, as stored in the fixed header."""
-
-    arch: int
-    n_layers: int
-    n_experts: int
-    n_experts_active: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    max_context: int
-    d_ff_expert: int
-    d_ff_dense: int = 0
-    d_ff_shared: int = 0
-    flags: int = 0
-    sliding_window: int = 0
-    rope_type: int = 0
-    rope_theta: float = 10000.0
-    rope_factor: float = 1.0
-    rope_original_max_context: int = 0
-    rope_low_freq_factor: float = 0.0
-    rope_high_freq_factor: float = 0.0
-    norm_eps: float = 1e-6
-    clip_qkv: float = 0.0
-    default_epsilon: float = 1e-8
-    bos_token_id: int = -1
-    eos_token_id: int = -1
-    # version 2 (docs/format.md): None = what version 1 means (head_dim, head_dim, head_dim^-1/2)
-    attention: int = ATTENTION_GQA
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int | None = None
-    rotary_dim: int | None = None
-    rope_layout: int = ROPE_HALVES
-    attn_scale: float | None = None
-    latent_norm_eps: float = 0.0
-    rope_attn_factor: float = 1.0
-    rope_beta_fast: float = 0.0
-    rope_beta_slow: float = 0.0
-    rope_truncate: int = 0
-
-    def v2_value(self, attr: str) -> int | float:
-        """A version-2 header field's value, the Nones filled as version 1 would mean them."""
-        if attr in ("v_head_dim", "rotary_dim"):
-            value = getattr(self, attr)
-            return self.head_dim if value is None else value
-        if attr == "attn_scale":
-            return float(np.float32(1.0 / np.sqrt(self.head_dim))) if self.attn_scale is None \
-                else self.attn_scale
-        return getattr(self, attr)
-
-
 @dataclass(frozen=True)
 class RouteRule:
     """A MoE layer's routing rule, as its version-2 routing entry states it (docs/format.md, "The
@@ -271,6 +212,9 @@ class RouteRule:
         shared = (SHARED_NONE if not flags & FLAG_SHARED_EXPERT else
                   SHARED_SIGMOID_GATE if flags & FLAG_SHARED_EXPERT_GATE else SHARED_PLAIN)
         return cls(normalize=NORM_SUM if flags & FLAG_NORM_TOPK else NORM_NONE, shared=shared)
+
+
+@dataclass
 
 
 @dataclass
@@ -358,11 +302,16 @@ def plan_file(hparams: HParams, layer_kinds: Sequence[int], tensors: Sequence[Te
     version-2 file leaves those version-1 flag bits out of its header. `attention` gives each
     layer's mask (LAYER_FULL or LAYER_SLIDING); without it every layer is sliding when
     `hparams.sliding_window` is set, as in version 1. Version 1 can state only version 1's rule
-    and attention; asking it for more raises ValueError."""
+    and attention; asking it for more raises ValueError.
+
+    The plan's `hparams` are those written: `version` is `version` and `n_moe_layers` counts the
+    MoE layers of `layer_kinds`, whatever `hparams` said."""
     if len(layer_kinds) != hparams.n_layers:
         raise ValueError(f"{len(layer_kinds)} layer kinds for {hparams.n_layers} layers")
     if version not in (1, 2):
         raise ValueError(f"format version {version} (this writer writes 1 and 2)")
+    hparams = replace(hparams, version=version,
+                      n_moe_layers=sum(1 for k in layer_kinds if k == LAYER_MOE))
     names = [t.name for t in tensors]
     if len(set(names)) != len(names):
         raise ValueError("duplicate tensor names")
@@ -443,7 +392,6 @@ def _table_bytes(plan: FilePlan) -> bytes:
 def header_bytes(plan: FilePlan, routing: bytes, table: bytes) -> bytes:
     """The fixed header (256 bytes in version 1, 512 in version 2), CRCs included."""
     hp = plan.hparams
-    n_moe = sum(1 for k in plan.layer_kinds if k == LAYER_MOE)
     size = HEADER_SIZE if plan.version == 2 else HEADER_SIZE_V1
     head = bytearray(size)
     struct.pack_into("<4sIIIII", head, 0, MAGIC, plan.version, hp.n_experts, hp.n_layers,
@@ -453,7 +401,7 @@ def header_bytes(plan: FilePlan, routing: bytes, table: bytes) -> bytes:
                      plan.metadata_offset, len(plan.metadata), plan.file_size)
     for offset, code, attr in _HPARAM_FIELDS:
         struct.pack_into(code, head, offset, getattr(hp, attr))
-    struct.pack_into("<I", head, 0x0BC, n_moe)
+    struct.pack_into("<I", head, 0x0BC, hp.n_moe_layers)
     if plan.version == 2:
         struct.pack_into("<I", head, 0x05C, hp.flags & ~FLAGS_V1_ONLY)
         struct.pack_into("<I", head, 0x080, hp.d_ff_shared if any(

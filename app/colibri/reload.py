@@ -10,6 +10,10 @@ file is broken. `poll()` also notices, with two system calls, a replace nobody s
 file truncated or rewritten in place (then the old mapping must not be read again: the reload is
 mandatory and a broken replacement is an error).
 
+`session_swapper(hot, new_session, report)` is the hand-over hook of `Session.generate` (its
+`swap`): between tokens it polls `hot` and, when a new model came, returns a new session on it
+that has processed the tokens so far again, so the generation goes on on the new file.
+
 Lifetimes: the loop builds a new `Session` on the new model and drops the old one. A session
 still running on the old model (another thread) finishes its current step on the old mapping;
 the mapping is unmapped only when the last session and view of it are gone (each `Session` and
@@ -25,7 +29,8 @@ from collections.abc import Callable
 from types import FrameType
 
 from colibri import errors
-from colibri.engine import Model
+from colibri.engine import Model, Session
+from colibri.generation import SwapFn
 
 
 class HotModel:
@@ -89,3 +94,29 @@ def on_sigusr1(hot: HotModel) -> Callable[[], None]:
 
     previous = signal.signal(signal.SIGUSR1, handler)
     return lambda: signal.signal(signal.SIGUSR1, previous)
+
+
+def session_swapper(hot: HotModel, new_session: Callable[[Model], Session],
+                    report: Callable[[str], None]) -> SwapFn:
+    """A `swap` hook for Session.generate: between tokens, when `hot` has a new model (SIGUSR1,
+    or the file replaced or rewritten), a session made by `new_session` on it that has processed
+    `history` again (the old one is closed), else None. `changed` says the old mapping failed a
+    step (FILE_CHANGED): a reload is then required, and poll() raises when none is possible.
+    What happened goes to `report` (one line each)."""
+
+    def swap(session: Session, history: list[int], changed: bool) -> Session | None:
+        model = hot.poll()
+        if model is None:
+            if hot.last_error is not None:
+                report(f"reload of {hot.path} refused, keeping the loaded model: "
+                       f"{hot.last_error}")
+                hot.last_error = None
+            return None
+        fresh = new_session(model)
+        if history:
+            fresh.prefill(history, all_logits=False)
+        session.close()
+        report(f"reloaded {hot.path} (generation {hot.generation}) at position {len(history)}")
+        return fresh
+
+    return swap

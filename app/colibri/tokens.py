@@ -1,8 +1,22 @@
-"""How a single token id reads as text, the same everywhere (CLI, debugger, jitter lab)."""
+"""Token ids as people read and write them, the same everywhere (CLI, debugger, jitter lab): one
+parser of comma-separated ids and one way a single id reads as text."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+_ID = re.compile(r"-?[0-9]+")
+
+
+def parse_token_ids(text: str) -> list[int]:
+    """'3, 4,5' -> [3, 4, 5]: decimal ids separated by commas, spaces around them and empty items
+    ignored. Raises ValueError naming the text for anything else. Only the form is checked: the
+    engine judges whether an id is in the vocabulary."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(_ID.fullmatch(part) for part in parts if part):
+        raise ValueError(f"expected comma-separated token ids, got {text!r}")
+    return [int(part) for part in parts if part]
 
 
 def token_text(tokenizer: Any, token: int) -> str:

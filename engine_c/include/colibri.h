@@ -37,7 +37,8 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 3
+#define COL_ABI_VERSION 4   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+                                grew; col_routing_describe) */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -499,7 +500,7 @@ int32_t col_model_check_tensor(const col_model *model, uint32_t index, uint32_t 
 uint64_t col_session_memory_estimate(const col_model *model, const col_session_config *config);
 
 /* Create a session: allocates every buffer it will ever use. The per-token path never allocates.
- * Returns COL_ERR_NOMEM, COL_ERR_INVALID_ARG (bad routing mode, n_threads 0, max_context too big). */
+ * Returns COL_ERR_NOMEM, or COL_ERR_INVALID_ARG for a config col_session_config_check refuses. */
 int32_t col_session_create(const col_model *model, const col_session_config *config,
                            col_session **out, char *err, size_t errlen);
 
@@ -585,6 +586,43 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
  * zeros instead of killing the process, the call returns COL_ERR_FILE_CHANGED, and a session's
  * position is left where it was before the call. */
 int32_t col_model_check_file(const col_model *model, uint32_t *replaced, char *err, size_t errlen);
+
+/* ---- Since ABI 3: one-pass open, sections, the engine as the judge of session configs ------ */
+
+/* col_model_open_ex keeping every finding of its one validation pass (col_model_open keeps the
+ * first error only). Up to `max_problems` findings go to `problems` (may be NULL when 0) and the
+ * total count to *n_problems (may exceed max_problems: call again with a larger array for the
+ * rest). On success *out owns the model and the findings are its warnings; on failure *out is
+ * NULL, the return is the first error's code and the findings are every error and warning of the
+ * file, or the one finding that says why it could not be opened, mapped, allocated for or read
+ * (COL_ERR_IO, COL_ERR_NOMEM, COL_ERR_FILE_CHANGED). */
+int32_t col_model_open_report(const char *path, const col_allocator *allocator, col_model **out,
+                              col_problem *problems, uint32_t max_problems, uint32_t *n_problems);
+
+/* One region of a file, for structure views: the fixed header, the routing section, the tensor
+ * table, the tokenizer, the user metadata and the tensor data. An absent tokenizer or metadata
+ * section has size 0 and offset 0. */
+typedef struct col_section {
+    char name[32];                 /* "header", "routing", "tensor_table", "tokenizer", "metadata", "data" */
+    uint64_t offset;               /* absolute file offset */
+    uint64_t size;                 /* bytes; "data" runs from data_offset to the end of the file */
+} col_section;
+
+/* Number of sections col_model_section describes (constant, in the order above). */
+uint32_t col_model_section_count(void);
+
+/* Section `index` of an open model, from the header it validated at open. COL_ERR_INVALID_ARG
+ * for an index out of range. Thread safe. */
+int32_t col_model_section(const col_model *model, uint32_t index, col_section *out);
+
+/* Check `config` for `model` exactly as col_session_create does, allocating nothing. The engine
+ * is the one judge of every range: routing mode (col_routing_mode), n_threads 1..256,
+ * max_context up to the model's, epsilon finite and >= 0, trace 0 or 1, kernels (col_kernels),
+ * and the numerics fields (reduction, lanes 1..256 with the blocked reduction only, fma 0 or 1,
+ * split 0..256, activation, router_noise_ulps up to 2^22). Returns COL_OK, or
+ * COL_ERR_INVALID_ARG with the reason in err. Thread safe. */
+int32_t col_session_config_check(const col_model *model, const col_session_config *config,
+                                 char *err, size_t errlen);
 
 /* COL_CDEF_END */
 

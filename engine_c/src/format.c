@@ -2202,7 +2202,21 @@ int32_t col_model_open(const char *path, col_model **out, col_problem *problem)
     return col_model_open_ex(path, NULL, out, problem);
 }
 
-/* Unmap and release what col_model_open_ex holds before the model struct exists. */
+/* Add a finding built elsewhere (a mapping or allocation failure) to the sink, as report does. */
+static void sink_put(sink *s, const col_problem *p)
+{
+    bool keep = s->count < s->max;
+    if (s->count < UINT32_MAX)
+        s->count++;
+    if (keep)
+        s->problems[s->count - 1] = *p;
+    if (p->severity == COL_SEVERITY_ERROR && s->first_error == COL_OK) {
+        s->first_error = p->code;
+        s->first = *p;
+    }
+}
+
+/* Unmap and release what open_model holds before the model struct exists. */
 static int32_t open_failed(const uint8_t *base, uint64_t size, int fd, int32_t guard, int32_t rc)
 {
     col_guard_unregister(guard);
@@ -2211,13 +2225,16 @@ static int32_t open_failed(const uint8_t *base, uint64_t size, int fd, int32_t g
     return rc;
 }
 
-int32_t col_model_open_ex(const char *path, const col_allocator *allocator, col_model **out,
-                          col_problem *problem)
+/* Map, validate once (every finding into `s`) and build the model. Returns the first error's
+ * code; a failure that is not a validation finding (mapping, allocation, a file changing while
+ * it is read) is added to `s` as one finding, and a faulted validation's findings are replaced
+ * by that one. */
+static int32_t open_model(const char *path, const col_allocator *allocator, col_model **out, sink *s)
 {
-    if (problem)
-        memset(problem, 0, sizeof *problem);
+    col_problem p;
     if (!out) {
-        set_problem(problem, COL_ERR_INVALID_ARG, 0, "out is NULL");
+        set_problem(&p, COL_ERR_INVALID_ARG, 0, "out is NULL");
+        sink_put(s, &p);
         return COL_ERR_INVALID_ARG;
     }
     *out = NULL;
@@ -2225,39 +2242,36 @@ int32_t col_model_open_ex(const char *path, const col_allocator *allocator, col_
     col_allocator_or_default(allocator, &alloc);
     const uint8_t *base;
     uint64_t size;
-    col_problem p;
     int fd;
     int32_t rc = map_file(path, &base, &size, &p, &fd);
     if (rc != COL_OK) {
-        if (problem)
-            *problem = p;
+        sink_put(s, &p);
         return rc;
     }
     /* Guarded from the first read: the validator itself may meet a truncation. */
     int32_t guard = col_guard_register(base, size);
     col_file_id id;
     if (col_file_identity(fd, &id) != COL_OK || id.size != size) {
-        set_problem(problem, COL_ERR_FILE_CHANGED, 0, "'%s' changed while being opened", path);
+        set_problem(&p, COL_ERR_FILE_CHANGED, 0, "'%s' changed while being opened", path);
+        sink_put(s, &p);
         return open_failed(base, size, fd, guard, COL_ERR_FILE_CHANGED);
     }
-    sink s;
     layout L;
-    sink_init(&s, NULL, 0);
-    validate(base, size, 0, &L, &s);
+    validate(base, size, 0, &L, s);
     if (col_guard_faulted(guard)) {
-        set_problem(problem, COL_ERR_FILE_CHANGED, size,
+        sink_init(s, s->problems, s->max);
+        set_problem(&p, COL_ERR_FILE_CHANGED, size,
                     "'%s' was truncated while being opened (a read past its new end faulted)",
                     path);
+        sink_put(s, &p);
         return open_failed(base, size, fd, guard, COL_ERR_FILE_CHANGED);
     }
-    if (s.first_error != COL_OK) {
-        if (problem)
-            *problem = s.first;
-        return open_failed(base, size, fd, guard, s.first_error);
-    }
+    if (s->first_error != COL_OK)
+        return open_failed(base, size, fd, guard, s->first_error);
     model_ext *x = col_alloc_zeroed(&alloc, 1, sizeof *x);
     if (!x) {
-        set_problem(problem, COL_ERR_NOMEM, 0, "out of memory");
+        set_problem(&p, COL_ERR_NOMEM, 0, "out of memory");
+        sink_put(s, &p);
         return open_failed(base, size, fd, guard, COL_ERR_NOMEM);
     }
     x->m.base = base;
@@ -2267,13 +2281,39 @@ int32_t col_model_open_ex(const char *path, const col_allocator *allocator, col_
     x->m.file_id = id;
     x->m.guard = guard;
     snprintf(x->m.path, sizeof x->m.path, "%s", path);
-    rc = build_model(x, &L, problem);
+    rc = build_model(x, &L, &p);
     if (rc != COL_OK) {
+        sink_put(s, &p);
         col_model_close(&x->m);
         return rc;
     }
     *out = &x->m;
     return COL_OK;
+}
+
+int32_t col_model_open_ex(const char *path, const col_allocator *allocator, col_model **out,
+                          col_problem *problem)
+{
+    sink s;
+    sink_init(&s, NULL, 0);
+    int32_t rc = open_model(path, allocator, out, &s);
+    if (problem) {
+        memset(problem, 0, sizeof *problem);
+        if (rc != COL_OK)
+            *problem = s.first;
+    }
+    return rc;
+}
+
+int32_t col_model_open_report(const char *path, const col_allocator *allocator, col_model **out,
+                              col_problem *problems, uint32_t max_problems, uint32_t *n_problems)
+{
+    sink s;
+    sink_init(&s, problems, max_problems);
+    int32_t rc = open_model(path, allocator, out, &s);
+    if (n_problems)
+        *n_problems = s.count;
+    return rc;
 }
 
 const uint8_t *col_model_bytes(const col_model *model, uint64_t *size)
@@ -2410,6 +2450,52 @@ const uint8_t *col_model_metadata(const col_model *model, uint64_t *size)
     if (size)
         *size = model ? model->metadata_size : 0;
     return model ? model->metadata : NULL;
+}
+
+/* The sections in file order, read back from the header the model validated (every offset and
+ * size in it was checked against the file at open). */
+static const char *const section_names[] = {"header", "routing", "tensor_table", "tokenizer",
+                                             "metadata", "data"};
+
+uint32_t col_model_section_count(void)
+{
+    return (uint32_t)(sizeof section_names / sizeof section_names[0]);
+}
+
+int32_t col_model_section(const col_model *model, uint32_t index, col_section *out)
+{
+    if (!model || !out || index >= col_model_section_count())
+        return COL_ERR_INVALID_ARG;
+    const uint8_t *d = model->base;
+    uint64_t offset = 0, size = 0;
+    switch (index) {
+    case 0: size = rd32(d + H_HEADER_SIZE); break;
+    case 1:
+        offset = rd64(d + H_ROUTING_OFFSET);
+        size = (uint64_t)model->hp.n_layers * entry_size_of(model->hp.version);
+        break;
+    case 2:
+        offset = rd64(d + H_TABLE_OFFSET);
+        size = (uint64_t)model->n_tensors * COL_TENSOR_ENTRY_SIZE;
+        break;
+    case 3:
+        size = model->tokenizer_size;
+        offset = size ? (uint64_t)(model->tokenizer - d) : 0;
+        break;
+    case 4:
+        size = model->metadata_size;
+        offset = size ? (uint64_t)(model->metadata - d) : 0;
+        break;
+    default:
+        offset = rd64(d + H_DATA_OFFSET);
+        size = model->size - offset;
+        break;
+    }
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", section_names[index]);
+    out->offset = offset;
+    out->size = size;
+    return COL_OK;
 }
 
 int32_t col_model_check_tensor(const col_model *model, uint32_t index, uint32_t check_flags,

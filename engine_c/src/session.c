@@ -218,6 +218,12 @@ static int32_t check_config(const col_model *m, const col_session_config *c, cha
     return col_numerics_check(c, err, errlen);
 }
 
+int32_t col_session_config_check(const col_model *model, const col_session_config *config, char *err,
+                                 size_t errlen)
+{
+    return check_config(model, config, err, errlen);
+}
+
 uint64_t col_session_memory_estimate(const col_model *model, const col_session_config *config)
 {
     if (check_config(model, config, NULL, 0) != COL_OK) return 0;

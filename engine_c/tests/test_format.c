@@ -1327,6 +1327,111 @@ static void test_model_open(void)
     col_model_close(NULL);
 }
 
+/* col_model_open_report: one validation pass keeps every finding, the same ones
+ * col_validate_buffer lists, and col_model_open_ex's first error is the first of them. */
+static void test_model_open_report(void)
+{
+    char path[64];
+    col_model *m = NULL;
+    col_problem p[8], q[8], first;
+    uint32_t n = 99, nq = 0;
+
+    /* A valid file with two unknown tensors opens; its two warnings come with it. */
+    cfg c = mixtral_cfg();
+    c.n_extra = 2;
+    image im = build(&c);
+    CHECK(write_temp(im.d, im.size, path));
+    CHECK(col_model_open_report(path, NULL, &m, p, 8, &n) == COL_OK && m != NULL && n == 2);
+    CHECK(p[0].code == COL_ERR_UNKNOWN_TENSOR && p[0].severity == COL_SEVERITY_WARNING &&
+          strcmp(p[0].tensor, "extra.0") == 0 && p[1].code == COL_ERR_UNKNOWN_TENSOR);
+    col_model_close(m);
+    unlink(path);
+
+    /* Two errors and a warning: every one, in validation order, and nothing opened. */
+    uint64_t e = entry(&im, "layers.0.moe_w3");
+    im.d[e + 14] = '9';                                   /* a missing tensor, an unknown one */
+    put32(im.d + 0x74, 0);                                /* max_context 0 */
+    refresh(&im);
+    CHECK(write_temp(im.d, im.size, path));
+    m = (col_model *)p; /* must be reset to NULL */
+    int32_t rc = col_model_open_report(path, NULL, &m, p, 8, &n);
+    int32_t vrc = col_validate_buffer(im.d, im.size, 0, q, 8, &nq);
+    CHECK(rc == vrc && rc != COL_OK && m == NULL && n == nq && n >= 3);
+    for (uint32_t i = 0; i < n && i < 8; i++)
+        CHECK(p[i].code == q[i].code && p[i].severity == q[i].severity &&
+              p[i].offset == q[i].offset && strcmp(p[i].message, q[i].message) == 0);
+    bool warned = false;
+    for (uint32_t i = 0; i < n && i < 8; i++)
+        warned |= p[i].severity == COL_SEVERITY_WARNING;
+    CHECK(warned);
+    CHECK(col_model_open_ex(path, NULL, &m, &first) == rc && m == NULL && first.code == rc &&
+          first.offset == p[0].offset && strcmp(first.message, p[0].message) == 0);
+    /* A short array still gets the count of every finding. */
+    CHECK(col_model_open_report(path, NULL, &m, p, 1, &n) == rc && n == nq && p[0].code == rc);
+    CHECK(col_model_open_report(path, NULL, &m, NULL, 0, &n) == rc && n == nq);
+    unlink(path);
+    free(im.d);
+
+    /* A file that cannot be opened: one finding saying why. */
+    CHECK(col_model_open_report("/nonexistent/x.colibri", NULL, &m, p, 8, &n) == COL_ERR_IO &&
+          m == NULL && n == 1 && p[0].code == COL_ERR_IO && strstr(p[0].message, "/nonexistent"));
+    CHECK(write_temp((const uint8_t *)"", 0, path));
+    CHECK(col_model_open_report(path, NULL, &m, p, 8, &n) == COL_ERR_TRUNCATED && n == 1);
+    unlink(path);
+    CHECK(col_model_open_report(path, NULL, NULL, p, 8, &n) == COL_ERR_INVALID_ARG && n == 1);
+}
+
+/* col_model_section: the regions of the file as the builder laid them out. */
+static void test_model_sections(void)
+{
+    char path[64];
+    col_model *m = NULL;
+    col_problem pr;
+    cfg c = mixtral_cfg();
+    c.tokenizer = "{\"model\":{}}";
+    image im = build(&c);
+    CHECK(write_temp(im.d, im.size, path));
+    CHECK(col_model_open(path, &m, &pr) == COL_OK && m);
+    CHECK(col_model_section_count() == 6);
+    if (m) {
+        col_section sec[6];
+        for (uint32_t i = 0; i < 6; i++)
+            CHECK(col_model_section(m, i, &sec[i]) == COL_OK);
+        uint64_t tok_size = 0, meta_size = 0;
+        const uint8_t *tok = col_model_tokenizer(m, &tok_size), *meta = col_model_metadata(m, &meta_size);
+        CHECK(strcmp(sec[0].name, "header") == 0 && sec[0].offset == 0 && sec[0].size == 256);
+        CHECK(strcmp(sec[1].name, "routing") == 0 && sec[1].offset == im.routing_off &&
+              sec[1].size == 32u * im.n_layers);
+        CHECK(strcmp(sec[2].name, "tensor_table") == 0 && sec[2].offset == im.table_off &&
+              sec[2].size == 128u * im.n_tensors);
+        CHECK(strcmp(sec[3].name, "tokenizer") == 0 && sec[3].offset == get64(im.d + 0x30) &&
+              sec[3].size == tok_size && sec[3].size == strlen(c.tokenizer) &&
+              tok == col_model_bytes(m, NULL) + sec[3].offset);
+        CHECK(strcmp(sec[4].name, "metadata") == 0 && sec[4].offset == get64(im.d + 0x40) &&
+              sec[4].size == meta_size && meta_size > 0 &&
+              meta == col_model_bytes(m, NULL) + sec[4].offset);
+        CHECK(strcmp(sec[5].name, "data") == 0 && sec[5].offset == im.data_off &&
+              sec[5].offset + sec[5].size == im.size);
+        CHECK(col_model_section(m, 6, &sec[0]) == COL_ERR_INVALID_ARG);
+        CHECK(col_model_section(m, 0, NULL) == COL_ERR_INVALID_ARG);
+        col_model_close(m);
+    }
+    unlink(path);
+    free(im.d);
+
+    /* Without a tokenizer its section is empty at offset 0. */
+    im = build_mixtral();
+    CHECK(write_temp(im.d, im.size, path));
+    CHECK(col_model_open(path, &m, &pr) == COL_OK && m);
+    if (m) {
+        col_section sec;
+        CHECK(col_model_section(m, 3, &sec) == COL_OK && sec.offset == 0 && sec.size == 0);
+        col_model_close(m);
+    }
+    unlink(path);
+    free(im.d);
+}
+
 static void test_misc(void)
 {
     CHECK(col_abi_version() == COL_ABI_VERSION);
@@ -1356,6 +1461,8 @@ int main(void)
     test_v2_problems();
     test_v2_decoded_rules();
     test_model_open();
+    test_model_open_report();
+    test_model_sections();
     test_truncation_sweep();
     test_random_inputs();
     return TEST_REPORT();

@@ -1,17 +1,19 @@
 /*
- * test_hostile.c - the engine against a hostile environment rather than a hostile file:
+ * test_hostile.c - the engine against a hostile environment or caller rather than a hostile file:
  *   - failing allocations: an allocator that fails the Nth call, for N = 0, 1, ... through
  *     col_model_open_ex and col_session_create_ex until they succeed; every failure must return
  *     COL_ERR_NOMEM with no block outstanding (the allocator counts them; LSan checks the rest
  *     under `make asan`);
  *   - a file truncated or rewritten while mapped: steps and checksum scans return
  *     COL_ERR_FILE_CHANGED, a read past the new end through the mapping is served zeros by the
- *     SIGBUS guard instead of killing the process, an atomic replace is reported as "replaced".
+ *     SIGBUS guard instead of killing the process, an atomic replace is reported as "replaced";
+ *   - session configurations out of range: refused by the engine, the one judge, in its words.
  * Uses tests/corpus/valid.colibri (directory as in test_corpus.c).
  */
 #include "colibri.h"
 #include "harness.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,6 +230,86 @@ static void test_validate_file_truncated(void)
     unlink(path);
 }
 
+/* `c` is refused by the check, by creation and by the estimate, with `words` in the message. */
+static void expect_refused(const col_model *m, col_session_config c, const char *words)
+{
+    char err[256] = "", err2[256] = "";
+    col_session *s = (col_session *)err; /* must be reset to NULL */
+    CHECK(col_session_config_check(m, &c, err, sizeof err) == COL_ERR_INVALID_ARG);
+    CHECK(strstr(err, words) != NULL);
+    CHECK(col_session_create(m, &c, &s, err2, sizeof err2) == COL_ERR_INVALID_ARG && s == NULL);
+    CHECK(strcmp(err, err2) == 0);
+    CHECK(col_session_memory_estimate(m, &c) == 0);
+    if (!strstr(err, words))
+        fprintf(stderr, "  expected '%s' in '%s'\n", words, err);
+}
+
+/* A caller's configuration, refused in the engine's words: every range col_session_create
+ * checks, through col_session_config_check (which must agree with it and with
+ * col_session_memory_estimate). The Python binding checks only argument types and relies on these. */
+static void test_session_config_ranges(void)
+{
+    col_model *m = NULL;
+    col_problem p;
+    CHECK(col_model_open(valid_path, &m, &p) == COL_OK && m);
+    if (!m)
+        return;
+    col_hparams hp;
+    CHECK(col_model_hparams(m, &hp) == COL_OK);
+    col_session_config c = small_config();
+    char err[256];
+    CHECK(col_session_config_check(m, &c, err, sizeof err) == COL_OK);
+    CHECK(col_session_memory_estimate(m, &c) > 0);
+
+    c = small_config(); c.routing = COL_ROUTING_GUMBEL + 1;
+    expect_refused(m, c, "unknown routing mode 4");
+    c = small_config(); c.n_threads = 0;
+    expect_refused(m, c, "n_threads 0 outside 1..256");
+    c = small_config(); c.n_threads = 257;
+    expect_refused(m, c, "n_threads 257 outside 1..256");
+    c = small_config(); c.n_threads = 256;
+    CHECK(col_session_config_check(m, &c, err, sizeof err) == COL_OK);
+    c = small_config(); c.max_context = hp.max_context + 1;
+    expect_refused(m, c, "exceeds the model's");
+    c = small_config(); c.max_context = hp.max_context;
+    CHECK(col_session_config_check(m, &c, err, sizeof err) == COL_OK);
+    c = small_config(); c.epsilon = -1e-9;
+    expect_refused(m, c, "epsilon must be finite and >= 0");
+    c = small_config(); c.epsilon = NAN;
+    expect_refused(m, c, "epsilon must be finite and >= 0");
+    c = small_config(); c.epsilon = INFINITY;
+    expect_refused(m, c, "epsilon must be finite and >= 0");
+    c = small_config(); c.trace = 2;
+    expect_refused(m, c, "trace must be 0 or 1");
+    c = small_config(); c.kernels = COL_KERNELS_AMX + 1;
+    expect_refused(m, c, "unknown kernel path 5");
+
+    /* the numerics fields */
+    c = small_config(); c.reduction = COL_REDUCTION_BLOCKED + 1;
+    expect_refused(m, c, "unknown reduction");
+    c = small_config(); c.reduction = COL_REDUCTION_BLOCKED;
+    expect_refused(m, c, "lanes in 1..256, got 0");
+    c.lanes = 257;
+    expect_refused(m, c, "lanes in 1..256, got 257");
+    c.lanes = 256;
+    CHECK(col_session_config_check(m, &c, err, sizeof err) == COL_OK);
+    c = small_config(); c.reduction = COL_REDUCTION_PAIRWISE; c.lanes = 4;
+    expect_refused(m, c, "set without the blocked reduction");
+    c = small_config(); c.fma = 2;
+    expect_refused(m, c, "fma must be 0 or 1");
+    c = small_config(); c.split = 257;
+    expect_refused(m, c, "split 257 outside 0..256");
+    c = small_config(); c.activation = COL_ACTIVATION_F16 + 1;
+    expect_refused(m, c, "unknown activation precision");
+    c = small_config(); c.router_noise_ulps = (1u << 22) + 1;
+    expect_refused(m, c, "router_noise_ulps");
+
+    /* NULL arguments are refused, not dereferenced */
+    c = small_config();
+    CHECK(col_session_config_check(NULL, &c, err, sizeof err) == COL_ERR_INVALID_ARG);
+    CHECK(col_session_config_check(m, NULL, NULL, 0) == COL_ERR_INVALID_ARG);
+    col_model_close(m);
+}
 int main(void)
 {
     CHECK(find_valid());
@@ -239,5 +321,6 @@ int main(void)
     test_truncated_during_run();
     test_rewritten_and_replaced();
     test_validate_file_truncated();
+    test_session_config_ranges();
     return TEST_REPORT();
 }

@@ -11,7 +11,7 @@ sys.modules["PySide6"] = None  # any `import PySide6...` now raises ImportError
 import colibri.debugging
 import colibri.debugging.run, colibri.debugging.events, colibri.debugging.breakpoints
 import colibri.debugging.stats, colibri.debugging.trace_export, colibri.debugging.session_file
-import colibri.debugging.commands
+import colibri.cli.trace
 assert not any(m.startswith(("PySide6", "pyqtgraph")) for m in sys.modules if sys.modules[m])
 print("ok")
 """

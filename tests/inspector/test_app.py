@@ -316,7 +316,7 @@ def test_saved_session_carries_the_jitter_lab_results(window, tiny_model_path, t
 
     path = tiny_model_path()
     view = window.open_path(path)
-    with Runner(path) as runner:
+    with Runner.open(path) as runner:
         report = analyze_jitter(runner, [3, 4, 5, 6], "seq,noise1")
     view.jitter.set_reports(report, None)
     state = view.jitter.state()

@@ -7,6 +7,7 @@ import pytest
 
 from colibri.engine import Model
 from colibri.inspection import stats as S
+from colibri.values import Cancelled
 
 
 def _reference(tiny, name: str) -> np.ndarray:
@@ -61,7 +62,7 @@ def test_cancel_stops_between_chunks(tiny_model, monkeypatch):
         calls.append(1)
         return len(calls) > 2
 
-    with pytest.raises(S.Cancelled):
+    with pytest.raises(Cancelled):
         S.analyse_tensor(Model.open(tiny_model().path), "token_embd", cancelled=cancelled)
     assert len(calls) == 3
 

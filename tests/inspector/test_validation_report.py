@@ -10,7 +10,7 @@ import pytest
 
 from colibri.inspection.document import ModelDocument, data_check
 from colibri.inspector.main_window import ENV_SETTINGS, FileView, MainWindow
-from colibri.inspector.tasks import Cancelled
+from colibri.values import Cancelled
 from corrupt_files import CASE_NAMES, CorruptCase, corrupt_cases
 
 
@@ -123,7 +123,7 @@ def test_valid_file_report_says_valid(qtbot, window, tiny_model_path):
 
 
 def test_data_check_stops_between_tensors_when_cancelled(tiny_model_path):
-    fn = data_check(ModelDocument(tiny_model_path()), cancelled_error=Cancelled)
+    fn = data_check(ModelDocument(tiny_model_path()))
     with pytest.raises(Cancelled):
         fn(lambda *args: None, lambda: True)
 

@@ -10,6 +10,7 @@ stable top-k with eps > 0 must pick expert 2. Layer 1 routes with a random gate.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -42,9 +43,7 @@ def make_wide_model(directory: Path, arch: str = "qwen2_moe", dtype: str = "f16"
     """Rows long enough (hidden 128, 8 experts, vocab 256) for the kernels' thread pool to split
     the products, as tests/quant_models.py builds them."""
     hp = arch_hparams(arch, 3, 8, 2, 128, 256, (), -1)
-    hp.d_ff_expert, hp.max_context = 96, 256
-    if hp.d_ff_shared:
-        hp.d_ff_shared = 64
+    hp = replace(hp, d_ff_expert=96, max_context=256, d_ff_shared=64 if hp.d_ff_shared else 0)
     kinds = [ff.LAYER_MOE] * 3
     values = arch_tensors(hp, kinds, np.random.default_rng(0))
     specs = ff.tensor_specs_from_arrays(

@@ -16,9 +16,8 @@ from colibri.engine import KERNEL_PATHS, Model, Session, best_kernels
 from colibri.errors import ColibriValueError
 from colibri.jitter import (BASELINE, EpsilonReport, JitterReport, Run, Runner, Variant,
                             analyze_epsilon, analyze_jitter, margins, ordered_int, parse_variants,
-                            selection_order)
+                            report_json, selection_order)
 from colibri.margins import GroupLimit
-from colibri.jitter.cli import report_json
 from colibri.numerics import Numerics, NumericsError
 
 from jitter_models import TIE_LAYER, TIED, make_tie_model, make_wide_model
@@ -34,7 +33,7 @@ def tie_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tie_tokens(tie_path: Path) -> list[int]:
-    with Runner(tie_path) as r:
+    with Runner.open(tie_path) as r:
         return r.greedy_sequence(PROMPT, 8)
 
 
@@ -97,7 +96,7 @@ def test_kernel_path_variants_follow_the_machine(monkeypatch: pytest.MonkeyPatch
 
 def test_kernel_path_variant_runs_that_path(tiny_model_path: Callable[..., Path]) -> None:
     path = tiny_model_path("mixtral", "bf16")
-    with Runner(path) as r:
+    with Runner.open(path) as r:
         base = r.run(PROMPT)
         port = r.run(PROMPT, Variant.parse("k-portable"))
         report = analyze_jitter(r, PROMPT, "k-portable")
@@ -149,13 +148,13 @@ def test_stable_topk_breaks_the_tie_by_the_documented_order(tie_path: Path,
 
 def test_noise_flips_the_tie_and_epsilon_removes_the_flips(tie_path: Path,
                                                            tie_tokens: list[int]) -> None:
-    with Runner(tie_path) as r:
+    with Runner.open(tie_path) as r:
         jit = analyze_jitter(r, tie_tokens, NOISE, n_prompt=len(PROMPT))
         sweep = analyze_epsilon(r, tie_tokens, [0.0, 1e-9, 1e-5], NOISE)
     tie_rate = jit.cell_flip_rate()[:, TIE_LAYER]
     assert tie_rate.max() > 0 and all(jit.flips(n)[:, TIE_LAYER].any() for n in jit.variants)
     # reduction-order variants keep an exact tie exact: they never flip it
-    with Runner(tie_path) as r:
+    with Runner.open(tie_path) as r:
         red = analyze_jitter(r, tie_tokens, "seq,pairwise,blocked8+fma,seq+split4")
     assert not any(red.flips(n)[:, TIE_LAYER].any() for n in red.variants)
 
@@ -223,7 +222,7 @@ def test_variants_are_real_deterministic_computations(tiny_model_path: Callable[
 def test_weight_precision_variant_rewrites_the_checkpoint(tiny_model_path: Callable[..., Path]
                                                           ) -> None:
     path = tiny_model_path()
-    with Runner(path) as r:
+    with Runner.open(path) as r:
         m = r.model_for(Variant.parse("w-bf16"))
         dtypes = {t.name: t.dtype for t in m.tensors}
         assert dtypes["layers.0.attn_q"] == "bf16" and dtypes["layers.0.moe_gate"] == "f32"
@@ -238,11 +237,11 @@ def test_weight_precision_variant_rewrites_the_checkpoint(tiny_model_path: Calla
 
 def test_analysis_is_deterministic(tie_path: Path, tie_tokens: list[int]) -> None:
     variants = "seq,act-bf16,w-bf16,noise2"
-    with Runner(tie_path) as r:
+    with Runner.open(tie_path) as r:
         a = report_json(analyze_jitter(r, tie_tokens, variants))
         b = report_json(analyze_jitter(r, tie_tokens, variants))
         e1 = report_json(analyze_epsilon(r, tie_tokens, [0, 1e-6], "noise2"))
-    with Runner(tie_path, threads=2) as r:
+    with Runner.open(tie_path, threads=2) as r:
         c = report_json(analyze_jitter(r, tie_tokens, variants))
         e2 = report_json(analyze_epsilon(r, tie_tokens, [0, 1e-6], "noise2"))
     assert a == b
@@ -251,7 +250,7 @@ def test_analysis_is_deterministic(tie_path: Path, tie_tokens: list[int]) -> Non
 
 
 def test_reports_round_trip_through_json(tie_path: Path, tie_tokens: list[int]) -> None:
-    with Runner(tie_path) as r:
+    with Runner.open(tie_path) as r:
         jit = analyze_jitter(r, tie_tokens, NOISE)
         eps = analyze_epsilon(r, tie_tokens, [0, 1e-5], NOISE)
     assert report_json(JitterReport.from_dict(json.loads(report_json(jit)))) == report_json(jit)
@@ -264,7 +263,7 @@ def test_cli_json_equals_the_python_report(tie_path: Path, tie_tokens: list[int]
     args = ["--tokens", ",".join(map(str, PROMPT)), "--generate", "8", "--variants", NOISE]
     assert main(["jitter", str(tie_path), *args, "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    with Runner(tie_path) as r:
+    with Runner.open(tie_path) as r:
         jit = analyze_jitter(r, tie_tokens, NOISE, n_prompt=len(PROMPT))
         eps = analyze_epsilon(r, tie_tokens, [0, 1e-5], NOISE, n_prompt=len(PROMPT))
     assert out.read_bytes() == report_json(jit)
@@ -273,6 +272,25 @@ def test_cli_json_equals_the_python_report(tie_path: Path, tie_tokens: list[int]
     text = capsys.readouterr().out
     assert out.read_bytes() == report_json(eps)
     assert "recommended epsilon: 1e-05" in text
+
+
+def test_cli_json_alone_prints_the_report(tie_path: Path, tie_tokens: list[int],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`--json` without a file: the report on stdout instead of the summary (as `colibri info
+    --json`); the same bytes `--json OUT` writes."""
+    args = ["--tokens", ",".join(map(str, PROMPT)), "-n", "8", "--variants", NOISE]
+    assert main(["jitter", str(tie_path), *args, "--json"]) == 0
+    with Runner.open(tie_path) as r:
+        jit = analyze_jitter(r, tie_tokens, NOISE, n_prompt=len(PROMPT))
+    assert capsys.readouterr().out == report_json(jit).decode() + "\n"
+
+
+def test_the_engine_refuses_a_variant_before_anything_runs(tie_path: Path) -> None:
+    with Runner.open(tie_path) as r:
+        with pytest.raises(ColibriValueError, match="lanes in 1..256, got 0"):
+            analyze_jitter(r, [3, 4], "seq,blocked0", progress=lambda *a: pytest.fail("ran"))
+        with pytest.raises(ColibriValueError, match="epsilon must be finite and >= 0"):
+            analyze_epsilon(r, [3, 4], [0.0, -1.0], "seq", progress=lambda *a: pytest.fail("ran"))
 
 
 def test_cli_refuses_bad_arguments(tie_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -284,7 +302,7 @@ def test_cli_refuses_bad_arguments(tie_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_margin_bins_cover_every_cell(tie_path: Path, tie_tokens: list[int]) -> None:
-    with Runner(tie_path) as r:
+    with Runner.open(tie_path) as r:
         jit = analyze_jitter(r, tie_tokens, NOISE)
     bins = jit.flips_vs_margin()
     assert sum(b["cells"] for b in bins) == jit.margin_ulps.size

@@ -9,7 +9,7 @@ CODE = """
 import sys
 sys.modules["PySide6"] = None  # any `import PySide6...` now raises ImportError
 sys.modules["pyqtgraph"] = None
-import colibri.numerics, colibri.jitter, colibri.jitter.analysis, colibri.jitter.cli
+import colibri.numerics, colibri.jitter, colibri.jitter.analysis, colibri.cli.jitter
 import colibri.jitter.variants, colibri.jitter.weights
 print("ok")
 """

@@ -13,9 +13,10 @@ pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
 
 from colibri.cli import main  # noqa: E402
+from colibri.engine import Model  # noqa: E402
 from colibri.inspector.jitter import QtJitterLab  # noqa: E402
 from colibri.jitter import BASELINE, EpsilonReport, JitterReport  # noqa: E402
-from colibri.jitter.cli import report_json  # noqa: E402
+from colibri.jitter import report_json  # noqa: E402
 
 from jitter_models import TIE_LAYER, make_tie_model  # noqa: E402
 
@@ -43,7 +44,7 @@ def cli_reports(tie_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
 def lab(qtbot, tie_path: Path) -> QtJitterLab:
     w = QtJitterLab()
     qtbot.addWidget(w)
-    w.set_model(tie_path)
+    w.set_model(Model.open(tie_path))
     w.prompt.setText(PROMPT)
     w.generate.setValue(8)
     w.variants.setText(VARIANTS)
@@ -130,7 +131,7 @@ def test_on_the_demo_model_the_cli_and_the_lab_agree(qtbot, tmp_path: Path) -> N
     cli = json.loads(out.read_text())
     w = QtJitterLab()
     qtbot.addWidget(w)
-    w.set_model(DEMO)
+    w.set_model(Model.open(DEMO))
     w.prompt.setText(DEMO_PROMPT)
     w.generate.setValue(12)
     w.variants.setText(DEMO_VARIANTS)

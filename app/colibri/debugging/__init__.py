@@ -1,8 +1,9 @@
 """The routing debugger's Qt-free core: run, step, break on, inspect and export MoE routing.
 
 Layers (each importable without Qt; the Qt panels in `colibri.inspector.debugger` only read them):
-  * `run`           - `RunSettings` and `Debugger` (owns one engine Session), `RoutingRecord`, the
-                      append-only store of per-position trace copies that every view reads.
+  * `run`           - `Debugger` (owns one engine Session and its Generation), `RoutingRecord`,
+                      the append-only store of per-position trace copies that every view reads.
+                      `RunSettings` (colibri.values) says what a run is.
   * `events`        - the (position, MoE layer) event list with derived fields, find, bookmarks.
   * `breakpoints`   - breakpoint kinds and `BreakpointList.first_hit`.
   * `stats`         - routing matrices, expert load and balance, co-selection, latency percentiles.
@@ -17,7 +18,8 @@ from __future__ import annotations
 from colibri.debugging.breakpoints import (AtPosition, BiasChanged, Breakpoint, BreakpointList,
                                            ExpertChosen, MarginBelow, NonFinite, first_hit)
 from colibri.debugging.events import Event, EventList, float32_ulp_distance
-from colibri.debugging.run import Debugger, PositionRecord, RoutingRecord, RunResult, RunSettings
+from colibri.debugging.run import Debugger, PositionRecord, RoutingRecord, RunResult
+from colibri.values import RunSettings
 
 __all__ = ["AtPosition", "BiasChanged", "Breakpoint", "BreakpointList", "Debugger", "Event",
            "EventList",

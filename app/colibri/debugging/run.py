@@ -1,10 +1,10 @@
 """Running and stepping the engine under the debugger.
 
-`Debugger` owns one traced `colibri.Session` and a decoding loop. The engine is driven one
-position at a time (`Session.step`): the prompt's tokens first, then each generated token except
-the last (the same positions `colibri run` processes: len(prompt) + max_new_tokens - 1). After
-every position the new trace rows are copied into the `RoutingRecord`, an append-only store that
-is the single source of truth for every view and export; nothing recomputes routing.
+`Debugger` owns one traced `colibri.Session` and the `colibri.generation.Generation` running on
+it, advanced one position at a time (the prompt's tokens too): the same positions and tokens as
+`colibri run` (len(prompt) + max_new_tokens - 1). After every position the new trace rows are
+copied into the `RoutingRecord`, an append-only store that is the single source of truth for
+every view and export; nothing recomputes routing.
 
 Granularity. The engine computes whole positions (style point 7: pulled trace, no per-layer
 callbacks into Python). "Step layer" is therefore navigation through events already computed:
@@ -18,21 +18,19 @@ cursor, so two hits in one position stop twice.
 
 Threads. `run()` is meant for one worker thread; `request_pause()` and `request_stop()` may be
 called from any thread and are checked between positions. Pausing loses nothing and resuming
-gives bit-identical results (the sampler's RNG lives in the debugger). Stopping ends the run;
-everything produced so far stays in the record.
+gives bit-identical results (the sampler's state lives in the generation). Stopping ends the
+run; everything produced so far stays in the record.
 
-Decoding: 'greedy' is argmax (lowest id on ties, as `colibri run`); 'sample' draws from
-softmax(logits / temperature) with numpy's default_rng(seed). The same `seed` also seeds Gumbel
-routing. Decoding stops after max_new_tokens or the model's eos token.
+Decoding is the generation's (greedy or sampled, colibri.generation); the same `seed` seeds the
+sampler and Gumbel routing. Decoding stops after max_new_tokens or the model's eos token.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -40,57 +38,10 @@ from colibri.debugging.breakpoints import Breakpoint, BreakpointList, first_hit
 from colibri.debugging.events import Event, EventList
 from colibri.margins import group_limits
 from colibri import tokens
+from colibri.generation import Generation
+from colibri.values import RunSettings
 
 PHASES = ("attention", "router", "experts", "combine", "layer")
-ROUTINGS = ("topk", "stable", "soft", "gumbel")
-
-
-# ---------------------------------------------------------------------------------------------
-# Settings
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """Everything that determines a run (what a saved session records to reproduce it)."""
-
-    prompt_tokens: tuple[int, ...]
-    max_new_tokens: int = 16
-    decoding: Literal["greedy", "sample"] = "greedy"
-    seed: int = 0
-    temperature: float = 1.0
-    routing: str = "topk"
-    epsilon: float | None = None
-    threads: int = 1
-    kernels: str | None = None     # kernel path ceiling (colibri.engine.KERNEL_PATHS); None = best
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
-        if not self.prompt_tokens:
-            raise ValueError("the prompt is empty")
-        if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if self.decoding not in ("greedy", "sample"):
-            raise ValueError(f"decoding must be 'greedy' or 'sample', got {self.decoding!r}")
-        if self.routing not in ROUTINGS:
-            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got "
-                             f"{self.routing!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-
-    @property
-    def n_positions(self) -> int:
-        """Positions a complete run processes (fewer when eos comes early)."""
-        return len(self.prompt_tokens) + max(self.max_new_tokens - 1, 0)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["prompt_tokens"] = list(self.prompt_tokens)
-        return d
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunSettings:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,7 +280,8 @@ def token_piece(tokenizer: Any, token: int) -> str:
 
 
 class Debugger:
-    """A run under the debugger: one Session, its RoutingRecord and EventList, a cursor.
+    """A run under the debugger: one Session, its Generation, RoutingRecord and EventList, a
+    cursor.
 
     Not thread-safe except `request_pause`/`request_stop` (see the module docstring)."""
 
@@ -337,12 +289,10 @@ class Debugger:
         from colibri.engine import Session  # the only engine dependency of the debugger
 
         hp = model.hparams
-        if settings.n_positions > hp.max_context:
-            raise ValueError(f"{settings.n_positions} positions exceed the model's max_context "
-                             f"{hp.max_context}")
         self.model = model
         self.settings = settings
         self.tokenizer = model.tokenizer if tokenizer == "model" else tokenizer
+        # max_context is the run's positions: the engine refuses more than the model's
         self.session = Session(model, routing=settings.routing,  # type: ignore[arg-type]
                                epsilon=settings.epsilon, seed=settings.seed,
                                threads=settings.threads, max_context=settings.n_positions,
@@ -353,6 +303,10 @@ class Debugger:
             self.session.close()
             raise ValueError(f"this machine runs no {settings.kernels} kernels (its best path is "
                              f"{self.kernels})")
+        self.generation = Generation(self.session, settings.prompt_tokens,
+                                     settings.max_new_tokens, decoding=settings.decoding,
+                                     temperature=settings.temperature, seed=settings.seed,
+                                     eos=hp.eos_token_id, step_prompt=True)
         trace = self.session.trace
         assert trace is not None
         k = int(trace.expert_ids.shape[2])
@@ -362,12 +316,6 @@ class Debugger:
         self.events = EventList(self.record, hp.n_experts_active, group_limits(model))
         self.breakpoints = BreakpointList()
         self.cursor: int | None = None
-        self.generated: list[int] = []
-        self.finished = False
-        self.stop_reason = ""
-        self.last_logits: np.ndarray | None = None
-        self._rng = np.random.default_rng(settings.seed)
-        self._pending: int | None = settings.prompt_tokens[0]
         self._pause = threading.Event()
         self._stop = threading.Event()
 
@@ -381,6 +329,23 @@ class Debugger:
     @property
     def n_prompt(self) -> int:
         return len(self.settings.prompt_tokens)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.generation.generated
+
+    @property
+    def finished(self) -> bool:
+        return self.generation.finished
+
+    @property
+    def stop_reason(self) -> str:
+        """'' while running; 'finished', 'eos' or 'stopped' once finished."""
+        return self.generation.reason
+
+    @property
+    def last_logits(self) -> np.ndarray | None:
+        return self.generation.last_logits
 
     @property
     def current(self) -> Event | None:
@@ -416,18 +381,6 @@ class Debugger:
 
     # -- stepping -------------------------------------------------------------------------------
 
-    def _choose(self, logits: np.ndarray) -> int:
-        if not np.isfinite(logits).all():
-            logits = np.nan_to_num(logits, nan=-np.inf)
-        s = self.settings
-        if s.decoding == "greedy" or s.temperature == 0:
-            return int(np.argmax(logits))
-        z = logits.astype(np.float64) / s.temperature
-        z -= z.max()
-        p = np.exp(z)
-        p /= p.sum()
-        return int(self._rng.choice(p.size, p=p))
-
     def step_token(self) -> list[Event]:
         """Compute one position; the cursor moves to its first MoE layer. Returns its events
         ([] when the run is finished)."""
@@ -435,45 +388,23 @@ class Debugger:
 
     def _advance(self) -> range:
         """Compute one position; returns the indices of its events (empty when finished)."""
-        if self.finished or self._pending is None:
-            self.finished = True
-            return range(0)
-        token = self._pending
         p = self.record.n_positions
-        t0 = time.perf_counter_ns()
-        logits = self.session.step(token)
-        wall = time.perf_counter_ns() - t0
+        if not self.generation.advance():
+            return range(0)
         tr = self.session.trace
-        assert tr is not None
+        logits = self.generation.last_logits
+        assert tr is not None and logits is not None
+        token = int(tr.tokens[p])
         self.record.append(token, self.token_text(token), tr.expert_ids[p], tr.expert_weights[p],
                            tr.router_logits[p], tr.shared_gate[p], tr.hidden_norm[p],
-                           tr.phase_ns[p], int(tr.token_ns[p]), wall,
+                           tr.phase_ns[p], int(tr.token_ns[p]), self.generation.call_ns,
                            bool(np.isfinite(logits).all()),
                            selection_scores=tr.selection_scores[p],
                            chosen_groups=tr.chosen_groups[p], bias_changed=tr.bias_changed[p])
-        self.last_logits = logits
-        if p + 1 < self.n_prompt:
-            self._pending = self.settings.prompt_tokens[p + 1]
-        elif self.settings.max_new_tokens == 0:
-            self._finish("finished")
-        else:
-            chosen = self._choose(logits)
-            self.generated.append(chosen)
-            if len(self.generated) >= self.settings.max_new_tokens:
-                self._finish("finished")
-            elif chosen == self.model.hparams.eos_token_id:
-                self._finish("eos")
-            else:
-                self._pending = chosen
         new = self.events.sync()
         if len(new):
             self.cursor = new[0]
         return new
-
-    def _finish(self, reason: str) -> None:
-        self._pending = None
-        self.finished = True
-        self.stop_reason = reason
 
     def step_layer(self) -> Event | None:
         """Move the cursor to the next MoE layer; computes the next position only when the
@@ -512,7 +443,7 @@ class Debugger:
                 return RunResult("finished", done)
             if self._stop.is_set():
                 self._stop.clear()
-                self._finish("stopped")
+                self.generation.stop()
                 return RunResult("stopped", done)
             if self._pause.is_set():
                 self._pause.clear()
@@ -520,9 +451,6 @@ class Debugger:
             if max_positions is not None and done >= max_positions:
                 return RunResult("limit", done)
             before = len(self.events)
-            if self._pending is None:
-                self.finished = True
-                continue
             position = self.position
             new = self._advance()
             done += 1
@@ -540,4 +468,4 @@ class Debugger:
 
 
 __all__ = ["Debugger", "PHASES", "PositionRecord", "RECORD_ARRAYS", "RoutingRecord", "RunResult",
-           "RunSettings", "token_piece"]
+           "token_piece"]

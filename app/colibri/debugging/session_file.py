@@ -28,10 +28,10 @@ import numpy as np
 
 from colibri.debugging.breakpoints import BreakpointList
 from colibri.debugging.events import EventList
-from colibri.debugging.files import atomic_write
-from colibri.debugging.run import (LATER_ARRAYS, PHASES, RECORD_ARRAYS, Debugger, RoutingRecord,
-                                   RunSettings)
+from colibri.debugging.run import LATER_ARRAYS, PHASES, RECORD_ARRAYS, Debugger, RoutingRecord
+from colibri.files import atomic_write
 from colibri.margins import GroupLimit, group_limits
+from colibri.values import RunSettings
 
 FORMAT_NAME = "colibri-debug-session"
 FORMAT_VERSION = 1
@@ -90,7 +90,7 @@ class SavedSession:
         return cls(info, dbg.settings, dbg.record.snapshot(), list(dbg.generated), dbg.finished,
                    dbg.stop_reason, dbg.cursor, sorted(dbg.events.bookmarks),
                    BreakpointList(list(dbg.breakpoints)),
-                   _jsonable(dbg._rng.bit_generator.state), kernels=dbg.kernels)
+                   _jsonable(dbg.generation.rng_state), kernels=dbg.kernels)
 
     def events(self) -> EventList:
         """The event list of the saved record, with its bookmarks."""

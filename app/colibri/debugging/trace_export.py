@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from colibri.debugging.events import EventList
-from colibri.debugging.files import atomic_write
-from colibri.debugging.run import PHASES, RunSettings
+from colibri.debugging.run import PHASES
+from colibri.files import atomic_write
+from colibri.values import RunSettings
 
 PID = 1
 TID_PREFILL, TID_DECODE = 1, 2

@@ -52,7 +52,7 @@ def architecture_from_config(raw: Any) -> Architecture:
     family = family_of(raw)
     arch = family.architecture(Config(raw, family.model_type, family.defaults, family.aliases))
     check_limits(arch.hp)
-    tokens_in_vocab(arch.hp, arch.notes)
+    arch.hp = tokens_in_vocab(arch.hp, arch.notes)
     return arch
 
 

@@ -11,16 +11,17 @@ colibri.convert implements. Nothing here reads tensor data.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from colibri.fileformat import (
     ATTENTION_MLA, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS,
-    FLAG_TIED_EMBEDDINGS, LAYER_FULL, LAYER_SLIDING, ROPE_DEFAULT, ROPE_LINEAR, ROPE_YARN, HParams,
+    FLAG_TIED_EMBEDDINGS, LAYER_FULL, LAYER_SLIDING, ROPE_DEFAULT, ROPE_LINEAR, ROPE_YARN,
     RouteRule,
 )
+from colibri.values import HParams
 
 
 class ConversionError(Exception):
@@ -145,11 +146,12 @@ class Rope:
     truncate: int = 0
     params: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    def apply(self, hp: HParams) -> None:
-        hp.rope_type, hp.rope_theta, hp.rope_factor = self.type, self.theta, self.factor
-        hp.rope_original_max_context = self.original_max_context
-        hp.rope_attn_factor, hp.rope_truncate = self.attn_factor, self.truncate
-        hp.rope_beta_fast, hp.rope_beta_slow = self.beta_fast, self.beta_slow
+    def apply(self, hp: HParams) -> HParams:
+        """`hp` with these RoPE fields."""
+        return replace(hp, rope_type=self.type, rope_theta=self.theta, rope_factor=self.factor,
+                       rope_original_max_context=self.original_max_context,
+                       rope_attn_factor=self.attn_factor, rope_truncate=self.truncate,
+                       rope_beta_fast=self.beta_fast, rope_beta_slow=self.beta_slow)
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -256,21 +258,23 @@ def check_limits(hp: HParams) -> None:
                               "RoPE needs an even number")
 
 
-def tokens_in_vocab(hp: HParams, notes: list[str]) -> None:
+def tokens_in_vocab(hp: HParams, notes: list[str]) -> HParams:
+    """`hp` with a bos or eos outside the vocabulary stored as -1 (and a note saying so)."""
     for attr in ("bos_token_id", "eos_token_id"):
         value = getattr(hp, attr)
         if value >= hp.vocab_size:
             # An id the model cannot produce (e.g. OLMoE's class default eos 50279 in a tiny
             # random model); the format requires -1 or an id below vocab_size.
-            setattr(hp, attr, -1)
+            hp = replace(hp, **{attr: -1})
             notes.append(f"{attr} {value} is outside the vocabulary ({hp.vocab_size}); "
                          "stored as -1")
+    return hp
 
 
 def base_hparams(cfg: Config, arch: int, n_experts: int, top_k: int, d_ff_expert: int,
                  d_ff_dense: int, head_dim: int | None = None) -> HParams:
     """The header fields every family reads the same way (layers, heads, vocabulary, norms,
-    RoPE, special tokens); the family sets the rest."""
+    RoPE, special tokens); the family sets the rest (HParams is frozen: `dataclasses.replace`)."""
     n_layers = cfg.int("num_hidden_layers")
     if n_layers > 1024:  # checked before any per-layer list is built (a 10**12 would hang)
         raise ConversionError(f"config.json: num_hidden_layers = {n_layers} outside the "
@@ -293,23 +297,22 @@ def base_hparams(cfg: Config, arch: int, n_experts: int, top_k: int, d_ff_expert
                               f"num_attention_heads {n_heads}")
     if top_k > n_experts:
         raise ConversionError(f"config.json: num_experts_per_tok {top_k} > {n_experts} experts")
-    hp = HParams(arch=arch, n_layers=n_layers, n_experts=n_experts, n_experts_active=top_k,
-                 d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
-                 vocab_size=cfg.int("vocab_size"), max_context=cfg.int("max_position_embeddings"),
-                 d_ff_expert=d_ff_expert, d_ff_dense=d_ff_dense,
-                 norm_eps=positive_number(cfg.get("rms_norm_eps"), "rms_norm_eps"),
-                 bos_token_id=token_id(cfg.get("bos_token_id")),
-                 eos_token_id=token_id(cfg.get("eos_token_id")))
-    if cfg.flag("tie_word_embeddings"):
-        hp.flags |= FLAG_TIED_EMBEDDINGS
-    return hp
+    return HParams(arch=arch, n_layers=n_layers, n_experts=n_experts, n_experts_active=top_k,
+                   d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
+                   vocab_size=cfg.int("vocab_size"),
+                   max_context=cfg.int("max_position_embeddings"),
+                   d_ff_expert=d_ff_expert, d_ff_dense=d_ff_dense,
+                   flags=FLAG_TIED_EMBEDDINGS if cfg.flag("tie_word_embeddings") else 0,
+                   norm_eps=positive_number(cfg.get("rms_norm_eps"), "rms_norm_eps"),
+                   bos_token_id=token_id(cfg.get("bos_token_id")),
+                   eos_token_id=token_id(cfg.get("eos_token_id")))
 
 
-def apply_rope(hp: HParams, r: Rope) -> None:
-    """RoPE fields for GQA attention: partial rotary over the first int(head_dim * factor) dims."""
-    r.apply(hp)
+def apply_rope(hp: HParams, r: Rope) -> HParams:
+    """`hp` with the RoPE fields of GQA attention: partial rotary over the first
+    int(head_dim * factor) dims."""
     rotary = int(hp.head_dim * r.partial)
-    hp.rotary_dim = None if rotary == hp.head_dim else rotary
+    return replace(r.apply(hp), rotary_dim=None if rotary == hp.head_dim else rotary)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ interleaved RoPE (a complex multiply) on the rope part. Also the shared body of 
 
 from __future__ import annotations
 
+from dataclasses import replace
 import math
 from typing import Any, Callable
 
@@ -73,24 +74,18 @@ def deepseek_architecture(cfg: Config, arch: int,
                               "every head")
     first_dense = cfg.int("first_k_dense_replace", minimum=0)
     kinds = [LAYER_DENSE if i < first_dense else LAYER_MOE for i in range(hp.n_layers)]
-    if LAYER_DENSE not in kinds:
-        hp.d_ff_dense = 0
     n_shared = cfg.int("n_shared_experts", minimum=0) if cfg.get("n_shared_experts") else 0
-    hp.d_ff_shared = hp.d_ff_expert * n_shared
     shared = SHARED_PLAIN if n_shared else SHARED_NONE
     r_cfg = common.rope(cfg)
-    r_cfg.apply(hp)
-    hp.attention = ATTENTION_MLA
     q_lora = cfg.get("q_lora_rank")
-    hp.q_lora_rank = 0 if q_lora is None else cfg.int("q_lora_rank")
-    hp.kv_lora_rank = cfg.int("kv_lora_rank")
-    hp.qk_nope_head_dim, hp.qk_rope_head_dim = nope, r
-    hp.v_head_dim = cfg.int("v_head_dim")
-    hp.rotary_dim = r
-    hp.rope_layout = ROPE_INTERLEAVED
-    hp.latent_norm_eps = LATENT_NORM_EPS
+    hp = replace(r_cfg.apply(hp), d_ff_dense=hp.d_ff_dense if LAYER_DENSE in kinds else 0,
+                 d_ff_shared=hp.d_ff_expert * n_shared, attention=ATTENTION_MLA,
+                 q_lora_rank=0 if q_lora is None else cfg.int("q_lora_rank"),
+                 kv_lora_rank=cfg.int("kv_lora_rank"), qk_nope_head_dim=nope,
+                 qk_rope_head_dim=r, v_head_dim=cfg.int("v_head_dim"), rotary_dim=r,
+                 rope_layout=ROPE_INTERLEAVED, latent_norm_eps=LATENT_NORM_EPS)
     if cfg.flag("attention_bias"):
-        hp.flags |= FLAG_QKV_BIAS | FLAG_O_BIAS  # q_a, kv_a and o
+        hp = replace(hp, flags=hp.flags | FLAG_QKV_BIAS | FLAG_O_BIAS)  # q_a, kv_a and o
     # the softmax scale, times YaRN's mscale squared as DeepSeek's attention applies it
     scaling = (nope + r) ** -0.5
     mscale_all = r_cfg.params.get("mscale_all_dim") or 0
@@ -98,7 +93,7 @@ def deepseek_architecture(cfg: Config, arch: int,
         m = _mscale(common.positive_number(r_cfg.params.get("factor"), "RoPE factor"),
                     common.positive_number(mscale_all, "mscale_all_dim"))
         scaling = scaling * m * m
-    hp.attn_scale = scaling
+    hp = replace(hp, attn_scale=scaling)
     route = rule(cfg, n_experts, hp.n_experts_active, shared)
     return Architecture(hp, kinds, [route if k == LAYER_MOE else None for k in kinds],
                         common.attention_masks(hp.n_layers, None))

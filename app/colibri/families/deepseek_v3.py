@@ -6,6 +6,7 @@ dense; multi-head latent attention with RoPE interleaved (rope_interleave) on th
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from colibri.families import common, deepseek_v2
@@ -46,7 +47,8 @@ def route_rule(cfg: Config, n_experts: int, top_k: int, shared: int) -> RouteRul
 
 def architecture(cfg: Config) -> Architecture:
     a = deepseek_v2.deepseek_architecture(cfg, ARCH_DEEPSEEK_V3, route_rule)
-    a.hp.rope_layout = ROPE_INTERLEAVED if cfg.flag("rope_interleave") else ROPE_HALVES
+    a.hp = replace(a.hp, rope_layout=ROPE_INTERLEAVED if cfg.flag("rope_interleave")
+                   else ROPE_HALVES)
     return a
 
 

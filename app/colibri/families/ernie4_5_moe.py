@@ -6,6 +6,7 @@ default."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from colibri.families import common
@@ -39,10 +40,9 @@ def architecture(cfg: Config) -> Architecture:
     if LAYER_MOE not in kinds:
         raise ConversionError("config.json: no layer is MoE (moe_layer_start_index, "
                               "moe_layer_end_index, moe_layer_interval)")
-    common.apply_rope(hp, common.rope(cfg))
-    hp.rope_layout = ROPE_INTERLEAVED
     n_shared = cfg.int("moe_num_shared_experts", minimum=0)
-    hp.d_ff_shared = hp.d_ff_expert * n_shared
+    hp = replace(common.apply_rope(hp, common.rope(cfg)), rope_layout=ROPE_INTERLEAVED,
+                 d_ff_shared=hp.d_ff_expert * n_shared)
     rule = RouteRule(correction_bias=True, normalize=NORM_SUM_CLAMPED,
                      norm_eps=cfg.number("moe_norm_min"),
                      shared=SHARED_PLAIN if n_shared else SHARED_NONE)

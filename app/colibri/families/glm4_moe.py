@@ -6,6 +6,7 @@ partial_rotary_factor of each head (0.5 by default), paired as halves."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from colibri.families import common
@@ -32,15 +33,15 @@ def architecture(cfg: Config) -> Architecture:
                              cfg.int("num_experts_per_tok"), cfg.int("moe_intermediate_size"),
                              cfg.int("intermediate_size"))
     kinds = [LAYER_DENSE if i < first_dense else LAYER_MOE for i in range(hp.n_layers)]
-    if LAYER_DENSE not in kinds:
-        hp.d_ff_dense = 0
-    common.apply_rope(hp, common.rope(cfg))
+    hp = common.apply_rope(hp, common.rope(cfg))
+    flags = hp.flags
     if cfg.flag("attention_bias"):
-        hp.flags |= FLAG_QKV_BIAS  # q, k and v; o_proj never has one
+        flags |= FLAG_QKV_BIAS  # q, k and v; o_proj never has one
     if cfg.flag("use_qk_norm"):
-        hp.flags |= FLAG_QK_NORM_HEAD
+        flags |= FLAG_QK_NORM_HEAD
     n_shared = cfg.int("n_shared_experts", minimum=0)
-    hp.d_ff_shared = hp.d_ff_expert * n_shared
+    hp = replace(hp, flags=flags, d_ff_dense=hp.d_ff_dense if LAYER_DENSE in kinds else 0,
+                 d_ff_shared=hp.d_ff_expert * n_shared)
     rule = route_rule(cfg, hp.n_experts, hp.n_experts_active,
                       SHARED_PLAIN if n_shared else SHARED_NONE)
     return Architecture(hp, kinds, [rule if k == LAYER_MOE else None for k in kinds],

@@ -4,6 +4,7 @@ w2/w3 (w1 the gate), or fused under mlp.experts."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from colibri.families import common
@@ -34,8 +35,7 @@ def sliding_window(cfg: Config) -> int:
 def architecture(cfg: Config) -> Architecture:
     hp = common.base_hparams(cfg, ARCH_MIXTRAL, cfg.int("num_experts"),
                              cfg.int("num_experts_per_tok"), cfg.int("intermediate_size"), 0)
-    common.apply_rope(hp, common.rope(cfg))
-    hp.sliding_window = sliding_window(cfg)
+    hp = replace(common.apply_rope(hp, common.rope(cfg)), sliding_window=sliding_window(cfg))
     n = hp.n_layers
     return Architecture(hp, [LAYER_MOE] * n, [RouteRule(normalize=NORM_SUM)] * n,
                         common.attention_masks(n, [hp.sliding_window > 0] * n))

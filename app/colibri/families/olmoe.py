@@ -4,6 +4,7 @@ then clip_qkv."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from colibri.families import common
@@ -24,13 +25,13 @@ DEFAULTS: dict[str, Any] = dict(
 def architecture(cfg: Config) -> Architecture:
     hp = common.base_hparams(cfg, ARCH_OLMOE, cfg.int("num_experts"),
                              cfg.int("num_experts_per_tok"), cfg.int("intermediate_size"), 0)
-    common.apply_rope(hp, common.rope(cfg))
-    hp.flags |= FLAG_QK_NORM_FULL
+    hp = common.apply_rope(hp, common.rope(cfg))
+    flags = hp.flags | FLAG_QK_NORM_FULL
     if cfg.get("attention_bias"):
-        hp.flags |= FLAG_QKV_BIAS | FLAG_O_BIAS  # attention_bias covers q, k, v and o
+        flags |= FLAG_QKV_BIAS | FLAG_O_BIAS  # attention_bias covers q, k, v and o
     clip = cfg.get("clip_qkv")
-    if clip is not None:
-        hp.clip_qkv = common.positive_number(clip, "clip_qkv")
+    hp = replace(hp, flags=flags,
+                 clip_qkv=0.0 if clip is None else common.positive_number(clip, "clip_qkv"))
     rule = RouteRule(normalize=NORM_SUM if cfg.get("norm_topk_prob") else NORM_NONE)
     n = hp.n_layers
     return Architecture(hp, [LAYER_MOE] * n, [rule] * n, common.attention_masks(n, None))

@@ -5,6 +5,7 @@ Qwen2MoeConfig's layer_types make sliding."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from colibri.families import common
@@ -46,13 +47,13 @@ def architecture(cfg: Config) -> Architecture:
     hp = common.base_hparams(cfg, ARCH_QWEN2_MOE, cfg.int("num_experts"),
                              cfg.int("num_experts_per_tok"), cfg.int("moe_intermediate_size"),
                              cfg.int("intermediate_size") if LAYER_DENSE in kinds else 0)
-    common.apply_rope(hp, common.rope(cfg))
-    hp.d_ff_shared = cfg.int("shared_expert_intermediate_size", minimum=0)
+    hp = replace(common.apply_rope(hp, common.rope(cfg)),
+                 d_ff_shared=cfg.int("shared_expert_intermediate_size", minimum=0))
     if cfg.get("qkv_bias"):
-        hp.flags |= FLAG_QKV_BIAS  # Qwen2-MoE: q/k/v biases, never an o bias
+        hp = replace(hp, flags=hp.flags | FLAG_QKV_BIAS)  # q/k/v biases, never an o bias
     sliding = sliding_layers(cfg, hp.n_layers)
     if any(sliding):
-        hp.sliding_window = window_size(cfg)
+        hp = replace(hp, sliding_window=window_size(cfg))
     rule = RouteRule(normalize=NORM_SUM if cfg.get("norm_topk_prob") else NORM_NONE,
                      shared=SHARED_SIGMOID_GATE if hp.d_ff_shared else SHARED_NONE)
     return Architecture(hp, kinds, [rule if k == LAYER_MOE else None for k in kinds],

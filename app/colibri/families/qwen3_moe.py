@@ -5,6 +5,7 @@ MixtralModel)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from colibri.families import common
@@ -46,13 +47,12 @@ def architecture(cfg: Config) -> Architecture:
     hp = common.base_hparams(cfg, ARCH_QWEN3_MOE, cfg.int("num_experts"),
                              cfg.int("num_experts_per_tok"), cfg.int("moe_intermediate_size"),
                              cfg.int("intermediate_size") if LAYER_DENSE in kinds else 0)
-    common.apply_rope(hp, common.rope(cfg))
-    hp.flags |= FLAG_QK_NORM_HEAD
+    hp = common.apply_rope(hp, common.rope(cfg))
+    flags = hp.flags | FLAG_QK_NORM_HEAD
     if cfg.get("attention_bias"):
-        hp.flags |= FLAG_QKV_BIAS | FLAG_O_BIAS
+        flags |= FLAG_QKV_BIAS | FLAG_O_BIAS
     sliding = bool(cfg.get("use_sliding_window"))  # sliding_window is dropped otherwise
-    if sliding:
-        hp.sliding_window = window_size(cfg)
+    hp = replace(hp, flags=flags, sliding_window=window_size(cfg) if sliding else 0)
     rule = RouteRule(normalize=NORM_SUM if cfg.get("norm_topk_prob") else NORM_NONE)
     return Architecture(hp, kinds, [rule if k == LAYER_MOE else None for k in kinds],
                         common.attention_masks(hp.n_layers, [sliding] * hp.n_layers))

@@ -1,10 +1,12 @@
 """One open file in the Inspector: its identity on disk, its model (when it opens), its problems.
 
 `ModelDocument` owns everything the views show about one path, computed without Qt so tests and
-the CLI can use it directly. Opening never raises for a bad file: `Model.open` is tried, and
-whether it succeeds or not the structural `colibri.validate(path)` lists every problem, and the
-fixed-header fields are decoded from the file's first bytes (so even a broken file shows its
-header). `plain_explanation()` turns the first problem into one sentence a user understands.
+the CLI can use it directly. Opening never raises for a bad file and reads the file once:
+`Model.open` maps it and validates it in one pass that keeps every finding (a file that opens
+brings its warnings, a broken one every error and warning), and the header view, the hexdump's
+regions and the head bytes are read from that mapping. Only a file the engine refuses is read
+again, for its first bytes, so even a broken file shows its header. `plain_explanation()` turns
+the first problem into one sentence a user understands.
 
 File-wide work (checksums, NaN scans) is a plain task function, `data_check(doc, ...)`, written
 for `colibri.inspector.tasks` (progress, cancel) but free of Qt. Reloading is two steps so the
@@ -22,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from colibri.engine import HeaderField, Model, Problem, header_fields, validate
-from colibri.errors import ColibriError
+from colibri.engine import HeaderField, Model, Problem, header_fields
+from colibri.errors import ColibriError, ColibriFormatError
+from colibri.values import CancelFlag, Progress, check_cancelled
 
 HEAD_BYTES = 4096          # bytes read for header decoding when the model does not open
 _PROGRESS_UNITS = 10_000   # progress is reported in these units (Qt signals carry 32-bit ints)
@@ -87,30 +90,33 @@ def _read_head(path: str) -> bytes:
 
 
 def load_state(path: str | os.PathLike[str]) -> DocumentState:
-    """Open, validate and decode `path`. Never raises for a bad or unreadable file: the failure is
-    recorded in `open_error` and `problems`. Bounded work (header and tables, not tensor data)."""
+    """Open, validate and decode `path` in one pass. Never raises for a bad or unreadable file:
+    the failure is recorded in `open_error` and `problems`. Bounded work (header and tables, not
+    tensor data)."""
     path = os.fspath(path)
     identity = FileIdentity.of(path)
     model: Model | None = None
     open_error: ColibriError | OSError | None = None
-    try:
-        model = Model.open(path)
-    except (ColibriError, OSError) as exc:
-        open_error = exc
     problems: list[Problem] = []
     try:
-        problems = validate(path)
+        model = Model.open(path)
+        problems = model.problems
+    except ColibriFormatError as exc:
+        open_error, problems = exc, exc.problems
     except (ColibriError, OSError) as exc:
-        open_error = open_error or exc
-    try:
-        head = _read_head(path)
-    except OSError as exc:
-        head = b""
-        open_error = open_error or exc
-    fields = header_fields(head)
-    if model is not None and identity is not None:
+        open_error = exc
+    if model is not None:
+        head = model.bytes()[:HEAD_BYTES].tobytes()
+        fields = model.header_fields()
         # The identity that matters is the mapped file's: re-stat after mapping.
         identity = FileIdentity.of(path) or identity
+    else:
+        try:
+            head = _read_head(path)
+        except OSError as exc:
+            head = b""
+            open_error = open_error or exc
+        fields = header_fields(head)
     return DocumentState(identity, model, problems, fields, head, open_error)
 
 
@@ -234,7 +240,7 @@ class ModelDocument:
         when it opened, else the fixed-header fields present in the file."""
         from colibri.inspection.hexsource import Region, regions_for
         if self._state.model is not None:
-            return regions_for(self._state.model)
+            return regions_for(self._state.model, self._state.header_fields)
         size = self.size
         return [Region(f.offset, min(f.size, size - f.offset), "header", f"header.{f.name}")
                 for f in self._state.header_fields if f.present and f.offset < size]
@@ -346,23 +352,17 @@ class DataCheckResult:
     complete: bool = True
 
 
-class Cancelled(Exception):
-    """The data check noticed it was cancelled (`colibri.inspector.tasks` re-raises its own)."""
-
-
 def data_check(doc: ModelDocument, checksums: bool = True, nan_check: bool = True,
-               cancelled_error: type[BaseException] | None = None,
-               ) -> Callable[[Callable[..., None], Callable[[], bool]], DataCheckResult]:
+               ) -> Callable[[Progress, CancelFlag], DataCheckResult]:
     """A task function `fn(progress, cancelled) -> DataCheckResult` that checks every tensor's
     data (CRC-32 and/or NaN/Inf) one tensor at a time, reporting byte-weighted progress in units
-    of 1/10000 and stopping between tensors when cancelled (raising `cancelled_error`, default
-    this module's `Cancelled`). Works on the model current when called: a later reload does not
-    affect a running check (it holds its own reference)."""
+    of 1/10000 and stopping between tensors when cancelled (raising colibri.values.Cancelled).
+    Works on the model current when called: a later reload does not affect a running check (it
+    holds its own reference)."""
     model = doc.model
     generation = doc.generation
-    error = cancelled_error or Cancelled
 
-    def run(progress: Callable[..., None], cancelled: Callable[[], bool]) -> DataCheckResult:
+    def run(progress: Progress, cancelled: CancelFlag) -> DataCheckResult:
         result = DataCheckResult(generation, checksums, nan_check)
         if model is None:
             result.complete = False
@@ -372,8 +372,7 @@ def data_check(doc: ModelDocument, checksums: bool = True, nan_check: bool = Tru
         done = 0
         progress(0, _PROGRESS_UNITS, "")
         for t in tensors:
-            if cancelled():
-                raise error()
+            check_cancelled(cancelled)
             found = model.check_tensor(t.index, checksums=checksums, nan_check=nan_check)
             result.status[t.name] = "bad" if any(p.severity == "error" for p in found) else "ok"
             result.problems.extend(found)
@@ -392,5 +391,5 @@ def merge_problems(structural: Sequence[Problem], data: Sequence[Problem]) -> li
     return list(structural) + [p for p in data if (p.code, p.offset, p.tensor) not in seen]
 
 
-__all__ = ["Cancelled", "DataCheckResult", "DocumentState", "FileIdentity", "ModelDocument",
+__all__ = ["DataCheckResult", "DocumentState", "FileIdentity", "ModelDocument",
            "data_check", "explain", "load_state", "merge_problems"]

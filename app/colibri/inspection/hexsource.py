@@ -8,7 +8,8 @@ read-only mapping with no copy beyond the requested slice; `BytesSource` serves 
 test file). Reads are clamped at the end, so a view may ask for a full screen near the end.
 
 It also owns the map of what each byte *is*: `regions_for(model)` lists header fields, routing
-entries, tensor-table entries, tokenizer, metadata and every tensor's data range as `Region`s,
+entries, tensor-table entries, tokenizer, metadata and every tensor's data range as `Region`s
+(where each section lies comes from the engine, `Model.sections`; nothing is decoded here),
 and `RegionIndex` finds the region under an offset (or those in a screenful) by bisection, so a
 tooltip or a repaint costs O(log n) even for a million-tensor file.
 """
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from colibri.engine import Model
+    from colibri.engine import HeaderField, Model
 
 from colibri.fileformat import TENSOR_ENTRY_SIZE, routing_entry_size
 
@@ -124,23 +125,22 @@ class Region:
         return self.start <= offset < self.start + self.length
 
 
-def regions_for(model: Model) -> list[Region]:
+def regions_for(model: Model, header_fields: list[HeaderField] | None = None) -> list[Region]:
     """Every annotated range of an open model, sorted by start: each fixed-header field, each
     routing entry, each tensor-table entry, the tokenizer and metadata sections, and each
-    tensor's data. Ranges never overlap in a valid file."""
+    tensor's data. Ranges never overlap in a valid file. `header_fields`: the model's, when the
+    caller already has them (`Model.header_fields()` otherwise)."""
     regions: list[Region] = []
-    fields = model.header_fields()
-    values: dict[str, int] = {}
+    fields = model.header_fields() if header_fields is None else header_fields
     for f in fields:
         if not f.present:
             continue
         shown = f.value.hex(" ") if isinstance(f.value, bytes) and len(f.value) <= 8 else (
             "…" if isinstance(f.value, bytes) else f.value)
         regions.append(Region(f.offset, f.size, "header", f"header.{f.name} = {shown}"))
-        if isinstance(f.value, int):
-            values[f.name] = f.value
     hp = model.hparams
-    routing_offset = values.get("routing_offset", 0)
+    sections = model.sections
+    routing_offset = sections["routing"].offset
     entry = routing_entry_size(hp.version)
     for layer in range(hp.n_layers):
         info = model.routing(layer)
@@ -152,10 +152,10 @@ def regions_for(model: Model) -> list[Region]:
         if t.nbytes:
             shape = "x".join(map(str, t.shape))
             regions.append(Region(t.offset, t.nbytes, "tensor", f"{t.name} {t.dtype} [{shape}]"))
-    for section in ("tokenizer", "metadata"):
-        size = values.get(f"{section}_size", 0)
-        if size:
-            regions.append(Region(values.get(f"{section}_offset", 0), size, section, section))
+    for name in ("tokenizer", "metadata"):
+        section = sections[name]
+        if section.size:
+            regions.append(Region(section.offset, section.size, name, name))
     regions.sort(key=lambda r: (r.start, -r.length))
     return regions
 

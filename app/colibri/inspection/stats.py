@@ -5,7 +5,8 @@ mapping (`Model.tensor(name)`, sliced to one expert when asked) in chunks of abo
 `CHUNK_ELEMENTS` values, converting each chunk to float32 (f16 through numpy, bf16 by widening
 the uint16 bits to the top of a uint32), so memory stays bounded whatever the tensor's size.
 Each function takes the `progress(done, total, text)` and `cancelled()` callables of
-`colibri.inspector.tasks.Task` and raises `Cancelled` between chunks when asked to stop.
+`colibri.inspector.tasks.Task` (colibri.values.Progress, CancelFlag) and raises
+`colibri.values.Cancelled` between chunks when asked to stop.
 
 Definitions (what the numbers mean):
   * min, max, mean, std (population), Frobenius `norm` are over the *finite* values; `nan_count`
@@ -26,33 +27,21 @@ Definitions (what the numbers mean):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from colibri.values import (CancelFlag, Cancelled, Progress, check_cancelled, never_cancelled,
+                            no_progress)
+
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.engine import Model
-
-ProgressFn = Callable[..., None]
-CancelledFn = Callable[[], bool]
 
 CHUNK_ELEMENTS = 1 << 22          # 4 Mi values (16 MiB as float32) per chunk
 HISTOGRAM_BINS = 100
 HEATMAP_MAX = 512
-
-
-class Cancelled(Exception):
-    """Raised when `cancelled()` turned true between chunks."""
-
-
-def _no_progress(done: int, total: int, text: str = "") -> None:
-    return None
-
-
-def _never() -> bool:
-    return False
 
 
 BLOCK_DTYPES = ("q8_0", "q4_0")
@@ -178,23 +167,18 @@ class _Accumulator:
                            math.sqrt(self.sum_sq))
 
 
-def _check(cancelled: CancelledFn) -> None:
-    if cancelled():
-        raise Cancelled()
-
-
 def tensor_stats(model: Model, name: str, expert: int | None = None,
-                 progress: ProgressFn = _no_progress, cancelled: CancelledFn = _never,
+                 progress: Progress = no_progress, cancelled: CancelFlag = never_cancelled,
                  _done: int = 0, _total: int | None = None) -> TensorStats:
     """Statistics of a tensor, or of expert `expert`'s slice of a stacked tensor."""
     matrix, dtype = tensor_matrix(model, name, expert)
     total = _total if _total is not None else matrix.size
     acc = _Accumulator()
     for _start, rows in _row_chunks(matrix):
-        _check(cancelled)
+        check_cancelled(cancelled)
         acc.add(to_float32(rows, dtype))
         progress(_done + acc.count, total, f"statistics of {name}")
-    _check(cancelled)
+    check_cancelled(cancelled)
     return acc.result()
 
 
@@ -273,7 +257,7 @@ class TensorAnalysis:
 
 
 def analyse_tensor(model: Model, name: str, expert: int | None = None,
-                   progress: ProgressFn = _no_progress, cancelled: CancelledFn = _never,
+                   progress: Progress = no_progress, cancelled: CancelFlag = never_cancelled,
                    bins: int = HISTOGRAM_BINS, max_cells: int = HEATMAP_MAX) -> TensorAnalysis:
     """Statistics (pass 1), then histogram and heatmap (pass 2) of a tensor or expert slice.
     The heatmap is None for 1-D data."""
@@ -291,7 +275,7 @@ def analyse_tensor(model: Model, name: str, expert: int | None = None,
     done = matrix.size
     block_rows = heat.br if heat is not None else 1
     for start, rows in _row_chunks(matrix, block_rows):
-        _check(cancelled)
+        check_cancelled(cancelled)
         values = to_float32(rows, dtype)
         flat = values.reshape(-1)
         finite = flat[np.isfinite(flat)]
@@ -300,7 +284,7 @@ def analyse_tensor(model: Model, name: str, expert: int | None = None,
             heat.add(start, values)
         done += flat.size
         progress(done, total, f"histogram of {name}")
-    _check(cancelled)
+    check_cancelled(cancelled)
     return TensorAnalysis(name, expert, dtype, shape, stats, Histogram(counts, edges),
                           heat.result() if heat is not None else None)
 
@@ -341,8 +325,8 @@ class ExpertComparison:
         return header, rows
 
 
-def compare_experts(model: Model, layer: int, progress: ProgressFn = _no_progress,
-                    cancelled: CancelledFn = _never) -> ExpertComparison:
+def compare_experts(model: Model, layer: int, progress: Progress = no_progress,
+                    cancelled: CancelFlag = never_cancelled) -> ExpertComparison:
     """Statistics of every expert's w1, w2, w3 slices of MoE layer `layer`, and its router."""
     prefix = f"layers.{layer}."
     gate_name = prefix + "moe_gate"
@@ -377,7 +361,7 @@ def moe_layers(model: Model) -> list[int]:
             if f"layers.{layer}.moe_gate" in model]
 
 
-__all__ = ["CHUNK_ELEMENTS", "Cancelled", "EXPERT_MATRICES", "ExpertComparison", "HEATMAP_MAX",
+__all__ = ["CHUNK_ELEMENTS", "EXPERT_MATRICES", "ExpertComparison", "HEATMAP_MAX",
            "HISTOGRAM_BINS", "Heatmap", "Histogram", "STAT_FIELDS", "TensorAnalysis",
            "TensorStats", "analyse_tensor", "compare_experts", "heatmap_blocks", "moe_layers",
            "tensor_matrix", "tensor_stats", "to_float32"]

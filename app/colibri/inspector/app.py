@@ -129,7 +129,7 @@ def _wait(app: QApplication, busy: Any, seconds: float = 60) -> None:
 
 def _demo_debug_run(app: QApplication, view: FileView, model: Any) -> None:
     """A short greedy run so the debugger picture shows routing, not an empty form."""
-    from colibri.debugging import RunSettings
+    from colibri.values import RunSettings
 
     panel = view.debugger
     panel.run_panel.prompt.setText(SCREENSHOT_PROMPT)

@@ -17,8 +17,9 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QHeaderView, QTreeWidget, QTreeWidgetItem,
                                QVBoxLayout, QWidget)
 
-from colibri.engine import ARCH_NAMES, HeaderField
+from colibri.engine import HeaderField
 from colibri.inspection.document import ModelDocument
+from colibri.values import ARCH_NAMES
 
 COLUMNS = ("Field", "Offset", "Size", "Raw bytes", "Value")
 FIELD_ROLE = Qt.ItemDataRole.UserRole          # the HeaderField of a field row

@@ -41,7 +41,7 @@ from colibri.inspector.debugger.panel import QtDebuggerPanel
 from colibri.inspector.header_view import QtHeaderView
 from colibri.inspector.jitter.lab import QtJitterLab
 from colibri.inspector.hexview import QtHexView
-from colibri.inspector.tasks import Cancelled, Task, TaskRunner
+from colibri.inspector.tasks import Task, TaskRunner
 from colibri.inspector.tensor_table import QtTensorTable
 from colibri.inspector.tensor_values import QtTensorValues
 from colibri.inspector.validation_view import QtValidationReport
@@ -262,7 +262,7 @@ class FileView(QWidget):
         """Start the data checks (every tensor's CRC and/or NaN scan) on a worker."""
         if self.doc.model is None or not (checksums or nan_check):
             return
-        fn = data_check(self.doc, checksums, nan_check, cancelled_error=Cancelled)
+        fn = data_check(self.doc, checksums, nan_check)
         self.last_error = ""
         self.checks.start(Task("data checks", fn))
         self._checking = True

@@ -2,10 +2,11 @@
 
 A `Task` wraps a plain function `fn(progress, cancelled) -> result` written without Qt:
 `progress(done, total, text="")` reports, `cancelled()` says whether to stop (the function then
-raises `Cancelled` or returns early). `TaskRunner.start(task)` runs it on a `QThread` and delivers
-signals on the UI thread: `sig_progress(done, total, text)`, `sig_finished(result)`,
-`sig_failed(message)`, `sig_cancelled()`. The engine's C calls release the GIL, so the UI keeps
-painting while a worker checksums a file.
+raises `colibri.values.Cancelled`, the one exception for it, or returns early).
+`TaskRunner.start(task)` runs it on a `QThread` and delivers signals on the UI thread:
+`sig_progress(done, total, text)`, `sig_finished(result)`, `sig_failed(message)`,
+`sig_cancelled()`. The engine's C calls release the GIL, so the UI keeps painting while a worker
+checksums a file.
 
 Progress signals are rate-limited (at most one per 50 ms) so a fast loop cannot flood the event
 queue.
@@ -21,15 +22,11 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
-ProgressFn = Callable[..., None]
-CancelledFn = Callable[[], bool]
-TaskFn = Callable[[ProgressFn, CancelledFn], Any]
+from colibri.values import CancelFlag, Cancelled, Progress
+
+TaskFn = Callable[[Progress, CancelFlag], Any]
 
 _PROGRESS_INTERVAL_S = 0.05
-
-
-class Cancelled(Exception):
-    """Raised by a task function that noticed it was cancelled."""
 
 
 @dataclass

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QProgressBar, Q
 
 from colibri.inspection import stats as S
 from colibri.inspection.tensors import write_csv_atomic
-from colibri.inspector.tasks import Cancelled, Task, TaskRunner
+from colibri.inspector.tasks import Task, TaskRunner
 from colibri.inspector.export import save_png
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,14 +55,10 @@ def _permille(progress: Any) -> Any:
 
 
 def _run_stats(fn: Any) -> Any:
-    """A Task function calling `fn(progress, cancelled)` with stats.Cancelled mapped to the task
-    runner's Cancelled."""
+    """A Task function calling `fn(progress, cancelled)` with progress in permille."""
 
     def task(progress: Any, cancelled: Any) -> Any:
-        try:
-            return fn(_permille(progress), cancelled)
-        except S.Cancelled:
-            raise Cancelled() from None
+        return fn(_permille(progress), cancelled)
 
     return task
 

@@ -1,7 +1,7 @@
 """The routing-jitter lab (Qt-free): run a model under real numerics variants on a fixed token
 sequence, find the fragile top-k decisions, and measure what a stable-top-k epsilon costs.
 
-    with Runner("model.colibri") as r:
+    with Runner.open("model.colibri") as r:          # or Runner(model) on an open Model
         tokens = r.greedy_sequence(prompt_ids, 16)
         report = analyze_jitter(r, tokens)          # JitterReport
         sweep = analyze_epsilon(r, tokens)          # EpsilonReport
@@ -9,13 +9,13 @@ sequence, find the fragile top-k decisions, and measure what a stable-top-k epsi
 Definitions are in colibri.jitter.analysis; variant spelling in colibri.jitter.variants.
 """
 
-from colibri.jitter.analysis import (BASELINE, DEFAULT_EPS, Cancelled, Downstream, EpsilonReport,
+from colibri.jitter.analysis import (BASELINE, DEFAULT_EPS, Downstream, EpsilonReport,
                                      EpsilonRow, JitterReport, Run, Runner, analyze_epsilon,
                                      analyze_jitter, margins, ordered_int, parse_eps,
-                                     selection_order)
+                                     report_json, selection_order)
 from colibri.jitter.variants import DEFAULT_VARIANTS, Variant, parse_variants
 
-__all__ = ["BASELINE", "DEFAULT_EPS", "DEFAULT_VARIANTS", "Cancelled", "Downstream",
+__all__ = ["BASELINE", "DEFAULT_EPS", "DEFAULT_VARIANTS", "Downstream",
            "EpsilonReport", "EpsilonRow", "JitterReport", "Run", "Runner", "Variant",
            "analyze_epsilon", "analyze_jitter", "margins", "ordered_int", "parse_eps",
-           "parse_variants", "selection_order"]
+           "parse_variants", "report_json", "selection_order"]

@@ -36,11 +36,12 @@ reports hold no timestamps, and `to_dict` output is stable (JSON with sorted key
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,27 +51,12 @@ from colibri.engine import Model, Session
 from colibri.jitter.variants import Variant, parse_variants
 from colibri.margins import GroupLimit, group_limits, ordered_keys, selection_margins
 from colibri.jitter.weights import convert_weights
+from colibri.values import CancelFlag, Progress, check_cancelled, never_cancelled, no_progress
 
 SCHEMA_JITTER = "colibri.jitter/1"
 SCHEMA_EPSILON = "colibri.epsilon/1"
 DEFAULT_EPS = (0.0, 1e-10, 1e-9, 1e-8, 1e-7, 1e-6, 1e-5)
 BASELINE = "baseline"
-
-ProgressFn = Callable[..., None]
-CancelledFn = Callable[[], bool]
-
-
-class Cancelled(Exception):
-    """The analysis noticed its cancel flag between two runs."""
-
-
-def _no_progress(done: int, total: int, text: str = "") -> None:
-    pass
-
-
-def _never() -> bool:
-    return False
-
 
 # ---------------------------------------------------------------------------------------------
 # float32 helpers
@@ -157,15 +143,25 @@ class Run:
 
 
 class Runner:
-    """Runs variants of one model file on token sequences. Weight-precision copies are written
-    once to a private temporary directory, removed by `close`."""
+    """Runs variants of one open model on token sequences. Weight-precision copies are written
+    once to a private temporary directory and removed by `close`, which closes them but not the
+    model it was given (`Runner.open(path)` opens one of its own and closes that too)."""
 
-    def __init__(self, path: str | os.PathLike[str], threads: int = 1) -> None:
-        self.path = os.fspath(path)
+    def __init__(self, model: Model, threads: int = 1) -> None:
+        self.model = model
+        self.path = model.path
         self.threads = threads
-        self.model = Model.open(self.path)
-        self._models: dict[str | None, Model] = {None: self.model}
+        self._models: dict[str | None, Model] = {None: model}
+        self._owned: list[Model] = []
         self._tmp: str | None = None
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], threads: int = 1) -> Runner:
+        """A runner on its own model of `path` (for scripts; the CLI and the Inspector hand
+        over the model they opened)."""
+        runner = cls(Model.open(path), threads)
+        runner._owned.append(runner.model)
+        return runner
 
     def __enter__(self) -> Runner:
         return self
@@ -174,9 +170,9 @@ class Runner:
         self.close()
 
     def close(self) -> None:
-        for m in self._models.values():
+        for m in self._owned:
             m.close()
-        self._models = {}
+        self._models, self._owned = {}, []
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
@@ -187,11 +183,24 @@ class Runner:
                 self._tmp = tempfile.mkdtemp(prefix="colibri-jitter-")
             out = os.path.join(self._tmp, f"weights-{variant.weights}.colibri")
             convert_weights(self.model, variant.weights or "f32", out)
-            self._models[variant.weights] = Model.open(out)
+            copy = Model.open(out)
+            self._models[variant.weights] = copy
+            self._owned.append(copy)
         return self._models[variant.weights]
+
+    def check(self, variants: Sequence[Variant] = (), eps: Sequence[float] = ()) -> None:
+        """Ask the engine, before anything runs, whether it takes every variant's numerics and
+        every stable-routing epsilon (col_session_config_check, nothing allocated); raises its
+        ColibriValueError otherwise."""
+        for v in variants:
+            Session.memory_estimate(self.model, numerics=v.numerics, kernels=v.kernels,
+                                    threads=self.threads)
+        for e in eps:
+            Session.memory_estimate(self.model, routing="stable", epsilon=e, threads=self.threads)
 
     def run(self, tokens: Sequence[int], variant: Variant | None = None, routing: str = "topk",
             epsilon: float = 0.0) -> Run:
+        """One teacher-forced pass: `tokens` in one prefill (every position's logits)."""
         variant = variant or Variant()
         model = self.model_for(variant)
         with Session(model, routing=routing, epsilon=epsilon, threads=self.threads,
@@ -209,25 +218,9 @@ class Runner:
 
     def greedy_sequence(self, prompt: Sequence[int], n_generate: int) -> list[int]:
         """prompt + the baseline's greedy continuation of n_generate tokens (stops after EOS)."""
-        hp = self.model.hparams
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if len(prompt) + n_generate > hp.max_context:
-            raise ValueError(f"{len(prompt)} prompt + {n_generate} generated tokens exceed the "
-                             f"model's context of {hp.max_context}")
-        tokens = list(int(t) for t in prompt)
-        if n_generate <= 0:
-            return tokens
-        with Session(self.model, threads=self.threads, max_context=len(prompt) + n_generate,
-                     trace=False) as s:
-            logits = s.prefill(tokens, all_logits=False)[-1]
-            for i in range(n_generate):
-                nxt = int(np.argmax(logits))
-                tokens.append(nxt)
-                if nxt == hp.eos_token_id or i == n_generate - 1:
-                    break
-                logits = s.step(nxt)
-        return tokens
+        with Session(self.model, threads=self.threads,
+                     max_context=len(prompt) + max(n_generate, 0), trace=False) as s:
+            return s.generate(prompt, n_generate).tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,6 +385,12 @@ class JitterReport:
                    d.get("kernels", ""))
 
 
+def report_json(report: JitterReport | EpsilonReport) -> bytes:
+    """A report as JSON bytes: sorted keys, no whitespace, no timestamps, so the same inputs give
+    the same bytes (what `colibri jitter --json` writes and the lab saves)."""
+    return json.dumps(report.to_dict(), sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
 def _report_base(runner: Runner, tokens: Sequence[int]) -> dict[str, Any]:
     hp = runner.model.hparams
     moe = [layer for layer in range(hp.n_layers) if runner.model.routing(layer).kind == "moe"]
@@ -401,11 +400,12 @@ def _report_base(runner: Runner, tokens: Sequence[int]) -> dict[str, Any]:
 
 
 def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Variant] | str | None
-                   = None, n_prompt: int | None = None, progress: ProgressFn = _no_progress,
-                   cancelled: CancelledFn = _never) -> JitterReport:
+                   = None, n_prompt: int | None = None, progress: Progress = no_progress,
+                   cancelled: CancelFlag = never_cancelled) -> JitterReport:
     """Run the baseline and every variant on `tokens` (teacher-forced) and compare routing."""
     if variants is None or isinstance(variants, str):
         variants = parse_variants(variants)
+    runner.check(variants)
     total = 1 + len(variants)
     progress(0, total, "baseline")
     base = runner.run(tokens)
@@ -416,8 +416,7 @@ def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Var
     downstream = {}
     names = []
     for i, v in enumerate(variants):
-        if cancelled():
-            raise Cancelled()
+        check_cancelled(cancelled)
         progress(i + 1, total, v.name)
         run = runner.run(tokens, v)
         names.append(run.name)
@@ -532,17 +531,18 @@ class EpsilonReport:
 
 
 def parse_eps(text: str | None) -> list[float]:
-    """'0,1e-9,...' -> sorted unique floats (None or '' = DEFAULT_EPS); each finite and >= 0."""
+    """'0,1e-9,...' -> sorted unique floats (None or '' = DEFAULT_EPS). Whether the engine takes
+    each one is its to say (Runner.check)."""
     if not text:
         return list(DEFAULT_EPS)
     out = set()
     for part in text.split(","):
         if not part.strip():
             continue
-        value = float(part)
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"epsilon must be finite and >= 0, got {part.strip()!r}")
-        out.add(value)
+        try:
+            out.add(float(part))
+        except ValueError:
+            raise ValueError(f"expected comma-separated epsilons, got {text!r}") from None
     if not out:
         raise ValueError("empty epsilon list")
     return sorted(out)
@@ -550,12 +550,13 @@ def parse_eps(text: str | None) -> list[float]:
 
 def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] | None = None,
                     variants: Sequence[Variant] | str | None = None, n_prompt: int | None = None,
-                    progress: ProgressFn = _no_progress,
-                    cancelled: CancelledFn = _never) -> EpsilonReport:
+                    progress: Progress = no_progress,
+                    cancelled: CancelFlag = never_cancelled) -> EpsilonReport:
     """The epsilon sweep: for each epsilon, baseline and variants under stable routing."""
     if variants is None or isinstance(variants, str):
         variants = parse_variants(variants)
     eps_list = sorted(set(float(e) for e in (DEFAULT_EPS if eps is None else eps)))
+    runner.check(variants, eps_list)
     total = 1 + len(eps_list) * (1 + len(variants))
     done = 0
     progress(done, total, "plain top-k")
@@ -563,8 +564,7 @@ def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] 
     rows = []
     names = [v.name for v in variants]
     for e in eps_list:
-        if cancelled():
-            raise Cancelled()
+        check_cancelled(cancelled)
         done += 1
         progress(done, total, f"eps {e:g}: baseline")
         base = runner.run(tokens, routing="stable", epsilon=e)
@@ -572,8 +572,7 @@ def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] 
         flips: dict[str, int] = {}
         max_abs, kl_max, first_tok = 0.0, 0.0, None
         for v in variants:
-            if cancelled():
-                raise Cancelled()
+            check_cancelled(cancelled)
             done += 1
             progress(done, total, f"eps {e:g}: {v.name}")
             run = runner.run(tokens, v, routing="stable", epsilon=e)

@@ -12,7 +12,6 @@ an f32 file rounds every matrix to f16, and `w-f32` of an f16 file is the f16 va
 from __future__ import annotations
 
 import os
-from dataclasses import fields
 from pathlib import Path
 
 from colibri import fileformat as ff
@@ -38,8 +37,6 @@ def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str],
     if quantize is not None and quantize not in ff.QUANT_BY_NAME:
         raise ValueError(f"unknown quantisation {quantize!r}")
     hp = model.hparams
-    names = {f.name for f in fields(ff.HParams)}
-    fhp = ff.HParams(**{k: v for k, v in hp.to_dict().items() if k in names})
     infos = [model.routing(layer) for layer in range(hp.n_layers)]
     kinds = [ff.LAYER_MOE if info.kind == "moe" else ff.LAYER_DENSE for info in infos]
     rules = [ff.RouteRule.from_info(info) if info.kind == "moe" else None for info in infos]
@@ -60,7 +57,7 @@ def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str],
     user = model.metadata.get("user")
     metadata = dict(user) if isinstance(user, dict) else {}
     metadata["jitter_weights"] = target if quantize is None else f"{target}+{quantize}"
-    plan = ff.plan_file(fhp, kinds, specs, tokenizer=model.tokenizer_json, metadata=metadata,
+    plan = ff.plan_file(hp, kinds, specs, tokenizer=model.tokenizer_json, metadata=metadata,
                         rules=rules, attention=attention)
     ff.write_colibri(out_path, plan)
     return Path(out_path)

@@ -10,8 +10,8 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from colibri.debugging.run import ROUTINGS, RunSettings
-from colibri.engine import KERNEL_PATHS  # the names only; the panel never calls the engine
+from colibri.tokens import parse_token_ids
+from colibri.values import DECODINGS, KERNEL_PATHS, ROUTING_MODES, RunSettings
 
 Tokenize = Callable[[str], list[tuple[int, str]]]
 KERNEL_CHOICES = ("best", *KERNEL_PATHS)
@@ -38,7 +38,7 @@ class QtRunPanel(QWidget):
         self.max_new.setRange(0, 100000)
         self.max_new.setValue(16)
         self.decoding = QComboBox(self)
-        self.decoding.addItems(["greedy", "sample"])
+        self.decoding.addItems(list(DECODINGS))
         self.seed = QSpinBox(self)
         self.seed.setRange(0, 2**31 - 1)
         self.temperature = QDoubleSpinBox(self)
@@ -46,7 +46,7 @@ class QtRunPanel(QWidget):
         self.temperature.setSingleStep(0.1)
         self.temperature.setValue(1.0)
         self.routing = QComboBox(self)
-        self.routing.addItems(list(ROUTINGS))
+        self.routing.addItems(list(ROUTING_MODES))
         self.epsilon = QLineEdit(self)
         self.epsilon.setPlaceholderText("model default")
         self.threads = QSpinBox(self)
@@ -107,7 +107,7 @@ class QtRunPanel(QWidget):
         if self._tokenize is not None:
             return self._tokenize(text)
         try:
-            return [(int(t), t.strip()) for t in text.split(",") if t.strip()]
+            return [(t, str(t)) for t in parse_token_ids(text)]
         except ValueError:
             return []
 

@@ -23,8 +23,9 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from colibri.debugging.breakpoints import Breakpoint, BreakpointList
 from colibri.debugging.events import EventList
-from colibri.debugging.run import Debugger, RoutingRecord, RunResult, RunSettings
+from colibri.debugging.run import Debugger, RoutingRecord, RunResult
 from colibri.debugging.session_file import Autosaver
+from colibri.values import RunSettings
 
 UPDATE_INTERVAL_S = 0.05
 

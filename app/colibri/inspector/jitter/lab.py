@@ -7,15 +7,16 @@ the views of colibri.inspector.jitter.views. Clicking a cell of either heatmap o
 tab on that cell. `state()` / `restore(state)` give the reports as JSON-ready dicts for the
 Inspector's session file, and Save/Load write and read them as one JSON file.
 
-The lead docks it with `lab = QtJitterLab(); lab.set_model(model)` (a colibri.Model or a path:
-the worker opens its own handle on the file, so the UI's model is never used off-thread).
+The lead docks it with `lab = QtJitterLab(); lab.set_model(model)`: the open colibri.Model of
+the tab. The worker runs sessions on that model (a Model is immutable and any thread may create
+sessions on it); weight-precision copies are the worker's own, removed when it ends.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
@@ -25,41 +26,46 @@ from PySide6.QtWidgets import (QFileDialog, QFormLayout, QHBoxLayout, QLabel, QL
 from colibri.files import atomic_write_bytes
 from colibri.inspector.jitter.views import (QtCellLogits, QtEpsilonCurve, QtFlipsVsMargin,
                                             QtJitterHeatmap, QtMarginHeatmap, QtRoutingAB)
-from colibri.inspector.tasks import Cancelled, Task, TaskRunner
-from colibri.jitter import analysis
-from colibri.jitter.analysis import (EpsilonReport, JitterReport, Runner, analyze_epsilon,
-                                     analyze_jitter, parse_eps)
+from colibri.inspector.tasks import Task, TaskRunner
+from colibri.jitter.analysis import (SCHEMA_EPSILON, SCHEMA_JITTER, EpsilonReport, JitterReport,
+                                     Runner, analyze_epsilon, analyze_jitter, parse_eps)
 from colibri.jitter.variants import parse_variants
+from colibri.tokens import parse_token_ids
+
+if TYPE_CHECKING:  # pragma: no cover
+    from colibri.engine import Model
 
 STATE_SCHEMA = "colibri.jitter-lab/1"
 
 
-def _parse_prompt(text: str, runner: Runner) -> list[int]:
-    """Token ids 'ID,ID,...' when the text is only digits and commas, else the tokenizer's ids."""
-    stripped = text.replace(" ", "")
-    if stripped and all(part.isdigit() for part in stripped.split(",")):
-        return [int(part) for part in stripped.split(",")]
-    return list(runner.model.tokenizer.encode(text).ids)
+def _parse_prompt(text: str, model: Model) -> list[int]:
+    """Token ids when the text is 'ID,ID,...', else the tokenizer's ids of the text."""
+    try:
+        return parse_token_ids(text)
+    except ValueError:
+        tokenizer = model.tokenizer
+        if tokenizer is None:
+            raise ValueError(f"{os.path.basename(model.path)} has no tokenizer; give token "
+                             "ids ID,ID,...") from None
+        return list(tokenizer.encode(text).ids)
 
 
-def make_task(path: str, kind: str, prompt: str, generate: int, variants: str, eps: str,
+def make_task(model: Model, kind: str, prompt: str, generate: int, variants: str, eps: str,
               threads: int) -> Task:
-    """A TaskRunner task computing one report ('jitter' or 'epsilon'). Qt-free body."""
+    """A TaskRunner task computing one report ('jitter' or 'epsilon') on the open `model`.
+    Qt-free body."""
     variant_list = parse_variants(variants or None)
     eps_list = parse_eps(eps or None)
 
     def fn(progress: Any, cancelled: Any) -> tuple[str, JitterReport | EpsilonReport]:
-        try:
-            with Runner(path, threads=threads) as runner:
-                prompt_ids = _parse_prompt(prompt, runner)
-                tokens = runner.greedy_sequence(prompt_ids, generate)
-                if kind == "jitter":
-                    return kind, analyze_jitter(runner, tokens, variant_list, len(prompt_ids),
-                                                progress, cancelled)
-                return kind, analyze_epsilon(runner, tokens, eps_list, variant_list,
-                                             len(prompt_ids), progress, cancelled)
-        except analysis.Cancelled:
-            raise Cancelled() from None
+        with Runner(model, threads=threads) as runner:
+            prompt_ids = _parse_prompt(prompt, model)
+            tokens = runner.greedy_sequence(prompt_ids, generate)
+            if kind == "jitter":
+                return kind, analyze_jitter(runner, tokens, variant_list, len(prompt_ids),
+                                            progress, cancelled)
+            return kind, analyze_epsilon(runner, tokens, eps_list, variant_list,
+                                         len(prompt_ids), progress, cancelled)
 
     return Task(f"jitter lab: {kind}", fn)
 
@@ -72,6 +78,7 @@ class QtJitterLab(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.model: Model | None = None
         self.path: str | None = None
         self.jitter_report: JitterReport | None = None
         self.epsilon_report: EpsilonReport | None = None
@@ -148,21 +155,21 @@ class QtJitterLab(QWidget):
 
     # -- model and runs -------------------------------------------------------------------------
 
-    def set_model(self, model: Any) -> None:
-        """A colibri.Model (its path is used) or a path; None clears. Keeps computed reports
-        only when the file is the same."""
-        path = None if model is None else os.fspath(getattr(model, "path", model))
+    def set_model(self, model: Model | None) -> None:
+        """The open model to analyse (None clears). Keeps computed reports only when the file
+        is the same."""
+        path = None if model is None else model.path
         if path != self.path:
             self.set_reports(None, None)
-        self.path = path
+        self.model, self.path = model, path
         self.status.setText("open a model" if path is None else f"model: {os.path.basename(path)}")
         self._set_running(False)
 
     def start(self, kind: str) -> None:
-        if self.path is None:
+        if self.model is None:
             return
         try:
-            task = make_task(self.path, kind, self.prompt.text() or "3,4,5,6,7",
+            task = make_task(self.model, kind, self.prompt.text() or "3,4,5,6,7",
                              self.generate.value(), self.variants.text(), self.eps.text(),
                              self.threads.value())
         except ValueError as exc:
@@ -252,9 +259,9 @@ class QtJitterLab(QWidget):
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         schema = data.get("schema")
-        if schema == analysis.SCHEMA_JITTER:
+        if schema == SCHEMA_JITTER:
             self.set_reports(JitterReport.from_dict(data), self.epsilon_report)
-        elif schema == analysis.SCHEMA_EPSILON:
+        elif schema == SCHEMA_EPSILON:
             self.set_reports(self.jitter_report, EpsilonReport.from_dict(data))
         else:
             self.restore(data)

@@ -1,32 +1,29 @@
 """`colibri jitter` and `colibri epsilon`: the routing-jitter lab on the command line.
 
-    colibri jitter FILE (--prompt TEXT | --tokens ID,...) [--generate N] [--variants LIST]
-                   [--threads N] [--json OUT]
-    colibri epsilon FILE (--prompt TEXT | --tokens ID,...) [--generate N] [--eps LIST]
-                    [--variants LIST] [--threads N] [--json OUT]
+    colibri jitter FILE (--prompt TEXT | --tokens ID,...) [-n/--generate N] [--variants LIST]
+                   [-t/--threads N] [--json [OUT]]
+    colibri epsilon FILE (--prompt TEXT | --tokens ID,...) [-n/--generate N] [--eps LIST]
+                    [--variants LIST] [-t/--threads N] [--json [OUT]]
 
-Both print a readable summary; --json writes the full report (colibri.jitter.analysis, sorted
-keys, no timestamps: the same inputs give the same bytes) through a temporary file and a rename.
+Both print a readable summary; --json OUT also writes the full report (colibri.jitter.analysis,
+sorted keys, no timestamps: the same inputs give the same bytes) through a temporary file and a
+rename, and --json alone prints the report instead of the summary.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 import numpy as np
 
+from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_prompt, add_threads, fail,
+                                open_model, prompt_ids, token_label, tokenizer_of)
 from colibri.files import atomic_write_bytes
-from colibri.errors import ColibriError
 from colibri.jitter.analysis import (BASELINE, EpsilonReport, JitterReport, Runner,
-                                     analyze_epsilon, analyze_jitter, parse_eps, ulp_bin_label)
+                                     analyze_epsilon, analyze_jitter, parse_eps, report_json)
 from colibri.jitter.variants import DEFAULT_VARIANTS, parse_variants
-from colibri.numerics import NumericsError
-from colibri.tokens import token_text
-
-EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
 
 VARIANT_HELP = ("comma-separated variants; each joins components with '+': seq, pairwise, "
                 "blockedL (L lanes), fma, splitS, act-bf16, act-f16, w-f32, w-f16, w-bf16, "
@@ -34,18 +31,6 @@ VARIANT_HELP = ("comma-separated variants; each joins components with '+': seq, 
                 "engine's kernels on that path of this machine). Default: "
                 + ",".join(DEFAULT_VARIANTS) + " and a k- variant for every kernel path of this "
                 "machine below its best")
-
-
-def _err(message: str) -> None:
-    print(f"colibri: {message}", file=sys.stderr)
-
-
-def report_json(report: JitterReport | EpsilonReport) -> bytes:
-    return json.dumps(report.to_dict(), sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-def _token_text(tokenizer: Any, token: int) -> str:
-    return repr(token_text(tokenizer, token)) if tokenizer is not None else str(token)
 
 
 def _fmt(x: float | None) -> str:
@@ -58,41 +43,32 @@ def _progress(done: int, total: int, text: str = "") -> None:
               file=sys.stderr, flush=True)
 
 
-def _prepare(args: argparse.Namespace) -> tuple[Runner, list[int], int, Any] | int:
-    """Open the file and build the fixed token sequence; an exit code on failure."""
-    from colibri.cli import _failure, _open
-
-    try:
-        model = _open(args.file)
-    except (ColibriError, OSError) as exc:
-        return _failure(exc)
-    model.close()
-    runner = Runner(args.file, threads=args.threads)
-    try:
-        tokenizer = None
-        try:
-            tokenizer = runner.model.tokenizer
-        except ColibriError:
-            if args.prompt is not None:
-                raise
-        if args.prompt is not None:
-            if tokenizer is None:
-                raise ValueError(f"{args.file} has no tokenizer; use --tokens ID,ID,...")
-            prompt = list(tokenizer.encode(args.prompt).ids)
-        else:
-            prompt = args.tokens
-        if args.generate < 0:
-            raise ValueError("--generate must be >= 0")
+def _report(args: argparse.Namespace, kind: str) -> tuple[JitterReport | EpsilonReport, Any]:
+    """Open the file, build the fixed token sequence and run the analysis; returns the report
+    and the tokenizer (None without one)."""
+    variants = parse_variants(args.variants)
+    eps = parse_eps(args.eps) if kind == "epsilon" else []
+    if args.generate < 0:
+        fail("--generate must be >= 0")
+    with open_model(args.file) as model, Runner(model, threads=args.threads) as runner:
+        tokenizer = tokenizer_of(model, needed=args.prompt is not None)
+        prompt = prompt_ids(args, model, tokenizer)
         tokens = runner.greedy_sequence(prompt, args.generate)
-    except (ColibriError, ValueError) as exc:
-        runner.close()
-        _err(str(exc))
-        return EXIT_INVALID
-    return runner, tokens, len(prompt), tokenizer
+        if kind == "jitter":
+            return analyze_jitter(runner, tokens, variants, len(prompt), _progress), tokenizer
+        return analyze_epsilon(runner, tokens, eps, variants, len(prompt), _progress), tokenizer
 
 
-def _write_json(path: str, data: bytes) -> None:
-    atomic_write_bytes(path, data)
+def _emit(args: argparse.Namespace, report: JitterReport | EpsilonReport,
+          summary: Any) -> int:
+    """--json alone: the report on stdout; --json OUT: the summary, and the report in OUT."""
+    if args.json == "-":
+        print(report_json(report).decode("utf-8"))
+        return EXIT_OK
+    summary()
+    if args.json:
+        atomic_write_bytes(args.json, report_json(report))
+    return EXIT_OK
 
 
 def print_jitter(report: JitterReport, tokenizer: Any = None, top: int = 10) -> None:
@@ -128,7 +104,7 @@ def print_jitter(report: JitterReport, tokenizer: Any = None, top: int = 10) -> 
         print(f"\nfragile cells (flipped by some variant), smallest margin first:")
         for u, p, m in fragile[:top]:
             who = [n for n in report.variants if report.flips(n)[p, m]]
-            print(f"  pos {p} token {_token_text(tokenizer, report.tokens[p])} layer "
+            print(f"  pos {p} token {token_label(tokenizer, report.tokens[p])} layer "
                   f"{report.moe_layers[m]}: top-k {report.sets[BASELINE][p, m].tolist()} margin "
                   f"{u} ULP ({report.margin_abs[p, m]:.3g}); {len(who)}/{len(report.variants)} "
                   f"variants: {', '.join(who[:6])}{' ...' if len(who) > 6 else ''}")
@@ -164,64 +140,27 @@ def print_epsilon(report: EpsilonReport) -> None:
 
 
 def cmd_jitter(args: argparse.Namespace) -> int:
-    try:
-        variants = parse_variants(args.variants)
-    except NumericsError as exc:
-        _err(str(exc))
-        return EXIT_INVALID
-    prepared = _prepare(args)
-    if isinstance(prepared, int):
-        return prepared
-    runner, tokens, n_prompt, tokenizer = prepared
-    with runner:
-        try:
-            report = analyze_jitter(runner, tokens, variants, n_prompt, progress=_progress)
-        except (ColibriError, OSError, ValueError) as exc:
-            _err(str(exc))
-            return EXIT_INVALID
-    print_jitter(report, tokenizer)
-    if args.json:
-        _write_json(args.json, report_json(report))
-    return EXIT_OK
+    report, tokenizer = _report(args, "jitter")
+    assert isinstance(report, JitterReport)
+    return _emit(args, report, lambda: print_jitter(report, tokenizer))
 
 
 def cmd_epsilon(args: argparse.Namespace) -> int:
-    try:
-        variants = parse_variants(args.variants)
-        eps = parse_eps(args.eps)
-    except ValueError as exc:
-        _err(str(exc))
-        return EXIT_INVALID
-    prepared = _prepare(args)
-    if isinstance(prepared, int):
-        return prepared
-    runner, tokens, n_prompt, _ = prepared
-    with runner:
-        try:
-            report = analyze_epsilon(runner, tokens, eps, variants, n_prompt, progress=_progress)
-        except (ColibriError, OSError, ValueError) as exc:
-            _err(str(exc))
-            return EXIT_INVALID
-    print_epsilon(report)
-    if args.json:
-        _write_json(args.json, report_json(report))
-    return EXIT_OK
+    report, _ = _report(args, "epsilon")
+    assert isinstance(report, EpsilonReport)
+    return _emit(args, report, lambda: print_epsilon(report))
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from colibri.cli import _parse_tokens
-
-    p.add_argument("file")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (the file's tokenizer)")
-    src.add_argument("--tokens", type=_parse_tokens, help="prompt token ids: ID,ID,...")
-    p.add_argument("--generate", type=int, default=16, metavar="N",
-                   help="greedy tokens of the baseline appended to the prompt; every run is "
-                        "teacher-forced on the same sequence (default 16)")
+    add_file(p)
+    add_prompt(p)
+    add_generate(p, 16, "greedy tokens of the baseline appended to the prompt; every run is "
+                        "teacher-forced on the same sequence")
     p.add_argument("--variants", help=VARIANT_HELP)
-    p.add_argument("--threads", type=int, default=1,
-                   help="threads of default-numerics runs (results are identical for any count)")
-    p.add_argument("--json", metavar="OUT", help="write the full report as JSON")
+    add_threads(p, "threads of default-numerics runs (results are identical for any count)")
+    p.add_argument("--json", nargs="?", const="-", metavar="OUT",
+                   help="write the full report as JSON to OUT (alone: print it instead of the "
+                        "summary)")
 
 
 def add_commands(sub: Any) -> None:
@@ -229,14 +168,10 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("jitter", help="routing jitter: which top-k decisions flip under numerics "
                        "variants (reduction order, FMA, split, precisions, router noise)")
     _common(p)
-    p.set_defaults(func=cmd_jitter)
+    p.set_defaults(func=cmd_jitter, eps=None)
     p = sub.add_parser("epsilon", help="stable top-k epsilon sweep: jitter left and decisions "
                        "changed per epsilon, and the recommended epsilon")
     _common(p)
     p.add_argument("--eps", help="comma-separated epsilons (default 0,1e-10,1e-9,1e-8,1e-7,1e-6,"
                    "1e-5)")
     p.set_defaults(func=cmd_epsilon)
-
-
-__all__ = ["add_commands", "cmd_epsilon", "cmd_jitter", "print_epsilon", "print_jitter",
-           "report_json", "ulp_bin_label"]

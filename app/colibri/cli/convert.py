@@ -1,0 +1,46 @@
+"""`colibri convert`: a Hugging Face checkpoint to a .colibri file (colibri.convert)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from colibri.cli.common import EXIT_OK, fail
+
+
+def _progress_line(done: int, total: int) -> None:
+    print(f"\rconverting: {done}/{total} tensors", end="", file=sys.stderr, flush=True)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    try:
+        from colibri import convert  # here, not at import: a test may stand in for it
+    except ImportError as exc:
+        fail(f"the converter is not available: {exc}")
+    progress = _progress_line if sys.stderr.isatty() else None
+    try:
+        quant = ({"quantize": args.quantize, "quantize_tensors": args.quantize_tensors}
+                 if args.quantize else {})
+        convert.convert(args.hf_dir, args.out, dtype=args.dtype, progress=progress, **quant)
+    except convert.ConversionError as exc:
+        fail(f"conversion failed: {exc}")
+    finally:
+        if progress is not None:
+            print(file=sys.stderr)
+    print(f"wrote {args.out}")
+    return EXIT_OK
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser("convert", help="convert a Hugging Face MoE checkpoint to .colibri")
+    p.add_argument("hf_dir", metavar="HF_DIR")
+    p.add_argument("out", metavar="OUT.colibri")
+    p.add_argument("--dtype", choices=("f32", "f16", "bf16"), default="f32",
+                   help="storage dtype of the matrices (norms and routers stay f32)")
+    p.add_argument("--quantize", choices=("q8", "q4"), default=None,
+                   help="store the --quantize-tensors matrices as q8_0 / q4_0 blocks of 32")
+    p.add_argument("--quantize-tensors", choices=("experts", "ffn", "all"), default="experts",
+                   help="experts (default): moe_w1/w2/w3; ffn: + shared experts and dense MLPs; "
+                        "all: + attention and LM head. The router is never quantised")
+    p.set_defaults(func=cmd_convert)

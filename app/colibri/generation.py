@@ -1,0 +1,236 @@
+"""Generating tokens on a session: the one decoding loop of Colibri.
+
+`Session.generate(prompt, max_new_tokens, ...)` runs a `Generation` to its end; a `Generation`
+made directly can also be advanced one position at a time, paused and resumed. The CLI (`run`,
+`serve`), the debugger, the jitter lab, `colibri bench` and tools/bench_tracing.py all run models
+through it.
+
+Positions. The prompt's tokens are processed first, in one prefill (or one step each with
+`step_prompt=True`, so a debugger can stop inside the prompt; the bits are the same), then every
+generated token except the last one, whose logits are never needed: a generation producing M
+tokens processes len(prompt) + M - 1 positions (len(prompt) when M is 0). It continues from the
+session's current position (reset the session first for a fresh run).
+
+Choosing: 'greedy' is the arg-max (lowest id on ties); 'sample' draws from
+softmax(logits / temperature) with numpy's default_rng(seed) (temperature 0 is greedy). NaN
+logits are never chosen.
+
+Stopping: after `max_new_tokens` (reason 'finished'), after the `eos` token ('eos'; None never
+stops there), when `stop(generated)` returns True ('stop'), or when `on_position` returns
+`Control.STOP` or the owner calls `stop()` between positions ('stopped').
+`on_position(generation, position)` runs after every processed position; returning
+`Control.PAUSE` makes `run()` return with the generation resumable: `run()` again continues
+bit-identically (the sampler's state lives here).
+
+Session hand-over (hot reload): between positions `swap(session, history, changed)` may return
+a new session that has processed `history` (the tokens so far) on a new model; the generation
+continues on it. `changed` is True when the old mapping failed a step (the file changed in
+place): the swap is then required, and without one the error propagates.
+
+The loop is thin on purpose: per position it calls the engine once, takes an arg-max (or a
+sample) and reads the clock twice (the call's wall time); nothing else runs unless a callback
+asks for it.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from colibri.errors import ColibriFileChangedError
+from colibri.values import DECODINGS, DecodingName
+
+if TYPE_CHECKING:  # pragma: no cover
+    from colibri.engine import Session
+
+
+class Control(enum.Enum):
+    """What `on_position` may return (None means CONTINUE)."""
+
+    CONTINUE = "continue"
+    PAUSE = "pause"
+    STOP = "stop"
+
+
+OnPosition = Callable[["Generation", int], "Control | None"]
+StopFn = Callable[[Sequence[int]], bool]
+SwapFn = Callable[["Session", list[int], bool], "Session | None"]
+
+
+class Generation:
+    """One decoding run on a session (see the module docstring). Not thread-safe: one thread
+    runs it (a debugger's worker turns its own cross-thread requests into calls between
+    positions)."""
+
+    def __init__(self, session: Session, prompt: Sequence[int], max_new_tokens: int = 16, *,
+                 decoding: DecodingName = "greedy", temperature: float = 1.0, seed: int = 0,
+                 eos: int | None = None, stop: StopFn | None = None, step_prompt: bool = False,
+                 keep_logits: bool = False, swap: SwapFn | None = None) -> None:
+        if decoding not in DECODINGS:
+            raise ValueError(f"decoding must be 'greedy' or 'sample', got {decoding!r}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+                or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self.session = session
+        self.prompt = tuple(int(t) for t in prompt)
+        if not self.prompt:
+            raise ValueError("the prompt is empty")
+        self.max_new_tokens = max_new_tokens
+        self.greedy = decoding == "greedy" or temperature == 0
+        self.temperature = temperature
+        self.eos = eos
+        self.stop_when = stop
+        self.step_prompt = step_prompt
+        self.swap = swap
+        self.generated: list[int] = []
+        self.logits: list[np.ndarray] | None = [] if keep_logits else None
+        self.last_logits: np.ndarray | None = None   # [vocab] of the last processed position
+        self.positions = 0                            # processed by this generation
+        self.finished = False
+        self.reason = ""
+        self.call_ns = 0       # wall time of the last engine call (engine and binding)
+        self.prefill_ns = 0    # of the prompt's engine calls
+        self._decode_from = 0  # clock when the first generated token was chosen
+        self._decode_to = 0    # clock at the end
+        self._rng = np.random.default_rng(seed)
+        self._pending: int | None = None  # the generated token to process next
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def tokens(self) -> list[int]:
+        """The prompt followed by the generated tokens."""
+        return [*self.prompt, *self.generated]
+
+    @property
+    def rng_state(self) -> dict[str, Any]:
+        """The sampler's random state (what a saved debugging session records)."""
+        return dict(self._rng.bit_generator.state)
+
+    @property
+    def decode_ns(self) -> int:
+        """Wall time from the end of the prompt to the end (or now): every position after the
+        prompt, choosing and the loop included (pauses too)."""
+        if not self._decode_from:
+            return 0
+        return (self._decode_to or time.perf_counter_ns()) - self._decode_from
+
+    def stop(self) -> None:
+        """End the generation now, with reason 'stopped' (between positions)."""
+        if not self.finished:
+            self._finish("stopped")
+
+    # -- running --------------------------------------------------------------------------------
+
+    def run(self, on_position: OnPosition | None = None) -> str:
+        """Advance until finished, or until `on_position` returns PAUSE ('paused' is returned;
+        call run() again to continue) or STOP. Returns the reason it returned. When one engine
+        call processed several positions (a prefill), `on_position` runs for each of them
+        before a PAUSE or STOP takes effect."""
+        while not self.finished:
+            positions = self.advance()
+            if on_position is None:
+                continue
+            controls = {on_position(self, p) for p in positions}
+            if Control.STOP in controls:
+                self.stop()
+            elif Control.PAUSE in controls:
+                return "paused"
+        return self.reason
+
+    def advance(self) -> range:
+        """Process the next positions: the prompt (all of it, or its next token with
+        step_prompt), or the pending generated token. Returns the positions processed (empty
+        once finished)."""
+        if self.finished:
+            return range(0)
+        first = self.positions
+        if first >= len(self.prompt):
+            token = self._pending
+            assert token is not None
+            t0 = time.perf_counter_ns()
+            logits = self.session.step(token) if self.swap is None else self._swap_step(token)
+            self.call_ns = time.perf_counter_ns() - t0
+            self.positions = first + 1
+            self.last_logits = logits
+            if self.logits is not None:
+                self.logits.append(logits[None, :])
+            self._choose(logits)
+            return range(first, first + 1)
+        chunk = self.prompt[first:first + 1] if self.step_prompt else self.prompt[first:]
+        t0 = time.perf_counter_ns()
+        if len(chunk) == 1:
+            rows = self.session.step(chunk[0])[None, :]
+        else:
+            rows = self.session.prefill(chunk, all_logits=self.logits is not None)
+        self.call_ns = time.perf_counter_ns() - t0
+        self.prefill_ns += self.call_ns
+        self.positions = first + len(chunk)
+        self.last_logits = rows[-1]
+        if self.logits is not None:
+            self.logits.append(rows)
+        if self.positions == len(self.prompt):
+            self._decode_from = time.perf_counter_ns()
+            self._choose(rows[-1])
+        return range(first, self.positions)
+
+    def _swap_step(self, token: int) -> np.ndarray:
+        """One step, on a swapped-in session when the swap hook has one."""
+        assert self.swap is not None
+        history = self.tokens[:self.positions]
+        self.session = self.swap(self.session, history, False) or self.session
+        try:
+            return self.session.step(token)
+        except ColibriFileChangedError:
+            fresh = self.swap(self.session, history, True)
+            if fresh is None:
+                raise
+            self.session = fresh
+            return self.session.step(token)
+
+    def _choose(self, logits: np.ndarray) -> None:
+        """After the prompt or a generated token: pick the next token, or finish."""
+        if self.max_new_tokens == 0:
+            self._finish("finished")
+            return
+        token = self._pick(logits)
+        generated = self.generated
+        generated.append(token)
+        if len(generated) >= self.max_new_tokens:
+            self._finish("finished")
+        elif token == self.eos:
+            self._finish("eos")
+        elif self.stop_when is not None and self.stop_when(self.generated):
+            self._finish("stop")
+        else:
+            self._pending = token
+
+    def _pick(self, logits: np.ndarray) -> int:
+        if self.greedy:
+            token = int(logits.argmax())
+            best = float(logits[token])
+            if best == best:  # argmax lands on the first NaN when there is one
+                return token
+            return int(np.argmax(np.nan_to_num(logits, nan=-np.inf)))
+        if not np.isfinite(logits).all():
+            logits = np.nan_to_num(logits, nan=-np.inf)
+        z = logits.astype(np.float64) / self.temperature
+        z -= z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        return int(self._rng.choice(p.size, p=p))
+
+    def _finish(self, reason: str) -> None:
+        self._decode_to = time.perf_counter_ns()
+        self._pending = None
+        self.finished = True
+        self.reason = reason
+
+
+__all__ = ["Control", "Generation", "OnPosition", "StopFn", "SwapFn"]

@@ -1,0 +1,172 @@
+"""Session.generate and colibri.generation.Generation: the one decoding loop every tool uses
+(positions, greedy and sampled choice, stop conditions, pause and stop, hot-reload hand-over)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri.engine import Model, Session
+from colibri.generation import Control, Generation
+
+from tiny_models import TinyModel
+
+BuildPath = Callable[..., Path]
+BuildModel = Callable[..., TinyModel]
+PROMPT = [1, 3, 4]
+
+
+def hand_loop(model: Model, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
+    """Greedy decoding written out with prefill and step: (generated ids, logits per position)."""
+    with Session(model) as s:
+        rows = [s.prefill(prompt)]
+        generated: list[int] = []
+        while len(generated) < n:
+            token = int(np.argmax(rows[-1][-1]))
+            generated.append(token)
+            if len(generated) == n or token == model.hparams.eos_token_id:
+                break
+            rows.append(s.step(token)[None, :])
+    return generated, np.concatenate(rows)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "olmoe"])
+def test_greedy_generation_equals_prefill_and_steps(tiny_model_path: BuildPath, arch: str) -> None:
+    with Model.open(tiny_model_path(arch)) as model, Session(model) as session:
+        generated, logits = hand_loop(model, PROMPT, 6)
+        g = session.generate(PROMPT, 6, keep_logits=True)
+        assert g.generated == generated and g.reason == "finished"
+        assert g.positions == session.position == len(PROMPT) + 6 - 1
+        assert g.logits is not None and np.concatenate(g.logits).tobytes() == logits.tobytes()
+        assert g.tokens == PROMPT + generated
+
+
+def test_stepping_the_prompt_gives_the_same_bits(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path("qwen2_moe")) as model:
+        with Session(model) as a, Session(model) as b:
+            batch = a.generate(PROMPT, 5)
+            steps = Generation(b, PROMPT, 5, eos=model.hparams.eos_token_id, step_prompt=True)
+            advanced = [list(steps.advance()) for _ in range(len(PROMPT))]
+            assert advanced == [[0], [1], [2]]
+            steps.run()
+            assert steps.generated == batch.generated
+            for name in ("expert_ids", "expert_weights", "router_logits"):
+                assert getattr(a.trace, name).tobytes() == getattr(b.trace, name).tobytes()
+
+
+def test_no_new_tokens_processes_the_prompt_only(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        g = session.generate(PROMPT, 0)
+        assert (g.generated, g.positions, g.reason) == ([], len(PROMPT), "finished")
+        assert g.last_logits is not None and g.last_logits.shape == (model.hparams.vocab_size,)
+
+
+def test_eos_stops_after_it_and_none_never_stops(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        generated, _ = hand_loop(model, PROMPT, 6)
+    with Model.open(tiny_model_path(eos_token_id=generated[0])) as model:
+        with Session(model) as session:
+            g = session.generate(PROMPT, 6)
+            assert (g.generated, g.reason, g.positions) == ([generated[0]], "eos", len(PROMPT))
+        with Session(model) as session:
+            g = session.generate(PROMPT, 6, eos=None)
+            assert len(g.generated) == 6 and g.reason == "finished"
+
+
+def test_a_stop_callback_ends_the_generation(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        g = session.generate(PROMPT, 10, stop=lambda generated: len(generated) == 3)
+        assert (len(g.generated), g.reason, g.positions) == (3, "stop", len(PROMPT) + 2)
+
+
+def test_pausing_and_resuming_equals_an_uninterrupted_sampled_run(tiny_model_path: BuildPath
+                                                                  ) -> None:
+    with Model.open(tiny_model_path()) as model:
+        with Session(model) as s:
+            whole = s.generate(PROMPT, 12, decoding="sample", temperature=1.5, seed=7, eos=None)
+        with Session(model) as s:
+            seen: list[int] = []
+
+            def pause_every_other(g: Generation, position: int) -> Control | None:
+                seen.append(position)
+                return Control.PAUSE if position % 2 else None
+
+            g = s.generate(PROMPT, 12, decoding="sample", temperature=1.5, seed=7, eos=None,
+                           step_prompt=True, on_position=pause_every_other)
+            pauses = 0
+            while not g.finished:
+                assert g.run(pause_every_other) in ("paused", "finished")
+                pauses += 1
+        assert g.generated == whole.generated and pauses > 3
+        assert seen == list(range(len(PROMPT) + 11))
+
+
+def test_sampling_depends_on_the_seed_and_temperature_zero_is_greedy(tiny_model_path: BuildPath
+                                                                     ) -> None:
+    with Model.open(tiny_model_path()) as model:
+        def run(**kw: object) -> list[int]:
+            with Session(model) as s:
+                return s.generate(PROMPT, 10, eos=None, **kw).generated  # type: ignore[arg-type]
+
+        assert run(decoding="sample", seed=1, temperature=3.0) == run(decoding="sample", seed=1,
+                                                                      temperature=3.0)
+        assert run(decoding="sample", seed=1, temperature=3.0) != run(decoding="sample", seed=2,
+                                                                      temperature=3.0)
+        assert run(decoding="sample", temperature=0.0) == run()
+
+
+def test_stop_from_the_position_callback_keeps_what_was_made(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        g = session.generate(PROMPT, 10, eos=None,
+                             on_position=lambda g, p: Control.STOP if p == 5 else None)
+        assert (g.reason, g.positions, len(g.generated)) == ("stopped", 6, 4)
+        assert g.run() == "stopped" and g.positions == 6
+
+
+def test_a_swapped_in_session_continues_the_generation(tiny_model_path: BuildPath) -> None:
+    """The hot-reload hand-over: a new session that replays the history goes on bit-identically
+    (same model here), and every later position runs on it."""
+    with Model.open(tiny_model_path()) as model:
+        generated, logits = hand_loop(model, PROMPT, 6)
+        swaps: list[int] = []
+
+        def swap(session: Session, history: list[int], changed: bool) -> Session | None:
+            if len(history) != 5:
+                return None
+            fresh = Session(model)
+            fresh.prefill(history, all_logits=False)
+            session.close()
+            swaps.append(len(history))
+            return fresh
+
+        first = Session(model)
+        g = first.generate(PROMPT, 6, keep_logits=True, swap=swap)
+        assert swaps == [5] and g.session is not first and first.closed
+        assert g.generated == generated and g.session.position == g.positions
+        assert g.logits is not None and np.concatenate(g.logits).tobytes() == logits.tobytes()
+
+
+def test_arguments_only_python_uses_are_checked_here(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        with pytest.raises(ValueError, match="empty"):
+            session.generate([], 3)
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            session.generate(PROMPT, -1)
+        with pytest.raises(ValueError, match="decoding"):
+            session.generate(PROMPT, 3, decoding="beam")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="temperature"):
+            session.generate(PROMPT, 3, decoding="sample", temperature=-1.0)
+        assert session.position == 0
+
+
+def test_prefill_and_decode_times_are_kept_and_stop_at_the_end(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        g = session.generate(PROMPT, 5, eos=None)
+        assert g.prefill_ns > 0 and g.decode_ns > 0 and g.call_ns > 0
+        decode = g.decode_ns
+        time.sleep(0.01)
+        assert g.decode_ns == decode  # the clock stopped when the generation finished
