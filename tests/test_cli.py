@@ -86,7 +86,7 @@ def test_validate_json_lists_problems(capsys: Capture, tiny_image: BuildImage,
 
 def test_validate_json_clean(capsys: Capture, tiny_model_path: BuildPath) -> None:
     _, out, _ = run_cli(capsys, "validate", tiny_model_path(), "--json")
-    assert json.loads(out) == {"valid": True, "problems": []}
+    assert json.loads(out) == {"valid": True, "format": "colibri", "problems": []}
 
 
 def test_validate_garbage_has_no_traceback(tmp_path: Path) -> None:

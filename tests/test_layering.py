@@ -21,9 +21,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "app" / "colibri"
 QT_FREE = ("colibri", "colibri.values", "colibri.errors", "colibri.engine", "colibri.generation",
            "colibri.numerics", "colibri.tokens", "colibri.files", "colibri.fileformat",
-           "colibri.convert", "colibri.reload", "colibri.bench", "colibri.cli",
-           "colibri.inspection", "colibri.debugging", "colibri.jitter", "colibri.margins",
-           "colibri.families")
+           "colibri.convert", "colibri.convert_gguf", "colibri.formats", "colibri.reload",
+           "colibri.bench", "colibri.cli", "colibri.inspection", "colibri.debugging",
+           "colibri.jitter", "colibri.margins", "colibri.families")
 # The compiled extension belongs to the binding: errors.py names status codes with it.
 EXTENSION = "colibri._colibri_cffi"
 EXTENSION_USERS = {"colibri.engine", "colibri.errors", "colibri._build_ffi"}

@@ -42,8 +42,9 @@ if ! "$PY" -c 'import atheris' 2>/dev/null; then
     "$PY" -m pip install --quiet "atheris==3.0.0"
 fi
 
-log "corpus manifest"
+log "corpus manifests"
 "$PY" tools/make_corpus.py --check
+"$PY" tools/make_format_corpus.py --check
 
 log "C engine and tests under ASan + UBSan"
 make -s -C engine_c asan
@@ -52,6 +53,6 @@ log "Python tests against the ASan + UBSan extension"
 PYTHON="$PY" tools/asan_python.sh
 
 log "fuzzing, ${FUZZ_SECONDS}s per target"
-PYTHON="$PY" tools/run_fuzz.sh "$FUZZ_SECONDS" format convert
+PYTHON="$PY" tools/run_fuzz.sh "$FUZZ_SECONDS" format convert formats
 
 log "done in $((SECONDS - started))s"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# run_fuzz.sh SECONDS [format|convert]... - run the fuzz targets for SECONDS each (default both).
+# run_fuzz.sh SECONDS [format|convert|formats]... - run the fuzz targets for SECONDS each (default all).
 #
 #   format   engine_c/fuzz/fuzz_format.c: libFuzzer + ASan + UBSan over the .colibri reader
 #            (`make -C engine_c fuzz`; needs clang and libFuzzer, e.g. Debian's clang +
 #            libclang-rt-14-dev), seeded with tests/corpus/.
 #   convert  tests/fuzz/fuzz_convert.py: atheris over the converter's config.json and
 #            safetensors header handling (`pip install atheris`), seeded with tests/fuzz/seeds/.
+#   formats  tests/fuzz/fuzz_formats.py: atheris over the GGUF and safetensors validators and
+#            readers (colibri.formats), seeded with tests/fuzz/seeds-formats/.
 #
 # Working corpora and crash artifacts go to engine_c/build-fuzz/ (ignored by git). Each run ends
 # with libFuzzer's final stats (executions, coverage); the script exits non-zero when a target
@@ -17,10 +19,10 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(format convert)
+[ ${#targets[@]} -eq 0 ] && targets=(format convert formats)
 PYTHON="${PYTHON:-python3}"
 OUT="${FUZZ_OUT:-engine_c/build-fuzz}"
-mkdir -p "$OUT/artifacts" "$OUT/corpus-format" "$OUT/corpus-convert"
+mkdir -p "$OUT/artifacts" "$OUT/corpus-format" "$OUT/corpus-convert" "$OUT/corpus-formats"
 status=0
 for target in "${targets[@]}"; do
     log="$OUT/$target.log"
@@ -39,6 +41,12 @@ for target in "${targets[@]}"; do
                 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
                 -artifact_prefix="$OUT/artifacts/convert-" \
                 "$OUT/corpus-convert" tests/fuzz/seeds >"$log" 2>&1 || status=1
+            ;;
+        formats)
+            "$PYTHON" tests/fuzz/fuzz_formats.py -max_total_time="$seconds" -max_len=8192 \
+                -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+                -artifact_prefix="$OUT/artifacts/formats-" \
+                "$OUT/corpus-formats" tests/fuzz/seeds-formats >"$log" 2>&1 || status=1
             ;;
         *)
             echo "[fuzz] unknown target $target" >&2

@@ -9,10 +9,10 @@ layouts that transformers 5 writes are read: per-expert tensors (the default `sa
 and what Hub checkpoints hold) and fused 3-D tensors (`save_pretrained(...,
 save_original_format=False)`).
 
-It reads safetensors with its own small reader rather than `safetensors.safe_open`, because numpy
-has no bfloat16 and most released checkpoints are bf16; the reader validates the header (dtype,
-shape, offsets inside the file) and reads one tensor, or one expert's slice of a fused tensor, at
-a time. Everything is checked before the first byte is written: every required tensor exists and
+It reads safetensors through `colibri.formats.safetensors_file`: every file of the checkpoint
+(index, shards) is validated byte by byte first, and only then read with the `safetensors`
+library's `safe_open` (numpy, bf16 through ml_dtypes), one tensor, or one expert's slice of a
+fused tensor, at a time. Everything is checked before the first byte is written: every required tensor exists and
 has the shape the hyper-parameters imply. Only then does `write_colibri` stream the data, loading
 one output tensor at a time, into a temporary file that is renamed into place at the end, so a
 failed conversion never leaves a partial file and never touches an existing one.
@@ -31,156 +31,61 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from colibri.errors import ColibriFormatError, ColibriIOError
 from colibri.families import (FAMILIES, SUPPORTED_MODEL_TYPES, Architecture, Family,
                               architecture_from_config, family_of)
 from colibri.families import common
 from colibri.families.common import ConversionError
 from colibri.fileformat import (
-    BLOCK_ELEMS, DTYPE_BF16, DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32, QUANT_BY_NAME, TensorSpec,
-    bf16_bits_to_f32, plan_file, quantize as quantize_blocks, storage_to_f32, to_storage,
+    BLOCK_BYTES, BLOCK_ELEMS, DTYPE_BF16, DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32, QUANT_BY_NAME,
+    TensorSpec, plan_file, quantize as quantize_blocks, storage_to_f32, to_storage,
     write_colibri,
 )
+from colibri.formats import safetensors_file
+from colibri.formats.common import TensorEntry
+from colibri.formats.safetensors_file import Checkpoint
 from colibri.values import HParams
 
 CONVERTER_VERSION = "2"
 
 __all__ = ["CONVERTER_VERSION", "FAMILIES", "QUANTIZE_SETS", "SUPPORTED_MODEL_TYPES",
-           "ConversionError", "architecture_from_config", "convert", "read_safetensors_header"]
+           "ConversionError", "apply_quantize", "architecture_from_config", "convert",
+           "read_safetensors_header", "to_storage_checked"]
 
 # ---------------------------------------------------------------------------------------------
-# Safetensors reading
-#
-# A .safetensors file is: u64 little-endian header length N, N bytes of JSON mapping each tensor
-# name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to byte 8 + N), an
-# optional "__metadata__" entry, then the data.
+# Safetensors reading (validated by colibri.formats first, then read with safe_open)
 
-_ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
-              "F64": np.dtype("<f8")}
-_ST_MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's own limit
+# The checkpoint dtypes the converter reads (what transformers writes for these families).
+SOURCE_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
-@dataclass(frozen=True)
-class _SourceTensor:
-    """One tensor of a safetensors file: where its bytes are, not the bytes themselves."""
-
-    name: str
-    path: str
-    dtype: str             # safetensors dtype code: F32, F16, BF16, F64
-    shape: tuple[int, ...]
-    start: int             # absolute byte offset of the data in `path`
-    nbytes: int
-
-    @property
-    def count(self) -> int:
-        return math.prod(self.shape)
-
-    def read(self, first: int = 0, count: int | None = None) -> np.ndarray:
-        """Elements [first, first + count) of the flattened tensor, as a 1-D float32 array."""
-        if count is None:
-            count = self.count - first
-        item = _ST_DTYPES[self.dtype].itemsize
-        if first < 0 or count < 0 or first + count > self.count:
-            raise ConversionError(f"{self.path}: tensor '{self.name}': read of elements "
-                                  f"[{first}, {first + count}) outside {self.count}")
-        with open(self.path, "rb") as f:
-            f.seek(self.start + first * item)
-            raw = f.read(count * item)
-        if len(raw) != count * item:
-            raise ConversionError(f"{self.path}: tensor '{self.name}': file ends early "
-                                  f"(read {len(raw)} of {count * item} bytes)")
-        data = np.frombuffer(raw, dtype=_ST_DTYPES[self.dtype])
-        if self.dtype == "BF16":
-            return bf16_bits_to_f32(data)
-        return data.astype(np.float32)
+def _format_problems(problems: Sequence[Any]) -> str:
+    errs = [p for p in problems if p.severity == "error"]
+    shown = "; ".join(f"{p.message} (at byte 0x{p.offset:X})" for p in errs[:5])
+    return shown + (f"; and {len(errs) - 5} more" if len(errs) > 5 else "")
 
 
-def read_safetensors_header(path: str) -> dict[str, _SourceTensor]:
-    """Parse and check the header of one .safetensors file; no tensor data is read."""
+def read_safetensors_header(path: str) -> dict[str, TensorEntry]:
+    """Validate one .safetensors file (header and offsets; no tensor data is read) and return
+    its tensors by name. Raises ConversionError naming the file, the tensor and the byte."""
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) != 8:
-                raise ConversionError(f"{path}: not a safetensors file ({size} bytes, shorter "
-                                      "than the 8-byte header length)")
-            n = int.from_bytes(head, "little")
-            if n > _ST_MAX_HEADER or 8 + n > size:
-                raise ConversionError(f"{path}: safetensors header length {n} does not fit in "
-                                      f"the file ({size} bytes)")
-            header_bytes = f.read(n)
-    except OSError as exc:
-        raise ConversionError(f"{path}: cannot read: {exc}") from exc
+        header = safetensors_file.validate_file(path)
+    except ColibriIOError as exc:
+        raise ConversionError(f"{path}: cannot read: {exc.message}") from exc
+    if any(p.severity == "error" for p in header.problems):
+        raise ConversionError(f"{path}: {_format_problems(header.problems)}")
+    return {t.name: t for t in header.tensors}
+
+
+def _open_checkpoint(hf_dir: str) -> Checkpoint:
+    """Every file of the checkpoint validated (index, shards, headers); nothing read yet."""
     try:
-        header = json.loads(header_bytes.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, huge ints, deep nesting
-        raise ConversionError(f"{path}: safetensors header is not valid JSON: "
-                              f"{str(exc)[:200]}") from exc
-    if not isinstance(header, dict):
-        raise ConversionError(f"{path}: safetensors header is not a JSON object")
-    data_start = 8 + n
-    data_size = size - data_start
-    tensors: dict[str, _SourceTensor] = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        where = f"{path}: tensor '{name}'"
-        if not isinstance(entry, dict):
-            raise ConversionError(f"{where}: header entry is not an object")
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in _ST_DTYPES:
-            raise ConversionError(f"{where}: dtype {dtype!r} not supported (supported: "
-                                  f"{', '.join(_ST_DTYPES)})")
-        if (not isinstance(shape, list) or
-                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise ConversionError(f"{where}: bad shape {shape!r}")
-        if (not isinstance(offsets, list) or len(offsets) != 2 or
-                not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
-            raise ConversionError(f"{where}: bad data_offsets {offsets!r}")
-        begin, end = offsets
-        if not 0 <= begin <= end <= data_size:
-            raise ConversionError(f"{where}: data_offsets [{begin}, {end}] outside the data "
-                                  f"region of {data_size} bytes")
-        expected = math.prod(shape) * _ST_DTYPES[dtype].itemsize
-        if end - begin != expected:
-            raise ConversionError(f"{where}: {end - begin} data bytes, but shape {shape} of "
-                                  f"{dtype} needs {expected}")
-        tensors[name] = _SourceTensor(name, path, dtype, tuple(shape), data_start + begin,
-                                      end - begin)
-    return tensors
-
-
-def _open_checkpoint(hf_dir: str) -> dict[str, _SourceTensor]:
-    """All tensors of the checkpoint by HF name (headers only)."""
-    index_path = os.path.join(hf_dir, "model.safetensors.index.json")
-    if os.path.exists(index_path):
-        try:
-            with open(index_path, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-            files = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-            raise ConversionError(f"{index_path}: unreadable index: {exc}") from exc
-    else:
-        weight_map = None
-        files = sorted(n for n in os.listdir(hf_dir) if n.endswith(".safetensors"))
-        if not files:
-            raise ConversionError(f"{hf_dir}: no *.safetensors files")
-    tensors: dict[str, _SourceTensor] = {}
-    for file in files:
-        path = os.path.join(hf_dir, file)
-        if not os.path.isfile(path):
-            raise ConversionError(f"{index_path}: lists shard '{file}', which does not exist")
-        for name, t in read_safetensors_header(path).items():
-            if name in tensors:
-                raise ConversionError(f"tensor '{name}' appears in both {tensors[name].path} "
-                                      f"and {path}")
-            tensors[name] = t
-    if weight_map is not None:
-        for name, file in weight_map.items():
-            t = tensors.get(name)
-            if t is None or os.path.basename(t.path) != file:
-                raise ConversionError(f"{index_path}: maps tensor '{name}' to '{file}', which "
-                                      "does not contain it")
-    return tensors
+        return Checkpoint.open(hf_dir)
+    except ColibriFormatError as exc:
+        where = exc.problems[0].message if exc.problems else exc.message
+        raise ConversionError(f"{hf_dir}: {_format_problems(exc.problems) or where}") from exc
+    except ColibriIOError as exc:
+        raise ConversionError(f"{hf_dir}: {exc.message}") from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,14 +96,24 @@ _STORAGE_NP = {DTYPE_F32: np.float32, DTYPE_F16: np.float16, DTYPE_BF16: np.uint
 
 @dataclass(frozen=True)
 class _Piece:
-    """A run of elements of one source tensor: elements [first, first + count) of `src`."""
+    """Part of one source tensor: `index` (a tuple of ints and slices; () = all of it) into the
+    tensor `name`, `count` elements, read with the safetensors library's lazy slice."""
 
-    src: _SourceTensor
-    first: int
+    ckpt: Checkpoint
+    name: str
+    index: tuple[Any, ...]
     count: int
 
+    def read(self) -> np.ndarray:
+        part = self.ckpt.slice(self.name)[self.index if self.index else slice(None)]
+        values = np.asarray(part).astype(np.float32).reshape(-1)
+        if values.size != self.count:
+            raise ConversionError(f"tensor '{self.name}': read {values.size} elements, expected "
+                                  f"{self.count}")
+        return values
 
-def _to_storage_checked(values: np.ndarray, dtype: int, name: str) -> np.ndarray:
+
+def to_storage_checked(values: np.ndarray, dtype: int, name: str) -> np.ndarray:
     """to_storage, refusing finite values that overflow the storage dtype (f16 max 65504)."""
     if dtype == DTYPE_F32:
         return to_storage(values, dtype)
@@ -222,8 +137,7 @@ def _loader(name: str, dtype: int, shape: tuple[int, ...], pieces: Sequence[_Pie
         out = np.empty(math.prod(shape), dtype=_STORAGE_NP[dtype])
         cursor = 0
         for p in pieces:
-            out[cursor:cursor + p.count] = _to_storage_checked(p.src.read(p.first, p.count),
-                                                               dtype, name)
+            out[cursor:cursor + p.count] = to_storage_checked(p.read(), dtype, name)
             cursor += p.count
         return out.reshape(shape)
     return load
@@ -234,8 +148,9 @@ class _Planner:
     tensors and bad shapes are reported together, before anything is written. Implements
     colibri.families.common.Planner."""
 
-    def __init__(self, tensors: dict[str, _SourceTensor], dtype: int):
-        self.tensors = tensors
+    def __init__(self, ckpt: Checkpoint, dtype: int):
+        self.ckpt = ckpt
+        self.tensors = {t.name: t for t in ckpt.tensors}
         self.dtype = dtype
         self.specs: list[TensorSpec] = []
         self.problems: list[str] = []
@@ -247,7 +162,7 @@ class _Planner:
     def problem(self, text: str) -> None:
         self.problems.append(text)
 
-    def source(self, hf_name: str, shape: tuple[int, ...], what: str) -> _SourceTensor | None:
+    def source(self, hf_name: str, shape: tuple[int, ...], what: str) -> TensorEntry | None:
         t = self.tensors.get(hf_name)
         if t is None:
             self.problems.append(f"missing tensor '{hf_name}' (for {what})")
@@ -257,11 +172,19 @@ class _Planner:
             self.problems.append(f"tensor '{hf_name}' has shape {list(t.shape)}, expected "
                                  f"{list(shape)} (for {what})")
             return None
+        if t.dtype not in SOURCE_DTYPES:
+            self.problems.append(f"tensor '{hf_name}' has dtype {t.dtype}, not one the converter "
+                                 f"reads ({', '.join(SOURCE_DTYPES)})")
+            return None
         return t
 
     def _dtype(self, shape: tuple[int, ...], force_f32: bool) -> int:
         # 1-D tensors (norms, biases) and the router stay f32 (docs/format.md, Dtypes).
         return DTYPE_F32 if force_f32 or len(shape) == 1 else self.dtype
+
+    def piece(self, t: TensorEntry, index: tuple[Any, ...] = (), count: int | None = None
+              ) -> _Piece:
+        return _Piece(self.ckpt, t.name, index, t.n_elements if count is None else count)
 
     def add(self, name: str, shape: tuple[int, ...], pieces: Sequence[_Piece] | None,
             force_f32: bool = False) -> None:
@@ -275,14 +198,14 @@ class _Planner:
                source_shape: tuple[int, ...] | None = None) -> None:
         """`name` of `shape` from the whole of `hf_name` (of source_shape, default the same)."""
         t = self.source(hf_name, source_shape or shape, name)
-        self.add(name, shape, None if t is None else [_Piece(t, 0, t.count)], force_f32)
+        self.add(name, shape, None if t is None else [self.piece(t)], force_f32)
 
     def stacked(self, name: str, hf_names: Sequence[str], shape: tuple[int, ...]) -> None:
         """Per-expert matrices of `shape` stacked into [E, *shape]."""
         sources = [self.source(n, shape, name) for n in hf_names]
         ok = all(s is not None for s in sources)
         self.add(name, (len(hf_names), *shape),
-                 [_Piece(s, 0, s.count) for s in sources if s is not None] if ok else None)
+                 [self.piece(s) for s in sources if s is not None] if ok else None)
 
     def fused_experts(self, dst: str, gate_up: str, down: str, n_experts: int, d_ff: int,
                       d_model: int) -> None:
@@ -292,11 +215,12 @@ class _Planner:
         gu = self.source(gate_up, (E, 2 * I, H), f"{dst}.moe_w1 and {dst}.moe_w3")
         dn = self.source(down, (E, H, I), f"{dst}.moe_w2")
         self.add(f"{dst}.moe_w1", (E, I, H),
-                 None if gu is None else [_Piece(gu, e * 2 * I * H, I * H) for e in range(E)])
+                 None if gu is None else [self.piece(gu, (e, slice(0, I)), I * H)
+                                          for e in range(E)])
         self.add(f"{dst}.moe_w2", (E, H, I),
-                 None if dn is None else [_Piece(dn, e * H * I, H * I) for e in range(E)])
+                 None if dn is None else [self.piece(dn, (e,), H * I) for e in range(E)])
         self.add(f"{dst}.moe_w3", (E, I, H),
-                 None if gu is None else [_Piece(gu, e * 2 * I * H + I * H, I * H)
+                 None if gu is None else [self.piece(gu, (e, slice(I, 2 * I)), I * H)
                                           for e in range(E)])
 
     def derived(self, name: str, shape: tuple[int, ...], hf_name: str,
@@ -309,14 +233,14 @@ class _Planner:
         dtype = self._dtype(shape, False)
 
         def load() -> np.ndarray:
-            values = make(t.read().reshape(source_shape))
+            values = make(self.piece(t).read().reshape(source_shape))
             assert values.shape == tuple(shape), (name, values.shape, shape)
-            return _to_storage_checked(np.ascontiguousarray(values, dtype=np.float32), dtype,
-                                       name).reshape(shape)
+            return to_storage_checked(np.ascontiguousarray(values, dtype=np.float32), dtype,
+                                      name).reshape(shape)
         self.specs.append(TensorSpec(name, dtype, tuple(shape), load))
 
 
-def _plan_tensors(tensors: dict[str, _SourceTensor], arch: Architecture, family: Family,
+def _plan_tensors(tensors: Checkpoint, arch: Architecture, family: Family,
                   dtype: int) -> list[TensorSpec]:
     p = _Planner(tensors, dtype)
     common.embeddings(p, arch)
@@ -354,7 +278,7 @@ def _quantized(spec: TensorSpec, qdtype: int) -> TensorSpec:
     return TensorSpec(spec.name, qdtype, spec.shape, load)
 
 
-def _apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: str,
+def apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: str,
                     notes: list[str]) -> list[TensorSpec]:
     if quantize_dtype is None:
         return specs
@@ -367,7 +291,7 @@ def _apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: 
     out, skipped = [], []
     for spec in specs:
         base = spec.name.rsplit(".", 1)[-1]
-        if base in suffixes and len(spec.shape) >= 2:
+        if base in suffixes and len(spec.shape) >= 2 and spec.dtype not in BLOCK_BYTES:
             if spec.shape[-1] % BLOCK_ELEMS:
                 skipped.append(spec.name)
                 out.append(spec)
@@ -415,7 +339,7 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
 
     tensors = _open_checkpoint(hf_dir)
     specs = _plan_tensors(tensors, arch, family, DTYPE_BY_NAME[dtype])
-    specs = _apply_quantize(specs, quantize, quantize_tensors, notes)
+    specs = apply_quantize(specs, quantize, quantize_tensors, notes)
 
     tokenizer = b""
     tokenizer_path = os.path.join(hf_dir, "tokenizer.json")

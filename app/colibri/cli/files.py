@@ -11,13 +11,16 @@ from typing import Any
 import numpy as np
 
 from colibri.cli.common import (EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE, add_file, add_json, error,
-                                fail, open_model, unreadable)
+                                fail, open_model, other_format, unreadable)
 from colibri.errors import ColibriError, ColibriIOError
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from colibri.engine import validate
 
+    other = other_format(args, "validate")
+    if other is not None:
+        return other
     reason = unreadable(args.file)
     try:
         if reason is not None:
@@ -25,7 +28,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         problems = validate(args.file, checksums=args.checksums, nan_check=args.nan_check)
     except (ColibriIOError, OSError) as exc:
         if args.json:
-            print(json.dumps({"valid": False, "error": str(exc), "problems": []}))
+            print(json.dumps({"valid": False, "format": None, "error": str(exc),
+                              "problems": []}))
         else:
             error(str(exc))
         return EXIT_UNREADABLE
@@ -34,7 +38,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     valid = not any(p.severity == "error" for p in problems)
     if args.json:
-        print(json.dumps({"valid": valid, "problems": [p.to_dict() for p in problems]}, indent=2))
+        print(json.dumps({"valid": valid, "format": "colibri",
+                          "problems": [p.to_dict() for p in problems]}, indent=2))
     else:
         for p in problems:
             tensor = f" tensor '{p.tensor}'" if p.tensor else ""
@@ -74,6 +79,9 @@ def _flag_names(flags: int) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    other = other_format(args, "info")
+    if other is not None:
+        return other
     with open_model(args.file) as model:
         header = model.header_fields()
         tensors = model.tensors
@@ -82,7 +90,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         routing = [model.routing(layer) for layer in range(model.hparams.n_layers)]
         if args.json:
             doc = {
-                "path": model.path, "arch": model.arch, "size": model.size,
+                "path": model.path, "format": "colibri", "arch": model.arch, "size": model.size,
                 "header": [{"name": f.name, "group": f.group, "offset": f.offset, "size": f.size,
                             "kind": f.kind, "value": _field_value(f.value)} for f in header],
                 "hparams": hp, "user_metadata": user,
@@ -119,6 +127,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
+    other = other_format(args, "dump")
+    if other is not None:
+        return other
     with open_model(args.file) as model:
         if args.tensor not in model:
             fail(f"{args.file}: no tensor {args.tensor!r} (see `colibri info {args.file}`)")
@@ -140,10 +151,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    p = sub.add_parser("validate", help="check a .colibri file; exit 0 valid, 1 invalid, "
+    p = sub.add_parser("validate", help="check a .colibri, GGUF or safetensors file (or "
+                                        "checkpoint directory); exit 0 valid, 1 invalid, "
                                         "2 unreadable")
     add_file(p)
-    p.add_argument("--checksums", action="store_true", help="verify every tensor's CRC-32")
+    p.add_argument("--checksums", action="store_true", help="verify every tensor's CRC-32 "
+                   "(GGUF, safetensors: read every tensor's bytes)")
     p.add_argument("--nan-check", action="store_true", help="scan every tensor for NaN/Inf")
     add_json(p, 'print {"valid": ..., "problems": [...]}')
     p.set_defaults(func=cmd_validate)

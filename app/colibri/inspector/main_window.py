@@ -36,7 +36,9 @@ from colibri.errors import ColibriFileChangedError
 from colibri.files import atomic_write_csv
 from colibri.inspection.recent import RecentFiles
 from colibri.inspector import resources
+from colibri.inspection.foreign import ForeignDocument, is_foreign
 from colibri.inspector.export import save_png
+from colibri.inspector.foreign_view import QtForeignFileView
 from colibri.inspector.debugger.panel import QtDebuggerPanel
 from colibri.inspector.header_view import QtHeaderView
 from colibri.inspector.jitter.lab import QtJitterLab
@@ -57,7 +59,9 @@ VIEW_TITLES = {"validation": "Validation", "header": "Header", "tensors": "Tenso
 # Window-wide shortcuts the debugger panel uses for itself while it is the current view.
 DEBUGGER_SHORTCUT_ACTIONS = ("reload_action", "run_action", "find_action", "goto_action")
 RELOAD_DEBOUNCE_MS = 400
-FILE_FILTER = "Colibri models (*.colibri);;All files (*)"
+FILE_FILTER = ("Models (*.colibri *.gguf *.safetensors *.json);;Colibri models (*.colibri);;"
+               "GGUF files (*.gguf);;safetensors (*.safetensors *.safetensors.index.json);;"
+               "All files (*)")
 
 
 def make_settings() -> QSettings:
@@ -663,6 +667,13 @@ class MainWindow(QMainWindow):
 
     def _update_status(self) -> None:
         view = self.current_view()
+        foreign = self.files.currentWidget()
+        if view is None and isinstance(foreign, QtForeignFileView):
+            self.size_label.setText(size_text(foreign.doc.size))
+            self.state_label.setText(foreign.validation_state())
+            self._set_running(False)
+            self.setWindowTitle(f"{foreign.doc.name} — Colibri Inspector")
+            return
         if view is None:
             self.size_label.setText("")
             self.state_label.setText("no file")
@@ -685,8 +696,9 @@ class MainWindow(QMainWindow):
 
     # -- files ----------------------------------------------------------------------------------
 
-    def views(self) -> list[FileView]:
-        return [self.files.widget(i) for i in range(self.files.count())]  # type: ignore[misc]
+    def views(self) -> list[Any]:
+        """Every open tab: `FileView`s (.colibri) and `QtForeignFileView`s (GGUF, safetensors)."""
+        return [self.files.widget(i) for i in range(self.files.count())]
 
     def current_view(self) -> FileView | None:
         widget = self.files.currentWidget()
@@ -698,14 +710,18 @@ class MainWindow(QMainWindow):
             "No model open.\n\nOpen a .colibri file with File > Open (Ctrl+O), pick one from "
             "File > Open Recent, or drop it on this window."))
 
-    def open_path(self, path: str | os.PathLike[str]) -> FileView:
+    def open_path(self, path: str | os.PathLike[str]) -> Any:
         """Open `path` in a new tab (or switch to its tab). A broken file opens into its
-        validation report; this never raises for a bad file."""
+        validation report; this never raises for a bad file. GGUF files and safetensors
+        checkpoints (a file, an index or a directory; detected by content) open in a
+        `QtForeignFileView`, everything else in a `FileView`."""
         absolute = os.path.abspath(os.fspath(path))
         for view in self.views():
             if view.path == absolute:
                 self.files.setCurrentWidget(view)
                 return view
+        if is_foreign(absolute):
+            return self._open_foreign(absolute)
         doc = ModelDocument.open(absolute)
         view = FileView(doc)
         if self._splitter_state is not None:
@@ -730,6 +746,28 @@ class MainWindow(QMainWindow):
         self.sig_file_opened.emit(absolute)
         return view
 
+    def _open_foreign(self, absolute: str) -> QtForeignFileView:
+        foreign = QtForeignFileView(ForeignDocument(absolute))
+        foreign.sig_imported.connect(self._run_imported)
+        foreign.sig_import_failed.connect(
+            lambda message: QMessageBox.warning(self, "Import failed", message))
+        index = self.files.addTab(foreign, foreign.doc.name)
+        self.files.setTabToolTip(index, absolute)
+        self.files.setCurrentIndex(index)
+        self.stack.setCurrentWidget(self.files)
+        if self.persist:
+            self.recent.add(absolute)
+            self.settings.setValue("recent_files", self.recent.paths)
+        self._update_status()
+        self.sig_file_opened.emit(absolute)
+        return foreign
+
+    def _run_imported(self, colibri_path: str) -> None:
+        """A GGUF file's import is ready: open it and show the debugger."""
+        view = self.open_path(colibri_path)
+        if isinstance(view, FileView):
+            view.set_view("debugger")
+
     def open_dialog(self) -> None:
         view = self.current_view()
         start = os.path.dirname(view.path) if view is not None else str(Path.home())
@@ -741,6 +779,8 @@ class MainWindow(QMainWindow):
         view = self.files.widget(index)
         if isinstance(view, FileView):
             self._splitter_state = view.splitter.saveState()
+            view.shutdown()
+        elif isinstance(view, QtForeignFileView):
             view.shutdown()
         self.files.removeTab(index)
         if view is not None:

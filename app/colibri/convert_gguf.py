@@ -1,0 +1,387 @@
+"""Importing GGUF files (llama.cpp) as `.colibri` files.
+
+The GGUF file is validated first (`colibri.formats.gguf_file`); the architecture, hyper-parameters
+and tensor names then map onto Colibri's (docs/formats.md, "GGUF import"):
+
+| GGUF `general.architecture` | family | top-k weights renormalised (llama.cpp's graph) |
+|---|---|---|
+| llama (with `expert_count` > 0: Mixtral) | mixtral | yes |
+| qwen2moe | qwen2_moe | no (`expert_weights_norm` when present) |
+| qwen3moe | qwen3_moe | yes |
+| olmoe | olmoe | no |
+
+llama.cpp's converter permutes the rows of q and k (weights and biases) for `llama` files,
+because llama.cpp rotates interleaved pairs there while Hugging Face rotates halves; the import
+undoes that permutation exactly (a reshuffle of whole rows, so it applies to quantised rows
+too). The other three architectures are stored unpermuted.
+
+Storage: F32, F16 and BF16 tensors are kept as they are; Q8_0 and Q4_0 tensors are repacked
+into Colibri's rows of the same blocks (scales first, docs/format.md), so every value is the
+one llama.cpp computes; any other type (K-quants, IQ types, Q5_0, ...) is dequantised with the
+`gguf` package and stored in `dtype`, with a note in the metadata. Norms, biases and the router
+are f32 in every `.colibri` file, so F16/BF16 ones widen exactly. The tokenizer becomes the
+file's tokenizer.json (`formats.gguf_tokenizer`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from colibri.convert import (
+    CONVERTER_VERSION, ConversionError, apply_quantize, to_storage_checked,
+)
+from colibri.errors import ColibriFormatError, ColibriIOError
+from colibri.families.common import check_limits
+from colibri.fileformat import (
+    ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, DTYPE_BF16,
+    DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32, DTYPE_Q4_0, DTYPE_Q8_0, FLAG_NORM_TOPK, FLAG_O_BIAS,
+    FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS, FLAG_SHARED_EXPERT,
+    FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE, TensorSpec,
+    plan_file, write_colibri,
+)
+from colibri.formats.gguf_file import GGUFFile
+from colibri.formats.gguf_tokenizer import TokenizerError, tokenizer_json
+from colibri.values import HParams
+
+# general.architecture -> (family, Colibri arch code, renormalise top-k by default)
+ARCHITECTURES: dict[str, tuple[str, int, bool]] = {
+    "llama": ("mixtral", ARCH_MIXTRAL, True),
+    "qwen2moe": ("qwen2_moe", ARCH_QWEN2_MOE, False),
+    "qwen3moe": ("qwen3_moe", ARCH_QWEN3_MOE, True),
+    "olmoe": ("olmoe", ARCH_OLMOE, False),
+}
+_KEPT = {Q.F32: DTYPE_F32, Q.F16: DTYPE_F16, Q.BF16: DTYPE_BF16}
+_REPACKED = {Q.Q8_0: DTYPE_Q8_0, Q.Q4_0: DTYPE_Q4_0}
+
+
+def _open(path: str) -> GGUFFile:
+    try:
+        return GGUFFile.open(path)
+    except ColibriFormatError as exc:
+        errs = [p for p in exc.problems if p.severity == "error"] or []
+        shown = "; ".join(f"{p.message} (at byte 0x{p.offset:X})" for p in errs[:5])
+        raise ConversionError(f"{path}: not a valid GGUF file: {shown or exc.message}") from exc
+    except ColibriIOError as exc:
+        raise ConversionError(f"{path}: cannot read: {exc.message}") from exc
+
+
+class _Meta:
+    """Typed access to `<arch>.*` keys with the key's name in every error."""
+
+    def __init__(self, f: GGUFFile, arch: str) -> None:
+        self.f, self.arch = f, arch
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.f.get(f"{self.arch}.{key}", default)
+
+    def int(self, key: str, default: int | None = None, minimum: int = 1) -> int:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConversionError(f"{self.arch}.{key} = {value!r}, expected an integer >= "
+                                  f"{minimum}")
+        return value
+
+    def number(self, key: str, default: float | None = None) -> float:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                np.isfinite(value) and value > 0):
+            raise ConversionError(f"{self.arch}.{key} = {value!r}, expected a finite number > 0")
+        return float(value)
+
+
+def _hparams(f: GGUFFile, notes: list[str]) -> tuple[HParams, list[int], str]:
+    arch = f.architecture
+    if arch not in ARCHITECTURES:
+        raise ConversionError(f"{f.path}: architecture {arch!r} not supported (supported: "
+                              f"{', '.join(ARCHITECTURES)})")
+    family, code, norm_default = ARCHITECTURES[arch]
+    m = _Meta(f, arch)
+    n_experts = m.int("expert_count", 0, minimum=0)
+    if n_experts == 0:
+        raise ConversionError(f"{f.path}: a dense {arch} model (no {arch}.expert_count); "
+                              "Colibri runs Mixture-of-Experts models")
+    n_layers = m.int("block_count")
+    if n_layers > 1024:
+        raise ConversionError(f"{arch}.block_count = {n_layers} outside 1..1024")
+    d_model = m.int("embedding_length")
+    n_heads = m.int("attention.head_count")
+    n_kv = m.int("attention.head_count_kv", n_heads)
+    head_dim = m.int("attention.key_length", d_model // n_heads)
+    if m.int("attention.value_length", head_dim) != head_dim:
+        raise ConversionError(f"{arch}.attention.value_length differs from key_length")
+    rope_dim = m.int("rope.dimension_count", head_dim)
+    if rope_dim != head_dim:
+        raise ConversionError(f"{arch}.rope.dimension_count {rope_dim} != head_dim {head_dim}: "
+                              "partial rotary embeddings are not supported")
+    if n_heads % n_kv:
+        raise ConversionError(f"{arch}.attention.head_count_kv {n_kv} does not divide "
+                              f"head_count {n_heads}")
+    top_k = m.int("expert_used_count")
+    if top_k > n_experts:
+        raise ConversionError(f"{arch}.expert_used_count {top_k} > {n_experts} experts")
+
+    kinds = [LAYER_MOE if f"blk.{i}.ffn_gate_inp.weight" in f else LAYER_DENSE
+             for i in range(n_layers)]
+    if arch in ("qwen2moe", "qwen3moe"):
+        d_ff_expert = m.int("expert_feed_forward_length")
+    else:
+        d_ff_expert = m.int("feed_forward_length")
+    d_ff_dense = m.int("feed_forward_length") if LAYER_DENSE in kinds else 0
+    flags = 0
+    norm = m.get("expert_weights_norm", norm_default)
+    if norm:
+        flags |= FLAG_NORM_TOPK
+    if "output.weight" not in f:
+        flags |= FLAG_TIED_EMBEDDINGS
+    d_ff_shared = 0
+    if arch == "qwen2moe" and "blk.0.ffn_gate_shexp.weight" in f:
+        d_ff_shared = m.int("expert_shared_feed_forward_length")
+        flags |= FLAG_SHARED_EXPERT
+        if "blk.0.ffn_gate_inp_shexp.weight" in f:
+            flags |= FLAG_SHARED_EXPERT_GATE
+    if "blk.0.attn_q.bias" in f:
+        flags |= FLAG_QKV_BIAS
+    if "blk.0.attn_output.bias" in f:
+        flags |= FLAG_O_BIAS
+    if arch == "qwen3moe":
+        flags |= FLAG_QK_NORM_HEAD
+    if arch == "olmoe":
+        flags |= FLAG_QK_NORM_FULL
+    clip = m.get("attention.clamp_kqv")
+    clip_qkv = m.number("attention.clamp_kqv") if clip is not None else 0.0
+
+    rope_type, rope_factor = 0, 1.0
+    scaling = m.get("rope.scaling.type", "none")
+    if scaling == "linear":
+        rope_type, rope_factor = 1, m.number("rope.scaling.factor")
+    elif scaling not in ("none", None):
+        raise ConversionError(f"{arch}.rope.scaling.type {scaling!r} not supported "
+                              "(supported: none, linear)")
+    window = m.get("attention.sliding_window", 0) or 0
+    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+        raise ConversionError(f"{arch}.attention.sliding_window = {window!r}")
+    vocab = m.get("vocab_size")
+    if vocab is None:
+        embd = f.tensor_info("token_embd.weight") if "token_embd.weight" in f else None
+        if embd is None:
+            raise ConversionError(f"{f.path}: no token_embd.weight")
+        vocab = embd.shape[0]
+    hp = HParams(
+        arch=code, n_layers=n_layers, n_experts=n_experts, n_experts_active=top_k,
+        d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab_size=vocab,
+        max_context=m.int("context_length"), d_ff_expert=d_ff_expert, d_ff_dense=d_ff_dense,
+        d_ff_shared=d_ff_shared, flags=flags, sliding_window=window, rope_type=rope_type,
+        rope_theta=m.number("rope.freq_base", 10000.0), rope_factor=rope_factor,
+        norm_eps=m.number("attention.layer_norm_rms_epsilon"), clip_qkv=clip_qkv,
+        bos_token_id=_token_id(f, "bos", vocab, notes),
+        eos_token_id=_token_id(f, "eos", vocab, notes))
+    try:
+        check_limits(hp)
+    except ConversionError as exc:
+        raise ConversionError(f"{f.path}: {exc}") from exc
+    return hp, kinds, family
+
+
+def _token_id(f: GGUFFile, which: str, vocab: int, notes: list[str]) -> int:
+    value = f.get(f"tokenizer.ggml.{which}_token_id")
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
+        notes.append(f"tokenizer.ggml.{which}_token_id {value!r} is outside the vocabulary "
+                     f"({vocab}); stored as -1")
+        return -1
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors
+
+
+def _unpermute(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: it reshaped [n_head, 2, d/2, ...] rows to
+    [n_head, d/2, 2, ...]; the inverse swaps the two axes back (rows may be raw block bytes)."""
+    shape = rows.shape
+    return (rows.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:])
+            .swapaxes(1, 2).reshape(shape))
+
+
+def repack_blocks(rows: np.ndarray, block_bytes: int) -> np.ndarray:
+    """GGUF's interleaved blocks ([f16 d][payload] per block) -> Colibri's rows: every scale of
+    the row first, then every payload, in block order (docs/format.md, "Quantised rows")."""
+    n_rows, row_bytes = rows.shape
+    blocks = rows.reshape(n_rows, row_bytes // block_bytes, block_bytes)
+    return np.concatenate([blocks[:, :, :2].reshape(n_rows, -1),
+                           blocks[:, :, 2:].reshape(n_rows, -1)], axis=1)
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape without its 1s: llama-quantize writes the [1, H] shared-expert gate as [H]."""
+    return tuple(d for d in shape if d != 1)
+
+
+class _Importer:
+    def __init__(self, f: GGUFFile, hp: HParams, dtype: int, permute: bool) -> None:
+        self.f, self.hp, self.dtype, self.permute = f, hp, dtype, permute
+        self.specs: list[TensorSpec] = []
+        self.problems: list[str] = []
+        self.dequantised: dict[str, list[str]] = {}
+
+    def add(self, name: str, gguf_name: str, shape: tuple[int, ...], force_f32: bool = False,
+            heads: int = 0) -> None:
+        f = self.f
+        if gguf_name not in f:
+            self.problems.append(f"missing tensor '{gguf_name}' (for {name})")
+            return
+        t = f.tensor_info(gguf_name)
+        if t.shape != shape and _squeezed(t.shape) != _squeezed(shape):
+            self.problems.append(f"tensor '{gguf_name}' has shape {list(t.shape)}, expected "
+                                 f"{list(shape)} (for {name})")
+            return
+        qtype = f.ggml_type(gguf_name)
+        unpermute = heads if self.permute else 0
+        must_f32 = force_f32 or len(shape) == 1
+        if must_f32:
+            out = DTYPE_F32
+        elif qtype in _KEPT:
+            out = _KEPT[qtype]
+        elif qtype in _REPACKED:
+            out = _REPACKED[qtype]
+        else:
+            out = self.dtype
+            self.dequantised.setdefault(qtype.name, []).append(gguf_name)
+        self.specs.append(TensorSpec(name, out, shape,
+                                     self._loader(name, gguf_name, shape, qtype, out, unpermute)))
+
+    def _loader(self, name: str, gguf_name: str, shape: tuple[int, ...], qtype: Q, out: int,
+                heads: int) -> Callable[[], np.ndarray]:
+        f = self.f
+
+        def load() -> np.ndarray:
+            if out in (DTYPE_Q8_0, DTYPE_Q4_0) and qtype in _REPACKED:
+                rows = np.asarray(f.raw(gguf_name)).reshape(-1, f.tensor_info(gguf_name).row_bytes)
+                if heads:
+                    rows = _unpermute(rows, heads)
+                block = 34 if qtype == Q.Q8_0 else 18
+                return repack_blocks(rows, block).reshape(*shape[:-1], -1)
+            if out != DTYPE_F32 and qtype in _KEPT and _KEPT[qtype] == out:
+                data = np.array(f.tensor(gguf_name)).reshape(shape)  # bits as stored
+                return _unpermute(data, heads) if heads else data
+            values = f.tensor_f32(gguf_name).reshape(shape)
+            if heads:
+                values = _unpermute(values, heads)
+            return to_storage_checked(values, out, name)
+        return load
+
+
+def _plan(f: GGUFFile, hp: HParams, kinds: list[int], dtype: int) -> tuple[list[TensorSpec],
+                                                                          dict[str, list[str]]]:
+    imp = _Importer(f, hp, dtype, permute=f.architecture == "llama")
+    V, H, d = hp.vocab_size, hp.d_model, hp.head_dim
+    q_out, kv_out = hp.n_heads * d, hp.n_kv_heads * d
+    E, I = hp.n_experts, hp.d_ff_expert
+    imp.add("token_embd", "token_embd.weight", (V, H))
+    for layer, kind in enumerate(kinds):
+        src, dst = f"blk.{layer}", f"layers.{layer}"
+        imp.add(f"{dst}.attn_norm", f"{src}.attn_norm.weight", (H,))
+        imp.add(f"{dst}.attn_q", f"{src}.attn_q.weight", (q_out, H), heads=hp.n_heads)
+        imp.add(f"{dst}.attn_k", f"{src}.attn_k.weight", (kv_out, H), heads=hp.n_kv_heads)
+        imp.add(f"{dst}.attn_v", f"{src}.attn_v.weight", (kv_out, H))
+        if hp.flags & FLAG_QKV_BIAS:
+            imp.add(f"{dst}.attn_q_bias", f"{src}.attn_q.bias", (q_out,), heads=hp.n_heads)
+            imp.add(f"{dst}.attn_k_bias", f"{src}.attn_k.bias", (kv_out,), heads=hp.n_kv_heads)
+            imp.add(f"{dst}.attn_v_bias", f"{src}.attn_v.bias", (kv_out,))
+        imp.add(f"{dst}.attn_o", f"{src}.attn_output.weight", (H, q_out))
+        if hp.flags & FLAG_O_BIAS:
+            imp.add(f"{dst}.attn_o_bias", f"{src}.attn_output.bias", (H,))
+        if hp.flags & FLAG_QK_NORM_HEAD:
+            imp.add(f"{dst}.attn_q_norm", f"{src}.attn_q_norm.weight", (d,))
+            imp.add(f"{dst}.attn_k_norm", f"{src}.attn_k_norm.weight", (d,))
+        if hp.flags & FLAG_QK_NORM_FULL:
+            imp.add(f"{dst}.attn_q_norm", f"{src}.attn_q_norm.weight", (q_out,))
+            imp.add(f"{dst}.attn_k_norm", f"{src}.attn_k_norm.weight", (kv_out,))
+        imp.add(f"{dst}.ffn_norm", f"{src}.ffn_norm.weight", (H,))
+        if kind == LAYER_MOE:
+            imp.add(f"{dst}.moe_gate", f"{src}.ffn_gate_inp.weight", (E, H), force_f32=True)
+            imp.add(f"{dst}.moe_w1", f"{src}.ffn_gate_exps.weight", (E, I, H))
+            imp.add(f"{dst}.moe_w2", f"{src}.ffn_down_exps.weight", (E, H, I))
+            imp.add(f"{dst}.moe_w3", f"{src}.ffn_up_exps.weight", (E, I, H))
+            if hp.flags & FLAG_SHARED_EXPERT:
+                S = hp.d_ff_shared
+                imp.add(f"{dst}.shared_w1", f"{src}.ffn_gate_shexp.weight", (S, H))
+                imp.add(f"{dst}.shared_w2", f"{src}.ffn_down_shexp.weight", (H, S))
+                imp.add(f"{dst}.shared_w3", f"{src}.ffn_up_shexp.weight", (S, H))
+            if hp.flags & FLAG_SHARED_EXPERT_GATE:
+                imp.add(f"{dst}.shared_gate", f"{src}.ffn_gate_inp_shexp.weight", (1, H))
+        else:
+            D = hp.d_ff_dense
+            imp.add(f"{dst}.mlp_w1", f"{src}.ffn_gate.weight", (D, H))
+            imp.add(f"{dst}.mlp_w2", f"{src}.ffn_down.weight", (H, D))
+            imp.add(f"{dst}.mlp_w3", f"{src}.ffn_up.weight", (D, H))
+    imp.add("output_norm", "output_norm.weight", (H,))
+    if not hp.flags & FLAG_TIED_EMBEDDINGS:
+        imp.add("output", "output.weight", (V, H))
+    if imp.problems:
+        shown = imp.problems[:20]
+        more = f"; and {len(imp.problems) - 20} more" if len(imp.problems) > 20 else ""
+        raise ConversionError(f"{f.path}: {len(imp.problems)} problem(s): " + "; ".join(shown)
+                              + more)
+    return imp.specs, imp.dequantised
+
+
+def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
+                 dtype: str = "f32", progress: Callable[[int, int], None] | None = None,
+                 quantize: str | None = None, quantize_tensors: str = "experts") -> list[str]:
+    """Import the GGUF file at `path` as a `.colibri` file at `out_path` (atomically; nothing is
+    left behind on failure). `dtype` stores tensors of types other than F32/F16/BF16/Q8_0/Q4_0;
+    `quantize` then works as in `convert.convert` on the float tensors. Returns the notes
+    written to the metadata. Raises ConversionError."""
+    path, out_path = os.fspath(path), os.fspath(out_path)
+    if dtype not in DTYPE_BY_NAME:
+        raise ConversionError(f"dtype {dtype!r} not supported (supported: "
+                              f"{', '.join(DTYPE_BY_NAME)})")
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(out_dir):
+        raise ConversionError(f"output directory {out_dir} does not exist")
+    f = _open(path)
+    notes: list[str] = []
+    hp, kinds, family = _hparams(f, notes)
+    specs, dequantised = _plan(f, hp, kinds, DTYPE_BY_NAME[dtype])
+    for qname, names in sorted(dequantised.items()):
+        notes.append(f"{len(names)} {qname} tensor(s) dequantised to {dtype} (Colibri stores "
+                     f"f32, f16, bf16, q8_0 and q4_0): {', '.join(names[:8])}"
+                     + (" ..." if len(names) > 8 else ""))
+    specs = apply_quantize(specs, quantize, quantize_tensors, notes)
+    try:
+        tokenizer = tokenizer_json(f, notes)
+    except TokenizerError as exc:
+        tokenizer = None
+        notes.append(f"tokenizer not imported: {exc}")
+    if tokenizer is None:
+        notes.append("no tokenizer: run with token ids (--tokens)")
+    st = os.stat(path)
+    metadata: dict[str, Any] = {
+        "source": {"format": "gguf", "model_type": family, "architecture": f.architecture,
+                   "file": os.path.basename(path), "size": st.st_size,
+                   "name": f.get("general.name"), "gguf_version": f.layout.version,
+                   "file_type": f.get("general.file_type")},
+        "converted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "converter_version": CONVERTER_VERSION,
+        "dtype": dtype,
+        **({"quantize": quantize, "quantize_tensors": quantize_tensors} if quantize else {}),
+        "gguf_metadata": {k: v for k, v in f.metadata(max_items=16).items()
+                          if not k.startswith("tokenizer.ggml.")},
+    }
+    if notes:
+        metadata["notes"] = notes
+    plan = plan_file(hp, kinds, specs, tokenizer.encode("utf-8") if tokenizer else b"", metadata)
+    write_colibri(out_path, plan, progress)
+    return notes
+
+
+__all__ = ["ARCHITECTURES", "convert_gguf", "repack_blocks"]

@@ -1,0 +1,250 @@
+"""GGUF import against transformers, on files written by llama.cpp's own converter and quantiser
+(tests/fixtures/gguf/, made by tools/make_gguf_fixtures.py; see its README).
+
+The fixtures' weights are not committed: each family's model is rebuilt here from the recorded
+config and seed (torch is pinned), and the f32 file is first checked to hold exactly those
+weights. Then, for every family:
+- the f32 and bf16 imports meet the conformance tolerances of tests/test_conformance.py (logits,
+  router logits, top-k sets, greedy tokens), the bf16 reference running on bf16-rounded weights;
+- the Q8_0 and Q4_0 imports keep llama.cpp's blocks exactly (the values equal the gguf
+  package's dequantisation) and equal Colibri's own q8_0/q4_0 of the same weights;
+- the imported tokenizer encodes like the Hugging Face tokenizer the GGUF was made from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+hf_reference = pytest.importorskip("hf_reference")
+
+import gguf  # noqa: E402
+
+import colibri  # noqa: E402
+from colibri import fileformat  # noqa: E402
+from colibri.cli import main  # noqa: E402
+from colibri.convert import ConversionError  # noqa: E402
+from colibri.convert_gguf import convert_gguf, repack_blocks  # noqa: E402
+from colibri.formats.gguf_file import GGUFFile  # noqa: E402
+from test_conformance import TOLERANCE, greedy, routing_disagreements  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "gguf"
+MANIFEST: dict[str, Any] = json.loads((FIXTURES / "manifest.json").read_text())
+FAMILIES = list(MANIFEST["configs"])
+PROMPT_LENGTH, N_GENERATE = 40, 16
+TEXTS = ["def fill(text, width=70):\n    return '\\n'.join(wrap(text))  # ✓",
+         "Hello  world\t\ttabs\n\n  indented 12345 I've they'll",
+         "<|endoftext|>import os", "  leading spaces", "ünïcödé 日本語"]
+
+
+def reference_model(family: str) -> Any:
+    variant = hf_reference.Variant(f"{family}-gguf", family, MANIFEST["configs"][family])
+    return hf_reference.build(variant, seed=MANIFEST["seed"])
+
+
+def prompt() -> list[int]:
+    rng = np.random.default_rng(1234)
+    return [int(t) for t in rng.integers(0, MANIFEST["configs"]["mixtral"]["vocab_size"],
+                                         PROMPT_LENGTH)]
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """imported(family, kind) -> path of the .colibri import of `<family>-<kind>.gguf`."""
+    directory = tmp_path_factory.mktemp("gguf-imports")
+    cache: dict[tuple[str, str], Path] = {}
+
+    def get(family: str, kind: str) -> Path:
+        if (family, kind) not in cache:
+            out = directory / f"{family}-{kind}.colibri"
+            convert_gguf(FIXTURES / f"{family}-{kind}.gguf", out)
+            cache[family, kind] = out
+        return cache[family, kind]
+    return get
+
+
+def test_fixtures_are_the_recorded_files() -> None:
+    import hashlib
+    for entry in MANIFEST["files"]:
+        data = (FIXTURES / entry["file"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"], entry["file"]
+    assert {e["file"] for e in MANIFEST["files"]} == {p.name for p in FIXTURES.glob("*.gguf")}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_f32_fixture_holds_the_rebuilt_weights(family: str) -> None:
+    """The rebuild is the model llama.cpp converted (so the comparisons below mean something),
+    and for `llama` files the q/k rows come back in Hugging Face's order."""
+    params = {k: v.detach().numpy() for k, v in reference_model(family).state_dict().items()}
+    f = GGUFFile.open(str(FIXTURES / f"{family}-f32.gguf"))
+    np.testing.assert_array_equal(f.tensor("token_embd.weight"),
+                                  params["model.embed_tokens.weight"])
+    q = f.tensor("blk.0.attn_q.weight")
+    expected = params["model.layers.0.self_attn.q_proj.weight"]
+    if family == "mixtral":
+        assert not np.array_equal(q, expected)  # permuted by llama.cpp's converter
+    else:
+        np.testing.assert_array_equal(q, expected)
+
+
+@pytest.mark.parametrize("outtype", ["f32", "bf16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_import_matches_transformers(family: str, outtype: str, imported: Any) -> None:
+    model = reference_model(family)
+    if outtype != "f32":
+        hf_reference.round_like_converter(model, outtype)
+    tokens = prompt()
+    reference = hf_reference.run(model, tokens, N_GENERATE)
+    with colibri.Model.open(imported(family, outtype)) as m:
+        session = colibri.Session(m)
+        logits = session.prefill(tokens)
+        scale = max(1.0, float(np.abs(reference.logits).max()))
+        worst = float(np.abs(logits - reference.logits).max())
+        assert worst <= TOLERANCE[outtype] * scale, f"logits differ by {worst:.3g}"
+        np.testing.assert_allclose(session.trace.router_logits, reference.router_logits,
+                                   atol=TOLERANCE[outtype] * 10, rtol=0)
+        assert routing_disagreements(session.trace, reference, m) == []
+        assert greedy(m, tokens, N_GENERATE) == reference.generated
+
+
+def _unpermute_like_import(family: str, name: str, values: np.ndarray, hp: Any) -> np.ndarray:
+    if family != "mixtral" or not name.endswith((".attn_q", ".attn_k")):
+        return values
+    heads = hp.n_heads if name.endswith(".attn_q") else hp.n_kv_heads
+    rows = values.shape[0]
+    return (values.reshape(heads, rows // heads // 2, 2, -1).swapaxes(1, 2)
+            .reshape(values.shape))
+
+
+_GGUF_NAMES = {"token_embd": "token_embd.weight", "output": "output.weight",
+               "attn_q": "attn_q.weight", "attn_k": "attn_k.weight", "attn_v": "attn_v.weight",
+               "attn_o": "attn_output.weight", "moe_w1": "ffn_gate_exps.weight",
+               "moe_w2": "ffn_down_exps.weight", "moe_w3": "ffn_up_exps.weight",
+               "shared_w1": "ffn_gate_shexp.weight", "shared_w2": "ffn_down_shexp.weight",
+               "shared_w3": "ffn_up_shexp.weight", "shared_gate": "ffn_gate_inp_shexp.weight"}
+
+
+def gguf_name(name: str) -> str:
+    if name.startswith("layers."):
+        _, layer, short = name.split(".")
+        return f"blk.{layer}.{_GGUF_NAMES[short]}"
+    return _GGUF_NAMES[name]
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_quantised_imports_keep_llama_cpps_blocks(family: str, qtype: str,
+                                                  imported: Any) -> None:
+    """Every Q8_0/Q4_0 tensor is repacked, not requantised: its values are exactly the gguf
+    package's dequantisation of llama.cpp's blocks, and its bytes are llama.cpp's reference
+    quantiser (the gguf package's) on the same f32 weights, rearranged scales-first. Colibri's
+    own quantiser has the same scales and differs by at most one step in a few elements: it
+    scales by the f16-rounded d and rounds q8_0 halves to even, llama.cpp by the f32 d and
+    halves away from zero (docs/format.md)."""
+    source = GGUFFile.open(str(FIXTURES / f"{family}-{qtype}.gguf"))
+    with colibri.Model.open(imported(family, qtype)) as m, \
+            colibri.Model.open(imported(family, "f32")) as full:
+        repacked = 0
+        for t in m.tensors:
+            if t.dtype != qtype:
+                continue
+            repacked += 1
+            src = source.tensor_info(gguf_name(t.name))
+            expected = gguf.quants.dequantize(np.asarray(source.raw(src.name)),
+                                              source.ggml_type(src.name)).reshape(t.shape)
+            expected = _unpermute_like_import(family, t.name, expected, m.hparams)
+            np.testing.assert_array_equal(m.tensor_f32(t.name), expected, err_msg=t.name)
+            weights = full.tensor_f32(t.name)
+            llama = gguf.quants.quantize(weights.reshape(-1, t.shape[-1]),
+                                         gguf.GGMLQuantizationType[qtype.upper()])
+            got = np.asarray(m.tensor(t.name))
+            np.testing.assert_array_equal(
+                repack_blocks(llama, 34 if qtype == "q8_0" else 18).reshape(got.shape), got,
+                err_msg=t.name)
+            own = fileformat.quantize(weights, fileformat.QUANT_BY_NAME[qtype])
+            n_scale = 2 * (t.shape[-1] // 32)
+            np.testing.assert_array_equal(own[..., :n_scale], got[..., :n_scale])
+            scales = np.repeat(got[..., :n_scale].copy().view("<f2").astype(np.float32), 32,
+                               axis=-1)
+            own_values = fileformat.dequantize(own, fileformat.QUANT_BY_NAME[qtype], t.shape)
+            steps = np.abs(own_values - m.tensor_f32(t.name)) / np.where(scales == 0, 1, scales)
+            assert steps.max() <= 1.0, t.name
+        assert repacked >= 3 * m.hparams.n_layers  # at least every expert tensor
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tokenizer_encodes_like_the_source_tokenizer(family: str, imported: Any) -> None:
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(FIXTURES / f"{family}-hf")
+    with colibri.Model.open(imported(family, "f32")) as m:
+        ours = m.tokenizer
+        for text in TEXTS:
+            assert ours.encode(text).ids == hf.encode(text), text
+            assert ours.decode(ours.encode(text).ids, skip_special_tokens=True) == hf.decode(
+                hf.encode(text), skip_special_tokens=True), text
+
+
+def test_cli_converts_a_gguf_file_and_runs_a_prompt(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "m.colibri"
+    assert main(["convert", str(FIXTURES / "qwen3_moe-q4_0.gguf"), str(out)]) == 0
+    assert main(["validate", str(out)]) == 0
+    assert main(["run", str(out), "--prompt", "def wrap(text):", "-n", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "prompt: def wrap(text):" in printed and "text:" in printed
+    with colibri.Model.open(out) as m:
+        meta = m.metadata["user"]
+        assert meta["source"]["format"] == "gguf" and meta["source"]["model_type"] == "qwen3_moe"
+
+
+def test_other_types_are_dequantised_with_a_note(tmp_path: Path) -> None:
+    """A type Colibri does not store (here Q5_1 experts, written with the gguf package from the
+    f32 fixture) is dequantised to --dtype and the metadata says so."""
+    src = GGUFFile.open(str(FIXTURES / "mixtral-f32.gguf"))
+    path = tmp_path / "q5_1.gguf"
+    w = gguf.GGUFWriter(str(path), src.architecture)
+    for kv in src.key_values:
+        if kv.key == "general.architecture":
+            continue
+        value = src.get(kv.key)
+        if isinstance(value, list):
+            w.add_array(kv.key, value)
+        else:
+            w.add_key_value(kv.key, value, gguf.GGUFValueType(kv.type))
+    q5 = {}
+    for t in src.tensors:
+        if "_exps" in t.name:
+            q5[t.name] = gguf.quants.quantize(src.tensor_f32(t.name), gguf.GGMLQuantizationType.Q5_1)
+            w.add_tensor(t.name, q5[t.name], raw_dtype=gguf.GGMLQuantizationType.Q5_1)
+        else:
+            w.add_tensor(t.name, np.array(src.tensor(t.name)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = tmp_path / "m.colibri"
+    notes = convert_gguf(path, out, dtype="bf16")
+    assert any("Q5_1 tensor(s) dequantised to bf16" in n for n in notes)
+    with colibri.Model.open(out) as m:
+        assert m.tensor_info("layers.0.moe_w1").dtype == "bf16"
+        expected = gguf.quants.dequantize(q5["blk.0.ffn_gate_exps.weight"],
+                                          gguf.GGMLQuantizationType.Q5_1)
+        bits = fileformat.to_bf16_bits(np.asarray(expected, np.float32))
+        np.testing.assert_array_equal(np.asarray(m.tensor("layers.0.moe_w1")), bits)
+        assert any("Q5_1" in n for n in m.metadata["user"]["notes"])
+
+
+def test_broken_or_unsupported_gguf_is_a_conversion_error(tmp_path: Path) -> None:
+    corpus = Path(__file__).resolve().parent / "corpus" / "formats"
+    with pytest.raises(ConversionError, match="not a valid GGUF file: .*llama.cpp expects 256"):
+        convert_gguf(corpus / "gap.gguf", tmp_path / "m.colibri")
+    with pytest.raises(ConversionError, match="a dense llama model"):
+        convert_gguf(corpus / "valid.gguf", tmp_path / "m.colibri")
+    assert main(["convert", str(corpus / "gap.gguf"), str(tmp_path / "m.colibri")]) == 1
+    assert list(tmp_path.iterdir()) == []

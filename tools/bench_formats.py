@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""How long opening a big GGUF or safetensors file takes (validation and header parse only).
+
+Builds, in a temporary directory, files shaped like real ones but sparse (the tensor data is a
+hole, so a 20 GB file costs nothing): a GGUF with a Qwen-sized vocabulary (151 936 tokens,
+151 387 merges, token types) and 579 tensors over 20 GB, and a safetensors checkpoint of 20 GB
+in 4 shards with 1 000 tensors each. Prints the median of `--repeats` opens of each, and with
+`--gguf-reader` the `gguf` package's GGUFReader on the same GGUF for comparison (slow: over a
+minute). The Inspector's first view needs the open to be well under 300 ms.
+
+    python tools/bench_formats.py [--repeats 5] [--inspector] [--gguf-reader]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "app"))
+
+from colibri.formats import gguf_file, safetensors_file  # noqa: E402
+
+GB = 10 ** 9
+
+
+def gstr(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def big_gguf(path: Path, n_vocab: int = 151_936, n_merges: int = 151_387,
+             n_tensors: int = 579, total: int = 20 * GB) -> None:
+    kvs = [gstr("general.architecture") + struct.pack("<I", 8) + gstr("qwen2moe"),
+           gstr("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, n_vocab)
+           + b"".join(gstr(f"tok{i}") for i in range(n_vocab)),
+           gstr("tokenizer.ggml.merges") + struct.pack("<IIQ", 9, 8, n_merges)
+           + b"".join(gstr(f"a{i} b{i}") for i in range(n_merges)),
+           gstr("tokenizer.ggml.token_type") + struct.pack("<IIQ", 9, 5, n_vocab)
+           + struct.pack(f"<{n_vocab}i", *([1] * n_vocab))]
+    per = total // n_tensors // 512 * 512  # [256, per / 512] F16 = per bytes
+    infos = b""
+    for i in range(n_tensors):
+        infos += gstr(f"blk.{i // 12}.t{i % 12}.weight") + struct.pack("<IQQIQ", 2, 256,
+                                                                       per // 512, 1, i * per)
+    head = b"GGUF" + struct.pack("<IQQ", 3, n_tensors, len(kvs)) + b"".join(kvs) + infos
+    data = -(-len(head) // 32) * 32
+    with open(path, "wb") as f:
+        f.write(head + bytes(data - len(head)))
+        f.truncate(data + n_tensors * per)
+
+
+def big_checkpoint(directory: Path, shards: int = 4, per_shard: int = 1000,
+                   total: int = 20 * GB) -> None:
+    size = total // shards // per_shard // 2 * 2
+    weight_map = {}
+    for s in range(shards):
+        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        header = {f"model.layers.{s}.t{i}.weight": {"dtype": "BF16", "shape": [size // 2],
+                                                     "data_offsets": [i * size, (i + 1) * size]}
+                  for i in range(per_shard)}
+        raw = json.dumps(header).encode()
+        with open(directory / name, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw)
+            f.truncate(8 + len(raw) + per_shard * size)
+        weight_map.update({k: name for k in header})
+    (directory / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": shards * per_shard * size}, "weight_map": weight_map}))
+
+
+def timed(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def inspector_first_view(path: Path) -> float:
+    """Seconds from asking the main window to open `path` until its window has painted once
+    (prints when the work queued behind the first paint, the tensor table's rows, is done)."""
+    import os
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ.setdefault("COLIBRI_INSPECTOR_SETTINGS", tempfile.mkdtemp())
+    from PySide6.QtWidgets import QApplication
+
+    from colibri.inspector.main_window import MainWindow
+    app = QApplication.instance() or QApplication([])
+    window = MainWindow()
+    window.resize(1600, 900)
+    window.show()
+    app.processEvents()
+    start = time.perf_counter()
+    view = window.open_path(path)
+    window.repaint()  # synchronous: the tab's first paint (queued work comes after it)
+    first = time.perf_counter() - start
+    app.processEvents()
+    print(f"  {path.name}: everything queued done after "
+          f"{(time.perf_counter() - start) * 1000:.0f} ms ({type(view).__name__})")
+    window.close()
+    return first
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--gguf-reader", action="store_true")
+    parser.add_argument("--inspector", action="store_true",
+                        help="also time the Inspector opening each file into a tab and painting "
+                             "it once (offscreen, in this process)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        g = Path(tmp) / "big.gguf"
+        big_gguf(g)
+        ckpt = Path(tmp) / "ckpt"
+        ckpt.mkdir()
+        big_checkpoint(ckpt)
+        t_gguf = timed(lambda: gguf_file.GGUFFile.open(str(g)), args.repeats)
+        t_st = timed(lambda: safetensors_file.Checkpoint.open(str(ckpt)), args.repeats)
+        print(f"GGUF, 20 GB sparse, 151936 tokens + 151387 merges, 579 tensors: open "
+              f"{t_gguf * 1000:.0f} ms (median of {args.repeats})")
+        print(f"safetensors, 20 GB sparse, 4 shards x 1000 tensors + index: open "
+              f"{t_st * 1000:.0f} ms (median of {args.repeats})")
+        if args.inspector:
+            for label, path in (("GGUF", g), ("safetensors checkpoint", ckpt)):
+                print(f"Inspector, {label}: first paint after "
+                      f"{inspector_first_view(path) * 1000:.0f} ms")
+        if args.gguf_reader:
+            import gguf
+            t_ref = timed(lambda: gguf.GGUFReader(str(g)), 1)
+            print(f"gguf.GGUFReader on the same GGUF: {t_ref * 1000:.0f} ms "
+                  f"({t_ref / t_gguf:.0f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

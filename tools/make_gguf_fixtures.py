@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Make tests/fixtures/gguf/: small GGUF files written by llama.cpp's own tools.
+
+For each family Colibri supports (mixtral, qwen2_moe, qwen3_moe, olmoe) this script
+  1. trains a small tokenizer on a few of Python's own source files: a SentencePiece BPE model
+     (`tokenizer.model`, with byte fallback, as Mixtral ships) for mixtral, a byte-level BPE
+     (`tokenizers`) with Qwen2's pre-tokenizer for the Qwen families and GPT-2's for OLMoE;
+  2. builds a small random transformers model with `tests/hf_reference.py`'s builder (fixed
+     seed) and saves it the standard way, with the tokenizer;
+  3. converts it with llama.cpp's `convert_hf_to_gguf.py` (outtypes f32 and bf16) and quantises
+     the f32 file with `llama-quantize` (Q8_0 and Q4_0, llama.cpp's default tensor mix).
+The weights are not committed: `manifest.json` records each family's config and seed, and the
+tests rebuild the same model (torch is pinned) and check it against the f32 file. The
+tokenizer files are committed beside the GGUF files (`<family>-hf/`).
+
+llama.cpp identifies a BPE tokenizer's pre-tokenizer by hashing how it encodes a test string,
+and knows only released tokenizers; these are trained here, so the script tells the converter
+which pre-tokenizer each one was built with ('qwen2' or 'olmo', the same regular expressions).
+
+    python tools/make_gguf_fixtures.py        # needs `pip install -e .[fixtures]`, cmake, ~10 min
+    python tools/make_gguf_fixtures.py --check  # the committed files against manifest.json
+
+The llama.cpp version is tools/llamacpp.py's (the llama-cpp-python sdist it vendors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "fixtures" / "gguf"
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import llamacpp  # noqa: E402
+
+VOCAB = 512
+SEED = 7
+_BASE = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
+             bos_token_id=None, eos_token_id=None, pad_token_id=None)
+# Every row length a multiple of 32 so that Q8_0/Q4_0 apply to every matrix.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "mixtral": dict(_BASE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                    rope_theta=1e6),
+    "qwen2_moe": dict(_BASE, intermediate_size=128, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+                      decoder_sparse_step=1, norm_topk_prob=False),
+    "qwen3_moe": dict(_BASE, head_dim=16, intermediate_size=128, moe_intermediate_size=32,
+                      num_experts=4, num_experts_per_tok=2, norm_topk_prob=True),
+    "olmoe": dict(_BASE, num_key_value_heads=4, intermediate_size=32, num_experts=4,
+                  num_experts_per_tok=2),
+}
+TOKENIZER = {"mixtral": "spm", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "olmo"}
+OUTTYPES = ("f32", "bf16")
+QUANTS = ("Q8_0", "Q4_0")
+CORPUS_FILES = ("textwrap.py", "string.py", "fnmatch.py", "shlex.py")
+
+# Qwen2's pre-tokenizer (tokenizer.json of Qwen2/Qwen3; llama.cpp's 'qwen2').
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+               r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def log(message: str) -> None:
+    print(f"[fixtures] {message}", file=sys.stderr, flush=True)
+
+
+def corpus() -> str:
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    return "\n".join((lib / name).read_text(encoding="utf-8") for name in CORPUS_FILES)
+
+
+def spm_tokenizer(directory: Path, text: str) -> None:
+    """tokenizer.model (SentencePiece BPE, byte fallback, Llama's normalisation) and the
+    tokenizer.json transformers makes from it."""
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "corpus.txt").write_text(text, encoding="utf-8")
+        spm.SentencePieceTrainer.train(
+            input=str(Path(tmp) / "corpus.txt"), model_prefix=str(Path(tmp) / "sp"),
+            vocab_size=VOCAB, model_type="bpe", byte_fallback=True, character_coverage=1.0,
+            split_digits=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, add_dummy_prefix=True,
+            remove_extra_whitespaces=False, normalization_rule_name="identity", num_threads=1,
+            minloglevel=2, max_sentence_length=1 << 20, seed_sentencepiece_size=100000)
+        shutil.copy(Path(tmp) / "sp.model", directory / "tokenizer.model")
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False, "legacy": False}))
+    AutoTokenizer.from_pretrained(directory).save_pretrained(directory)
+
+
+def bpe_tokenizer(directory: Path, text: str, pre: str) -> None:
+    """A byte-level BPE tokenizer.json: Qwen2's split regex or GPT-2's (OLMoE's GPT-NeoX)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    if pre == "qwen2":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        specials = ["<|endoftext|>", "<|padding|>"]
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text], trainer)
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+        "bos_token": None, "unk_token": None, "add_bos_token": False}))
+
+
+def hf_checkpoint(family: str, directory: Path) -> None:
+    import hf_reference
+
+    variant = hf_reference.Variant(f"{family}-gguf", family, CONFIGS[family])
+    model = hf_reference.build(variant, seed=SEED)
+    model.save_pretrained(directory)
+
+
+# Runs convert_hf_to_gguf.py as its own __main__, after telling its pre-tokenizer table about
+# the tokenizer trained here (see the module docstring).
+_CONVERT = """
+import runpy, sys
+src, pre, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+sys.path[:0] = [src, src + "/gguf-py"]
+from conversion import base
+if pre != "-":
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+sys.argv = [src + "/convert_hf_to_gguf.py", *argv]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def convert(tools: llamacpp.LlamaCpp, hf_dir: Path, out: Path, outtype: str, pre: str) -> None:
+    source = tools.fetch()
+    subprocess.run([sys.executable, "-c", _CONVERT, str(source), pre, str(hf_dir), "--outfile",
+                    str(out), "--outtype", outtype], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+
+
+def quantize(tools: llamacpp.LlamaCpp, src: Path, dst: Path, qtype: str) -> None:
+    subprocess.run([str(tools.quantize()), str(src), str(dst), qtype], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def make() -> None:
+    tools = llamacpp.LlamaCpp()
+    tools.quantize()  # build first: fail early without cmake
+    text = corpus()
+    if OUT.exists():
+        shutil.rmtree(OUT)
+    OUT.mkdir(parents=True)
+    entries = []
+    for family in CONFIGS:
+        log(family)
+        hf_dir = OUT / f"{family}-hf"
+        hf_dir.mkdir()
+        if TOKENIZER[family] == "spm":
+            spm_tokenizer(hf_dir, text)
+        else:
+            bpe_tokenizer(hf_dir, text, TOKENIZER[family])
+        with tempfile.TemporaryDirectory() as tmp:
+            full = Path(tmp) / "hf"
+            shutil.copytree(hf_dir, full)
+            hf_checkpoint(family, full)
+            for name in ("config.json", "generation_config.json"):
+                if (full / name).exists():
+                    shutil.copy(full / name, hf_dir / name)
+            pre = "-" if TOKENIZER[family] == "spm" else TOKENIZER[family]
+            for outtype in OUTTYPES:
+                out = OUT / f"{family}-{outtype}.gguf"
+                convert(tools, full, out, outtype, pre)
+                entries.append({"file": out.name, "family": family, "made_by":
+                                f"convert_hf_to_gguf.py --outtype {outtype}"})
+            for qtype in QUANTS:
+                out = OUT / f"{family}-{qtype.lower()}.gguf"
+                quantize(tools, OUT / f"{family}-f32.gguf", out, qtype)
+                entries.append({"file": out.name, "family": family, "made_by":
+                                f"llama-quantize {family}-f32.gguf {qtype}"})
+    manifest = {
+        "llama_cpp_python": llamacpp.VERSION, "sdist_sha256": llamacpp.SDIST_SHA256,
+        "seed": SEED, "configs": CONFIGS, "tokenizers": TOKENIZER,
+        "files": [dict(e, sha256=sha256(OUT / e["file"]), bytes=(OUT / e["file"]).stat().st_size)
+                  for e in entries],
+    }
+    (OUT / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    check()
+
+
+def check() -> None:
+    manifest = json.loads((OUT / "manifest.json").read_text())
+    bad = [e["file"] for e in manifest["files"] if sha256(OUT / e["file"]) != e["sha256"]]
+    if bad:
+        raise SystemExit(f"changed since they were made: {', '.join(bad)}")
+    total = sum(e["bytes"] for e in manifest["files"])
+    log(f"{len(manifest['files'])} files, {total} bytes, as recorded")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only check the committed files")
+    args = parser.parse_args(argv)
+    if args.check:
+        check()
+    else:
+        make()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())
