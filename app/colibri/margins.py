@@ -23,7 +23,7 @@ and the jitter lab all measure margins here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
@@ -32,6 +32,19 @@ if TYPE_CHECKING:  # pragma: no cover
 
 GROUP_MAX, GROUP_TOP2_SUM = 1, 2  # col_group_score (colibri.h)
 NO_ULPS = np.iinfo(np.int64).min  # the ULP distance of a pair with a NaN
+
+
+class Decisions(Protocol):
+    """Routing decisions as a trace holds them (engine.Trace, jitter.Run): expert_ids [P, M, k]
+    (-1 = empty slot), selection_scores [P, M, E] float32, chosen_groups [P, M, g] (g 0: no
+    groups)."""
+
+    @property
+    def expert_ids(self) -> np.ndarray: ...
+    @property
+    def selection_scores(self) -> np.ndarray: ...
+    @property
+    def chosen_groups(self) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -152,5 +165,5 @@ def selection_margins(selection: np.ndarray, expert_ids: np.ndarray,
     return margin, ulps
 
 
-__all__ = ["GroupLimit", "NO_ULPS", "decisive_pair", "group_limits", "ordered_keys",
+__all__ = ["Decisions", "GroupLimit", "NO_ULPS", "decisive_pair", "group_limits", "ordered_keys",
            "selection_margins", "ulp_distance"]

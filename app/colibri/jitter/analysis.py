@@ -49,7 +49,8 @@ import numpy as np
 
 from colibri.engine import Model, Session
 from colibri.jitter.variants import Variant, parse_variants
-from colibri.margins import GroupLimit, group_limits, ordered_keys, selection_margins
+from colibri.margins import (Decisions, GroupLimit, group_limits, ordered_keys,
+                             selection_margins)
 from colibri.jitter.weights import convert_weights
 from colibri.values import CancelFlag, Progress, check_cancelled, never_cancelled, no_progress
 
@@ -74,9 +75,11 @@ def selection_order(selection_scores: np.ndarray, epsilon: float = 0.0) -> np.nd
     return np.argsort(-scores, axis=-1, kind="stable")
 
 
-def margins(run: Run, limits: Sequence[GroupLimit], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(absolute float64, ULP int64) margin of each cell's decision in `run`, [P][M], on its
-    selection scores (colibri.margins). Undefined (k == n_experts): inf and -1."""
+def margins(run: Decisions, limits: Sequence[GroupLimit], k: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(absolute float64, ULP int64) margin of each cell's decision in `run` (a Run or a Trace),
+    [P][M], on its selection scores (colibri.margins); k is the model's top-k. Undefined (k ==
+    n_experts): inf and -1."""
     margin, ulps = selection_margins(run.selection_scores, run.expert_ids, run.chosen_groups,
                                      limits, k)
     undefined = ~np.isfinite(margin)
@@ -87,6 +90,13 @@ def margins(run: Run, limits: Sequence[GroupLimit], k: int) -> tuple[np.ndarray,
 def ulp_bin(ulps: int) -> int:
     """Bin of a ULP margin: 0 -> 0, 1 -> 1, 2-3 -> 2, 4-7 -> 3, ... (negative: -1)."""
     return -1 if ulps < 0 else (0 if ulps == 0 else int(ulps).bit_length())
+
+
+def ulp_bins(ulps: np.ndarray) -> np.ndarray:
+    """`ulp_bin` of every element of an int64 array of ULP margins (the same bins: the bit length
+    of the margin, -1 for a negative one)."""
+    u = np.asarray(ulps, dtype=np.int64)
+    return np.where(u < 0, -1, np.frexp(np.maximum(u, 0).astype(np.float64))[1]).astype(np.int64)
 
 
 def ulp_bin_label(b: int) -> str:
@@ -199,11 +209,11 @@ class Runner:
             Session.memory_estimate(self.model, routing="stable", epsilon=e, threads=self.threads)
 
     def run(self, tokens: Sequence[int], variant: Variant | None = None, routing: str = "topk",
-            epsilon: float = 0.0) -> Run:
+            epsilon: float = 0.0, seed: int = 0) -> Run:
         """One teacher-forced pass: `tokens` in one prefill (every position's logits)."""
         variant = variant or Variant()
         model = self.model_for(variant)
-        with Session(model, routing=routing, epsilon=epsilon, threads=self.threads,
+        with Session(model, routing=routing, epsilon=epsilon, seed=seed, threads=self.threads,
                      max_context=len(tokens), trace=True, numerics=variant.numerics,
                      kernels=variant.kernels) as s:
             if variant.kernels is not None and s.kernels != variant.kernels:
