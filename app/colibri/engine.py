@@ -45,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale build
     raise ImportError(
         f"colibri: compiled engine has ABI version {lib.col_abi_version()}, this Python package "
@@ -181,8 +181,7 @@ class RoutingInfo:
     def has_groups(self) -> bool:
         return self.kind == "moe" and self.n_groups > 1
 
-    def describe(self) -> str:
-        """The rule in words, as the engine words it (col_routing_describe)."""
+    def _c_info(self) -> Any:
         info = ffi.new("col_routing_info *")
         for f in fields(self):
             value = getattr(self, f.name)
@@ -191,9 +190,33 @@ class RoutingInfo:
             elif value is None:
                 value = lib.COL_NO_TENSOR
             setattr(info, f.name, value)
+        return info
+
+    def describe(self) -> str:
+        """The rule in words, as the engine words it (col_routing_describe)."""
         out = ffi.new("char[]", 512)
-        errors.raise_for_status(lib.col_routing_describe(info, out, 512))
+        errors.raise_for_status(lib.col_routing_describe(self._c_info(), out, 512))
         return _text(out)
+
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        """Every expert's score for router logits [..., n_experts] (a trace's router_logits), as
+        the engine's router computes it: each logit's sigmoid, or a softmax over all of them
+        (col_routing_scores). float32, the shape of `logits`."""
+        if self.kind != "moe":
+            raise ColibriValueError(f"layer {self.layer} is dense: no routing scores",
+                                    COL_ERR_INVALID_ARG)
+        rows = np.ascontiguousarray(logits, dtype=np.float32)
+        if rows.ndim == 0 or rows.shape[-1] != self.n_experts:
+            raise ColibriValueError(f"router logits of shape {rows.shape}, expected [..., "
+                                    f"{self.n_experts}]", COL_ERR_INVALID_ARG)
+        flat = rows.reshape(-1, self.n_experts)
+        out = np.empty_like(flat)
+        info = self._c_info()
+        for i in range(flat.shape[0]):
+            errors.raise_for_status(lib.col_routing_scores(
+                info, ffi.from_buffer("float[]", flat[i]),
+                ffi.from_buffer("float[]", out[i], require_writable=True)))
+        return out.reshape(rows.shape)
 
 
 @dataclass(frozen=True)

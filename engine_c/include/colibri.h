@@ -37,8 +37,8 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 4   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
-                                grew; col_routing_describe) */
+#define COL_ABI_VERSION 5   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+                                grew; col_routing_describe); 5: col_routing_scores */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -486,6 +486,14 @@ int32_t col_model_routing(const col_model *model, uint32_t layer, col_routing_in
  * wording of a rule: the command-line tools and the Inspector show it. COL_ERR_INVALID_ARG for a
  * NULL argument or n == 0. Thread safe. */
 int32_t col_routing_describe(const col_routing_info *rule, char *out, size_t n);
+
+/* Step 1 of a MoE rule over every expert, as the router computes it: scores [rule->n_experts]
+ * = each logit's sigmoid (sigmoid scoring), or a softmax over all the logits (softmax and
+ * sparsemixer scoring; what soft routing weighs by). logits: [n_experts] router logits, the
+ * router bias included (a trace's router_logits). Lets a debugger show a decision's scores
+ * beside its logits and selection scores without recomputing the rule. COL_ERR_INVALID_ARG for
+ * a NULL argument, a dense entry or an unknown scoring. Pure; thread safe. */
+int32_t col_routing_scores(const col_routing_info *rule, const float *logits, float *scores);
 
 /* The embedded tokenizer.json and user-metadata JSON bytes (not NUL-terminated; size may be 0). */
 const uint8_t *col_model_tokenizer(const col_model *model, uint64_t *size);

@@ -48,6 +48,26 @@ static float sigmoid(float x)
     return 1.0f / (1.0f + expf(-x));
 }
 
+/* Step 1 over every expert: each logit's sigmoid, or a softmax over all of them (softmax and
+ * sparsemixer rules; what soft routing weighs by). */
+static void score_all(uint32_t scoring, const float *logits, float *scores, uint32_t n)
+{
+    if (scoring == COL_SCORING_SIGMOID) {
+        for (uint32_t j = 0; j < n; j++) scores[j] = sigmoid(logits[j]);
+    } else {
+        col_softmax(logits, scores, n);
+    }
+}
+
+int32_t col_routing_scores(const col_routing_info *rule, const float *logits, float *scores)
+{
+    if (!rule || !logits || !scores || rule->kind != COL_LAYER_MOE || rule->n_experts == 0 ||
+        rule->scoring > COL_SCORING_SPARSEMIXER)
+        return COL_ERR_INVALID_ARG;
+    score_all(rule->scoring, logits, scores, rule->n_experts);
+    return COL_OK;
+}
+
 /* splitmix64 finaliser: a well-mixed 64-bit hash, so noise needs no generator state and a
  * decision's noise does not depend on which decisions were made before it. */
 static uint64_t mix64(uint64_t z)
@@ -153,11 +173,8 @@ uint32_t col_route(const col_routing_info *r, const float *bias, const col_route
     const int on_scores = r->select_on == COL_SELECT_SCORES;
 
     /* steps 1 and 2 */
-    if (r->scoring == COL_SCORING_SIGMOID) {
-        for (uint32_t j = 0; j < n; j++) s->scores[j] = sigmoid(logits[j]);
-    } else if (on_scores || soft) {
-        col_softmax(logits, s->scores, n);
-    }
+    if (r->scoring == COL_SCORING_SIGMOID || on_scores || soft)
+        score_all(r->scoring, logits, s->scores, n);
     for (uint32_t j = 0; j < n; j++) {
         float sel = logits[j];
         if (on_scores && (r->scoring == COL_SCORING_SIGMOID || bias))

@@ -388,6 +388,37 @@ static void test_gumbel_same_seed_same_choice(void)
     CHECK(differs > 0); /* another seed is another draw */
 }
 
+/* col_routing_scores gives the scores the router itself weighs by: the chosen weights of a
+ * sigmoid rule before normalisation, and every soft-routing weight of a softmax rule. */
+static void test_routing_scores_are_the_routers(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {0.5f, 2.0f, -1.0f, 3.0f, 0.1f, 1.0f, -0.5f, 0.0f};
+    float bias[N] = {0, 0, 0, 0, 0, 0.4f, 0, 0}, scores[N];
+    col_routing_info r = deepseek_v3_rule(2, 1, 1, 1.0f);
+    r.normalize = COL_NORM_NONE;
+    col_router_params p = mode(COL_ROUTING_TOPK);
+    CHECK(col_routing_scores(&r, logits, scores) == COL_OK);
+    col_route(&r, bias, &p, logits, &f.out, &f.scratch);
+    for (int j = 0; j < N; j++) CHECK(scores[j] == sig(logits[j]));
+    CHECK(f.weights[0] == scores[f.ids[0]] && f.weights[1] == scores[f.ids[1]]);
+    CHECK(f.selection[5] == scores[5] + bias[5]);
+
+    col_routing_info soft = softmax_rule(2, 0);
+    p = mode(COL_ROUTING_SOFT);
+    CHECK(col_routing_scores(&soft, logits, scores) == COL_OK);
+    col_route(&soft, NULL, &p, logits, &f.out, &f.scratch);
+    for (int i = 0; i < N; i++) CHECK(f.weights[i] == scores[f.ids[i]]);
+
+    col_routing_info dense = softmax_rule(2, 0);
+    dense.kind = COL_LAYER_DENSE;
+    CHECK(col_routing_scores(&dense, logits, scores) == COL_ERR_INVALID_ARG);
+    CHECK(col_routing_scores(&soft, NULL, scores) == COL_ERR_INVALID_ARG);
+    soft.scoring = 9;
+    CHECK(col_routing_scores(&soft, logits, scores) == COL_ERR_INVALID_ARG);
+}
+
 static void test_gumbel_noise_is_finite(void)
 {
     for (uint32_t j = 0; j < 1000; j++) CHECK(isfinite(col_gumbel_noise(7, j, j % 5, j % 13)));
@@ -414,5 +445,6 @@ int main(void)
     test_soft_sigmoid_rule_normalises_over_every_expert();
     test_gumbel_same_seed_same_choice();
     test_gumbel_noise_is_finite();
+    test_routing_scores_are_the_routers();
     return TEST_REPORT();
 }

@@ -31,13 +31,19 @@ Decoding is greedy (argmax, lowest id on ties); it stops early after the model's
 
 
 def print_routing(trace: Any, tokenizer: Any, position: int) -> None:
-    """One line per MoE layer of `position`: the chosen experts and their weights."""
+    """One line per MoE layer of `position`: the chosen experts and their weights, then the kept
+    groups when the layer routes within groups, and a mark when its correction bias changed the
+    choice."""
     token = int(trace.tokens[position])
     for m, layer in enumerate(trace.moe_layers):
         ids = ",".join(str(int(e)) for e in trace.expert_ids[position, m])
         weights = ",".join(f"{float(w):.2f}" for w in trace.expert_weights[position, m])
+        kept = [int(g) for g in trace.chosen_groups[position, m] if g >= 0]
+        groups = f" groups [{','.join(map(str, kept))}]" if kept else ""
+        changed = " (the correction bias changed the choice)" \
+            if trace.bias_changed[position, m] else ""
         print(f"pos {position} token {token_label(tokenizer, token)} layer {int(layer)}: "
-              f"experts [{ids}] weights [{weights}]")
+              f"experts [{ids}] weights [{weights}]{groups}{changed}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
