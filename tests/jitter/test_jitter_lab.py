@@ -20,7 +20,8 @@ from colibri.jitter import (BASELINE, EpsilonReport, JitterReport, Run, Runner, 
 from colibri.margins import GroupLimit
 from colibri.numerics import Numerics, NumericsError
 
-from jitter_models import TIE_LAYER, TIED, make_tie_model, make_wide_model
+from jitter_models import (TIE_LAYER, TIED, make_selection_tie_model, make_tie_model,
+                           make_wide_model)
 
 PROMPT = [3, 4, 5, 6, 7]
 NOISE = "noise1,noise2,noise4"
@@ -311,3 +312,24 @@ def test_margin_bins_cover_every_cell(tie_path: Path, tie_tokens: list[int]) -> 
     cell = jit.cell(0, TIE_LAYER)
     assert set(cell["runs"]) == {BASELINE, *jit.variants}
     assert not math.isnan(cell["margin_abs"])
+
+
+def test_a_tie_on_the_selection_score_is_where_flips_happen(tmp_path: Path) -> None:
+    """DeepSeek-V3-style routing: two experts whose router logits are far apart tie exactly on
+    sigmoid + correction bias. The jitter report measures the tie there (margin 0 ULPs), its
+    variants flip that decision, and each run's selection scores are kept and round-trip."""
+    tokens = [3, 4, 5, 6, 7, 8, 9, 10]
+    path, (a, b) = make_selection_tie_model(tmp_path, tokens, 3)
+    with Runner.open(path) as runner:
+        report = analyze_jitter(runner, tokens, "seq,blocked8,act-bf16,w-bf16")
+        base = runner.run(tokens)
+    assert abs(float(base.router_logits[3, 0, a] - base.router_logits[3, 0, b])) > 0.1
+    assert base.selection_scores[3, 0, a] == base.selection_scores[3, 0, b]
+    assert report.margin_ulps[3, 0] == 0
+    assert report.flip_counts()[3, 0] > 0
+    np.testing.assert_array_equal(report.selection_scores[BASELINE], base.selection_scores)
+    again = JitterReport.from_dict(json.loads(report_json(report)))
+    for name in (BASELINE, *report.variants):
+        np.testing.assert_array_equal(again.selection_scores[name], report.selection_scores[name])
+    assert report.cell(3, 0)["runs"][BASELINE]["selection_scores"][a] == \
+        float(base.selection_scores[3, 0, a])

@@ -304,6 +304,13 @@ class JitterReport:
     margin_ulps: np.ndarray                  # [P][M] int64
     downstream: dict[str, Downstream] = field(default_factory=dict)
     kernels: str = ""                        # the baseline's kernel path ("" in older reports)
+    # name (and "baseline") -> [P][M][E] float32, what each run's choice ranked (reports without
+    # them come from version-1 models, which rank the router logits)
+    selection_scores: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.selection_scores:
+            self.selection_scores = dict(self.router_logits)
 
     @property
     def n_positions(self) -> int:
@@ -345,7 +352,8 @@ class JitterReport:
                 for b, (c, f, n) in sorted(bins.items())]
 
     def cell(self, position: int, layer_index: int) -> dict[str, Any]:
-        """One cell for the token view: every run's router logits and selected set."""
+        """One cell for the token view: every run's router logits, selection scores and selected
+        set."""
         names = [BASELINE, *self.variants]
         return {
             "position": position, "layer": self.moe_layers[layer_index],
@@ -353,6 +361,8 @@ class JitterReport:
             "margin_abs": float(self.margin_abs[position, layer_index]),
             "margin_ulps": int(self.margin_ulps[position, layer_index]),
             "runs": {n: {"router_logits": self.router_logits[n][position, layer_index].tolist(),
+                         "selection_scores":
+                             self.selection_scores[n][position, layer_index].tolist(),
                          "selected": self.sets[n][position, layer_index].tolist(),
                          "flipped": bool(n != BASELINE and self.flips(n)[position, layer_index])}
                      for n in names},
@@ -372,6 +382,7 @@ class JitterReport:
             "threads": self.threads, "kernels": self.kernels, "variants": list(self.variants),
             "sets": {n: _ints(self.sets[n]) for n in names},
             "router_logits": {n: _floats(self.router_logits[n]) for n in names},
+            "selection_scores": {n: _floats(self.selection_scores[n]) for n in names},
             "margin_abs": _floats(self.margin_abs), "margin_ulps": _ints(self.margin_ulps),
             "flips": {n: _ints(self.flips(n).astype(np.int8)) for n in self.variants},
             "cell_flip_rate": _floats(self.cell_flip_rate()),
@@ -392,7 +403,9 @@ class JitterReport:
                    {n: _unfloats(d["router_logits"][n], np.float32) for n in names},
                    _unfloats(d["margin_abs"]), np.asarray(d["margin_ulps"], dtype=np.int64),
                    {n: Downstream.from_dict(d["downstream"][n]) for n in d["variants"]},
-                   d.get("kernels", ""))
+                   d.get("kernels", ""),
+                   {n: _unfloats(d["selection_scores"][n], np.float32) for n in names}
+                   if "selection_scores" in d else {})
 
 
 def report_json(report: JitterReport | EpsilonReport) -> bytes:
@@ -423,6 +436,7 @@ def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Var
                                       runner.model.hparams.n_experts_active)
     sets = {BASELINE: base.sets}
     router = {BASELINE: base.router_logits}
+    selection = {BASELINE: base.selection_scores}
     downstream = {}
     names = []
     for i, v in enumerate(variants):
@@ -432,13 +446,14 @@ def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Var
         names.append(run.name)
         sets[run.name] = run.sets
         router[run.name] = run.router_logits
+        selection[run.name] = run.selection_scores
         downstream[run.name] = Downstream.between(base, run)
     progress(total, total, "done")
     info = _report_base(runner, tokens)
     return JitterReport(info["model"], info["tokens"],
                         len(tokens) if n_prompt is None else n_prompt, info["moe_layers"],
                         info["n_experts"], info["k"], info["threads"], names, sets, router,
-                        margin_abs, margin_ulps, downstream, base.kernels)
+                        margin_abs, margin_ulps, downstream, base.kernels, selection)
 
 
 # ---------------------------------------------------------------------------------------------
