@@ -94,10 +94,15 @@ def test_hparams_equal_written(tiny_model: BuildModel, arch: str) -> None:
     tm = tiny_model(arch)
     with Model.open(tm.path) as model:
         hp = model.hparams
-    written = dataclasses.asdict(tm.hparams)
+        rules = [model.routing(layer) for layer in range(hp.n_layers)]
+    written = {name: tm.hparams.v2_value(name) for name in dataclasses.asdict(tm.hparams)}
+    # version 1's routing flags are stated by each routing entry of a version-2 file
+    written["flags"] &= ~ff.FLAGS_V1_ONLY
     for name, value in written.items():
         assert getattr(hp, name) == pytest.approx(np.float32(value) if isinstance(value, float)
                                                   else value, rel=1e-7), name
+    implied = ff.RouteRule.from_v1_flags(tm.hparams.flags)
+    assert all(ff.RouteRule.from_info(r) == implied for r in rules if r.kind == "moe")
 
 
 def test_hparams_n_moe_layers_counts_moe_layers(tiny_model: BuildModel) -> None:
@@ -385,8 +390,9 @@ def test_sections_locate_every_region(tiny_model: BuildModel) -> None:
         sections = model.sections
         assert list(sections) == ["header", "routing", "tensor_table", "tokenizer", "metadata",
                                   "data"]
+        entry = ff.routing_entry_size(struct.unpack_from("<I", data, 4)[0])
         assert [(s.offset, s.size) for s in sections.values()] == [
-            (0, header_size), (routing, 32 * tm.hparams.n_layers), (table, 128 * n_tensors),
+            (0, header_size), (routing, entry * tm.hparams.n_layers), (table, 128 * n_tensors),
             (tok, tok_size), (meta, meta_size), (data_offset, len(data) - data_offset)]
         assert data[tok:tok + tok_size] == model.tokenizer_json == tm.tokenizer_json
 

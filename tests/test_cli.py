@@ -193,10 +193,15 @@ def test_run_dump_trace_shapes(capsys: Capture, tiny_model_path: BuildPath,
     run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3,4", "-n", "5", "--dump-trace", out)
     with np.load(out) as trace:
         shapes = {k: (trace[k].shape, trace[k].dtype) for k in
-                  ("expert_ids", "expert_weights", "router_logits", "moe_layers")}
+                  ("expert_ids", "expert_weights", "router_logits", "selection_scores",
+                   "moe_layers")}
+        # Mixtral's softmax without a correction bias ranks the logits themselves; no groups
+        assert np.array_equal(trace["selection_scores"], trace["router_logits"])
+        assert "chosen_groups" not in trace.files
     assert shapes == {"expert_ids": ((7, 2, 2), np.int32),
                       "expert_weights": ((7, 2, 2), np.float32),
                       "router_logits": ((7, 2, 4), np.float32),
+                      "selection_scores": ((7, 2, 4), np.float32),
                       "moe_layers": ((2,), np.int32)}
 
 

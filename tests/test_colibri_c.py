@@ -156,6 +156,32 @@ def test_info_of_the_demo_alike(capsys: Capture, colibri_c: Path) -> None:
     assert isinstance(doc, dict) and doc["user_metadata"]["hf_config"]["model_type"] == "mixtral"
 
 
+def test_info_of_a_format_version_1_file_alike(capsys: Capture, colibri_c: Path) -> None:
+    """Only the header fields version 1 has, and its rules read as version 1 means them."""
+    path = ROOT / "tests" / "v1" / "qwen2_moe-v1.colibri"
+    _, out, _ = same_output(capsys, colibri_c, "info", path)
+    assert "  0x004  version                      1\n" in out and "\nrouting:\n  layer 0" in out
+    same_json(capsys, colibri_c, "info", path)
+
+
+def test_info_of_a_family_of_format_version_2_alike(capsys: Capture, colibri_c: Path,
+                                                    tmp_path: Path) -> None:
+    """DeepSeek-V3's latent attention and grouped, biased routing: the version-2 header and
+    hyper-parameters, and each layer's rule in the engine's words."""
+    pytest.importorskip("torch")
+    hf_reference = pytest.importorskip("hf_reference")
+    from colibri.convert import convert
+
+    variant = next(v for v in hf_reference.VARIANTS if v.name == "deepseek_v3-groups-qlora")
+    hf_dir = hf_reference.save(hf_reference.build(variant), tmp_path / "hf")
+    convert(hf_dir, tmp_path / "ds.colibri", dtype="bf16")
+    capsys.readouterr()  # the checkpoint writer's progress
+    _, out, _ = same_output(capsys, colibri_c, "info", tmp_path / "ds.colibri")
+    assert "deepseek_v3" in out.splitlines()[0] and "groups" in out.split("\nrouting:\n")[1]
+    doc = same_json(capsys, colibri_c, "info", tmp_path / "ds.colibri")
+    assert isinstance(doc, dict) and doc["hparams"]["kv_lora_rank"] > 0
+
+
 def test_info_json_is_the_same(capsys: Capture, colibri_c: Path,
                                tiny_model_path: BuildPath) -> None:
     doc = same_json(capsys, colibri_c, "info", tiny_model_path("qwen2_moe", "bf16"))

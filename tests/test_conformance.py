@@ -5,8 +5,11 @@ way, converted with `colibri convert`, and run by the engine on a 40-token promp
 as supported only when all of these hold for all of its variants:
 - logits at every position within 1e-4 * max(1, max|logit|) (f32 weights) or 1e-3 (f16/bf16, with
   the reference run in f32 on the same rounded weights);
-- the same top-k expert set at every (position, MoE layer) where the gap between the k-th and
-  (k+1)-th router logit exceeds 1e-4;
+- the router logits and the selection scores (what the rule ranks: sigmoid + correction bias for
+  DeepSeek-V3, ...) within 10 times that;
+- the same top-k expert set, and the same kept groups, at every (position, MoE layer) where the
+  reference's selection margin (colibri.margins: the expert gap, or the group gap when closer)
+  exceeds 1e-4;
 - the same 16 greedily generated tokens.
 """
 
@@ -22,6 +25,7 @@ hf_reference = pytest.importorskip("hf_reference")
 
 import colibri  # noqa: E402
 from colibri.convert import convert  # noqa: E402
+from colibri.margins import group_limits, selection_margins  # noqa: E402
 
 PROMPT_LENGTH = 40
 N_GENERATE = 16
@@ -56,19 +60,23 @@ def greedy(model: colibri.Model, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def topk_sets_agree(ours: np.ndarray, reference_logits: np.ndarray, k: int) -> list[tuple[int, int]]:
-    """(position, moe layer) pairs whose top-k sets differ although the reference's k-th and
-    (k+1)-th router logits are more than 1e-4 apart."""
+def routing_disagreements(trace: colibri.Trace, reference: hf_reference.Reference,
+                          model: colibri.Model) -> list[tuple[int, int]]:
+    """(position, moe layer) pairs whose expert sets or kept groups differ although the
+    reference's decision was more than 1e-4 from going another way."""
+    margin, _ = selection_margins(reference.selection_scores, reference.expert_ids,
+                                  reference.chosen_groups, group_limits(model),
+                                  model.hparams.n_experts_active)
+    decisive = ~(margin <= 1e-4)  # NaN (no margin at all) counts as decisive
     mismatches = []
-    order = np.argsort(-reference_logits, axis=-1, kind="stable")
-    for pos in range(reference_logits.shape[0]):
-        for layer in range(reference_logits.shape[1]):
-            row = reference_logits[pos, layer]
-            ranked = order[pos, layer]
-            if k < row.size and row[ranked[k - 1]] - row[ranked[k]] <= 1e-4:
-                continue
-            if set(ranked[:k].tolist()) != set(ours[pos, layer].tolist()):
-                mismatches.append((pos, layer))
+    for pos, layer in zip(*np.nonzero(decisive)):
+        same = set(trace.expert_ids[pos, layer].tolist()) == set(
+            reference.expert_ids[pos, layer].tolist())
+        if reference.chosen_groups.shape[2]:
+            same &= set(trace.chosen_groups[pos, layer].tolist()) == set(
+                reference.chosen_groups[pos, layer].tolist())
+        if not same:
+            mismatches.append((int(pos), int(layer)))
     return mismatches
 
 
@@ -90,10 +98,22 @@ def test_engine_matches_transformers(variant, dtype, tmp_path):
 
         np.testing.assert_allclose(trace.router_logits, reference.router_logits,
                                    atol=TOLERANCE[dtype] * 10, rtol=0)
-        k = model.hparams.n_experts_active
-        assert topk_sets_agree(trace.expert_ids, reference.router_logits, k) == []
+        np.testing.assert_allclose(trace.selection_scores, reference.selection_scores,
+                                   atol=TOLERANCE[dtype] * 10, rtol=0)
+        assert routing_disagreements(trace, reference, model) == []
 
         assert greedy(model, prompt, N_GENERATE) == reference.generated
+
+
+@pytest.mark.parametrize("variant", [v for v in hf_reference.VARIANTS if v.rule_matters], ids=str)
+def test_the_variant_exercises_its_routing_rule(variant, tmp_path):
+    """The test above has power over the rule: transformers' choices, which the engine matched,
+    differ from a plain top-k of the router logits at some decisions of the prompt."""
+    model = hf_reference.build(variant)
+    reference = hf_reference.run(model, prompt_for(variant), N_GENERATE)
+    k = reference.expert_ids.shape[2]
+    plain = np.sort(np.argsort(-reference.router_logits, axis=-1, kind="stable")[..., :k], -1)
+    assert (plain != np.sort(reference.expert_ids, -1)).any(-1).sum() > 0
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["per-expert", "fused"])

@@ -74,7 +74,7 @@ def read_colibri(path) -> dict:
     version, n_experts, n_layers, header_size, n_tensors = struct.unpack_from("<5I", data, 4)
     (routing_off, data_off, table_off, tok_off, tok_size, meta_off, meta_size,
      file_size) = struct.unpack_from("<8Q", data, 0x18)
-    assert version == 1 and header_size == 256 and file_size == len(data)
+    assert version == 2 and header_size == 512 and file_size == len(data)
     assert data_off % 64 == 0
     hp = {"n_experts": n_experts, "n_layers": n_layers}
     fields = [(0x58, "I", "arch"), (0x5C, "I", "flags"), (0x60, "I", "d_model"),
@@ -84,15 +84,27 @@ def read_colibri(path) -> dict:
               (0x84, "I", "n_experts_active"), (0x88, "I", "sliding_window"),
               (0x8C, "I", "rope_type"), (0x90, "d", "rope_theta"), (0x98, "f", "rope_factor"),
               (0xA8, "f", "norm_eps"), (0xAC, "f", "clip_qkv"), (0xB4, "i", "bos_token_id"),
-              (0xB8, "i", "eos_token_id"), (0xBC, "I", "n_moe_layers")]
+              (0xB8, "i", "eos_token_id"), (0xBC, "I", "n_moe_layers"),
+              (0xC8, "I", "attention"), (0xDC, "I", "v_head_dim"), (0xE0, "I", "rotary_dim"),
+              (0xE4, "I", "rope_layout"), (0xE8, "f", "attn_scale")]
     for off, code, name in fields:
         hp[name] = struct.unpack_from("<" + code, data, off)[0]
     header_crc, tables_crc = struct.unpack_from("<II", data, 0xC0)
-    assert header_crc == zlib.crc32(data[:0xC0])
-    routing_bytes = data[routing_off:routing_off + 32 * n_layers]
+    assert header_crc == zlib.crc32(data[0xC8:0x200], zlib.crc32(data[:0xC0]))
+    assert data[0x100:0x200] == bytes(256)
+    routing_bytes = data[routing_off:routing_off + 128 * n_layers]
     table_bytes = data[table_off:table_off + 128 * n_tensors]
     assert tables_crc == zlib.crc32(routing_bytes + table_bytes)
-    routing = [struct.unpack_from("<8I", routing_bytes, 32 * i) for i in range(n_layers)]
+    routing = []
+    for i in range(n_layers):
+        entry = routing_bytes[128 * i:128 * (i + 1)]
+        fields = struct.unpack_from("<7I6I3fIfI", entry, 0)
+        names = ("layer", "kind", "gate", "gate_bias", "top_k", "n_experts", "scoring",
+                 "select_on", "correction", "n_groups", "n_groups_kept", "group_score",
+                 "normalize", "norm_eps", "norm_p", "scale", "shared", "sparsemixer_eps",
+                 "attention")
+        routing.append(dict(zip(names, fields)))
+        assert entry[0x4C:] == bytes(128 - 0x4C)
     tensors, names, prev_end = {}, [], data_off
     np_dtype = {0: np.float32, 1: np.float16, 2: np.uint16}
     for i in range(n_tensors):
@@ -225,12 +237,20 @@ def check_header(family, parsed, config):
     assert hp["norm_eps"] == pytest.approx(config.rms_norm_eps, rel=1e-6)
     assert hp["sliding_window"] == 0
     flags = {
-        "mixtral": ff.FLAG_NORM_TOPK,
-        "qwen2_moe": ff.FLAG_SHARED_EXPERT | ff.FLAG_SHARED_EXPERT_GATE | ff.FLAG_QKV_BIAS,
-        "qwen3_moe": ff.FLAG_NORM_TOPK | ff.FLAG_QKV_BIAS | ff.FLAG_O_BIAS | ff.FLAG_QK_NORM_HEAD,
+        "mixtral": 0,
+        "qwen2_moe": ff.FLAG_QKV_BIAS,
+        "qwen3_moe": ff.FLAG_QKV_BIAS | ff.FLAG_O_BIAS | ff.FLAG_QK_NORM_HEAD,
         "olmoe": ff.FLAG_QK_NORM_FULL,
     }[family]
     assert hp["flags"] == flags
+    assert (hp["attention"], hp["v_head_dim"], hp["rotary_dim"], hp["rope_layout"]) == (
+        ff.ATTENTION_GQA, head_dim, head_dim, ff.ROPE_HALVES)
+    assert hp["attn_scale"] == np.float32(head_dim ** -0.5)
+    # each family's rule as its MoE routing entries state it (docs/format.md, "The routing rule")
+    normalize, shared = {"mixtral": (ff.NORM_SUM, ff.SHARED_NONE),
+                         "qwen2_moe": (ff.NORM_NONE, ff.SHARED_SIGMOID_GATE),
+                         "qwen3_moe": (ff.NORM_SUM, ff.SHARED_NONE),
+                         "olmoe": (ff.NORM_NONE, ff.SHARED_NONE)}[family]
     d_ff = {"mixtral": (96, 0, 0), "qwen2_moe": (32, 96, 48), "qwen3_moe": (32, 0, 0),
             "olmoe": (32, 0, 0)}[family]
     assert (hp["d_ff_expert"], hp["d_ff_dense"], hp["d_ff_shared"]) == d_ff
@@ -241,14 +261,19 @@ def check_header(family, parsed, config):
              for layer in range(config.num_hidden_layers)]
     assert hp["n_moe_layers"] == sum(kinds)
     index = {n: i for i, n in enumerate(parsed["names"])}
-    for layer, (lay, kind, gate, gate_bias, top_k, n_exp, scoring, res) in enumerate(
-            parsed["routing"]):
-        assert (lay, kind) == (layer, kinds[layer])
-        if kind == 1:
-            assert (gate, top_k, n_exp) == (index[f"layers.{layer}.moe_gate"], 2, 4)
+    for layer, r in enumerate(parsed["routing"]):
+        assert (r["layer"], r["kind"], r["attention"]) == (layer, kinds[layer], ff.LAYER_FULL)
+        assert (r["gate_bias"], r["correction"]) == (0xFFFFFFFF, 0xFFFFFFFF)
+        if r["kind"] == 1:
+            assert (r["gate"], r["top_k"], r["n_experts"]) == (
+                index[f"layers.{layer}.moe_gate"], 2, 4)
+            assert (r["scoring"], r["select_on"], r["n_groups"], r["n_groups_kept"],
+                    r["group_score"]) == (ff.SCORING_SOFTMAX, ff.SELECT_SCORES, 1, 1, 0)
+            assert (r["normalize"], r["norm_eps"], r["scale"], r["shared"]) == (
+                normalize, 0.0, 1.0, shared)
         else:
-            assert (gate, top_k, n_exp) == (0xFFFFFFFF, 0, 0)
-        assert (gate_bias, scoring, res) == (0xFFFFFFFF, 0, 0)
+            assert (r["gate"], r["top_k"], r["n_experts"], r["scoring"], r["scale"],
+                    r["shared"]) == (0xFFFFFFFF, 0, 0, 0, 0.0, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,29 +426,50 @@ def test_missing_fields_take_class_defaults(saved, tmp_path):
 def test_sliding_window(saved, tmp_path):
     d = edit_config(saved["mixtral"]["dirs"]["per_expert"], tmp_path / "a", sliding_window=8)
     convert(d, tmp_path / "a.colibri")
-    assert read_colibri(tmp_path / "a.colibri")["hp"]["sliding_window"] == 8
+    parsed = read_colibri(tmp_path / "a.colibri")
+    assert parsed["hp"]["sliding_window"] == 8
+    assert [r["attention"] for r in parsed["routing"]] == [ff.LAYER_SLIDING] * 2
+    # Qwen2-MoE's layer_types slide some layers only: each routing entry says which
     d = edit_config(saved["qwen2_moe"]["dirs"]["per_expert"], tmp_path / "b",
                     use_sliding_window=True, sliding_window=8,
                     layer_types=["sliding_attention", "full_attention"])
-    with pytest.raises(ConversionError, match="only some layers"):
-        convert(d, tmp_path / "b.colibri")
-    assert not (tmp_path / "b.colibri").exists()
+    convert(d, tmp_path / "b.colibri")
+    parsed = read_colibri(tmp_path / "b.colibri")
+    assert parsed["hp"]["sliding_window"] == 8
+    assert [r["attention"] for r in parsed["routing"]] == [ff.LAYER_SLIDING, ff.LAYER_FULL]
+
+
+def test_yarn_rope(saved, tmp_path):
+    d = edit_config(saved["olmoe"]["dirs"]["per_expert"], tmp_path / "hf",
+                    rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                     "original_max_position_embeddings": 64})
+    convert(d, tmp_path / "m.colibri")
+    with open(tmp_path / "m.colibri", "rb") as f:
+        head = f.read(512)
+    rope_type, = struct.unpack_from("<I", head, 0x8C)
+    factor, = struct.unpack_from("<f", head, 0x98)
+    original, = struct.unpack_from("<I", head, 0x9C)
+    attn_factor, beta_fast, beta_slow, truncate = struct.unpack_from("<3fI", head, 0xF0)
+    assert (rope_type, factor, original) == (ff.ROPE_YARN, 4.0, 64)
+    # transformers' defaults: attention factor 0.1 ln(factor) + 1, betas 32 and 1, truncate
+    assert attn_factor == np.float32(0.1 * np.log(4.0) + 1.0)
+    assert (beta_fast, beta_slow, truncate) == (32.0, 1.0, 1)
 
 
 def test_unsupported_rope_type(saved, tmp_path):
     d = edit_config(saved["olmoe"]["dirs"]["per_expert"], tmp_path / "hf",
-                    rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})
-    with pytest.raises(ConversionError, match="RoPE scaling type 'yarn' not supported"):
+                    rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0})
+    with pytest.raises(ConversionError, match="RoPE scaling type 'longrope' not supported"):
         convert(d, tmp_path / "m.colibri")
 
 
 def test_unknown_model_type(saved, tmp_path):
     d = edit_config(saved["mixtral"]["dirs"]["per_expert"], tmp_path / "hf",
-                    model_type="deepseek_v3")
+                    model_type="nllb_moe")
     with pytest.raises(ConversionError) as err:
         convert(d, tmp_path / "m.colibri")
     message = str(err.value)
-    assert "deepseek_v3" in message
+    assert "nllb_moe" in message
     assert all(f in message for f in FAMILIES)
     assert not (tmp_path / "m.colibri").exists()
 

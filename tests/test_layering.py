@@ -25,7 +25,7 @@ QT_FREE = ("colibri", "colibri.values", "colibri.errors", "colibri.engine", "col
            "colibri.convert", "colibri.convert_gguf", "colibri.formats", "colibri.reload",
            "colibri.bench", "colibri.cli",
            "colibri.inspection", "colibri.debugging", "colibri.jitter", "colibri.profile",
-           "colibri.serving")
+           "colibri.serving", "colibri.margins", "colibri.families")
 # The compiled extension belongs to the binding: errors.py names status codes with it.
 EXTENSION = "colibri._colibri_cffi"
 EXTENSION_USERS = {"colibri.engine", "colibri.errors", "colibri._build_ffi"}

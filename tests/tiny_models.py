@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,13 @@ from colibri.values import ARCH_NAMES, HParams
 
 ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 DTYPES = ("f32", "f16", "bf16")
+
+# DeepSeek-V3's rule (for `make_tiny_model(rule=...)` with 2 groups' worth of experts): sigmoid
+# scores, a correction bias for the choice only, two groups by the sum of their best two with
+# one kept, renormalised (+ 1e-20) and scaled by 2.5.
+V3_RULE = ff.RouteRule(scoring=ff.SCORING_SIGMOID, correction_bias=True, n_groups=2,
+                       n_groups_kept=1, group_score=ff.GROUP_TOP2_SUM, normalize=ff.NORM_SUM,
+                       norm_eps=1e-20, scale=2.5)
 
 WORDS = ["<unk>", "<s>", "</s>", "the", "cat", "sat", "on", "mat", "a", "dog"]
 
@@ -127,12 +134,26 @@ def make_tiny_model(directory: Path, arch: str = "mixtral", dtype: str = "f32", 
                     n_layers: int = 2, n_experts: int = 4, top_k: int = 2, d_model: int = 32,
                     vocab_size: int = 50, dense_layers: tuple[int, ...] = (),
                     eos_token_id: int = -1, with_tokenizer: bool = True,
-                    tokenizer_bytes: bytes | None = None, seed: int = 0) -> TinyModel:
-    """Build and write a tiny model; `tokenizer_bytes` replaces the generated tokenizer.json."""
+                    tokenizer_bytes: bytes | None = None, seed: int = 0,
+                    rule: ff.RouteRule | None = None) -> TinyModel:
+    """Build and write a tiny model; `tokenizer_bytes` replaces the generated tokenizer.json.
+    `rule` (no shared expert) replaces the architecture's routing in every MoE layer; with a
+    correction bias, each gets `moe_correction_bias` values large enough to change choices."""
     hp = arch_hparams(arch, n_layers, n_experts, top_k, d_model, vocab_size, dense_layers,
                       eos_token_id)
     kinds = [ff.LAYER_DENSE if i in dense_layers else ff.LAYER_MOE for i in range(n_layers)]
-    values = arch_tensors(hp, kinds, np.random.default_rng(seed))
+    rules = None
+    if rule is not None:
+        assert rule.shared == ff.SHARED_NONE and not rule.gate_bias, "not in tiny models"
+        hp = replace(hp, flags=hp.flags & ~ff.FLAGS_V1_ONLY, d_ff_shared=0)
+        rules = [rule if k == ff.LAYER_MOE else None for k in kinds]
+    rng = np.random.default_rng(seed)
+    values = arch_tensors(hp, kinds, rng)
+    if rule is not None and rule.correction_bias:
+        for layer, kind in enumerate(kinds):
+            if kind == ff.LAYER_MOE:
+                values[f"layers.{layer}.moe_correction_bias"] = \
+                    (0.1 * rng.standard_normal(n_experts)).astype(np.float32)
     dtypes = {name: storage_dtype(name, v, dtype) for name, v in values.items()}
     stored = {name: ff.to_storage(v, dtypes[name]) for name, v in values.items()}
     specs = ff.tensor_specs_from_arrays((name, values[name], dtypes[name]) for name in values)
@@ -140,10 +161,11 @@ def make_tiny_model(directory: Path, arch: str = "mixtral", dtype: str = "f32", 
     tok = tokenizer_json(vocab_size) if with_tokenizer else b""
     if tokenizer_bytes is not None:
         tok = tokenizer_bytes
-    plan = ff.plan_file(hp, kinds, specs, tokenizer=tok, metadata=metadata)
+    plan = ff.plan_file(hp, kinds, specs, tokenizer=tok, metadata=metadata, rules=rules)
     key = f"{arch}-{dtype}-L{n_layers}-E{n_experts}-k{top_k}-H{d_model}-V{vocab_size}-" \
           f"d{'_'.join(map(str, dense_layers))}-eos{eos_token_id}-t{int(with_tokenizer)}-" \
-          f"{zlib.crc32(tok):08x}-s{seed}"
+          f"{zlib.crc32(tok):08x}-s{seed}" + \
+          ("" if rule is None else f"-r{zlib.crc32(repr(rule).encode()):08x}")
     path = directory / f"{key}.colibri"
     ff.write_colibri(path, plan)
     return TinyModel(path, plan.hparams, kinds, dtype, values, stored, dtypes, metadata, tok)

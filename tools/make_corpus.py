@@ -2,7 +2,9 @@
 """Generate the corrupt-file corpus: tests/corpus/*.colibri, manifest.json and manifest.txt.
 
 One small valid file (a 2-layer Mixtral-style model, one MoE and one dense layer, f32, no
-tokenizer, fixed metadata: the same bytes on every run), then one file per broken thing, each
+tokenizer, fixed metadata: the same bytes on every run, in format version 2), the same model in
+format version 1, and a DeepSeek-V3-style version-2 file (sigmoid scores, a correction bias,
+two groups of which one is kept, a scaling factor); then one file per broken thing, each
 with the exact finding the validator must report: status code name, absolute byte offset, tensor
 and a message substring. The expectation is stated here from the layout (the plan's offsets), not
 read back from the validator; `--check` then runs `colibri.validate` on every entry and fails on
@@ -26,7 +28,7 @@ import json
 import struct
 import sys
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -55,8 +57,10 @@ CHECK_CHECKSUMS, CHECK_NONFINITE = 1, 2
 H_VERSION, H_NUM_EXPERTS, H_HEADER_SIZE, H_TENSOR_COUNT = 0x04, 0x08, 0x10, 0x14
 H_ROUTING_OFFSET, H_DATA_OFFSET, H_FILE_SIZE, H_ARCH, H_FLAGS = 0x18, 0x20, 0x50, 0x58, 0x5C
 H_D_MODEL, H_HEADER_CRC, H_TABLES_CRC = 0x60, 0xC0, 0xC4
+H_ROPE_TYPE, H_ROPE_ORIG_CTX, H_KV_LORA, H_ROTARY_DIM, H_ROPE_BETA_FAST = 0x8C, 0x9C, 0xD0, 0xE0, 0xF4
 T_DTYPE, T_NDIM, T_SHAPE, T_OFFSET, T_NBYTES, T_CRC = 0x40, 0x44, 0x48, 0x68, 0x70, 0x78
-R_KIND = 0x04
+R_KIND, R_SCORING, R_SELECT_ON, R_CORRECTION, R_N_GROUPS, R_GROUPS_KEPT = 0x04, 0x18, 0x1C, 0x20, 0x24, 0x28
+R_GROUP_SCORE, R_SCALE, R_ATTENTION = 0x2C, 0x3C, 0x48
 
 
 @dataclass
@@ -101,7 +105,18 @@ def base_hparams() -> HParams:
 KINDS = [ff.LAYER_MOE, ff.LAYER_DENSE]
 
 
-def base_arrays(hp: HParams, extra: bool = False) -> list[tuple[str, np.ndarray, int]]:
+# DeepSeek-V3's rule on 4 experts: sigmoid + correction bias, 2 groups by their best two, 1 kept.
+V3_RULE = ff.RouteRule(scoring=ff.SCORING_SIGMOID, correction_bias=True, n_groups=2,
+                       n_groups_kept=1, group_score=ff.GROUP_TOP2_SUM, normalize=ff.NORM_SUM,
+                       norm_eps=1e-20, scale=2.5)
+
+
+def v3_hparams() -> HParams:
+    return replace(base_hparams(), flags=0, n_experts=4, n_experts_active=2)
+
+
+def base_arrays(hp: HParams, extra: bool = False,
+                correction_bias: bool = False) -> list[tuple[str, np.ndarray, int]]:
     rng = np.random.default_rng(20261129)
     H, V, E, I, D = hp.d_model, hp.vocab_size, hp.n_experts, hp.d_ff_expert, hp.d_ff_dense
     q, kv = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
@@ -118,8 +133,11 @@ def base_arrays(hp: HParams, extra: bool = False) -> list[tuple[str, np.ndarray,
         out += [(p + "attn_norm", norm(H)), (p + "attn_q", mat(q, H)), (p + "attn_k", mat(kv, H)),
                 (p + "attn_v", mat(kv, H)), (p + "attn_o", mat(H, q)), (p + "ffn_norm", norm(H))]
         if kind == ff.LAYER_MOE:
-            out += [(p + "moe_gate", mat(E, H)), (p + "moe_w1", mat(E, I, H)),
-                    (p + "moe_w2", mat(E, H, I)), (p + "moe_w3", mat(E, I, H))]
+            out += [(p + "moe_gate", mat(E, H))]
+            if correction_bias:
+                out += [(p + "moe_correction_bias", 0.1 * mat(E))]
+            out += [(p + "moe_w1", mat(E, I, H)), (p + "moe_w2", mat(E, H, I)),
+                    (p + "moe_w3", mat(E, I, H))]
         else:
             out += [(p + "mlp_w1", mat(D, H)), (p + "mlp_w2", mat(H, D)), (p + "mlp_w3", mat(D, H))]
     out += [("output_norm", norm(H)), ("output", mat(V, H))]
@@ -145,10 +163,15 @@ class Base:
         return bytearray(self.image)
 
 
-def build_base(extra: bool = False) -> Base:
-    hp = base_hparams()
-    specs = ff.tensor_specs_from_arrays(base_arrays(hp, extra))
-    plan = ff.plan_file(hp, KINDS, specs, tokenizer=b"", metadata={"corpus": True})
+def build_base(extra: bool = False, version: int = ff.FORMAT_VERSION, v3: bool = False,
+               extra_bias: bool = False) -> Base:
+    """The base file; `v3`: the DeepSeek-V3-style one; `extra_bias`: with a correction bias that
+    its routing entry does not name."""
+    hp = v3_hparams() if v3 or extra_bias else base_hparams()
+    specs = ff.tensor_specs_from_arrays(base_arrays(hp, extra, correction_bias=v3 or extra_bias))
+    rules = [V3_RULE, None] if v3 else [ff.RouteRule(), None] if extra_bias else None
+    plan = ff.plan_file(hp, KINDS, specs, tokenizer=b"", metadata={"corpus": True}, rules=rules,
+                        version=version)
     image = ff.build_bytes(plan)
     return Base(image, plan, {s.name: i for i, s in enumerate(specs)})
 
@@ -190,8 +213,8 @@ def corpus_entries() -> list[Entry]:
         "the last 100 bytes of tensor data missing", bytes(b.image[:size - 100]))
     add("bad_magic.colibri", "COL_ERR_BAD_MAGIC", 0, "expected \"COLI\"",
         "a GGUF file given a .colibri name", edited(b, lambda im: put(im, 0, "<4s", b"GGUF")))
-    add("bad_version.colibri", "COL_ERR_BAD_VERSION", H_VERSION, "format version 2",
-        "written by a newer converter", edited(b, lambda im: put(im, H_VERSION, "<I", 2)))
+    add("bad_version.colibri", "COL_ERR_BAD_VERSION", H_VERSION, "format version 3",
+        "written by a newer converter", edited(b, lambda im: put(im, H_VERSION, "<I", 3)))
 
     # -- limits: rejected before anything is allocated, the limit stated
     add("limit_tensor_count.colibri", "COL_ERR_LIMIT", H_TENSOR_COUNT, "tensor_count 4294967295",
@@ -290,7 +313,7 @@ def corpus_entries() -> list[Entry]:
         e = b.entry("layers.1.attn_o") + T_CRC
         im[e] ^= 0x80
         head = bytearray(im[:ff.HEADER_SIZE])  # header CRC fixed, tables CRC left stale
-        put(head, H_HEADER_CRC, "<I", zlib.crc32(bytes(head[:H_HEADER_CRC])) & 0xFFFFFFFF)
+        put(head, H_HEADER_CRC, "<I", ff.header_crc(head))
         im[:ff.HEADER_SIZE] = head
     add("checksum_tables.colibri", "COL_ERR_CHECKSUM", H_TABLES_CRC, "tables_crc32",
         "one flipped bit in the tensor table", edited(b, table_crc, refresh=False))
@@ -314,10 +337,97 @@ def corpus_entries() -> list[Entry]:
     add("unsupported_arch.colibri", "COL_ERR_UNSUPPORTED", H_ARCH, "unknown arch 99",
         "an architecture code from the future", edited(b, lambda im: put(im, H_ARCH, "<I", 99)))
     add("unsupported_flag.colibri", "COL_ERR_UNSUPPORTED", H_FLAGS, "unknown flag bits 0x100",
-        "an unknown flag bit", edited(b, lambda im: put(im, H_FLAGS, "<I", ff.FLAG_NORM_TOPK | 0x100)))
-    add("routing_kind.colibri", "COL_ERR_ROUTING", p.routing_offset + 32 + R_KIND,
+        "an unknown flag bit", edited(b, lambda im: put(im, H_FLAGS, "<I", 0x100)))
+    layer1 = p.routing_offset + ff.ROUTING_ENTRY_SIZE
+    add("routing_kind.colibri", "COL_ERR_ROUTING", layer1 + R_KIND,
         "unknown layer kind 5", "layer 1's routing kind is 5",
-        edited(b, lambda im: put(im, p.routing_offset + 32 + R_KIND, "<I", 5)))
+        edited(b, lambda im: put(im, layer1 + R_KIND, "<I", 5)))
+
+    # -- format version 1 (files from converters before version 2 stay valid)
+    v1 = build_base(version=1)
+    add("valid_v1.colibri", "COL_OK", 0, "", "the base model in format version 1 (32-byte routing "
+        "entries, NORM_TOPK in the header flags)", bytes(v1.image), checksums=True, nan_check=True)
+    add("v1_flag_in_v2.colibri", "COL_ERR_HEADER", H_FLAGS, "are format version 1's",
+        "a version-2 header with version 1's NORM_TOPK flag (the routing entry states it)",
+        edited(b, lambda im: put(im, H_FLAGS, "<I", ff.FLAG_NORM_TOPK)))
+
+    # -- version 2's header fields
+    add("v2_reserved.colibri", "COL_ERR_UNSUPPORTED", 0x180, "not 0: a field this engine does not "
+        "know", "a reserved byte of the version-2 header set (a field from a newer converter)",
+        edited(b, lambda im: im.__setitem__(0x180, 7)))
+    add("v2_gqa_with_latent.colibri", "COL_ERR_HEADER", H_KV_LORA, "kv_lora_rank is set but "
+        "attention is GQA", "an MLA dimension in a GQA file",
+        edited(b, lambda im: put(im, H_KV_LORA, "<I", 16)))
+    add("v2_rotary_dim.colibri", "COL_ERR_HEADER", H_ROTARY_DIM, "rotary_dim 3 not even",
+        "an odd number of rotated dimensions", edited(b, lambda im: put(im, H_ROTARY_DIM, "<I", 3)))
+
+    def yarn_without_beta(im: bytearray) -> None:
+        put(im, H_ROPE_TYPE, "<I", ff.ROPE_YARN)
+        put(im, H_ROPE_ORIG_CTX, "<I", 8)
+    add("v2_yarn_beta.colibri", "COL_ERR_HEADER", H_ROPE_BETA_FAST, "rope_beta_fast 0",
+        "YaRN RoPE without its beta_fast", edited(b, yarn_without_beta))
+
+    # -- version 2's routing rule (the DeepSeek-V3-style base: 4 experts, top-2, 2 groups)
+    v3 = build_base(v3=True)
+    add("valid_v3_rule.colibri", "COL_OK", 0, "", "sigmoid scores, a correction bias, two groups "
+        "scored by their best two with one kept, renormalised and scaled by 2.5",
+        bytes(v3.image), checksums=True, nan_check=True)
+    e0, e1 = v3.plan.routing_offset, v3.plan.routing_offset + ff.ROUTING_ENTRY_SIZE
+    add("routing_groups_divide.colibri", "COL_ERR_ROUTING", e0 + R_N_GROUPS,
+        "n_groups 3 does not divide n_experts 4", "3 groups of 4 experts",
+        edited(v3, lambda im: put(im, e0 + R_N_GROUPS, "<I", 3)))
+    add("routing_groups_kept.colibri", "COL_ERR_ROUTING", e0 + R_GROUPS_KEPT,
+        "n_groups_kept 0 not in 1..n_groups 2", "no group kept",
+        edited(v3, lambda im: put(im, e0 + R_GROUPS_KEPT, "<I", 0)))
+
+    def groups_too_small(im: bytearray) -> None:
+        put(im, e0 + R_N_GROUPS, "<3I", 4, 1, ff.GROUP_MAX)
+    add("routing_groups_hold_topk.colibri", "COL_ERR_ROUTING", e0 + R_GROUPS_KEPT,
+        "1 kept groups of 1 experts cannot hold top_k 2", "top-2 from one kept group of one expert",
+        edited(v3, groups_too_small))
+    add("routing_scoring.colibri", "COL_ERR_UNSUPPORTED", e0 + R_SCORING, "unknown scoring 7",
+        "a scoring function from the future", edited(v3, lambda im: put(im, e0 + R_SCORING, "<I", 7)))
+    add("routing_scale.colibri", "COL_ERR_ROUTING", e0 + R_SCALE, "scale nan is not a finite "
+        "value > 0", "a NaN routed scaling factor",
+        edited(v3, lambda im: put(im, e0 + R_SCALE, "<f", float("nan"))))
+    add("routing_bias_on_logits.colibri", "COL_ERR_ROUTING", e0 + R_CORRECTION,
+        "the rule must select on scores", "a correction bias on a rule that selects on logits",
+        edited(v3, lambda im: put(im, e0 + R_GROUP_SCORE - 0x10, "<I", ff.SELECT_LOGITS)))
+    gate = v3.index["layers.0.moe_gate"]
+    add("routing_bias_index.colibri", "COL_ERR_ROUTING", e0 + R_CORRECTION,
+        "is 'layers.0.moe_gate', expected 'layers.0.moe_correction_bias'",
+        "the correction bias index pointing at the router", edited(
+            v3, lambda im: put(im, e0 + R_CORRECTION, "<I", gate)),
+        tensor="layers.0.moe_correction_bias")
+    bias = "layers.0.moe_correction_bias"
+
+    def bias_length(im: bytearray) -> None:
+        put(im, v3.entry(bias) + T_SHAPE, "<Q", 3)
+        put(im, v3.entry(bias) + T_NBYTES, "<Q", 12)
+    add("routing_bias_length.colibri", "COL_ERR_SHAPE", v3.entry(bias) + T_SHAPE,
+        "shape [3], expected [4]", "a correction bias of 3 values for 4 experts",
+        edited(v3, bias_length), tensor=bias)
+
+    def bias_f16(im: bytearray) -> None:
+        put(im, v3.entry(bias) + T_DTYPE, "<I", ff.DTYPE_F16)
+        put(im, v3.entry(bias) + T_NBYTES, "<Q", 8)
+    add("routing_bias_dtype.colibri", "COL_ERR_DTYPE", v3.entry(bias) + T_DTYPE, "must be f32",
+        "a correction bias stored as f16", edited(v3, bias_f16), tensor=bias)
+    add("routing_reserved.colibri", "COL_ERR_UNSUPPORTED", e0 + 0x60, "reserved byte 0x60",
+        "a reserved byte of a routing entry set",
+        edited(v3, lambda im: im.__setitem__(e0 + 0x60, 1)))
+    add("routing_sliding_no_window.colibri", "COL_ERR_ROUTING", e1 + R_ATTENTION,
+        "sliding-window layer, but the header's sliding_window is 0",
+        "a sliding-window layer in a file without a window",
+        edited(v3, lambda im: put(im, e1 + R_ATTENTION, "<I", ff.LAYER_SLIDING)))
+    add("routing_dense_rule.colibri", "COL_ERR_ROUTING", e1 + R_SCALE, "dense layer with scale",
+        "a dense layer's entry with a scaling factor",
+        edited(v3, lambda im: put(im, e1 + R_SCALE, "<f", 2.0)))
+    xb = build_base(extra_bias=True)
+    add("routing_bias_unnamed.colibri", "COL_ERR_UNKNOWN_TENSOR", xb.entry(bias),
+        "not used by this architecture", "a correction bias the routing entry does not name: "
+        "a warning, the file stays valid (and routes without it)", bytes(xb.image), tensor=bias,
+        severity="warning")
 
     e = build_base(extra=True)
     add("unknown_tensor.colibri", "COL_ERR_UNKNOWN_TENSOR", e.entry("extra.scale"),

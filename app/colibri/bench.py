@@ -64,14 +64,19 @@ def weight_bytes_per_token(model: Model) -> int:
 
 def kv_bytes_per_token(model: Model, first: int, n: int) -> int:
     """Bytes of KV cache the steps at positions first..first+n-1 read, on average: every layer's
-    keys and values (f32) of the positions each attends to (all before it and itself, or the
-    sliding window). Not counted in the limit, which is about weights, but at long contexts it
-    is what the attention heads wait on."""
+    keys and values (f32) of the positions it attends to (all before it and itself, or the
+    sliding window of a sliding layer); with latent attention (MLA) one row of kv_lora_rank +
+    qk_rope_head_dim per position serves as keys and values. Not counted in the limit, which is
+    about weights, but at long contexts it is what the attention heads wait on."""
     hp = model.hparams
-    per_position = 2 * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4
-    seen = [min(pos + 1, hp.sliding_window) if hp.sliding_window > 0 else pos + 1
-            for pos in range(first, first + n)]
-    return per_position * sum(seen) // n
+    row = ((hp.kv_lora_rank + hp.qk_rope_head_dim) if hp.attention == 1
+           else 2 * hp.n_kv_heads * hp.head_dim) * 4
+    total = 0
+    for layer in range(hp.n_layers):
+        sliding = model.routing(layer).attention == 1 and hp.sliding_window > 0
+        total += row * sum(min(pos + 1, hp.sliding_window) if sliding else pos + 1
+                           for pos in range(first, first + n))
+    return total // n
 
 
 def phase_breakdown(model: Model, session: Session, first: int, n: int) -> dict[str, dict[str, float]]:

@@ -34,9 +34,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from colibri.convert import (
-    CONVERTER_VERSION, ConversionError, apply_quantize, check_limits, to_storage_checked,
+    CONVERTER_VERSION, ConversionError, apply_quantize, to_storage_checked,
 )
 from colibri.errors import ColibriFormatError, ColibriIOError
+from colibri.families.common import check_limits
 from colibri.fileformat import (
     ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, DTYPE_BF16,
     DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32, DTYPE_Q4_0, DTYPE_Q8_0, FLAG_NORM_TOPK, FLAG_O_BIAS,

@@ -45,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 3
+ABI_VERSION = 5
 if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale build
     raise ImportError(
         f"colibri: compiled engine has ABI version {lib.col_abi_version()}, this Python package "
@@ -152,7 +152,10 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class RoutingInfo:
-    """One routing section entry: how layer `layer` routes (kind 'dense' or 'moe')."""
+    """One routing section entry: how layer `layer` routes (kind 'dense' or 'moe'), its whole
+    rule (docs/format.md, "The routing rule"; col_routing_info). Version-1 entries read as the
+    rule version 1 means. The int codes are colibri.fileformat's SCORING_*, SELECT_*, GROUP_*,
+    NORM_*, SHARED_* and LAYER_FULL / LAYER_SLIDING."""
 
     layer: int
     kind: str
@@ -161,6 +164,59 @@ class RoutingInfo:
     top_k: int
     n_experts: int
     scoring: int
+    select_on: int
+    correction_bias_tensor: int | None
+    n_groups: int
+    n_groups_kept: int
+    group_score: int
+    normalize: int
+    norm_eps: float
+    norm_p: float
+    scale: float
+    sparsemixer_eps: float
+    shared: int
+    attention: int
+
+    @property
+    def has_groups(self) -> bool:
+        return self.kind == "moe" and self.n_groups > 1
+
+    def _c_info(self) -> Any:
+        info = ffi.new("col_routing_info *")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "kind":
+                value = {v: k for k, v in LAYER_KINDS.items()}.get(value, 0)
+            elif value is None:
+                value = lib.COL_NO_TENSOR
+            setattr(info, f.name, value)
+        return info
+
+    def describe(self) -> str:
+        """The rule in words, as the engine words it (col_routing_describe)."""
+        out = ffi.new("char[]", 512)
+        errors.raise_for_status(lib.col_routing_describe(self._c_info(), out, 512))
+        return _text(out)
+
+    def scores(self, logits: np.ndarray) -> np.ndarray:
+        """Every expert's score for router logits [..., n_experts] (a trace's router_logits), as
+        the engine's router computes it: each logit's sigmoid, or a softmax over all of them
+        (col_routing_scores). float32, the shape of `logits`."""
+        if self.kind != "moe":
+            raise ColibriValueError(f"layer {self.layer} is dense: no routing scores",
+                                    COL_ERR_INVALID_ARG)
+        rows = np.ascontiguousarray(logits, dtype=np.float32)
+        if rows.ndim == 0 or rows.shape[-1] != self.n_experts:
+            raise ColibriValueError(f"router logits of shape {rows.shape}, expected [..., "
+                                    f"{self.n_experts}]", COL_ERR_INVALID_ARG)
+        flat = rows.reshape(-1, self.n_experts)
+        out = np.empty_like(flat)
+        info = self._c_info()
+        for i in range(flat.shape[0]):
+            errors.raise_for_status(lib.col_routing_scores(
+                info, ffi.from_buffer("float[]", flat[i]),
+                ffi.from_buffer("float[]", out[i], require_writable=True)))
+        return out.reshape(rows.shape)
 
 
 @dataclass(frozen=True)
@@ -189,6 +245,7 @@ class HeaderField:
     kind: str
     present: bool
     value: int | float | bytes | None
+    in_version: bool = True    # part of the header of the format version the bytes declare
 
 
 @dataclass(frozen=True, eq=False)
@@ -200,7 +257,10 @@ class Trace:
     moe_layers: np.ndarray      # [moe_layers] int32, layer index of each MoE layer
     expert_ids: np.ndarray      # [pos, moe_layers, k] int32, in selection order
     expert_weights: np.ndarray  # [pos, moe_layers, k] float32
-    router_logits: np.ndarray   # [pos, moe_layers, n_experts] float32
+    router_logits: np.ndarray   # [pos, moe_layers, n_experts] float32 (router bias included)
+    selection_scores: np.ndarray  # [pos, moe_layers, n_experts] float32: what the choice ranks
+    chosen_groups: np.ndarray   # [pos, moe_layers, g] int32 kept groups best first, -1 none (g 0: no groups)
+    bias_changed: np.ndarray    # [pos, moe_layers] bool: the correction bias changed the choice
     shared_gate: np.ndarray     # [pos, moe_layers] float32, NaN without a shared expert gate
     hidden_norm: np.ndarray     # [pos, moe_layers] float32
     phase_ns: np.ndarray        # [pos, n_layers, 5] uint64, see col_phase
@@ -288,11 +348,13 @@ def _field_from_c(f: Any, data: bytes | memoryview | np.ndarray) -> HeaderField:
         value = float(f.f)
     else:
         value = bytes(data[offset:offset + size])
-    return HeaderField(_text(f.name), _text(f.group), offset, size, kind, present, value)
+    return HeaderField(_text(f.name), _text(f.group), offset, size, kind, present, value,
+                       bool(f.in_version))
 
 
 def header_fields(data: bytes | bytearray | memoryview | np.ndarray) -> list[HeaderField]:
-    """Every fixed-header field decoded from `data` (any bytes, even a broken or short file)."""
+    """Every field of the fixed header of the format version `data` declares (version 1's when
+    it declares none it knows), decoded from `data` (any bytes, even a broken or short file)."""
     buf = ffi.from_buffer("uint8_t[]", data)
     size = len(ffi.buffer(buf))
     out = ffi.new("col_field *")
@@ -300,7 +362,8 @@ def header_fields(data: bytes | bytearray | memoryview | np.ndarray) -> list[Hea
     result = []
     for index in range(lib.col_header_field_count()):
         errors.raise_for_status(lib.col_header_field(buf, size, index, out))
-        result.append(_field_from_c(out, view))
+        if out.in_version:
+            result.append(_field_from_c(out, view))
     return result
 
 
@@ -539,7 +602,12 @@ class Model:
         errors.raise_for_status(lib.col_model_routing(self.handle, layer, out))
         return RoutingInfo(int(out.layer), LAYER_KINDS.get(int(out.kind), f"kind-{int(out.kind)}"),
                            _no_tensor(int(out.gate_tensor)), _no_tensor(int(out.gate_bias_tensor)),
-                           int(out.top_k), int(out.n_experts), int(out.scoring))
+                           int(out.top_k), int(out.n_experts), int(out.scoring),
+                           int(out.select_on), _no_tensor(int(out.correction_bias_tensor)),
+                           int(out.n_groups), int(out.n_groups_kept), int(out.group_score),
+                           int(out.normalize), float(out.norm_eps), float(out.norm_p),
+                           float(out.scale), float(out.sparsemixer_eps), int(out.shared),
+                           int(out.attention))
 
     def check_file(self) -> bool:
         """Is the mapping still the file it was? Raises ColibriFileChangedError when the file was
@@ -823,6 +891,10 @@ class Session:
             expert_ids=view(t.expert_ids, np.int32, n_moe, k),
             expert_weights=view(t.expert_weights, np.float32, n_moe, k),
             router_logits=view(t.router_logits, np.float32, n_moe, n_exp),
+            selection_scores=view(t.selection_scores, np.float32, n_moe, n_exp),
+            chosen_groups=(view(t.chosen_groups, np.int32, n_moe, int(t.n_chosen_groups))
+                           if t.n_chosen_groups else np.zeros((n, n_moe, 0), np.int32)),
+            bias_changed=view(t.bias_changed, np.bool_, n_moe),
             shared_gate=view(t.shared_gate, np.float32, n_moe),
             hidden_norm=view(t.hidden_norm, np.float32, n_moe),
             phase_ns=view(t.phase_ns, np.uint64, n_layers, int(lib.COL_PHASE_COUNT)),

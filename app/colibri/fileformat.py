@@ -14,7 +14,7 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import IO, Callable, Iterable, Sequence
+from typing import IO, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -22,8 +22,15 @@ from colibri.files import atomic_write
 from colibri.values import ARCH_NAMES, FORMAT_VERSION, HParams
 
 MAGIC = b"COLI"
-HEADER_SIZE = 256
-ROUTING_ENTRY_SIZE = 32
+HEADER_SIZE = 512              # version 2's fixed header
+ROUTING_ENTRY_SIZE = 128       # version 2's routing entry
+HEADER_SIZE_V1 = 256
+ROUTING_ENTRY_SIZE_V1 = 32
+
+
+def routing_entry_size(version: int) -> int:
+    """Bytes per routing-section entry of a format version."""
+    return ROUTING_ENTRY_SIZE if version == 2 else ROUTING_ENTRY_SIZE_V1
 TENSOR_ENTRY_SIZE = 128
 TENSOR_NAME_MAX = 64
 ALIGNMENT = 64
@@ -123,17 +130,28 @@ def dequantize(data: np.ndarray, dtype: int, shape: Sequence[int]) -> np.ndarray
 
 
 ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4  # keys of ARCH_NAMES
+ARCH_DEEPSEEK_V2, ARCH_DEEPSEEK_V3, ARCH_GLM4_MOE, ARCH_ERNIE4_5_MOE = 5, 6, 7, 8  # version 2
 
-FLAG_NORM_TOPK = 1
+FLAG_NORM_TOPK = 1              # version 1 only (a version-2 routing entry states it)
 FLAG_TIED_EMBEDDINGS = 2
-FLAG_SHARED_EXPERT = 4
-FLAG_SHARED_EXPERT_GATE = 8
+FLAG_SHARED_EXPERT = 4          # version 1 only
+FLAG_SHARED_EXPERT_GATE = 8     # version 1 only
+FLAGS_V1_ONLY = FLAG_NORM_TOPK | FLAG_SHARED_EXPERT | FLAG_SHARED_EXPERT_GATE
 FLAG_QKV_BIAS = 16
 FLAG_O_BIAS = 32
 FLAG_QK_NORM_HEAD = 64
 FLAG_QK_NORM_FULL = 128
 
 LAYER_DENSE, LAYER_MOE = 0, 1
+LAYER_FULL, LAYER_SLIDING = 0, 1                 # a layer's attention mask (routing entry 0x48)
+ATTENTION_GQA, ATTENTION_MLA = 0, 1              # header 0x0C8
+ROPE_DEFAULT, ROPE_LINEAR, ROPE_YARN = 0, 1, 2   # header 0x08C
+ROPE_HALVES, ROPE_INTERLEAVED = 0, 1             # header 0x0E4
+SCORING_SOFTMAX, SCORING_SIGMOID, SCORING_SPARSEMIXER = 0, 1, 2
+SELECT_SCORES, SELECT_LOGITS = 0, 1
+GROUP_NONE, GROUP_MAX, GROUP_TOP2_SUM = 0, 1, 2
+NORM_NONE, NORM_SUM, NORM_SUM_CLAMPED, NORM_P = 0, 1, 2, 3
+SHARED_NONE, SHARED_PLAIN, SHARED_SIGMOID_GATE = 0, 1, 2
 
 # Fixed-header fields after the first 0x28 bytes: (offset, struct code, HParams attribute).
 _HPARAM_FIELDS: tuple[tuple[int, str, str], ...] = (
@@ -147,6 +165,56 @@ _HPARAM_FIELDS: tuple[tuple[int, str, str], ...] = (
     (0x0A8, "<f", "norm_eps"), (0x0AC, "<f", "clip_qkv"), (0x0B0, "<f", "default_epsilon"),
     (0x0B4, "<i", "bos_token_id"), (0x0B8, "<i", "eos_token_id"),
 )
+# Version 2's fields after the CRCs (0x0C8..0x0FF; 0x100..0x1FF reserved, zero).
+_HPARAM_FIELDS_V2: tuple[tuple[int, str, str], ...] = (
+    (0x0C8, "<I", "attention"), (0x0CC, "<I", "q_lora_rank"), (0x0D0, "<I", "kv_lora_rank"),
+    (0x0D4, "<I", "qk_nope_head_dim"), (0x0D8, "<I", "qk_rope_head_dim"),
+    (0x0DC, "<I", "v_head_dim"), (0x0E0, "<I", "rotary_dim"), (0x0E4, "<I", "rope_layout"),
+    (0x0E8, "<f", "attn_scale"), (0x0EC, "<f", "latent_norm_eps"),
+    (0x0F0, "<f", "rope_attn_factor"), (0x0F4, "<f", "rope_beta_fast"),
+    (0x0F8, "<f", "rope_beta_slow"), (0x0FC, "<I", "rope_truncate"),
+)
+
+
+@dataclass
+@dataclass(frozen=True)
+class RouteRule:
+    """A MoE layer's routing rule, as its version-2 routing entry states it (docs/format.md, "The
+    routing rule"). `gate_bias` and `correction_bias` say whether the layer has the tensors
+    `layers.L.moe_gate_bias` and `layers.L.moe_correction_bias` (the writer finds their index)."""
+
+    scoring: int = SCORING_SOFTMAX
+    select_on: int = SELECT_SCORES
+    gate_bias: bool = False
+    correction_bias: bool = False
+    n_groups: int = 1
+    n_groups_kept: int = 1
+    group_score: int = GROUP_NONE
+    normalize: int = NORM_NONE
+    norm_eps: float = 0.0
+    norm_p: float = 0.0
+    scale: float = 1.0
+    shared: int = SHARED_NONE
+    sparsemixer_eps: float = 0.0
+
+    @classmethod
+    def from_info(cls, info: Any) -> RouteRule:
+        """The rule of a decoded routing entry (colibri.engine.RoutingInfo of a MoE layer)."""
+        return cls(info.scoring, info.select_on, info.gate_bias_tensor is not None,
+                   info.correction_bias_tensor is not None, info.n_groups, info.n_groups_kept,
+                   info.group_score, info.normalize, info.norm_eps, info.norm_p, info.scale,
+                   info.shared, info.sparsemixer_eps)
+
+    @classmethod
+    def from_v1_flags(cls, flags: int) -> RouteRule:
+        """The rule a version-1 file means by its header flags (softmax over every expert, top-k
+        of the scores; NORM_TOPK, SHARED_EXPERT, SHARED_EXPERT_GATE)."""
+        shared = (SHARED_NONE if not flags & FLAG_SHARED_EXPERT else
+                  SHARED_SIGMOID_GATE if flags & FLAG_SHARED_EXPERT_GATE else SHARED_PLAIN)
+        return cls(normalize=NORM_SUM if flags & FLAG_NORM_TOPK else NORM_NONE, shared=shared)
+
+
+@dataclass
 
 
 @dataclass
@@ -170,6 +238,9 @@ class FilePlan:
 
     hparams: HParams
     layer_kinds: list[int]
+    rules: list[RouteRule | None]   # per layer (None for dense layers)
+    attention: list[int]            # per layer: LAYER_FULL or LAYER_SLIDING
+    version: int
     tensors: list[TensorSpec]
     offsets: list[int]
     routing_offset: int
@@ -221,20 +292,44 @@ def storage_to_f32(data: np.ndarray, dtype: int) -> np.ndarray:
 
 
 def plan_file(hparams: HParams, layer_kinds: Sequence[int], tensors: Sequence[TensorSpec],
-              tokenizer: bytes = b"", metadata: dict | None = None) -> FilePlan:
+              tokenizer: bytes = b"", metadata: dict | None = None,
+              rules: Sequence[RouteRule | None] | None = None,
+              attention: Sequence[int] | None = None, version: int = FORMAT_VERSION) -> FilePlan:
     """Lay out a file: sections in the documented order, tensors 64-byte aligned in list order.
-    The plan's `hparams` are those written: `version` is FORMAT_VERSION and `n_moe_layers`
-    counts the MoE layers of `layer_kinds`, whatever `hparams` said."""
+
+    `rules` gives each MoE layer's routing rule (None entries for dense layers); without it every
+    MoE layer gets the rule version 1 means by `hparams.flags` (RouteRule.from_v1_flags), and a
+    version-2 file leaves those version-1 flag bits out of its header. `attention` gives each
+    layer's mask (LAYER_FULL or LAYER_SLIDING); without it every layer is sliding when
+    `hparams.sliding_window` is set, as in version 1. Version 1 can state only version 1's rule
+    and attention; asking it for more raises ValueError.
+
+    The plan's `hparams` are those written: `version` is `version` and `n_moe_layers` counts the
+    MoE layers of `layer_kinds`, whatever `hparams` said."""
     if len(layer_kinds) != hparams.n_layers:
         raise ValueError(f"{len(layer_kinds)} layer kinds for {hparams.n_layers} layers")
-    hparams = replace(hparams, version=FORMAT_VERSION,
+    if version not in (1, 2):
+        raise ValueError(f"format version {version} (this writer writes 1 and 2)")
+    hparams = replace(hparams, version=version,
                       n_moe_layers=sum(1 for k in layer_kinds if k == LAYER_MOE))
     names = [t.name for t in tensors]
     if len(set(names)) != len(names):
         raise ValueError("duplicate tensor names")
+    implied = RouteRule.from_v1_flags(hparams.flags)
+    if rules is None:
+        rules = [implied if k == LAYER_MOE else None for k in layer_kinds]
+    if attention is None:
+        attention = [LAYER_SLIDING if hparams.sliding_window else LAYER_FULL] * hparams.n_layers
+    if len(rules) != hparams.n_layers or len(attention) != hparams.n_layers:
+        raise ValueError("rules and attention need one entry per layer")
+    if version == 1 and (any(r not in (None, implied) for r in rules) or
+                         len(set(attention)) > 1 or hparams.attention != ATTENTION_GQA):
+        raise ValueError("format version 1 cannot state these routing rules or attention")
+    header_size = HEADER_SIZE if version == 2 else HEADER_SIZE_V1
+    entry_size = ROUTING_ENTRY_SIZE if version == 2 else ROUTING_ENTRY_SIZE_V1
     meta_bytes = json.dumps(metadata or {}, sort_keys=True).encode("utf-8")
-    routing_offset = HEADER_SIZE
-    table_offset = _align(routing_offset + ROUTING_ENTRY_SIZE * hparams.n_layers, 8)
+    routing_offset = header_size
+    table_offset = _align(routing_offset + entry_size * hparams.n_layers, 8)
     tokenizer_offset = _align(table_offset + TENSOR_ENTRY_SIZE * len(tensors), 8)
     metadata_offset = _align(tokenizer_offset + len(tokenizer), 8)
     data_offset = _align(metadata_offset + len(meta_bytes), ALIGNMENT)
@@ -244,21 +339,41 @@ def plan_file(hparams: HParams, layer_kinds: Sequence[int], tensors: Sequence[Te
         offsets.append(cursor)
         cursor = _align(cursor + t.nbytes, ALIGNMENT)
     file_size = offsets[-1] + tensors[-1].nbytes if tensors else data_offset
-    return FilePlan(hparams, list(layer_kinds), list(tensors), offsets, routing_offset, table_offset,
+    return FilePlan(hparams, list(layer_kinds), list(rules), list(attention), version,
+                    list(tensors), offsets, routing_offset, table_offset,
                     tokenizer_offset if tokenizer else 0, bytes(tokenizer),
                     metadata_offset if meta_bytes else 0, meta_bytes, data_offset, file_size)
 
 
 def _routing_bytes(plan: FilePlan) -> bytes:
+    """The routing section: one entry per layer (docs/format.md, "Routing section")."""
     index = {t.name: i for i, t in enumerate(plan.tensors)}
+    hp = plan.hparams
+    size = ROUTING_ENTRY_SIZE if plan.version == 2 else ROUTING_ENTRY_SIZE_V1
     out = bytearray()
     for layer, kind in enumerate(plan.layer_kinds):
-        if kind == LAYER_MOE:
-            gate = index.get(f"layers.{layer}.moe_gate", NO_TENSOR)
-            out += struct.pack("<8I", layer, kind, gate, NO_TENSOR, plan.hparams.n_experts_active,
-                               plan.hparams.n_experts, 0, 0)
+        entry = bytearray(size)
+        rule = plan.rules[layer] if kind == LAYER_MOE else None
+
+        def tensor(slot: str, present: bool = True) -> int:
+            return index.get(f"layers.{layer}.{slot}", NO_TENSOR) if present else NO_TENSOR
+        if rule is None:  # dense: no gate, no rule
+            struct.pack_into("<4I", entry, 0x00, layer, kind, NO_TENSOR, NO_TENSOR)
+            if plan.version == 2:
+                struct.pack_into("<I", entry, 0x20, NO_TENSOR)
         else:
-            out += struct.pack("<8I", layer, kind, NO_TENSOR, NO_TENSOR, 0, 0, 0, 0)
+            struct.pack_into("<7I", entry, 0x00, layer, kind, tensor("moe_gate"),
+                             tensor("moe_gate_bias", rule.gate_bias), hp.n_experts_active,
+                             hp.n_experts, rule.scoring)
+            if plan.version == 2:
+                struct.pack_into("<6I3fIf", entry, 0x1C, rule.select_on,
+                                 tensor("moe_correction_bias", rule.correction_bias),
+                                 rule.n_groups, rule.n_groups_kept, rule.group_score,
+                                 rule.normalize, rule.norm_eps, rule.norm_p, rule.scale,
+                                 rule.shared, rule.sparsemixer_eps)
+        if plan.version == 2:
+            struct.pack_into("<I", entry, 0x48, plan.attention[layer])
+        out += entry
     return bytes(out)
 
 
@@ -275,39 +390,58 @@ def _table_bytes(plan: FilePlan) -> bytes:
 
 
 def header_bytes(plan: FilePlan, routing: bytes, table: bytes) -> bytes:
-    """The 256-byte fixed header, CRCs included."""
+    """The fixed header (256 bytes in version 1, 512 in version 2), CRCs included."""
     hp = plan.hparams
-    head = bytearray(HEADER_SIZE)
-    struct.pack_into("<4sIIIII", head, 0, MAGIC, hp.version, hp.n_experts, hp.n_layers,
-                     HEADER_SIZE, len(plan.tensors))
+    size = HEADER_SIZE if plan.version == 2 else HEADER_SIZE_V1
+    head = bytearray(size)
+    struct.pack_into("<4sIIIII", head, 0, MAGIC, plan.version, hp.n_experts, hp.n_layers,
+                     size, len(plan.tensors))
     struct.pack_into("<QQQQQQQQ", head, 0x18, plan.routing_offset, plan.data_offset,
                      plan.tensor_table_offset, plan.tokenizer_offset, len(plan.tokenizer),
                      plan.metadata_offset, len(plan.metadata), plan.file_size)
     for offset, code, attr in _HPARAM_FIELDS:
         struct.pack_into(code, head, offset, getattr(hp, attr))
     struct.pack_into("<I", head, 0x0BC, hp.n_moe_layers)
+    if plan.version == 2:
+        struct.pack_into("<I", head, 0x05C, hp.flags & ~FLAGS_V1_ONLY)
+        struct.pack_into("<I", head, 0x080, hp.d_ff_shared if any(
+            r is not None and r.shared != SHARED_NONE for r in plan.rules) else 0)
+        for offset, code, attr in _HPARAM_FIELDS_V2:
+            struct.pack_into(code, head, offset, hp.v2_value(attr))
     fix_crcs(head, routing + table)
     return bytes(head)
 
 
+def header_crc(head: bytes | bytearray) -> int:
+    """header_crc32 of a whole fixed header: version 1's covers bytes 0x000..0x0BF, version 2's
+    those and every byte after the two CRCs, 0x0C8 to the header's end."""
+    crc = zlib.crc32(bytes(head[:0xC0]))
+    if struct.unpack_from("<I", head, 0x04)[0] == 2:
+        crc = zlib.crc32(bytes(head[0xC8:]), crc)
+    return crc & 0xFFFFFFFF
+
+
 def fix_crcs(head: bytearray, tables: bytes) -> None:
-    """Recompute header_crc32 (0x0C0) and tables_crc32 (0x0C4) in place."""
+    """Recompute header_crc32 (0x0C0) and tables_crc32 (0x0C4) of a whole fixed header in place."""
     struct.pack_into("<I", head, 0x0C4, zlib.crc32(tables) & 0xFFFFFFFF)
-    struct.pack_into("<I", head, 0x0C0, zlib.crc32(bytes(head[:0xC0])) & 0xFFFFFFFF)
+    struct.pack_into("<I", head, 0x0C0, header_crc(head))
 
 
 def refresh_checksums(image: bytearray) -> None:
     """Recompute the header and tables CRCs of a whole file image after editing it in place, so
     that a test's deliberate corruption is reported as itself rather than as a checksum error.
-    Uses the (possibly edited) section offsets in the header."""
-    n_layers, _hs, n_tensors = struct.unpack_from("<III", image, 0x0C)
+    Uses the (possibly edited) version, header size and section offsets in the header."""
+    version, _ne, n_layers, header_size, n_tensors = struct.unpack_from("<5I", image, 0x04)
+    entry = ROUTING_ENTRY_SIZE if version == 2 else ROUTING_ENTRY_SIZE_V1
+    header_size = max(HEADER_SIZE if version == 2 else HEADER_SIZE_V1,
+                      min(header_size, len(image)))
     routing_offset = struct.unpack_from("<Q", image, 0x18)[0]
     table_offset = struct.unpack_from("<Q", image, 0x28)[0]
-    routing = bytes(image[routing_offset:routing_offset + n_layers * ROUTING_ENTRY_SIZE])
+    routing = bytes(image[routing_offset:routing_offset + n_layers * entry])
     table = bytes(image[table_offset:table_offset + n_tensors * TENSOR_ENTRY_SIZE])
-    head = bytearray(image[:HEADER_SIZE])
+    head = bytearray(image[:header_size])
     fix_crcs(head, routing + table)
-    image[:HEADER_SIZE] = head
+    image[:header_size] = head
 
 
 def _tensor_data(spec: TensorSpec) -> bytes:
@@ -334,7 +468,8 @@ def build_bytes(plan: FilePlan) -> bytearray:
 
 def _write_metadata_sections(plan: FilePlan, image: bytearray) -> None:
     routing, table = _routing_bytes(plan), _table_bytes(plan)
-    image[:HEADER_SIZE] = header_bytes(plan, routing, table)
+    head = header_bytes(plan, routing, table)
+    image[:len(head)] = head
     image[plan.routing_offset:plan.routing_offset + len(routing)] = routing
     image[plan.tensor_table_offset:plan.tensor_table_offset + len(table)] = table
     if plan.tokenizer:

@@ -14,14 +14,18 @@ message. What is checked here is what only Python runs (decoding, temperature, n
 
 from __future__ import annotations
 
+import math
+import struct
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, Protocol
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # what the writer writes unless asked for version 1 (the engine reads both)
 
-# col_arch
-ARCH_NAMES: dict[int, str] = {1: "mixtral", 2: "qwen2_moe", 3: "qwen3_moe", 4: "olmoe"}
+# col_arch (5..8 need format version 2)
+ARCH_NAMES: dict[int, str] = {1: "mixtral", 2: "qwen2_moe", 3: "qwen3_moe", 4: "olmoe",
+                              5: "deepseek_v2", 6: "deepseek_v3", 7: "glm4_moe",
+                              8: "ernie4_5_moe"}
 
 # col_routing_mode, in enum order
 RoutingName = Literal["topk", "stable", "soft", "gumbel"]
@@ -73,6 +77,32 @@ class HParams:
     norm_eps: float = 1e-6
     clip_qkv: float = 0.0
     default_epsilon: float = 1e-8
+    # version 2 (docs/format.md): None = what version 1 means (head_dim, head_dim, head_dim^-1/2)
+    attention: int = 0             # col_attention: 0 grouped-query, 1 multi-head latent
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int | None = None
+    rotary_dim: int | None = None
+    rope_layout: int = 0           # 0 rotate halves, 1 interleaved pairs
+    attn_scale: float | None = None
+    latent_norm_eps: float = 0.0
+    rope_attn_factor: float = 1.0
+    rope_beta_fast: float = 0.0
+    rope_beta_slow: float = 0.0
+    rope_truncate: int = 0
+
+    def v2_value(self, attr: str) -> int | float:
+        """A version-2 header field's value, the Nones filled as version 1 would mean them."""
+        if attr in ("v_head_dim", "rotary_dim"):
+            value = getattr(self, attr)
+            return self.head_dim if value is None else value
+        if attr == "attn_scale":
+            if self.attn_scale is not None:
+                return self.attn_scale
+            return struct.unpack("<f", struct.pack("<f", 1.0 / math.sqrt(self.head_dim)))[0]
+        return getattr(self, attr)
 
     @property
     def arch_name(self) -> str:

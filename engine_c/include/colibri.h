@@ -15,12 +15,14 @@
  * longjmps on bad input.
  *
  * File format summary (full byte tables in docs/format.md). All little-endian.
- *   0x000 "COLI" | 0x004 u32 version=1 | 0x008 u32 num_experts | 0x00C u32 num_layers
+ *   0x000 "COLI" | 0x004 u32 version (1 or 2) | 0x008 u32 num_experts | 0x00C u32 num_layers
  *   0x010 u32 header_size | 0x014 u32 tensor_count | 0x018 u64 routing_offset | 0x020 u64 data_offset
- *   then the rest of the 256-byte fixed header (section offsets, hyper-parameters, CRCs),
- *   the routing section (32 bytes per layer), the tensor table (128 bytes per tensor, sorted by
- *   offset), the tokenizer (tokenizer.json bytes), user metadata (UTF-8 JSON), and tensor data,
- *   every tensor 64-byte aligned.
+ *   then the rest of the fixed header (section offsets, hyper-parameters, CRCs; 256 bytes in
+ *   version 1, 512 in version 2, whose bytes 0x0C8.. declare the attention and RoPE features),
+ *   the routing section (one entry per layer: 32 bytes in version 1; 128 in version 2, stating
+ *   the layer's whole routing rule and attention kind), the tensor table (128 bytes per tensor,
+ *   sorted by offset), the tokenizer (tokenizer.json bytes), user metadata (UTF-8 JSON), and
+ *   tensor data, every tensor 64-byte aligned.
  *
  * The block between COL_CDEF_BEGIN and COL_CDEF_END is read verbatim by the Python binding's cffi
  * build: keep it plain C declarations (no macros, no inline functions, no preprocessor lines).
@@ -35,10 +37,13 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 3
-#define COL_FORMAT_VERSION 1
-#define COL_HEADER_SIZE 256
-#define COL_ROUTING_ENTRY_SIZE 32
+#define COL_ABI_VERSION 5   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+                                grew; col_routing_describe); 5: col_routing_scores */
+#define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
+#define COL_HEADER_SIZE 256           /* version 1's fixed header */
+#define COL_HEADER_SIZE_V2 512
+#define COL_ROUTING_ENTRY_SIZE 32     /* version 1's routing entry */
+#define COL_ROUTING_ENTRY_SIZE_V2 128
 #define COL_TENSOR_ENTRY_SIZE 128
 #define COL_TENSOR_NAME_MAX 64
 #define COL_ALIGNMENT 64
@@ -101,20 +106,27 @@ typedef enum col_dtype {
     COL_DTYPE_Q4_0 = 6             /* blocks of 32: f16 scales, then 16 bytes of nibbles per block, (q-8)*scale (18 bytes per block) */
 } col_dtype;
 
+/* The family a file was converted from: a label for people and tools. The engine runs what the
+ * header fields and routing entries say, never a family's name. 5.. are format version 2. */
 typedef enum col_arch {
     COL_ARCH_MIXTRAL = 1,
     COL_ARCH_QWEN2_MOE = 2,
     COL_ARCH_QWEN3_MOE = 3,
-    COL_ARCH_OLMOE = 4
+    COL_ARCH_OLMOE = 4,
+    COL_ARCH_DEEPSEEK_V2 = 5,
+    COL_ARCH_DEEPSEEK_V3 = 6,
+    COL_ARCH_GLM4_MOE = 7,
+    COL_ARCH_ERNIE4_5_MOE = 8
 } col_arch;
 
-/* Bits of col_hparams.flags (header offset 0x05C). */
+/* Bits of col_hparams.flags (header offset 0x05C). NORM_TOPK, SHARED_EXPERT and
+ * SHARED_EXPERT_GATE are version 1's: a version-2 file states them in each routing entry. */
 typedef enum col_model_flag {
-    COL_FLAG_NORM_TOPK = 1,          /* renormalise the k selected weights to sum to 1 */
+    COL_FLAG_NORM_TOPK = 1,          /* v1: renormalise the k selected weights to sum to 1 */
     COL_FLAG_TIED_EMBEDDINGS = 2,    /* logits use token_embd; no "output" tensor */
-    COL_FLAG_SHARED_EXPERT = 4,      /* MoE layers have a shared expert (shared_w1/w2/w3) */
-    COL_FLAG_SHARED_EXPERT_GATE = 8, /* shared expert output scaled by sigmoid(shared_gate . x) */
-    COL_FLAG_QKV_BIAS = 16,          /* attn_q_bias, attn_k_bias, attn_v_bias present */
+    COL_FLAG_SHARED_EXPERT = 4,      /* v1: MoE layers have a shared expert (shared_w1/w2/w3) */
+    COL_FLAG_SHARED_EXPERT_GATE = 8, /* v1: shared expert output scaled by sigmoid(shared_gate . x) */
+    COL_FLAG_QKV_BIAS = 16,          /* attn_q_bias, attn_k_bias, attn_v_bias present (MLA: attn_q_a_bias, attn_kv_a_bias) */
     COL_FLAG_O_BIAS = 32,            /* attn_o_bias present */
     COL_FLAG_QK_NORM_HEAD = 64,      /* RMSNorm of each head's q and k ([head_dim] weights), before RoPE */
     COL_FLAG_QK_NORM_FULL = 128      /* RMSNorm over the whole projected q and k (OLMoE), before RoPE */
@@ -122,15 +134,72 @@ typedef enum col_model_flag {
 
 typedef enum col_rope_type {
     COL_ROPE_DEFAULT = 0,
-    COL_ROPE_LINEAR = 1
+    COL_ROPE_LINEAR = 1,
+    COL_ROPE_YARN = 2              /* v2: inverse frequencies ramped between interpolation and extrapolation */
 } col_rope_type;
+
+/* Which dimensions RoPE pairs (header 0x0E4, v2). */
+typedef enum col_rope_layout {
+    COL_ROPE_HALVES = 0,           /* dimension i with i + rotary_dim/2 (rotate_half, NeoX) */
+    COL_ROPE_INTERLEAVED = 1       /* dimension 2i with 2i + 1 (GPT-J; DeepSeek, ERNIE) */
+} col_rope_layout;
+
+/* The attention block (header 0x0C8, v2). */
+typedef enum col_attention_kind {
+    COL_ATTENTION_GQA = 0,         /* q/k/v projections, n_kv_heads key/value heads */
+    COL_ATTENTION_MLA = 1          /* DeepSeek's multi-head latent attention (compressed KV) */
+} col_attention_kind;
 
 typedef enum col_layer_kind {
     COL_LAYER_DENSE = 0,
     COL_LAYER_MOE = 1
 } col_layer_kind;
 
-/* Decoded hyper-parameters (header bytes 0x000..0x0BF). */
+/* Per-layer attention mask (routing entry 0x48, v2; version 1: every layer sliding when the
+ * header's sliding_window is set). */
+typedef enum col_layer_attention {
+    COL_LAYER_FULL = 0,            /* causal */
+    COL_LAYER_SLIDING = 1          /* key allowed iff q - sliding_window < k <= q */
+} col_layer_attention;
+
+/* How a MoE layer turns router logits into scores (routing entry 0x18). */
+typedef enum col_scoring {
+    COL_SCORING_SOFTMAX = 0,
+    COL_SCORING_SIGMOID = 1,
+    COL_SCORING_SPARSEMIXER = 2    /* PhiMoE: two arg-maxes of the logits, each weighted by a masked softmax */
+} col_scoring;
+
+/* What the top-k ranks (routing entry 0x1C, v2). */
+typedef enum col_select_on {
+    COL_SELECT_SCORES = 0,         /* score every expert, select on score (+ correction bias), weight = score */
+    COL_SELECT_LOGITS = 1          /* select on the logits, then score only the chosen (softmax over the k, or sigmoid) */
+} col_select_on;
+
+/* A group's score in group-limited routing (routing entry 0x2C, v2). */
+typedef enum col_group_score {
+    COL_GROUP_NONE = 0,            /* no group limit (n_groups = 1) */
+    COL_GROUP_MAX = 1,             /* the group's best selection score (DeepSeek-V2) */
+    COL_GROUP_TOP2_SUM = 2         /* the sum of the group's two best selection scores (DeepSeek-V3) */
+} col_group_score;
+
+/* Normalisation of the k weights before scaling (routing entry 0x30, v2). */
+typedef enum col_normalize {
+    COL_NORM_NONE = 0,
+    COL_NORM_SUM = 1,              /* w / (sum w + norm_eps) */
+    COL_NORM_SUM_CLAMPED = 2,      /* w / max(sum w, norm_eps) (ERNIE's moe_norm_min) */
+    COL_NORM_P = 3                 /* w / (sum |w|^norm_p)^(1/norm_p) (DBRX) */
+} col_normalize;
+
+/* A MoE layer's shared expert (routing entry 0x40, v2). */
+typedef enum col_shared {
+    COL_SHARED_NONE = 0,
+    COL_SHARED_PLAIN = 1,          /* shared_w1/w2/w3 output added to the routed mix */
+    COL_SHARED_SIGMOID_GATE = 2    /* ... scaled by sigmoid(shared_gate . x) (Qwen2-MoE) */
+} col_shared;
+
+/* Decoded hyper-parameters (header bytes 0x000..0x0BF, and 0x0C8..0x1FF in version 2). Fields a
+ * version-1 file does not have are filled with what version 1 means: GQA, v_head_dim = rotary_dim
+ * = head_dim, halves layout, attn_scale = head_dim^-1/2, rope_attn_factor = 1. */
 typedef struct col_hparams {
     uint32_t version;
     uint32_t arch;                 /* col_arch */
@@ -160,6 +229,20 @@ typedef struct col_hparams {
     float norm_eps;
     float clip_qkv;                /* 0 = no clipping */
     float default_epsilon;         /* suggested stable-top-k epsilon */
+    uint32_t attention;            /* col_attention_kind */
+    uint32_t q_lora_rank;          /* MLA: 0 = q straight from attn_q, else the rank of attn_q_a / attn_q_b */
+    uint32_t kv_lora_rank;         /* MLA: width of the cached latent */
+    uint32_t qk_nope_head_dim;     /* MLA: query/key dims without position (head_dim = nope + rope) */
+    uint32_t qk_rope_head_dim;     /* MLA: query/key dims with RoPE */
+    uint32_t v_head_dim;           /* value (and attention output) dims per head */
+    uint32_t rotary_dim;           /* dims of a head that RoPE rotates (the first ones; MLA: the rope part) */
+    uint32_t rope_layout;          /* col_rope_layout */
+    uint32_t rope_truncate;        /* YaRN: 1 = floor/ceil the correction range */
+    float attn_scale;              /* attention scores are multiplied by this */
+    float latent_norm_eps;         /* MLA: epsilon of the attn_q_a_norm / attn_kv_a_norm RMSNorms */
+    float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor; else 1) */
+    float rope_beta_fast;          /* YaRN */
+    float rope_beta_slow;          /* YaRN */
 } col_hparams;
 
 /* One tensor table entry, decoded. `data` points into the read-only mapping (never write it). */
@@ -176,15 +259,30 @@ typedef struct col_tensor_info {
     const void *data;
 } col_tensor_info;
 
-/* One routing section entry (per layer). */
+/* One routing section entry (per layer): the layer's whole routing rule (docs/format.md, "The
+ * routing rule"). Version-1 entries are decoded to the rule version 1 means (softmax over every
+ * expert, top-k of the scores, NORM_TOPK and the shared-expert flags of the header). Dense
+ * layers have kind DENSE and zero routing fields. */
 typedef struct col_routing_info {
     uint32_t layer;
     uint32_t kind;                 /* col_layer_kind */
     uint32_t gate_tensor;          /* tensor index of layers.L.moe_gate, COL_NO_TENSOR for dense */
-    uint32_t gate_bias_tensor;     /* COL_NO_TENSOR when the router has no bias */
+    uint32_t gate_bias_tensor;     /* layers.L.moe_gate_bias, added to the logits; COL_NO_TENSOR when none */
     uint32_t top_k;
     uint32_t n_experts;
-    uint32_t scoring;              /* 0 = softmax over all experts, then top-k */
+    uint32_t scoring;              /* col_scoring */
+    uint32_t select_on;            /* col_select_on */
+    uint32_t correction_bias_tensor; /* layers.L.moe_correction_bias, added to the scores for selection only */
+    uint32_t n_groups;             /* experts in n_groups equal groups of consecutive indices; 1 = no groups */
+    uint32_t n_groups_kept;        /* groups whose experts may be chosen */
+    uint32_t group_score;          /* col_group_score */
+    uint32_t normalize;            /* col_normalize */
+    float norm_eps;
+    float norm_p;
+    float scale;                   /* the k weights are multiplied by this last (routed_scaling_factor) */
+    float sparsemixer_eps;         /* PhiMoE's router_jitter_noise (scoring SPARSEMIXER only) */
+    uint32_t shared;               /* col_shared */
+    uint32_t attention;            /* col_layer_attention */
 } col_routing_info;
 
 /* One field of the fixed header, for structure views (a hex editor's template). */
@@ -204,6 +302,8 @@ typedef struct col_field {
     uint32_t size;
     uint32_t kind;                 /* col_field_kind */
     int32_t present;               /* 0 when the buffer ends before this field */
+    int32_t in_version;            /* 1 when the field is part of the fixed header of the format version the
+                                    * bytes declare (version 1's when the version is absent or unknown) */
     uint64_t u;                    /* value for U32/U64 */
     int64_t i;                     /* value for I32 */
     double f;                      /* value for F32/F64 */
@@ -215,11 +315,13 @@ typedef enum col_check_flag {
     COL_CHECK_NONFINITE = 2        /* scan every float tensor for NaN/Inf (reads all data) */
 } col_check_flag;
 
+/* Routing modes change only what is *chosen*: they perturb the selection score (see
+ * col_trace_view), and the weights always follow the layer's rule from the unperturbed values. */
 typedef enum col_routing_mode {
     COL_ROUTING_TOPK = 0,          /* the family's own math */
-    COL_ROUTING_STABLE = 1,        /* select on (double)logit[j] + j*epsilon; weights from raw logits */
-    COL_ROUTING_SOFT = 2,          /* every expert, weights = softmax over all router logits */
-    COL_ROUTING_GUMBEL = 3         /* select on logit[j] + Gumbel noise from (seed, position, layer, j) */
+    COL_ROUTING_STABLE = 1,        /* select on (double)selection_score[j] + j*epsilon */
+    COL_ROUTING_SOFT = 2,          /* every expert, no group limit, weights by the rule's scoring of all of them */
+    COL_ROUTING_GUMBEL = 3         /* select on selection_score[j] + Gumbel noise from (seed, position, layer, j) */
 } col_routing_mode;
 
 /* Reduction order of every dot product of a session (col_session_config.reduction). Variants run
@@ -282,7 +384,12 @@ typedef struct col_session_config {
 
 /* Pointers into session memory; valid until the session is freed. Arrays are row-major and
  * sized for `capacity` positions; only the first `n_positions` rows are filled.
- * `k` is n_experts_active, or n_experts in soft routing. Dense layers have no routing rows. */
+ * `k` is n_experts_active, or n_experts in soft routing. Dense layers have no routing rows.
+ * The selection score of an expert is the value whose order decides the choice (router.h):
+ * the logit itself for softmax scoring without a correction bias (softmax keeps the order),
+ * sigmoid(logit) + correction bias for DeepSeek-V3, softmax + bias for ERNIE, the logit for
+ * rules that select on logits. Routing modes perturb it only to choose: the trace keeps it
+ * unperturbed. */
 typedef struct col_trace_view {
     uint32_t n_positions;
     uint32_t capacity;
@@ -294,7 +401,13 @@ typedef struct col_trace_view {
     const int32_t *tokens;         /* [capacity] token id at each position */
     const int32_t *expert_ids;     /* [capacity][n_moe_layers][k], in selection order */
     const float *expert_weights;   /* [capacity][n_moe_layers][k] combination weights */
-    const float *router_logits;    /* [capacity][n_moe_layers][n_experts] raw router logits */
+    const float *router_logits;    /* [capacity][n_moe_layers][n_experts] raw router logits (+ router bias) */
+    const float *selection_scores; /* [capacity][n_moe_layers][n_experts] selection scores */
+    uint32_t n_chosen_groups;      /* groups kept per decision (largest over the layers); 0 without groups */
+    const int32_t *chosen_groups;  /* [capacity][n_moe_layers][n_chosen_groups] kept groups, best first; -1
+                                    * in layers without groups and in soft routing; NULL when 0 */
+    const uint8_t *bias_changed;   /* [capacity][n_moe_layers] 1 when the layer's correction bias changed the
+                                    * choice (the same ranking of the scores alone chose another set) */
     const float *shared_gate;      /* [capacity][n_moe_layers] sigmoid gate of the shared expert, NaN if none */
     const float *hidden_norm;      /* [capacity][n_moe_layers] L2 norm of the router's input */
     const uint64_t *phase_ns;      /* [capacity][n_layers][COL_PHASE_COUNT] monotonic nanoseconds */
@@ -334,7 +447,8 @@ int32_t col_validate_buffer(const uint8_t *data, uint64_t size, uint32_t check_f
 int32_t col_validate_file(const char *path, uint32_t check_flags,
                           col_problem *problems, uint32_t max_problems, uint32_t *n_problems);
 
-/* Number of fields of the fixed header (constant). */
+/* Number of field descriptions of the fixed headers of every format version (constant); a
+ * version's fields are those with in_version set, and cover its header exactly. */
 uint32_t col_header_field_count(void);
 
 /* Describe fixed-header field `index` decoded from `data` (which may be any bytes, of any size:
@@ -365,6 +479,21 @@ int32_t col_model_find_tensor(const col_model *model, const char *name, uint32_t
 
 /* Routing entry of `layer` (0..n_layers-1). */
 int32_t col_model_routing(const col_model *model, uint32_t layer, col_routing_info *out);
+
+/* A routing entry's rule in words ("sigmoid over 256 experts, + correction bias for the choice
+ * only, top-8 within the 4 best of 8 groups (by the sum of their best two), divided by their sum
+ * + 1e-20, times 2.5; plus a shared expert"), NUL-terminated and truncated to n bytes. The one
+ * wording of a rule: the command-line tools and the Inspector show it. COL_ERR_INVALID_ARG for a
+ * NULL argument or n == 0. Thread safe. */
+int32_t col_routing_describe(const col_routing_info *rule, char *out, size_t n);
+
+/* Step 1 of a MoE rule over every expert, as the router computes it: scores [rule->n_experts]
+ * = each logit's sigmoid (sigmoid scoring), or a softmax over all the logits (softmax and
+ * sparsemixer scoring; what soft routing weighs by). logits: [n_experts] router logits, the
+ * router bias included (a trace's router_logits). Lets a debugger show a decision's scores
+ * beside its logits and selection scores without recomputing the rule. COL_ERR_INVALID_ARG for
+ * a NULL argument, a dense entry or an unknown scoring. Pure; thread safe. */
+int32_t col_routing_scores(const col_routing_info *rule, const float *logits, float *scores);
 
 /* The embedded tokenizer.json and user-metadata JSON bytes (not NUL-terminated; size may be 0). */
 const uint8_t *col_model_tokenizer(const col_model *model, uint64_t *size);
@@ -467,7 +596,7 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
  * position is left where it was before the call. */
 int32_t col_model_check_file(const col_model *model, uint32_t *replaced, char *err, size_t errlen);
 
-/* ---- ABI 3: one-pass open, sections, the engine as the judge of session configs ------------ */
+/* ---- Since ABI 3: one-pass open, sections, the engine as the judge of session configs ------ */
 
 /* col_model_open_ex keeping every finding of its one validation pass (col_model_open keeps the
  * first error only). Up to `max_problems` findings go to `problems` (may be NULL when 0) and the

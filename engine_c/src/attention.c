@@ -2,57 +2,100 @@
  * attention.c - rotary position embedding and grouped-query self-attention for a block of
  * positions (one in a decode step), with the layer's KV cache.
  *
- * Follows transformers' eager attention for the v1 families: q/k/v projections (+ bias), the
- * optional q/k RMSNorm (per head before RoPE for Qwen3-MoE, over the whole projection for OLMoE,
- * then OLMoE's clip), rotate-half RoPE with inverse frequencies computed in f32 as
- * transformers does, scores scaled by head_dim^-1/2, softmax in f32, and head h reading KV
- * head h / (n_heads / n_kv_heads). The sliding window admits key k for query q iff q - W < k <= q.
+ * Follows transformers' eager attention: q/k/v projections (+ bias), the optional q/k RMSNorm
+ * (per head before RoPE for Qwen3-MoE and GLM-4.5, over the whole projection for OLMoE, then
+ * OLMoE's clip), RoPE on each head's first rotary_dim dims (partial rotary: GLM-4.5) paired as
+ * halves (rotate_half) or interleaved (DeepSeek, ERNIE), with inverse frequencies computed in
+ * f32 as transformers does (default, linear, YaRN), scores scaled by attn_scale (head_dim^-1/2
+ * unless the family says otherwise), softmax in f32, and head h reading KV head
+ * h / (n_heads / n_kv_heads). A sliding layer admits key k for query q iff q - W < k <= q.
  */
 #include "session.h"
 
 #include <math.h>
 #include <string.h>
 
+/* YaRN's correction dimension of `rotations` (transformers' find_correction_dim), in double. */
+static double yarn_dim(double rotations, double dim, double base, double max_positions)
+{
+    return dim * log(max_positions / (rotations * 2.0 * 3.14159265358979323846)) / (2.0 * log(base));
+}
+
 void col_rope_init(const col_hparams *hp, float *inv_freq)
 {
-    uint32_t half = hp->head_dim / 2;
+    uint32_t dim = hp->rotary_dim, half = dim / 2;
+    double low = 0.0, high = 0.0;
+    if (hp->rope_type == COL_ROPE_YARN) {
+        low = yarn_dim(hp->rope_beta_fast, dim, hp->rope_theta, hp->rope_original_max_context);
+        high = yarn_dim(hp->rope_beta_slow, dim, hp->rope_theta, hp->rope_original_max_context);
+        if (hp->rope_truncate) {
+            low = floor(low);
+            high = ceil(high);
+        }
+        low = low > 0.0 ? low : 0.0;
+        high = high < dim - 1.0 ? high : dim - 1.0;
+        if (low == high) high += 0.001; /* transformers' guard against a zero-width ramp */
+    }
     for (uint32_t i = 0; i < half; i++) {
         /* base ** (arange(0, d, 2) / d) in f32, as torch computes it */
-        float exponent = (float)(2 * i) / (float)hp->head_dim;
-        inv_freq[i] = 1.0f / powf((float)hp->rope_theta, exponent);
+        float exponent = (float)(2 * i) / (float)dim;
+        float pos_freq = powf((float)hp->rope_theta, exponent);
+        inv_freq[i] = 1.0f / pos_freq;
         if (hp->rope_type == COL_ROPE_LINEAR) inv_freq[i] /= hp->rope_factor;
+        if (hp->rope_type == COL_ROPE_YARN) { /* the f32 steps of _compute_yarn_parameters */
+            float interpolation = 1.0f / (hp->rope_factor * pos_freq);
+            float ramp = ((float)i - (float)low) / (float)(high - low);
+            ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+            float extrapolation_factor = 1.0f - ramp;
+            inv_freq[i] = interpolation * (1.0f - extrapolation_factor) + inv_freq[i] * extrapolation_factor;
+        }
     }
 }
 
-/* Rotate each of n_heads vectors of head_dim values in place by the angles whose cosines and
- * sines are c and s [head_dim / 2] (rotate_half layout). */
-static void rope_rotate(float *vec, uint32_t n_heads, uint32_t head_dim, const float *c, const float *s)
+/* Rotate the first rotary_dim values of each of n vectors (stride apart) in place by the angles
+ * whose cosines and sines are c and s [rotary_dim / 2], pairing dims as the layout says. */
+static void rope_rotate(float *vec, uint32_t n, uint64_t stride, uint32_t rotary_dim, uint32_t layout, const float *c,
+                        const float *s)
 {
-    uint32_t half = head_dim / 2;
-    for (uint32_t h = 0; h < n_heads; h++) {
-        float *v = vec + (uint64_t)h * head_dim;
-        for (uint32_t i = 0; i < half; i++) {
-            float x1 = v[i], x2 = v[i + half];
-            v[i] = x1 * c[i] - x2 * s[i];
-            v[i + half] = x2 * c[i] + x1 * s[i];
+    uint32_t half = rotary_dim / 2;
+    for (uint32_t h = 0; h < n; h++) {
+        float *v = vec + (uint64_t)h * stride;
+        if (layout == COL_ROPE_INTERLEAVED) {
+            for (uint32_t i = 0; i < half; i++) {
+                float x1 = v[2 * i], x2 = v[2 * i + 1];
+                v[2 * i] = x1 * c[i] - x2 * s[i];
+                v[2 * i + 1] = x2 * c[i] + x1 * s[i];
+            }
+        } else {
+            for (uint32_t i = 0; i < half; i++) {
+                float x1 = v[i], x2 = v[i + half];
+                v[i] = x1 * c[i] - x2 * s[i];
+                v[i + half] = x2 * c[i] + x1 * s[i];
+            }
         }
+    }
+}
+
+/* The cosines and sines of `position` [rotary_dim / 2], times YaRN's attention factor (1 for the
+ * other types, which leaves the bits as they were). */
+static void rope_angles(const col_hparams *hp, uint32_t position, const float *inv_freq, float *c, float *s)
+{
+    for (uint32_t i = 0; i < hp->rotary_dim / 2; i++) {
+        float angle = (float)position * inv_freq[i];
+        c[i] = cosf(angle) * hp->rope_attn_factor;
+        s[i] = sinf(angle) * hp->rope_attn_factor;
     }
 }
 
 /* RoPE of q [n_heads] and k [n_kv_heads] at `position`, with the cosines and sines computed once
  * for both, and before the heads' loops rather than inside them (perf put RoPE at 1.1 % of a bf16
- * prefill's calling thread). The same values as before, so the same bits. */
-static void rope_apply(float *q, uint32_t n_heads, float *k, uint32_t n_kv_heads, uint32_t head_dim, uint32_t position,
-                       const float *inv_freq)
+ * prefill's calling thread). */
+static void rope_apply(const col_hparams *hp, float *q, float *k, uint32_t position, const float *inv_freq)
 {
     float c[COL_MAX_HEAD_DIM / 2], s[COL_MAX_HEAD_DIM / 2];
-    for (uint32_t i = 0; i < head_dim / 2; i++) {
-        float angle = (float)position * inv_freq[i];
-        c[i] = cosf(angle);
-        s[i] = sinf(angle);
-    }
-    rope_rotate(q, n_heads, head_dim, c, s);
-    rope_rotate(k, n_kv_heads, head_dim, c, s);
+    rope_angles(hp, position, inv_freq, c, s);
+    rope_rotate(q, hp->n_heads, hp->head_dim, hp->rotary_dim, hp->rope_layout, c, s);
+    rope_rotate(k, hp->n_kv_heads, hp->head_dim, hp->rotary_dim, hp->rope_layout, c, s);
 }
 
 static void add_bias(float *y, const col_tensor_info *bias, uint64_t n)
@@ -74,8 +117,7 @@ static void clamp_all(float *v, uint64_t n, float c)
  * memory at about 9 GB/s per thread either way). */
 static float *kv_rows(const col_session *s, float *cache, uint32_t layer_index, uint32_t g)
 {
-    const col_hparams *hp = &s->model->hp;
-    return cache + ((uint64_t)layer_index * hp->n_kv_heads + g) * s->capacity * hp->head_dim;
+    return cache + ((uint64_t)layer_index * s->kv_heads + g) * s->capacity * s->att_dim;
 }
 
 /* The per-position part before the scores: biases, q/k norms, clip, RoPE, and k/v into the
@@ -107,7 +149,7 @@ static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos,
         for (uint32_t h = 0; h < nkv; h++)
             col_rmsnorm(k + (uint64_t)h * d, layer->attn_k_norm, hp->norm_eps, d, k + (uint64_t)h * d, s->norm_weight);
     }
-    rope_apply(q, nh, k, nkv, d, pos, s->inv_freq);
+    rope_apply(hp, q, k, pos, s->inv_freq);
 
     for (uint32_t g = 0; g < nkv; g++) {
         memcpy(kv_rows(s, s->k_cache, layer_index, g) + (uint64_t)pos * d, k + (uint64_t)g * d, d * sizeof(float));
@@ -137,21 +179,22 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     const heads_task *task = ctx;
     const col_session *s = task->s;
     const col_hparams *hp = &s->model->hp;
-    const uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, d = hp->head_dim;
-    const uint32_t group = hp->n_heads / hp->n_kv_heads; /* query heads per KV head */
+    const uint64_t q_dim = (uint64_t)hp->n_heads * s->att_dim, d = s->att_dim;
+    const uint32_t group = s->att_group; /* query heads per KV head */
     float *scores = s->scores + (uint64_t)thread * group * s->capacity;
-    float scale = (float)(1.0 / sqrt((double)hp->head_dim));
+    float scale = hp->attn_scale;
+    const int sliding = s->model->layers[task->layer].route->attention == COL_LAYER_SLIDING;
     for (uint64_t i = i0; i < i1; i++) {
         /* KV-head-major, so each thread's share holds early and late positions alike (a late
          * position attends to more keys); the query heads of a KV head run together, so each key
          * and value read from the cache serves all of them */
         uint64_t n = task->n, t = i % n;
         uint32_t g = (uint32_t)(i / n);
-        uint64_t at = t * q_dim + (uint64_t)g * group * hp->head_dim;
+        uint64_t at = t * q_dim + (uint64_t)g * group * d;
         uint32_t pos = task->base + (uint32_t)t, first = 0;
-        if (hp->sliding_window > 0 && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
+        if (sliding && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
         col_head_job job = {task->q + at, kv_rows(s, s->k_cache, task->layer, g) + first * d,
-                            kv_rows(s, s->v_cache, task->layer, g) + first * d, d, pos + 1 - first, hp->head_dim, scale,
+                            kv_rows(s, s->v_cache, task->layer, g) + first * d, d, pos + 1 - first, (uint32_t)d, scale,
                             group, n == 1 ? COL_DECODE_KV_PREFETCH : 0};
         col_attend_head(s->pool, &job, scores, task->att + at);
     }
@@ -168,7 +211,94 @@ static void attend_positions(col_session *s, uint32_t layer_index, uint32_t base
     for (uint32_t t = 0; t < n; t++)
         prepare_position(s, layer_index, base + t, q + t * q_dim, k + t * kv_dim, v + t * kv_dim);
     heads_task task = {s, layer_index, base, n, q, att};
-    col_pool_run(s->pool, run_heads, &task, (uint64_t)n * hp->n_kv_heads);
+    col_pool_run(s->pool, run_heads, &task, (uint64_t)n * s->kv_heads);
+}
+
+/* ---- multi-head latent attention (docs/format.md, "MLA") --------------------------------- */
+
+/* rows [n][width] <-> heads [nh][n][part]: head h's `part` values at `offset` of each row. */
+static void gather_heads(const float *rows, uint64_t width, uint32_t nh, uint64_t stride, uint64_t offset,
+                         uint64_t part, uint32_t n, float *heads)
+{
+    for (uint32_t h = 0; h < nh; h++)
+        for (uint32_t t = 0; t < n; t++)
+            memcpy(heads + ((uint64_t)h * n + t) * part, rows + t * width + h * stride + offset, part * sizeof(float));
+}
+
+static void scatter_heads(const float *heads, uint32_t nh, uint64_t part, uint32_t n, float *rows, uint64_t width,
+                          uint64_t stride, uint64_t offset)
+{
+    for (uint32_t h = 0; h < nh; h++)
+        for (uint32_t t = 0; t < n; t++)
+            memcpy(rows + t * width + h * stride + offset, heads + ((uint64_t)h * n + t) * part, part * sizeof(float));
+}
+
+/* The latent attention of n positions from s->position: xn [n][d_model] -> out [n][d_model].
+ * Queries and the position's latent come from their projections; the latent (RMSNorm'd) and the
+ * RoPE'd shared key part are cached as one row of kv_lora_rank + qk_rope_head_dim; head h's query
+ * is [attn_k_b[h] . q_nope | RoPE(q_rope)], attending over the cached rows as keys and values
+ * (one KV head for all the query heads), and its output is attn_v_b[h] . (the first
+ * kv_lora_rank values of the attended sum). Each position's result depends on its own inputs
+ * only, so a step equals a prefill block bit for bit. */
+static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, const float *xn, float *out)
+{
+    const col_hparams *hp = &s->model->hp;
+    const col_layer *layer = &s->model->layers[layer_index];
+    const uint32_t nh = hp->n_heads, nope = hp->qk_nope_head_dim, r = hp->qk_rope_head_dim;
+    const uint32_t c = hp->kv_lora_rank, ql = hp->q_lora_rank, vd = hp->v_head_dim;
+    const uint64_t qw = (uint64_t)nh * (nope + r), lat = (uint64_t)c + r, aw = (uint64_t)nh * lat;
+    const float eps = hp->latent_norm_eps;
+
+    /* projections: the query (straight, or through its normalised low-rank pair) and the latent */
+    col_matvec_job proj[2] = {{col_weight_of(ql ? layer->attn_q_a : layer->attn_q), xn, ql ? s->mla_qa : s->mla_q, n},
+                              {col_weight_of(layer->attn_kv_a), xn, s->mla_kv, n}};
+    col_matmul_many(s->pool, proj, 2);
+    for (uint32_t t = 0; t < n; t++) {
+        float *kv = s->mla_kv + t * lat;
+        add_bias(kv, layer->attn_kv_a_bias, lat);
+        col_rmsnorm(kv, layer->attn_kv_a_norm, eps, c, kv, s->norm_weight);
+        if (ql) {
+            float *qa = s->mla_qa + (uint64_t)t * ql;
+            add_bias(qa, layer->attn_q_a_bias, ql);
+            col_rmsnorm(qa, layer->attn_q_a_norm, eps, ql, qa, s->norm_weight);
+        }
+    }
+    if (ql) {
+        col_matvec_job qb = {col_weight_of(layer->attn_q_b), s->mla_qa, s->mla_q, n};
+        col_matmul_many(s->pool, &qb, 1);
+    }
+    /* RoPE of each position's query heads and shared key part; the latent row into the cache */
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t pos = s->position + t;
+        float cs[COL_MAX_HEAD_DIM / 2], sn[COL_MAX_HEAD_DIM / 2];
+        rope_angles(hp, pos, s->inv_freq, cs, sn);
+        float *q = s->mla_q + t * qw, *kv = s->mla_kv + t * lat;
+        rope_rotate(q + nope, nh, nope + r, r, hp->rope_layout, cs, sn);
+        rope_rotate(kv + c, 1, lat, r, hp->rope_layout, cs, sn);
+        memcpy(kv_rows(s, s->k_cache, layer_index, 0) + (uint64_t)pos * lat, kv, lat * sizeof(float));
+    }
+    /* the key up-projection moved onto the query: q_lat[h] = attn_k_b[h] . q_nope[h] */
+    gather_heads(s->mla_q, qw, nh, nope + r, 0, nope, n, s->mla_heads);
+    for (uint32_t h = 0; h < nh; h++)
+        s->mla_jobs[h] = (col_matvec_job){col_weight_expert(layer->attn_k_b, h), s->mla_heads + (uint64_t)h * n * nope,
+                                          s->mla_lat + (uint64_t)h * n * c, n};
+    col_matmul_many(s->pool, s->mla_jobs, nh);
+    scatter_heads(s->mla_lat, nh, c, n, s->mla_qatt, aw, lat, 0);
+    gather_heads(s->mla_q, qw, nh, nope + r, nope, r, n, s->mla_heads);
+    scatter_heads(s->mla_heads, nh, r, n, s->mla_qatt, aw, lat, c);
+    /* every head over the latent rows: one KV head, nh query heads of c + r */
+    heads_task task = {s, layer_index, s->position, n, s->mla_qatt, s->mla_att};
+    col_pool_run(s->pool, run_heads, &task, n);
+    /* the value up-projection: v[h] = attn_v_b[h] . (the first c values of head h's sum) */
+    gather_heads(s->mla_att, aw, nh, lat, 0, c, n, s->mla_lat);
+    for (uint32_t h = 0; h < nh; h++)
+        s->mla_jobs[h] = (col_matvec_job){col_weight_expert(layer->attn_v_b, h), s->mla_lat + (uint64_t)h * n * c,
+                                          s->mla_heads + (uint64_t)h * n * vd, n};
+    col_matmul_many(s->pool, s->mla_jobs, nh);
+    scatter_heads(s->mla_heads, nh, vd, n, s->mla_o, (uint64_t)nh * vd, vd, 0);
+    col_matvec_job o = {col_weight_of(layer->attn_o), s->mla_o, out, n};
+    col_matmul_many(s->pool, &o, 1);
+    for (uint32_t t = 0; t < n; t++) add_bias(out + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);
 }
 
 /* A block of n positions (s->position .. +n-1): q/k/v and the o-projection as matrix-matrix
@@ -178,6 +308,10 @@ void col_attention(col_session *s, uint32_t layer_index, uint32_t n)
 {
     const col_hparams *hp = &s->model->hp;
     const col_layer *layer = &s->model->layers[layer_index];
+    if (hp->attention == COL_ATTENTION_MLA) {
+        mla_attention(s, layer_index, n, s->xn, s->tmp);
+        return;
+    }
     /* q, k and v in one kernel dispatch: their rows are split among the threads as one range */
     col_matvec_job qkv[3] = {{col_weight_of(layer->attn_q), s->xn, s->q, n},
                              {col_weight_of(layer->attn_k), s->xn, s->k, n},

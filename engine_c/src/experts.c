@@ -4,7 +4,7 @@
  *
  * Expert e computes w2 . (silu(w1 . x) * (w3 . x)) from its slice of the stacked tensors
  * (one contiguous range per matrix). The routed outputs are summed with their weights in
- * selection order; Qwen2-MoE's shared expert is added last, scaled by sigmoid(shared_gate . x).
+ * selection order; a shared expert is added last (Qwen2-MoE's scaled by sigmoid(shared_gate . x)).
  */
 #include "session.h"
 
@@ -53,21 +53,51 @@ void col_rmsnorm_rows(col_session *s, const float *x, const col_tensor_info *w, 
     col_pool_run(s->pool, norm_rows, &task, rows);
 }
 
-/* The session's routing settings for one decision at (position, layer). */
-static col_router_params router_params(const col_session *s, uint32_t layer, uint32_t position)
+/* The router bias (GPT-OSS's router.bias) is part of the logits: added before anything reads them. */
+static void add_gate_bias(const col_layer *layer, float *logits, uint32_t n)
 {
-    const col_hparams *hp = &s->model->hp;
-    col_router_params params = {
-        .mode = s->config.routing,
-        .n_experts = hp->n_experts,
-        .k = hp->n_experts_active,
-        .renormalize = (hp->flags & COL_FLAG_NORM_TOPK) != 0,
-        .epsilon = s->config.epsilon,
-        .seed = s->config.seed,
-        .position = position,
-        .layer = layer,
-    };
-    return params;
+    if (!layer->moe_gate_bias) return;
+    const float *b = (const float *)layer->moe_gate_bias->data; /* f32 (format.c checks) */
+    for (uint32_t j = 0; j < n; j++) logits[j] += b[j];
+}
+
+/* One routing decision of `layer` at `position` by the layer's rule and the session's mode. */
+static uint32_t route(col_session *s, const col_layer *layer, uint32_t layer_index, uint32_t position,
+                      const float *logits, int32_t *ids, float *weights, float *selection, int32_t *groups,
+                      uint8_t *bias_changed)
+{
+    col_router_params params = {s->config.routing, s->config.epsilon, s->config.seed, position, layer_index};
+    const float *bias = layer->moe_correction_bias ? (const float *)layer->moe_correction_bias->data : NULL;
+    /* whether the bias changed the choice: a second ranking, asked only for the trace */
+    col_route_out out = {ids, weights, selection, groups, s->trace_ids && bias ? bias_changed : NULL};
+    *bias_changed = 0;
+    return col_route(layer->route, bias, &params, logits, &out, &s->router_scratch);
+}
+
+/* The trace's rows of one decision (position, MoE layer): ids and weights padded to k_slots,
+ * logits, selection scores, kept groups, shared gate and the router input's norm. */
+static void trace_decision(col_session *s, const col_layer *layer, uint32_t position, uint32_t n_slots,
+                           const int32_t *ids, const float *weights, const float *logits, const float *selection,
+                           const int32_t *groups, uint8_t bias_changed, float shared_gate, const float *xn)
+{
+    const col_model *m = s->model;
+    uint32_t n_experts = m->hp.n_experts, d_model = m->hp.d_model, g = m->n_chosen_groups;
+    uint64_t row = (uint64_t)position * m->hp.n_moe_layers + layer->moe_index;
+    for (uint32_t slot = 0; slot < s->k_slots; slot++) {
+        s->trace_ids[row * s->k_slots + slot] = slot < n_slots ? ids[slot] : -1;
+        s->trace_weights[row * s->k_slots + slot] = slot < n_slots ? weights[slot] : 0.0f;
+    }
+    memcpy(s->trace_logits + row * n_experts, logits, n_experts * sizeof(float));
+    memcpy(s->trace_selection + row * n_experts, selection, n_experts * sizeof(float));
+    if (g) {
+        uint32_t kept = layer->route->n_groups > 1 ? layer->route->n_groups_kept : 0;
+        for (uint32_t i = 0; i < g; i++) s->trace_groups[row * g + i] = i < kept ? groups[i] : -1;
+    }
+    s->trace_shared_gate[row] = shared_gate;
+    s->trace_bias_changed[row] = bias_changed;
+    float norm = 0.0f;
+    for (uint32_t i = 0; i < d_model; i++) norm += xn[i] * xn[i];
+    s->trace_hidden_norm[row] = sqrtf(norm);
 }
 
 /* out[t] = w2 . (silu(w1 . x[t]) * (w3 . x[t])) for t < n, as matrix-matrix products. */
@@ -100,15 +130,18 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
     uint64_t t0 = phase_ns ? col_now_ns() : 0;
     col_matvec_job gate = {col_weight_of(layer->moe_gate), s->xn, s->router_logits, n};
     col_matmul_many(s->pool, &gate, 1);
-    for (uint32_t t = 0; t < n; t++) /* numerics variant: router-logit noise (no-op by default) */
+    for (uint32_t t = 0; t < n; t++) { /* the router bias, then the numerics variant's noise (no-op by default) */
+        add_gate_bias(layer, s->router_logits + (uint64_t)t * n_experts, n_experts);
         col_numerics_perturb(&s->numerics, s->router_logits + (uint64_t)t * n_experts, n_experts, s->position + t,
                              layer_index);
-    uint32_t n_slots = 0, base = s->position;
+    }
+    uint32_t n_slots = 0, base = s->position, gs = m->n_chosen_groups ? m->n_chosen_groups : 1;
     for (uint32_t e = 0; e < n_experts; e++) s->expert_count[e] = 0;
     for (uint32_t t = 0; t < n; t++) {
-        col_router_params params = router_params(s, layer_index, base + t);
-        n_slots = col_route(&params, s->router_logits + (uint64_t)t * n_experts, s->route_ids + (uint64_t)t * ks,
-                            s->route_weights + (uint64_t)t * ks, &s->router_scratch);
+        n_slots = route(s, layer, layer_index, base + t, s->router_logits + (uint64_t)t * n_experts,
+                        s->route_ids + (uint64_t)t * ks, s->route_weights + (uint64_t)t * ks,
+                        s->route_selection + (uint64_t)t * n_experts, s->route_groups + (uint64_t)t * gs,
+                        s->route_bias_changed + t);
         for (uint32_t slot = 0; slot < n_slots; slot++) s->expert_count[s->route_ids[t * ks + slot]]++;
     }
     uint64_t t1 = phase_ns ? col_now_ns() : 0;
@@ -181,23 +214,12 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
     }
     uint64_t t3 = phase_ns ? col_now_ns() : 0;
 
-    if (s->trace_ids) {
-        uint32_t mi = layer->moe_index, n_moe = hp->n_moe_layers;
-        for (uint32_t t = 0; t < n; t++) {
-            uint64_t row = (uint64_t)(base + t) * n_moe + mi;
-            for (uint32_t slot = 0; slot < ks; slot++) {
-                s->trace_ids[row * ks + slot] = slot < n_slots ? s->route_ids[t * ks + slot] : -1;
-                s->trace_weights[row * ks + slot] = slot < n_slots ? s->route_weights[t * ks + slot] : 0.0f;
-            }
-            for (uint32_t j = 0; j < n_experts; j++)
-                s->trace_logits[row * n_experts + j] = s->router_logits[(uint64_t)t * n_experts + j];
-            s->trace_shared_gate[row] = s->shared_gate[t];
-            const float *xn = s->xn + (uint64_t)t * d_model;
-            float norm = 0.0f;
-            for (uint32_t i = 0; i < d_model; i++) norm += xn[i] * xn[i];
-            s->trace_hidden_norm[row] = sqrtf(norm);
-        }
-    }
+    if (s->trace_ids)
+        for (uint32_t t = 0; t < n; t++)
+            trace_decision(s, layer, base + t, n_slots, s->route_ids + (uint64_t)t * ks,
+                           s->route_weights + (uint64_t)t * ks, s->router_logits + (uint64_t)t * n_experts,
+                           s->route_selection + (uint64_t)t * n_experts, s->route_groups + (uint64_t)t * gs,
+                           s->route_bias_changed[t], s->shared_gate[t], s->xn + (uint64_t)t * d_model);
     if (phase_ns) {
         phase_ns[COL_PHASE_ROUTER] = t1 - t0;
         phase_ns[COL_PHASE_EXPERTS] = t2 - t1;

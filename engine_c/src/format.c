@@ -180,14 +180,23 @@ enum {
     H_SLIDING_WINDOW = 0x088, H_ROPE_TYPE = 0x08C, H_ROPE_THETA = 0x090, H_ROPE_FACTOR = 0x098,
     H_ROPE_ORIG_CTX = 0x09C, H_ROPE_LOW = 0x0A0, H_ROPE_HIGH = 0x0A4, H_NORM_EPS = 0x0A8,
     H_CLIP_QKV = 0x0AC, H_DEFAULT_EPS = 0x0B0, H_BOS = 0x0B4, H_EOS = 0x0B8,
-    H_N_MOE_LAYERS = 0x0BC, H_HEADER_CRC = 0x0C0, H_TABLES_CRC = 0x0C4, H_RESERVED = 0x0C8
+    H_N_MOE_LAYERS = 0x0BC, H_HEADER_CRC = 0x0C0, H_TABLES_CRC = 0x0C4, H_RESERVED = 0x0C8,
+    /* version 2 */
+    H_ATTENTION = 0x0C8, H_Q_LORA = 0x0CC, H_KV_LORA = 0x0D0, H_QK_NOPE = 0x0D4, H_QK_ROPE = 0x0D8,
+    H_V_HEAD = 0x0DC, H_ROTARY_DIM = 0x0E0, H_ROPE_LAYOUT = 0x0E4, H_ATTN_SCALE = 0x0E8,
+    H_LATENT_EPS = 0x0EC, H_ROPE_ATTN_FACTOR = 0x0F0, H_ROPE_BETA_FAST = 0x0F4,
+    H_ROPE_BETA_SLOW = 0x0F8, H_ROPE_TRUNCATE = 0x0FC, H_RESERVED_V2 = 0x100
 };
 
 /* Tensor table entry and routing entry field offsets. */
 enum { T_NAME = 0x00, T_DTYPE = 0x40, T_NDIM = 0x44, T_SHAPE = 0x48, T_OFFSET = 0x68,
        T_NBYTES = 0x70, T_CRC = 0x78 };
 enum { R_LAYER = 0x00, R_KIND = 0x04, R_GATE = 0x08, R_GATE_BIAS = 0x0C, R_TOPK = 0x10,
-       R_N_EXPERTS = 0x14, R_SCORING = 0x18 };
+       R_N_EXPERTS = 0x14, R_SCORING = 0x18,
+       /* version 2 */
+       R_SELECT_ON = 0x1C, R_CORRECTION = 0x20, R_N_GROUPS = 0x24, R_GROUPS_KEPT = 0x28,
+       R_GROUP_SCORE = 0x2C, R_NORMALIZE = 0x30, R_NORM_EPS = 0x34, R_NORM_P = 0x38, R_SCALE = 0x3C,
+       R_SHARED = 0x40, R_SPARSEMIXER_EPS = 0x44, R_ATTENTION = 0x48, R_RESERVED = 0x4C };
 
 #define MAX_EXPERTS 4096u
 #define MAX_LAYERS 1024u
@@ -198,7 +207,11 @@ enum { R_LAYER = 0x00, R_KIND = 0x04, R_GATE = 0x08, R_GATE_BIAS = 0x0C, R_TOPK 
  * step 8, and only duplicated unknown names go unreported. */
 #define DUP_CHECK_ALL_MAX 4096u
 
-/* Caller guarantees d has at least COL_HEADER_SIZE bytes. */
+/* The fixed header and routing entry of a format version (2 for 2, else version 1's). */
+static uint32_t header_size_of(uint32_t version) { return version == 2 ? COL_HEADER_SIZE_V2 : COL_HEADER_SIZE; }
+static uint32_t entry_size_of(uint32_t version) { return version == 2 ? COL_ROUTING_ENTRY_SIZE_V2 : COL_ROUTING_ENTRY_SIZE; }
+
+/* Caller guarantees d has at least header_size_of(version) bytes. */
 static void decode_hparams(const uint8_t *d, col_hparams *hp)
 {
     memset(hp, 0, sizeof *hp);
@@ -230,6 +243,29 @@ static void decode_hparams(const uint8_t *d, col_hparams *hp)
     hp->norm_eps = rdf32(d + H_NORM_EPS);
     hp->clip_qkv = rdf32(d + H_CLIP_QKV);
     hp->default_epsilon = rdf32(d + H_DEFAULT_EPS);
+    if (hp->version != 2) { /* what version 1 means by the fields it does not have */
+        hp->attention = COL_ATTENTION_GQA;
+        hp->v_head_dim = hp->head_dim;
+        hp->rotary_dim = hp->head_dim;
+        hp->rope_layout = COL_ROPE_HALVES;
+        hp->attn_scale = (float)(1.0 / sqrt((double)hp->head_dim));
+        hp->rope_attn_factor = 1.0f;
+        return;
+    }
+    hp->attention = rd32(d + H_ATTENTION);
+    hp->q_lora_rank = rd32(d + H_Q_LORA);
+    hp->kv_lora_rank = rd32(d + H_KV_LORA);
+    hp->qk_nope_head_dim = rd32(d + H_QK_NOPE);
+    hp->qk_rope_head_dim = rd32(d + H_QK_ROPE);
+    hp->v_head_dim = rd32(d + H_V_HEAD);
+    hp->rotary_dim = rd32(d + H_ROTARY_DIM);
+    hp->rope_layout = rd32(d + H_ROPE_LAYOUT);
+    hp->attn_scale = rdf32(d + H_ATTN_SCALE);
+    hp->latent_norm_eps = rdf32(d + H_LATENT_EPS);
+    hp->rope_attn_factor = rdf32(d + H_ROPE_ATTN_FACTOR);
+    hp->rope_beta_fast = rdf32(d + H_ROPE_BETA_FAST);
+    hp->rope_beta_slow = rdf32(d + H_ROPE_BETA_SLOW);
+    hp->rope_truncate = rd32(d + H_ROPE_TRUNCATE);
 }
 
 /* What the validator learned about the file's layout, and which regions are safe to read. */
@@ -237,7 +273,9 @@ typedef struct layout {
     const uint8_t *d;
     uint64_t size;           /* bytes really present */
     uint64_t end;            /* min(size, file_size): tensor data must end by here */
-    uint32_t header_size;    /* the declared one if valid, else 256 */
+    uint32_t version;        /* 1 or 2 (anything else stops the validator at step 1) */
+    uint32_t header_size;    /* the declared one if valid, else the version's */
+    uint32_t entry_size;     /* bytes per routing entry: 32 (v1), 128 (v2) */
     uint32_t n_layers, n_tensors;
     uint64_t routing_off, data_off, table_off, tok_off, tok_size, meta_off, meta_size;
     bool layers_ok, experts_ok, count_ok;
@@ -255,7 +293,11 @@ enum {
     S_ATTN_Q_BIAS, S_ATTN_K_BIAS, S_ATTN_V_BIAS, S_ATTN_O_BIAS, S_ATTN_Q_NORM, S_ATTN_K_NORM,
     S_MOE_GATE, S_MOE_W1, S_MOE_W2, S_MOE_W3,
     S_SHARED_W1, S_SHARED_W2, S_SHARED_W3, S_SHARED_GATE,
-    S_MLP_W1, S_MLP_W2, S_MLP_W3, N_SLOTS
+    S_MLP_W1, S_MLP_W2, S_MLP_W3,
+    /* version 2 */
+    S_MOE_GATE_BIAS, S_MOE_CORRECTION,
+    S_ATTN_Q_A, S_ATTN_Q_A_NORM, S_ATTN_Q_A_BIAS, S_ATTN_Q_B,
+    S_ATTN_KV_A, S_ATTN_KV_A_NORM, S_ATTN_KV_A_BIAS, S_ATTN_K_B, S_ATTN_V_B, N_SLOTS
 };
 static const char *const slot_names[N_SLOTS] = {
     "attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_o",
@@ -263,7 +305,12 @@ static const char *const slot_names[N_SLOTS] = {
     "moe_gate", "moe_w1", "moe_w2", "moe_w3",
     "shared_w1", "shared_w2", "shared_w3", "shared_gate",
     "mlp_w1", "mlp_w2", "mlp_w3",
+    "moe_gate_bias", "moe_correction_bias",
+    "attn_q_a", "attn_q_a_norm", "attn_q_a_bias", "attn_q_b",
+    "attn_kv_a", "attn_kv_a_norm", "attn_kv_a_bias", "attn_k_b", "attn_v_b",
 };
+/* The presence bitset of step 8 keeps a layer's slots in one u64. */
+_Static_assert(N_SLOTS <= 64, "a layer's tensor slots must fit in 64 bits");
 
 enum { NAME_UNKNOWN = 0, NAME_GLOBAL = 1, NAME_LAYER = 2 };
 
@@ -464,40 +511,64 @@ static bool check_entry(const layout *L, uint32_t i, sink *s, col_tensor_info *o
 
 /* ---- Architecture rules (step 8) ------------------------------------------------------------- */
 
-/* Whether slot `s` is required in a layer of `kind` under `flags` (kind < 0: unknown). */
-static bool slot_expected(int s, uint32_t flags, int kind)
+/* Whether slot `s` is required in a layer whose routing entry decodes to `ri` (NULL: the entry
+ * cannot be trusted, and only slots that do not depend on it may be asked about). */
+static bool slot_expected(int s, const col_hparams *hp, const col_routing_info *ri)
 {
+    bool mla = hp->attention == COL_ATTENTION_MLA, q_lora = mla && hp->q_lora_rank > 0;
+    bool qkv_bias = (hp->flags & COL_FLAG_QKV_BIAS) != 0;
+    bool moe = ri && ri->kind == COL_LAYER_MOE;
     switch (s) {
-    case S_ATTN_NORM: case S_FFN_NORM: case S_ATTN_Q: case S_ATTN_K: case S_ATTN_V: case S_ATTN_O:
+    case S_ATTN_NORM: case S_FFN_NORM: case S_ATTN_O:
         return true;
+    case S_ATTN_Q:
+        return !q_lora;
+    case S_ATTN_K: case S_ATTN_V:
+        return !mla;
     case S_ATTN_Q_BIAS: case S_ATTN_K_BIAS: case S_ATTN_V_BIAS:
-        return (flags & COL_FLAG_QKV_BIAS) != 0;
+        return !mla && qkv_bias;
     case S_ATTN_O_BIAS:
-        return (flags & COL_FLAG_O_BIAS) != 0;
+        return (hp->flags & COL_FLAG_O_BIAS) != 0;
     case S_ATTN_Q_NORM: case S_ATTN_K_NORM:
-        return (flags & (COL_FLAG_QK_NORM_HEAD | COL_FLAG_QK_NORM_FULL)) != 0;
+        return (hp->flags & (COL_FLAG_QK_NORM_HEAD | COL_FLAG_QK_NORM_FULL)) != 0;
+    case S_ATTN_Q_A: case S_ATTN_Q_A_NORM: case S_ATTN_Q_B:
+        return q_lora;
+    case S_ATTN_Q_A_BIAS:
+        return q_lora && qkv_bias;
+    case S_ATTN_KV_A: case S_ATTN_KV_A_NORM: case S_ATTN_K_B: case S_ATTN_V_B:
+        return mla;
+    case S_ATTN_KV_A_BIAS:
+        return mla && qkv_bias;
     case S_MOE_GATE: case S_MOE_W1: case S_MOE_W2: case S_MOE_W3:
-        return kind == COL_LAYER_MOE;
+        return moe;
+    case S_MOE_GATE_BIAS:
+        return moe && ri->gate_bias_tensor != COL_NO_TENSOR;
+    case S_MOE_CORRECTION:
+        return moe && ri->correction_bias_tensor != COL_NO_TENSOR;
     case S_SHARED_W1: case S_SHARED_W2: case S_SHARED_W3:
-        return kind == COL_LAYER_MOE && (flags & COL_FLAG_SHARED_EXPERT);
+        return moe && ri->shared != COL_SHARED_NONE;
     case S_SHARED_GATE:
-        return kind == COL_LAYER_MOE && (flags & COL_FLAG_SHARED_EXPERT_GATE);
+        return moe && ri->shared == COL_SHARED_SIGMOID_GATE;
     case S_MLP_W1: case S_MLP_W2: case S_MLP_W3:
-        return kind == COL_LAYER_DENSE;
+        return ri && ri->kind == COL_LAYER_DENSE;
     default:
         return false;
     }
 }
 
-/* Slots whose presence depends on the layer kind: unknowable when the routing entry is bad. */
-static bool slot_depends_on_kind(int s) { return s >= S_MOE_GATE; }
+/* Slots whose presence depends on the layer's routing entry: unknowable when it is bad. */
+static bool slot_depends_on_entry(int s)
+{
+    return (s >= S_MOE_GATE && s <= S_MLP_W3) || s == S_MOE_GATE_BIAS || s == S_MOE_CORRECTION;
+}
 
 /* Expected shape of a tensor; returns ndim. */
 static uint32_t expected_shape(const col_hparams *hp, int is_layer, int s, uint64_t dims[4])
 {
     uint64_t H = hp->d_model, V = hp->vocab_size, E = hp->n_experts, I = hp->d_ff_expert;
-    uint64_t D = hp->d_ff_dense, S = hp->d_ff_shared, d = hp->head_dim;
-    uint64_t Q = (uint64_t)hp->n_heads * d, KV = (uint64_t)hp->n_kv_heads * d;
+    uint64_t D = hp->d_ff_dense, S = hp->d_ff_shared, d = hp->head_dim, nh = hp->n_heads;
+    uint64_t Q = nh * d, KV = (uint64_t)hp->n_kv_heads * d, O = nh * hp->v_head_dim;
+    uint64_t QL = hp->q_lora_rank, C = hp->kv_lora_rank, R = hp->qk_rope_head_dim;
     bool full = (hp->flags & COL_FLAG_QK_NORM_FULL) != 0;
 #define SHAPE1(a) (dims[0] = (a), 1u)
 #define SHAPE2(a, b) (dims[0] = (a), dims[1] = (b), 2u)
@@ -512,7 +583,7 @@ static uint32_t expected_shape(const col_hparams *hp, int is_layer, int s, uint6
     case S_ATTN_NORM: case S_FFN_NORM: case S_ATTN_O_BIAS: return SHAPE1(H);
     case S_ATTN_Q: return SHAPE2(Q, H);
     case S_ATTN_K: case S_ATTN_V: return SHAPE2(KV, H);
-    case S_ATTN_O: return SHAPE2(H, Q);
+    case S_ATTN_O: return SHAPE2(H, O);
     case S_ATTN_Q_BIAS: return SHAPE1(Q);
     case S_ATTN_K_BIAS: case S_ATTN_V_BIAS: return SHAPE1(KV);
     case S_ATTN_Q_NORM: return SHAPE1(full ? Q : d);
@@ -524,7 +595,16 @@ static uint32_t expected_shape(const col_hparams *hp, int is_layer, int s, uint6
     case S_SHARED_W2: return SHAPE2(H, S);
     case S_SHARED_GATE: return SHAPE2(1, H);
     case S_MLP_W1: case S_MLP_W3: return SHAPE2(D, H);
-    default: return SHAPE2(H, D); /* S_MLP_W2 */
+    case S_MLP_W2: return SHAPE2(H, D);
+    case S_MOE_GATE_BIAS: case S_MOE_CORRECTION: return SHAPE1(E);
+    case S_ATTN_Q_A: return SHAPE2(QL, H);
+    case S_ATTN_Q_A_NORM: case S_ATTN_Q_A_BIAS: return SHAPE1(QL);
+    case S_ATTN_Q_B: return SHAPE2(Q, QL);
+    case S_ATTN_KV_A: return SHAPE2(C + R, H);
+    case S_ATTN_KV_A_NORM: return SHAPE1(C);
+    case S_ATTN_KV_A_BIAS: return SHAPE1(C + R);
+    case S_ATTN_K_B: return SHAPE3(nh, C, hp->qk_nope_head_dim);
+    default: return SHAPE3(nh, hp->v_head_dim, C); /* S_ATTN_V_B */
     }
 #undef SHAPE1
 #undef SHAPE2
@@ -545,13 +625,53 @@ static void format_shape(char *buf, size_t n, const uint64_t *dims, uint32_t ndi
         snprintf(buf + used, n - used, "]");
 }
 
-/* Layer kind from the routing section, or -1 when it cannot be trusted. */
-static int layer_kind(const layout *L, uint32_t layer)
+/* The routing entry of `layer` decoded to the rule it states; a version-1 entry to the rule
+ * version 1 means (softmax over every expert, top-k of the scores, NORM_TOPK and the shared-expert
+ * flags of the header, every layer sliding when sliding_window is set). Returns false when the
+ * entry cannot be trusted: the section is unreadable or the layer kind unknown. Decoding checks
+ * nothing else (step 7 does). */
+static bool route_of(const layout *L, uint32_t layer, col_routing_info *ri)
 {
+    memset(ri, 0, sizeof *ri);
     if (!L->routing_safe || layer >= L->n_layers)
-        return -1;
-    uint32_t kind = rd32(L->d + L->routing_off + (uint64_t)layer * COL_ROUTING_ENTRY_SIZE + R_KIND);
-    return kind <= COL_LAYER_MOE ? (int)kind : -1;
+        return false;
+    const uint8_t *r = L->d + L->routing_off + (uint64_t)layer * L->entry_size;
+    ri->layer = rd32(r + R_LAYER);
+    ri->kind = rd32(r + R_KIND);
+    ri->gate_tensor = rd32(r + R_GATE);
+    ri->top_k = rd32(r + R_TOPK);
+    ri->n_experts = rd32(r + R_N_EXPERTS);
+    ri->scoring = rd32(r + R_SCORING);
+    if (ri->kind > COL_LAYER_MOE)
+        return false;
+    if (L->version == 2) {
+        ri->gate_bias_tensor = rd32(r + R_GATE_BIAS);
+        ri->select_on = rd32(r + R_SELECT_ON);
+        ri->correction_bias_tensor = rd32(r + R_CORRECTION);
+        ri->n_groups = rd32(r + R_N_GROUPS);
+        ri->n_groups_kept = rd32(r + R_GROUPS_KEPT);
+        ri->group_score = rd32(r + R_GROUP_SCORE);
+        ri->normalize = rd32(r + R_NORMALIZE);
+        ri->norm_eps = rdf32(r + R_NORM_EPS);
+        ri->norm_p = rdf32(r + R_NORM_P);
+        ri->scale = rdf32(r + R_SCALE);
+        ri->shared = rd32(r + R_SHARED);
+        ri->sparsemixer_eps = rdf32(r + R_SPARSEMIXER_EPS);
+        ri->attention = rd32(r + R_ATTENTION);
+        return true;
+    }
+    uint32_t flags = L->hp.flags;
+    ri->gate_bias_tensor = COL_NO_TENSOR; /* version 1 has no router bias (step 7 checks the field) */
+    ri->correction_bias_tensor = COL_NO_TENSOR;
+    ri->attention = L->hp.sliding_window ? COL_LAYER_SLIDING : COL_LAYER_FULL;
+    if (ri->kind == COL_LAYER_MOE) {
+        ri->n_groups = ri->n_groups_kept = 1;
+        ri->normalize = (flags & COL_FLAG_NORM_TOPK) ? COL_NORM_SUM : COL_NORM_NONE;
+        ri->scale = 1.0f;
+        ri->shared = !(flags & COL_FLAG_SHARED_EXPERT) ? COL_SHARED_NONE
+                     : (flags & COL_FLAG_SHARED_EXPERT_GATE) ? COL_SHARED_SIGMOID_GATE : COL_SHARED_PLAIN;
+    }
+    return true;
 }
 
 /* ---- The validator --------------------------------------------------------------------------- */
@@ -576,16 +696,29 @@ static bool check_identity_and_limits(layout *L, sink *s)
         return false;
     }
     uint32_t version = rd32(d + H_VERSION);
-    if (version != COL_FORMAT_VERSION) {
+    if (version < 1 || version > COL_FORMAT_VERSION) {
         ERR(s, COL_ERR_BAD_VERSION, H_VERSION, "",
-            "format version %" PRIu32 ", this engine reads version %d", version, COL_FORMAT_VERSION);
+            "format version %" PRIu32 ", this engine reads versions 1 to %d", version, COL_FORMAT_VERSION);
+        return false;
+    }
+    L->version = version;
+    L->entry_size = entry_size_of(version);
+    uint32_t min_header = header_size_of(version);
+    if (L->size < min_header) {
+        ERR(s, COL_ERR_TRUNCATED, L->size, "",
+            "file is %" PRIu64 " bytes, shorter than the %" PRIu32 "-byte fixed header of format version %" PRIu32,
+            L->size, min_header, version);
         return false;
     }
     uint32_t hs = rd32(d + H_HEADER_SIZE);
-    L->header_size = COL_HEADER_SIZE;
-    if (hs < COL_HEADER_SIZE || hs > MAX_HEADER_SIZE || hs % 8)
+    L->header_size = min_header;
+    if (hs < min_header || hs > MAX_HEADER_SIZE || hs % 8)
         ERR(s, COL_ERR_HEADER, H_HEADER_SIZE, "",
-            "header_size %" PRIu32 " not a multiple of 8 in 256..65536", hs);
+            "header_size %" PRIu32 " not a multiple of 8 in %" PRIu32 "..65536 (format version %" PRIu32 ")",
+            hs, min_header, version);
+    else if (hs > L->size)
+        ERR(s, COL_ERR_TRUNCATED, L->size, "",
+            "file is %" PRIu64 " bytes, shorter than its header_size %" PRIu32, L->size, hs);
     else
         L->header_size = hs;
 
@@ -626,23 +759,28 @@ static bool check_identity_and_limits(layout *L, sink *s)
     L->meta_off = rd64(d + H_METADATA_OFFSET);
     L->meta_size = rd64(d + H_METADATA_SIZE);
     L->routing_safe = L->layers_ok &&
-        range_ok(L->routing_off, (uint64_t)L->n_layers * COL_ROUTING_ENTRY_SIZE, L->size);
+        range_ok(L->routing_off, (uint64_t)L->n_layers * L->entry_size, L->size);
     L->table_safe = L->count_ok &&
         range_ok(L->table_off, (uint64_t)L->n_tensors * COL_TENSOR_ENTRY_SIZE, L->size);
     decode_hparams(d, &L->hp);
     return true;
 }
 
-/* Step 3. The tables CRC needs both regions readable; when they are not, step 5 says why. */
+/* Step 3. The tables CRC needs both regions readable; when they are not, step 5 says why.
+ * Version 1's header CRC covers bytes 0x000..0x0BF; version 2's covers them and then every
+ * header byte after the two CRCs, 0x0C8..header_size-1. */
 static void check_header_crcs(const layout *L, sink *s)
 {
     uint32_t want = rd32(L->d + H_HEADER_CRC), got = col_crc32(0, L->d, H_HEADER_CRC);
+    if (L->version == 2)
+        got = col_crc32(got, L->d + H_RESERVED, L->header_size - H_RESERVED);
     if (want != got)
         ERR(s, COL_ERR_CHECKSUM, H_HEADER_CRC, "",
-            "header_crc32 is 0x%08" PRIX32 ", bytes 0x000..0x0BF hash to 0x%08" PRIX32, want, got);
+            "header_crc32 is 0x%08" PRIX32 ", bytes 0x000..0x0BF%s hash to 0x%08" PRIX32, want,
+            L->version == 2 ? " and 0x0C8..header_size-1" : "", got);
     if (L->routing_safe && L->table_safe) {
         uint32_t c = col_crc32(0, L->d + L->routing_off,
-                               (size_t)L->n_layers * COL_ROUTING_ENTRY_SIZE);
+                               (size_t)L->n_layers * L->entry_size);
         c = col_crc32(c, L->d + L->table_off, (size_t)L->n_tensors * COL_TENSOR_ENTRY_SIZE);
         want = rd32(L->d + H_TABLES_CRC);
         if (want != c)
@@ -652,18 +790,116 @@ static void check_header_crcs(const layout *L, sink *s)
     }
 }
 
+/* Step 4, the fields of version 2's header (0x0C8..0x1FF). */
+static void check_hparams_v2(const layout *L, sink *s)
+{
+    const col_hparams *hp = &L->hp;
+    if (hp->attention > COL_ATTENTION_MLA)
+        ERR(s, COL_ERR_UNSUPPORTED, H_ATTENTION, "", "unknown attention %" PRIu32, hp->attention);
+    if (hp->rope_layout > COL_ROPE_INTERLEAVED)
+        ERR(s, COL_ERR_UNSUPPORTED, H_ROPE_LAYOUT, "", "unknown rope_layout %" PRIu32, hp->rope_layout);
+    if (!finite_pos((double)hp->attn_scale))
+        ERR(s, COL_ERR_HEADER, H_ATTN_SCALE, "", "attn_scale %g is not a finite value > 0",
+            (double)hp->attn_scale);
+    if (hp->attention == COL_ATTENTION_GQA) {
+        static const struct { uint32_t off; const char *name; } mla_only[] = {
+            {H_Q_LORA, "q_lora_rank"}, {H_KV_LORA, "kv_lora_rank"}, {H_QK_NOPE, "qk_nope_head_dim"},
+            {H_QK_ROPE, "qk_rope_head_dim"}, {H_LATENT_EPS, "latent_norm_eps"}};
+        for (size_t i = 0; i < sizeof mla_only / sizeof mla_only[0]; i++)
+            if (rd32(L->d + mla_only[i].off) != 0)
+                ERR(s, COL_ERR_HEADER, mla_only[i].off, "", "%s is set but attention is GQA (it must be 0)",
+                    mla_only[i].name);
+        if (hp->v_head_dim != hp->head_dim)
+            ERR(s, COL_ERR_HEADER, H_V_HEAD, "", "v_head_dim %" PRIu32 " != head_dim %" PRIu32 " in GQA attention",
+                hp->v_head_dim, hp->head_dim);
+        if (hp->rotary_dim < 2 || hp->rotary_dim > hp->head_dim || hp->rotary_dim % 2)
+            ERR(s, COL_ERR_HEADER, H_ROTARY_DIM, "", "rotary_dim %" PRIu32 " not even in 2..head_dim %" PRIu32,
+                hp->rotary_dim, hp->head_dim);
+    } else if (hp->attention == COL_ATTENTION_MLA) {
+        if (hp->kv_lora_rank < 1 || hp->kv_lora_rank > 65536)
+            ERR(s, COL_ERR_HEADER, H_KV_LORA, "", "kv_lora_rank %" PRIu32 " not in 1..65536", hp->kv_lora_rank);
+        if (hp->q_lora_rank > 65536)
+            ERR(s, COL_ERR_HEADER, H_Q_LORA, "", "q_lora_rank %" PRIu32 " not in 0..65536", hp->q_lora_rank);
+        if (hp->qk_rope_head_dim < 2 || hp->qk_rope_head_dim > COL_MAX_HEAD_DIM || hp->qk_rope_head_dim % 2)
+            ERR(s, COL_ERR_HEADER, H_QK_ROPE, "", "qk_rope_head_dim %" PRIu32 " not even in 2..%d",
+                hp->qk_rope_head_dim, COL_MAX_HEAD_DIM);
+        if (hp->qk_nope_head_dim < 1 || hp->qk_nope_head_dim > COL_MAX_HEAD_DIM)
+            ERR(s, COL_ERR_HEADER, H_QK_NOPE, "", "qk_nope_head_dim %" PRIu32 " not in 1..%d",
+                hp->qk_nope_head_dim, COL_MAX_HEAD_DIM);
+        if ((uint64_t)hp->qk_nope_head_dim + hp->qk_rope_head_dim != hp->head_dim)
+            ERR(s, COL_ERR_HEADER, H_HEAD_DIM, "", "head_dim %" PRIu32 " != qk_nope_head_dim %" PRIu32
+                " + qk_rope_head_dim %" PRIu32 " in MLA attention", hp->head_dim, hp->qk_nope_head_dim,
+                hp->qk_rope_head_dim);
+        if (hp->v_head_dim < 1 || hp->v_head_dim > COL_MAX_HEAD_DIM)
+            ERR(s, COL_ERR_HEADER, H_V_HEAD, "", "v_head_dim %" PRIu32 " not in 1..%d", hp->v_head_dim,
+                COL_MAX_HEAD_DIM);
+        if (hp->rotary_dim != hp->qk_rope_head_dim)
+            ERR(s, COL_ERR_HEADER, H_ROTARY_DIM, "", "rotary_dim %" PRIu32 " != qk_rope_head_dim %" PRIu32
+                " in MLA attention", hp->rotary_dim, hp->qk_rope_head_dim);
+        if (hp->n_kv_heads != hp->n_heads)
+            ERR(s, COL_ERR_HEADER, H_N_KV_HEADS, "", "n_kv_heads %" PRIu32 " != n_heads %" PRIu32
+                ": MLA expands its latent to every head", hp->n_kv_heads, hp->n_heads);
+        if (!finite_pos((double)hp->latent_norm_eps))
+            ERR(s, COL_ERR_HEADER, H_LATENT_EPS, "", "latent_norm_eps %g is not a finite value > 0",
+                (double)hp->latent_norm_eps);
+        if (hp->flags & (COL_FLAG_QK_NORM_HEAD | COL_FLAG_QK_NORM_FULL))
+            ERR(s, COL_ERR_HEADER, H_FLAGS, "", "QK_NORM flags with MLA attention (it normalises its latents)");
+        if (hp->clip_qkv != 0.0f)
+            ERR(s, COL_ERR_HEADER, H_CLIP_QKV, "", "clip_qkv with MLA attention (it must be 0)");
+    }
+    if (hp->rope_type == COL_ROPE_YARN) {
+        if (hp->rope_original_max_context < 1)
+            ERR(s, COL_ERR_HEADER, H_ROPE_ORIG_CTX, "", "YaRN needs rope_original_max_context >= 1");
+        if (!finite_pos((double)hp->rope_beta_fast))
+            ERR(s, COL_ERR_HEADER, H_ROPE_BETA_FAST, "", "rope_beta_fast %g is not a finite value > 0",
+                (double)hp->rope_beta_fast);
+        if (!finite_pos((double)hp->rope_beta_slow))
+            ERR(s, COL_ERR_HEADER, H_ROPE_BETA_SLOW, "", "rope_beta_slow %g is not a finite value > 0",
+                (double)hp->rope_beta_slow);
+        if (hp->rope_truncate > 1)
+            ERR(s, COL_ERR_HEADER, H_ROPE_TRUNCATE, "", "rope_truncate %" PRIu32 " is not 0 or 1", hp->rope_truncate);
+        if (!finite_pos((double)hp->rope_attn_factor))
+            ERR(s, COL_ERR_HEADER, H_ROPE_ATTN_FACTOR, "", "rope_attn_factor %g is not a finite value > 0",
+                (double)hp->rope_attn_factor);
+    } else {
+        if (hp->rope_attn_factor != 1.0f)
+            ERR(s, COL_ERR_HEADER, H_ROPE_ATTN_FACTOR, "", "rope_attn_factor %g: only YaRN scales cos and sin (1)",
+                (double)hp->rope_attn_factor);
+        if (hp->rope_beta_fast != 0.0f || hp->rope_beta_slow != 0.0f || hp->rope_truncate != 0)
+            ERR(s, COL_ERR_HEADER, hp->rope_beta_fast != 0.0f ? H_ROPE_BETA_FAST
+                                   : hp->rope_beta_slow != 0.0f ? H_ROPE_BETA_SLOW : H_ROPE_TRUNCATE, "",
+                "rope_beta_fast, rope_beta_slow and rope_truncate are YaRN's (they must be 0)");
+    }
+    /* Reserved bytes must be zero: a later field takes them, and this reader then refuses a file
+     * that sets it rather than running something else than what the file says. */
+    for (uint32_t o = H_RESERVED_V2; o < COL_HEADER_SIZE_V2; o++)
+        if (L->d[o]) {
+            ERR(s, COL_ERR_UNSUPPORTED, o, "",
+                "reserved header byte 0x%03" PRIX32 " is 0x%02X, not 0: a field this engine does not know", o, L->d[o]);
+            break;
+        }
+}
+
 /* Step 4. */
 static void check_hparams(const layout *L, sink *s)
 {
     const col_hparams *hp = &L->hp;
-    if (hp->arch < COL_ARCH_MIXTRAL || hp->arch > COL_ARCH_OLMOE)
-        ERR(s, COL_ERR_UNSUPPORTED, H_ARCH, "", "unknown arch %" PRIu32, hp->arch);
+    bool v2 = L->version == 2;
+    uint32_t last_arch = v2 ? COL_ARCH_ERNIE4_5_MOE : COL_ARCH_OLMOE;
+    if (hp->arch < COL_ARCH_MIXTRAL || hp->arch > last_arch)
+        ERR(s, COL_ERR_UNSUPPORTED, H_ARCH, "", "unknown arch %" PRIu32 " (format version %" PRIu32 ")",
+            hp->arch, L->version);
     if (hp->flags & ~(uint32_t)0xFF)
         ERR(s, COL_ERR_UNSUPPORTED, H_FLAGS, "", "unknown flag bits 0x%" PRIX32,
             hp->flags & ~(uint32_t)0xFF);
     if ((hp->flags & COL_FLAG_QK_NORM_HEAD) && (hp->flags & COL_FLAG_QK_NORM_FULL))
         ERR(s, COL_ERR_HEADER, H_FLAGS, "", "flags QK_NORM_HEAD and QK_NORM_FULL are exclusive");
-    if ((hp->flags & COL_FLAG_SHARED_EXPERT_GATE) && !(hp->flags & COL_FLAG_SHARED_EXPERT))
+    const uint32_t v1_only = COL_FLAG_NORM_TOPK | COL_FLAG_SHARED_EXPERT | COL_FLAG_SHARED_EXPERT_GATE;
+    if (v2 && (hp->flags & v1_only))
+        ERR(s, COL_ERR_HEADER, H_FLAGS, "",
+            "flag bits 0x%" PRIX32 " (NORM_TOPK, SHARED_EXPERT, SHARED_EXPERT_GATE) are format version 1's; "
+            "a version-2 routing entry states its normalisation and shared expert", hp->flags & v1_only);
+    if (!v2 && (hp->flags & COL_FLAG_SHARED_EXPERT_GATE) && !(hp->flags & COL_FLAG_SHARED_EXPERT))
         ERR(s, COL_ERR_HEADER, H_FLAGS, "", "flag SHARED_EXPERT_GATE without SHARED_EXPERT");
     if (hp->d_model < 1 || hp->d_model > 65536)
         ERR(s, COL_ERR_HEADER, H_D_MODEL, "", "d_model %" PRIu32 " not in 1..65536", hp->d_model);
@@ -673,9 +909,12 @@ static void check_hparams(const layout *L, sink *s)
         ERR(s, COL_ERR_HEADER, H_N_KV_HEADS, "",
             "n_kv_heads %" PRIu32 " not in 1..n_heads or does not divide n_heads %" PRIu32,
             hp->n_kv_heads, hp->n_heads);
-    if (hp->head_dim < 2 || hp->head_dim > COL_MAX_HEAD_DIM || hp->head_dim % 2)
+    if (!v2 && (hp->head_dim < 2 || hp->head_dim > COL_MAX_HEAD_DIM || hp->head_dim % 2))
         ERR(s, COL_ERR_HEADER, H_HEAD_DIM, "", "head_dim %" PRIu32 " not even in 2..%d",
             hp->head_dim, COL_MAX_HEAD_DIM);
+    if (v2 && (hp->head_dim < 1 || hp->head_dim > COL_MAX_HEAD_DIM))
+        ERR(s, COL_ERR_HEADER, H_HEAD_DIM, "", "head_dim %" PRIu32 " not in 1..%d", hp->head_dim,
+            COL_MAX_HEAD_DIM);
     if (hp->vocab_size < 1 || hp->vocab_size > 16777216)
         ERR(s, COL_ERR_HEADER, H_VOCAB, "", "vocab_size %" PRIu32 " not in 1..16777216",
             hp->vocab_size);
@@ -689,15 +928,16 @@ static void check_hparams(const layout *L, sink *s)
         ERR(s, COL_ERR_HEADER, H_D_FF_EXPERT, "", "d_ff_expert is 0 but there are MoE layers");
     if (hp->n_moe_layers < hp->n_layers && hp->d_ff_dense == 0)
         ERR(s, COL_ERR_HEADER, H_D_FF_DENSE, "", "d_ff_dense is 0 but there are dense layers");
-    if ((hp->flags & COL_FLAG_SHARED_EXPERT) ? hp->d_ff_shared == 0 : hp->d_ff_shared != 0)
+    if (!v2 && ((hp->flags & COL_FLAG_SHARED_EXPERT) ? hp->d_ff_shared == 0 : hp->d_ff_shared != 0))
         ERR(s, COL_ERR_HEADER, H_D_FF_SHARED, "",
             "d_ff_shared %" PRIu32 " must be > 0 exactly when flag SHARED_EXPERT is set",
             hp->d_ff_shared);
     if (hp->n_experts_active < 1 || (L->experts_ok && hp->n_experts_active > hp->n_experts))
         ERR(s, COL_ERR_HEADER, H_TOPK, "", "n_experts_active %" PRIu32 " not in 1..num_experts %"
             PRIu32, hp->n_experts_active, hp->n_experts);
-    if (hp->rope_type > COL_ROPE_LINEAR)
-        ERR(s, COL_ERR_UNSUPPORTED, H_ROPE_TYPE, "", "unknown rope_type %" PRIu32, hp->rope_type);
+    if (hp->rope_type > (v2 ? COL_ROPE_YARN : COL_ROPE_LINEAR))
+        ERR(s, COL_ERR_UNSUPPORTED, H_ROPE_TYPE, "", "unknown rope_type %" PRIu32 " (format version %" PRIu32 ")",
+            hp->rope_type, L->version);
     if (!finite_pos(hp->rope_theta))
         ERR(s, COL_ERR_HEADER, H_ROPE_THETA, "", "rope_theta %g is not a finite value > 0",
             hp->rope_theta);
@@ -719,6 +959,8 @@ static void check_hparams(const layout *L, sink *s)
     if (hp->eos_token_id < -1 || (hp->eos_token_id >= 0 && (uint32_t)hp->eos_token_id >= hp->vocab_size))
         ERR(s, COL_ERR_HEADER, H_EOS, "", "eos_token_id %" PRId32 " not -1 or in 0..vocab_size-1",
             hp->eos_token_id);
+    if (v2)
+        check_hparams_v2(L, s);
 }
 
 /* Step 5. */
@@ -736,7 +978,7 @@ static void check_sections(layout *L, sink *s)
 
     struct { const char *name; uint64_t field, off, len; bool have, ok; } sec[4] = {
         {"routing section", H_ROUTING_OFFSET, L->routing_off,
-         (uint64_t)L->n_layers * COL_ROUTING_ENTRY_SIZE, L->layers_ok, false},
+         (uint64_t)L->n_layers * L->entry_size, L->layers_ok, false},
         {"tensor table", H_TABLE_OFFSET, L->table_off,
          (uint64_t)L->n_tensors * COL_TENSOR_ENTRY_SIZE, L->count_ok, false},
         {"tokenizer", H_TOKENIZER_OFFSET, L->tok_off, L->tok_size, true, false},
@@ -807,13 +1049,154 @@ static void check_tensor_table(const layout *L, sink *s)
     }
 }
 
+/* A tensor index of routing entry `l` at `field`: it must name `layers.L.<slot>`. */
+static void check_entry_tensor(const layout *L, sink *s, uint32_t l, uint64_t field, uint32_t index,
+                               const char *slot, const char *what)
+{
+    char want[COL_TENSOR_NAME_MAX];
+    snprintf(want, sizeof want, "layers.%" PRIu32 ".%s", l, slot);
+    if (!L->table_safe || index >= L->n_tensors) {
+        ERR(s, COL_ERR_ROUTING, field, want, "routing entry %" PRIu32 ": %s %" PRIu32 " is not a tensor index",
+            l, what, index);
+        return;
+    }
+    const uint8_t *e = L->d + L->table_off + (uint64_t)index * COL_TENSOR_ENTRY_SIZE;
+    if (strncmp((const char *)e, want, COL_TENSOR_NAME_MAX) != 0) {
+        char got[COL_TENSOR_NAME_MAX];
+        printable_name(e, got);
+        ERR(s, COL_ERR_ROUTING, field, want, "routing entry %" PRIu32 ": %s %" PRIu32 " is '%s', expected '%s'",
+            l, what, index, got, want);
+    }
+}
+
+/* Step 7, the rule of a version-2 entry (docs/format.md, "The routing rule"). Returns whether it
+ * has a shared expert. */
+static bool check_route_v2(const layout *L, sink *s, uint32_t l, uint64_t ro, const col_routing_info *ri)
+{
+    const col_hparams *hp = &L->hp;
+    const uint8_t *r = L->d + ro;
+    for (uint32_t o = R_RESERVED; o < L->entry_size; o++)
+        if (r[o]) {
+            ERR(s, COL_ERR_UNSUPPORTED, ro + o, "", "routing entry %" PRIu32 ": reserved byte 0x%02" PRIX32
+                " is 0x%02X, not 0: a field this engine does not know", l, o, r[o]);
+            break;
+        }
+    if (ri->attention > COL_LAYER_SLIDING)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_ATTENTION, "", "routing entry %" PRIu32 ": unknown attention %" PRIu32,
+            l, ri->attention);
+    else if (ri->attention == COL_LAYER_SLIDING && hp->sliding_window == 0)
+        ERR(s, COL_ERR_ROUTING, ro + R_ATTENTION, "", "routing entry %" PRIu32
+            ": a sliding-window layer, but the header's sliding_window is 0", l);
+    if (ri->kind == COL_LAYER_DENSE) {
+        /* every routing field of a dense layer is "none": the first one that is not is named */
+        static const struct { uint32_t off; const char *name; uint32_t none; } fields[] = {
+            {R_GATE, "gate_tensor", COL_NO_TENSOR}, {R_GATE_BIAS, "gate_bias_tensor", COL_NO_TENSOR},
+            {R_TOPK, "top_k", 0}, {R_N_EXPERTS, "n_experts", 0}, {R_SCORING, "scoring", 0},
+            {R_SELECT_ON, "select_on", 0}, {R_CORRECTION, "correction_bias_tensor", COL_NO_TENSOR},
+            {R_N_GROUPS, "n_groups", 0}, {R_GROUPS_KEPT, "n_groups_kept", 0}, {R_GROUP_SCORE, "group_score", 0},
+            {R_NORMALIZE, "normalize", 0}, {R_NORM_EPS, "norm_eps", 0}, {R_NORM_P, "norm_p", 0},
+            {R_SCALE, "scale", 0}, {R_SHARED, "shared", 0}, {R_SPARSEMIXER_EPS, "sparsemixer_eps", 0}};
+        for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+            if (rd32(r + fields[i].off) != fields[i].none) {
+                ERR(s, COL_ERR_ROUTING, ro + fields[i].off, "", "routing entry %" PRIu32
+                    ": dense layer with %s 0x%" PRIX32 " (expected 0x%" PRIX32 ")", l, fields[i].name,
+                    rd32(r + fields[i].off), fields[i].none);
+                break;
+            }
+        return false;
+    }
+    check_entry_tensor(L, s, l, ro + R_GATE, ri->gate_tensor, "moe_gate", "gate_tensor");
+    if (ri->gate_bias_tensor != COL_NO_TENSOR)
+        check_entry_tensor(L, s, l, ro + R_GATE_BIAS, ri->gate_bias_tensor, "moe_gate_bias", "gate_bias_tensor");
+    if (ri->correction_bias_tensor != COL_NO_TENSOR)
+        check_entry_tensor(L, s, l, ro + R_CORRECTION, ri->correction_bias_tensor, "moe_correction_bias",
+                           "correction_bias_tensor");
+    if (ri->scoring > COL_SCORING_SPARSEMIXER)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_SCORING, "", "routing entry %" PRIu32 ": unknown scoring %" PRIu32,
+            l, ri->scoring);
+    if (ri->select_on > COL_SELECT_LOGITS)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_SELECT_ON, "", "routing entry %" PRIu32 ": unknown select_on %" PRIu32,
+            l, ri->select_on);
+    if (ri->scoring == COL_SCORING_SPARSEMIXER) {
+        if (ri->select_on != COL_SELECT_LOGITS)
+            ERR(s, COL_ERR_ROUTING, ro + R_SELECT_ON, "", "routing entry %" PRIu32
+                ": sparsemixer selects on the logits (select_on must be 1)", l);
+        if (ri->top_k != 2)
+            ERR(s, COL_ERR_ROUTING, ro + R_TOPK, "", "routing entry %" PRIu32
+                ": sparsemixer chooses exactly 2 experts, top_k is %" PRIu32, l, ri->top_k);
+        if (!finite_nonneg((double)ri->sparsemixer_eps))
+            ERR(s, COL_ERR_ROUTING, ro + R_SPARSEMIXER_EPS, "", "routing entry %" PRIu32
+                ": sparsemixer_eps %g is not a finite value >= 0", l, (double)ri->sparsemixer_eps);
+    } else if (ri->sparsemixer_eps != 0.0f) {
+        ERR(s, COL_ERR_ROUTING, ro + R_SPARSEMIXER_EPS, "", "routing entry %" PRIu32
+            ": sparsemixer_eps %g without sparsemixer scoring (it must be 0)", l, (double)ri->sparsemixer_eps);
+    }
+    if (ri->correction_bias_tensor != COL_NO_TENSOR &&
+        (ri->select_on != COL_SELECT_SCORES || ri->scoring == COL_SCORING_SPARSEMIXER))
+        ERR(s, COL_ERR_ROUTING, ro + R_CORRECTION, "", "routing entry %" PRIu32
+            ": a correction bias is added to the scores, so the rule must select on scores", l);
+    uint32_t ne = ri->n_experts;
+    if (ri->n_groups < 1 || ne == 0 || ne % ri->n_groups) {
+        ERR(s, COL_ERR_ROUTING, ro + R_N_GROUPS, "", "routing entry %" PRIu32 ": n_groups %" PRIu32
+            " does not divide n_experts %" PRIu32, l, ri->n_groups, ne);
+    } else if (ri->n_groups_kept < 1 || ri->n_groups_kept > ri->n_groups) {
+        ERR(s, COL_ERR_ROUTING, ro + R_GROUPS_KEPT, "", "routing entry %" PRIu32 ": n_groups_kept %" PRIu32
+            " not in 1..n_groups %" PRIu32, l, ri->n_groups_kept, ri->n_groups);
+    } else if (ri->n_groups == 1) {
+        if (ri->group_score != COL_GROUP_NONE)
+            ERR(s, COL_ERR_ROUTING, ro + R_GROUP_SCORE, "", "routing entry %" PRIu32
+                ": group_score %" PRIu32 " without groups (n_groups 1: it must be 0)", l, ri->group_score);
+    } else {
+        uint32_t size = ne / ri->n_groups;
+        if (ri->group_score > COL_GROUP_TOP2_SUM)
+            ERR(s, COL_ERR_UNSUPPORTED, ro + R_GROUP_SCORE, "", "routing entry %" PRIu32
+                ": unknown group_score %" PRIu32, l, ri->group_score);
+        else if (ri->group_score == COL_GROUP_NONE)
+            ERR(s, COL_ERR_ROUTING, ro + R_GROUP_SCORE, "", "routing entry %" PRIu32
+                ": %" PRIu32 " groups but no group_score", l, ri->n_groups);
+        else if (ri->group_score == COL_GROUP_TOP2_SUM && size < 2)
+            ERR(s, COL_ERR_ROUTING, ro + R_N_GROUPS, "", "routing entry %" PRIu32
+                ": a top-2 group score needs groups of 2 or more experts (%" PRIu32 " groups of %" PRIu32 ")",
+                l, ri->n_groups, size);
+        if (ri->select_on != COL_SELECT_SCORES)
+            ERR(s, COL_ERR_ROUTING, ro + R_N_GROUPS, "", "routing entry %" PRIu32
+                ": group-limited routing ranks scores (select_on must be 0)", l);
+        if ((uint64_t)ri->n_groups_kept * size < ri->top_k)
+            ERR(s, COL_ERR_ROUTING, ro + R_GROUPS_KEPT, "", "routing entry %" PRIu32 ": %" PRIu32
+                " kept groups of %" PRIu32 " experts cannot hold top_k %" PRIu32, l, ri->n_groups_kept, size,
+                ri->top_k);
+    }
+    if (ri->normalize > COL_NORM_P)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_NORMALIZE, "", "routing entry %" PRIu32 ": unknown normalize %" PRIu32,
+            l, ri->normalize);
+    if (!finite_nonneg((double)ri->norm_eps))
+        ERR(s, COL_ERR_ROUTING, ro + R_NORM_EPS, "", "routing entry %" PRIu32
+            ": norm_eps %g is not a finite value >= 0", l, (double)ri->norm_eps);
+    if (ri->normalize == COL_NORM_P ? !finite_pos((double)ri->norm_p) : ri->norm_p != 0.0f)
+        ERR(s, COL_ERR_ROUTING, ro + R_NORM_P, "", "routing entry %" PRIu32
+            ": norm_p %g (a finite value > 0 for the p-norm, else 0)", l, (double)ri->norm_p);
+    if (!finite_pos((double)ri->scale))
+        ERR(s, COL_ERR_ROUTING, ro + R_SCALE, "", "routing entry %" PRIu32 ": scale %g is not a finite value > 0",
+            l, (double)ri->scale);
+    if (ri->shared > COL_SHARED_SIGMOID_GATE) {
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_SHARED, "", "routing entry %" PRIu32 ": unknown shared %" PRIu32,
+            l, ri->shared);
+        return false;
+    }
+    if (ri->shared != COL_SHARED_NONE && hp->d_ff_shared == 0)
+        ERR(s, COL_ERR_ROUTING, ro + R_SHARED, "", "routing entry %" PRIu32
+            ": a shared expert, but the header's d_ff_shared is 0", l);
+    return ri->shared != COL_SHARED_NONE;
+}
+
 /* Step 7. */
 static void check_routing(const layout *L, sink *s)
 {
     const col_hparams *hp = &L->hp;
     uint32_t n_moe = 0;
+    bool any_shared = false, any_sliding = false;
     for (uint32_t l = 0; l < L->n_layers; l++) {
-        uint64_t ro = L->routing_off + (uint64_t)l * COL_ROUTING_ENTRY_SIZE;
+        uint64_t ro = L->routing_off + (uint64_t)l * L->entry_size;
         const uint8_t *r = L->d + ro;
         uint32_t layer = rd32(r + R_LAYER), kind = rd32(r + R_KIND), gate = rd32(r + R_GATE);
         uint32_t bias = rd32(r + R_GATE_BIAS), topk = rd32(r + R_TOPK);
@@ -824,6 +1207,24 @@ static void check_routing(const layout *L, sink *s)
         if (kind > COL_LAYER_MOE) {
             ERR(s, COL_ERR_ROUTING, ro + R_KIND, "",
                 "routing entry %" PRIu32 ": unknown layer kind %" PRIu32, l, kind);
+            continue;
+        }
+        if (kind == COL_LAYER_MOE) {
+            n_moe++;
+            if (topk != hp->n_experts_active)
+                ERR(s, COL_ERR_ROUTING, ro + R_TOPK, "",
+                    "routing entry %" PRIu32 ": top_k %" PRIu32 " != n_experts_active %" PRIu32, l,
+                    topk, hp->n_experts_active);
+            if (ne != hp->n_experts)
+                ERR(s, COL_ERR_ROUTING, ro + R_N_EXPERTS, "",
+                    "routing entry %" PRIu32 ": n_experts %" PRIu32 " != num_experts %" PRIu32, l, ne,
+                    hp->n_experts);
+        }
+        if (L->version == 2) {
+            col_routing_info ri;
+            route_of(L, l, &ri);
+            any_shared |= check_route_v2(L, s, l, ro, &ri);
+            any_sliding |= ri.attention == COL_LAYER_SLIDING;
             continue;
         }
         if (bias != COL_NO_TENSOR)
@@ -842,46 +1243,28 @@ static void check_routing(const layout *L, sink *s)
                     l, gate, topk, ne);
             continue;
         }
-        n_moe++;
-        char want[COL_TENSOR_NAME_MAX];
-        snprintf(want, sizeof want, "layers.%" PRIu32 ".moe_gate", l);
-        if (!L->table_safe || gate >= L->n_tensors) {
-            ERR(s, COL_ERR_ROUTING, ro + R_GATE, want,
-                "routing entry %" PRIu32 ": gate_tensor %" PRIu32 " is not a tensor index", l,
-                gate);
-        } else {
-            const uint8_t *e = L->d + L->table_off + (uint64_t)gate * COL_TENSOR_ENTRY_SIZE;
-            if (strncmp((const char *)e, want, COL_TENSOR_NAME_MAX) != 0) {
-                char got[COL_TENSOR_NAME_MAX];
-                printable_name(e, got);
-                ERR(s, COL_ERR_ROUTING, ro + R_GATE, want,
-                    "routing entry %" PRIu32 ": gate_tensor %" PRIu32 " is '%s', expected '%s'",
-                    l, gate, got, want);
-            }
-        }
-        if (topk != hp->n_experts_active)
-            ERR(s, COL_ERR_ROUTING, ro + R_TOPK, "",
-                "routing entry %" PRIu32 ": top_k %" PRIu32 " != n_experts_active %" PRIu32, l,
-                topk, hp->n_experts_active);
-        if (ne != hp->n_experts)
-            ERR(s, COL_ERR_ROUTING, ro + R_N_EXPERTS, "",
-                "routing entry %" PRIu32 ": n_experts %" PRIu32 " != num_experts %" PRIu32, l, ne,
-                hp->n_experts);
+        check_entry_tensor(L, s, l, ro + R_GATE, gate, "moe_gate", "gate_tensor");
     }
     if (n_moe != hp->n_moe_layers)
         ERR(s, COL_ERR_ROUTING, H_N_MOE_LAYERS, "",
             "n_moe_layers %" PRIu32 " but the routing section has %" PRIu32 " MoE layers",
             hp->n_moe_layers, n_moe);
+    if (L->version == 2 && hp->d_ff_shared != 0 && !any_shared)
+        ERR(s, COL_ERR_HEADER, H_D_FF_SHARED, "",
+            "d_ff_shared %" PRIu32 " but no routing entry has a shared expert", hp->d_ff_shared);
+    if (L->version == 2 && hp->sliding_window != 0 && !any_sliding)
+        ERR(s, COL_ERR_HEADER, H_SLIDING_WINDOW, "",
+            "sliding_window %" PRIu32 " but no routing entry has a sliding-window layer", hp->sliding_window);
 }
 
 /* Step 8. Presence and duplicates of the architecture's names are tracked in a bitset on the
- * stack (one u32 of slots per layer: 4 KiB), so the check is O(tensor_count) and allocation-free
+ * stack (one u64 of slots per layer: 8 KiB), so the check is O(tensor_count) and allocation-free
  * at any table size. */
 static void check_architecture(const layout *L, sink *s)
 {
     const col_hparams *hp = &L->hp;
-    uint32_t seen_layer[MAX_LAYERS];
-    uint32_t seen_global = 0;
+    uint64_t seen_layer[MAX_LAYERS];
+    uint64_t seen_global = 0;
     memset(seen_layer, 0, sizeof seen_layer);
     bool tied = (hp->flags & COL_FLAG_TIED_EMBEDDINGS) != 0;
 
@@ -900,10 +1283,11 @@ static void check_architecture(const layout *L, sink *s)
         if (cls == NAME_GLOBAL)
             expected = !(slot == G_OUTPUT && tied);
         else if (cls == NAME_LAYER && L->layers_ok && layer < L->n_layers) {
-            int kind = layer_kind(L, layer);
-            if (kind < 0 && slot_depends_on_kind(slot))
+            col_routing_info ri;
+            bool known = route_of(L, layer, &ri);
+            if (!known && slot_depends_on_entry(slot))
                 continue; /* the routing error already explains this layer */
-            expected = slot_expected(slot, hp->flags, kind);
+            expected = slot_expected(slot, hp, known ? &ri : NULL);
         } else
             expected = false;
         if (!expected) {
@@ -911,8 +1295,8 @@ static void check_architecture(const layout *L, sink *s)
                    "tensor '%s' is not used by this architecture, flags and layer kinds", nm);
             continue;
         }
-        uint32_t *word = cls == NAME_GLOBAL ? &seen_global : &seen_layer[layer];
-        uint32_t bit = (uint32_t)1 << slot;
+        uint64_t *word = cls == NAME_GLOBAL ? &seen_global : &seen_layer[layer];
+        uint64_t bit = (uint64_t)1 << slot;
         if (*word & bit) {
             if (L->n_tensors > DUP_CHECK_ALL_MAX) /* else step 6 reported it */
                 ERR(s, COL_ERR_NAME, eo, nm, "tensor %" PRIu32 ": name '%s' is a duplicate", i, nm);
@@ -949,17 +1333,18 @@ static void check_architecture(const layout *L, sink *s)
     }
 
     for (int g = 0; g < N_GLOBALS; g++)
-        if (!(seen_global & (1u << g)) && !(g == G_OUTPUT && tied))
+        if (!(seen_global & ((uint64_t)1 << g)) && !(g == G_OUTPUT && tied))
             ERR(s, COL_ERR_MISSING_TENSOR, L->table_off, global_names[g],
                 "required tensor '%s' is missing", global_names[g]);
     if (!L->layers_ok)
         return;
     for (uint32_t l = 0; l < L->n_layers; l++) {
-        int kind = layer_kind(L, l);
+        col_routing_info ri;
+        bool known = route_of(L, l, &ri);
         for (int slot = 0; slot < N_SLOTS; slot++) {
-            if (kind < 0 && slot_depends_on_kind(slot))
+            if (!known && slot_depends_on_entry(slot))
                 continue;
-            if (!slot_expected(slot, hp->flags, kind) || (seen_layer[l] & ((uint32_t)1 << slot)))
+            if (!slot_expected(slot, hp, known ? &ri : NULL) || (seen_layer[l] & ((uint64_t)1 << slot)))
                 continue;
             char nm[COL_TENSOR_NAME_MAX];
             snprintf(nm, sizeof nm, "layers.%" PRIu32 ".%s", l, slot_names[slot]);
@@ -1056,55 +1441,74 @@ typedef struct field_desc {
     const char *name;
     const char *group;
     uint16_t offset;
-    uint8_t size;
+    uint16_t size;
     uint8_t kind;
+    uint8_t versions;  /* bit v-1 set: the field is in format version v's header */
 } field_desc;
 
+enum { IN_V1 = 1, IN_V2 = 2, IN_ALL = 3 };
+
 /* Every field of the fixed header in offset order, reserved bytes as one BYTES field, so a
- * structure view covering these fields covers bytes 0x000..0x0FF exactly. */
+ * structure view covering the fields of one version covers its header exactly: bytes
+ * 0x000..0x0FF in version 1, 0x000..0x1FF in version 2. */
 static const field_desc header_fields[] = {
-    {"magic", "identity", H_MAGIC, 4, COL_FIELD_BYTES},
-    {"version", "identity", H_VERSION, 4, COL_FIELD_U32},
-    {"num_experts", "hyper-parameters", H_NUM_EXPERTS, 4, COL_FIELD_U32},
-    {"num_layers", "hyper-parameters", H_NUM_LAYERS, 4, COL_FIELD_U32},
-    {"header_size", "identity", H_HEADER_SIZE, 4, COL_FIELD_U32},
-    {"tensor_count", "sections", H_TENSOR_COUNT, 4, COL_FIELD_U32},
-    {"routing_offset", "sections", H_ROUTING_OFFSET, 8, COL_FIELD_U64},
-    {"data_offset", "sections", H_DATA_OFFSET, 8, COL_FIELD_U64},
-    {"tensor_table_offset", "sections", H_TABLE_OFFSET, 8, COL_FIELD_U64},
-    {"tokenizer_offset", "sections", H_TOKENIZER_OFFSET, 8, COL_FIELD_U64},
-    {"tokenizer_size", "sections", H_TOKENIZER_SIZE, 8, COL_FIELD_U64},
-    {"metadata_offset", "sections", H_METADATA_OFFSET, 8, COL_FIELD_U64},
-    {"metadata_size", "sections", H_METADATA_SIZE, 8, COL_FIELD_U64},
-    {"file_size", "sections", H_FILE_SIZE, 8, COL_FIELD_U64},
-    {"arch", "identity", H_ARCH, 4, COL_FIELD_U32},
-    {"flags", "identity", H_FLAGS, 4, COL_FIELD_U32},
-    {"d_model", "hyper-parameters", H_D_MODEL, 4, COL_FIELD_U32},
-    {"n_heads", "hyper-parameters", H_N_HEADS, 4, COL_FIELD_U32},
-    {"n_kv_heads", "hyper-parameters", H_N_KV_HEADS, 4, COL_FIELD_U32},
-    {"head_dim", "hyper-parameters", H_HEAD_DIM, 4, COL_FIELD_U32},
-    {"vocab_size", "hyper-parameters", H_VOCAB, 4, COL_FIELD_U32},
-    {"max_context", "hyper-parameters", H_MAX_CONTEXT, 4, COL_FIELD_U32},
-    {"d_ff_expert", "hyper-parameters", H_D_FF_EXPERT, 4, COL_FIELD_U32},
-    {"d_ff_dense", "hyper-parameters", H_D_FF_DENSE, 4, COL_FIELD_U32},
-    {"d_ff_shared", "hyper-parameters", H_D_FF_SHARED, 4, COL_FIELD_U32},
-    {"n_experts_active", "hyper-parameters", H_TOPK, 4, COL_FIELD_U32},
-    {"sliding_window", "hyper-parameters", H_SLIDING_WINDOW, 4, COL_FIELD_U32},
-    {"rope_type", "rope", H_ROPE_TYPE, 4, COL_FIELD_U32},
-    {"rope_theta", "rope", H_ROPE_THETA, 8, COL_FIELD_F64},
-    {"rope_factor", "rope", H_ROPE_FACTOR, 4, COL_FIELD_F32},
-    {"rope_original_max_context", "rope", H_ROPE_ORIG_CTX, 4, COL_FIELD_U32},
-    {"rope_low_freq_factor", "rope", H_ROPE_LOW, 4, COL_FIELD_F32},
-    {"rope_high_freq_factor", "rope", H_ROPE_HIGH, 4, COL_FIELD_F32},
-    {"norm_eps", "hyper-parameters", H_NORM_EPS, 4, COL_FIELD_F32},
-    {"clip_qkv", "hyper-parameters", H_CLIP_QKV, 4, COL_FIELD_F32},
-    {"default_epsilon", "hyper-parameters", H_DEFAULT_EPS, 4, COL_FIELD_F32},
-    {"bos_token_id", "tokens", H_BOS, 4, COL_FIELD_I32},
-    {"eos_token_id", "tokens", H_EOS, 4, COL_FIELD_I32},
-    {"n_moe_layers", "hyper-parameters", H_N_MOE_LAYERS, 4, COL_FIELD_U32},
-    {"header_crc32", "integrity", H_HEADER_CRC, 4, COL_FIELD_U32},
-    {"tables_crc32", "integrity", H_TABLES_CRC, 4, COL_FIELD_U32},
-    {"reserved", "reserved", H_RESERVED, COL_HEADER_SIZE - H_RESERVED, COL_FIELD_BYTES},
+    {"magic", "identity", H_MAGIC, 4, COL_FIELD_BYTES, IN_ALL},
+    {"version", "identity", H_VERSION, 4, COL_FIELD_U32, IN_ALL},
+    {"num_experts", "hyper-parameters", H_NUM_EXPERTS, 4, COL_FIELD_U32, IN_ALL},
+    {"num_layers", "hyper-parameters", H_NUM_LAYERS, 4, COL_FIELD_U32, IN_ALL},
+    {"header_size", "identity", H_HEADER_SIZE, 4, COL_FIELD_U32, IN_ALL},
+    {"tensor_count", "sections", H_TENSOR_COUNT, 4, COL_FIELD_U32, IN_ALL},
+    {"routing_offset", "sections", H_ROUTING_OFFSET, 8, COL_FIELD_U64, IN_ALL},
+    {"data_offset", "sections", H_DATA_OFFSET, 8, COL_FIELD_U64, IN_ALL},
+    {"tensor_table_offset", "sections", H_TABLE_OFFSET, 8, COL_FIELD_U64, IN_ALL},
+    {"tokenizer_offset", "sections", H_TOKENIZER_OFFSET, 8, COL_FIELD_U64, IN_ALL},
+    {"tokenizer_size", "sections", H_TOKENIZER_SIZE, 8, COL_FIELD_U64, IN_ALL},
+    {"metadata_offset", "sections", H_METADATA_OFFSET, 8, COL_FIELD_U64, IN_ALL},
+    {"metadata_size", "sections", H_METADATA_SIZE, 8, COL_FIELD_U64, IN_ALL},
+    {"file_size", "sections", H_FILE_SIZE, 8, COL_FIELD_U64, IN_ALL},
+    {"arch", "identity", H_ARCH, 4, COL_FIELD_U32, IN_ALL},
+    {"flags", "identity", H_FLAGS, 4, COL_FIELD_U32, IN_ALL},
+    {"d_model", "hyper-parameters", H_D_MODEL, 4, COL_FIELD_U32, IN_ALL},
+    {"n_heads", "hyper-parameters", H_N_HEADS, 4, COL_FIELD_U32, IN_ALL},
+    {"n_kv_heads", "hyper-parameters", H_N_KV_HEADS, 4, COL_FIELD_U32, IN_ALL},
+    {"head_dim", "hyper-parameters", H_HEAD_DIM, 4, COL_FIELD_U32, IN_ALL},
+    {"vocab_size", "hyper-parameters", H_VOCAB, 4, COL_FIELD_U32, IN_ALL},
+    {"max_context", "hyper-parameters", H_MAX_CONTEXT, 4, COL_FIELD_U32, IN_ALL},
+    {"d_ff_expert", "hyper-parameters", H_D_FF_EXPERT, 4, COL_FIELD_U32, IN_ALL},
+    {"d_ff_dense", "hyper-parameters", H_D_FF_DENSE, 4, COL_FIELD_U32, IN_ALL},
+    {"d_ff_shared", "hyper-parameters", H_D_FF_SHARED, 4, COL_FIELD_U32, IN_ALL},
+    {"n_experts_active", "hyper-parameters", H_TOPK, 4, COL_FIELD_U32, IN_ALL},
+    {"sliding_window", "hyper-parameters", H_SLIDING_WINDOW, 4, COL_FIELD_U32, IN_ALL},
+    {"rope_type", "rope", H_ROPE_TYPE, 4, COL_FIELD_U32, IN_ALL},
+    {"rope_theta", "rope", H_ROPE_THETA, 8, COL_FIELD_F64, IN_ALL},
+    {"rope_factor", "rope", H_ROPE_FACTOR, 4, COL_FIELD_F32, IN_ALL},
+    {"rope_original_max_context", "rope", H_ROPE_ORIG_CTX, 4, COL_FIELD_U32, IN_ALL},
+    {"rope_low_freq_factor", "rope", H_ROPE_LOW, 4, COL_FIELD_F32, IN_ALL},
+    {"rope_high_freq_factor", "rope", H_ROPE_HIGH, 4, COL_FIELD_F32, IN_ALL},
+    {"norm_eps", "hyper-parameters", H_NORM_EPS, 4, COL_FIELD_F32, IN_ALL},
+    {"clip_qkv", "hyper-parameters", H_CLIP_QKV, 4, COL_FIELD_F32, IN_ALL},
+    {"default_epsilon", "hyper-parameters", H_DEFAULT_EPS, 4, COL_FIELD_F32, IN_ALL},
+    {"bos_token_id", "tokens", H_BOS, 4, COL_FIELD_I32, IN_ALL},
+    {"eos_token_id", "tokens", H_EOS, 4, COL_FIELD_I32, IN_ALL},
+    {"n_moe_layers", "hyper-parameters", H_N_MOE_LAYERS, 4, COL_FIELD_U32, IN_ALL},
+    {"header_crc32", "integrity", H_HEADER_CRC, 4, COL_FIELD_U32, IN_ALL},
+    {"tables_crc32", "integrity", H_TABLES_CRC, 4, COL_FIELD_U32, IN_ALL},
+    {"reserved", "reserved", H_RESERVED, COL_HEADER_SIZE - H_RESERVED, COL_FIELD_BYTES, IN_V1},
+    {"attention", "attention", H_ATTENTION, 4, COL_FIELD_U32, IN_V2},
+    {"q_lora_rank", "attention", H_Q_LORA, 4, COL_FIELD_U32, IN_V2},
+    {"kv_lora_rank", "attention", H_KV_LORA, 4, COL_FIELD_U32, IN_V2},
+    {"qk_nope_head_dim", "attention", H_QK_NOPE, 4, COL_FIELD_U32, IN_V2},
+    {"qk_rope_head_dim", "attention", H_QK_ROPE, 4, COL_FIELD_U32, IN_V2},
+    {"v_head_dim", "attention", H_V_HEAD, 4, COL_FIELD_U32, IN_V2},
+    {"rotary_dim", "rope", H_ROTARY_DIM, 4, COL_FIELD_U32, IN_V2},
+    {"rope_layout", "rope", H_ROPE_LAYOUT, 4, COL_FIELD_U32, IN_V2},
+    {"attn_scale", "attention", H_ATTN_SCALE, 4, COL_FIELD_F32, IN_V2},
+    {"latent_norm_eps", "attention", H_LATENT_EPS, 4, COL_FIELD_F32, IN_V2},
+    {"rope_attn_factor", "rope", H_ROPE_ATTN_FACTOR, 4, COL_FIELD_F32, IN_V2},
+    {"rope_beta_fast", "rope", H_ROPE_BETA_FAST, 4, COL_FIELD_F32, IN_V2},
+    {"rope_beta_slow", "rope", H_ROPE_BETA_SLOW, 4, COL_FIELD_F32, IN_V2},
+    {"rope_truncate", "rope", H_ROPE_TRUNCATE, 4, COL_FIELD_U32, IN_V2},
+    {"reserved", "reserved", H_RESERVED_V2, COL_HEADER_SIZE_V2 - H_RESERVED_V2, COL_FIELD_BYTES, IN_V2},
 };
 
 uint32_t col_header_field_count(void)
@@ -1123,6 +1527,8 @@ int32_t col_header_field(const uint8_t *data, uint64_t size, uint32_t index, col
     out->offset = f->offset;
     out->size = f->size;
     out->kind = f->kind;
+    uint32_t version = data != NULL && size >= H_VERSION + 4 ? rd32(data + H_VERSION) : 1;
+    out->in_version = (f->versions & (version == 2 ? IN_V2 : IN_V1)) != 0;
     out->present = data != NULL && range_ok(f->offset, f->size, size);
     if (!out->present)
         return COL_OK;
@@ -1300,7 +1706,18 @@ static const col_tensor_info **layer_slot(col_layer *ly, int slot)
     case S_SHARED_GATE: return &ly->shared_gate;
     case S_MLP_W1: return &ly->mlp_w1;
     case S_MLP_W2: return &ly->mlp_w2;
-    default: return &ly->mlp_w3;
+    case S_MLP_W3: return &ly->mlp_w3;
+    case S_MOE_GATE_BIAS: return &ly->moe_gate_bias;
+    case S_MOE_CORRECTION: return &ly->moe_correction_bias;
+    case S_ATTN_Q_A: return &ly->attn_q_a;
+    case S_ATTN_Q_A_NORM: return &ly->attn_q_a_norm;
+    case S_ATTN_Q_A_BIAS: return &ly->attn_q_a_bias;
+    case S_ATTN_Q_B: return &ly->attn_q_b;
+    case S_ATTN_KV_A: return &ly->attn_kv_a;
+    case S_ATTN_KV_A_NORM: return &ly->attn_kv_a_norm;
+    case S_ATTN_KV_A_BIAS: return &ly->attn_kv_a_bias;
+    case S_ATTN_K_B: return &ly->attn_k_b;
+    default: return &ly->attn_v_b;
     }
 }
 
@@ -1357,19 +1774,15 @@ static int32_t build_model(model_ext *x, const layout *L, col_problem *problem)
 
     uint32_t n_moe = 0;
     for (uint32_t l = 0; l < L->n_layers; l++) {
-        const uint8_t *r = L->d + L->routing_off + (uint64_t)l * COL_ROUTING_ENTRY_SIZE;
         col_routing_info *ri = &m->routing[l];
-        ri->layer = rd32(r + R_LAYER);
-        ri->kind = rd32(r + R_KIND);
-        ri->gate_tensor = rd32(r + R_GATE);
-        ri->gate_bias_tensor = rd32(r + R_GATE_BIAS);
-        ri->top_k = rd32(r + R_TOPK);
-        ri->n_experts = rd32(r + R_N_EXPERTS);
-        ri->scoring = rd32(r + R_SCORING);
+        route_of(L, l, ri); /* validated: every entry decodes */
         m->layers[l].kind = ri->kind;
+        m->layers[l].route = ri;
         if (ri->kind == COL_LAYER_MOE) {
             m->layers[l].moe_index = n_moe;
             m->moe_layers[n_moe++] = (int32_t)l;
+            if (ri->n_groups > 1 && ri->n_groups_kept > m->n_chosen_groups)
+                m->n_chosen_groups = ri->n_groups_kept;
         }
     }
     bool tied = (L->hp.flags & COL_FLAG_TIED_EMBEDDINGS) != 0;
@@ -1386,7 +1799,7 @@ static int32_t build_model(model_ext *x, const layout *L, col_problem *problem)
             else if (!tied)
                 m->output = t;
         } else if (cls == NAME_LAYER && layer < L->n_layers &&
-                   slot_expected(slot, L->hp.flags, (int)m->layers[layer].kind)) {
+                   slot_expected(slot, &L->hp, &m->routing[layer])) {
             *layer_slot(&m->layers[layer], slot) = t;
         }
     }
@@ -1572,6 +1985,74 @@ int32_t col_model_routing(const col_model *model, uint32_t layer, col_routing_in
     return COL_OK;
 }
 
+/* Append to a bounded buffer; `*used` may pass n (then nothing more is written). */
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+static void put_text(char *out, size_t n, size_t *used, const char *fmt, ...)
+{
+    if (*used >= n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(out + *used, n - *used, fmt, ap);
+    va_end(ap);
+    *used += w > 0 ? (size_t)w : 0;
+}
+
+int32_t col_routing_describe(const col_routing_info *r, char *out, size_t n)
+{
+    if (!r || !out || n == 0)
+        return COL_ERR_INVALID_ARG;
+    size_t used = 0;
+    out[0] = '\0';
+    const char *attention = r->attention == COL_LAYER_SLIDING ? "; sliding-window attention" : "";
+    if (r->kind != COL_LAYER_MOE) {
+        put_text(out, n, &used, "dense MLP%s", attention);
+        return COL_OK;
+    }
+    const char *gate_bias = r->gate_bias_tensor != COL_NO_TENSOR ? " (+ router bias)" : "";
+    if (r->scoring == COL_SCORING_SPARSEMIXER) {
+        put_text(out, n, &used, "sparsemixer over %" PRIu32 " experts%s: the best logit, then the best of the "
+                 "rest, each weighted by a softmax over the logits within %g of it", r->n_experts, gate_bias,
+                 2.0 * (double)r->sparsemixer_eps);
+    } else if (r->select_on == COL_SELECT_LOGITS) {
+        put_text(out, n, &used, "top-%" PRIu32 " of %" PRIu32 " logits%s, weighted by %s", r->top_k,
+                 r->n_experts, gate_bias,
+                 r->scoring == COL_SCORING_SIGMOID ? "their sigmoids" : "a softmax over the chosen");
+    } else {
+        put_text(out, n, &used, "%s over %" PRIu32 " experts%s%s, top-%" PRIu32,
+                 r->scoring == COL_SCORING_SIGMOID ? "sigmoid" : "softmax", r->n_experts, gate_bias,
+                 r->correction_bias_tensor != COL_NO_TENSOR ? ", + correction bias for the choice only" : "",
+                 r->top_k);
+        if (r->n_groups > 1)
+            put_text(out, n, &used, " within the %" PRIu32 " best of %" PRIu32 " groups (by %s)", r->n_groups_kept,
+                     r->n_groups, r->group_score == COL_GROUP_TOP2_SUM ? "the sum of their best two" : "their best");
+    }
+    switch (r->normalize) {
+    case COL_NORM_SUM:
+        put_text(out, n, &used, r->norm_eps > 0.0f ? ", divided by their sum + %g" : ", divided by their sum",
+                 (double)r->norm_eps);
+        break;
+    case COL_NORM_SUM_CLAMPED:
+        put_text(out, n, &used, ", divided by max(their sum, %g)", (double)r->norm_eps);
+        break;
+    case COL_NORM_P:
+        put_text(out, n, &used, ", divided by their %g-norm", (double)r->norm_p);
+        break;
+    default:
+        break;
+    }
+    if (r->scale != 1.0f)
+        put_text(out, n, &used, ", times %g", (double)r->scale);
+    if (r->shared == COL_SHARED_PLAIN)
+        put_text(out, n, &used, "; plus a shared expert");
+    else if (r->shared == COL_SHARED_SIGMOID_GATE)
+        put_text(out, n, &used, "; plus a sigmoid-gated shared expert");
+    put_text(out, n, &used, "%s", attention);
+    return COL_OK;
+}
+
 const uint8_t *col_model_tokenizer(const col_model *model, uint64_t *size)
 {
     if (size)
@@ -1606,7 +2087,7 @@ int32_t col_model_section(const col_model *model, uint32_t index, col_section *o
     case 0: size = rd32(d + H_HEADER_SIZE); break;
     case 1:
         offset = rd64(d + H_ROUTING_OFFSET);
-        size = (uint64_t)model->hp.n_layers * COL_ROUTING_ENTRY_SIZE;
+        size = (uint64_t)model->hp.n_layers * entry_size_of(model->hp.version);
         break;
     case 2:
         offset = rd64(d + H_TABLE_OFFSET);

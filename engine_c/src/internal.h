@@ -30,11 +30,16 @@ typedef struct col_weight {
 typedef struct col_layer {
     uint32_t kind;                  /* col_layer_kind */
     uint32_t moe_index;             /* index among MoE layers, valid when kind == MOE */
+    const col_routing_info *route;  /* the layer's routing entry, decoded (v1 entries to v1's rule) */
     const col_tensor_info *attn_norm, *ffn_norm;
-    const col_tensor_info *attn_q, *attn_k, *attn_v, *attn_o;
+    const col_tensor_info *attn_q, *attn_k, *attn_v, *attn_o;                     /* GQA (MLA: attn_q without q_lora, attn_o) */
     const col_tensor_info *attn_q_bias, *attn_k_bias, *attn_v_bias, *attn_o_bias; /* NULL if absent */
     const col_tensor_info *attn_q_norm, *attn_k_norm;                             /* NULL if absent */
+    const col_tensor_info *attn_q_a, *attn_q_a_norm, *attn_q_a_bias, *attn_q_b;   /* MLA with q_lora_rank */
+    const col_tensor_info *attn_kv_a, *attn_kv_a_norm, *attn_kv_a_bias;           /* MLA */
+    const col_tensor_info *attn_k_b, *attn_v_b;                                   /* MLA: [n_heads][c][nope], [n_heads][v][c] */
     const col_tensor_info *moe_gate, *moe_w1, *moe_w2, *moe_w3;                   /* MoE layers */
+    const col_tensor_info *moe_gate_bias, *moe_correction_bias;                   /* NULL if absent */
     const col_tensor_info *shared_w1, *shared_w2, *shared_w3, *shared_gate;       /* NULL if absent */
     const col_tensor_info *mlp_w1, *mlp_w2, *mlp_w3;                              /* dense layers */
 } col_layer;
@@ -54,6 +59,7 @@ struct col_model {
     col_routing_info *routing;      /* [n_layers] */
     col_layer *layers;              /* [n_layers] */
     int32_t *moe_layers;            /* [n_moe_layers] layer index of each MoE layer */
+    uint32_t n_chosen_groups;       /* most groups a MoE layer keeps (0 when no layer has groups) */
     const col_tensor_info *token_embd, *output_norm, *output; /* output == token_embd when tied */
     const uint8_t *tokenizer;
     uint64_t tokenizer_size;

@@ -1,14 +1,30 @@
 /*
- * router.c - turns one token's router logits into the experts it visits and their weights.
+ * router.c - turns one token's router logits into the experts it visits and their weights, by
+ * the layer's routing rule (col_routing_info; docs/format.md, "The routing rule").
  *
- * All four v1 families score with a softmax over every expert and take the top-k probabilities
- * (Mixtral always renormalises the k weights, the others when norm_topk_prob is set). Selection
- * here ranks the logits, not the probabilities: softmax is monotonic, so the chosen set is the
- * same, but distinct logits can round to equal probabilities and the logits keep them apart.
- * The routing modes only change *selection*; weights always come from the unperturbed logits
- * (stable and Gumbel), except soft routing, which weighs every expert by the full softmax.
- * Selection is a k-pass arg-max (k is small; no sort, no allocation) with a documented tie rule:
- * on exactly equal scores the lower expert index wins, in every mode.
+ * A rule is the same five steps for every family:
+ *   1. scores: a softmax over every expert or a sigmoid of each logit (rules that select on the
+ *      logits score only the chosen, in step 4);
+ *   2. selection scores, the values whose order decides: score + correction bias (DeepSeek-V3's
+ *      sigmoid + e_score_correction_bias, ERNIE's softmax + moe_statics), the sigmoid itself, or
+ *      the logit (softmax without a bias, which keeps the order of the logits and keeps apart
+ *      logits whose probabilities round to the same float; and rules that select on logits);
+ *   3. the group limit: experts in n_groups groups of consecutive indices, each group scored by
+ *      its best selection score (DeepSeek-V2) or the sum of its best two (DeepSeek-V3), only the
+ *      n_groups_kept best groups eligible;
+ *   4. top-k of the eligible selection scores; weights = the chosen experts' scores, or a softmax
+ *      over the chosen logits (GPT-OSS, Granite), their sigmoids (Llama 4), PhiMoE's sparsemixer;
+ *   5. normalisation (sum, sum clamped below, p-norm), then the scaling factor.
+ * The routing modes change only step 3's and 4's *choice*: stable routing ranks
+ * (double)selection_score[j] + j*epsilon, Gumbel routing adds noise from (seed, position, layer, j),
+ * and soft routing takes every expert with no group limit, weighted by the rule's scores of all
+ * of them (normalised as the rule says, except a softmax over every expert, which needs none).
+ * Weights always come from the unperturbed values. When asked, a decision also says whether its
+ * correction bias changed the outcome: whether the same ranking (same mode, same group rule) of
+ * the scores without the bias chooses another set.
+ * Selection is an arg-max per slot (k and the group count are small; no sort, no allocation)
+ * with one tie rule: on exactly equal keys the lower expert index wins, and the lower group
+ * index between groups, in every mode.
  */
 #include "router.h"
 
@@ -25,6 +41,31 @@ void col_softmax(const float *in, float *out, uint32_t n)
         sum += out[i];
     }
     for (uint32_t i = 0; i < n; i++) out[i] /= sum;
+}
+
+static float sigmoid(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+/* Step 1 over every expert: each logit's sigmoid, or a softmax over all of them (softmax and
+ * sparsemixer rules; what soft routing weighs by). */
+static void score_all(uint32_t scoring, const float *logits, float *scores, uint32_t n)
+{
+    if (scoring == COL_SCORING_SIGMOID) {
+        for (uint32_t j = 0; j < n; j++) scores[j] = sigmoid(logits[j]);
+    } else {
+        col_softmax(logits, scores, n);
+    }
+}
+
+int32_t col_routing_scores(const col_routing_info *rule, const float *logits, float *scores)
+{
+    if (!rule || !logits || !scores || rule->kind != COL_LAYER_MOE || rule->n_experts == 0 ||
+        rule->scoring > COL_SCORING_SPARSEMIXER)
+        return COL_ERR_INVALID_ARG;
+    score_all(rule->scoring, logits, scores, rule->n_experts);
+    return COL_OK;
 }
 
 /* splitmix64 finaliser: a well-mixed 64-bit hash, so noise needs no generator state and a
@@ -44,48 +85,167 @@ double col_gumbel_noise(uint64_t seed, uint32_t position, uint32_t layer, uint32
     return -log(-log(u));
 }
 
-uint32_t col_route(const col_router_params *p, const float *logits, int32_t *ids, float *weights,
-                   const col_router_scratch *s)
+/* The index of the largest key among the n not taken (the lower index on ties), -1 if none. */
+static int32_t best_untaken(const double *keys, const uint8_t *taken, uint32_t n)
 {
-    uint32_t n = p->n_experts;
-    col_softmax(logits, s->probs, n);
+    int32_t best = -1;
+    for (uint32_t j = 0; j < n; j++)
+        if (!taken[j] && (best < 0 || keys[j] > keys[best])) best = (int32_t)j;
+    return best;
+}
 
-    if (p->mode == COL_ROUTING_SOFT) {
-        /* every expert, listed by descending weight */
+/* Step 3: keep the rule's n_groups_kept best groups by their keys; every expert of another group
+ * is marked taken. The kept groups go to `groups` (may be NULL) best first. */
+static void limit_groups(const col_routing_info *r, const double *keys, const col_router_scratch *s,
+                         int32_t *groups)
+{
+    uint32_t n_groups = r->n_groups, size = r->n_experts / n_groups;
+    for (uint32_t g = 0; g < n_groups; g++) {
+        const double *k = keys + (uint64_t)g * size;
+        double first = k[0], second = -INFINITY;
+        for (uint32_t j = 1; j < size; j++) {
+            if (k[j] > first) {
+                second = first;
+                first = k[j];
+            } else if (k[j] > second) {
+                second = k[j];
+            }
+        }
+        s->group_keys[g] = r->group_score == COL_GROUP_TOP2_SUM ? first + second : first;
+        s->group_taken[g] = 0;
+    }
+    for (uint32_t slot = 0; slot < r->n_groups_kept; slot++) {
+        int32_t best = best_untaken(s->group_keys, s->group_taken, n_groups);
+        s->group_taken[best] = 1;
+        if (groups) groups[slot] = best;
+    }
+    for (uint32_t g = 0; g < n_groups; g++)
+        if (!s->group_taken[g])
+            for (uint32_t j = 0; j < size; j++) s->taken[(uint64_t)g * size + j] = 1;
+}
+
+/* Step 4, PhiMoE's sparsemixer weights of the two chosen experts (transformers' eval path):
+ * expert e of the pair gets a softmax over the logits not masked out, where logit j is masked
+ * when (m - l_j) / max(|l_j|, m) > 2 eps, m being e's logit, and the second softmax also
+ * leaves out the first expert. */
+static void sparsemixer_weights(const float *l, uint32_t n, float eps, const int32_t *ids, float *weights)
+{
+    const float threshold = 2.0f * eps;
+    for (uint32_t slot = 0; slot < 2; slot++) {
+        float m = l[ids[slot]], sum = 0.0f;
         for (uint32_t j = 0; j < n; j++) {
-            s->scores[j] = logits[j];
-            s->taken[j] = 0;
+            if (slot == 1 && (int32_t)j == ids[0]) continue;
+            float factor = fabsf(l[j]) > m ? fabsf(l[j]) : m;
+            if ((m - l[j]) / factor > threshold) continue;
+            sum += expf(l[j] - m);
         }
+        weights[slot] = 1.0f / sum; /* exp(m - m) / sum */
+    }
+}
+
+/* Step 5 over the k weights. */
+static void normalize(const col_routing_info *r, float *w, uint32_t k)
+{
+    if (r->normalize == COL_NORM_NONE) return;
+    float d = 0.0f;
+    if (r->normalize == COL_NORM_P) {
+        if (r->norm_p == 1.0f) {
+            for (uint32_t i = 0; i < k; i++) d += fabsf(w[i]);
+        } else if (r->norm_p == 2.0f) {
+            for (uint32_t i = 0; i < k; i++) d += w[i] * w[i];
+            d = sqrtf(d);
+        } else {
+            for (uint32_t i = 0; i < k; i++) d += powf(fabsf(w[i]), r->norm_p);
+            d = powf(d, 1.0f / r->norm_p);
+        }
+    } else {
+        for (uint32_t i = 0; i < k; i++) d += w[i];
+        d = r->normalize == COL_NORM_SUM ? d + r->norm_eps : (d > r->norm_eps ? d : r->norm_eps);
+    }
+    for (uint32_t i = 0; i < k; i++) w[i] /= d;
+}
+
+uint32_t col_route(const col_routing_info *r, const float *bias, const col_router_params *p, const float *logits,
+                   const col_route_out *out, const col_router_scratch *s)
+{
+    const uint32_t n = r->n_experts;
+    const int soft = p->mode == COL_ROUTING_SOFT;
+    const int on_scores = r->select_on == COL_SELECT_SCORES;
+
+    /* steps 1 and 2 */
+    if (r->scoring == COL_SCORING_SIGMOID || on_scores || soft)
+        score_all(r->scoring, logits, s->scores, n);
+    for (uint32_t j = 0; j < n; j++) {
+        float sel = logits[j];
+        if (on_scores && (r->scoring == COL_SCORING_SIGMOID || bias))
+            sel = s->scores[j] + (bias ? bias[j] : 0.0f);
+        out->selection[j] = sel;
+        double key = sel;
+        if (p->mode == COL_ROUTING_STABLE) key += (double)j * p->epsilon;
+        else if (p->mode == COL_ROUTING_GUMBEL) key += col_gumbel_noise(p->seed, p->position, p->layer, j);
+        s->keys[j] = key;
+        s->taken[j] = 0;
+    }
+
+    if (soft) { /* every expert by its unperturbed selection score, no group limit */
+        for (uint32_t j = 0; j < n; j++) s->keys[j] = out->selection[j];
         for (uint32_t slot = 0; slot < n; slot++) {
-            int32_t best = -1;
-            for (uint32_t j = 0; j < n; j++)
-                if (!s->taken[j] && (best < 0 || s->scores[j] > s->scores[best])) best = (int32_t)j;
+            int32_t best = best_untaken(s->keys, s->taken, n);
             s->taken[best] = 1;
-            ids[slot] = best;
-            weights[slot] = s->probs[best];
+            out->ids[slot] = best;
+            out->weights[slot] = s->scores[best]; /* sparsemixer: the softmax over every logit */
         }
+        if (out->groups && r->n_groups > 1)
+            for (uint32_t g = 0; g < r->n_groups_kept; g++) out->groups[g] = -1;
+        if (out->bias_changed) *out->bias_changed = 0;
+        if (r->scoring != COL_SCORING_SOFTMAX && r->scoring != COL_SCORING_SPARSEMIXER) normalize(r, out->weights, n);
+        for (uint32_t slot = 0; slot < n; slot++) out->weights[slot] *= r->scale;
         return n;
     }
 
-    for (uint32_t j = 0; j < n; j++) {
-        double score = logits[j];
-        if (p->mode == COL_ROUTING_STABLE) score += (double)j * p->epsilon;
-        else if (p->mode == COL_ROUTING_GUMBEL) score += col_gumbel_noise(p->seed, p->position, p->layer, j);
-        s->scores[j] = score;
-        s->taken[j] = 0;
-    }
-    uint32_t k = p->k < n ? p->k : n;
-    float sum = 0.0f;
+    /* steps 3 and 4 */
+    if (r->n_groups > 1) limit_groups(r, s->keys, s, out->groups);
+    uint32_t k = r->top_k < n ? r->top_k : n;
     for (uint32_t slot = 0; slot < k; slot++) {
-        int32_t best = -1;
-        for (uint32_t j = 0; j < n; j++)
-            if (!s->taken[j] && (best < 0 || s->scores[j] > s->scores[best])) best = (int32_t)j;
+        int32_t best = best_untaken(s->keys, s->taken, n);
         s->taken[best] = 1;
-        ids[slot] = best;
-        weights[slot] = s->probs[best];
-        sum += weights[slot];
+        out->ids[slot] = best;
     }
-    if (p->renormalize)
-        for (uint32_t slot = 0; slot < k; slot++) weights[slot] /= sum;
+    if (r->scoring == COL_SCORING_SPARSEMIXER) {
+        sparsemixer_weights(logits, n, r->sparsemixer_eps, out->ids, out->weights);
+    } else if (on_scores || r->scoring == COL_SCORING_SIGMOID) {
+        for (uint32_t slot = 0; slot < k; slot++)
+            out->weights[slot] = on_scores ? s->scores[out->ids[slot]] : sigmoid(logits[out->ids[slot]]);
+    } else { /* a softmax over the chosen logits */
+        for (uint32_t slot = 0; slot < k; slot++) out->weights[slot] = logits[out->ids[slot]];
+        col_softmax(out->weights, out->weights, k);
+    }
+
+    /* step 5 */
+    normalize(r, out->weights, k);
+    for (uint32_t slot = 0; slot < k; slot++) out->weights[slot] *= r->scale;
+
+    if (out->bias_changed) {
+        *out->bias_changed = 0;
+        if (bias && on_scores) { /* the same choice on the scores alone */
+            for (uint32_t j = 0; j < n; j++) {
+                double key = s->scores[j];
+                if (p->mode == COL_ROUTING_STABLE) key += (double)j * p->epsilon;
+                else if (p->mode == COL_ROUTING_GUMBEL) key += col_gumbel_noise(p->seed, p->position, p->layer, j);
+                s->keys[j] = key;
+                s->taken[j] = 0;
+            }
+            if (r->n_groups > 1) limit_groups(r, s->keys, s, NULL);
+            for (uint32_t slot = 0; slot < k; slot++) {
+                s->alt_ids[slot] = best_untaken(s->keys, s->taken, n);
+                s->taken[s->alt_ids[slot]] = 1;
+            }
+            for (uint32_t a = 0; a < k && !*out->bias_changed; a++) {
+                int found = 0;
+                for (uint32_t b = 0; b < k; b++) found |= s->alt_ids[a] == out->ids[b];
+                *out->bias_changed = !found;
+            }
+        }
+    }
     return k;
 }

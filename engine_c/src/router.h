@@ -1,17 +1,16 @@
 /*
- * router.h - top-k selection and combination weights for one routing decision (internal).
+ * router.h - one routing decision: a MoE layer's rule (col_routing_info) applied to one token's
+ * router logits, under the session's routing mode (internal).
  */
 #ifndef COLIBRI_ROUTER_H
 #define COLIBRI_ROUTER_H
 
 #include "internal.h"
 
+/* The session's routing mode for one decision at (position, layer). */
 typedef struct col_router_params {
     uint32_t mode;          /* col_routing_mode */
-    uint32_t n_experts;
-    uint32_t k;             /* experts to select (ignored by soft routing, which uses all) */
-    int renormalize;        /* divide the k selected probabilities by their sum */
-    double epsilon;         /* stable routing: select on logit[j] + j*epsilon */
+    double epsilon;         /* stable routing: select on selection_score[j] + j*epsilon */
     uint64_t seed;          /* Gumbel routing: noise is a pure function of (seed, position, layer, j) */
     uint32_t position;
     uint32_t layer;
@@ -19,17 +18,33 @@ typedef struct col_router_params {
 
 /* Caller-owned scratch for one decision, each [n_experts]. */
 typedef struct col_router_scratch {
-    float *probs;
-    double *scores;
-    uint8_t *taken;
+    float *scores;          /* the rule's scores (softmax probabilities or sigmoids) */
+    double *keys;           /* selection scores as perturbed by the mode: what is ranked */
+    uint8_t *taken;         /* chosen, or excluded by the group limit */
+    double *group_keys;     /* [n_groups <= n_experts] */
+    uint8_t *group_taken;   /* [n_groups] kept */
+    int32_t *alt_ids;       /* [n_experts] the choice without the correction bias */
 } col_router_scratch;
 
-/* Route one token. logits: [n_experts] raw router logits. Writes the chosen expert ids in
- * selection order (best first) and their combination weights to ids/weights, which must hold
- * n_experts entries for soft routing and k otherwise. Returns the number of slots written.
- * Exact score ties go to the lower expert index. Pure: no allocation, no global state. */
-uint32_t col_route(const col_router_params *params, const float *logits, int32_t *ids,
-                   float *weights, const col_router_scratch *scratch);
+/* Where one decision goes. */
+typedef struct col_route_out {
+    int32_t *ids;           /* [n_experts] chosen experts in selection order (best first) */
+    float *weights;         /* [n_experts] their combination weights */
+    float *selection;       /* [n_experts] every expert's unperturbed selection score */
+    int32_t *groups;        /* [n_groups_kept] kept groups, best first (-1 in soft routing); NULL when
+                             * the caller does not want them; untouched when the rule has no groups */
+    uint8_t *bias_changed;  /* 1 when the rule without its correction bias would have chosen another
+                             * set (0 without a bias and in soft routing); NULL: not computed */
+} col_route_out;
+
+/* Route one token. rule: a MoE layer's decoded routing entry; correction_bias: its
+ * [n_experts] correction bias as f32, NULL when it has none; logits: [n_experts] router logits
+ * (the router bias already added). Writes the chosen experts, their weights and every expert's
+ * selection score; returns the number of experts chosen (top_k, or n_experts in soft routing).
+ * Exact ties go to the lower expert index, and between groups to the lower group index, in
+ * every mode. Pure: no allocation, no global state. */
+uint32_t col_route(const col_routing_info *rule, const float *correction_bias, const col_router_params *params,
+                   const float *logits, const col_route_out *out, const col_router_scratch *scratch);
 
 /* softmax over n values in f32, max-subtracted (the families' router math). */
 void col_softmax(const float *in, float *out, uint32_t n);

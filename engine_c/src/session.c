@@ -25,21 +25,35 @@ static uint32_t max_u32(uint32_t a, uint32_t b)
     return a > b ? a : b;
 }
 
+static int is_mla(const col_hparams *hp) { return hp->attention == COL_ATTENTION_MLA; }
+
 /* Most products the forward pass batches into one kernel dispatch: w1 and w3 of every selected
- * expert plus the shared expert's. */
+ * expert plus the shared expert's; MLA's per-head up-projections. */
 static uint32_t kernel_jobs(const col_hparams *hp, uint64_t k_slots)
 {
-    return (uint32_t)(2 * (k_slots > hp->n_experts ? k_slots : hp->n_experts) + 4);
+    uint32_t jobs = (uint32_t)(2 * (k_slots > hp->n_experts ? k_slots : hp->n_experts) + 4);
+    return is_mla(hp) ? max_u32(jobs, hp->n_heads) : jobs;
 }
 
 /* The largest products the forward pass runs. Activation columns of one dispatch: one input per
- * selected expert and the shared expert, each at most the widest of d_model, q_dim and d_ff. */
+ * selected expert and the shared expert, each at most the widest of d_model, q_dim, d_ff and
+ * (MLA) the attention output and the latent; MLA's per-head dispatch has n_heads inputs of at
+ * most max(nope, c). */
 static col_pool_limits kernel_limits(const col_hparams *hp, uint64_t k_slots)
 {
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     uint64_t widest = max_u32(max_u32(hp->d_model, (uint32_t)q_dim),
                               max_u32(hp->d_ff_expert, max_u32(hp->d_ff_dense, hp->d_ff_shared)));
-    col_pool_limits limits = {kernel_jobs(hp, k_slots), (k_slots + 1) * widest * COL_BATCH, COL_BATCH, widest};
+    uint64_t act = (k_slots + 1) * widest;
+    if (is_mla(hp)) {
+        uint64_t o = (uint64_t)hp->n_heads * hp->v_head_dim;
+        widest = widest > o ? widest : o;
+        widest = max_u32((uint32_t)widest, max_u32(hp->kv_lora_rank, hp->q_lora_rank));
+        uint64_t heads = (uint64_t)hp->n_heads * max_u32(hp->qk_nope_head_dim, hp->kv_lora_rank);
+        act = act > heads ? act : heads;
+        act = act > 2 * widest ? act : 2 * widest;
+    }
+    col_pool_limits limits = {kernel_jobs(hp, k_slots), act * COL_BATCH, COL_BATCH, widest};
     return limits;
 }
 
@@ -81,8 +95,11 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
 {
     const col_hparams *hp = &m->hp;
     uint64_t cap = default_capacity(hp, c);
+    const int mla = is_mla(hp);
     uint64_t kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
+    uint64_t lat = (uint64_t)hp->kv_lora_rank + hp->qk_rope_head_dim;          /* MLA: a cached row */
+    uint64_t cache_row = mla ? lat : kv_dim, group = mla ? hp->n_heads : hp->n_heads / hp->n_kv_heads;
     uint64_t n_e = hp->n_experts;
     uint64_t k_slots = slots_of(hp, c);
     uint64_t n_moe = hp->n_moe_layers;
@@ -93,9 +110,9 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
         uint64_t at_ = reserve(&cur, (count), (size));           \
         if (s && base) s->field = (void *)(base + at_);          \
     } while (0)
-    BIND(k_cache, (uint64_t)hp->n_layers * cap * kv_dim, sizeof(float));
-    BIND(v_cache, (uint64_t)hp->n_layers * cap * kv_dim, sizeof(float));
-    BIND(inv_freq, hp->head_dim / 2 + 1, sizeof(float));
+    BIND(k_cache, (uint64_t)hp->n_layers * cap * cache_row, sizeof(float));
+    BIND(v_cache, mla ? 0 : (uint64_t)hp->n_layers * cap * kv_dim, sizeof(float)); /* MLA: k_cache */
+    BIND(inv_freq, hp->rotary_dim / 2 + 1, sizeof(float));
     uint64_t B = COL_BATCH, gff = max_u32((uint32_t)(k_slots * hp->d_ff_expert), max_u32(hp->d_ff_dense, hp->d_ff_shared));
     BIND(x, B * hp->d_model, sizeof(float));
     BIND(xn, B * hp->d_model, sizeof(float));
@@ -103,15 +120,23 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     BIND(k, B * kv_dim, sizeof(float));
     BIND(v, B * kv_dim, sizeof(float));
     BIND(att, B * q_dim, sizeof(float));
-    BIND(scores, (uint64_t)c->n_threads * (hp->n_heads / hp->n_kv_heads) * cap, sizeof(float)); /* per thread: a KV group's heads */
+    BIND(scores, (uint64_t)c->n_threads * group * cap, sizeof(float)); /* per thread: a KV group's heads */
     BIND(tmp, B * hp->d_model, sizeof(float));
-    BIND(norm_weight, max_u32(hp->d_model, (uint32_t)q_dim), sizeof(float));
+    BIND(norm_weight, max_u32(max_u32(hp->d_model, (uint32_t)q_dim), max_u32(hp->kv_lora_rank, hp->q_lora_rank)),
+         sizeof(float));
     BIND(router_logits, B * n_e, sizeof(float));
     BIND(route_ids, B * k_slots, sizeof(int32_t));
     BIND(route_weights, B * k_slots, sizeof(float));
-    BIND(router_scratch.probs, n_e, sizeof(float));
-    BIND(router_scratch.scores, n_e, sizeof(double));
+    uint64_t n_groups = m->n_chosen_groups ? m->n_chosen_groups : 1;
+    BIND(route_selection, B * n_e, sizeof(float));
+    BIND(route_groups, B * n_groups, sizeof(int32_t));
+    BIND(route_bias_changed, B, 1);
+    BIND(router_scratch.scores, n_e, sizeof(float));
+    BIND(router_scratch.keys, n_e, sizeof(double));
     BIND(router_scratch.taken, n_e, 1);
+    BIND(router_scratch.group_keys, n_e, sizeof(double));
+    BIND(router_scratch.group_taken, n_e, 1);
+    BIND(router_scratch.alt_ids, n_e, sizeof(int32_t));
     BIND(route_rows, B * k_slots, sizeof(uint32_t));
     BIND(expert_count, n_e, sizeof(uint32_t));
     BIND(expert_offset, n_e, sizeof(uint32_t));
@@ -122,12 +147,27 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     BIND(expert_out, B * k_slots * hp->d_model, sizeof(float));
     BIND(logits, hp->vocab_size, sizeof(float));
     BIND(jobs, 2 * n_e + 4, sizeof(col_matvec_job));
+    if (mla) {
+        uint64_t nh = hp->n_heads, part = max_u32(max_u32(hp->qk_nope_head_dim, hp->qk_rope_head_dim), hp->v_head_dim);
+        BIND(mla_qa, B * hp->q_lora_rank, sizeof(float));
+        BIND(mla_kv, B * lat, sizeof(float));
+        BIND(mla_q, B * q_dim, sizeof(float));
+        BIND(mla_heads, nh * B * part, sizeof(float));
+        BIND(mla_lat, nh * B * hp->kv_lora_rank, sizeof(float));
+        BIND(mla_qatt, B * nh * lat, sizeof(float));
+        BIND(mla_att, B * nh * lat, sizeof(float));
+        BIND(mla_o, B * nh * hp->v_head_dim, sizeof(float));
+        BIND(mla_jobs, nh, sizeof(col_matvec_job));
+    }
     BIND(kernel_scratch, scratch_bytes, 1);
     if (c->trace) {
         BIND(trace_tokens, cap, sizeof(int32_t));
         BIND(trace_ids, cap * n_moe * k_slots, sizeof(int32_t));
         BIND(trace_weights, cap * n_moe * k_slots, sizeof(float));
         BIND(trace_logits, cap * n_moe * n_e, sizeof(float));
+        BIND(trace_selection, cap * n_moe * n_e, sizeof(float));
+        if (m->n_chosen_groups) BIND(trace_groups, cap * n_moe * m->n_chosen_groups, sizeof(int32_t));
+        BIND(trace_bias_changed, cap * n_moe, 1);
         BIND(trace_shared_gate, cap * n_moe, sizeof(float));
         BIND(trace_hidden_norm, cap * n_moe, sizeof(float));
         BIND(trace_phase_ns, cap * hp->n_layers * COL_PHASE_COUNT, sizeof(uint64_t));
@@ -191,6 +231,10 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     s->config = *config;
     s->capacity = default_capacity(&model->hp, config);
     s->k_slots = slots_of(&model->hp, config);
+    const col_hparams *hp = &model->hp;
+    s->kv_heads = is_mla(hp) ? 1 : hp->n_kv_heads;
+    s->att_dim = is_mla(hp) ? hp->kv_lora_rank + hp->qk_rope_head_dim : hp->head_dim;
+    s->att_group = hp->n_heads / s->kv_heads;
     const col_isa isa = session_isa(config);
     s->kernel_scratch_bytes = kernel_scratch_bytes(model, config, isa);
     s->arena_size = plan_arena(model, config, s->kernel_scratch_bytes, NULL, NULL);
@@ -201,6 +245,7 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
         return col_set_error(err, errlen, COL_ERR_NOMEM, "cannot allocate %llu bytes of session memory", wanted);
     }
     plan_arena(model, config, s->kernel_scratch_bytes, s, s->arena);
+    if (is_mla(hp)) s->v_cache = s->k_cache; /* the latent rows are the keys and the values */
     const col_pool_limits limits = kernel_limits(&model->hp, s->k_slots);
     s->pool = col_pool_create(isa, config->n_threads, s->kernel_scratch, s->kernel_scratch_bytes, &limits, &alloc);
     if (!s->pool) {
@@ -314,6 +359,10 @@ int32_t col_session_trace(const col_session *session, col_trace_view *out)
     out->expert_ids = session->trace_ids;
     out->expert_weights = session->trace_weights;
     out->router_logits = session->trace_logits;
+    out->selection_scores = session->trace_selection;
+    out->n_chosen_groups = session->model->n_chosen_groups;
+    out->chosen_groups = session->trace_groups;
+    out->bias_changed = session->trace_bias_changed;
     out->shared_gate = session->trace_shared_gate;
     out->hidden_norm = session->trace_hidden_norm;
     out->phase_ns = session->trace_phase_ns;

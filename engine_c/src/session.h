@@ -25,12 +25,18 @@ struct col_session {
     void *arena;                /* the single allocation everything below points into */
     uint64_t arena_size;
 
-    /* KV cache: [n_layers][n_kv_heads][capacity][head_dim], head-major so that the heads read
+    /* Attention geometry: GQA reads kv_heads = n_kv_heads caches of att_dim = head_dim, each
+     * shared by att_group = n_heads / n_kv_heads query heads; MLA one latent row of att_dim =
+     * kv_lora_rank + qk_rope_head_dim per position, read by all n_heads query heads as key and
+     * as value (v_cache == k_cache). */
+    uint32_t kv_heads, att_dim, att_group;
+
+    /* KV cache: [n_layers][kv_heads][capacity][att_dim], head-major so that the heads read
      * each KV head's keys and values as one contiguous stream (attention.c, kv_rows) */
     float *k_cache;
     float *v_cache;
 
-    /* RoPE inverse frequencies [head_dim / 2] */
+    /* RoPE inverse frequencies [rotary_dim / 2] */
     float *inv_freq;
 
     /* scratch for a block of up to COL_BATCH positions ([B] below); a decode step is the block
@@ -41,12 +47,15 @@ struct col_session {
     float *k;                   /* [B][n_kv_heads * head_dim] */
     float *v;                   /* [B][n_kv_heads * head_dim] */
     float *att;                 /* [B][n_heads * head_dim] attention outputs before o-proj */
-    float *scores;              /* [n_threads][n_heads / n_kv_heads][capacity] attention scores of one KV group's heads */
+    float *scores;              /* [n_threads][att_group][capacity] attention scores of one KV group's heads */
     float *tmp;                 /* [B][d_model] a sublayer's outputs */
-    float *norm_weight;         /* [max(d_model, n_heads*head_dim)] a norm's weights as f32 */
+    float *norm_weight;         /* [max(d_model, n_heads*head_dim, kv_lora_rank, q_lora_rank)] a norm's weights as f32 */
     float *router_logits;       /* [B][n_experts] */
     int32_t *route_ids;         /* [B][k_slots] */
     float *route_weights;       /* [B][k_slots] */
+    float *route_selection;     /* [B][n_experts] selection scores of each decision */
+    int32_t *route_groups;      /* [B][max(1, n_chosen_groups)] their kept groups */
+    uint8_t *route_bias_changed; /* [B] the correction bias changed the choice */
     col_router_scratch router_scratch;
     uint32_t *route_rows;       /* [B][k_slots] row of (token, slot) in the expert-grouped batch */
     uint32_t *expert_count;     /* [n_experts] */
@@ -58,6 +67,16 @@ struct col_session {
     float *expert_out;          /* [B * k_slots][d_model] expert outputs, grouped as expert_x */
     float *logits;              /* [vocab_size] logits of the last position */
     col_matvec_job *jobs;       /* [2 * n_experts + 4] one kernel dispatch's products */
+    /* MLA (attention.c; empty otherwise), for up to B positions; nope/r/c/ql/vd as in docs/format.md */
+    float *mla_qa;              /* [B][q_lora_rank] */
+    float *mla_kv;              /* [B][c + r] */
+    float *mla_q;               /* [B][n_heads * (nope + r)] */
+    float *mla_heads;           /* [n_heads][B][max(nope, r, vd)] per-head gathers */
+    float *mla_lat;             /* [n_heads][B][c] */
+    float *mla_qatt;            /* [B][n_heads * (c + r)] the heads' queries */
+    float *mla_att;             /* [B][n_heads * (c + r)] their attended sums */
+    float *mla_o;               /* [B][n_heads * vd] */
+    col_matvec_job *mla_jobs;   /* [n_heads] */
     void *kernel_scratch;       /* kernel_scratch_bytes: col_pool_scratch_size(kernel_limits) */
     uint64_t kernel_scratch_bytes;
 
@@ -66,6 +85,9 @@ struct col_session {
     int32_t *trace_ids;         /* [capacity][n_moe_layers][k_slots] */
     float *trace_weights;       /* [capacity][n_moe_layers][k_slots] */
     float *trace_logits;        /* [capacity][n_moe_layers][n_experts] */
+    float *trace_selection;     /* [capacity][n_moe_layers][n_experts] */
+    int32_t *trace_groups;      /* [capacity][n_moe_layers][n_chosen_groups], NULL without groups */
+    uint8_t *trace_bias_changed; /* [capacity][n_moe_layers] */
     float *trace_shared_gate;   /* [capacity][n_moe_layers] */
     float *trace_hidden_norm;   /* [capacity][n_moe_layers] */
     uint64_t *trace_phase_ns;   /* [capacity][n_layers][COL_PHASE_COUNT] */

@@ -66,6 +66,10 @@ typedef struct cfg {
     uint32_t dtype;         /* storage dtype of the matrices */
     const char *tokenizer;  /* may be NULL */
     uint32_t n_extra;       /* unknown one-element tensors "extra.N" appended to the table */
+    /* format version 2 (version 0 or 1: a version-1 file) */
+    uint32_t version;
+    uint32_t mla, q_lora, kv_lora, nope, rope; /* MLA attention: head_dim = nope + rope */
+    col_routing_info rule;  /* every MoE layer's rule; its tensor fields: 0 = absent, 1 = present */
 } cfg;
 
 typedef struct tspec {
@@ -116,21 +120,62 @@ static uint32_t add(tspec *t, uint32_t n, uint32_t dtype, const char *name, uint
     return n + 1;
 }
 
+/* A version-2 configuration: the version-1 one with its v1-only flags turned into the rule. */
+static cfg as_v2(cfg c)
+{
+    c.version = 2;
+    memset(&c.rule, 0, sizeof c.rule);
+    c.rule.scoring = COL_SCORING_SOFTMAX;
+    c.rule.n_groups = c.rule.n_groups_kept = 1;
+    c.rule.normalize = (c.flags & COL_FLAG_NORM_TOPK) ? COL_NORM_SUM : COL_NORM_NONE;
+    c.rule.scale = 1.0f;
+    c.rule.shared = !(c.flags & COL_FLAG_SHARED_EXPERT) ? COL_SHARED_NONE
+                    : (c.flags & COL_FLAG_SHARED_EXPERT_GATE) ? COL_SHARED_SIGMOID_GATE : COL_SHARED_PLAIN;
+    c.flags &= ~(uint32_t)(COL_FLAG_NORM_TOPK | COL_FLAG_SHARED_EXPERT | COL_FLAG_SHARED_EXPERT_GATE);
+    return c;
+}
+
+static bool v2(const cfg *c) { return c->version == 2; }
+static bool has_shared(const cfg *c)
+{
+    return v2(c) ? c->rule.shared != COL_SHARED_NONE : (c->flags & COL_FLAG_SHARED_EXPERT) != 0;
+}
+static bool has_shared_gate(const cfg *c)
+{
+    return v2(c) ? c->rule.shared == COL_SHARED_SIGMOID_GATE : (c->flags & COL_FLAG_SHARED_EXPERT_GATE) != 0;
+}
+
 /* The tensor list the format's name/shape table requires for `c`. */
 static uint32_t tensor_list(const cfg *c, tspec *t)
 {
     uint32_t n = 0, dt = c->dtype;
     uint64_t H = c->d_model, Q = (uint64_t)c->n_heads * c->head_dim;
     uint64_t KV = (uint64_t)c->n_kv_heads * c->head_dim;
+    uint64_t O = c->mla ? (uint64_t)c->n_heads * 6 : Q; /* MLA files here have v_head_dim 6 */
     char nm[64];
     n = add(t, n, dt, "token_embd", 2, c->vocab, H, 0);
     for (uint32_t l = 0; l < c->n_layers; l++) {
 #define L_(s) (snprintf(nm, sizeof nm, "layers.%u.%s", l, s), nm)
         n = add(t, n, dt, L_("attn_norm"), 1, H, 0, 0);
-        n = add(t, n, dt, L_("attn_q"), 2, Q, H, 0);
-        n = add(t, n, dt, L_("attn_k"), 2, KV, H, 0);
-        n = add(t, n, dt, L_("attn_v"), 2, KV, H, 0);
-        n = add(t, n, dt, L_("attn_o"), 2, H, Q, 0);
+        if (c->mla) {
+            if (c->q_lora) {
+                n = add(t, n, dt, L_("attn_q_a"), 2, c->q_lora, H, 0);
+                n = add(t, n, dt, L_("attn_q_a_norm"), 1, c->q_lora, 0, 0);
+                n = add(t, n, dt, L_("attn_q_b"), 2, Q, c->q_lora, 0);
+            } else {
+                n = add(t, n, dt, L_("attn_q"), 2, Q, H, 0);
+            }
+            n = add(t, n, dt, L_("attn_kv_a"), 2, c->kv_lora + c->rope, H, 0);
+            n = add(t, n, dt, L_("attn_kv_a_norm"), 1, c->kv_lora, 0, 0);
+            n = add(t, n, dt, L_("attn_k_b"), 3, c->n_heads, c->kv_lora, c->nope);
+            n = add(t, n, dt, L_("attn_v_b"), 3, c->n_heads, 6, c->kv_lora);
+            n = add(t, n, dt, L_("attn_o"), 2, H, O, 0);
+        } else {
+            n = add(t, n, dt, L_("attn_q"), 2, Q, H, 0);
+            n = add(t, n, dt, L_("attn_k"), 2, KV, H, 0);
+            n = add(t, n, dt, L_("attn_v"), 2, KV, H, 0);
+            n = add(t, n, dt, L_("attn_o"), 2, H, Q, 0);
+        }
         if (c->flags & COL_FLAG_QKV_BIAS) {
             n = add(t, n, dt, L_("attn_q_bias"), 1, Q, 0, 0);
             n = add(t, n, dt, L_("attn_k_bias"), 1, KV, 0, 0);
@@ -147,15 +192,19 @@ static uint32_t tensor_list(const cfg *c, tspec *t)
         n = add(t, n, dt, L_("ffn_norm"), 1, H, 0, 0);
         if (c->kinds[l] == COL_LAYER_MOE) {
             n = add(t, n, COL_DTYPE_F32, L_("moe_gate"), 2, c->n_experts, H, 0);
+            if (v2(c) && c->rule.gate_bias_tensor)
+                n = add(t, n, dt, L_("moe_gate_bias"), 1, c->n_experts, 0, 0);
+            if (v2(c) && c->rule.correction_bias_tensor)
+                n = add(t, n, dt, L_("moe_correction_bias"), 1, c->n_experts, 0, 0);
             n = add(t, n, dt, L_("moe_w1"), 3, c->n_experts, c->d_ff_expert, H);
             n = add(t, n, dt, L_("moe_w2"), 3, c->n_experts, H, c->d_ff_expert);
             n = add(t, n, dt, L_("moe_w3"), 3, c->n_experts, c->d_ff_expert, H);
-            if (c->flags & COL_FLAG_SHARED_EXPERT) {
+            if (has_shared(c)) {
                 n = add(t, n, dt, L_("shared_w1"), 2, c->d_ff_shared, H, 0);
                 n = add(t, n, dt, L_("shared_w2"), 2, H, c->d_ff_shared, 0);
                 n = add(t, n, dt, L_("shared_w3"), 2, c->d_ff_shared, H, 0);
             }
-            if (c->flags & COL_FLAG_SHARED_EXPERT_GATE)
+            if (has_shared_gate(c))
                 n = add(t, n, dt, L_("shared_gate"), 2, 1, H, 0);
         } else {
             n = add(t, n, dt, L_("mlp_w1"), 2, c->d_ff_dense, H, 0);
@@ -189,14 +238,16 @@ static void refresh(image *im)
     uint8_t *d = im->d;
     if (im->size < 256)
         return;
+    bool two = get32(d + 0x04) == 2 && im->size >= 512;
     uint64_t nl = get32(d + 0x0C), nt = get32(d + 0x14);
     uint64_t ro = get64(d + 0x18), to = get64(d + 0x28);
-    uint64_t rl = nl * 32, tl = nt * 128;
+    uint64_t rl = nl * (two ? 128 : 32), tl = nt * 128;
     if (ro <= im->size && rl <= im->size - ro && to <= im->size && tl <= im->size - to) {
         uint32_t c = col_crc32(0, d + ro, (size_t)rl);
         put32(d + 0xC4, col_crc32(c, d + to, (size_t)tl));
     }
-    put32(d + 0xC0, col_crc32(0, d, 0xC0));
+    uint32_t c = col_crc32(0, d, 0xC0);
+    put32(d + 0xC0, two ? col_crc32(c, d + 0xC8, 512 - 0xC8) : c); /* v2: also 0x0C8..0x1FF */
 }
 
 static void fill_data(uint8_t *p, const tspec *t, uint32_t salt)
@@ -229,8 +280,9 @@ static image build(const cfg *c)
     image im = {0};
     im.n_tensors = nt;
     im.n_layers = c->n_layers;
-    im.routing_off = 256;
-    im.table_off = align_up(im.routing_off + 32u * c->n_layers, 8);
+    uint32_t hsize = v2(c) ? 512 : 256, esize = v2(c) ? 128 : 32;
+    im.routing_off = hsize;
+    im.table_off = align_up(im.routing_off + (uint64_t)esize * c->n_layers, 8);
     uint64_t tok_off = align_up(im.table_off + 128u * nt, 8);
     uint64_t meta_off = align_up(tok_off + tok_len, 8);
     im.data_off = align_up(meta_off + meta_len, 64);
@@ -244,10 +296,10 @@ static image build(const cfg *c)
     uint8_t *d = im.d;
 
     memcpy(d, "COLI", 4);
-    put32(d + 0x04, 1);
+    put32(d + 0x04, v2(c) ? 2 : 1);
     put32(d + 0x08, c->n_experts);
     put32(d + 0x0C, c->n_layers);
-    put32(d + 0x10, 256);
+    put32(d + 0x10, hsize);
     put32(d + 0x14, nt);
     put64(d + 0x18, im.routing_off);
     put64(d + 0x20, im.data_off);
@@ -279,6 +331,18 @@ static image build(const cfg *c)
     for (uint32_t l = 0; l < c->n_layers; l++)
         n_moe += c->kinds[l] == COL_LAYER_MOE;
     put32(d + 0xBC, n_moe);
+    if (v2(c)) { /* docs/format.md, version 2's header fields */
+        put32(d + 0xC8, c->mla);
+        put32(d + 0xCC, c->q_lora);
+        put32(d + 0xD0, c->kv_lora);
+        put32(d + 0xD4, c->nope);
+        put32(d + 0xD8, c->rope);
+        put32(d + 0xDC, c->mla ? 6 : c->head_dim);
+        put32(d + 0xE0, c->mla ? c->rope : c->head_dim);
+        putf32(d + 0xE8, 0.5f);
+        putf32(d + 0xEC, c->mla ? 1e-6f : 0.0f);
+        putf32(d + 0xF0, 1.0f);
+    }
 
     for (uint32_t i = 0; i < nt; i++) {
         uint8_t *e = d + im.table_off + 128u * i;
@@ -293,20 +357,45 @@ static image build(const cfg *c)
         put32(e + 0x78, col_crc32(0, d + offs[i], (size_t)tensor_bytes(&t[i])));
     }
     for (uint32_t l = 0; l < c->n_layers; l++) {
-        uint8_t *r = d + im.routing_off + 32u * l;
-        uint32_t gate = 0xFFFFFFFFu;
-        char want[64];
-        snprintf(want, sizeof want, "layers.%u.moe_gate", l);
-        for (uint32_t i = 0; i < nt; i++)
-            if (strcmp(t[i].name, want) == 0)
+        uint8_t *r = d + im.routing_off + (uint64_t)esize * l;
+        uint32_t gate = 0xFFFFFFFFu, gate_bias = 0xFFFFFFFFu, correction = 0xFFFFFFFFu;
+        char want[3][64];
+        snprintf(want[0], sizeof want[0], "layers.%u.moe_gate", l);
+        snprintf(want[1], sizeof want[1], "layers.%u.moe_gate_bias", l);
+        snprintf(want[2], sizeof want[2], "layers.%u.moe_correction_bias", l);
+        for (uint32_t i = 0; i < nt; i++) {
+            if (strcmp(t[i].name, want[0]) == 0)
                 gate = i;
+            if (strcmp(t[i].name, want[1]) == 0)
+                gate_bias = i;
+            if (strcmp(t[i].name, want[2]) == 0)
+                correction = i;
+        }
         bool moe = c->kinds[l] == COL_LAYER_MOE;
         put32(r + 0, l);
         put32(r + 4, c->kinds[l]);
         put32(r + 8, moe ? gate : 0xFFFFFFFFu);
-        put32(r + 12, 0xFFFFFFFFu);
+        put32(r + 12, moe ? gate_bias : 0xFFFFFFFFu);
         put32(r + 16, moe ? c->topk : 0);
         put32(r + 20, moe ? c->n_experts : 0);
+        if (!v2(c))
+            continue;
+        put32(r + 0x20, 0xFFFFFFFFu);
+        if (!moe)
+            continue;
+        const col_routing_info *ru = &c->rule;
+        put32(r + 0x18, ru->scoring);
+        put32(r + 0x1C, ru->select_on);
+        put32(r + 0x20, correction);
+        put32(r + 0x24, ru->n_groups);
+        put32(r + 0x28, ru->n_groups_kept);
+        put32(r + 0x2C, ru->group_score);
+        put32(r + 0x30, ru->normalize);
+        putf32(r + 0x34, ru->norm_eps);
+        putf32(r + 0x38, ru->norm_p);
+        putf32(r + 0x3C, ru->scale);
+        put32(r + 0x40, ru->shared);
+        putf32(r + 0x44, ru->sparsemixer_eps);
     }
     if (tok_len)
         memcpy(d + tok_off, c->tokenizer, tok_len);
@@ -474,7 +563,7 @@ static void test_identity(void)
     free(im.d);
 
     im = build_mixtral();
-    put32(im.d + 4, 2);
+    put32(im.d + 4, 3);
     refresh(&im);
     expect("bad version", &im, 0, COL_ERR_BAD_VERSION, 4, "");
     free(im.d);
@@ -883,6 +972,8 @@ static void test_header_fields(void)
     bool contiguous = true;
     for (uint32_t i = 0; i < n; i++) {
         CHECK(col_header_field(im.d, im.size, i, &f) == COL_OK);
+        if (!f.in_version)
+            continue; /* a version-2 field in a version-1 file */
         contiguous = contiguous && f.offset == next && f.present;
         next = f.offset + f.size;
         if (strcmp(f.name, "num_experts") == 0)
@@ -898,6 +989,25 @@ static void test_header_fields(void)
     }
     CHECK(contiguous && next == 256);
     CHECK(col_header_field(im.d, im.size, n, &f) == COL_ERR_INVALID_ARG);
+
+    /* version 2: the fields of its 512-byte header, and not version 1's reserved block */
+    cfg c2 = as_v2(mixtral_cfg());
+    image v = build(&c2);
+    next = 0;
+    contiguous = true;
+    for (uint32_t i = 0; i < n; i++) {
+        CHECK(col_header_field(v.d, v.size, i, &f) == COL_OK);
+        if (!f.in_version)
+            continue;
+        contiguous = contiguous && f.offset == next && f.present;
+        next = f.offset + f.size;
+        if (strcmp(f.name, "attn_scale") == 0)
+            CHECK(f.kind == COL_FIELD_F32 && f.f == 0.5);
+        if (strcmp(f.name, "reserved") == 0)
+            CHECK(f.offset == 0x100 && f.size == 256);
+    }
+    CHECK(contiguous && next == 512);
+    free(v.d);
     CHECK(col_header_field(im.d, 0x0C, 3, &f) == COL_OK && f.present == 0 && f.u == 0);
     CHECK(col_header_field(im.d, 0x0C, 2, &f) == COL_OK && f.present == 1 && f.u == 4);
     CHECK(col_header_field(NULL, 0, 0, &f) == COL_OK && f.present == 0);
@@ -915,6 +1025,199 @@ static bool write_temp(const uint8_t *d, uint64_t n, char path[64])
     bool ok = write(fd, d, (size_t)n) == (ssize_t)n;
     close(fd);
     return ok;
+}
+
+/* ---- Format version 2 ------------------------------------------------------------------------ */
+
+/* DeepSeek-V3's rule on 4 experts, top-2: sigmoid + correction bias, 2 groups by their best two
+ * with 1 kept, renormalised with +1e-20, scaled by 2.5; a plain shared expert. */
+static cfg deepseek_v3_cfg(void)
+{
+    cfg c = as_v2(mixtral_cfg());
+    c.arch = COL_ARCH_DEEPSEEK_V3;
+    c.n_layers = 2;
+    c.kinds[0] = COL_LAYER_DENSE;
+    c.kinds[1] = COL_LAYER_MOE;
+    c.d_ff_dense = 16;
+    c.d_ff_shared = 8;
+    c.rule.scoring = COL_SCORING_SIGMOID;
+    c.rule.correction_bias_tensor = 1;
+    c.rule.n_groups = 2;
+    c.rule.n_groups_kept = 1;
+    c.rule.group_score = COL_GROUP_TOP2_SUM;
+    c.rule.normalize = COL_NORM_SUM;
+    c.rule.norm_eps = 1e-20f;
+    c.rule.scale = 2.5f;
+    c.rule.shared = COL_SHARED_PLAIN;
+    return c;
+}
+
+/* MLA: 2 heads of nope 4 + rope 2, latent 8, value heads of 6 (as tensor_list lays them out). */
+static cfg mla_cfg(uint32_t q_lora)
+{
+    cfg c = deepseek_v3_cfg();
+    c.mla = 1;
+    c.n_kv_heads = c.n_heads;
+    c.nope = 4;
+    c.rope = 2;
+    c.head_dim = 6;
+    c.kv_lora = 8;
+    c.q_lora = q_lora;
+    return c;
+}
+
+static void test_v2_valid(void)
+{
+    cfg c = as_v2(mixtral_cfg());
+    image im = build(&c);
+    expect("v2 mixtral", &im, COL_CHECK_CHECKSUMS | COL_CHECK_NONFINITE, COL_OK, 0, "");
+    free(im.d);
+
+    cfg ds = deepseek_v3_cfg();
+    im = build(&ds);
+    expect("v2 deepseek-v3 rule", &im, COL_CHECK_CHECKSUMS | COL_CHECK_NONFINITE, COL_OK, 0, "");
+    free(im.d);
+
+    for (uint32_t q_lora = 0; q_lora <= 5; q_lora += 5) {
+        cfg m = mla_cfg(q_lora);
+        im = build(&m);
+        expect(q_lora ? "v2 mla q_lora" : "v2 mla", &im, 0, COL_OK, 0, "");
+        free(im.d);
+    }
+}
+
+static void test_v2_problems(void)
+{
+    /* the header CRC of version 2 covers its fields after the CRCs */
+    cfg c = deepseek_v3_cfg();
+    image im = build(&c);
+    im.d[0xE9] ^= 1;
+    expect("v2 header crc", &im, 0, COL_ERR_CHECKSUM, 0xC0, "");
+    free(im.d);
+
+    /* a version-2 file shorter than its 512-byte header */
+    im = build(&c);
+    expect_at("v2 truncated header", im.d, 300, 0, COL_ERR_TRUNCATED, 300, "");
+    free(im.d);
+
+    /* the group limit must hold top_k: 4 groups of 1, 1 kept, top-2 */
+    im = build(&c);
+    uint64_t e1 = im.routing_off + 128;
+    put32(im.d + e1 + 0x24, 4);
+    put32(im.d + e1 + 0x2C, COL_GROUP_MAX);
+    refresh(&im);
+    expect("groups hold top_k", &im, 0, COL_ERR_ROUTING, e1 + 0x28, "");
+    free(im.d);
+
+    /* the correction bias must be named: an index to another tensor */
+    im = build(&c);
+    put32(im.d + e1 + 0x20, get32(im.d + e1 + 0x08));
+    refresh(&im);
+    expect("correction bias index", &im, 0, COL_ERR_ROUTING, e1 + 0x20, "layers.1.moe_correction_bias");
+    free(im.d);
+
+    /* a dense layer's entry states no rule */
+    im = build(&c);
+    putf32(im.d + im.routing_off + 0x3C, 1.0f);
+    refresh(&im);
+    expect("dense entry with a scale", &im, 0, COL_ERR_ROUTING, im.routing_off + 0x3C, "");
+    free(im.d);
+
+    /* MLA: a missing latent projection, and n_kv_heads that is not n_heads */
+    cfg m = mla_cfg(0);
+    im = build(&m);
+    uint64_t kv = entry(&im, "layers.0.attn_kv_a");
+    memcpy(im.d + kv, "layers.0.attn_kv_x", 19);
+    refresh(&im);
+    expect("mla missing kv_a", &im, 0, COL_ERR_MISSING_TENSOR, im.table_off, "layers.0.attn_kv_a");
+    free(im.d);
+    im = build(&m);
+    put32(im.d + 0x68, 1);
+    refresh(&im);
+    expect("mla kv heads", &im, 0, COL_ERR_HEADER, 0x68, "");
+    free(im.d);
+
+    /* version 1's header flags are refused in version 2 */
+    im = build(&c);
+    put32(im.d + 0x5C, COL_FLAG_NORM_TOPK);
+    refresh(&im);
+    expect("v1 flag in v2", &im, 0, COL_ERR_HEADER, 0x5C, "");
+    free(im.d);
+}
+
+/* What col_model_open decodes from a version-2 file, and from a version-1 file the rule version 1
+ * means: the forward pass reads the same struct for both. */
+static void test_v2_decoded_rules(void)
+{
+    char path[64];
+    col_model *m = NULL;
+    col_problem pr;
+    cfg c = deepseek_v3_cfg();
+    image im = build(&c);
+    CHECK(write_temp(im.d, im.size, path));
+    CHECK(col_model_open(path, &m, &pr) == COL_OK && m != NULL);
+    if (m) {
+        col_routing_info r;
+        CHECK(col_model_routing(m, 1, &r) == COL_OK && r.kind == COL_LAYER_MOE &&
+              r.scoring == COL_SCORING_SIGMOID && r.n_groups == 2 && r.n_groups_kept == 1 &&
+              r.group_score == COL_GROUP_TOP2_SUM && r.normalize == COL_NORM_SUM && r.norm_eps == 1e-20f &&
+              r.scale == 2.5f && r.shared == COL_SHARED_PLAIN && r.gate_bias_tensor == COL_NO_TENSOR);
+        uint32_t idx = 0;
+        CHECK(col_model_find_tensor(m, "layers.1.moe_correction_bias", &idx) == COL_OK &&
+              r.correction_bias_tensor == idx);
+        CHECK(m->layers[1].moe_correction_bias == &m->tensors[idx] && m->layers[1].route == &m->routing[1]);
+        CHECK(m->layers[1].shared_w1 && m->layers[1].shared_gate == NULL);
+        CHECK(m->n_chosen_groups == 1);
+        char text[512];
+        CHECK(col_routing_describe(&r, text, sizeof text) == COL_OK);
+        CHECK(strcmp(text, "sigmoid over 4 experts, + correction bias for the choice only, top-2 within the 1 best "
+                           "of 2 groups (by the sum of their best two), divided by their sum + 1e-20, times 2.5; "
+                           "plus a shared expert") == 0);
+        CHECK(col_routing_describe(&r, text, 8) == COL_OK && strlen(text) == 7); /* truncated, terminated */
+        CHECK(col_routing_describe(&r, text, 0) == COL_ERR_INVALID_ARG);
+        col_hparams hp;
+        CHECK(col_model_hparams(m, &hp) == COL_OK && hp.version == 2 && hp.attn_scale == 0.5f &&
+              hp.rotary_dim == 4 && hp.v_head_dim == 4 && hp.attention == COL_ATTENTION_GQA);
+        col_model_close(m);
+    }
+    unlink(path);
+    free(im.d);
+
+    cfg v1 = mixtral_cfg();
+    v1.flags = COL_FLAG_NORM_TOPK | COL_FLAG_SHARED_EXPERT | COL_FLAG_SHARED_EXPERT_GATE;
+    v1.d_ff_shared = 8;
+    im = build(&v1);
+    CHECK(write_temp(im.d, im.size, path));
+    m = NULL;
+    CHECK(col_model_open(path, &m, &pr) == COL_OK && m != NULL);
+    if (m) {
+        col_routing_info r;
+        CHECK(col_model_routing(m, 0, &r) == COL_OK && r.scoring == COL_SCORING_SOFTMAX &&
+              r.select_on == COL_SELECT_SCORES && r.n_groups == 1 && r.normalize == COL_NORM_SUM &&
+              r.scale == 1.0f && r.shared == COL_SHARED_SIGMOID_GATE &&
+              r.correction_bias_tensor == COL_NO_TENSOR && r.attention == COL_LAYER_FULL);
+        col_hparams hp;
+        CHECK(col_model_hparams(m, &hp) == COL_OK && hp.version == 1 && hp.attn_scale == 0.5f &&
+              hp.rotary_dim == 4 && hp.v_head_dim == 4 && hp.rope_attn_factor == 1.0f);
+        CHECK(m->n_chosen_groups == 0);
+        col_model_close(m);
+    }
+    unlink(path);
+    free(im.d);
+
+    cfg mla = mla_cfg(5);
+    im = build(&mla);
+    CHECK(write_temp(im.d, im.size, path));
+    m = NULL;
+    CHECK(col_model_open(path, &m, &pr) == COL_OK && m != NULL);
+    if (m) {
+        const struct col_layer *l = &m->layers[0];
+        CHECK(l->attn_q == NULL && l->attn_q_a && l->attn_q_a_norm && l->attn_q_b && l->attn_kv_a &&
+              l->attn_kv_a_norm && l->attn_k_b && l->attn_v_b && l->attn_k == NULL && l->attn_v == NULL);
+        col_model_close(m);
+    }
+    unlink(path);
+    free(im.d);
 }
 
 static void test_model_open(void)
@@ -1154,6 +1457,9 @@ int main(void)
     test_architecture();
     test_many_tensors();
     test_header_fields();
+    test_v2_valid();
+    test_v2_problems();
+    test_v2_decoded_rules();
     test_model_open();
     test_model_open_report();
     test_model_sections();

@@ -40,7 +40,7 @@ static void usage(FILE *f)
           "      structural checks (and optionally tensor CRCs and a NaN/Inf scan), one line\n"
           "      per problem and a verdict; exit 0 valid, 1 invalid, 2 unreadable\n"
           "  " PROG " info FILE [--json]\n"
-          "      header fields, hyper-parameters, user metadata and tensor table\n"
+          "      header fields, hyper-parameters, routing rules, user metadata and tensor table\n"
           "  " PROG " run FILE --tokens ID,ID,... [-n|--generate N] [-t|--threads T]\n"
           "              [--routing topk|stable|soft|gumbel] [--epsilon E] [--seed S]\n"
           "              [--debug-routing]\n"
@@ -356,6 +356,10 @@ static const char *arch_name(uint32_t arch, char *buf, size_t len)
     case COL_ARCH_QWEN2_MOE: return "qwen2_moe";
     case COL_ARCH_QWEN3_MOE: return "qwen3_moe";
     case COL_ARCH_OLMOE: return "olmoe";
+    case COL_ARCH_DEEPSEEK_V2: return "deepseek_v2";
+    case COL_ARCH_DEEPSEEK_V3: return "deepseek_v3";
+    case COL_ARCH_GLM4_MOE: return "glm4_moe";
+    case COL_ARCH_ERNIE4_5_MOE: return "ernie4_5_moe";
     default: snprintf(buf, len, "arch-%" PRIu32, arch); return buf;
     }
 }
@@ -663,7 +667,12 @@ static const hp_field HPARAMS[] = {
     HP(rope_type, HP_U32), HP(rope_original_max_context, HP_U32), HP(bos_token_id, HP_I32),
     HP(eos_token_id, HP_I32), HP(rope_theta, HP_F64), HP(rope_factor, HP_F32),
     HP(rope_low_freq_factor, HP_F32), HP(rope_high_freq_factor, HP_F32), HP(norm_eps, HP_F32),
-    HP(clip_qkv, HP_F32), HP(default_epsilon, HP_F32),
+    HP(clip_qkv, HP_F32), HP(default_epsilon, HP_F32), HP(attention, HP_U32),
+    HP(q_lora_rank, HP_U32), HP(kv_lora_rank, HP_U32), HP(qk_nope_head_dim, HP_U32),
+    HP(qk_rope_head_dim, HP_U32), HP(v_head_dim, HP_U32), HP(rotary_dim, HP_U32),
+    HP(rope_layout, HP_U32), HP(attn_scale, HP_F32), HP(latent_norm_eps, HP_F32),
+    HP(rope_attn_factor, HP_F32), HP(rope_beta_fast, HP_F32), HP(rope_beta_slow, HP_F32),
+    HP(rope_truncate, HP_U32),
 };
 #undef HP
 
@@ -731,6 +740,42 @@ static void print_indented(const uint8_t *text, uint64_t size, uint64_t max_char
     putchar('\n');
 }
 
+/* A tensor index of a routing entry: null for COL_NO_TENSOR, as the Python tools have None. */
+static void print_tensor_index(const char *key, uint32_t index)
+{
+    if (index == COL_NO_TENSOR)
+        printf(", \"%s\": null", key);
+    else
+        printf(", \"%s\": %" PRIu32, key, index);
+}
+
+/* A routing entry as colibri.engine.RoutingInfo's fields, and its rule in words. */
+static void print_routing_json(const col_routing_info *r)
+{
+    char rule[512];
+    col_routing_describe(r, rule, sizeof rule);
+    printf("{\"layer\": %" PRIu32 ", \"kind\": \"%s\"", r->layer,
+           r->kind == COL_LAYER_MOE ? "moe" : "dense");
+    print_tensor_index("gate_tensor", r->gate_tensor);
+    print_tensor_index("gate_bias_tensor", r->gate_bias_tensor);
+    printf(", \"top_k\": %" PRIu32 ", \"n_experts\": %" PRIu32 ", \"scoring\": %" PRIu32
+           ", \"select_on\": %" PRIu32, r->top_k, r->n_experts, r->scoring, r->select_on);
+    print_tensor_index("correction_bias_tensor", r->correction_bias_tensor);
+    printf(", \"n_groups\": %" PRIu32 ", \"n_groups_kept\": %" PRIu32 ", \"group_score\": %" PRIu32
+           ", \"normalize\": %" PRIu32, r->n_groups, r->n_groups_kept, r->group_score, r->normalize);
+    const struct { const char *name; float value; } floats[] = {
+        {"norm_eps", r->norm_eps}, {"norm_p", r->norm_p}, {"scale", r->scale},
+        {"sparsemixer_eps", r->sparsemixer_eps}};
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) {
+        printf(", \"%s\": ", floats[i].name);
+        json_num((double)floats[i].value);
+    }
+    printf(", \"shared\": %" PRIu32 ", \"attention\": %" PRIu32 ", \"rule\": ", r->shared,
+           r->attention);
+    json_str(rule);
+    putchar('}');
+}
+
 static void print_shape(const col_tensor_info *t, char *out, size_t len)
 {
     size_t used = (size_t)snprintf(out, len, "[");
@@ -752,12 +797,14 @@ static void info_json(const char *path, col_model *m)
     json_str(path);
     printf(", \"format\": \"colibri\", \"arch\": \"%s\", \"size\": %" PRIu64 ",\n\"header\": [",
            arch_name(hp.arch, buf, sizeof buf), size);
-    for (uint32_t i = 0, nf = col_header_field_count(); i < nf; i++) {
+    for (uint32_t i = 0, nf = col_header_field_count(), shown = 0; i < nf; i++) {
         col_field f;
         col_header_field(bytes, size, i, &f);
+        if (!f.in_version)
+            continue; /* a field of the other format version's header */
         printf("%s\n  {\"name\": \"%s\", \"group\": \"%s\", \"offset\": %" PRIu64
-               ", \"size\": %" PRIu32 ", \"kind\": \"%s\", \"value\": ", i ? "," : "", f.name,
-               f.group, f.offset, f.size, field_kind_name(f.kind, buf, sizeof buf));
+               ", \"size\": %" PRIu32 ", \"kind\": \"%s\", \"value\": ", shown++ ? "," : "",
+               f.name, f.group, f.offset, f.size, field_kind_name(f.kind, buf, sizeof buf));
         print_field_value(&f, bytes, true);
         putchar('}');
     }
@@ -771,7 +818,14 @@ static void info_json(const char *path, col_model *m)
         fwrite(meta, 1, (size_t)meta_size, stdout);
     else
         fputs("null", stdout);
-    fputs(",\n\"tensors\": [", stdout);
+    fputs(",\n\"routing\": [", stdout);
+    for (uint32_t l = 0; l < hp.n_layers; l++) {
+        col_routing_info r;
+        col_model_routing(m, l, &r);
+        fputs(l ? ",\n  " : "\n  ", stdout);
+        print_routing_json(&r);
+    }
+    fputs("\n],\n\"tensors\": [", stdout);
     for (uint32_t i = 0, nt = col_model_tensor_count(m); i < nt; i++) {
         col_tensor_info t;
         col_model_tensor(m, i, &t);
@@ -800,6 +854,8 @@ static void info_text(const char *path, col_model *m)
     for (uint32_t i = 0, nf = col_header_field_count(); i < nf; i++) {
         col_field f;
         col_header_field(bytes, size, i, &f);
+        if (!f.in_version)
+            continue;
         printf("  0x%03" PRIX64 "  %-28s ", f.offset, f.name);
         print_field_value(&f, bytes, false);
         putchar('\n');
@@ -814,6 +870,14 @@ static void info_text(const char *path, col_model *m)
             putchar(')');
         }
         putchar('\n');
+    }
+    fputs("\nrouting:\n", stdout);
+    for (uint32_t l = 0; l < hp.n_layers; l++) {
+        col_routing_info r;
+        char rule[512];
+        col_model_routing(m, l, &r);
+        col_routing_describe(&r, rule, sizeof rule);
+        printf("  layer %-4" PRIu32 " %s\n", r.layer, rule);
     }
     if (json_document(meta, meta_size)) {
         fputs("\nuser metadata:\n", stdout);

@@ -10,6 +10,8 @@ import pytest
 
 from colibri.engine import Model
 
+from tiny_models import V3_RULE
+
 
 # qwen2_moe: a shared expert with a gate, a dense layer between two MoE layers, 8 experts top-2.
 MODEL_OPTIONS: dict[str, Any] = dict(n_layers=3, n_experts=8, top_k=2, dense_layers=(1,))
@@ -29,5 +31,20 @@ def moe3_path(tiny_model_path: Callable[..., Path]) -> Path:
 @pytest.fixture
 def model(model_path: Path) -> Model:
     m = Model.open(model_path)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def v3_path(tiny_model_path: Callable[..., Path]) -> Path:
+    """A DeepSeek-V3-style rule in both MoE layers (a dense layer between them); its biases
+    change some choices of PROMPT."""
+    return tiny_model_path("mixtral", n_layers=3, n_experts=8, top_k=2, dense_layers=(1,),
+                           rule=V3_RULE)
+
+
+@pytest.fixture
+def v3_model(v3_path: Path) -> Model:
+    m = Model.open(v3_path)
     yield m
     m.close()

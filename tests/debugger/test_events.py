@@ -24,33 +24,52 @@ def test_ulp_distance_on_crafted_values() -> None:
     assert ulps_or_none(int(float32_ulp_distance(np.float32(np.nan), one))) is None
 
 
+def _derive(ids: np.ndarray, logits: np.ndarray, hidden: np.ndarray, finite: np.ndarray,
+            k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """derive() for a rule that selects on the logits themselves, with no group limit."""
+    P, M, _ = logits.shape
+    return derive(ids, logits, logits, np.zeros((P, M, 0), np.int32), hidden, finite, k)
+
+
 def test_margin_on_crafted_logits() -> None:
     one = np.float32(1.0)
     up = np.nextafter(one, np.float32(2))
     # 1 position, 2 MoE layers, 4 experts, top-2
     logits = np.array([[[3.0, up, one, -1.0], [0.5, 2.0, 2.0, -3.0]]], np.float32)
     ids = np.array([[[0, 1], [1, 2]]], np.int32)
-    margin, ulps, nonfinite = derive(ids, logits, np.ones((1, 2), np.float32),
-                                     np.ones(1, bool), 2)
+    margin, ulps, nonfinite = _derive(ids, logits, np.ones((1, 2), np.float32),
+                                      np.ones(1, bool), 2)
     assert margin[0, 0] == np.float32(up - one) and ulps[0, 0] == 1
     assert margin[0, 1] == np.float32(1.5) and ulps[0, 1] > 0
     assert not nonfinite.any()
     # stable/gumbel can choose a lower-logit expert: negative margin
-    margin, ulps, _ = derive(np.array([[[0, 2]]], np.int32), logits[:, :1], np.ones((1, 1)),
-                             np.ones(1, bool), 2)
+    margin, ulps, _ = _derive(np.array([[[0, 2]]], np.int32), logits[:, :1], np.ones((1, 1)),
+                              np.ones(1, bool), 2)
     assert margin[0, 0] == np.float32(one - up) and ulps[0, 0] == -1
     # soft routing (every slot filled) measures at the model's k
     soft_ids = np.array([[[0, 1, 2, 3]]], np.int32)
-    margin, ulps, _ = derive(soft_ids, logits[:, :1], np.ones((1, 1)), np.ones(1, bool), 2)
+    margin, ulps, _ = _derive(soft_ids, logits[:, :1], np.ones((1, 1)), np.ones(1, bool), 2)
     assert ulps[0, 0] == 1
     # NaN in logits, in the hidden norm, or in the output logits (blames the last layer)
     bad = logits.copy()
     bad[0, 0, 3] = np.nan
-    _, _, nonfinite = derive(ids, bad, np.array([[1.0, np.inf]], np.float32),
-                             np.zeros(1, bool), 2)
+    _, _, nonfinite = _derive(ids, bad, np.array([[1.0, np.inf]], np.float32),
+                              np.zeros(1, bool), 2)
     assert nonfinite.tolist() == [[True, True]]
-    _, _, nonfinite = derive(ids, logits, np.ones((1, 2), np.float32), np.zeros(1, bool), 2)
+    _, _, nonfinite = _derive(ids, logits, np.ones((1, 2), np.float32), np.zeros(1, bool), 2)
     assert nonfinite.tolist() == [[False, True]]
+
+
+def test_margin_is_taken_on_the_selection_scores_not_the_logits() -> None:
+    """A DeepSeek-V3-style decision: the logits are far apart, the selection scores (sigmoid +
+    correction bias) one ULP apart; the margin is the one ULP."""
+    logits = np.array([[[2.0, 0.0, -4.0]]], np.float32)
+    chosen = np.float32(0.75)
+    selection = np.array([[[chosen, np.nextafter(chosen, np.float32(0)), 0.1]]], np.float32)
+    ids = np.array([[[0]]], np.int32)
+    margin, ulps, _ = derive(ids, logits, selection, np.zeros((1, 1, 0), np.int32),
+                             np.ones((1, 1), np.float32), np.ones(1, bool), 1)
+    assert ulps[0, 0] == 1 and margin[0, 0] > 0
 
 
 def test_routing_change_find_and_bookmarks(model: Model) -> None:

@@ -22,6 +22,8 @@ from colibri.inspector.debugger.views import EventTableModel  # noqa: E402
 
 from dbg_helpers import PROMPT  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 WAIT_MS = 20000
 
 
@@ -189,3 +191,66 @@ def test_run_panel_kernel_choice_reaches_the_session(qtbot, panel: QtDebuggerPan
     assert saved.kernels == "portable" and saved.settings.kernels == "portable"
     panel.run_panel.kernels.setCurrentText("best")
     assert panel.run_panel.settings().kernels is None
+
+
+@pytest.fixture
+def v3_panel(qtbot, v3_model: Model):
+    p = QtDebuggerPanel()
+    qtbot.addWidget(p)
+    p.set_model(v3_model)
+    yield p
+    p.shutdown()
+
+
+def test_bias_changed_breakpoint_from_the_form_and_the_rule_in_the_token_view(
+        qtbot, v3_panel: QtDebuggerPanel, v3_model: Model) -> None:
+    """'bias changed' chosen in the breakpoint form stops the run at the first decision whose
+    correction bias changed the choice; the token view flags it and lays the rule out expert by
+    expert (logit, score, bias, selection score beside each other, the winners ranked)."""
+    panel = v3_panel
+    form = panel.breakpoint_view
+    form.kind.setCurrentText("bias changed")
+    form.add_from_form()
+    assert form.list.item(0).text() == "the correction bias changed the choice at any MoE layer"
+    panel.run_panel.prompt.setText(" ".join(map(str, PROMPT)))
+    panel.run_panel.max_new.setValue(6)
+    with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
+        panel.run_panel.buttons["run"].click()
+    snap = blocker.args[0]
+    assert snap.result.reason == "breakpoint"
+    headless = _headless(v3_model, snap.settings)
+    first = next(e for e in headless.events if e.bias_changed)
+    assert snap.result.event.index == first.index
+    qtbot.waitUntil(lambda: panel.token_view.event is not None
+                    and panel.token_view.event.index == first.index)
+    view = panel.token_view
+    assert not view.bias_flag.isHidden() and "correction bias changed" in view.bias_flag.text()
+    assert view.rule.text().startswith("rule: sigmoid over 8 experts, + correction bias")
+    table = view.anatomy_model
+    assert table.rowCount() == 8
+    a = view.anatomy
+    for expert in range(8):
+        row = {c: table.text(expert, c) for c in table.COLUMNS}
+        assert float(row["logit"]) == a.logits[expert]
+        assert float(row["selection"]) == a.selection[expert]
+        assert np.float32(float(row["score"])) + np.float32(float(row["bias"])) == \
+            a.selection[expert]
+        assert row["rank"] == (str(first.expert_ids.index(expert) + 1)
+                               if expert in first.expert_ids else "")
+        assert row["group"].rstrip("*") == str(expert // 4)
+    assert panel.token_view.plot.getPlotItem().getAxis("left").labelText == "selection score"
+    # a decision the bias did not change hides the flag
+    calm = next(e for e in headless.events if not e.bias_changed)
+    assert calm.index < len(panel.events)
+    panel.select_event(calm.index)
+    qtbot.waitUntil(lambda: view.event is not None and view.event.index == calm.index)
+    assert view.bias_flag.isHidden()
+
+
+def test_anatomy_table_model(qtmodeltester, v3_model: Model) -> None:
+    from colibri.debugging import RuleBook
+    from colibri.inspector.debugger.views import AnatomyTableModel
+    dbg = _headless(v3_model, RunSettings(PROMPT, 2))
+    table = AnatomyTableModel()
+    table.set_anatomy(RuleBook(v3_model).of(dbg.events[0]))
+    qtmodeltester.check(table)

@@ -108,3 +108,32 @@ def test_broken_session_files(tmp_path: Path, model: Model) -> None:
     with pytest.raises(SessionFormatError, match="version 99"):
         load_session(bad)
     assert np.isnan(load_session(good).record.shared_gate).sum() == 0
+
+
+def test_a_session_saved_before_format_version_2_still_opens(model: Model, tmp_path: Path) -> None:
+    """Files written before selection scores, kept groups, bias flags and group limits existed:
+    their models ranked the logits with no groups, so the record reads them that way and every
+    derived margin is what it was."""
+    import json
+
+    dbg = Debugger(model, RunSettings(PROMPT, 3))
+    dbg.run()
+    new = tmp_path / "new.colibri-session"
+    save_session(new, dbg)
+    with zipfile.ZipFile(new) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    manifest = json.loads(members.pop("manifest.json"))
+    for name in ("selection_scores", "chosen_groups", "bias_changed"):
+        del manifest["arrays"][name]
+        del members[f"arrays/{name}.npy"]
+    del manifest["model"]["group_limits"]
+    old = tmp_path / "old.colibri-session"
+    with zipfile.ZipFile(old, "w") as z:
+        z.writestr("manifest.json", json.dumps(manifest))
+        for n, data in members.items():
+            z.writestr(n, data)
+    loaded = load_session(old)
+    assert loaded.record.selection_scores.tobytes() == dbg.record.router_logits.tobytes()
+    assert loaded.record.chosen_groups.shape[2] == 0 and not loaded.record.bias_changed.any()
+    ev = loaded.events()
+    assert ev.margins.tobytes() == dbg.events.margins.tobytes()

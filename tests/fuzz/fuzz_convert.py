@@ -2,9 +2,10 @@
 
 Two inputs a user hands the converter and that can be anything: config.json and the header of a
 .safetensors file. The first input byte picks the target; the rest is either
-  * config.json bytes, parsed and turned into hyper-parameters (`_Config` + `_hparams`, the whole
-    path up to the tensor plan), or a structure-aware variant: one of the four families' real
-    configs with a few fields replaced by values of arbitrary JSON types; or
+  * config.json bytes, parsed and turned into what they mean (`architecture_from_config`: the
+    family modules of colibri.families, the whole path up to the tensor plan), or a
+    structure-aware variant: one of the families' real configs with a few fields replaced by
+    values of arbitrary JSON types; or
   * a .safetensors file (8-byte header length, JSON header, data), read by
     `read_safetensors_header`.
 The contract: every input either converts or raises ConversionError with a message; any other
@@ -23,6 +24,7 @@ import atheris
 
 with atheris.instrument_imports():
     from colibri import convert
+    from colibri.families import FAMILIES
 
 FAMILY_CONFIGS = [
     {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
@@ -42,8 +44,27 @@ FAMILY_CONFIGS = [
     {"model_type": "olmoe", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 8,
      "num_hidden_layers": 2, "num_attention_heads": 4, "num_experts": 4,
      "num_experts_per_tok": 2, "clip_qkv": 8.0, "eos_token_id": [2, 3]},
+    {"model_type": "deepseek_v3", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+     "moe_intermediate_size": 8, "num_hidden_layers": 3, "num_attention_heads": 4,
+     "num_key_value_heads": 4, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2,
+     "topk_group": 1, "first_k_dense_replace": 1, "kv_lora_rank": 8, "q_lora_rank": 12,
+     "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4,
+     "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16, "mscale_all_dim": 1.0}},
+    {"model_type": "deepseek_v2", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2,
+     "num_attention_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+     "topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1, "kv_lora_rank": 8,
+     "q_lora_rank": None, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4, "v_head_dim": 4},
+    {"model_type": "glm4_moe", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+     "moe_intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "n_routed_experts": 4, "num_experts_per_tok": 2,
+     "use_qk_norm": True, "attention_bias": True},
+    {"model_type": "ernie4_5_moe", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+     "moe_intermediate_size": 8, "num_hidden_layers": 3, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "moe_num_experts": 4, "moe_k": 2, "moe_layer_interval": 2},
 ]
-KEYS = sorted({k for c in FAMILY_CONFIGS for k in c} | set(convert._CLASS_DEFAULTS["qwen2_moe"])
+KEYS = sorted({k for c in FAMILY_CONFIGS for k in c}
+              | {k for f in FAMILIES.values() for k in f.defaults}
               | {"rope_scaling", "partial_rotary_factor", "attention_bias", "qkv_bias"})
 
 SAFETENSORS_PATH = os.path.join(tempfile.gettempdir(), f"colibri-fuzz-{os.getpid()}.safetensors")
@@ -87,7 +108,7 @@ def config_from(fdp: atheris.FuzzedDataProvider) -> object:
 def fuzz_config(fdp: atheris.FuzzedDataProvider) -> None:
     raw = config_from(fdp)
     try:
-        convert.hparams_from_config(raw)
+        convert.architecture_from_config(raw)
     except convert.ConversionError:
         pass
 

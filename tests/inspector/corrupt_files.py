@@ -65,7 +65,7 @@ def corrupt_cases(image: bytearray) -> list[CorruptCase]:
         CorruptCase("not_colibri_zip", b"PK\x03\x04" + bytes(range(20)) * 40,
                     "COL_ERR_BAD_MAGIC"),
         CorruptCase("truncated", bytes(img[:size // 2]), "COL_ERR_TRUNCATED"),
-        CorruptCase("bad_version", _edited(img, [(4, "<I", 2)]), "COL_ERR_BAD_VERSION"),
+        CorruptCase("bad_version", _edited(img, [(4, "<I", 3)]), "COL_ERR_BAD_VERSION"),
     ]
     e = _entry(img, "output")
     cases.append(CorruptCase("tensor_out_of_bounds",

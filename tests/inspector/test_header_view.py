@@ -73,7 +73,7 @@ def test_hyper_parameters_and_user_metadata_are_shown(header, tiny_model):
 def test_corrupt_file_header_is_still_shown(header, tiny_image, tmp_path):
     case = next(c for c in corrupt_cases(tiny_image()) if c.name == "bad_version")
     header.set_document(ModelDocument(case.write(tmp_path)))
-    assert header.field("version").value == 2
+    assert header.field("version").value == 3
     assert header.field("magic").value == b"COLI"
 
 
@@ -100,3 +100,35 @@ def test_selecting_a_field_highlights_it_in_the_hexdump(qtbot, tiny_model_path):
     view.header.select_field("tensor_count")
     assert view.hex.cursor_offset() == 0x14
     assert view.hex.selection() == (0x14, 0x18)
+
+
+def test_routing_branch_names_the_family_and_each_layers_rule(qtbot, header, tiny_model_path):
+    """The Routing branch: the family, then every layer's routing entry in the engine's words,
+    and selecting an entry shows its bytes (offset and size in the routing section)."""
+    from tiny_models import V3_RULE
+    path = tiny_model_path("mixtral", n_layers=3, n_experts=8, top_k=2, dense_layers=(1,),
+                           rule=V3_RULE)
+    header.set_document(ModelDocument(path))
+    model = colibri.Model.open(path)
+    rows = header.routing_rows()
+    assert rows[0] == ("family", "mixtral")
+    assert rows[1:] == [(f"layer {i}", model.routing(i).describe()) for i in range(3)]
+    assert rows[1][1].startswith("sigmoid over 8 experts, + correction bias for the choice only")
+    assert rows[2][1] == "dense MLP"
+    routing = model.sections["routing"]
+    with qtbot.waitSignal(header.sig_field_selected) as blocker:
+        header.select_routing_entry(2)
+    assert blocker.args == [routing.offset + 2 * 128, 128]
+    assert Path(path).read_bytes()[blocker.args[0]:blocker.args[0] + 4] == (2).to_bytes(4, "little")
+
+
+def test_routing_branch_of_a_version_1_file(qtbot, header):
+    """A version-1 file's 32-byte entries read as the rule version 1 means."""
+    v1 = Path(__file__).resolve().parents[1] / "v1" / "qwen2_moe-v1.colibri"
+    header.set_document(ModelDocument(v1))
+    rows = header.routing_rows()
+    assert rows[0] == ("family", "qwen2_moe")
+    assert any(value.startswith("softmax over") for _name, value in rows[1:])
+    with qtbot.waitSignal(header.sig_field_selected) as blocker:
+        header.select_routing_entry(1)
+    assert blocker.args == [256 + 32, 32]

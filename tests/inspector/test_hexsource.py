@@ -67,7 +67,10 @@ def test_regions_name_header_fields_and_table_entries(tiny_model_path):
     assert index.at(0x14).label.startswith("header.tensor_count")
     first = model.tensors[0]
     assert index.at(first.table_offset + 5).label == f"table[0]: {first.name}"
-    assert index.at(model.routing(1).layer * 32 + 256 + 3).kind == "routing"
+    routing = next(f.value for f in model.header_fields() if f.name == "routing_offset")
+    entry = 128 if model.hparams.version == 2 else 32
+    assert index.at(routing + model.routing(1).layer * entry + 3).kind == "routing"
+    assert index.at(routing + model.routing(1).layer * entry + 3).label.startswith("routing[1]")
 
 
 def test_regions_do_not_overlap_in_a_valid_file(tiny_model_path):

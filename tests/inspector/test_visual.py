@@ -65,6 +65,7 @@ def _pages(view: FileView) -> list[tuple[str, Callable[[], None]]]:
             ("values-experts", tab("values", lambda: view.values.tabs, 1)),
             ("debugger-routing", tab("debugger", lambda: view.debugger.tabs, 0)),
             ("debugger-latency", tab("debugger", lambda: view.debugger.tabs, 1)),
+            ("debugger-experts", tab("debugger", lambda: view.debugger.token_view.tabs, 1)),
             ("jitter", tab("jitter", lambda: view.jitter.tabs, 0)),
             ("jitter-token", tab("jitter", lambda: view.jitter.tabs, 1)),
             ("jitter-epsilon", tab("jitter", lambda: view.jitter.tabs, 2)),

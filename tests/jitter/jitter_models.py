@@ -1,5 +1,10 @@
 """Models for the routing-jitter tests (imported as a plain module: tests have no packages).
 
+`make_selection_tie_model`: a DeepSeek-V3-style rule (sigmoid + correction bias, groups) whose
+layer-0 correction bias is set so that, at one position of a prompt, the lowest chosen expert and
+the best unchosen one tie exactly on the selection score although their router logits are far
+apart: a near-tie only the selection score shows.
+
 `make_tie_model`: a Mixtral-shaped tiny model whose layer-0 router has rows
     r0 = 2g, r1 = g, r2 = g, r3 = -g
 so the router logits of every token are (2a, a, a, -a) with a = g . xn: experts 1 and 2 are
@@ -17,7 +22,10 @@ import numpy as np
 
 from colibri import fileformat as ff
 
-from tiny_models import arch_hparams, arch_tensors, storage_dtype, tokenizer_json
+from colibri.engine import Model, Session
+
+from tiny_models import (V3_RULE, arch_hparams, arch_tensors, make_tiny_model, storage_dtype,
+                         tokenizer_json)
 
 TIE_LAYER = 0
 TIED = (1, 2)
@@ -52,3 +60,29 @@ def make_wide_model(directory: Path, arch: str = "qwen2_moe", dtype: str = "f16"
     path = directory / f"wide-{arch}-{dtype}.colibri"
     ff.write_colibri(path, plan)
     return path
+
+
+def make_selection_tie_model(directory: Path, tokens: list[int], position: int
+                             ) -> tuple[Path, tuple[int, int]]:
+    """(path, (chosen, unchosen)): the tiny V3_RULE model with layer 0's correction bias of the
+    best unchosen expert at `position` raised by the selection-score gap, so the two tie there."""
+    tm = make_tiny_model(directory, "mixtral", n_layers=3, n_experts=8, top_k=2,
+                         dense_layers=(1,), rule=V3_RULE)
+    with Model.open(tm.path) as model, Session(model, max_context=len(tokens)) as s:
+        s.prefill(tokens)
+        sel = s.trace.selection_scores[position, 0].copy()
+        chosen = [int(e) for e in s.trace.expert_ids[position, 0]]
+        kept = int(s.trace.chosen_groups[position, 0, 0])
+    a = chosen[-1]
+    b = max((e for e in range(4 * kept, 4 * kept + 4) if e not in chosen), key=lambda e: sel[e])
+    values = dict(tm.values)
+    bias = values["layers.0.moe_correction_bias"].copy()
+    bias[b] = np.float32(bias[b] + (sel[a] - sel[b]))
+    values["layers.0.moe_correction_bias"] = bias
+    specs = ff.tensor_specs_from_arrays((n, values[n], tm.dtypes[n]) for n in values)
+    rules = [V3_RULE if k == ff.LAYER_MOE else None for k in tm.layer_kinds]
+    plan = ff.plan_file(tm.hparams, tm.layer_kinds, specs, tokenizer=tm.tokenizer_json,
+                        metadata={"test": "selection-score tie"}, rules=rules)
+    path = directory / "selection-tie.colibri"
+    ff.write_colibri(path, plan)
+    return path, (a, b)

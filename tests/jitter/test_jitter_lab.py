@@ -14,12 +14,14 @@ import pytest
 from colibri.cli import main
 from colibri.engine import KERNEL_PATHS, Model, Session, best_kernels
 from colibri.errors import ColibriValueError
-from colibri.jitter import (BASELINE, EpsilonReport, JitterReport, Runner, Variant,
+from colibri.jitter import (BASELINE, EpsilonReport, JitterReport, Run, Runner, Variant,
                             analyze_epsilon, analyze_jitter, margins, ordered_int, parse_variants,
-                            report_json)
+                            report_json, selection_order)
+from colibri.margins import GroupLimit
 from colibri.numerics import Numerics, NumericsError
 
-from jitter_models import TIE_LAYER, TIED, make_tie_model, make_wide_model
+from jitter_models import (TIE_LAYER, TIED, make_selection_tie_model, make_tie_model,
+                           make_wide_model)
 
 PROMPT = [3, 4, 5, 6, 7]
 NOISE = "noise1,noise2,noise4"
@@ -54,10 +56,18 @@ def test_ordered_int_and_margins_count_ulps() -> None:
     tiny = np.nextafter(np.float32(0.0), np.float32(1.0))
     assert int(ordered_int(np.array([tiny]))[0] - ordered_int(np.array([-tiny]))[0]) == 2
     logits = np.array([[[3.0, up, one, -1.0]]], dtype=np.float32)
-    abs_m, ulp_m = margins(logits, 2)
+    abs_m, ulp_m = margins(_topk_run(logits, 2), [GroupLimit()], 2)
     assert ulp_m[0, 0] == 1 and abs_m[0, 0] == float(up) - 1.0
     tie = np.array([[[2.0, 1.0, 1.0, 0.0]]], dtype=np.float32)
-    assert margins(tie, 2)[1][0, 0] == 0
+    assert margins(_topk_run(tie, 2), [GroupLimit()], 2)[1][0, 0] == 0
+
+
+def _topk_run(selection: np.ndarray, k: int) -> Run:
+    """A run whose decisions are plain top-k of `selection` (the engine's order and tie rule)."""
+    ids = selection_order(selection)[..., :k].astype(np.int32)
+    P, M, _ = selection.shape
+    return Run("crafted", np.zeros((P, 1), np.float32), ids, selection, selection,
+               np.zeros((P, M, 0), np.int32))
 
 
 def test_variant_specs_round_trip() -> None:
@@ -116,7 +126,7 @@ def test_tie_is_exact_and_plain_topk_takes_the_lower_index(tie_path: Path,
     a, b = TIED
     cells = router[:, TIE_LAYER]
     assert np.array_equal(cells[:, a].view(np.uint32), cells[:, b].view(np.uint32))
-    _, ulps = margins(router, 2)
+    _, ulps = margins(_topk_run(router, 2), [GroupLimit()] * router.shape[1], 2)
     assert (ulps[:, TIE_LAYER] == 0).all()  # the tie sits on the top-k boundary
     chosen = ids[:, TIE_LAYER]
     assert (chosen == a).any(axis=-1).all() and not (chosen == b).any()
@@ -302,3 +312,24 @@ def test_margin_bins_cover_every_cell(tie_path: Path, tie_tokens: list[int]) -> 
     cell = jit.cell(0, TIE_LAYER)
     assert set(cell["runs"]) == {BASELINE, *jit.variants}
     assert not math.isnan(cell["margin_abs"])
+
+
+def test_a_tie_on_the_selection_score_is_where_flips_happen(tmp_path: Path) -> None:
+    """DeepSeek-V3-style routing: two experts whose router logits are far apart tie exactly on
+    sigmoid + correction bias. The jitter report measures the tie there (margin 0 ULPs), its
+    variants flip that decision, and each run's selection scores are kept and round-trip."""
+    tokens = [3, 4, 5, 6, 7, 8, 9, 10]
+    path, (a, b) = make_selection_tie_model(tmp_path, tokens, 3)
+    with Runner.open(path) as runner:
+        report = analyze_jitter(runner, tokens, "seq,blocked8,act-bf16,w-bf16")
+        base = runner.run(tokens)
+    assert abs(float(base.router_logits[3, 0, a] - base.router_logits[3, 0, b])) > 0.1
+    assert base.selection_scores[3, 0, a] == base.selection_scores[3, 0, b]
+    assert report.margin_ulps[3, 0] == 0
+    assert report.flip_counts()[3, 0] > 0
+    np.testing.assert_array_equal(report.selection_scores[BASELINE], base.selection_scores)
+    again = JitterReport.from_dict(json.loads(report_json(report)))
+    for name in (BASELINE, *report.variants):
+        np.testing.assert_array_equal(again.selection_scores[name], report.selection_scores[name])
+    assert report.cell(3, 0)["runs"][BASELINE]["selection_scores"][a] == \
+        float(base.selection_scores[3, 0, a])

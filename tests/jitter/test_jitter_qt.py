@@ -144,3 +144,28 @@ def test_on_the_demo_model_the_cli_and_the_lab_agree(qtbot, tmp_path: Path) -> N
         assert w.scatter.bins() == cli["flips_vs_margin"]
     finally:
         w.shutdown()
+
+
+def test_token_view_shows_what_the_choice_ranked(qtbot, tmp_path: Path) -> None:
+    """On a DeepSeek-V3-style rule the token view's table holds the selection scores (sigmoid +
+    correction bias), where the two tied experts read the same, not the router logits."""
+    from colibri.jitter import Runner, analyze_jitter
+    from jitter_models import make_selection_tie_model
+
+    tokens = [3, 4, 5, 6, 7, 8, 9, 10]
+    path, (a, b) = make_selection_tie_model(tmp_path, tokens, 3)
+    with Runner.open(path) as runner:
+        report = analyze_jitter(runner, tokens, "seq,act-bf16")
+    view = QtJitterLab()
+    qtbot.addWidget(view)
+    try:
+        view.set_reports(report, None)
+        view.select_cell(3, 0)
+        shown = view.token.table_values()
+        for name, values in shown.items():
+            np.testing.assert_array_equal(np.asarray(values, dtype=np.float32),
+                                          report.selection_scores[name][3, 0])
+        assert shown[BASELINE][a] == shown[BASELINE][b]
+        assert "margin 0 ULP" in view.token.title.text()
+    finally:
+        view.shutdown()

@@ -15,6 +15,7 @@ import pytest
 
 from colibri.engine import Model, Session
 from colibri.jitter import Runner, Variant, margins
+from colibri.margins import group_limits
 from colibri.profile import ProfileError, run_profile
 from colibri.profile.classes import CLASS_NAMES
 from colibri.profile.dataset import read_documents, tokenize
@@ -48,7 +49,7 @@ def test_statistics_are_the_engines_routing(local_dir: Path) -> None:
     hp = model.hparams
     E, k = hp.n_experts, hp.n_experts_active
     windows = _windows()
-    ids, weights, logits, toks = [], [], [], []
+    ids, weights, traces, toks = [], [], [], []
     with Session(model, max_context=SETTINGS["window"]) as s:
         for w in windows:
             s.reset()
@@ -56,7 +57,7 @@ def test_statistics_are_the_engines_routing(local_dir: Path) -> None:
             t = s.trace
             ids.append(np.array(t.expert_ids))
             weights.append(np.array(t.expert_weights))
-            logits.append(np.array(t.router_logits))
+            traces.append(t.copy())
             toks.append(np.array(t.tokens))
     ids_a, w_a, tok_a = np.concatenate(ids), np.concatenate(weights), np.concatenate(toks)
     M = ids_a.shape[1]
@@ -73,7 +74,7 @@ def test_statistics_are_the_engines_routing(local_dir: Path) -> None:
                 if a != b:
                     both[a, b] = ((ids_a[:, m] == a).any(-1) & (ids_a[:, m] == b).any(-1)).sum()
         assert profile.coselection_counts[m].tolist() == both.astype(np.int64).tolist()
-    _, ulps = margins(np.concatenate(logits), k)
+    ulps = np.concatenate([margins(t, group_limits(model), k)[1] for t in traces])
     for m in range(M):
         hist = np.bincount(ulp_bin_index(ulps[:, m]), minlength=profile.ulp_hist.shape[1])
         assert profile.ulp_hist[m].tolist() == hist.tolist()
@@ -118,7 +119,7 @@ def test_jitter_counts_are_the_jitter_labs_flips(local_dir: Path) -> None:
         for w in sampled:
             base = runner.run(w)
             run = runner.run(w, Variant.parse("act-bf16"))
-            bins = ulp_bin_index(margins(base.router_logits, k)[1])
+            bins = ulp_bin_index(margins(base, group_limits(runner.model), k)[1])
             flipped = (run.sets != base.sets).any(-1)
             for m in range(bins.shape[1]):
                 cells[m] += np.bincount(bins[:, m], minlength=cells.shape[1])

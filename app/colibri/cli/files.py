@@ -4,6 +4,7 @@ tensor's values."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
@@ -89,12 +90,14 @@ def cmd_info(args: argparse.Namespace) -> int:
         tensors = model.tensors
         user = model.metadata["user"]
         hp = model.hparams.to_dict()
+        routing = [model.routing(layer) for layer in range(model.hparams.n_layers)]
         if args.json:
             doc = {
                 "path": model.path, "format": "colibri", "arch": model.arch, "size": model.size,
                 "header": [{"name": f.name, "group": f.group, "offset": f.offset, "size": f.size,
                             "kind": f.kind, "value": _field_value(f.value)} for f in header],
                 "hparams": hp, "user_metadata": user,
+                "routing": [{**dataclasses.asdict(r), "rule": r.describe()} for r in routing],
                 "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
                              "offset": t.offset, "nbytes": t.nbytes, "crc32": t.crc32}
                             for t in tensors],
@@ -111,6 +114,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         for name, value in hp.items():
             extra = f" ({_flag_names(int(value))})" if name == "flags" else ""
             print(f"  {name:<28} {_show(value)}{extra}")
+        print("\nrouting:")
+        for r in routing:
+            print(f"  layer {r.layer:<4} {r.describe()}")
         if user is not None:  # as stored, so that colibri-c (which cannot re-serialise) agrees
             meta = model.sections["metadata"]
             text = bytes(model.bytes()[meta.offset:meta.end]).decode("utf-8")

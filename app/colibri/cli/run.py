@@ -20,19 +20,30 @@ one (its logits are never needed), so a run producing M tokens processes len(pro
 positions (len(prompt) when M is 0). --dump-logits writes float32 [positions, vocab], row i being
 the logits after position i (the distribution of token i+1); --dump-trace holds the same
 positions: expert_ids int32 [positions, moe_layers, k], expert_weights float32 [positions,
-moe_layers, k], router_logits float32 [positions, moe_layers, n_experts], moe_layers int32
-[moe_layers] (the layer index of each MoE layer) and tokens int32 [positions].
+moe_layers, k], router_logits float32 [positions, moe_layers, n_experts], selection_scores
+float32 [positions, moe_layers, n_experts] (the values the choice ranked: the logits for a
+softmax without a correction bias, sigmoid + bias for DeepSeek-V3), chosen_groups int32
+[positions, moe_layers, groups] (the kept groups, best first, -1 in layers without groups; only
+when a layer routes within groups), bias_changed bool [positions, moe_layers] (the correction bias
+changed the choice; only when it did somewhere), moe_layers int32 [moe_layers] (the layer index
+of each MoE layer) and tokens int32 [positions].
 Decoding is greedy (argmax, lowest id on ties); it stops early after the model's eos token."""
 
 
 def print_routing(trace: Any, tokenizer: Any, position: int) -> None:
-    """One line per MoE layer of `position`: the chosen experts and their weights."""
+    """One line per MoE layer of `position`: the chosen experts and their weights, then the kept
+    groups when the layer routes within groups, and a mark when its correction bias changed the
+    choice."""
     token = int(trace.tokens[position])
     for m, layer in enumerate(trace.moe_layers):
         ids = ",".join(str(int(e)) for e in trace.expert_ids[position, m])
         weights = ",".join(f"{float(w):.2f}" for w in trace.expert_weights[position, m])
+        kept = [int(g) for g in trace.chosen_groups[position, m] if g >= 0]
+        groups = f" groups [{','.join(map(str, kept))}]" if kept else ""
+        changed = " (the correction bias changed the choice)" \
+            if trace.bias_changed[position, m] else ""
         print(f"pos {position} token {token_label(tokenizer, token)} layer {int(layer)}: "
-              f"experts [{ids}] weights [{weights}]")
+              f"experts [{ids}] weights [{weights}]{groups}{changed}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -76,8 +87,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         arrays = {"expert_ids": trace.expert_ids.astype(np.int32),
                   "expert_weights": trace.expert_weights.astype(np.float32),
                   "router_logits": trace.router_logits.astype(np.float32),
+                  "selection_scores": trace.selection_scores.astype(np.float32),
                   "moe_layers": trace.moe_layers.astype(np.int32),
                   "tokens": trace.tokens.astype(np.int32)}
+        if trace.chosen_groups.shape[2]:
+            arrays["chosen_groups"] = trace.chosen_groups.astype(np.int32)
+        if trace.bias_changed.any():
+            arrays["bias_changed"] = trace.bias_changed.astype(np.bool_)
         atomic_write(args.dump_trace, lambda f: np.savez(f, **arrays))
     if tokenizer is not None:
         print(f"prompt: {tokenizer.decode(prompt)}")

@@ -5,6 +5,8 @@ Layers (each importable without Qt; the Qt panels in `colibri.inspector.debugger
                       the append-only store of per-position trace copies that every view reads.
                       `RunSettings` (colibri.values) says what a run is.
   * `events`        - the (position, MoE layer) event list with derived fields, find, bookmarks.
+  * `anatomy`       - one decision expert by expert through its rule (logit, score, bias,
+                      selection score, group, rank, weight) and whether the bias changed it.
   * `breakpoints`   - breakpoint kinds and `BreakpointList.first_hit`.
   * `stats`         - routing matrices, expert load and balance, co-selection, latency percentiles.
   * `trace_export`  - Chrome Trace Event JSON (ui.perfetto.dev, chrome://tracing) and CSV.
@@ -15,12 +17,15 @@ Nothing here recomputes routing: every number comes from the engine's trace.
 
 from __future__ import annotations
 
-from colibri.debugging.breakpoints import (AtPosition, Breakpoint, BreakpointList, ExpertChosen,
-                                           MarginBelow, NonFinite, first_hit)
+from colibri.debugging.anatomy import Anatomy, RuleBook, anatomy
+from colibri.debugging.breakpoints import (AtPosition, BiasChanged, Breakpoint, BreakpointList,
+                                           ExpertChosen, MarginBelow, NonFinite, first_hit)
 from colibri.debugging.events import Event, EventList, float32_ulp_distance
 from colibri.debugging.run import Debugger, PositionRecord, RoutingRecord, RunResult
 from colibri.values import RunSettings
 
-__all__ = ["AtPosition", "Breakpoint", "BreakpointList", "Debugger", "Event", "EventList",
+__all__ = ["Anatomy", "AtPosition", "BiasChanged", "Breakpoint", "BreakpointList", "Debugger", "Event",
+           "EventList",
            "ExpertChosen", "MarginBelow", "NonFinite", "PositionRecord", "RoutingRecord",
-           "RunResult", "RunSettings", "first_hit", "float32_ulp_distance"]
+           "RuleBook", "RunResult", "RunSettings", "anatomy", "first_hit",
+           "float32_ulp_distance"]

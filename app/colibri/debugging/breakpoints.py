@@ -8,6 +8,9 @@ Kinds (each a frozen dataclass with an `enabled` flag; `toggled()` returns the f
   * NonFinite()                      - NaN or Inf in the router logits, the hidden-state norm or
                                        the position's output logits.
   * AtPosition(position)             - the first event of `position` (its first MoE layer).
+  * BiasChanged(layer=None)          - the layer's correction bias changed the choice: the same
+                                       ranking of the scores without it chose another set
+                                       (DeepSeek-V3's e_score_correction_bias, ERNIE's moe_statics).
 
 `first_hit(breakpoints, events, start)` scans vectorised over the whole list and returns the first
 event after index `start` that any enabled breakpoint hits, so run-to-breakpoint lands on exactly
@@ -126,8 +129,22 @@ class AtPosition(Breakpoint):
         return f"position {self.position}"
 
 
+@dataclass(frozen=True)
+class BiasChanged(Breakpoint):
+    kind: ClassVar[str] = "bias_changed"
+    layer: int | None = None
+
+    def mask(self, events: EventList, first: int = 0) -> np.ndarray:
+        changed = events.record.bias_changed[first:events.n_positions]
+        return np.array(changed) & _layer_columns(events, self.layer)[None, :]
+
+    def describe(self) -> str:
+        where = "any MoE layer" if self.layer is None else f"layer {self.layer}"
+        return f"the correction bias changed the choice at {where}"
+
+
 KINDS: dict[str, type[Breakpoint]] = {c.kind: c for c in (ExpertChosen, MarginBelow, NonFinite,
-                                                            AtPosition)}
+                                                            AtPosition, BiasChanged)}
 
 
 def first_hit(breakpoints: Iterator[Breakpoint] | list[Breakpoint] | BreakpointList,

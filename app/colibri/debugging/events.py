@@ -5,12 +5,13 @@ Event index = position * n_moe_layers + moe_index, so the list is the debugger's
 
 Derived fields are computed once per position from the engine's trace (vectorised over layers),
 never by re-running the router:
-  * margin      - the gap between the last chosen expert and the first unchosen one:
-                  min(logit of chosen) - max(logit of unchosen), in float32. For plain top-k this
-                  is logit_(k) - logit_(k+1) of the sorted logits; under stable or Gumbel routing
-                  it can be negative (a lower-logit expert was chosen). In soft routing every
-                  expert is "chosen", so the margin is taken at the model's n_experts_active:
-                  sorted logit_(k) - logit_(k+1). NaN when undefined (k >= n_experts, NaN logits).
+  * margin      - how close the decision was to going another way, on the *selection scores*
+                  (the values the rule ranks: the logits for a softmax without a correction bias,
+                  sigmoid + bias for DeepSeek-V3, ...): the lowest chosen minus the highest
+                  unchosen eligible selection score, or with a group limit the kept/dropped group
+                  gap when that is smaller (colibri.margins). Under stable or Gumbel routing it can
+                  be negative; in soft routing it is taken at the model's n_experts_active. NaN
+                  when undefined (k >= n_experts, NaN scores).
   * margin_ulps - the same gap counted in float32 ULPs: the number of representable float32
                   values stepped over going from the smaller to the larger value (signed like the
                   margin), from the integer ordering of IEEE-754 bit patterns. None when NaN.
@@ -23,38 +24,21 @@ never by re-running the router:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from colibri.margins import NO_ULPS, GroupLimit, selection_margins
+from colibri.margins import ulp_distance as float32_ulp_distance
+
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.debugging.run import RoutingRecord
 
-_NO_ULPS = np.iinfo(np.int64).min
-
-
-def _ordered_keys(values: np.ndarray) -> np.ndarray:
-    """float32 values -> int64 keys whose order (and differences) follow the float32 number line;
-    +0.0 and -0.0 share key 0, adjacent floats differ by 1."""
-    arr = np.asarray(values, dtype=np.float32)
-    bits = np.ascontiguousarray(arr).view(np.int32).astype(np.int64).reshape(arr.shape)
-    return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
-
-
-def float32_ulp_distance(a: float | np.ndarray, b: float | np.ndarray) -> np.ndarray:
-    """Signed number of float32 ULPs from b up to a (a - b in representable steps), as int64.
-    `float32_ulp_distance(np.nextafter(np.float32(1), np.float32(2)), 1.0) == 1`. Entries where
-    either value is NaN are the int64 minimum (use `ulps_or_none`)."""
-    fa = np.asarray(a, dtype=np.float32)
-    fb = np.asarray(b, dtype=np.float32)
-    out = _ordered_keys(fa) - _ordered_keys(fb)
-    return np.where(np.isnan(fa) | np.isnan(fb), _NO_ULPS, out)
-
 
 def ulps_or_none(value: int) -> int | None:
-    return None if value == _NO_ULPS else int(value)
+    return None if value == NO_ULPS else int(value)
 
 
 @dataclass(frozen=True)
@@ -77,6 +61,9 @@ class Event:
     shared_gate: float                 # NaN when the family has no shared-expert gate
     nonfinite: bool
     router_logits: np.ndarray = field(compare=False, repr=False)  # [n_experts] float32
+    selection_scores: np.ndarray = field(compare=False, repr=False)  # [n_experts] float32
+    chosen_groups: tuple[int, ...] = ()  # kept groups, best first (empty without a group limit)
+    bias_changed: bool = False  # the correction bias changed the choice (the scores alone chose another set)
 
     @property
     def top1(self) -> int:
@@ -90,32 +77,17 @@ class Event:
         return f"#{self.index} pos {self.position} {self.token_text!r} layer {self.layer}"
 
 
-def derive(expert_ids: np.ndarray, router_logits: np.ndarray, hidden_norm: np.ndarray,
-           logits_finite: np.ndarray, k_active: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Margin, margin in ULPs and non-finite flags for rows [P, M] from ids [P, M, k], logits
-    [P, M, E], hidden norms [P, M] and per-position output-logit finiteness [P]."""
+def derive(expert_ids: np.ndarray, router_logits: np.ndarray, selection_scores: np.ndarray,
+           chosen_groups: np.ndarray, hidden_norm: np.ndarray, logits_finite: np.ndarray,
+           k_active: int, limits: Sequence[GroupLimit] | None = None
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Margin, margin in ULPs and non-finite flags for rows [P, M] from ids [P, M, k], router
+    logits and selection scores [P, M, E], kept groups [P, M, g], hidden norms [P, M], per-position
+    output-logit finiteness [P] and each MoE layer's group limit (None: no groups)."""
     P, M, E = router_logits.shape
     logits = router_logits.astype(np.float32, copy=False)
-    chosen = np.zeros((P, M, E), dtype=bool)
-    valid = expert_ids >= 0
-    p_idx, m_idx, s_idx = np.nonzero(valid)
-    chosen[p_idx, m_idx, expert_ids[p_idx, m_idx, s_idx]] = True
-    n_chosen = chosen.sum(axis=2)
-    with np.errstate(invalid="ignore"):
-        low_chosen = np.where(chosen, logits, np.float32(np.inf)).min(axis=2)
-        high_unchosen = np.where(chosen, np.float32(-np.inf), logits).max(axis=2)
-    every = n_chosen >= E
-    soft_a = soft_b = np.full((P, M), np.nan, dtype=np.float32)
-    if every.any() and 0 < k_active < E:  # soft routing: measure at the model's k
-        ordered = -np.sort(-logits, axis=2)
-        soft_a, soft_b = ordered[:, :, k_active - 1], ordered[:, :, k_active]
-    a = np.where(every, soft_a, low_chosen).astype(np.float32)
-    b = np.where(every, soft_b, high_unchosen).astype(np.float32)
-    a = np.where(n_chosen == 0, np.float32(np.nan), a)
-    with np.errstate(invalid="ignore", over="ignore"):
-        margin = (a - b).astype(np.float32)
-    ulps = float32_ulp_distance(a, b)
-    ulps = np.where(np.isfinite(margin), ulps, _NO_ULPS)
+    limits = list(limits) if limits is not None else [GroupLimit()] * M
+    margin, ulps = selection_margins(selection_scores, expert_ids, chosen_groups, limits, k_active)
     nonfinite = (~np.isfinite(logits).all(axis=2)) | (~np.isfinite(hidden_norm))
     if M:  # the output logits come after the last layer: blame its event
         nonfinite[:, M - 1] |= ~logits_finite.astype(bool)
@@ -126,9 +98,11 @@ class EventList:
     """Every (position, MoE layer) event of a routing record, with navigation. Grows with the
     record (`sync()`); derived fields are computed once per position."""
 
-    def __init__(self, record: RoutingRecord, k_active: int) -> None:
+    def __init__(self, record: RoutingRecord, k_active: int,
+                 limits: Sequence[GroupLimit] | None = None) -> None:
         self._record = record
         self._k_active = int(k_active)
+        self._limits = list(limits) if limits is not None else [GroupLimit()] * record.n_moe_layers
         self._n_moe = int(record.n_moe_layers)
         self._n_positions = 0
         self._rows = 0  # allocated rows of the derived arrays (grown by doubling)
@@ -162,8 +136,11 @@ class EventList:
             return range(0)
         ids = rec.expert_ids[start:stop]
         margin, ulps, nonfinite = derive(ids, rec.router_logits[start:stop],
+                                         rec.selection_scores[start:stop],
+                                         rec.chosen_groups[start:stop],
                                          rec.hidden_norm[start:stop],
-                                         rec.logits_finite[start:stop], self._k_active)
+                                         rec.logits_finite[start:stop], self._k_active,
+                                         self._limits)
         all_ids = rec.expert_ids[max(start - 1, 0):stop]
         sets = np.sort(np.where(all_ids >= 0, all_ids, np.iinfo(np.int32).max), axis=2)
         changed = np.zeros((stop - start, self._n_moe), bool)
@@ -231,7 +208,9 @@ class EventList:
             margin=float(self._margin[p, m]), margin_ulps=ulps_or_none(int(self._ulps[p, m])),
             routing_changed=bool(self._changed[p, m]), hidden_norm=float(rec.hidden_norm[p, m]),
             shared_gate=float(rec.shared_gate[p, m]), nonfinite=bool(self._nonfinite[p, m]),
-            router_logits=rec.router_logits[p, m])
+            router_logits=rec.router_logits[p, m], selection_scores=rec.selection_scores[p, m],
+            chosen_groups=tuple(int(g) for g in rec.chosen_groups[p, m] if g >= 0),
+            bias_changed=bool(rec.bias_changed[p, m]))
 
     def position_events(self, position: int) -> list[Event]:
         return [self[position * self._n_moe + m] for m in range(self._n_moe)]

@@ -36,6 +36,7 @@ import numpy as np
 
 from colibri.debugging.breakpoints import Breakpoint, BreakpointList, first_hit
 from colibri.debugging.events import Event, EventList
+from colibri.margins import group_limits
 from colibri import tokens
 from colibri.generation import Generation
 from colibri.values import RunSettings
@@ -63,6 +64,9 @@ class PositionRecord:
     token_ns: int               # engine time of the whole position
     wall_ns: int                # wall time of the step as seen from Python (engine + binding)
     logits_finite: bool         # the position's output logits are all finite
+    selection_scores: np.ndarray  # [moe_layers, n_experts] float32, what the choice ranked
+    chosen_groups: np.ndarray   # [moe_layers, n_groups] int32 kept groups, -1 none
+    bias_changed: np.ndarray    # [moe_layers] bool: the correction bias changed the choice
 
 
 # name -> (dtype, trailing shape attribute names); the first axis is always the position
@@ -71,6 +75,9 @@ _ARRAYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "expert_ids": (np.int32, ("n_moe_layers", "k")),
     "expert_weights": (np.float32, ("n_moe_layers", "k")),
     "router_logits": (np.float32, ("n_moe_layers", "n_experts")),
+    "selection_scores": (np.float32, ("n_moe_layers", "n_experts")),
+    "chosen_groups": (np.int32, ("n_moe_layers", "n_groups")),
+    "bias_changed": (np.bool_, ("n_moe_layers",)),
     "shared_gate": (np.float32, ("n_moe_layers",)),
     "hidden_norm": (np.float32, ("n_moe_layers",)),
     "phase_ns": (np.uint64, ("n_layers", "n_phases")),
@@ -79,6 +86,9 @@ _ARRAYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "logits_finite": (np.bool_, ()),
 }
 RECORD_ARRAYS = tuple(_ARRAYS)
+# Arrays session files written before format version 2 do not have, and what they hold there:
+# those files come from version-1 models, which select on the router logits with no groups.
+LATER_ARRAYS = ("selection_scores", "chosen_groups", "bias_changed")
 
 
 class RoutingRecord:
@@ -89,11 +99,12 @@ class RoutingRecord:
     n_phases = len(PHASES)
 
     def __init__(self, moe_layers: Sequence[int], n_layers: int, k: int, n_experts: int,
-                 capacity: int = 64) -> None:
+                 capacity: int = 64, n_groups: int = 0) -> None:
         self.moe_layers = np.array(moe_layers, dtype=np.int32)
         self.moe_layers.flags.writeable = False
         self.n_moe_layers = int(self.moe_layers.size)
         self.n_layers, self.k, self.n_experts = int(n_layers), int(k), int(n_experts)
+        self.n_groups = int(n_groups)  # kept groups per decision (trace n_chosen_groups)
         self._n = 0
         self._texts: list[str] = []
         self._frozen = False
@@ -129,6 +140,9 @@ class RoutingRecord:
     expert_ids = property(lambda self: self.array("expert_ids"))
     expert_weights = property(lambda self: self.array("expert_weights"))
     router_logits = property(lambda self: self.array("router_logits"))
+    selection_scores = property(lambda self: self.array("selection_scores"))
+    chosen_groups = property(lambda self: self.array("chosen_groups"))
+    bias_changed = property(lambda self: self.array("bias_changed"))
     shared_gate = property(lambda self: self.array("shared_gate"))
     hidden_norm = property(lambda self: self.array("hidden_norm"))
     phase_ns = property(lambda self: self.array("phase_ns"))
@@ -152,7 +166,8 @@ class RoutingRecord:
                                                            "router_logits", "shared_gate",
                                                            "hidden_norm", "phase_ns")),
                               int(b["token_ns"][p]), int(b["wall_ns"][p]),
-                              bool(b["logits_finite"][p]))
+                              bool(b["logits_finite"][p]), self.array("selection_scores")[p],
+                              self.array("chosen_groups")[p], self.array("bias_changed")[p])
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Every per-position array (read-only views), plus moe_layers."""
@@ -171,8 +186,8 @@ class RoutingRecord:
 
     def equals(self, other: RoutingRecord, timings: bool = True) -> bool:
         """Bit-identical rows (NaNs compared by bits); timings optional."""
-        if (self.n_positions, self.n_layers, self.k, self.n_experts) != (
-                other.n_positions, other.n_layers, other.k, other.n_experts):
+        if (self.n_positions, self.n_layers, self.k, self.n_experts, self.n_groups) != (
+                other.n_positions, other.n_layers, other.k, other.n_experts, other.n_groups):
             return False
         if not np.array_equal(self.moe_layers, other.moe_layers) or \
                 self.token_texts != other.token_texts:
@@ -197,7 +212,8 @@ class RoutingRecord:
     def append(self, token: int, token_text: str, expert_ids: np.ndarray,
                expert_weights: np.ndarray, router_logits: np.ndarray, shared_gate: np.ndarray,
                hidden_norm: np.ndarray, phase_ns: np.ndarray, token_ns: int, wall_ns: int = 0,
-               logits_finite: bool = True) -> int:
+               logits_finite: bool = True, *, selection_scores: np.ndarray,
+               chosen_groups: np.ndarray, bias_changed: np.ndarray) -> int:
         """Copy one position's rows in; returns its position."""
         if self._frozen:
             raise RuntimeError("a RoutingRecord snapshot is immutable")
@@ -207,6 +223,9 @@ class RoutingRecord:
         b["expert_ids"][p] = expert_ids
         b["expert_weights"][p] = expert_weights
         b["router_logits"][p] = router_logits
+        b["selection_scores"][p] = selection_scores
+        b["chosen_groups"][p] = chosen_groups
+        b["bias_changed"][p] = bias_changed
         b["shared_gate"][p] = shared_gate
         b["hidden_norm"][p] = hidden_norm
         b["phase_ns"][p] = phase_ns
@@ -220,10 +239,16 @@ class RoutingRecord:
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], token_texts: Sequence[str],
                     n_layers: int) -> RoutingRecord:
-        """Rebuild a record (e.g. from a saved session)."""
+        """Rebuild a record (e.g. from a saved session). Without the LATER_ARRAYS (a file from
+        before format version 2) the selection scores are the router logits and no group is
+        kept, which is what version-1 models rank."""
         ids = arrays["expert_ids"]
+        arrays = dict(arrays)
+        arrays.setdefault("selection_scores", arrays["router_logits"])
+        arrays.setdefault("chosen_groups", np.zeros((*ids.shape[:2], 0), np.int32))
+        arrays.setdefault("bias_changed", np.zeros(ids.shape[:2], np.bool_))
         rec = cls(arrays["moe_layers"], n_layers, ids.shape[2], arrays["router_logits"].shape[2],
-                  capacity=max(ids.shape[0], 1))
+                  capacity=max(ids.shape[0], 1), n_groups=arrays["chosen_groups"].shape[2])
         n = int(ids.shape[0])
         if len(token_texts) != n:
             raise ValueError(f"{len(token_texts)} token texts for {n} positions")
@@ -286,8 +311,9 @@ class Debugger:
         assert trace is not None
         k = int(trace.expert_ids.shape[2])
         self.record = RoutingRecord(trace.moe_layers, hp.n_layers, k, hp.n_experts,
-                                    capacity=settings.n_positions)
-        self.events = EventList(self.record, hp.n_experts_active)
+                                    capacity=settings.n_positions,
+                                    n_groups=int(trace.chosen_groups.shape[2]))
+        self.events = EventList(self.record, hp.n_experts_active, group_limits(model))
         self.breakpoints = BreakpointList()
         self.cursor: int | None = None
         self._pause = threading.Event()
@@ -372,7 +398,9 @@ class Debugger:
         self.record.append(token, self.token_text(token), tr.expert_ids[p], tr.expert_weights[p],
                            tr.router_logits[p], tr.shared_gate[p], tr.hidden_norm[p],
                            tr.phase_ns[p], int(tr.token_ns[p]), self.generation.call_ns,
-                           bool(np.isfinite(logits).all()))
+                           bool(np.isfinite(logits).all()),
+                           selection_scores=tr.selection_scores[p],
+                           chosen_groups=tr.chosen_groups[p], bias_changed=tr.bias_changed[p])
         new = self.events.sync()
         if len(new):
             self.cursor = new[0]

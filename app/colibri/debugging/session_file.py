@@ -28,8 +28,9 @@ import numpy as np
 
 from colibri.debugging.breakpoints import BreakpointList
 from colibri.debugging.events import EventList
-from colibri.debugging.run import PHASES, RECORD_ARRAYS, Debugger, RoutingRecord
+from colibri.debugging.run import LATER_ARRAYS, PHASES, RECORD_ARRAYS, Debugger, RoutingRecord
 from colibri.files import atomic_write
+from colibri.margins import GroupLimit, group_limits
 from colibri.values import RunSettings
 
 FORMAT_NAME = "colibri-debug-session"
@@ -83,6 +84,8 @@ class SavedSession:
         info = {"path": os.path.abspath(m.path), "size": int(m.size), "arch": m.arch,
                 "n_layers": hp.n_layers, "n_experts": hp.n_experts,
                 "n_experts_active": hp.n_experts_active, "vocab_size": hp.vocab_size,
+                "group_limits": [[g.n_groups, g.n_groups_kept, g.group_score]
+                                 for g in group_limits(m)],
                 "sha256": model_checksum(m.path) if checksum else None}
         return cls(info, dbg.settings, dbg.record.snapshot(), list(dbg.generated), dbg.finished,
                    dbg.stop_reason, dbg.cursor, sorted(dbg.events.bookmarks),
@@ -91,7 +94,9 @@ class SavedSession:
 
     def events(self) -> EventList:
         """The event list of the saved record, with its bookmarks."""
-        ev = EventList(self.record, int(self.model.get("n_experts_active", self.record.k)))
+        limits = [GroupLimit(*g) for g in self.model["group_limits"]] \
+            if "group_limits" in self.model else None  # files from before groups had none
+        ev = EventList(self.record, int(self.model.get("n_experts_active", self.record.k)), limits)
         ev.bookmarks = set(self.bookmarks)
         return ev
 
@@ -196,11 +201,12 @@ def load_session(path: str | os.PathLike[str]) -> SavedSession:
                 arrays[name] = a
     except zipfile.BadZipFile as exc:
         raise SessionFormatError(f"{path}: not a session file ({exc})") from exc
-    missing = [n for n in (*RECORD_ARRAYS, "moe_layers") if n not in arrays]
+    missing = [n for n in (*RECORD_ARRAYS, "moe_layers") if n not in arrays
+               and n not in LATER_ARRAYS]
     if missing:
         raise SessionFormatError(f"{path}: missing arrays {', '.join(missing)}")
     n = int(manifest["n_positions"])
-    bad = [name for name in RECORD_ARRAYS if arrays[name].shape[0] != n]
+    bad = [name for name in RECORD_ARRAYS if name in arrays and arrays[name].shape[0] != n]
     if bad:
         raise SessionFormatError(f"{path}: arrays {', '.join(bad)} do not have {n} rows")
     record = RoutingRecord.from_arrays(arrays, manifest["token_texts"], int(manifest["n_layers"]))

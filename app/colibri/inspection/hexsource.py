@@ -26,8 +26,7 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.engine import HeaderField, Model
 
-ROUTING_ENTRY_SIZE = 32
-TENSOR_ENTRY_SIZE = 128
+from colibri.fileformat import TENSOR_ENTRY_SIZE, routing_entry_size
 
 # Region kinds, in the order a legend shows them. Views colour by kind.
 REGION_KINDS = ("header", "routing", "tensor_table", "tokenizer", "metadata", "tensor")
@@ -142,9 +141,10 @@ def regions_for(model: Model, header_fields: list[HeaderField] | None = None) ->
     hp = model.hparams
     sections = model.sections
     routing_offset = sections["routing"].offset
+    entry = routing_entry_size(hp.version)
     for layer in range(hp.n_layers):
         info = model.routing(layer)
-        regions.append(Region(routing_offset + layer * ROUTING_ENTRY_SIZE, ROUTING_ENTRY_SIZE,
+        regions.append(Region(routing_offset + layer * entry, entry,
                               "routing", f"routing[{layer}]: {info.kind}, top_k={info.top_k}"))
     for t in model.tensors:
         regions.append(Region(t.table_offset, TENSOR_ENTRY_SIZE, "tensor_table",

@@ -5,7 +5,10 @@ engine's `HeaderField.group`), one row per field with its offset, size, raw byte
 value, then the decoded hyper-parameters and the user metadata (a JSON tree). It decodes
 nothing itself: values come from the engine (`colibri.header_fields`, `Model.hparams`,
 `Model.metadata`); this file only formats them. The fields come from the file's first bytes, so
-a corrupt file still shows its header. Selecting a field emits `sig_field_selected(offset, size)`.
+a corrupt file still shows its header. A file that opens also gets a "Routing" branch: the
+family, then each layer's routing entry (its offset and size in the routing section) with the
+rule in the engine's words (`RoutingInfo.describe`, col_routing_describe). Selecting a field or a
+routing entry emits `sig_field_selected(offset, size)`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QHeaderView, QTreeWidget, QTreeWidgetItem,
                                QVBoxLayout, QWidget)
 
-from colibri.engine import HeaderField
+from colibri.engine import HeaderField, Model
+from colibri.fileformat import routing_entry_size
 from colibri.inspection.document import ModelDocument
 from colibri.inspection.values import format_scalar
 from colibri.values import ARCH_NAMES
@@ -29,6 +33,7 @@ from colibri.values import ARCH_NAMES
 COLUMNS = ("Field", "Offset", "Size", "Value", "Raw bytes")
 VALUE_COLUMN, RAW_COLUMN = COLUMNS.index("Value"), COLUMNS.index("Raw bytes")
 FIELD_ROLE = Qt.ItemDataRole.UserRole          # the HeaderField of a field row
+RANGE_ROLE = Qt.ItemDataRole.UserRole + 1      # (offset, size) of a routing entry row
 _RAW_SHOWN = 16                                # raw bytes shown before eliding
 _BYTE_COUNTS = frozenset({"tokenizer_size", "metadata_size", "file_size"})
 
@@ -92,17 +97,20 @@ class QtHeaderView(QWidget):
         layout.addWidget(self.tree)
         self.tree.currentItemChanged.connect(self._current_changed)
         self._field_items: dict[str, QTreeWidgetItem] = {}
+        self._routing_items: list[QTreeWidgetItem] = []
 
     # -- input ----------------------------------------------------------------------------------
 
     def set_document(self, doc: ModelDocument | None) -> None:
         self.tree.clear()
         self._field_items = {}
+        self._routing_items = []
         if doc is None:
             return
         self._add_fields(doc)
         model = doc.model
         if model is not None:
+            self._add_routing(model)
             self._add_hparams(model.metadata)
             self._add_json(self._branch("User metadata", "json"), model.metadata.get("user"))
         self.tree.expandToDepth(0)
@@ -122,6 +130,20 @@ class QtHeaderView(QWidget):
 
     def field_names(self) -> list[str]:
         return list(self._field_items)
+
+    def routing_rows(self) -> list[tuple[str, str]]:
+        """(first column, value) of each row of the Routing branch, in order ([] before a file
+        opens)."""
+        for i in range(self.tree.topLevelItemCount()):
+            branch = self.tree.topLevelItem(i)
+            if branch.data(0, Qt.ItemDataRole.UserRole + 2) == "routing":
+                return [(branch.child(j).text(0), branch.child(j).text(VALUE_COLUMN))
+                        for j in range(branch.childCount())]
+        return []
+
+    def select_routing_entry(self, layer: int) -> None:
+        """Make layer `layer`'s routing entry current, as a click would."""
+        self.tree.setCurrentItem(self._routing_items[layer])
 
     def select_field(self, name: str) -> None:
         """Make field `name` current, as a click would (emits sig_field_selected)."""
@@ -153,6 +175,20 @@ class QtHeaderView(QWidget):
             if not f.present:
                 item.setDisabled(True)
             self._field_items[f.name] = item
+
+    def _add_routing(self, model: Model) -> None:
+        branch = self._branch("Routing", "routing")
+        hp = model.hparams
+        QTreeWidgetItem(branch, ["family", "", "", hp.arch_name, ""])
+        start = model.sections["routing"].offset
+        size = routing_entry_size(hp.version)
+        for layer in range(hp.n_layers):
+            offset = start + layer * size
+            item = QTreeWidgetItem(branch, [f"layer {layer}", f"0x{offset:03X}", str(size),
+                                            model.routing(layer).describe(), ""])
+            item.setData(0, RANGE_ROLE, (offset, size))
+            item.setToolTip(VALUE_COLUMN, item.text(VALUE_COLUMN))
+            self._routing_items.append(item)
 
     def _add_hparams(self, metadata: dict[str, Any]) -> None:
         branch = self._branch("Hyper-parameters (decoded)", "hparams")
@@ -188,3 +224,6 @@ class QtHeaderView(QWidget):
         f = current.data(0, FIELD_ROLE)
         if isinstance(f, HeaderField) and f.present:
             self.sig_field_selected.emit(f.offset, f.size)
+        entry = current.data(0, RANGE_ROLE)
+        if isinstance(entry, tuple):
+            self.sig_field_selected.emit(*entry)

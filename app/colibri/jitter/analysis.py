@@ -7,9 +7,11 @@ processed teacher-forced by the baseline (default numerics, plain top-k) and by 
 is the same token in every run. A *cell* is one (position, MoE layer) routing decision.
 
 jitter report (`analyze_jitter`):
-  - baseline top-k set of every cell; margin = k-th minus (k+1)-th router logit of the baseline,
-    absolute (float64 difference of the float32 values) and in ULPs (distance on the ordered
-    float32 line, adjacent floats 1 apart, +0 == -0);
+  - baseline top-k set of every cell; margin = how far the baseline's decision was from going
+    another way, on the selection scores the rule ranks (the router logits for a softmax without
+    a correction bias; sigmoid + bias for DeepSeek-V3; the kept/dropped group gap when a group
+    limit is closer: colibri.margins), absolute and in ULPs (distance on the ordered float32
+    line, adjacent floats 1 apart, +0 == -0);
   - a variant *flips* a cell when its selected set (order ignored) differs from the baseline's;
     flip rate of a variant = flipped cells / cells; cell flip rate = fraction of variants that
     flip the cell; overall flip rate = flipped (cell, variant) pairs / (cells * variants);
@@ -47,6 +49,8 @@ import numpy as np
 
 from colibri.engine import Model, Session
 from colibri.jitter.variants import Variant, parse_variants
+from colibri.margins import (Decisions, GroupLimit, group_limits, ordered_keys,
+                             selection_margins)
 from colibri.jitter.weights import convert_weights
 from colibri.values import CancelFlag, Progress, check_cancelled, never_cancelled, no_progress
 
@@ -59,34 +63,28 @@ BASELINE = "baseline"
 # float32 helpers
 
 
-def ordered_int(values: np.ndarray) -> np.ndarray:
-    """float32 values -> int64 positions on the ordered float line (adjacent floats differ by 1,
-    +0 and -0 are both 0)."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.int64)
-    mag = bits & 0x7FFFFFFF
-    return np.where(bits & 0x80000000, -mag, mag)
+ordered_int = ordered_keys  # float32 -> int64 positions on the ordered float line
 
 
-def selection_order(router_logits: np.ndarray, epsilon: float = 0.0) -> np.ndarray:
-    """Expert indices of each cell in the engine's selection order: descending
-    (double)logit[j] + j*epsilon, exact ties to the lower index (router.c)."""
-    scores = router_logits.astype(np.float64)
+def selection_order(selection_scores: np.ndarray, epsilon: float = 0.0) -> np.ndarray:
+    """Expert indices of each cell in the engine's selection order without a group limit:
+    descending (double)selection_score[j] + j*epsilon, exact ties to the lower index (router.c)."""
+    scores = selection_scores.astype(np.float64)
     if epsilon:
         scores = scores + np.arange(scores.shape[-1], dtype=np.float64) * epsilon
     return np.argsort(-scores, axis=-1, kind="stable")
 
 
-def margins(router_logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(absolute, ULP) margin between the k-th and (k+1)-th logit of each cell, [P][M]. With
-    k == n_experts there is no (k+1)-th: inf and -1."""
-    P, M, E = router_logits.shape
-    if k >= E:
-        return np.full((P, M), np.inf), np.full((P, M), -1, dtype=np.int64)
-    order = selection_order(router_logits)
-    kth = np.take_along_axis(router_logits, order[..., k - 1:k], axis=-1)[..., 0]
-    nxt = np.take_along_axis(router_logits, order[..., k:k + 1], axis=-1)[..., 0]
-    return (kth.astype(np.float64) - nxt.astype(np.float64),
-            ordered_int(kth) - ordered_int(nxt))
+def margins(run: Decisions, limits: Sequence[GroupLimit], k: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(absolute float64, ULP int64) margin of each cell's decision in `run` (a Run or a Trace),
+    [P][M], on its selection scores (colibri.margins); k is the model's top-k. Undefined (k ==
+    n_experts): inf and -1."""
+    margin, ulps = selection_margins(run.selection_scores, run.expert_ids, run.chosen_groups,
+                                     limits, k)
+    undefined = ~np.isfinite(margin)
+    return (np.where(undefined, np.inf, margin.astype(np.float64)),
+            np.where(undefined, -1, ulps).astype(np.int64))
 
 
 def ulp_bin(ulps: int) -> int:
@@ -137,12 +135,15 @@ def _first(mask: np.ndarray) -> int | None:
 @dataclass(frozen=True)
 class Run:
     """One teacher-forced pass: logits [P][V], selected experts [P][M][k] in selection order,
-    router logits as routing used them [P][M][E]."""
+    router logits as routing used them [P][M][E], the selection scores the choice ranked
+    [P][M][E] and the kept groups [P][M][g]."""
 
     name: str
     logits: np.ndarray
     expert_ids: np.ndarray
     router_logits: np.ndarray
+    selection_scores: np.ndarray
+    chosen_groups: np.ndarray
     kernels: str = ""                        # the kernel path the run's session ran
 
     @property
@@ -222,7 +223,8 @@ class Runner:
             trace = s.trace
             assert trace is not None
             return Run(BASELINE if variant.is_baseline else variant.name, logits,
-                       np.array(trace.expert_ids), np.array(trace.router_logits), s.kernels)
+                       np.array(trace.expert_ids), np.array(trace.router_logits),
+                       np.array(trace.selection_scores), np.array(trace.chosen_groups), s.kernels)
 
     def greedy_sequence(self, prompt: Sequence[int], n_generate: int) -> list[int]:
         """prompt + the baseline's greedy continuation of n_generate tokens (stops after EOS)."""
@@ -302,6 +304,13 @@ class JitterReport:
     margin_ulps: np.ndarray                  # [P][M] int64
     downstream: dict[str, Downstream] = field(default_factory=dict)
     kernels: str = ""                        # the baseline's kernel path ("" in older reports)
+    # name (and "baseline") -> [P][M][E] float32, what each run's choice ranked (reports without
+    # them come from version-1 models, which rank the router logits)
+    selection_scores: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.selection_scores:
+            self.selection_scores = dict(self.router_logits)
 
     @property
     def n_positions(self) -> int:
@@ -343,7 +352,8 @@ class JitterReport:
                 for b, (c, f, n) in sorted(bins.items())]
 
     def cell(self, position: int, layer_index: int) -> dict[str, Any]:
-        """One cell for the token view: every run's router logits and selected set."""
+        """One cell for the token view: every run's router logits, selection scores and selected
+        set."""
         names = [BASELINE, *self.variants]
         return {
             "position": position, "layer": self.moe_layers[layer_index],
@@ -351,6 +361,8 @@ class JitterReport:
             "margin_abs": float(self.margin_abs[position, layer_index]),
             "margin_ulps": int(self.margin_ulps[position, layer_index]),
             "runs": {n: {"router_logits": self.router_logits[n][position, layer_index].tolist(),
+                         "selection_scores":
+                             self.selection_scores[n][position, layer_index].tolist(),
                          "selected": self.sets[n][position, layer_index].tolist(),
                          "flipped": bool(n != BASELINE and self.flips(n)[position, layer_index])}
                      for n in names},
@@ -370,6 +382,7 @@ class JitterReport:
             "threads": self.threads, "kernels": self.kernels, "variants": list(self.variants),
             "sets": {n: _ints(self.sets[n]) for n in names},
             "router_logits": {n: _floats(self.router_logits[n]) for n in names},
+            "selection_scores": {n: _floats(self.selection_scores[n]) for n in names},
             "margin_abs": _floats(self.margin_abs), "margin_ulps": _ints(self.margin_ulps),
             "flips": {n: _ints(self.flips(n).astype(np.int8)) for n in self.variants},
             "cell_flip_rate": _floats(self.cell_flip_rate()),
@@ -390,7 +403,9 @@ class JitterReport:
                    {n: _unfloats(d["router_logits"][n], np.float32) for n in names},
                    _unfloats(d["margin_abs"]), np.asarray(d["margin_ulps"], dtype=np.int64),
                    {n: Downstream.from_dict(d["downstream"][n]) for n in d["variants"]},
-                   d.get("kernels", ""))
+                   d.get("kernels", ""),
+                   {n: _unfloats(d["selection_scores"][n], np.float32) for n in names}
+                   if "selection_scores" in d else {})
 
 
 def report_json(report: JitterReport | EpsilonReport) -> bytes:
@@ -417,9 +432,11 @@ def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Var
     total = 1 + len(variants)
     progress(0, total, "baseline")
     base = runner.run(tokens)
-    margin_abs, margin_ulps = margins(base.router_logits, runner.model.hparams.n_experts_active)
+    margin_abs, margin_ulps = margins(base, group_limits(runner.model),
+                                      runner.model.hparams.n_experts_active)
     sets = {BASELINE: base.sets}
     router = {BASELINE: base.router_logits}
+    selection = {BASELINE: base.selection_scores}
     downstream = {}
     names = []
     for i, v in enumerate(variants):
@@ -429,13 +446,14 @@ def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Var
         names.append(run.name)
         sets[run.name] = run.sets
         router[run.name] = run.router_logits
+        selection[run.name] = run.selection_scores
         downstream[run.name] = Downstream.between(base, run)
     progress(total, total, "done")
     info = _report_base(runner, tokens)
     return JitterReport(info["model"], info["tokens"],
                         len(tokens) if n_prompt is None else n_prompt, info["moe_layers"],
                         info["n_experts"], info["k"], info["threads"], names, sets, router,
-                        margin_abs, margin_ulps, downstream, base.kernels)
+                        margin_abs, margin_ulps, downstream, base.kernels, selection)
 
 
 # ---------------------------------------------------------------------------------------------

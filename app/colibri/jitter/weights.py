@@ -1,7 +1,8 @@
 """Weight-precision variants: the same checkpoint re-written with its matrices in f32, f16 or bf16,
 optionally with the expert matrices block-quantised (q8_0/q4_0, the converter's default set).
 
-The copy keeps the header, routing section, tokenizer and metadata; every tensor goes through
+The copy keeps the header fields, every layer's routing rule and attention, the tokenizer and
+metadata (a version-1 file is written as version 2, its rules stated); every tensor goes through
 float32 (`Model.tensor_f32`, which dequantises q8_0/q4_0) and is stored in the target dtype,
 except 1-D tensors and the routers (`moe_gate`), which docs/format.md keeps in f32. So `w-f16` of
 an f32 file rounds every matrix to f16, and `w-f32` of an f16 file is the f16 values widened
@@ -36,8 +37,10 @@ def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str],
     if quantize is not None and quantize not in ff.QUANT_BY_NAME:
         raise ValueError(f"unknown quantisation {quantize!r}")
     hp = model.hparams
-    kinds = [ff.LAYER_MOE if model.routing(layer).kind == "moe" else ff.LAYER_DENSE
-             for layer in range(hp.n_layers)]
+    infos = [model.routing(layer) for layer in range(hp.n_layers)]
+    kinds = [ff.LAYER_MOE if info.kind == "moe" else ff.LAYER_DENSE for info in infos]
+    rules = [ff.RouteRule.from_info(info) if info.kind == "moe" else None for info in infos]
+    attention = [info.attention for info in infos]
     specs = []
     for info in model.tensors:
         dtype = _storage_dtype(info.name, len(info.shape), target)
@@ -54,6 +57,7 @@ def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str],
     user = model.metadata.get("user")
     metadata = dict(user) if isinstance(user, dict) else {}
     metadata["jitter_weights"] = target if quantize is None else f"{target}+{quantize}"
-    plan = ff.plan_file(hp, kinds, specs, tokenizer=model.tokenizer_json, metadata=metadata)
+    plan = ff.plan_file(hp, kinds, specs, tokenizer=model.tokenizer_json, metadata=metadata,
+                        rules=rules, attention=attention)
     ff.write_colibri(out_path, plan)
     return Path(out_path)

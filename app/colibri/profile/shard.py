@@ -26,6 +26,7 @@ import numpy as np
 
 from colibri.engine import Model, Session
 from colibri.jitter import Runner, Variant
+from colibri.margins import group_limits
 from colibri.profile.stats import ShardAccumulator, Shape
 
 
@@ -94,7 +95,8 @@ def moe_layers(model: Model) -> list[int]:
 def profile_shape(model: Model, routing: str, n_variants: int) -> Shape:
     hp = model.hparams
     k = hp.n_experts if routing == "soft" else hp.n_experts_active
-    return Shape(len(moe_layers(model)), hp.n_experts, k, hp.vocab_size, n_variants)
+    return Shape(len(moe_layers(model)), hp.n_experts, k, hp.vocab_size, n_variants,
+                 hp.n_experts_active, tuple(group_limits(model)))
 
 
 class _Worker:
@@ -145,8 +147,7 @@ def run_shard(job: ShardJob, progress: Callable[[int], None] | None = None
         trace = session.trace
         assert trace is not None
         window = job.first_window + w
-        ulp_idx = acc.add_window(window, tokens, trace.expert_ids, trace.expert_weights,
-                                 trace.router_logits)
+        ulp_idx = acc.add_window(window, tokens, trace.expert_weights, trace)
         if worker.variants and window % settings.jitter_every == 0:
             base = np.sort(trace.expert_ids, axis=-1)
             for v, variant in enumerate(worker.variants):

@@ -6,10 +6,12 @@ weights. Per shard (`ShardAccumulator`, in the worker) and then per profile (`me
   load[m, e]            cells of MoE layer m that selected expert e
   weight_sum[m, e]      sum of e's combine weights over those cells (float64)
   cosel[m, a, b]        cells that selected both a and b (a < b)
-  ulp_hist[m, b]        cells by selection margin in ULPs (k-th minus (k+1)-th router logit on the
-                        ordered float line, `colibri.jitter.margins`), in `colibri.jitter.ulp_bin`
-                        bins shifted by one (0 = no (k+1)-th expert, 1 = a tie, 2 = 1 ULP, ...)
-  abs_hist[m, b]        the same margins in absolute value, in the fixed bins of ABS_EDGES
+  ulp_hist[m, b]        cells by selection margin in ULPs (on the selection scores the rule ranks,
+                        group gap included: `colibri.jitter.margins`), in `colibri.jitter.ulp_bin`
+                        bins shifted by one (0 = none: no unchosen expert at the model's top-k, or
+                        a lower-scored expert chosen by stable/Gumbel routing; 1 = a tie, 2 = 1
+                        ULP, ...)
+  abs_hist[m, b]        the same margins as values, in the fixed bins of ABS_EDGES (0 = none)
   token (m, e, t)       how often token id t was routed to e at layer m (sparse)
   occurrences[t]        positions holding token id t
   jitter_cells/flips[v, m, b]   on the sampled windows: cells per ULP-margin bin, and those whose
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from colibri.jitter import margins, ulp_bin_label, ulp_bins
+from colibri.margins import Decisions, GroupLimit
 
 EXAMPLES = 16                      # highest-weight selections kept per (layer, expert)
 CONTEXT_BEFORE, CONTEXT_AFTER = 16, 6
@@ -48,7 +51,7 @@ def ulp_bin_index(ulps: np.ndarray) -> np.ndarray:
 def abs_bin_index(margin: np.ndarray) -> np.ndarray:
     m = np.asarray(margin, dtype=np.float64)
     idx = 2 + np.searchsorted(ABS_EDGES, m, side="right")
-    return np.where(np.isinf(m), 0, np.where(m == 0, 1, idx)).astype(np.int64)
+    return np.where(np.isinf(m) | (m < 0), 0, np.where(m == 0, 1, idx)).astype(np.int64)
 
 
 def ulp_bin_bounds(index: int) -> tuple[str, float, float]:
@@ -103,6 +106,11 @@ class Shape:
     k: int              # experts per cell (n_experts in soft routing)
     vocab: int
     n_variants: int     # jitter variants
+    k_model: int = 0    # the model's top-k, where margins are measured (0: k)
+    limits: tuple[GroupLimit, ...] = ()   # each MoE layer's group limit (empty: none)
+
+    def group_limits(self) -> list[GroupLimit]:
+        return list(self.limits) or [GroupLimit()] * self.n_moe
 
 
 class ShardAccumulator:
@@ -129,13 +137,15 @@ class ShardAccumulator:
         self._layer_me = np.arange(M, dtype=np.int64)[None, :, None] * E  # [1, M, 1]
         self._pairs = [(i, j) for i in range(shape.k) for j in range(i + 1, shape.k)]
 
-    def add_window(self, window: int, tokens: np.ndarray, expert_ids: np.ndarray,
-                   weights: np.ndarray, router_logits: np.ndarray) -> np.ndarray:
-        """Count one window's trace: tokens [P], expert_ids and weights [P, M, k], router logits
-        [P, M, E]. Returns the ULP-margin bin of each cell [P, M] (for `add_flips`)."""
+    def add_window(self, window: int, tokens: np.ndarray, weights: np.ndarray,
+                   decisions: Decisions) -> np.ndarray:
+        """Count one window's trace: tokens [P], combine weights [P, M, k] and the decisions
+        (a Trace: expert ids, selection scores, kept groups). Returns the ULP-margin bin of each
+        cell [P, M] (for `add_flips`)."""
         s = self.shape
         P = int(tokens.size)
         E = s.n_experts
+        expert_ids = decisions.expert_ids
         me = (self._layer_me + expert_ids).reshape(-1)                       # [P*M*k]
         self.load += np.bincount(me, minlength=s.n_moe * E)
         self.weight_sum += np.bincount(me, weights=weights.reshape(-1).astype(np.float64),
@@ -147,7 +157,7 @@ class ShardAccumulator:
                 self.cosel += np.bincount(key.reshape(-1), minlength=s.n_moe * E * E)
         else:  # every cell selects every expert
             self.cosel += P
-        margin_abs, margin_ulps = margins(router_logits, s.k)
+        margin_abs, margin_ulps = margins(decisions, s.group_limits(), s.k_model or s.k)
         ulp_idx = ulp_bin_index(margin_ulps)                                  # [P, M]
         layer_bins = np.arange(s.n_moe, dtype=np.int64)[None, :]
         self.ulp_hist += np.bincount((layer_bins * N_ULP_BINS + ulp_idx).reshape(-1),

@@ -26,6 +26,7 @@ from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QFileDialog, QLabel, QLineEdit, QSizePolicy, QSpinBox, QSplitter,
                                QTabWidget, QToolBar, QVBoxLayout, QWidget)
 
+from colibri.debugging.anatomy import RuleBook
 from colibri.debugging.events import Event, EventList
 from colibri.debugging.run import token_piece
 from colibri.debugging.session_file import SUFFIX, SavedSession, load_session, save_session
@@ -48,6 +49,7 @@ class QtDebuggerPanel(QWidget):
                  step_delay_s: float = 0.0) -> None:
         super().__init__(parent)
         self.model: Any = None
+        self._rules: RuleBook | None = None
         # Called when a session is saved: JSON-ready results of other analyses to store with it.
         self.analysis_provider: Callable[[], dict[str, Any]] | None = None
         self.snapshot: DebuggerSnapshot | None = None
@@ -140,8 +142,9 @@ class QtDebuggerPanel(QWidget):
         self._shortcuts()
         # Labels carry run-dependent text (status, generated text, token details): let them
         # wrap rather than grow the panel's minimum width with every token.
-        for label in (self.status, self.run_panel.status,
-                      self.token_view.title, self.token_view.details, self.routing_map.balance,
+        for label in (self.status, self.run_panel.status, self.token_view.title,
+                      self.token_view.rule, self.token_view.bias_flag,
+                      self.token_view.details, self.routing_map.balance,
                       self.routing_map.hover, self.latency.summary):
             label.setWordWrap(True)
             label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -165,6 +168,8 @@ class QtDebuggerPanel(QWidget):
     def set_model(self, model: Any) -> None:
         """Debug `model` (a colibri.engine.Model). The panel does not close it."""
         self.model = model
+        self._rules = RuleBook(model) if model is not None else None
+        self.token_view.set_rules(self._rules)
         tok = model.tokenizer if model is not None else None
         if tok is None:
             self.run_panel.set_tokenizer(None)
@@ -183,6 +188,7 @@ class QtDebuggerPanel(QWidget):
             self._set_status("no model: open one first")
             return
         self.saved = None
+        self.token_view.set_rules(self._rules)
         self._run_after_start = run
         self.controller.start(self.model, settings)
 
@@ -391,9 +397,11 @@ class QtDebuggerPanel(QWidget):
         self.breakpoint_view.set_breakpoints(saved.breakpoints)
         if saved.analyses:
             self.sig_analyses_loaded.emit(saved.analyses)
+        same_model = self.model is not None and saved.model_matches(self.model.path)
+        # another file's rules would explain these decisions wrongly
+        self.token_view.set_rules(self._rules if same_model else None)
         self._repaint()
-        note = "" if self.model is None or saved.model_matches(self.model.path) else \
-            " (recorded on a different model file)"
+        note = "" if self.model is None or same_model else " (recorded on a different model file)"
         if saved.kernels_note():
             note += f" ({saved.kernels_note()})"
         self._set_status(f"viewing saved session {os.path.basename(path)}{note}; Run starts "

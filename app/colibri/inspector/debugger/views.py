@@ -2,8 +2,11 @@
 
   * `QtEventList`      - `EventList` as a lazy table (RenderDoc's event browser); current event
                          marked, bookmarks starred; `sig_event_selected(index)`.
-  * `QtTokenView`      - one `Event`: router logits of every expert as bars (chosen top-k in
-                         colour, weights as labels), margin (absolute and ULPs), shared-expert
+  * `QtTokenView`      - one `Event`: every expert's selection score as bars (chosen top-k in
+                         colour, weights as labels, dropped groups faded), the rule's anatomy
+                         as a table (`AnatomyTableModel`: logit, score, bias, selection score,
+                         group, rank, weight), the rule in words, a flag when the correction
+                         bias changed the choice, margin (absolute and ULPs), shared-expert
                          gate, hidden-state norm.
   * `QtRoutingHeatmap` - a `RoutingMatrix`: positions x MoE layers coloured by top-1 expert
                          (ImageItem + ColorBarItem), hover shows the full top-k and weights;
@@ -13,7 +16,8 @@
                          tokens per second, and the current position's layers split by phase
                          (plus "other": layer time no phase covers - norms, dense MLP).
   * `QtBreakpointList` - a `BreakpointList`: checkable entries, add and remove.
-None recomputes routing: they read the record, the event list's derived arrays and `stats`.
+None recomputes routing: they read the record, the event list's derived arrays, `stats` and
+the anatomy (`colibri.debugging.anatomy`, whose scores the engine computes).
 """
 
 from __future__ import annotations
@@ -27,12 +31,14 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelInd
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QGridLayout,
                                QHBoxLayout, QHeaderView, QLabel, QListWidget, QListWidgetItem,
-                               QPushButton, QSpinBox, QSplitter, QTableView, QTextBrowser,
-                               QVBoxLayout, QWidget)
+                               QPushButton, QSpinBox, QSplitter, QTableView, QTabWidget,
+                               QTextBrowser, QVBoxLayout, QWidget)
 
-from colibri.debugging.breakpoints import (AtPosition, Breakpoint, BreakpointList, ExpertChosen,
-                                           MarginBelow, NonFinite)
+from colibri.debugging.anatomy import Anatomy, RuleBook, anatomy
+from colibri.debugging.breakpoints import (AtPosition, BiasChanged, Breakpoint, BreakpointList,
+                                           ExpertChosen, MarginBelow, NonFinite)
 from colibri.debugging.events import Event, EventList
+from colibri.inspection.values import format_scalar
 from colibri.debugging.stats import (LatencySeries, co_selection, expert_load, load_balance,
                                      routing_matrix)
 from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tidy
@@ -40,6 +46,8 @@ from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tid
 _CURRENT = QColor(120, 200, 120, 90)  # RenderDoc's green flag for the current event
 _CHOSEN = (230, 140, 40)
 _OTHER = (110, 130, 160)
+_DROPPED = (110, 130, 160, 70)        # an expert of a group the limit dropped
+_CHOSEN_ROW = QColor(230, 140, 40, 70)
 Index = QModelIndex | QPersistentModelIndex
 
 
@@ -158,13 +166,94 @@ class QtEventList(QWidget):
 # Token view
 
 
+class AnatomyTableModel(QAbstractTableModel):
+    """One decision's `Anatomy`, a row per expert: the rule's steps as columns. Chosen experts'
+    rows are tinted, experts of dropped groups greyed; missing values (no model, no bias, no
+    groups) read as empty cells."""
+
+    COLUMNS = ("expert", "logit", "score", "bias", "selection", "group", "rank", "weight")
+    TIPS = {"logit": "router logit (router bias included)",
+            "score": "the rule's score: sigmoid of the logit, or softmax over every logit "
+                     "(computed by the engine's router)",
+            "bias": "correction bias, added for the choice only",
+            "selection": "selection score: what the choice ranks (the margin is measured here)",
+            "group": "the expert's group; * = a kept group",
+            "rank": "slot in the choice, 1 = best", "weight": "combine weight"}
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.anatomy: Anatomy | None = None
+
+    def set_anatomy(self, a: Anatomy | None) -> None:
+        self.beginResetModel()
+        self.anatomy = a
+        self.endResetModel()
+
+    def rowCount(self, parent: Index = QModelIndex()) -> int:
+        return 0 if parent.isValid() or self.anatomy is None else self.anatomy.n_experts
+
+    def columnCount(self, parent: Index = QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(self.COLUMNS)
+
+    def headerData(self, section: int, orientation: Qt.Orientation,
+                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if orientation != Qt.Orientation.Horizontal:
+            return None
+        if role == Qt.ItemDataRole.DisplayRole:
+            return self.COLUMNS[section]
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return self.TIPS.get(self.COLUMNS[section])
+        return None
+
+    def text(self, row: int, column: str) -> str:
+        """The cell as shown (tests read the table through this)."""
+        a = self.anatomy
+        assert a is not None
+        if column == "expert":
+            return str(row)
+        if column == "group":
+            g = int(a.group[row])
+            return "" if g < 0 else f"{g}{'*' if a.group_kept[row] else ''}"
+        if column == "rank":
+            return str(int(a.rank[row])) if a.rank[row] else ""
+        values = {"logit": a.logits, "score": a.scores, "bias": a.bias,
+                  "selection": a.selection, "weight": a.weight}[column]
+        if values is None or (column == "weight" and not a.rank[row]):
+            return ""
+        return format_scalar(np.float32(values[row]))
+
+    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        a = self.anatomy
+        if not index.isValid() or a is None or not 0 <= index.row() < a.n_experts:
+            return None
+        row = index.row()
+        if role == Qt.ItemDataRole.DisplayRole:
+            return self.text(row, self.COLUMNS[index.column()])
+        if role == Qt.ItemDataRole.BackgroundRole and a.rank[row]:
+            return QBrush(_CHOSEN_ROW)
+        if role == Qt.ItemDataRole.ForegroundRole and not a.group_kept[row]:
+            return QBrush(QColor(128, 128, 128))
+        if role == Qt.ItemDataRole.TextAlignmentRole and index.column() > 0:
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        return None
+
+
 class QtTokenView(QWidget):
-    """One event: router logit bars with the chosen top-k marked and the routing figures."""
+    """One event: selection-score bars with the chosen top-k marked, the rule's anatomy per
+    expert, and the routing figures. `set_rules` gives the open model's rules (scores, biases
+    and the rule's words need them); without them those columns stay empty."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.title = QLabel("no event", self)
         self.title.setObjectName("debuggerTokenTitle")
+        self.rule = QLabel("", self)
+        self.rule.setObjectName("debuggerTokenRule")
+        self.rule.setWordWrap(True)
+        self.bias_flag = QLabel("", self)
+        self.bias_flag.setObjectName("debuggerBiasChanged")
+        self.bias_flag.setWordWrap(True)
+        self.bias_flag.hide()
         self.details = QLabel("", self)
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.plot = pg.PlotWidget(self, axisItems=axes(bottom=IndexAxis("bottom")))
@@ -176,11 +265,34 @@ class QtTokenView(QWidget):
         self.plot.setRange(xRange=(-0.6, 0.6), yRange=(-1, 1), padding=0)
         self.bars: pg.BarGraphItem | None = None
         self.labels: list[pg.TextItem] = []
+        self.anatomy_model = AnatomyTableModel(self)
+        self.table = QTableView(self)
+        self.table.setObjectName("debuggerAnatomy")
+        self.table.setModel(self.anatomy_model)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        # one at a time: the centre column is too short for both at 1280x800
+        self.tabs = QTabWidget(self)
+        self.tabs.addTab(self.plot, "bars")
+        self.tabs.addTab(self.table, "experts")
+        self.tabs.setTabToolTip(1, "every expert through the rule: logit, score, bias, selection "
+                                   "score, group, rank, weight")
         layout = QVBoxLayout(self)
         layout.addWidget(self.title)
-        layout.addWidget(self.plot, 1)
+        layout.addWidget(self.rule)
+        layout.addWidget(self.bias_flag)
+        layout.addWidget(self.tabs, 1)
         layout.addWidget(self.details)
         self.event: Event | None = None
+        self.anatomy: Anatomy | None = None
+        self.rules: RuleBook | None = None
+
+    def set_rules(self, rules: RuleBook | None) -> None:
+        """The rules of the model the shown events ran on (None: unknown)."""
+        self.rules = rules
+        if self.event is not None:
+            self.set_event(self.event)
 
     def set_event(self, e: Event | None) -> None:
         self.event = e
@@ -190,28 +302,26 @@ class QtTokenView(QWidget):
         if self.bars is not None:
             self.plot.removeItem(self.bars)
             self.bars = None
-        if e is None:
+        self.anatomy = a = None if e is None else anatomy(e, self.rules)
+        self.anatomy_model.set_anatomy(a)
+        columns = AnatomyTableModel.COLUMNS
+        for name, shown in (("score", a is not None and a.scores is not None),
+                            ("bias", a is not None and a.bias is not None),
+                            ("group", a is not None and a.has_groups)):
+            self.table.setColumnHidden(columns.index(name), not shown)
+        if e is None or a is None:
             self.title.setText("no event")
+            self.rule.setText("")
+            self.bias_flag.hide()
             self.details.setText("")
             return
-        logits = np.nan_to_num(np.asarray(e.router_logits, dtype=np.float64), nan=0.0,
-                               posinf=0.0, neginf=0.0)
-        x = np.arange(logits.size)
-        brushes = [pg.mkBrush(*(_CHOSEN if i in e.expert_ids else _OTHER)) for i in x]
-        self.bars = pg.BarGraphItem(x=x, height=logits, width=0.8, brushes=brushes)
-        self.plot.addItem(self.bars)
-        for rank, (expert, weight) in enumerate(zip(e.expert_ids, e.expert_weights)):
-            label = pg.TextItem(f"#{rank + 1} w={weight:.3f}", anchor=(0.5, 1.0))
-            label.setPos(float(expert), float(max(logits[expert], 0.0)))
-            self.plot.addItem(label)
-            self.labels.append(label)
-        # room above the tallest bar for its label (a third of the span), none wasted below
-        top, bottom = float(max(logits.max(), 0.0)), float(min(logits.min(), 0.0))
-        span = max(top - bottom, 1e-6)
-        self.plot.setRange(xRange=(-0.6, logits.size - 0.4), padding=0,
-                           yRange=(bottom - 0.05 * span, top + 0.35 * span))
+        self._plot(e, a)
         self.title.setText(f"event {e.index}: position {e.position} {e.token_text!r} "
                            f"(id {e.token}), layer {e.layer}")
+        self.rule.setText(f"rule: {a.rule}" if a.rule else "")
+        self.bias_flag.setText("\u2691 the correction bias changed this choice: ranked without "
+                               "it, the rule picks another set of experts")
+        self.bias_flag.setVisible(a.bias_changed)
         ulps = "n/a" if e.margin_ulps is None else f"{e.margin_ulps} ULPs"
         gate = "none" if np.isnan(e.shared_gate) else f"{e.shared_gate:.4f}"
         flags = []
@@ -219,12 +329,35 @@ class QtTokenView(QWidget):
             flags.append("routing changed vs previous position")
         if e.nonfinite:
             flags.append("NaN/Inf")
+        groups = (f"   kept groups {[g for g in e.chosen_groups if g >= 0]}"
+                  if e.chosen_groups else "")
         self.details.setText(
             f"experts {list(e.expert_ids)}  weights "
-            f"{[round(w, 4) for w in e.expert_weights]}\n"
-            f"margin to first unchosen: {e.margin:.6g} ({ulps})   shared gate: {gate}   "
-            f"hidden norm at router: {e.hidden_norm:.6g}" + ("\n" + "; ".join(flags)
-                                                              if flags else ""))
+            f"{[round(w, 4) for w in e.expert_weights]}{groups}\n"
+            f"selection margin to first unchosen: {e.margin:.6g} ({ulps})   shared gate: {gate}"
+            f"   hidden norm at router: {e.hidden_norm:.6g}" + ("\n" + "; ".join(flags)
+                                                               if flags else ""))
+
+    def _plot(self, e: Event, a: Anatomy) -> None:
+        """Bars of what the choice ranks: the selection scores (the logits themselves when the
+        rule ranks them)."""
+        values = np.nan_to_num(a.selection.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        self.plot.setLabel("left", "router logit" if a.selection_is_logit else "selection score")
+        x = np.arange(values.size)
+        brushes = [pg.mkBrush(*(_CHOSEN if a.rank[i] else
+                                _OTHER if a.group_kept[i] else _DROPPED)) for i in x]
+        self.bars = pg.BarGraphItem(x=x, height=values, width=0.8, brushes=brushes)
+        self.plot.addItem(self.bars)
+        for rank, (expert, weight) in enumerate(zip(e.expert_ids, e.expert_weights)):
+            label = pg.TextItem(f"#{rank + 1} w={weight:.3f}", anchor=(0.5, 1.0))
+            label.setPos(float(expert), float(max(values[expert], 0.0)))
+            self.plot.addItem(label)
+            self.labels.append(label)
+        # room above the tallest bar for its label (a third of the span), none wasted below
+        top, bottom = float(max(values.max(), 0.0)), float(min(values.min(), 0.0))
+        span = max(top - bottom, 1e-6)
+        self.plot.setRange(xRange=(-0.6, values.size - 0.4), padding=0,
+                           yRange=(bottom - 0.05 * span, top + 0.35 * span))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,7 +602,8 @@ class QtBreakpointList(QWidget):
         self.breakpoints = BreakpointList()
         self.list = QListWidget(self)
         self.kind = QComboBox(self)
-        self.kind.addItems(["expert chosen", "margin below", "NaN/Inf", "at position"])
+        self.kind.addItems(["expert chosen", "margin below", "NaN/Inf", "at position",
+                            "bias changed"])
         self.expert = QSpinBox(self)
         self.expert.setRange(0, 4095)
         self.layer = QSpinBox(self)
@@ -504,7 +638,8 @@ class QtBreakpointList(QWidget):
         layer = None if self.layer.value() < 0 else self.layer.value()
         return [ExpertChosen(self.expert.value(), layer), MarginBelow(self.threshold.value(),
                                                                       layer),
-                NonFinite(), AtPosition(self.position.value())][self.kind.currentIndex()]
+                NonFinite(), AtPosition(self.position.value()),
+                BiasChanged(layer)][self.kind.currentIndex()]
 
     def add_from_form(self) -> None:
         self.add(self.form_breakpoint())

@@ -2,13 +2,14 @@
 
   * `QtJitterHeatmap`  - a `JitterReport`'s cell flip rate (positions x MoE layers: the fraction
                          of variants that change the cell's selected set); click = select a cell.
-  * `QtMarginHeatmap`  - the baseline's k-th/(k+1)-th margin in ULPs, log2(1 + ULPs) coloured.
+  * `QtMarginHeatmap`  - the baseline's selection margin in ULPs, log2(1 + ULPs) coloured.
   * `QtFlipsVsMargin`  - every cell as (log2(1 + margin ULPs), variants flipping it), plus the
                          report's margin bins as bars (flipped pairs per bin).
-  * `QtCellLogits`     - one cell: the router logits of every run side by side (a table, rows =
-                         runs, columns = experts; selected experts marked, flipped runs tinted)
-                         and each variant's logit offsets from the baseline in ULPs (signed
-                         log2 scale).
+  * `QtCellLogits`     - one cell: the selection scores of every run side by side (what the
+                         choice ranked: the router logits for a softmax without a bias, sigmoid +
+                         correction bias for DeepSeek-V3; a table, rows = runs, columns =
+                         experts; selected experts marked, flipped runs tinted) and each
+                         variant's offsets from the baseline in ULPs (signed log2 scale).
   * `QtEpsilonCurve`   - an `EpsilonReport`: jitter left and decisions changed (bias) against
                          epsilon, the recommended epsilon marked (eps 0 drawn one decade left of
                          the smallest positive epsilon, on a log axis).
@@ -153,12 +154,13 @@ class QtJitterHeatmap(_CellHeatmap):
 
 
 class QtMarginHeatmap(_CellHeatmap):
-    """The baseline's top-k margin per (position, MoE layer), in ULPs on a log scale."""
+    """The baseline's selection margin per (position, MoE layer), in ULPs on a log scale."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__("margin, log2(1 + ULPs)", "margin: the baseline's k-th minus "
-                         "(k+1)-th router logit in float32 ULPs, on a log scale (dark: a "
-                         "near-tie)", "viridis", _margin, _describe_margin, parent)
+        super().__init__("margin, log2(1 + ULPs)", "margin: the baseline's lowest chosen minus "
+                         "highest unchosen selection score (or the kept/dropped group gap) in "
+                         "float32 ULPs, on a log scale (dark: a near-tie)", "viridis", _margin,
+                         _describe_margin, parent)
 
 
 class QtFlipsVsMargin(QWidget):
@@ -221,15 +223,15 @@ class QtFlipsVsMargin(QWidget):
 
 
 class QtCellLogits(QWidget):
-    """One cell's router logits under every run, side by side."""
+    """One cell's selection scores under every run, side by side."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.title = QLabel("click a cell of a heatmap", self)
         self.table = QTableWidget(self)
         self.graphics = pg.GraphicsLayoutWidget(self)
-        self.plot = tidy(self.graphics.addPlot(title="each run's offset from the baseline logit:"
-                                                     " sign x log2(1 + |ULPs|)",
+        self.plot = tidy(self.graphics.addPlot(title="offset from the baseline's selection "
+                                                     "score: sign x log2(1 + |ULPs|)",
                                                axisItems=axes(IndexAxis("bottom"))))
         self.plot.setLabel("bottom", "expert")
         self.plot.setLabel("left", "ULPs, log2")
@@ -259,10 +261,10 @@ class QtCellLogits(QWidget):
         self.table.setColumnCount(E + 2)
         self.table.setHorizontalHeaderLabels([f"e{j}" for j in range(E)] + ["selected", "flip"])
         self.table.setVerticalHeaderLabels(names)
-        base = np.asarray(cell["runs"][BASELINE]["router_logits"], dtype=np.float32)
+        base = np.asarray(cell["runs"][BASELINE]["selection_scores"], dtype=np.float32)
         for row, name in enumerate(names):
             run = cell["runs"][name]
-            for j, v in enumerate(run["router_logits"]):
+            for j, v in enumerate(run["selection_scores"]):
                 item = QTableWidgetItem(f"{v:.9g}")
                 item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
                 if j in run["selected"]:
@@ -278,8 +280,8 @@ class QtCellLogits(QWidget):
         width = 0.8 / max(len(names) - 1, 1)
         reach = 1.0
         for i, name in enumerate(names[1:]):
-            logits = np.asarray(cell["runs"][name]["router_logits"], dtype=np.float32)
-            d = (ordered_int(logits) - ordered_int(base)).astype(np.float64)
+            values = np.asarray(cell["runs"][name]["selection_scores"], dtype=np.float32)
+            d = (ordered_int(values) - ordered_int(base)).astype(np.float64)
             d = np.sign(d) * np.log2(1.0 + np.abs(d))  # 1 ULP and 10^5 ULPs on one axis
             reach = max(reach, float(np.abs(d).max()))
             colour = pg.intColor(i, hues=max(len(names) - 1, 1))
@@ -292,7 +294,7 @@ class QtCellLogits(QWidget):
         self.plot.setRange(xRange=(-0.6, E - 0.4), yRange=(-reach * 1.05, reach * 1.05), padding=0)
 
     def table_values(self) -> dict[str, list[float]]:
-        """Run name -> the logits the table shows (parsed back from the cells)."""
+        """Run name -> the selection scores the table shows (parsed back from the cells)."""
         out = {}
         for row in range(self.table.rowCount()):
             name = self.table.verticalHeaderItem(row).text()

@@ -1,0 +1,469 @@
+"""What every family's conversion shares: reading config.json against the transformers class
+defaults, RoPE parameters, the header limits, and the tensor mappings several families reuse
+(GQA and MLA attention, dense MLPs, routed and shared experts).
+
+A family module (one per transformers `model_type`, next to this one) says what its config means
+(`Architecture`: header fields, layer kinds, each MoE layer's routing rule, each layer's
+attention) and which Hugging Face tensors make each Colibri tensor, through a `Planner` that
+colibri.convert implements. Nothing here reads tensor data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from colibri.fileformat import (
+    ATTENTION_MLA, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS,
+    FLAG_TIED_EMBEDDINGS, LAYER_FULL, LAYER_SLIDING, ROPE_DEFAULT, ROPE_LINEAR, ROPE_YARN,
+    RouteRule,
+)
+from colibri.values import HParams
+
+
+class ConversionError(Exception):
+    """The checkpoint cannot be converted; the message says which file, field or tensor, and why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json
+
+
+class Config:
+    """config.json of one family, falling back to the transformers 5.23 class defaults (the
+    dataclass field defaults after __post_init__) for the fields it omits, so a config that
+    omits a field converts to what `from_pretrained` would build."""
+
+    def __init__(self, raw: dict[str, Any], model_type: str, defaults: dict[str, Any],
+                 aliases: dict[str, str]):
+        self.raw = raw
+        self.model_type = model_type
+        self.defaults = defaults
+        self.aliases = aliases
+
+    def _names(self, key: str) -> tuple[str, ...]:
+        alias = self.aliases.get(key)
+        return (key,) if alias is None else (key, alias)
+
+    def get(self, key: str) -> Any:
+        """config.json's value (null counts as absent only where noted), else the class default."""
+        for source in (self.raw, self.defaults):
+            for k in self._names(key):
+                if k in source:
+                    return source[k]
+        return None
+
+    def int(self, key: str, minimum: int = 1) -> int:
+        value = self.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConversionError(f"config.json: {key} = {value!r}, expected an integer "
+                                  f">= {minimum}")
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self.get(key)
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            raise ConversionError(f"config.json: {key} = {value!r}, expected true or false")
+        return value
+
+    def number(self, key: str, minimum: float = 0.0, strict: bool = False) -> float:
+        """A finite number >= minimum (> minimum when strict)."""
+        value = self.get(key)
+        number = finite_number(value, key)
+        if number < minimum or (strict and number == minimum):
+            raise ConversionError(f"config.json: {key} = {value!r}, expected a number "
+                                  f"{'>' if strict else '>='} {minimum:g}")
+        return number
+
+    def int_list(self, key: str) -> list[int]:
+        value = self.get(key) or []
+        if not isinstance(value, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in value):
+            raise ConversionError(f"config.json: {key} = {value!r}, expected a list of layer "
+                                  "indices")
+        return value
+
+
+def finite_number(value: Any, what: str) -> float:
+    """A config number that must be finite (json.loads accepts Infinity, NaN and integers too
+    large for a float, so each is refused here with the field's name)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConversionError(f"config.json: {what} = {value!r}, expected a number")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConversionError(f"config.json: {what} = {value!r}, expected a finite number")
+    return number
+
+
+def positive_number(value: Any, what: str) -> float:
+    """A config number that must be finite and > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConversionError(f"config.json: {what} = {value!r}, expected a number > 0")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not (math.isfinite(number) and number > 0):
+        raise ConversionError(f"config.json: {what} = {value!r}, expected a finite number > 0")
+    return number
+
+
+def token_id(value: Any) -> int:
+    """bos/eos: None -> -1, a list -> its first element."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value < 2**31:
+        raise ConversionError(f"config.json: token id {value!r} is not a 32-bit integer")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE
+
+
+@dataclass(frozen=True)
+class Rope:
+    """The RoPE header fields of a config (docs/format.md, "RoPE")."""
+
+    type: int
+    theta: float
+    factor: float = 1.0
+    partial: float = 1.0             # partial_rotary_factor: rotary_dim = int(head_dim * partial)
+    original_max_context: int = 0
+    attn_factor: float = 1.0
+    beta_fast: float = 0.0
+    beta_slow: float = 0.0
+    truncate: int = 0
+    params: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def apply(self, hp: HParams) -> HParams:
+        """`hp` with these RoPE fields."""
+        return replace(hp, rope_type=self.type, rope_theta=self.theta, rope_factor=self.factor,
+                       rope_original_max_context=self.original_max_context,
+                       rope_attn_factor=self.attn_factor, rope_truncate=self.truncate,
+                       rope_beta_fast=self.beta_fast, rope_beta_slow=self.beta_slow)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope(cfg: Config) -> Rope:
+    """RoPE from `rope_parameters` (transformers 5) or `rope_theta` / `rope_scaling` (older
+    configs): default, linear, or YaRN with transformers' defaults (beta_fast 32, beta_slow 1,
+    truncate, the attention factor from factor, mscale and mscale_all_dim)."""
+    params = cfg.raw.get("rope_parameters") or cfg.raw.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise ConversionError(f"config.json: rope parameters {params!r} are not an object")
+    if params and all(isinstance(v, dict) for v in params.values()):
+        # Nested per layer type ({"full_attention": {...}, ...}): fine only if all equal.
+        values = list(params.values())
+        if any(v != values[0] for v in values[1:]):
+            raise ConversionError("config.json: per-layer-type RoPE parameters differ; "
+                                  "not supported")
+        params = values[0]
+    theta = params.get("rope_theta", cfg.raw.get("rope_theta", cfg.defaults["rope_theta"]))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    theta = positive_number(theta, "rope_theta")
+    partial = params.get("partial_rotary_factor", cfg.raw.get("partial_rotary_factor",
+                                                              cfg.defaults.get("partial_rotary_factor")))
+    partial = 1.0 if partial is None else positive_number(partial, "partial_rotary_factor")
+    if partial > 1.0:
+        raise ConversionError(f"config.json: partial_rotary_factor = {partial} is above 1")
+    if rope_type == "default":
+        return Rope(ROPE_DEFAULT, theta, partial=partial, params=params)
+    if rope_type == "linear":
+        return Rope(ROPE_LINEAR, theta, positive_number(params.get("factor"),
+                                                        "linear RoPE factor"), partial, params=params)
+    if rope_type == "yarn":
+        original = params.get("original_max_position_embeddings")
+        if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+            raise ConversionError(f"config.json: YaRN original_max_position_embeddings = "
+                                  f"{original!r}, expected an integer >= 1")
+        factor = params.get("factor")
+        factor = (cfg.int("max_position_embeddings") / original if factor is None
+                  else positive_number(factor, "YaRN factor"))
+        attention = params.get("attention_factor")
+        mscale, mscale_all = (None if params.get(k) is None else finite_number(params[k], f"YaRN {k}")
+                              for k in ("mscale", "mscale_all_dim"))
+        if attention is None:
+            attention = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+                         if mscale and mscale_all else _yarn_mscale(factor))
+        beta_fast = positive_number(params.get("beta_fast") or 32, "YaRN beta_fast")
+        beta_slow = positive_number(params.get("beta_slow") or 1, "YaRN beta_slow")
+        truncate = params.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise ConversionError(f"config.json: YaRN truncate = {truncate!r}, expected true or "
+                                  "false")
+        return Rope(ROPE_YARN, theta, factor, partial, original,
+                    positive_number(attention, "YaRN attention_factor"), beta_fast, beta_slow,
+                    int(truncate), params)
+    raise ConversionError(f"RoPE scaling type {rope_type!r} not supported (supported: "
+                          "'default', 'linear', 'yarn')")
+
+
+# ---------------------------------------------------------------------------------------------
+# What a config means
+
+
+@dataclass
+class Architecture:
+    """A checkpoint's header fields, layer kinds, each MoE layer's routing rule (None for dense
+    layers) and each layer's attention mask (LAYER_FULL / LAYER_SLIDING)."""
+
+    hp: HParams
+    kinds: list[int]
+    rules: list[RouteRule | None]
+    attention: list[int]
+    notes: list[str] = field(default_factory=list)
+
+    def rule(self, layer: int) -> RouteRule:
+        rule = self.rules[layer]
+        assert rule is not None, f"layer {layer} is dense"
+        return rule
+
+
+def attention_masks(n_layers: int, sliding: Sequence[bool] | None) -> list[int]:
+    return [LAYER_SLIDING if sliding and sliding[i] else LAYER_FULL for i in range(n_layers)]
+
+
+def check_limits(hp: HParams) -> None:
+    """The header limits of docs/format.md, so that a checkpoint the engine would refuse fails
+    here with the config field's name rather than later in `colibri validate`."""
+    limits = (("num_hidden_layers", hp.n_layers, 1, 1024),
+              ("num_experts", hp.n_experts, 1, 4096),
+              ("hidden_size", hp.d_model, 1, 65536),
+              ("num_attention_heads", hp.n_heads, 1, 1024),
+              ("num_key_value_heads", hp.n_kv_heads, 1, hp.n_heads),
+              ("head_dim", hp.head_dim, 2 if hp.attention != ATTENTION_MLA else 1, 1024),
+              ("vocab_size", hp.vocab_size, 1, 16_777_216),
+              ("max_position_embeddings", hp.max_context, 1, 1_048_576))
+    for field_name, value, low, high in limits:
+        if not low <= value <= high:
+            raise ConversionError(f"config.json: {field_name} = {value} outside the supported "
+                                  f"range {low}..{high}")
+    rotary = hp.rotary_dim if hp.rotary_dim is not None else hp.head_dim
+    if rotary % 2 or rotary < 2:
+        raise ConversionError(f"{rotary} rotary dimensions per head (head_dim {hp.head_dim}); "
+                              "RoPE needs an even number")
+
+
+def tokens_in_vocab(hp: HParams, notes: list[str]) -> HParams:
+    """`hp` with a bos or eos outside the vocabulary stored as -1 (and a note saying so)."""
+    for attr in ("bos_token_id", "eos_token_id"):
+        value = getattr(hp, attr)
+        if value >= hp.vocab_size:
+            # An id the model cannot produce (e.g. OLMoE's class default eos 50279 in a tiny
+            # random model); the format requires -1 or an id below vocab_size.
+            hp = replace(hp, **{attr: -1})
+            notes.append(f"{attr} {value} is outside the vocabulary ({hp.vocab_size}); "
+                         "stored as -1")
+    return hp
+
+
+def base_hparams(cfg: Config, arch: int, n_experts: int, top_k: int, d_ff_expert: int,
+                 d_ff_dense: int, head_dim: int | None = None) -> HParams:
+    """The header fields every family reads the same way (layers, heads, vocabulary, norms,
+    RoPE, special tokens); the family sets the rest (HParams is frozen: `dataclasses.replace`)."""
+    n_layers = cfg.int("num_hidden_layers")
+    if n_layers > 1024:  # checked before any per-layer list is built (a 10**12 would hang)
+        raise ConversionError(f"config.json: num_hidden_layers = {n_layers} outside the "
+                              "supported range 1..1024")
+    d_model = cfg.int("hidden_size")
+    n_heads = cfg.int("num_attention_heads")
+    n_kv = cfg.get("num_key_value_heads")
+    n_kv = n_heads if n_kv is None else cfg.int("num_key_value_heads")
+    if head_dim is None:
+        head_dim = cfg.get("head_dim")  # null in config.json means "derive it", as in every family
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ConversionError(f"config.json: hidden_size {d_model} not divisible by "
+                                      f"num_attention_heads {n_heads} and no head_dim")
+            head_dim = d_model // n_heads
+        else:
+            head_dim = cfg.int("head_dim")
+    if n_heads % n_kv:
+        raise ConversionError(f"config.json: num_key_value_heads {n_kv} does not divide "
+                              f"num_attention_heads {n_heads}")
+    if top_k > n_experts:
+        raise ConversionError(f"config.json: num_experts_per_tok {top_k} > {n_experts} experts")
+    return HParams(arch=arch, n_layers=n_layers, n_experts=n_experts, n_experts_active=top_k,
+                   d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
+                   vocab_size=cfg.int("vocab_size"),
+                   max_context=cfg.int("max_position_embeddings"),
+                   d_ff_expert=d_ff_expert, d_ff_dense=d_ff_dense,
+                   flags=FLAG_TIED_EMBEDDINGS if cfg.flag("tie_word_embeddings") else 0,
+                   norm_eps=positive_number(cfg.get("rms_norm_eps"), "rms_norm_eps"),
+                   bos_token_id=token_id(cfg.get("bos_token_id")),
+                   eos_token_id=token_id(cfg.get("eos_token_id")))
+
+
+def apply_rope(hp: HParams, r: Rope) -> HParams:
+    """`hp` with the RoPE fields of GQA attention: partial rotary over the first
+    int(head_dim * factor) dims."""
+    rotary = int(hp.head_dim * r.partial)
+    return replace(r.apply(hp), rotary_dim=None if rotary == hp.head_dim else rotary)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors
+
+
+class Planner(Protocol):
+    """Collects the output tensors (colibri.convert implements it). Missing or misshapen source
+    tensors are recorded as problems and reported together before anything is written."""
+
+    def has(self, hf_name: str) -> bool: ...
+
+    def single(self, name: str, hf_name: str, shape: tuple[int, ...], force_f32: bool = False,
+               source_shape: tuple[int, ...] | None = None) -> None: ...
+
+    def stacked(self, name: str, hf_names: Sequence[str], shape: tuple[int, ...]) -> None: ...
+
+    def fused_experts(self, dst: str, gate_up: str, down: str, n_experts: int, d_ff: int,
+                      d_model: int) -> None: ...
+
+    def derived(self, name: str, shape: tuple[int, ...], hf_name: str,
+                source_shape: tuple[int, ...], make: Callable[[np.ndarray], np.ndarray]) -> None: ...
+
+    def problem(self, text: str) -> None: ...
+
+
+def embeddings(p: Planner, a: Architecture) -> None:
+    V, H = a.hp.vocab_size, a.hp.d_model
+    p.single("token_embd", "model.embed_tokens.weight", (V, H))
+
+
+def head(p: Planner, a: Architecture) -> None:
+    V, H = a.hp.vocab_size, a.hp.d_model
+    p.single("output_norm", "model.norm.weight", (H,))
+    if not a.hp.flags & FLAG_TIED_EMBEDDINGS:
+        p.single("output", "lm_head.weight", (V, H))
+
+
+def norms(p: Planner, a: Architecture, layer: int) -> None:
+    H, src = a.hp.d_model, f"model.layers.{layer}"
+    p.single(f"layers.{layer}.attn_norm", f"{src}.input_layernorm.weight", (H,))
+    p.single(f"layers.{layer}.ffn_norm", f"{src}.post_attention_layernorm.weight", (H,))
+
+
+def gqa_attention(p: Planner, a: Architecture, layer: int) -> None:
+    """q/k/v/o projections, their biases and q/k norms as the header flags say."""
+    hp = a.hp
+    src, dst = f"model.layers.{layer}.self_attn", f"layers.{layer}"
+    h, q_out, kv_out = hp.d_model, hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
+    for short, proj, out in (("q", "q_proj", q_out), ("k", "k_proj", kv_out),
+                             ("v", "v_proj", kv_out)):
+        p.single(f"{dst}.attn_{short}", f"{src}.{proj}.weight", (out, h))
+        if hp.flags & FLAG_QKV_BIAS:
+            p.single(f"{dst}.attn_{short}_bias", f"{src}.{proj}.bias", (out,))
+    p.single(f"{dst}.attn_o", f"{src}.o_proj.weight", (h, q_out))
+    if hp.flags & FLAG_O_BIAS:
+        p.single(f"{dst}.attn_o_bias", f"{src}.o_proj.bias", (h,))
+    if hp.flags & FLAG_QK_NORM_HEAD:
+        p.single(f"{dst}.attn_q_norm", f"{src}.q_norm.weight", (hp.head_dim,))
+        p.single(f"{dst}.attn_k_norm", f"{src}.k_norm.weight", (hp.head_dim,))
+    if hp.flags & FLAG_QK_NORM_FULL:
+        p.single(f"{dst}.attn_q_norm", f"{src}.q_norm.weight", (q_out,))
+        p.single(f"{dst}.attn_k_norm", f"{src}.k_norm.weight", (kv_out,))
+
+
+def mla_attention(p: Planner, a: Architecture, layer: int) -> None:
+    """DeepSeek's latent attention (docs/format.md, "MLA"): kv_b_proj [nh*(nope+vd), c] is split
+    per head into attn_k_b [nh, c, nope] (the key half, transposed) and attn_v_b [nh, vd, c]."""
+    hp = a.hp
+    src, dst = f"model.layers.{layer}.self_attn", f"layers.{layer}"
+    H, nh, ql, c = hp.d_model, hp.n_heads, hp.q_lora_rank, hp.kv_lora_rank
+    nope, r, vd = hp.qk_nope_head_dim, hp.qk_rope_head_dim, hp.v_head_dim
+    assert vd is not None
+    bias = bool(hp.flags & FLAG_QKV_BIAS)
+    if ql:
+        p.single(f"{dst}.attn_q_a", f"{src}.q_a_proj.weight", (ql, H))
+        if bias:
+            p.single(f"{dst}.attn_q_a_bias", f"{src}.q_a_proj.bias", (ql,))
+        p.single(f"{dst}.attn_q_a_norm", f"{src}.q_a_layernorm.weight", (ql,))
+        p.single(f"{dst}.attn_q_b", f"{src}.q_b_proj.weight", (nh * (nope + r), ql))
+    else:
+        p.single(f"{dst}.attn_q", f"{src}.q_proj.weight", (nh * (nope + r), H))
+    p.single(f"{dst}.attn_kv_a", f"{src}.kv_a_proj_with_mqa.weight", (c + r, H))
+    if bias:
+        p.single(f"{dst}.attn_kv_a_bias", f"{src}.kv_a_proj_with_mqa.bias", (c + r,))
+    p.single(f"{dst}.attn_kv_a_norm", f"{src}.kv_a_layernorm.weight", (c,))
+    kv_b = (nh * (nope + vd), c)
+
+    def key_half(w: np.ndarray) -> np.ndarray:
+        per_head = w.reshape(nh, nope + vd, c)
+        return np.ascontiguousarray(per_head[:, :nope, :].transpose(0, 2, 1))
+
+    def value_half(w: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(w.reshape(nh, nope + vd, c)[:, nope:, :])
+    p.derived(f"{dst}.attn_k_b", (nh, c, nope), f"{src}.kv_b_proj.weight", kv_b, key_half)
+    p.derived(f"{dst}.attn_v_b", (nh, vd, c), f"{src}.kv_b_proj.weight", kv_b, value_half)
+    p.single(f"{dst}.attn_o", f"{src}.o_proj.weight", (H, nh * vd))
+    if hp.flags & FLAG_O_BIAS:
+        p.single(f"{dst}.attn_o_bias", f"{src}.o_proj.bias", (H,))
+
+
+def dense_mlp(p: Planner, a: Architecture, layer: int, src: str | None = None) -> None:
+    dst = f"layers.{layer}"
+    src = src or f"model.layers.{layer}.mlp"
+    D, H = a.hp.d_ff_dense, a.hp.d_model
+    p.single(f"{dst}.mlp_w1", f"{src}.gate_proj.weight", (D, H))
+    p.single(f"{dst}.mlp_w2", f"{src}.down_proj.weight", (H, D))
+    p.single(f"{dst}.mlp_w3", f"{src}.up_proj.weight", (D, H))
+
+
+# Per-expert names of (w1 gate, w2 down, w3 up) (moe-families.md 0.1).
+QWEN_EXPERT_NAMES = ("gate_proj.weight", "down_proj.weight", "up_proj.weight")
+MIXTRAL_EXPERT_NAMES = ("w1.weight", "w2.weight", "w3.weight")
+
+
+def routed_experts(p: Planner, a: Architecture, layer: int, prefix: str,
+                   names: tuple[str, str, str] = QWEN_EXPERT_NAMES,
+                   fused_prefix: str | None = None) -> None:
+    """The stacked moe_w1/w2/w3 from per-expert tensors `{prefix}.experts.{e}.{name}` or from the
+    fused `{fused_prefix}.experts.gate_up_proj` [E, 2I, H] and `.down_proj` [E, H, I] (transformers
+    5's in-memory layout, written by save_pretrained(save_original_format=False))."""
+    hp = a.hp
+    dst = f"layers.{layer}"
+    E, I, H = hp.n_experts, hp.d_ff_expert, hp.d_model
+    fused = fused_prefix or prefix
+    gate_up, down = f"{fused}.experts.gate_up_proj", f"{fused}.experts.down_proj"
+    per_expert = [[f"{prefix}.experts.{e}.{n}" for e in range(E)] for n in names]
+    has_fused = p.has(gate_up) or p.has(down)
+    has_per_expert = any(p.has(n) for group in per_expert for n in group)
+    if has_fused and has_per_expert:
+        p.problem(f"layer {layer} has both fused ('{gate_up}') and per-expert "
+                  f"('{per_expert[0][0]}') expert tensors")
+        return
+    if has_fused:
+        p.fused_experts(dst, gate_up, down, E, I, H)
+        return
+    p.stacked(f"{dst}.moe_w1", per_expert[0], (I, H))
+    p.stacked(f"{dst}.moe_w2", per_expert[1], (H, I))
+    p.stacked(f"{dst}.moe_w3", per_expert[2], (I, H))
+
+
+def shared_expert(p: Planner, a: Architecture, layer: int, prefix: str) -> None:
+    """shared_w1/w2/w3 from `{prefix}.{gate,down,up}_proj.weight`."""
+    dst = f"layers.{layer}"
+    S, H = a.hp.d_ff_shared, a.hp.d_model
+    p.single(f"{dst}.shared_w1", f"{prefix}.gate_proj.weight", (S, H))
+    p.single(f"{dst}.shared_w2", f"{prefix}.down_proj.weight", (H, S))
+    p.single(f"{dst}.shared_w3", f"{prefix}.up_proj.weight", (S, H))
+
+
+def refuse(cfg: Config, key: str, why: str) -> None:
+    """A switch the engine does not run: converting would give another model."""
+    if cfg.flag(key):
+        raise ConversionError(f"config.json: {key} = true is not supported ({why})")

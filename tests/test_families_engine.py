@@ -1,0 +1,176 @@
+"""The engine's guarantees on the families of format version 2 (DeepSeek-V2/V3's latent attention
+and grouped routing, GLM-4.5's partial RoPE and biased sigmoid routing, ERNIE's interleaved RoPE
+and clamped softmax + bias): bit-identical results for 1..4 threads, prefill equal to stepping,
+the trace's selection scores and kept groups as docs/format.md defines them, the routing modes
+acting on the selection score, and the CLI's --dump-trace keys. The models are the conformance
+variants (tests/hf_reference.py), converted once per test session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+hf_reference = pytest.importorskip("hf_reference")
+
+from colibri.cli import main  # noqa: E402
+from colibri.convert import convert  # noqa: E402
+from colibri.engine import Model, Session  # noqa: E402
+
+VARIANTS = {v.name: v for v in hf_reference.VARIANTS}
+FAMILY_VARIANTS = ("deepseek_v3-groups-qlora", "deepseek_v2-grouped-qlora-scaled",
+                   "glm4_moe-qknorm-bias-groups", "ernie4_5_moe-shared-tied",
+                   "deepseek_v3-flat-yarn-halves")
+TOKENS = [3, 17, 42, 7, 90, 5, 61, 64, 8, 10, 31, 2]  # below every variant's vocabulary
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for name in FAMILY_VARIANTS:
+        hf_dir = hf_reference.save(hf_reference.build(VARIANTS[name]), root / name)
+        for dtype in ("f32", "bf16"):
+            out[(name, dtype)] = root / f"{name}-{dtype}.colibri"
+            convert(hf_dir, out[(name, dtype)], dtype=dtype)
+    return out
+
+
+def _run(path: Path, threads: int, routing: str = "topk", **kw: object) -> tuple[bytes, ...]:
+    with Model.open(path) as model:
+        s = Session(model, threads=threads, routing=routing, max_context=32, **kw)
+        logits = s.prefill(TOKENS[:6])
+        steps = [s.step(t) for t in TOKENS[6:]]
+        tr = s.trace
+        return (logits.tobytes() + b"".join(x.tobytes() for x in steps),
+                tr.expert_ids.tobytes(), tr.expert_weights.tobytes(),
+                tr.selection_scores.tobytes(), tr.chosen_groups.tobytes())
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("name", FAMILY_VARIANTS)
+def test_bit_identical_for_threads_1_to_4(converted: dict, name: str, dtype: str) -> None:
+    first = _run(converted[(name, dtype)], 1)
+    for threads in (2, 3, 4):
+        assert _run(converted[(name, dtype)], threads) == first, f"threads={threads}"
+
+
+@pytest.mark.parametrize("name", FAMILY_VARIANTS)
+def test_prefill_equals_stepping(converted: dict, name: str) -> None:
+    with Model.open(converted[(name, "bf16")]) as model:
+        a = Session(model, threads=2, max_context=32)
+        block = a.prefill(TOKENS)
+        b = Session(model, threads=3, max_context=32)
+        steps = np.stack([b.step(t) for t in TOKENS])
+        assert block.tobytes() == steps.tobytes()
+        for key in ("expert_ids", "expert_weights", "router_logits", "selection_scores",
+                    "chosen_groups"):
+            assert getattr(a.trace, key).tobytes() == getattr(b.trace, key).tobytes(), key
+
+
+def test_selection_scores_are_sigmoid_plus_the_correction_bias(converted: dict) -> None:
+    """DeepSeek-V3: what the choice ranks is sigmoid(logit) + e_score_correction_bias; the
+    weights are the chosen sigmoids, renormalised and scaled; the kept group holds them all."""
+    with Model.open(converted[("deepseek_v3-groups-qlora", "f32")]) as model:
+        s = Session(model)
+        s.prefill(TOKENS)
+        tr = s.trace
+        bias = np.stack([model.tensor(f"layers.{layer}.moe_correction_bias")
+                         for layer in tr.moe_layers])
+        sig = (1.0 / (1.0 + np.exp(-tr.router_logits.astype(np.float64)))).astype(np.float32)
+        np.testing.assert_allclose(tr.selection_scores, sig + bias, rtol=0, atol=2e-7)
+        rule = model.routing(1)
+        assert (rule.n_groups, rule.n_groups_kept, tr.chosen_groups.shape[2]) == (2, 1, 1)
+        assert (tr.expert_ids // 4 == tr.chosen_groups[:, :, :1]).all()
+        chosen = np.take_along_axis(sig, tr.expert_ids.astype(np.int64), axis=-1)
+        np.testing.assert_allclose(tr.expert_weights,
+                                   chosen / chosen.sum(-1, keepdims=True) * rule.scale, rtol=2e-6)
+
+
+def test_selection_scores_are_softmax_plus_moe_statics(converted: dict) -> None:
+    with Model.open(converted[("ernie4_5_moe-shared-tied", "f32")]) as model:
+        s = Session(model)
+        s.prefill(TOKENS)
+        tr = s.trace
+        bias = model.tensor("layers.1.moe_correction_bias")
+        z = tr.router_logits.astype(np.float64)
+        p = np.exp(z - z.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        np.testing.assert_allclose(tr.selection_scores, p + bias, rtol=0, atol=2e-7)
+        assert tr.chosen_groups.shape[2] == 0
+
+
+def test_stable_epsilon_acts_on_the_selection_score(converted: dict) -> None:
+    """With epsilon 0 stable routing is the family's own choice; a large epsilon moves choices
+    towards higher indices though the logits are unchanged, and the weights stay the rule's."""
+    path = converted[("glm4_moe-qknorm-bias-groups", "f32")]
+    plain = _run(path, 1)
+    assert _run(path, 1, "stable", epsilon=0.0) == plain
+    with Model.open(path) as model:
+        s = Session(model, routing="stable", epsilon=0.05, max_context=32)
+        s.prefill(TOKENS)
+        ids = s.trace.expert_ids
+    assert ids.tobytes() != plain[1]
+
+
+def test_soft_routing_weighs_every_expert_by_the_rule(converted: dict) -> None:
+    """Soft routing ignores the group limit and renormalises the sigmoids over every expert."""
+    with Model.open(converted[("deepseek_v3-groups-qlora", "f32")]) as model:
+        s = Session(model, routing="soft", max_context=32)
+        s.prefill(TOKENS)
+        tr = s.trace
+        assert sorted(tr.expert_ids[0, 0].tolist()) == list(range(8))
+        assert (tr.chosen_groups == -1).all()
+        np.testing.assert_allclose(tr.expert_weights.sum(-1), model.routing(1).scale, rtol=1e-5)
+
+
+def test_dump_trace_has_selection_scores_and_chosen_groups(converted: dict, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "trace.npz"
+    assert main(["run", str(converted[("deepseek_v3-groups-qlora", "f32")]), "--tokens",
+                 "1,3,4", "-n", "3", "--dump-trace", str(out)]) == 0
+    with np.load(out) as trace:
+        assert trace["selection_scores"].shape == (5, 2, 8)
+        assert trace["chosen_groups"].shape == (5, 2, 1)
+        assert trace["chosen_groups"].dtype == np.int32
+        assert not np.array_equal(trace["selection_scores"], trace["router_logits"])
+
+
+def test_info_states_each_layers_rule_in_words(converted: dict,
+                                               capsys: pytest.CaptureFixture) -> None:
+    assert main(["info", str(converted[("deepseek_v3-groups-qlora", "f32")])]) == 0
+    out = capsys.readouterr().out
+    assert "layer 0    dense MLP" in out
+    assert ("layer 1    sigmoid over 8 experts, + correction bias for the choice only, top-2 within "
+            "the 1 best of 2 groups (by the sum of their best two), divided by their sum + 1e-20, "
+            "times 2.5; plus a shared expert") in out
+
+
+def test_the_trace_flags_decisions_the_correction_bias_changed(converted: dict) -> None:
+    """bias_changed is set exactly where the same rule on the sigmoids alone (groups by their
+    top-2 sums, the best group kept, top-2 in it) chooses another set, and a BiasChanged
+    breakpoint stops the debugger at the first such decision."""
+    from colibri.debugging import BiasChanged, Debugger, RunSettings
+
+    path = converted[("deepseek_v3-groups-qlora", "f32")]
+    with Model.open(path) as model:
+        s = Session(model, max_context=32)
+        s.prefill(TOKENS)
+        tr = s.trace
+        sig = 1.0 / (1.0 + np.exp(-tr.router_logits.astype(np.float64)))
+        groups = sig.reshape(*sig.shape[:2], 2, 4)
+        best = np.argmax(np.sort(groups, -1)[..., -2:].sum(-1), -1)          # [P, M]
+        in_best = np.take_along_axis(groups, best[..., None, None], axis=2)[:, :, 0]
+        unbiased = np.sort(np.argsort(-in_best, -1)[..., :2] + 4 * best[..., None], -1)
+        expected = (unbiased != np.sort(tr.expert_ids, -1)).any(-1)
+        assert expected.any() and not expected.all()
+        np.testing.assert_array_equal(tr.bias_changed, expected)
+        first = int(np.flatnonzero(expected.reshape(-1))[0])
+
+        dbg = Debugger(model, RunSettings(tuple(TOKENS), 0))
+        result = dbg.run([BiasChanged()])
+        assert result.reason == "breakpoint" and result.event.index == first
+        assert result.event.bias_changed

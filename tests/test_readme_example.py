@@ -1,0 +1,50 @@
+"""The README's DeepSeek-V3 example is what the tools print: its two scripts, run as shown
+(make the tiny model with transformers, convert, run with --debug-routing and --dump-trace,
+explain one decision), give the README's lines."""
+
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from colibri.cli import main  # noqa: E402
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+SECTION = "A DeepSeek-V3 routing decision, from a checkpoint"
+
+
+def _blocks(text: str) -> list[tuple[str, str]]:
+    """(language, body) of every fenced block of `text`."""
+    return [(m.group(1), m.group(2)) for m in re.finditer(r"```(\w+)\n(.*?)```", text, re.S)]
+
+
+def test_readme_deepseek_v3_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture) -> None:
+    text = README.read_text()
+    start = text.index(SECTION)
+    blocks = _blocks(text[start:text.index("The demo's near-ties", start)])
+    (_, make), (_, session), (_, explain), (_, explained) = blocks
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "make_tiny_v3.py").write_text(make)
+    (tmp_path / "explain.py").write_text(explain)
+    runpy.run_path("make_tiny_v3.py")
+    assert main(["convert", "tiny-v3", "tiny-v3.colibri"]) == 0
+    capsys.readouterr()
+    assert main(["info", "tiny-v3.colibri"]) == 0
+    info = capsys.readouterr().out.splitlines()
+    shown = session.splitlines()
+    rules = [line for line in shown if line.startswith("  layer ")]
+    assert len(rules) == 3 and all(line in info for line in rules)
+    command = next(line for line in shown if line.startswith("$ colibri run "))
+    assert main(command[len("$ colibri "):].split()) == 0
+    run = capsys.readouterr().out.splitlines()
+    printed = [line for line in shown if line.startswith(("pos ", "tokens: "))]
+    assert printed and all(line in run for line in printed)
+    runpy.run_path("explain.py")
+    out = capsys.readouterr().out
+    assert out == explained.split("\n", 1)[1]   # after the "$ python explain.py" line
