@@ -90,9 +90,10 @@ def quantize(values: np.ndarray, dtype: int) -> np.ndarray:
                        np.float32(0)).astype(np.float32)
         scaled = blocks * inv[..., None]  # f32 products, as the C code's x[j] * id
         if dtype == DTYPE_Q8_0:
-            # roundf: halves away from zero (exact in f64: |scaled| + 0.5 needs no rounding)
-            wide = scaled.astype(np.float64)
-            q = np.clip(np.copysign(np.floor(np.abs(wide) + 0.5), wide), -127, 127)
+            # roundf: halves away from zero (x - trunc(x) is exact, so a half is seen exactly)
+            whole = np.trunc(scaled)
+            q = np.where(np.abs(scaled - whole) == 0.5, whole + np.sign(scaled), np.rint(scaled))
+            q = np.clip(q, -127, 127)
             payload = q.astype(np.int8).reshape(len(blocks), n).view(np.uint8)
         else:
             # (int8_t)(x * id + 8.5f): an f32 sum, truncated toward zero
