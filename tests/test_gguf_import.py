@@ -28,7 +28,7 @@ import gguf  # noqa: E402
 import colibri  # noqa: E402
 from colibri import fileformat  # noqa: E402
 from colibri.cli import main  # noqa: E402
-from colibri.convert import ConversionError  # noqa: E402
+from colibri.convert import ConversionError, convert  # noqa: E402
 from colibri.convert_gguf import convert_gguf, repack_blocks  # noqa: E402
 from colibri.formats.gguf_file import GGUFFile  # noqa: E402
 from test_conformance import TOLERANCE, greedy, topk_sets_agree  # noqa: E402
@@ -168,6 +168,25 @@ def test_quantised_imports_keep_llama_cpps_blocks(family: str, qtype: str,
             own = fileformat.quantize(weights, fileformat.QUANT_BY_NAME[qtype])
             np.testing.assert_array_equal(own, got, err_msg=t.name)
         assert repacked >= 3 * m.hparams.n_layers  # at least every expert tensor
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llama_cpp_recipe_gives_llama_quantizes_file(family: str, qtype: str, imported: Any,
+                                                     tmp_path: Path) -> None:
+    """`--quantize-tensors llama.cpp` on the Hugging Face checkpoint stores every tensor as
+    llama-quantize's Q8_0 / Q4_0 stores it: the same dtype (the fixtures' LM head rows of 64 are
+    Q8_0 in llama.cpp's Q4_0 too) and the same bytes as the import of llama.cpp's file."""
+    hf = hf_reference.save(reference_model(family), tmp_path / "hf")
+    out = tmp_path / "recipe.colibri"
+    convert(hf, out, "f32", quantize=qtype[:2], quantize_tensors="llama.cpp")
+    with colibri.Model.open(out) as ours, colibri.Model.open(imported(family, qtype)) as llama:
+        assert sorted(t.name for t in ours.tensors) == sorted(t.name for t in llama.tensors)
+        for t in ours.tensors:
+            assert t.dtype == llama.tensor_info(t.name).dtype, t.name
+            np.testing.assert_array_equal(np.asarray(ours.tensor(t.name)),
+                                          np.asarray(llama.tensor(t.name)), err_msg=t.name)
+        assert any(t.dtype == qtype for t in ours.tensors if t.name == "token_embd")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -275,6 +275,35 @@ def test_converter_quantize_experts_only(tmp_path: Path) -> None:
         assert m.metadata["user"]["quantize"] == "q8"
 
 
+@pytest.mark.parametrize("experts,tied", [(8, True), (4, False)])
+def test_converter_llama_cpp_recipe(tmp_path: Path, experts: int, tied: bool) -> None:
+    """`quantize_tensors="llama.cpp"` follows llama-quantize's Q4_0 recipe: every matrix q4_0,
+    embeddings included, but the router (f32) and the LM head (q8_0, Colibri's nearest to
+    llama.cpp's q6_K), which tied embeddings follow; with exactly 8 experts attn_k and attn_v
+    are q8_0. (test_gguf_import checks the whole file against llama-quantize's own.)"""
+    pytest.importorskip("transformers")
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    import hf_reference as hr
+    from colibri.convert import convert
+
+    base = next(v for v in hr.VARIANTS if v.name == "mixtral-base")
+    variant = hr.Variant("mixtral-recipe", "mixtral", dict(
+        base.config, num_local_experts=experts, tie_word_embeddings=tied))
+    hf = hr.save(hr.build(variant), tmp_path / "hf")
+    out = tmp_path / "q4.colibri"
+    convert(hf, out, "bf16", quantize="q4", quantize_tensors="llama.cpp")
+    kv = "q8_0" if experts == 8 else "q4_0"
+    expected = {"token_embd": "q8_0" if tied else "q4_0", "output": "q8_0", "moe_gate": "f32",
+                "attn_q": "q4_0", "attn_k": kv, "attn_v": kv, "attn_o": "q4_0",
+                "moe_w1": "q4_0", "moe_w2": "q4_0", "moe_w3": "q4_0", "attn_norm": "f32",
+                "ffn_norm": "f32", "output_norm": "f32"}
+    with Model.open(out) as m:
+        dtypes = {t.name.rsplit(".", 1)[-1]: t.dtype for t in m.tensors}
+        assert dtypes == {k: v for k, v in expected.items() if k != "output" or not tied}
+        assert m.metadata["user"]["quantize_tensors"] == "llama.cpp"
+
+
 def test_requantised_copy_matches_the_converters_blocks(tmp_path: Path) -> None:
     """`convert_weights(..., quantize=)` (tools/quant_accuracy.py --requantize, for models that
     exist only as .colibri files, like the demo) stores exactly the converter's blocks for the
