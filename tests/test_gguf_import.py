@@ -27,6 +27,7 @@ import gguf  # noqa: E402
 
 import colibri  # noqa: E402
 from colibri import fileformat  # noqa: E402
+from colibri.bench import gguf_weight_bytes_per_token, weight_bytes_per_token  # noqa: E402
 from colibri.cli import main  # noqa: E402
 from colibri.convert import ConversionError, convert  # noqa: E402
 from colibri.convert_gguf import convert_gguf, repack_blocks  # noqa: E402
@@ -187,6 +188,18 @@ def test_llama_cpp_recipe_gives_llama_quantizes_file(family: str, qtype: str, im
             np.testing.assert_array_equal(np.asarray(ours.tensor(t.name)),
                                           np.asarray(llama.tensor(t.name)), err_msg=t.name)
         assert any(t.dtype == qtype for t in ours.tensors if t.name == "token_embd")
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bytes_per_token_of_a_gguf_file_and_its_import(family: str, kind: str,
+                                                       imported: Any) -> None:
+    """The weight bytes one token reads, counted from the GGUF tensor table as llama.cpp reads
+    it, equal the count from the import's tensor table (the import keeps every type): what
+    tools/bench_vs_llamacpp.py puts side by side."""
+    source = GGUFFile.open(str(FIXTURES / f"{family}-{kind}.gguf"))
+    with colibri.Model.open(imported(family, kind)) as m:
+        assert gguf_weight_bytes_per_token(source) == weight_bytes_per_token(m) > 0
 
 
 @pytest.mark.parametrize("family", FAMILIES)
