@@ -24,8 +24,9 @@ engine with their quartiles over turns; a ratio is marked when the two files' by
 differ by more than 5 % (not like for like). `--json` prints everything, every run included.
 
     python tools/bench_vs_llamacpp.py --ik /work/ext/ik_llama.cpp/build/bin/llama-bench \\
-        [--models mixtral,qwen3] [--precisions bf16,q8,q4] [--turns 5] [-p 128] [-n 64] [-t 2]
-        [-r 3] [--work /work/bench-models] [--json]
+        [--models mixtral,qwen3] [--checkpoint HF_DIR ...] [--precisions bf16,q8,q4] [--turns 5]
+        [-p 128] [-n 64] [-t 2] [-r 3] [--work /work/bench-models] [--max-load L] [--json]
+    python tools/bench_vs_llamacpp.py --from-json REPORT.json   # the tables of a saved report
 
 Needs the test and fixtures extras (`pip install -e .[test,fixtures]`: torch and transformers
 make the checkpoints, sentencepiece the Mixtral tokenizer) and tools/llamacpp.py's build of
@@ -61,8 +62,6 @@ PRECISIONS = ("bf16", "q8", "q4")
 # llama-quantize's type (and options) per precision; see the module docstring for the head
 LLAMA_QUANTIZE = {"q8": ["Q8_0"], "q4": ["--output-tensor-type", "q8_0", "Q4_0"]}
 GGUF_SUFFIX = {"bf16": "bf16", "q8": "Q8_0", "q4": "Q4_0-output-q8_0"}
-# The pre-tokenizer of the tokenizer trained for each family (make_gguf_fixtures.TOKENIZER)
-TOKENIZER = {"mixtral": "spm", "qwen3_moe": "qwen2"}
 MATCHED_BYTES = 0.05  # ratios compare like with like when bytes per token differ by at most this
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
              "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
@@ -127,22 +126,29 @@ def colibri_file(hf: Path, out: Path, precision: str) -> Path:
     return _atomic(out, make)
 
 
-def gguf_bf16(hf: Path, out: Path, family: str) -> Path:
-    """convert_hf_to_gguf.py --outtype bf16 on `hf` staged with a trained tokenizer."""
+def gguf_bf16(hf: Path, out: Path) -> Path:
+    """convert_hf_to_gguf.py --outtype bf16 on `hf`. A checkpoint without a tokenizer (the bench
+    models) is staged beside one trained for its family, as the GGUF fixtures are; the converter
+    pads the vocabulary to the model's."""
     import make_gguf_fixtures as fixtures
 
     def make(tmp: Path) -> None:
         log(f"converting {out.name} (llama.cpp's convert_hf_to_gguf.py)")
+        if any((hf / name).exists() for name in ("tokenizer.json", "tokenizer.model")):
+            fixtures.convert(llamacpp.LlamaCpp(), hf, tmp, "bf16", "-")
+            return
+        family = json.loads((hf / "config.json").read_text())["model_type"]
+        tokenizer = fixtures.TOKENIZER[family]
         with tempfile.TemporaryDirectory(prefix="colibri-gguf-") as staging:
             stage = Path(staging)
             for item in hf.iterdir():
                 (stage / item.name).symlink_to(item.resolve())
-            if TOKENIZER[family] == "spm":
+            if tokenizer == "spm":
                 fixtures.spm_tokenizer(stage, fixtures.corpus())
             else:
-                fixtures.bpe_tokenizer(stage, fixtures.corpus(), TOKENIZER[family])
-            pre = "-" if TOKENIZER[family] == "spm" else TOKENIZER[family]
-            fixtures.convert(llamacpp.LlamaCpp(), stage, tmp, "bf16", pre)
+                fixtures.bpe_tokenizer(stage, fixtures.corpus(), tokenizer)
+            fixtures.convert(llamacpp.LlamaCpp(), stage, tmp, "bf16",
+                             "-" if tokenizer == "spm" else tokenizer)
     return _atomic(out, make)
 
 
@@ -155,15 +161,14 @@ def gguf_quantised(source: Path, out: Path, precision: str, quantize: Path) -> P
     return _atomic(out, make)
 
 
-def prepare(model: str, precisions: list[str], work: Path, quantize: Path) -> list[Cell]:
+def prepare(name: str, hf: Path, precisions: list[str], work: Path, quantize: Path
+            ) -> list[Cell]:
+    """The cells of one checkpoint: both engines' files (made in `work` once, then reused)."""
     from colibri.bench import gguf_weight_bytes_per_token, weight_bytes_per_token
     from colibri.engine import Model
     from colibri.formats.gguf_file import GGUFFile
 
-    name, config = bench_models.MODELS[model]
-    hf = bench_models.build_hf(work / f"{name}-hf", config)
-    family = json.loads((hf / "config.json").read_text())["model_type"]
-    bf16 = gguf_bf16(hf, work / f"{name}-bf16.gguf", family)
+    bf16 = gguf_bf16(hf, work / f"{name}-bf16.gguf")
     cells = []
     for precision in precisions:
         suffix = "bf16" if precision == "bf16" else f"{precision}-llama.cpp"
@@ -219,7 +224,7 @@ def run_llama_bench(binary: Path, cell: Cell, args: argparse.Namespace, extra: l
 def probe(args: argparse.Namespace) -> float:
     from colibri.engine import measure_read_bandwidth
 
-    return measure_read_bandwidth(1 << 30, args.threads, 3)
+    return measure_read_bandwidth(args.probe_mb << 20, args.threads, 3)
 
 
 def wait_for_load(limit: float, timeout: float = 600.0) -> None:
@@ -338,13 +343,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ik", type=Path, default=None, metavar="LLAMA_BENCH",
                     help="ik_llama.cpp's llama-bench (built from its sources; run with -rtr 1)")
     ap.add_argument("--models", default="mixtral,qwen3",
-                    help=f"bench models ({', '.join(bench_models.MODELS)}; default mixtral,qwen3)")
+                    help=f"bench models ({', '.join(bench_models.MODELS)}; default mixtral,qwen3; "
+                         "'' for none)")
+    ap.add_argument("--checkpoint", type=Path, action="append", default=[], metavar="HF_DIR",
+                    help="a Hugging Face checkpoint to compare as well (repeatable)")
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--turns", type=int, default=5, help="runs of each engine per cell")
     ap.add_argument("-p", type=int, default=128, help="prompt tokens")
     ap.add_argument("-n", type=int, default=64, help="decoded tokens")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--repeats", type=int, default=3, help="repeats inside each run")
+    ap.add_argument("--probe-mb", type=int, default=1024, help="bandwidth probe buffer (MiB)")
     ap.add_argument("--work", type=Path, default=Path("/work/bench-models"),
                     help="where the checkpoints and converted files are made and reused")
     ap.add_argument("--max-load", type=float, default=None, metavar="L",
@@ -357,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json is not None:
         print(format_report(json.loads(args.from_json.read_text())))
         return 0
-    models = args.models.split(",")
+    models = [m for m in args.models.split(",") if m]
     precisions = args.precisions.split(",")
     unknown = [m for m in models if m not in bench_models.MODELS] + [
         p for p in precisions if p not in PRECISIONS]
@@ -372,7 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     tools = llamacpp.LlamaCpp()
     llama_bench, quantize = tools.bench(), tools.quantize()
     args.work.mkdir(parents=True, exist_ok=True)
-    cells = [c for m in models for c in prepare(m, precisions, args.work, quantize)]
+    checkpoints = [(bench_models.MODELS[m][0], bench_models.build_hf(
+        args.work / f"{bench_models.MODELS[m][0]}-hf", bench_models.MODELS[m][1])) for m in models]
+    checkpoints += [(hf.resolve().name, hf) for hf in args.checkpoint]
+    if not checkpoints:
+        ap.error("no model to compare: give --models or --checkpoint")
+    cells = [c for name, hf in checkpoints for c in prepare(name, hf, precisions, args.work,
+                                                             quantize)]
     for cell in cells:
         cell.runs = {e: [] for e in engines}
         log(f"{cell.name}: {cell.bytes_per_token['colibri'] / 1e6:.1f} MB per token (Colibri), "

@@ -637,6 +637,17 @@ def _quantized(spec: TensorSpec, qdtype: int) -> TensorSpec:
     return TensorSpec(spec.name, qdtype, spec.shape, load)
 
 
+def quantize_target(name: str, shape: tuple[int, ...], qdtype: int, which: str, hp: HParams
+                    ) -> int | None:
+    """The block dtype the tensor `name` gets when `which` (a QUANTIZE_SETS key, or
+    LLAMA_CPP_RECIPE) is quantised to `qdtype`; None where it keeps its float dtype. Rows that
+    are not whole blocks are the caller's to check."""
+    if which == LLAMA_CPP_RECIPE:
+        return llama_quantize_type(name, shape, qdtype, hp)
+    in_set = name.rsplit(".", 1)[-1] in QUANTIZE_SETS[which] and len(shape) >= 2
+    return qdtype if in_set else None
+
+
 def apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: str,
                     hp: HParams, notes: list[str]) -> list[TensorSpec]:
     """`specs` with the matrices that `which` (a QUANTIZE_SETS key, or LLAMA_CPP_RECIPE) selects
@@ -649,16 +660,9 @@ def apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: s
         raise ConversionError(f"quantize set {which!r} not supported (supported: "
                               f"{', '.join(QUANTIZE_TENSORS)})")
     qdtype = QUANT_BY_NAME[quantize_dtype]
-
-    def target(spec: TensorSpec) -> int | None:
-        if which == LLAMA_CPP_RECIPE:
-            return llama_quantize_type(spec.name, spec.shape, qdtype, hp)
-        in_set = spec.name.rsplit(".", 1)[-1] in QUANTIZE_SETS[which] and len(spec.shape) >= 2
-        return qdtype if in_set else None
-
     out, skipped = [], []
     for spec in specs:
-        to = target(spec)
+        to = quantize_target(spec.name, spec.shape, qdtype, which, hp)
         if to is None or spec.dtype in BLOCK_BYTES:
             out.append(spec)
         elif spec.shape[-1] % BLOCK_ELEMS:
