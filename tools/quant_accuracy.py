@@ -87,7 +87,7 @@ def _share(agree: float | None) -> str:
 def _row(name: str, r: dict[str, Any]) -> str:
     bins = "  ".join(f"{b['margin']}: {_share(b['agree'])} of {b['cells']}"
                      for b in r["routing_by_margin"])
-    return (f"{name:40s} {r['mb_per_token']:8.1f} MB/token  top-1 {100 * r['top1']:6.2f}%  "
+    return (f"{name:40s} {r['mb_per_token']:8.4g} MB/token  top-1 {100 * r['top1']:6.2f}%  "
             f"KL mean {r['kl_mean']:.2e} max {r['kl_max']:.2e}  routing {100 * r['routing']:6.2f}%"
             f"  ({r['positions']} positions)\n{'':40s} routing by the reference's margin: {bins}")
 
