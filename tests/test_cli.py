@@ -282,14 +282,16 @@ class FakeConversionError(Exception):
     pass
 
 
-def fake_converter(fail: bool) -> types.ModuleType:
+def fake_converter(fail: bool, warnings: tuple[str, ...] = ()) -> types.ModuleType:
     module = types.ModuleType("colibri.convert")
     calls: list[tuple[str, str, str]] = []
 
-    def convert(hf_dir: str, out_path: str, dtype: str = "f32", progress: object = None) -> None:
+    def convert(hf_dir: str, out_path: str, dtype: str = "f32",
+                progress: object = None) -> list[str]:
         calls.append((str(hf_dir), str(out_path), dtype))
         if fail:
             raise FakeConversionError("config.json: unsupported model_type 'llama'")
+        return list(warnings)
 
     module.convert = convert  # type: ignore[attr-defined]
     module.ConversionError = FakeConversionError  # type: ignore[attr-defined]
@@ -309,6 +311,14 @@ def test_convert_passes_arguments(capsys: Capture, monkeypatch: pytest.MonkeyPat
     install(monkeypatch, module)
     code, _, _ = run_cli(capsys, "convert", "hf", "out.colibri", "--dtype", "bf16")
     assert (code, module.calls) == (0, [("hf", "out.colibri", "bf16")])  # type: ignore[attr-defined]
+
+
+def test_convert_prints_the_converters_warnings(capsys: Capture,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, fake_converter(fail=False, warnings=("hf has no tokenizer.json",)))
+    code, out, err = run_cli(capsys, "convert", "hf", "out.colibri")
+    assert code == 0 and "wrote out.colibri" in out
+    assert "colibri: warning: hf has no tokenizer.json" in err
 
 
 def test_convert_error_exits_1(capsys: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -566,3 +576,43 @@ def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
     report_file.write_text(json.dumps(report))
     assert module.main(["--from-json", str(report_file)]) == 0
     assert "| tiny-hf | q8 | llama.cpp |" in capsys.readouterr().out
+
+
+def test_bench_peak_memory_leaves_out_the_probe_and_names_the_mapped_file() -> None:
+    """The peak RSS `colibri bench` reports is that of the runs: a 512 MiB probe buffer does not
+    show in it, and the resident pages of the mapped model file are given apart."""
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    args = ["bench", str(demo), "-p", "8", "-n", "4", "-r", "1", "--probe-mb", "512",
+            "--no-trace-check"]
+
+    def bench(*extra: str) -> str:   # a fresh process: the test run's own heap is not measured
+        run = subprocess.run([sys.executable, "-c", "import sys; from colibri.cli import main; "
+                              "sys.exit(main(sys.argv[1:]))", *args, *extra],
+                             capture_output=True, text=True, timeout=300, check=False)
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    r = json.loads(bench("--json"))
+    assert r["peak_rss_excludes_probe"] is (sys.platform == "linux")
+    if r["peak_rss_excludes_probe"]:
+        assert r["peak_rss_mb"] < 512
+    assert 0 < r["mapped_rss_mb"] <= demo.stat().st_size / 2**20 + 0.01
+    assert r["model_bytes"] < demo.stat().st_size and r["probe_mb"] == 512
+    line = next(x for x in bench().splitlines() if x.startswith("peak RSS"))
+    assert "MiB of it the mapped model file" in line and "512 MiB bandwidth probe" in line
+
+
+def test_bench_explains_a_model_that_fits_in_the_cache() -> None:
+    """Above 100% of the bandwidth limit is no mystery when the weights fit in the last-level
+    cache: the report says so, and says why otherwise."""
+    from colibri.bench import BenchResult, limit_note
+
+    def result(model_bytes: int, cache_bytes: int, fraction: float) -> BenchResult:
+        return BenchResult("m", "avx2", "default", 1, 8, 4, 1, 1.0, 1.0, 1.0, 1, 0, 1.0, 1.0,
+                           1.0, fraction, (1.0, 1.0), (1.0, 1.0), (fraction, fraction), 1.0,
+                           0.0, 50.0, 10.0, True, 1024.0, model_bytes, cache_bytes, 1, {})
+
+    fits = limit_note(result(13_000_000, 32 << 20, 1.62))
+    assert "fit in this machine's 32 MiB last-level cache" in fits and "not bandwidth-bound" in fits
+    assert "above 100%" in limit_note(result(10**9, 32 << 20, 1.05))
+    assert limit_note(result(10**9, 32 << 20, 0.8)) == ""

@@ -259,7 +259,8 @@ def test_round_trip_per_expert_f32(saved, family, tmp_path):
     s = saved[family]
     out = tmp_path / "m.colibri"
     calls = []
-    convert(s["dirs"]["per_expert"], out, progress=lambda done, total: calls.append((done, total)))
+    warnings = convert(s["dirs"]["per_expert"], out,
+                       progress=lambda done, total: calls.append((done, total)))
     parsed = read_colibri(out)
     check_header(family, parsed, s["config"])
     check_file(family, parsed, expected_tensors(family, s["params"], s["config"]), s["config"],
@@ -273,6 +274,7 @@ def test_round_trip_per_expert_f32(saved, family, tmp_path):
     with open(os.path.join(s["dirs"]["per_expert"], "config.json")) as f:
         assert meta["hf_config"] == json.load(f)
     assert parsed["tokenizer"] == b""
+    assert len(warnings) == 1 and "no tokenizer.json" in warnings[0] and "token ids" in warnings[0]
     assert [p.name for p in tmp_path.iterdir()] == ["m.colibri"]  # no temporary left behind
 
 
@@ -358,7 +360,7 @@ def test_tokenizer_embedded_unchanged(saved, tmp_path):
     blob = json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": {"é": 0}}},
                       ensure_ascii=False).encode("utf-8") + b"\n\x00tail"
     (d / "tokenizer.json").write_bytes(blob)
-    convert(d, tmp_path / "m.colibri")
+    assert convert(d, tmp_path / "m.colibri") == []
     assert read_colibri(tmp_path / "m.colibri")["tokenizer"] == blob
 
 

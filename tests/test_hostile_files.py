@@ -194,9 +194,11 @@ def absurd_table_image(n_tensors: int, size: int = 1 << 20) -> bytearray:
 @pytest.mark.parametrize("n_tensors", [4096, 8000, 0xFFFFFFFF])
 def test_validate_one_mebibyte_worst_cases_is_fast(n_tensors: int) -> None:
     image = absurd_table_image(n_tensors)
-    start = time.perf_counter()
+    # CPU time of this thread: the bound is on the validator's work, which a busy machine's
+    # run-queue waits would otherwise add to (the call runs on this thread, GIL released).
+    start = time.thread_time()
     problems = validate_bytes(image, checksums=True, nan_check=True)
-    elapsed = time.perf_counter() - start
+    elapsed = time.thread_time() - start
     assert problems and elapsed < 1.0, elapsed
 
 
@@ -208,9 +210,9 @@ def test_validate_random_mebibytes_is_fast() -> None:
         mutated = bytearray(image)
         for at in rng.integers(0, 8448, 40):
             mutated[at] = int(rng.integers(0, 256))
-        start = time.perf_counter()
+        start = time.thread_time()
         validate_bytes(mutated, checksums=True, nan_check=True)
-        assert time.perf_counter() - start < 1.0
+        assert time.thread_time() - start < 1.0
 
 
 def test_absurd_tensor_count_states_the_limit() -> None:

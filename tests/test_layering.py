@@ -1,7 +1,8 @@
 """The layering of app/colibri, enforced (style points 10 and 18):
 
   * the engine binding, the shared values, the generation loop, the CLI, `colibri.inspection`,
-    `colibri.debugging` and `colibri.jitter` import no Qt (only `colibri.inspector` may);
+    `colibri.debugging`, `colibri.jitter` and `colibri.serving` import no Qt (only
+    `colibri.inspector` may);
   * no module imports another module's private name (`from colibri.x import _y`, `x._y`), and
     only the binding imports the compiled extension `colibri._colibri_cffi`;
   * the import graph of app/colibri has no cycle.
@@ -23,7 +24,8 @@ QT_FREE = ("colibri", "colibri.values", "colibri.errors", "colibri.engine", "col
            "colibri.numerics", "colibri.tokens", "colibri.files", "colibri.fileformat",
            "colibri.convert", "colibri.convert_gguf", "colibri.formats", "colibri.reload",
            "colibri.bench", "colibri.cli",
-           "colibri.inspection", "colibri.debugging", "colibri.jitter")
+           "colibri.inspection", "colibri.debugging", "colibri.jitter", "colibri.profile",
+           "colibri.serving")
 # The compiled extension belongs to the binding: errors.py names status codes with it.
 EXTENSION = "colibri._colibri_cffi"
 EXTENSION_USERS = {"colibri.engine", "colibri.errors", "colibri._build_ffi"}

@@ -157,3 +157,17 @@ def test_reloads_racing_running_sessions(two_models: tuple[Path, Path, Path]) ->
         restore()
     assert not failures, failures[:3]
     assert reloads == 2000 and hot.generation >= 2000 and old_steps[0] > 0
+
+
+def test_a_refused_replacement_is_retried_only_when_asked_or_replaced(
+        two_models: tuple[Path, Path, Path]) -> None:
+    live, a, b = two_models
+    hot = HotModel(live)
+    replace_with(CORPUS / "bad_magic.colibri", live)
+    assert hot.poll() is None and "COL_ERR_BAD_MAGIC" in (hot.last_error or "")  # unasked
+    hot.last_error = None
+    assert hot.poll() is None and hot.last_error is None    # the same file: not reopened
+    hot.request()
+    assert hot.poll() is None and hot.last_error is not None  # asked: tried again
+    replace_with(b, live)
+    assert hot.poll() is not None and hot.generation == 1    # another file: taken unasked

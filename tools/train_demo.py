@@ -5,7 +5,8 @@ Development-only (needs torch and transformers, the test extras). Rebuild with
     .venv/bin/python tools/train_demo.py --out resources/demo
 
 which writes `demo.colibri` (converted with `colibri convert --dtype f16`) and `PROVENANCE.md`
-(architecture, parameter count, data, steps, loss curve). The corpus is every `.py` file of the
+(architecture, parameter count, data, steps, loss curve), then gives the file its routing
+near-ties with `tools/demo_near_ties.py`. The corpus is every `.py` file of the
 running interpreter's standard library, read in sorted order, so the data is on every machine
 and needs no network. Training is deterministic for a given seed, corpus and thread count.
 """
@@ -191,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "PROVENANCE.md").write_text("\n".join(lines), encoding="utf-8")
     (args.out / "provenance.json").write_text(json.dumps(provenance, indent=2), encoding="utf-8")
     print(f"wrote {args.out / 'demo.colibri'} ({size:,} bytes)")
-    return 0
+    # the shipped demo also has routing near-ties, for the jitter lab
+    import demo_near_ties
+
+    return demo_near_ties.main([str(args.out / "demo.colibri")])
 
 
 if __name__ == "__main__":

@@ -9,14 +9,22 @@ by the bytes of weights one token reads (attention, router, the k selected exper
 experts, dense MLPs, the LM head). The report states that byte count (from the tensor table),
 the effective GB/s reached, the probe's GB/s and the fraction of the limit; figures are medians
 of `repeats` runs so a busy neighbour on a shared machine moves them less, and the probe runs
-after every repeat (the best reading is the limit).
+after every repeat (the best reading is the limit). A model whose weights fit in the last-level
+cache decodes from the cache, not from memory, so it can run above that limit; the report says so.
+
+Memory: the peak RSS is measured over the runs only (Linux: the peak is reset after each probe
+through /proc/self/clear_refs and read before the next), so the probe's buffer (`--probe-mb`,
+1 GiB by default, larger than any cache) is not counted, and the part of it that is the mapped
+model file (its resident pages, /proc/self/smaps) is given apart.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -132,12 +140,89 @@ class BenchResult:
     fraction_of_limit_range: tuple[float, float]
     trace_on_decode_tok_s: float
     trace_cost: float
-    peak_rss_mb: float
+    peak_rss_mb: float      # over the runs, without the probe's buffer (see probe_mb)
+    mapped_rss_mb: float    # of which the resident pages of the mapped model file
+    peak_rss_excludes_probe: bool  # False where the peak cannot be reset (not Linux)
+    probe_mb: float         # the bandwidth probe's buffer
+    model_bytes: int        # every tensor of the file
+    cache_bytes: int        # the last-level cache (0: unknown)
     session_bytes: int
     phases: dict[str, dict[str, float]]  # from the traced run; empty without it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the largest (last-level) CPU cache cpu0 sees, from Linux sysfs; 0 if unknown."""
+    best = (0, 0)
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip().upper()
+            kind = (index / "type").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or not text:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+        size = int(text.rstrip("KMG")) * scale
+        best = max(best, (level, size))
+    return best[1]
+
+
+class PeakMemory:
+    """The peak resident set of this process over chosen stretches of time (Linux), and how much
+    of it a given file's mapping holds. Elsewhere `reset` does nothing and the peak is the
+    process's lifetime peak (`resettable` False)."""
+
+    def __init__(self, mapped_path: str) -> None:
+        self.mapped_path = os.path.realpath(mapped_path)
+        self.peak_bytes = 0
+        self.mapped_bytes = 0
+        self.resettable = self._clear()
+
+    @staticmethod
+    def _clear() -> bool:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:   # "5": reset the peak RSS to now
+                f.write("5")
+            return True
+        except OSError:
+            return False
+
+    def reset(self) -> None:
+        """Start a new stretch: forget the peak so far (a probe's buffer)."""
+        if self.resettable:
+            self._clear()
+
+    def sample(self) -> None:
+        """Fold the peak of the stretch since the last reset into `peak_bytes`."""
+        peak = 0
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            peak = 0
+        if not peak or not self.resettable:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.peak_bytes = max(self.peak_bytes, peak)
+        self.mapped_bytes = max(self.mapped_bytes, self._mapped())
+
+    def _mapped(self) -> int:
+        total, inside = 0, False
+        try:
+            lines = Path("/proc/self/smaps").read_text().splitlines()
+        except OSError:
+            return 0
+        for line in lines:
+            fields = line.split()
+            if fields and "-" in fields[0] and len(fields[0]) > 8 and not fields[0].endswith(":"):
+                inside = len(fields) >= 6 and os.path.realpath(fields[-1]) == self.mapped_path
+            elif inside and fields and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+        return total
 
 
 def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repeats: int = 3,
@@ -155,7 +240,9 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
 
     prefill_s, decode_s, traced_s = [], [], []
     phase_runs: list[dict[str, dict[str, float]]] = []
+    memory = PeakMemory(path)
     probes = [measure_read_bandwidth(probe_bytes, threads, 3)]
+    memory.reset()
     traced = Session(model, threads=threads, max_context=ctx, trace=True, kernels=kernels,
                      numerics=numerics) if trace_check else None
     # prompt, then n steps: the prompt's positions and n decoded ones (eos ignored)
@@ -180,7 +267,9 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
             run()
         # the probe runs between the repeats, so each decode run has a reading taken just before
         # and just after it; a busy neighbour can only lower a reading, so the better one counts
+        memory.sample()
         probes.append(measure_read_bandwidth(probe_bytes, threads, 3))
+        memory.reset()
     wb = weight_bytes_per_token(model)
     fractions = [wb * n / d / max(probes[i], probes[i + 1]) for i, d in enumerate(decode_s)]
 
@@ -201,7 +290,9 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         decode_tok_s_range=(n / max(decode_s), n / min(decode_s)),
         fraction_of_limit_range=(min(fractions), max(fractions)),
         trace_cost=1.0 - traced_tok_s / dec_tok_s if traced_s else float("nan"),
-        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        peak_rss_mb=memory.peak_bytes / 2**20, mapped_rss_mb=memory.mapped_bytes / 2**20,
+        peak_rss_excludes_probe=memory.resettable, probe_mb=probe_bytes / 2**20,
+        model_bytes=sum(t.nbytes for t in model.tensors), cache_bytes=last_level_cache_bytes(),
         session_bytes=Session.memory_estimate(model, threads=threads, max_context=ctx, trace=False),
         phases={part: {key: statistics.median(run[part][key] for run in phase_runs)
                        for key in ("ms", "mb", "gb_s")} for part in phase_runs[0]} if phase_runs else {})
@@ -211,7 +302,31 @@ def _span(lo_hi: tuple[float, float], scale: float = 1.0) -> str:
     return f"{scale * lo_hi[0]:.1f}-{scale * lo_hi[1]:.1f}"
 
 
+def limit_note(r: BenchResult) -> str:
+    """Why a decode may beat the bandwidth limit, in words (empty when nothing needs saying)."""
+    mb = r.model_bytes / 1e6
+    if r.cache_bytes and r.model_bytes <= r.cache_bytes:
+        return (f"the model's {mb:.1f} MB of weights fit in this machine's "
+                f"{r.cache_bytes / 2**20:.0f} MiB last-level cache: decode reads them from the "
+                "cache, not from memory, so it is not bandwidth-bound and the limit does not "
+                "bind (a model larger than the cache is)")
+    if r.fraction_of_limit > 1:
+        cache = f" of {r.cache_bytes / 2**20:.0f} MiB" if r.cache_bytes else ""
+        return ("above 100%: part of the weights stayed in the last-level cache"
+                f"{cache} between tokens, or the probe ran at a slower moment than the decode")
+    return ""
+
+
+def memory_note(r: BenchResult) -> str:
+    probe = (f"the {r.probe_mb:.0f} MiB bandwidth probe's buffer not counted"
+             if r.peak_rss_excludes_probe else
+             f"including the {r.probe_mb:.0f} MiB bandwidth probe's buffer (--probe-mb)")
+    return (f"{r.mapped_rss_mb:.1f} MiB of it the mapped model file, the rest the sessions, "
+            f"the interpreter and its libraries; {probe}")
+
+
 def format_result(r: BenchResult) -> str:
+    note = limit_note(r)
     return "\n".join([
         f"file                 {r.file}",
         f"kernels              {r.kernels}, {r.threads} thread(s)"
@@ -228,9 +343,10 @@ def format_result(r: BenchResult) -> str:
         f"decode limit         {r.limit_tok_s:9.1f} tok/s  (best probe)",
         f"of the limit         {100 * r.fraction_of_limit:9.1f}%  (median over repeats, each against "
         f"the better probe beside it; repeats {_span(r.fraction_of_limit_range, 100.0)}%)",
+        *([f"                     {note}"] if note else []),
         f"decode, trace on     {r.trace_on_decode_tok_s:9.1f} tok/s  (cost {100 * r.trace_cost:+.1f}%)",
         f"session memory       {r.session_bytes / 2**20:9.2f} MiB (estimate, beyond the mapped weights)",
-        f"peak RSS             {r.peak_rss_mb:9.1f} MiB",
+        f"peak RSS             {r.peak_rss_mb:9.1f} MiB  ({memory_note(r)})",
         *(f"  {part:18s} {v['ms']:8.2f} ms/token  {v['mb']:8.1f} MB  {v['gb_s']:6.1f} GB/s  (traced run)"
           for part, v in r.phases.items()),
     ])

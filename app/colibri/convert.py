@@ -677,8 +677,9 @@ def apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: s
 
 def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dtype: str = "f32",
             progress: Callable[[int, int], None] | None = None, quantize: str | None = None,
-            quantize_tensors: str = "experts") -> None:
-    """Convert the Hugging Face checkpoint in `hf_dir` to a `.colibri` file at `out_path`.
+            quantize_tensors: str = "experts") -> list[str]:
+    """Convert the Hugging Face checkpoint in `hf_dir` to a `.colibri` file at `out_path`;
+    returns warnings about the file written (one sentence each), e.g. that it has no tokenizer.
 
     `dtype` ("f32", "f16" or "bf16") is the storage of every matrix except the router; 1-D
     tensors and `moe_gate` are always f32. `progress(done, total)` is called after each tensor
@@ -713,10 +714,15 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
     specs = apply_quantize(specs, quantize, quantize_tensors, hp, notes)
 
     tokenizer = b""
+    warnings = []
     tokenizer_path = os.path.join(hf_dir, "tokenizer.json")
     if os.path.exists(tokenizer_path):
         with open(tokenizer_path, "rb") as f:
             tokenizer = f.read()
+    else:
+        warnings.append(f"{hf_dir} has no tokenizer.json, so the file has no tokenizer: prompts "
+                        "must be given as token ids (colibri run --tokens; the Inspector's "
+                        "prompt field takes them too)")
     metadata = {
         "source": {"model_type": model_type, "architectures": raw.get("architectures")},
         "converted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -729,3 +735,4 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
         metadata["notes"] = notes
     plan = plan_file(hp, kinds, specs, tokenizer, metadata)
     write_colibri(out_path, plan, progress)
+    return warnings

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -120,8 +120,12 @@ class Problem:
     def from_c(cls, p: Any) -> Problem:
         severity: Literal["error", "warning"] = (
             "warning" if p.severity == lib.COL_SEVERITY_WARNING else "error")
+        tensor, message = _text(p.tensor), _text(p.message)
+        # the engine's message names its tensor for callers that get only the text; here the
+        # tensor is a field of its own, shown beside the message
+        message = message.removeprefix(f"tensor '{tensor}': ") if tensor else message
         return cls(int(p.code), errors.status_name(int(p.code)), severity, int(p.offset),
-                   _text(p.tensor), _text(p.message))
+                   tensor, message)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -202,9 +206,18 @@ class Trace:
     phase_ns: np.ndarray        # [pos, n_layers, 5] uint64, see col_phase
     token_ns: np.ndarray        # [pos] uint64
 
+    # The fields without a position axis; every other field's first axis is the position, so a
+    # reader can take rows generically (the server's traces do) and new arrays come along.
+    PER_MODEL: ClassVar[frozenset[str]] = frozenset({"moe_layers"})
+
     @property
     def n_positions(self) -> int:
         return int(self.tokens.shape[0])
+
+    @classmethod
+    def position_fields(cls) -> tuple[str, ...]:
+        """Names of the per-position arrays, in declaration order."""
+        return tuple(f.name for f in fields(cls) if f.name not in cls.PER_MODEL)
 
     def copy(self) -> Trace:
         return Trace(**{f.name: np.array(getattr(self, f.name), copy=True) for f in fields(self)})

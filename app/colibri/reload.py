@@ -8,7 +8,8 @@ loop calls `poll()` between tokens, which reopens the path, validates it (`Model
 structural check) and returns the new model, or keeps the old one and records why when the new
 file is broken. `poll()` also notices, with two system calls, a replace nobody signalled, and a
 file truncated or rewritten in place (then the old mapping must not be read again: the reload is
-mandatory and a broken replacement is an error).
+mandatory and a broken replacement is an error). A replacement it refused is not reopened at
+every poll: only once the path names another file, or on the next request.
 
 `session_swapper(hot, new_session, report)` is the hand-over hook of `Session.generate` (its
 `swap`): between tokens it polls `hot` and, when a new model came, returns a new session on it
@@ -41,6 +42,9 @@ class HotModel:
         self.model = model if model is not None else Model.open(self.path)
         self.generation = 0                  # how many times a new model was swapped in
         self.last_error: str | None = None   # why the last reload was refused
+        # The file last refused (stat identity): an unsignalled replace is not reopened again
+        # until the path names another file, or a request asks for it.
+        self._refused: tuple[int, ...] | None = None
         # A plain attribute, not a threading.Event: Python runs signal handlers in the main
         # thread between bytecodes, and an Event's set() takes a lock that the interrupted
         # frame may hold (clear() in poll), which deadlocks. Assignment needs no lock.
@@ -60,17 +64,19 @@ class HotModel:
         valid replacement (the old mapping can no longer be trusted)."""
         must = False
         try:
-            if self.model.check_file():
+            if self.model.check_file() and self._identity() != self._refused:
                 self._requested = True       # replaced without a signal: take it too
         except errors.ColibriFileChangedError:
             must = True
         if not (must or self._requested):
             return None
         self._requested = False  # a request arriving after this is served by the open below
+        identity = self._identity()
         try:
             new = Model.open(self.path)
         except errors.ColibriError as exc:
             self.last_error = str(exc)
+            self._refused = identity
             if must:
                 raise errors.ColibriFileChangedError(
                     f"{self.path} changed while mapped and cannot be reopened: {exc}",
@@ -79,7 +85,15 @@ class HotModel:
         self.model = new
         self.generation += 1
         self.last_error = None
+        self._refused = None
         return new
+
+    def _identity(self) -> tuple[int, ...] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def on_sigusr1(hot: HotModel) -> Callable[[], None]:

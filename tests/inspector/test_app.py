@@ -18,7 +18,7 @@ from PySide6.QtGui import QDropEvent, QKeySequence
 from colibri.inspection.document import ModelDocument, load_state
 from colibri.inspection.recent import RecentFiles
 from colibri.inspector import app as inspector_app
-from colibri.inspector import resources
+from colibri.inspector import main_window, resources
 from colibri.inspector.main_window import ENV_SETTINGS, VIEW_NAMES, MainWindow
 from corrupt_files import corrupt_cases
 
@@ -194,11 +194,20 @@ def test_find_focuses_the_tensor_filter(qtbot, window, tiny_model_path):
     qtbot.waitUntil(lambda: view.tensors.filter_edit.hasFocus(), timeout=2000)
 
 
-def test_status_bar_shows_size_and_validation_state(window, tiny_model_path):
+def test_status_bar_shows_size_and_validation_state(window, tiny_model_path, monkeypatch):
+    monkeypatch.setattr(main_window, "AUTO_CHECK_BYTES", 0)   # as for a file above the limit
     window.open_path(tiny_model_path())
     size = Path(tiny_model_path()).stat().st_size
     assert window.size_label.text() == f"{size / 1024:.2f} KiB"
-    assert window.state_label.text() == "valid (structure)"
+    assert window.state_label.text() == "structure valid, data not checked"
+
+
+def test_a_small_file_checks_its_data_when_it_opens(qtbot, window, tiny_model_path):
+    view = window.open_path(tiny_model_path())
+    qtbot.waitUntil(lambda: view.data_result is not None and not view.is_checking(),
+                    timeout=20000)
+    assert window.state_label.text() == "valid (structure and data)"
+    assert view.validation.explanation.property("state") == "valid"
 
 
 def test_status_bar_shows_progress_while_checking(qtbot, window, tiny_model_path):

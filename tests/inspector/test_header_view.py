@@ -11,7 +11,7 @@ import pytest
 import colibri
 from colibri.engine import header_fields
 from colibri.inspection.document import ModelDocument
-from colibri.inspector.header_view import QtHeaderView, format_value
+from colibri.inspector.header_view import RAW_COLUMN, VALUE_COLUMN, QtHeaderView, format_value
 from colibri.inspector.main_window import ENV_SETTINGS, MainWindow
 from corrupt_files import corrupt_cases
 
@@ -40,7 +40,7 @@ def test_field_values_equal_the_engine(header, tiny_model_path):
     header.set_document(ModelDocument(path))
     for f in colibri.Model.open(path).header_fields():
         assert header.field(f.name).value == f.value
-        assert header.field_item(f.name).text(4) == format_value(f)
+        assert header.field_item(f.name).text(VALUE_COLUMN) == format_value(f)
 
 
 def test_field_offset_size_and_raw_bytes_come_from_the_file(header, tiny_model_path):
@@ -52,7 +52,7 @@ def test_field_offset_size_and_raw_bytes_come_from_the_file(header, tiny_model_p
         assert item.text(1) == f"0x{f.offset:03X}"
         assert item.text(2) == str(f.size)
         shown = data[f.offset:f.offset + min(f.size, 16)].hex(" ").upper()
-        assert item.text(3).startswith(shown)
+        assert item.text(RAW_COLUMN).startswith(shown)
 
 
 def test_hyper_parameters_and_user_metadata_are_shown(header, tiny_model):
@@ -61,7 +61,7 @@ def test_hyper_parameters_and_user_metadata_are_shown(header, tiny_model):
     top = {header.tree.topLevelItem(i).text(0): header.tree.topLevelItem(i)
            for i in range(header.tree.topLevelItemCount())}
     hparams = top["Hyper-parameters (decoded)"]
-    decoded = {hparams.child(i).text(0): hparams.child(i).text(4)
+    decoded = {hparams.child(i).text(0): hparams.child(i).text(VALUE_COLUMN)
                for i in range(hparams.childCount())}
     assert decoded["d_model"] == str(tm.hparams.d_model)
     assert decoded["arch_name"] == "mixtral"
@@ -83,7 +83,7 @@ def test_truncated_file_marks_missing_fields(header, tmp_path, tiny_image):
     header.set_document(ModelDocument(path))
     assert header.field("tensor_count").present
     assert not header.field("file_size").present
-    assert "beyond the end" in header.field_item("file_size").text(4)
+    assert "beyond the end" in header.field_item("file_size").text(VALUE_COLUMN)
 
 
 def test_selecting_a_field_emits_its_range(qtbot, header, tiny_model_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from colibri.inspection.document import ModelDocument, data_check
+from colibri.inspector import main_window
 from colibri.inspector.main_window import ENV_SETTINGS, FileView, MainWindow
 from colibri.values import Cancelled
 from corrupt_files import CASE_NAMES, CorruptCase, corrupt_cases
@@ -136,3 +137,27 @@ def test_data_check_progress_is_byte_weighted_and_ends_full(tiny_model_path):
     assert seen[-1][0] == seen[-1][1]
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert len(result.status) == len(doc.model.tensors)
+
+
+def test_a_flipped_data_byte_is_found_without_asking(qtbot, window, cases, tmp_path):
+    """A file under the automatic-check size with one data byte changed: the data checks run
+    when it opens, and the report turns from 'structure valid' to the checksum error."""
+    view = _open(window, cases["checksum_mismatch"], tmp_path)
+    qtbot.waitUntil(lambda: view.data_result is not None, timeout=20000)
+    assert any(p.code_name == "COL_ERR_CHECKSUM" for p in view.validation.problems)
+    assert view.validation.explanation.property("state") == "invalid"
+
+
+def test_unchecked_data_is_not_called_valid(qtbot, window, tiny_model_path, monkeypatch):
+    """Above the automatic-check size, the banner says the structure is valid and the data is
+    not checked (not green) until the checks ran."""
+    monkeypatch.setattr(main_window, "AUTO_CHECK_BYTES", 0)
+    view = window.open_path(tiny_model_path())
+    qtbot.wait(50)
+    assert view.data_result is None and not view.is_checking()
+    banner = view.validation.explanation
+    assert banner.property("state") == "unchecked"
+    assert "structure is valid" in banner.text() and "not checked" in banner.text()
+    assert window.state_label.text() == "structure valid, data not checked"
+    _run_checks(qtbot, view)
+    assert banner.property("state") == "valid"

@@ -6,9 +6,11 @@ registering its commands with `add_commands(subparsers)`:
     convert                      colibri.cli.convert
     bench                        colibri.cli.bench
     validate, info, dump         colibri.cli.files
-    run, serve                   colibri.cli.run
+    run                          colibri.cli.run
+    serve                        colibri.cli.serve
     trace                        colibri.cli.trace
     jitter, epsilon              colibri.cli.jitter
+    profile                      colibri.cli.profile
 
 What they share (exit codes, the error printer, how a path is opened, the common arguments) is
 colibri.cli.common. A command returns its exit code or raises; `main` prints any engine, file or
@@ -21,7 +23,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from colibri.cli import bench, convert, files, jitter, run, trace
+from colibri.cli import bench, convert, files, jitter, profile, run, serve, trace
 from colibri.cli.common import EXIT_OK, CommandError, failure
 from colibri.errors import ColibriError
 
@@ -31,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="colibri", description="Colibri MoE engine: convert, validate, inspect and run "
                                     ".colibri files.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (convert, bench, files, run, trace, jitter):
+    for group in (convert, bench, files, run, serve, trace, jitter, profile):
         group.add_commands(sub)
     return parser
 

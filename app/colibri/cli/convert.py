@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from colibri.cli.common import EXIT_OK, fail
+from colibri.cli.common import EXIT_OK, error, fail
 from colibri.values import QUANTIZE_TENSORS
 
 
@@ -34,16 +34,20 @@ def cmd_convert(args: argparse.Namespace) -> int:
     try:
         quant = ({"quantize": args.quantize, "quantize_tensors": args.quantize_tensors}
                  if args.quantize else {})
+        warnings: list[str] = []   # what the file written lacks (colibri.convert's say)
         if _is_gguf(args.hf_dir):
             from colibri.convert_gguf import convert_gguf
             convert_gguf(args.hf_dir, args.out, dtype=args.dtype, progress=progress, **quant)
         else:
-            convert.convert(args.hf_dir, args.out, dtype=args.dtype, progress=progress, **quant)
+            warnings = convert.convert(args.hf_dir, args.out, dtype=args.dtype,
+                                       progress=progress, **quant)
     except convert.ConversionError as exc:
         fail(f"conversion failed: {exc}")
     finally:
         if progress is not None:
             print(file=sys.stderr)
+    for warning in warnings:
+        error(f"warning: {warning}")
     print(f"wrote {args.out}")
     return EXIT_OK
 

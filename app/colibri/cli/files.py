@@ -40,9 +40,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(json.dumps({"valid": valid, "format": "colibri",
                           "problems": [p.to_dict() for p in problems]}, indent=2))
     else:
-        for p in problems:
-            tensor = f" tensor '{p.tensor}'" if p.tensor else ""
-            print(f"{p.severity}: {p.code_name} at 0x{p.offset:X}{tensor}: {p.message}")
+        from colibri.inspection.report import problem_lines
+
+        for line in problem_lines(problems):
+            print(line)
         n_err = sum(p.severity == "error" for p in problems)
         n_warn = len(problems) - n_err
         verdict = "valid" if valid else "INVALID"

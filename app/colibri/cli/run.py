@@ -1,19 +1,17 @@
-"""`colibri run` (one prompt, its routing printed or dumped) and `colibri serve` (prompts from
-stdin): generation through `Session.generate`, with the model file hot-reloaded between tokens
-on SIGUSR1 (colibri.reload)."""
+"""`colibri run`: one prompt, its routing printed or dumped; generation through
+`Session.generate`, with the model file hot-reloaded between tokens on SIGUSR1 (colibri.reload).
+`colibri serve` is colibri.cli.serve."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from typing import Any
 
 import numpy as np
 
 from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_prompt, add_routing,
-                                add_threads, error, fail, open_model, prompt_ids, token_ids,
-                                token_label, tokenizer_of)
+                                add_threads, error, fail, open_model, prompt_ids, token_label,
+                                tokenizer_of)
 from colibri.files import atomic_write
 
 RUN_EPILOG = """\
@@ -89,44 +87,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    """A long-running loop: one prompt per stdin line (comma-separated token ids), greedy
-    generation of -n tokens, one `tokens: ...` line out per prompt. `kill -USR1 PID` after an
-    atomic replace of FILE (or a replace noticed between tokens) swaps the new model in between
-    tokens once it validates; a broken replacement is refused and the loaded model kept."""
-    from colibri.engine import Session
-    from colibri.reload import HotModel, on_sigusr1, session_swapper
-
-    model = open_model(args.file)
-    hot = HotModel(args.file, model)
-    restore = on_sigusr1(hot)
-
-    def new_session(m: Any) -> Any:
-        return Session(m, routing=args.routing, threads=args.threads, trace=False)
-
-    swap = session_swapper(hot, new_session, error)
-    try:
-        session = new_session(model)
-        print(f"serving {args.file} (pid {os.getpid()})", file=sys.stderr, flush=True)
-        for line in sys.stdin:
-            if not line.strip():
-                continue
-            try:
-                prompt = token_ids(line.strip())
-                session = swap(session, [], False) or session
-                session.reset()
-                generation = session.generate(prompt, args.generate,
-                                              eos=hot.model.hparams.eos_token_id, swap=swap)
-                session = generation.session
-            except (argparse.ArgumentTypeError, ValueError) as exc:
-                error(str(exc))
-                continue
-            print("tokens: " + ",".join(map(str, generation.generated)), flush=True)
-    finally:
-        restore()
-    return EXIT_OK
-
-
 def add_commands(sub: Any) -> None:
     p = sub.add_parser("run", help="greedy generation", epilog=RUN_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,11 +100,3 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--dump-logits", metavar="OUT.npy", help="save float32 [positions, vocab]")
     p.add_argument("--dump-trace", metavar="OUT.npz", help="save the routing trace")
     p.set_defaults(func=cmd_run)
-
-    p = sub.add_parser("serve", help="generate for prompts read from stdin (one per line: token "
-                                     "ids); SIGUSR1 hot-reloads FILE between tokens")
-    add_file(p)
-    add_generate(p, 16, "tokens per prompt")
-    add_routing(p, epsilon=False)
-    add_threads(p)
-    p.set_defaults(func=cmd_serve)

@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import socket
 import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
+from PySide6.QtCore import QCoreApplication, QSocketNotifier
 from PySide6.QtWidgets import QApplication
 
 from colibri.inspector import resources
+from colibri.inspector.display import startup_problem
+from colibri.inspector.examples import prepare, settle
 from colibri.inspector.export import save_png
-from colibri.inspector.main_window import VIEW_NAMES, FileView, MainWindow
+from colibri.inspector.main_window import VIEW_NAMES, MainWindow
 
-SCREENSHOT_SIZE = (1600, 900)
+SCREENSHOT_SIZE = (1280, 800)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -38,7 +42,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--view", choices=VIEW_NAMES, default=None,
                         help="the view to show first (with --screenshot: the view captured)")
     parser.add_argument("--size", metavar="WxH", default=None,
-                        help="window size for --screenshot (default 1400x860)")
+                        help="window size for --screenshot (default "
+                             f"{SCREENSHOT_SIZE[0]}x{SCREENSHOT_SIZE[1]})")
+    parser.add_argument("--profile", metavar="DIR", default=None,
+                        help="open a `colibri profile` directory in the Corpus view")
+    parser.add_argument("--compare", metavar="DIR", default=None,
+                        help="with --profile: a second profile, shown as differences")
     return parser.parse_args(list(argv) if argv is not None else None)
 
 
@@ -57,8 +66,9 @@ def application(argv: Sequence[str] | None = None) -> QApplication:
 
 
 def demo_missing_message() -> str:
-    return ("No model open.\n\nThe bundled demo model is not here yet: it is expected at\n"
-            f"{resources.expected_demo_path()}\n(it is produced by tools/train_demo.py).\n\n"
+    places = "\n".join(str(p) for p in resources.demo_locations())
+    return ("No model open.\n\nThe bundled demo model was not found; it is looked for at\n"
+            f"{places}\n(a source checkout has it; tools/train_demo.py makes it).\n\n"
             "Open a .colibri file with File > Open (Ctrl+O) or drop one on this window.")
 
 
@@ -82,70 +92,17 @@ def build_window(files: Sequence[str], view: str | None = None,
     return window
 
 
-def _settle(app: QApplication, ms: int = 150) -> None:
-    """Let layouts, first paints and queued signals run for `ms` milliseconds."""
-    loop = QEventLoop()
-    QTimer.singleShot(ms, loop.quit)
-    loop.exec()
-    app.processEvents()
-
-
 def screenshot(window: MainWindow, path: str, view: str | None,
                size: tuple[int, int] = SCREENSHOT_SIZE) -> bool:
-    """Render `window` at `view` to a PNG at `path`; True on success."""
-    app = QApplication.instance()
-    assert isinstance(app, QApplication)
+    """Render `window` at `view` (after real work on its model: colibri.inspector.examples) to
+    a PNG at `path`; True on success."""
     window.resize(*size)
     window.show()
     current = window.current_view()
-    if current is not None and view is not None:
-        current.set_view(view)
-        model = current.doc.model
-        if view in ("values", "tensors") and model is not None and model.tensors:
-            # Show something meaningful: the first routed expert matrix, else the first tensor.
-            name = next((t.name for t in model.tensors if t.name.endswith("moe_w1")),
-                        model.tensors[0].name)
-            current.show_tensor(name)
-            current.set_view(view)
-            deadline = time.monotonic() + 10
-            while current.values.is_busy() and time.monotonic() < deadline:
-                _settle(app, 20)
-        if view == "debugger" and model is not None and model.tokenizer is not None:
-            _demo_debug_run(app, current, model)
-        if view == "jitter" and model is not None and model.tokenizer is not None:
-            _demo_jitter_run(app, current)
-    _settle(app)
+    if current is not None:
+        prepare(current, view or current.current_view())
+    settle()
     return save_png(window, path)
-
-
-SCREENSHOT_PROMPT = "def read_header(self, data):\n    "
-
-
-def _wait(app: QApplication, busy: Any, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while busy() and time.monotonic() < deadline:
-        _settle(app, 20)
-
-
-def _demo_debug_run(app: QApplication, view: FileView, model: Any) -> None:
-    """A short greedy run so the debugger picture shows routing, not an empty form."""
-    from colibri.values import RunSettings
-
-    panel = view.debugger
-    panel.run_panel.prompt.setText(SCREENSHOT_PROMPT)
-    panel.start_run(RunSettings(model.tokenizer.encode(SCREENSHOT_PROMPT).ids, 24))
-    _settle(app, 100)
-    _wait(app, lambda: panel.controller.running)
-    if panel.events is not None and len(panel.events):
-        panel.select_event(len(panel.events) // 2)
-
-
-def _demo_jitter_run(app: QApplication, view: FileView) -> None:
-    lab = view.jitter
-    lab.prompt.setText(SCREENSHOT_PROMPT)
-    lab.start("jitter")
-    _settle(app, 100)
-    _wait(app, lab.runner.is_running, 120)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,8 +118,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.screenshot and "QT_QPA_PLATFORM" not in os.environ and sys.platform.startswith(
             "linux") and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    if QApplication.instance() is None:
+        problem = startup_problem(bool(args.screenshot))
+        if problem is not None:
+            print(f"colibri-inspector: {problem}", file=sys.stderr)
+            return 2
     app = application()
     window = build_window(args.files, args.view, persist=not args.screenshot)
+    current = window.current_view()
+    if args.profile and current is not None:
+        current.set_view("corpus")
+        current.corpus.open_profile(args.profile, "A")
+        if args.compare:
+            current.corpus.open_profile(args.compare, "B")
     if args.screenshot:
         ok = screenshot(window, args.screenshot, args.view, size)
         window.close()
@@ -171,7 +139,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
     window.show()
-    return int(app.exec())
+    with quit_on_interrupt(window):
+        return int(app.exec())
+
+
+@contextmanager
+def quit_on_interrupt(window: MainWindow) -> Iterator[None]:
+    """Ctrl+C in the terminal closes `window` as File > Quit would (settings and the debugger's
+    autosave are written), then the event loop ends. Python runs signal handlers only between
+    bytecodes and Qt's event loop is C++, so the handler's wake-up byte on a socket pair, watched
+    by a QSocketNotifier, gets the interpreter back in control at once."""
+
+    def interrupted(_signum: int, _frame: Any) -> None:
+        print("colibri-inspector: interrupted, closing", file=sys.stderr)
+        window.close()
+        QCoreApplication.quit()
+
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    notifier = QSocketNotifier(reader.fileno(), QSocketNotifier.Type.Read)
+    notifier.activated.connect(lambda: reader.recv(64))
+    previous_fd = signal.set_wakeup_fd(writer.fileno())
+    previous = signal.signal(signal.SIGINT, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.set_wakeup_fd(previous_fd)
+        notifier.setEnabled(False)
+        reader.close()
+        writer.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

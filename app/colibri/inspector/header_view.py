@@ -13,15 +13,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QHeaderView, QTreeWidget, QTreeWidgetItem,
                                QVBoxLayout, QWidget)
 
 from colibri.engine import HeaderField
 from colibri.inspection.document import ModelDocument
+from colibri.inspection.values import format_scalar
 from colibri.values import ARCH_NAMES
 
-COLUMNS = ("Field", "Offset", "Size", "Raw bytes", "Value")
+# The decoded value before the raw bytes: the value is what a reader wants, the bytes are also
+# in the hexdump beside this view.
+COLUMNS = ("Field", "Offset", "Size", "Value", "Raw bytes")
+VALUE_COLUMN, RAW_COLUMN = COLUMNS.index("Value"), COLUMNS.index("Raw bytes")
 FIELD_ROLE = Qt.ItemDataRole.UserRole          # the HeaderField of a field row
 _RAW_SHOWN = 16                                # raw bytes shown before eliding
 _BYTE_COUNTS = frozenset({"tokenizer_size", "metadata_size", "file_size"})
@@ -46,7 +52,7 @@ def format_value(f: HeaderField) -> str:
             return f"{len(v)} zero bytes"
         return v[:_RAW_SHOWN].hex(" ") + (" …" if len(v) > _RAW_SHOWN else "")
     if isinstance(v, float):
-        return repr(v)
+        return format_scalar(np.float32(v))   # a float32 field, as the CLI prints it: 1e-05
     if f.name == "arch":
         return f"{v} ({ARCH_NAMES.get(v, 'unknown')})"
     if f.name == "flags":
@@ -77,10 +83,10 @@ class QtHeaderView(QWidget):
         self.tree.setUniformRowHeights(True)
         self.tree.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         header = self.tree.header()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        # field, offset, size and value as wide as their text (in whatever font the style
+        # sheet gives), the raw bytes the rest
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
-        for column, width in enumerate((230, 80, 60, 260)):
-            self.tree.setColumnWidth(column, width)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.tree)
@@ -141,7 +147,7 @@ class QtHeaderView(QWidget):
             raw = head[f.offset:f.offset + min(f.size, _RAW_SHOWN)] if f.present else b""
             raw_text = raw.hex(" ").upper() + (" …" if f.present and f.size > _RAW_SHOWN else "")
             item = QTreeWidgetItem(groups[f.group], [
-                f.name, f"0x{f.offset:03X}", str(f.size), raw_text, format_value(f)])
+                f.name, f"0x{f.offset:03X}", str(f.size), format_value(f), raw_text])
             item.setData(0, FIELD_ROLE, f)
             item.setToolTip(0, f"{f.kind} at 0x{f.offset:X}, {f.size} bytes")
             if not f.present:
@@ -152,11 +158,12 @@ class QtHeaderView(QWidget):
         branch = self._branch("Hyper-parameters (decoded)", "hparams")
         for key, value in metadata.items():
             if key != "user":
-                QTreeWidgetItem(branch, [key, "", "", "", str(value)])
+                shown = format_scalar(np.float32(value)) if isinstance(value, float) else value
+                QTreeWidgetItem(branch, [key, "", "", str(shown), ""])
 
     def _add_json(self, parent: QTreeWidgetItem, value: Any) -> None:
         if value is None:
-            QTreeWidgetItem(parent, ["(none)", "", "", "", "no user metadata, or not valid JSON"])
+            QTreeWidgetItem(parent, ["(none)", "", "", "no user metadata, or not valid JSON", ""])
             return
         if isinstance(value, dict):
             for key, child in value.items():
@@ -165,15 +172,15 @@ class QtHeaderView(QWidget):
             for i, child in enumerate(value):
                 self._add_json_item(parent, f"[{i}]", child)
         else:
-            QTreeWidgetItem(parent, ["", "", "", "", json.dumps(value)])
+            QTreeWidgetItem(parent, ["", "", "", json.dumps(value), ""])
 
     def _add_json_item(self, parent: QTreeWidgetItem, key: str, value: Any) -> None:
         if isinstance(value, (dict, list)):
             kind = f"{{{len(value)}}}" if isinstance(value, dict) else f"[{len(value)}]"
-            item = QTreeWidgetItem(parent, [key, "", "", "", kind])
+            item = QTreeWidgetItem(parent, [key, "", "", kind, ""])
             self._add_json(item, value)
         else:
-            QTreeWidgetItem(parent, [key, "", "", "", json.dumps(value, ensure_ascii=False)])
+            QTreeWidgetItem(parent, [key, "", "", json.dumps(value, ensure_ascii=False), ""])
 
     def _current_changed(self, current: QTreeWidgetItem | None, _previous: Any) -> None:
         if current is None:

@@ -22,9 +22,8 @@ from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import (QAction, QColor, QContextMenuEvent, QFont, QFontDatabase,
                            QFontMetricsF, QGuiApplication, QKeyEvent, QKeySequence, QMouseEvent,
                            QPainter, QPaintEvent, QResizeEvent, QWheelEvent)
-from PySide6.QtWidgets import (QAbstractScrollArea, QHBoxLayout, QHeaderView, QInputDialog,
-                               QMenu, QMessageBox, QTableWidget, QTableWidgetItem, QToolTip,
-                               QWidget)
+from PySide6.QtWidgets import (QAbstractScrollArea, QHeaderView, QInputDialog, QMenu, QMessageBox,
+                               QTableWidget, QTableWidgetItem, QToolTip, QVBoxLayout, QWidget)
 
 from colibri.inspection.hexsource import BytesSource, HexSource, Region, RegionIndex
 from colibri.inspection.values import (MAX_INSPECT_BYTES, VALUE_TYPES, format_hex,
@@ -453,32 +452,49 @@ class _HexCanvas(QAbstractScrollArea):
 
 
 class QtValueInspector(QTableWidget):
-    """The bytes at the cursor decoded as every type of `colibri.inspection.values`."""
+    """The bytes at the cursor decoded as every type of `colibri.inspection.values`, two types a
+    row (unsigned and signed of one width, then the floats), so it sits under the hexdump in six
+    short rows instead of widening the window."""
+
+    COLUMNS = 2   # type/value pairs per row
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(len(VALUE_TYPES), 2, parent)
-        self.setHorizontalHeaderLabels(["type", "value (LE)"])
+        names = list(VALUE_TYPES)
+        rows = (len(names) + self.COLUMNS - 1) // self.COLUMNS
+        super().__init__(rows, 2 * self.COLUMNS, parent)
+        self.setHorizontalHeaderLabels(["type", "value (LE)"] * self.COLUMNS)
         self.verticalHeader().setVisible(False)
-        self.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
-        self.horizontalHeader().setStretchLastSection(True)
         self.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        for row, name in enumerate(VALUE_TYPES):
-            self.setItem(row, 0, QTableWidgetItem(name))
-            self.setItem(row, 1, QTableWidgetItem(""))
+        header = self.horizontalHeader()
+        for column in range(2 * self.COLUMNS):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents
+                                        if column % 2 == 0 else QHeaderView.ResizeMode.Stretch)
+        self._cells: dict[str, QTableWidgetItem] = {}
+        for i, name in enumerate(names):
+            row, column = divmod(i, self.COLUMNS)
+            label = QTableWidgetItem(name)
+            label.setForeground(self.palette().placeholderText())
+            value = QTableWidgetItem("")
+            self.setItem(row, 2 * column, label)
+            self.setItem(row, 2 * column + 1, value)
+            self._cells[name] = value
+        self.resizeRowsToContents()
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        height = self.horizontalHeader().sizeHint().height() + 2 * self.frameWidth() + sum(
+            self.rowHeight(r) for r in range(rows))
+        self.setFixedHeight(height)
         self._offset = 0
 
     def show_bytes(self, offset: int, data: bytes) -> None:
         self._offset = offset
-        for row, (_name, text) in enumerate(inspect_bytes(data).items()):
-            item = self.item(row, 1)
-            assert item is not None
-            item.setText(text)
+        for name, text in inspect_bytes(data).items():
+            self._cells[name].setText(text)
+            self._cells[name].setToolTip(f"{name} at 0x{offset:X}: {text}")
 
     def value(self, type_name: str) -> str:
         """The text shown for `type_name`."""
-        row = list(VALUE_TYPES).index(type_name)
-        item = self.item(row, 1)
-        return item.text() if item is not None else ""
+        return self._cells[type_name].text()
 
 
 class QtHexView(QWidget):
@@ -490,9 +506,9 @@ class QtHexView(QWidget):
         super().__init__(parent)
         self.canvas = _HexCanvas(self)
         self.inspector = QtValueInspector(self)
-        self.inspector.setMaximumWidth(260)
-        layout = QHBoxLayout(self)
+        layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
         layout.addWidget(self.canvas, 1)
         layout.addWidget(self.inspector)
         self.canvas.sig_cursor_moved.connect(self._on_cursor)

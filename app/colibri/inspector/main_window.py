@@ -23,10 +23,9 @@ from typing import Any
 from PySide6.QtCore import (QByteArray, QFileSystemWatcher, QSettings, QStandardPaths, Qt, QTimer,
                             Signal)
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QMessageBox,
-                               QProgressBar, QPushButton,
-                               QSplitter, QStackedWidget, QTabWidget, QToolButton, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QInputDialog, QLabel, QMainWindow,
+                               QMessageBox, QProgressBar, QPushButton, QSizePolicy, QSplitter,
+                               QStackedWidget, QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
 from colibri.inspection.document import (DataCheckResult, DocumentState, ModelDocument,
                                          data_check, explain, load_state,
@@ -35,12 +34,15 @@ from colibri.debugging.session_file import SUFFIX as SESSION_SUFFIX
 from colibri.errors import ColibriFileChangedError
 from colibri.files import atomic_write_csv
 from colibri.inspection.recent import RecentFiles
+from colibri.serving.client import parse_address
 from colibri.inspector import resources
 from colibri.inspection.foreign import ForeignDocument, is_foreign
+from colibri.inspector.attach import QtServerMonitor, wait_for_retired
 from colibri.inspector.export import save_png
 from colibri.inspector.foreign_view import QtForeignFileView
 from colibri.inspector.debugger.panel import QtDebuggerPanel
 from colibri.inspector.header_view import QtHeaderView
+from colibri.inspector.corpus import QtCorpusView
 from colibri.inspector.jitter.lab import QtJitterLab
 from colibri.inspector.hexview import QtHexView
 from colibri.inspector.tasks import Task, TaskRunner
@@ -52,13 +54,17 @@ from colibri.inspector.validation_view import QtValidationReport
 
 ORGANIZATION, APPLICATION = "Colibri", "Inspector"
 ENV_SETTINGS = "COLIBRI_INSPECTOR_SETTINGS"
-VIEW_NAMES = ("validation", "header", "tensors", "hex", "values", "debugger", "jitter")
+VIEW_NAMES = ("validation", "header", "tensors", "hex", "values", "debugger", "jitter", "corpus")
 VIEW_TITLES = {"validation": "Validation", "header": "Header", "tensors": "Tensors",
                "hex": "Hexdump", "values": "Tensor values", "debugger": "Debugger",
-               "jitter": "Jitter lab"}
+               "jitter": "Jitter lab", "corpus": "Corpus"}
 # Window-wide shortcuts the debugger panel uses for itself while it is the current view.
 DEBUGGER_SHORTCUT_ACTIONS = ("reload_action", "run_action", "find_action", "goto_action")
 RELOAD_DEBOUNCE_MS = 400
+# Files up to this size get their data checks (every tensor's CRC-32, NaN/Inf scan) started as
+# soon as they open: about a second of reading on a worker, cancellable; larger files wait for
+# F5 and say "data not checked" until then.
+AUTO_CHECK_BYTES = 1 << 30
 FILE_FILTER = ("Models (*.colibri *.gguf *.safetensors *.json);;Colibri models (*.colibri);;"
                "GGUF files (*.gguf);;safetensors (*.safetensors *.safetensors.index.json);;"
                "All files (*)")
@@ -121,13 +127,17 @@ class FileView(QWidget):
         self._jitter: QtJitterLab | None = None
         self._jitter_page = QWidget()
         QVBoxLayout(self._jitter_page).setContentsMargins(0, 0, 0, 0)
+        self._corpus: QtCorpusView | None = None
+        self._corpus_page = QWidget()
+        QVBoxLayout(self._corpus_page).setContentsMargins(0, 0, 0, 0)
         self.hex = QtHexView()
 
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         for name, widget in (("validation", self.validation), ("header", self.header),
                              ("tensors", self.tensors), ("values", self._values_page),
-                             ("debugger", self._debugger_page), ("jitter", self._jitter_page)):
+                             ("debugger", self._debugger_page), ("jitter", self._jitter_page),
+                             ("corpus", self._corpus_page)):
             widget.setObjectName(f"view_{name}")
             self.tabs.addTab(widget, VIEW_TITLES[name])
         self.hex.setObjectName("view_hex")
@@ -151,8 +161,9 @@ class FileView(QWidget):
         self.splitter.setObjectName("fileSplitter")
         self.splitter.addWidget(self.tabs)
         self.splitter.addWidget(self.hex)
-        self.splitter.setStretchFactor(0, 3)
-        self.splitter.setStretchFactor(1, 2)
+        # a wider window widens the views; the hexdump's rows are a fixed number of characters
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 0)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.changed_banner)
@@ -185,6 +196,7 @@ class FileView(QWidget):
         self.watcher.fileChanged.connect(lambda _p: self._debounce.start())
         self.watcher.directoryChanged.connect(lambda _p: self._debounce.start())
         self._watch()
+        self._fit_hexdump()
 
         self._show_document()
 
@@ -216,7 +228,13 @@ class FileView(QWidget):
         self.hex.set_regions(doc.regions())
         if doc.model is None:
             self.set_view("validation")
+        elif doc.size <= AUTO_CHECK_BYTES:
+            QTimer.singleShot(0, self._auto_check)   # once the window has wired its signals
         self.sig_status_changed.emit()
+
+    def _auto_check(self) -> None:
+        if self.doc.model is not None and self.data_result is None and not self._checking:
+            self.run_checks(True, True)
 
     def reload_if_changed(self) -> None:
         """Debounced watcher callback: reload on a worker when the file's identity changed."""
@@ -314,9 +332,10 @@ class FileView(QWidget):
             errors += sum(1 for p in self.data_result.problems if p.severity == "error")
         if doc.model is None or errors:
             return f"invalid: {errors} error(s)" if errors else "invalid"
-        checked = " and data" if self.data_result is not None else ""
         warnings = f", {len(doc.warnings)} warning(s)" if doc.warnings else ""
-        return f"valid (structure{checked}){warnings}"
+        if self.data_result is None:
+            return f"structure valid, data not checked{warnings}"
+        return f"valid (structure and data){warnings}"
 
     # -- cross-view navigation ------------------------------------------------------------------
 
@@ -408,6 +427,14 @@ class FileView(QWidget):
                 self._jitter.set_model(self.doc.model)
         return self._jitter
 
+    @property
+    def corpus(self) -> QtCorpusView:
+        """The Corpus view (profiles made by `colibri profile`), built on first use."""
+        if self._corpus is None:
+            self._corpus = QtCorpusView()
+            self._corpus_page.layout().addWidget(self._corpus)
+        return self._corpus
+
     # -- views ----------------------------------------------------------------------------------
 
     def set_view(self, name: str) -> None:
@@ -415,7 +442,8 @@ class FileView(QWidget):
             raise ValueError(f"unknown view {name!r}; expected one of {', '.join(VIEW_NAMES)}")
         self._current_view = name
         if name == "hex":
-            if self.tabs.currentWidget() in (self._debugger_page, self._jitter_page):
+            if self.tabs.currentWidget() in (self._debugger_page, self._jitter_page,
+                                             self._corpus_page):
                 self.tabs.setCurrentWidget(self.validation)   # the hexdump sits beside the file views
                 self._current_view = name
             self.hex.setVisible(True)
@@ -426,7 +454,7 @@ class FileView(QWidget):
             return
         widget = {"validation": self.validation, "header": self.header, "tensors": self.tensors,
                   "values": self._values_page, "debugger": self._debugger_page,
-                  "jitter": self._jitter_page}[name]
+                  "jitter": self._jitter_page, "corpus": self._corpus_page}[name]
         self.tabs.setCurrentWidget(widget)
 
     def current_view(self) -> str:
@@ -434,16 +462,25 @@ class FileView(QWidget):
 
     # Views that need the whole width: the hexdump is hidden while they are shown and comes
     # back at its previous width afterwards.
-    WIDE_VIEWS = ("debugger", "jitter")
+    WIDE_VIEWS = ("debugger", "jitter", "corpus")
 
     def _fit_hexdump(self) -> None:
         # hidden rather than collapsed: a hidden widget's minimum width does not count
         self.hex.setVisible(self._current_view not in self.WIDE_VIEWS)
+        # A tab widget is as large as its largest page, shown or not: the debugger's minimum
+        # width beside the hexdump would push the window past a 1280-pixel screen. A page's
+        # minimum counts only while it is the current one (Ignored pages count as 0).
+        current = self.tabs.currentWidget()
+        for i in range(self.tabs.count()):
+            page = self.tabs.widget(i)
+            policy = QSizePolicy.Policy.Preferred if page is current else \
+                QSizePolicy.Policy.Ignored
+            page.setSizePolicy(policy, policy)
 
     def _tab_changed(self, _index: int) -> None:
         names = {self.validation: "validation", self.header: "header", self.tensors: "tensors",
                  self._values_page: "values", self._debugger_page: "debugger",
-                 self._jitter_page: "jitter"}
+                 self._jitter_page: "jitter", self._corpus_page: "corpus"}
         self._current_view = names.get(self.tabs.currentWidget(), self._current_view)
         if self._current_view == "values":
             _ = self.values   # build it now that it is shown
@@ -451,6 +488,8 @@ class FileView(QWidget):
             _ = self.debugger
         elif self._current_view == "jitter":
             _ = self.jitter
+        elif self._current_view == "corpus":
+            _ = self.corpus
         self._fit_hexdump()
         self.sig_view_changed.emit(self._current_view)
 
@@ -491,6 +530,8 @@ class FileView(QWidget):
             self._debugger.shutdown()
         if self._jitter is not None:
             self._jitter.shutdown()
+        if self._corpus is not None:
+            self._corpus.shutdown()
         for runner in (self.checks, self.reloader):
             runner.cancel()
             runner.wait()
@@ -596,6 +637,10 @@ class MainWindow(QMainWindow):
         file_menu.addAction(self.close_action)
         file_menu.addAction(self.reload_action)
         file_menu.addSeparator()
+        self.attach_action = self._action("&Attach to Server…", self.attach_dialog,
+                                          "Ctrl+Shift+A")
+        file_menu.addAction(self.attach_action)
+        file_menu.addSeparator()
         self.export_csv_action = self._action("Export Table as &CSV…", self.export_csv_dialog,
                                               "Ctrl+Shift+C", "export")
         self.export_png_action = self._action("Export View as &PNG…", self.export_png_dialog,
@@ -697,8 +742,14 @@ class MainWindow(QMainWindow):
     # -- files ----------------------------------------------------------------------------------
 
     def views(self) -> list[Any]:
-        """Every open tab: `FileView`s (.colibri) and `QtForeignFileView`s (GGUF, safetensors)."""
-        return [self.files.widget(i) for i in range(self.files.count())]
+        """Every open file's tab: `FileView`s (.colibri) and `QtForeignFileView`s (GGUF,
+        safetensors); attached servers are `monitors()`."""
+        return [w for w in map(self.files.widget, range(self.files.count()))
+                if not isinstance(w, QtServerMonitor)]
+
+    def monitors(self) -> list[QtServerMonitor]:
+        return [w for w in map(self.files.widget, range(self.files.count()))
+                if isinstance(w, QtServerMonitor)]
 
     def current_view(self) -> FileView | None:
         widget = self.files.currentWidget()
@@ -726,9 +777,10 @@ class MainWindow(QMainWindow):
         view = FileView(doc)
         if self._splitter_state is not None:
             view.splitter.restoreState(self._splitter_state)
-        else:
+        else:   # the hexdump as wide as one row of it, the views the rest
             width = max(self.width(), 800)
-            view.splitter.setSizes([width * 11 // 20, width * 9 // 20])
+            hexdump = view.hex.minimumSizeHint().width() + 8
+            view.splitter.setSizes([width - hexdump, hexdump])
         view.sig_status_changed.connect(self._view_status_changed)
         view.sig_progress.connect(self._progress)
         view.sig_view_changed.connect(self._view_changed)
@@ -780,7 +832,7 @@ class MainWindow(QMainWindow):
         if isinstance(view, FileView):
             self._splitter_state = view.splitter.saveState()
             view.shutdown()
-        elif isinstance(view, QtForeignFileView):
+        elif isinstance(view, (QtForeignFileView, QtServerMonitor)):
             view.shutdown()
         self.files.removeTab(index)
         if view is not None:
@@ -788,6 +840,37 @@ class MainWindow(QMainWindow):
         if self.files.count() == 0:
             self.stack.setCurrentWidget(self.empty)
         self._update_status()
+
+    def attach_dialog(self) -> None:
+        last = str(self.settings.value("attach/address", "127.0.0.1:8080"))
+        text, ok = QInputDialog.getText(self, "Attach to a Colibri server",
+                                        "Address of `colibri serve --http` (host:port):",
+                                        text=last)
+        if ok:
+            self.attach(text)
+
+    def attach(self, address: str) -> QtServerMonitor | None:
+        """Follow the server at `address` in a tab of its own (or switch to its tab)."""
+        try:
+            host, port = parse_address(address)
+        except ValueError as exc:
+            QMessageBox.warning(self, "Attach to a Colibri server", str(exc))
+            return None
+        for monitor in self.monitors():
+            if (monitor.host, monitor.port) == (host, port):
+                self.files.setCurrentWidget(monitor)
+                monitor.attach()
+                return monitor
+        monitor = QtServerMonitor(host, port)
+        index = self.files.addTab(monitor, f"server {monitor.address}")
+        self.files.setTabToolTip(index, f"colibri serve --http {monitor.address}")
+        self.files.setCurrentIndex(index)
+        self.stack.setCurrentWidget(self.files)
+        monitor.sig_status.connect(lambda text: self.statusBar().showMessage(text, 5000))
+        monitor.attach()
+        if self.persist:
+            self.settings.setValue("attach/address", address.strip())
+        return monitor
 
     def close_current(self) -> None:
         if self.files.count():
@@ -905,6 +988,9 @@ class MainWindow(QMainWindow):
         self.save_settings()
         for view in self.views():
             view.shutdown()
+        for monitor in self.monitors():
+            monitor.shutdown()
+        wait_for_retired()
         super().closeEvent(event)
 
 

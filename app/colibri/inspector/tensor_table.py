@@ -29,7 +29,9 @@ from colibri.inspection.tensors import TensorRow
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.engine import Model
 
-COLUMNS = ("name", "layer", "expert", "kind", "dtype", "shape", "offset", "bytes", "check")
+# What identifies a tensor and where its bytes are come first, so they show beside the hexdump
+# without scrolling; layer, expert and kind (also readable from the name) follow.
+COLUMNS = ("name", "dtype", "shape", "offset", "bytes", "check", "layer", "expert", "kind")
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 ROW_ROLE = Qt.ItemDataRole.UserRole + 2          # the TensorRow of a leaf, None for a group
 CHECK_COLOURS = {"ok": QColor(40, 140, 60), "bad": QColor(200, 40, 40),
@@ -293,7 +295,12 @@ class QtTensorTable(QWidget):
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.view.header().setStretchLastSection(False)
-        self.view.setColumnWidth(0, 240)
+        metrics = self.view.fontMetrics()
+        for column, sample in zip(COLUMNS, ("layers.00.moe_w1[7]", "bf16", "[32, 1024, 4096]",
+                                            "0x1fffff000", "999,999,999", "unchecked", "layer",
+                                            "expert", "attention")):
+            width = max(metrics.horizontalAdvance(sample), metrics.horizontalAdvance(column))
+            self.view.setColumnWidth(COLUMNS.index(column), width + 18)
         top = QHBoxLayout()
         top.addWidget(self.filter_edit, 1)
         top.addWidget(self.group_combo)

@@ -27,6 +27,7 @@ from colibri.inspection import stats as S
 from colibri.inspection.tensors import write_csv_atomic
 from colibri.inspector.tasks import Task, TaskRunner
 from colibri.inspector.export import save_png
+from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tidy
 
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.engine import Model
@@ -87,16 +88,16 @@ def _fill(table: QTableWidget, header: list[str], rows: list[list[Any]]) -> None
             table.setItem(r, c, item)
 
 
-def _heatmap_widget(parent: QWidget, title: str) -> tuple[pg.GraphicsLayoutWidget, pg.PlotItem,
-                                                          pg.ImageItem, pg.ColorBarItem]:
+def _heatmap_widget(parent: QWidget, title: str, colour_map: str = "viridis",
+                    rows: IndexAxis | None = None) -> tuple[pg.GraphicsLayoutWidget, pg.PlotItem,
+                                                            pg.ImageItem, pg.ColorBarItem]:
     widget = pg.GraphicsLayoutWidget(parent)
-    plot = widget.addPlot(title=title)
+    plot = tidy(widget.addPlot(title=title, axisItems=axes(left=rows)))
     plot.invertY(True)
     plot.setAspectLocked(False)
     image = pg.ImageItem(axisOrder="row-major")
     plot.addItem(image)
-    bar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get("viridis"), interactive=True)
-    bar.setImageItem(image, insert_in=plot)
+    bar = colour_bar(plot, image, colour_map, interactive=True)
     return widget, plot, image, bar
 
 
@@ -141,40 +142,50 @@ class QtTensorValues(QWidget):
 
         self.tabs = QTabWidget(self)
         # tensor page
-        self.tensor_page = QSplitter(Qt.Orientation.Horizontal, self)
-        left = QSplitter(Qt.Orientation.Vertical, self.tensor_page)
-        self.stats_table = _table(left)
-        self.histogram_plot = pg.PlotWidget(left, title="Histogram (finite values)")
+        # statistics and histogram side by side over the heatmap: the page sits beside the
+        # hexdump, so it is taller than it is wide
+        self.tensor_page = QSplitter(Qt.Orientation.Vertical, self)
+        upper = QSplitter(Qt.Orientation.Horizontal, self.tensor_page)
+        self.stats_table = _table(upper)
+        self.histogram_plot = pg.PlotWidget(upper, title="histogram (finite values)")
+        tidy(self.histogram_plot.getPlotItem())
         self.histogram_plot.setLabel("left", "count")
         self.histogram_curve = self.histogram_plot.plot([0, 1], [0], stepMode="center",
                                                         fillLevel=0, brush=(66, 133, 244, 140))
-        left.addWidget(self.stats_table)
-        left.addWidget(self.histogram_plot)
+        upper.addWidget(self.stats_table)
+        upper.addWidget(self.histogram_plot)
         (self.heatmap_widget, self.heatmap_plot, self.heatmap_image,
          self.heatmap_bar) = _heatmap_widget(self.tensor_page, "mean |x| per block")
-        left.setStretchFactor(0, 1)
-        left.setStretchFactor(1, 2)
-        self.tensor_page.addWidget(left)
+        self.heatmap_plot.setLabel("bottom", "column")
+        self.heatmap_plot.setLabel("left", "row")
+        self.tensor_page.addWidget(upper)
         self.tensor_page.addWidget(self.heatmap_widget)
-        self.tensor_page.setSizes([400, 600])
-        left.setSizes([250, 350])
+        self.tensor_page.setSizes([260, 440])
+        upper.setSizes([260, 340])
         self.tabs.addTab(self.tensor_page, "Tensor")
         # experts page
         self.experts_page = QSplitter(Qt.Orientation.Vertical, self)
         self.experts_table = _table(self.experts_page)
         plots = QSplitter(Qt.Orientation.Horizontal, self.experts_page)
-        self.norms_plot = pg.PlotWidget(plots, title="Frobenius norm per expert")
-        self.norms_plot.addLegend()
+        self.norms_widget = pg.GraphicsLayoutWidget(plots)
+        self.norms_plot = tidy(self.norms_widget.addPlot(title="norm per expert",
+                                                         axisItems=axes(IndexAxis("bottom"))))
         self.norms_plot.setLabel("bottom", "expert")
+        self.norms_plot.setLabel("left", "Frobenius norm")
+        self.norms_plot.setMouseEnabled(x=False, y=False)
+        self.norms_legend = legend_row(self.norms_widget.ci, 1, 2)   # under the bars
         (self.router_widget, self.router_plot, self.router_image,
-         self.router_bar) = _heatmap_widget(plots, "router weight rows (expert x d_model)")
-        self.router_bar.setColorMap(pg.colormap.get("CET-D1"))
-        plots.addWidget(self.norms_plot)
+         self.router_bar) = _heatmap_widget(plots, "router rows", "CET-D1",
+                                            IndexAxis("left", cells=True))
+        self.router_plot.setLabel("left", "expert")
+        self.router_plot.setLabel("bottom", "d_model")
+        plots.addWidget(self.norms_widget)
         plots.addWidget(self.router_widget)
         self.experts_page.addWidget(self.experts_table)
         self.experts_page.addWidget(plots)
         self.experts_page.setSizes([200, 400])
         self.tabs.addTab(self.experts_page, "Experts")
+        self.tabs.currentChanged.connect(self._tab_changed)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -285,6 +296,18 @@ class QtTensorValues(QWidget):
 
     # -- drawing ----------------------------------------------------------------------------
 
+    def _tab_changed(self, _index: int) -> None:
+        """The title names what the shown page shows (each page keeps its last result)."""
+        if self.runner.is_running():
+            return
+        if self.tabs.currentWidget() is self.tensor_page and self.analysis is not None:
+            a = self.analysis
+            label = a.name if a.expert is None else f"{a.name}[{a.expert}]"
+            self.title.setText(f"{label}  {a.dtype} {list(a.shape)}")
+        elif self.tabs.currentWidget() is self.experts_page and self.comparison is not None:
+            c = self.comparison
+            self.title.setText(f"experts of layer {c.layer}: {c.n_experts} experts")
+
     def _show_analysis(self, a: S.TensorAnalysis) -> None:
         self.analysis = a
         label = a.name if a.expert is None else f"{a.name}[{a.expert}]"
@@ -300,8 +323,9 @@ class QtTensorValues(QWidget):
                                        cells.shape[0] * a.heatmap.block_rows)
             self.heatmap_bar.setLevels(_levels(cells))
             self.heatmap_plot.setTitle(
-                f"mean |x| per {a.heatmap.block_rows}x{a.heatmap.block_cols} block "
-                f"of {a.heatmap.shape[0]}x{a.heatmap.shape[1]}")
+                f"mean |x| per {a.heatmap.block_rows}x{a.heatmap.block_cols} block")
+            self.heatmap_plot.setLabel("bottom", f"column (of {a.heatmap.shape[1]})")
+            self.heatmap_plot.setLabel("left", f"row (of {a.heatmap.shape[0]})")
             self.heatmap_plot.autoRange()
         else:
             self.heatmap_image.clear()
@@ -314,20 +338,23 @@ class QtTensorValues(QWidget):
         header, rows = c.table()
         _fill(self.experts_table, header, [list(r) for r in rows])
         self.norms_plot.clear()
-        legend = self.norms_plot.plotItem.legend
-        if legend is not None:
-            legend.clear()
+        self.norms_legend.clear()
         series = [(m, c.column(m, "norm")) for m in S.EXPERT_MATRICES if m in c.stats]
         series.append(("router", c.router_norms.astype(np.float64)))
         width = 0.8 / len(series)
         x = np.arange(c.n_experts, dtype=np.float64)
+        top = 0.0
         for i, (name, heights) in enumerate(series):
             bars = pg.BarGraphItem(x=x - 0.4 + width * (i + 0.5), height=heights, width=width,
                                    brush=MATRIX_COLOURS.get(name, (120, 120, 120)), name=name)
             self.norms_plot.addItem(bars)
-            if legend is not None:
-                legend.addItem(bars, name)
+            self.norms_legend.addItem(bars, name)
+            top = max(top, float(np.nanmax(heights)) if len(heights) else 0.0)
+        self.norms_plot.setRange(xRange=(-0.6, c.n_experts - 0.4), yRange=(0, top * 1.05 or 1),
+                                 padding=0)
         self.router_image.setImage(c.router_rows, autoLevels=False)
+        # one row per expert: cells [e, e + 1) with the expert's number at their centre
+        self.router_image.setRect(0, 0, c.router_rows.shape[1], c.router_rows.shape[0])
         bound = float(np.nanmax(np.abs(c.router_rows))) if c.router_rows.size else 1.0
         bound = bound if math.isfinite(bound) and bound > 0 else 1.0
         self.router_bar.setLevels((-bound, bound))

@@ -14,7 +14,8 @@ from typing import Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QHBoxLayout, QHeaderView, QLabel,
-                               QProgressBar, QPushButton, QTableView, QVBoxLayout, QWidget)
+                               QProgressBar, QPushButton, QSizePolicy, QTableView, QVBoxLayout,
+                               QWidget)
 
 from colibri.engine import Problem
 from colibri.inspection.document import DataCheckResult, ModelDocument, merge_problems
@@ -99,6 +100,7 @@ class QtValidationReport(QWidget):
         super().__init__(parent)
         self._doc: ModelDocument | None = None
         self._data: DataCheckResult | None = None
+        self._running = False
 
         self.explanation = QLabel()
         self.explanation.setObjectName("explanation")
@@ -126,8 +128,9 @@ class QtValidationReport(QWidget):
         self.progress.setSizePolicy(policy)
         self.progress.setVisible(False)
         self.progress_text = QLabel()
-        self.progress_text.setFixedWidth(320)
-        self.progress_text.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        # Ignored width: the text changes every 50 ms and must neither relayout the view nor set
+        # its minimum width (it is elided to whatever room there is).
+        self.progress_text.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
 
         self.model = ProblemTableModel(self)
         self.table = QTableView()
@@ -150,24 +153,23 @@ class QtValidationReport(QWidget):
         self.table.setColumnWidth(3, 110)
         self.table.setColumnWidth(4, 180)
 
+        # what to check on one line, the buttons and progress on the next, so the view stays
+        # narrow enough to sit beside the hexdump on a 1280-pixel screen
+        options = QHBoxLayout()
+        options.addWidget(self.checksums)
+        options.addWidget(self.nan_check)
+        options.addStretch(1)
         controls = QHBoxLayout()
-        controls.addWidget(self.checksums)
-        controls.addWidget(self.nan_check)
-        controls.addStretch(1)
         controls.addWidget(self.run_button)
         controls.addWidget(self.cancel_button)
-        # progress on a line of its own, so the view stays narrow enough to sit beside the
-        # hexdump on a laptop screen
-        progress_row = QHBoxLayout()
-        progress_row.addStretch(1)
-        progress_row.addWidget(self.progress_text)
-        progress_row.addWidget(self.progress)
+        controls.addWidget(self.progress)
+        controls.addWidget(self.progress_text, 1)
 
         layout = QVBoxLayout(self)
         layout.addWidget(self.explanation)
         layout.addWidget(self.summary)
+        layout.addLayout(options)
         layout.addLayout(controls)
-        layout.addLayout(progress_row)
         layout.addWidget(self.table, 1)
 
         self.run_button.clicked.connect(self._request_run)
@@ -193,6 +195,10 @@ class QtValidationReport(QWidget):
         self._refresh()
 
     def set_running(self, running: bool) -> None:
+        if running != self._running:
+            self._running = running
+            if running and self._data is None:
+                self._refresh_banner()
         self.run_button.setEnabled(not running and self._doc is not None
                                    and self._doc.model is not None)
         self.cancel_button.setEnabled(running)
@@ -257,18 +263,7 @@ class QtValidationReport(QWidget):
         self.model.set_problems(problems)
         errors = sum(1 for p in problems if p.severity == "error")
         warnings = len(problems) - errors
-        state = doc.status
-        if self._data is not None and errors and state in ("valid", "warnings"):
-            state = "invalid"
-        text = doc.plain_explanation()
-        if not text:
-            text = "This is a valid Colibri model: every structural check passed."
-        if self._data is not None and self._data.problems and doc.model is not None:
-            bad = sum(1 for s in self._data.status.values() if s == "bad")
-            text = (f"The file's structure is valid, but the data checks found problems in "
-                    f"{bad} tensor(s): the bytes changed after the file was written, or the "
-                    "weights contain NaN/Inf values.")
-        self._set_banner(text, state)
+        self._refresh_banner()
         parts = [f"{errors} error(s), {warnings} warning(s)"]
         if self._data is None:
             parts.append("structural checks only; run the data checks to read every tensor")
@@ -279,6 +274,34 @@ class QtValidationReport(QWidget):
             parts.append(f"data checks ({checks}): {ok} of {len(self._data.status)} tensors ok")
         self.summary.setText("; ".join(parts))
         self.set_running(False)
+
+    def _refresh_banner(self) -> None:
+        doc = self._doc
+        if doc is None:
+            return
+        errors = any(p.severity == "error" for p in doc.problems) or (
+            self._data is not None and any(p.severity == "error" for p in self._data.problems))
+        state = doc.status
+        if self._data is not None and errors and state in ("valid", "warnings"):
+            state = "invalid"
+        text = doc.plain_explanation()
+        if not text and self._data is None:
+            # a valid structure says nothing about the bytes of the weights (one flipped bit)
+            state = "unchecked"
+            text = ("The file's structure is valid: every structural check passed. Its data is "
+                    + ("being checked now (every tensor's checksum and a NaN/Inf scan)."
+                       if self._running else
+                       "not checked yet: Run data checks (F5) reads every tensor's checksum "
+                       "and scans for NaN/Inf."))
+        elif not text:
+            text = ("This is a valid Colibri model: every structural check passed, and the data "
+                    "checks found every tensor intact.")
+        if self._data is not None and self._data.problems and doc.model is not None:
+            bad = sum(1 for s in self._data.status.values() if s == "bad")
+            text = (f"The file's structure is valid, but the data checks found problems in "
+                    f"{bad} tensor(s): the bytes changed after the file was written, or the "
+                    "weights contain NaN/Inf values.")
+        self._set_banner(text, state)
 
     def _set_banner(self, text: str, state: str) -> None:
         self.explanation.setText(text)

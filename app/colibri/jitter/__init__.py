@@ -12,10 +12,12 @@ Definitions are in colibri.jitter.analysis; variant spelling in colibri.jitter.v
 from colibri.jitter.analysis import (BASELINE, DEFAULT_EPS, Downstream, EpsilonReport,
                                      EpsilonRow, JitterReport, Run, Runner, analyze_epsilon,
                                      analyze_jitter, margins, ordered_int, parse_eps,
-                                     report_json, selection_order)
+                                     report_json, selection_order, ulp_bin, ulp_bin_label,
+                                     ulp_bins)
 from colibri.jitter.variants import DEFAULT_VARIANTS, Variant, parse_variants
 
 __all__ = ["BASELINE", "DEFAULT_EPS", "DEFAULT_VARIANTS", "Downstream",
            "EpsilonReport", "EpsilonRow", "JitterReport", "Run", "Runner", "Variant",
            "analyze_epsilon", "analyze_jitter", "margins", "ordered_int", "parse_eps",
-           "parse_variants", "report_json", "selection_order"]
+           "parse_variants", "report_json", "selection_order", "ulp_bin", "ulp_bin_label",
+           "ulp_bins"]

@@ -94,6 +94,13 @@ def ulp_bin(ulps: int) -> int:
     return -1 if ulps < 0 else (0 if ulps == 0 else int(ulps).bit_length())
 
 
+def ulp_bins(ulps: np.ndarray) -> np.ndarray:
+    """`ulp_bin` of every element of an int64 array of ULP margins (the same bins: the bit length
+    of the margin, -1 for a negative one)."""
+    u = np.asarray(ulps, dtype=np.int64)
+    return np.where(u < 0, -1, np.frexp(np.maximum(u, 0).astype(np.float64))[1]).astype(np.int64)
+
+
 def ulp_bin_label(b: int) -> str:
     if b < 0:
         return "none"
@@ -201,11 +208,11 @@ class Runner:
             Session.memory_estimate(self.model, routing="stable", epsilon=e, threads=self.threads)
 
     def run(self, tokens: Sequence[int], variant: Variant | None = None, routing: str = "topk",
-            epsilon: float = 0.0) -> Run:
+            epsilon: float = 0.0, seed: int = 0) -> Run:
         """One teacher-forced pass: `tokens` in one prefill (every position's logits)."""
         variant = variant or Variant()
         model = self.model_for(variant)
-        with Session(model, routing=routing, epsilon=epsilon, threads=self.threads,
+        with Session(model, routing=routing, epsilon=epsilon, seed=seed, threads=self.threads,
                      max_context=len(tokens), trace=True, numerics=variant.numerics,
                      kernels=variant.kernels) as s:
             if variant.kernels is not None and s.kernels != variant.kernels:

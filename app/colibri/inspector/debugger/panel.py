@@ -22,9 +22,9 @@ import os
 from typing import Any, Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QLineEdit, QPushButton,
-                               QSizePolicy, QSpinBox, QSplitter, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QFileDialog, QLabel, QLineEdit, QSizePolicy, QSpinBox, QSplitter,
+                               QTabWidget, QToolBar, QVBoxLayout, QWidget)
 
 from colibri.debugging.events import Event, EventList
 from colibri.debugging.run import token_piece
@@ -34,6 +34,7 @@ from colibri.inspector.debugger.run_panel import QtRunPanel
 from colibri.inspector.debugger.views import (QtBreakpointList, QtEventList, QtLatencyView,
                                               QtRoutingHeatmap, QtTokenView)
 from colibri.inspector.debugger.worker import DebuggerController, DebuggerSnapshot
+from colibri.inspector.prompt import example_prompt
 
 REPAINT_MS = 33
 
@@ -69,19 +70,30 @@ class QtDebuggerPanel(QWidget):
         self.goto_box = QSpinBox(self)
         self.goto_box.setRange(0, 10**9)
         self.goto_box.setPrefix("event ")
-        nav = QHBoxLayout()
-        nav.addWidget(self.find_box, 1)
-        nav.addWidget(self.goto_box)
-        for text, slot in (("Go", self.go_to_box), ("Bookmark", self.toggle_bookmark),
-                           ("Prev change", self.previous_change),
-                           ("Next change", self.next_change),
-                           ("Save session", self.save_dialog), ("Open session", self.open_dialog),
-                           ("Export trace", self.export_trace_dialog),
-                           ("Export CSV", self.export_csv_dialog),
-                           ("Router weights", self.show_router_weights)):
-            b = QPushButton(text, self)
-            b.clicked.connect(slot)
-            nav.addWidget(b)
+        # A tool bar, not a row of buttons: on a narrow window the last commands fold into its
+        # overflow menu instead of widening the window past the screen.
+        self.toolbar = QToolBar(self)
+        self.toolbar.setObjectName("debuggerToolbar")
+        self.toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        self.find_box.setMinimumWidth(220)
+        self.toolbar.addWidget(self.find_box)
+        self.toolbar.addWidget(self.goto_box)
+        self.nav_actions: dict[str, QAction] = {}
+        for text, slot, tip in (
+                ("Go", self.go_to_box, "go to the event number (Ctrl+G)"),
+                ("Bookmark", self.toggle_bookmark, "bookmark the current event (Ctrl+B)"),
+                ("Prev change", self.previous_change, "earlier routing change (Alt+Up)"),
+                ("Next change", self.next_change, "later routing change (Alt+Down)"),
+                ("Router weights", self.show_router_weights,
+                 "the router's weight rows of this event's layer"),
+                ("Save session", self.save_dialog, "save the run (Ctrl+Shift+S)"),
+                ("Open session", self.open_dialog, "view a saved run"),
+                ("Export trace", self.export_trace_dialog, "Chrome Trace JSON (ui.perfetto.dev)"),
+                ("Export CSV", self.export_csv_dialog, "every routing decision as CSV")):
+            action = self.toolbar.addAction(text)
+            action.setToolTip(tip)
+            action.triggered.connect(lambda _checked=False, f=slot: f())
+            self.nav_actions[text] = action
         self.status = QLabel("open a model, enter a prompt and Run", self)
 
         left = QSplitter(Qt.Orientation.Vertical, self)
@@ -94,11 +106,12 @@ class QtDebuggerPanel(QWidget):
         for w in (left, centre, self.tabs):
             main.addWidget(w)
         # the plots need the room; the run form is narrow by nature
-        for index, stretch in enumerate((2, 3, 4)):
+        # the event list wide enough for position, token, layer, experts, weights and margin
+        for index, stretch in enumerate((3, 4, 5)):
             main.setStretchFactor(index, stretch)
-        main.setSizes([400, 600, 800])
+        main.setSizes([300, 430, 510])
         layout = QVBoxLayout(self)
-        layout.addLayout(nav)
+        layout.addWidget(self.toolbar)
         layout.addWidget(main, 1)
         layout.addWidget(self.status)
 
@@ -127,7 +140,7 @@ class QtDebuggerPanel(QWidget):
         self._shortcuts()
         # Labels carry run-dependent text (status, generated text, token details): let them
         # wrap rather than grow the panel's minimum width with every token.
-        for label in (self.status, self.run_panel.pieces, self.run_panel.status,
+        for label in (self.status, self.run_panel.status,
                       self.token_view.title, self.token_view.details, self.routing_map.balance,
                       self.routing_map.hover, self.latency.summary):
             label.setWordWrap(True)
@@ -160,6 +173,8 @@ class QtDebuggerPanel(QWidget):
                 ids = tok.encode(text).ids
                 return [(i, token_piece(tok, i)) for i in ids]
             self.run_panel.set_tokenizer(tokenize)
+        if model is not None and not self.run_panel.prompt.text():
+            self.run_panel.prompt.setText(example_prompt(model))
         self._set_status(f"model {os.path.basename(model.path)}" if model is not None
                          else "no model")
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel,
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QLabel,
                                QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from colibri.tokens import parse_token_ids
+from colibri.inspector.prompt import (NO_TOKENIZER, QtPromptEdit, QtTokenPieces, placeholder,
+                                      token_ids)
 from colibri.values import DECODINGS, KERNEL_PATHS, ROUTING_MODES, RunSettings
 
 Tokenize = Callable[[str], list[tuple[int, str]]]
@@ -29,10 +30,9 @@ class QtRunPanel(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._tokenize: Tokenize | None = None
-        self.prompt = QLineEdit(self)
-        self.prompt.setPlaceholderText("prompt text")
-        self.pieces = QLabel("", self)
-        self.pieces.setWordWrap(True)
+        self.prompt = QtPromptEdit(self)
+        self.prompt.setPlaceholderText(placeholder(False))
+        self.pieces = QtTokenPieces(self)
         self.pieces.setObjectName("debuggerPromptPieces")
         self.max_new = QSpinBox(self)
         self.max_new.setRange(0, 100000)
@@ -70,21 +70,22 @@ class QtRunPanel(QWidget):
         form.addRow("Kernels", self.kernels)
 
         self.buttons: dict[str, QPushButton] = {}
-        row = QHBoxLayout()
-        for name, text, tip in (("run", "Run", "start a new run (Ctrl+R)"),
-                                ("pause", "Pause", "pause between positions"),
-                                ("stop", "Stop", "stop; keeps everything produced (Shift+F5)"),
-                                ("step_token", "Step token", "one position (F10)"),
-                                ("step_layer", "Step layer", "next MoE layer (F11)"),
-                                ("continue", "Continue", "run to the next breakpoint (F5)")):
+        grid = QGridLayout()   # two rows of three: run control, then stepping
+        for i, (name, text, tip) in enumerate((
+                ("run", "Run", "start a new run (Ctrl+R)"),
+                ("pause", "Pause", "pause between positions (F6)"),
+                ("stop", "Stop", "stop; keeps everything produced (Shift+F5)"),
+                ("step_token", "Step token", "one position (F10)"),
+                ("step_layer", "Step layer", "next MoE layer (F11)"),
+                ("continue", "Continue", "run to the next breakpoint (F5)"))):
             b = QPushButton(text, self)
             b.setToolTip(tip)
-            row.addWidget(b)
+            grid.addWidget(b, *divmod(i, 3))
             self.buttons[name] = b
         self.status = QLabel("no run", self)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
-        layout.addLayout(row)
+        layout.addLayout(grid)
         layout.addWidget(self.status)
 
         self.prompt.textChanged.connect(self._update_pieces)
@@ -100,19 +101,28 @@ class QtRunPanel(QWidget):
         """`tokenize(text) -> [(id, piece), ...]`; None when the model has no tokenizer (then
         the prompt is comma-separated token ids)."""
         self._tokenize = tokenize
+        self.prompt.setPlaceholderText(placeholder(tokenize is not None))
         self._update_pieces()
 
     def prompt_tokens(self) -> list[tuple[int, str]]:
+        """(id, piece) of each prompt token (see colibri.inspector.prompt); raises ValueError
+        for prompt text on a model without a tokenizer."""
         text = self.prompt.text()
-        if self._tokenize is not None:
-            return self._tokenize(text)
-        try:
-            return [(t, str(t)) for t in parse_token_ids(text)]
-        except ValueError:
+        ids = token_ids(text)
+        if ids is not None:
+            return [(i, str(i)) for i in ids]
+        if not text:
             return []
+        if self._tokenize is None:
+            raise ValueError(NO_TOKENIZER)
+        return self._tokenize(text)
 
     def _update_pieces(self) -> None:
-        pieces = self.prompt_tokens()
+        try:
+            pieces = self.prompt_tokens()
+        except ValueError as exc:
+            self.pieces.setText(f"({exc})")
+            return
         self.pieces.setText("  ".join(f"{piece!r}:{tid}" for tid, piece in pieces)
                             or "(no tokens)")
 

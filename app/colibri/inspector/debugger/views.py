@@ -25,21 +25,27 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
 from PySide6.QtGui import QBrush, QColor
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QHBoxLayout,
-                               QHeaderView, QLabel, QListWidget, QListWidgetItem, QPushButton,
-                               QSpinBox, QSplitter, QTableView, QTextBrowser, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QGridLayout,
+                               QHBoxLayout, QHeaderView, QLabel, QListWidget, QListWidgetItem,
+                               QPushButton, QSpinBox, QSplitter, QTableView, QTextBrowser,
+                               QVBoxLayout, QWidget)
 
 from colibri.debugging.breakpoints import (AtPosition, Breakpoint, BreakpointList, ExpertChosen,
                                            MarginBelow, NonFinite)
 from colibri.debugging.events import Event, EventList
 from colibri.debugging.stats import (LatencySeries, co_selection, expert_load, load_balance,
                                      routing_matrix)
+from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tidy
 
 _CURRENT = QColor(120, 200, 120, 90)  # RenderDoc's green flag for the current event
 _CHOSEN = (230, 140, 40)
 _OTHER = (110, 130, 160)
 Index = QModelIndex | QPersistentModelIndex
+
+
+def _luminance(rgb: np.ndarray) -> float:
+    """Perceived brightness 0..255 of an RGB colour (ITU-R BT.601 weights)."""
+    return 0.299 * float(rgb[0]) + 0.587 * float(rgb[1]) + 0.114 * float(rgb[2])
 
 
 def expert_colours(n: int) -> np.ndarray:
@@ -107,8 +113,8 @@ class EventTableModel(QAbstractTableModel):
         star = "\u2605" if row in self.events.bookmarks else ""
         values = (f"{star}{e.index}", e.position, e.token_text, e.layer,
                   " ".join(map(str, e.expert_ids)),
-                  " ".join(f"{w:.3f}" for w in e.expert_weights),
-                  f"{e.margin:.4g}", "" if e.margin_ulps is None else str(e.margin_ulps),
+                  " ".join(f"{w:.2f}" for w in e.expert_weights),
+                  f"{e.margin:.3g}", "" if e.margin_ulps is None else str(e.margin_ulps),
                   "\u21c4" if e.routing_changed else "")
         return values[col]
 
@@ -128,6 +134,13 @@ class QtEventList(QWidget):
         self.table.verticalHeader().setVisible(False)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         self.table.horizontalHeader().setStretchLastSection(True)
+        # narrow columns sized for their content, so experts and weights show without scrolling
+        metrics = self.table.fontMetrics()
+        for column, sample in enumerate(("999\u2605", "999", "'tok_'", "99", "7 7",
+                                         "0.99 0.99", "2.38e-07", "12345678", "\u21c4")):
+            name = EventTableModel.COLUMNS[column]
+            width = max(metrics.horizontalAdvance(sample), metrics.horizontalAdvance(name))
+            self.table.setColumnWidth(column, width + 10)
         self.follow = True  # scroll to the current event as it moves
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -154,10 +167,13 @@ class QtTokenView(QWidget):
         self.title.setObjectName("debuggerTokenTitle")
         self.details = QLabel("", self)
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.plot = pg.PlotWidget(self)
+        self.plot = pg.PlotWidget(self, axisItems=axes(bottom=IndexAxis("bottom")))
+        tidy(self.plot.getPlotItem())
         self.plot.setLabel("bottom", "expert")
         self.plot.setLabel("left", "router logit")
         self.plot.showGrid(y=True, alpha=0.3)
+        self.plot.setMouseEnabled(x=False, y=False)
+        self.plot.setRange(xRange=(-0.6, 0.6), yRange=(-1, 1), padding=0)
         self.bars: pg.BarGraphItem | None = None
         self.labels: list[pg.TextItem] = []
         layout = QVBoxLayout(self)
@@ -189,6 +205,11 @@ class QtTokenView(QWidget):
             label.setPos(float(expert), float(max(logits[expert], 0.0)))
             self.plot.addItem(label)
             self.labels.append(label)
+        # room above the tallest bar for its label (a third of the span), none wasted below
+        top, bottom = float(max(logits.max(), 0.0)), float(min(logits.min(), 0.0))
+        span = max(top - bottom, 1e-6)
+        self.plot.setRange(xRange=(-0.6, logits.size - 0.4), padding=0,
+                           yRange=(bottom - 0.05 * span, top + 0.35 * span))
         self.title.setText(f"event {e.index}: position {e.position} {e.token_text!r} "
                            f"(id {e.token}), layer {e.layer}")
         ulps = "n/a" if e.margin_ulps is None else f"{e.margin_ulps} ULPs"
@@ -219,7 +240,10 @@ class QtRoutingHeatmap(QWidget):
         super().__init__(parent)
         self.events: EventList | None = None
         self.graphics = pg.GraphicsLayoutWidget(self)
-        self.map_plot = self.graphics.addPlot(title="top-1 expert (position x MoE layer)")
+        self.layer_axis = IndexAxis("left", cells=True)
+        self.map_plot = self.graphics.addPlot(
+            title="top-1 expert", axisItems=axes(IndexAxis("bottom", cells=True),
+                                                 self.layer_axis))
         self.map_plot.setLabel("bottom", "position")
         self.map_plot.setLabel("left", "MoE layer")
         self.image = pg.ImageItem(axisOrder="row-major")
@@ -228,15 +252,23 @@ class QtRoutingHeatmap(QWidget):
                                          symbol="s")
         self.map_plot.addItem(self.marker)
         self.graphics.nextRow()
-        self.load_plot = self.graphics.addPlot(title="expert load at layer")
+        self.load_plot = self.graphics.addPlot(title="expert load at the layer",
+                                               axisItems=axes(IndexAxis("bottom")))
+        self.load_plot.setLabel("bottom", "expert")
+        self.load_plot.setLabel("left", "tokens")
         self.load_bars: pg.BarGraphItem | None = None
         self.graphics.nextRow()
-        self.co_plot = self.graphics.addPlot(title="co-selection at layer")
+        self.co_plot = self.graphics.addPlot(
+            title="co-selection at the layer",
+            axisItems=axes(IndexAxis("bottom", cells=True), IndexAxis("left", cells=True)))
+        self.co_plot.setLabel("bottom", "expert")
+        self.co_plot.setLabel("left", "expert")
         self.co_image = pg.ImageItem(axisOrder="row-major")
         self.co_plot.addItem(self.co_image)
-        self.co_bar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get("viridis"),
-                                      interactive=False)
-        self.co_bar.setImageItem(self.co_image, insert_in=self.co_plot)
+        self.co_bar = colour_bar(self.co_plot, self.co_image, "viridis")
+        for plot in (self.map_plot, self.load_plot, self.co_plot):
+            plot.setMouseEnabled(x=False, y=False)
+            plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
         self.layer_box = QComboBox(self)
         self.balance = QLabel("", self)
         self.text = QTextBrowser(self)
@@ -269,6 +301,8 @@ class QtRoutingHeatmap(QWidget):
         top1 = np.where(m.top1 >= 0, m.top1, m.n_experts)
         self.image.setImage(colours[top1.T], autoLevels=False)  # rows = layers, cols = positions
         self.image.setRect(0, 0, top1.shape[0], top1.shape[1])
+        self.layer_axis.set_names([str(int(layer)) for layer in rec.moe_layers])
+        self.map_plot.setRange(xRange=(0, top1.shape[0]), yRange=(0, top1.shape[1]), padding=0)
         if cursor is not None:
             p, mi = divmod(cursor, events.n_moe_layers)
             self.marker.setData([p + 0.5], [mi + 0.5])
@@ -295,17 +329,23 @@ class QtRoutingHeatmap(QWidget):
         self.load_bars = pg.BarGraphItem(x=np.arange(rec.n_experts), height=load[mi], width=0.8,
                                          brushes=[pg.mkBrush(*c[:3]) for c in colours[:-1]])
         self.load_plot.addItem(self.load_bars)
+        self.load_plot.setRange(xRange=(-0.6, rec.n_experts - 0.4),
+                                yRange=(0, max(float(load[mi].max()), 1.0)), padding=0.02)
         self.balance.setText(f"load balance (max/mean): {ratio[mi]:.3f}   CV: {cv[mi]:.3f}   "
                              f"(1.0 = even)")
         co = co_selection(rec)[mi].astype(np.float64)
         self.co_image.setImage(co, autoLevels=False)
+        self.co_image.setRect(0, 0, co.shape[1], co.shape[0])
         self.co_bar.setLevels((0.0, float(max(co.max(), 1.0))))
+        self.co_plot.setRange(xRange=(0, co.shape[1]), yRange=(0, co.shape[0]), padding=0)
         parts = []
         for p in range(rec.n_positions):
             e = int(rec.expert_ids[p, mi, 0])
             c = colours[e if e >= 0 else -1]
-            parts.append(f'<span style="background-color: rgb({c[0]},{c[1]},{c[2]})" '
-                         f'title="expert {e}">{html.escape(rec.token_text(p))}</span>')
+            ink = "black" if _luminance(c) > 140 else "white"   # readable on any expert colour
+            parts.append(f'<span style="background-color: rgb({c[0]},{c[1]},{c[2]}); '
+                         f'color: {ink}" title="expert {e}">'
+                         f'{html.escape(rec.token_text(p))}</span>')
         self.text.setHtml(" ".join(parts))
 
     def _cell_at(self, scene_pos: Any) -> tuple[int, int] | None:
@@ -331,24 +371,47 @@ class QtRoutingHeatmap(QWidget):
 
 
 class QtLatencyView(QWidget):
-    """Token time per position with rolling percentiles; phases of the current position."""
+    """Token time per position with the run's p50/p95/p99 as reference lines (of the last
+    WINDOW positions, as the summary states); phases of the current position's layers."""
 
     WINDOW = 32
+    PHASES = (("attention", (90, 140, 220)), ("router", (230, 140, 40)),
+              ("experts", (120, 190, 90)), ("combine", (180, 100, 180)),
+              ("other: norms, dense MLP", (120, 120, 120)))
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.summary = QLabel("", self)
         self.graphics = pg.GraphicsLayoutWidget(self)
-        self.series_plot = self.graphics.addPlot(title="time per position (us)")
-        self.series_plot.addLegend()
-        self.curves = {name: self.series_plot.plot(pen=pen, name=name) for name, pen in
-                       (("token", pg.mkPen((200, 200, 200))), ("p50", pg.mkPen("g")),
-                        ("p95", pg.mkPen("y")), ("p99", pg.mkPen("r")))}
+        self.series_plot = tidy(self.graphics.addPlot(
+            title="time per position (us)", axisItems=axes(IndexAxis("bottom"))))
+        self.series_plot.setLabel("bottom", "position")
+        self.curves = {"token": self.series_plot.plot(pen=pg.mkPen((200, 200, 200)), symbol="o",
+                                                      symbolSize=4, symbolBrush=(200, 200, 200))}
+        # percentiles as levels a reader can compare each position with, labelled at the right
+        self.levels: dict[str, pg.InfiniteLine] = {}
+        for name, colour in (("p50", (90, 200, 90)), ("p95", (230, 200, 60)),
+                             ("p99", (230, 80, 80))):
+            line = pg.InfiniteLine(angle=0, movable=False,
+                                   pen=pg.mkPen(colour, width=1, style=Qt.PenStyle.DashLine),
+                                   label=name,
+                                   labelOpts={"position": 0.92, "color": colour,
+                                              "anchors": [(1, 1), (1, 1)]})
+            line.hide()
+            self.series_plot.addItem(line)
+            self.levels[name] = line
         self.graphics.nextRow()
-        self.phase_plot = self.graphics.addPlot(title="layers of the current position (us)")
+        self.phase_plot = tidy(self.graphics.addPlot(
+            title="layers of the current position (us)", axisItems=axes(IndexAxis("bottom"))))
         self.phase_plot.setLabel("bottom", "layer")
-        self.phase_plot.addLegend(offset=(-10, 10))
+        self.phase_legend = legend_row(self.graphics.ci, 2, 2)
+        for name, colour in self.PHASES:
+            self.phase_legend.addItem(pg.BarGraphItem(x=[0], height=[0], width=1,
+                                                      brush=pg.mkBrush(*colour)), name)
         self.phase_bars: list[pg.BarGraphItem] = []
+        for plot in (self.series_plot, self.phase_plot):
+            plot.setMouseEnabled(x=False, y=False)
+            plot.setRange(xRange=(-0.5, 0.5), yRange=(0, 1), padding=0)
         layout = QVBoxLayout(self)
         layout.addWidget(self.summary)
         layout.addWidget(self.graphics, 1)
@@ -361,10 +424,13 @@ class QtLatencyView(QWidget):
         t = lat.token_ns.astype(np.float64) / 1e3
         x = np.arange(t.size)
         self.curves["token"].setData(x, t)
-        bands = lat.rolling_percentiles(self.WINDOW) / 1e3
-        for i, name in enumerate(("p50", "p95", "p99")):
-            self.curves[name].setData(x, bands[:, i])
         pc = lat.percentiles(self.WINDOW)
+        for name, line in self.levels.items():
+            line.setValue(pc[name] / 1e3)
+            line.label.setFormat(f"{name} {pc[name] / 1e3:.0f} us")
+            line.show()
+        self.series_plot.setRange(xRange=(-0.5, max(t.size - 0.5, 0.5)),
+                                  yRange=(0, max(float(t.max()), 1.0) * 1.08), padding=0)
         self.summary.setText(
             f"last {min(self.WINDOW, t.size)} positions: p50 {pc['p50'] / 1e3:.1f} us, "
             f"p95 {pc['p95'] / 1e3:.1f} us, p99 {pc['p99'] / 1e3:.1f} us;  "
@@ -379,16 +445,14 @@ class QtLatencyView(QWidget):
         phases = np.column_stack([layer[:, :4], other])
         bottom = np.zeros(phases.shape[0])
         self.phase_plot.setTitle(f"layers of position {position} (us)")
-        for i, (name, colour) in enumerate((("attention", (90, 140, 220)),
-                                             ("router", (230, 140, 40)),
-                                             ("experts", (120, 190, 90)),
-                                             ("combine", (180, 100, 180)),
-                                             ("other (norms, dense MLP)", (120, 120, 120)))):
+        for i, (name, colour) in enumerate(self.PHASES):
             bar = pg.BarGraphItem(x=np.arange(phases.shape[0]), height=phases[:, i], y0=bottom,
                                   width=0.8, brush=pg.mkBrush(*colour), name=name)
             self.phase_plot.addItem(bar)
             self.phase_bars.append(bar)
             bottom = bottom + phases[:, i]
+        self.phase_plot.setRange(xRange=(-0.6, phases.shape[0] - 0.4),
+                                 yRange=(0, max(float(bottom.max()), 1e-3) * 1.05), padding=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,17 +483,18 @@ class QtBreakpointList(QWidget):
         self.position = QSpinBox(self)
         self.position.setRange(0, 10**7)
         add, remove = QPushButton("Add", self), QPushButton("Remove", self)
-        # two rows, so the breakpoint form does not set the debugger's minimum width
-        first, second = QHBoxLayout(), QHBoxLayout()
-        for w in (self.kind, QLabel("expert", self), self.expert, QLabel("layer", self),
-                  self.layer):
-            first.addWidget(w)
-        for w in (QLabel("margin <", self), self.threshold, QLabel("position", self),
-                  self.position, add, remove):
-            second.addWidget(w)
+        # a grid of short rows, so the breakpoint form does not set the debugger's minimum width
+        form = QGridLayout()
+        for row, cells in enumerate(((self.kind, None, add, remove),
+                                     (QLabel("expert", self), self.expert,
+                                      QLabel("layer", self), self.layer),
+                                     (QLabel("margin <", self), self.threshold,
+                                      QLabel("position", self), self.position))):
+            for column, w in enumerate(cells):
+                if w is not None:
+                    form.addWidget(w, row, column, 1, 2 if w is self.kind else 1)
         layout = QVBoxLayout(self)
-        layout.addLayout(first)
-        layout.addLayout(second)
+        layout.addLayout(form)
         layout.addWidget(self.list)
         add.clicked.connect(self.add_from_form)
         remove.clicked.connect(self.remove_selected)

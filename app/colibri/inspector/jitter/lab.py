@@ -19,18 +19,19 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QFileDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit,
-                               QProgressBar, QPushButton, QSpinBox, QTabWidget, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QFileDialog, QGridLayout, QHBoxLayout, QLabel, QLineEdit,
+                               QProgressBar, QPushButton, QSizePolicy, QSpinBox, QTabWidget,
+                               QVBoxLayout, QWidget)
 
 from colibri.files import atomic_write_bytes
 from colibri.inspector.jitter.views import (QtCellLogits, QtEpsilonCurve, QtFlipsVsMargin,
                                             QtJitterHeatmap, QtMarginHeatmap, QtRoutingAB)
+from colibri.inspector.prompt import (NO_TOKENIZER, QtPromptEdit, example_prompt, placeholder,
+                                      token_ids)
 from colibri.inspector.tasks import Task, TaskRunner
 from colibri.jitter.analysis import (SCHEMA_EPSILON, SCHEMA_JITTER, EpsilonReport, JitterReport,
                                      Runner, analyze_epsilon, analyze_jitter, parse_eps)
 from colibri.jitter.variants import parse_variants
-from colibri.tokens import parse_token_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.engine import Model
@@ -39,15 +40,13 @@ STATE_SCHEMA = "colibri.jitter-lab/1"
 
 
 def _parse_prompt(text: str, model: Model) -> list[int]:
-    """Token ids when the text is 'ID,ID,...', else the tokenizer's ids of the text."""
-    try:
-        return parse_token_ids(text)
-    except ValueError:
-        tokenizer = model.tokenizer
-        if tokenizer is None:
-            raise ValueError(f"{os.path.basename(model.path)} has no tokenizer; give token "
-                             "ids ID,ID,...") from None
-        return list(tokenizer.encode(text).ids)
+    """The prompt's token ids (colibri.inspector.prompt.token_ids, else the tokenizer's)."""
+    ids = token_ids(text)
+    if ids is not None:
+        return ids
+    if model.tokenizer is None:
+        raise ValueError(NO_TOKENIZER)
+    return list(model.tokenizer.encode(text).ids)
 
 
 def make_task(model: Model, kind: str, prompt: str, generate: int, variants: str, eps: str,
@@ -84,14 +83,16 @@ class QtJitterLab(QWidget):
         self.epsilon_report: EpsilonReport | None = None
         self.runner = TaskRunner(self)
 
-        self.prompt = QLineEdit(self)
-        self.prompt.setPlaceholderText("prompt text, or token ids 3,4,5")
+        self.prompt = QtPromptEdit(self)
+        self.prompt.setPlaceholderText(placeholder(True))
         self.generate = QSpinBox(self)
         self.generate.setRange(0, 4096)
         self.generate.setValue(16)
         self.variants = QLineEdit(self)
         self.variants.setPlaceholderText("default list (seq, pairwise, blocked4..32 +-fma, split, "
                                          "act-bf16/f16, w-f32/f16/bf16, noise1/2/4)")
+        self.variants.setToolTip("comma-separated variants; each joins components with '+' "
+                                 "(docs/jitter.md); empty: the default list")
         self.eps = QLineEdit(self)
         self.eps.setPlaceholderText("0,1e-10,1e-9,1e-8,1e-7,1e-6,1e-5")
         self.threads = QSpinBox(self)
@@ -104,14 +105,23 @@ class QtJitterLab(QWidget):
         self.load_button = QPushButton("Load…", self)
         self.progress = QProgressBar(self)
         self.status = QLabel("open a model", self)
+        self.status.setWordWrap(True)
+        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
 
-        form = QFormLayout()
-        form.addRow("prompt", self.prompt)
-        form.addRow("generate", self.generate)
-        form.addRow("variants", self.variants)
-        form.addRow("epsilons", self.eps)
-        form.addRow("threads", self.threads)
+        # three rows, so the plots keep most of a 800-pixel-high window
+        form = QGridLayout()
+        form.addWidget(QLabel("prompt", self), 0, 0)
+        form.addWidget(self.prompt, 0, 1, 1, 3)
+        form.addWidget(QLabel("variants", self), 1, 0)
+        form.addWidget(self.variants, 1, 1)
+        form.addWidget(QLabel("epsilons", self), 1, 2)
+        form.addWidget(self.eps, 1, 3)
+        form.setColumnStretch(1, 3)
+        form.setColumnStretch(3, 2)
         buttons = QHBoxLayout()
+        for label, spin in (("generate", self.generate), ("threads", self.threads)):
+            buttons.addWidget(QLabel(label, self))
+            buttons.addWidget(spin)
         for b in (self.run_jitter_button, self.run_epsilon_button, self.cancel_button,
                   self.save_button, self.load_button):
             buttons.addWidget(b)
@@ -162,14 +172,21 @@ class QtJitterLab(QWidget):
         if path != self.path:
             self.set_reports(None, None)
         self.model, self.path = model, path
+        if model is not None:
+            self.prompt.setPlaceholderText(placeholder(model.tokenizer is not None))
+            if not self.prompt.text():
+                self.prompt.setText(example_prompt(model))
         self.status.setText("open a model" if path is None else f"model: {os.path.basename(path)}")
         self._set_running(False)
 
     def start(self, kind: str) -> None:
         if self.model is None:
             return
+        if not self.prompt.text():
+            self.status.setText("enter a prompt: text, or token ids separated by commas")
+            return
         try:
-            task = make_task(self.model, kind, self.prompt.text() or "3,4,5,6,7",
+            task = make_task(self.model, kind, self.prompt.text(),
                              self.generate.value(), self.variants.text(), self.eps.text(),
                              self.threads.value())
         except ValueError as exc:
@@ -214,7 +231,8 @@ class QtJitterLab(QWidget):
 
     def _failed(self, message: str) -> None:
         self._set_running(False)
-        self.status.setText(f"failed: {message.splitlines()[0] if message else ''}")
+        first = message.splitlines()[0] if message else ""
+        self.status.setText(f"failed: {first.removeprefix('ValueError: ')}")
         self.sig_failed.emit(message)
 
     def _cancelled(self) -> None:

@@ -21,17 +21,17 @@ them with the CLI's JSON; none recomputes an analysis.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QBrush, QColor
-from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QTableWidget, QTableWidgetItem,
-                               QVBoxLayout, QWidget)
+from PySide6.QtGui import QBrush, QColor, QIcon, QPixmap
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPlainTextEdit, QSizePolicy,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
+from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tidy
 from colibri.jitter.analysis import BASELINE, EpsilonReport, JitterReport, ordered_int
 
 _FLIPPED = QColor(230, 140, 40, 90)
@@ -50,24 +50,30 @@ class _CellHeatmap(QWidget):
 
     sig_cell_selected = Signal(int, int)  # position, moe_index
 
-    def __init__(self, title: str, colormap: str, compute: CellCompute, describe: CellDescribe,
-                 parent: QWidget | None = None) -> None:
+    def __init__(self, title: str, caption: str, colormap: str, compute: CellCompute,
+                 describe: CellDescribe, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._compute = compute
         self._describe_cell = describe
+        self.caption = caption
         self.graphics = pg.GraphicsLayoutWidget(self)
-        self.plot = self.graphics.addPlot(title=title)
+        self.layer_axis = IndexAxis("left", cells=True)
+        self.plot = self.graphics.addPlot(
+            title=title, axisItems=axes(IndexAxis("bottom", cells=True), self.layer_axis))
         self.plot.setLabel("bottom", "position")
         self.plot.setLabel("left", "MoE layer")
+        self.plot.setMouseEnabled(x=False, y=False)
+        self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
         self.image = pg.ImageItem(axisOrder="row-major")
         self.plot.addItem(self.image)
-        self.bar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get(colormap),
-                                   interactive=False)
-        self.bar.setImageItem(self.image, insert_in=self.plot)
+        self.bar = colour_bar(self.plot, self.image, colormap)
         self.marker = pg.ScatterPlotItem(size=12, pen=pg.mkPen("w", width=2), brush=None,
                                          symbol="s")
         self.plot.addItem(self.marker)
-        self.hover = QLabel("", self)
+        # what the colours mean until the pointer is over a cell, then that cell
+        self.hover = QLabel(caption, self)
+        self.hover.setWordWrap(True)
+        self.hover.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         layout = QVBoxLayout(self)
         layout.addWidget(self.graphics, 1)
         layout.addWidget(self.hover)
@@ -86,6 +92,8 @@ class _CellHeatmap(QWidget):
         self.image.setImage(drawn.T.astype(np.float64), autoLevels=False)  # rows = layers
         self.image.setRect(0, 0, drawn.shape[0], drawn.shape[1])
         self.bar.setLevels(levels)
+        self.layer_axis.set_names([str(int(layer)) for layer in report.moe_layers])
+        self.plot.setRange(xRange=(0, drawn.shape[0]), yRange=(0, drawn.shape[1]), padding=0)
 
     def values(self) -> np.ndarray | None:
         """The reported numbers behind the image, [P][M]."""
@@ -105,7 +113,7 @@ class _CellHeatmap(QWidget):
     def _mouse_moved(self, pos: Any) -> None:
         cell = self._cell_at(pos)
         self.hover.setText(self._describe_cell(self.report, *cell)
-                           if cell and self.report is not None else "")
+                           if cell and self.report is not None else self.caption)
 
     def _mouse_clicked(self, ev: Any) -> None:
         cell = self._cell_at(ev.scenePos())
@@ -139,7 +147,8 @@ class QtJitterHeatmap(_CellHeatmap):
     """Flip rate per (position, MoE layer): the fraction of variants changing the top-k set."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__("flip rate (fraction of variants changing the top-k set)", "inferno",
+        super().__init__("flip rate", "flip rate: the fraction of the variants that change "
+                         "the cell's top-k set (hover a cell for which)", "inferno",
                          _flip_rate, _describe_flips, parent)
 
 
@@ -147,8 +156,9 @@ class QtMarginHeatmap(_CellHeatmap):
     """The baseline's top-k margin per (position, MoE layer), in ULPs on a log scale."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__("baseline margin k-th / (k+1)-th logit, log2(1 + ULPs)", "viridis",
-                         _margin, _describe_margin, parent)
+        super().__init__("margin, log2(1 + ULPs)", "margin: the baseline's k-th minus "
+                         "(k+1)-th router logit in float32 ULPs, on a log scale (dark: a "
+                         "near-tie)", "viridis", _margin, _describe_margin, parent)
 
 
 class QtFlipsVsMargin(QWidget):
@@ -157,13 +167,20 @@ class QtFlipsVsMargin(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.graphics = pg.GraphicsLayoutWidget(self)
-        self.scatter_plot = self.graphics.addPlot(title="flips against margin (one dot per cell)")
-        self.scatter_plot.setLabel("bottom", "log2(1 + margin ULPs)")
+        self.scatter_plot = tidy(self.graphics.addPlot(title="flips against margin",
+                                                       axisItems=axes(left=IndexAxis("left"))))
+        self.scatter_plot.setLabel("bottom", "log2(1 + margin ULPs), one dot per cell")
         self.scatter_plot.setLabel("left", "variants flipping the cell")
         self.scatter = pg.ScatterPlotItem(size=7, pen=None, brush=pg.mkBrush(230, 140, 40, 160))
         self.scatter_plot.addItem(self.scatter)
         self.graphics.nextRow()
-        self.bin_plot = self.graphics.addPlot(title="flip rate per margin bin (ULPs)")
+        self.bin_axis = IndexAxis("bottom")
+        self.bin_plot = tidy(self.graphics.addPlot(title="flip rate per margin bin",
+                                                   axisItems=axes(self.bin_axis)))
+        self.bin_plot.setLabel("bottom", "margin (ULPs)")
+        for plot in (self.scatter_plot, self.bin_plot):
+            plot.setMouseEnabled(x=False, y=False)
+            plot.setRange(xRange=(-0.5, 0.5), yRange=(0, 1), padding=0)
         self.bars: pg.BarGraphItem | None = None
         layout = QVBoxLayout(self)
         layout.addWidget(self.graphics)
@@ -177,18 +194,23 @@ class QtFlipsVsMargin(QWidget):
         if report is None:
             self._points, self._bins = np.zeros((0, 2)), []
             self.scatter.clear()
+            self.bin_axis.set_names(None)
             return
         x = np.log2(1.0 + np.maximum(report.margin_ulps, 0).astype(np.float64)).ravel()
         y = report.flip_counts().astype(np.float64).ravel()
         self._points = np.stack([x, y], axis=1)
         self.scatter.setData(x, y)
+        self.scatter_plot.setRange(xRange=(-0.5, max(float(x.max()), 1.0) + 0.5),
+                                   yRange=(-0.2, max(float(y.max()), 1.0) + 0.4), padding=0)
         self._bins = report.flips_vs_margin()
         rates = [b["flip_rate"] for b in self._bins]
         self.bars = pg.BarGraphItem(x=np.arange(len(rates)), height=rates, width=0.8,
                                     brush=pg.mkBrush(110, 130, 160))
         self.bin_plot.addItem(self.bars)
-        axis = self.bin_plot.getAxis("bottom")
-        axis.setTicks([[(i, b["label"]) for i, b in enumerate(self._bins)]])
+        # the bin names on an axis that thins them to what fits (2^17, 2^19, ... when narrow)
+        self.bin_axis.set_names([b["label"] for b in self._bins])
+        self.bin_plot.setRange(xRange=(-0.6, max(len(rates), 1) - 0.4),
+                               yRange=(0, max(max(rates, default=0.0), 0.01) * 1.1), padding=0)
 
     def points(self) -> np.ndarray:
         """[cells][2]: log2(1 + margin ULPs), variants flipping (row-major cell order)."""
@@ -206,13 +228,16 @@ class QtCellLogits(QWidget):
         self.title = QLabel("click a cell of a heatmap", self)
         self.table = QTableWidget(self)
         self.graphics = pg.GraphicsLayoutWidget(self)
-        self.plot = self.graphics.addPlot(
-            title="offset from the baseline logit: sign * log2(1 + |ULPs|), per expert")
+        self.plot = tidy(self.graphics.addPlot(title="each run's offset from the baseline logit:"
+                                                     " sign x log2(1 + |ULPs|)",
+                                               axisItems=axes(IndexAxis("bottom"))))
         self.plot.setLabel("bottom", "expert")
-        self.plot.addLegend(offset=(5, 5))
+        self.plot.setLabel("left", "ULPs, log2")
+        self.plot.setMouseEnabled(x=False, y=False)
+        self.plot.setRange(xRange=(-0.5, 0.5), yRange=(-1, 1), padding=0)
         layout = QVBoxLayout(self)
         layout.addWidget(self.title)
-        layout.addWidget(self.table, 2)
+        layout.addWidget(self.table, 1)
         layout.addWidget(self.graphics, 1)
         self.cell: dict[str, Any] | None = None
 
@@ -251,13 +276,20 @@ class QtCellLogits(QWidget):
             self.table.setItem(row, E, sel)
             self.table.setItem(row, E + 1, flip)
         width = 0.8 / max(len(names) - 1, 1)
+        reach = 1.0
         for i, name in enumerate(names[1:]):
             logits = np.asarray(cell["runs"][name]["router_logits"], dtype=np.float32)
             d = (ordered_int(logits) - ordered_int(base)).astype(np.float64)
             d = np.sign(d) * np.log2(1.0 + np.abs(d))  # 1 ULP and 10^5 ULPs on one axis
+            reach = max(reach, float(np.abs(d).max()))
             colour = pg.intColor(i, hues=max(len(names) - 1, 1))
             self.plot.addItem(pg.BarGraphItem(x=np.arange(E) - 0.4 + (i + 0.5) * width, height=d,
                                               width=width, brush=colour, name=name))
+            # a swatch on the run's row of the table is the legend of its bars
+            swatch = QPixmap(12, 12)
+            swatch.fill(colour)
+            self.table.verticalHeaderItem(i + 1).setIcon(QIcon(swatch))
+        self.plot.setRange(xRange=(-0.6, E - 0.4), yRange=(-reach * 1.05, reach * 1.05), padding=0)
 
     def table_values(self) -> dict[str, list[float]]:
         """Run name -> the logits the table shows (parsed back from the cells)."""
@@ -269,33 +301,36 @@ class QtCellLogits(QWidget):
         return out
 
 
-def _eps_x(eps: list[float]) -> list[float]:
-    """log10 positions; eps 0 one decade left of the smallest positive (or -12)."""
-    positive = [e for e in eps if e > 0]
-    zero_at = (math.log10(min(positive)) - 1.0) if positive else -12.0
-    return [math.log10(e) if e > 0 else zero_at for e in eps]
-
-
 class QtEpsilonCurve(QWidget):
-    """Jitter left and decisions changed against epsilon; the recommendation marked."""
+    """Jitter left and decisions changed at each epsilon of the sweep (one tick per epsilon, in
+    the sweep's order, so eps = 0 is a point like the others); the recommendation marked."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.graphics = pg.GraphicsLayoutWidget(self)
-        self.plot = self.graphics.addPlot(title="stable top-k: jitter left and bias vs epsilon")
-        self.plot.setLabel("bottom", "log10(epsilon)  (leftmost point: eps = 0)")
+        self.eps_axis = IndexAxis("bottom")
+        self.plot = tidy(self.graphics.addPlot(title="stable top-k: jitter left and bias",
+                                               axisItems=axes(self.eps_axis, IndexAxis("left"))))
+        self.plot.setLabel("bottom", "epsilon")
         self.plot.setLabel("left", "cells")
-        self.plot.addLegend()
+        self.plot.setMouseEnabled(x=False, y=False)
+        self.plot.setRange(xRange=(-0.5, 0.5), yRange=(0, 1), padding=0)
         self.jitter = self.plot.plot([], [], pen=pg.mkPen((230, 90, 60), width=2), symbol="o",
-                                     name="jitter left")
+                                     symbolBrush=(230, 90, 60), name="jitter left")
         self.bias = self.plot.plot([], [], pen=pg.mkPen((90, 140, 230), width=2), symbol="t",
-                                   name="decisions changed")
+                                   symbolBrush=(90, 140, 230), name="decisions changed (bias)")
         self.rec_line = pg.InfiniteLine(angle=90, pen=pg.mkPen((120, 200, 120), width=2,
-                                                               style=Qt.PenStyle.DashLine))
+                                                               style=Qt.PenStyle.DashLine),
+                                        label="recommended", labelOpts={
+                                            "position": 0.9, "color": (120, 200, 120)})
         self.plot.addItem(self.rec_line)
-        self.text = QLabel("", self)
-        self.text.setWordWrap(True)
-        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.rec_line.hide()
+        legend = legend_row(self.graphics.ci, 1, 2)
+        legend.addItem(self.jitter, "jitter left")
+        legend.addItem(self.bias, "decisions changed (bias)")
+        self.text = QPlainTextEdit(self)
+        self.text.setReadOnly(True)
+        self.text.setMaximumHeight(self.fontMetrics().lineSpacing() * 7)
         layout = QVBoxLayout(self)
         layout.addWidget(self.graphics, 1)
         layout.addWidget(self.text)
@@ -307,28 +342,33 @@ class QtEpsilonCurve(QWidget):
             self._curve, self._recommended = [], None
             self.jitter.setData([], [])
             self.bias.setData([], [])
+            self.eps_axis.set_names(None)
             self.rec_line.hide()
-            self.text.setText("")
+            self.text.setPlainText("")
             return
         self._curve = [{"eps": r.eps, "jitter_left": r.jitter_left, "bias": r.n_bias}
                        for r in report.rows]
-        x = _eps_x([c["eps"] for c in self._curve])
+        x = np.arange(len(self._curve), dtype=np.float64)
+        self.eps_axis.set_names([f"{c['eps']:g}" for c in self._curve])
         self.jitter.setData(x, [c["jitter_left"] for c in self._curve])
         self.bias.setData(x, [c["bias"] for c in self._curve])
+        top = max([c["jitter_left"] for c in self._curve] + [c["bias"] for c in self._curve] + [1])
+        self.plot.setRange(xRange=(-0.5, len(self._curve) - 0.5), yRange=(0, top * 1.1),
+                           padding=0)
         rec = report.recommended()
         self._recommended = None if rec is None else rec.eps
         if rec is None:
             self.rec_line.hide()
-            self.text.setText("no epsilon of the list removes every flip")
+            self.text.setPlainText("no epsilon of the list removes every flip")
             return
-        self.rec_line.setValue(x[[c["eps"] for c in self._curve].index(rec.eps)])
+        self.rec_line.setValue(float([c["eps"] for c in self._curve].index(rec.eps)))
         self.rec_line.show()
         changed = report.changed_decisions(rec)
         lines = [f"recommended epsilon: {rec.eps:g} (smallest with no jitter left); it changes "
                  f"{len(changed)} decision(s) of plain top-k"]
         lines += [f"pos {c['position']} layer {c['layer']}: {c['plain']} -> {c['stable']}"
-                  for c in changed[:12]]
-        self.text.setText("\n".join(lines))
+                  for c in changed]
+        self.text.setPlainText("\n".join(lines))
 
     def curve(self) -> list[dict[str, Any]]:
         return self._curve
@@ -359,19 +399,29 @@ class QtRoutingAB(QWidget):
         self.graphics = pg.GraphicsLayoutWidget(self)
         self.images: dict[str, pg.ImageItem] = {}
         self.lines: dict[str, pg.InfiniteLine] = {}
-        for key, title in (("a", "A"), ("b", "B"), ("diff", "A - B (+1 only A, -1 only B)")):
-            plot = self.graphics.addPlot(title=title)
+        self.plots: dict[str, pg.PlotItem] = {}
+        self.row_axes: dict[str, IndexAxis] = {}
+        for key, title in (("a", "A: experts selected"), ("b", "B: experts selected"),
+                           ("diff", "A - B: orange only in A, blue only in B")):
+            self.row_axes[key] = IndexAxis("left", cells=True)
+            plot = self.graphics.addPlot(title=title, axisItems=axes(
+                IndexAxis("bottom", cells=True), self.row_axes[key]))
             plot.setLabel("bottom", "position")
-            plot.setLabel("left", "layer x expert")
+            plot.setLabel("left", "layer, expert")
+            plot.setMouseEnabled(x=False, y=False)
+            plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
             image = pg.ImageItem(axisOrder="row-major")
             plot.addItem(image)
             line = pg.InfiniteLine(angle=90, pen=pg.mkPen((255, 60, 60), width=2))
             plot.addItem(line)
             line.hide()
-            self.images[key], self.lines[key] = image, line
+            self.images[key], self.lines[key], self.plots[key] = image, line, plot
             self.graphics.nextRow()
+        selected = pg.ColorMap([0.0, 1.0], [(30, 30, 30), (100, 160, 230)]).getLookupTable(nPts=2)
+        self.images["a"].setLookupTable(selected)
+        self.images["b"].setLookupTable(selected)
         self.images["diff"].setLookupTable(
-            pg.ColorMap([0.0, 0.5, 1.0], [(60, 120, 230), (30, 30, 30), (230, 120, 60)])
+            pg.ColorMap([0.0, 0.5, 1.0], [(60, 120, 230), (30, 30, 30), (230, 140, 40)])
             .getLookupTable(nPts=3))
         top = QHBoxLayout()
         top.addWidget(QLabel("A", self))
@@ -384,6 +434,7 @@ class QtRoutingAB(QWidget):
         layout.addWidget(self.graphics, 1)
         self._settings: dict[str, np.ndarray] = {}
         self._n_experts = 0
+        self._moe_layers: list[int] = []
         self._first: int | None = None
         self.box_a.currentTextChanged.connect(lambda _t: self._redraw())
         self.box_b.currentTextChanged.connect(lambda _t: self._redraw())
@@ -391,6 +442,8 @@ class QtRoutingAB(QWidget):
     def set_reports(self, jitter: JitterReport | None, epsilon: EpsilonReport | None) -> None:
         settings: dict[str, np.ndarray] = {}
         n_experts = 0
+        report = jitter if jitter is not None else epsilon
+        self._moe_layers = [int(x) for x in report.moe_layers] if report is not None else []
         if jitter is not None:
             n_experts = jitter.n_experts
             for name in [BASELINE, *jitter.variants]:
@@ -426,16 +479,21 @@ class QtRoutingAB(QWidget):
         diff = ma.astype(np.int16) - mb.astype(np.int16)
         rows = np.flatnonzero((sa != sb).any(axis=(1, 2)))
         self._first = int(rows[0]) if rows.size else None
+        rows = [f"L{layer} e{e}" for layer in self._moe_layers for e in range(self._n_experts)]
         for key, data, levels in (("a", ma, (0, 1)), ("b", mb, (0, 1)), ("diff", diff + 1, (0, 2))):
             self.images[key].setImage(data.T.astype(np.float64), levels=levels)
             self.images[key].setRect(0, 0, data.shape[0], data.shape[1])
+            self.row_axes[key].set_names(rows)
+            self.plots[key].setRange(xRange=(0, data.shape[0]), yRange=(0, data.shape[1]),
+                                     padding=0)
             if self._first is None:
                 self.lines[key].hide()
             else:
                 self.lines[key].setValue(self._first + 0.5)
                 self.lines[key].show()
         changed = int((sa != sb).any(axis=-1).sum())
-        self.info.setText(f"{changed} cells differ; first divergence: "
+        cells = "1 cell differs" if changed == 1 else f"{changed} cells differ"
+        self.info.setText(f"{cells}; first divergence: "
                           f"{'none' if self._first is None else f'position {self._first}'}")
 
     def first_divergence(self) -> int | None:

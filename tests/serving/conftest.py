@@ -1,0 +1,28 @@
+"""Fixtures for the server tests: real servers on loopback, stopped at the end of each test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from server_helpers import RunningServer, start_server
+
+# Two MoE layers of 4 experts, top-2, a word-level tokenizer, a context of 64 (tiny_models).
+MODEL = dict(n_layers=2, n_experts=4, top_k=2)
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., RunningServer]]:
+    """Factory: serve(path, *extra CLI args) -> a running server."""
+    servers: list[RunningServer] = []
+
+    def start(path: Path | str, *args: str) -> RunningServer:
+        server = start_server(path, *args, log_dir=tmp_path / "logs")
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
