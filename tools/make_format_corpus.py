@@ -209,6 +209,11 @@ def gguf_entries() -> list[Entry]:
     out.append(Entry("block_shape.gguf", "COL_ERR_SHAPE", g.info_at[1],
                      "ne[0] = 30 is not a multiple of Q8_0's block of 32", "a Q8_0 row of 30",
                      tensor="blk.0.ffn_up.weight", data=g.image))
+    tensors = base_tensors() + [("blk.0.empty.weight", [0, 1 << 62], 0, b"")]
+    g = Gguf(base_kvs(), tensors)
+    out.append(Entry("empty_dimension_huge.gguf", "COL_ERR_LIMIT", g.info_at[3],
+                     "describes more than 2^63 bytes", "ne [0, 2^62]: no elements, yet no "
+                     "array of that shape can exist", tensor="blk.0.empty.weight", data=g.image))
     g = Gguf(base_kvs(), base_tensors(), offsets=[0, 260, 320])
     out.append(Entry("misaligned.gguf", "COL_ERR_MISALIGNED", g.offset_at[1] + 0,
                      "offset 260 is not a multiple of the alignment 32", "offset 260",
@@ -305,6 +310,12 @@ def st_entries() -> list[Entry]:
     out.append(Entry("bad_shape.safetensors", "COL_ERR_SHAPE", key_at(raw2, "b"),
                      "is not a list of non-negative integers", "a negative dimension",
                      tensor="b", data=img2))
+    h = json.loads(json.dumps(header))
+    h["e"] = {"dtype": "F32", "shape": [0, 1 << 62], "data_offsets": [0, 0]}
+    img2, raw2 = st_image(h, data)
+    out.append(Entry("empty_dimension_huge.safetensors", "COL_ERR_LIMIT", key_at(raw2, "e"),
+                     "describes more than 2^63 bytes", "shape [0, 2^62]: no bytes, yet no "
+                     "array of that shape can exist", tensor="e", data=img2))
     h = json.loads(json.dumps(header))
     h["b"]["shape"] = [3]
     img2, raw2 = st_image(h, data)

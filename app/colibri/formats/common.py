@@ -121,6 +121,19 @@ class TensorEntry:
                 "offset": self.offset, "nbytes": self.nbytes}
 
 
+MAX_ARRAY_BYTES = (1 << 63) - 1  # numpy's bound on size x itemsize, zero dimensions skipped
+
+
+def unholdable_shape(shape: Iterable[int]) -> bool:
+    """True when no array of `shape` can exist, not even an empty one (numpy refuses non-zero
+    dimensions whose product, times 8 bytes, passes 2^63), so a reader could not return it."""
+    product = 8
+    for d in shape:
+        if d:
+            product *= d
+    return product > MAX_ARRAY_BYTES
+
+
 class Mapping:
     """A read-only mapping of a whole file; views over it are numpy arrays with no copy. An
     empty file has no mapping (mmap refuses size 0) and reads as empty."""

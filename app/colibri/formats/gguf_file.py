@@ -42,7 +42,7 @@ from colibri.engine import Problem
 from colibri.formats.common import (
     BAD_MAGIC, BAD_VERSION, DTYPE, HEADER, LIMIT, MISALIGNED, NAME, OVERLAP, SECTION_BOUNDS,
     SHAPE, TENSOR_BOUNDS, TRUNCATED, UNSUPPORTED, Findings, Mapping, ScanResult, TensorEntry,
-    SCAN_CHUNK_BYTES, raise_first_error, scan_tensors,
+    SCAN_CHUNK_BYTES, raise_first_error, scan_tensors, unholdable_shape,
 )
 from colibri.inspection.hexsource import Region
 
@@ -445,6 +445,10 @@ class _Walker:
             if dims_ok and count >= 1 << 63:
                 found.error(LIMIT, start, f"tensor '{name}': element count overflows int64",
                             name)
+                dims_ok = False
+            if dims_ok and unholdable_shape(ne):
+                found.error(LIMIT, start, f"tensor '{name}': ne={list(ne)} describes more than "
+                                          "2^63 bytes even without its empty dimensions", name)
                 dims_ok = False
             if not dims_ok:
                 continue

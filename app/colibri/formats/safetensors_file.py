@@ -35,6 +35,7 @@ from colibri.formats.common import (
     DTYPE, HEADER, IO, LIMIT, MISSING_TENSOR, NAME, OVERLAP, SECTION_BOUNDS, SHAPE,
     SIZE_MISMATCH, TENSOR_BOUNDS, TRUNCATED, UNKNOWN_TENSOR, Findings, Mapping, ScanResult,
     SCAN_CHUNK_BYTES, TensorEntry, raise_first_error, scan_tensors,
+    unholdable_shape,
 )
 from colibri.inspection.hexsource import Region
 
@@ -217,6 +218,10 @@ def _entry(name: str, entry: Any, where: int, data_size: int, head: Header,
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         found.error(SHAPE, where, f"tensor '{name}': shape {str(shape)[:80]} is not a list of "
                                   "non-negative integers", name)
+        return None
+    if unholdable_shape(shape):
+        found.error(LIMIT, where, f"tensor '{name}': shape {str(shape)[:80]} describes more "
+                                  "than 2^63 bytes even without its empty dimensions", name)
         return None
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(_is_int(o) and o >= 0 for o in offsets)):
