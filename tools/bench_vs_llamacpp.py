@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         order = engines[turn % len(engines):] + engines[:turn % len(engines)]
         for cell in cells:
             for engine in order:
-                started = time.monotonic()
+                started, run_load = time.monotonic(), os.getloadavg()[0]
                 if engine == "colibri":
                     prefill, decode = run_colibri(cell, args)
                 else:
@@ -415,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
                 fraction = cell.bytes_per_token[engine] * decode / limit
                 cell.runs[engine].append({"prefill_tok_s": prefill, "decode_tok_s": decode,
                                           "fraction_of_limit": fraction, "probe_gb_s": limit / 1e9,
-                                          "seconds": time.monotonic() - started})
+                                          "seconds": time.monotonic() - started,
+                                          "load": run_load})
                 log(f"turn {turn + 1}/{args.turns} {cell.name} {engine}: prefill {prefill:.1f}, "
                     f"decode {decode:.1f} tok/s, {100 * fraction:.0f} % of {limit / 1e9:.1f} GB/s")
     load.append(os.getloadavg()[0])
