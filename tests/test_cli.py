@@ -561,8 +561,11 @@ def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
     spec.loader.exec_module(module)
     assert module.main(["--models", "", "--checkpoint", str(hf), "--precisions", "q8",
                         "--turns", "1", "-r", "1", "-p", "8", "-n", "4", "-t", "1",
-                        "--probe-mb", "64", "--work", str(tmp_path), "--json"]) == 0
+                        "--probe-mb", "64", "--work", str(tmp_path), "--json",
+                        "--save", str(tmp_path / "saved.json")]) == 0
     report = json.loads(capsys.readouterr().out)
+    saved = json.loads((tmp_path / "saved.json").read_text())
+    assert saved["rows"] == report["rows"] and saved["turns"] == 1
     (row,) = report["rows"]
     assert report["engines"] == ["colibri", "llama.cpp"]
     assert (row["model"], row["precision"], row["matched"]) == ("tiny-hf", "q8", True)
@@ -572,6 +575,7 @@ def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
         assert speeds["prefill_tok_s"]["median"] > 0 and speeds["decode_tok_s"]["median"] > 0
         assert 0 < speeds["fraction_of_limit"]["median"]
     assert row["ratios"]["llama.cpp"]["decode_tok_s"]["median"] > 0
+    assert all(run["load"] >= 0 for runs in row["runs"].values() for run in runs)
     report_file = tmp_path / "report.json"
     report_file.write_text(json.dumps(report))
     assert module.main(["--from-json", str(report_file)]) == 0

@@ -26,6 +26,7 @@ differ by more than 5 % (not like for like). `--json` prints everything, every r
     python tools/bench_vs_llamacpp.py --ik /work/ext/ik_llama.cpp/build/bin/llama-bench \\
         [--models mixtral,qwen3] [--checkpoint HF_DIR ...] [--precisions bf16,q8,q4] [--turns 5]
         [-p 128] [-n 64] [-t 2] [-r 3] [--work /work/bench-models] [--max-load L] [--json]
+        [--save REPORT.json]
     python tools/bench_vs_llamacpp.py --from-json REPORT.json   # the tables of a saved report
 
 Needs the test and fixtures extras (`pip install -e .[test,fixtures]`: torch and transformers
@@ -227,13 +228,15 @@ def probe(args: argparse.Namespace) -> float:
     return measure_read_bandwidth(args.probe_mb << 20, args.threads, 3)
 
 
-def wait_for_load(limit: float, timeout: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout
-    while os.getloadavg()[0] > limit and time.monotonic() < deadline:
-        time.sleep(10)
+def wait_for_load(limit: float, timeout: float) -> float:
+    """Wait up to `timeout` seconds for a 1-minute load average of at most `limit`; the seconds
+    waited."""
+    started = time.monotonic()
+    while os.getloadavg()[0] > limit and time.monotonic() - started < timeout:
+        time.sleep(5)
     if os.getloadavg()[0] > limit:
-        log(f"load average still {os.getloadavg()[0]:.1f} > {limit} after {timeout:.0f} s: "
-            "running anyway")
+        log(f"load average still {os.getloadavg()[0]:.1f} > {limit}: running anyway")
+    return time.monotonic() - started
 
 
 def cpu_description() -> dict[str, Any]:
@@ -290,6 +293,12 @@ def _ratio(r: dict[str, Any], matched: bool) -> str:
     return f"{mid:.2f}x ({low:.2f}-{high:.2f})" + ("" if matched else " *")
 
 
+def _load_range(report: dict[str, Any]) -> str:
+    loads = [r["load"] for row in report["rows"] for runs in row["runs"].values()
+             for r in runs if "load" in r] or report["load"]
+    return f"{min(loads):.1f}-{max(loads):.1f} (median {statistics.median(loads):.1f})"
+
+
 def format_report(report: dict[str, Any]) -> str:
     engines = report["engines"]
     cpu = report["cpu"]
@@ -298,7 +307,7 @@ def format_report(report: dict[str, Any]) -> str:
         + (f"; lacks: {' '.join(cpu['lacks'])}" if cpu["lacks"] else ""),
         f"-p {report['prompt']} -n {report['decode']} -t {report['threads']}, {report['turns']} "
         f"turns of {report['repeats']} repeats per run; load average (1 min) "
-        f"{min(report['load']):.1f}-{max(report['load']):.1f} during the runs",
+        f"{_load_range(report)} at the runs' starts",
         f"read bandwidth probe ({report['threads']} threads, between every two runs): best "
         f"{report['probe_gb_s']['best']:.1f} GB/s, median {report['probe_gb_s']['median']:.1f}, "
         f"lowest {report['probe_gb_s']['lowest']:.1f}",
@@ -357,9 +366,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/work/bench-models"),
                     help="where the checkpoints and converted files are made and reused")
     ap.add_argument("--max-load", type=float, default=None, metavar="L",
-                    help="before each turn, wait (up to 10 minutes) for a 1-minute load average "
-                         "of at most L")
+                    help="before each model and precision of a turn, wait (up to 3 minutes, "
+                         "--max-wait in all) for a 1-minute load average of at most L")
+    ap.add_argument("--max-wait", type=float, default=1800.0, metavar="SECONDS",
+                    help="--max-load's waits in all, after which runs start whatever the load "
+                         "(default 1800)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--save", type=Path, default=None, metavar="FILE",
+                    help="write the --json report to FILE after every turn (for --from-json)")
     ap.add_argument("--from-json", type=Path, default=None, metavar="FILE",
                     help="print the tables of a report saved with --json, and run nothing")
     args = ap.parse_args(argv)
@@ -396,12 +410,29 @@ def main(argv: list[str] | None = None) -> int:
 
     builds: dict[str, str] = {}
     probes, load = [probe(args)], []
+
+    def report(turns: int) -> dict[str, Any]:
+        return {
+            "cpu": cpu_description(), "engines": engines, "prompt": args.p, "decode": args.n,
+            "threads": args.threads, "turns": turns, "repeats": args.repeats,
+            "load": load + [os.getloadavg()[0]],
+            "probe_gb_s": {"best": max(probes) / 1e9, "median": statistics.median(probes) / 1e9,
+                           "lowest": min(probes) / 1e9, "all": [p / 1e9 for p in probes]},
+            "llama_cpp": {"version": llamacpp.VERSION, "build": builds.get("llama.cpp", "?"),
+                          "bench": str(llama_bench)},
+            **({"ik_llama_cpp": {"build": builds.get("ik_llama.cpp", "?"),
+                                 "bench": str(args.ik)}} if args.ik is not None else {}),
+            "rows": summarise(cells, engines),
+        }
+
+    wait_left = args.max_wait
     for turn in range(args.turns):
-        if args.max_load is not None:
-            wait_for_load(args.max_load)
         load.append(os.getloadavg()[0])
         order = engines[turn % len(engines):] + engines[:turn % len(engines)]
         for cell in cells:
+            if args.max_load is not None and wait_left > 0:
+                # per cell, so the engines of one ratio run under the same load
+                wait_left -= wait_for_load(args.max_load, min(180.0, wait_left))
             for engine in order:
                 started, run_load = time.monotonic(), os.getloadavg()[0]
                 if engine == "colibri":
@@ -418,21 +449,15 @@ def main(argv: list[str] | None = None) -> int:
                                           "seconds": time.monotonic() - started,
                                           "load": run_load})
                 log(f"turn {turn + 1}/{args.turns} {cell.name} {engine}: prefill {prefill:.1f}, "
-                    f"decode {decode:.1f} tok/s, {100 * fraction:.0f} % of {limit / 1e9:.1f} GB/s")
-    load.append(os.getloadavg()[0])
+                    f"decode {decode:.1f} tok/s, {100 * fraction:.0f} % of {limit / 1e9:.1f} GB/s"
+                    f" (load {run_load:.1f})")
+        if args.save is not None:  # a run stopped later keeps its finished turns
+            tmp = args.save.with_name(f".{args.save.name}.tmp")
+            tmp.write_text(json.dumps(report(turn + 1), indent=2))
+            os.replace(tmp, args.save)
 
-    report = {
-        "cpu": cpu_description(), "engines": engines, "prompt": args.p, "decode": args.n,
-        "threads": args.threads, "turns": args.turns, "repeats": args.repeats, "load": load,
-        "probe_gb_s": {"best": max(probes) / 1e9, "median": statistics.median(probes) / 1e9,
-                       "lowest": min(probes) / 1e9, "all": [p / 1e9 for p in probes]},
-        "llama_cpp": {"version": llamacpp.VERSION, "build": builds.get("llama.cpp", "?"),
-                      "bench": str(llama_bench)},
-        **({"ik_llama_cpp": {"build": builds.get("ik_llama.cpp", "?"), "bench": str(args.ik)}}
-           if args.ik is not None else {}),
-        "rows": summarise(cells, engines),
-    }
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    final = report(args.turns)
+    print(json.dumps(final, indent=2) if args.json else format_report(final))
     return 0
 
 
