@@ -295,8 +295,11 @@ def _ratio(r: dict[str, Any], matched: bool) -> str:
 
 def _load_range(report: dict[str, Any]) -> str:
     loads = [r["load"] for row in report["rows"] for runs in row["runs"].values()
-             for r in runs if "load" in r] or report["load"]
-    return f"{min(loads):.1f}-{max(loads):.1f} (median {statistics.median(loads):.1f})"
+             for r in runs if "load" in r]
+    where = "at the runs' starts"
+    if not loads:  # a report saved before runs recorded their load
+        loads, where = report["load"], "at the turns' starts and the end"
+    return f"{min(loads):.1f}-{max(loads):.1f} (median {statistics.median(loads):.1f}) {where}"
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -307,7 +310,7 @@ def format_report(report: dict[str, Any]) -> str:
         + (f"; lacks: {' '.join(cpu['lacks'])}" if cpu["lacks"] else ""),
         f"-p {report['prompt']} -n {report['decode']} -t {report['threads']}, {report['turns']} "
         f"turns of {report['repeats']} repeats per run; load average (1 min) "
-        f"{_load_range(report)} at the runs' starts",
+        f"{_load_range(report)}",
         f"read bandwidth probe ({report['threads']} threads, between every two runs): best "
         f"{report['probe_gb_s']['best']:.1f} GB/s, median {report['probe_gb_s']['median']:.1f}, "
         f"lowest {report['probe_gb_s']['lowest']:.1f}",
