@@ -130,6 +130,29 @@ def test_tensor_views_are_read_only_views_of_the_mapping(tmp_path: Path) -> None
 # safetensors against the safetensors library
 
 
+def test_a_type_with_no_dequantiser_is_a_warning_and_a_named_error(tmp_path: Path) -> None:
+    path = tmp_path / "q8_1.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("f32", np.ones((2, 32), np.float32))
+    q8_1 = gguf.GGMLQuantizationType.Q8_1
+    block, size = gguf.GGML_QUANT_SIZES[q8_1]
+    w.add_tensor("activations", np.zeros((2, 2 * size), np.uint8), raw_dtype=q8_1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    f = GGUFFile.open(str(path))
+    [problem] = f.problems
+    assert problem.severity == "warning" and problem.tensor == "activations"
+    assert "Q8_1 cannot be read" in problem.message
+    assert f.tensor_f32("f32").sum() == 64
+    with pytest.raises(ColibriFormatError, match="Q8_1 cannot be read") as caught:
+        f.tensor_f32("activations")
+    assert caught.value.tensor == "activations"
+    scan = f.scan(checksums=True, nan_check=True)
+    assert scan.complete and set(scan.crc32) == {"f32", "activations"}
+
+
 def test_sharded_checkpoint_reads_like_safe_open(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from safetensors.torch import save_file
@@ -190,6 +213,21 @@ def test_detect_by_content_not_extension(tmp_path: Path) -> None:
     assert formats.detect(renamed) == "safetensors"
     (tmp_path / "notes.txt").write_text("hello")
     assert formats.detect(tmp_path / "notes.txt") is None
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2_moe"}')
+    assert formats.detect(tmp_path / "config.json") is None
+
+
+def test_a_broken_index_file_is_validated_as_an_index(tmp_path: Path) -> None:
+    """Opened by its name, an index that is no longer JSON reports that, as its directory does,
+    instead of failing the `.colibri` magic check."""
+    index = CORPUS / "index_not_json" / "model.safetensors.index.json"
+    assert formats.detect(index) == "safetensors"
+    empty = tmp_path / "model.safetensors.index.json"
+    empty.write_bytes(b"")
+    assert formats.validate(empty)[1][0].message.startswith("index is not valid UTF-8 JSON")
+    fmt, (problem,) = formats.validate(index)
+    assert fmt == "safetensors"
+    assert problem.code_name == "COL_ERR_HEADER" and "index is not valid UTF-8 JSON" in problem.message
     with pytest.raises(ColibriIOError):
         formats.detect(tmp_path / "absent.gguf")
 

@@ -8,6 +8,13 @@ in 4 shards with 1 000 tensors each. Prints the median of `--repeats` opens of e
 `--gguf-reader` the `gguf` package's GGUFReader on the same GGUF for comparison (slow: over a
 minute). The Inspector's first view needs the open to be well under 300 ms.
 
+`--inspector` opens each file in the Inspector (offscreen, in this process) and prints, median
+of `--repeats`, when the tab first painted, when it painted with the file's content (the
+headers are read on a worker, so the tab paints before them), the UI thread's CPU time until
+then and the longest garbage collection meanwhile (it holds the GIL, so it stops the UI
+thread wherever it runs; `--no-settle` leaves start-up's objects in every collection's walk,
+as colibri-inspector does not); it adds a checkpoint of 19 200 tensors (4 shards).
+
     python tools/bench_formats.py [--repeats 5] [--inspector] [--gguf-reader]
 """
 
@@ -83,35 +90,67 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def inspector_first_view(path: Path) -> float:
-    """Seconds from asking the main window to open `path` until its window has painted once
-    (prints when the work queued behind the first paint, the tensor table's rows, is done)."""
+def inspector_first_view(path: Path, settle: bool = True
+                         ) -> tuple[float, float, float, float]:
+    """Seconds from asking the main window to open `path` until its window first painted, and
+    until it painted with the file's content (document read, table filled); the UI thread's
+    CPU seconds until then; and the longest garbage collection meanwhile (any thread: it holds
+    the GIL)."""
+    import gc
     import os
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ.setdefault("COLIBRI_INSPECTOR_SETTINGS", tempfile.mkdtemp())
     from PySide6.QtWidgets import QApplication
 
+    from colibri.inspector.app import settle_heap
+    from colibri.inspector.foreign_view import QtForeignFileView
     from colibri.inspector.main_window import MainWindow
     app = QApplication.instance() or QApplication([])
     window = MainWindow()
+    window.persist = False
+    if settle:
+        settle_heap()   # as colibri-inspector does once its window is built
     window.resize(1600, 900)
     window.show()
     app.processEvents()
+    pauses = [0.0]
+    began = [0.0]
+
+    def collection(phase: str, _info: dict) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            pauses.append(time.perf_counter() - began[0])
+    gc.callbacks.append(collection)
+    cpu = time.thread_time()
     start = time.perf_counter()
     view = window.open_path(path)
-    window.repaint()  # synchronous: the tab's first paint (queued work comes after it)
+    window.repaint()  # synchronous: the tab's first paint
     first = time.perf_counter() - start
-    app.processEvents()
-    print(f"  {path.name}: everything queued done after "
-          f"{(time.perf_counter() - start) * 1000:.0f} ms ({type(view).__name__})")
+    while isinstance(view, QtForeignFileView) and not view.is_open():
+        app.processEvents()
+        time.sleep(0.001)
+    window.repaint()
+    content = time.perf_counter() - start
+    ui_cpu = time.thread_time() - cpu
+    gc.callbacks.remove(collection)
+    for v in window.views():
+        v.shutdown()
     window.close()
-    return first
+    app.processEvents()
+    if settle:
+        gc.unfreeze()   # the next run starts as colibri-inspector does
+    gc.collect()
+    return first, content, ui_cpu, max(pauses)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--gguf-reader", action="store_true")
+    parser.add_argument("--no-settle", action="store_true",
+                        help="with --inspector: leave start-up's objects in the collector's "
+                             "walks (colibri-inspector freezes them)")
     parser.add_argument("--inspector", action="store_true",
                         help="also time the Inspector opening each file into a tab and painting "
                              "it once (offscreen, in this process)")
@@ -129,9 +168,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"safetensors, 20 GB sparse, 4 shards x 1000 tensors + index: open "
               f"{t_st * 1000:.0f} ms (median of {args.repeats})")
         if args.inspector:
-            for label, path in (("GGUF", g), ("safetensors checkpoint", ckpt)):
-                print(f"Inspector, {label}: first paint after "
-                      f"{inspector_first_view(path) * 1000:.0f} ms")
+            many = Path(tmp) / "many"
+            many.mkdir()
+            big_checkpoint(many, shards=4, per_shard=4800)
+            for label, path in (("GGUF, 20 GB, 151936 tokens", g),
+                                ("checkpoint, 20 GB, 4 x 1000 tensors", ckpt),
+                                ("checkpoint, 20 GB, 4 x 4800 tensors", many)):
+                runs = [inspector_first_view(path, not args.no_settle)
+                        for _ in range(args.repeats)]
+                first, content, cpu, pause = (statistics.median(r[i] for r in runs)
+                                              for i in range(4))
+                print(f"Inspector, {label}: first paint {first * 1000:.0f} ms, with its content "
+                      f"{content * 1000:.0f} ms, UI thread CPU {cpu * 1000:.0f} ms, longest "
+                      f"collection {pause * 1000:.0f} ms (medians of {args.repeats})")
         if args.gguf_reader:
             import gguf
             t_ref = timed(lambda: gguf.GGUFReader(str(g)), 1)

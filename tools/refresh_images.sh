@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # refresh_images.sh - docs/images/ from the visual check of every view
-# (tests/inspector/test_visual.py: the demo model after real runs, Qt offscreen, 1280x800), so
+# (tests/inspector/test_visual.py: the demo model after real runs and a llama.cpp GGUF file,
+# Qt offscreen, 1280x800), so
 # the README shows the Inspector as it is. Run from anywhere; it uses ./dev test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,7 @@ COLIBRI_VISUAL_ARTIFACTS="$out" QT_QPA_PLATFORM=offscreen \
 for pair in validation:inspector-validation header:inspector-header tensors:inspector-tensors \
             hex:inspector-hex values-tensor:inspector-values debugger-routing:inspector-debugger \
             debugger-latency:inspector-latency jitter:inspector-jitter \
-            jitter-epsilon:inspector-epsilon; do
+            jitter-epsilon:inspector-epsilon gguf-header:inspector-gguf; do
     cp "$out/offscreen-1280x800/${pair%%:*}.png" "docs/images/${pair##*:}.png"
 done
 ls -l docs/images

@@ -3,7 +3,8 @@ read a 2 GB file on the worker, the UI thread never runs more than 50 ms of CPU 
 ticks of a 10 ms timer, uses under a quarter of the process's CPU time, and is never kept from a
 tick 100 ms or more by anything of this process; Cancel stops the checks promptly. The 2 GB file
 is sparse (all-zero tensors with their real CRCs, computed without reading them), so it costs no
-disk space.
+disk space. The tensor table of a 20 GB sparse checkpoint of 20 000 tensors fills, scrolls and
+sorts within the same bounds, and its tab paints before the headers are read.
 
 On a shared machine the scheduler alone keeps a runnable thread off the CPU for hundreds of
 milliseconds (measured here at a load of 10 on 2 cores: a gap of 220 ms, 114 ms of it the UI
@@ -31,9 +32,8 @@ from colibri.inspector.main_window import ENV_SETTINGS, MainWindow
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("bench_inspector",
-                                                  REPO / "tools" / "bench_inspector.py")
+def _bench_module(name: str = "bench_inspector"):
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(module)
@@ -50,6 +50,14 @@ def sparse_2gb(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("sparse") / "sparse-2gb.colibri"
     return _bench_module().build_sparse_model(path, n_layers=10, d_model=1024, d_ff=4096,
                                               n_heads=8, n_kv_heads=2, vocab=32000)
+
+
+@pytest.fixture(scope="module")
+def sparse_checkpoint(tmp_path_factory) -> Path:
+    """A 20 GB sparse checkpoint of 20 000 tensors in 4 shards, with its index."""
+    directory = tmp_path_factory.mktemp("sparse-checkpoint")
+    _bench_module("bench_formats").big_checkpoint(directory, shards=4, per_shard=5000)
+    return directory
 
 
 def _steal_ms() -> list[float]:
@@ -180,3 +188,69 @@ def test_cancel_stops_checks_on_2gb_promptly(qtbot, sparse_2gb):
         window.cancel_action.trigger()
     assert time.perf_counter() - started < 2.0
     assert view.data_result is None and not view.is_checking()
+
+
+def _table_under_probe(qtbot, path: Path) -> GapProbe:
+    """Open `path`; then, under a GapProbe, give its tensor table every row as opening does,
+    scroll to the end and sort by size."""
+    from colibri.inspector.foreign_view import QtForeignFileView
+    from colibri.inspector.tensor_table import COLUMNS
+    from PySide6.QtCore import Qt
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.show()
+    view = window.open_path(path)
+    assert isinstance(view, QtForeignFileView)
+    qtbot.waitUntil(view.is_open, timeout=60000)
+    rows = view.doc.tensor_rows()
+    table = view.tensors
+    table.set_rows([])
+    qtbot.wait(300)   # painted: the probe measures the table, not the window's birth
+    probe = GapProbe()
+    probe.start()
+    table.set_rows(rows)
+    qtbot.wait(200)
+    table.view.scrollToBottom()   # the next rows, fetched on demand
+    qtbot.wait(200)
+    table.view.sortByColumn(COLUMNS.index("bytes"), Qt.SortOrder.DescendingOrder)
+    qtbot.wait(400)
+    probe.stop()
+    assert table.table_model.total_count() == 20000 == len(table.visible_rows())
+    view.shutdown()
+    window.close()
+    return probe
+
+
+def test_a_20000_tensor_table_fills_without_blocking_the_event_loop(qtbot, sparse_checkpoint):
+    """The tensor table hands its rows to the view on demand, so giving it the 20 000 rows of
+    a checkpoint, scrolling and sorting run under 50 ms of UI-thread CPU between two ticks
+    (filled through a sort proxy it took 4 s; all rows handed to the view at once, 157 ms)."""
+    probe = _table_under_probe(qtbot, sparse_checkpoint)
+    assert probe.ticks > 10
+    assert probe.worst_cpu_ms < 50, (
+        f"the UI thread ran {probe.worst_cpu_ms:.1f} ms of CPU between two timer ticks")
+    runs = [probe]
+    if probe.worst_ms >= 100:   # as above: a stall of the virtual machine does not repeat
+        runs.append(_table_under_probe(qtbot, sparse_checkpoint))
+    assert min(r.worst_ms for r in runs) < 100, "; ".join(
+        f"the event loop was blocked {r.worst_ms:.1f} ms beyond what the scheduler explains "
+        f"(a gap of {r.worst_wall_ms:.1f} ms, {r.worst_at:.2f} s after start)" for r in runs)
+
+
+def test_a_checkpoint_s_tab_paints_before_its_headers_are_read(qtbot, sparse_checkpoint):
+    """Opening reads the headers on a worker: the tab is there, painted and saying so, while
+    the document is still being read."""
+    from colibri.inspector.foreign_view import QtForeignFileView
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.show()
+    view = window.open_path(sparse_checkpoint)
+    assert isinstance(view, QtForeignFileView) and not view.is_open()
+    window.repaint()
+    assert window.state_label.text() == "reading…"
+    assert view.validation.summary.text() == f"Reading {sparse_checkpoint.name}…"
+    with qtbot.waitSignal(view.sig_opened, timeout=60000):
+        pass
+    assert view.doc.status == "valid" and window.state_label.text().startswith("structure valid")
+    view.shutdown()
+    window.close()

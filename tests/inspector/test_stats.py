@@ -144,3 +144,17 @@ def test_compare_experts_rejects_a_dense_layer(tiny_model):
     with pytest.raises(ValueError, match="not a MoE layer"):
         S.compare_experts(model, 0)
     assert S.moe_layers(model) == [1]
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
+def test_a_quantised_matrix_has_heatmap_and_stats_of_its_values(tmp_path, quant):
+    """A q8_0/q4_0 matrix is stored as row bytes; the heatmap and statistics describe its
+    dequantised values [rows, columns], not the bytes."""
+    from quant_models import make_model
+    model = Model.open(make_model(tmp_path, quant=quant))
+    ref = model.tensor_f32("layers.0.moe_w1").astype(np.float64)     # [8, 96, 128]
+    a = S.analyse_tensor(model, "layers.0.moe_w1", expert=5, max_cells=16)
+    assert a.heatmap.shape == (96, 128) and a.heatmap.cells.shape == (16, 16)
+    np.testing.assert_allclose(a.heatmap.cells[0, 0], np.abs(ref[5, :6, :8]).mean(), rtol=1e-6)
+    assert a.stats.count == ref[5].size and a.stats.max == ref[5].max()
+    assert a.stats.std == pytest.approx(ref[5].std(), rel=1e-9)

@@ -1,5 +1,7 @@
 """Every view of the Inspector, on the demo model after real runs (data checks, a debugger run,
-the jitter analysis and the epsilon sweep), rendered at 1280x800 and 1920x1080: the window keeps
+the jitter analysis and the epsilon sweep), and every tab of a GGUF file made by llama.cpp
+(data checks, its metadata tree, an expert matrix's values and its layer's experts compared),
+rendered at 1280x800 and 1920x1080: the window keeps
 the size it was given, and nothing a person would see as broken is there (visual_checks: no
 widget outside its parent or the window, no clipped text, no overlapping or fractional tick
 labels, colour bars with numbers, no label outside its plot, no legend over bars). The key
@@ -24,6 +26,7 @@ from PySide6.QtGui import QGuiApplication
 from colibri.inspector import resources
 from colibri.inspector.examples import prepare, settle
 from colibri.inspector.export import save_png
+from colibri.inspector.foreign_view import QtForeignFileView
 from colibri.inspector.header_view import VALUE_COLUMN
 from colibri.inspector.main_window import ENV_SETTINGS, FileView, MainWindow
 
@@ -31,6 +34,7 @@ from visual_checks import findings
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "resources" / "demo" / "demo.colibri"
+GGUF = REPO / "tests" / "fixtures" / "gguf" / "qwen2_moe-q4_0.gguf"
 SIZES = ((1280, 800), (1920, 1080))
 # fewer variants than the lab's default list, the same kinds (orders, FMA, split-K, bf16, noise)
 VARIANTS = "seq,blocked16,blocked4+fma,seq+split2,act-bf16,w-bf16,noise1,noise2"
@@ -127,6 +131,56 @@ def test_every_view_renders_cleanly(demo, size) -> None:
     assert not problems, "\n".join(problems)
 
 
+@pytest.fixture(scope="module")
+def gguf(qapp, tmp_path_factory) -> Iterator[tuple[MainWindow, QtForeignFileView]]:
+    """A GGUF file open in a window of its own, its data checked (once for both sizes)."""
+    old = os.environ.get(ENV_SETTINGS)
+    os.environ[ENV_SETTINGS] = str(tmp_path_factory.mktemp("visual-gguf-settings"))
+    window = MainWindow()
+    window.persist = False
+    window.resize(*SIZES[0])
+    window.show()
+    view = window.open_path(GGUF)
+    prepare(view, "validation")
+    yield window, view
+    view.shutdown()
+    window.close()
+    if old is None:
+        os.environ.pop(ENV_SETTINGS, None)
+    else:
+        os.environ[ENV_SETTINGS] = old
+
+
+def _gguf_pages(view: QtForeignFileView) -> list[tuple[str, Callable[[], None]]]:
+    def experts() -> None:
+        prepare(view, "values")
+        view.values.tabs.setCurrentWidget(view.values.experts_page)   # compares the layer
+        settle(50)
+        from colibri.inspector.examples import wait_while
+        wait_while(view.values.is_busy)
+
+    return [(f"gguf-{name}", lambda n=name: prepare(view, n))
+            for name in ("validation", "header", "tensors", "hex", "values")] + [
+        ("gguf-values-experts", experts)]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+def test_the_gguf_tab_renders_cleanly(gguf, size) -> None:
+    window, view = gguf
+    window.resize(*size)
+    settle()
+    out = _artifacts(size)
+    problems: list[str] = []
+    for page, show in _gguf_pages(view):
+        show()
+        settle(120)
+        assert (window.width(), window.height()) == size, f"{page} resized the window"
+        problems += [f"{page}: {f}" for f in findings(window)]
+        save_png(window, out / f"{page}.png")
+    assert view.data_result is not None and view.values.comparison is not None
+    assert not problems, "\n".join(problems)
+
+
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 def test_key_columns_are_in_view(demo, size) -> None:
     """The tensor table's offset and size, and the event table's experts and weights, show
@@ -135,12 +189,12 @@ def test_key_columns_are_in_view(demo, size) -> None:
     window.resize(*size)
     view.set_view("tensors")
     settle()
-    tree = view.tensors.view
+    rows, header = view.tensors.view, view.tensors.header()
     from colibri.inspector.tensor_table import COLUMNS
     for column in ("name", "dtype", "shape", "offset", "bytes"):
         index = COLUMNS.index(column)
-        right = tree.header().sectionViewportPosition(index) + tree.header().sectionSize(index)
-        assert right <= tree.viewport().width(), f"tensor table column {column!r} out of view"
+        right = header.sectionViewportPosition(index) + header.sectionSize(index)
+        assert right <= rows.viewport().width(), f"tensor table column {column!r} out of view"
     view.set_view("debugger")
     settle()
     table = view.debugger.event_list.table

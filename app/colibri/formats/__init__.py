@@ -1,9 +1,11 @@
 """The model files users already have: GGUF and safetensors, beside Colibri's own `.colibri`.
 
-`detect(path)` names a file's format from its content (never its extension); `validate(path)`
-and `open_file(path)` dispatch on it. Each format's validator judges the raw bytes first
-(`gguf_file.walk`, `safetensors_file.validate_header`, with the problem model of `.colibri`);
-only a file without errors is read. docs/formats.md lists every check and its status code.
+`detect(path)` names a file's format from its content (never its extension; only a file named
+`*.safetensors.index.json` without another format's magic is an index, broken or not);
+`validate(path)` and `open_file(path)` dispatch on it. Each format's validator judges the raw
+bytes first (`gguf_file.walk`, `safetensors_file.validate_header`, with the problem model of
+`.colibri`); only a file without errors is read. docs/formats.md lists every check and its
+status code.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def detect(path: str | os.PathLike[str]) -> Format | None:
         (n,) = struct.unpack_from("<Q", head, 0)
         if n >= 2 and head[8:9] == b"{":  # a truncated file still says what it is
             return "safetensors"
+    if path.endswith(".safetensors.index.json"):
+        return "safetensors"  # a broken index is still one: its validator says what broke
     if head.lstrip()[:1] == b"{" and size < 64 << 20:
         try:
             with open(path, encoding="utf-8") as f:

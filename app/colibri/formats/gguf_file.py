@@ -44,6 +44,7 @@ from colibri.formats.common import (
     SHAPE, TENSOR_BOUNDS, TRUNCATED, UNSUPPORTED, Findings, Mapping, ScanResult, TensorEntry,
     SCAN_CHUNK_BYTES, raise_first_error, scan_tensors, unholdable_shape,
 )
+from colibri.errors import ColibriFormatError
 from colibri.inspection.hexsource import Region
 
 MAGIC = b"GGUF"
@@ -72,6 +73,11 @@ _PLAIN_NUMPY = {GGMLQuantizationType.F32: "<f4", GGMLQuantizationType.F16: "<f2"
                 GGMLQuantizationType.F64: "<f8", GGMLQuantizationType.I8: "<i1",
                 GGMLQuantizationType.I16: "<i2", GGMLQuantizationType.I32: "<i4",
                 GGMLQuantizationType.I64: "<i8", GGMLQuantizationType.BF16: "<u2"}
+
+# Types with no dequantiser in the gguf package: llama.cpp's activation types (Q8_1, Q8_K) are
+# never meant for files, Q1_0 is newer than the package.
+_NO_DEQUANTIZER = {GGMLQuantizationType.Q8_1, GGMLQuantizationType.Q8_K,
+                   GGMLQuantizationType.Q1_0}
 
 
 def type_name(ggml_type: int) -> str:
@@ -463,6 +469,10 @@ class _Walker:
                                 nbytes, info_offset=start, block_size=block, type_size=tsize)
             lay.tensors.append(entry)
             lay.ne[name] = ne
+            if _quant_type(ggml_type) in _NO_DEQUANTIZER:
+                found.warning(UNSUPPORTED, type_offset, f"tensor '{name}': values of ggml type "
+                                                        f"{type_name(ggml_type)} cannot be read "
+                                                        "here (no dequantiser)", name)
             if rel % lay.alignment:
                 found.error(MISALIGNED, type_offset + 4, f"tensor '{name}': offset {rel} is not a "
                                                          f"multiple of the alignment "
@@ -566,6 +576,7 @@ class GGUFFile:
         self.path = mapping.path
         self._by_name = {t.name: t for t in layout.tensors or []}
         self._kv = {kv.key: kv for kv in layout.kvs or []}
+        self._starts: dict[int, list[int]] = {}   # array offset -> its elements' offsets so far
 
     @classmethod
     def open(cls, path: str) -> GGUFFile:
@@ -648,6 +659,55 @@ class GGUFFile:
             out_nested.append(self.array_list(inner))
         return out_nested
 
+    def array_items(self, value: ArrayValue, start: int, count: int,
+                    ) -> list[tuple[int, int, Any]]:
+        """(offset, end, value) of elements [start, start + count) of a metadata array: numbers,
+        strings, or nested arrays as `ArrayValue`s. The file was validated, so the elements are
+        read without checks; the offsets of variable-size elements are found once, as far as
+        they are asked for (a 151 000-token vocabulary is walked only as far as it is shown)."""
+        stop = min(value.count, start + max(0, count))
+        if start >= stop:
+            return []
+        buf, etype = self._map.buffer, value.element_type
+        if etype in _NUMPY:
+            dt = np.dtype(_NUMPY[etype])
+            items = np.frombuffer(buf, dt, stop - start, value.offset + start * dt.itemsize)
+            values = [bool(v) for v in items.tolist()] if etype == 7 else items.tolist()
+            return [(value.offset + (start + i) * dt.itemsize,
+                     value.offset + (start + i + 1) * dt.itemsize, v)
+                    for i, v in enumerate(values)]
+        starts = self._element_starts(value, stop)
+        out: list[tuple[int, int, Any]] = []
+        for i in range(start, stop):
+            pos, end = starts[i], starts[i + 1]
+            if etype == STRING:
+                item: Any = _decode(bytes(buf[pos + 8:end]))[0]
+            else:
+                walker = _Walker(buf, self._map.size)
+                walker.cur.pos = pos
+                item = walker.array(f"[{i}]", 1)
+            out.append((pos, end, item))
+        return out
+
+    def _element_starts(self, value: ArrayValue, stop: int) -> list[int]:
+        """Offsets of elements 0..stop of a string or nested array (stop + 1 entries; the last
+        is where element `stop` starts, or the array's end)."""
+        starts = self._starts.setdefault(value.offset, [value.offset])
+        if len(starts) > stop:
+            return starts
+        buf, unpack = self._map.buffer, _U64.unpack_from
+        pos = starts[-1]
+        walker = _Walker(buf, self._map.size) if value.element_type == ARRAY else None
+        while len(starts) <= stop:
+            if walker is None:
+                pos += 8 + unpack(buf, pos)[0]
+            else:
+                walker.cur.pos = pos
+                walker.array("", 1)
+                pos = walker.cur.pos
+            starts.append(pos)
+        return starts
+
     def metadata(self, max_items: int = SMALL_ARRAY) -> dict[str, Any]:
         """Every key/value for display or JSON; arrays longer than `max_items` summarised as
         {"type", "count", "first"}."""
@@ -712,10 +772,18 @@ class GGUFFile:
         if flat_rows is None:
             return np.zeros(t.shape, np.float32)
         part = flat_rows if rows is None else flat_rows[rows]
-        values = _dequantize(part, qtype)
+        values = _dequantize(part, qtype, t)
         if rows is None:
             return values.reshape(t.shape)
         return values
+
+    def decode_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """float32 values [n, columns] of whole rows of tensor `name` as `tensor` or `raw` gives
+        them (a slice of either: typed values or row bytes)."""
+        rows = np.ascontiguousarray(rows)
+        t = self.tensor_info(name)
+        raw = rows.view(np.uint8).reshape(-1, t.row_bytes)
+        return _dequantize(raw, self.ggml_type(name), t)
 
     def bytes(self) -> np.ndarray:
         """The whole file as a read-only uint8 view."""
@@ -738,9 +806,10 @@ class GGUFFile:
             rows = self.raw(t.name).reshape(-1, t.row_bytes)
             step = max(1, SCAN_CHUNK_BYTES // max(t.row_bytes, 1))
             qtype = self.ggml_type(t.name)
+            readable = _is_float(qtype) and qtype not in _NO_DEQUANTIZER
             for first in range(0, rows.shape[0], step):
                 part = rows[first:first + step]
-                values = _dequantize(part, qtype) if nan_check and _is_float(qtype) else None
+                values = _dequantize(part, qtype, t) if nan_check and readable else None
                 yield part.reshape(-1), values
         return scan_tensors(self.tensors, chunks, checksums, nan_check, progress, cancelled)
 
@@ -750,14 +819,18 @@ def _is_float(qtype: GGMLQuantizationType) -> bool:
                          GGMLQuantizationType.I32, GGMLQuantizationType.I64)
 
 
-def _dequantize(rows: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
-    """float32 values of whole rows of raw bytes [n_rows, row bytes]."""
+def _dequantize(rows: np.ndarray, qtype: GGMLQuantizationType, tensor: TensorEntry
+                ) -> np.ndarray:
+    """float32 values of whole rows of `tensor`'s raw bytes [n_rows, row bytes]."""
     code = _PLAIN_NUMPY.get(qtype)
     if qtype == GGMLQuantizationType.BF16:
         bits = np.ascontiguousarray(rows).view("<u2")
         return (bits.astype(np.uint32) << 16).view(np.float32)
     if code is not None:
         return np.ascontiguousarray(rows).view(code).astype(np.float32)
+    if qtype in _NO_DEQUANTIZER:
+        raise ColibriFormatError(f"values of ggml type {qtype.name} cannot be read here (no "
+                                 "dequantiser)", UNSUPPORTED, tensor.offset, tensor.name)
     return np.asarray(gguf_dequantize(np.ascontiguousarray(rows), qtype), dtype=np.float32)
 
 
@@ -768,5 +841,5 @@ def validate(path: str) -> list[Problem]:
     return walk(mapping.buffer, mapping.size).problems or []
 
 
-__all__ = ["ArrayValue", "GGUFFile", "KeyValue", "Layout", "type_name", "validate",
-           "validate_bytes", "walk"]
+__all__ = ["ArrayValue", "DEFAULT_ALIGNMENT", "GGUFFile", "HEADER_SIZE", "KeyValue", "Layout",
+           "VALUE_TYPES", "type_name", "validate", "validate_bytes", "walk"]

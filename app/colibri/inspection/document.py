@@ -170,6 +170,14 @@ class ModelDocument:
     def name(self) -> str:
         return os.path.basename(self.path)
 
+    kind = "Colibri model"      # what the file is, for sentences
+    stores_checksums = True     # the data checks compare every tensor with its stored CRC-32
+
+    @property
+    def opened(self) -> bool:
+        """Whether the file opened (passed validation) and its tensors can be read."""
+        return self._state.model is not None
+
     @property
     def size(self) -> int:
         if self._state.model is not None:
@@ -385,6 +393,24 @@ def data_check(doc: ModelDocument, checksums: bool = True, nan_check: bool = Tru
     return run
 
 
+def validation_phrase(problems: Sequence[Problem], opened: bool, data: DataCheckResult | None,
+                      checking: bool) -> str:
+    """The status bar's phrase for a file: its structural problems, whether it opened, and the
+    data checks' result (None: not run) or that they are running."""
+    if checking:
+        return "checking data…"
+    errors = sum(1 for p in problems if p.severity == "error")
+    if data is not None:
+        errors += sum(1 for p in data.problems if p.severity == "error")
+    if not opened or errors:
+        return f"invalid: {errors} error(s)" if errors else "invalid"
+    n_warnings = sum(1 for p in problems if p.severity == "warning")
+    warnings = f", {n_warnings} warning(s)" if n_warnings else ""
+    if data is None:
+        return f"structure valid, data not checked{warnings}"
+    return f"valid (structure and data){warnings}"
+
+
 def merge_problems(structural: Sequence[Problem], data: Sequence[Problem]) -> list[Problem]:
     """Structural problems followed by data problems not already among them."""
     seen = {(p.code, p.offset, p.tensor) for p in structural}
@@ -392,4 +418,4 @@ def merge_problems(structural: Sequence[Problem], data: Sequence[Problem]) -> li
 
 
 __all__ = ["DataCheckResult", "DocumentState", "FileIdentity", "ModelDocument",
-           "data_check", "explain", "load_state", "merge_problems"]
+           "data_check", "explain", "load_state", "merge_problems", "validation_phrase"]

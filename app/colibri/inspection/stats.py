@@ -1,20 +1,28 @@
 """Tensor statistics, histograms, downsampled heatmaps and expert comparison (Qt-free).
 
-Owns every number the "Tensor values" view shows. All of it streams over zero-copy views of the
-mapping (`Model.tensor(name)`, sliced to one expert when asked) in chunks of about
-`CHUNK_ELEMENTS` values, converting each chunk to float32 (f16 through numpy, bf16 by widening
-the uint16 bits to the top of a uint32), so memory stays bounded whatever the tensor's size.
-Each function takes the `progress(done, total, text)` and `cancelled()` callables of
-`colibri.inspector.tasks.Task` (colibri.values.Progress, CancelFlag) and raises
+Owns every number the "Tensor values" view shows, for a `.colibri` model and for a GGUF file or
+safetensors checkpoint alike. It reads through a `TensorStore`: stored tensors by name as
+zero-copy views of the mapping, and a `decode` from whole stored rows to float32 (`EngineTensors`
+wraps the engine's `Model`; `colibri.inspection.foreign` supplies the other formats', with every
+ggml block type dequantised). All of it streams over those views (sliced to one expert when
+asked) in chunks of about `CHUNK_ELEMENTS` values, so memory stays bounded whatever the
+tensor's size. Each function takes the `progress(done, total, text)` and `cancelled()`
+callables of `colibri.inspector.tasks.Task` (colibri.values.Progress, CancelFlag) and raises
 `colibri.values.Cancelled` between chunks when asked to stop.
+
+Where each expert's matrices live is an `ExpertLayer`: a stacked tensor [E, ...] indexed by
+expert (`.colibri`'s `layers.L.moe_w1`, GGUF's `ffn_gate_exps`), one tensor per expert (Hugging
+Face's `experts.{e}.gate_proj`), or a row range of a fused one (`experts.gate_up_proj` [E, 2I,
+H]: the gate is rows 0..I-1 of each expert's slice, the up projection rows I..2I-1).
 
 Definitions (what the numbers mean):
   * min, max, mean, std (population), Frobenius `norm` are over the *finite* values; `nan_count`
     and `inf_count` count the others; `zero_fraction` is zeros / all values. mean and variance
     are merged chunk by chunk with Chan's parallel formula in float64, so the result does not
     drift on a billion values the way a running sum of squares would.
-  * q8_0 / q4_0 tensors (views of raw blocks, uint8 [..., row bytes]) are dequantised row by
-    row, so statistics describe the values the engine computes with.
+  * Block-quantised tensors (views of raw blocks, uint8 [..., row bytes]: q8_0 / q4_0, and every
+    ggml type of a GGUF file) are dequantised row by row, so statistics describe the values the
+    engine (or llama.cpp) computes with.
   * The histogram is a second pass: 100 equal bins over [min, max] of the finite values from
     the first pass (exact counts, no guessed range, at the price of reading the data twice).
   * The heatmap views the tensor as a matrix (a 2-D tensor or expert slice as is; N-D as
@@ -27,9 +35,9 @@ Definitions (what the numbers mean):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -39,17 +47,21 @@ from colibri.values import (CancelFlag, Cancelled, Progress, check_cancelled, ne
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.engine import Model
 
-CHUNK_ELEMENTS = 1 << 22          # 4 Mi values (16 MiB as float32) per chunk
+# 1 Mi values (4 MiB as float32) per chunk: a cancel or a new selection waits for one chunk at
+# most (a Q4_K chunk dequantises in about 40 ms here)
+CHUNK_ELEMENTS = 1 << 20
 HISTOGRAM_BINS = 100
 HEATMAP_MAX = 512
 
 
 BLOCK_DTYPES = ("q8_0", "q4_0")
+EXPERT_MATRICES = ("moe_w1", "moe_w2", "moe_w3")
 
 
 def to_float32(chunk: np.ndarray, dtype: str) -> np.ndarray:
-    """A chunk of stored values as float32: f32 as is, f16 widened, bf16 bits shifted, and
-    block-quantised rows (q8_0/q4_0: uint8 [rows, row bytes]) dequantised per row."""
+    """A chunk of a `.colibri` tensor's stored values as float32: f32 as is, f16 widened, bf16
+    bits shifted, and block-quantised rows (q8_0/q4_0: uint8 [rows, row bytes]) dequantised per
+    row."""
     if dtype in BLOCK_DTYPES:
         from colibri import fileformat as ff
         code = ff.QUANT_BY_NAME[dtype]
@@ -64,22 +76,115 @@ def to_float32(chunk: np.ndarray, dtype: str) -> np.ndarray:
     return chunk.astype(np.float32)
 
 
-def tensor_matrix(model: Model, name: str, expert: int | None = None) -> tuple[np.ndarray, str]:
-    """The zero-copy stored view of a tensor (or of one expert's slice of a stacked tensor) as
-    a 2-D matrix, and its storage dtype name. 1-D tensors become one row."""
-    info = model.tensor_info(name)
-    view = model.tensor(name)
+@dataclass(frozen=True)
+class ExpertPart:
+    """Where one expert's slice of one matrix lives: tensor `name`, at index `expert` of its
+    first axis (None: the whole tensor is this expert's), rows `rows` [start, stop) of what
+    remains as a matrix (None: all of them)."""
+
+    name: str
+    expert: int | None = None
+    rows: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class ExpertLayer:
+    """One MoE layer: its router [E, H] and, per matrix ('moe_w1' gate, 'moe_w2' down, 'moe_w3'
+    up), each expert's part (`parts[matrix][e]`)."""
+
+    layer: int
+    router: str
+    n_experts: int
+    parts: Mapping[str, tuple[ExpertPart, ...]]
+
+    @classmethod
+    def stacked(cls, layer: int, router: str, n_experts: int,
+                names: Mapping[str, str]) -> ExpertLayer:
+        """A layer whose matrices are stacked tensors [E, ...] (`names`: matrix -> tensor)."""
+        return cls(layer, router, n_experts,
+                   {m: tuple(ExpertPart(n, e) for e in range(n_experts))
+                    for m, n in names.items()})
+
+
+class TensorStore(Protocol):
+    """What the statistics read (see the module docstring)."""
+
+    def __contains__(self, name: object) -> bool: ...
+
+    def tensor_info(self, name: str) -> Any:
+        """An object with the tensor's `dtype` (name) and `shape` (of its values)."""
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The stored values, a zero-copy view; block types as uint8 [..., row bytes]."""
+
+    def decode(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Whole stored rows [n, stored row] of tensor `name` as float32 [n, columns]."""
+
+    def expert_layers(self) -> list[ExpertLayer]:
+        """The MoE layers, in layer order."""
+
+
+class EngineTensors:
+    """A `.colibri` model as a `TensorStore`: its stacked `layers.L.moe_*` are the experts."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.model
+
+    def tensor_info(self, name: str) -> Any:
+        return self.model.tensor_info(name)
+
+    def tensor(self, name: str) -> np.ndarray:
+        return self.model.tensor(name)
+
+    def decode(self, name: str, rows: np.ndarray) -> np.ndarray:
+        return to_float32(rows, self.model.tensor_info(name).dtype)
+
+    def expert_layers(self) -> list[ExpertLayer]:
+        out = []
+        for layer in moe_layers(self.model):
+            prefix = f"layers.{layer}."
+            gate = prefix + "moe_gate"
+            names = {m: prefix + m for m in EXPERT_MATRICES if prefix + m in self.model}
+            out.append(ExpertLayer.stacked(layer, gate, self.model.tensor_info(gate).shape[0],
+                                           names))
+        return out
+
+
+def as_store(source: TensorStore | Model) -> TensorStore:
+    """`source` itself, or an engine `Model` wrapped as `EngineTensors`."""
+    from colibri.engine import Model
+    return EngineTensors(source) if isinstance(source, Model) else source
+
+
+@dataclass(frozen=True)
+class _Matrix:
+    """A tensor (or a part of it) as a 2-D matrix: the stored rows and the values' shape."""
+
+    name: str
+    stored: np.ndarray     # [rows, stored row] (row bytes for block types)
+    shape: tuple[int, int]  # [rows, columns] of the values
+
+
+def tensor_matrix(store: TensorStore, name: str, expert: int | None = None,
+                  rows: tuple[int, int] | None = None) -> _Matrix:
+    """The zero-copy stored view of a tensor (or of one expert's slice of a stacked tensor, or
+    rows [start, stop) of it) as a 2-D matrix: 1-D tensors are one row, N-D ones
+    [prod(shape[:-1]), shape[-1]]."""
+    info = store.tensor_info(name)
+    shape = tuple(info.shape)
+    view = store.tensor(name)
     if expert is not None:
-        if view.ndim < 2 or not 0 <= expert < view.shape[0]:
-            raise ValueError(f"expert {expert} outside tensor {name!r} of shape {info.shape}")
-        view = view[expert]
-    if view.ndim == 0:
-        view = view.reshape(1, 1)
-    elif view.ndim == 1:
-        view = view.reshape(1, -1)
-    elif view.ndim > 2:
-        view = view.reshape(-1, view.shape[-1])
-    return view, info.dtype
+        if len(shape) < 2 or not 0 <= expert < shape[0]:
+            raise ValueError(f"expert {expert} outside tensor {name!r} of shape {shape}")
+        view, shape = view[expert], shape[1:]
+    columns = shape[-1] if shape else 1
+    view = view.reshape(-1, view.shape[-1] if view.ndim else 1)
+    if rows is not None:
+        view = view[rows[0]:rows[1]]
+    return _Matrix(name, view, (view.shape[0], columns))
 
 
 def _row_chunks(matrix: np.ndarray, rows_multiple: int = 1) -> Iterator[tuple[int, np.ndarray]]:
@@ -167,19 +272,28 @@ class _Accumulator:
                            math.sqrt(self.sum_sq))
 
 
-def tensor_stats(model: Model, name: str, expert: int | None = None,
-                 progress: Progress = no_progress, cancelled: CancelFlag = never_cancelled,
-                 _done: int = 0, _total: int | None = None) -> TensorStats:
-    """Statistics of a tensor, or of expert `expert`'s slice of a stacked tensor."""
-    matrix, dtype = tensor_matrix(model, name, expert)
-    total = _total if _total is not None else matrix.size
+def _matrix_stats(m: _Matrix, decode: Any, progress: Progress, cancelled: CancelFlag,
+                  done: int, total: int) -> TensorStats:
     acc = _Accumulator()
-    for _start, rows in _row_chunks(matrix):
+    for _start, rows in _row_chunks(m.stored):
         check_cancelled(cancelled)
-        acc.add(to_float32(rows, dtype))
-        progress(_done + acc.count, total, f"statistics of {name}")
+        acc.add(decode(rows))
+        progress(done + acc.count, total, f"statistics of {m.name}")
     check_cancelled(cancelled)
     return acc.result()
+
+
+def tensor_stats(source: TensorStore | Model, name: str, expert: int | None = None,
+                 progress: Progress = no_progress, cancelled: CancelFlag = never_cancelled,
+                 _done: int = 0, _total: int | None = None,
+                 rows: tuple[int, int] | None = None) -> TensorStats:
+    """Statistics of a tensor, or of expert `expert`'s slice of a stacked tensor (and of rows
+    [start, stop) of that, a fused tensor's half)."""
+    store = as_store(source)
+    m = tensor_matrix(store, name, expert, rows)
+    total = _total if _total is not None else m.shape[0] * m.shape[1]
+    return _matrix_stats(m, lambda chunk: store.decode(name, chunk), progress, cancelled,
+                         _done, total)
 
 
 # -- histogram and heatmap -------------------------------------------------------------------
@@ -256,42 +370,44 @@ class TensorAnalysis:
     heatmap: Heatmap | None
 
 
-def analyse_tensor(model: Model, name: str, expert: int | None = None,
+def analyse_tensor(source: TensorStore | Model, name: str, expert: int | None = None,
                    progress: Progress = no_progress, cancelled: CancelFlag = never_cancelled,
                    bins: int = HISTOGRAM_BINS, max_cells: int = HEATMAP_MAX) -> TensorAnalysis:
     """Statistics (pass 1), then histogram and heatmap (pass 2) of a tensor or expert slice.
     The heatmap is None for 1-D data."""
-    matrix, dtype = tensor_matrix(model, name, expert)
-    info = model.tensor_info(name)
+    store = as_store(source)
+    m = tensor_matrix(store, name, expert)
+    info = store.tensor_info(name)
     shape = tuple(info.shape[1:]) if expert is not None else tuple(info.shape)
-    total = 2 * matrix.size
-    stats = tensor_stats(model, name, expert, progress, cancelled, 0, total)
+    size = m.shape[0] * m.shape[1]
+    total = 2 * size
+    stats = tensor_stats(store, name, expert, progress, cancelled, 0, total)
     lo, hi = (stats.min, stats.max) if stats.finite_count else (0.0, 1.0)
     if lo == hi:
         lo, hi = lo - 0.5, hi + 0.5
     edges = np.linspace(lo, hi, bins + 1)
     counts = np.zeros(bins, dtype=np.int64)
-    heat = _HeatmapAccumulator(matrix.shape, max_cells) if len(shape) >= 2 else None
-    done = matrix.size
+    heat = _HeatmapAccumulator(m.shape, max_cells) if len(shape) >= 2 else None
+    done = size
     block_rows = heat.br if heat is not None else 1
-    for start, rows in _row_chunks(matrix, block_rows):
+    for start, rows in _row_chunks(m.stored, block_rows):
         check_cancelled(cancelled)
-        values = to_float32(rows, dtype)
+        values = store.decode(name, rows)
         flat = values.reshape(-1)
         finite = flat[np.isfinite(flat)]
         counts += np.histogram(finite, bins=edges)[0]
         if heat is not None:
-            heat.add(start, values)
+            heat.add(start, values.reshape(rows.shape[0], m.shape[1]))
         done += flat.size
         progress(done, total, f"histogram of {name}")
     check_cancelled(cancelled)
+    dtype = str(info.dtype)
     return TensorAnalysis(name, expert, dtype, shape, stats, Histogram(counts, edges),
                           heat.result() if heat is not None else None)
 
 
 # -- per-layer expert comparison -------------------------------------------------------------
 
-EXPERT_MATRICES = ("moe_w1", "moe_w2", "moe_w3")
 STAT_FIELDS = ("norm", "mean", "std", "min", "max")
 
 
@@ -325,32 +441,36 @@ class ExpertComparison:
         return header, rows
 
 
-def compare_experts(model: Model, layer: int, progress: Progress = no_progress,
+def expert_layer(source: TensorStore | Model, layer: int) -> ExpertLayer:
+    """The `ExpertLayer` of MoE layer `layer` (ValueError when it has no router)."""
+    for found in as_store(source).expert_layers():
+        if found.layer == layer:
+            return found
+    raise ValueError(f"layer {layer} is not a MoE layer (no router found for it)")
+
+
+def compare_experts(source: TensorStore | Model, layer: int, progress: Progress = no_progress,
                     cancelled: CancelFlag = never_cancelled) -> ExpertComparison:
     """Statistics of every expert's w1, w2, w3 slices of MoE layer `layer`, and its router."""
-    prefix = f"layers.{layer}."
-    gate_name = prefix + "moe_gate"
-    if gate_name not in model:
-        raise ValueError(f"layer {layer} is not a MoE layer (no {gate_name})")
-    gate_matrix, gate_dtype = tensor_matrix(model, gate_name)
-    router_rows = np.array(to_float32(model.tensor(gate_name), gate_dtype), dtype=np.float32)
-    router_rows = router_rows.reshape(router_rows.shape[0], -1)
-    n_experts = router_rows.shape[0]
+    store = as_store(source)
+    moe = expert_layer(store, layer)
+    gate = tensor_matrix(store, moe.router)
+    router_rows = np.array(store.decode(moe.router, gate.stored), dtype=np.float32)
+    router_rows = router_rows.reshape(gate.shape)
+    n_experts = moe.n_experts
     with np.errstate(invalid="ignore", over="ignore"):
         router_norms = np.sqrt(np.sum(np.where(np.isfinite(router_rows), router_rows, 0.0)
                                       .astype(np.float64) ** 2, axis=1))
-    matrices = [m for m in EXPERT_MATRICES if prefix + m in model]
-    total = sum(model.tensor(prefix + m).size for m in matrices)
+    matrices = [m for m in EXPERT_MATRICES if m in moe.parts]
+    parts = [(m, part, tensor_matrix(store, part.name, part.expert, part.rows))
+             for m in matrices for part in moe.parts[m]]
+    total = sum(x.shape[0] * x.shape[1] for _m, _p, x in parts)
     done = 0
-    stats: dict[str, list[TensorStats]] = {}
-    for m in matrices:
-        name = prefix + m
-        per_expert = []
-        size = model.tensor(name).size // max(1, n_experts)
-        for e in range(n_experts):
-            per_expert.append(tensor_stats(model, name, e, progress, cancelled, done, total))
-            done += size
-        stats[m] = per_expert
+    stats: dict[str, list[TensorStats]] = {m: [] for m in matrices}
+    for m, part, matrix in parts:
+        stats[m].append(_matrix_stats(matrix, lambda chunk, n=part.name: store.decode(n, chunk),
+                                      progress, cancelled, done, total))
+        done += matrix.shape[0] * matrix.shape[1]
     progress(total, total, f"experts of layer {layer}")
     return ExpertComparison(layer, n_experts, stats, router_rows, router_norms)
 
@@ -361,7 +481,8 @@ def moe_layers(model: Model) -> list[int]:
             if f"layers.{layer}.moe_gate" in model]
 
 
-__all__ = ["CHUNK_ELEMENTS", "EXPERT_MATRICES", "ExpertComparison", "HEATMAP_MAX",
-           "HISTOGRAM_BINS", "Heatmap", "Histogram", "STAT_FIELDS", "TensorAnalysis",
-           "TensorStats", "analyse_tensor", "compare_experts", "heatmap_blocks", "moe_layers",
+__all__ = ["CHUNK_ELEMENTS", "EXPERT_MATRICES", "EngineTensors", "ExpertComparison",
+           "ExpertLayer", "ExpertPart", "HEATMAP_MAX", "HISTOGRAM_BINS", "Heatmap", "Histogram",
+           "STAT_FIELDS", "TensorAnalysis", "TensorStats", "TensorStore", "analyse_tensor",
+           "as_store", "compare_experts", "expert_layer", "heatmap_blocks", "moe_layers",
            "tensor_matrix", "tensor_stats", "to_float32"]

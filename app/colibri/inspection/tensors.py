@@ -18,7 +18,7 @@ import fnmatch
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -40,9 +40,11 @@ _LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
 class TensorRow:
     """One tensor (or, for expert grouping, one expert's slice of a stacked tensor).
 
-    `offset`/`nbytes` are the absolute byte range shown (the slice for a virtual expert row);
-    `shape` is the shape of that range. `n_experts` is E for a stacked expert tensor or the
-    router, else 0. `index` is the tensor's index in the file's table."""
+    `offset`/`nbytes` are the absolute byte range shown (the slice for a virtual expert row)
+    in file number `shard` of a multi-file checkpoint (0 otherwise); `shape` is the shape of
+    that range. `n_experts` is E for a stacked expert tensor or the router, else 0;
+    `expert_of` is the expert a whole tensor belongs to (a Hugging Face checkpoint's
+    `experts.{e}.` tensors), else None. `index` is the tensor's index in the file's table."""
 
     name: str
     index: int
@@ -56,6 +58,8 @@ class TensorRow:
     crc32: int
     check: str = "unchecked"
     n_experts: int = 0
+    shard: int = 0
+    expert_of: int | None = None
 
     @property
     def label(self) -> str:
@@ -133,22 +137,29 @@ def expert_slices(row: TensorRow) -> list[TensorRow]:
 # -- filtering -------------------------------------------------------------------------------
 
 
-def name_matches(name: str, pattern: str) -> bool:
-    """Case-insensitive substring match, or a glob (fnmatch) when `pattern` has `*`, `?` or `[`."""
+def name_matcher(pattern: str) -> Callable[[str], bool]:
+    """A case-insensitive test of names against `pattern`: a substring, or a glob (fnmatch)
+    when it has `*`, `?` or `[` (built once for a whole table)."""
     pattern = pattern.strip().lower()
     if not pattern:
-        return True
-    name = name.lower()
+        return lambda _name: True
     if any(ch in pattern for ch in "*?["):
-        return fnmatch.fnmatchcase(name, pattern)
-    return pattern in name
+        match = re.compile(fnmatch.translate(pattern)).match
+        return lambda name: match(name.lower()) is not None
+    return lambda name: pattern in name.lower()
+
+
+def name_matches(name: str, pattern: str) -> bool:
+    """Case-insensitive substring match, or a glob (fnmatch) when `pattern` has `*`, `?` or `[`."""
+    return name_matcher(pattern)(name)
 
 
 def filter_rows(rows: Iterable[TensorRow], pattern: str = "", layer: int | None = None,
                 dtype: str | None = None, kind: str | None = None) -> list[TensorRow]:
     """Rows whose label matches `pattern` and whose layer / dtype / kind equal the given ones."""
+    matches = name_matcher(pattern)
     return [r for r in rows
-            if name_matches(r.label, pattern)
+            if matches(r.label)
             and (layer is None or r.layer == layer)
             and (dtype is None or r.dtype == dtype)
             and (kind is None or r.kind == kind)]
@@ -183,7 +194,8 @@ def group_by_layer(rows: Sequence[TensorRow]) -> list[Group]:
 
 def group_by_expert(rows: Sequence[TensorRow]) -> list[Group]:
     """'expert 0' ... 'expert E-1', each holding that expert's slice of every stacked tensor
-    (router row and moe_w1/w2/w3 of every layer), then 'not per expert' with everything else."""
+    (router row and moe_w1/w2/w3 of every layer) and its own tensors, then 'not per expert'
+    with everything else."""
     experts: dict[int, list[TensorRow]] = {}
     other: list[TensorRow] = []
     for r in rows:
@@ -191,6 +203,8 @@ def group_by_expert(rows: Sequence[TensorRow]) -> list[Group]:
             for sliced in expert_slices(r):
                 assert sliced.expert is not None
                 experts.setdefault(sliced.expert, []).append(sliced)
+        elif r.expert_of is not None:
+            experts.setdefault(r.expert_of, []).append(r)
         else:
             other.append(r)
     groups: list[Group] = [(f"expert {e}", experts[e]) for e in sorted(experts)]
@@ -217,8 +231,9 @@ def group_rows(rows: Sequence[TensorRow], grouping: str) -> list[Group]:
 
 
 def csv_record(row: TensorRow) -> list[str]:
+    expert = row.expert if row.expert is not None else row.expert_of
     return [row.label, "" if row.layer is None else str(row.layer),
-            "" if row.expert is None else str(row.expert), row.kind, row.dtype,
+            "" if expert is None else str(expert), row.kind, row.dtype,
             "x".join(map(str, row.shape)), str(row.offset), str(row.nbytes),
             f"{row.crc32:08x}" if row.expert is None else "", row.check]
 
@@ -237,5 +252,5 @@ def element_count(shape: Sequence[int]) -> int:
 
 __all__ = ["CHECK_STATES", "CSV_COLUMNS", "GROUPINGS", "Group", "KINDS", "TensorRow",
            "element_count", "export_csv", "expert_slices", "filter_rows", "group_by_expert",
-           "group_by_layer", "group_rows", "name_matches", "rows_for", "tensor_kind",
-           "tensor_layer", "with_check_status", "write_csv_atomic"]
+           "group_by_layer", "group_rows", "name_matcher", "name_matches", "rows_for",
+           "tensor_kind", "tensor_layer", "with_check_status", "write_csv_atomic"]

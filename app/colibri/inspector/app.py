@@ -10,6 +10,7 @@ to a PNG once loaded and exits: tests and the README's pictures use it.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import socket
@@ -23,7 +24,8 @@ from PySide6.QtWidgets import QApplication
 
 from colibri.inspector import resources
 from colibri.inspector.display import startup_problem
-from colibri.inspector.examples import prepare, settle
+from colibri.inspector.examples import prepare, settle, wait_while
+from colibri.inspector.foreign_view import QtForeignFileView
 from colibri.inspector.export import save_png
 from colibri.inspector.main_window import VIEW_NAMES, MainWindow
 
@@ -33,8 +35,8 @@ SCREENSHOT_SIZE = (1280, 800)
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="colibri-inspector",
-        description="Inspect .colibri model files: validation report, header, tensors, "
-                    "hexdump and tensor values.")
+        description="Inspect .colibri model files, GGUF files and safetensors checkpoints: "
+                    "validation report, header, tensors, hexdump and tensor values.")
     parser.add_argument("files", nargs="*", metavar="FILE",
                         help="model files to open (default: the bundled demo model)")
     parser.add_argument("--screenshot", metavar="PATH",
@@ -72,12 +74,23 @@ def demo_missing_message() -> str:
             "Open a .colibri file with File > Open (Ctrl+O) or drop one on this window.")
 
 
+def settle_heap() -> None:
+    """Collect start-up's garbage, then leave what remains (modules, classes, the window: they
+    live as long as the process) out of every later full collection. Opening a checkpoint of
+    20 000 tensors makes Python walk every tracked object several times, on whichever thread
+    allocates; a walk of the 85 000 start-up objects took 50 ms on the two-core test machine.
+    Called before any file opens, so no file's objects are frozen with them."""
+    gc.collect()
+    gc.freeze()
+
+
 def build_window(files: Sequence[str], view: str | None = None,
                  persist: bool = True) -> MainWindow:
     """A MainWindow with `files` open (the demo model when empty, or the empty state).
     `persist` False leaves the settings untouched (screenshots)."""
     window = MainWindow()
     window.persist = persist
+    settle_heap()
     paths = list(files)
     if not paths:
         demo = resources.demo_model_path()
@@ -98,7 +111,9 @@ def screenshot(window: MainWindow, path: str, view: str | None,
     a PNG at `path`; True on success."""
     window.resize(*size)
     window.show()
-    current = window.current_view()
+    current = window.file_tab()
+    if isinstance(current, QtForeignFileView):
+        wait_while(lambda: not current.is_open())   # its first view follows what it holds
     if current is not None:
         prepare(current, view or current.current_view())
     settle()

@@ -7,7 +7,10 @@ loop runs: the data checks finished (validation), a routed expert matrix selecte
 values), the router rows of a layer with near-ties in the hexdump (hex), a greedy run of the
 model's example prompt with an event selected (debugger), the jitter analysis and the epsilon
 sweep with the first fragile cell opened (jitter), the busiest expert of an open profile
-selected (corpus). Nothing here computes: it drives the views.
+selected (corpus). A GGUF file or checkpoint's tab (`QtForeignFileView`) gets the same: its
+data checks done, an expert matrix selected with its values and its layer's experts compared,
+the router's bytes in the hexdump, the vocabulary opened in the metadata tree ("header"; the
+debugger's views do not apply to it). Nothing here computes: it drives the views.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QCoreApplication, QEventLoop, QTimer
 
+from colibri.inspector.foreign_view import QtForeignFileView
 from colibri.inspector.main_window import FileView
 from colibri.inspector.prompt import example_prompt
 
@@ -44,9 +48,13 @@ def _expert_matrix(view: FileView) -> str | None:
     return next((t.name for t in model.tensors if t.name.endswith("moe_w1")), model.tensors[0].name)
 
 
-def prepare(view: FileView, name: str, jitter_variants: str | None = None) -> None:
+def prepare(view: FileView | QtForeignFileView, name: str,
+            jitter_variants: str | None = None) -> None:
     """Show view `name` of `view` after real work on its model (see the module docstring).
     `jitter_variants` narrows the jitter lab's variant list (default: the lab's own)."""
+    if isinstance(view, QtForeignFileView):
+        _prepare_foreign(view, name)
+        return
     model = view.doc.model
     view.set_view(name)
     if model is None:
@@ -126,3 +134,36 @@ def _jitter_runs(view: FileView, variants: str | None) -> None:
         if flipped:
             lab.ab.set_pair(lab.ab.settings()[0], flipped[0])
     lab.tabs.setCurrentIndex(0)
+
+
+def _prepare_foreign(view: QtForeignFileView, name: str) -> None:
+    wait_while(lambda: not view.is_open())
+    doc = view.doc
+    if doc is None or not doc.opened:
+        view.set_view("validation")
+        settle()
+        return
+    layers = doc.layers
+    matrix = layers[-1].parts["moe_w1"][0].name if layers and "moe_w1" in layers[-1].parts \
+        else doc.file.tensors[0].name
+    if name == "validation":
+        view.set_view("validation")
+        wait_while(view.is_checking)
+    elif name in ("header", "metadata"):
+        view.set_view("metadata")
+        vocabulary = "tokenizer.ggml.tokens" if doc.format == "gguf" else None
+        if vocabulary is not None and vocabulary in doc.file.keys:
+            view.metadata.select(["key/values", vocabulary, "[1]"])
+    elif name == "hex":
+        view.set_view("tensors")
+        view.show_tensor(layers[-1].router if layers else matrix)
+        view.set_view("hex")
+    elif name == "values":
+        view.set_view("values")
+        view.show_tensor(matrix)
+        settle(50)
+        wait_while(view.values.is_busy)
+    else:   # the tensor table, and the views a foreign file has none of
+        view.set_view("tensors")
+        view.show_tensor(matrix)
+    settle()

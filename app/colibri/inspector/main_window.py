@@ -28,15 +28,15 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QInputDialog, QLabel, Q
                                QStackedWidget, QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
 from colibri.inspection.document import (DataCheckResult, DocumentState, ModelDocument,
-                                         data_check, explain, load_state,
-                                         size_text)
+                                         data_check, explain, load_state, size_text,
+                                         validation_phrase)
 from colibri.debugging.session_file import SUFFIX as SESSION_SUFFIX
 from colibri.errors import ColibriFileChangedError
 from colibri.files import atomic_write_csv
 from colibri.inspection.recent import RecentFiles
 from colibri.serving.client import parse_address
 from colibri.inspector import resources
-from colibri.inspection.foreign import ForeignDocument, is_foreign
+from colibri.inspection.foreign import is_foreign
 from colibri.inspector.attach import QtServerMonitor, wait_for_retired
 from colibri.inspector.export import save_png
 from colibri.inspector.foreign_view import QtForeignFileView
@@ -324,18 +324,8 @@ class FileView(QWidget):
 
     def validation_state(self) -> str:
         """One phrase for the status bar."""
-        doc = self.doc
-        if self._checking:
-            return "checking data…"
-        errors = len(doc.errors)
-        if self.data_result is not None:
-            errors += sum(1 for p in self.data_result.problems if p.severity == "error")
-        if doc.model is None or errors:
-            return f"invalid: {errors} error(s)" if errors else "invalid"
-        warnings = f", {len(doc.warnings)} warning(s)" if doc.warnings else ""
-        if self.data_result is None:
-            return f"structure valid, data not checked{warnings}"
-        return f"valid (structure and data){warnings}"
+        return validation_phrase(self.doc.problems, self.doc.opened, self.data_result,
+                                 self._checking)
 
     # -- cross-view navigation ------------------------------------------------------------------
 
@@ -629,6 +619,9 @@ class MainWindow(QMainWindow):
         self.open_action = self._action("&Open…", self.open_dialog, QKeySequence.StandardKey.Open,
                                         "open")
         file_menu.addAction(self.open_action)
+        self.open_directory_action = self._action("Open Checkpoint &Directory…",
+                                                  self.open_directory_dialog, "Ctrl+Shift+O")
+        file_menu.addAction(self.open_directory_action)
         self.recent_menu = file_menu.addMenu("Open &Recent")
         self.recent_menu.aboutToShow.connect(self._fill_recent_menu)
         self._fill_recent_menu()
@@ -714,10 +707,11 @@ class MainWindow(QMainWindow):
         view = self.current_view()
         foreign = self.files.currentWidget()
         if view is None and isinstance(foreign, QtForeignFileView):
-            self.size_label.setText(size_text(foreign.doc.size))
+            self.size_label.setText(size_text(foreign.doc.size) if foreign.doc is not None
+                                    else "")
             self.state_label.setText(foreign.validation_state())
-            self._set_running(False)
-            self.setWindowTitle(f"{foreign.doc.name} — Colibri Inspector")
+            self._set_running(foreign.is_checking())
+            self.setWindowTitle(f"{foreign.name} — Colibri Inspector")
             return
         if view is None:
             self.size_label.setText("")
@@ -734,7 +728,7 @@ class MainWindow(QMainWindow):
         self.cancel_button.setVisible(running)
 
     def _progress(self, done: int, total: int, _text: str) -> None:
-        if self.sender() is self.current_view():
+        if self.sender() is self.file_tab():
             if self.progress.maximum() != max(total, 1):
                 self.progress.setRange(0, max(total, 1))
             self.progress.setValue(done)
@@ -754,6 +748,11 @@ class MainWindow(QMainWindow):
     def current_view(self) -> FileView | None:
         widget = self.files.currentWidget()
         return widget if isinstance(widget, FileView) else None
+
+    def file_tab(self) -> FileView | QtForeignFileView | None:
+        """The current tab when it shows a file (.colibri, GGUF or safetensors)."""
+        widget = self.files.currentWidget()
+        return widget if isinstance(widget, (FileView, QtForeignFileView)) else None
 
     def set_empty_message(self, message: str) -> None:
         """The text shown while no file is open."""
@@ -799,11 +798,19 @@ class MainWindow(QMainWindow):
         return view
 
     def _open_foreign(self, absolute: str) -> QtForeignFileView:
-        foreign = QtForeignFileView(ForeignDocument(absolute))
+        foreign = QtForeignFileView(absolute, auto_check_bytes=AUTO_CHECK_BYTES)
+        if self._splitter_state is not None:
+            foreign.splitter.restoreState(self._splitter_state)
+        else:   # the hexdump as wide as one row of it, the views the rest
+            width = max(self.width(), 800)
+            hexdump = foreign.hex.minimumSizeHint().width() + 8
+            foreign.splitter.setSizes([width - hexdump, hexdump])
         foreign.sig_imported.connect(self._run_imported)
         foreign.sig_import_failed.connect(
             lambda message: QMessageBox.warning(self, "Import failed", message))
-        index = self.files.addTab(foreign, foreign.doc.name)
+        foreign.sig_status_changed.connect(self._view_status_changed)
+        foreign.sig_progress.connect(self._progress)
+        index = self.files.addTab(foreign, foreign.name)
         self.files.setTabToolTip(index, absolute)
         self.files.setCurrentIndex(index)
         self.stack.setCurrentWidget(self.files)
@@ -825,6 +832,15 @@ class MainWindow(QMainWindow):
         start = os.path.dirname(view.path) if view is not None else str(Path.home())
         paths, _ = QFileDialog.getOpenFileNames(self, "Open Colibri model", start, FILE_FILTER)
         for path in paths:
+            self.open_path(path)
+
+    def open_directory_dialog(self) -> None:
+        """A checkpoint's directory (its shards with or without an index): the file dialog
+        picks files only."""
+        view = self.current_view()
+        start = os.path.dirname(view.path) if view is not None else str(Path.home())
+        path = QFileDialog.getExistingDirectory(self, "Open checkpoint directory", start)
+        if path:
             self.open_path(path)
 
     def close_file(self, index: int) -> None:
@@ -896,40 +912,40 @@ class MainWindow(QMainWindow):
                 getattr(self, attr).setEnabled(name != "debugger")
 
     def _view_status_changed(self) -> None:
-        if self.sender() is self.current_view():
+        if self.sender() is self.file_tab():
             self._update_status()
 
     # -- commands -------------------------------------------------------------------------------
 
     def set_view(self, name: str) -> None:
-        view = self.current_view()
+        view = self.file_tab()
         if view is not None:
             view.set_view(name)
 
     def find(self) -> None:
-        view = self.current_view()
+        view = self.file_tab()
         if view is not None:
             view.set_view("tensors")
             view.tensors.focus_filter()
 
     def goto_offset(self) -> None:
-        view = self.current_view()
+        view = self.file_tab()
         if view is not None:
             view.set_view("hex")
             view.hex.prompt_goto()
 
     def run_checks(self) -> None:
-        view = self.current_view()
+        view = self.file_tab()
         if view is not None:
             view.run_checks(True, True)
 
     def cancel_checks(self) -> None:
-        view = self.current_view()
+        view = self.file_tab()
         if view is not None:
             view.cancel_checks()
 
     def export_csv_dialog(self) -> None:
-        view = self.current_view()
+        view = self.file_tab()
         if view is None:
             return
         if view.current_view() not in ("validation", "header", "tensors"):
@@ -943,7 +959,7 @@ class MainWindow(QMainWindow):
             self._export(lambda: view.export_csv(path), path)
 
     def export_png_dialog(self) -> None:
-        view = self.current_view()
+        view = self.file_tab()
         if view is None:
             return
         path, _ = QFileDialog.getSaveFileName(

@@ -1,27 +1,36 @@
-"""The tensor table: a lazy item model over `TensorRow`s, sorted and filtered by a proxy.
+"""The tensor table: a lazy item model over `TensorRow`s that sorts, filters and fetches rows
+on demand.
 
-Owns the Qt side of `colibri.inspection.tensors`. `TensorTableModel` formats cells on demand
-from a list of rows (no per-cell items, so a million-tensor table costs one Python object per
-tensor); with a grouping ('layer' or 'expert') it becomes a two-level tree whose top rows are
-the groups, otherwise it is a flat table. `TensorFilterProxy` sorts on raw values
-(`SORT_ROLE`: numbers sort as numbers) and filters by the name pattern of
-`tensors.name_matches` (substring or glob), keeping a group while any of its rows matches.
-`QtTensorTable` puts a filter line edit and a grouping combo over a QTreeView and reports the
-selected tensor as `sig_tensor_selected(name)` and its byte range (an expert's slice when the
-row is one) as `sig_range_selected(offset, nbytes)`.
+Owns the Qt side of `colibri.inspection.tensors`. `TensorTableModel` orders the rows itself (the
+name pattern of `tensors.name_matches`, substring or glob; a sort on raw values, so numbers sort
+as numbers) in plain Python over the row list, then hands them to the view in chunks of
+`FETCH_ROWS` through `canFetchMore`/`fetchMore` (Spyder's array editor does the same), so a
+checkpoint of 20 000 tensors costs one chunk when it opens and the rest as the user scrolls. A
+sort proxy would call back into Python for every comparison: 4 s for 19 200 rows on this
+machine. With a grouping ('layer' or 'expert') it becomes a two-level tree whose top rows are
+the groups, each group's rows fetched the same way; a group stays while any of its rows
+matches. `QtTensorTable` puts a filter line edit and a grouping combo over the rows and
+reports the selected tensor as `sig_tensor_selected(name)` and its byte range (an expert's
+slice when the row is one) as `sig_range_selected(offset, nbytes)`. Flat rows are shown by a
+QTableView, which lays out no row (measured on 20 000 rows: a fetch at the end 9 ms of UI
+thread, a sort 19 ms, where a QTreeView took 40 and 37 ms, growing with the rows fetched);
+groups by a QTreeView.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import (QAbstractItemModel, QItemSelectionModel, QModelIndex,
-                            QPersistentModelIndex, QSortFilterProxyModel, Qt, Signal)
-from PySide6.QtGui import QBrush, QColor
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QLabel, QLineEdit,
-                               QTreeView, QVBoxLayout, QWidget)
+                            QPersistentModelIndex, Qt, Signal)
+from PySide6.QtGui import QBrush, QColor, QResizeEvent
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel,
+                               QLineEdit, QStackedWidget, QTableView, QTreeView, QVBoxLayout,
+                               QWidget)
 
 from colibri.inspection import tensors as T
 from colibri.inspection.tensors import TensorRow
@@ -34,6 +43,11 @@ if TYPE_CHECKING:  # pragma: no cover
 COLUMNS = ("name", "dtype", "shape", "offset", "bytes", "check", "layer", "expert", "kind")
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 ROW_ROLE = Qt.ItemDataRole.UserRole + 2          # the TensorRow of a leaf, None for a group
+FETCH_ROWS = 200                                 # rows handed to the view per fetchMore
+_FLAGS = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+_ROLES = frozenset(int(r) for r in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.ToolTipRole,
+                                    Qt.ItemDataRole.ForegroundRole,
+                                    Qt.ItemDataRole.TextAlignmentRole, SORT_ROLE, ROW_ROLE))
 CHECK_COLOURS = {"ok": QColor(40, 140, 60), "bad": QColor(200, 40, 40),
                  "unchecked": QColor(130, 130, 130)}
 _Index = QModelIndex | QPersistentModelIndex
@@ -44,28 +58,29 @@ def _fmt_bytes(n: int) -> str:
 
 
 class TensorTableModel(QAbstractItemModel):
-    """Flat (grouping 'none') or two-level (groups, then rows) model of tensor rows.
+    """Flat (grouping 'none') or two-level (groups, then rows) lazy model of tensor rows.
 
-    Internal ids: a top-level item has id 0; a row inside group g has id g + 1."""
+    The shown rows are `_groups`: the filtered and sorted rows as (label, rows) pairs, one
+    unlabelled pair when flat; `_loaded[g]` of group g's rows are in the model so far. Internal
+    ids: a top-level item has id 0; a row inside group g has id g + 1."""
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
         self._rows: list[TensorRow] = []
-        self._groups: list[T.Group] = []
+        self._groups: list[T.Group] = [("", [])]
+        self._loaded: list[int] = [0]
         self._grouping = "none"
+        self._pattern = ""
+        self._sort_column = COLUMNS.index("offset")
+        self._sort_order = Qt.SortOrder.AscendingOrder
         self._status: dict[str, str] = {}
 
     # -- content ----------------------------------------------------------------------------
 
     def set_rows(self, rows: list[TensorRow], grouping: str | None = None) -> None:
-        self.beginResetModel()
-        self._rows = list(rows)
-        if grouping is not None:
-            if grouping not in T.GROUPINGS:
-                raise ValueError(f"unknown grouping {grouping!r}")
-            self._grouping = grouping
-        self._groups = [] if self._grouping == "none" else T.group_rows(self._rows, self._grouping)
-        self.endResetModel()
+        if grouping is not None and grouping not in T.GROUPINGS:
+            raise ValueError(f"unknown grouping {grouping!r}")
+        self._arrange(list(rows), grouping)
 
     def set_grouping(self, grouping: str) -> None:
         self.set_rows(self._rows, grouping)
@@ -73,55 +88,102 @@ class TensorTableModel(QAbstractItemModel):
     def grouping(self) -> str:
         return self._grouping
 
+    def set_pattern(self, pattern: str) -> None:
+        """Show only rows whose label matches `pattern` (substring, or glob with `*?[`)."""
+        self._pattern = pattern
+        self._arrange()
+
+    def pattern(self) -> str:
+        return self._pattern
+
+    def sort(self, column: int, order: Qt.SortOrder = Qt.SortOrder.AscendingOrder) -> None:
+        # QTreeView.sortByColumn asks twice (itself and through the header's indicator)
+        if not 0 <= column < len(COLUMNS) or (column, order) == (self._sort_column,
+                                                                 self._sort_order):
+            return
+        self._sort_column, self._sort_order = column, order
+        self._arrange()
+
+    def _arrange(self, rows: list[TensorRow] | None = None, grouping: str | None = None) -> None:
+        """Filter, group and sort every row (plain Python over the list), then reset with the
+        first chunk of each group loaded; `rows` and `grouping` replace the current ones."""
+        self.beginResetModel()   # views still see the old arrangement until here
+        if rows is not None:
+            self._rows = rows
+        if grouping is not None:
+            self._grouping = grouping
+        rows = T.filter_rows(self._rows, self._pattern) if self._pattern.strip() else self._rows
+        key = self._key_function(COLUMNS[self._sort_column])
+        reverse = self._sort_order == Qt.SortOrder.DescendingOrder
+        if self._grouping == "none":
+            groups: list[T.Group] = [("", list(rows))]
+        else:
+            groups = T.group_rows(rows, self._grouping)
+        self._groups = [(label, sorted(members, key=key, reverse=reverse))
+                        for label, members in groups]
+        self._loaded = [min(FETCH_ROWS, len(members)) for _label, members in self._groups]
+        self.endResetModel()
+
     def set_check_status(self, status: dict[str, str]) -> None:
         self._status = dict(status)
         col = COLUMNS.index("check")
-        if self._grouping == "none":
-            if self._rows:
-                self.dataChanged.emit(self.index(0, col), self.index(len(self._rows) - 1, col))
-        else:
-            for g, (_label, rows) in enumerate(self._groups):
-                if rows:
-                    parent = self.index(g, 0)
-                    self.dataChanged.emit(self.index(0, col, parent),
-                                          self.index(len(rows) - 1, col, parent))
+        for g, loaded in enumerate(self._loaded):
+            if loaded:
+                parent = QModelIndex() if self._grouping == "none" else self.index(g, 0)
+                self.dataChanged.emit(self.index(0, col, parent),
+                                      self.index(loaded - 1, col, parent))
 
     def check_of(self, row: TensorRow) -> str:
         return self._status.get(row.name, row.check)
+
+    def _group_of(self, index: _Index) -> int | None:
+        """The group whose rows `index` is among (None for a group header)."""
+        if self._grouping == "none":
+            return 0
+        gid = index.internalId()
+        return None if gid == 0 else gid - 1
 
     def row_at(self, index: _Index) -> TensorRow | None:
         """The tensor row of an index (None for a group header or an invalid index)."""
         if not index.isValid():
             return None
-        gid = index.internalId()
-        if self._grouping == "none":
-            return self._rows[index.row()] if gid == 0 and index.row() < len(self._rows) else None
-        if gid == 0:
+        g = self._group_of(index)
+        if g is None or g >= len(self._groups):
             return None
-        rows = self._groups[gid - 1][1]
-        return rows[index.row()] if index.row() < len(rows) else None
+        rows = self._groups[g][1]
+        return rows[index.row()] if index.row() < self._loaded[g] else None
 
     def find(self, name: str, expert: int | None = None) -> QModelIndex:
-        """The first index (column 0) showing tensor `name` (and expert slice `expert`)."""
-        if self._grouping == "none":
-            for i, r in enumerate(self._rows):
-                if r.name == name:
-                    return self.index(i, 0)
-            return QModelIndex()
-        fallback = QModelIndex()
+        """The index (column 0) showing tensor `name` (and expert slice `expert`, else the
+        first slice), fetching rows up to it; invalid when filtered out or absent."""
+        fallback: tuple[int, int] | None = None
         for g, (_label, rows) in enumerate(self._groups):
             for i, r in enumerate(rows):
                 if r.name == name:
                     if r.expert == expert:
-                        return self.index(i, 0, self.index(g, 0))
-                    if not fallback.isValid():
-                        fallback = self.index(i, 0, self.index(g, 0))
-        return fallback
+                        return self._fetched_index(g, i)
+                    if fallback is None:
+                        fallback = (g, i)
+        return self._fetched_index(*fallback) if fallback is not None else QModelIndex()
+
+    def _fetched_index(self, group: int, row: int) -> QModelIndex:
+        parent = QModelIndex() if self._grouping == "none" else self.index(group, 0)
+        while self._loaded[group] <= row:
+            self.fetchMore(parent)
+        return self.index(row, 0, parent)
+
+    def shown_rows(self) -> list[TensorRow]:
+        """Every row the table shows (filtered and sorted), fetched by the view or not."""
+        return [r for _label, rows in self._groups for r in rows]
 
     def leaf_rows(self) -> list[TensorRow]:
-        if self._grouping == "none":
-            return list(self._rows)
-        return [r for _label, rows in self._groups for r in rows]
+        """Every row given, as `set_rows` received them (expert groups: every slice)."""
+        if self._grouping == "expert":
+            return [r for _label, rows in T.group_rows(self._rows, "expert") for r in rows]
+        return list(self._rows)
+
+    def total_count(self) -> int:
+        return len(self._rows)
 
     # -- QAbstractItemModel -----------------------------------------------------------------
 
@@ -140,18 +202,44 @@ class TensorTableModel(QAbstractItemModel):
             return QModelIndex()
         return self.createIndex(gid - 1, 0, 0)
 
-    def rowCount(self, parent: _Index = QModelIndex()) -> int:
+    def _children_of(self, parent: _Index) -> int | None:
+        """The group whose rows are `parent`'s children (None: `parent` has none)."""
         if not parent.isValid():
-            return len(self._rows) if self._grouping == "none" else len(self._groups)
+            return 0 if self._grouping == "none" else None
         if self._grouping == "none" or parent.internalId() != 0 or parent.column() != 0:
-            return 0
-        return len(self._groups[parent.row()][1])
+            return None
+        return parent.row()
+
+    def rowCount(self, parent: _Index = QModelIndex()) -> int:
+        if not parent.isValid() and self._grouping != "none":
+            return len(self._groups)
+        g = self._children_of(parent)
+        return 0 if g is None else self._loaded[g]
 
     def columnCount(self, parent: _Index = QModelIndex()) -> int:
         return len(COLUMNS)
 
     def hasChildren(self, parent: _Index = QModelIndex()) -> bool:
-        return self.rowCount(parent) > 0
+        if not parent.isValid():
+            return bool(self._groups[0][1]) if self._grouping == "none" else bool(self._groups)
+        g = self._children_of(parent)
+        return g is not None and bool(self._groups[g][1])
+
+    def canFetchMore(self, parent: _Index) -> bool:
+        g = self._children_of(parent)
+        return g is not None and self._loaded[g] < len(self._groups[g][1])
+
+    def fetchMore(self, parent: _Index) -> None:
+        g = self._children_of(parent)
+        if g is None:
+            return
+        loaded, total = self._loaded[g], len(self._groups[g][1])
+        more = min(FETCH_ROWS, total - loaded)
+        if more <= 0:
+            return
+        self.beginInsertRows(parent, loaded, loaded + more - 1)
+        self._loaded[g] = loaded + more
+        self.endInsertRows()
 
     def headerData(self, section: int, orientation: Qt.Orientation,
                    role: int = Qt.ItemDataRole.DisplayRole) -> Any:
@@ -163,10 +251,10 @@ class TensorTableModel(QAbstractItemModel):
     def flags(self, index: _Index) -> Qt.ItemFlag:
         if not index.isValid():
             return Qt.ItemFlag.NoItemFlags
-        return Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+        return _FLAGS
 
     def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if not index.isValid():
+        if role not in _ROLES or not index.isValid():   # painting asks for every role
             return None
         col = index.column()
         row = self.row_at(index)
@@ -208,6 +296,8 @@ class TensorTableModel(QAbstractItemModel):
         if name == "expert":
             if row.expert is not None:
                 return str(row.expert)
+            if row.expert_of is not None:
+                return str(row.expert_of)
             return f"×{row.n_experts}" if row.n_experts else ""
         if name == "kind":
             return row.kind
@@ -222,48 +312,28 @@ class TensorTableModel(QAbstractItemModel):
         return self.check_of(row)
 
     def _sort_key(self, row: TensorRow, name: str) -> Any:
+        return self._key_function(name)(row)
+
+    def _key_function(self, name: str) -> Callable[[TensorRow], Any]:
+        """The sort key of column `name`: raw values, so numbers sort as numbers."""
         if name == "name":
-            return row.label
+            return attrgetter("label")
         if name == "layer":
-            return -1 if row.layer is None else row.layer
+            return lambda r: -1 if r.layer is None else r.layer
         if name == "expert":
-            return -1 if row.expert is None else row.expert
+            def expert(r: TensorRow) -> int:
+                e = r.expert if r.expert is not None else r.expert_of
+                return -1 if e is None else e
+            return expert
         if name == "shape":
-            return T.element_count(row.shape)
+            return lambda r: T.element_count(r.shape)
         if name == "offset":
-            return row.offset
+            return attrgetter("shard", "offset")   # file order across a checkpoint's shards
         if name == "bytes":
-            return row.nbytes
+            return attrgetter("nbytes")
         if name == "check":
-            return self.check_of(row)
-        return getattr(row, name)
-
-
-class TensorFilterProxy(QSortFilterProxyModel):
-    """Sorts on SORT_ROLE and keeps rows whose label matches the pattern (substring or glob)."""
-
-    def __init__(self, parent: Any = None) -> None:
-        super().__init__(parent)
-        self._pattern = ""
-        self.setSortRole(SORT_ROLE)
-        self.setRecursiveFilteringEnabled(True)
-        self.setDynamicSortFilter(True)
-
-    def set_pattern(self, pattern: str) -> None:
-        self.beginFilterChange()
-        self._pattern = pattern
-        self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
-
-    def pattern(self) -> str:
-        return self._pattern
-
-    def filterAcceptsRow(self, source_row: int, source_parent: _Index) -> bool:
-        if not self._pattern.strip():
-            return True
-        model = self.sourceModel()
-        assert isinstance(model, TensorTableModel)
-        row = model.row_at(model.index(source_row, 0, source_parent))
-        return row is not None and T.name_matches(row.label, self._pattern)
+            return self.check_of
+        return attrgetter(name)
 
 
 class QtTensorTable(QWidget):
@@ -275,8 +345,6 @@ class QtTensorTable(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.table_model = TensorTableModel(self)
-        self.proxy = TensorFilterProxy(self)
-        self.proxy.setSourceModel(self.table_model)
         self.filter_edit = QLineEdit(self)
         self.filter_edit.setPlaceholderText("Filter by name: substring or glob (layers.*.moe_w1)")
         self.filter_edit.setClearButtonEnabled(True)
@@ -285,22 +353,39 @@ class QtTensorTable(QWidget):
                            ("expert", "By expert")):
             self.group_combo.addItem(label, key)
         self.count_label = QLabel(self)
-        self.view = QTreeView(self)
-        self.view.setModel(self.proxy)
-        self.view.setSortingEnabled(True)
-        self.view.sortByColumn(COLUMNS.index("offset"), Qt.SortOrder.AscendingOrder)
-        self.view.setUniformRowHeights(True)
-        self.view.setRootIsDecorated(False)
-        self.view.setAlternatingRowColors(True)
-        self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.view.header().setStretchLastSection(False)
-        metrics = self.view.fontMetrics()
-        for column, sample in zip(COLUMNS, ("layers.00.moe_w1[7]", "bf16", "[32, 1024, 4096]",
-                                            "0x1fffff000", "999,999,999", "unchecked", "layer",
-                                            "expert", "attention")):
-            width = max(metrics.horizontalAdvance(sample), metrics.horizontalAdvance(column))
-            self.view.setColumnWidth(COLUMNS.index(column), width + 18)
+        # Flat, the rows are a QTableView's (it lays out no row: a fetch costs what it shows);
+        # grouped, a QTreeView's. Both show the one model.
+        self.table_view = QTableView(self)
+        self.table_view.verticalHeader().setVisible(False)
+        self.table_view.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Fixed)
+        self.table_view.verticalHeader().setDefaultSectionSize(
+            self.table_view.fontMetrics().height() + 6)
+        self.table_view.setShowGrid(False)
+        self.table_view.setWordWrap(False)
+        self.tree_view = QTreeView(self)
+        self.tree_view.setUniformRowHeights(True)
+        for view in (self.table_view, self.tree_view):
+            view.setModel(self.table_model)
+            view.setAlternatingRowColors(True)
+            view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+            view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+            header = self._header(view)
+            header.setStretchLastSection(False)
+            header.setSortIndicator(COLUMNS.index("offset"), Qt.SortOrder.AscendingOrder)
+            view.setSortingEnabled(True)   # a header click calls TensorTableModel.sort
+            metrics = view.fontMetrics()
+            for column, sample in zip(COLUMNS, ("layers.00.moe_w1[7]", "bf16",
+                                                "[32, 1024, 4096]", "0x1fffff000",
+                                                "999,999,999", "unchecked", "layer", "expert",
+                                                "embedding")):
+                width = max(metrics.horizontalAdvance(sample), metrics.horizontalAdvance(column))
+                view.setColumnWidth(COLUMNS.index(column), width + 18)
+            view.selectionModel().currentRowChanged.connect(self._on_current)
+            header.sortIndicatorChanged.connect(self._sorted)
+        self._name_width = self.table_view.columnWidth(0)
+        self.views = QStackedWidget(self)
+        self.views.addWidget(self.table_view)
+        self.views.addWidget(self.tree_view)
         top = QHBoxLayout()
         top.addWidget(self.filter_edit, 1)
         top.addWidget(self.group_combo)
@@ -308,22 +393,49 @@ class QtTensorTable(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(top)
-        layout.addWidget(self.view, 1)
+        layout.addWidget(self.views, 1)
         self.filter_edit.textChanged.connect(self._on_filter)
         self.group_combo.currentIndexChanged.connect(self._on_grouping)
-        self.view.selectionModel().currentRowChanged.connect(self._on_current)
+        # A sort resets the model: keep the selected row selected.
+        self.table_model.modelAboutToBeReset.connect(self._remember_current)
+        self.table_model.modelReset.connect(self._after_reset)
+        self._current: TensorRow | None = None
+        self._keep_current = True
+        self._restoring = False
         self._update_count()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 (Qt API)
+        """Names get the width the other columns leave (GGUF and Hugging Face names are long)."""
+        super().resizeEvent(event)
+        for view in (self.table_view, self.tree_view):
+            others = sum(view.columnWidth(c) for c in range(1, len(COLUMNS)))
+            room = self.width() - others - view.verticalScrollBar().sizeHint().width() - 8
+            view.setColumnWidth(0, max(self._name_width, room))
+
+    @staticmethod
+    def _header(view: QTableView | QTreeView) -> QHeaderView:
+        return view.horizontalHeader() if isinstance(view, QTableView) else view.header()
+
+    @property
+    def view(self) -> QTableView | QTreeView:
+        """The view showing the rows now: the table when flat, the tree when grouped."""
+        return self.tree_view if self.table_model.grouping() != "none" else self.table_view
+
+    def header(self) -> QHeaderView:
+        """The column header of the view shown."""
+        return self._header(self.view)
 
     # -- public API -------------------------------------------------------------------------
 
     def set_model(self, model: Model | None) -> None:
-        rows = T.rows_for(model) if model is not None else []
-        self.table_model.set_rows(rows)
-        self._after_reset()
+        self.set_rows(T.rows_for(model) if model is not None else [])
 
     def set_rows(self, rows: list[TensorRow]) -> None:
-        self.table_model.set_rows(rows)
-        self._after_reset()
+        self._keep_current = False   # a new table: nothing of the old one stays selected
+        try:
+            self.table_model.set_rows(rows)
+        finally:
+            self._keep_current = True
 
     def set_check_status(self, status: dict[str, str]) -> None:
         self.table_model.set_check_status(status)
@@ -338,13 +450,10 @@ class QtTensorTable(QWidget):
         self.filter_edit.setText(pattern)
 
     def select_tensor(self, name: str, expert: int | None = None) -> bool:
-        source = self.table_model.find(name, expert)
-        if not source.isValid():
-            return False
-        index = self.proxy.mapFromSource(source)
-        if not index.isValid():  # filtered out: clear the filter so it can be shown
-            self.filter_edit.clear()
-            index = self.proxy.mapFromSource(self.table_model.find(name, expert))
+        index = self.table_model.find(name, expert)
+        if not index.isValid() and self.table_model.pattern().strip():
+            self.filter_edit.clear()   # filtered out: clear the filter so it can be shown
+            index = self.table_model.find(name, expert)
         if not index.isValid():
             return False
         self.view.scrollTo(index)
@@ -357,27 +466,16 @@ class QtTensorTable(QWidget):
         index = self.view.currentIndex()
         if not index.isValid():
             return None
-        return self.table_model.row_at(self.proxy.mapToSource(index))
+        return self.table_model.row_at(index)
 
     def focus_filter(self) -> None:
         self.filter_edit.setFocus()
         self.filter_edit.selectAll()
 
     def visible_rows(self) -> list[TensorRow]:
-        """The tensor rows the view shows, in display order (through filter and sort)."""
-        out: list[TensorRow] = []
-
-        def walk(parent: QModelIndex) -> None:
-            for r in range(self.proxy.rowCount(parent)):
-                index = self.proxy.index(r, 0, parent)
-                row = self.table_model.row_at(self.proxy.mapToSource(index))
-                if row is not None:
-                    out.append(row)
-                else:
-                    walk(index)
-
-        walk(QModelIndex())
-        return out
+        """The tensor rows the table shows, in display order (through filter and sort),
+        including those the view has not fetched yet."""
+        return self.table_model.shown_rows()
 
     def export_csv(self, path: str | os.PathLike[str]) -> int:
         """Write the shown rows (filtered, sorted) as CSV; returns the number of rows."""
@@ -387,39 +485,56 @@ class QtTensorTable(QWidget):
 
     # -- slots ------------------------------------------------------------------------------
 
+    def _remember_current(self) -> None:
+        self._current = self.selected_row() if self._keep_current else None
+
+    def _sorted(self, column: int, order: Qt.SortOrder) -> None:
+        """Both views' headers show the model's sort (the hidden one's too)."""
+        for view in (self.table_view, self.tree_view):
+            header = self._header(view)
+            if (header.sortIndicatorSection(), header.sortIndicatorOrder()) != (column, order):
+                header.blockSignals(True)
+                header.setSortIndicator(column, order)
+                header.blockSignals(False)
+
     def _after_reset(self) -> None:
-        self.view.setRootIsDecorated(self.table_model.grouping() != "none")
-        if self.table_model.grouping() != "none":
-            if self.proxy.rowCount() <= 64:
-                self.view.expandAll()
+        grouped = self.table_model.grouping() != "none"
+        self.views.setCurrentWidget(self.view)
+        if grouped and (self.table_model.rowCount() <= 64 or self.table_model.pattern().strip()):
+            self.tree_view.expandAll()
         self._update_count()
+        current, self._current = self._current, None
+        if current is not None:
+            index = self.table_model.find(current.name, current.expert)
+            if index.isValid():   # the same row again: no new selection signal
+                self._restoring = True
+                try:
+                    self.view.selectionModel().setCurrentIndex(
+                        index, QItemSelectionModel.SelectionFlag.ClearAndSelect
+                        | QItemSelectionModel.SelectionFlag.Rows)
+                finally:
+                    self._restoring = False
+                self.view.scrollTo(index)
 
     def _on_filter(self, text: str) -> None:
-        self.proxy.set_pattern(text)
-        if self.table_model.grouping() != "none" and text.strip():
-            self.view.expandAll()
-        self._update_count()
+        self.table_model.set_pattern(text)
 
     def _on_grouping(self, _index: int) -> None:
-        current = self.selected_row()
         self.table_model.set_grouping(str(self.group_combo.currentData()))
-        self._after_reset()
-        if current is not None:
-            self.select_tensor(current.name, current.expert)
 
     def _on_current(self, current: QModelIndex, _previous: QModelIndex) -> None:
-        row = self.table_model.row_at(self.proxy.mapToSource(current))
-        if row is None:
+        row = self.table_model.row_at(current)
+        if row is None or self._restoring:
             return
         self.sig_tensor_selected.emit(row.name)
         self.sig_range_selected.emit(row.offset, row.nbytes)
 
     def _update_count(self) -> None:
-        total = len(self.table_model._rows)
-        shown = len(self.visible_rows()) if self.proxy.pattern().strip() else total
+        total = self.table_model.total_count()
+        shown = len(self.visible_rows()) if self.table_model.pattern().strip() else total
         self.count_label.setText(f"{shown} / {total} tensors" if shown != total
                                  else f"{total} tensors")
 
 
-__all__ = ["COLUMNS", "QtTensorTable", "ROW_ROLE", "SORT_ROLE", "TensorFilterProxy",
+__all__ = ["COLUMNS", "FETCH_ROWS", "QtTensorTable", "ROW_ROLE", "SORT_ROLE",
            "TensorTableModel"]

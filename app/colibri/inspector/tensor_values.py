@@ -1,13 +1,17 @@
 """Tensor values: statistics, histogram and heatmap of one tensor; expert comparison of a layer.
 
-Owns the Inspector's numeric views. Every number comes from `colibri.inspection.stats`, run on
-a `TaskRunner` worker (reading a tensor is file-wide work: a 10 GB expert stack must never block
-the UI), with a progress bar and a Cancel button. Results arrive as frozen dataclasses and are
-only drawn here: a stats table, a pyqtgraph histogram (stepped curve), an `ImageItem` heatmap
-with a `ColorBarItem` (pyqtgraph's MatrixDisplay recipe), and for `show_layer_experts` a table of
-every expert's norms and statistics, grouped bar plots of the w1/w2/w3 and router-row norms, and
-the router weight rows as a heatmap. `sig_tensor_shown(name)` and `sig_experts_shown(layer)`
-say when results are on screen; `export_png` saves the current page, `export_csv` its table.
+Owns the Inspector's numeric views, for a `.colibri` model (`set_model`) and for a GGUF file or
+safetensors checkpoint (`set_store` with its `stats.TensorStore`) alike. Every number comes from
+`colibri.inspection.stats`, run on a `TaskRunner` worker (reading a tensor is file-wide work: a
+10 GB expert stack must never block the UI), with a progress bar and a Cancel button. Results
+arrive as frozen dataclasses and are only drawn here: a stats table, a pyqtgraph histogram
+(stepped curve), an `ImageItem` heatmap with a `ColorBarItem` (pyqtgraph's MatrixDisplay
+recipe), and for `show_layer_experts` a table of every expert's norms and statistics, grouped
+bar plots of the w1/w2/w3 and router-row norms, and the router weight rows as a heatmap. The
+Experts page picks its MoE layer from a list; showing a tensor of a MoE layer selects that layer
+there, and opening the page then compares its experts. `sig_tensor_shown(name)` and
+`sig_experts_shown(layer)` say when results are on screen; `export_png` saves the current page,
+`export_csv` its table.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QProgressBar, QPushButton,
-                               QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QHeaderView, QLabel, QProgressBar,
+                               QPushButton, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget,
                                QVBoxLayout, QWidget)
 
 from colibri.inspection import stats as S
@@ -118,7 +122,9 @@ class QtTensorValues(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self._model: Model | None = None
+        self._store: S.TensorStore | None = None
+        self._layer_of: dict[str, int] = {}     # tensor name -> its MoE layer
+        self._wanted_layer: int | None = None   # compared when the Experts page is opened
         self.analysis: S.TensorAnalysis | None = None
         self.comparison: S.ExpertComparison | None = None
         self.runner = TaskRunner(self)
@@ -163,10 +169,19 @@ class QtTensorValues(QWidget):
         self.tensor_page.setSizes([260, 440])
         upper.setSizes([260, 340])
         self.tabs.addTab(self.tensor_page, "Tensor")
-        # experts page
-        self.experts_page = QSplitter(Qt.Orientation.Vertical, self)
-        self.experts_table = _table(self.experts_page)
-        plots = QSplitter(Qt.Orientation.Horizontal, self.experts_page)
+        # experts page: the layer to compare over the table and the plots
+        self.experts_page = QWidget(self)
+        self.layer_combo = QComboBox(self.experts_page)
+        self.layer_combo.setToolTip("The MoE layer whose experts are compared")
+        self.layer_combo.activated.connect(self._layer_chosen)
+        self.experts_hint = QLabel("", self.experts_page)
+        chooser = QHBoxLayout()
+        chooser.addWidget(QLabel("MoE layer", self.experts_page))
+        chooser.addWidget(self.layer_combo)
+        chooser.addWidget(self.experts_hint, 1)
+        experts_split = QSplitter(Qt.Orientation.Vertical, self.experts_page)
+        self.experts_table = _table(experts_split)
+        plots = QSplitter(Qt.Orientation.Horizontal, experts_split)
         self.norms_widget = pg.GraphicsLayoutWidget(plots)
         self.norms_plot = tidy(self.norms_widget.addPlot(title="norm per expert",
                                                          axisItems=axes(IndexAxis("bottom"))))
@@ -181,9 +196,13 @@ class QtTensorValues(QWidget):
         self.router_plot.setLabel("bottom", "d_model")
         plots.addWidget(self.norms_widget)
         plots.addWidget(self.router_widget)
-        self.experts_page.addWidget(self.experts_table)
-        self.experts_page.addWidget(plots)
-        self.experts_page.setSizes([200, 400])
+        experts_split.addWidget(self.experts_table)
+        experts_split.addWidget(plots)
+        experts_split.setSizes([200, 400])
+        page = QVBoxLayout(self.experts_page)
+        page.setContentsMargins(0, 0, 0, 0)
+        page.addLayout(chooser)
+        page.addWidget(experts_split, 1)
         self.tabs.addTab(self.experts_page, "Experts")
         self.tabs.currentChanged.connect(self._tab_changed)
 
@@ -195,12 +214,29 @@ class QtTensorValues(QWidget):
     # -- public API -------------------------------------------------------------------------
 
     def set_model(self, model: Model | None) -> None:
+        """Show the tensors of a `.colibri` model (None: nothing)."""
+        self.set_store(S.EngineTensors(model) if model is not None else None)
+
+    def set_store(self, store: S.TensorStore | None) -> None:
+        """Show the tensors of `store` (a `.colibri` model's or a foreign file's; None: none)."""
         self.cancel()
         self.runner.wait()
-        self._model = model
+        self._store = store
         self.analysis = None
         self.comparison = None
-        self.title.setText("No tensor selected" if model is not None else "No file")
+        self._wanted_layer = None
+        layers = store.expert_layers() if store is not None else []
+        self._layer_of = {}
+        for moe in layers:
+            self._layer_of[moe.router] = moe.layer
+            for parts in moe.parts.values():
+                self._layer_of.update((p.name, moe.layer) for p in parts)
+        self.layer_combo.clear()
+        for moe in layers:
+            self.layer_combo.addItem(f"layer {moe.layer} ({moe.n_experts} experts)", moe.layer)
+        self.layer_combo.setEnabled(bool(layers))
+        self.experts_hint.setText("" if layers or store is None else "no MoE layer in this file")
+        self.title.setText("No tensor selected" if store is not None else "No file")
         self.stats_table.setRowCount(0)
         self.experts_table.setRowCount(0)
         self.histogram_curve.setData([0, 1], [0])
@@ -208,24 +244,36 @@ class QtTensorValues(QWidget):
         self.router_image.clear()
         self.norms_plot.clear()
 
+    def moe_layer_of(self, name: str) -> int | None:
+        """The MoE layer a tensor belongs to (its router or an expert matrix), else None."""
+        return self._layer_of.get(name)
+
     def show_tensor(self, name: str, expert: int | None = None) -> None:
         """Compute (in the worker) and show statistics, histogram and heatmap of a tensor, or
-        of expert `expert`'s slice of a stacked expert tensor."""
-        model = self._require_model()
-        info = model.tensor_info(name)
+        of expert `expert`'s slice of a stacked expert tensor. A tensor of a MoE layer selects
+        that layer on the Experts page, compared when the page is opened."""
+        store = self._require_store()
+        info = store.tensor_info(name)
         label = name if expert is None else f"{name}[{expert}]"
+        layer = self._layer_of.get(name)
+        if layer is not None:
+            self._wanted_layer = layer
+            self.layer_combo.setCurrentIndex(self.layer_combo.findData(layer))
         self.title.setText(f"{label}  {info.dtype} {list(info.shape)}  — computing…")
         self.tabs.setCurrentWidget(self.tensor_page)
-        self._start(f"values of {label}", lambda p, c: S.analyse_tensor(model, name, expert, p, c))
+        self._start(f"values of {label}", lambda p, c: S.analyse_tensor(store, name, expert, p, c))
 
     def show_layer_experts(self, layer: int) -> None:
         """Compute (in the worker) and show the expert comparison of MoE layer `layer`."""
-        model = self._require_model()
-        if f"layers.{layer}.moe_gate" not in model:
+        store = self._require_store()
+        index = self.layer_combo.findData(layer)
+        if index < 0:
             raise ValueError(f"layer {layer} is not a MoE layer")
+        self.layer_combo.setCurrentIndex(index)
+        self._wanted_layer = None
         self.title.setText(f"experts of layer {layer} — computing…")
         self.tabs.setCurrentWidget(self.experts_page)
-        self._start(f"experts of layer {layer}", lambda p, c: S.compare_experts(model, layer, p, c))
+        self._start(f"experts of layer {layer}", lambda p, c: S.compare_experts(store, layer, p, c))
 
     def cancel(self) -> None:
         self.runner.cancel()
@@ -259,10 +307,26 @@ class QtTensorValues(QWidget):
 
     # -- running ----------------------------------------------------------------------------
 
-    def _require_model(self) -> Model:
-        if self._model is None:
+    def _require_store(self) -> S.TensorStore:
+        if self._store is None:
             raise RuntimeError("no model set")
-        return self._model
+        return self._store
+
+    def _compare_wanted(self, task_done: bool = False) -> bool:
+        """Start the comparison of the layer last shown a tensor of, if the Experts page is
+        open, it is not on screen yet and the worker is free (else it waits for the task to
+        finish: `task_done`)."""
+        wanted = self._wanted_layer
+        if (self.tabs.currentWidget() is self.experts_page and wanted is not None
+                and (task_done or not self.runner.is_running())
+                and (self.comparison is None or self.comparison.layer != wanted)):
+            self.show_layer_experts(wanted)
+            return True
+        return False
+
+    def _layer_chosen(self, index: int) -> None:
+        if index >= 0 and self._store is not None:
+            self.show_layer_experts(int(self.layer_combo.itemData(index)))
 
     def _start(self, name: str, fn: Any) -> None:
         self.progress.setValue(0)
@@ -293,12 +357,14 @@ class QtTensorValues(QWidget):
             self._show_analysis(result)
         elif isinstance(result, S.ExpertComparison):
             self._show_comparison(result)
+        self._compare_wanted(task_done=True)
 
     # -- drawing ----------------------------------------------------------------------------
 
     def _tab_changed(self, _index: int) -> None:
-        """The title names what the shown page shows (each page keeps its last result)."""
-        if self.runner.is_running():
+        """The title names what the shown page shows (each page keeps its last result); the
+        Experts page opened after a tensor of a MoE layer was shown compares that layer."""
+        if self._compare_wanted() or self.runner.is_running():
             return
         if self.tabs.currentWidget() is self.tensor_page and self.analysis is not None:
             a = self.analysis

@@ -1,10 +1,12 @@
-"""The validation report: every problem of one `ModelDocument`, and the data checks' controls.
+"""The validation report: every problem of one document, and the data checks' controls.
 
-`QtValidationReport` shows a plain-language banner (`ModelDocument.plain_explanation()`), a
+`QtValidationReport` shows a plain-language banner (the document's `plain_explanation()`), a
 summary, and a table of problems (severity, code, message, offset, tensor) backed by a lazy
-`ProblemTableModel`. It runs nothing itself: Run and Cancel emit `sig_run_requested` /
-`sig_cancel_requested`; the file view runs `document.data_check` on a `TaskRunner` and feeds
-progress and the result back. Clicking a problem emits `sig_problem_selected(offset, tensor)`
+`ProblemTableModel`. The document is a `ModelDocument` or a GGUF/safetensors
+`ForeignDocument`: both give `problems`, `status`, `opened`, `generation`, `kind` and
+`stores_checksums`. It runs nothing itself: Run and Cancel emit `sig_run_requested` /
+`sig_cancel_requested`; the file view runs the document's data check on a `TaskRunner` and
+feeds progress and the result back. Clicking a problem emits `sig_problem_selected(offset, tensor)`
 (a 64-bit offset: files are larger than 2 GiB).
 """
 
@@ -18,7 +20,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QHBoxLayout, QHeade
                                QWidget)
 
 from colibri.engine import Problem
-from colibri.inspection.document import DataCheckResult, ModelDocument, merge_problems
+from colibri.inspection.document import DataCheckResult, merge_problems
 from colibri.inspector import resources
 
 COLUMNS = ("Severity", "Code", "Message", "Offset", "Tensor")
@@ -98,7 +100,7 @@ class QtValidationReport(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self._doc: ModelDocument | None = None
+        self._doc: Any = None   # a ModelDocument or a ForeignDocument
         self._data: DataCheckResult | None = None
         self._running = False
 
@@ -181,10 +183,13 @@ class QtValidationReport(QWidget):
 
     # -- input ----------------------------------------------------------------------------------
 
-    def set_document(self, doc: ModelDocument | None) -> None:
+    def set_document(self, doc: Any) -> None:
         """Show `doc`'s structural problems (data-check results of an older state are dropped)."""
         self._doc = doc
         self._data = None
+        if doc is not None:
+            self.checksums.setText("Checksums (CRC-32 of every tensor)" if doc.stores_checksums
+                                   else "Read every tensor (no stored checksums)")
         self._refresh()
 
     def set_data_result(self, result: DataCheckResult) -> None:
@@ -199,8 +204,7 @@ class QtValidationReport(QWidget):
             self._running = running
             if running and self._data is None:
                 self._refresh_banner()
-        self.run_button.setEnabled(not running and self._doc is not None
-                                   and self._doc.model is not None)
+        self.run_button.setEnabled(not running and self._doc is not None and self._doc.opened)
         self.cancel_button.setEnabled(running)
         self.progress.setVisible(running)
         if running:
@@ -268,7 +272,8 @@ class QtValidationReport(QWidget):
         if self._data is None:
             parts.append("structural checks only; run the data checks to read every tensor")
         else:
-            checks = " and ".join(c for c, on in (("checksums", self._data.checksums),
+            read = "checksums" if doc.stores_checksums else "every tensor read"
+            checks = " and ".join(c for c, on in ((read, self._data.checksums),
                                                    ("NaN/Inf scan", self._data.nan_check)) if on)
             ok = sum(1 for s in self._data.status.values() if s == "ok")
             parts.append(f"data checks ({checks}): {ok} of {len(self._data.status)} tensors ok")
@@ -285,22 +290,28 @@ class QtValidationReport(QWidget):
         if self._data is not None and errors and state in ("valid", "warnings"):
             state = "invalid"
         text = doc.plain_explanation()
+        reads = ("every tensor's checksum" if doc.stores_checksums
+                 else "every byte of every tensor")
         if not text and self._data is None:
             # a valid structure says nothing about the bytes of the weights (one flipped bit)
             state = "unchecked"
             text = ("The file's structure is valid: every structural check passed. Its data is "
-                    + ("being checked now (every tensor's checksum and a NaN/Inf scan)."
+                    + (f"being checked now ({reads} and a NaN/Inf scan)."
                        if self._running else
-                       "not checked yet: Run data checks (F5) reads every tensor's checksum "
+                       f"not checked yet: Run data checks (F5) reads {reads} "
                        "and scans for NaN/Inf."))
         elif not text:
-            text = ("This is a valid Colibri model: every structural check passed, and the data "
-                    "checks found every tensor intact.")
-        if self._data is not None and self._data.problems and doc.model is not None:
+            found = ("found every tensor intact" if doc.stores_checksums else
+                     "read every tensor (the format stores no checksums to compare)")
+            text = (f"This is a valid {doc.kind}: every structural check passed, and the data "
+                    f"checks {found}.")
+        if self._data is not None and self._data.problems and doc.opened:
             bad = sum(1 for s in self._data.status.values() if s == "bad")
+            why = ("the bytes changed after the file was written, or the weights contain "
+                   "NaN/Inf values" if doc.stores_checksums else
+                   "the weights contain NaN/Inf values")
             text = (f"The file's structure is valid, but the data checks found problems in "
-                    f"{bad} tensor(s): the bytes changed after the file was written, or the "
-                    "weights contain NaN/Inf values.")
+                    f"{bad} tensor(s): {why}.")
         self._set_banner(text, state)
 
     def _set_banner(self, text: str, state: str) -> None:
