@@ -9,6 +9,19 @@
 
 #include <string.h>
 
+/* The residual stream of positions base..base+n-1 (rows of x) after `layer` into the capture
+ * buffer, for the positions its window covers (col_session_capture). */
+static void capture_layer(col_session *s, uint32_t layer, uint32_t base, uint32_t n, const float *x)
+{
+    if (!s->capture) return;
+    uint64_t d = s->model->hp.d_model, n_layers = s->model->hp.n_layers;
+    for (uint32_t t = 0; t < n; t++) {
+        uint64_t p = (uint64_t)base + t;
+        if (p < s->capture_first || p - s->capture_first >= s->capture_rows) continue;
+        memcpy(s->capture + ((p - s->capture_first) * n_layers + layer) * d, x + t * d, d * sizeof(float));
+    }
+}
+
 void col_forward_token(col_session *s, int32_t token)
 {
     const col_model *m = s->model;
@@ -38,6 +51,7 @@ void col_forward_token(col_session *s, int32_t token)
         col_feed_forward(s, l, phase);
         for (uint32_t i = 0; i < d_model; i++) s->x[i] += s->tmp[i];
         col_numerics_round(&s->numerics, s->pool, s->x, d_model);
+        capture_layer(s, l, s->position, 1, s->x);
 
         if (phase) {
             phase[COL_PHASE_ATTENTION] = t1 - t0;
@@ -87,6 +101,7 @@ void col_forward_batch(col_session *s, const int32_t *tokens, uint32_t n, float 
         col_feed_forward_batch(s, l, n, tracing ? phase : NULL);
         for (uint64_t i = 0; i < (uint64_t)n * d_model; i++) s->bx[i] += s->btmp[i];
         col_numerics_round(&s->numerics, s->pool, s->bx, (uint64_t)n * d_model);
+        capture_layer(s, l, base, n, s->bx);
         if (tracing) {
             phase[COL_PHASE_ATTENTION] = t1 - t0;
             phase[COL_PHASE_LAYER] = col_now_ns() - t0;

@@ -1,0 +1,235 @@
+"""The reference diff (`colibri diff`, colibri.reference): Colibri against transformers layer by
+layer, on the conformance models (tests/hf_reference.py).
+
+  * every supported family agrees within the exact tolerance at every layer and position, with
+    the same expert sets everywhere (one model per family: the first variant of each family in
+    hf_reference.VARIANTS, so a family joins by adding its variants there);
+  * a deliberately broken conversion is found at its layer: experts swapped in one layer, a norm
+    scaled in another, the file edited after a clean conversion;
+  * the CLI's text and JSON, and its errors for a checkpoint that is not the file's model.
+The engine's hidden-state capture itself is tested in tests/test_api.py and test_capture.c.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+hf_reference = pytest.importorskip("hf_reference")
+
+import colibri  # noqa: E402
+from colibri.cli import main  # noqa: E402
+from colibri.convert import convert  # noqa: E402
+from colibri.reference.diff import (EXACT, ReferenceDiff, ReferenceMismatch,  # noqa: E402
+                                    default_tolerance, reference_diff)
+from colibri.reference.transformers_run import ReferenceModelError  # noqa: E402
+
+# One conformance model per family (the first of its variants).
+FAMILY_MODELS = list({v.family: v for v in reversed(hf_reference.VARIANTS)}.values())[::-1]
+PROMPT = 24
+
+
+@dataclass(frozen=True)
+class Converted:
+    hf_dir: Path
+    path: Path       # the f32 .colibri file
+    tokens: list[int]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory):
+    cache: dict[str, Converted] = {}
+
+    def build(name: str, dtype: str = "f32", checkpoint: str = "f32") -> Converted:
+        key = f"{name}-{dtype}-{checkpoint}"
+        if key not in cache:
+            variant = next(v for v in hf_reference.VARIANTS if v.name == name)
+            root = tmp_path_factory.mktemp(key)
+            model = hf_reference.build(variant)
+            if checkpoint == "bf16":
+                model = model.to(torch.bfloat16)
+            model.save_pretrained(root / "hf")
+            convert(root / "hf", root / "m.colibri", dtype=dtype)
+            rng = np.random.default_rng(7)
+            tokens = [int(t) for t in rng.integers(0, variant.config["vocab_size"], PROMPT)]
+            cache[key] = Converted(root / "hf", root / "m.colibri", tokens)
+        return cache[key]
+
+    return build
+
+
+def diff_of(c: Converted, path: Path | None = None, **kwargs) -> ReferenceDiff:
+    with colibri.Model.open(path or c.path) as model:
+        return reference_diff(model, c.hf_dir, c.tokens, **kwargs)
+
+
+def edit_tensor(src: Path, dst: Path, name: str, edit) -> None:
+    """Copy the file and change one tensor's f32 values in place (a broken conversion: the
+    per-tensor checksums are only checked on request, so the file still opens)."""
+    dst.write_bytes(src.read_bytes())
+    with colibri.Model.open(dst) as model:
+        info = model.tensor_info(name)
+    assert info.dtype == "f32"
+    values = np.memmap(dst, dtype=np.float32, mode="r+", offset=info.offset, shape=info.shape)
+    edit(values)
+    values.flush()
+    del values
+
+
+@pytest.mark.parametrize("variant", FAMILY_MODELS, ids=lambda v: v.family)
+def test_every_family_agrees_with_transformers_layer_by_layer(variant, converted):
+    diff = diff_of(converted(variant.name))
+    assert diff.tolerance == EXACT
+    assert diff.first_layer_over() is None, diff.layers()
+    assert float(diff.hidden_rel.max()) < EXACT / 10
+    assert diff.first_divergence() is None
+    assert float(diff.router_abs.max(initial=0.0)) < 1e-4
+    assert (diff.next_colibri == diff.next_reference).all()
+    assert [r.kind for r in diff.layers()] == diff.layer_kinds
+    assert diff.moe_layers.size and all(diff.layer_kinds[int(m)] == "moe" for m in diff.moe_layers)
+
+
+def test_the_families_are_those_the_converter_reads():
+    """Every family colibri.convert supports has a model in the parametrisation above."""
+    from colibri.families import SUPPORTED_MODEL_TYPES
+
+    assert {v.family for v in FAMILY_MODELS} == set(SUPPORTED_MODEL_TYPES)
+
+
+def test_swapped_experts_are_found_in_their_layer(converted, tmp_path):
+    """Layer 2 of a DeepSeek-V3 model (its second MoE layer) with experts 0 and 1's down
+    projections swapped: layers 0 and 1 agree, layer 2's hidden state is the first over
+    tolerance, and its routing still agrees (the router reads the layer's input)."""
+    c = converted("deepseek_v3-groups-qlora")
+    broken = tmp_path / "swapped.colibri"
+
+    def swap(w):
+        w[[0, 1]] = w[[1, 0]]
+    edit_tensor(c.path, broken, "layers.2.moe_w2", swap)
+    diff = diff_of(c, broken)
+    rows = diff.layers()
+    assert diff.first_layer_over() == 2
+    assert max(r.hidden_rel for r in rows[:2]) < EXACT / 10
+    assert rows[2].hidden_rel > 0.1
+    assert rows[2].diverged == 0
+
+
+def test_a_scaled_norm_is_found_in_its_layer(converted, tmp_path):
+    """Layer 1's pre-attention norm of a Qwen2-MoE model scaled by 1.5: layer 0 agrees, layer 1
+    is the first over tolerance, and the router logits of layer 1 differ already."""
+    c = converted("qwen2_moe-shared-dense")
+    broken = tmp_path / "norm.colibri"
+
+    def scale(w):
+        w *= 1.5
+    edit_tensor(c.path, broken, "layers.1.attn_norm", scale)
+    diff = diff_of(c, broken)
+    assert diff.first_layer_over() == 1
+    assert diff.layers()[0].hidden_rel < EXACT / 10
+    # layer 1 is dense here (mlp_only_layers=[1]); the next MoE layer's router sees the error
+    assert diff.layer_kinds[1] == "dense"
+    assert diff.router_abs[list(diff.moe_layers).index(2)].max() > 1e-2
+
+
+def test_a_wrong_router_shows_as_the_first_routing_divergence(converted, tmp_path):
+    """Layer 1's router rows of experts 0 and 2 swapped: the hidden states before layer 1 agree,
+    and the first divergence is at layer 1, explained as scores that differ."""
+    c = converted("mixtral-odd-tied-window")
+    broken = tmp_path / "router.colibri"
+
+    def swap(w):
+        w[[0, 2]] = w[[2, 0]]
+    edit_tensor(c.path, broken, "layers.1.moe_gate", swap)
+    diff = diff_of(c, broken)
+    first = diff.first_divergence()
+    assert first is not None and first.layer == 1 and first.cause == "scores differ"
+    assert first.position == int(np.nonzero(diff.diverged[1])[0][0])
+    assert set(first.colibri) != set(first.reference)
+    assert diff.first_layer_over() == 1
+
+
+def test_a_bf16_checkpoint_converted_to_bf16_is_held_to_the_exact_tolerance(converted):
+    """The file holds the checkpoint's own bf16 values: only summation order differs."""
+    c = converted("olmoe-base", dtype="bf16", checkpoint="bf16")
+    diff = diff_of(c)
+    assert (diff.file_dtype, diff.checkpoint_dtype) == ("bf16", "bf16")
+    assert diff.tolerance == EXACT
+    assert diff.first_layer_over() is None and diff.first_divergence() is None
+
+
+def test_rounded_weights_and_a_bf16_reference_get_their_tolerance(converted):
+    c = converted("olmoe-base", dtype="bf16")
+    diff = diff_of(c)
+    assert (diff.file_dtype, diff.checkpoint_dtype) == ("bf16", "f32")
+    assert diff.tolerance == default_tolerance("bf16", "f32", "f32") > EXACT
+    assert diff.first_layer_over() is None
+    ref_bf16 = diff_of(converted("olmoe-base"), dtype="bf16")
+    assert ref_bf16.reference_dtype == "bf16" and ref_bf16.tolerance > EXACT
+    assert float(ref_bf16.hidden_rel.max()) > EXACT     # bf16 arithmetic shows
+
+
+def test_json_round_trip(converted):
+    diff = diff_of(converted("glm4_moe-qknorm-bias-groups"))
+    again = ReferenceDiff.from_dict(json.loads(diff.to_json()))
+    assert again.to_dict() == diff.to_dict()
+    assert again.summary() == diff.summary()
+    with pytest.raises(ValueError, match="not a reference diff"):
+        ReferenceDiff.from_dict({"schema": "colibri.jitter/1"})
+
+
+def test_cli_prints_the_first_wrong_layer(converted, tmp_path, capsys):
+    c = converted("deepseek_v3-groups-qlora")
+    broken = tmp_path / "swapped.colibri"
+
+    def swap(w):
+        w[[0, 1]] = w[[1, 0]]
+    edit_tensor(c.path, broken, "layers.2.moe_w2", swap)
+    tokens = ",".join(map(str, c.tokens))
+    assert main(["diff", str(broken), str(c.hf_dir), "--tokens", tokens]) == 0
+    out = capsys.readouterr().out
+    assert "against DeepseekV3ForCausalLM in transformers (f32)" in out
+    assert "first layer over tolerance: layer 2 (moe)" in out
+    lines = [line for line in out.splitlines() if line.strip().startswith(("0 ", "1 ", "2 "))]
+    assert len(lines) == 3 and lines[2].endswith("<- first over tolerance")
+
+    saved = tmp_path / "diff.json"
+    assert main(["diff", str(broken), str(c.hf_dir), "--tokens", tokens, "--json",
+                 str(saved)]) == 0
+    assert "first layer over tolerance: layer 2" in capsys.readouterr().out
+    assert ReferenceDiff.load(saved).first_layer_over() == 2
+    assert main(["diff", str(c.path), str(c.hf_dir), "--tokens", tokens, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema"] == "colibri.reference-diff/1"
+    assert data["summary"]["first_layer_over_tolerance"] is None
+    assert data["summary"]["first_divergence"] is None
+
+
+def test_cli_refuses_a_checkpoint_of_another_model(converted, capsys):
+    c = converted("mixtral-base")
+    other = converted("mixtral-odd-tied-window")
+    tokens = ",".join(map(str, c.tokens[:4]))
+    assert main(["diff", str(c.path), str(other.hf_dir), "--tokens", tokens]) == 1
+    err = capsys.readouterr().err
+    assert "colibri:" in err and str(other.hf_dir) in err and "layers" in err
+    assert main(["diff", str(c.path), str(c.path), "--tokens", tokens]) == 1
+    assert "not a directory" in capsys.readouterr().err
+    assert main(["diff", str(c.path), str(c.hf_dir), "--tokens", tokens,
+                 "--tolerance", "0"]) == 1
+    assert "--tolerance must be > 0" in capsys.readouterr().err
+
+
+def test_errors_name_what_does_not_match(converted, tmp_path):
+    c = converted("mixtral-base")
+    with colibri.Model.open(c.path) as model:
+        with pytest.raises(ReferenceMismatch, match="layers"):
+            reference_diff(model, converted("qwen2_moe-shared-dense").hf_dir, c.tokens[:3])
+        (tmp_path / "empty").mkdir()
+        with pytest.raises(ReferenceModelError, match="no config.json"):
+            reference_diff(model, tmp_path / "empty", c.tokens[:3])
+        with pytest.raises(ValueError, match="empty"):
+            reference_diff(model, c.hf_dir, [])
