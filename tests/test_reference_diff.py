@@ -13,7 +13,6 @@ The engine's hidden-state capture itself is tested in tests/test_api.py and test
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,61 +23,25 @@ hf_reference = pytest.importorskip("hf_reference")
 
 import colibri  # noqa: E402
 from colibri.cli import main  # noqa: E402
-from colibri.convert import convert  # noqa: E402
 from colibri.reference.diff import (EXACT, ReferenceDiff, ReferenceMismatch,  # noqa: E402
                                     default_tolerance, reference_diff)
 from colibri.reference.transformers_run import ReferenceModelError  # noqa: E402
 
-# One conformance model per family (the first of its variants).
-FAMILY_MODELS = list({v.family: v for v in reversed(hf_reference.VARIANTS)}.values())[::-1]
-PROMPT = 24
+from reference_models import Checkpoints, Converted, edit_tensor, swap_first_two  # noqa: E402
 
-
-@dataclass(frozen=True)
-class Converted:
-    hf_dir: Path
-    path: Path       # the f32 .colibri file
-    tokens: list[int]
+# One conformance model per family: the first of its variants.
+FAMILY_MODELS = [v for i, v in enumerate(hf_reference.VARIANTS)
+                 if v.family not in {w.family for w in hf_reference.VARIANTS[:i]}]
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory: pytest.TempPathFactory):
-    cache: dict[str, Converted] = {}
-
-    def build(name: str, dtype: str = "f32", checkpoint: str = "f32") -> Converted:
-        key = f"{name}-{dtype}-{checkpoint}"
-        if key not in cache:
-            variant = next(v for v in hf_reference.VARIANTS if v.name == name)
-            root = tmp_path_factory.mktemp(key)
-            model = hf_reference.build(variant)
-            if checkpoint == "bf16":
-                model = model.to(torch.bfloat16)
-            model.save_pretrained(root / "hf")
-            convert(root / "hf", root / "m.colibri", dtype=dtype)
-            rng = np.random.default_rng(7)
-            tokens = [int(t) for t in rng.integers(0, variant.config["vocab_size"], PROMPT)]
-            cache[key] = Converted(root / "hf", root / "m.colibri", tokens)
-        return cache[key]
-
-    return build
+def converted(tmp_path_factory: pytest.TempPathFactory) -> Checkpoints:
+    return Checkpoints(tmp_path_factory.mktemp("reference-diff"))
 
 
 def diff_of(c: Converted, path: Path | None = None, **kwargs) -> ReferenceDiff:
     with colibri.Model.open(path or c.path) as model:
         return reference_diff(model, c.hf_dir, c.tokens, **kwargs)
-
-
-def edit_tensor(src: Path, dst: Path, name: str, edit) -> None:
-    """Copy the file and change one tensor's f32 values in place (a broken conversion: the
-    per-tensor checksums are only checked on request, so the file still opens)."""
-    dst.write_bytes(src.read_bytes())
-    with colibri.Model.open(dst) as model:
-        info = model.tensor_info(name)
-    assert info.dtype == "f32"
-    values = np.memmap(dst, dtype=np.float32, mode="r+", offset=info.offset, shape=info.shape)
-    edit(values)
-    values.flush()
-    del values
 
 
 @pytest.mark.parametrize("variant", FAMILY_MODELS, ids=lambda v: v.family)
@@ -106,11 +69,8 @@ def test_swapped_experts_are_found_in_their_layer(converted, tmp_path):
     projections swapped: layers 0 and 1 agree, layer 2's hidden state is the first over
     tolerance, and its routing still agrees (the router reads the layer's input)."""
     c = converted("deepseek_v3-groups-qlora")
-    broken = tmp_path / "swapped.colibri"
-
-    def swap(w):
-        w[[0, 1]] = w[[1, 0]]
-    edit_tensor(c.path, broken, "layers.2.moe_w2", swap)
+    broken = edit_tensor(c.path, tmp_path / "swapped.colibri", "layers.2.moe_w2",
+                         swap_first_two)
     diff = diff_of(c, broken)
     rows = diff.layers()
     assert diff.first_layer_over() == 2
@@ -184,11 +144,8 @@ def test_json_round_trip(converted):
 
 def test_cli_prints_the_first_wrong_layer(converted, tmp_path, capsys):
     c = converted("deepseek_v3-groups-qlora")
-    broken = tmp_path / "swapped.colibri"
-
-    def swap(w):
-        w[[0, 1]] = w[[1, 0]]
-    edit_tensor(c.path, broken, "layers.2.moe_w2", swap)
+    broken = edit_tensor(c.path, tmp_path / "swapped.colibri", "layers.2.moe_w2",
+                         swap_first_two)
     tokens = ",".join(map(str, c.tokens))
     assert main(["diff", str(broken), str(c.hf_dir), "--tokens", tokens]) == 0
     out = capsys.readouterr().out
