@@ -23,7 +23,8 @@ hf_reference = pytest.importorskip("hf_reference")
 
 import colibri  # noqa: E402
 from colibri.cli import main  # noqa: E402
-from colibri.reference.diff import (EXACT, ReferenceDiff, ReferenceMismatch,  # noqa: E402
+from colibri.reference.diff import (EXACT, LOGITS_DIFFER, RULE_DIFFERS,  # noqa: E402
+                                    SCORES_DIFFER, ReferenceDiff, ReferenceMismatch,
                                     default_tolerance, reference_diff)
 from colibri.reference.transformers_run import ReferenceModelError  # noqa: E402
 
@@ -98,7 +99,7 @@ def test_a_scaled_norm_is_found_in_its_layer(converted, tmp_path):
 
 def test_a_wrong_router_shows_as_the_first_routing_divergence(converted, tmp_path):
     """Layer 1's router rows of experts 0 and 2 swapped: the hidden states before layer 1 agree,
-    and the first divergence is at layer 1, explained as scores that differ."""
+    and the first divergence is at layer 1, where the router logits differ."""
     c = converted("mixtral-odd-tied-window")
     broken = tmp_path / "router.colibri"
 
@@ -107,10 +108,46 @@ def test_a_wrong_router_shows_as_the_first_routing_divergence(converted, tmp_pat
     edit_tensor(c.path, broken, "layers.1.moe_gate", swap)
     diff = diff_of(c, broken)
     first = diff.first_divergence()
-    assert first is not None and first.layer == 1 and first.cause == "scores differ"
+    assert first is not None and first.layer == 1 and first.cause == LOGITS_DIFFER
     assert first.position == int(np.nonzero(diff.diverged[1])[0][0])
     assert set(first.colibri) != set(first.reference)
     assert diff.first_layer_over() == 1
+
+
+def test_a_dropped_correction_bias_shows_as_selection_scores_that_differ(converted, tmp_path):
+    """Layer 1's correction bias zeroed (a converter that lost it): the router logits agree,
+    the selection scores do not, and the choices part there."""
+    c = converted("deepseek_v3-groups-qlora")
+
+    def zero(w):
+        w[:] = 0
+    broken = edit_tensor(c.path, tmp_path / "bias.colibri", "layers.1.moe_correction_bias", zero)
+    diff = diff_of(c, broken)
+    first = diff.first_divergence()
+    assert first is not None and (first.layer, first.cause) == (1, SCORES_DIFFER)
+    assert first.logit_difference < 1e-4 < first.score_difference
+    assert float(diff.router_abs[0].max()) < 1e-4
+
+
+def test_a_wrong_group_limit_shows_as_a_rule_that_differs(converted, tmp_path):
+    """Layer 1's routing entry keeps 2 groups instead of 1: every score agrees, yet where the
+    two best experts sit in different groups the choice differs."""
+    from colibri import fileformat as ff
+
+    c = converted("deepseek_v3-groups-qlora")
+    image = bytearray(c.path.read_bytes())
+    routing = int.from_bytes(image[0x18:0x20], "little")
+    kept = routing + 1 * ff.ROUTING_ENTRY_SIZE + 0x28
+    assert int.from_bytes(image[kept:kept + 4], "little") == 1
+    image[kept:kept + 4] = (2).to_bytes(4, "little")
+    ff.refresh_checksums(image)
+    broken = tmp_path / "groups.colibri"
+    broken.write_bytes(bytes(image))
+    diff = diff_of(c, broken)
+    first = diff.first_divergence()
+    assert first is not None and (first.layer, first.cause) == (1, RULE_DIFFERS)
+    assert first.score_difference < 1e-4 < first.reference_margin
+    assert diff.layers()[0].hidden_rel < EXACT / 10
 
 
 def test_a_bf16_checkpoint_converted_to_bf16_is_held_to_the_exact_tolerance(converted):
@@ -149,7 +186,7 @@ def test_cli_prints_the_first_wrong_layer(converted, tmp_path, capsys):
     tokens = ",".join(map(str, c.tokens))
     assert main(["diff", str(broken), str(c.hf_dir), "--tokens", tokens]) == 0
     out = capsys.readouterr().out
-    assert "against DeepseekV3ForCausalLM in transformers (f32)" in out
+    assert "in transformers (DeepseekV3ForCausalLM, f32 weights, computed in f32)" in out
     assert "first layer over tolerance: layer 2 (moe)" in out
     lines = [line for line in out.splitlines() if line.strip().startswith(("0 ", "1 ", "2 "))]
     assert len(lines) == 3 and lines[2].endswith("<- first over tolerance")
@@ -190,3 +227,40 @@ def test_errors_name_what_does_not_match(converted, tmp_path):
             reference_diff(model, tmp_path / "empty", c.tokens[:3])
         with pytest.raises(ValueError, match="empty"):
             reference_diff(model, c.hf_dir, [])
+
+
+def test_readme_example(tmp_path, monkeypatch, capsys):
+    """README's diff of the tiny DeepSeek-V3 (made by the README's own script) is what the tool
+    prints, up to the noise-level numbers (below 1e-4), which differ between kernel paths."""
+    import re
+    import runpy
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```(\w+)\n(.*?)```", readme, re.S)
+    make = next(b for lang, b in blocks if lang == "python" and "DeepseekV3ForCausalLM(cfg)" in b)
+    start = readme.index("Against the reference: `colibri diff FILE HF_DIR`")
+    (_, breaker), (_, session) = re.findall(r"```(\w+)\n(.*?)```", readme[start:], re.S)[:2]
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(_write(tmp_path / "make_tiny_v3.py", make)))
+    assert main(["convert", "tiny-v3", "tiny-v3.colibri"]) == 0
+    runpy.run_path(str(_write(tmp_path / "break_bias.py", breaker)))
+    capsys.readouterr()
+
+    def masked(text: str) -> str:
+        text = re.sub(r"\d\.\d\de-(0[5-9]|[1-9]\d)", "~", text)
+        return re.sub(r"\b(avx512|avx2|amx|portable) kernels", "K kernels", text)
+
+    commands = re.split(r"^\$ ", session, flags=re.M)[1:]
+    for command in commands:
+        line, _, shown = command.partition("\n")
+        if not line.startswith("colibri diff "):
+            continue
+        assert main(line[len("colibri "):].split()) == 0
+        printed = masked(capsys.readouterr().out).splitlines()
+        expected = [masked(s) for s in shown.splitlines() if s and s != "..."]
+        assert expected and all(s in printed for s in expected), (expected, printed)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

@@ -5,8 +5,8 @@
 
 Runs the prompt in Colibri and in transformers (the `reference` extra: torch, transformers) and
 prints, per layer, the largest hidden-state difference (absolute, and relative to the
-reference's largest value at that position) and router-logit difference, the decisions whose
-expert sets differ, then the first layer over the tolerance and the first (layer, position)
+reference's largest value at that position), the largest router-logit difference (max|dlogit|)
+and the decisions whose expert sets differ, then the first layer over the tolerance and the first (layer, position)
 where routing diverges (colibri.reference.diff says how each divergence is explained).
 --json alone prints the whole diff as JSON; --json OUT writes it to OUT (what the Inspector's
 reference diff opens) and prints the summary.
@@ -15,6 +15,7 @@ reference diff opens) and prints the summary.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from colibri.cli.common import (EXIT_OK, add_file, add_prompt, add_threads, fail, open_model,
@@ -27,10 +28,11 @@ The hidden state of a layer is the residual stream after it, at every prompt pos
 relative difference of a cell is max|h_colibri - h_transformers| / max|h_transformers| over the
 cell's hidden vector. The default tolerance follows the file's expert dtype and --dtype: 1e-4
 for f32 against f32, 1e-2 f16, 3e-2 bf16, 5e-2 q8_0, 0.2 q4_0.
-A routing divergence is a decision whose expert sets differ. 'near tie': transformers' margin
-is within twice the largest selection-score difference at the cell, which is within tolerance;
-'scores differ': the same, but the scores differ by more than the tolerance (an earlier error
-reached the router); 'rule differs': the scores agree and the choice still differs.
+A routing divergence is a decision whose expert sets differ; its cause compares transformers'
+margin there with the engines' largest selection-score difference d: 'rule differs' when the
+margin exceeds 2d (the scores agree, the choice does not); otherwise 'near tie' when d is
+within tolerance, 'router logits differ' when the logits differ by more (the router's weights
+or its input), 'selection scores differ' when only the scores do (scoring, correction bias).
 Exit status 0 whether or not the engines agree (read the report or --json)."""
 
 
@@ -38,25 +40,32 @@ def _g(x: float | None) -> str:
     return "-" if x is None else f"{x:.2e}"
 
 
+def _shown(path: str) -> str:
+    """A path as a reader of the output wants it: relative to here when below here."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
 def print_diff(diff: ReferenceDiff, tokenizer: Any = None) -> None:
     moe = len(diff.moe_layers)
-    print(f"diff: {diff.model} ({diff.arch}, {diff.file_dtype} experts, {diff.kernels} kernels)")
-    print(f"  against {diff.reference_class} in transformers ({diff.reference_dtype}) from "
-          f"{diff.reference}")
-    print(f"  {diff.n_positions} positions, {diff.n_layers} layers ({moe} MoE), relative "
+    print(f"diff: {_shown(diff.model)} ({diff.arch}, {diff.file_dtype} experts, {diff.kernels} "
+          f"kernels)")
+    print(f"  vs: {_shown(diff.reference)} in transformers ({diff.reference_class}, "
+          f"{diff.checkpoint_dtype} weights, computed in {diff.reference_dtype})")
+    print(f"{diff.n_positions} positions, {diff.n_layers} layers ({moe} MoE), relative "
           f"tolerance {diff.tolerance:g}")
     print()
-    print(f"{'layer':>5}  {'kind':<5} {'max|dh|':>9} {'rel dh':>9} {'at pos':>6} "
-          f"{'max|drouter|':>12}  {'diverged':>9}")
+    print(f"{'layer':>6}  {'kind':<5} {'max|dh|':>9} {'relative':>9} {'at pos':>6} "
+          f"{'max|dlogit|':>11} {'diverged':>9}")
     over = diff.first_layer_over()
     for row in diff.layers():
         diverged = "-" if row.diverged is None else f"{row.diverged}/{diff.n_positions}"
         mark = "  <- first over tolerance" if row.layer == over else ""
-        print(f"{row.layer:>5}  {row.kind:<5} {_g(row.hidden_abs):>9} {_g(row.hidden_rel):>9} "
-              f"{row.worst_position:>6} {_g(row.router_abs):>12}  {diverged:>9}{mark}")
+        print(f"{row.layer:>6}  {row.kind:<5} {_g(row.hidden_abs):>9} {_g(row.hidden_rel):>9} "
+              f"{row.worst_position:>6} {_g(row.router_abs):>11} {diverged:>9}{mark}")
     s = diff.summary()
-    print(f"{'logits':>5}  {'':<5} {_g(s['max_logit_difference']):>9} "
-          f"{_g(float(diff.logits_rel.max(initial=0.0))):>9}   next token differs at "
+    print(f"{'logits':>6}  {'':<5} {_g(s['max_logit_difference']):>9} "
+          f"{_g(float(diff.logits_rel.max(initial=0.0))):>9}  next token differs at "
           f"{s['next_token_differs']} of {diff.n_positions} positions")
     print()
     if over is None:

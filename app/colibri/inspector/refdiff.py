@@ -309,8 +309,9 @@ class QtRoutingCompare(QWidget):
         found = [d for d in diff.divergences() if (d.layer, d.position) == (layer, p)]
         self.title.setText(f"{head}; {verdict}: colibri {c_ids}, transformers {r_ids}"
                            + (f" ({found[0].cause}: transformers' margin "
-                              f"{found[0].reference_margin:.3g}, the selection scores differ by "
-                              f"up to {found[0].score_difference:.3g})" if found else ""))
+                              f"{found[0].reference_margin:.3g}; router logits differ by up to "
+                              f"{found[0].logit_difference:.3g}, selection scores by "
+                              f"{found[0].score_difference:.3g})" if found else ""))
         E = ours.router_logits.shape[2]
         order = np.argsort(-theirs.selection_scores[p, m], kind="stable")
         self.table.setRowCount(E)

@@ -15,11 +15,14 @@ What it answers is where a conversion or the engine first goes wrong:
     there first, because every later layer inherits its error;
   * the first routing divergence, layer first, then position: the first decision whose expert
     sets differ (as sets: the order of the chosen experts and their weights are not compared).
-    Each divergence is explained by the reference's margin m (how far its decision was from
-    going another way, colibri.margins) against the largest selection-score difference d
-    between the engines at that cell: m <= 2d means the scores moved enough to flip it ('near
-    tie' when d is within tolerance, else 'scores differ': an earlier error reached the
-    router); m > 2d means the scores agree and the choice still differs ('rule differs').
+    Each divergence gets a cause from the reference's margin m (how far its decision was from
+    going another way, colibri.margins) and the largest selection-score difference d between
+    the engines at that cell (the tolerance scaled by the cell's largest value says what is
+    small): m > 2d, the scores agree and the choice still differs: 'rule differs' (a group
+    limit, a top-k); else the scores moved enough to flip it: a 'near tie' when d is small,
+    'router logits differ' when the logits do (the router's weights, or an earlier error that
+    reached its input), 'selection scores differ' when only the scores do (the scoring or the
+    correction bias).
 
 Engine-free at import and Qt-free; torch and transformers are imported only by `reference_diff`
 (the `reference` extra), so a saved diff opens without them.
@@ -50,6 +53,12 @@ SCHEMA = "colibri.reference-diff/1"
 EXACT = 1e-4
 ROUNDED = {"f16": 2e-2, "bf16": 1e-1, "q8_0": 1e-1, "q4_0": 3e-1}
 _TINY = np.float32(1e-30)
+# Why two engines chose differently (Divergence.cause; the module docstring says how it is told)
+NEAR_TIE = "near tie"
+LOGITS_DIFFER = "router logits differ"
+SCORES_DIFFER = "selection scores differ"
+RULE_DIFFERS = "rule differs"
+CAUSES = (NEAR_TIE, LOGITS_DIFFER, SCORES_DIFFER, RULE_DIFFERS)
 _SAFETENSORS_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "F64": "f64"}
 
 
@@ -122,15 +131,17 @@ class Divergence:
     reference_margin: float
     colibri_margin: float
     score_difference: float   # largest |selection score difference| at the cell
-    cause: str                # 'near tie', 'scores differ' or 'rule differs'
+    logit_difference: float   # largest |router logit difference| at the cell
+    cause: str                # one of CAUSES
 
     def describe(self) -> str:
         def ids(xs: tuple[int, ...]) -> str:
             return "[" + ",".join(map(str, xs)) + "]"
         return (f"layer {self.layer} position {self.position}: colibri {ids(self.colibri)}, "
                 f"transformers {ids(self.reference)}; {self.cause} (transformers' margin "
-                f"{self.reference_margin:.3g}, colibri's {self.colibri_margin:.3g}, selection "
-                f"scores differ by up to {self.score_difference:.3g})")
+                f"{self.reference_margin:.3g}, colibri's {self.colibri_margin:.3g}; router "
+                f"logits differ by up to {self.logit_difference:.3g}, selection scores by "
+                f"{self.score_difference:.3g})")
 
 
 @dataclass(frozen=True)
@@ -216,20 +227,29 @@ class ReferenceDiff:
         return ref.T, col.T
 
     def divergences(self) -> list[Divergence]:
-        """Every decision whose expert sets differ, layer first, then position."""
+        """Every decision whose expert sets differ, layer first, then position, with its cause
+        (CAUSES; the module docstring says how it is told)."""
         ref_margin, col_margin = self.margins()
-        sel = self.selection_abs
+        sel, logit = self.selection_abs, self.router_abs
         out = []
         for m, p in zip(*np.nonzero(self.diverged)):
-            d, mr = float(sel[m, p]), float(ref_margin[m, p])
-            if not mr > 2 * d:   # a NaN margin (nothing to rank) counts as moved
-                cause = "near tie" if d <= self.tolerance else "scores differ"
+            d, dl, mr = float(sel[m, p]), float(logit[m, p]), float(ref_margin[m, p])
+
+            def small(diff: float, values: np.ndarray) -> bool:
+                return diff <= self.tolerance * max(1.0, float(np.abs(values).max(initial=0.0)))
+
+            if mr > 2 * d:   # a NaN margin (nothing to rank) counts as moved
+                cause = RULE_DIFFERS
+            elif small(d, self.ref.selection_scores[p, m]):
+                cause = NEAR_TIE
+            elif not small(dl, self.ref.router_logits[p, m]):
+                cause = LOGITS_DIFFER
             else:
-                cause = "rule differs"
+                cause = SCORES_DIFFER
             out.append(Divergence(int(self.moe_layers[m]), int(m), int(p),
                                   tuple(int(e) for e in self.colibri.expert_ids[p, m]),
                                   tuple(int(e) for e in self.ref.expert_ids[p, m]),
-                                  mr, float(col_margin[m, p]), d, cause))
+                                  mr, float(col_margin[m, p]), d, dl, cause))
         return out
 
     def first_divergence(self) -> Divergence | None:
@@ -268,7 +288,8 @@ class ReferenceDiff:
                     "colibri": list(first.colibri), "transformers": list(first.reference),
                     "cause": first.cause, "transformers_margin": first.reference_margin,
                     "colibri_margin": first.colibri_margin,
-                    "score_difference": first.score_difference},
+                    "score_difference": first.score_difference,
+                    "logit_difference": first.logit_difference},
                 "diverged_decisions": int(self.diverged.sum()),
                 "decisions": int(self.diverged.size),
                 "max_logit_difference": float(self.logits_abs.max(initial=0.0)),
@@ -472,6 +493,7 @@ def reference_diff(model: Model, hf_dir: str | os.PathLike[str], tokens: list[in
     return result
 
 
-__all__ = ["EXACT", "ROUNDED", "SCHEMA", "ColibriRun", "Divergence", "LayerRow", "ReferenceDiff",
+__all__ = ["CAUSES", "EXACT", "LOGITS_DIFFER", "NEAR_TIE", "ROUNDED", "RULE_DIFFERS", "SCHEMA",
+           "SCORES_DIFFER", "ColibriRun", "Divergence", "LayerRow", "ReferenceDiff",
            "ReferenceMismatch", "Routing", "checkpoint_dtype", "compare", "default_tolerance",
            "reference_diff", "run_colibri"]
