@@ -27,6 +27,7 @@ from colibri.reference.diff import (EXACT, LOGITS_DIFFER, RULE_DIFFERS,  # noqa:
                                     SCORES_DIFFER, ReferenceDiff, ReferenceMismatch,
                                     default_tolerance, reference_diff)
 from colibri.reference.transformers_run import ReferenceModelError  # noqa: E402
+from colibri.values import Cancelled  # noqa: E402
 
 from reference_models import Checkpoints, Converted, edit_tensor, swap_first_two  # noqa: E402
 
@@ -168,6 +169,25 @@ def test_rounded_weights_and_a_bf16_reference_get_their_tolerance(converted):
     ref_bf16 = diff_of(converted("olmoe-base"), dtype="bf16")
     assert ref_bf16.reference_dtype == "bf16" and ref_bf16.tolerance > EXACT
     assert float(ref_bf16.hidden_rel.max()) > EXACT     # bf16 arithmetic shows
+
+
+def test_progress_names_each_step_and_cancel_stops_between_them(converted):
+    c = converted("qwen3_moe-base")
+    seen: list[tuple[int, int, str]] = []
+    diff_of(c, progress=lambda done, total, text="": seen.append((done, total, text)))
+    texts = [text for _, _, text in seen]
+    total = seen[0][1]
+    assert texts[:3] == ["running colibri", "loading the checkpoint in transformers",
+                         "running transformers"]
+    assert "transformers: layer 0" in texts and texts[-1] == "done"
+    assert [d for d, _, _ in seen] == sorted(d for d, _, _ in seen) and seen[-1][0] == total
+    calls = []
+
+    def cancel_in_transformers() -> bool:
+        calls.append(1)
+        return len(calls) > 3      # after colibri, the load, and the start of the forward pass
+    with pytest.raises(Cancelled):
+        diff_of(c, cancelled=cancel_in_transformers)
 
 
 def test_json_round_trip(converted):

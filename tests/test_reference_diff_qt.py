@@ -71,8 +71,7 @@ def test_the_page_finds_the_broken_layer_off_the_ui_thread(qtbot, page, swapped)
     _open(page, broken, c)
     assert page.run_button.isEnabled() and not page.cancel_button.isEnabled()
     progress = _run(qtbot, page)
-    assert progress and progress[-1][0] == progress[-1][1]
-    assert any("transformers" in text for _, _, text in progress)
+    assert progress and progress[-1][0] == progress[-1][1]   # (rate-limited: not every step)
     diff = page.diff
     assert diff is not None and diff.first_layer_over() == 2
     # the heatmap draws the diff's own numbers: log10 of the relative difference
