@@ -6,8 +6,9 @@
 Runs the prompt in Colibri and in transformers (the `reference` extra: torch, transformers) and
 prints, per layer, the largest hidden-state difference (absolute, and relative to the
 reference's largest value at that position), the largest router-logit difference (max|dlogit|)
-and the decisions whose expert sets differ, then the first layer over the tolerance and the first (layer, position)
-where routing diverges (colibri.reference.diff says how each divergence is explained).
+and the decisions whose expert sets differ, then the first layer over the tolerance and the
+first (layer, position) where routing diverges (colibri.reference.diff says how each
+divergence is explained).
 --json alone prints the whole diff as JSON; --json OUT writes it to OUT (what the Inspector's
 reference diff opens) and prints the summary.
 """

@@ -34,11 +34,12 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QFileDialo
                                QSizePolicy, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
                                QTabWidget, QVBoxLayout, QWidget)
 
+from colibri.errors import ColibriError
 from colibri.files import atomic_write_bytes
 from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tidy
 from colibri.inspector.prompt import NO_TOKENIZER, QtPromptEdit, placeholder, token_ids
 from colibri.inspector.tasks import Task, TaskRunner
-from colibri.reference.diff import ReferenceDiff, reference_diff
+from colibri.reference.diff import Divergence, ReferenceDiff, reference_diff
 from colibri.tokens import token_text
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _CHOSEN_BOTH = QColor(120, 200, 120, 110)
 _CHOSEN_ONE = QColor(230, 140, 40, 130)
+_OVER = QColor(230, 140, 40, 130)       # a layer over tolerance
 _FLOOR = 1e-12      # the smallest relative difference the heatmap tells apart
 
 
@@ -232,7 +234,7 @@ class QtLayerTable(QTableWidget):
         over = diff.first_layer_over()
         self.setRowCount(len(rows))
         for i, r in enumerate(rows):
-            flag = _CHOSEN_ONE if r.hidden_rel > diff.tolerance else None
+            flag = _OVER if r.hidden_rel > diff.tolerance else None
             cells = (str(r.layer), r.kind, f"{r.hidden_abs:.3g}", f"{r.hidden_rel:.3g}",
                      str(r.worst_position),
                      "-" if r.router_abs is None else f"{r.router_abs:.3g}",
@@ -282,6 +284,8 @@ class QtRoutingCompare(QWidget):
         layout.addWidget(self.table, 3)
         layout.addWidget(self.graphics, 2)
         self.cell: tuple[int, int] | None = None
+        # the divergences of the diff shown, by (layer, position): computed once per diff
+        self._diverged: tuple[ReferenceDiff, dict[tuple[int, int], Divergence]] | None = None
 
     def set_cell(self, diff: ReferenceDiff | None, layer: int | None = None,
                  position: int | None = None) -> None:
@@ -306,12 +310,14 @@ class QtRoutingCompare(QWidget):
         c_ids = [int(e) for e in ours.expert_ids[p, m]]
         r_ids = [int(e) for e in theirs.expert_ids[p, m]]
         verdict = "the same experts" if set(c_ids) == set(r_ids) else "different experts"
-        found = [d for d in diff.divergences() if (d.layer, d.position) == (layer, p)]
+        if self._diverged is None or self._diverged[0] is not diff:
+            self._diverged = (diff, {(d.layer, d.position): d for d in diff.divergences()})
+        found = self._diverged[1].get((layer, p))
         self.title.setText(f"{head}; {verdict}: colibri {c_ids}, transformers {r_ids}"
-                           + (f" ({found[0].cause}: transformers' margin "
-                              f"{found[0].reference_margin:.3g}; router logits differ by up to "
-                              f"{found[0].logit_difference:.3g}, selection scores by "
-                              f"{found[0].score_difference:.3g})" if found else ""))
+                           + (f" ({found.cause}: transformers' margin "
+                              f"{found.reference_margin:.3g}; router logits differ by up to "
+                              f"{found.logit_difference:.3g}, selection scores by "
+                              f"{found.score_difference:.3g})" if found else ""))
         E = ours.router_logits.shape[2]
         order = np.argsort(-theirs.selection_scores[p, m], kind="stable")
         self.table.setRowCount(E)
@@ -465,7 +471,7 @@ class QtReferenceDiff(QWidget):
                 raise ValueError("the tolerance must be a number > 0")
             task = make_task(self.model, self.hf_dir.text().strip(), self.prompt.text(),
                              self.dtype.currentText(), self.threads.value(), tolerance)
-        except ValueError as exc:
+        except (ValueError, ColibriError) as exc:   # the prompt, or a broken tokenizer
             self.status.setText(f"cannot run: {exc}")
             self.sig_failed.emit(str(exc))
             return
@@ -594,7 +600,8 @@ class QtReferenceDiffDialog(QDialog):
         layout.addWidget(self.page)
         self.resize(1200, 760)
 
-    def done(self, result: int) -> None:  # noqa: D102 - closing (Esc, the window's button)
+    def done(self, result: int) -> None:
+        """Closing (Esc, the window's close button) cancels and joins a running diff."""
         self.page.shutdown()
         super().done(result)
 

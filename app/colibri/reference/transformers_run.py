@@ -234,10 +234,10 @@ def run(model: Any, tokens: list[int], progress: Progress = no_progress,
                 return np.zeros((T, 0, 0), dtype=dtype)
             return torch.stack(rows, dim=1).numpy().astype(dtype)
 
+        names = {v: k for k, v in DTYPES.items()}
         return ReferenceRun(
             model_type=model_type, model_class=type(model).__name__,
-            dtype=next(k for k, v in DTYPES.items() if v == model.dtype) if model.dtype in
-            DTYPES.values() else str(model.dtype),
+            dtype=names.get(model.dtype, str(model.dtype)),
             logits=out.logits[0].float().numpy().astype(np.float32),
             hidden=torch.stack([h.reshape(T, -1).float() for h in hidden], dim=1).numpy()
             .astype(np.float32),  # type: ignore[union-attr]
@@ -251,4 +251,5 @@ def run(model: Any, tokens: list[int], progress: Progress = no_progress,
             group_limits=tuple(limits))
 
 
-__all__ = ["DTYPES", "SELECTIONS", "ReferenceModelError", "ReferenceRun", "load", "run", "shape_of"]
+__all__ = ["DTYPES", "SELECTIONS", "ReferenceModelError", "ReferenceRun", "load", "run",
+           "shape_of"]
