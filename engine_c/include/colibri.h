@@ -321,7 +321,9 @@ typedef enum col_routing_mode {
     COL_ROUTING_TOPK = 0,          /* the family's own math */
     COL_ROUTING_STABLE = 1,        /* select on (double)selection_score[j] + j*epsilon */
     COL_ROUTING_SOFT = 2,          /* every expert, no group limit, weights by the rule's scoring of all of them */
-    COL_ROUTING_GUMBEL = 3         /* select on selection_score[j] + Gumbel noise from (seed, position, layer, j) */
+    COL_ROUTING_GUMBEL = 3,        /* select on selection_score[j] + Gumbel noise from (seed, position, layer, j) */
+    COL_ROUTING_CACHED = 4         /* top-k, but keep the previous position's set while the new top-k's margin
+                                    * over it is below cache_threshold (docs/interface-spec.md) */
 } col_routing_mode;
 
 /* Reduction order of every dot product of a session (col_session_config.reduction). Variants run
