@@ -9,7 +9,20 @@
 
 #include <string.h>
 
-void col_forward_token(col_session *s, int32_t token)
+/* The input row of one position: the token's embedding, or the caller's row (token -1). */
+static void input_row(const col_model *m, int32_t token, const float *embedding, float *x)
+{
+    uint32_t d_model = m->hp.d_model;
+    if (embedding) {
+        memcpy(x, embedding, (uint64_t)d_model * sizeof(float));
+        return;
+    }
+    const col_tensor_info *embd = m->token_embd;
+    const uint8_t *row = (const uint8_t *)embd->data + (uint64_t)token * col_dtype_row_bytes(embd->dtype, d_model);
+    col_load_row(row, embd->dtype, d_model, x);
+}
+
+void col_forward_token(col_session *s, int32_t token, const float *embedding)
 {
     const col_model *m = s->model;
     const col_hparams *hp = &m->hp;
@@ -17,9 +30,7 @@ void col_forward_token(col_session *s, int32_t token)
     int tracing = s->trace_ids != NULL;
     uint64_t start = tracing ? col_now_ns() : 0;
 
-    const col_tensor_info *embd = m->token_embd;
-    const uint8_t *row = (const uint8_t *)embd->data + (uint64_t)token * col_dtype_row_bytes(embd->dtype, d_model);
-    col_load_row(row, embd->dtype, d_model, s->x);
+    input_row(m, token, embedding, s->x);
     col_numerics_round(&s->numerics, s->pool, s->x, d_model); /* numerics variant: rounded residual stream */
 
     for (uint32_t l = 0; l < hp->n_layers; l++) {
@@ -50,7 +61,7 @@ void col_forward_token(col_session *s, int32_t token)
     col_matvec(s->pool, &head, s->xn, s->logits);
 
     if (tracing) {
-        s->trace_tokens[s->position] = token;
+        s->trace_tokens[s->position] = embedding ? -1 : token;
         s->trace_token_ns[s->position] = col_now_ns() - start;
     }
     s->position++;
@@ -59,7 +70,7 @@ void col_forward_token(col_session *s, int32_t token)
 /* A block of n positions: the same sequence of operations as n calls of col_forward_token, with
  * every weight product a matrix-matrix product over the block (weights read once per block, not
  * once per token). Phase timings of the block are shared equally among its positions. */
-void col_forward_batch(col_session *s, const int32_t *tokens, uint32_t n, float *logits)
+void col_forward_batch(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n, float *logits)
 {
     const col_model *m = s->model;
     const col_hparams *hp = &m->hp;
@@ -68,11 +79,9 @@ void col_forward_batch(col_session *s, const int32_t *tokens, uint32_t n, float 
     uint64_t start = tracing ? col_now_ns() : 0;
     uint32_t base = s->position;
 
-    const col_tensor_info *embd = m->token_embd;
-    for (uint32_t t = 0; t < n; t++) {
-        const uint8_t *row = (const uint8_t *)embd->data + (uint64_t)tokens[t] * col_dtype_row_bytes(embd->dtype, d_model);
-        col_load_row(row, embd->dtype, d_model, s->bx + (uint64_t)t * d_model);
-    }
+    for (uint32_t t = 0; t < n; t++)
+        input_row(m, embeddings ? -1 : tokens[t], embeddings ? embeddings + (uint64_t)t * d_model : NULL,
+                  s->bx + (uint64_t)t * d_model);
     col_numerics_round(&s->numerics, s->pool, s->bx, (uint64_t)n * d_model);
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const col_layer *layer = &m->layers[l];
@@ -107,7 +116,7 @@ void col_forward_batch(col_session *s, const int32_t *tokens, uint32_t n, float 
     if (tracing) {
         uint64_t each = (col_now_ns() - start) / n;
         for (uint32_t t = 0; t < n; t++) {
-            s->trace_tokens[base + t] = tokens[t];
+            s->trace_tokens[base + t] = embeddings ? -1 : tokens[t];
             s->trace_token_ns[base + t] = each;
         }
     }

@@ -10,6 +10,7 @@
 
 #include "internal.h"
 #include "kernels.h"
+#include "cache.h"
 #include "router.h"
 
 struct col_session {
@@ -100,6 +101,10 @@ struct col_session {
     float *mla_att;             /* [B][n_heads * (c + r)] their attended sums */
     float *mla_o;               /* [B][n_heads * vd] */
     col_matvec_job *mla_jobs;   /* [n_heads] */
+    col_cache cache;            /* expert caching's state (cache.c); block NULL without cached routing or LRU */
+    void *cache_block;          /* [cache.bytes] */
+    void *cache_saved;          /* [cache.bytes] the state when a call began, put back if the call fails */
+    int32_t *route_fresh;       /* [k_slots] cached routing's fresh choice when the trace does not keep it */
     void *kernel_scratch;       /* kernel_scratch_bytes: col_pool_scratch_size(kernel_limits) */
     uint64_t kernel_scratch_bytes;
 
@@ -115,6 +120,10 @@ struct col_session {
     float *trace_hidden_norm;   /* [capacity][n_moe_layers] */
     uint64_t *trace_phase_ns;   /* [capacity][n_layers][COL_PHASE_COUNT] */
     uint64_t *trace_token_ns;   /* [capacity] */
+    uint8_t *trace_cache_kept;  /* [capacity][n_moe_layers], cached routing only */
+    float *trace_cache_margin;  /* [capacity][n_moe_layers], cached routing only */
+    int32_t *trace_fresh_ids;   /* [capacity][n_moe_layers][k_slots], cached routing only */
+    uint8_t *trace_cache_hits;  /* [capacity][n_moe_layers][k_slots], with an expert cache only */
 };
 
 /* attention.c: RoPE tables, then self-attention of the current position for `layer`:
@@ -141,13 +150,13 @@ void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n
 void col_rmsnorm_rows(col_session *s, const float *x, const col_tensor_info *w, uint32_t rows, float *out);
 
 /* forward.c: process one token at the session's current position; logits into s->logits. */
-void col_forward_token(col_session *s, int32_t token);
+void col_forward_token(col_session *s, int32_t token, const float *embedding);
 
 /* Positions processed together by prefill (matrix-matrix products over the block). */
 #define COL_BATCH 128
 
 /* forward.c: n <= COL_BATCH tokens at positions s->position..+n-1, bit-identical to n calls of
  * col_forward_token. logits (may be NULL) receives [n][vocab]; s->logits gets the last row. */
-void col_forward_batch(col_session *s, const int32_t *tokens, uint32_t n, float *logits);
+void col_forward_batch(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n, float *logits);
 
 #endif
