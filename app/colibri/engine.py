@@ -669,6 +669,21 @@ class Model:
 # Session
 
 
+def check_embeddings(embeddings: Any, d_model: int) -> np.ndarray:
+    """Embedding rows as the engine takes them: float32 [positions, d_model], C-contiguous.
+    Raises ColibriValueError naming the dtype or shape given (whether every element is finite is
+    the engine's check)."""
+    x = np.asarray(embeddings)
+    if x.dtype != np.float32:
+        raise ColibriValueError(f"embeddings must be float32, got {x.dtype}", COL_ERR_INVALID_ARG)
+    if x.ndim != 2 or x.shape[1] != d_model:
+        hint = "; a batch of one is x[0]" if x.ndim == 3 and x.shape[0] == 1 else ""
+        raise ColibriValueError(f"embeddings of shape {list(x.shape)}, expected [positions, "
+                                f"{d_model}] (the model's hidden size){hint}",
+                                COL_ERR_INVALID_ARG)
+    return np.ascontiguousarray(x)
+
+
 def best_kernels() -> str:
     """The kernel path a session with kernels=None runs on this machine now (CPUID, the OS
     granting AMX state, the environment variable COLIBRI_KERNELS)."""
@@ -862,16 +877,7 @@ class Session:
         Returns logits as `prefill` does; the trace records token -1 there. The shape and dtype
         are checked here (ColibriValueError naming what was given), finiteness by the engine.
         Nothing is processed when it raises."""
-        d_model = self._model.hparams.d_model
-        x = np.asarray(embeddings)
-        if x.dtype != np.float32:
-            raise ColibriValueError(f"embeddings must be float32, got {x.dtype}",
-                                    COL_ERR_INVALID_ARG)
-        if x.ndim != 2 or x.shape[1] != d_model:
-            raise ColibriValueError(f"embeddings of shape {list(x.shape)}, expected "
-                                    f"[positions, {d_model}] (the model's hidden size)",
-                                    COL_ERR_INVALID_ARG)
-        x = np.ascontiguousarray(x)
+        x = check_embeddings(embeddings, self._model.hparams.d_model)
         n = int(x.shape[0])
         logits = np.empty((n if all_logits else min(n, 1), self._vocab), dtype=np.float32)
         if n == 0:
@@ -1005,9 +1011,9 @@ class Session:
         )
 
 
-__all__ = ["KERNEL_PATHS", "CacheStats", "ColibriError", "HParams", "HeaderField", "Model", "Problem", "RoutingInfo",
-           "Section", "Session", "TensorInfo", "Trace", "best_kernels", "header_fields", "validate",
-           "validate_bytes"]
+__all__ = ["KERNEL_PATHS", "CacheStats", "ColibriError", "HParams", "HeaderField", "Model",
+           "Problem", "RoutingInfo", "Section", "Session", "TensorInfo", "Trace", "best_kernels",
+           "check_embeddings", "header_fields", "validate", "validate_bytes"]
 
 
 def measure_read_bandwidth(nbytes: int = 1 << 30, threads: int = 1, repeats: int = 5) -> float:
