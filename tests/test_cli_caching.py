@@ -170,3 +170,23 @@ def test_commands_without_caching_do_not_offer_it(command: str) -> None:
 
     with pytest.raises(SystemExit):
         build_parser().parse_args([command, str(DEMO), "--routing", "cached"])
+
+
+def test_trace_runs_the_debugger_with_caching(capsys: Capture, tmp_path: Path) -> None:
+    """`colibri trace` records a cached run: the router slices carry what caching did, the
+    saved session its settings."""
+    import json
+
+    from colibri.debugging.session_file import load_session
+
+    out, session = tmp_path / "t.json", tmp_path / "s.colibri-session"
+    code, _, _ = run_cli(capsys, "trace", DEMO, "--prompt", PROMPT, "-n", "4", "--routing",
+                         "cached", "--cache-threshold", "0.5", "--expert-cache", "4",
+                         "--out", out, "--session", session)
+    assert code == 0
+    routers = [e["args"] for e in json.loads(out.read_text())["traceEvents"]
+               if e.get("name") == "router" and "args" in e]
+    assert routers and all("cache_hits" in a and "cache_kept" in a for a in routers)
+    saved = load_session(session)
+    assert (saved.settings.routing, saved.settings.cache_threshold,
+            saved.settings.expert_cache) == ("cached", 0.5, 4)
