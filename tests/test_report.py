@@ -17,8 +17,8 @@ def test_a_problem_names_its_tensor_once() -> None:
     (p,) = validate(CORPUS / "tensor_bounds.colibri")
     assert p.tensor == "output" and not p.message.startswith("tensor '")
     assert problem_lines([p]) == [
-        "error: COL_ERR_TENSOR_BOUNDS at 0xC28 tensor 'output': offset 0x2100 + 512 beyond file "
-        "end 0x2100"]
+        "error: COL_ERR_TENSOR_BOUNDS at 0xDE8 tensor 'output': offset 0x22C0 + 512 beyond file "
+        "end 0x22C0"]
 
 
 def test_a_truncated_file_summarises_the_tensors_past_the_cut(tmp_path: Path, capsys) -> None:

@@ -41,7 +41,8 @@ case "$so" in
     *) echo "[asan] wrong extension loaded: $so" >&2; exit 1 ;;
 esac
 if [ $# -eq 0 ]; then
-    set -- tests/test_conformance.py tests/test_api.py tests/test_corpus.py tests/test_hostile_files.py \
+    set -- tests/test_conformance.py tests/test_families_engine.py tests/test_api.py tests/test_corpus.py \
+        tests/test_hostile_files.py \
         tests/test_reload.py -q
 fi
 exec "$PYTHON" -m pytest -p no:cacheprovider "$@"

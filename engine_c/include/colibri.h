@@ -570,7 +570,8 @@ int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_
 int32_t col_session_prefill_embeddings(col_session *session, const float *embeddings, uint32_t n,
                                        float *logits, char *err, size_t errlen);
 
-/* Process one token; `logits` (may be NULL) receives [vocab_size] float32 logits. */
+/* Process one token; `logits` (may be NULL) receives [vocab_size] float32 logits. The same as
+ * col_session_prefill with n = 1 (one code path; the same bits as the token inside a prefill). */
 int32_t col_session_step(col_session *session, int32_t token, float *logits,
                          char *err, size_t errlen);
 

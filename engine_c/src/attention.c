@@ -1,6 +1,6 @@
 /*
- * attention.c - rotary position embedding and grouped-query self-attention for one position,
- * with the layer's KV cache.
+ * attention.c - rotary position embedding and grouped-query self-attention for a block of
+ * positions (one in a decode step), with the layer's KV cache.
  *
  * Follows transformers' eager attention: q/k/v projections (+ bias), the optional q/k RMSNorm
  * (per head before RoPE for Qwen3-MoE and GLM-4.5, over the whole projection for OLMoE, then
@@ -107,34 +107,6 @@ static void add_bias(float *y, const col_tensor_info *bias, uint64_t n)
 static void clamp_all(float *v, uint64_t n, float c)
 {
     for (uint64_t i = 0; i < n; i++) v[i] = v[i] < -c ? -c : (v[i] > c ? c : v[i]);
-}
-
-static void project(col_session *s, const col_tensor_info *w, const float *x, float *y)
-{
-    col_weight view = col_weight_of(w);
-    col_matvec(s->pool, &view, x, y);
-}
-
-static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, const float *xn, float *out);
-
-void col_attention(col_session *s, uint32_t layer_index)
-{
-    const col_model *m = s->model;
-    const col_hparams *hp = &m->hp;
-    const col_layer *layer = &m->layers[layer_index];
-    if (hp->attention == COL_ATTENTION_MLA) {
-        mla_attention(s, layer_index, 1, s->xn, s->tmp);
-        return;
-    }
-
-    /* q, k and v in one kernel dispatch: their rows are split among the threads as one range */
-    col_matvec_job qkv[3] = {{col_weight_of(layer->attn_q), s->xn, s->q, 1},
-                             {col_weight_of(layer->attn_k), s->xn, s->k, 1},
-                             {col_weight_of(layer->attn_v), s->xn, s->v, 1}};
-    col_matmul_many(s->pool, qkv, 3);
-    col_attend(s, layer_index);
-    project(s, layer->attn_o, s->att, s->tmp);
-    add_bias(s->tmp, layer->attn_o_bias, hp->d_model);
 }
 
 /* The cached rows of KV head g in a layer. Head-major (session.h), so a head's keys and values
@@ -329,28 +301,24 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
     for (uint32_t t = 0; t < n; t++) add_bias(out + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);
 }
 
-void col_attend(col_session *s, uint32_t layer_index)
-{
-    attend_positions(s, layer_index, s->position, 1, s->q, s->k, s->v, s->att);
-}
-
 /* A block of n positions (s->position .. +n-1): q/k/v and the o-projection as matrix-matrix
- * products over the block, then attend_positions, so every output is bit-identical to
- * col_attention position by position. Reads s->bxn [n][d_model], writes s->btmp [n][d_model]. */
-void col_attention_batch(col_session *s, uint32_t layer_index, uint32_t n)
+ * products over the block, then attend_positions. Reads s->xn [n][d_model], writes s->tmp
+ * [n][d_model]. */
+void col_attention(col_session *s, uint32_t layer_index, uint32_t n)
 {
     const col_hparams *hp = &s->model->hp;
     const col_layer *layer = &s->model->layers[layer_index];
     if (hp->attention == COL_ATTENTION_MLA) {
-        mla_attention(s, layer_index, n, s->bxn, s->btmp);
+        mla_attention(s, layer_index, n, s->xn, s->tmp);
         return;
     }
-    col_matvec_job qkv[3] = {{col_weight_of(layer->attn_q), s->bxn, s->bq, n},
-                             {col_weight_of(layer->attn_k), s->bxn, s->bk, n},
-                             {col_weight_of(layer->attn_v), s->bxn, s->bv, n}};
+    /* q, k and v in one kernel dispatch: their rows are split among the threads as one range */
+    col_matvec_job qkv[3] = {{col_weight_of(layer->attn_q), s->xn, s->q, n},
+                             {col_weight_of(layer->attn_k), s->xn, s->k, n},
+                             {col_weight_of(layer->attn_v), s->xn, s->v, n}};
     col_matmul_many(s->pool, qkv, 3);
-    attend_positions(s, layer_index, s->position, n, s->bq, s->bk, s->bv, s->batt);
-    col_matvec_job o = {col_weight_of(layer->attn_o), s->batt, s->btmp, n};
+    attend_positions(s, layer_index, s->position, n, s->q, s->k, s->v, s->att);
+    col_matvec_job o = {col_weight_of(layer->attn_o), s->att, s->tmp, n};
     col_matmul_many(s->pool, &o, 1);
-    for (uint32_t t = 0; t < n; t++) add_bias(s->btmp + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);
+    for (uint32_t t = 0; t < n; t++) add_bias(s->tmp + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);
 }

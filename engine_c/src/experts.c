@@ -4,7 +4,7 @@
  *
  * Expert e computes w2 . (silu(w1 . x) * (w3 . x)) from its slice of the stacked tensors
  * (one contiguous range per matrix). The routed outputs are summed with their weights in
- * selection order; Qwen2-MoE's shared expert is added last, scaled by sigmoid(shared_gate . x).
+ * selection order; a shared expert is added last (Qwen2-MoE's scaled by sigmoid(shared_gate . x)).
  */
 #include "session.h"
 
@@ -51,23 +51,6 @@ void col_rmsnorm_rows(col_session *s, const float *x, const col_tensor_info *w, 
     col_load_row(w->data, w->dtype, n, s->norm_weight);
     norm_task task = {x, s->norm_weight, s->model->hp.norm_eps, n, out};
     col_pool_run(s->pool, norm_rows, &task, rows);
-}
-
-/* out = w2 . (silu(w1 . x) * (w3 . x)) */
-static void swiglu(col_session *s, const col_weight *w1, const col_weight *w3, const col_weight *w2,
-                   const float *x, float *out)
-{
-    col_matvec_job up[2] = {{*w1, x, s->h1, 1}, {*w3, x, s->h3, 1}};
-    col_matmul_many(s->pool, up, 2);
-    col_swiglu_gate(s->pool, s->h1, s->h3, w1->rows);
-    col_matvec(s->pool, w2, s->h1, out);
-}
-
-static void dense_mlp(col_session *s, const col_layer *layer)
-{
-    col_weight w1 = col_weight_of(layer->mlp_w1), w2 = col_weight_of(layer->mlp_w2),
-               w3 = col_weight_of(layer->mlp_w3);
-    swiglu(s, &w1, &w3, &w2, s->xn, s->tmp);
 }
 
 /* The router bias (GPT-OSS's router.bias) is part of the logits: added before anything reads them. */
@@ -139,200 +122,126 @@ static void trace_decision(col_session *s, const col_layer *layer, uint32_t posi
     s->trace_hidden_norm[row] = sqrtf(norm);
 }
 
-void col_feed_forward(col_session *s, uint32_t layer_index, uint64_t *phase_ns)
-{
-    const col_model *m = s->model;
-    const col_hparams *hp = &m->hp;
-    const col_layer *layer = &m->layers[layer_index];
-    uint32_t d_model = hp->d_model, n_experts = hp->n_experts;
-    if (layer->kind != COL_LAYER_MOE) {
-        dense_mlp(s, layer);
-        return;
-    }
-    uint64_t t0 = phase_ns ? col_now_ns() : 0;
-
-    col_weight gate = col_weight_of(layer->moe_gate);
-    col_matvec(s->pool, &gate, s->xn, s->router_logits);
-    add_gate_bias(layer, s->router_logits, n_experts);
-    col_numerics_perturb(&s->numerics, s->router_logits, n_experts, s->position, layer_index);
-    uint32_t n_slots = route(s, layer, layer_index, s->position, s->router_logits, s->route_ids, s->route_weights,
-                             s->route_selection, s->route_groups, s->route_bias_changed);
-    uint64_t t1 = phase_ns ? col_now_ns() : 0;
-
-    /* The selected experts in two kernel dispatches (w1 and w3 of all, then w2 of all), so the
-     * threads meet twice per layer instead of three times per expert. Each expert's hidden
-     * vectors are [d_ff] slices of expert_h1/expert_h3; outputs are [d_model] slices of
-     * expert_out, summed below in selection order, as before. */
-    uint64_t d_ff = layer->moe_w1->shape[1];
-    for (uint32_t slot = 0; slot < n_slots; slot++) {
-        uint32_t e = (uint32_t)s->route_ids[slot];
-        s->expert_jobs[2 * slot] = (col_matvec_job){col_weight_expert(layer->moe_w1, e), s->xn,
-                                                    s->expert_h1 + slot * d_ff, 1};
-        s->expert_jobs[2 * slot + 1] = (col_matvec_job){col_weight_expert(layer->moe_w3, e), s->xn,
-                                                        s->expert_h3 + slot * d_ff, 1};
-    }
-    col_matmul_many(s->pool, s->expert_jobs, 2 * n_slots);
-    col_swiglu_gate(s->pool, s->expert_h1, s->expert_h3, n_slots * d_ff); /* the slots' slices lie end to end */
-    for (uint32_t slot = 0; slot < n_slots; slot++) {
-        uint32_t e = (uint32_t)s->route_ids[slot];
-        float *h1 = s->expert_h1 + slot * d_ff;
-        s->expert_jobs[slot] = (col_matvec_job){col_weight_expert(layer->moe_w2, e), h1,
-                                                s->expert_out + (uint64_t)slot * d_model, 1};
-    }
-    col_matmul_many(s->pool, s->expert_jobs, n_slots);
-    for (uint32_t i = 0; i < d_model; i++) s->acc[i] = 0.0f;
-    for (uint32_t slot = 0; slot < n_slots; slot++) {
-        const float *out = s->expert_out + (uint64_t)slot * d_model;
-        float weight = s->route_weights[slot];
-        for (uint32_t i = 0; i < d_model; i++) s->acc[i] += weight * out[i];
-    }
-    uint64_t t2 = phase_ns ? col_now_ns() : 0;
-
-    float shared_gate = NAN;
-    if (layer->shared_w1) {
-        col_weight w1 = col_weight_of(layer->shared_w1), w2 = col_weight_of(layer->shared_w2),
-                   w3 = col_weight_of(layer->shared_w3);
-        swiglu(s, &w1, &w3, &w2, s->xn, s->tmp);
-        float scale = 1.0f;
-        if (layer->shared_gate) {
-            col_weight g = col_weight_of(layer->shared_gate);
-            float logit;
-            col_matvec(s->pool, &g, s->xn, &logit);
-            scale = 1.0f / (1.0f + expf(-logit));
-            shared_gate = scale;
-        }
-        for (uint32_t i = 0; i < d_model; i++) s->acc[i] += scale * s->tmp[i];
-    }
-    for (uint32_t i = 0; i < d_model; i++) s->tmp[i] = s->acc[i];
-    uint64_t t3 = phase_ns ? col_now_ns() : 0;
-
-    if (s->trace_ids)
-        trace_decision(s, layer, s->position, n_slots, s->route_ids, s->route_weights, s->router_logits,
-                       s->route_selection, s->route_groups, *s->route_bias_changed, shared_gate, s->xn);
-    if (phase_ns) {
-        phase_ns[COL_PHASE_ROUTER] = t1 - t0;
-        phase_ns[COL_PHASE_EXPERTS] = t2 - t1;
-        phase_ns[COL_PHASE_COMBINE] = t3 - t2;
-    }
-}
-
-/* ---- a block of positions (prefill) ------------------------------------------------------ */
-
 /* out[t] = w2 . (silu(w1 . x[t]) * (w3 . x[t])) for t < n, as matrix-matrix products. */
-static void swiglu_batch(col_session *s, const col_tensor_info *t1, const col_tensor_info *t3,
-                         const col_tensor_info *t2, const float *x, uint32_t n, float *out)
+static void swiglu(col_session *s, const col_tensor_info *t1, const col_tensor_info *t3, const col_tensor_info *t2,
+                   const float *x, uint32_t n, float *out)
 {
     col_weight w1 = col_weight_of(t1), w3 = col_weight_of(t3), w2 = col_weight_of(t2);
-    col_matvec_job up[2] = {{w1, x, s->gh1, n}, {w3, x, s->gh3, n}};
+    col_matvec_job up[2] = {{w1, x, s->h1, n}, {w3, x, s->h3, n}};
     col_matmul_many(s->pool, up, 2);
-    col_swiglu_gate(s->pool, s->gh1, s->gh3, (uint64_t)n * w1.rows);
-    col_matvec_job down = {w2, s->gh1, out, n};
+    col_swiglu_gate(s->pool, s->h1, s->h3, (uint64_t)n * w1.rows);
+    col_matvec_job down = {w2, s->h1, out, n};
     col_matmul_many(s->pool, &down, 1);
 }
 
-/* The feed-forward block for n positions starting at s->position: reads s->bxn [n][d_model],
- * writes s->btmp. Tokens are grouped by expert (count, prefix-sum offsets, one contiguous batch
+/* The feed-forward block for n positions starting at s->position: reads s->xn [n][d_model],
+ * writes s->tmp. Tokens are grouped by expert (count, prefix-sum offsets, one contiguous batch
  * per expert), each expert runs once as a matrix-matrix product over its tokens, and each
- * token's outputs are combined in its own selection order, so every position's result is
- * bit-identical to col_feed_forward. `phase_ns` (may be NULL) receives the block's timings. */
-void col_feed_forward_batch(col_session *s, uint32_t layer_index, uint32_t n, uint64_t *phase_ns)
+ * token's outputs are combined in its own selection order, so a position's result does not
+ * depend on the block it is in. `phase_ns` (may be NULL) receives the block's timings. */
+void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t *phase_ns)
 {
     const col_model *m = s->model;
     const col_hparams *hp = &m->hp;
     const col_layer *layer = &m->layers[layer_index];
     uint32_t d_model = hp->d_model, n_experts = hp->n_experts, ks = s->k_slots;
     if (layer->kind != COL_LAYER_MOE) {
-        swiglu_batch(s, layer->mlp_w1, layer->mlp_w3, layer->mlp_w2, s->bxn, n, s->btmp);
+        swiglu(s, layer->mlp_w1, layer->mlp_w3, layer->mlp_w2, s->xn, n, s->tmp);
         return;
     }
     uint64_t t0 = phase_ns ? col_now_ns() : 0;
-    col_matvec_job gate = {col_weight_of(layer->moe_gate), s->bxn, s->brl, n};
+    col_matvec_job gate = {col_weight_of(layer->moe_gate), s->xn, s->router_logits, n};
     col_matmul_many(s->pool, &gate, 1);
     for (uint32_t t = 0; t < n; t++) { /* the router bias, then the numerics variant's noise (no-op by default) */
-        add_gate_bias(layer, s->brl + (uint64_t)t * n_experts, n_experts);
-        col_numerics_perturb(&s->numerics, s->brl + (uint64_t)t * n_experts, n_experts, s->position + t, layer_index);
+        add_gate_bias(layer, s->router_logits + (uint64_t)t * n_experts, n_experts);
+        col_numerics_perturb(&s->numerics, s->router_logits + (uint64_t)t * n_experts, n_experts, s->position + t,
+                             layer_index);
     }
-    uint32_t n_slots = 0, base = s->position, gs = s->model->n_chosen_groups ? s->model->n_chosen_groups : 1;
-    for (uint32_t e = 0; e < n_experts; e++) s->bcount[e] = 0;
+    uint32_t n_slots = 0, base = s->position, gs = m->n_chosen_groups ? m->n_chosen_groups : 1;
+    for (uint32_t e = 0; e < n_experts; e++) s->expert_count[e] = 0;
     for (uint32_t t = 0; t < n; t++) {
-        n_slots = route(s, layer, layer_index, base + t, s->brl + (uint64_t)t * n_experts, s->bids + (uint64_t)t * ks,
-                        s->bw + (uint64_t)t * ks, s->bsel + (uint64_t)t * n_experts, s->bgroups + (uint64_t)t * gs,
-                        s->bbias + t);
-        for (uint32_t slot = 0; slot < n_slots; slot++) s->bcount[s->bids[t * ks + slot]]++;
+        n_slots = route(s, layer, layer_index, base + t, s->router_logits + (uint64_t)t * n_experts,
+                        s->route_ids + (uint64_t)t * ks, s->route_weights + (uint64_t)t * ks,
+                        s->route_selection + (uint64_t)t * n_experts, s->route_groups + (uint64_t)t * gs,
+                        s->route_bias_changed + t);
+        for (uint32_t slot = 0; slot < n_slots; slot++) s->expert_count[s->route_ids[t * ks + slot]]++;
     }
     uint64_t t1 = phase_ns ? col_now_ns() : 0;
 
     /* counting sort of the (token, slot) pairs by expert */
     uint32_t n_jobs = 0, off = 0;
     for (uint32_t e = 0; e < n_experts; e++) {
-        s->boffset[e] = off;
-        off += s->bcount[e];
-        s->bcount[e] = 0; /* becomes the fill cursor */
+        s->expert_offset[e] = off;
+        off += s->expert_count[e];
+        s->expert_count[e] = 0; /* becomes the fill cursor */
     }
+    /* A lone token is its own group: every expert reads it in place, so a decode step copies
+     * nothing and quantises or packs its activations once for all the experts' products. */
+    const int alone = n == 1;
     uint64_t d_ff = layer->moe_w1->shape[1];
     for (uint32_t t = 0; t < n; t++)
         for (uint32_t slot = 0; slot < n_slots; slot++) {
-            uint32_t e = (uint32_t)s->bids[t * ks + slot];
-            uint32_t row = s->boffset[e] + s->bcount[e]++;
-            s->bmap[t * ks + slot] = row;
-            memcpy(s->gx + (uint64_t)row * d_model, s->bxn + (uint64_t)t * d_model, d_model * sizeof(float));
+            uint32_t e = (uint32_t)s->route_ids[t * ks + slot];
+            uint32_t row = s->expert_offset[e] + s->expert_count[e]++;
+            s->route_rows[t * ks + slot] = row;
+            if (!alone)
+                memcpy(s->expert_x + (uint64_t)row * d_model, s->xn + (uint64_t)t * d_model, d_model * sizeof(float));
         }
     for (uint32_t e = 0; e < n_experts; e++) {
-        if (!s->bcount[e]) continue;
-        uint64_t o = s->boffset[e];
-        s->bjobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w1, e), s->gx + o * d_model,
-                                              s->gh1 + o * d_ff, s->bcount[e]};
-        s->bjobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w3, e), s->gx + o * d_model,
-                                              s->gh3 + o * d_ff, s->bcount[e]};
+        if (!s->expert_count[e]) continue;
+        uint64_t o = s->expert_offset[e];
+        const float *x = alone ? s->xn : s->expert_x + o * d_model;
+        s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w1, e), x, s->h1 + o * d_ff, s->expert_count[e]};
+        s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w3, e), x, s->h3 + o * d_ff, s->expert_count[e]};
     }
-    col_matmul_many(s->pool, s->bjobs, n_jobs);
-    col_swiglu_gate(s->pool, s->gh1, s->gh3, (uint64_t)off * d_ff);
+    col_matmul_many(s->pool, s->jobs, n_jobs);
+    col_swiglu_gate(s->pool, s->h1, s->h3, (uint64_t)off * d_ff);
     n_jobs = 0;
     for (uint32_t e = 0; e < n_experts; e++) {
-        if (!s->bcount[e]) continue;
-        uint64_t o = s->boffset[e];
-        s->bjobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w2, e), s->gh1 + o * d_ff,
-                                              s->go + o * d_model, s->bcount[e]};
+        if (!s->expert_count[e]) continue;
+        uint64_t o = s->expert_offset[e];
+        s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w2, e), s->h1 + o * d_ff,
+                                             s->expert_out + o * d_model, s->expert_count[e]};
     }
-    col_matmul_many(s->pool, s->bjobs, n_jobs);
+    col_matmul_many(s->pool, s->jobs, n_jobs);
     for (uint32_t t = 0; t < n; t++) {
-        float *acc = s->bacc + (uint64_t)t * d_model;
+        float *acc = s->tmp + (uint64_t)t * d_model;
         for (uint32_t i = 0; i < d_model; i++) acc[i] = 0.0f;
         for (uint32_t slot = 0; slot < n_slots; slot++) {
-            const float *out = s->go + (uint64_t)s->bmap[t * ks + slot] * d_model;
-            float weight = s->bw[t * ks + slot];
+            const float *out = s->expert_out + (uint64_t)s->route_rows[t * ks + slot] * d_model;
+            float weight = s->route_weights[t * ks + slot];
             for (uint32_t i = 0; i < d_model; i++) acc[i] += weight * out[i];
         }
     }
     uint64_t t2 = phase_ns ? col_now_ns() : 0;
 
-    for (uint32_t t = 0; t < n; t++) s->bsgate[t] = NAN;
+    for (uint32_t t = 0; t < n; t++) s->shared_gate[t] = NAN;
     if (layer->shared_w1) {
-        /* the expert outputs in gx are consumed; reuse it for the shared expert's [n][d_model] */
-        swiglu_batch(s, layer->shared_w1, layer->shared_w3, layer->shared_w2, s->bxn, n, s->gx);
+        /* the expert inputs in expert_x are consumed; reuse it for the shared expert's [n][d_model] */
+        swiglu(s, layer->shared_w1, layer->shared_w3, layer->shared_w2, s->xn, n, s->expert_x);
         if (layer->shared_gate) {
-            col_matvec_job g = {col_weight_of(layer->shared_gate), s->bxn, s->bsgate, n};
+            col_matvec_job g = {col_weight_of(layer->shared_gate), s->xn, s->shared_gate, n};
             col_matmul_many(s->pool, &g, 1);
         }
         for (uint32_t t = 0; t < n; t++) {
             float scale = 1.0f;
             if (layer->shared_gate) {
-                scale = 1.0f / (1.0f + expf(-s->bsgate[t]));
-                s->bsgate[t] = scale;
+                scale = 1.0f / (1.0f + expf(-s->shared_gate[t]));
+                s->shared_gate[t] = scale;
             }
-            float *acc = s->bacc + (uint64_t)t * d_model;
-            const float *sh = s->gx + (uint64_t)t * d_model;
+            float *acc = s->tmp + (uint64_t)t * d_model;
+            const float *sh = s->expert_x + (uint64_t)t * d_model;
             for (uint32_t i = 0; i < d_model; i++) acc[i] += scale * sh[i];
         }
     }
-    memcpy(s->btmp, s->bacc, (uint64_t)n * d_model * sizeof(float));
     uint64_t t3 = phase_ns ? col_now_ns() : 0;
 
     if (s->trace_ids)
         for (uint32_t t = 0; t < n; t++)
-            trace_decision(s, layer, base + t, n_slots, s->bids + (uint64_t)t * ks, s->bw + (uint64_t)t * ks,
-                           s->brl + (uint64_t)t * n_experts, s->bsel + (uint64_t)t * n_experts,
-                           s->bgroups + (uint64_t)t * gs, s->bbias[t], s->bsgate[t], s->bxn + (uint64_t)t * d_model);
+            trace_decision(s, layer, base + t, n_slots, s->route_ids + (uint64_t)t * ks,
+                           s->route_weights + (uint64_t)t * ks, s->router_logits + (uint64_t)t * n_experts,
+                           s->route_selection + (uint64_t)t * n_experts, s->route_groups + (uint64_t)t * gs,
+                           s->route_bias_changed[t], s->shared_gate[t], s->xn + (uint64_t)t * d_model);
     if (phase_ns) {
         phase_ns[COL_PHASE_ROUTER] = t1 - t0;
         phase_ns[COL_PHASE_EXPERTS] = t2 - t1;

@@ -1,6 +1,8 @@
 /*
- * forward.c - one token through the whole model: embedding, the pre-norm decoder layers
- * (x += attention(norm(x)); x += feed_forward(norm(x))), the final norm and the LM head.
+ * forward.c - a block of positions through the whole model: embedding, the pre-norm decoder
+ * layers (x += attention(norm(x)); x += feed_forward(norm(x))), the final norm and the LM head.
+ * A prefill runs blocks of up to COL_BATCH positions; a decode step is the block of one, so
+ * decode and prefill are one code path and give the same bits by construction.
  *
  * It also owns per-layer timing: phases are read from the monotonic clock only when tracing is
  * on, so a session without a trace pays nothing for it.
@@ -22,80 +24,36 @@ static void input_row(const col_model *m, int32_t token, const float *embedding,
     col_load_row(row, embd->dtype, d_model, x);
 }
 
-void col_forward_token(col_session *s, int32_t token, const float *embedding)
+/* Every weight product is a matrix-matrix product over the block (weights read once per block,
+ * not once per token); with n = 1 the kernels run their single-token tiles. Phase timings of the
+ * block are shared equally among its positions. */
+void col_forward(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n, float *logits)
 {
     const col_model *m = s->model;
     const col_hparams *hp = &m->hp;
     uint32_t d_model = hp->d_model;
-    int tracing = s->trace_ids != NULL;
-    uint64_t start = tracing ? col_now_ns() : 0;
-
-    input_row(m, token, embedding, s->x);
-    col_numerics_round(&s->numerics, s->pool, s->x, d_model); /* numerics variant: rounded residual stream */
-
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const col_layer *layer = &m->layers[l];
-        uint64_t *phase = tracing ? s->trace_phase_ns + ((uint64_t)s->position * hp->n_layers + l) * COL_PHASE_COUNT : NULL;
-        uint64_t t0 = tracing ? col_now_ns() : 0;
-
-        col_rmsnorm(s->x, layer->attn_norm, hp->norm_eps, d_model, s->xn, s->norm_weight);
-        col_attention(s, l);
-        for (uint32_t i = 0; i < d_model; i++) s->x[i] += s->tmp[i];
-        col_numerics_round(&s->numerics, s->pool, s->x, d_model);
-        uint64_t t1 = tracing ? col_now_ns() : 0;
-
-        col_rmsnorm(s->x, layer->ffn_norm, hp->norm_eps, d_model, s->xn, s->norm_weight);
-        if (phase) memset(phase, 0, COL_PHASE_COUNT * sizeof *phase);
-        col_feed_forward(s, l, phase);
-        for (uint32_t i = 0; i < d_model; i++) s->x[i] += s->tmp[i];
-        col_numerics_round(&s->numerics, s->pool, s->x, d_model);
-
-        if (phase) {
-            phase[COL_PHASE_ATTENTION] = t1 - t0;
-            phase[COL_PHASE_LAYER] = col_now_ns() - t0;
-        }
-    }
-
-    col_rmsnorm(s->x, m->output_norm, hp->norm_eps, d_model, s->xn, s->norm_weight);
-    col_weight head = col_weight_of(m->output);
-    col_matvec(s->pool, &head, s->xn, s->logits);
-
-    if (tracing) {
-        s->trace_tokens[s->position] = embedding ? -1 : token;
-        s->trace_token_ns[s->position] = col_now_ns() - start;
-    }
-    s->position++;
-}
-
-/* A block of n positions: the same sequence of operations as n calls of col_forward_token, with
- * every weight product a matrix-matrix product over the block (weights read once per block, not
- * once per token). Phase timings of the block are shared equally among its positions. */
-void col_forward_batch(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n, float *logits)
-{
-    const col_model *m = s->model;
-    const col_hparams *hp = &m->hp;
-    uint32_t d_model = hp->d_model;
+    uint64_t n_x = (uint64_t)n * d_model;
     int tracing = s->trace_ids != NULL;
     uint64_t start = tracing ? col_now_ns() : 0;
     uint32_t base = s->position;
 
     for (uint32_t t = 0; t < n; t++)
         input_row(m, embeddings ? -1 : tokens[t], embeddings ? embeddings + (uint64_t)t * d_model : NULL,
-                  s->bx + (uint64_t)t * d_model);
-    col_numerics_round(&s->numerics, s->pool, s->bx, (uint64_t)n * d_model);
+                  s->x + (uint64_t)t * d_model);
+    col_numerics_round(&s->numerics, s->pool, s->x, n_x); /* numerics variant: rounded residual stream */
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const col_layer *layer = &m->layers[l];
         uint64_t phase[COL_PHASE_COUNT] = {0};
         uint64_t t0 = tracing ? col_now_ns() : 0;
-        col_rmsnorm_rows(s, s->bx, layer->attn_norm, n, s->bxn);
-        col_attention_batch(s, l, n);
-        for (uint64_t i = 0; i < (uint64_t)n * d_model; i++) s->bx[i] += s->btmp[i];
-        col_numerics_round(&s->numerics, s->pool, s->bx, (uint64_t)n * d_model);
+        col_rmsnorm_rows(s, s->x, layer->attn_norm, n, s->xn);
+        col_attention(s, l, n);
+        for (uint64_t i = 0; i < n_x; i++) s->x[i] += s->tmp[i];
+        col_numerics_round(&s->numerics, s->pool, s->x, n_x);
         uint64_t t1 = tracing ? col_now_ns() : 0;
-        col_rmsnorm_rows(s, s->bx, layer->ffn_norm, n, s->bxn);
-        col_feed_forward_batch(s, l, n, tracing ? phase : NULL);
-        for (uint64_t i = 0; i < (uint64_t)n * d_model; i++) s->bx[i] += s->btmp[i];
-        col_numerics_round(&s->numerics, s->pool, s->bx, (uint64_t)n * d_model);
+        col_rmsnorm_rows(s, s->x, layer->ffn_norm, n, s->xn);
+        col_feed_forward(s, l, n, tracing ? phase : NULL);
+        for (uint64_t i = 0; i < n_x; i++) s->x[i] += s->tmp[i];
+        col_numerics_round(&s->numerics, s->pool, s->x, n_x);
         if (tracing) {
             phase[COL_PHASE_ATTENTION] = t1 - t0;
             phase[COL_PHASE_LAYER] = col_now_ns() - t0;
@@ -105,13 +63,14 @@ void col_forward_batch(col_session *s, const int32_t *tokens, const float *embed
             }
         }
     }
-    /* the LM head over every position when all logits are wanted, else over the last only */
+    /* The LM head over every position when all logits are wanted, else over the last only,
+     * straight into s->logits. */
     uint32_t first = logits ? 0 : n - 1, rows = n - first;
-    col_rmsnorm_rows(s, s->bx + (uint64_t)first * d_model, m->output_norm, rows, s->bxn);
-    col_matvec_job head = {col_weight_of(m->output), s->bxn, logits ? logits : s->blogits, rows};
+    col_rmsnorm_rows(s, s->x + (uint64_t)first * d_model, m->output_norm, rows, s->xn);
+    col_matvec_job head = {col_weight_of(m->output), s->xn, logits ? logits : s->logits, rows};
     col_matmul_many(s->pool, &head, 1);
-    const float *last = (logits ? logits : s->blogits) + (uint64_t)(rows - 1) * hp->vocab_size;
-    memcpy(s->logits, last, (uint64_t)hp->vocab_size * sizeof(float));
+    if (logits)
+        memcpy(s->logits, logits + (uint64_t)(rows - 1) * hp->vocab_size, (uint64_t)hp->vocab_size * sizeof(float));
 
     if (tracing) {
         uint64_t each = (col_now_ns() - start) / n;

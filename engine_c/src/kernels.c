@@ -1881,12 +1881,6 @@ static void dispatch(col_pool *pool, int worth_sharing)
     for (uint32_t spins = 0; atomic_load(&pool->n_done) < pool->n_threads - 1; spins++) cpu_relax(spins);
 }
 
-void col_matvec(col_pool *pool, const col_weight *w, const float *x, float *y)
-{
-    col_matvec_job job = {*w, x, y, 1};
-    col_matmul_many(pool, &job, 1);
-}
-
 /* ---- weight views ------------------------------------------------------------------------ */
 
 col_weight col_weight_of(const col_tensor_info *t)

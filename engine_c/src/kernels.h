@@ -122,13 +122,11 @@ void col_load_row(const void *data, uint32_t dtype, uint64_t n, float *out);
 /* out[0..count) = elements [first, first + count) of the stored row `row` of `cols` elements. */
 void col_load_range(const void *row, uint32_t dtype, uint64_t cols, uint64_t first, uint64_t count, float *out);
 
-/* y[r] = dot(W[r, :], x) for r in [0, w->rows); W rows are w->cols long. x: [cols], y: [rows].
- * Splits rows among the pool's threads (pool may be NULL: single-threaded portable path, float
- * weights only, since int8 blocks need the pool's scratch). */
-void col_matvec(col_pool *pool, const col_weight *w, const float *x, float *y);
-
 /* Every job of the batch in one dispatch: the rows of all jobs are split among the threads as
- * one range. Each output equals what col_matvec would produce for that row and token. */
+ * one range (pool may be NULL: single-threaded portable path, float weights only, since int8
+ * blocks need the pool's scratch). Each output y[t][r] has the bits of the same row and token
+ * computed alone (a job of one token), whatever the batch, the job's n_tokens or the thread
+ * count; a job of one token runs the decode tiles. */
 void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs);
 
 /* col_matmul_many on the kernels alone, ignoring a numerics variant (numerics.c calls it).

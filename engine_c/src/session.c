@@ -100,7 +100,6 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     uint64_t lat = (uint64_t)hp->kv_lora_rank + hp->qk_rope_head_dim;          /* MLA: a cached row */
     uint64_t cache_row = mla ? lat : kv_dim, group = mla ? hp->n_heads : hp->n_heads / hp->n_kv_heads;
-    uint64_t d_ff = max_u32(hp->d_ff_expert, max_u32(hp->d_ff_dense, hp->d_ff_shared));
     uint64_t n_e = hp->n_experts;
     uint64_t k_slots = slots_of(hp, c);
     uint64_t n_moe = hp->n_moe_layers;
@@ -114,62 +113,40 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     BIND(k_cache, (uint64_t)hp->n_layers * cap * cache_row, sizeof(float));
     BIND(v_cache, mla ? 0 : (uint64_t)hp->n_layers * cap * kv_dim, sizeof(float)); /* MLA: k_cache */
     BIND(inv_freq, hp->rotary_dim / 2 + 1, sizeof(float));
-    BIND(x, hp->d_model, sizeof(float));
-    BIND(xn, hp->d_model, sizeof(float));
-    BIND(q, q_dim, sizeof(float));
-    BIND(k, kv_dim, sizeof(float));
-    BIND(v, kv_dim, sizeof(float));
-    BIND(att, q_dim, sizeof(float));
+    uint64_t B = COL_BATCH, gff = max_u32((uint32_t)(k_slots * hp->d_ff_expert), max_u32(hp->d_ff_dense, hp->d_ff_shared));
+    BIND(x, B * hp->d_model, sizeof(float));
+    BIND(xn, B * hp->d_model, sizeof(float));
+    BIND(q, B * q_dim, sizeof(float));
+    BIND(k, B * kv_dim, sizeof(float));
+    BIND(v, B * kv_dim, sizeof(float));
+    BIND(att, B * q_dim, sizeof(float));
     BIND(scores, (uint64_t)c->n_threads * group * cap, sizeof(float)); /* per thread: a KV group's heads */
-    BIND(tmp, hp->d_model, sizeof(float));
-    BIND(acc, hp->d_model, sizeof(float));
-    BIND(h1, d_ff, sizeof(float));
-    BIND(h3, d_ff, sizeof(float));
-    BIND(router_logits, n_e, sizeof(float));
+    BIND(tmp, B * hp->d_model, sizeof(float));
     BIND(norm_weight, max_u32(max_u32(hp->d_model, (uint32_t)q_dim), max_u32(hp->kv_lora_rank, hp->q_lora_rank)),
          sizeof(float));
-    BIND(route_ids, n_e, sizeof(int32_t));
-    BIND(route_weights, n_e, sizeof(float));
+    BIND(router_logits, B * n_e, sizeof(float));
+    BIND(route_ids, B * k_slots, sizeof(int32_t));
+    BIND(route_weights, B * k_slots, sizeof(float));
     uint64_t n_groups = m->n_chosen_groups ? m->n_chosen_groups : 1;
-    BIND(route_selection, n_e, sizeof(float));
-    BIND(route_groups, n_groups, sizeof(int32_t));
-    BIND(route_bias_changed, 1, 1);
+    BIND(route_selection, B * n_e, sizeof(float));
+    BIND(route_groups, B * n_groups, sizeof(int32_t));
+    BIND(route_bias_changed, B, 1);
     BIND(router_scratch.scores, n_e, sizeof(float));
     BIND(router_scratch.keys, n_e, sizeof(double));
     BIND(router_scratch.taken, n_e, 1);
     BIND(router_scratch.group_keys, n_e, sizeof(double));
     BIND(router_scratch.group_taken, n_e, 1);
     BIND(router_scratch.alt_ids, n_e, sizeof(int32_t));
+    BIND(route_rows, B * k_slots, sizeof(uint32_t));
+    BIND(expert_count, n_e, sizeof(uint32_t));
+    BIND(expert_offset, n_e, sizeof(uint32_t));
+    BIND(shared_gate, B, sizeof(float));
+    BIND(expert_x, B * k_slots * hp->d_model, sizeof(float));
+    BIND(h1, B * gff, sizeof(float));
+    BIND(h3, B * gff, sizeof(float));
+    BIND(expert_out, B * k_slots * hp->d_model, sizeof(float));
     BIND(logits, hp->vocab_size, sizeof(float));
-    BIND(expert_jobs, 2 * k_slots, sizeof(col_matvec_job));
-    BIND(expert_h1, k_slots * hp->d_ff_expert, sizeof(float));
-    BIND(expert_h3, k_slots * hp->d_ff_expert, sizeof(float));
-    BIND(expert_out, k_slots * hp->d_model, sizeof(float));
-    uint64_t B = COL_BATCH, gff = max_u32((uint32_t)(k_slots * hp->d_ff_expert), max_u32(hp->d_ff_dense, hp->d_ff_shared));
-    BIND(bx, B * hp->d_model, sizeof(float));
-    BIND(bxn, B * hp->d_model, sizeof(float));
-    BIND(bq, B * q_dim, sizeof(float));
-    BIND(bk, B * kv_dim, sizeof(float));
-    BIND(bv, B * kv_dim, sizeof(float));
-    BIND(batt, B * q_dim, sizeof(float));
-    BIND(btmp, B * hp->d_model, sizeof(float));
-    BIND(bacc, B * hp->d_model, sizeof(float));
-    BIND(brl, B * n_e, sizeof(float));
-    BIND(bsel, B * n_e, sizeof(float));
-    BIND(bgroups, B * n_groups, sizeof(int32_t));
-    BIND(bbias, B, 1);
-    BIND(bids, B * k_slots, sizeof(int32_t));
-    BIND(bw, B * k_slots, sizeof(float));
-    BIND(bmap, B * k_slots, sizeof(uint32_t));
-    BIND(bcount, n_e, sizeof(uint32_t));
-    BIND(boffset, n_e, sizeof(uint32_t));
-    BIND(bsgate, B, sizeof(float));
-    BIND(gx, B * k_slots * hp->d_model, sizeof(float));
-    BIND(gh1, B * gff, sizeof(float));
-    BIND(gh3, B * gff, sizeof(float));
-    BIND(go, B * k_slots * hp->d_model, sizeof(float));
-    BIND(blogits, B * hp->vocab_size, sizeof(float));
-    BIND(bjobs, 2 * n_e + 4, sizeof(col_matvec_job));
+    BIND(jobs, 2 * n_e + 4, sizeof(col_matvec_job));
     if (mla) {
         uint64_t nh = hp->n_heads, part = max_u32(max_u32(hp->qk_nope_head_dim, hp->qk_rope_head_dim), hp->v_head_dim);
         BIND(mla_qa, B * hp->q_lora_rank, sizeof(float));
@@ -356,15 +333,10 @@ static int32_t run_inputs(col_session *session, const int32_t *tokens, const flo
     int32_t status = x ? check_embeddings(session, x, n, err, errlen) : check_tokens(session, tokens, n, err, errlen);
     if (status != COL_OK) return status;
     uint32_t vocab = session->model->hp.vocab_size, d_model = session->model->hp.d_model;
-    if (n == 1) { /* decode: the single-position path, no block buffers */
-        col_forward_token(session, x ? -1 : tokens[0], x);
-        if (logits) memcpy(logits, session->logits, (uint64_t)vocab * sizeof(float));
-        return COL_OK;
-    }
-    for (uint32_t i = 0; i < n; i += COL_BATCH) {
+    for (uint32_t i = 0; i < n; i += COL_BATCH) { /* a step is the block of one */
         uint32_t m = n - i < COL_BATCH ? n - i : COL_BATCH;
-        col_forward_batch(session, x ? NULL : tokens + i, x ? x + (uint64_t)i * d_model : NULL, m,
-                          logits ? logits + (uint64_t)i * vocab : NULL);
+        col_forward(session, x ? NULL : tokens + i, x ? x + (uint64_t)i * d_model : NULL, m,
+                    logits ? logits + (uint64_t)i * vocab : NULL);
     }
     return COL_OK;
 }

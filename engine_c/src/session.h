@@ -21,7 +21,6 @@ struct col_session {
     uint32_t position;          /* positions processed so far */
     uint32_t capacity;          /* max positions (KV cache and trace rows) */
     uint32_t k_slots;           /* routing slots per decision: top-k, or n_experts when soft */
-    uint32_t d_ff_max;          /* largest intermediate size of any MLP */
 
     col_allocator alloc;        /* what the session and its arena were allocated with */
     void *arena;                /* the single allocation everything below points into */
@@ -38,59 +37,37 @@ struct col_session {
     float *k_cache;
     float *v_cache;
 
-    /* RoPE inverse frequencies [head_dim / 2] */
+    /* RoPE inverse frequencies [rotary_dim / 2] */
     float *inv_freq;
 
-    /* scratch for one position */
-    float *x;                   /* [d_model] residual stream */
-    float *xn;                  /* [d_model] normed input of a sublayer */
-    float *q;                   /* [n_heads * head_dim] */
-    float *k;                   /* [n_kv_heads * head_dim] */
-    float *v;                   /* [n_kv_heads * head_dim] */
-    float *att;                 /* [n_heads * head_dim] attention output before o-proj */
-    float *scores;              /* [n_threads][n_heads / n_kv_heads][capacity] attention scores of one KV group's heads */
-    float *tmp;                 /* [d_model] a sublayer's output */
-    float *acc;                 /* [d_model] MoE accumulator */
-    float *h1;                  /* [d_ff_max] */
-    float *h3;                  /* [d_ff_max] */
-    float *router_logits;       /* [n_experts] */
-    float *route_selection;     /* [n_experts] selection scores of the step's decision */
-    int32_t *route_groups;      /* [max(1, n_chosen_groups)] its kept groups */
-    uint8_t *route_bias_changed; /* [1] */
-    float *norm_weight;         /* [max(d_model, n_heads*head_dim)] a norm's weights as f32 */
-    int32_t *route_ids;         /* [n_experts] */
-    float *route_weights;       /* [n_experts] */
+    /* scratch for a block of up to COL_BATCH positions ([B] below); a decode step is the block
+     * of one */
+    float *x;                   /* [B][d_model] residual streams */
+    float *xn;                  /* [B][d_model] normed inputs of a sublayer */
+    float *q;                   /* [B][n_heads * head_dim] */
+    float *k;                   /* [B][n_kv_heads * head_dim] */
+    float *v;                   /* [B][n_kv_heads * head_dim] */
+    float *att;                 /* [B][n_heads * head_dim] attention outputs before o-proj */
+    float *scores;              /* [n_threads][att_group][capacity] attention scores of one KV group's heads */
+    float *tmp;                 /* [B][d_model] a sublayer's outputs */
+    float *norm_weight;         /* [max(d_model, n_heads*head_dim, kv_lora_rank, q_lora_rank)] a norm's weights as f32 */
+    float *router_logits;       /* [B][n_experts] */
+    int32_t *route_ids;         /* [B][k_slots] */
+    float *route_weights;       /* [B][k_slots] */
+    float *route_selection;     /* [B][n_experts] selection scores of each decision */
+    int32_t *route_groups;      /* [B][max(1, n_chosen_groups)] their kept groups */
+    uint8_t *route_bias_changed; /* [B] the correction bias changed the choice */
     col_router_scratch router_scratch;
+    uint32_t *route_rows;       /* [B][k_slots] row of (token, slot) in the expert-grouped batch */
+    uint32_t *expert_count;     /* [n_experts] */
+    uint32_t *expert_offset;    /* [n_experts] */
+    float *shared_gate;         /* [B] shared-expert gate */
+    float *expert_x;            /* [B * k_slots][d_model] expert inputs grouped by expert */
+    float *h1;                  /* [B * max(k_slots * d_ff_expert, d_ff_dense, d_ff_shared)] */
+    float *h3;                  /* same */
+    float *expert_out;          /* [B * k_slots][d_model] expert outputs, grouped as expert_x */
     float *logits;              /* [vocab_size] logits of the last position */
-    col_matvec_job *expert_jobs; /* [2 * k_slots] one dispatch's products */
-    float *expert_h1;           /* [k_slots][d_ff_expert] */
-    float *expert_h3;           /* [k_slots][d_ff_expert] */
-    float *expert_out;          /* [k_slots][d_model] */
-    /* a block of up to COL_BATCH positions (prefill): [B] below is COL_BATCH */
-    float *bx;                  /* [B][d_model] residual streams */
-    float *bxn;                 /* [B][d_model] */
-    float *bq;                  /* [B][n_heads * head_dim] */
-    float *bk;                  /* [B][n_kv_heads * head_dim] */
-    float *bv;                  /* [B][n_kv_heads * head_dim] */
-    float *batt;                /* [B][n_heads * head_dim] */
-    float *btmp;                /* [B][d_model] */
-    float *bacc;                /* [B][d_model] */
-    float *brl;                 /* [B][n_experts] router logits */
-    float *bsel;                /* [B][n_experts] selection scores */
-    int32_t *bgroups;           /* [B][max(1, n_chosen_groups)] kept groups */
-    uint8_t *bbias;             /* [B] the correction bias changed the choice */
-    int32_t *bids;              /* [B][k_slots] */
-    float *bw;                  /* [B][k_slots] */
-    uint32_t *bmap;             /* [B][k_slots] row of (token, slot) in the expert-grouped batch */
-    uint32_t *bcount;           /* [n_experts] */
-    uint32_t *boffset;          /* [n_experts] */
-    float *bsgate;              /* [B] shared-expert gate */
-    float *gx;                  /* [B * k_slots][d_model] expert inputs grouped by expert */
-    float *gh1;                 /* [B * max(k_slots * d_ff_expert, d_ff_dense, d_ff_shared)] */
-    float *gh3;                 /* same */
-    float *go;                  /* [B * k_slots][d_model] expert outputs */
-    float *blogits;             /* [B][vocab_size] */
-    col_matvec_job *bjobs;      /* [2 * n_experts + 4] */
+    col_matvec_job *jobs;       /* [2 * n_experts + 4] one kernel dispatch's products */
     /* MLA (attention.c; empty otherwise), for up to B positions; nope/r/c/ql/vd as in docs/format.md */
     float *mla_qa;              /* [B][q_lora_rank] */
     float *mla_kv;              /* [B][c + r] */
@@ -126,20 +103,19 @@ struct col_session {
     uint8_t *trace_cache_hits;  /* [capacity][n_moe_layers][k_slots], with an expert cache only */
 };
 
-/* attention.c: RoPE tables, then self-attention of the current position for `layer`:
- * reads s->xn, writes s->tmp (the attention block's output, o-proj and bias applied). */
-void col_rope_init(const col_hparams *hp, float *inv_freq);
-void col_attention(col_session *s, uint32_t layer);
-/* The part after the q/k/v projection, for s->position: s->q/k/v -> KV cache -> s->att. */
-void col_attend(col_session *s, uint32_t layer);
-/* n positions from s->position: s->bxn -> s->btmp (bit-identical to col_attention each). */
-void col_attention_batch(col_session *s, uint32_t layer, uint32_t n);
+/* Positions processed together by prefill (matrix-matrix products over the block). */
+#define COL_BATCH 128
 
-/* experts.c: the feed-forward block of `layer` (MoE or dense) on s->xn, output in s->tmp.
- * Records routing into the trace when on; `phase_ns` (may be NULL) gets router/experts/combine
- * timings. */
-void col_feed_forward(col_session *s, uint32_t layer, uint64_t *phase_ns);
-void col_feed_forward_batch(col_session *s, uint32_t layer, uint32_t n, uint64_t *phase_ns);
+/* attention.c: RoPE tables, then self-attention of the n positions from s->position for
+ * `layer`: reads s->xn [n][d_model], writes s->tmp (the attention block's outputs, o-proj and
+ * bias applied). */
+void col_rope_init(const col_hparams *hp, float *inv_freq);
+void col_attention(col_session *s, uint32_t layer, uint32_t n);
+
+/* experts.c: the feed-forward block of `layer` (MoE or dense) on s->xn [n][d_model], outputs in
+ * s->tmp. Records routing into the trace when on; `phase_ns` (may be NULL) gets router/experts/
+ * combine timings. */
+void col_feed_forward(col_session *s, uint32_t layer, uint32_t n, uint64_t *phase_ns);
 
 /* rmsnorm: out = w * (x / sqrt(mean(x^2) + eps)), w stored in `w` (any dtype, n elements). */
 void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
@@ -149,14 +125,10 @@ void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n
  * what col_rmsnorm gives it. Uses s->norm_weight. */
 void col_rmsnorm_rows(col_session *s, const float *x, const col_tensor_info *w, uint32_t rows, float *out);
 
-/* forward.c: process one token at the session's current position; logits into s->logits. */
-void col_forward_token(col_session *s, int32_t token, const float *embedding);
-
-/* Positions processed together by prefill (matrix-matrix products over the block). */
-#define COL_BATCH 128
-
-/* forward.c: n <= COL_BATCH tokens at positions s->position..+n-1, bit-identical to n calls of
- * col_forward_token. logits (may be NULL) receives [n][vocab]; s->logits gets the last row. */
-void col_forward_batch(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n, float *logits);
+/* forward.c: 1 <= n <= COL_BATCH positions from s->position (a decode step is n = 1): token ids,
+ * or when `embeddings` is not NULL its [n][d_model] rows instead of the lookup (tokens unused;
+ * the trace records -1). logits (may be NULL) receives [n][vocab]; s->logits gets the last row
+ * either way. A position's results do not depend on n or on the block it is in. */
+void col_forward(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n, float *logits);
 
 #endif

@@ -263,12 +263,14 @@ class Monitor:
 
     def _follow(self, emit: Callable[[str, Any], None]) -> str:
         """One connection: returns why it ended."""
-        emit("attached", self.client.health())
+        health = self.client.health()
         events = self.client.events()
         try:
             for kind, _data in events:  # subscribe first: nothing between the list and it is lost
                 if kind == "hello":
                     break
+            # attached once subscribed: a request sent after this is seen from its queued event
+            emit("attached", health)
             for summary in self.client.traces():
                 self._update(summary, emit)
             for kind, data in events:
