@@ -29,10 +29,12 @@ static void usage(FILE *f)
           "      2 unreadable\n"
           "  colibri info FILE [--json]\n"
           "      header fields, hyper-parameters, routing section and tensor table\n"
-          "  colibri run FILE --tokens ID,ID,... [-n N] [--routing topk|stable|soft|gumbel]\n"
-          "              [--epsilon E] [--seed S] [--threads T] [--debug-routing]\n"
+          "  colibri run FILE --tokens ID,ID,... [-n N] [--routing topk|stable|soft|gumbel|cached]\n"
+          "              [--epsilon E] [--cache-threshold T] [--expert-cache N] [--seed S]\n"
+          "              [--threads T] [--debug-routing]\n"
           "      greedy decoding: prefill the tokens, generate N (default 16) tokens by argmax,\n"
-          "      print the generated ids; --debug-routing prints each position's experts\n"
+          "      print the generated ids; --debug-routing prints each position's experts;\n"
+          "      expert caching's counts go to stderr\n"
           "  colibri --help\n",
           f);
 }
@@ -429,7 +431,8 @@ static int cmd_run(int argc, char **argv)
 {
     const char *path = NULL, *tokens_arg = NULL;
     uint64_t n_gen = 16, seed = 0, threads = 1;
-    double epsilon = -1;
+    double epsilon = -1, cache_threshold = 0;
+    uint64_t expert_cache = 0;
     uint32_t routing = COL_ROUTING_TOPK;
     bool debug = false;
     for (int i = 0; i < argc; i++) {
@@ -449,6 +452,12 @@ static int cmd_run(int argc, char **argv)
         } else if (strcmp(a, "--epsilon") == 0) {
             ok = parse_double(v, &epsilon) && epsilon >= 0;
             i++;
+        } else if (strcmp(a, "--cache-threshold") == 0) {
+            ok = parse_double(v, &cache_threshold); /* the engine judges the range */
+            i++;
+        } else if (strcmp(a, "--expert-cache") == 0) {
+            ok = parse_u64(v, &expert_cache) && expert_cache <= UINT32_MAX;
+            i++;
         } else if (strcmp(a, "--routing") == 0 && v) {
             i++;
             if (strcmp(v, "topk") == 0)
@@ -459,6 +468,8 @@ static int cmd_run(int argc, char **argv)
                 routing = COL_ROUTING_SOFT;
             else if (strcmp(v, "gumbel") == 0)
                 routing = COL_ROUTING_GUMBEL;
+            else if (strcmp(v, "cached") == 0)
+                routing = COL_ROUTING_CACHED;
             else
                 ok = false;
         } else if (strcmp(a, "--debug-routing") == 0)
@@ -503,6 +514,8 @@ static int cmd_run(int argc, char **argv)
     cfg.trace = debug ? 1 : 0;
     cfg.epsilon = epsilon >= 0 ? epsilon : (double)hp.default_epsilon;
     cfg.seed = seed;
+    cfg.cache_threshold = cache_threshold;
+    cfg.expert_cache = (uint32_t)expert_cache;
 
     char err[512] = "";
     col_session *s = NULL;
@@ -536,6 +549,15 @@ static int cmd_run(int argc, char **argv)
         printf("%s%" PRId32, i ? "," : "", generated[i]);
     if (produced)
         putchar('\n');
+    col_cache_stats cs;
+    if (st == COL_OK && col_session_cache_stats(s, -1, &cs) == COL_OK) {
+        if (cs.expert_cache)
+            fprintf(stderr, "expert cache: %" PRIu64 " hits, %" PRIu64 " misses (%u experts per MoE layer)\n",
+                    cs.hits, cs.misses, cs.expert_cache);
+        if (routing == COL_ROUTING_CACHED)
+            fprintf(stderr, "cached routing: kept the previous experts in %" PRIu64 " of %" PRIu64 " decisions\n",
+                    cs.kept, cs.decisions);
+    }
     if (st != COL_OK)
         fprintf(stderr, "colibri run: %s: %s\n", col_status_name(st), err);
     free(generated);

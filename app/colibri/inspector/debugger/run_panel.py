@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QLabel,
-                               QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout,
+                               QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout,
+                               QWidget)
 
 from colibri.inspector.prompt import (NO_TOKENIZER, QtPromptEdit, QtTokenPieces, placeholder,
                                       token_ids)
@@ -50,7 +51,7 @@ class QtRunPanel(QWidget):
         self.epsilon = QLineEdit(self)
         self.epsilon.setPlaceholderText("model default")
         self.cache_threshold = QLineEdit(self)
-        self.cache_threshold.setPlaceholderText("routing 'cached': e.g. 0.05")
+        self.cache_threshold.setPlaceholderText("cached routing")
         self.cache_threshold.setToolTip(
             "cached routing keeps a layer's previous experts while the new top-k's margin over "
             "them (selection scores gained minus dropped) is below this")
@@ -75,11 +76,18 @@ class QtRunPanel(QWidget):
         form.addRow("Decoding", self.decoding)
         form.addRow("Seed", self.seed)
         form.addRow("Temperature", self.temperature)
-        form.addRow("Routing", self.routing)
+        # the caching settings share rows, so the form keeps its height at 1280x800
+        routing_row = QHBoxLayout()
+        routing_row.addWidget(self.routing)
+        routing_row.addWidget(QLabel("threshold", self))
+        routing_row.addWidget(self.cache_threshold, 1)
+        form.addRow("Routing", routing_row)
         form.addRow("Epsilon", self.epsilon)
-        form.addRow("Cache threshold", self.cache_threshold)
-        form.addRow("Expert cache", self.expert_cache)
-        form.addRow("Threads", self.threads)
+        threads_row = QHBoxLayout()
+        threads_row.addWidget(self.threads)
+        threads_row.addWidget(QLabel("expert cache", self))
+        threads_row.addWidget(self.expert_cache, 1)
+        form.addRow("Threads", threads_row)
         form.addRow("Kernels", self.kernels)
 
         self.buttons: dict[str, QPushButton] = {}
