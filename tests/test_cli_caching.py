@@ -215,3 +215,20 @@ def test_the_c_tool_counts_what_the_api_counts() -> None:
         in result.stderr
     assert f"cached routing: kept the previous experts in {stats.kept} of {stats.decisions} " \
            f"decisions" in result.stderr
+
+
+def test_the_readme_shows_what_the_tool_prints(capsys: Capture) -> None:
+    """The README's expert-caching example: its shown lines are lines of the real run."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index("--routing cached --cache-threshold 0.5 --expert-cache 4 --debug-routing")
+    block = readme[start:readme.index("```", start)]
+    shown = [l for l in block.splitlines()[1:] if l and l != "..."]
+    code, out, _ = run_cli(capsys, "run", DEMO, "--prompt", PROMPT, "-n", "16", "--routing",
+                           "cached", "--cache-threshold", "0.5", "--expert-cache", "4",
+                           "--debug-routing")
+    assert code == 0 and len(shown) == 4
+    assert all(l in out.splitlines() for l in shown), shown
+    _, plain, _ = run_cli(capsys, "run", DEMO, "--prompt", PROMPT, "-n", "16", "--expert-cache",
+                          "4")
+    assert "expert cache: 136 hits" in plain and "(plain top-k with the same cache: 136 hits, " \
+        "70.8 %)" in readme and "70.8 % hit rate" in plain
