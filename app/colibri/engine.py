@@ -917,15 +917,15 @@ class Session:
             self._busy.release()
         return logits
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int = 16, *,
+    def generate(self, prompt: Sequence[int] | np.ndarray, max_new_tokens: int = 16, *,
                  decoding: DecodingName = "greedy", temperature: float = 1.0, seed: int = 0,
                  eos: int | None | Literal["model"] = "model", stop: StopFn | None = None,
                  on_position: OnPosition | None = None, step_prompt: bool = False,
                  keep_logits: bool = False, swap: SwapFn | None = None) -> Generation:
-        """Generate up to `max_new_tokens` tokens after `prompt`, from the current position, and
-        return the `Generation` (colibri.generation: positions processed, greedy or sampled
-        decoding, stop conditions, the per-position callback that can pause or stop, hot-reload
-        hand-over). `eos` defaults to the model's eos_token_id; None never stops there. A
+        """Generate up to `max_new_tokens` tokens after `prompt` (token ids, or float32 embedding
+        rows [positions, d_model]), from the current position, and return the `Generation`
+        (colibri.generation: positions processed, greedy or sampled decoding, stop conditions,
+        the per-position callback that can pause or stop, hot-reload hand-over). `eos` defaults to the model's eos_token_id; None never stops there. A
         generation paused by `on_position` continues with its `run()`."""
         generation = Generation(
             self, prompt, max_new_tokens, decoding=decoding, temperature=temperature, seed=seed,
