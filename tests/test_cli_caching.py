@@ -193,19 +193,19 @@ def test_trace_runs_the_debugger_with_caching(capsys: Capture, tmp_path: Path) -
 
 
 def test_the_c_tool_counts_what_the_api_counts() -> None:
-    """engine_c's own `colibri run` (no Python) runs cached routing with an expert cache and
+    """engine_c's own `colibri-c run` (no Python) runs cached routing with an expert cache and
     reports the session's counts on stderr."""
     import subprocess
 
     engine = Path(__file__).resolve().parents[1] / "engine_c"
-    subprocess.run(["make", "-s", "-C", str(engine), "build/colibri"], check=True)
+    subprocess.run(["make", "-s", "-C", str(engine), "build/colibri-c"], check=True)
     with Model.open(DEMO) as model:
         ids = list(model.tokenizer.encode(PROMPT).ids)
         with Session(model, routing="cached", cache_threshold=0.5, expert_cache=4,
                      trace=False) as s:
             generated = s.generate(ids, 8).generated
             stats = s.cache_stats()
-    result = subprocess.run([str(engine / "build" / "colibri"), "run", str(DEMO), "--tokens",
+    result = subprocess.run([str(engine / "build" / "colibri-c"), "run", str(DEMO), "--tokens",
                              ",".join(map(str, ids)), "-n", "8", "--routing", "cached",
                              "--cache-threshold", "0.5", "--expert-cache", "4"],
                             capture_output=True, text=True, timeout=120)

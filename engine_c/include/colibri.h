@@ -37,10 +37,12 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 6   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
-                                grew; col_routing_describe); 5: col_routing_scores; 6: expert caching
-                                (COL_ROUTING_CACHED, col_session_config and col_trace_view grew,
-                                col_session_cache_stats, col_session_prefill_embeddings) */
+#define COL_ABI_VERSION 7   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+                                grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
+                                capture (col_session_config.capture_hidden, col_session_capture,
+                                col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
+                                col_session_config and col_trace_view grew, col_session_cache_stats,
+                                col_session_prefill_embeddings) */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -384,7 +386,11 @@ typedef struct col_session_config {
      * the machine has at or below it (the environment variable COLIBRI_KERNELS can lower it too).
      * col_session_kernels names the one chosen. */
     uint32_t kernels;
-    /* Expert caching (since ABI 6). cache_threshold: COL_ROUTING_CACHED keeps the previous
+    /* 1 = the arena holds a [capacity][n_layers][d_model] float32 buffer and every processed
+     * position's hidden state after each layer is captured into it (col_session_hidden);
+     * capacity * n_layers * d_model * 4 bytes, in the memory estimate. 0 = none. */
+    uint32_t capture_hidden;
+    /* Expert caching (since ABI 7). cache_threshold: COL_ROUTING_CACHED keeps the previous
      * position's set while the fresh top-k's margin over it is below this (finite, >= 0; 0 =
      * plain top-k). expert_cache: an LRU of this many resident experts per MoE layer, whose hits
      * and misses the trace records (a model of residency: nothing is moved); 0 = none, else at
@@ -424,7 +430,7 @@ typedef struct col_trace_view {
     const float *hidden_norm;      /* [capacity][n_moe_layers] L2 norm of the router's input */
     const uint64_t *phase_ns;      /* [capacity][n_layers][COL_PHASE_COUNT] monotonic nanoseconds */
     const uint64_t *token_ns;      /* [capacity] whole forward pass of the position */
-    /* Expert caching (since ABI 6). The cached-routing arrays are NULL unless the routing is
+    /* Expert caching (since ABI 7). The cached-routing arrays are NULL unless the routing is
      * COL_ROUTING_CACHED; cache_hits is NULL without an expert cache (expert_cache 0). */
     const uint8_t *cache_kept;     /* [capacity][n_moe_layers] 1 when the previous position's set was used
                                     * instead of a different fresh top-k */
@@ -566,7 +572,7 @@ int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_
  * after the call). The trace records token -1 at these positions. A step is n = 1. Errors:
  * COL_ERR_CONTEXT_FULL; COL_ERR_INVALID_ARG for NULL embeddings or a NaN or infinite element
  * (its row and element in err); nothing processed in either case. Owner thread; no allocation.
- * Since ABI 6. */
+ * Since ABI 7. */
 int32_t col_session_prefill_embeddings(col_session *session, const float *embeddings, uint32_t n,
                                        float *logits, char *err, size_t errlen);
 
@@ -675,12 +681,43 @@ int32_t col_model_section(const col_model *model, uint32_t index, col_section *o
 
 /* Check `config` for `model` exactly as col_session_create does, allocating nothing. The engine
  * is the one judge of every range: routing mode (col_routing_mode), n_threads 1..256,
- * max_context up to the model's, epsilon finite and >= 0, trace 0 or 1, kernels (col_kernels),
- * and the numerics fields (reduction, lanes 1..256 with the blocked reduction only, fma 0 or 1,
- * split 0..256, activation, router_noise_ulps up to 2^22). Returns COL_OK, or
- * COL_ERR_INVALID_ARG with the reason in err. Thread safe. */
+ * max_context up to the model's, epsilon finite and >= 0, trace 0 or 1, capture_hidden 0 or 1,
+ * kernels (col_kernels), and the numerics fields (reduction, lanes 1..256 with the blocked
+ * reduction only, fma 0 or 1, split 0..256, activation, router_noise_ulps up to 2^22). Returns
+ * COL_OK, or COL_ERR_INVALID_ARG with the reason in err. Thread safe. */
 int32_t col_session_config_check(const col_model *model, const col_session_config *config,
                                  char *err, size_t errlen);
+
+/* ---- Since ABI 6: each layer's hidden state, for comparing with a reference ------------------ */
+
+/* Where a session captures hidden states: the residual stream after each layer (after the
+ * feed-forward block's residual add, and the numerics variant's rounding when one is set), row
+ * r holding position first_position + r. */
+typedef struct col_hidden_view {
+    const float *data;             /* [n_rows][n_layers][d_model]; NULL when nothing is captured */
+    uint32_t first_position;
+    uint32_t n_rows;
+    uint32_t n_layers;
+    uint32_t d_model;
+} col_hidden_view;
+
+/* Capture into a caller buffer from now on: `buffer` [n_rows][n_layers][d_model] float32
+ * receives the hidden states of positions first_position..first_position + n_rows - 1 as they
+ * are processed (positions outside that window are not captured; rows of positions not yet
+ * processed are left as they are). The caller owns the buffer and keeps it valid until it is
+ * detached, the session is freed, or another call replaces it; the engine writes it only during
+ * col_session_prefill/step. buffer NULL detaches it: capture goes back to the session's own
+ * buffer when the session was created with capture_hidden = 1 (first_position 0, capacity
+ * rows), else stops. Costs a copy of d_model floats per captured (position, layer); nothing is
+ * allocated. Same thread rules as the session. COL_ERR_INVALID_ARG for a NULL session, or a
+ * non-NULL buffer with n_rows 0. */
+int32_t col_session_capture(col_session *session, float *buffer, uint32_t first_position,
+                            uint32_t n_rows, char *err, size_t errlen);
+
+/* The capture target now (zero-copy; see col_hidden_view): the caller's buffer, or the
+ * session's own (valid until the session is freed; rows 0..col_session_position - 1 filled),
+ * or data NULL and n_rows 0 when nothing is captured. COL_ERR_INVALID_ARG for NULL arguments. */
+int32_t col_session_hidden(const col_session *session, col_hidden_view *out);
 
 /* COL_CDEF_END */
 

@@ -185,6 +185,7 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
         }
         if (c->expert_cache) BIND(trace_cache_hits, cap * n_moe * k_slots, 1);
     }
+    if (c->capture_hidden) BIND(capture_own, cap * hp->n_layers * hp->d_model, sizeof(float));
 #undef BIND
     return (cur + 63) & ~(uint64_t)63;
 }
@@ -209,6 +210,8 @@ static int32_t check_config(const col_model *m, const col_session_config *c, cha
                              "expert_cache %u outside %u..%u (the experts one decision takes, up to every expert)",
                              c->expert_cache, slots, m->hp.n_experts);
     if (c->trace > 1) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "trace must be 0 or 1");
+    if (c->capture_hidden > 1)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "capture_hidden must be 0 or 1");
     if (c->kernels > COL_KERNELS_AMX)
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "unknown kernel path %u (0..%d)", c->kernels, COL_KERNELS_AMX);
     return col_numerics_check(c, err, errlen);
@@ -278,6 +281,7 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     s->numerics = col_numerics_of(config);
     if (col_numerics_hooks_products(&s->numerics)) col_pool_set_numerics(s->pool, &s->numerics);
     col_rope_init(&model->hp, s->inv_freq);
+    col_session_capture(s, NULL, 0, 0, NULL, 0);
     *out = s;
     return COL_OK;
 }
@@ -447,5 +451,35 @@ int32_t col_session_cache_stats(const col_session *session, int32_t moe_index, c
         out->decisions += layer->decisions;
         out->kept += layer->kept;
     }
+    return COL_OK;
+}
+
+int32_t col_session_capture(col_session *session, float *buffer, uint32_t first_position, uint32_t n_rows, char *err,
+                            size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    if (buffer && n_rows == 0) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "a capture buffer of 0 rows");
+    if (!buffer) { /* back to the session's own buffer, or off */
+        session->capture = session->capture_own;
+        session->capture_first = 0;
+        session->capture_rows = session->capture_own ? session->capacity : 0;
+        return COL_OK;
+    }
+    session->capture = buffer;
+    session->capture_first = first_position;
+    session->capture_rows = n_rows;
+    return COL_OK;
+}
+
+int32_t col_session_hidden(const col_session *session, col_hidden_view *out)
+{
+    if (!session || !out) return COL_ERR_INVALID_ARG;
+    memset(out, 0, sizeof *out);
+    out->n_layers = session->model->hp.n_layers;
+    out->d_model = session->model->hp.d_model;
+    if (!session->capture) return COL_OK;
+    out->data = session->capture;
+    out->first_position = session->capture_first;
+    out->n_rows = session->capture_rows;
     return COL_OK;
 }

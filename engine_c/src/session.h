@@ -101,6 +101,14 @@ struct col_session {
     float *trace_cache_margin;  /* [capacity][n_moe_layers], cached routing only */
     int32_t *trace_fresh_ids;   /* [capacity][n_moe_layers][k_slots], cached routing only */
     uint8_t *trace_cache_hits;  /* [capacity][n_moe_layers][k_slots], with an expert cache only */
+
+    /* hidden-state capture (col_session_capture): rows of positions capture_first.. +
+     * capture_rows, each [n_layers][d_model]; NULL when off. capture_own is the arena's
+     * [capacity][n_layers][d_model] buffer (config.capture_hidden), else NULL. */
+    float *capture;
+    uint32_t capture_first;
+    uint32_t capture_rows;
+    float *capture_own;
 };
 
 /* Positions processed together by prefill (matrix-matrix products over the block). */
