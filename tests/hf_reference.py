@@ -119,6 +119,15 @@ VARIANTS = [
         moe_intermediate_size=20, moe_num_experts=6, moe_k=3, moe_num_shared_experts=0,
         moe_layer_start_index=0, moe_layer_end_index=2, moe_layer_interval=2,
         tie_word_embeddings=False), rule_matters=True),
+    # sparsemixer always takes the two best logits, so these do not pass rule_matters; its
+    # weights (masked softmaxes) reach the logits, which the conformance test compares
+    Variant("phimoe-base", "phimoe", dict(_COMMON, intermediate_size=32, num_local_experts=4,
+                                          num_experts_per_tok=2)),
+    Variant("phimoe-bias-window-wide-jitter-tied", "phimoe", dict(
+        _COMMON, vocab_size=97, hidden_size=60, num_attention_heads=6, num_key_value_heads=3,
+        intermediate_size=36, num_local_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
+        attention_bias=True, lm_head_bias=True, sliding_window=8, router_jitter_noise=0.4,
+        tie_word_embeddings=True)),
 ]
 
 _CLASSES = {
@@ -130,7 +139,19 @@ _CLASSES = {
     "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM),
     "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM),
     "ernie4_5_moe": (transformers.Ernie4_5_MoeConfig, transformers.Ernie4_5_MoeForCausalLM),
+    "phimoe": (transformers.PhimoeConfig, transformers.PhimoeForCausalLM),
 }
+
+# The router's weight in each family's module tree (kept in f32 by the converter).
+ROUTER_SUFFIXES = ("mlp.gate.weight", "router.weight", "router.layer.weight")
+
+# Where a MoE layer's router weight and fused experts (gate_up_proj, down_proj) sit in a
+# family's module tree (`model.layers.L.` omitted), for the families that have them.
+MOE_BLOCK = {"phimoe": ("mlp.router.weight", "mlp.experts")}
+
+
+def moe_block(family: str) -> tuple[str, str]:
+    return MOE_BLOCK.get(family, ("mlp.gate.weight", "mlp.experts"))
 
 
 def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
@@ -143,9 +164,9 @@ def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):  # the router: spread logits so routing is decisive
+            if name.endswith(ROUTER_SUFFIXES):  # spread the logits so routing is decisive
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-            elif "norm" in name:
+            elif "norm" in name and not name.endswith(".bias"):  # LayerNorm biases: below
                 param.copy_(1.0 + 0.3 * torch.randn(param.shape, generator=generator))
             elif name.endswith("bias"):  # ERNIE's moe_statics correction bias among them
                 param.copy_(0.2 * torch.randn(param.shape, generator=generator))
@@ -164,7 +185,7 @@ def round_like_converter(model: torch.nn.Module, dtype: str) -> None:
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.ndim >= 2 and not name.endswith(("mlp.gate.weight", "correction_bias")):
+            if param.ndim >= 2 and not name.endswith((*ROUTER_SUFFIXES, "correction_bias")):
                 param.copy_(param.to(torch_dtype).to(torch.float32))
 
 

@@ -133,15 +133,16 @@ def test_round_trip_through_the_engine_equals_the_source(variant, fused, tmp_pat
             prefix = f"model.layers.{layer}."
             np.testing.assert_array_equal(m.tensor(f"layers.{layer}.attn_q"),
                                           params[prefix + "self_attn.q_proj.weight"])
-            if m.routing(layer).kind != 1:
+            if m.routing(layer).kind != "moe":
                 continue
+            router, experts = hf_reference.moe_block(variant.family)
             np.testing.assert_array_equal(m.tensor(f"layers.{layer}.moe_gate"),
-                                          params[prefix + "mlp.gate.weight"])
-            gate_up = params[prefix + "mlp.experts.gate_up_proj"]      # [E, 2I, H]
+                                          params[prefix + router])
+            gate_up = params[prefix + experts + ".gate_up_proj"]      # [E, 2I, H]
             inter = gate_up.shape[1] // 2
             np.testing.assert_array_equal(m.tensor(f"layers.{layer}.moe_w1"), gate_up[:, :inter])
             np.testing.assert_array_equal(m.tensor(f"layers.{layer}.moe_w3"), gate_up[:, inter:])
             np.testing.assert_array_equal(m.tensor(f"layers.{layer}.moe_w2"),
-                                          params[prefix + "mlp.experts.down_proj"])
+                                          params[prefix + experts + ".down_proj"])
         np.testing.assert_array_equal(m.tensor("token_embd"), params["model.embed_tokens.weight"])
         np.testing.assert_array_equal(m.tensor("output_norm"), params["model.norm.weight"])

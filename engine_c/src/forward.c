@@ -1,8 +1,9 @@
 /*
  * forward.c - a block of positions through the whole model: embedding, the pre-norm decoder
  * layers (x += attention(norm(x)); x += feed_forward(norm(x))), the final norm and the LM head.
- * A prefill runs blocks of up to COL_BATCH positions; a decode step is the block of one, so
- * decode and prefill are one code path and give the same bits by construction.
+ * The norm is the model's (RMSNorm, or LayerNorm with or without bias); the LM head adds its bias
+ * when the file has one. A prefill runs blocks of up to COL_BATCH positions; a decode step is the
+ * block of one, so decode and prefill are one code path and give the same bits by construction.
  *
  * It also owns per-layer timing: phases are read from the monotonic clock only when tracing is
  * on, so a session without a trace pays nothing for it.
@@ -34,12 +35,12 @@ void col_forward(col_session *s, const int32_t *tokens, uint32_t n, float *logit
         const col_layer *layer = &m->layers[l];
         uint64_t phase[COL_PHASE_COUNT] = {0};
         uint64_t t0 = tracing ? col_now_ns() : 0;
-        col_rmsnorm_rows(s, s->x, layer->attn_norm, n, s->xn);
+        col_norm_rows(s, s->x, layer->attn_norm, layer->attn_norm_bias, n, s->xn);
         col_attention(s, l, n);
         for (uint64_t i = 0; i < n_x; i++) s->x[i] += s->tmp[i];
         col_numerics_round(&s->numerics, s->pool, s->x, n_x);
         uint64_t t1 = tracing ? col_now_ns() : 0;
-        col_rmsnorm_rows(s, s->x, layer->ffn_norm, n, s->xn);
+        col_norm_rows(s, s->x, layer->ffn_norm, layer->ffn_norm_bias, n, s->xn);
         col_feed_forward(s, l, n, tracing ? phase : NULL);
         for (uint64_t i = 0; i < n_x; i++) s->x[i] += s->tmp[i];
         col_numerics_round(&s->numerics, s->pool, s->x, n_x);
@@ -55,9 +56,15 @@ void col_forward(col_session *s, const int32_t *tokens, uint32_t n, float *logit
     /* The LM head over every position when all logits are wanted, else over the last only,
      * straight into s->logits. */
     uint32_t first = logits ? 0 : n - 1, rows = n - first;
-    col_rmsnorm_rows(s, s->x + (uint64_t)first * d_model, m->output_norm, rows, s->xn);
-    col_matvec_job head = {col_weight_of(m->output), s->xn, logits ? logits : s->logits, rows};
+    col_norm_rows(s, s->x + (uint64_t)first * d_model, m->output_norm, m->output_norm_bias, rows, s->xn);
+    float *out = logits ? logits : s->logits;
+    col_matvec_job head = {col_weight_of(m->output), s->xn, out, rows};
     col_matmul_many(s->pool, &head, 1);
+    if (m->output_bias) {
+        const float *b = (const float *)m->output_bias->data; /* 1-D, so f32 (format.c checks) */
+        for (uint32_t r = 0; r < rows; r++)
+            for (uint32_t i = 0; i < hp->vocab_size; i++) out[(uint64_t)r * hp->vocab_size + i] += b[i];
+    }
     if (logits)
         memcpy(s->logits, logits + (uint64_t)(rows - 1) * hp->vocab_size, (uint64_t)hp->vocab_size * sizeof(float));
 

@@ -112,6 +112,7 @@ static const char *arch_name(uint32_t arch)
     case COL_ARCH_DEEPSEEK_V3: return "deepseek_v3";
     case COL_ARCH_GLM4_MOE: return "glm4_moe";
     case COL_ARCH_ERNIE4_5_MOE: return "ernie4_5_moe";
+    case COL_ARCH_PHIMOE: return "phimoe";
     default: return "unknown";
     }
 }

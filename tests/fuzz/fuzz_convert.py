@@ -62,6 +62,10 @@ FAMILY_CONFIGS = [
     {"model_type": "ernie4_5_moe", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
      "moe_intermediate_size": 8, "num_hidden_layers": 3, "num_attention_heads": 4,
      "num_key_value_heads": 2, "moe_num_experts": 4, "moe_k": 2, "moe_layer_interval": 2},
+    {"model_type": "phimoe", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 8,
+     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+     "num_local_experts": 4, "num_experts_per_tok": 2, "router_jitter_noise": 0.01,
+     "attention_bias": True, "lm_head_bias": True, "sliding_window": 8},
 ]
 KEYS = sorted({k for c in FAMILY_CONFIGS for k in c}
               | {k for f in FAMILIES.values() for k in f.defaults}
