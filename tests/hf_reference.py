@@ -128,6 +128,26 @@ VARIANTS = [
         intermediate_size=36, num_local_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
         attention_bias=True, lm_head_bias=True, sliding_window=8, router_jitter_noise=0.4,
         tie_word_embeddings=True)),
+    # Granite ranks its logits (a plain top-k); the multipliers reach every logit
+    Variant("granitemoe-mup", "granitemoe", dict(
+        _COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
+        logits_scaling=6.0)),
+    Variant("granitemoe-bias-odd-tied", "granitemoe", dict(
+        _COMMON, vocab_size=101, hidden_size=56, num_attention_heads=7, num_key_value_heads=1,
+        intermediate_size=24, num_local_experts=5, num_experts_per_tok=3, num_hidden_layers=3,
+        attention_bias=True, tie_word_embeddings=True, embedding_multiplier=3.5,
+        attention_multiplier=0.2, residual_multiplier=0.6, logits_scaling=2.5,
+        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})),
+    Variant("granitemoeshared-shared", "granitemoeshared", dict(
+        _COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=48, embedding_multiplier=12.0, attention_multiplier=0.015625,
+        residual_multiplier=0.22, logits_scaling=6.0)),
+    Variant("granitemoeshared-unshared-bias", "granitemoeshared", dict(
+        _COMMON, hidden_size=48, num_attention_heads=6, num_key_value_heads=3,
+        intermediate_size=20, num_local_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
+        shared_intermediate_size=0, attention_bias=True, embedding_multiplier=2.0,
+        attention_multiplier=0.25, residual_multiplier=0.5, logits_scaling=4.0)),
 ]
 
 _CLASSES = {
@@ -140,6 +160,9 @@ _CLASSES = {
     "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM),
     "ernie4_5_moe": (transformers.Ernie4_5_MoeConfig, transformers.Ernie4_5_MoeForCausalLM),
     "phimoe": (transformers.PhimoeConfig, transformers.PhimoeForCausalLM),
+    "granitemoe": (transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM),
+    "granitemoeshared": (transformers.GraniteMoeSharedConfig,
+                         transformers.GraniteMoeSharedForCausalLM),
 }
 
 # The router's weight in each family's module tree (kept in f32 by the converter).
@@ -147,7 +170,9 @@ ROUTER_SUFFIXES = ("mlp.gate.weight", "router.weight", "router.layer.weight")
 
 # Where a MoE layer's router weight and fused experts (gate_up_proj, down_proj) sit in a
 # family's module tree (`model.layers.L.` omitted), for the families that have them.
-MOE_BLOCK = {"phimoe": ("mlp.router.weight", "mlp.experts")}
+MOE_BLOCK = {"phimoe": ("mlp.router.weight", "mlp.experts"),
+             "granitemoe": ("block_sparse_moe.router.weight", "block_sparse_moe.experts"),
+             "granitemoeshared": ("block_sparse_moe.router.weight", "block_sparse_moe.experts")}
 
 
 def moe_block(family: str) -> tuple[str, str]:
@@ -166,7 +191,7 @@ def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
         for name, param in model.named_parameters():
             if name.endswith(ROUTER_SUFFIXES):  # spread the logits so routing is decisive
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-            elif "norm" in name and not name.endswith(".bias"):  # LayerNorm biases: below
+            elif "norm" in name.split(".")[-2] and not name.endswith(".bias"):  # a norm's weight
                 param.copy_(1.0 + 0.3 * torch.randn(param.shape, generator=generator))
             elif name.endswith("bias"):  # ERNIE's moe_statics correction bias among them
                 param.copy_(0.2 * torch.randn(param.shape, generator=generator))
@@ -206,8 +231,23 @@ class Reference:
 
 def _routers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The MoE layers' router modules, in layer order (every family's returns logits, weights,
-    indices)."""
+    indices, but DBRX's, which returns the logits: see _record_decisions)."""
     return [m for m in model.modules() if type(m).__name__.endswith(("TopkRouter", "TopKRouter"))]
+
+
+def _record_decisions(model: torch.nn.Module, seen: list[tuple]) -> list[Any]:
+    """Hooks that append (router, (logits, _, chosen experts)) to `seen` for each MoE layer as
+    transformers runs it: from the routers' outputs, or for DBRX (whose router returns only the
+    logits and whose FFN chooses) from its router's output and its experts' top_k_index input."""
+    hooks = [r.register_forward_hook(lambda mod, inp, out: seen.append((mod, out)))
+             for r in _routers(model)]
+    logits: dict[int, torch.Tensor] = {}
+    for ffn in (m for m in model.modules() if type(m).__name__ == "DbrxFFN"):
+        hooks.append(ffn.router.register_forward_hook(
+            lambda mod, inp, out, key=id(ffn): logits.__setitem__(key, out)))
+        hooks.append(ffn.experts.register_forward_hook(
+            lambda mod, args, out, f=ffn: seen.append((f.router, (logits[id(f)], None, args[1])))))
+    return hooks
 
 
 def _selection_and_groups(router: torch.nn.Module, logits: torch.Tensor
@@ -235,8 +275,7 @@ def _selection_and_groups(router: torch.nn.Module, logits: torch.Tensor
 def run(model: torch.nn.Module, tokens: list[int], n_generate: int) -> Reference:
     ids = torch.tensor([tokens])
     seen: list[tuple] = []
-    hooks = [r.register_forward_hook(lambda mod, inp, out: seen.append((mod, out)))
-             for r in _routers(model)]
+    hooks = _record_decisions(model, seen)
     try:
         with torch.no_grad():
             out = model(ids, output_router_logits=True)

@@ -572,3 +572,43 @@ def test_token_id_outside_vocab_becomes_minus_one(saved, tmp_path):
     parsed = read_colibri(tmp_path / "m.colibri")
     assert (parsed["hp"]["bos_token_id"], parsed["hp"]["eos_token_id"]) == (3, -1)
     assert "eos_token_id 50279" in parsed["metadata"]["notes"][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# What the configs of PhiMoE, Granite and DBRX mean (colibri.families), without tensors
+
+def _family_config(model_type: str, **kw: object) -> dict:
+    base = dict(model_type=model_type, vocab_size=64, hidden_size=16, intermediate_size=8,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                num_local_experts=4, num_experts_per_tok=2)
+    return {**base, **kw}
+
+
+def test_phimoe_routes_two_experts_whatever_the_config_says():
+    from colibri.families import architecture_from_config
+
+    arch = architecture_from_config(_family_config("phimoe", num_experts_per_tok=4))
+    assert arch.hp.n_experts_active == 2
+    assert "stored as 2" in arch.notes[0]
+    assert arch.rules[0].scoring == ff.SCORING_SPARSEMIXER
+    assert arch.rules[0].sparsemixer_eps == pytest.approx(0.01)   # the class default
+    with pytest.raises(ConversionError, match="sparsemixer chooses 2"):
+        architecture_from_config(_family_config("phimoe", num_local_experts=1,
+                                                num_experts_per_tok=1))
+
+
+@pytest.mark.parametrize("model_type", ["phimoe", "granitemoe", "granitemoeshared"])
+def test_experts_other_than_silu_are_refused(model_type):
+    from colibri.families import architecture_from_config
+
+    with pytest.raises(ConversionError, match="hidden_act = 'gelu' is not supported"):
+        architecture_from_config(_family_config(model_type, hidden_act="gelu"))
+
+
+@pytest.mark.parametrize("field", ["embedding_multiplier", "attention_multiplier",
+                                   "residual_multiplier", "logits_scaling"])
+def test_granite_multipliers_must_be_positive(field):
+    from colibri.families import architecture_from_config
+
+    with pytest.raises(ConversionError, match=f"{field} = 0"):
+        architecture_from_config(_family_config("granitemoe", **{field: 0}))

@@ -22,7 +22,8 @@ from colibri.jitter.analysis import Runner, analyze_epsilon, analyze_jitter  # n
 
 VARIANTS = {v.name: v for v in hf_reference.VARIANTS}
 # one variant per family, the one with the most of its options switched on
-TOOL_VARIANTS = ("phimoe-bias-window-wide-jitter-tied",)
+TOOL_VARIANTS = ("phimoe-bias-window-wide-jitter-tied", "granitemoe-bias-odd-tied",
+                 "granitemoeshared-shared")
 PROMPT = (3, 17, 42, 7, 90, 5, 61, 64, 8, 10)   # below every variant's vocabulary
 JITTER = "seq,blocked4+fma,seq+split2,act-bf16,w-bf16,noise2"
 
@@ -75,6 +76,12 @@ def test_the_debugger_steps_the_family_to_a_margin_breakpoint(converted: dict, n
                 assert list(e.expert_ids) == ids
                 np.testing.assert_allclose(a.weight[ids], weights, rtol=2e-6)
                 assert a.selection_is_logit and a.rule.startswith("sparsemixer over")
+            if name.startswith("granite"):  # top-k of the logits, a softmax over the chosen
+                ids = list(np.argsort(-a.logits.astype(np.float64), kind="stable")[:rule.top_k])
+                assert list(e.expert_ids) == ids
+                chosen = np.exp(a.logits[ids].astype(np.float64) - a.logits[ids].max())
+                np.testing.assert_allclose(a.weight[ids], chosen / chosen.sum(), rtol=2e-6)
+                assert a.selection_is_logit and a.rule.startswith(f"top-{rule.top_k} of")
 
         again = Debugger(model, RunSettings(PROMPT, 6))
         stop = again.run([MarginBelow(threshold)])
@@ -115,3 +122,15 @@ def test_info_names_phimoes_rule_norm_and_biases(converted: dict,
             "attention") in out
     assert "norm_kind                    2\n" in out
     assert "QKV_BIAS|O_BIAS|OUTPUT_BIAS" in out
+
+
+def test_info_names_granites_multipliers(converted: dict, capsys: pytest.CaptureFixture) -> None:
+    from colibri.cli import main
+
+    assert main(["info", str(converted["granitemoeshared-shared"])]) == 0
+    out = capsys.readouterr().out
+    assert ("layer 0    top-2 of 4 logits, weighted by a softmax over the chosen; plus a shared "
+            "expert") in out
+    for field, value in (("attn_scale", "0.015625"), ("embedding_scale", "12"),
+                         ("residual_scale", "0.22"), ("logit_divisor", "6")):
+        assert f"{field:<28} {value}\n" in out

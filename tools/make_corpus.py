@@ -58,7 +58,7 @@ H_VERSION, H_NUM_EXPERTS, H_HEADER_SIZE, H_TENSOR_COUNT = 0x04, 0x08, 0x10, 0x14
 H_ROUTING_OFFSET, H_DATA_OFFSET, H_FILE_SIZE, H_ARCH, H_FLAGS = 0x18, 0x20, 0x50, 0x58, 0x5C
 H_D_MODEL, H_HEADER_CRC, H_TABLES_CRC = 0x60, 0xC0, 0xC4
 H_ROPE_TYPE, H_ROPE_ORIG_CTX, H_KV_LORA, H_ROTARY_DIM, H_ROPE_BETA_FAST = 0x8C, 0x9C, 0xD0, 0xE0, 0xF4
-H_NORM_KIND = 0x100
+H_NORM_KIND, H_RESIDUAL_SCALE = 0x100, 0x108
 T_DTYPE, T_NDIM, T_SHAPE, T_OFFSET, T_NBYTES, T_CRC = 0x40, 0x44, 0x48, 0x68, 0x70, 0x78
 R_KIND, R_SCORING, R_SELECT_ON, R_CORRECTION, R_N_GROUPS, R_GROUPS_KEPT = 0x04, 0x18, 0x1C, 0x20, 0x24, 0x28
 R_GROUP_SCORE, R_SCALE, R_ATTENTION = 0x2C, 0x3C, 0x48
@@ -388,6 +388,9 @@ def corpus_entries() -> list[Entry]:
         "required tensor 'output_norm_bias' is missing", "LayerNorm with bias (norm_kind 2) "
         "declared without its bias tensors", edited(b, lambda im: put(im, H_NORM_KIND, "<I", 2)),
         tensor="output_norm_bias")
+    add("v2_residual_scale.colibri", "COL_ERR_HEADER", H_RESIDUAL_SCALE,
+        "residual_scale -0.5 is not 0 (none) or a finite value > 0",
+        "a negative residual multiplier", edited(b, lambda im: put(im, H_RESIDUAL_SCALE, "<f", -0.5)))
     phi = build_base(phi=True)
     add("valid_layernorm_bias.colibri", "COL_OK", 0, "", "PhiMoE's blocks: LayerNorms with bias "
         "(attn_norm_bias, ffn_norm_bias, output_norm_bias) and the LM head's output_bias",

@@ -140,7 +140,7 @@ def dequantize(data: np.ndarray, dtype: int, shape: Sequence[int]) -> np.ndarray
 
 ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4  # keys of ARCH_NAMES
 ARCH_DEEPSEEK_V2, ARCH_DEEPSEEK_V3, ARCH_GLM4_MOE, ARCH_ERNIE4_5_MOE = 5, 6, 7, 8  # version 2
-ARCH_PHIMOE = 11
+ARCH_PHIMOE, ARCH_GRANITEMOE, ARCH_GRANITEMOESHARED = 11, 12, 13
 
 FLAG_NORM_TOPK = 1              # version 1 only (a version-2 routing entry states it)
 FLAG_TIED_EMBEDDINGS = 2
@@ -177,7 +177,7 @@ _HPARAM_FIELDS: tuple[tuple[int, str, str], ...] = (
     (0x0A8, "<f", "norm_eps"), (0x0AC, "<f", "clip_qkv"), (0x0B0, "<f", "default_epsilon"),
     (0x0B4, "<i", "bos_token_id"), (0x0B8, "<i", "eos_token_id"),
 )
-# Version 2's fields after the CRCs (0x0C8..0x103; 0x104..0x1FF reserved, zero).
+# Version 2's fields after the CRCs (0x0C8..0x10F; 0x110..0x1FF reserved, zero).
 _HPARAM_FIELDS_V2: tuple[tuple[int, str, str], ...] = (
     (0x0C8, "<I", "attention"), (0x0CC, "<I", "q_lora_rank"), (0x0D0, "<I", "kv_lora_rank"),
     (0x0D4, "<I", "qk_nope_head_dim"), (0x0D8, "<I", "qk_rope_head_dim"),
@@ -185,7 +185,8 @@ _HPARAM_FIELDS_V2: tuple[tuple[int, str, str], ...] = (
     (0x0E8, "<f", "attn_scale"), (0x0EC, "<f", "latent_norm_eps"),
     (0x0F0, "<f", "rope_attn_factor"), (0x0F4, "<f", "rope_beta_fast"),
     (0x0F8, "<f", "rope_beta_slow"), (0x0FC, "<I", "rope_truncate"),
-    (0x100, "<I", "norm_kind"),
+    (0x100, "<I", "norm_kind"), (0x104, "<f", "embedding_scale"), (0x108, "<f", "residual_scale"),
+    (0x10C, "<f", "logit_divisor"),
 )
 
 
@@ -337,7 +338,9 @@ def plan_file(hparams: HParams, layer_kinds: Sequence[int], tensors: Sequence[Te
         raise ValueError("rules and attention need one entry per layer")
     if version == 1 and (any(r not in (None, implied) for r in rules) or
                          len(set(attention)) > 1 or hparams.attention != ATTENTION_GQA or
-                         hparams.norm_kind != NORM_KIND_RMS or hparams.flags & FLAG_OUTPUT_BIAS):
+                         hparams.norm_kind != NORM_KIND_RMS or hparams.flags & FLAG_OUTPUT_BIAS or
+                         hparams.embedding_scale or hparams.residual_scale or
+                         hparams.logit_divisor):
         raise ValueError("format version 1 cannot state these routing rules or attention")
     header_size = HEADER_SIZE if version == 2 else HEADER_SIZE_V1
     entry_size = ROUTING_ENTRY_SIZE if version == 2 else ROUTING_ENTRY_SIZE_V1

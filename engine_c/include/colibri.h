@@ -119,7 +119,9 @@ typedef enum col_arch {
     COL_ARCH_GLM4_MOE = 7,
     COL_ARCH_ERNIE4_5_MOE = 8,
     /* 9 and 10 are kept for GPT-OSS and Llama 4 */
-    COL_ARCH_PHIMOE = 11
+    COL_ARCH_PHIMOE = 11,
+    COL_ARCH_GRANITEMOE = 12,
+    COL_ARCH_GRANITEMOESHARED = 13
 } col_arch;
 
 /* Bits of col_hparams.flags (header offset 0x05C). NORM_TOPK, SHARED_EXPERT and
@@ -256,6 +258,9 @@ typedef struct col_hparams {
     float rope_beta_fast;          /* YaRN */
     float rope_beta_slow;          /* YaRN */
     uint32_t norm_kind;            /* col_norm_kind (v1: RMS) */
+    float embedding_scale;         /* 0 = none, else the embeddings are multiplied by it (Granite) */
+    float residual_scale;          /* 0 = none, else each block's output is multiplied by it before the residual add */
+    float logit_divisor;           /* 0 = none, else the logits are divided by it (Granite's logits_scaling) */
 } col_hparams;
 
 /* One tensor table entry, decoded. `data` points into the read-only mapping (never write it). */

@@ -185,7 +185,8 @@ enum {
     H_ATTENTION = 0x0C8, H_Q_LORA = 0x0CC, H_KV_LORA = 0x0D0, H_QK_NOPE = 0x0D4, H_QK_ROPE = 0x0D8,
     H_V_HEAD = 0x0DC, H_ROTARY_DIM = 0x0E0, H_ROPE_LAYOUT = 0x0E4, H_ATTN_SCALE = 0x0E8,
     H_LATENT_EPS = 0x0EC, H_ROPE_ATTN_FACTOR = 0x0F0, H_ROPE_BETA_FAST = 0x0F4,
-    H_ROPE_BETA_SLOW = 0x0F8, H_ROPE_TRUNCATE = 0x0FC, H_NORM_KIND = 0x100, H_RESERVED_V2 = 0x104
+    H_ROPE_BETA_SLOW = 0x0F8, H_ROPE_TRUNCATE = 0x0FC, H_NORM_KIND = 0x100,
+    H_EMBEDDING_SCALE = 0x104, H_RESIDUAL_SCALE = 0x108, H_LOGIT_DIVISOR = 0x10C, H_RESERVED_V2 = 0x110
 };
 
 /* Tensor table entry and routing entry field offsets. */
@@ -267,6 +268,9 @@ static void decode_hparams(const uint8_t *d, col_hparams *hp)
     hp->rope_beta_slow = rdf32(d + H_ROPE_BETA_SLOW);
     hp->rope_truncate = rd32(d + H_ROPE_TRUNCATE);
     hp->norm_kind = rd32(d + H_NORM_KIND);
+    hp->embedding_scale = rdf32(d + H_EMBEDDING_SCALE);
+    hp->residual_scale = rdf32(d + H_RESIDUAL_SCALE);
+    hp->logit_divisor = rdf32(d + H_LOGIT_DIVISOR);
 }
 
 /* What the validator learned about the file's layout, and which regions are safe to read. */
@@ -819,6 +823,15 @@ static void check_hparams_v2(const layout *L, sink *s)
         ERR(s, COL_ERR_UNSUPPORTED, H_ROPE_LAYOUT, "", "unknown rope_layout %" PRIu32, hp->rope_layout);
     if (hp->norm_kind > COL_NORM_KIND_LAYER_BIAS)
         ERR(s, COL_ERR_UNSUPPORTED, H_NORM_KIND, "", "unknown norm_kind %" PRIu32, hp->norm_kind);
+    static const struct { uint32_t off; const char *name; } scales[] = {
+        {H_EMBEDDING_SCALE, "embedding_scale"}, {H_RESIDUAL_SCALE, "residual_scale"},
+        {H_LOGIT_DIVISOR, "logit_divisor"}};
+    for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
+        float v = rdf32(L->d + scales[i].off);
+        if (v != 0.0f && !finite_pos((double)v))
+            ERR(s, COL_ERR_HEADER, scales[i].off, "", "%s %g is not 0 (none) or a finite value > 0",
+                scales[i].name, (double)v);
+    }
     if (!finite_pos((double)hp->attn_scale))
         ERR(s, COL_ERR_HEADER, H_ATTN_SCALE, "", "attn_scale %g is not a finite value > 0",
             (double)hp->attn_scale);
@@ -908,7 +921,7 @@ static bool arch_known(uint32_t arch, uint32_t version)
     case COL_ARCH_MIXTRAL: case COL_ARCH_QWEN2_MOE: case COL_ARCH_QWEN3_MOE: case COL_ARCH_OLMOE:
         return true;
     case COL_ARCH_DEEPSEEK_V2: case COL_ARCH_DEEPSEEK_V3: case COL_ARCH_GLM4_MOE: case COL_ARCH_ERNIE4_5_MOE:
-    case COL_ARCH_PHIMOE:
+    case COL_ARCH_PHIMOE: case COL_ARCH_GRANITEMOE: case COL_ARCH_GRANITEMOESHARED:
         return version == 2;
     default:
         return false;
@@ -1542,6 +1555,9 @@ static const field_desc header_fields[] = {
     {"rope_beta_slow", "rope", H_ROPE_BETA_SLOW, 4, COL_FIELD_F32, IN_V2},
     {"rope_truncate", "rope", H_ROPE_TRUNCATE, 4, COL_FIELD_U32, IN_V2},
     {"norm_kind", "hyper-parameters", H_NORM_KIND, 4, COL_FIELD_U32, IN_V2},
+    {"embedding_scale", "hyper-parameters", H_EMBEDDING_SCALE, 4, COL_FIELD_F32, IN_V2},
+    {"residual_scale", "hyper-parameters", H_RESIDUAL_SCALE, 4, COL_FIELD_F32, IN_V2},
+    {"logit_divisor", "hyper-parameters", H_LOGIT_DIVISOR, 4, COL_FIELD_F32, IN_V2},
     {"reserved", "reserved", H_RESERVED_V2, COL_HEADER_SIZE_V2 - H_RESERVED_V2, COL_FIELD_BYTES, IN_V2},
 };
 

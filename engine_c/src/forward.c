@@ -2,8 +2,11 @@
  * forward.c - a block of positions through the whole model: embedding, the pre-norm decoder
  * layers (x += attention(norm(x)); x += feed_forward(norm(x))), the final norm and the LM head.
  * The norm is the model's (RMSNorm, or LayerNorm with or without bias); the LM head adds its bias
- * when the file has one. A prefill runs blocks of up to COL_BATCH positions; a decode step is the
- * block of one, so decode and prefill are one code path and give the same bits by construction.
+ * when the file has one. The residual stream's scales (Granite's multipliers: embeddings times a
+ * factor, each block's output times a factor before it is added, logits divided by a factor)
+ * apply when the header sets them. A prefill runs blocks of up to COL_BATCH positions; a decode
+ * step is the block of one, so decode and prefill are one code path and give the same bits by
+ * construction.
  *
  * It also owns per-layer timing: phases are read from the monotonic clock only when tracing is
  * on, so a session without a trace pays nothing for it.
@@ -11,6 +14,16 @@
 #include "session.h"
 
 #include <string.h>
+
+/* x += block output, scaled first when the model says so (Granite's residual_multiplier). */
+static void add_residual(const col_hparams *hp, float *x, const float *out, uint64_t n)
+{
+    if (hp->residual_scale == 0.0f) {
+        for (uint64_t i = 0; i < n; i++) x[i] += out[i];
+    } else {
+        for (uint64_t i = 0; i < n; i++) x[i] += out[i] * hp->residual_scale;
+    }
+}
 
 /* Every weight product is a matrix-matrix product over the block (weights read once per block,
  * not once per token); with n = 1 the kernels run their single-token tiles. Phase timings of the
@@ -30,6 +43,8 @@ void col_forward(col_session *s, const int32_t *tokens, uint32_t n, float *logit
         const uint8_t *row = (const uint8_t *)embd->data + (uint64_t)tokens[t] * col_dtype_row_bytes(embd->dtype, d_model);
         col_load_row(row, embd->dtype, d_model, s->x + (uint64_t)t * d_model);
     }
+    if (hp->embedding_scale != 0.0f)
+        for (uint64_t i = 0; i < n_x; i++) s->x[i] *= hp->embedding_scale;
     col_numerics_round(&s->numerics, s->pool, s->x, n_x); /* numerics variant: rounded residual stream */
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const col_layer *layer = &m->layers[l];
@@ -37,12 +52,12 @@ void col_forward(col_session *s, const int32_t *tokens, uint32_t n, float *logit
         uint64_t t0 = tracing ? col_now_ns() : 0;
         col_norm_rows(s, s->x, layer->attn_norm, layer->attn_norm_bias, n, s->xn);
         col_attention(s, l, n);
-        for (uint64_t i = 0; i < n_x; i++) s->x[i] += s->tmp[i];
+        add_residual(hp, s->x, s->tmp, n_x);
         col_numerics_round(&s->numerics, s->pool, s->x, n_x);
         uint64_t t1 = tracing ? col_now_ns() : 0;
         col_norm_rows(s, s->x, layer->ffn_norm, layer->ffn_norm_bias, n, s->xn);
         col_feed_forward(s, l, n, tracing ? phase : NULL);
-        for (uint64_t i = 0; i < n_x; i++) s->x[i] += s->tmp[i];
+        add_residual(hp, s->x, s->tmp, n_x);
         col_numerics_round(&s->numerics, s->pool, s->x, n_x);
         if (tracing) {
             phase[COL_PHASE_ATTENTION] = t1 - t0;
@@ -65,6 +80,8 @@ void col_forward(col_session *s, const int32_t *tokens, uint32_t n, float *logit
         for (uint32_t r = 0; r < rows; r++)
             for (uint32_t i = 0; i < hp->vocab_size; i++) out[(uint64_t)r * hp->vocab_size + i] += b[i];
     }
+    if (hp->logit_divisor != 0.0f) /* divided, not multiplied by the inverse: the bits transformers gets */
+        for (uint64_t i = 0; i < (uint64_t)rows * hp->vocab_size; i++) out[i] /= hp->logit_divisor;
     if (logits)
         memcpy(s->logits, logits + (uint64_t)(rows - 1) * hp->vocab_size, (uint64_t)hp->vocab_size * sizeof(float));
 

@@ -113,6 +113,8 @@ static const char *arch_name(uint32_t arch)
     case COL_ARCH_GLM4_MOE: return "glm4_moe";
     case COL_ARCH_ERNIE4_5_MOE: return "ernie4_5_moe";
     case COL_ARCH_PHIMOE: return "phimoe";
+    case COL_ARCH_GRANITEMOE: return "granitemoe";
+    case COL_ARCH_GRANITEMOESHARED: return "granitemoeshared";
     default: return "unknown";
     }
 }

@@ -66,6 +66,11 @@ FAMILY_CONFIGS = [
      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
      "num_local_experts": 4, "num_experts_per_tok": 2, "router_jitter_noise": 0.01,
      "attention_bias": True, "lm_head_bias": True, "sliding_window": 8},
+    {"model_type": "granitemoeshared", "vocab_size": 64, "hidden_size": 16,
+     "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+     "shared_intermediate_size": 16, "embedding_multiplier": 12.0, "attention_multiplier": 0.25,
+     "residual_multiplier": 0.22, "logits_scaling": 6.0, "attention_bias": True},
 ]
 KEYS = sorted({k for c in FAMILY_CONFIGS for k in c}
               | {k for f in FAMILIES.values() for k in f.defaults}
