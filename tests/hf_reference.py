@@ -148,6 +148,18 @@ VARIANTS = [
         intermediate_size=20, num_local_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
         shared_intermediate_size=0, attention_bias=True, embedding_multiplier=2.0,
         attention_multiplier=0.25, residual_multiplier=0.5, logits_scaling=4.0)),
+    # DBRX ranks the softmax (as its logits); the p-norm of the chosen weights, the fused Wqkv
+    # with its clamp and the LayerNorms reach the logits
+    Variant("dbrx-l1-clip", "dbrx", dict(
+        vocab_size=128, d_model=64, n_heads=4, n_layers=2, max_seq_len=256,
+        attn_config=dict(kv_n_heads=2, clip_qkv=0.25, rope_theta=10000.0),
+        ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2,
+                        moe_normalize_expert_weights=1.0))),
+    Variant("dbrx-p2-odd-wide-clip-theta", "dbrx", dict(
+        vocab_size=97, d_model=60, n_heads=6, n_layers=3, max_seq_len=256,
+        attn_config=dict(kv_n_heads=3, clip_qkv=6.0, rope_theta=500000.0),
+        ffn_config=dict(ffn_hidden_size=36, moe_num_experts=5, moe_top_k=3,
+                        moe_normalize_expert_weights=2.0))),
 ]
 
 _CLASSES = {
@@ -163,6 +175,7 @@ _CLASSES = {
     "granitemoe": (transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM),
     "granitemoeshared": (transformers.GraniteMoeSharedConfig,
                          transformers.GraniteMoeSharedForCausalLM),
+    "dbrx": (transformers.DbrxConfig, transformers.DbrxForCausalLM),
 }
 
 # The router's weight in each family's module tree (kept in f32 by the converter).

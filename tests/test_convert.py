@@ -612,3 +612,24 @@ def test_granite_multipliers_must_be_positive(field):
 
     with pytest.raises(ConversionError, match=f"{field} = 0"):
         architecture_from_config(_family_config("granitemoe", **{field: 0}))
+
+
+def test_dbrx_reads_its_sub_configs():
+    from colibri.families import architecture_from_config
+
+    raw = dict(model_type="dbrx", vocab_size=64, d_model=16, n_heads=4, n_layers=2,
+               max_seq_len=64, attn_config=dict(kv_n_heads=2, clip_qkv=None, rope_theta=5e5),
+               ffn_config=dict(ffn_hidden_size=8, moe_num_experts=4, moe_top_k=2,
+                               moe_normalize_expert_weights=None))
+    arch = architecture_from_config(raw)
+    hp = arch.hp
+    assert (hp.n_kv_heads, hp.head_dim, hp.d_ff_expert, hp.n_experts, hp.n_experts_active) == (
+        2, 4, 8, 4, 2)
+    assert hp.clip_qkv == 0.0 and hp.norm_kind == ff.NORM_KIND_LAYER and hp.norm_eps == 1e-5
+    assert hp.rope_theta == 10000.0 and "attn_config.rope_theta 500000.0" in arch.notes[0]
+    assert arch.rules[0].normalize == ff.NORM_NONE
+    for bad, match in ((dict(ffn_config=dict(ffn_act_fn={"name": "gelu"})), "ffn_act_fn"),
+                       (dict(tie_word_embeddings=True), "tie_word_embeddings"),
+                       (dict(attn_config=[1]), "attn_config = \\[1\\], expected an object")):
+        with pytest.raises(ConversionError, match=match):
+            architecture_from_config({**raw, **bad})

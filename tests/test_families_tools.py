@@ -23,7 +23,7 @@ from colibri.jitter.analysis import Runner, analyze_epsilon, analyze_jitter  # n
 VARIANTS = {v.name: v for v in hf_reference.VARIANTS}
 # one variant per family, the one with the most of its options switched on
 TOOL_VARIANTS = ("phimoe-bias-window-wide-jitter-tied", "granitemoe-bias-odd-tied",
-                 "granitemoeshared-shared")
+                 "granitemoeshared-shared", "dbrx-p2-odd-wide-clip-theta")
 PROMPT = (3, 17, 42, 7, 90, 5, 61, 64, 8, 10)   # below every variant's vocabulary
 JITTER = "seq,blocked4+fma,seq+split2,act-bf16,w-bf16,noise2"
 
@@ -82,6 +82,15 @@ def test_the_debugger_steps_the_family_to_a_margin_breakpoint(converted: dict, n
                 chosen = np.exp(a.logits[ids].astype(np.float64) - a.logits[ids].max())
                 np.testing.assert_allclose(a.weight[ids], chosen / chosen.sum(), rtol=2e-6)
                 assert a.selection_is_logit and a.rule.startswith(f"top-{rule.top_k} of")
+            if name.startswith("dbrx"):  # top-k of the softmax, divided by their p-norm
+                z = np.exp(a.logits.astype(np.float64) - a.logits.max())
+                probs = z / z.sum()
+                ids = list(np.argsort(-probs, kind="stable")[:rule.top_k])
+                assert list(e.expert_ids) == ids
+                np.testing.assert_allclose(a.scores, probs, rtol=2e-6)
+                norm = (np.abs(probs[ids]) ** rule.norm_p).sum() ** (1 / rule.norm_p)
+                np.testing.assert_allclose(a.weight[ids], probs[ids] / norm, rtol=2e-6)
+                assert a.rule.endswith(f"divided by their {rule.norm_p:g}-norm")
 
         again = Debugger(model, RunSettings(PROMPT, 6))
         stop = again.run([MarginBelow(threshold)])
@@ -134,3 +143,19 @@ def test_info_names_granites_multipliers(converted: dict, capsys: pytest.Capture
     for field, value in (("attn_scale", "0.015625"), ("embedding_scale", "12"),
                          ("residual_scale", "0.22"), ("logit_divisor", "6")):
         assert f"{field:<28} {value}\n" in out
+
+
+def test_info_notes_dbrxs_rope_theta(converted: dict, capsys: pytest.CaptureFixture) -> None:
+    """DBRX's attn_config.rope_theta is stored but not run by transformers 5.23: the file runs
+    rope_parameters' theta and its metadata says so."""
+    from colibri.cli import main
+
+    path = converted["dbrx-p2-odd-wide-clip-theta"]
+    with Model.open(path) as model:
+        assert model.hparams.rope_theta == 10000.0
+        assert model.hparams.norm_kind == 1 and model.hparams.clip_qkv == 6.0
+        assert "attn_config.rope_theta 500000.0 is not what transformers 5.23 runs" in \
+            model.metadata["user"]["notes"][0]
+    assert main(["info", str(path)]) == 0
+    assert ("layer 0    softmax over 5 experts, top-3, divided by their 2-norm"
+            in capsys.readouterr().out)

@@ -140,7 +140,7 @@ def dequantize(data: np.ndarray, dtype: int, shape: Sequence[int]) -> np.ndarray
 
 ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4  # keys of ARCH_NAMES
 ARCH_DEEPSEEK_V2, ARCH_DEEPSEEK_V3, ARCH_GLM4_MOE, ARCH_ERNIE4_5_MOE = 5, 6, 7, 8  # version 2
-ARCH_PHIMOE, ARCH_GRANITEMOE, ARCH_GRANITEMOESHARED = 11, 12, 13
+ARCH_PHIMOE, ARCH_GRANITEMOE, ARCH_GRANITEMOESHARED, ARCH_DBRX = 11, 12, 13, 14
 
 FLAG_NORM_TOPK = 1              # version 1 only (a version-2 routing entry states it)
 FLAG_TIED_EMBEDDINGS = 2

@@ -26,7 +26,7 @@ FORMAT_VERSION = 2   # what the writer writes unless asked for version 1 (the en
 ARCH_NAMES: dict[int, str] = {1: "mixtral", 2: "qwen2_moe", 3: "qwen3_moe", 4: "olmoe",
                               5: "deepseek_v2", 6: "deepseek_v3", 7: "glm4_moe",
                               8: "ernie4_5_moe", 11: "phimoe", 12: "granitemoe",
-                              13: "granitemoeshared"}
+                              13: "granitemoeshared", 14: "dbrx"}
 
 # col_routing_mode, in enum order
 RoutingName = Literal["topk", "stable", "soft", "gumbel"]

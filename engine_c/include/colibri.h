@@ -121,7 +121,8 @@ typedef enum col_arch {
     /* 9 and 10 are kept for GPT-OSS and Llama 4 */
     COL_ARCH_PHIMOE = 11,
     COL_ARCH_GRANITEMOE = 12,
-    COL_ARCH_GRANITEMOESHARED = 13
+    COL_ARCH_GRANITEMOESHARED = 13,
+    COL_ARCH_DBRX = 14
 } col_arch;
 
 /* Bits of col_hparams.flags (header offset 0x05C). NORM_TOPK, SHARED_EXPERT and

@@ -921,7 +921,7 @@ static bool arch_known(uint32_t arch, uint32_t version)
     case COL_ARCH_MIXTRAL: case COL_ARCH_QWEN2_MOE: case COL_ARCH_QWEN3_MOE: case COL_ARCH_OLMOE:
         return true;
     case COL_ARCH_DEEPSEEK_V2: case COL_ARCH_DEEPSEEK_V3: case COL_ARCH_GLM4_MOE: case COL_ARCH_ERNIE4_5_MOE:
-    case COL_ARCH_PHIMOE: case COL_ARCH_GRANITEMOE: case COL_ARCH_GRANITEMOESHARED:
+    case COL_ARCH_PHIMOE: case COL_ARCH_GRANITEMOE: case COL_ARCH_GRANITEMOESHARED: case COL_ARCH_DBRX:
         return version == 2;
     default:
         return false;

@@ -115,6 +115,7 @@ static const char *arch_name(uint32_t arch)
     case COL_ARCH_PHIMOE: return "phimoe";
     case COL_ARCH_GRANITEMOE: return "granitemoe";
     case COL_ARCH_GRANITEMOESHARED: return "granitemoeshared";
+    case COL_ARCH_DBRX: return "dbrx";
     default: return "unknown";
     }
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from colibri.families import (common, deepseek_v2, deepseek_v3, ernie4_5_moe, glm4_moe,
+from colibri.families import (common, dbrx, deepseek_v2, deepseek_v3, ernie4_5_moe, glm4_moe,
                               granitemoe, granitemoeshared, mixtral, olmoe, phimoe, qwen2_moe,
                               qwen3_moe)
 from colibri.families.common import (Architecture, Config, ConversionError, Planner, check_limits,
@@ -36,7 +36,7 @@ FAMILIES: dict[str, Family] = {
                               getattr(module, "embedding_tensors", common.embeddings),
                               getattr(module, "head_tensors", common.head))
     for module in (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe,
-                   ernie4_5_moe, phimoe, granitemoe, granitemoeshared)
+                   ernie4_5_moe, phimoe, granitemoe, granitemoeshared, dbrx)
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
