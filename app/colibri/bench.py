@@ -264,8 +264,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         phase_runs.append(phase_breakdown(model, traced, prompt, n))
 
     for rep in range(repeats):
-        # interleaved, and in alternating order: whichever runs second in a pair was measured
-        # up to 15% faster or slower than the first on this VM
+        # interleaved, and in alternating order, so that running second biases neither side
         order = [untraced_run] if traced is None else (
             [untraced_run, traced_run] if rep % 2 == 0 else [traced_run, untraced_run])
         for run in order:

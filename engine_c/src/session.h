@@ -92,6 +92,14 @@ struct col_session {
     float *trace_hidden_norm;   /* [capacity][n_moe_layers] */
     uint64_t *trace_phase_ns;   /* [capacity][n_layers][COL_PHASE_COUNT] */
     uint64_t *trace_token_ns;   /* [capacity] */
+
+    /* hidden-state capture (col_session_capture): rows of positions capture_first.. +
+     * capture_rows, each [n_layers][d_model]; NULL when off. capture_own is the arena's
+     * [capacity][n_layers][d_model] buffer (config.capture_hidden), else NULL. */
+    float *capture;
+    uint32_t capture_first;
+    uint32_t capture_rows;
+    float *capture_own;
 };
 
 /* Positions processed together by prefill (matrix-matrix products over the block). */
