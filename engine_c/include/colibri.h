@@ -37,12 +37,13 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 7   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 8   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
                                 col_session_config and col_trace_view grew, col_session_cache_stats,
-                                col_session_prefill_embeddings) */
+                                col_session_prefill_embeddings); 8: col_hparams grew (norm_kind,
+                                the residual-stream scales) */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -120,7 +121,12 @@ typedef enum col_arch {
     COL_ARCH_DEEPSEEK_V2 = 5,
     COL_ARCH_DEEPSEEK_V3 = 6,
     COL_ARCH_GLM4_MOE = 7,
-    COL_ARCH_ERNIE4_5_MOE = 8
+    COL_ARCH_ERNIE4_5_MOE = 8,
+    /* 9 and 10 are kept for GPT-OSS and Llama 4 */
+    COL_ARCH_PHIMOE = 11,
+    COL_ARCH_GRANITEMOE = 12,
+    COL_ARCH_GRANITEMOESHARED = 13,
+    COL_ARCH_DBRX = 14
 } col_arch;
 
 /* Bits of col_hparams.flags (header offset 0x05C). NORM_TOPK, SHARED_EXPERT and
@@ -133,8 +139,17 @@ typedef enum col_model_flag {
     COL_FLAG_QKV_BIAS = 16,          /* attn_q_bias, attn_k_bias, attn_v_bias present (MLA: attn_q_a_bias, attn_kv_a_bias) */
     COL_FLAG_O_BIAS = 32,            /* attn_o_bias present */
     COL_FLAG_QK_NORM_HEAD = 64,      /* RMSNorm of each head's q and k ([head_dim] weights), before RoPE */
-    COL_FLAG_QK_NORM_FULL = 128      /* RMSNorm over the whole projected q and k (OLMoE), before RoPE */
+    COL_FLAG_QK_NORM_FULL = 128,     /* RMSNorm over the whole projected q and k (OLMoE), before RoPE */
+    COL_FLAG_OUTPUT_BIAS = 256       /* v2: output_bias [vocab_size] added to the logits (PhiMoE's lm_head bias) */
 } col_model_flag;
+
+/* The norm of the residual stream: attn_norm, ffn_norm and output_norm (header 0x100, v2). The
+ * q/k norms and MLA's latent norms are RMSNorms whatever it says. */
+typedef enum col_norm_kind {
+    COL_NORM_KIND_RMS = 0,         /* w * x / sqrt(mean(x^2) + eps) */
+    COL_NORM_KIND_LAYER = 1,       /* w * (x - mean) / sqrt(var + eps), no bias (DBRX) */
+    COL_NORM_KIND_LAYER_BIAS = 2   /* the same + b: the *_norm_bias tensors (PhiMoE) */
+} col_norm_kind;
 
 typedef enum col_rope_type {
     COL_ROPE_DEFAULT = 0,
@@ -247,6 +262,10 @@ typedef struct col_hparams {
     float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor; else 1) */
     float rope_beta_fast;          /* YaRN */
     float rope_beta_slow;          /* YaRN */
+    uint32_t norm_kind;            /* col_norm_kind (v1: RMS) */
+    float embedding_scale;         /* 0 = none, else the embeddings are multiplied by it (Granite) */
+    float residual_scale;          /* 0 = none, else each block's output is multiplied by it before the residual add */
+    float logit_divisor;           /* 0 = none, else the logits are divided by it (Granite's logits_scaling) */
 } col_hparams;
 
 /* One tensor table entry, decoded. `data` points into the read-only mapping (never write it). */

@@ -128,10 +128,12 @@ void col_feed_forward(col_session *s, uint32_t layer, uint32_t n, uint64_t *phas
 /* rmsnorm: out = w * (x / sqrt(mean(x^2) + eps)), w stored in `w` (any dtype, n elements). */
 void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
                  float *w_scratch);
-/* col_rmsnorm of `rows` rows of d_model values (x and out [rows][d_model]) with the session's
- * eps, the weight loaded once and the rows split among the pool's threads; each row's result is
- * what col_rmsnorm gives it. Uses s->norm_weight. */
-void col_rmsnorm_rows(col_session *s, const float *x, const col_tensor_info *w, uint32_t rows, float *out);
+/* The residual stream's norm (the model's norm_kind: RMSNorm, or LayerNorm with the bias `b`
+ * when not NULL) of `rows` rows of d_model values (x and out [rows][d_model]) with the model's
+ * eps, the weight loaded once and the rows split among the pool's threads; a row's result does
+ * not depend on the others. Uses s->norm_weight. */
+void col_norm_rows(col_session *s, const float *x, const col_tensor_info *w, const col_tensor_info *b, uint32_t rows,
+                   float *out);
 
 /* forward.c: 1 <= n <= COL_BATCH positions from s->position (a decode step is n = 1): token ids,
  * or when `embeddings` is not NULL its [n][d_model] rows instead of the lookup (tokens unused;

@@ -361,6 +361,10 @@ static const char *arch_name(uint32_t arch, char *buf, size_t len)
     case COL_ARCH_DEEPSEEK_V3: return "deepseek_v3";
     case COL_ARCH_GLM4_MOE: return "glm4_moe";
     case COL_ARCH_ERNIE4_5_MOE: return "ernie4_5_moe";
+    case COL_ARCH_PHIMOE: return "phimoe";
+    case COL_ARCH_GRANITEMOE: return "granitemoe";
+    case COL_ARCH_GRANITEMOESHARED: return "granitemoeshared";
+    case COL_ARCH_DBRX: return "dbrx";
     default: snprintf(buf, len, "arch-%" PRIu32, arch); return buf;
     }
 }
@@ -673,7 +677,8 @@ static const hp_field HPARAMS[] = {
     HP(qk_rope_head_dim, HP_U32), HP(v_head_dim, HP_U32), HP(rotary_dim, HP_U32),
     HP(rope_layout, HP_U32), HP(attn_scale, HP_F32), HP(latent_norm_eps, HP_F32),
     HP(rope_attn_factor, HP_F32), HP(rope_beta_fast, HP_F32), HP(rope_beta_slow, HP_F32),
-    HP(rope_truncate, HP_U32),
+    HP(rope_truncate, HP_U32), HP(norm_kind, HP_U32), HP(embedding_scale, HP_F32),
+    HP(residual_scale, HP_F32), HP(logit_divisor, HP_F32),
 };
 #undef HP
 
@@ -709,7 +714,7 @@ static void print_flag_names(uint32_t flags)
 {
     static const char *names[] = {"NORM_TOPK", "TIED_EMBEDDINGS", "SHARED_EXPERT",
                                   "SHARED_EXPERT_GATE", "QKV_BIAS", "O_BIAS", "QK_NORM_HEAD",
-                                  "QK_NORM_FULL"}; /* bit 0, 1, 2, ... */
+                                  "QK_NORM_FULL", "OUTPUT_BIAS"}; /* bit 0, 1, 2, ... */
     const uint32_t n_known = sizeof names / sizeof names[0];
     bool any = false;
     for (uint32_t bit = 0; bit < n_known; bit++)
