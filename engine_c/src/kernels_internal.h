@@ -53,6 +53,12 @@ float col_weighted_value(const col_head_job *h, const float *p, uint32_t i);
 col_isa col_detect_isa(void);
 
 #if defined(__x86_64__)
+/* What the x86 paths' functions are compiled for (function attributes, so the build flags stay
+ * portable); the pool runs them only where CPUID found the instructions. */
+#define COL_T2 __attribute__((target("avx2,fma,f16c")))
+#define COL_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define COL_INLINE static inline __attribute__((always_inline))
+
 /* Neighbouring rows per batch tile on AVX-512, for every weight dtype: 6 rows x 4 tokens keep 24
  * accumulators, 4 token vectors and a weight vector in the 32 registers, so each token vector
  * (from L2) is loaded once per 6 rows. */

@@ -38,9 +38,6 @@
 /* ---- x86 SIMD paths ---------------------------------------------------------------------- */
 #if defined(__x86_64__)
 
-#define COL_T2 __attribute__((target("avx2,fma,f16c")))
-#define COL_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-#define COL_INLINE static inline __attribute__((always_inline))
 
 /* Fixed-order horizontal sum of 8 lanes: (0+4, 1+5, 2+6, 3+7), then pairs, then the last two. */
 COL_INLINE COL_T2 float hsum8(__m256 v)
