@@ -428,7 +428,28 @@ def test_bench_runs_a_numerics_variant(capsys: Capture) -> None:
     assert json.loads(capsys.readouterr().out)["numerics"] == "act-bf16"
     assert main(["bench", str(demo), "-p", "4", "-n", "2", "-r", "1", "--probe-mb", "16",
                  "--no-trace-check"]) == 0
-    assert "numerics" not in capsys.readouterr().out  # the exact computation needs no mention
+    text = capsys.readouterr().out
+    assert "numerics" not in text  # the exact computation needs no mention
+    assert "default" not in text   # nor a cost against itself
+
+
+def test_bench_times_a_variant_against_the_default_in_turns(capsys: Capture) -> None:
+    """A variant's report gives the default computation's speed from the same repeats and the
+    variant's time as a multiple of it, per repeat (median, lowest, highest)."""
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    args = ["bench", str(demo), "-p", "8", "-n", "4", "-r", "3", "--probe-mb", "16", "--no-trace-check",
+            "--numerics", "seq"]
+    assert main([*args, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["default_decode_tok_s"] > 0 and r["default_prefill_tok_s"] > 0
+    for key in ("decode_cost", "prefill_cost"):
+        lo, hi = r[key + "_range"]
+        assert 0 < lo <= r[key] <= hi, key
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^decode, default .* tok/s .*the variant takes [0-9.]+x its time; "
+                     r"repeats [0-9.]+-[0-9.]+x\)$", text, re.M)
+    assert re.search(r"^prefill, default .* tok/s .*the variant takes [0-9.]+x its time", text, re.M)
 
 
 def test_bench_kernels_tool_compares_two_paths_in_one_process(capsys: Capture) -> None:
