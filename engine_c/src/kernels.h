@@ -108,6 +108,11 @@ void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n);
  * the pool's threads when n is large (pool may be NULL). The same bits on every path. */
 void col_round_bf16(col_pool *pool, float *v, uint64_t n);
 
+/* v[i] rounded to the nearest f16 value in place (ties to even; past the largest half to Inf;
+ * subnormal halves kept; Inf unchanged; NaN to the quiet NaN of its sign), as f32, for i < n; on
+ * the pool's threads when n is large (pool may be NULL). The same bits on every path. */
+void col_round_f16(col_pool *pool, float *v, uint64_t n);
+
 /* Scalar conversions of stored elements to f32. */
 float col_f16_to_f32(uint16_t h);
 float col_bf16_to_f32(uint16_t b);

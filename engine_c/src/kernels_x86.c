@@ -1,6 +1,6 @@
 /*
  * kernels_x86.c - the AVX2 and AVX-512 paths: products in register tiles, attention heads, the
- * SwiGLU gate and bf16 rounding.
+ * SwiGLU gate and bf16 and f16 rounding.
  *
  * Compiled with function target attributes, not -march flags, so the file builds for any x86-64
  * (and elsewhere to the one function saying there is no SIMD path); the pool runs this code only
@@ -907,6 +907,36 @@ COL_T512 void col_round_bf16_avx512(float *v, uint64_t n)
         __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, exp_mask), exp_mask);
         _mm512_mask_storeu_epi32(v + i, m, _mm512_mask_blend_epi32(special, r, b));
     }
+}
+
+/* The nearest f16 by F16C (vcvtps2ph rounds to nearest even, keeps subnormal halves and gives
+ * Inf past the largest), back to f32 exactly; a NaN becomes the quiet NaN of its sign, as the
+ * portable conversion gives, not its own payload cut to ten bits. */
+COL_T512 void col_round_f16_avx512(float *v, uint64_t n)
+{
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u), quiet = _mm512_set1_epi32(0x7FC00000);
+    for (uint64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 x = _mm512_maskz_loadu_ps(m, v + i);
+        __m512 r = _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m512i nan = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(x), sign), quiet);
+        r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, _mm512_castsi512_ps(nan));
+        _mm512_mask_storeu_ps(v + i, m, r);
+    }
+}
+
+COL_T2 void col_round_f16_avx2(float *v, uint64_t n)
+{
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    const __m256 quiet = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000));
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(v + i);
+        __m256 r = _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256 nan = _mm256_or_ps(_mm256_and_ps(x, sign), quiet);
+        _mm256_storeu_ps(v + i, _mm256_blendv_ps(r, nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    }
+    if (i < n) col_round_f16_portable(v + i, n - i);
 }
 
 col_isa col_detect_isa(void)
