@@ -559,6 +559,25 @@ def test_bench_builds_tool_runs_two_builds_in_turns(capsys: Capture) -> None:
         assert ratio is not None and all(float(v) > 0 for v in ratio.groups()), line
 
 
+def test_bench_builds_tool_gives_one_build_its_own_compiler_flags(capsys: Capture) -> None:
+    """--b-cflags reaches B's compiler and only B's: a constant B cannot compile stops the run
+    with the build's command named, and the same flags on A are named in the header of a run."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_builds", root / "tools" / "bench_builds.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    demo = str(root / "resources" / "demo" / "demo.colibri")
+    assert module.main([demo, "--a", "worktree", "--b", "worktree", "--b-cflags", "-DCOL_DECODE_STREAMS=nonsense",
+                        "-p", "8", "-n", "4", "--turns", "1", "-r", "1"]) == 1
+    assert "building failed" in capsys.readouterr().err
+    assert module.main([demo, "--a", "worktree", "--b", "worktree", "--a-cflags", "-DCOL_DECODE_STREAMS=4",
+                        "-p", "8", "-n", "4", "--turns", "2", "-r", "1"]) == 0
+    assert "A = worktree -DCOL_DECODE_STREAMS=4, B = worktree" in capsys.readouterr().out
+
+
 def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
         tmp_path: Path, capsys: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
     """tools/bench_vs_llamacpp.py on a tiny Qwen3-MoE checkpoint: Colibri's converter and
