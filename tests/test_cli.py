@@ -570,10 +570,10 @@ def test_bench_builds_tool_gives_one_build_its_own_compiler_flags(capsys: Captur
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     demo = str(root / "resources" / "demo" / "demo.colibri")
-    assert module.main([demo, "--a", "worktree", "--b", "worktree", "--b-cflags", "-DCOL_DECODE_STREAMS=nonsense",
+    assert module.main([demo, "--a", "worktree", "--b", "worktree", "--b-cflags=-DCOL_DECODE_STREAMS=nonsense",
                         "-p", "8", "-n", "4", "--turns", "1", "-r", "1"]) == 1
     assert "building failed" in capsys.readouterr().err
-    assert module.main([demo, "--a", "worktree", "--b", "worktree", "--a-cflags", "-DCOL_DECODE_STREAMS=4",
+    assert module.main([demo, "--a", "worktree", "--b", "worktree", "--a-cflags=-DCOL_DECODE_STREAMS=4",
                         "-p", "8", "-n", "4", "--turns", "2", "-r", "1"]) == 0
     assert "A = worktree -DCOL_DECODE_STREAMS=4, B = worktree" in capsys.readouterr().out
 

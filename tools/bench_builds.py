@@ -14,11 +14,12 @@ machine whose speed drifts by 10 % from minute to minute. Prints, per build, the
 and the median and quartiles of the per-pair ratios B / A (above 1: B is faster).
 
     python tools/bench_builds.py FILE [--a HEAD] [--b worktree] [-p 128] [-n 32] [-t 2] [--turns 8] [-r 3]
-                                 [--python] [--a-cflags FLAGS] [--b-cflags FLAGS]
+                                 [--python] [--a-cflags=FLAGS] [--b-cflags=FLAGS]
 
 --a-cflags / --b-cflags add compiler flags to one build's engine, so one revision can be measured
-against itself with another value of a compile-time constant (`--a HEAD --b HEAD --b-cflags
--DCOL_PREFETCH_AHEAD=2048`), which is how the decision table's "tried" values are measured.
+against itself with another value of a compile-time constant (`--a HEAD --b HEAD
+--b-cflags=-DCOL_PREFETCH_AHEAD=2048`; with the `=`, since the flags start with a dash), which is
+how the decision table's "tried" values are measured.
 """
 
 from __future__ import annotations
@@ -120,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-r", "--repeats", type=int, default=3, help="prefills (and decodes) per turn")
     ap.add_argument("--python", action="store_true",
                     help="build whole packages and time their `colibri bench` (the Python layer too)")
-    ap.add_argument("--a-cflags", default="", metavar="FLAGS", help="compiler flags added to A's engine")
-    ap.add_argument("--b-cflags", default="", metavar="FLAGS", help="compiler flags added to B's engine")
+    ap.add_argument("--a-cflags", default="", metavar="FLAGS", help="compiler flags added to A's engine (--a-cflags=-DNAME=VALUE)")
+    ap.add_argument("--b-cflags", default="", metavar="FLAGS", help="compiler flags added to B's engine (--b-cflags=-DNAME=VALUE)")
     args = ap.parse_args(argv)
     if args.p < 1 or args.n < 1 or args.turns < 1 or args.repeats < 1:
         ap.error("-p, -n, --turns and -r must be at least 1")
