@@ -403,16 +403,29 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
     next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, n_steps);
     uint64_t s = 0;
     for (uint64_t c = 0; s < n_steps; c++) {
-        float wbuf[8] = {0}, xbuf[8] = {0};
-        uint64_t have = nb - 8 * c < 8 ? nb - 8 * c : 8;
+        const uint64_t have = nb - 8 * c < 8 ? nb - 8 * c : 8;
         __m256 sc[MAX_TILE], xs[4];
+        /* the 8 scales of a chunk in one load each; a last chunk of fewer through zeroed buffers
+         * (scalar stores read back as one vector stall the load, so only there) */
         for (int b = 0; b < NT; b++) {
-            memcpy(xbuf, x[b].d + 8 * c, have * sizeof(float));
-            xs[b] = _mm256_loadu_ps(xbuf);
+            if (have == 8) {
+                xs[b] = _mm256_loadu_ps(x[b].d + 8 * c);
+            } else {
+                float xbuf[8] = {0};
+                memcpy(xbuf, x[b].d + 8 * c, have * sizeof(float));
+                xs[b] = _mm256_loadu_ps(xbuf);
+            }
         }
         for (int a = 0; a < NR; a++) {
-            for (uint64_t k = 0; k < have; k++) wbuf[k] = _cvtsh_ss(rd16u(row[a] + 16 * c + 2 * k));
-            __m256 ws = _mm256_loadu_ps(wbuf);
+            __m128i h;
+            if (have == 8) {
+                h = _mm_loadu_si128((const __m128i *)(row[a] + 16 * c));
+            } else {
+                uint16_t hbuf[8] = {0};
+                memcpy(hbuf, row[a] + 16 * c, have * sizeof(uint16_t));
+                h = _mm_loadu_si128((const __m128i *)hbuf);
+            }
+            const __m256 ws = _mm256_cvtph_ps(h);
             for (int b = 0; b < NT; b++) sc[a * NT + b] = _mm256_mul_ps(ws, xs[b]);
         }
         for (uint64_t k = 0; k < steps_per_chunk && s < n_steps; k++, s++) {
