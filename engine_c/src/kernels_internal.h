@@ -74,11 +74,21 @@ col_isa col_detect_isa(void);
 /* Bytes of carried lane sums one batch tile over long rows needs for n_tokens (per-thread staging). */
 uint64_t col_kblock_carry_bytes(uint32_t n_tokens);
 
+/* Bytes ahead of its loads that a decode tile prefetches each row: float rows (f) and q8_0/q4_0
+ * payloads (q). */
+typedef struct col_ahead {
+    uint32_t f, q;
+} col_ahead;
+
+/* The distances for this machine's CPU (measured per vendor; kernels_x86.c). */
+col_ahead col_decode_ahead(void);
+
 /* Rows [r0, r1) of job j, every token, on AVX2 / AVX-512 (only where CPUID found them); `carry`
- * (carry_bytes, may be NULL) is the thread's scratch for batches over long rows. */
-void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1);
+ * (carry_bytes, may be NULL) is the thread's scratch for batches over long rows, `ahead` the
+ * decode tiles' prefetch distances (col_decode_ahead). */
+void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead);
 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *carry,
-                     uint64_t carry_bytes);
+                     uint64_t carry_bytes, col_ahead ahead);
 /* All n_q heads of h (AVX-512), or one head (AVX2), as col_attend_head. */
 void col_attend_group_avx512(const col_head_job *h, float *scores, float *out);
 void col_attend_head_avx2(const col_head_job *h, float *scores, float *out);

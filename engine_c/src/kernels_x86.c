@@ -29,11 +29,19 @@
 #include <immintrin.h>
 #endif
 
+/* Bytes ahead of a decode tile's weight loads that it prefetches each row (col_decode_ahead): the
+ * best distance is the machine's. On Intel (Emerald Rapids) 1 KiB for float rows and 2 KiB for
+ * q8_0/q4_0 payloads, whose arithmetic per byte leaves the prefetch more time; on AMD (Zen 4) 256
+ * bytes for both, where those distances made decode products 1.04-1.34x slower. */
 #ifndef COL_PREFETCH_AHEAD
-#define COL_PREFETCH_AHEAD 1024 /* bytes ahead of a decode tile's weight loads (see tile_f_avx512) */
+#define COL_PREFETCH_AHEAD 1024
 #endif
-/* The same for q8_0/q4_0 payloads, whose arithmetic per byte leaves the prefetch more time. */
+#ifndef COL_PREFETCH_AHEAD_Q
 #define COL_PREFETCH_AHEAD_Q 2048
+#endif
+#ifndef COL_PREFETCH_AHEAD_AMD
+#define COL_PREFETCH_AHEAD_AMD 256
+#endif
 
 /* ---- x86 SIMD paths ---------------------------------------------------------------------- */
 #if defined(__x86_64__)
@@ -219,7 +227,7 @@ COL_INLINE void next_tile_step(next_tile_prefetch *pf)
 
 /* A tile for float weights: one vector accumulator per output, walked left to right. */
 COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
-                                   uint32_t dtype)
+                                   uint32_t dtype, uint32_t ahead)
 {
     const col_weight *w = &j->w;
     uint64_t n = w->cols, rb = col_dtype_row_bytes(dtype, n), esize = dtype == COL_DTYPE_F32 ? 4 : 2;
@@ -236,7 +244,7 @@ COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t
         next_tile_step(&pf);
 #pragma GCC unroll 8
         for (int a = 0; a < NR; a++) {
-            if (NT == 1) _mm_prefetch((const char *)(row[a] + i * esize + COL_PREFETCH_AHEAD), _MM_HINT_T0);
+            if (NT == 1) _mm_prefetch((const char *)(row[a] + i * esize + ahead), _MM_HINT_T0);
             __m256 wv = load8(row[a], dtype, i);
 #pragma GCC unroll 4
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[b] + i), acc[a * NT + b]);
@@ -255,7 +263,7 @@ COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t
  * whole row. */
 COL_INLINE COL_T512 void tile_f_avx512_cols(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT,
                                             uint32_t t, uint32_t dtype, uint64_t rb, uint64_t k0, uint64_t k1,
-                                            __m512 *carry, next_tile_prefetch pf)
+                                            __m512 *carry, next_tile_prefetch pf, uint32_t ahead)
 {
     const col_weight *w = &j->w;
     uint64_t n = w->cols, esize = dtype == COL_DTYPE_F32 ? 4 : 2;
@@ -273,7 +281,7 @@ COL_INLINE COL_T512 void tile_f_avx512_cols(const col_matvec_job *j, uint64_t r,
         for (int a = 0; a < NR; a++) {
             /* decode reads each weight once: ask for lines ahead of the loads as well, which the
              * hardware prefetcher alone does not keep up with */
-            if (NT == 1) _mm_prefetch((const char *)(row[a] + i * esize + COL_PREFETCH_AHEAD), _MM_HINT_T0);
+            if (NT == 1) _mm_prefetch((const char *)(row[a] + i * esize + ahead), _MM_HINT_T0);
             __m512 wv = load16(row[a], dtype, i);
 #pragma GCC unroll 4
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[b] + i), acc[a * NT + b]);
@@ -292,10 +300,11 @@ COL_INLINE COL_T512 void tile_f_avx512_cols(const col_matvec_job *j, uint64_t r,
 }
 
 COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
-                                       uint32_t dtype)
+                                       uint32_t dtype, uint32_t ahead)
 {
     const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(dtype, n);
-    tile_f_avx512_cols(j, r, step, NR, NT, t, dtype, rb, 0, n, NULL, next_tile_slice(j, r, step, NR, NT, t, rb, n / 16));
+    tile_f_avx512_cols(j, r, step, NR, NT, t, dtype, rb, 0, n, NULL, next_tile_slice(j, r, step, NR, NT, t, rb, n / 16),
+                       ahead);
 }
 
 /* The quantised activations of token b of a tile (layout: col_qrow_bytes). */
@@ -321,7 +330,7 @@ COL_INLINE qx_row qx_at(const uint8_t *qx, uint64_t n, uint32_t token)
  * row of an odd block count, q4_0 rows of nb % 4 != 0) are summed exactly like the portable path
  * and added after the vector part. */
 COL_INLINE COL_T512 void tile_q_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t step, int NR,
-                                       int NT, uint32_t t, int q4)
+                                       int NT, uint32_t t, int q4, uint32_t ahead)
 {
     const col_weight *w = &j->w;
     const uint64_t n = w->cols, nb = n / QK, rb = col_dtype_row_bytes(w->dtype, n);
@@ -355,7 +364,7 @@ COL_INLINE COL_T512 void tile_q_avx512(const col_matvec_job *j, const uint8_t *q
 #pragma GCC unroll 8
             for (int a = 0; a < NR; a++) {
                 const uint8_t *payload = row[a] + 2 * nb + 64 * s;
-                if (NT == 1) _mm_prefetch((const char *)(payload + COL_PREFETCH_AHEAD_Q), _MM_HINT_T0);
+                if (NT == 1) _mm_prefetch((const char *)(payload + ahead), _MM_HINT_T0);
                 __m512i raw = _mm512_loadu_si512((const void *)payload), lo, hi = raw;
                 if (q4) {
                     lo = _mm512_and_si512(raw, low4);
@@ -386,7 +395,7 @@ COL_INLINE COL_T512 void tile_q_avx512(const col_matvec_job *j, const uint8_t *q
  * x's sign, so no correction) or two q4_0 blocks (32 bytes, half a group of four: the nibbles are
  * unsigned and the pair sums cannot saturate, 15 * 127 * 2 < 32767). Chunks of 8 blocks. */
 COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t step, int NR,
-                                   int NT, uint32_t t, int q4)
+                                   int NT, uint32_t t, int q4, uint32_t ahead)
 {
     const col_weight *w = &j->w;
     const uint64_t n = w->cols, nb = n / QK, rb = col_dtype_row_bytes(w->dtype, n);
@@ -434,7 +443,7 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
 #pragma GCC unroll 8
             for (int a = 0; a < NR; a++) {
                 const uint8_t *payload = row[a] + 2 * nb + 32 * s;
-                if (NT == 1) _mm_prefetch((const char *)(payload + COL_PREFETCH_AHEAD_Q), _MM_HINT_T0);
+                if (NT == 1) _mm_prefetch((const char *)(payload + ahead), _MM_HINT_T0);
                 __m256i raw = _mm256_loadu_si256((const __m256i *)payload);
                 __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
 #pragma GCC unroll 4
@@ -498,22 +507,22 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
 #define COL_DECODE_STREAMS 8
 #endif
 
-COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1)
+COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead)
 {
     switch (j->w.dtype) {
-#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F32)
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F32, ahead.f)
     case COL_DTYPE_F32: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F16)
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F16, ahead.f)
     case COL_DTYPE_F16: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_BF16)
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_BF16, ahead.f)
     case COL_DTYPE_BF16: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_q_avx2(j, qx, r, step, NR, NT, t, 0)
+#define T(NR, NT, r, step, t) tile_q_avx2(j, qx, r, step, NR, NT, t, 0, ahead.q)
     case COL_DTYPE_Q8_0: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_q_avx2(j, qx, r, step, NR, NT, t, 1)
+#define T(NR, NT, r, step, t) tile_q_avx2(j, qx, r, step, NR, NT, t, 1, ahead.q)
     case COL_DTYPE_Q4_0: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
     default: break;
@@ -587,10 +596,10 @@ COL_INLINE COL_T512 void tiles_kblocked_avx512(const col_matvec_job *j, uint64_t
                     const next_tile_prefetch pf = next_block_slice(j, rn, NR, nk0, nk1, p, P, rb, esize, (k1 - k0) / 16);
                     __m512 *tile_carry = carry + ((uint64_t)g * P + p) * NR * 4;
                     switch (m) {
-                    case 4: tile_f_avx512_cols(j, rr, 1, NR, 4, t, dtype, rb, k0, k1, tile_carry, pf); break;
-                    case 3: tile_f_avx512_cols(j, rr, 1, NR, 3, t, dtype, rb, k0, k1, tile_carry, pf); break;
-                    case 2: tile_f_avx512_cols(j, rr, 1, NR, 2, t, dtype, rb, k0, k1, tile_carry, pf); break;
-                    default: tile_f_avx512_cols(j, rr, 1, NR, 1, t, dtype, rb, k0, k1, tile_carry, pf); break;
+                    case 4: tile_f_avx512_cols(j, rr, 1, NR, 4, t, dtype, rb, k0, k1, tile_carry, pf, 0); break;
+                    case 3: tile_f_avx512_cols(j, rr, 1, NR, 3, t, dtype, rb, k0, k1, tile_carry, pf, 0); break;
+                    case 2: tile_f_avx512_cols(j, rr, 1, NR, 2, t, dtype, rb, k0, k1, tile_carry, pf, 0); break;
+                    default: tile_f_avx512_cols(j, rr, 1, NR, 1, t, dtype, rb, k0, k1, tile_carry, pf, 0); break;
                     }
                 }
             }
@@ -631,22 +640,22 @@ static COL_T512 __attribute__((noinline)) uint64_t rows_kblocked_avx512(const co
 /* Rows [r0, r1) of job j on AVX-512; `carry` (carry_bytes, may be NULL) is the thread's scratch
  * for batches over long rows. */
 COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *carry,
-                                 uint64_t carry_bytes)
+                             uint64_t carry_bytes, col_ahead ahead)
 {
     switch (j->w.dtype) {
-#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F32)
+#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F32, ahead.f)
     case COL_DTYPE_F32: WALK_FLOAT_512(T, COL_DTYPE_F32); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F16)
+#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F16, ahead.f)
     case COL_DTYPE_F16: WALK_FLOAT_512(T, COL_DTYPE_F16); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_BF16)
+#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_BF16, ahead.f)
     case COL_DTYPE_BF16: WALK_FLOAT_512(T, COL_DTYPE_BF16); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_q_avx512(j, qx, r, step, NR, NT, t, 0)
+#define T(NR, NT, r, step, t) tile_q_avx512(j, qx, r, step, NR, NT, t, 0, ahead.q)
     case COL_DTYPE_Q8_0: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_512); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_q_avx512(j, qx, r, step, NR, NT, t, 1)
+#define T(NR, NT, r, step, t) tile_q_avx512(j, qx, r, step, NR, NT, t, 1, ahead.q)
     case COL_DTYPE_Q4_0: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_512); break;
 #undef T
     default: break;
@@ -950,6 +959,13 @@ COL_T2 void col_round_f16_avx2(float *v, uint64_t n)
         _mm256_storeu_ps(v + i, _mm256_blendv_ps(r, nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
     }
     if (i < n) col_round_f16_portable(v + i, n - i);
+}
+
+col_ahead col_decode_ahead(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("amd")) return (col_ahead){COL_PREFETCH_AHEAD_AMD, COL_PREFETCH_AHEAD_AMD};
+    return (col_ahead){COL_PREFETCH_AHEAD, COL_PREFETCH_AHEAD_Q};
 }
 
 col_isa col_detect_isa(void)

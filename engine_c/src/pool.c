@@ -84,6 +84,9 @@ struct col_pool {
     uint8_t *stage;                /* [n_threads][stage_bytes] */
     uint64_t stage_bytes;
     const col_numerics *numerics;  /* a session's numerics variant (numerics.c), NULL = none */
+#if defined(__x86_64__)
+    col_ahead ahead;               /* the decode tiles' prefetch distances on this CPU */
+#endif
 };
 
 
@@ -98,11 +101,12 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
         return;
     }
     if (pool->isa >= COL_ISA_AVX512) {
-        col_rows_avx512(j, act, r0, r1, pool->stage ? pool->stage + (uint64_t)t * pool->stage_bytes : NULL, pool->stage_bytes);
+        col_rows_avx512(j, act, r0, r1, pool->stage ? pool->stage + (uint64_t)t * pool->stage_bytes : NULL, pool->stage_bytes,
+                        pool->ahead);
         return;
     }
     if (pool->isa == COL_ISA_AVX2) {
-        col_rows_avx2(j, act, r0, r1);
+        col_rows_avx2(j, act, r0, r1, pool->ahead);
         return;
     }
 #endif
@@ -300,6 +304,9 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
         (limits->max_jobs == 0 || scratch_bytes_for(COL_ISA_AMX, n_threads, limits) > scratch_bytes))
         pool->isa = COL_ISA_AVX512; /* no room to pack activations: the vector path needs none */
     pool->max_jobs = limits->max_jobs;
+#if defined(__x86_64__)
+    pool->ahead = col_decode_ahead();
+#endif
     if (scratch) {
         pool->act = scratch;
         pool->act_buf = (uint8_t *)scratch + pointers_bytes(limits->max_jobs);
