@@ -205,6 +205,20 @@ def test_run_dump_trace_shapes(capsys: Capture, tiny_model_path: BuildPath,
                       "moe_layers": ((2,), np.int32)}
 
 
+def test_run_names_its_numerics_in_the_output_and_the_trace(capsys: Capture, tiny_model_path: BuildPath,
+                                                            tmp_path: Path) -> None:
+    out = tmp_path / "trace.npz"
+    _, text, _ = run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3,4", "-n", "2", "--numerics", "dot-bf16",
+                         "--dump-trace", out)
+    assert "numerics: dot-bf16" in text.splitlines()
+    with np.load(out) as trace:
+        assert str(trace["numerics"]) == "dot-bf16"
+    _, text, _ = run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3,4", "-n", "2", "--dump-trace", out)
+    assert "numerics" not in text
+    with np.load(out) as trace:
+        assert "numerics" not in trace.files
+
+
 def test_run_debug_routing_one_line_per_position_and_layer(capsys: Capture,
                                                           tiny_model_path: BuildPath) -> None:
     _, out, _ = run_cli(capsys, "run", tiny_model_path(), "--tokens", "1,3,4", "-n", "3",

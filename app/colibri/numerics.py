@@ -2,12 +2,14 @@
 
 A `Numerics` names one real computation the engine can run instead of its default kernels
 (engine_c/src/numerics.c): the reduction order of every dot product (sequential, pairwise, blocked
-by L lanes), fused multiply-add, a split of each reduction into S partial sums, activations
-rounded to bf16/f16 between operations, and seeded ULP noise on router logits. All defaults = the
-default computation (bit-identical for any thread count).
+by L lanes), fused multiply-add, a split of each reduction into S partial sums, bf16 dot products
+for bf16 weights (`dot-bf16`: the activations rounded to bf16 for them, as AVX512-BF16's
+vdpbf16ps computes; the fast choice on CPUs that have it and no AMX), activations rounded to
+bf16/f16 between operations, and seeded ULP noise on router logits. All defaults = the default
+computation (bit-identical for any thread count).
 
 Spec strings, the CLI's and reports' names for variants: components joined by '+', e.g.
-`seq`, `seq+fma`, `pairwise`, `blocked8+fma`, `split4`, `act-bf16`, `noise2`, `noise2@7`
+`seq`, `seq+fma`, `pairwise`, `blocked8+fma`, `split4`, `dot-bf16`, `act-bf16`, `noise2`, `noise2@7`
 (seed 7), `default`. `Numerics.parse(spec).spec` is the canonical spelling.
 """
 
@@ -17,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-REDUCTIONS = {"default": 0, "sequential": 1, "pairwise": 2, "blocked": 3}
+REDUCTIONS = {"default": 0, "sequential": 1, "pairwise": 2, "blocked": 3, "dot-bf16": 4}
 ACTIVATIONS = {"f32": 0, "bf16": 1, "f16": 2}
 
 
@@ -29,7 +31,7 @@ class NumericsError(ValueError):
 
 @dataclass(frozen=True)
 class Numerics:
-    reduction: str = "default"     # default | sequential | pairwise | blocked
+    reduction: str = "default"     # default | sequential | pairwise | blocked | dot-bf16
     lanes: int = 0                 # blocked only
     fma: bool = False
     split: int = 0                 # 0/1 = none, S >= 2 partial sums combined last to first
@@ -57,6 +59,8 @@ class Numerics:
             parts.append("pairwise")
         elif self.reduction == "blocked":
             parts.append(f"blocked{self.lanes}")
+        elif self.reduction == "dot-bf16":
+            parts.append("dot-bf16")
         if self.fma:
             parts.append("fma")
         if self.split > 1:
@@ -81,6 +85,8 @@ class Numerics:
                 fields["reduction"] = "sequential"
             elif part == "pairwise":
                 fields["reduction"] = "pairwise"
+            elif part == "dot-bf16":
+                fields["reduction"] = "dot-bf16"
             elif m := re.fullmatch(r"blocked(\d+)", part):
                 fields["reduction"], fields["lanes"] = "blocked", int(m.group(1))
             elif part == "fma":
@@ -94,7 +100,7 @@ class Numerics:
                 fields["noise_seed"] = int(m.group(2) or 0)
             else:
                 raise NumericsError(f"unknown numerics component {part!r} in {spec!r} (expected "
-                                    "seq, pairwise, blockedL, fma, splitS, act-bf16, act-f16, "
+                                    "seq, pairwise, blockedL, dot-bf16, fma, splitS, act-bf16, act-f16, "
                                     "noiseN[@seed])")
         if (fields.get("fma") or fields.get("split", 0) > 1) and "reduction" not in fields:
             fields["reduction"] = "sequential"  # the engine's reading of DEFAULT + fma/split

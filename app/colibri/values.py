@@ -141,6 +141,7 @@ class RunSettings:
     kernels: str | None = None     # kernel path ceiling (KERNEL_PATHS); None = the best
     cache_threshold: float = 0.0   # cached routing: keep the previous set below this margin
     expert_cache: int = 0          # LRU of resident experts per MoE layer; 0 = none
+    numerics: str = "default"      # numerics variant (colibri.numerics spec), e.g. dot-bf16
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))

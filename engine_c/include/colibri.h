@@ -349,13 +349,18 @@ typedef enum col_routing_mode {
                                     * over it is below cache_threshold (docs/interface-spec.md) */
 } col_routing_mode;
 
-/* Reduction order of every dot product of a session (col_session_config.reduction). Variants run
- * a single-threaded reference loop over weights converted to f32; the default runs the kernels. */
+/* Reduction order of every dot product of a session (col_session_config.reduction). SEQUENTIAL,
+ * PAIRWISE and BLOCKED are defined by reference loops over weights converted to f32 (the vector
+ * paths give their bits); the default runs the kernels. Append-only. */
 typedef enum col_reduction {
     COL_REDUCTION_DEFAULT = 0,     /* the session's kernel path (with fma/split set: sequential) */
     COL_REDUCTION_SEQUENTIAL = 1,  /* one accumulator, left to right */
     COL_REDUCTION_PAIRWISE = 2,    /* recursive halving: sum(left half) + sum(right half), leaves of 8 */
-    COL_REDUCTION_BLOCKED = 3      /* element i into lane i % lanes, lanes summed pairwise */
+    COL_REDUCTION_BLOCKED = 3,     /* element i into lane i % lanes, lanes summed pairwise */
+    COL_REDUCTION_BF16_DOT = 4     /* bf16 weights by bf16 dot products, the activations rounded to
+                                    * bf16 for them, pairs added as AVX512-BF16's vdpbf16ps adds
+                                    * them (faster where the CPU has it; the same bits elsewhere);
+                                    * other weights as the default; no fma or split */
 } col_reduction;
 
 /* Precision activations are rounded to between operations (round to nearest even). */

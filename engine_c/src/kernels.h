@@ -150,6 +150,13 @@ typedef void (*col_rows_walker)(const void *ctx, const col_matvec_job *j, uint64
 void col_matmul_walk(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, col_rows_walker walk,
                      const void *ctx, uint32_t align);
 
+/* col_matmul_kernels with the bf16 weights multiplied by bf16 dot products (numerics.c's
+ * COL_REDUCTION_BF16_DOT): the activations rounded to bf16 for the product, pairs added per lane as
+ * vdpbf16ps adds them (col_dot_bf16_portable defines the bits), on the AVX512-BF16 instruction
+ * where the CPU has it and in AVX2 or plain C with the same bits elsewhere, never on AMX tiles;
+ * other weights as col_matmul_kernels(..., 0). Bit-identical for any thread count and batch. */
+void col_matmul_bf16_dot(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs);
+
 /* Route every product of this pool through col_numerics_matmul(numerics) (NULL = the kernels).
  * `numerics` must outlive the pool's use (it lives in the session). */
 void col_pool_set_numerics(col_pool *pool, const col_numerics *numerics);

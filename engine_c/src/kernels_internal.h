@@ -36,6 +36,24 @@ void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa is
  * block order. */
 float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n, uint64_t b0);
 
+/* ---- bf16 dot products (numerics.c's COL_REDUCTION_BF16_DOT) ----------------------------------- */
+
+/* x[0..n) rounded to bf16 (nearest even, as col_round_bf16; a NaN becomes the quiet NaN of its
+ * sign) as bf16 bits: the activations of a bf16 dot product, the same bytes on every path
+ * (kernels_quant.c). */
+void col_pack_bf16(const float *x, uint64_t n, col_isa isa, uint16_t *out);
+
+/* One output of a bf16 dot product, the definition every path gives the bits of
+ * (kernels_portable.c): the bf16 row w[0..n) against x rounded to bf16, in 16 lanes; lane l takes
+ * elements 32k + 2l + 1, then 32k + 2l, of every block k of 32 (past n: zeros), each added to the
+ * lane's sum as one fused multiply-add (the product of two bf16 values is exact) with bf16
+ * subnormals read as zero and a subnormal sum flushed to zero: what AVX512-BF16's vdpbf16ps
+ * computes. The 16 sums are then added as the vector tiles' tree (lane i + lane i+8, ...). */
+float col_dot_bf16_portable(const uint16_t *w, const float *x, uint64_t n);
+
+/* Rows [r0, r1) of job j (bf16 weights), every token, by col_dot_bf16_portable. */
+void col_rows_bf16dot_portable(const col_matvec_job *j, uint64_t r0, uint64_t r1);
+
 /* ---- kernels_portable.c: the portable path ---------------------------------------------------- */
 
 /* Rows [r0, r1) of job j, every token; qx: its quantised activations (block dtypes), else NULL. */
@@ -82,6 +100,16 @@ typedef struct col_ahead {
 
 /* The distances for this machine's CPU (measured per vendor; kernels_x86.c). */
 col_ahead col_decode_ahead(void);
+
+/* 1 when the CPU has AVX512-BF16 (vdpbf16ps), which the AVX-512 path then uses for bf16 dot products. */
+int col_has_avx512bf16(void);
+
+/* Rows [r0, r1) of job j (bf16 weights), every token, by bf16 dot products with the bits of
+ * col_dot_bf16_portable; xp: the job's activations packed by col_pack_bf16, [n_tokens][cols]. With
+ * vdpbf16ps in register tiles (AVX512-BF16, where col_has_avx512bf16), or its arithmetic in AVX2
+ * (row by row). */
+void col_rows_bf16dot_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1, col_ahead ahead);
+void col_rows_bf16dot_avx2(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1);
 
 /* Rows [r0, r1) of job j, every token, on AVX2 / AVX-512 (only where CPUID found them); `carry`
  * (carry_bytes, may be NULL) is the thread's scratch for batches over long rows, `ahead` the

@@ -49,6 +49,51 @@ void col_rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, 
     }
 }
 
+/* ---- bf16 dot products ----------------------------------------------------------------------- */
+
+/* A bf16 value as f32, a subnormal read as zero of its sign (vdpbf16ps's DAZ). */
+static float bf16_daz(uint16_t h)
+{
+    return col_bf16_to_f32((h & 0x7F80u) == 0 ? (uint16_t)(h & 0x8000u) : h);
+}
+
+/* A subnormal f32 flushed to zero of its sign (vdpbf16ps's FTZ). */
+static float flush_subnormal(float v)
+{
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    if ((b & 0x7F800000u) == 0) b &= 0x80000000u;
+    memcpy(&v, &b, sizeof v);
+    return v;
+}
+
+float col_dot_bf16_portable(const uint16_t *w, const float *x, uint64_t n)
+{
+    float acc[16] = {0};
+    for (uint64_t k = 0; k < n; k += 32)
+        for (uint32_t l = 0; l < 16; l++)
+            for (uint32_t e = 2; e-- > 0;) { /* the odd element, then the even one */
+                const uint64_t i = k + 2 * l + e;
+                uint16_t xb = 0;
+                if (i < n) col_pack_bf16(x + i, 1, COL_ISA_PORTABLE, &xb);
+                acc[l] = flush_subnormal(fmaf(i < n ? bf16_daz(w[i]) : 0.0f, bf16_daz(xb), acc[l]));
+            }
+    float s8[8], s4[4];
+    for (int i = 0; i < 8; i++) s8[i] = acc[i] + acc[i + 8];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+void col_rows_bf16dot_portable(const col_matvec_job *j, uint64_t r0, uint64_t r1)
+{
+    const col_weight *w = &j->w;
+    for (uint64_t r = r0; r < r1; r++) {
+        const uint16_t *row = (const uint16_t *)w->data + r * w->cols;
+        for (uint32_t t = 0; t < j->n_tokens; t++)
+            j->y[(uint64_t)t * w->rows + r] = col_dot_bf16_portable(row, j->x + (uint64_t)t * w->cols, w->cols);
+    }
+}
+
 /* v[i] to the nearest bf16, ties to even; Inf and NaN unchanged. No branch, so it vectorises
  * where the compiler does (the AVX-512 version below is the same arithmetic). */
 void col_round_bf16_portable(float *v, uint64_t n)

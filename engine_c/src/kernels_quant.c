@@ -202,6 +202,51 @@ void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa is
     }
 }
 
+/* ---- activations of bf16 dot products ------------------------------------------------------- */
+
+/* The bf16 nearest x's f32 bits (ties to even; Inf kept; a NaN to the quiet NaN of its sign). */
+static uint16_t bf16_of_bits(uint32_t b)
+{
+    if ((b & 0x7F800000u) == 0x7F800000u) return (uint16_t)((b & 0x7FFFFFu) ? ((b >> 16) & 0x8000u) | 0x7FC0u : b >> 16);
+    return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+#if defined(__x86_64__)
+/* The same 16 at a time (integer arithmetic: the same bits). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void pack_bf16_avx512(const float *x, uint64_t n, uint16_t *out)
+{
+    const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), exp_mask = _mm512_set1_epi32(0x7F800000);
+    const __m512i mant = _mm512_set1_epi32(0x7FFFFF), sign = _mm512_set1_epi32((int)0x80000000u);
+    const __m512i quiet = _mm512_set1_epi32(0x7FC00000);
+    for (uint64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512i b = _mm512_maskz_loadu_epi32(m, x + i);
+        __m512i r = _mm512_add_epi32(_mm512_add_epi32(b, half), _mm512_and_si512(_mm512_srli_epi32(b, 16), one));
+        const __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, exp_mask), exp_mask);
+        const __mmask16 nan = special & _mm512_test_epi32_mask(b, mant);
+        r = _mm512_mask_blend_epi32(special, r, b);
+        r = _mm512_mask_blend_epi32(nan, r, _mm512_or_si512(_mm512_and_si512(b, sign), quiet));
+        _mm256_mask_storeu_epi16(out + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    }
+}
+#endif
+
+void col_pack_bf16(const float *x, uint64_t n, col_isa isa, uint16_t *out)
+{
+#if defined(__x86_64__)
+    if (isa >= COL_ISA_AVX512) {
+        pack_bf16_avx512(x, n, out);
+        return;
+    }
+#endif
+    (void)isa;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &x[i], sizeof b);
+        out[i] = bf16_of_bits(b);
+    }
+}
+
 /* Exact integer dot product of weight block b with its activation block. */
 static int32_t block_isum(const uint8_t *payload, uint32_t dtype, const int8_t *xq, uint64_t nb, uint64_t b)
 {

@@ -662,6 +662,119 @@ COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64
     }
 }
 
+/* ---- bf16 dot products (COL_REDUCTION_BF16_DOT) --------------------------------------------- */
+
+#define COL_TBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,avx2,fma,f16c")))
+
+/* A tile of bf16 dot products: per step 32 columns of each row (one 64-byte load) against the
+ * tokens' packed activations, vdpbf16ps adding each lane's odd then even product (a last, partial
+ * step under a mask: zero pairs); the 16 lane sums reduced by the kernels' tree. Decode tiles take
+ * distant rows and prefetch them `ahead` bytes ahead; batch tiles neighbouring rows. */
+COL_INLINE COL_TBF16 void tile_dp_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r, uint64_t step, int NR,
+                                         int NT, uint32_t t, uint32_t ahead)
+{
+    const uint64_t n = j->w.cols, rb = 2 * n, steps = (n + 31) / 32;
+    const uint8_t *row[MAX_TILE_ROWS];
+    const uint16_t *x[4];
+    __m512 acc[MAX_TILE];
+    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)j->w.data + (r + (uint64_t)a * step) * rb;
+    for (int b = 0; b < NT; b++) x[b] = xp + (uint64_t)(t + b) * n;
+#pragma GCC unroll 24
+    for (int k = 0; k < NR * NT; k++) acc[k] = _mm512_setzero_ps();
+    next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, steps);
+    uint64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        next_tile_step(&pf);
+        __m512i xv[4];
+#pragma GCC unroll 4
+        for (int b = 0; b < NT; b++) xv[b] = _mm512_loadu_si512((const void *)(x[b] + i));
+#pragma GCC unroll 8
+        for (int a = 0; a < NR; a++) {
+            if (NT == 1) _mm_prefetch((const char *)(row[a] + 2 * i + ahead), _MM_HINT_T0);
+            const __m512i wv = _mm512_loadu_si512((const void *)(row[a] + 2 * i));
+#pragma GCC unroll 4
+            for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm512_dpbf16_ps(acc[a * NT + b], (__m512bh)wv, (__m512bh)xv[b]);
+        }
+    }
+    if (i < n) {
+        const __mmask32 m = (__mmask32)((1u << (n - i)) - 1u);
+        __m512i xv[4];
+        for (int b = 0; b < NT; b++) xv[b] = _mm512_maskz_loadu_epi16(m, x[b] + i);
+        for (int a = 0; a < NR; a++) {
+            const __m512i wv = _mm512_maskz_loadu_epi16(m, row[a] + 2 * i);
+            for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm512_dpbf16_ps(acc[a * NT + b], (__m512bh)wv, (__m512bh)xv[b]);
+        }
+    }
+    float sums[MAX_TILE];
+    hsum16_many(acc, NR * NT, sums);
+    for (int a = 0; a < NR; a++)
+        for (int b = 0; b < NT; b++) j->y[(uint64_t)(t + b) * j->w.rows + r + (uint64_t)a * step] = sums[a * NT + b];
+}
+
+COL_TBF16 void col_rows_bf16dot_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1,
+                                       col_ahead ahead)
+{
+#define T(NR, NT, r, step, t) tile_dp_avx512(j, xp, r, step, NR, NT, t, ahead.f)
+    WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_512);
+#undef T
+}
+
+int col_has_avx512bf16(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
+}
+
+/* vdpbf16ps's DAZ and FTZ: a value whose exponent field is zero becomes the zero of its sign. */
+COL_INLINE COL_T2 __m256 flush8(__m256 v)
+{
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    const __m256i exp = _mm256_set1_epi32(0x7F800000);
+    const __m256 tiny = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), exp),
+                                                              _mm256_setzero_si256()));
+    return _mm256_blendv_ps(v, _mm256_and_ps(v, sign), tiny);
+}
+
+/* Lanes 8h .. 8h + 7 of one step of a bf16 dot product on AVX2: 8 pairs of weights and
+ * activations (32 bytes each), the odd product added, then the even one, each a fused
+ * multiply-add and a flush, as vdpbf16ps does. */
+COL_INLINE COL_T2 __m256 dp8(__m256 acc, __m256i w, __m256i x)
+{
+    const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
+    const __m256 w_odd = flush8(_mm256_castsi256_ps(_mm256_and_si256(w, high)));
+    const __m256 x_odd = flush8(_mm256_castsi256_ps(_mm256_and_si256(x, high)));
+    const __m256 w_even = flush8(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    const __m256 x_even = flush8(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
+    acc = flush8(_mm256_fmadd_ps(w_odd, x_odd, acc));
+    return flush8(_mm256_fmadd_ps(w_even, x_even, acc));
+}
+
+COL_T2 void col_rows_bf16dot_avx2(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1)
+{
+    const uint64_t n = j->w.cols;
+    for (uint64_t r = r0; r < r1; r++) {
+        const uint16_t *row = (const uint16_t *)j->w.data + r * n;
+        for (uint32_t t = 0; t < j->n_tokens; t++) {
+            const uint16_t *x = xp + (uint64_t)t * n;
+            __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+            uint64_t i = 0;
+            for (; i + 32 <= n; i += 32) {
+                lo = dp8(lo, _mm256_loadu_si256((const __m256i *)(row + i)), _mm256_loadu_si256((const __m256i *)(x + i)));
+                hi = dp8(hi, _mm256_loadu_si256((const __m256i *)(row + i + 16)),
+                         _mm256_loadu_si256((const __m256i *)(x + i + 16)));
+            }
+            if (i < n) { /* a last, partial block: zero pairs past n */
+                uint16_t wb[32] = {0}, xb[32] = {0};
+                memcpy(wb, row + i, (n - i) * sizeof(uint16_t));
+                memcpy(xb, x + i, (n - i) * sizeof(uint16_t));
+                lo = dp8(lo, _mm256_loadu_si256((const __m256i *)wb), _mm256_loadu_si256((const __m256i *)xb));
+                hi = dp8(hi, _mm256_loadu_si256((const __m256i *)(wb + 16)), _mm256_loadu_si256((const __m256i *)(xb + 16)));
+            }
+            j->y[(uint64_t)t * j->w.rows + r] = hsum8(_mm256_add_ps(lo, hi)); /* = the 16-lane tree */
+        }
+    }
+}
+
 /* exp(x), 16 at a time, for the SwiGLU gate and the softmax of a head: x = n ln2 + r with |r| <=
  * ln2 / 2 (ln2 in two parts, so r is exact to a few ulp), exp(r) by its Taylor series to r^7
  * (truncation below 6e-9 relative, so the result is within 2 ulp of expf), scaled by 2^n with

@@ -14,6 +14,10 @@
  *                     every weight product, the embedding row and the residual stream after every
  *                     residual add are rounded to nearest even (norm sums, attention scores and
  *                     softmax, SwiGLU and the MoE weighted sum still compute in f32);
+ *   bf16 dot products bf16 weights multiplied by the pairs of AVX512-BF16's vdpbf16ps, the
+ *                     activations rounded to bf16 for them (COL_REDUCTION_BF16_DOT): the fast
+ *                     choice where a CPU has the instruction and no AMX (the kernels define its
+ *                     bits: col_dot_bf16_portable), and what it costs in routing, measured here;
  *   router noise      after the gate product, logit j moves by k ULPs, k uniform in [-N, N] from a
  *                     counter-based hash of (seed, position, layer, j): no generator state, so a
  *                     decision's noise does not depend on anything computed before it.
@@ -41,8 +45,11 @@
 
 int32_t col_numerics_check(const col_session_config *c, char *err, size_t errlen)
 {
-    if (c->reduction > COL_REDUCTION_BLOCKED)
+    if (c->reduction > COL_REDUCTION_BF16_DOT)
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "unknown reduction %u", c->reduction);
+    if (c->reduction == COL_REDUCTION_BF16_DOT && (c->fma || c->split > 1))
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG,
+                             "bf16 dot products fix their own operations: fma and split do not apply");
     if (c->reduction == COL_REDUCTION_BLOCKED && (c->lanes < 1 || c->lanes > COL_MAX_LANES))
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "blocked reduction needs lanes in 1..%u, got %u",
                              COL_MAX_LANES, c->lanes);
@@ -280,6 +287,8 @@ void col_numerics_matmul(const col_numerics *nx, col_pool *pool, const col_matve
         col_numerics_round(nx, pool, (float *)(uintptr_t)jobs[k].x, (uint64_t)jobs[k].n_tokens * jobs[k].w.cols);
     if (nx->reduction == COL_REDUCTION_DEFAULT) {
         col_matmul_kernels(pool, jobs, n_jobs, nx->activation == COL_ACTIVATION_BF16);
+    } else if (nx->reduction == COL_REDUCTION_BF16_DOT) {
+        col_matmul_bf16_dot(pool, jobs, n_jobs);
     } else {
         const variant_walk walk = {nx, col_pool_isa(pool)};
         col_matmul_walk(pool, jobs, n_jobs, variant_rows, &walk, variant_align(walk.isa));

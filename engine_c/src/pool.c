@@ -29,7 +29,9 @@
 #endif
 
 /* Products smaller than this many multiply-adds are not worth waking the workers. */
+#ifndef COL_PARALLEL_MIN_MACS
 #define COL_PARALLEL_MIN_MACS (1u << 14)
+#endif
 /* Products are cut into chunks of decreasing size (plan_chunks), each of at least
  * COL_GUIDED_MIN_MACS multiply-adds (a chunk's rows are read as up to 8 streams, which need some
  * length to pay off) and at most COL_MAX_CHUNKS of them. */
@@ -69,6 +71,8 @@ struct col_pool {
     const col_matvec_job *jobs;
     uint32_t n_jobs;
     int x_bf16;                /* every activation of the batch is a bf16 value (col_matmul_kernels) */
+    int bf16_dot;              /* bf16 weights by bf16 dot products (col_matmul_bf16_dot) */
+    int has_bf16_dot;          /* the path has vdpbf16ps (AVX512-BF16) */
     col_rows_walker walk;      /* products: run by this instead of the path's kernels (col_matmul_walk) */
     const void *walk_ctx;
     uint32_t walk_align;       /* rows a walker's chunk edges fall on */
@@ -90,11 +94,31 @@ struct col_pool {
 };
 
 
+/* Whether job j of the current batch runs as bf16 dot products. */
+static int dot_job(const col_pool *pool, const col_matvec_job *j)
+{
+    return pool->bf16_dot && j->w.dtype == COL_DTYPE_BF16;
+}
+
 /* Rows [r0, r1) of job j on thread t; `act` is the job's prepared activations (quantised for int8
- * weights, packed for AMX tiles, NULL otherwise). */
+ * weights, packed for AMX tiles or bf16 dot products, NULL otherwise). */
 static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_t *act, uint32_t t, uint64_t r0,
                      uint64_t r1)
 {
+    if (dot_job(pool, j)) {
+#if defined(__x86_64__)
+        if (pool->has_bf16_dot) {
+            col_rows_bf16dot_avx512(j, (const uint16_t *)(const void *)act, r0, r1, pool->ahead);
+            return;
+        }
+        if (pool->isa >= COL_ISA_AVX2) {
+            col_rows_bf16dot_avx2(j, (const uint16_t *)(const void *)act, r0, r1);
+            return;
+        }
+#endif
+        col_rows_bf16dot_portable(j, r0, r1);
+        return;
+    }
 #if defined(__x86_64__)
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) {
         col_amx_rows(j, pool->x_bf16, act, pool->stage + (uint64_t)t * pool->stage_bytes, pool->stage_bytes, r0, r1);
@@ -133,6 +157,7 @@ static uint64_t batch_tile_rows(const col_pool *pool, const col_matvec_job *j)
 {
     if (j->n_tokens == 1) return 1;
 #if defined(__x86_64__)
+    if (dot_job(pool, j)) return pool->has_bf16_dot ? COL_BATCH_ROWS_512 : 1;
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) return col_amx_tile_rows(j->n_tokens, pool->x_bf16);
     if (pool->isa >= COL_ISA_AVX512) return COL_BATCH_ROWS_512;
     if (pool->isa == COL_ISA_AVX2) return COL_BATCH_ROWS_AVX2;
@@ -263,6 +288,8 @@ static uint64_t pointers_bytes(uint32_t max_jobs)
 static uint64_t act_bytes(col_isa isa, const col_pool_limits *l)
 {
     uint64_t q = col_qrow_bytes(l->max_act_cols) + 64 * (uint64_t)l->max_jobs;
+    const uint64_t bf16 = 2 * l->max_act_cols + 64 * (uint64_t)l->max_jobs; /* bf16 dot products' activations */
+    if (bf16 > q) q = bf16;
     uint64_t amx = 32 * (uint64_t)l->max_act_cols / 5 + 1 +
                    (uint64_t)l->max_jobs * (199 * (uint64_t)l->max_tokens + 26 * (uint64_t)l->max_cols + 794 + 128);
     uint64_t bytes = isa == COL_ISA_AMX && amx > q ? amx : q;
@@ -306,6 +333,7 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
     pool->max_jobs = limits->max_jobs;
 #if defined(__x86_64__)
     pool->ahead = col_decode_ahead();
+    pool->has_bf16_dot = pool->isa >= COL_ISA_AVX512 && col_has_avx512bf16();
 #endif
     if (scratch) {
         pool->act = scratch;
@@ -385,7 +413,10 @@ void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs
 /* Token t of job j's activations into the place the job's kernels read them from. */
 static void prepare_token(const col_pool *pool, const col_matvec_job *j, uint8_t *act, uint32_t t)
 {
-    if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype))
+    if (dot_job(pool, j))
+        col_pack_bf16(j->x + (uint64_t)t * j->w.cols, j->w.cols, pool->isa,
+                      (uint16_t *)(void *)act + (uint64_t)t * j->w.cols);
+    else if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype))
         col_amx_pack(j->x, j->n_tokens, j->w.cols, pool->x_bf16, t, t + 1, act);
     else
         col_quantize_row(j->x + (uint64_t)t * j->w.cols, j->w.cols, j->w.dtype, pool->isa, act + t * col_qrow_bytes(j->w.cols));
@@ -425,31 +456,40 @@ static void prepare_activations(col_pool *pool, const col_matvec_job *jobs, uint
         col_pool_run(pool, prepare_items, &ctx, n_tokens);
 }
 
-void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, int x_bf16)
+/* The products of a batch: x_bf16 as col_matmul_kernels', bf16_dot as col_matmul_bf16_dot's. */
+static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, int x_bf16, int bf16_dot)
 {
     if (n_jobs == 0) return;
     if (!pool) { /* single-threaded portable path; float weights only (no scratch for int8 rows) */
         for (uint32_t k = 0; k < n_jobs; k++) {
             assert(!is_block_dtype(jobs[k].w.dtype));
-            if (!is_block_dtype(jobs[k].w.dtype)) col_rows_portable(&jobs[k], NULL, 0, jobs[k].w.rows);
+            if (bf16_dot && jobs[k].w.dtype == COL_DTYPE_BF16)
+                col_rows_bf16dot_portable(&jobs[k], 0, jobs[k].w.rows);
+            else if (!is_block_dtype(jobs[k].w.dtype))
+                col_rows_portable(&jobs[k], NULL, 0, jobs[k].w.rows);
         }
         return;
     }
     assert(n_jobs <= pool->max_jobs || pool->max_jobs == 0);
+    pool->bf16_dot = bf16_dot;
     uint64_t rows = 0, macs = 0, used = 0, own_tokens = 0, own_elems = 0;
     for (uint32_t k = 0; k < n_jobs; k++) {
         const col_matvec_job *j = &jobs[k];
         rows += j->w.rows;
         macs += j->w.rows * row_work(j);
-        const int amx = pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype);
+        const int dot = dot_job(pool, j), packs = dot && pool->isa >= COL_ISA_AVX2; /* portable reads x itself */
+        const int amx = !dot && pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype);
         uint8_t *act = NULL;
-        if (amx || is_block_dtype(j->w.dtype)) {
+        if (packs || amx || is_block_dtype(j->w.dtype)) {
             const col_matvec_job *prev = k > 0 ? &jobs[k - 1] : NULL;
             if (prev && prev->x == j->x && prev->n_tokens == j->n_tokens && prev->w.cols == j->w.cols &&
-                (amx ? col_amx_handles(prev->w.dtype) : prev->w.dtype == j->w.dtype) && pool->act[k - 1]) {
+                (dot ? dot_job(pool, prev) : amx ? !dot_job(pool, prev) && col_amx_handles(prev->w.dtype)
+                                                 : prev->w.dtype == j->w.dtype) &&
+                pool->act[k - 1]) {
                 act = pool->act[k - 1]; /* same activations as the previous job (w1 and w3; q, k and v) */
             } else {
-                uint64_t need = amx ? col_amx_packed_bytes(j->n_tokens, j->w.cols, x_bf16)
+                uint64_t need = dot ? 2 * (uint64_t)j->n_tokens * j->w.cols
+                              : amx ? col_amx_packed_bytes(j->n_tokens, j->w.cols, x_bf16)
                                     : j->n_tokens * col_qrow_bytes(j->w.cols);
                 need = (need + 63) & ~(uint64_t)63;
                 assert(k < pool->max_jobs && used + need <= pool->act_capacity); /* sized by the session */
@@ -472,6 +512,16 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
     plan_chunks(pool, macs);
     atomic_store(&pool->next_chunk, 0);
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
+}
+
+void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, int x_bf16)
+{
+    matmul(pool, jobs, n_jobs, x_bf16, 0);
+}
+
+void col_matmul_bf16_dot(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs)
+{
+    matmul(pool, jobs, n_jobs, 0, 1);
 }
 
 void col_matmul_walk(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, col_rows_walker walk,

@@ -297,8 +297,10 @@ static void test_session_config_ranges(void)
     expect_refused(m, c, "unknown kernel path 5");
 
     /* the numerics fields */
-    c = small_config(); c.reduction = COL_REDUCTION_BLOCKED + 1;
+    c = small_config(); c.reduction = COL_REDUCTION_BF16_DOT + 1;
     expect_refused(m, c, "unknown reduction");
+    c = small_config(); c.reduction = COL_REDUCTION_BF16_DOT; c.split = 4;
+    expect_refused(m, c, "fma and split do not apply");
     c = small_config(); c.reduction = COL_REDUCTION_BLOCKED;
     expect_refused(m, c, "lanes in 1..256, got 0");
     c.lanes = 257;

@@ -4,6 +4,7 @@
  * checks. */
 #include "harness.h"
 #include "kernels.h"
+#include "kernels_internal.h"
 #include "numerics.h"
 
 #include <math.h>
@@ -298,6 +299,171 @@ static void test_vector_loops_match_the_reference(void)
         for (int k = 0; k < 2; k++) pool_end(&pools[p][k]);
 }
 
+/* bf16 dot products: every path (AVX512-BF16's vdpbf16ps where the CPU has it, its arithmetic in
+ * AVX2) gives the bits of the portable definition (a NULL pool), on 1 and 3 threads and a batch as
+ * its tokens alone, with widths of whole and partial blocks of 32, and values that reach every rule
+ * of the definition: bf16 subnormal weights and activations (read as zero), products and sums below
+ * the f32 normal range (flushed), signed zeros, and large values. Against the f32 default the
+ * results differ (the activations are rounded) but stay close. */
+static void test_bf16_dot_products(void)
+{
+    enum { MAX_T = 9, MAX_C = 1056, MAX_R = 37 };
+    static const uint64_t cols_list[] = {7, 32, 45, 100, 1056};
+    static const uint64_t rows_list[] = {1, 7, 37};
+    static const uint32_t tokens_list[] = {1, 5, 9};
+    static const char *paths[] = {"avx2", "avx512"};
+    pool_run pools[2][2];
+    for (int p = 0; p < 2; p++) {
+        pools[p][0] = pool_on(paths[p], 1, MAX_T, MAX_C);
+        pools[p][1] = pool_on(paths[p], 3, MAX_T, MAX_C);
+    }
+    static uint16_t w[MAX_R * MAX_C];
+    static float x[MAX_T * MAX_C], ref[MAX_T * MAX_R], got[MAX_T * MAX_R], one[MAX_R], exact[MAX_T * MAX_R];
+    col_numerics nx = {0};
+    nx.reduction = COL_REDUCTION_BF16_DOT;
+    int bad = 0, checked = 0, far = 0;
+    for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++)
+        for (size_t rr = 0; rr < sizeof rows_list / sizeof rows_list[0]; rr++)
+            for (size_t tt = 0; tt < sizeof tokens_list / sizeof tokens_list[0]; tt++) {
+                const uint64_t cols = cols_list[c], rows = rows_list[rr];
+                const uint32_t nt = tokens_list[tt];
+                for (uint64_t i = 0; i < rows * cols; i++) {
+                    const uint32_t u = next_u32();
+                    switch (u % 16) {
+                    case 0: w[i] = (uint16_t)((u >> 8) & 0x807Fu); break;           /* subnormal or zero */
+                    case 1: w[i] = (uint16_t)(0x0080u | ((u >> 8) & 0x8000u)); break; /* the smallest normal */
+                    case 2: w[i] = (uint16_t)(0x1F00u | ((u >> 8) & 0x80FFu)); break; /* ~1e-20 */
+                    default: w[i] = (uint16_t)(0x3980u + (u >> 8) % 0x0800u) | (uint16_t)((u >> 4) & 0x8000u);
+                    }
+                }
+                for (uint64_t i = 0; i < nt * cols; i++) {
+                    const uint32_t u = next_u32();
+                    x[i] = u % 16 == 0 ? ldexpf(spread_value(), -130) /* rounds to a bf16 subnormal or zero */
+                         : u % 16 == 1 ? ldexpf(spread_value(), -66)  /* ~1e-20: products near 1e-40 */
+                         : u % 16 == 2 ? (u & 256 ? -0.0f : 0.0f)
+                                       : spread_value();
+                }
+                col_weight cw = {w, COL_DTYPE_BF16, rows, cols, 0};
+                col_matvec_job job = {cw, x, ref, nt};
+                col_numerics_matmul(&nx, NULL, &job, 1);
+                col_numerics plain = {0};
+                plain.reduction = COL_REDUCTION_SEQUENTIAL;
+                job.y = exact;
+                col_numerics_matmul(&plain, NULL, &job, 1);
+                for (uint32_t t = 0; t < nt; t++) /* bf16 activations: each term off by at most 2^-8 of it */
+                    for (uint64_t r = 0; r < rows; r++) {
+                        double mass = 0.0;
+                        for (uint64_t i = 0; i < cols; i++)
+                            mass += fabs((double)col_bf16_to_f32(w[r * cols + i]) * x[t * cols + i]);
+                        far += fabs((double)ref[t * rows + r] - exact[t * rows + r]) > 0x1p-7 * mass + 1e-30;
+                    }
+                for (int p = 0; p < 2; p++)
+                    for (int k = 0; k < 2; k++) {
+                        if (!pools[p][k].pool) continue;
+                        memset(got, 0xFF, sizeof got);
+                        job.y = got;
+                        col_numerics_matmul(&nx, pools[p][k].pool, &job, 1);
+                        checked++;
+                        if (!same_bits(got, ref, (uint64_t)nt * rows) && bad++ < 5)
+                            fprintf(stderr, "bf16 dot, %s on %d thread(s): %llu x %llu, %u tokens differ\n", paths[p],
+                                    k ? 3 : 1, (unsigned long long)rows, (unsigned long long)cols, nt);
+                        for (uint32_t s = 0; s < nt && k == 1; s++) {
+                            col_matvec_job step = {cw, x + (uint64_t)s * cols, one, 1};
+                            col_numerics_matmul(&nx, pools[p][k].pool, &step, 1);
+                            bad += !same_bits(one, ref + (uint64_t)s * rows, rows);
+                        }
+                    }
+            }
+    CHECK(bad == 0);
+    CHECK(checked > 0 || !pools[0][0].pool);
+    CHECK(far == 0);
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < 2; k++) pool_end(&pools[p][k]);
+}
+
+/* The definition's rules one by one, on a single pair in lane 0 (the odd element first). */
+static void test_bf16_dot_definition(void)
+{
+    uint16_t w[32] = {0};
+    float x[32] = {0};
+    /* a bf16 subnormal weight reads as zero */
+    w[0] = 0x0001;
+    x[0] = 1e30f;
+    CHECK(col_dot_bf16_portable(w, x, 32) == 0.0f);
+    /* an activation that rounds to a bf16 subnormal reads as zero */
+    w[0] = 0x3F80; /* 1 */
+    x[0] = 1e-39f;
+    CHECK(col_dot_bf16_portable(w, x, 32) == 0.0f);
+    /* a product below the normal range is flushed: 2^-70 * 2^-70 */
+    w[0] = 0x1C80; /* 2^-70 */
+    x[0] = 0x1p-70f;
+    CHECK(col_dot_bf16_portable(w, x, 32) == 0.0f);
+    /* the odd element is added first: 1 + (2^24 - 2^24) versus (1 + 2^24) - 2^24 */
+    w[0] = 0x3F80, w[1] = 0x3F80;
+    x[0] = 1.0f, x[1] = 16777216.0f; /* lane 0: acc = 2^24 (odd), then 2^24 + 1 rounds to 2^24 */
+    CHECK(col_dot_bf16_portable(w, x, 32) == 16777216.0f);
+    /* activations round to nearest even bf16: 1 + 2^-8 -> 1 */
+    w[0] = 0x3F80, w[1] = 0;
+    x[0] = 1.0f + 0x1p-8f, x[1] = 0.0f;
+    CHECK(col_dot_bf16_portable(w, x, 32) == 1.0f);
+}
+
+/* Each rule of the definition decides one output, on every path: rows of 64 columns whose only
+ * nonzero pairs sit in lane 3 (elements 38, 39 of the last block of 32, where no later step can
+ * hide a wrong sum; the order case also 6 of the first), so that the output is that lane's sum,
+ * and that sum changes if a path breaks the rule. */
+static void test_bf16_dot_rules_on_every_path(void)
+{
+    enum { COLS = 64, CASES = 7 };
+    static uint16_t w[CASES * COLS];
+    static float x[CASES * COLS], want[CASES], got[CASES];
+    const float big = 16777216.0f;
+    static const float expect[CASES] = {0.0f, 0.0f, 0x1p-126f, 0.0f, -0.0f, 0.0f, -0.0f};
+    struct { uint16_t w6, w38, w39; float x6, x38, x39; } cases[CASES] = {
+        /* odd before even: the first block leaves 1, then (1 + 2^24) - 2^24 = 0 (even first: 1) */
+        {0x3F80, 0x3F80, 0x3F80, 1.0f, -big, big},
+        /* the sum flushed after the even step: 2^-126 - (1 - 2^-7) 2^-126 = 2^-133 -> 0 */
+        {0, 0x9FFE, 0x2000, 0, 0x1p-63f, 0x1p-63f},
+        /* the sum flushed after the odd step: 2^-130 -> 0, then + 2^-126 (unflushed: 2^-126 + 2^-130) */
+        {0, 0x2000, 0x1F00, 0, 0x1p-63f, 0x1p-65f},
+        /* subnormal weights read as zero: 2^-133 * 2^100, odd and even */
+        {0, 0, 0x0001, 0, 0, 0x1p100f},
+        {0, 0x8001, 0, 0, 0x1p100f, 0},
+        /* activations that are bf16 subnormals read as zero: 2^100 * 2^-130, odd and even */
+        {0, 0, 0x7180, 0, 0, 0x1p-130f},
+        {0, 0x7180, 0, 0, -0x1p-130f, 0},
+    };
+    for (int c = 0; c < CASES; c++) {
+        uint16_t *row = w + c * COLS;
+        float *xr = x + c * COLS;
+        memset(row, 0, COLS * sizeof *row);
+        memset(xr, 0, COLS * sizeof *xr);
+        row[6] = cases[c].w6, row[38] = cases[c].w38, row[39] = cases[c].w39;
+        xr[6] = cases[c].x6, xr[38] = cases[c].x38, xr[39] = cases[c].x39;
+    }
+    col_numerics nx = {0};
+    nx.reduction = COL_REDUCTION_BF16_DOT;
+    for (int c = 0; c < CASES; c++) {
+        col_matvec_job job = {{w + c * COLS, COL_DTYPE_BF16, 1, COLS, 0}, x + c * COLS, &want[c], 1};
+        col_numerics_matmul(&nx, NULL, &job, 1);
+        CHECK(want[c] == expect[c]);
+    }
+    static const char *paths[] = {"avx2", "avx512"};
+    for (int p = 0; p < 2; p++) {
+        pool_run r = pool_on(paths[p], 1, 1, COLS);
+        if (!r.pool) continue;
+        for (int c = 0; c < CASES; c++) {
+            col_matvec_job job = {{w + c * COLS, COL_DTYPE_BF16, 1, COLS, 0}, x + c * COLS, &got[c], 1};
+            col_numerics_matmul(&nx, r.pool, &job, 1);
+            if (!same_bits(&got[c], &want[c], 1)) {
+                fprintf(stderr, "bf16 dot rule %d on %s: %a, the definition %a\n", c, paths[p], got[c], want[c]);
+                CHECK(0);
+            }
+        }
+        pool_end(&r);
+    }
+}
+
 /* Rows longer than the reference's 16384-element row buffer, under every reduction. */
 static void test_vector_loops_on_long_rows(void)
 {
@@ -337,6 +503,15 @@ static void test_config_checks(void)
     c.activation = 9;
     CHECK(col_numerics_check(&c, NULL, 0) == COL_ERR_INVALID_ARG);
     memset(&c, 0, sizeof c);
+    c.reduction = COL_REDUCTION_BF16_DOT;
+    CHECK(col_numerics_check(&c, NULL, 0) == COL_OK);
+    c.fma = 1; /* the dot products fix their own operations */
+    CHECK(col_numerics_check(&c, NULL, 0) == COL_ERR_INVALID_ARG);
+    c.fma = 0, c.split = 2;
+    CHECK(col_numerics_check(&c, NULL, 0) == COL_ERR_INVALID_ARG);
+    c.split = 0, c.reduction = COL_REDUCTION_BF16_DOT + 1;
+    CHECK(col_numerics_check(&c, NULL, 0) == COL_ERR_INVALID_ARG);
+    memset(&c, 0, sizeof c);
     c.fma = 1;
     col_numerics nx = col_numerics_of(&c);
     CHECK(nx.reduction == COL_REDUCTION_SEQUENTIAL && col_numerics_hooks_products(&nx));
@@ -354,6 +529,9 @@ int main(void)
     test_long_rows();
     test_vector_loops_match_the_reference();
     test_vector_loops_on_long_rows();
+    test_bf16_dot_products();
+    test_bf16_dot_definition();
+    test_bf16_dot_rules_on_every_path();
     test_config_checks();
     return TEST_REPORT();
 }

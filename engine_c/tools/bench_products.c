@@ -10,8 +10,8 @@
  * multiplied in turn, so every product reads its weights from memory as a prefill's expert
  * products do. Prints one JSON line: the seconds per product of each repeat (a pass over all the
  * copies) and the path that ran. tools/bench_products.py runs it in turns with torch's products on
- * the same shapes. --numerics runs a numerics variant's products instead (SPEC: seq, pairwise or
- * blockedL, with +fma and +splitS, as colibri.numerics spells them). A developer's benchmark: it
+ * the same shapes. --numerics runs a numerics variant's products instead (SPEC: seq, pairwise,
+ * blockedL or dot-bf16, with +fma and +splitS, as colibri.numerics spells them). A developer's benchmark: it
  * uses the engine's internal kernel interface.
  */
 #include "internal.h"
@@ -88,7 +88,8 @@ static void fill_row(uint8_t *row, uint32_t dtype, uint64_t cols, uint64_t *stat
     }
 }
 
-/* A reduction variant's spec (seq, pairwise, blockedL; +fma; +splitS) into nx; 0 if it does not parse. */
+/* A reduction variant's spec (seq, pairwise, blockedL, dot-bf16; +fma; +splitS) into nx; 0 if it
+ * does not parse (the engine judges the combination). */
 static int parse_numerics(const char *spec, col_numerics *nx)
 {
     char buf[128];
@@ -98,6 +99,7 @@ static int parse_numerics(const char *spec, col_numerics *nx)
     for (char *part = strtok(buf, "+"); part; part = strtok(NULL, "+")) {
         if (strcmp(part, "seq") == 0) nx->reduction = COL_REDUCTION_SEQUENTIAL;
         else if (strcmp(part, "pairwise") == 0) nx->reduction = COL_REDUCTION_PAIRWISE;
+        else if (strcmp(part, "dot-bf16") == 0) nx->reduction = COL_REDUCTION_BF16_DOT;
         else if (strncmp(part, "blocked", 7) == 0 && atoi(part + 7) > 0) {
             nx->reduction = COL_REDUCTION_BLOCKED;
             nx->lanes = (uint32_t)atoi(part + 7);

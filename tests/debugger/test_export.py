@@ -138,6 +138,20 @@ def test_stats(model: Model) -> None:
     assert lat.per_layer_phases(0).shape == (model.hparams.n_layers, 4)
 
 
+def test_cli_trace_records_the_numerics_it_ran(model_path: Path, tmp_path: Path) -> None:
+    """An opt-in numerics mode (dot-bf16) is an explicit choice the trace records in its
+    settings, and a saved session reruns with it; without one the trace says 'default'."""
+    from colibri.debugging.session_file import load_session
+
+    out, sess = tmp_path / "t.json", tmp_path / "s.colibri-session"
+    assert main(["trace", str(model_path), "--tokens", "3,4", "-n", "2", "--numerics", "dot-bf16",
+                 "--out", str(out), "--session", str(sess)]) == 0
+    assert json.loads(out.read_text())["otherData"]["settings"]["numerics"] == "dot-bf16"
+    assert load_session(sess).settings.numerics == "dot-bf16"
+    assert main(["trace", str(model_path), "--tokens", "3,4", "-n", "2", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["otherData"]["settings"]["numerics"] == "default"
+
+
 def test_cli_trace(model_path: Path, tmp_path: Path, capsys) -> None:
     out, csv_out, sess = tmp_path / "t.json", tmp_path / "r.csv", tmp_path / "s.colibri-session"
     code = main(["trace", str(model_path), "--prompt", "the cat sat on", "-n", "3",

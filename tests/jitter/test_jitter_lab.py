@@ -73,7 +73,7 @@ def _topk_run(selection: np.ndarray, k: int) -> Run:
 def test_variant_specs_round_trip() -> None:
     for spec in ("seq", "seq+fma", "pairwise", "blocked8+fma", "seq+split4", "act-bf16",
                  "noise3@9", "w-f16", "w-bf16+blocked16", "k-portable", "w-bf16+k-avx2",
-                 "k-avx512+act-bf16"):
+                 "k-avx512+act-bf16", "dot-bf16", "w-bf16+dot-bf16+act-bf16"):
         v = Variant.parse(spec)
         assert Variant.parse(v.name) == v
     assert Variant.parse("split4").numerics.reduction == "sequential"
@@ -115,6 +115,8 @@ def test_bad_numerics_are_refused(tiny_model_path: Callable[..., Path]) -> None:
             Session(m, numerics={"reduction": "pairwise", "lanes": 4})
         with pytest.raises(ColibriValueError):
             Session(m, numerics="bogus")
+        with pytest.raises(ColibriValueError, match="fma and split do not apply"):
+            Session(m, numerics="dot-bf16+fma")
 
 
 # ---- the exact tie --------------------------------------------------------------------------
@@ -239,6 +241,27 @@ def test_variants_are_thread_and_batch_invariant_on_every_path(tmp_path: Path, k
                                             max_context=len(tokens)) as s:
             stepped = np.stack([s.step(t) for t in tokens])
         assert stepped.tobytes() == one[0].tobytes(), spec
+
+
+def test_bf16_dot_products_change_bf16_products_only(tmp_path: Path) -> None:
+    """dot-bf16 multiplies bf16 weights by bf16 dot products (activations rounded to bf16 for
+    them): on a bf16 file the logits move by about that rounding, and stay the same for 1 and 3
+    threads and prefilled or stepped; on an f16 file, which has no bf16 weights, it is the default
+    computation bit for bit."""
+    bf16 = make_wide_model(tmp_path, dtype="bf16")
+    tokens = list(range(3, 30))
+    base = _run(bf16, tokens)
+    one = _run(bf16, tokens, numerics="dot-bf16")
+    three = _run(bf16, tokens, numerics="dot-bf16", threads=3)
+    assert one[0].tobytes() != base[0].tobytes()
+    assert np.abs(one[0] - base[0]).max() < 0.02 * np.abs(base[0]).max()
+    for x, y in zip(one, three):
+        assert x.tobytes() == y.tobytes()
+    with Model.open(bf16) as m, Session(m, numerics="dot-bf16", threads=2, max_context=len(tokens)) as s:
+        stepped = np.stack([s.step(t) for t in tokens])
+    assert stepped.tobytes() == one[0].tobytes()
+    f16 = make_wide_model(tmp_path, dtype="f16")
+    assert _run(f16, tokens, numerics="dot-bf16")[0].tobytes() == _run(f16, tokens)[0].tobytes()
 
 
 def test_weight_precision_variant_rewrites_the_checkpoint(tiny_model_path: Callable[..., Path]

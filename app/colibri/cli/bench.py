@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from colibri.cli.common import EXIT_OK, add_file, add_generate, add_json, add_threads, numerics_spec
+from colibri.cli.common import EXIT_OK, add_file, add_generate, add_json, add_numerics, add_threads
 from colibri.values import KERNEL_PATHS
 
 
@@ -32,9 +32,6 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--no-trace-check", action="store_true", help="skip the trace-on decode run")
     p.add_argument("--kernels", choices=KERNEL_PATHS, default=None,
                    help="most capable kernel path to use (default: the best this machine has)")
-    p.add_argument("--numerics", type=numerics_spec, default=None, metavar="SPEC",
-                   help="numerics variant (colibri.numerics spec, e.g. act-bf16: activations "
-                        "rounded to bf16 as half-precision engines compute; default: exact), "
-                        "timed against the exact computation in turns")
+    add_numerics(p, "; timed against the exact computation in turns")
     add_json(p)
     p.set_defaults(func=cmd_bench)

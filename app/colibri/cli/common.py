@@ -207,6 +207,14 @@ def add_json(p: argparse.ArgumentParser, help: str = "print JSON instead of text
     p.add_argument("--json", action="store_true", help=help)
 
 
+def add_numerics(p: argparse.ArgumentParser, more: str = "") -> None:
+    """--numerics SPEC (read back as a canonical spec, or None when not given)."""
+    p.add_argument("--numerics", type=numerics_spec, default=None, metavar="SPEC",
+                   help="numerics variant (colibri.numerics spec; default: exact), e.g. dot-bf16: "
+                        "bf16 weights by bf16 dot products, faster on CPUs with AVX512-BF16 and "
+                        "no AMX" + more)
+
+
 def numerics_spec(text: str) -> str:
     """argparse type: a numerics spec that parses, in its canonical spelling (whether the engine
     can run it is the session's to say)."""
@@ -219,7 +227,7 @@ def numerics_spec(text: str) -> str:
 
 
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_UNREADABLE", "CommandError", "add_file",
-           "add_generate", "add_json", "add_prompt", "add_routing", "add_threads",
+           "add_generate", "add_json", "add_numerics", "add_prompt", "add_routing", "add_threads",
            "caching_options", "error", "exit_code", "fail", "failure", "numerics_spec",
            "open_model", "progress_line", "prompt_ids", "token_ids", "token_label",
            "tokenizer_of", "unreadable"]

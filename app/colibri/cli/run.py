@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_prompt, add_routing,
-                                add_threads, caching_options, error, fail, open_model,
-                                prompt_ids, token_label, tokenizer_of, unreadable)
+from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_numerics, add_prompt,
+                                add_routing, add_threads, caching_options, error, fail,
+                                open_model, prompt_ids, token_label, tokenizer_of, unreadable)
 from colibri.errors import ColibriIOError, ColibriValueError
 from colibri.files import atomic_write
 
@@ -120,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         def new_session(m: Any) -> Any:
             return Session(m, routing=args.routing, epsilon=args.epsilon, seed=args.seed,
                            threads=args.threads, max_context=positions, trace=want_trace,
-                           **caching)
+                           numerics=args.numerics, **caching)
 
         def show(generation: Any, position: int) -> None:
             print_routing(generation.session.trace, tokenizer, position)
@@ -161,6 +161,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             arrays["fresh_ids"] = trace.fresh_ids.astype(np.int32)
         if trace.cache_hits.shape[2]:
             arrays["cache_hits"] = trace.cache_hits.astype(np.bool_)
+        if args.numerics is not None:  # the trace of another computation says which
+            arrays["numerics"] = np.array(args.numerics)
         atomic_write(args.dump_trace, lambda f: np.savez(f, **arrays))
     if args.embedding is not None:
         print(f"prompt: {len(prompt)} embedding rows from {os.path.basename(args.embedding)}")
@@ -168,6 +170,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"prompt: {tokenizer.decode(prompt)}")
     if tokenizer is not None:
         print(f"text: {tokenizer.decode(generated)}")
+    if args.numerics is not None:
+        print(f"numerics: {args.numerics}")
     if args.embedding is None:
         print("prompt tokens: " + ",".join(map(str, prompt)))
     print("tokens: " + ",".join(map(str, generated)))
@@ -183,6 +187,7 @@ def add_commands(sub: Any) -> None:
     add_generate(p, 16)
     add_routing(p, seed="Gumbel routing seed", caching=True)
     add_threads(p)
+    add_numerics(p, "; named in the output and in --dump-trace")
     p.add_argument("--debug-routing", action="store_true",
                    help="print the experts and weights chosen per position and MoE layer")
     p.add_argument("--dump-logits", metavar="OUT.npy", help="save float32 [positions, vocab]")

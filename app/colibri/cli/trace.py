@@ -6,9 +6,9 @@ import argparse
 import os
 from typing import Any
 
-from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_prompt, add_routing,
-                                add_threads, caching_options, open_model, prompt_ids,
-                                tokenizer_of)
+from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_numerics, add_prompt,
+                                add_routing, add_threads, caching_options, open_model,
+                                prompt_ids, tokenizer_of)
 
 TRACE_EPILOG = """\
 The trace opens in ui.perfetto.dev and chrome://tracing: one slice per position ("token 17
@@ -30,7 +30,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
                                "sample" if args.sample else "greedy", args.seed,
                                args.temperature, args.routing, args.epsilon, args.threads,
                                cache_threshold=float(caching["cache_threshold"]),
-                               expert_cache=int(caching["expert_cache"]))
+                               expert_cache=int(caching["expert_cache"]),
+                               numerics=args.numerics or "default")
         dbg = Debugger(model, settings)
         try:
             dbg.run()
@@ -58,6 +59,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=1.0)
     add_threads(p)
+    add_numerics(p, "; recorded in the trace's settings")
     p.add_argument("--out", required=True, metavar="TRACE.json", help="trace file to write")
     p.add_argument("--csv", metavar="ROUTING.csv", help="also write the routing trace as CSV")
     p.add_argument("--session", metavar="FILE.colibri-session",

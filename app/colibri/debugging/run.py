@@ -333,7 +333,7 @@ class Debugger:
                                threads=settings.threads, max_context=settings.n_positions,
                                trace=True, kernels=settings.kernels,
                                cache_threshold=settings.cache_threshold,
-                               expert_cache=settings.expert_cache)
+                               expert_cache=settings.expert_cache, numerics=settings.numerics)
         # the path that runs: the last bits of every product (and so near-tie routing) depend on it
         self.kernels = self.session.kernels
         if settings.kernels is not None and self.kernels != settings.kernels:

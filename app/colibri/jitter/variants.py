@@ -23,7 +23,7 @@ DEFAULT_VARIANTS = (
     "blocked4", "blocked8", "blocked16", "blocked32",
     "blocked4+fma", "blocked8+fma", "blocked16+fma", "blocked32+fma",
     "seq+split2", "seq+split4", "blocked8+fma+split4",
-    "act-bf16", "act-f16",
+    "dot-bf16", "act-bf16", "act-f16",
     "w-f32", "w-f16", "w-bf16",
     "noise1", "noise2", "noise4",
 )
