@@ -33,6 +33,9 @@ import numpy as np
 
 from colibri import errors
 from colibri.generation import Generation, OnPosition, StopFn, SwapFn
+from colibri.interventions import KINDS as INTERVENTION_KINDS
+from colibri.interventions import OPS as INTERVENTION_OPS
+from colibri.interventions import Intervention
 from colibri.numerics import Numerics, NumericsError, as_numerics
 from colibri.values import KERNEL_PATHS, ROUTING_MODES, DecodingName, HParams, RoutingName
 from colibri.errors import (COL_ERR_BAD_TOKEN, COL_ERR_INVALID_ARG, ColibriError,
@@ -45,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale build
     raise ImportError(
         f"colibri: compiled engine has ABI version {lib.col_abi_version()}, this Python package "
@@ -265,6 +268,8 @@ class Trace:
     hidden_norm: np.ndarray     # [pos, moe_layers] float32
     phase_ns: np.ndarray        # [pos, n_layers, 5] uint64, see col_phase
     token_ns: np.ndarray        # [pos] uint64
+    intervened: np.ndarray      # [pos, moe_layers] uint8: bit 1 << k for each intervention kind k
+                                # (colibri.interventions.KINDS) that acted on the decision
 
     # The fields without a position axis; every other field's first axis is the position, so a
     # reader can take rows generically (the server's traces do) and new arrays come along.
@@ -719,6 +724,8 @@ class Session:
         self._vocab = model.hparams.vocab_size
         self._err = err
         self._busy = threading.Lock()
+        self._interventions: tuple[Intervention, ...] = ()
+        self._c_interventions: Any = None   # the C array the engine borrows, and its operands
 
     @staticmethod
     def memory_estimate(model: Model, routing: RoutingName = "topk", epsilon: float | None = None,
@@ -856,6 +863,102 @@ class Session:
         finally:
             self._busy.release()
 
+    def _call(self, fn: Any, *args: Any) -> None:
+        """One engine call taking (..., err, errlen) on the live session, under the busy lock."""
+        handle = self._live()
+        self._acquire()
+        try:
+            errors.raise_for_status(int(fn(handle, *args, self._err, _ERRLEN)), _text(self._err))
+        finally:
+            self._busy.release()
+
+    # -- interventions and rewinding ----------------------------------------------------------
+
+    @property
+    def interventions(self) -> tuple[Intervention, ...]:
+        """The interventions the session applies (colibri.interventions)."""
+        return self._interventions
+
+    def set_interventions(self, interventions: Sequence[Intervention]) -> None:
+        """Apply `interventions` to every position processed from now on (replacing those set
+        before; [] clears them). The engine judges them against the model
+        (col_session_set_interventions): a refused one raises ColibriValueError naming its spec
+        and field, and nothing changes. Positions already processed keep their results:
+        `truncate` first to recompute them."""
+        items = tuple(interventions)
+        for item in items:
+            if not isinstance(item, Intervention):
+                raise ColibriValueError(f"not an Intervention: {item!r}", COL_ERR_INVALID_ARG)
+        array = ffi.new("col_intervention[]", max(len(items), 1))
+        keep: list[Any] = [array]
+        for c, item in zip(array, items):
+            c.kind = INTERVENTION_KINDS.index(item.kind)
+            c.op = INTERVENTION_OPS.index(item.op) if item.op else 0
+            c.first_position = min(item.first, 0xFFFFFFFF)
+            c.last_position = lib.COL_LAST_POSITION if item.last is None else min(item.last, 0xFFFFFFFF)
+            c.layer = -1 if item.layer is None else min(item.layer, 2**31 - 1)
+            if item.experts:
+                ids = ffi.new("int32_t[]", [min(e, 2**31 - 1) for e in item.experts])
+                keep.append(ids)
+                c.experts, c.n_experts = ids, len(item.experts)
+            if item.values:
+                values = ffi.new("float[]", list(item.values))
+                keep.append(values)
+                c.values, c.n_values = values, len(item.values)
+        bad = ffi.new("uint32_t *")
+        handle = self._live()
+        self._acquire()
+        try:
+            status = int(lib.col_session_set_interventions(handle, array, len(items), bad,
+                                                           self._err, _ERRLEN))
+            if status != errors.COL_OK:
+                spec = items[int(bad[0])].typed if int(bad[0]) < len(items) else ""
+                errors.raise_for_status(status, f"intervention {spec!r}: {_text(self._err)}")
+            self._c_interventions = keep  # the engine reads these until the next call
+            self._interventions = items
+        finally:
+            self._busy.release()
+
+    def truncate(self, position: int) -> None:
+        """Forget the positions from `position` on (the KV cache and trace before it stay): the
+        next token is processed at `position`. Abandons a position stepped layer by layer."""
+        if isinstance(position, bool) or not isinstance(position, (int, np.integer)) \
+                or not 0 <= int(position) < 2**32:
+            raise ColibriValueError(f"position must be an int in 0..2^32-1, got {position!r}",
+                                    COL_ERR_INVALID_ARG)
+        self._call(lib.col_session_truncate, int(position))
+
+    # -- one layer at a time --------------------------------------------------------------------
+
+    def begin_token(self, token_id: int) -> None:
+        """Start `token_id` at the next position without running a layer (`step_layer` runs
+        them one by one; the same bits as `step`)."""
+        if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)) \
+                or not -2**31 <= int(token_id) < 2**31:
+            raise ColibriValueError(f"token id must be an int32, got {token_id!r}",
+                                    COL_ERR_BAD_TOKEN)
+        self._call(lib.col_session_begin_token, int(token_id))
+
+    def step_layer(self) -> np.ndarray | None:
+        """Run the next layer of the position begun with `begin_token`. Returns None while layers
+        remain, and the position's float32 logits [vocab] once its last layer has run."""
+        logits = np.empty(self._vocab, dtype=np.float32)
+        done = ffi.new("uint32_t *")
+        self._call(lib.col_session_step_layer,
+                   ffi.from_buffer("float[]", logits, require_writable=True), done)
+        return logits if int(done[0]) == self._model.hparams.n_layers else None
+
+    def rewind_layer(self) -> None:
+        """Undo the last layer run of the position in progress, so the next `step_layer` runs it
+        again (under the interventions set since)."""
+        self._call(lib.col_session_rewind_layer)
+
+    @property
+    def layers_done(self) -> int | None:
+        """Layers run of the position in progress, or None when none is in progress."""
+        done = int(lib.col_session_layers_done(self._live()))
+        return None if done == lib.COL_NO_LAYER else done
+
     @property
     def kernels(self) -> str:
         """The kernel path this session runs: 'portable', 'avx2', 'avx512' or 'amx' (from CPUID and,
@@ -872,12 +975,21 @@ class Session:
     def trace(self) -> Trace | None:
         """The routing trace sliced to the positions processed so far (live read-only views), or
         None when the session was created with trace=False."""
+        return self._trace(pending=False)
+
+    def pending_trace(self) -> Trace | None:
+        """Like `trace`, with one more row: the position in progress (see `begin_token`), whose
+        MoE layers before `layers_done` are filled in. None without a trace or a position in
+        progress."""
+        return self._trace(pending=True) if self.layers_done is not None else None
+
+    def _trace(self, pending: bool) -> Trace | None:
         handle = self._live()
         t = ffi.new("col_trace_view *")
         errors.raise_for_status(int(lib.col_session_trace(handle, t)))
         if t.capacity == 0:
             return None
-        cap, n = int(t.capacity), int(t.n_positions)
+        cap, n = int(t.capacity), int(t.n_positions) + (1 if pending else 0)
         n_moe, k, n_exp, n_layers = int(t.n_moe_layers), int(t.k), int(t.n_experts), int(t.n_layers)
 
         def view(ptr: Any, dtype: Any, *inner: int) -> np.ndarray:
@@ -899,6 +1011,7 @@ class Session:
             hidden_norm=view(t.hidden_norm, np.float32, n_moe),
             phase_ns=view(t.phase_ns, np.uint64, n_layers, int(lib.COL_PHASE_COUNT)),
             token_ns=view(t.token_ns, np.uint64),
+            intervened=view(t.intervened, np.uint8, n_moe),
         )
 
 

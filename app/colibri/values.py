@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, Protocol
 
+from colibri.interventions import Intervention
+
 FORMAT_VERSION = 2   # what the writer writes unless asked for version 1 (the engine reads both)
 
 # col_arch (5..8 need format version 2)
@@ -130,9 +132,13 @@ class RunSettings:
     epsilon: float | None = None   # stable routing; None = the model's default_epsilon
     threads: int = 1
     kernels: str | None = None     # kernel path ceiling (KERNEL_PATHS); None = the best
+    # edits of routing decisions the run applies (colibri.interventions; specs are read too)
+    interventions: tuple[Intervention, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
+        object.__setattr__(self, "interventions", tuple(
+            i if isinstance(i, Intervention) else Intervention.parse(i) for i in self.interventions))
         if not self.prompt_tokens:
             raise ValueError("the prompt is empty")
         if self.max_new_tokens < 0:
@@ -153,6 +159,7 @@ class RunSettings:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["prompt_tokens"] = list(self.prompt_tokens)
+        d["interventions"] = [i.spec for i in self.interventions]
         return d
 
     @classmethod

@@ -37,8 +37,9 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 5   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
-                                grew; col_routing_describe); 5: col_routing_scores */
+#define COL_ABI_VERSION 6   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+                                grew; col_routing_describe); 5: col_routing_scores; 6: interventions,
+                                col_session_truncate, layer stepping (col_trace_view grew) */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -48,6 +49,8 @@ extern "C" {
 #define COL_TENSOR_NAME_MAX 64
 #define COL_ALIGNMENT 64
 #define COL_NO_TENSOR 0xFFFFFFFFu
+#define COL_NO_LAYER 0xFFFFFFFFu       /* col_session_layers_done: no position in progress */
+#define COL_LAST_POSITION 0xFFFFFFFFu  /* col_intervention.last_position: to the end of the run */
 
 /* COL_CDEF_BEGIN */
 
@@ -412,6 +415,8 @@ typedef struct col_trace_view {
     const float *hidden_norm;      /* [capacity][n_moe_layers] L2 norm of the router's input */
     const uint64_t *phase_ns;      /* [capacity][n_layers][COL_PHASE_COUNT] monotonic nanoseconds */
     const uint64_t *token_ns;      /* [capacity] whole forward pass of the position */
+    const uint8_t *intervened;     /* [capacity][n_moe_layers] bit (1 << col_intervention_kind) set for each
+                                    * kind of intervention that acted on the decision; 0 = none */
 } col_trace_view;
 
 typedef struct col_model col_model;
@@ -632,6 +637,86 @@ int32_t col_model_section(const col_model *model, uint32_t index, col_section *o
  * COL_ERR_INVALID_ARG with the reason in err. Thread safe. */
 int32_t col_session_config_check(const col_model *model, const col_session_config *config,
                                  char *err, size_t errlen);
+
+/* ---- Since ABI 6: interventions, rewinding, stepping one layer at a time ------------------- */
+
+/* What an intervention does to a routing decision (docs/interventions.md). Append-only. */
+typedef enum col_intervention_kind {
+    COL_INTERVENE_FORCE = 0,       /* experts: the choice itself, in selection order (1..k of them), weighted by the rule */
+    COL_INTERVENE_FORBID = 1,      /* experts: may not be chosen; the rule chooses among the others */
+    COL_INTERVENE_WEIGHTS = 2,     /* values: the combine weights of the first chosen slots, in selection order */
+    COL_INTERVENE_LOGITS = 3,      /* experts, values[0]: their router logits plus (op ADD) or set to (op SET) the value */
+    COL_INTERVENE_BIAS = 4,        /* experts, values[0]: the same for their correction bias (zeros without one) */
+    COL_INTERVENE_ABLATE = 5,      /* experts: removed from the layer: never chosen (FORBID, meant for every position) */
+    COL_INTERVENE_SWAP = 6         /* experts[0], experts[1]: a slot choosing one runs the other's weights */
+} col_intervention_kind;
+
+typedef enum col_intervention_op {
+    COL_INTERVENE_ADD = 0,
+    COL_INTERVENE_SET = 1
+} col_intervention_op;
+
+/* One intervention. It acts on the decisions at positions first_position..last_position
+ * (inclusive; COL_LAST_POSITION = to the end) of MoE layer `layer` (a model layer index; -1 =
+ * every MoE layer). Operands as the kind says; unused ones are 0/NULL. */
+typedef struct col_intervention {
+    uint32_t kind;                 /* col_intervention_kind */
+    uint32_t op;                   /* col_intervention_op for LOGITS and BIAS, else 0 */
+    uint32_t first_position;
+    uint32_t last_position;
+    int32_t layer;
+    uint32_t n_experts;
+    const int32_t *experts;        /* [n_experts] distinct expert ids */
+    uint32_t n_values;
+    const float *values;           /* [n_values] finite */
+} col_intervention;
+
+/* Set the interventions the session applies from now on (replacing any before; n = 0 clears
+ * them, items may then be NULL). The session borrows `items` and the arrays they point to: the
+ * caller keeps them alive and unchanged until the next call or col_session_free. Checked against
+ * the model first: kind, positions (first <= last), layer (a MoE layer, or -1), the number and
+ * range of experts (FORCE at most the session's experts per decision; SWAP exactly two;
+ * distinct ids below n_experts), values (finite; WEIGHTS at most the experts per decision), op,
+ * and a BIAS on a layer whose rule selects on its logits. On COL_ERR_INVALID_ARG nothing
+ * changes, *bad (may be NULL) is the index of the first refused item and err says which field
+ * and why ("experts: expert 9 outside 0..7"). Positions already processed keep their results:
+ * col_session_truncate first to recompute them. The order and semantics of the kinds at one
+ * decision are in docs/interventions.md. Allocates nothing; owner thread. */
+int32_t col_session_set_interventions(col_session *session, const col_intervention *items, uint32_t n,
+                                      uint32_t *bad, char *err, size_t errlen);
+
+/* Forget the positions from `position` on (0 <= position <= col_session_position): the next
+ * token is processed at `position`, reusing the KV cache and trace rows before it (a
+ * counterfactual reruns only what follows an intervention). Also abandons a position in
+ * progress (col_session_begin_token). COL_ERR_INVALID_ARG for a position beyond the processed
+ * ones. Owner thread. */
+int32_t col_session_truncate(col_session *session, uint32_t position, char *err, size_t errlen);
+
+/* Stepping one layer at a time (a debugger pausing between the layers of one position, to
+ * change the next layer's routing before it runs). col_session_begin_token starts `token` at the
+ * next position (its embedding is looked up; no layer runs yet); each col_session_step_layer
+ * runs the next layer and sets *layers_done (may be NULL) to the layers run so far; the one that
+ * runs the last layer also runs the final norm and LM head, writes `logits` [vocab_size] (may be
+ * NULL; col_session_logits has them too) and completes the position. A position stepped so has
+ * the same bits as col_session_step, for any thread count. The trace rows of the layers run are
+ * readable before the position completes (at row col_session_position). While a position is in
+ * progress col_session_prefill/step refuse (COL_ERR_INVALID_ARG); col_session_truncate or
+ * col_session_reset abandon it. Errors: begin as col_session_step (COL_ERR_CONTEXT_FULL,
+ * COL_ERR_BAD_TOKEN; COL_ERR_INVALID_ARG when a position is already in progress); step_layer
+ * COL_ERR_INVALID_ARG when none is; COL_ERR_FILE_CHANGED as col_session_prefill (the position is
+ * abandoned). Owner thread; no allocation. */
+int32_t col_session_begin_token(col_session *session, int32_t token, char *err, size_t errlen);
+int32_t col_session_step_layer(col_session *session, float *logits, uint32_t *layers_done, char *err,
+                               size_t errlen);
+
+/* Undo the last layer run of the position in progress (its input is restored; the KV cache and
+ * trace rows it wrote are rewritten when it runs again), so the next col_session_step_layer runs
+ * it again, e.g. under new interventions. One level: COL_ERR_INVALID_ARG when no layer of the
+ * position in progress was run since the last undo. Owner thread. */
+int32_t col_session_rewind_layer(col_session *session, char *err, size_t errlen);
+
+/* Layers run of the position in progress (0..n_layers-1), or COL_NO_LAYER when none is. */
+uint32_t col_session_layers_done(const col_session *session);
 
 /* COL_CDEF_END */
 

@@ -2,7 +2,8 @@
  * forward.c - a block of positions through the whole model: embedding, the pre-norm decoder
  * layers (x += attention(norm(x)); x += feed_forward(norm(x))), the final norm and the LM head.
  * A prefill runs blocks of up to COL_BATCH positions; a decode step is the block of one, so
- * decode and prefill are one code path and give the same bits by construction.
+ * decode and prefill are one code path and give the same bits by construction. Stepping one
+ * layer at a time (session.c, col_session_step_layer) runs the same pieces one by one.
  *
  * It also owns per-layer timing: phases are read from the monotonic clock only when tracing is
  * on, so a session without a trace pays nothing for it.
@@ -16,42 +17,60 @@
  * block are shared equally among its positions. */
 void col_forward(col_session *s, const int32_t *tokens, uint32_t n, float *logits)
 {
-    const col_model *m = s->model;
-    const col_hparams *hp = &m->hp;
-    uint32_t d_model = hp->d_model;
-    uint64_t n_x = (uint64_t)n * d_model;
-    int tracing = s->trace_ids != NULL;
-    uint64_t start = tracing ? col_now_ns() : 0;
-    uint32_t base = s->position;
+    uint64_t ns = col_forward_embed(s, tokens, n);
+    for (uint32_t l = 0; l < s->model->hp.n_layers; l++) ns += col_forward_layer(s, l, n);
+    col_forward_head(s, tokens, n, logits, ns);
+}
 
+uint64_t col_forward_embed(col_session *s, const int32_t *tokens, uint32_t n)
+{
+    const col_model *m = s->model;
+    uint32_t d_model = m->hp.d_model;
+    uint64_t start = s->trace_ids ? col_now_ns() : 0;
     const col_tensor_info *embd = m->token_embd;
     for (uint32_t t = 0; t < n; t++) {
         const uint8_t *row = (const uint8_t *)embd->data + (uint64_t)tokens[t] * col_dtype_row_bytes(embd->dtype, d_model);
         col_load_row(row, embd->dtype, d_model, s->x + (uint64_t)t * d_model);
     }
-    col_numerics_round(&s->numerics, s->pool, s->x, n_x); /* numerics variant: rounded residual stream */
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const col_layer *layer = &m->layers[l];
-        uint64_t phase[COL_PHASE_COUNT] = {0};
-        uint64_t t0 = tracing ? col_now_ns() : 0;
-        col_rmsnorm_rows(s, s->x, layer->attn_norm, n, s->xn);
-        col_attention(s, l, n);
-        for (uint64_t i = 0; i < n_x; i++) s->x[i] += s->tmp[i];
-        col_numerics_round(&s->numerics, s->pool, s->x, n_x);
-        uint64_t t1 = tracing ? col_now_ns() : 0;
-        col_rmsnorm_rows(s, s->x, layer->ffn_norm, n, s->xn);
-        col_feed_forward(s, l, n, tracing ? phase : NULL);
-        for (uint64_t i = 0; i < n_x; i++) s->x[i] += s->tmp[i];
-        col_numerics_round(&s->numerics, s->pool, s->x, n_x);
-        if (tracing) {
-            phase[COL_PHASE_ATTENTION] = t1 - t0;
-            phase[COL_PHASE_LAYER] = col_now_ns() - t0;
-            for (uint32_t t = 0; t < n; t++) {
-                uint64_t *dst = s->trace_phase_ns + ((uint64_t)(base + t) * hp->n_layers + l) * COL_PHASE_COUNT;
-                for (int p = 0; p < COL_PHASE_COUNT; p++) dst[p] = phase[p] / n;
-            }
-        }
+    col_numerics_round(&s->numerics, s->pool, s->x, (uint64_t)n * d_model); /* numerics variant: rounded residual stream */
+    return s->trace_ids ? col_now_ns() - start : 0;
+}
+
+uint64_t col_forward_layer(col_session *s, uint32_t l, uint32_t n)
+{
+    const col_model *m = s->model;
+    const col_hparams *hp = &m->hp;
+    const col_layer *layer = &m->layers[l];
+    uint64_t n_x = (uint64_t)n * hp->d_model;
+    int tracing = s->trace_ids != NULL;
+    uint64_t phase[COL_PHASE_COUNT] = {0};
+    uint64_t t0 = tracing ? col_now_ns() : 0;
+    col_rmsnorm_rows(s, s->x, layer->attn_norm, n, s->xn);
+    col_attention(s, l, n);
+    for (uint64_t i = 0; i < n_x; i++) s->x[i] += s->tmp[i];
+    col_numerics_round(&s->numerics, s->pool, s->x, n_x);
+    uint64_t t1 = tracing ? col_now_ns() : 0;
+    col_rmsnorm_rows(s, s->x, layer->ffn_norm, n, s->xn);
+    col_feed_forward(s, l, n, tracing ? phase : NULL);
+    for (uint64_t i = 0; i < n_x; i++) s->x[i] += s->tmp[i];
+    col_numerics_round(&s->numerics, s->pool, s->x, n_x);
+    if (!tracing) return 0;
+    phase[COL_PHASE_ATTENTION] = t1 - t0;
+    phase[COL_PHASE_LAYER] = col_now_ns() - t0;
+    for (uint32_t t = 0; t < n; t++) {
+        uint64_t *dst = s->trace_phase_ns + ((uint64_t)(s->position + t) * hp->n_layers + l) * COL_PHASE_COUNT;
+        for (int p = 0; p < COL_PHASE_COUNT; p++) dst[p] = phase[p] / n;
     }
+    return phase[COL_PHASE_LAYER];
+}
+
+void col_forward_head(col_session *s, const int32_t *tokens, uint32_t n, float *logits, uint64_t elapsed_ns)
+{
+    const col_model *m = s->model;
+    const col_hparams *hp = &m->hp;
+    uint32_t d_model = hp->d_model, base = s->position;
+    int tracing = s->trace_ids != NULL;
+    uint64_t start = tracing ? col_now_ns() : 0;
     /* The LM head over every position when all logits are wanted, else over the last only,
      * straight into s->logits. */
     uint32_t first = logits ? 0 : n - 1, rows = n - first;
@@ -62,7 +81,7 @@ void col_forward(col_session *s, const int32_t *tokens, uint32_t n, float *logit
         memcpy(s->logits, logits + (uint64_t)(rows - 1) * hp->vocab_size, (uint64_t)hp->vocab_size * sizeof(float));
 
     if (tracing) {
-        uint64_t each = (col_now_ns() - start) / n;
+        uint64_t each = (elapsed_ns + col_now_ns() - start) / n;
         for (uint32_t t = 0; t < n; t++) {
             s->trace_tokens[base + t] = tokens[t];
             s->trace_token_ns[base + t] = each;

@@ -14,6 +14,10 @@ typedef struct col_router_params {
     uint64_t seed;          /* Gumbel routing: noise is a pure function of (seed, position, layer, j) */
     uint32_t position;
     uint32_t layer;
+    /* a decision's interventions (intervene.c); all zero = none */
+    const uint8_t *forbidden; /* [n_experts] 1 = may not be chosen (its group scores without it); NULL = none */
+    const int32_t *forced;  /* [n_forced] the choice itself, in selection order; NULL = the rule chooses */
+    uint32_t n_forced;
 } col_router_params;
 
 /* Caller-owned scratch for one decision, each [n_experts]. */
@@ -40,9 +44,11 @@ typedef struct col_route_out {
 /* Route one token. rule: a MoE layer's decoded routing entry; correction_bias: its
  * [n_experts] correction bias as f32, NULL when it has none; logits: [n_experts] router logits
  * (the router bias already added). Writes the chosen experts, their weights and every expert's
- * selection score; returns the number of experts chosen (top_k, or n_experts in soft routing).
- * Exact ties go to the lower expert index, and between groups to the lower group index, in
- * every mode. Pure: no allocation, no global state. */
+ * selection score; returns the number of experts chosen (top_k, or n_experts in soft routing;
+ * fewer when params forbid so many that fewer are eligible; n_forced when params force the
+ * choice, whose weights are then the rule's, or soft routing's, for that set). Exact ties go to
+ * the lower expert index, and between groups to the lower group index, in every mode. Pure: no
+ * allocation, no global state. */
 uint32_t col_route(const col_routing_info *rule, const float *correction_bias, const col_router_params *params,
                    const float *logits, const col_route_out *out, const col_router_scratch *scratch);
 

@@ -131,6 +131,12 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     BIND(route_selection, B * n_e, sizeof(float));
     BIND(route_groups, B * n_groups, sizeof(int32_t));
     BIND(route_bias_changed, B, 1);
+    BIND(route_count, B, sizeof(uint32_t));
+    BIND(route_run, B * k_slots, sizeof(int32_t));
+    BIND(route_edits, B, 1);
+    BIND(edit_forbidden, n_e, 1);
+    BIND(edit_bias, n_e, sizeof(float));
+    BIND(layer_input, hp->d_model, sizeof(float));
     BIND(router_scratch.scores, n_e, sizeof(float));
     BIND(router_scratch.keys, n_e, sizeof(double));
     BIND(router_scratch.taken, n_e, 1);
@@ -172,6 +178,7 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
         BIND(trace_hidden_norm, cap * n_moe, sizeof(float));
         BIND(trace_phase_ns, cap * hp->n_layers * COL_PHASE_COUNT, sizeof(uint64_t));
         BIND(trace_token_ns, cap, sizeof(uint64_t));
+        BIND(trace_intervened, cap * n_moe, 1);
     }
 #undef BIND
     return (cur + 63) & ~(uint64_t)63;
@@ -257,6 +264,7 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     s->numerics = col_numerics_of(config);
     if (col_numerics_hooks_products(&s->numerics)) col_pool_set_numerics(s->pool, &s->numerics);
     col_rope_init(&model->hp, s->inv_freq);
+    s->layers_done = COL_NO_LAYER;
     *out = s;
     return COL_OK;
 }
@@ -274,11 +282,38 @@ int32_t col_session_reset(col_session *session)
 {
     if (!session) return COL_ERR_INVALID_ARG;
     session->position = 0;
+    session->layers_done = COL_NO_LAYER;
+    return COL_OK;
+}
+
+int32_t col_session_truncate(col_session *session, uint32_t position, char *err, size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    if (position > session->position)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "position %u is beyond the %u processed", position,
+                             session->position);
+    session->position = position;
+    session->layers_done = COL_NO_LAYER;
+    return COL_OK;
+}
+
+int32_t col_session_set_interventions(col_session *session, const col_intervention *items, uint32_t n, uint32_t *bad,
+                                      char *err, size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    int32_t status = col_interventions_check(session->model, session->k_slots, items, n, bad, err, errlen);
+    if (status != COL_OK) return status;
+    session->interventions = n ? items : NULL;
+    session->n_interventions = n;
     return COL_OK;
 }
 
 static int32_t check_tokens(const col_session *s, const int32_t *tokens, uint32_t n, char *err, size_t errlen)
 {
+    if (s->layers_done != COL_NO_LAYER)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG,
+                             "position %u is in progress (%u of %u layers run): step its layers, or truncate",
+                             s->position, s->layers_done, s->model->hp.n_layers);
     if (n > s->capacity - s->position)
         return col_set_error(err, errlen, COL_ERR_CONTEXT_FULL, "%u tokens at position %u exceed the context of %u",
                              n, s->position, s->capacity);
@@ -327,6 +362,66 @@ int32_t col_session_step(col_session *session, int32_t token, float *logits, cha
     return col_session_prefill(session, &token, 1, logits, err, errlen);
 }
 
+/* Stepping one layer at a time: col_forward's pieces with n = 1, the position's state kept in
+ * the session between calls (the residual stream stays in s->x). */
+int32_t col_session_begin_token(col_session *session, int32_t token, char *err, size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    int32_t status = col_model_check_file(session->model, NULL, err, errlen);
+    if (status == COL_OK) status = check_tokens(session, &token, 1, err, errlen);
+    if (status != COL_OK) return status;
+    session->layer_ns = col_forward_embed(session, &token, 1);
+    session->layer_token = token;
+    session->layers_done = 0;
+    session->layer_undo = 0;
+    return COL_OK;
+}
+
+int32_t col_session_step_layer(col_session *session, float *logits, uint32_t *layers_done, char *err, size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    if (session->layers_done == COL_NO_LAYER)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "no position in progress: begin one with a token");
+    int32_t status = col_model_check_file(session->model, NULL, err, errlen);
+    if (status != COL_OK) {
+        session->layers_done = COL_NO_LAYER;
+        return status;
+    }
+    uint32_t l = session->layers_done, d_model = session->model->hp.d_model;
+    memcpy(session->layer_input, session->x, (uint64_t)d_model * sizeof(float));
+    session->layer_ns += col_forward_layer(session, l, 1);
+    session->layers_done = l + 1;
+    session->layer_undo = 1;
+    if (session->layers_done == session->model->hp.n_layers) {
+        col_forward_head(session, &session->layer_token, 1, NULL, session->layer_ns);
+        session->layers_done = COL_NO_LAYER;
+        if (logits) memcpy(logits, session->logits, (uint64_t)session->model->hp.vocab_size * sizeof(float));
+    }
+    if (col_guard_faulted(session->model->guard)) { /* a truncation during the layer: as col_session_prefill */
+        session->position -= session->layers_done == COL_NO_LAYER ? 1 : 0;
+        session->layers_done = COL_NO_LAYER;
+        return col_model_check_file(session->model, NULL, err, errlen);
+    }
+    if (layers_done) *layers_done = session->layers_done == COL_NO_LAYER ? session->model->hp.n_layers : session->layers_done;
+    return COL_OK;
+}
+
+int32_t col_session_rewind_layer(col_session *session, char *err, size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    if (session->layers_done == COL_NO_LAYER || !session->layer_undo)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "no layer of a position in progress to run again");
+    memcpy(session->x, session->layer_input, (uint64_t)session->model->hp.d_model * sizeof(float));
+    session->layers_done--;
+    session->layer_undo = 0;
+    return COL_OK;
+}
+
+uint32_t col_session_layers_done(const col_session *session)
+{
+    return session ? session->layers_done : COL_NO_LAYER;
+}
+
 const char *col_session_kernels(const col_session *session)
 {
     return col_isa_name(session ? col_pool_isa(session->pool) : COL_ISA_PORTABLE);
@@ -367,5 +462,6 @@ int32_t col_session_trace(const col_session *session, col_trace_view *out)
     out->hidden_norm = session->trace_hidden_norm;
     out->phase_ns = session->trace_phase_ns;
     out->token_ns = session->trace_token_ns;
+    out->intervened = session->trace_intervened;
     return COL_OK;
 }
