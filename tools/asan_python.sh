@@ -43,6 +43,6 @@ esac
 if [ $# -eq 0 ]; then
     set -- tests/test_conformance.py tests/test_families_engine.py tests/test_api.py tests/test_corpus.py \
         tests/test_hostile_files.py \
-        tests/test_reload.py -q
+        tests/test_reload.py tests/test_interventions.py tests/test_generation_rewind.py -q
 fi
 exec "$PYTHON" -m pytest -p no:cacheprovider "$@"

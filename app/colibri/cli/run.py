@@ -13,6 +13,7 @@ from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_prompt, add
                                 add_threads, error, fail, open_model, prompt_ids, token_label,
                                 tokenizer_of)
 from colibri.files import atomic_write
+from colibri.interventions import KINDS, Intervention, InterventionError
 
 RUN_EPILOG = """\
 positions: the prompt's tokens are processed first, then every generated token except the last
@@ -26,8 +27,23 @@ softmax without a correction bias, sigmoid + bias for DeepSeek-V3), chosen_group
 [positions, moe_layers, groups] (the kept groups, best first, -1 in layers without groups; only
 when a layer routes within groups), bias_changed bool [positions, moe_layers] (the correction bias
 changed the choice; only when it did somewhere), moe_layers int32 [moe_layers] (the layer index
-of each MoE layer) and tokens int32 [positions].
-Decoding is greedy (argmax, lowest id on ties); it stops early after the model's eos token."""
+of each MoE layer) and tokens int32 [positions]; with --intervene also interventions (their specs)
+and intervened uint8 [positions, moe_layers] (bit 1 << k for each kind k that acted: force 0,
+forbid 1, weights 2, logits 3, bias 4, ablate 5, swap 6).
+Decoding is greedy (argmax, lowest id on ties); it stops early after the model's eos token.
+
+interventions (--intervene SPEC, repeatable; docs/interventions.md):
+  force:pos=5,layer=2,experts=1+4        the choice itself, weighted by the rule
+  forbid:pos=5-9,layer=2,experts=3       not chosen there; the rule picks among the rest
+  weights:pos=5,layer=2,values=0.9+0.1   the first chosen slots' combine weights
+  logits:pos=5,layer=2,expert=3,add=1.5  (or set=X) a router logit
+  bias:layer=0,expert=2,add=0.5          (or set=X) a correction bias
+  ablate:layer=1,expert=3                removed from the layer at every position
+  swap:layer=1,experts=2+5               each runs the other's weights
+pos is N, A-B or A- (every position without it), layer a MoE layer (every one without it). The
+run without them is computed first and compared (the KV cache before the first intervened
+position is reused): changed tokens, routing, max |logit difference| and KL per position;
+--no-compare runs under the interventions only."""
 
 
 def print_routing(trace: Any, tokenizer: Any, position: int) -> None:
@@ -42,11 +58,47 @@ def print_routing(trace: Any, tokenizer: Any, position: int) -> None:
         groups = f" groups [{','.join(map(str, kept))}]" if kept else ""
         changed = " (the correction bias changed the choice)" \
             if trace.bias_changed[position, m] else ""
+        bits = int(trace.intervened[position, m])
+        edited = f" [intervened: {'+'.join(k for i, k in enumerate(KINDS) if bits >> i & 1)}]" \
+            if bits else ""
         print(f"pos {position} token {token_label(tokenizer, token)} layer {int(layer)}: "
-              f"experts [{ids}] weights [{weights}]{groups}{changed}")
+              f"experts [{ids}] weights [{weights}]{groups}{changed}{edited}")
+
+
+def intervention_spec(text: str) -> Intervention:
+    """argparse type of --intervene: the spec's grammar (the engine judges the ranges)."""
+    try:
+        return Intervention.parse(text)
+    except InterventionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def print_counterfactual(cf: Any, tokenizer: Any, original_text: str | None) -> None:
+    """The comparison of the run under the interventions with the run without them."""
+    s = cf.summary()
+    label = lambda t: "-" if t is None else token_label(tokenizer, t)  # noqa: E731
+    print(f"counterfactual from position {cf.from_position}: {s['routing_changed']} of "
+          f"{s['decisions']} routing decisions changed ({s['intervened_changed']} of the "
+          f"{s['intervened']} made under an intervention, {s['downstream_changed']} downstream), "
+          f"{s['tokens_changed']} next token(s) changed, max |dlogit| {s['max_abs_max']:.3g}, "
+          f"max KL {s['kl_max']:.3g}")
+    if original_text is not None:
+        print(f"without them: {original_text!r}")
+    changed = cf.routing_changed
+    before, after = cf.next_tokens(original=True), cf.next_tokens()
+    print(f"{'pos':>4}  {'next without':<16}{'next with':<16}{'layers changed':<16}"
+          f"{'max|dlogit|':>11}  {'KL':>9}")
+    for p in range(cf.from_position, cf.n_positions):
+        layers = ",".join(f"{int(layer)}{'*' if cf.intervened[p, m] else ''}"
+                          for m, layer in enumerate(cf.moe_layers) if changed[p, m]) or "-"
+        mark = "" if before[p] == after[p] else "  <- token"
+        print(f"{p:>4}  {label(before[p]):<16}{label(after[p]):<16}{layers:<16}"
+              f"{cf.max_abs[p]:>11.3g}  {cf.kl[p]:>9.3g}{mark}")
+    print("(* = a decision made under an intervention)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from colibri.debugging.counterfactual import rerun
     from colibri.engine import Session
     from colibri.reload import HotModel, on_sigusr1, session_swapper
 
@@ -55,24 +107,40 @@ def cmd_run(args: argparse.Namespace) -> int:
         prompt = prompt_ids(args, model, tokenizer)
         if args.generate < 0:
             fail("-n must be >= 0")
-        want_trace = args.debug_routing or args.dump_trace is not None
+        interventions = tuple(args.intervene)
+        compare = bool(interventions) and not args.no_compare
+        want_trace = args.debug_routing or args.dump_trace is not None or compare
         positions = len(prompt) + max(args.generate - 1, 0)
 
-        def new_session(m: Any) -> Any:
-            return Session(m, routing=args.routing, epsilon=args.epsilon, seed=args.seed,
-                           threads=args.threads, max_context=positions, trace=want_trace)
+        def new_session(m: Any, edits: tuple[Intervention, ...] = interventions) -> Any:
+            s = Session(m, routing=args.routing, epsilon=args.epsilon, seed=args.seed,
+                        threads=args.threads, max_context=positions, trace=want_trace)
+            s.set_interventions(edits)   # the engine names a refused spec's bad field
+            return s
 
         def show(generation: Any, position: int) -> None:
             print_routing(generation.session.trace, tokenizer, position)
 
         hot = HotModel(args.file, model)
         restore = on_sigusr1(hot)  # `kill -USR1`: reopen, validate and swap between tokens
+        counterfactual, original_text = None, None
         try:
-            session = new_session(model)
-            generation = session.generate(
-                prompt, args.generate, keep_logits=args.dump_logits is not None,
-                on_position=show if args.debug_routing else None,
-                swap=session_swapper(hot, new_session, error))
+            if compare:  # the run without them first, then again from where they act
+                new_session(model)   # refuses bad specs before the first run
+                session = new_session(model, ())
+                generation = session.generate(prompt, args.generate, keep_logits=True)
+                if tokenizer is not None:
+                    original_text = tokenizer.decode(generation.generated)
+                counterfactual = rerun(generation, interventions)
+                if args.debug_routing:
+                    for position in range(generation.positions):
+                        show(generation, position)
+            else:
+                session = new_session(model)
+                generation = session.generate(
+                    prompt, args.generate, keep_logits=args.dump_logits is not None,
+                    on_position=show if args.debug_routing else None,
+                    swap=session_swapper(hot, new_session, error))
             session = generation.session
             trace = session.trace.copy() if want_trace and session.trace is not None else None
             session.close()
@@ -94,12 +162,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             arrays["chosen_groups"] = trace.chosen_groups.astype(np.int32)
         if trace.bias_changed.any():
             arrays["bias_changed"] = trace.bias_changed.astype(np.bool_)
+        if interventions:
+            arrays["interventions"] = np.array([i.spec for i in interventions], dtype=np.str_)
+            arrays["intervened"] = trace.intervened.astype(np.uint8)
         atomic_write(args.dump_trace, lambda f: np.savez(f, **arrays))
     if tokenizer is not None:
         print(f"prompt: {tokenizer.decode(prompt)}")
         print(f"text: {tokenizer.decode(generated)}")
     print("prompt tokens: " + ",".join(map(str, prompt)))
     print("tokens: " + ",".join(map(str, generated)))
+    for i in interventions:
+        print(f"intervention: {i.spec} ({i.describe()})")
+    if compare:
+        if counterfactual is None:
+            print("the interventions act after the run's last position: nothing changed")
+        else:
+            print_counterfactual(counterfactual, tokenizer, original_text)
     return EXIT_OK
 
 
@@ -115,4 +193,9 @@ def add_commands(sub: Any) -> None:
                    help="print the experts and weights chosen per position and MoE layer")
     p.add_argument("--dump-logits", metavar="OUT.npy", help="save float32 [positions, vocab]")
     p.add_argument("--dump-trace", metavar="OUT.npz", help="save the routing trace")
+    p.add_argument("--intervene", action="append", type=intervention_spec, default=[],
+                   metavar="SPEC", help="edit routing decisions (repeatable; see below)")
+    p.add_argument("--no-compare", action="store_true",
+                   help="with --intervene: run under the interventions only, without the "
+                        "comparison with the run without them")
     p.set_defaults(func=cmd_run)

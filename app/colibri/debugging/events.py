@@ -20,6 +20,8 @@ never by re-running the router:
   * nonfinite   - NaN or Inf in this event's router logits or hidden-state norm; non-finite
                   output logits of a position flag its last MoE layer's event (they are
                   computed after every layer).
+  * intervened  - the bits (1 << k, k indexing colibri.interventions.KINDS) of the intervention
+                  kinds that acted on the decision, from the engine's trace; 0 for none.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from colibri.interventions import KINDS
 from colibri.margins import NO_ULPS, GroupLimit, selection_margins
 from colibri.margins import ulp_distance as float32_ulp_distance
 
@@ -64,6 +67,7 @@ class Event:
     selection_scores: np.ndarray = field(compare=False, repr=False)  # [n_experts] float32
     chosen_groups: tuple[int, ...] = ()  # kept groups, best first (empty without a group limit)
     bias_changed: bool = False  # the correction bias changed the choice (the scores alone chose another set)
+    intervened: int = 0         # bits of the intervention kinds that acted (colibri.interventions.KINDS)
 
     @property
     def top1(self) -> int:
@@ -75,6 +79,11 @@ class Event:
 
     def label(self) -> str:
         return f"#{self.index} pos {self.position} {self.token_text!r} layer {self.layer}"
+
+    @property
+    def intervention_kinds(self) -> tuple[str, ...]:
+        """Names of the intervention kinds that acted on this decision."""
+        return tuple(k for i, k in enumerate(KINDS) if self.intervened >> i & 1)
 
 
 def derive(expert_ids: np.ndarray, router_logits: np.ndarray, selection_scores: np.ndarray,
@@ -166,6 +175,15 @@ class EventList:
         self._n_positions = stop
         return range(start * self._n_moe, stop * self._n_moe)
 
+    def truncate(self, n_positions: int) -> None:
+        """Keep the events of the first `n_positions` positions (after the record was truncated
+        to them); derived rows are copied, so snapshots taken before keep theirs."""
+        n = min(n_positions, self._n_positions)
+        self._margin, self._ulps = self._margin[:n].copy(), self._ulps[:n].copy()
+        self._nonfinite, self._changed = self._nonfinite[:n].copy(), self._changed[:n].copy()
+        self._rows = n
+        self._n_positions = n
+
     def snapshot(self, record: RoutingRecord | None = None) -> EventList:
         """An event list frozen at the current length, sharing the derived arrays (rows once
         derived never change), over `record` (default: a snapshot of this list's record). For
@@ -210,7 +228,7 @@ class EventList:
             shared_gate=float(rec.shared_gate[p, m]), nonfinite=bool(self._nonfinite[p, m]),
             router_logits=rec.router_logits[p, m], selection_scores=rec.selection_scores[p, m],
             chosen_groups=tuple(int(g) for g in rec.chosen_groups[p, m] if g >= 0),
-            bias_changed=bool(rec.bias_changed[p, m]))
+            bias_changed=bool(rec.bias_changed[p, m]), intervened=int(rec.intervened[p, m]))
 
     def position_events(self, position: int) -> list[Event]:
         return [self[position * self._n_moe + m] for m in range(self._n_moe)]

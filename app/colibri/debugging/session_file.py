@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from colibri.debugging.breakpoints import BreakpointList
+from colibri.debugging.counterfactual import Counterfactual
 from colibri.debugging.events import EventList
 from colibri.debugging.run import LATER_ARRAYS, PHASES, RECORD_ARRAYS, Debugger, RoutingRecord
 from colibri.files import atomic_write
@@ -77,6 +78,8 @@ class SavedSession:
     # stored as JSON so a session carries everything the user made.
     analyses: dict[str, Any] = field(default_factory=dict)
     kernels: str = ""              # the kernel path the run ran on ("" in older files)
+    # the last comparison of the run under its interventions with the run before them
+    counterfactual: Counterfactual | None = None
 
     @classmethod
     def from_debugger(cls, dbg: Debugger, checksum: bool = True) -> SavedSession:
@@ -90,7 +93,8 @@ class SavedSession:
         return cls(info, dbg.settings, dbg.record.snapshot(), list(dbg.generated), dbg.finished,
                    dbg.stop_reason, dbg.cursor, sorted(dbg.events.bookmarks),
                    BreakpointList(list(dbg.breakpoints)),
-                   _jsonable(dbg.generation.rng_state), kernels=dbg.kernels)
+                   _jsonable(dbg.generation.rng_state), kernels=dbg.kernels,
+                   counterfactual=dbg.counterfactual)
 
     def events(self) -> EventList:
         """The event list of the saved record, with its bookmarks."""
@@ -108,7 +112,9 @@ class SavedSession:
                 and self.finished == other.finished and self.stop_reason == other.stop_reason
                 and self.cursor == other.cursor and self.bookmarks == other.bookmarks
                 and self.breakpoints == other.breakpoints and self.rng_state == other.rng_state
-                and self.analyses == other.analyses and self.kernels == other.kernels)
+                and self.analyses == other.analyses and self.kernels == other.kernels
+                and _counterfactual_dict(self.counterfactual)
+                == _counterfactual_dict(other.counterfactual))
 
     def kernels_note(self) -> str:
         """'' when a new run of these settings here would use the kernel path the session was
@@ -130,6 +136,10 @@ class SavedSession:
         if os.path.getsize(path) != self.model.get("size"):
             return False
         return self.model.get("sha256") in (None, model_checksum(path))
+
+
+def _counterfactual_dict(cf: Counterfactual | None) -> dict[str, Any] | None:
+    return None if cf is None else cf.to_dict()
 
 
 def _jsonable(value: Any) -> Any:
@@ -157,6 +167,7 @@ def session_bytes(saved: SavedSession) -> bytes:
         "bookmarks": [int(b) for b in saved.bookmarks],
         "breakpoints": saved.breakpoints.to_list(), "rng_state": saved.rng_state,
         "analyses": _jsonable(saved.analyses), "kernels": saved.kernels,
+        "counterfactual": _counterfactual_dict(saved.counterfactual),
         "arrays": {name: {"file": f"arrays/{name}.npy", "dtype": a.dtype.str,
                           "shape": list(a.shape)} for name, a in arrays.items()},
     }
@@ -217,7 +228,9 @@ def load_session(path: str | os.PathLike[str]) -> SavedSession:
         cursor=manifest["cursor"], bookmarks=list(manifest["bookmarks"]),
         breakpoints=BreakpointList.from_list(manifest["breakpoints"]),
         rng_state=manifest["rng_state"], saved_at=manifest["saved_at"],
-        analyses=dict(manifest.get("analyses") or {}), kernels=str(manifest.get("kernels") or ""))
+        analyses=dict(manifest.get("analyses") or {}), kernels=str(manifest.get("kernels") or ""),
+        counterfactual=Counterfactual.from_dict(manifest["counterfactual"])
+        if manifest.get("counterfactual") else None)
 
 
 class Autosaver:

@@ -8,7 +8,8 @@ positions, thread 2 "decode" the generated ones):
           * X "attention", "router", "experts", "combine" (MoE layers) or "attention", "mlp"
             (dense layers: the rest of the layer) - nested, packed in that order. The router
             slice's args carry the routing decision: layer, position, token, experts, weights,
-            logits of the chosen experts, margin (and in ULPs), hidden_norm, shared_gate.
+            logits of the chosen experts, margin (and in ULPs), hidden_norm, shared_gate, and
+            the kinds of the interventions that acted on it (when any did).
   * i "routing change"  - thread instant at the router slice of a (position, layer) whose chosen
                           set differs from the previous position's.
   * C "throughput"      - counter {"tokens_per_s": 1e9 / token_ns} at each token's start.
@@ -35,6 +36,7 @@ import numpy as np
 from colibri.debugging.events import EventList
 from colibri.debugging.run import PHASES
 from colibri.files import atomic_write
+from colibri.interventions import KINDS
 from colibri.values import RunSettings
 
 PID = 1
@@ -116,6 +118,9 @@ def chrome_trace(events: EventList, settings: RunSettings | None = None,
                         "shared_gate": _finite(float(rec.shared_gate[p, m])),
                         "routing": routing, "epsilon": epsilon,
                     }
+                    if rec.intervened[p, m]:
+                        s["args"]["interventions"] = [k for i, k in enumerate(KINDS)
+                                                      if int(rec.intervened[p, m]) >> i & 1]
                     if changed[p, m]:
                         slices.append({"name": "routing change", "cat": "routing", "ph": "i",
                                        "s": "t", "ts": _us(t), "pid": PID, "tid": tid,
@@ -202,7 +207,7 @@ def check_trace_events(doc: Any) -> list[str]:
 # CSV
 
 CSV_COLUMNS = ("position", "token", "text", "layer", "rank", "expert", "weight", "logit",
-               "margin", "margin_ulps")
+               "margin", "margin_ulps", "interventions")
 
 
 def routing_rows(events: EventList) -> Iterable[tuple[Any, ...]]:
@@ -215,12 +220,13 @@ def routing_rows(events: EventList) -> Iterable[tuple[Any, ...]]:
             ids = rec.expert_ids[p, m]
             margin = float(margins[p, m])
             u = int(ulps[p, m]) if math.isfinite(margin) else ""
+            edits = "+".join(k for i, k in enumerate(KINDS) if int(rec.intervened[p, m]) >> i & 1)
             for rank, e in enumerate(ids):
                 if e < 0:
                     continue
                 yield (p, int(rec.tokens[p]), text, int(layer), rank, int(e),
                        repr(float(rec.expert_weights[p, m, rank])),
-                       repr(float(rec.router_logits[p, m, e])), repr(margin), u)
+                       repr(float(rec.router_logits[p, m, e])), repr(margin), u, edits)
 
 
 def write_routing_csv(path: str | os.PathLike[str], events: EventList) -> int:
