@@ -113,3 +113,23 @@ def test_a_forbid_breakpoint_from_the_form(qtbot, panel) -> None:
     snap = panel.snapshot
     assert snap.finished and not (snap.record.expert_ids[:, 1] == 1).any()
     assert all(i.kind == "forbid" for i in snap.interventions)
+
+
+def test_the_table_models_pass_qt_model_checks(qtmodeltester, model: Model) -> None:
+    from colibri.inspector.debugger.interventions_view import CounterfactualTableModel
+    from colibri.inspector.debugger.views import EventTableModel
+
+    dbg = Debugger(model, RunSettings(PROMPT, 5))
+    dbg.run()
+    cf = dbg.set_interventions([Intervention.parse(SPEC)])
+    table = CounterfactualTableModel()
+    table.set_counterfactual(cf, str)
+    qtmodeltester.check(table)
+    assert table.rowCount() == cf.n_positions - 3 and table.text(0, "pos") == "3"
+    paused = Debugger(model, RunSettings(PROMPT, 5))
+    while paused.step_layer().key != (2, 0):
+        pass
+    events = EventTableModel()
+    events.set_events(paused.events, paused.cursor, tuple(paused.pending_events()))
+    qtmodeltester.check(events)
+    assert events.rowCount() == len(paused.events) + 1

@@ -323,11 +323,12 @@ class EventList:
         return sorted(self.bookmarks)
 
     def next_bookmark(self, start: int | None) -> Event | None:
-        after = [b for b in sorted(self.bookmarks) if start is None or b > start]
+        # a bookmark beyond the events (a recomputation that ended early) waits for them
+        after = [b for b in sorted(self.bookmarks) if b < len(self) and (start is None or b > start)]
         return self[after[0]] if after else None
 
     def previous_bookmark(self, start: int | None) -> Event | None:
-        before = [b for b in sorted(self.bookmarks) if start is None or b < start]
+        before = [b for b in sorted(self.bookmarks) if b < len(self) and (start is None or b < start)]
         return self[before[-1]] if before else None
 
 

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""What reusing the KV cache saves a counterfactual: the run again under an intervention at
+position P, from scratch (a fresh session: prompt and generation) against from the truncation
+point (Generation.rewind to P: the positions after it only), in turns, for several P.
+
+    python tools/bench_counterfactual.py [FILE] [-p 256] [-n 32] [-t 2] [--turns 5]
+
+Prints per P the median milliseconds of each way and their ratio (the figures in
+docs/interventions.md's decision table come from here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from colibri.engine import Model, Session
+from colibri.generation import Generation
+from colibri.interventions import Intervention
+
+DEMO = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file", nargs="?", default=str(DEMO))
+    ap.add_argument("-p", "--prompt-tokens", type=int, default=256)
+    ap.add_argument("-n", "--generate", type=int, default=32)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--turns", type=int, default=5)
+    args = ap.parse_args()
+    with Model.open(args.file) as model:
+        hp = model.hparams
+        rng = np.random.default_rng(0)
+        prompt = [int(t) for t in rng.integers(0, hp.vocab_size, args.prompt_tokens)]
+        layer = int(next(r.layer for r in map(model.routing, range(hp.n_layers))
+                         if r.kind == "moe"))
+        total = args.prompt_tokens + args.generate - 1
+        starts = [0, args.prompt_tokens // 2, args.prompt_tokens - 16, total - 8]
+        positions = total
+        print(f"{Path(args.file).name}: {args.prompt_tokens}-token prompt + {args.generate} "
+              f"generated ({total} positions), {args.threads} threads, {args.turns} turns; "
+              f"an intervention at position P (forbid the first choice of layer {layer})")
+        print(f"{'P':>6} {'positions again':>16} {'from scratch ms':>16} {'rewound ms':>11} "
+              f"{'ratio':>7}")
+        for start in starts:
+            scratch, rewound = [], []
+            for _ in range(args.turns):
+                with Session(model, threads=args.threads, max_context=positions) as s:
+                    g = Generation(s, prompt, args.generate, keep_logits=True)
+                    g.run()
+                    first = int(s.trace.expert_ids[start, 0, 0])
+                    edit = [Intervention("forbid", (first,), first=start, last=start,
+                                         layer=layer)]
+                    t0 = time.perf_counter()
+                    s.set_interventions(edit)
+                    g.rewind(start)
+                    g.run()
+                    rewound.append(time.perf_counter() - t0)
+                with Session(model, threads=args.threads, max_context=positions) as s:
+                    t0 = time.perf_counter()
+                    s.set_interventions(edit)
+                    Generation(s, prompt, args.generate, keep_logits=True).run()
+                    scratch.append(time.perf_counter() - t0)
+            a, b = statistics.median(scratch) * 1e3, statistics.median(rewound) * 1e3
+            print(f"{start:>6} {total - start:>16} {a:>16.1f} {b:>11.1f} {a / b:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()
