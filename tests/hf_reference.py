@@ -10,7 +10,8 @@ default initialisation would hide bugs: router weights large enough that routing
 norm weights away from 1, biases (correction biases included) non-zero.
 
 `run` records what transformers routed: the router logits and the chosen experts (from the
-routers' own outputs), the selection scores the family's rule ranks, and the kept groups.
+routers' own outputs), the selection scores the family's rule ranks, and the kept groups, as
+colibri.reference.transformers_run reads them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+
+from colibri.reference import transformers_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,59 +186,13 @@ class Reference:
     generated: list[int]          # greedy continuation
 
 
-def _routers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The MoE layers' router modules, in layer order (every family's returns logits, weights,
-    indices)."""
-    return [m for m in model.modules() if type(m).__name__.endswith(("TopkRouter", "TopKRouter"))]
-
-
-def _selection_and_groups(router: torch.nn.Module, logits: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The values the family's rule ranks, as its router computes them, and the groups it keeps
-    (None without a group limit)."""
-    logits = logits.float()
-    family = type(router).__name__
-    if family.startswith(("DeepseekV3", "Glm4Moe")):
-        sel = logits.sigmoid() + router.e_score_correction_bias
-        if router.num_group > 1:
-            grouped = sel.view(-1, router.num_group, router.num_experts // router.num_group)
-            scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
-            return sel, torch.topk(scores, router.topk_group, dim=-1)[1]
-        return sel, None
-    if family.startswith("Ernie4_5"):
-        return router.moe_statics(logits.softmax(dim=-1)), None
-    if family.startswith("DeepseekV2") and router.topk_method == "group_limited_greedy":
-        probs = logits.softmax(dim=-1)
-        scores = probs.view(-1, router.num_group, router.num_experts // router.num_group).amax(-1)
-        return logits, torch.topk(scores, router.topk_group, dim=-1)[1]
-    return logits, None  # a softmax without a bias ranks as its logits do
-
-
 def run(model: torch.nn.Module, tokens: list[int], n_generate: int) -> Reference:
+    """What transformers computed for `tokens` (read by colibri.reference.transformers_run, the
+    reader `colibri diff` uses), and its greedy continuation."""
+    read = transformers_run.run(model, tokens)
     ids = torch.tensor([tokens])
-    seen: list[tuple] = []
-    hooks = [r.register_forward_hook(lambda mod, inp, out: seen.append((mod, out)))
-             for r in _routers(model)]
-    try:
-        with torch.no_grad():
-            out = model(ids, output_router_logits=True)
-    finally:
-        for h in hooks:
-            h.remove()
     with torch.no_grad():
         generated = model.generate(ids, max_new_tokens=n_generate, do_sample=False,
                                    attention_mask=torch.ones_like(ids), pad_token_id=0)
-    router = torch.stack([r.float() for r in out.router_logits], dim=1)  # [T, moe_layers, E]
-    chosen = torch.stack([o[2] for _, o in seen], dim=1)                 # [T, moe_layers, k]
-    sel, groups = [], []
-    for mod, o in seen:
-        s, g = _selection_and_groups(mod, o[0])
-        sel.append(s)
-        groups.append(g)
-    kept = max((g.shape[1] for g in groups if g is not None), default=0)
-    group_rows = [torch.full((len(tokens), kept), -1, dtype=torch.int64) if g is None else g
-                  for g in groups]
-    return Reference(out.logits[0].float().numpy(), router.numpy(),
-                     chosen.numpy().astype(np.int32), torch.stack(sel, dim=1).numpy(),
-                     torch.stack(group_rows, dim=1).numpy().astype(np.int32),
-                     generated[0, len(tokens):].tolist())
+    return Reference(read.logits, read.router_logits, read.expert_ids, read.selection_scores,
+                     read.chosen_groups, generated[0, len(tokens):].tolist())

@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale build
     raise ImportError(
         f"colibri: compiled engine has ABI version {lib.col_abi_version()}, this Python package "
@@ -479,7 +479,7 @@ class Model:
             return None
         try:
             return json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, RecursionError):  # not UTF-8 JSON, an int of >4300 digits, too deep
             return None
 
     def _section(self, getter: Any) -> bytes:
@@ -662,7 +662,7 @@ def _set_int(config: Any, field: str, value: Any, what: str) -> None:
 
 def _session_config(model: Model, routing: str, epsilon: float | None, seed: int, threads: int,
                     max_context: int, trace: bool, numerics: Any = None,
-                    kernels: str | None = None) -> Any:
+                    kernels: str | None = None, capture_hidden: bool = False) -> Any:
     """A col_session_config from the arguments. Python checks their types and names; the engine
     judges every range (col_session_config_check, the same checks as col_session_create) and
     its message becomes the ColibriValueError."""
@@ -681,6 +681,7 @@ def _session_config(model: Model, routing: str, epsilon: float | None, seed: int
     _set_int(config, "max_context", max_context, "max_context")
     _set_int(config, "seed", seed, "seed")
     config.trace = 1 if trace else 0
+    config.capture_hidden = 1 if capture_hidden else 0
     config.epsilon = float(model.hparams.default_epsilon if epsilon is None else epsilon)
     config.kernels = 0 if kernels is None else KERNEL_PATHS.index(kernels) + 1
     try:  # numerics variant (colibri.numerics): Numerics, spec string, dict or None
@@ -703,13 +704,17 @@ class Session:
     numerics: a numerics variant (colibri.numerics.Numerics or spec such as 'blocked8+fma');
     None = the default computation. kernels: the most capable kernel path to use (one of
     KERNEL_PATHS; the session runs the best of those the machine has at or below it; `kernels`
-    names the one chosen); None = the best the machine has. Paths differ in the last bits."""
+    names the one chosen); None = the best the machine has. Paths differ in the last bits.
+    capture_hidden: keep every processed position's hidden state after each layer in session
+    memory (`hidden_states`; max_context * n_layers * d_model floats); `capture_into` captures
+    into a buffer of the caller's instead."""
 
     def __init__(self, model: Model, routing: RoutingName = "topk", epsilon: float | None = None,
                  seed: int = 0, threads: int = 1, max_context: int = 0, trace: bool = True,
-                 numerics: Numerics | str | None = None, kernels: str | None = None) -> None:
+                 numerics: Numerics | str | None = None, kernels: str | None = None,
+                 capture_hidden: bool = False) -> None:
         config = _session_config(model, routing, epsilon, seed, threads, max_context, trace,
-                                 numerics, kernels)
+                                 numerics, kernels, capture_hidden)
         model_handle = model.handle
         out = ffi.new("col_session **")
         err = ffi.new("char[]", _ERRLEN)
@@ -726,15 +731,17 @@ class Session:
         self._busy = threading.Lock()
         self._interventions: tuple[Intervention, ...] = ()
         self._c_interventions: Any = None   # the C array the engine borrows, and its operands
+        self._capture: np.ndarray | None = None   # the caller's capture buffer, kept alive
 
     @staticmethod
     def memory_estimate(model: Model, routing: RoutingName = "topk", epsilon: float | None = None,
                         seed: int = 0, threads: int = 1, max_context: int = 0,
                         trace: bool = True, numerics: Numerics | str | None = None,
-                        kernels: str | None = None) -> int:
-        """Bytes a Session with these arguments would allocate (KV cache, scratch, trace)."""
+                        kernels: str | None = None, capture_hidden: bool = False) -> int:
+        """Bytes a Session with these arguments would allocate (KV cache, scratch, trace,
+        hidden-state capture)."""
         config = _session_config(model, routing, epsilon, seed, threads, max_context, trace,
-                                 numerics, kernels)
+                                 numerics, kernels, capture_hidden)
         return int(lib.col_session_memory_estimate(model.handle, config))
 
     # -- lifetime -------------------------------------------------------------------------------
@@ -970,6 +977,59 @@ class Session:
     def position(self) -> int:
         """Positions processed since creation or the last reset."""
         return int(lib.col_session_position(self._live()))
+
+    def capture_into(self, buffer: np.ndarray | None, first_position: int = 0) -> None:
+        """Capture the hidden state after each layer into `buffer` (float32, C-contiguous,
+        writable, [rows, n_layers, d_model]) from now on: row r receives position
+        first_position + r when it is processed (col_session_capture). The session keeps a
+        reference to the buffer until it is replaced or detached. None detaches it (capture
+        goes back to the session's own buffer with capture_hidden, else stops)."""
+        handle = self._live()
+        hp = self._model.hparams
+        if buffer is not None:
+            if not isinstance(buffer, np.ndarray) or buffer.dtype != np.float32 or \
+                    buffer.ndim != 3 or buffer.shape[1:] != (hp.n_layers, hp.d_model) or \
+                    not buffer.flags.c_contiguous or not buffer.flags.writeable:
+                raise ColibriValueError(
+                    f"the capture buffer must be a writable C-contiguous float32 array of shape "
+                    f"[rows, {hp.n_layers}, {hp.d_model}], got "
+                    f"{getattr(buffer, 'dtype', type(buffer).__name__)} "
+                    f"{getattr(buffer, 'shape', '')}", COL_ERR_INVALID_ARG)
+        if isinstance(first_position, bool) or not isinstance(first_position, (int, np.integer)) \
+                or not 0 <= int(first_position) < 2**32:
+            raise ColibriValueError(f"first_position {first_position!r} must be an int in "
+                                    f"[0, 2**32)", COL_ERR_INVALID_ARG)
+        rows = 0 if buffer is None else int(buffer.shape[0])
+        if buffer is not None and not 0 < rows < 2**32:
+            raise ColibriValueError(f"a capture buffer of {rows} rows", COL_ERR_INVALID_ARG)
+        self._acquire()
+        try:
+            pointer = ffi.NULL if buffer is None else ffi.from_buffer("float[]", buffer,
+                                                                      require_writable=True)
+            errors.raise_for_status(int(lib.col_session_capture(
+                handle, pointer, int(first_position), rows, self._err, _ERRLEN)),
+                _text(self._err))
+            self._capture = buffer
+        finally:
+            self._busy.release()
+
+    @property
+    def hidden_states(self) -> np.ndarray | None:
+        """The hidden state after each layer of every position processed so far, float32
+        [positions, n_layers, d_model]: a live read-only view of session memory (as `trace`)
+        when the session was created with capture_hidden; None without it, or while
+        `capture_into` directs capture to a buffer of the caller's (read that buffer)."""
+        handle = self._live()
+        if self._capture is not None:
+            return None
+        h = ffi.new("col_hidden_view *")
+        errors.raise_for_status(int(lib.col_session_hidden(handle, h)))
+        if h.data == ffi.NULL:
+            return None
+        rows, per_row = int(h.n_rows), int(h.n_layers) * int(h.d_model)
+        full = _readonly_view(handle, h.data, rows * per_row * 4, np.float32,
+                              (rows, int(h.n_layers), int(h.d_model)))
+        return full[:min(self.position, rows)]
 
     @property
     def trace(self) -> Trace | None:

@@ -37,9 +37,11 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 6   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
-                                grew; col_routing_describe); 5: col_routing_scores; 6: interventions,
-                                col_session_truncate, layer stepping (col_trace_view grew) */
+#define COL_ABI_VERSION 7   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+                                grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
+                                capture (col_session_config.capture_hidden, col_session_capture,
+                                col_session_hidden); 7: interventions, col_session_truncate, layer
+                                stepping (col_trace_view grew) */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -383,6 +385,10 @@ typedef struct col_session_config {
      * the machine has at or below it (the environment variable COLIBRI_KERNELS can lower it too).
      * col_session_kernels names the one chosen. */
     uint32_t kernels;
+    /* 1 = the arena holds a [capacity][n_layers][d_model] float32 buffer and every processed
+     * position's hidden state after each layer is captured into it (col_session_hidden);
+     * capacity * n_layers * d_model * 4 bytes, in the memory estimate. 0 = none. */
+    uint32_t capture_hidden;
 } col_session_config;
 
 /* Pointers into session memory; valid until the session is freed. Arrays are row-major and
@@ -631,14 +637,45 @@ int32_t col_model_section(const col_model *model, uint32_t index, col_section *o
 
 /* Check `config` for `model` exactly as col_session_create does, allocating nothing. The engine
  * is the one judge of every range: routing mode (col_routing_mode), n_threads 1..256,
- * max_context up to the model's, epsilon finite and >= 0, trace 0 or 1, kernels (col_kernels),
- * and the numerics fields (reduction, lanes 1..256 with the blocked reduction only, fma 0 or 1,
- * split 0..256, activation, router_noise_ulps up to 2^22). Returns COL_OK, or
- * COL_ERR_INVALID_ARG with the reason in err. Thread safe. */
+ * max_context up to the model's, epsilon finite and >= 0, trace 0 or 1, capture_hidden 0 or 1,
+ * kernels (col_kernels), and the numerics fields (reduction, lanes 1..256 with the blocked
+ * reduction only, fma 0 or 1, split 0..256, activation, router_noise_ulps up to 2^22). Returns
+ * COL_OK, or COL_ERR_INVALID_ARG with the reason in err. Thread safe. */
 int32_t col_session_config_check(const col_model *model, const col_session_config *config,
                                  char *err, size_t errlen);
 
-/* ---- Since ABI 6: interventions, rewinding, stepping one layer at a time ------------------- */
+/* ---- Since ABI 6: each layer's hidden state, for comparing with a reference ------------------ */
+
+/* Where a session captures hidden states: the residual stream after each layer (after the
+ * feed-forward block's residual add, and the numerics variant's rounding when one is set), row
+ * r holding position first_position + r. */
+typedef struct col_hidden_view {
+    const float *data;             /* [n_rows][n_layers][d_model]; NULL when nothing is captured */
+    uint32_t first_position;
+    uint32_t n_rows;
+    uint32_t n_layers;
+    uint32_t d_model;
+} col_hidden_view;
+
+/* Capture into a caller buffer from now on: `buffer` [n_rows][n_layers][d_model] float32
+ * receives the hidden states of positions first_position..first_position + n_rows - 1 as they
+ * are processed (positions outside that window are not captured; rows of positions not yet
+ * processed are left as they are). The caller owns the buffer and keeps it valid until it is
+ * detached, the session is freed, or another call replaces it; the engine writes it only during
+ * col_session_prefill/step. buffer NULL detaches it: capture goes back to the session's own
+ * buffer when the session was created with capture_hidden = 1 (first_position 0, capacity
+ * rows), else stops. Costs a copy of d_model floats per captured (position, layer); nothing is
+ * allocated. Same thread rules as the session. COL_ERR_INVALID_ARG for a NULL session, or a
+ * non-NULL buffer with n_rows 0. */
+int32_t col_session_capture(col_session *session, float *buffer, uint32_t first_position,
+                            uint32_t n_rows, char *err, size_t errlen);
+
+/* The capture target now (zero-copy; see col_hidden_view): the caller's buffer, or the
+ * session's own (valid until the session is freed; rows 0..col_session_position - 1 filled),
+ * or data NULL and n_rows 0 when nothing is captured. COL_ERR_INVALID_ARG for NULL arguments. */
+int32_t col_session_hidden(const col_session *session, col_hidden_view *out);
+
+/* ---- Since ABI 7: interventions, rewinding, stepping one layer at a time ------------------- */
 
 /* What an intervention does to a routing decision (docs/interventions.md). Append-only. */
 typedef enum col_intervention_kind {

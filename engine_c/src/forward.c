@@ -12,6 +12,19 @@
 
 #include <string.h>
 
+/* The residual stream of positions base..base+n-1 (rows of x) after `layer` into the capture
+ * buffer, for the positions its window covers (col_session_capture). */
+static void capture_layer(col_session *s, uint32_t layer, uint32_t base, uint32_t n, const float *x)
+{
+    if (!s->capture) return;
+    uint64_t d = s->model->hp.d_model, n_layers = s->model->hp.n_layers;
+    for (uint32_t t = 0; t < n; t++) {
+        uint64_t p = (uint64_t)base + t;
+        if (p < s->capture_first || p - s->capture_first >= s->capture_rows) continue;
+        memcpy(s->capture + ((p - s->capture_first) * n_layers + layer) * d, x + t * d, d * sizeof(float));
+    }
+}
+
 /* Every weight product is a matrix-matrix product over the block (weights read once per block,
  * not once per token); with n = 1 the kernels run their single-token tiles. Phase timings of the
  * block are shared equally among its positions. */
@@ -54,6 +67,7 @@ uint64_t col_forward_layer(col_session *s, uint32_t l, uint32_t n)
     col_feed_forward(s, l, n, tracing ? phase : NULL);
     for (uint64_t i = 0; i < n_x; i++) s->x[i] += s->tmp[i];
     col_numerics_round(&s->numerics, s->pool, s->x, n_x);
+    capture_layer(s, l, s->position, n, s->x);
     if (!tracing) return 0;
     phase[COL_PHASE_ATTENTION] = t1 - t0;
     phase[COL_PHASE_LAYER] = col_now_ns() - t0;

@@ -180,6 +180,7 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
         BIND(trace_token_ns, cap, sizeof(uint64_t));
         BIND(trace_intervened, cap * n_moe, 1);
     }
+    if (c->capture_hidden) BIND(capture_own, cap * hp->n_layers * hp->d_model, sizeof(float));
 #undef BIND
     return (cur + 63) & ~(uint64_t)63;
 }
@@ -197,6 +198,8 @@ static int32_t check_config(const col_model *m, const col_session_config *c, cha
     if (!isfinite(c->epsilon) || c->epsilon < 0.0)
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "epsilon must be finite and >= 0");
     if (c->trace > 1) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "trace must be 0 or 1");
+    if (c->capture_hidden > 1)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "capture_hidden must be 0 or 1");
     if (c->kernels > COL_KERNELS_AMX)
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "unknown kernel path %u (0..%d)", c->kernels, COL_KERNELS_AMX);
     return col_numerics_check(c, err, errlen);
@@ -265,6 +268,7 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     if (col_numerics_hooks_products(&s->numerics)) col_pool_set_numerics(s->pool, &s->numerics);
     col_rope_init(&model->hp, s->inv_freq);
     s->layers_done = COL_NO_LAYER;
+    col_session_capture(s, NULL, 0, 0, NULL, 0);
     *out = s;
     return COL_OK;
 }
@@ -463,5 +467,35 @@ int32_t col_session_trace(const col_session *session, col_trace_view *out)
     out->phase_ns = session->trace_phase_ns;
     out->token_ns = session->trace_token_ns;
     out->intervened = session->trace_intervened;
+    return COL_OK;
+}
+
+int32_t col_session_capture(col_session *session, float *buffer, uint32_t first_position, uint32_t n_rows, char *err,
+                            size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    if (buffer && n_rows == 0) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "a capture buffer of 0 rows");
+    if (!buffer) { /* back to the session's own buffer, or off */
+        session->capture = session->capture_own;
+        session->capture_first = 0;
+        session->capture_rows = session->capture_own ? session->capacity : 0;
+        return COL_OK;
+    }
+    session->capture = buffer;
+    session->capture_first = first_position;
+    session->capture_rows = n_rows;
+    return COL_OK;
+}
+
+int32_t col_session_hidden(const col_session *session, col_hidden_view *out)
+{
+    if (!session || !out) return COL_ERR_INVALID_ARG;
+    memset(out, 0, sizeof *out);
+    out->n_layers = session->model->hp.n_layers;
+    out->d_model = session->model->hp.d_model;
+    if (!session->capture) return COL_OK;
+    out->data = session->capture;
+    out->first_position = session->capture_first;
+    out->n_rows = session->capture_rows;
     return COL_OK;
 }

@@ -109,6 +109,14 @@ struct col_session {
     int layer_undo;             /* layer_input holds the input of the last layer run */
     float *layer_input;         /* [d_model] the residual stream before the last layer run */
     uint64_t layer_ns;          /* engine time of the position so far (trace) */
+
+    /* hidden-state capture (col_session_capture): rows of positions capture_first.. +
+     * capture_rows, each [n_layers][d_model]; NULL when off. capture_own is the arena's
+     * [capacity][n_layers][d_model] buffer (config.capture_hidden), else NULL. */
+    float *capture;
+    uint32_t capture_first;
+    uint32_t capture_rows;
+    float *capture_own;
 };
 
 /* Positions processed together by prefill (matrix-matrix products over the block). */

@@ -125,6 +125,14 @@ def prompt_ids(args: argparse.Namespace, model: Any, tokenizer: Any) -> list[int
     return ids
 
 
+def progress_line(done: int, total: int, text: str = "") -> None:
+    """A colibri.values.Progress for long commands: one rewritten line on a terminal's stderr,
+    nothing when stderr is not a terminal."""
+    if sys.stderr.isatty():
+        print(f"\r[{done}/{total}] {text:<40}", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
+
 def token_label(tokenizer: Any, token: int) -> str:
     """How a token is shown in a line of output: its text quoted, or the id without tokenizer."""
     return repr(token_text(tokenizer, token)) if tokenizer is not None else str(token)
@@ -182,5 +190,5 @@ def numerics_spec(text: str) -> str:
 
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_UNREADABLE", "CommandError", "add_file",
            "add_generate", "add_json", "add_prompt", "add_routing", "add_threads", "error",
-           "exit_code", "fail", "failure", "numerics_spec", "open_model", "prompt_ids",
-           "token_ids", "token_label", "tokenizer_of", "unreadable"]
+           "exit_code", "fail", "failure", "numerics_spec", "open_model", "progress_line",
+           "prompt_ids", "token_ids", "token_label", "tokenizer_of", "unreadable"]

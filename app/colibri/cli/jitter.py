@@ -13,13 +13,13 @@ rename, and --json alone prints the report instead of the summary.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 import numpy as np
 
 from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_prompt, add_threads, fail,
-                                open_model, prompt_ids, token_label, tokenizer_of)
+                                open_model, progress_line, prompt_ids, token_label,
+                                tokenizer_of)
 from colibri.files import atomic_write_bytes
 from colibri.jitter.analysis import (BASELINE, EpsilonReport, JitterReport, Runner,
                                      analyze_epsilon, analyze_jitter, parse_eps, report_json)
@@ -37,12 +37,6 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _progress(done: int, total: int, text: str = "") -> None:
-    if sys.stderr.isatty():
-        print(f"\r[{done}/{total}] {text:<40}", end="" if done < total else "\n",
-              file=sys.stderr, flush=True)
-
-
 def _report(args: argparse.Namespace, kind: str) -> tuple[JitterReport | EpsilonReport, Any]:
     """Open the file, build the fixed token sequence and run the analysis; returns the report
     and the tokenizer (None without one)."""
@@ -55,8 +49,8 @@ def _report(args: argparse.Namespace, kind: str) -> tuple[JitterReport | Epsilon
         prompt = prompt_ids(args, model, tokenizer)
         tokens = runner.greedy_sequence(prompt, args.generate)
         if kind == "jitter":
-            return analyze_jitter(runner, tokens, variants, len(prompt), _progress), tokenizer
-        return analyze_epsilon(runner, tokens, eps, variants, len(prompt), _progress), tokenizer
+            return analyze_jitter(runner, tokens, variants, len(prompt), progress_line), tokenizer
+        return analyze_epsilon(runner, tokens, eps, variants, len(prompt), progress_line), tokenizer
 
 
 def _emit(args: argparse.Namespace, report: JitterReport | EpsilonReport,

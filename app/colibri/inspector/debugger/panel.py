@@ -38,6 +38,7 @@ from colibri.inspector.debugger.views import (QtBreakpointList, QtEventList, QtL
                                               QtRoutingHeatmap, QtTokenView)
 from colibri.inspector.debugger.worker import DebuggerController, DebuggerSnapshot
 from colibri.inspector.prompt import example_prompt
+from colibri.inspector.refdiff import QtReferenceDiffDialog
 from colibri.interventions import Intervention
 
 REPAINT_MS = 33
@@ -58,6 +59,7 @@ class QtDebuggerPanel(QWidget):
         self.snapshot: DebuggerSnapshot | None = None
         self.selected: int | None = None
         self.saved: SavedSession | None = None
+        self.reference_diff: QtReferenceDiffDialog | None = None
         self.controller = DebuggerController(self, step_delay_s=step_delay_s,
                                              autosave_path=autosave_path)
         self.run_panel = QtRunPanel(self)
@@ -102,7 +104,10 @@ class QtDebuggerPanel(QWidget):
                 ("Save session", self.save_dialog, "save the run (Ctrl+Shift+S)"),
                 ("Open session", self.open_dialog, "view a saved run"),
                 ("Export trace", self.export_trace_dialog, "Chrome Trace JSON (ui.perfetto.dev)"),
-                ("Export CSV", self.export_csv_dialog, "every routing decision as CSV")):
+                ("Export CSV", self.export_csv_dialog, "every routing decision as CSV"),
+                ("Reference diff", self.open_reference_diff,
+                 "this file against its Hugging Face checkpoint run in transformers, layer by "
+                 "layer")):
             action = self.toolbar.addAction(text)
             action.setToolTip(tip)
             action.triggered.connect(lambda _checked=False, f=slot: f())
@@ -185,6 +190,8 @@ class QtDebuggerPanel(QWidget):
         self.model = model
         self._rules = RuleBook(model) if model is not None else None
         self.token_view.set_rules(self._rules)
+        if self.reference_diff is not None:
+            self.reference_diff.page.set_model(model)
         tok = model.tokenizer if model is not None else None
         if tok is None:
             self.run_panel.set_tokenizer(None)
@@ -265,6 +272,20 @@ class QtDebuggerPanel(QWidget):
 
     def shutdown(self) -> None:
         self.controller.shutdown()
+        if self.reference_diff is not None:
+            self.reference_diff.page.shutdown()
+
+    def open_reference_diff(self) -> QtReferenceDiffDialog | None:
+        """The reference diff window on this model (one per panel), the run's prompt in it."""
+        if self.model is None:
+            self._set_status("no model: open one first")
+            return None
+        if self.reference_diff is None:
+            self.reference_diff = QtReferenceDiffDialog(self)
+        self.reference_diff.page.set_model(self.model, self.run_panel.prompt.text())
+        self.reference_diff.show()
+        self.reference_diff.raise_()
+        return self.reference_diff
 
     # -- snapshots ------------------------------------------------------------------------------
 
