@@ -144,3 +144,14 @@ def test_a_session_from_before_interventions_still_opens(model: Model, tmp_path:
     assert loaded.breakpoints[0].action == "stop"
     assert not loaded.record.intervened.any()
     assert loaded.record.equals(dbg.record)
+
+
+def test_a_pause_ends_a_recomputation_early_and_the_run_goes_on(model: Model) -> None:
+    dbg = fresh(model, RunSettings(PROMPT, 6))
+    dbg.request_pause()                       # as the Pause button would, during the recompute
+    assert dbg.set_interventions([FORCE]) is None
+    assert dbg.position == 3                  # the positions from the change on are not redone
+    dbg.clear_requests()
+    assert dbg.run().reason == "finished"
+    ref = fresh(model, RunSettings(PROMPT, 6, interventions=[FORCE]))
+    assert dbg.record.equals(ref.record, timings=False) and dbg.generated == ref.generated
