@@ -40,11 +40,14 @@ def main() -> None:
         layer = int(next(r.layer for r in map(model.routing, range(hp.n_layers))
                          if r.kind == "moe"))
         total = args.prompt_tokens + args.generate - 1
-        starts = [0, args.prompt_tokens // 2, args.prompt_tokens - 16, total - 8]
+        starts = sorted({0, args.prompt_tokens // 2, args.prompt_tokens, (args.prompt_tokens + total) // 2,
+                         total - 8})
         positions = total
         print(f"{Path(args.file).name}: {args.prompt_tokens}-token prompt + {args.generate} "
               f"generated ({total} positions), {args.threads} threads, {args.turns} turns; "
               f"an intervention at position P (forbid the first choice of layer {layer})")
+        with Session(model, threads=args.threads, max_context=positions) as s:  # warm up
+            Generation(s, prompt, args.generate, keep_logits=True).run()
         print(f"{'P':>6} {'positions again':>16} {'from scratch ms':>16} {'rewound ms':>11} "
               f"{'ratio':>7}")
         for start in starts:

@@ -230,11 +230,15 @@ class Generation:
             raise ValueError(f"cannot rewind to position {position}: {self.positions} processed")
         self.session.truncate(position)
         n_prompt = len(self.prompt)
-        if self.logits is not None:
-            rows = np.concatenate(self.logits)[:position] if self.logits else \
-                np.zeros((0, 0), np.float32)
-            self.logits = [rows[i:i + 1] for i in range(rows.shape[0])]
-            self.last_logits = rows[-1] if position else None
+        if self.logits is not None:  # the kept rows of the positions before, no copy
+            kept, count = [], 0
+            for rows in self.logits:
+                if count >= position:
+                    break
+                kept.append(rows[:position - count])
+                count += kept[-1].shape[0]
+            self.logits = kept
+            self.last_logits = kept[-1][-1] if kept else None
         else:
             self.last_logits = None
         self.positions = position
