@@ -99,6 +99,7 @@ def test_a_run_paused_between_layers_is_edited_before_the_next_layer(qtbot, pane
     assert event.key == (3, 1) and event.expert_ids == (5, 6)
     qtbot.waitUntil(lambda: "position 3" in panel.token_view.title.text()
                     and "layer 2" in panel.token_view.title.text())
+    assert "made under intervention: force" in panel.token_view.details.text()
 
 
 def test_a_forbid_breakpoint_from_the_form(qtbot, panel) -> None:

@@ -4,11 +4,12 @@
                                command line's grammar) or take a template from the selected
                                decision, add, remove, Apply (`sig_apply(list)`); the engine judges
                                them on the worker and a refused one's message shows here.
-  * `QtCounterfactualView`   - a `Counterfactual`: the summary, a table per position (the next token
-                               without and with the interventions, the MoE layers whose choice
-                               changed, max |logit difference|, KL), KL per position, and a map of
-                               the decisions (changed downstream, changed where an intervention
-                               acted, acted without a change); a row or cell selects its decision.
+  * `QtCounterfactualView`   - a `Counterfactual`: the summary, and as tabs a table per position (the
+                               next token without and with the interventions, the MoE layers whose
+                               choice changed, max |logit difference|, KL), KL per position, and a
+                               map of the decisions (changed downstream, changed where an
+                               intervention acted, acted without a change); a row or cell selects
+                               its decision.
 Neither runs or recomputes anything: the worker does, and they show its snapshots.
 """
 
@@ -22,7 +23,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
-                               QListWidget, QPushButton, QSplitter, QTableView, QVBoxLayout,
+                               QListWidget, QPushButton, QTableView, QTabWidget, QVBoxLayout,
                                QWidget)
 
 from colibri.debugging.counterfactual import Counterfactual
@@ -55,6 +56,7 @@ class QtInterventionList(QWidget):
         self.spec.setToolTip("force, forbid, weights, logits, bias, ablate, swap "
                              "(docs/interventions.md); pos N, A-B or A-, layer a MoE layer")
         self.list = QListWidget(self)
+        self.list.setMaximumHeight(self.list.fontMetrics().height() * 5)   # a few, compactly
         self.message = QLabel("", self)
         self.message.setWordWrap(True)
         self.buttons: dict[str, QPushButton] = {}
@@ -73,7 +75,7 @@ class QtInterventionList(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.spec)
         layout.addLayout(row)
-        layout.addWidget(self.list, 1)
+        layout.addWidget(self.list)
         layout.addWidget(self.message)
         self.buttons["template"].clicked.connect(self.fill_template)
         self.buttons["add"].clicked.connect(self.add_spec)
@@ -219,17 +221,15 @@ class QtCounterfactualView(QWidget):
         self.table.verticalHeader().setVisible(False)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.graphics = pg.GraphicsLayoutWidget(self)
-        self.kl_plot = tidy(self.graphics.addPlot(title="KL(without || with) per position",
-                                                  axisItems=axes(IndexAxis("bottom"))))
+        self.kl_widget = pg.GraphicsLayoutWidget(self)
+        self.kl_plot = tidy(self.kl_widget.addPlot(axisItems=axes(IndexAxis("bottom"))))
         self.kl_plot.setLabel("bottom", "position")
+        self.kl_plot.setLabel("left", "KL")
         self.kl_curve = self.kl_plot.plot(pen=pg.mkPen((230, 140, 40)), symbol="o", symbolSize=4,
                                           symbolBrush=(230, 140, 40))
-        self.graphics.nextRow()
+        self.map_widget = pg.GraphicsLayoutWidget(self)
         self.layer_axis = IndexAxis("left", cells=True)
-        self.map_plot = self.graphics.addPlot(
-            title="decisions: changed downstream (orange), changed by an intervention (red), "
-                  "intervened unchanged (blue)",
+        self.map_plot = self.map_widget.addPlot(
             axisItems=axes(IndexAxis("bottom", cells=True), self.layer_axis))
         self.map_plot.setLabel("bottom", "position")
         self.map_plot.setLabel("left", "MoE layer")
@@ -237,12 +237,24 @@ class QtCounterfactualView(QWidget):
         self.map_plot.addItem(self.image)
         for plot in (self.kl_plot, self.map_plot):
             plot.setMouseEnabled(x=False, y=False)
-        split = QSplitter(Qt.Orientation.Vertical, self)
-        split.addWidget(self.table)
-        split.addWidget(self.graphics)
+            plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+        legend = QLabel("orange: changed downstream · red: changed where an intervention acted · "
+                        "blue: an intervention acted, the set stayed · dark: the same", self)
+        legend.setWordWrap(True)
+        decisions = QWidget(self)
+        box = QVBoxLayout(decisions)
+        box.setContentsMargins(0, 0, 0, 0)
+        box.addWidget(self.map_widget, 1)
+        box.addWidget(legend)
+        # one at a time: the tab shares its column with the interventions list
+        self.tabs = QTabWidget(self)
+        self.tabs.addTab(self.table, "positions")
+        self.tabs.addTab(self.kl_widget, "KL(without || with)")
+        self.tabs.addTab(decisions, "decisions")
         layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.summary)
-        layout.addWidget(split, 1)
+        layout.addWidget(self.tabs, 1)
         self.table.clicked.connect(self._row_clicked)
         self.map_plot.scene().sigMouseClicked.connect(self._map_clicked)
 

@@ -342,6 +342,8 @@ class QtTokenView(QWidget):
             flags.append("routing changed vs previous position")
         if e.nonfinite:
             flags.append("NaN/Inf")
+        if e.intervened:
+            flags.append(f"made under intervention: {', '.join(e.intervention_kinds)}")
         groups = (f"   kept groups {[g for g in e.chosen_groups if g >= 0]}"
                   if e.chosen_groups else "")
         self.details.setText(
