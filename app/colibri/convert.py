@@ -62,7 +62,8 @@ SOURCE_DTYPES = ("F32", "F16", "BF16", "F64")
 
 def _format_problems(problems: Sequence[Any]) -> str:
     errs = [p for p in problems if p.severity == "error"]
-    shown = "; ".join(f"{p.message} (at byte 0x{p.offset:X})" for p in errs[:5])
+    shown = "; ".join(f"{f'tensor {p.tensor!r}: ' if p.tensor else ''}{p.message} "
+                      f"(at byte 0x{p.offset:X})" for p in errs[:5])
     return shown + (f"; and {len(errs) - 5} more" if len(errs) > 5 else "")
 
 
