@@ -122,6 +122,47 @@ VARIANTS = [
         moe_intermediate_size=20, moe_num_experts=6, moe_k=3, moe_num_shared_experts=0,
         moe_layer_start_index=0, moe_layer_end_index=2, moe_layer_interval=2,
         tie_word_embeddings=False), rule_matters=True),
+    # sparsemixer always takes the two best logits, so these do not pass rule_matters; its
+    # weights (masked softmaxes) reach the logits, which the conformance test compares
+    Variant("phimoe-base", "phimoe", dict(_COMMON, intermediate_size=32, num_local_experts=4,
+                                          num_experts_per_tok=2)),
+    Variant("phimoe-bias-window-wide-jitter-tied", "phimoe", dict(
+        _COMMON, vocab_size=97, hidden_size=60, num_attention_heads=6, num_key_value_heads=3,
+        intermediate_size=36, num_local_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
+        attention_bias=True, lm_head_bias=True, sliding_window=8, router_jitter_noise=0.4,
+        tie_word_embeddings=True)),
+    # Granite ranks its logits (a plain top-k); the multipliers reach every logit
+    Variant("granitemoe-mup", "granitemoe", dict(
+        _COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
+        logits_scaling=6.0)),
+    Variant("granitemoe-bias-odd-tied", "granitemoe", dict(
+        _COMMON, vocab_size=101, hidden_size=56, num_attention_heads=7, num_key_value_heads=1,
+        intermediate_size=24, num_local_experts=5, num_experts_per_tok=3, num_hidden_layers=3,
+        attention_bias=True, tie_word_embeddings=True, embedding_multiplier=3.5,
+        attention_multiplier=0.2, residual_multiplier=0.6, logits_scaling=2.5,
+        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})),
+    Variant("granitemoeshared-shared", "granitemoeshared", dict(
+        _COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=48, embedding_multiplier=12.0, attention_multiplier=0.015625,
+        residual_multiplier=0.22, logits_scaling=6.0)),
+    Variant("granitemoeshared-unshared-bias", "granitemoeshared", dict(
+        _COMMON, hidden_size=48, num_attention_heads=6, num_key_value_heads=3,
+        intermediate_size=20, num_local_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
+        shared_intermediate_size=0, attention_bias=True, embedding_multiplier=2.0,
+        attention_multiplier=0.25, residual_multiplier=0.5, logits_scaling=4.0)),
+    # DBRX ranks the softmax (as its logits); the p-norm of the chosen weights, the fused Wqkv
+    # with its clamp and the LayerNorms reach the logits
+    Variant("dbrx-l1-clip", "dbrx", dict(
+        vocab_size=128, d_model=64, n_heads=4, n_layers=2, max_seq_len=256,
+        attn_config=dict(kv_n_heads=2, clip_qkv=0.25, rope_theta=10000.0),
+        ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2,
+                        moe_normalize_expert_weights=1.0))),
+    Variant("dbrx-p2-odd-wide-clip-theta", "dbrx", dict(
+        vocab_size=97, d_model=60, n_heads=6, n_layers=3, max_seq_len=256,
+        attn_config=dict(kv_n_heads=3, clip_qkv=6.0, rope_theta=500000.0),
+        ffn_config=dict(ffn_hidden_size=36, moe_num_experts=5, moe_top_k=3,
+                        moe_normalize_expert_weights=2.0))),
 ]
 
 _CLASSES = {
@@ -133,7 +174,25 @@ _CLASSES = {
     "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM),
     "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM),
     "ernie4_5_moe": (transformers.Ernie4_5_MoeConfig, transformers.Ernie4_5_MoeForCausalLM),
+    "phimoe": (transformers.PhimoeConfig, transformers.PhimoeForCausalLM),
+    "granitemoe": (transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM),
+    "granitemoeshared": (transformers.GraniteMoeSharedConfig,
+                         transformers.GraniteMoeSharedForCausalLM),
+    "dbrx": (transformers.DbrxConfig, transformers.DbrxForCausalLM),
 }
+
+# The router's weight in each family's module tree (kept in f32 by the converter).
+ROUTER_SUFFIXES = ("mlp.gate.weight", "router.weight", "router.layer.weight")
+
+# Where a MoE layer's router weight and fused experts (gate_up_proj, down_proj) sit in a
+# family's module tree (`model.layers.L.` omitted), for the families that have them.
+MOE_BLOCK = {"phimoe": ("mlp.router.weight", "mlp.experts"),
+             "granitemoe": ("block_sparse_moe.router.weight", "block_sparse_moe.experts"),
+             "granitemoeshared": ("block_sparse_moe.router.weight", "block_sparse_moe.experts")}
+
+
+def moe_block(family: str) -> tuple[str, str]:
+    return MOE_BLOCK.get(family, ("mlp.gate.weight", "mlp.experts"))
 
 
 def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
@@ -146,9 +205,9 @@ def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):  # the router: spread logits so routing is decisive
+            if name.endswith(ROUTER_SUFFIXES):  # spread the logits so routing is decisive
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-            elif "norm" in name:
+            elif "norm" in name.split(".")[-2] and not name.endswith(".bias"):  # a norm's weight
                 param.copy_(1.0 + 0.3 * torch.randn(param.shape, generator=generator))
             elif name.endswith("bias"):  # ERNIE's moe_statics correction bias among them
                 param.copy_(0.2 * torch.randn(param.shape, generator=generator))
@@ -167,7 +226,7 @@ def round_like_converter(model: torch.nn.Module, dtype: str) -> None:
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.ndim >= 2 and not name.endswith(("mlp.gate.weight", "correction_bias")):
+            if param.ndim >= 2 and not name.endswith((*ROUTER_SUFFIXES, "correction_bias")):
                 param.copy_(param.to(torch_dtype).to(torch.float32))
 
 

@@ -83,6 +83,53 @@ def test_after_the_run_nothing_changes(capsys: Capture, path: Path) -> None:
     assert code == 0 and "act after the run's last position: nothing changed" in out
 
 
+def test_cached_routing_under_them_dumps_the_engines_run(capsys: Capture, path: Path,
+                                                          tmp_path: Path) -> None:
+    """--routing cached with an expert cache: the dumped trace holds both the caching arrays and
+    the interventions of the engine's run under them (the comparison's rerun from position 3
+    rebuilt the caching state there), and the summary counts are that run's."""
+    out_npz = tmp_path / "t.npz"
+    code, out, _ = run(capsys, "run", path, "--tokens", PROMPT, "-n", "6", "--dump-trace", out_npz,
+                       "--routing", "cached", "--cache-threshold", "0.5", "--expert-cache", "4",
+                       *intervene_args(SPECS[0]))
+    assert code == 0 and "counterfactual from position 3:" in out
+    dumped = np.load(out_npz)
+    with Model.open(path) as m, Session(m, routing="cached", cache_threshold=0.5,
+                                        expert_cache=4) as s:
+        s.set_interventions([Intervention.parse(SPECS[0])])
+        s.generate([3, 4, 5, 6, 7], 6)
+        trace, stats = s.trace, s.cache_stats()
+        for name in ("expert_ids", "expert_weights", "intervened", "cache_kept", "fresh_ids",
+                     "cache_hits"):
+            assert np.array_equal(dumped[name], getattr(trace, name)), name
+        assert dumped["cache_margin"].tobytes() == trace.cache_margin.tobytes()
+    assert list(dumped["fresh_ids"][3, 1]) == [5, 6] and not dumped["cache_kept"][3, 1]
+    assert (f"expert cache: {stats.hits} hits, {stats.misses} misses of "
+            f"{stats.hits + stats.misses} lookups") in out
+    assert f"cached routing: kept the previous experts in {stats.kept} of {stats.decisions}" in out
+
+
+def test_embedding_rows_take_them_as_token_ids_do(capsys: Capture, path: Path,
+                                                  tmp_path: Path) -> None:
+    """--embedding with --intervene: the model's own table rows give the token ids' comparison,
+    line for line after the prompt line (a prompt position's next token reads <embedding>)."""
+    with Model.open(path) as m:
+        rows = np.ascontiguousarray(m.tensor_f32("token_embd")[[3, 4, 5, 6, 7]])
+    np.save(tmp_path / "x.npy", rows)
+    _, by_ids, _ = run(capsys, "run", path, "--tokens", PROMPT, "-n", "4", *intervene_args(*SPECS))
+    code, by_rows, _ = run(capsys, "run", path, "--embedding", tmp_path / "x.npy", "-n", "4",
+                           *intervene_args(*SPECS))
+    assert code == 0
+    tail = lambda text: text[text.index("\ntokens: "):].splitlines()  # noqa: E731
+    assert "counterfactual from position 0:" in by_rows
+    assert len(tail(by_rows)) == len(tail(by_ids))
+    for row, want in zip(tail(by_rows), tail(by_ids)):
+        if "<embedding>" in row:   # the same position, layers changed, max |dlogit| and KL
+            assert row.split()[:1] + row.split()[-3:] == want.split()[:1] + want.split()[-3:]
+        else:
+            assert row == want
+
+
 @pytest.mark.parametrize("spec,code,message", [
     ("force:pos=3,layer=2,experts=5+9", 1, "experts: expert 9 outside 0..7"),
     ("force:pos=3,layer=1,experts=5", 1, "layer: layer 1 is dense"),

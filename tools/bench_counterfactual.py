@@ -4,9 +4,12 @@ position P, from scratch (a fresh session: prompt and generation) against from t
 point (Generation.rewind to P: the positions after it only), in turns, for several P.
 
     python tools/bench_counterfactual.py [FILE] [-p 256] [-n 32] [-t 2] [--turns 5]
+        [--cache-threshold T] [--expert-cache N]
 
-Prints per P the median milliseconds of each way and their ratio (the figures in
-docs/interventions.md's decision table come from here).
+Prints per P the median milliseconds of each way, their ratio, and the median microseconds of the
+rewind itself (the truncation: with expert caching it replays the decisions before P to rebuild
+the caching state). --cache-threshold runs cached routing, --expert-cache an LRU. The figures in
+docs/interventions.md's decision table come from here.
 """
 
 from __future__ import annotations
@@ -32,7 +35,13 @@ def main() -> None:
     ap.add_argument("-n", "--generate", type=int, default=32)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--cache-threshold", type=float, default=None, metavar="T",
+                    help="cached routing with this threshold")
+    ap.add_argument("--expert-cache", type=int, default=0, metavar="N",
+                    help="an LRU of N resident experts per MoE layer")
     args = ap.parse_args()
+    caching = {"routing": "topk" if args.cache_threshold is None else "cached",
+               "cache_threshold": args.cache_threshold or 0.0, "expert_cache": args.expert_cache}
     with Model.open(args.file) as model:
         hp = model.hparams
         rng = np.random.default_rng(0)
@@ -45,15 +54,16 @@ def main() -> None:
         positions = total
         print(f"{Path(args.file).name}: {args.prompt_tokens}-token prompt + {args.generate} "
               f"generated ({total} positions), {args.threads} threads, {args.turns} turns; "
-              f"an intervention at position P (forbid the first choice of layer {layer})")
-        with Session(model, threads=args.threads, max_context=positions) as s:  # warm up
+              f"an intervention at position P (forbid the first choice of layer {layer}); "
+              f"routing {caching['routing']}, expert cache {args.expert_cache}")
+        with Session(model, threads=args.threads, max_context=positions, **caching) as s:  # warm up
             Generation(s, prompt, args.generate, keep_logits=True).run()
         print(f"{'P':>6} {'positions again':>16} {'from scratch ms':>16} {'rewound ms':>11} "
-              f"{'ratio':>7}")
+              f"{'ratio':>7} {'rewind us':>10}")
         for start in starts:
-            scratch, rewound = [], []
+            scratch, rewound, rewinds = [], [], []
             for _ in range(args.turns):
-                with Session(model, threads=args.threads, max_context=positions) as s:
+                with Session(model, threads=args.threads, max_context=positions, **caching) as s:
                     g = Generation(s, prompt, args.generate, keep_logits=True)
                     g.run()
                     first = int(s.trace.expert_ids[start, 0, 0])
@@ -61,16 +71,19 @@ def main() -> None:
                                          layer=layer)]
                     t0 = time.perf_counter()
                     s.set_interventions(edit)
+                    t1 = time.perf_counter()
                     g.rewind(start)
+                    rewinds.append(time.perf_counter() - t1)
                     g.run()
                     rewound.append(time.perf_counter() - t0)
-                with Session(model, threads=args.threads, max_context=positions) as s:
+                with Session(model, threads=args.threads, max_context=positions, **caching) as s:
                     t0 = time.perf_counter()
                     s.set_interventions(edit)
                     Generation(s, prompt, args.generate, keep_logits=True).run()
                     scratch.append(time.perf_counter() - t0)
             a, b = statistics.median(scratch) * 1e3, statistics.median(rewound) * 1e3
-            print(f"{start:>6} {total - start:>16} {a:>16.1f} {b:>11.1f} {a / b:>7.2f}")
+            print(f"{start:>6} {total - start:>16} {a:>16.1f} {b:>11.1f} {a / b:>7.2f} "
+                  f"{statistics.median(rewinds) * 1e6:>10.1f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Make tests/fixtures/gguf/: small GGUF files written by llama.cpp's own tools.
 
-For each family Colibri supports (mixtral, qwen2_moe, qwen3_moe, olmoe) this script
+For each family Colibri supports and llama.cpp's converter reads (mixtral, qwen2_moe,
+qwen3_moe, olmoe, phimoe, granitemoe, granitemoeshared, dbrx) this script
   1. trains a small tokenizer on a few of Python's own source files: a SentencePiece BPE model
      (`tokenizer.model`, with byte fallback, as Mixtral ships) for mixtral, a byte-level BPE
      (`tokenizers`) with Qwen2's pre-tokenizer for the Qwen families and GPT-2's for OLMoE;
@@ -60,8 +61,31 @@ CONFIGS: dict[str, dict[str, Any]] = {
                       num_experts=4, num_experts_per_tok=2, norm_topk_prob=True),
     "olmoe": dict(_BASE, num_key_value_heads=4, intermediate_size=32, num_experts=4,
                   num_experts_per_tok=2),
+    "phimoe": dict(_BASE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                   attention_bias=True, lm_head_bias=True, rope_theta=10000.0),
+    "granitemoe": dict(_BASE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                       embedding_multiplier=12.0, attention_multiplier=0.015625,
+                       residual_multiplier=0.22, logits_scaling=6.0),
+    "granitemoeshared": dict(_BASE, intermediate_size=64, num_local_experts=4,
+                             num_experts_per_tok=2, shared_intermediate_size=64,
+                             embedding_multiplier=12.0, attention_multiplier=0.015625,
+                             residual_multiplier=0.22, logits_scaling=6.0),
+    # rope_theta in attn_config equal to what transformers runs (rope_parameters' 10000):
+    # llama.cpp's converter takes attn_config's, transformers 5.23 never reads it
+    "dbrx": dict(vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=2, max_seq_len=256,
+                 bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                 attn_config=dict(kv_n_heads=2, clip_qkv=1.0, rope_theta=10000.0),
+                 ffn_config=dict(ffn_hidden_size=64, moe_num_experts=4, moe_top_k=2,
+                                 moe_normalize_expert_weights=1.0)),
 }
-TOKENIZER = {"mixtral": "spm", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "olmo"}
+TOKENIZER = {"mixtral": "spm", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "olmo",
+             "phimoe": "spm", "granitemoe": "olmo", "granitemoeshared": "olmo", "dbrx": "qwen2"}
+# What llama.cpp's converter needs of a config.json that transformers 5.23 does not write: the
+# architecture name it registers PhiMoE under (transformers saves 'PhimoeForCausalLM') and the
+# original_max_position_embeddings its Phi-3 base reads even without long-context RoPE.
+CONFIG_JSON_EDITS: dict[str, dict[str, Any]] = {
+    "phimoe": {"architectures": ["PhiMoEForCausalLM"], "original_max_position_embeddings": 256},
+}
 OUTTYPES = ("f32", "bf16")
 QUANTS = ("Q8_0", "Q4_0")
 CORPUS_FILES = ("textwrap.py", "string.py", "fnmatch.py", "shlex.py")
@@ -130,6 +154,10 @@ def hf_checkpoint(family: str, directory: Path) -> None:
     variant = hf_reference.Variant(f"{family}-gguf", family, CONFIGS[family])
     model = hf_reference.build(variant, seed=SEED)
     model.save_pretrained(directory)
+    if family in CONFIG_JSON_EDITS:
+        config = json.loads((directory / "config.json").read_text())
+        config.update(CONFIG_JSON_EDITS[family])
+        (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 # Runs convert_hf_to_gguf.py as its own __main__, after telling its pre-tokenizer table about
@@ -162,17 +190,22 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def make() -> None:
+def make(families: list[str]) -> None:
+    """(Re)make the fixtures of `families`, keeping the other families' files and entries."""
     tools = llamacpp.LlamaCpp()
     tools.quantize()  # build first: fail early without cmake
     text = corpus()
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    OUT.mkdir(parents=True)
-    entries = []
-    for family in CONFIGS:
+    OUT.mkdir(parents=True, exist_ok=True)
+    old = json.loads((OUT / "manifest.json").read_text()) if (OUT / "manifest.json").exists() \
+        else {"files": []}
+    entries = [{k: e[k] for k in ("file", "family", "made_by")} for e in old["files"]
+               if e["family"] not in families and e["family"] in CONFIGS]
+    for family in families:
         log(family)
         hf_dir = OUT / f"{family}-hf"
+        shutil.rmtree(hf_dir, ignore_errors=True)
+        for stale in OUT.glob(f"{family}-*.gguf"):
+            stale.unlink()
         hf_dir.mkdir()
         if TOKENIZER[family] == "spm":
             spm_tokenizer(hf_dir, text)
@@ -199,8 +232,9 @@ def make() -> None:
     manifest = {
         "llama_cpp_python": llamacpp.VERSION, "sdist_sha256": llamacpp.SDIST_SHA256,
         "seed": SEED, "configs": CONFIGS, "tokenizers": TOKENIZER,
+        "config_json_edits": CONFIG_JSON_EDITS,
         "files": [dict(e, sha256=sha256(OUT / e["file"]), bytes=(OUT / e["file"]).stat().st_size)
-                  for e in entries],
+                  for e in sorted(entries, key=lambda e: list(CONFIGS).index(e["family"]))],
     }
     (OUT / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     check()
@@ -218,11 +252,16 @@ def check() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only check the committed files")
+    parser.add_argument("families", nargs="*", metavar="FAMILY",
+                        help=f"remake only these (default: all of {', '.join(CONFIGS)})")
     args = parser.parse_args(argv)
+    unknown = set(args.families) - set(CONFIGS)
+    if unknown:
+        parser.error(f"unknown families: {', '.join(sorted(unknown))}")
     if args.check:
         check()
     else:
-        make()
+        make(args.families or list(CONFIGS))
     return 0
 
 

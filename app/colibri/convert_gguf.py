@@ -9,11 +9,19 @@ and tensor names then map onto Colibri's (docs/formats.md, "GGUF import"):
 | qwen2moe | qwen2_moe | no (`expert_weights_norm` when present) |
 | qwen3moe | qwen3_moe | yes |
 | olmoe | olmoe | no |
+| phimoe | phimoe | sparsemixer (router_jitter_noise 0.01: the GGUF does not record it) |
+| granitemoe | granitemoe, or granitemoeshared with `ffn_*_shexp` tensors | softmax over the chosen logits |
+| dbrx | dbrx | 1-norm (moe_normalize_expert_weights 1: the GGUF does not record it) |
 
-llama.cpp's converter permutes the rows of q and k (weights and biases) for `llama` files,
-because llama.cpp rotates interleaved pairs there while Hugging Face rotates halves; the import
-undoes that permutation exactly (a reshuffle of whole rows, so it applies to quantised rows
-too). The other three architectures are stored unpermuted.
+The families of format version 2 get their routing rule (docs/format.md) from the family, with a
+note in the metadata where the GGUF file does not record a parameter of it; llama.cpp itself
+routes PhiMoE and DBRX by a softmax, top-k and a sum renormalisation.
+
+llama.cpp's converter permutes the rows of q and k (weights and biases) for `llama` and
+`granitemoe` files, because llama.cpp rotates interleaved pairs there while Hugging Face rotates
+halves; the import undoes that permutation exactly (a reshuffle of whole rows, so it applies to
+quantised rows too). The other architectures are stored unpermuted. DBRX's fused `attn_qkv` is
+split into q, k and v rows.
 
 Storage: F32, F16 and BF16 tensors are kept as they are; Q8_0 and Q4_0 tensors are repacked
 into Colibri's rows of the same blocks (scales first, docs/format.md), so every value is the
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -39,10 +48,12 @@ from colibri.convert import (
 from colibri.errors import ColibriFormatError, ColibriIOError
 from colibri.families.common import check_limits
 from colibri.fileformat import (
-    ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, DTYPE_BF16,
-    DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32, DTYPE_Q4_0, DTYPE_Q8_0, FLAG_NORM_TOPK, FLAG_O_BIAS,
-    FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS, FLAG_SHARED_EXPERT,
-    FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE, TensorSpec,
+    ARCH_DBRX, ARCH_GRANITEMOE, ARCH_GRANITEMOESHARED, ARCH_MIXTRAL, ARCH_OLMOE, ARCH_PHIMOE,
+    ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, DTYPE_BF16, DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32, DTYPE_Q4_0,
+    DTYPE_Q8_0, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_OUTPUT_BIAS, FLAG_QK_NORM_FULL,
+    FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS, FLAG_SHARED_EXPERT, FLAG_SHARED_EXPERT_GATE,
+    FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE, NORM_KIND_LAYER, NORM_KIND_LAYER_BIAS, NORM_P,
+    SCORING_SPARSEMIXER, SELECT_LOGITS, SHARED_NONE, SHARED_PLAIN, RouteRule, TensorSpec,
     plan_file, write_colibri,
 )
 from colibri.formats.gguf_file import GGUFFile
@@ -55,7 +66,16 @@ ARCHITECTURES: dict[str, tuple[str, int, bool]] = {
     "qwen2moe": ("qwen2_moe", ARCH_QWEN2_MOE, False),
     "qwen3moe": ("qwen3_moe", ARCH_QWEN3_MOE, True),
     "olmoe": ("olmoe", ARCH_OLMOE, False),
+    "phimoe": ("phimoe", ARCH_PHIMOE, False),
+    "granitemoe": ("granitemoe", ARCH_GRANITEMOE, False),
+    "dbrx": ("dbrx", ARCH_DBRX, False),
 }
+# Architectures whose q/k rows llama.cpp's converter permutes (LlamaModel's undo_permute).
+PERMUTED = ("llama", "granitemoe")
+# PhiMoE's sparsemixer chooses two experts; its threshold and DBRX's p are the transformers class
+# defaults (and the published models' values), which the GGUF files do not record.
+PHIMOE_ROUTER_JITTER_NOISE = 0.01
+DBRX_NORMALIZE_P = 1.0
 _KEPT = {Q.F32: DTYPE_F32, Q.F16: DTYPE_F16, Q.BF16: DTYPE_BF16}
 _REPACKED = {Q.Q8_0: DTYPE_Q8_0, Q.Q4_0: DTYPE_Q4_0}
 
@@ -95,7 +115,8 @@ class _Meta:
         return float(value)
 
 
-def _hparams(f: GGUFFile, notes: list[str]) -> tuple[HParams, list[int], str]:
+def _hparams(f: GGUFFile, notes: list[str]
+             ) -> tuple[HParams, list[int], str, RouteRule | None]:
     arch = f.architecture
     if arch not in ARCHITECTURES:
         raise ConversionError(f"{f.path}: architecture {arch!r} not supported (supported: "
@@ -139,7 +160,13 @@ def _hparams(f: GGUFFile, notes: list[str]) -> tuple[HParams, list[int], str]:
         flags |= FLAG_NORM_TOPK
     if "output.weight" not in f:
         flags |= FLAG_TIED_EMBEDDINGS
+    if "output.bias" in f:
+        flags |= FLAG_OUTPUT_BIAS
     d_ff_shared = 0
+    if arch == "granitemoe" and "blk.0.ffn_gate_shexp.weight" in f:
+        family, code = "granitemoeshared", ARCH_GRANITEMOESHARED
+        d_ff_shared = m.int("expert_shared_feed_forward_length")
+        flags |= FLAG_SHARED_EXPERT
     if arch == "qwen2moe" and "blk.0.ffn_gate_shexp.weight" in f:
         d_ff_shared = m.int("expert_shared_feed_forward_length")
         flags |= FLAG_SHARED_EXPERT
@@ -157,6 +184,9 @@ def _hparams(f: GGUFFile, notes: list[str]) -> tuple[HParams, list[int], str]:
     clip_qkv = m.number("attention.clamp_kqv") if clip is not None else 0.0
 
     rope_type, rope_factor = 0, 1.0
+    if "rope_factors_long.weight" in f or "rope_factors_short.weight" in f:
+        raise ConversionError(f"{f.path}: LongRoPE frequency factors (rope_factors_long/short, "
+                              "Phi-3.5's long-context RoPE) are not supported")
     scaling = m.get("rope.scaling.type", "none")
     if scaling == "linear":
         rope_type, rope_factor = 1, m.number("rope.scaling.factor")
@@ -178,14 +208,46 @@ def _hparams(f: GGUFFile, notes: list[str]) -> tuple[HParams, list[int], str]:
         max_context=m.int("context_length"), d_ff_expert=d_ff_expert, d_ff_dense=d_ff_dense,
         d_ff_shared=d_ff_shared, flags=flags, sliding_window=window, rope_type=rope_type,
         rope_theta=m.number("rope.freq_base", 10000.0), rope_factor=rope_factor,
-        norm_eps=m.number("attention.layer_norm_rms_epsilon"), clip_qkv=clip_qkv,
+        norm_eps=m.number("attention.layer_norm_epsilon" if arch == "dbrx"
+                          else "attention.layer_norm_rms_epsilon"), clip_qkv=clip_qkv,
         bos_token_id=_token_id(f, "bos", vocab, notes),
         eos_token_id=_token_id(f, "eos", vocab, notes))
+    hp, rule = _family_hparams(f, m, hp, notes)
     try:
         check_limits(hp)
     except ConversionError as exc:
         raise ConversionError(f"{f.path}: {exc}") from exc
-    return hp, kinds, family
+    return hp, kinds, family, rule
+
+
+def _family_hparams(f: GGUFFile, m: _Meta, hp: HParams, notes: list[str]
+                    ) -> tuple[HParams, RouteRule | None]:
+    """The header fields and routing rule of a format-version-2 family (None: version 1's rule,
+    from the header flags, for the first four)."""
+    arch = f.architecture
+    if arch == "phimoe":
+        if hp.n_experts_active != 2:
+            notes.append(f"phimoe.expert_used_count {hp.n_experts_active}: PhiMoE's sparsemixer "
+                         "routes every token to 2 experts; stored as 2")
+        notes.append(f"router_jitter_noise (sparsemixer's threshold) is not in the GGUF file: "
+                     f"{PHIMOE_ROUTER_JITTER_NOISE}, transformers' default and Phi-3.5-MoE's")
+        norm_kind = NORM_KIND_LAYER_BIAS if "blk.0.attn_norm.bias" in f else NORM_KIND_LAYER
+        hp = replace(hp, n_experts_active=2, norm_kind=norm_kind)
+        return hp, RouteRule(scoring=SCORING_SPARSEMIXER, select_on=SELECT_LOGITS,
+                             sparsemixer_eps=PHIMOE_ROUTER_JITTER_NOISE)
+    if arch == "granitemoe":
+        hp = replace(hp, attn_scale=m.number("attention.scale"),
+                     embedding_scale=m.number("embedding_scale"),
+                     residual_scale=m.number("residual_scale"),
+                     logit_divisor=m.number("logit_scale"))
+        return hp, RouteRule(select_on=SELECT_LOGITS,
+                             shared=SHARED_PLAIN if hp.d_ff_shared else SHARED_NONE)
+    if arch == "dbrx":
+        notes.append(f"moe_normalize_expert_weights (the p of the top-k weights' p-norm) is not "
+                     f"in the GGUF file: {DBRX_NORMALIZE_P:g}, transformers' default and DBRX's")
+        return (replace(hp, norm_kind=NORM_KIND_LAYER),
+                RouteRule(normalize=NORM_P, norm_p=DBRX_NORMALIZE_P))
+    return hp, None
 
 
 def _token_id(f: GGUFFile, which: str, vocab: int, notes: list[str]) -> int:
@@ -233,15 +295,18 @@ class _Importer:
         self.dequantised: dict[str, list[str]] = {}
 
     def add(self, name: str, gguf_name: str, shape: tuple[int, ...], force_f32: bool = False,
-            heads: int = 0) -> None:
+            heads: int = 0, rows: slice | None = None, source_rows: int = 0) -> None:
+        """`name` of `shape` from `gguf_name`, or from its rows `rows` (a fused tensor of
+        `source_rows` rows: DBRX's attn_qkv)."""
         f = self.f
         if gguf_name not in f:
             self.problems.append(f"missing tensor '{gguf_name}' (for {name})")
             return
         t = f.tensor_info(gguf_name)
-        if t.shape != shape and _squeezed(t.shape) != _squeezed(shape):
+        whole = shape if rows is None else (source_rows, *shape[1:])
+        if t.shape != whole and _squeezed(t.shape) != _squeezed(whole):
             self.problems.append(f"tensor '{gguf_name}' has shape {list(t.shape)}, expected "
-                                 f"{list(shape)} (for {name})")
+                                 f"{list(whole)} (for {name})")
             return
         qtype = f.ggml_type(gguf_name)
         unpermute = heads if self.permute else 0
@@ -255,43 +320,58 @@ class _Importer:
         else:
             out = self.dtype
             self.dequantised.setdefault(qtype.name, []).append(gguf_name)
-        self.specs.append(TensorSpec(name, out, shape,
-                                     self._loader(name, gguf_name, shape, qtype, out, unpermute)))
+        self.specs.append(TensorSpec(name, out, shape, self._loader(
+            name, gguf_name, whole, qtype, out, unpermute, rows or slice(None))))
 
-    def _loader(self, name: str, gguf_name: str, shape: tuple[int, ...], qtype: Q, out: int,
-                heads: int) -> Callable[[], np.ndarray]:
+    def _loader(self, name: str, gguf_name: str, whole: tuple[int, ...], qtype: Q, out: int,
+                heads: int, rows: slice) -> Callable[[], np.ndarray]:
+        """Loads `rows` of the tensor `gguf_name` of shape `whole` (whole rows, so quantised
+        rows keep their blocks)."""
         f = self.f
 
         def load() -> np.ndarray:
             if out in (DTYPE_Q8_0, DTYPE_Q4_0) and qtype in _REPACKED:
-                rows = np.asarray(f.raw(gguf_name)).reshape(-1, f.tensor_info(gguf_name).row_bytes)
+                raw = np.asarray(f.raw(gguf_name)).reshape(-1, f.tensor_info(gguf_name).row_bytes)
                 if heads:
-                    rows = _unpermute(rows, heads)
+                    raw = _unpermute(raw, heads)
                 block = 34 if qtype == Q.Q8_0 else 18
-                return repack_blocks(rows, block).reshape(*shape[:-1], -1)
+                raw = raw.reshape(*whole[:-1], -1)[rows]
+                return repack_blocks(raw.reshape(-1, raw.shape[-1]), block).reshape(raw.shape)
             if out != DTYPE_F32 and qtype in _KEPT and _KEPT[qtype] == out:
-                data = np.array(f.tensor(gguf_name)).reshape(shape)  # bits as stored
-                return _unpermute(data, heads) if heads else data
-            values = f.tensor_f32(gguf_name).reshape(shape)
+                data = np.array(f.tensor(gguf_name)).reshape(whole)  # bits as stored
+                return np.ascontiguousarray((_unpermute(data, heads) if heads else data)[rows])
+            values = f.tensor_f32(gguf_name).reshape(whole)
             if heads:
                 values = _unpermute(values, heads)
-            return to_storage_checked(values, out, name)
+            return to_storage_checked(np.ascontiguousarray(values[rows]), out, name)
         return load
 
 
 def _plan(f: GGUFFile, hp: HParams, kinds: list[int], dtype: int) -> tuple[list[TensorSpec],
                                                                           dict[str, list[str]]]:
-    imp = _Importer(f, hp, dtype, permute=f.architecture == "llama")
+    imp = _Importer(f, hp, dtype, permute=f.architecture in PERMUTED)
     V, H, d = hp.vocab_size, hp.d_model, hp.head_dim
     q_out, kv_out = hp.n_heads * d, hp.n_kv_heads * d
     E, I = hp.n_experts, hp.d_ff_expert
+    norm_bias = hp.norm_kind == NORM_KIND_LAYER_BIAS
+    # DBRX's second norm is llama.cpp's attn_output_norm (its norm_attn_norm.norm_2)
+    ffn_norm = "attn_output_norm" if f.architecture == "dbrx" else "ffn_norm"
     imp.add("token_embd", "token_embd.weight", (V, H))
     for layer, kind in enumerate(kinds):
         src, dst = f"blk.{layer}", f"layers.{layer}"
         imp.add(f"{dst}.attn_norm", f"{src}.attn_norm.weight", (H,))
-        imp.add(f"{dst}.attn_q", f"{src}.attn_q.weight", (q_out, H), heads=hp.n_heads)
-        imp.add(f"{dst}.attn_k", f"{src}.attn_k.weight", (kv_out, H), heads=hp.n_kv_heads)
-        imp.add(f"{dst}.attn_v", f"{src}.attn_v.weight", (kv_out, H))
+        if norm_bias:
+            imp.add(f"{dst}.attn_norm_bias", f"{src}.attn_norm.bias", (H,))
+        if f"{src}.attn_qkv.weight" in f:  # fused (DBRX): q, k and v rows
+            fused = q_out + 2 * kv_out
+            for short, rows in (("q", slice(0, q_out)), ("k", slice(q_out, q_out + kv_out)),
+                                ("v", slice(q_out + kv_out, fused))):
+                imp.add(f"{dst}.attn_{short}", f"{src}.attn_qkv.weight",
+                        (rows.stop - rows.start, H), rows=rows, source_rows=fused)
+        else:
+            imp.add(f"{dst}.attn_q", f"{src}.attn_q.weight", (q_out, H), heads=hp.n_heads)
+            imp.add(f"{dst}.attn_k", f"{src}.attn_k.weight", (kv_out, H), heads=hp.n_kv_heads)
+            imp.add(f"{dst}.attn_v", f"{src}.attn_v.weight", (kv_out, H))
         if hp.flags & FLAG_QKV_BIAS:
             imp.add(f"{dst}.attn_q_bias", f"{src}.attn_q.bias", (q_out,), heads=hp.n_heads)
             imp.add(f"{dst}.attn_k_bias", f"{src}.attn_k.bias", (kv_out,), heads=hp.n_kv_heads)
@@ -305,7 +385,9 @@ def _plan(f: GGUFFile, hp: HParams, kinds: list[int], dtype: int) -> tuple[list[
         if hp.flags & FLAG_QK_NORM_FULL:
             imp.add(f"{dst}.attn_q_norm", f"{src}.attn_q_norm.weight", (q_out,))
             imp.add(f"{dst}.attn_k_norm", f"{src}.attn_k_norm.weight", (kv_out,))
-        imp.add(f"{dst}.ffn_norm", f"{src}.ffn_norm.weight", (H,))
+        imp.add(f"{dst}.ffn_norm", f"{src}.{ffn_norm}.weight", (H,))
+        if norm_bias:
+            imp.add(f"{dst}.ffn_norm_bias", f"{src}.{ffn_norm}.bias", (H,))
         if kind == LAYER_MOE:
             imp.add(f"{dst}.moe_gate", f"{src}.ffn_gate_inp.weight", (E, H), force_f32=True)
             imp.add(f"{dst}.moe_w1", f"{src}.ffn_gate_exps.weight", (E, I, H))
@@ -324,8 +406,12 @@ def _plan(f: GGUFFile, hp: HParams, kinds: list[int], dtype: int) -> tuple[list[
             imp.add(f"{dst}.mlp_w2", f"{src}.ffn_down.weight", (H, D))
             imp.add(f"{dst}.mlp_w3", f"{src}.ffn_up.weight", (D, H))
     imp.add("output_norm", "output_norm.weight", (H,))
+    if norm_bias:
+        imp.add("output_norm_bias", "output_norm.bias", (H,))
     if not hp.flags & FLAG_TIED_EMBEDDINGS:
         imp.add("output", "output.weight", (V, H))
+    if hp.flags & FLAG_OUTPUT_BIAS:
+        imp.add("output_bias", "output.bias", (V,))
     if imp.problems:
         shown = imp.problems[:20]
         more = f"; and {len(imp.problems) - 20} more" if len(imp.problems) > 20 else ""
@@ -350,7 +436,7 @@ def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
         raise ConversionError(f"output directory {out_dir} does not exist")
     f = _open(path)
     notes: list[str] = []
-    hp, kinds, family = _hparams(f, notes)
+    hp, kinds, family, rule = _hparams(f, notes)
     specs, dequantised = _plan(f, hp, kinds, DTYPE_BY_NAME[dtype])
     for qname, names in sorted(dequantised.items()):
         notes.append(f"{len(names)} {qname} tensor(s) dequantised to {dtype} (Colibri stores "
@@ -379,7 +465,9 @@ def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
     }
     if notes:
         metadata["notes"] = notes
-    plan = plan_file(hp, kinds, specs, tokenizer.encode("utf-8") if tokenizer else b"", metadata)
+    rules = None if rule is None else [rule if k == LAYER_MOE else None for k in kinds]
+    plan = plan_file(hp, kinds, specs, tokenizer.encode("utf-8") if tokenizer else b"", metadata,
+                     rules=rules)
     write_colibri(out_path, plan, progress)
     return notes
 

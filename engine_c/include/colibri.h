@@ -37,11 +37,14 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 7   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 9   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
-                                col_session_hidden); 7: interventions, col_session_truncate, layer
-                                stepping (col_trace_view grew) */
+                                col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
+                                col_session_config and col_trace_view grew, col_session_cache_stats,
+                                col_session_prefill_embeddings); 8: col_hparams grew (norm_kind,
+                                the residual-stream scales); 9: interventions, col_session_truncate,
+                                layer stepping (col_trace_view grew) */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -121,7 +124,12 @@ typedef enum col_arch {
     COL_ARCH_DEEPSEEK_V2 = 5,
     COL_ARCH_DEEPSEEK_V3 = 6,
     COL_ARCH_GLM4_MOE = 7,
-    COL_ARCH_ERNIE4_5_MOE = 8
+    COL_ARCH_ERNIE4_5_MOE = 8,
+    /* 9 and 10 are kept for GPT-OSS and Llama 4 */
+    COL_ARCH_PHIMOE = 11,
+    COL_ARCH_GRANITEMOE = 12,
+    COL_ARCH_GRANITEMOESHARED = 13,
+    COL_ARCH_DBRX = 14
 } col_arch;
 
 /* Bits of col_hparams.flags (header offset 0x05C). NORM_TOPK, SHARED_EXPERT and
@@ -134,8 +142,17 @@ typedef enum col_model_flag {
     COL_FLAG_QKV_BIAS = 16,          /* attn_q_bias, attn_k_bias, attn_v_bias present (MLA: attn_q_a_bias, attn_kv_a_bias) */
     COL_FLAG_O_BIAS = 32,            /* attn_o_bias present */
     COL_FLAG_QK_NORM_HEAD = 64,      /* RMSNorm of each head's q and k ([head_dim] weights), before RoPE */
-    COL_FLAG_QK_NORM_FULL = 128      /* RMSNorm over the whole projected q and k (OLMoE), before RoPE */
+    COL_FLAG_QK_NORM_FULL = 128,     /* RMSNorm over the whole projected q and k (OLMoE), before RoPE */
+    COL_FLAG_OUTPUT_BIAS = 256       /* v2: output_bias [vocab_size] added to the logits (PhiMoE's lm_head bias) */
 } col_model_flag;
+
+/* The norm of the residual stream: attn_norm, ffn_norm and output_norm (header 0x100, v2). The
+ * q/k norms and MLA's latent norms are RMSNorms whatever it says. */
+typedef enum col_norm_kind {
+    COL_NORM_KIND_RMS = 0,         /* w * x / sqrt(mean(x^2) + eps) */
+    COL_NORM_KIND_LAYER = 1,       /* w * (x - mean) / sqrt(var + eps), no bias (DBRX) */
+    COL_NORM_KIND_LAYER_BIAS = 2   /* the same + b: the *_norm_bias tensors (PhiMoE) */
+} col_norm_kind;
 
 typedef enum col_rope_type {
     COL_ROPE_DEFAULT = 0,
@@ -248,6 +265,10 @@ typedef struct col_hparams {
     float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor; else 1) */
     float rope_beta_fast;          /* YaRN */
     float rope_beta_slow;          /* YaRN */
+    uint32_t norm_kind;            /* col_norm_kind (v1: RMS) */
+    float embedding_scale;         /* 0 = none, else the embeddings are multiplied by it (Granite) */
+    float residual_scale;          /* 0 = none, else each block's output is multiplied by it before the residual add */
+    float logit_divisor;           /* 0 = none, else the logits are divided by it (Granite's logits_scaling) */
 } col_hparams;
 
 /* One tensor table entry, decoded. `data` points into the read-only mapping (never write it). */
@@ -326,7 +347,9 @@ typedef enum col_routing_mode {
     COL_ROUTING_TOPK = 0,          /* the family's own math */
     COL_ROUTING_STABLE = 1,        /* select on (double)selection_score[j] + j*epsilon */
     COL_ROUTING_SOFT = 2,          /* every expert, no group limit, weights by the rule's scoring of all of them */
-    COL_ROUTING_GUMBEL = 3         /* select on selection_score[j] + Gumbel noise from (seed, position, layer, j) */
+    COL_ROUTING_GUMBEL = 3,        /* select on selection_score[j] + Gumbel noise from (seed, position, layer, j) */
+    COL_ROUTING_CACHED = 4         /* top-k, but keep the previous position's set while the new top-k's margin
+                                    * over it is below cache_threshold (docs/interface-spec.md) */
 } col_routing_mode;
 
 /* Reduction order of every dot product of a session (col_session_config.reduction). Variants run
@@ -389,6 +412,14 @@ typedef struct col_session_config {
      * position's hidden state after each layer is captured into it (col_session_hidden);
      * capacity * n_layers * d_model * 4 bytes, in the memory estimate. 0 = none. */
     uint32_t capture_hidden;
+    /* Expert caching (since ABI 7). cache_threshold: COL_ROUTING_CACHED keeps the previous
+     * position's set while the fresh top-k's margin over it is below this (finite, >= 0; 0 =
+     * plain top-k). expert_cache: an LRU of this many resident experts per MoE layer, whose hits
+     * and misses the trace records (a model of residency: nothing is moved); 0 = none, else at
+     * least the experts one decision takes (top-k, every expert in soft routing) and at most
+     * n_experts. */
+    double cache_threshold;
+    uint32_t expert_cache;
 } col_session_config;
 
 /* Pointers into session memory; valid until the session is freed. Arrays are row-major and
@@ -421,9 +452,31 @@ typedef struct col_trace_view {
     const float *hidden_norm;      /* [capacity][n_moe_layers] L2 norm of the router's input */
     const uint64_t *phase_ns;      /* [capacity][n_layers][COL_PHASE_COUNT] monotonic nanoseconds */
     const uint64_t *token_ns;      /* [capacity] whole forward pass of the position */
+    /* Expert caching (since ABI 7). The cached-routing arrays are NULL unless the routing is
+     * COL_ROUTING_CACHED; cache_hits is NULL without an expert cache (expert_cache 0). */
+    const uint8_t *cache_kept;     /* [capacity][n_moe_layers] 1 when the previous position's set was used
+                                    * instead of a different fresh top-k */
+    const float *cache_margin;     /* [capacity][n_moe_layers] the fresh top-k's margin over the previous
+                                    * set: 0 when they are the same, NaN at position 0 (no previous set) */
+    const int32_t *fresh_ids;      /* [capacity][n_moe_layers][k] the rule's own top-k (what plain routing
+                                    * chooses from the same values), in selection order */
+    uint32_t expert_cache;         /* LRU experts per MoE layer (the config's), 0 = none */
+    const uint8_t *cache_hits;     /* [capacity][n_moe_layers][k] 1 when slot's expert was resident in the
+                                    * layer's LRU, 0 when it had to be loaded (or the slot is empty) */
+    /* Interventions (since ABI 9). */
     const uint8_t *intervened;     /* [capacity][n_moe_layers] bit (1 << col_intervention_kind) set for each
                                     * kind of intervention that acted on the decision; 0 = none */
 } col_trace_view;
+
+/* Expert-caching counts of a session since creation or the last reset (col_session_cache_stats). */
+typedef struct col_cache_stats {
+    uint32_t expert_cache;         /* LRU experts per MoE layer, 0 = no expert cache */
+    uint32_t resident;             /* experts resident now */
+    uint64_t hits;                 /* lookups that found the expert resident */
+    uint64_t misses;               /* lookups that had to load it (evicting the least recently used) */
+    uint64_t decisions;            /* routing decisions made */
+    uint64_t kept;                 /* cached routing: decisions that kept the previous position's set */
+} col_cache_stats;
 
 typedef struct col_model col_model;
 typedef struct col_session col_session;
@@ -538,6 +591,17 @@ int32_t col_session_reset(col_session *session);
 int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_t n,
                             float *logits, char *err, size_t errlen);
 
+/* col_session_prefill with the input rows given instead of looked up: `embeddings` is
+ * [n][d_model] float32, row i the residual stream entering layer 0 at position position + i
+ * (what the token embedding lookup would produce; the caller keeps ownership, nothing is kept
+ * after the call). The trace records token -1 at these positions. A step is n = 1; the
+ * session's interventions apply as to token ids. Errors: COL_ERR_CONTEXT_FULL;
+ * COL_ERR_INVALID_ARG for NULL embeddings, a NaN or infinite element (its row and element in
+ * err) or a position in progress (col_session_begin_token); nothing processed in any case.
+ * Owner thread; no allocation. Since ABI 7. */
+int32_t col_session_prefill_embeddings(col_session *session, const float *embeddings, uint32_t n,
+                                       float *logits, char *err, size_t errlen);
+
 /* Process one token; `logits` (may be NULL) receives [vocab_size] float32 logits. The same as
  * col_session_prefill with n = 1 (one code path; the same bits as the token inside a prefill). */
 int32_t col_session_step(col_session *session, int32_t token, float *logits,
@@ -548,6 +612,12 @@ const float *col_session_logits(const col_session *session);
 
 /* Number of positions processed since creation or the last reset. */
 uint32_t col_session_position(const col_session *session);
+
+/* Expert-caching counts of MoE layer `moe_index` (0..n_moe_layers-1), or of every MoE layer
+ * summed when moe_index is -1: LRU hits, misses and residents, routing decisions, and the
+ * decisions cached routing kept. Counted whether or not the trace is on; a session with neither
+ * cached routing nor an expert cache counts nothing (all 0). COL_ERR_INVALID_ARG for a NULL argument or an index out of range. Owner thread. */
+int32_t col_session_cache_stats(const col_session *session, int32_t moe_index, col_cache_stats *out);
 
 /* Fill *out with pointers to the trace (zero-copy). All counts are 0 and pointers NULL when
  * tracing is off. */
@@ -675,7 +745,7 @@ int32_t col_session_capture(col_session *session, float *buffer, uint32_t first_
  * or data NULL and n_rows 0 when nothing is captured. COL_ERR_INVALID_ARG for NULL arguments. */
 int32_t col_session_hidden(const col_session *session, col_hidden_view *out);
 
-/* ---- Since ABI 7: interventions, rewinding, stepping one layer at a time ------------------- */
+/* ---- Since ABI 9: interventions, rewinding, stepping one layer at a time ------------------- */
 
 /* What an intervention does to a routing decision (docs/interventions.md). Append-only. */
 typedef enum col_intervention_kind {
@@ -724,9 +794,12 @@ int32_t col_session_set_interventions(col_session *session, const col_interventi
 
 /* Forget the positions from `position` on (0 <= position <= col_session_position): the next
  * token is processed at `position`, reusing the KV cache and trace rows before it (a
- * counterfactual reruns only what follows an intervention). Also abandons a position in
- * progress (col_session_begin_token). COL_ERR_INVALID_ARG for a position beyond the processed
- * ones. Owner thread. */
+ * counterfactual reruns only what follows an intervention). Expert caching's state (each MoE
+ * layer's previous set, the LRU and the counts of col_session_cache_stats) becomes what the
+ * positions before `position` left, replayed from the session's record of their decisions, so a
+ * rerun from here has the bits of a run from scratch. Also abandons a position in progress
+ * (col_session_begin_token). COL_ERR_INVALID_ARG for a position beyond the processed ones. Owner
+ * thread; no allocation. */
 int32_t col_session_truncate(col_session *session, uint32_t position, char *err, size_t errlen);
 
 /* Stepping one layer at a time (a debugger pausing between the layers of one position, to
@@ -746,9 +819,9 @@ int32_t col_session_begin_token(col_session *session, int32_t token, char *err, 
 int32_t col_session_step_layer(col_session *session, float *logits, uint32_t *layers_done, char *err,
                                size_t errlen);
 
-/* Undo the last layer run of the position in progress (its input is restored; the KV cache and
- * trace rows it wrote are rewritten when it runs again), so the next col_session_step_layer runs
- * it again, e.g. under new interventions. One level: COL_ERR_INVALID_ARG when no layer of the
+/* Undo the last layer run of the position in progress (its input and its expert-caching state
+ * are restored; the KV cache and trace rows it wrote are rewritten when it runs again), so the
+ * next col_session_step_layer runs it again, e.g. under new interventions. One level: COL_ERR_INVALID_ARG when no layer of the
  * position in progress was run since the last undo. Owner thread. */
 int32_t col_session_rewind_layer(col_session *session, char *err, size_t errlen);
 

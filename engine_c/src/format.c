@@ -185,7 +185,8 @@ enum {
     H_ATTENTION = 0x0C8, H_Q_LORA = 0x0CC, H_KV_LORA = 0x0D0, H_QK_NOPE = 0x0D4, H_QK_ROPE = 0x0D8,
     H_V_HEAD = 0x0DC, H_ROTARY_DIM = 0x0E0, H_ROPE_LAYOUT = 0x0E4, H_ATTN_SCALE = 0x0E8,
     H_LATENT_EPS = 0x0EC, H_ROPE_ATTN_FACTOR = 0x0F0, H_ROPE_BETA_FAST = 0x0F4,
-    H_ROPE_BETA_SLOW = 0x0F8, H_ROPE_TRUNCATE = 0x0FC, H_RESERVED_V2 = 0x100
+    H_ROPE_BETA_SLOW = 0x0F8, H_ROPE_TRUNCATE = 0x0FC, H_NORM_KIND = 0x100,
+    H_EMBEDDING_SCALE = 0x104, H_RESIDUAL_SCALE = 0x108, H_LOGIT_DIVISOR = 0x10C, H_RESERVED_V2 = 0x110
 };
 
 /* Tensor table entry and routing entry field offsets. */
@@ -266,6 +267,10 @@ static void decode_hparams(const uint8_t *d, col_hparams *hp)
     hp->rope_beta_fast = rdf32(d + H_ROPE_BETA_FAST);
     hp->rope_beta_slow = rdf32(d + H_ROPE_BETA_SLOW);
     hp->rope_truncate = rd32(d + H_ROPE_TRUNCATE);
+    hp->norm_kind = rd32(d + H_NORM_KIND);
+    hp->embedding_scale = rdf32(d + H_EMBEDDING_SCALE);
+    hp->residual_scale = rdf32(d + H_RESIDUAL_SCALE);
+    hp->logit_divisor = rdf32(d + H_LOGIT_DIVISOR);
 }
 
 /* What the validator learned about the file's layout, and which regions are safe to read. */
@@ -285,8 +290,9 @@ typedef struct layout {
 
 /* ---- Tensor names ---------------------------------------------------------------------------- */
 
-enum { G_TOKEN_EMBD, G_OUTPUT_NORM, G_OUTPUT, N_GLOBALS };
-static const char *const global_names[N_GLOBALS] = {"token_embd", "output_norm", "output"};
+enum { G_TOKEN_EMBD, G_OUTPUT_NORM, G_OUTPUT, G_OUTPUT_NORM_BIAS, G_OUTPUT_BIAS, N_GLOBALS };
+static const char *const global_names[N_GLOBALS] = {"token_embd", "output_norm", "output", "output_norm_bias",
+                                                    "output_bias"};
 
 enum {
     S_ATTN_NORM, S_FFN_NORM, S_ATTN_Q, S_ATTN_K, S_ATTN_V, S_ATTN_O,
@@ -297,7 +303,8 @@ enum {
     /* version 2 */
     S_MOE_GATE_BIAS, S_MOE_CORRECTION,
     S_ATTN_Q_A, S_ATTN_Q_A_NORM, S_ATTN_Q_A_BIAS, S_ATTN_Q_B,
-    S_ATTN_KV_A, S_ATTN_KV_A_NORM, S_ATTN_KV_A_BIAS, S_ATTN_K_B, S_ATTN_V_B, N_SLOTS
+    S_ATTN_KV_A, S_ATTN_KV_A_NORM, S_ATTN_KV_A_BIAS, S_ATTN_K_B, S_ATTN_V_B,
+    S_ATTN_NORM_BIAS, S_FFN_NORM_BIAS, N_SLOTS
 };
 static const char *const slot_names[N_SLOTS] = {
     "attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_o",
@@ -308,6 +315,7 @@ static const char *const slot_names[N_SLOTS] = {
     "moe_gate_bias", "moe_correction_bias",
     "attn_q_a", "attn_q_a_norm", "attn_q_a_bias", "attn_q_b",
     "attn_kv_a", "attn_kv_a_norm", "attn_kv_a_bias", "attn_k_b", "attn_v_b",
+    "attn_norm_bias", "ffn_norm_bias",
 };
 /* The presence bitset of step 8 keeps a layer's slots in one u64. */
 _Static_assert(N_SLOTS <= 64, "a layer's tensor slots must fit in 64 bits");
@@ -551,8 +559,21 @@ static bool slot_expected(int s, const col_hparams *hp, const col_routing_info *
         return moe && ri->shared == COL_SHARED_SIGMOID_GATE;
     case S_MLP_W1: case S_MLP_W2: case S_MLP_W3:
         return ri && ri->kind == COL_LAYER_DENSE;
+    case S_ATTN_NORM_BIAS: case S_FFN_NORM_BIAS:
+        return hp->norm_kind == COL_NORM_KIND_LAYER_BIAS;
     default:
         return false;
+    }
+}
+
+/* Whether global tensor `g` is required. */
+static bool global_expected(int g, const col_hparams *hp)
+{
+    switch (g) {
+    case G_OUTPUT: return !(hp->flags & COL_FLAG_TIED_EMBEDDINGS);
+    case G_OUTPUT_NORM_BIAS: return hp->norm_kind == COL_NORM_KIND_LAYER_BIAS;
+    case G_OUTPUT_BIAS: return (hp->flags & COL_FLAG_OUTPUT_BIAS) != 0;
+    default: return true;
     }
 }
 
@@ -575,12 +596,14 @@ static uint32_t expected_shape(const col_hparams *hp, int is_layer, int s, uint6
 #define SHAPE3(a, b, c) (dims[0] = (a), dims[1] = (b), dims[2] = (c), 3u)
     if (!is_layer) {
         switch (s) {
-        case G_OUTPUT_NORM: return SHAPE1(H);
+        case G_OUTPUT_NORM: case G_OUTPUT_NORM_BIAS: return SHAPE1(H);
+        case G_OUTPUT_BIAS: return SHAPE1(V);
         default: return SHAPE2(V, H); /* token_embd, output */
         }
     }
     switch (s) {
-    case S_ATTN_NORM: case S_FFN_NORM: case S_ATTN_O_BIAS: return SHAPE1(H);
+    case S_ATTN_NORM: case S_FFN_NORM: case S_ATTN_O_BIAS: case S_ATTN_NORM_BIAS: case S_FFN_NORM_BIAS:
+        return SHAPE1(H);
     case S_ATTN_Q: return SHAPE2(Q, H);
     case S_ATTN_K: case S_ATTN_V: return SHAPE2(KV, H);
     case S_ATTN_O: return SHAPE2(H, O);
@@ -798,6 +821,17 @@ static void check_hparams_v2(const layout *L, sink *s)
         ERR(s, COL_ERR_UNSUPPORTED, H_ATTENTION, "", "unknown attention %" PRIu32, hp->attention);
     if (hp->rope_layout > COL_ROPE_INTERLEAVED)
         ERR(s, COL_ERR_UNSUPPORTED, H_ROPE_LAYOUT, "", "unknown rope_layout %" PRIu32, hp->rope_layout);
+    if (hp->norm_kind > COL_NORM_KIND_LAYER_BIAS)
+        ERR(s, COL_ERR_UNSUPPORTED, H_NORM_KIND, "", "unknown norm_kind %" PRIu32, hp->norm_kind);
+    static const struct { uint32_t off; const char *name; } scales[] = {
+        {H_EMBEDDING_SCALE, "embedding_scale"}, {H_RESIDUAL_SCALE, "residual_scale"},
+        {H_LOGIT_DIVISOR, "logit_divisor"}};
+    for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
+        float v = rdf32(L->d + scales[i].off);
+        if (v != 0.0f && !finite_pos((double)v))
+            ERR(s, COL_ERR_HEADER, scales[i].off, "", "%s %g is not 0 (none) or a finite value > 0",
+                scales[i].name, (double)v);
+    }
     if (!finite_pos((double)hp->attn_scale))
         ERR(s, COL_ERR_HEADER, H_ATTN_SCALE, "", "attn_scale %g is not a finite value > 0",
             (double)hp->attn_scale);
@@ -880,18 +914,31 @@ static void check_hparams_v2(const layout *L, sink *s)
         }
 }
 
+/* The families a file of `version` may name (version 1: the first four). */
+static bool arch_known(uint32_t arch, uint32_t version)
+{
+    switch (arch) {
+    case COL_ARCH_MIXTRAL: case COL_ARCH_QWEN2_MOE: case COL_ARCH_QWEN3_MOE: case COL_ARCH_OLMOE:
+        return true;
+    case COL_ARCH_DEEPSEEK_V2: case COL_ARCH_DEEPSEEK_V3: case COL_ARCH_GLM4_MOE: case COL_ARCH_ERNIE4_5_MOE:
+    case COL_ARCH_PHIMOE: case COL_ARCH_GRANITEMOE: case COL_ARCH_GRANITEMOESHARED: case COL_ARCH_DBRX:
+        return version == 2;
+    default:
+        return false;
+    }
+}
+
 /* Step 4. */
 static void check_hparams(const layout *L, sink *s)
 {
     const col_hparams *hp = &L->hp;
     bool v2 = L->version == 2;
-    uint32_t last_arch = v2 ? COL_ARCH_ERNIE4_5_MOE : COL_ARCH_OLMOE;
-    if (hp->arch < COL_ARCH_MIXTRAL || hp->arch > last_arch)
+    if (!arch_known(hp->arch, L->version))
         ERR(s, COL_ERR_UNSUPPORTED, H_ARCH, "", "unknown arch %" PRIu32 " (format version %" PRIu32 ")",
             hp->arch, L->version);
-    if (hp->flags & ~(uint32_t)0xFF)
-        ERR(s, COL_ERR_UNSUPPORTED, H_FLAGS, "", "unknown flag bits 0x%" PRIX32,
-            hp->flags & ~(uint32_t)0xFF);
+    const uint32_t known_flags = v2 ? 0x1FFu : 0xFFu; /* OUTPUT_BIAS is version 2's */
+    if (hp->flags & ~known_flags)
+        ERR(s, COL_ERR_UNSUPPORTED, H_FLAGS, "", "unknown flag bits 0x%" PRIX32, hp->flags & ~known_flags);
     if ((hp->flags & COL_FLAG_QK_NORM_HEAD) && (hp->flags & COL_FLAG_QK_NORM_FULL))
         ERR(s, COL_ERR_HEADER, H_FLAGS, "", "flags QK_NORM_HEAD and QK_NORM_FULL are exclusive");
     const uint32_t v1_only = COL_FLAG_NORM_TOPK | COL_FLAG_SHARED_EXPERT | COL_FLAG_SHARED_EXPERT_GATE;
@@ -1266,7 +1313,6 @@ static void check_architecture(const layout *L, sink *s)
     uint64_t seen_layer[MAX_LAYERS];
     uint64_t seen_global = 0;
     memset(seen_layer, 0, sizeof seen_layer);
-    bool tied = (hp->flags & COL_FLAG_TIED_EMBEDDINGS) != 0;
 
     for (uint32_t i = 0; i < L->n_tensors; i++) {
         uint64_t eo = L->table_off + (uint64_t)i * COL_TENSOR_ENTRY_SIZE;
@@ -1281,7 +1327,7 @@ static void check_architecture(const layout *L, sink *s)
         int cls = parse_name(nm, &layer, &slot);
         bool expected;
         if (cls == NAME_GLOBAL)
-            expected = !(slot == G_OUTPUT && tied);
+            expected = global_expected(slot, hp);
         else if (cls == NAME_LAYER && L->layers_ok && layer < L->n_layers) {
             col_routing_info ri;
             bool known = route_of(L, layer, &ri);
@@ -1333,7 +1379,7 @@ static void check_architecture(const layout *L, sink *s)
     }
 
     for (int g = 0; g < N_GLOBALS; g++)
-        if (!(seen_global & ((uint64_t)1 << g)) && !(g == G_OUTPUT && tied))
+        if (!(seen_global & ((uint64_t)1 << g)) && global_expected(g, hp))
             ERR(s, COL_ERR_MISSING_TENSOR, L->table_off, global_names[g],
                 "required tensor '%s' is missing", global_names[g]);
     if (!L->layers_ok)
@@ -1508,6 +1554,10 @@ static const field_desc header_fields[] = {
     {"rope_beta_fast", "rope", H_ROPE_BETA_FAST, 4, COL_FIELD_F32, IN_V2},
     {"rope_beta_slow", "rope", H_ROPE_BETA_SLOW, 4, COL_FIELD_F32, IN_V2},
     {"rope_truncate", "rope", H_ROPE_TRUNCATE, 4, COL_FIELD_U32, IN_V2},
+    {"norm_kind", "hyper-parameters", H_NORM_KIND, 4, COL_FIELD_U32, IN_V2},
+    {"embedding_scale", "hyper-parameters", H_EMBEDDING_SCALE, 4, COL_FIELD_F32, IN_V2},
+    {"residual_scale", "hyper-parameters", H_RESIDUAL_SCALE, 4, COL_FIELD_F32, IN_V2},
+    {"logit_divisor", "hyper-parameters", H_LOGIT_DIVISOR, 4, COL_FIELD_F32, IN_V2},
     {"reserved", "reserved", H_RESERVED_V2, COL_HEADER_SIZE_V2 - H_RESERVED_V2, COL_FIELD_BYTES, IN_V2},
 };
 
@@ -1717,7 +1767,9 @@ static const col_tensor_info **layer_slot(col_layer *ly, int slot)
     case S_ATTN_KV_A_NORM: return &ly->attn_kv_a_norm;
     case S_ATTN_KV_A_BIAS: return &ly->attn_kv_a_bias;
     case S_ATTN_K_B: return &ly->attn_k_b;
-    default: return &ly->attn_v_b;
+    case S_ATTN_V_B: return &ly->attn_v_b;
+    case S_ATTN_NORM_BIAS: return &ly->attn_norm_bias;
+    default: return &ly->ffn_norm_bias;
     }
 }
 
@@ -1796,8 +1848,14 @@ static int32_t build_model(model_ext *x, const layout *L, col_problem *problem)
                 m->token_embd = t;
             else if (slot == G_OUTPUT_NORM)
                 m->output_norm = t;
-            else if (!tied)
+            else if (!global_expected(slot, &L->hp))
+                continue;
+            else if (slot == G_OUTPUT)
                 m->output = t;
+            else if (slot == G_OUTPUT_NORM_BIAS)
+                m->output_norm_bias = t;
+            else
+                m->output_bias = t;
         } else if (cls == NAME_LAYER && layer < L->n_layers &&
                    slot_expected(slot, &L->hp, &m->routing[layer])) {
             *layer_slot(&m->layers[layer], slot) = t;

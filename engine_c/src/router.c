@@ -18,8 +18,9 @@
  * The routing modes change only step 3's and 4's *choice*: stable routing ranks
  * (double)selection_score[j] + j*epsilon, Gumbel routing adds noise from (seed, position, layer, j),
  * and soft routing takes every expert with no group limit, weighted by the rule's scores of all
- * of them (normalised as the rule says, except a softmax over every expert, which needs none).
- * Weights always come from the unperturbed values. When asked, a decision also says whether its
+ * of them (normalised as the rule says, except a softmax over every expert, which needs none);
+ * cached routing makes plain top-k's choice and then may use the previous position's set
+ * instead (col_route_cached). Weights always come from the unperturbed values. When asked, a decision also says whether its
  * correction bias changed the outcome: whether the same ranking (same mode, same group rule) of
  * the scores without the bias chooses another set.
  * Selection is an arg-max per slot (k and the group count are small; no sort, no allocation)
@@ -207,6 +208,25 @@ static uint32_t choose(const double *keys, uint8_t *taken, uint32_t n, uint32_t 
     return count;
 }
 
+/* Steps 4 (the chosen experts' weights) and 5 for the k experts `ids`, in their order (k may be
+ * below the rule's top-k when interventions forbid experts, 0 included). scores:
+ * step 1's scores of every expert, read when the rule selects on scores or scores by sigmoid. */
+static void weigh(const col_routing_info *r, const float *logits, const float *scores, const int32_t *ids,
+                  uint32_t k, float *weights)
+{
+    if (r->scoring == COL_SCORING_SPARSEMIXER) {
+        sparsemixer_weights(logits, r->n_experts, r->sparsemixer_eps, ids, k < 2 ? k : 2, weights);
+    } else if (r->select_on == COL_SELECT_SCORES || r->scoring == COL_SCORING_SIGMOID) {
+        for (uint32_t slot = 0; slot < k; slot++)
+            weights[slot] = r->select_on == COL_SELECT_SCORES ? scores[ids[slot]] : sigmoid(logits[ids[slot]]);
+    } else if (k) { /* a softmax over the chosen logits (none when interventions forbid every expert) */
+        for (uint32_t slot = 0; slot < k; slot++) weights[slot] = logits[ids[slot]];
+        col_softmax(weights, weights, k);
+    }
+    normalize(r, weights, k);
+    for (uint32_t slot = 0; slot < k; slot++) weights[slot] *= r->scale;
+}
+
 uint32_t col_route(const col_routing_info *r, const float *bias, const col_router_params *p, const float *logits,
                    const col_route_out *out, const col_router_scratch *s)
 {
@@ -244,19 +264,7 @@ uint32_t col_route(const col_routing_info *r, const float *bias, const col_route
     } else {
         k = choose(s->keys, s->taken, n, r->top_k < n ? r->top_k : n, out->ids);
     }
-    if (r->scoring == COL_SCORING_SPARSEMIXER) {
-        sparsemixer_weights(logits, n, r->sparsemixer_eps, out->ids, k < 2 ? k : 2, out->weights);
-    } else if (on_scores || r->scoring == COL_SCORING_SIGMOID) {
-        for (uint32_t slot = 0; slot < k; slot++)
-            out->weights[slot] = on_scores ? s->scores[out->ids[slot]] : sigmoid(logits[out->ids[slot]]);
-    } else if (k) { /* a softmax over the chosen logits */
-        for (uint32_t slot = 0; slot < k; slot++) out->weights[slot] = logits[out->ids[slot]];
-        col_softmax(out->weights, out->weights, k);
-    }
-
-    /* step 5 */
-    normalize(r, out->weights, k);
-    for (uint32_t slot = 0; slot < k; slot++) out->weights[slot] *= r->scale;
+    weigh(r, logits, s->scores, out->ids, k, out->weights);
 
     if (out->bias_changed) {
         *out->bias_changed = 0;
@@ -271,5 +279,60 @@ uint32_t col_route(const col_routing_info *r, const float *bias, const col_route
             }
         }
     }
+    return k;
+}
+
+/* Cached routing. The fresh choice is plain top-k's; `c->previous` (the set the layer used at the
+ * previous position) stays when it differs from the fresh set by a margin below the threshold:
+ * margin = sum of the selection scores the fresh set gains minus the sum of those it drops
+ * (experts in both cancel), in double, never below 0 (a previous set outside the groups the limit
+ * now keeps can outscore the fresh one), NaN when a score is NaN (then the fresh set is used). */
+uint32_t col_route_cached(const col_routing_info *r, const float *bias, const col_router_params *p,
+                          const float *logits, col_cache_route *c, const col_route_out *out,
+                          const col_router_scratch *s)
+{
+    col_router_params plain = *p;
+    plain.mode = COL_ROUTING_TOPK;
+    uint32_t k = col_route(r, bias, &plain, logits, out, s);
+    for (uint32_t slot = 0; slot < k; slot++) c->fresh[slot] = out->ids[slot];
+    c->kept = 0;
+    c->margin = NAN;
+    /* A forced choice is not the cache's to override. The previous set may be kept only when it
+     * is a full set of experts none of which is forbidden now, and the fresh choice is full too
+     * (forbidding can leave fewer than top-k eligible). */
+    if (!c->previous || p->forced || k != (r->top_k < r->n_experts ? r->top_k : r->n_experts)) return k;
+    for (uint32_t a = 0; a < k; a++)
+        if (c->previous[a] < 0 || (p->forbidden && p->forbidden[c->previous[a]])) return k;
+
+    double gained = 0.0, dropped = 0.0;
+    int differ = 0;
+    for (uint32_t a = 0; a < k; a++) {
+        int in_previous = 0, in_fresh = 0;
+        for (uint32_t b = 0; b < k; b++) {
+            in_previous |= c->previous[b] == out->ids[a];
+            in_fresh |= c->fresh[b] == c->previous[a];
+        }
+        if (!in_previous) gained += out->selection[out->ids[a]];
+        if (!in_fresh) dropped += out->selection[c->previous[a]];
+        differ |= !in_previous;
+    }
+    double margin = gained - dropped;
+    if (margin < 0.0) margin = 0.0; /* NaN stays NaN */
+    c->margin = (float)margin;
+    if (!differ || !(margin < c->threshold)) return k;
+
+    /* keep the previous set, listed by descending selection score (ties: lower index first) */
+    for (uint32_t slot = 0; slot < k; slot++) {
+        int32_t e = c->previous[slot];
+        uint32_t at = slot;
+        while (at > 0 && (out->selection[out->ids[at - 1]] < out->selection[e] ||
+                          (out->selection[out->ids[at - 1]] == out->selection[e] && out->ids[at - 1] > e))) {
+            out->ids[at] = out->ids[at - 1];
+            at--;
+        }
+        out->ids[at] = e;
+    }
+    weigh(r, logits, s->scores, out->ids, k, out->weights);
+    c->kept = 1;
     return k;
 }

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri.debugging import Debugger, ExpertChosen, RunSettings
+from colibri.debugging import CacheKept, Debugger, ExpertChosen, RunSettings
 from colibri.debugging.session_file import load_session, save_session
 from colibri.engine import Model
 from colibri.interventions import KINDS, Intervention
@@ -103,6 +103,37 @@ def test_a_forbid_breakpoint_goes_on_without_the_expert(model: Model) -> None:
     ref = fresh(model, RunSettings(PROMPT, 8, interventions=result.actions))
     assert dbg.record.equals(ref.record, timings=False)
     assert np.flatnonzero(dbg.record.intervened[:, 1]).tolist() == hits
+
+
+def test_under_expert_caching_a_forbid_breakpoint_recomputes_to_a_fresh_runs_bits(
+        moe3_path: Path, tmp_path: Path) -> None:
+    """"When cached routing keeps a set, forbid its first choice and go on": each hit truncates
+    and recomputes, expert caching's state rebuilt at the truncation, so the record (the caching
+    columns included) is the one a run made under the collected forbids from the start gives;
+    a forbidden expert's set is never kept where the forbid acts, and the saved session keeps
+    both the caching columns and the interventions."""
+    cached = dict(routing="cached", cache_threshold=0.5, expert_cache=3)
+    with Model.open(moe3_path) as model:
+        plain = fresh(model, RunSettings(PROMPT, 8, **cached))  # type: ignore[arg-type]
+        assert plain.record.cache_kept.any()
+        dbg = Debugger(model, RunSettings(PROMPT, 8, **cached))  # type: ignore[arg-type]
+        dbg.breakpoints.add(CacheKept(action="forbid"))
+        result = dbg.continue_()
+        assert result.reason == "finished" and result.actions
+        ref = fresh(model, RunSettings(PROMPT, 8, interventions=result.actions,
+                                       **cached))  # type: ignore[arg-type]
+        assert dbg.record.equals(ref.record, timings=False)
+        assert dbg.session.cache_stats() == ref.session.cache_stats()
+        forbid = 1 << KINDS.index("forbid")
+        acted = (dbg.record.intervened & forbid) != 0
+        assert acted.sum() == len(result.actions) and not dbg.record.cache_kept[acted].any()
+        path = tmp_path / "cached.colibri-session"
+        save_session(path, dbg)
+        loaded = load_session(path)
+        assert loaded.record.equals(dbg.record, timings=False)
+        assert loaded.settings == dbg.settings
+        for d in (plain, dbg, ref):
+            d.close()
 
 
 def test_sessions_keep_interventions_and_the_comparison(model: Model, tmp_path: Path) -> None:

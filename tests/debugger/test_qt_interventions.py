@@ -12,6 +12,7 @@ pytest.importorskip("pyqtgraph")
 from colibri.debugging import Debugger, ExpertChosen, RunSettings  # noqa: E402
 from colibri.engine import Model  # noqa: E402
 from colibri.inspector.debugger import QtDebuggerPanel  # noqa: E402
+from colibri.inspector.debugger.views import EventTableModel  # noqa: E402
 from colibri.interventions import Intervention  # noqa: E402
 
 from dbg_helpers import PROMPT  # noqa: E402
@@ -64,7 +65,8 @@ def test_apply_shows_the_counterfactual_of_a_headless_debugger(qtbot, panel, mod
     # the event list marks the decision the intervention acted on
     panel._repaint()
     row = snap.events.index_of(3, 1)
-    assert panel.event_list.model.data(panel.event_list.model.index(row, 9)) == "force"
+    edit = EventTableModel.COLUMNS.index("edit")
+    assert panel.event_list.model.data(panel.event_list.model.index(row, edit)) == "force"
     assert "runs under" not in panel.intervention_view.message.text()
     assert "applies 1 intervention" in panel.intervention_view.message.text()
 

@@ -11,14 +11,18 @@ Kinds (each a frozen dataclass with an `enabled` flag; `toggled()` returns the f
   * BiasChanged(layer=None)          - the layer's correction bias changed the choice: the same
                                        ranking of the scores without it chose another set
                                        (DeepSeek-V3's e_score_correction_bias, ERNIE's moe_statics).
+  * CacheKept(layer=None)            - cached routing kept the previous position's experts over a
+                                       different fresh top-k.
+  * CacheMiss(layer=None)            - a chosen expert was not resident in the layer's expert
+                                       cache (the LRU had to load it).
 
 `first_hit(breakpoints, events, start)` scans vectorised over the whole list and returns the first
 event after index `start` that any enabled breakpoint hits, so run-to-breakpoint lands on exactly
 that (position, layer) even when the engine computed the whole position.
 
 Actions (`action`, every kind): 'stop' (the default) stops the run at the hit; 'forbid' does not
-stop: at the hit decision it forbids the breakpoint's expert (ExpertChosen's; the decision's
-first choice for the other kinds) and the run goes on, the hit's position computed again
+stop: at the hit decision it forbids the breakpoint's expert (ExpertChosen's, CacheMiss's first
+missed expert; the decision's first choice for the other kinds) and the run goes on, the hit's position computed again
 ("when expert 3 is chosen at layer 1, forbid it and continue"; Debugger.run).
 """
 
@@ -180,8 +184,48 @@ class BiasChanged(Breakpoint):
         return f"the correction bias changed the choice at {where}{self.describe_action()}"
 
 
+@dataclass(frozen=True)
+class CacheKept(Breakpoint):
+    kind: ClassVar[str] = "cache_kept"
+    layer: int | None = None
+
+    def mask(self, events: EventList, first: int = 0) -> np.ndarray:
+        kept = events.record.cache_kept[first:events.n_positions]
+        return np.array(kept) & _layer_columns(events, self.layer)[None, :]
+
+    def describe(self) -> str:
+        where = "any MoE layer" if self.layer is None else f"layer {self.layer}"
+        return f"cached routing kept the previous experts at {where}{self.describe_action()}"
+
+
+@dataclass(frozen=True)
+class CacheMiss(Breakpoint):
+    kind: ClassVar[str] = "cache_miss"
+    layer: int | None = None
+
+    def mask(self, events: EventList, first: int = 0) -> np.ndarray:
+        rec = events.record
+        hits = rec.cache_hits[first:events.n_positions]
+        if not hits.shape[2]:  # no expert cache: nothing misses
+            return np.zeros(hits.shape[:2], bool)
+        looked = rec.expert_ids[first:events.n_positions] >= 0
+        return (looked & ~hits).any(axis=2) & _layer_columns(events, self.layer)[None, :]
+
+    def describe(self) -> str:
+        where = "any MoE layer" if self.layer is None else f"layer {self.layer}"
+        return f"an expert missed the expert cache at {where}{self.describe_action()}"
+
+    def _expert(self, event: Event) -> int:  # the first chosen expert that missed
+        return next((e for e, hit in zip(event.expert_ids, event.cache_hits) if not hit),
+                    event.top1)
+
+    def _about_expert(self) -> bool:
+        return True
+
+
 KINDS: dict[str, type[Breakpoint]] = {c.kind: c for c in (ExpertChosen, MarginBelow, NonFinite,
-                                                            AtPosition, BiasChanged)}
+                                                            AtPosition, BiasChanged, CacheKept,
+                                                            CacheMiss)}
 
 
 def first_hit(breakpoints: Iterator[Breakpoint] | list[Breakpoint] | BreakpointList,

@@ -8,8 +8,9 @@ positions, thread 2 "decode" the generated ones):
           * X "attention", "router", "experts", "combine" (MoE layers) or "attention", "mlp"
             (dense layers: the rest of the layer) - nested, packed in that order. The router
             slice's args carry the routing decision: layer, position, token, experts, weights,
-            logits of the chosen experts, margin (and in ULPs), hidden_norm, shared_gate, and
-            the kinds of the interventions that acted on it (when any did).
+            logits of the chosen experts, margin (and in ULPs), hidden_norm, shared_gate; under
+            expert caching cache_kept, cache_margin, fresh_experts and cache_hits; and the kinds
+            of the interventions that acted on it (when any did).
   * i "routing change"  - thread instant at the router slice of a (position, layer) whose chosen
                           set differs from the previous position's.
   * C "throughput"      - counter {"tokens_per_s": 1e9 / token_ns} at each token's start.
@@ -121,6 +122,13 @@ def chrome_trace(events: EventList, settings: RunSettings | None = None,
                     if rec.intervened[p, m]:
                         s["args"]["interventions"] = [k for i, k in enumerate(KINDS)
                                                       if int(rec.intervened[p, m]) >> i & 1]
+                    if rec.k_fresh:
+                        s["args"]["cache_kept"] = bool(rec.cache_kept[p, m])
+                        s["args"]["cache_margin"] = _finite(float(rec.cache_margin[p, m]))
+                        s["args"]["fresh_experts"] = [int(e) for e in rec.fresh_ids[p, m]
+                                                      if e >= 0]
+                    if rec.k_hits:
+                        s["args"]["cache_hits"] = [bool(h) for h in rec.cache_hits[p, m][keep]]
                     if changed[p, m]:
                         slices.append({"name": "routing change", "cat": "routing", "ph": "i",
                                        "s": "t", "ts": _us(t), "pid": PID, "tid": tid,
@@ -207,11 +215,13 @@ def check_trace_events(doc: Any) -> list[str]:
 # CSV
 
 CSV_COLUMNS = ("position", "token", "text", "layer", "rank", "expert", "weight", "logit",
-               "margin", "margin_ulps", "interventions")
+               "margin", "margin_ulps", "cache_kept", "cache_hit", "interventions")
 
 
 def routing_rows(events: EventList) -> Iterable[tuple[Any, ...]]:
-    """One row per (position, MoE layer, rank) of a chosen expert."""
+    """One row per (position, MoE layer, rank) of a chosen expert. cache_kept (cached routing
+    kept the previous experts: 0/1) and cache_hit (the expert was resident: 0/1) are empty for a
+    run without them."""
     rec = events.record
     margins, ulps = events.margins, events.margin_ulps
     for p in range(events.n_positions):
@@ -221,12 +231,15 @@ def routing_rows(events: EventList) -> Iterable[tuple[Any, ...]]:
             margin = float(margins[p, m])
             u = int(ulps[p, m]) if math.isfinite(margin) else ""
             edits = "+".join(k for i, k in enumerate(KINDS) if int(rec.intervened[p, m]) >> i & 1)
+            kept = int(rec.cache_kept[p, m]) if rec.k_fresh else ""
             for rank, e in enumerate(ids):
                 if e < 0:
                     continue
+                hit = int(rec.cache_hits[p, m, rank]) if rec.k_hits else ""
                 yield (p, int(rec.tokens[p]), text, int(layer), rank, int(e),
                        repr(float(rec.expert_weights[p, m, rank])),
-                       repr(float(rec.router_logits[p, m, e])), repr(margin), u, edits)
+                       repr(float(rec.router_logits[p, m, e])), repr(margin), u, kept, hit,
+                       edits)
 
 
 def write_routing_csv(path: str | os.PathLike[str], events: EventList) -> int:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from colibri.families import (deepseek_v2, deepseek_v3, ernie4_5_moe, glm4_moe, mixtral, olmoe,
-                              qwen2_moe, qwen3_moe)
+from colibri.families import (common, dbrx, deepseek_v2, deepseek_v3, ernie4_5_moe, glm4_moe,
+                              granitemoe, granitemoeshared, mixtral, olmoe, phimoe, qwen2_moe,
+                              qwen3_moe)
 from colibri.families.common import (Architecture, Config, ConversionError, Planner, check_limits,
                                      tokens_in_vocab)
 
@@ -24,13 +25,18 @@ class Family:
     architecture: Callable[[Config], Architecture]
     layer_tensors: Callable[[Planner, Architecture, int], None]
     aliases: dict[str, str] = field(default_factory=dict)      # attribute_map spellings
+    # token_embd, and the final norm with the LM head (a module's own when its names differ)
+    embedding_tensors: Callable[[Planner, Architecture], None] = common.embeddings
+    head_tensors: Callable[[Planner, Architecture], None] = common.head
 
 
 FAMILIES: dict[str, Family] = {
     module.MODEL_TYPE: Family(module.MODEL_TYPE, module.DEFAULTS, module.architecture,
-                              module.layer_tensors, module.ALIASES)
+                              module.layer_tensors, module.ALIASES,
+                              getattr(module, "embedding_tensors", common.embeddings),
+                              getattr(module, "head_tensors", common.head))
     for module in (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe,
-                   ernie4_5_moe)
+                   ernie4_5_moe, phimoe, granitemoe, granitemoeshared, dbrx)
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

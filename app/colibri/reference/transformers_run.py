@@ -189,6 +189,16 @@ def run(model: Any, tokens: list[int], progress: Progress = no_progress,
     def router_hook(module: Any, _inputs: Any, out: Any) -> None:
         routed[owner[id(module)]] = (module, out if isinstance(out, tuple) else (out,))
 
+    # A router that returns only its logits (DBRX's) leaves the choice to its MoE block, which
+    # hands it to the block's experts module as (hidden_states, top_k_index, top_k_weights)
+    chosen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def experts_hook(i: int) -> Callable[..., None]:
+        def hook(_module: Any, args: Any, _out: Any) -> None:
+            if len(args) >= 3:
+                chosen[i] = (args[1].detach(), args[2].detach())
+        return hook
+
     handles = []
     for i, layer in enumerate(layers):
         handles.append(layer.register_forward_pre_hook(before(i)))
@@ -196,6 +206,11 @@ def run(model: Any, tokens: list[int], progress: Progress = no_progress,
     for m in model.modules():
         if isinstance(m, router_cls) and id(m) in owner:
             handles.append(m.register_forward_hook(router_hook))
+        experts = getattr(m, "experts", None)
+        if isinstance(experts, torch.nn.Module) and any(
+                isinstance(c, router_cls) and id(c) in owner for c in m.children()):
+            router = next(c for c in m.children() if isinstance(c, router_cls))
+            handles.append(experts.register_forward_hook(experts_hook(owner[id(router)])))
     try:
         with torch.no_grad():
             out = model(torch.tensor([list(tokens)], dtype=torch.long))
@@ -215,6 +230,9 @@ def run(model: Any, tokens: list[int], progress: Progress = no_progress,
             sel, kept, limit = selection_of(module, logits)
             if len(outs) >= 3:
                 ids, weights = outs[2].reshape(T, -1), outs[1].float().reshape(T, -1)
+            elif layer in chosen:  # what the block handed its experts
+                ids, weights = (t.reshape(T, -1) for t in chosen[layer])
+                weights = weights.float()
             else:  # a router that gives no choice: the rule's top-k of what it ranks
                 k = int(getattr(module, "top_k", 1))
                 ids = torch.topk(sel, k, dim=-1)[1]
