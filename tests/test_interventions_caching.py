@@ -8,7 +8,8 @@ actually used: every decision of a run under force, forbid and ablate is checked
 the rule written out in numpy (a force is the choice and is never overridden by the cache; a
 previous set holding a forbidden expert cannot be kept; the next position's previous set is the
 set the intervened decision used), and the LRU's hits against a plain LRU over the decisions
-made. Embedding-input sessions take interventions as token sessions do.
+made. Embedding-input sessions take interventions as token sessions do, stepped one layer at a
+time too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 from colibri.debugging.counterfactual import rerun
 from colibri.engine import Model, Session, Trace
+from colibri.errors import ColibriValueError
 from colibri.generation import Generation
 from colibri.interventions import KINDS, Intervention
 from test_expert_cache import replay_lru
@@ -286,11 +288,39 @@ def test_a_counterfactual_of_an_embedding_prompt(demo: Model, tokens: list[int])
     assert cf.intervened[5, 1] == 1 << KINDS.index("force")
 
 
-def test_stepping_layers_of_an_embedding_row_is_refused_clearly(demo: Model) -> None:
+def test_embedding_rows_step_layer_by_layer_to_the_bits_of_a_prefill(demo: Model,
+                                                                     tokens: list[int]) -> None:
+    """col_session_begin_embedding: a Generation stepping an embedding prompt one layer at a
+    time, a layer of position 5 run again under the force, gives the bits and counts of the
+    token-id run made under the force from the start."""
     prompt = list(demo.tokenizer.encode(PROMPT).ids)
-    with Session(demo) as s:
-        g = Generation(s, rows(demo, prompt), 4, step_prompt=True)
-        with pytest.raises(ValueError, match="embedding rows run whole positions"):
+    with Session(demo, **CACHING) as s:  # type: ignore[arg-type]
+        g = Generation(s, rows(demo, prompt), 4, step_prompt=True, keep_logits=True)
+        while g.positions < 5:
             g.advance_layer()
-        assert s.layers_done is None
-        assert g.advance() == range(0, 1)    # whole positions still run
+        g.advance_layer()
+        g.advance_layer()                 # layers 0 and 1 of position 5
+        assert s.layers_done == 2
+        s.set_interventions([Intervention.parse(FORCE)])
+        s.rewind_layer()
+        while not g.finished:
+            g.advance_layer()
+        logits, trace, got = np.concatenate(g.logits), s.trace.copy(), counts(s)
+    with Session(demo, **CACHING) as s:  # type: ignore[arg-type]
+        s.set_interventions([Intervention.parse(FORCE)])
+        ref = s.generate(prompt, 4, keep_logits=True)
+        assert logits.tobytes() == np.concatenate(ref.logits).tobytes()
+        same_trace(trace, s.trace)
+        assert got == counts(s)
+    assert list(trace.tokens[:len(prompt)]) == [-1] * len(prompt)
+
+
+def test_a_bad_embedding_row_is_named_and_begins_nothing(demo: Model) -> None:
+    row = rows(demo, [5])[0].copy()
+    row[17] = np.inf
+    with Session(demo) as s:
+        with pytest.raises(ColibriValueError, match="embedding row 0, element 17 is infinite"):
+            s.begin_embedding(row)
+        with pytest.raises(ColibriValueError, match=r"shape \[1, 3\]"):
+            s.begin_embedding(np.zeros(3, np.float32))
+        assert s.layers_done is None and s.position == 0

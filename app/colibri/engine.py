@@ -689,6 +689,28 @@ def check_embeddings(embeddings: Any, d_model: int) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
+def load_embeddings(path: str | os.PathLike[str], d_model: int) -> np.ndarray:
+    """An embedding prompt from a .npy file: float32 [positions, d_model], at least one row (what
+    `colibri run --embedding` and the debugger's run form read). Raises ColibriValueError naming
+    the file and what it holds: not a .npy array (or unreadable), an .npz archive, the dtype or
+    shape (check_embeddings), no rows."""
+    name = os.fspath(path)
+    try:
+        x = np.load(name, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ColibriValueError(f"{name}: not a .npy array file ({exc})", COL_ERR_INVALID_ARG) from None
+    if not isinstance(x, np.ndarray):
+        raise ColibriValueError(f"{name}: an .npz archive; an embedding prompt is one .npy array",
+                                COL_ERR_INVALID_ARG)
+    try:
+        x = check_embeddings(x, d_model)
+    except ColibriValueError as exc:
+        raise ColibriValueError(f"{name}: {exc.message}", COL_ERR_INVALID_ARG) from None
+    if not x.shape[0]:
+        raise ColibriValueError(f"{name}: no rows (shape {list(x.shape)})", COL_ERR_INVALID_ARG)
+    return x
+
+
 def best_kernels() -> str:
     """The kernel path a session with kernels=None runs on this machine now (CPUID, the OS
     granting AMX state, the environment variable COLIBRI_KERNELS)."""
@@ -1034,8 +1056,19 @@ class Session:
                                     COL_ERR_BAD_TOKEN)
         self._call(lib.col_session_begin_token, int(token_id))
 
+    def begin_embedding(self, row: np.ndarray) -> None:
+        """`begin_token` with an embedding row instead of a token: float32 [d_model] (or
+        [1, d_model]), the residual stream entering layer 0, as `prefill_embeddings` takes it;
+        the trace records token -1."""
+        x = check_embeddings(np.asarray(row).reshape(1, -1) if np.ndim(row) == 1 else row,
+                             self._model.hparams.d_model)
+        if x.shape[0] != 1:
+            raise ColibriValueError(f"one embedding row begins a position, got {x.shape[0]}",
+                                    COL_ERR_INVALID_ARG)
+        self._call(lib.col_session_begin_embedding, ffi.from_buffer("float[]", x))
+
     def step_layer(self) -> np.ndarray | None:
-        """Run the next layer of the position begun with `begin_token`. Returns None while layers
+        """Run the next layer of the position begun with `begin_token` or `begin_embedding`. Returns None while layers
         remain, and the position's float32 logits [vocab] once its last layer has run."""
         logits = np.empty(self._vocab, dtype=np.float32)
         done = ffi.new("uint32_t *")

@@ -220,12 +220,12 @@ class Generation:
         if self.finished:
             return range(0)
         first = self.positions
-        if self.embeddings is not None and first < len(self.prompt):
-            raise ValueError("stepping layer by layer takes token ids; embedding rows run whole "
-                             "positions (advance)")
         t0 = time.perf_counter_ns()
         if self.session.layers_done is None:
-            self.session.begin_token(self.next_token)
+            if self.embeddings is not None and first < len(self.prompt):
+                self.session.begin_embedding(self.embeddings[first])
+            else:
+                self.session.begin_token(self.next_token)
             self._layer_ns = 0
         logits = self.session.step_layer()
         self._layer_ns += time.perf_counter_ns() - t0

@@ -816,6 +816,12 @@ int32_t col_session_truncate(col_session *session, uint32_t position, char *err,
  * COL_ERR_INVALID_ARG when none is; COL_ERR_FILE_CHANGED as col_session_prefill (the position is
  * abandoned). Owner thread; no allocation. */
 int32_t col_session_begin_token(col_session *session, int32_t token, char *err, size_t errlen);
+
+/* col_session_begin_token with an embedding row instead of a token: `row` is [d_model] float32,
+ * the residual stream entering layer 0 (as col_session_prefill_embeddings takes it; copied, the
+ * caller keeps ownership). The trace records token -1. Errors: as col_session_begin_token, and
+ * COL_ERR_INVALID_ARG for a NULL row or a NaN or infinite element (named in err). */
+int32_t col_session_begin_embedding(col_session *session, const float *row, char *err, size_t errlen);
 int32_t col_session_step_layer(col_session *session, float *logits, uint32_t *layers_done, char *err,
                                size_t errlen);
 

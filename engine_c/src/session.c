@@ -449,18 +449,31 @@ static void abandon_position(col_session *s)
     if (s->cache.block) memcpy(s->cache.block, s->cache_saved, s->cache.bytes);
 }
 
-int32_t col_session_begin_token(col_session *session, int32_t token, char *err, size_t errlen)
+/* A position in progress from its input: a token id, or an embedding row when `row` is not NULL. */
+static int32_t begin_position(col_session *session, int32_t token, const float *row, char *err, size_t errlen)
 {
-    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
     int32_t status = col_model_check_file(session->model, NULL, err, errlen);
-    if (status == COL_OK) status = check_tokens(session, &token, 1, err, errlen);
+    if (status == COL_OK)
+        status = row ? check_embeddings(session, row, 1, err, errlen) : check_tokens(session, &token, 1, err, errlen);
     if (status != COL_OK) return status;
     if (session->cache.block) memcpy(session->cache_saved, session->cache.block, session->cache.bytes);
-    session->layer_ns = col_forward_embed(session, &token, NULL, 1);
-    session->layer_token = token;
+    session->layer_ns = col_forward_embed(session, row ? NULL : &token, row, 1);
+    session->layer_token = row ? -1 : token;
     session->layers_done = 0;
     session->layer_undo = 0;
     return COL_OK;
+}
+
+int32_t col_session_begin_token(col_session *session, int32_t token, char *err, size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    return begin_position(session, token, NULL, err, errlen);
+}
+
+int32_t col_session_begin_embedding(col_session *session, const float *row, char *err, size_t errlen)
+{
+    if (!session || !row) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session and row are required");
+    return begin_position(session, -1, row, err, errlen);
 }
 
 int32_t col_session_step_layer(col_session *session, float *logits, uint32_t *layers_done, char *err, size_t errlen)

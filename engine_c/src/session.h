@@ -117,7 +117,7 @@ struct col_session {
 
     /* stepping one layer at a time (col_session_begin_token) */
     uint32_t layers_done;       /* of the position in progress; COL_NO_LAYER when none */
-    int32_t layer_token;        /* its token */
+    int32_t layer_token;        /* its token; -1 for an embedding row (col_session_begin_embedding) */
     int layer_undo;             /* layer_input holds the input of the last layer run */
     float *layer_input;         /* [d_model] the residual stream before the last layer run */
     uint64_t layer_ns;          /* engine time of the position so far (trace) */

@@ -118,26 +118,17 @@ def print_counterfactual(cf: Any, tokenizer: Any, original_text: str | None) -> 
 
 
 def load_embedding(path: str, d_model: int) -> np.ndarray:
-    """The rows of --embedding: a .npy of float32 [positions, d_model]; anything else is an
-    error naming the file and what it holds."""
-    from colibri.engine import check_embeddings
+    """The rows of --embedding (colibri.engine.load_embeddings); a file that cannot be read is
+    an I/O error, anything else it holds an invalid argument, each naming the file."""
+    from colibri.engine import load_embeddings
 
     reason = unreadable(path)
     if reason is not None:
         raise ColibriIOError(reason, 1)
     try:
-        x = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        fail(f"{path}: not a .npy array file ({exc})")
-    if not isinstance(x, np.ndarray):
-        fail(f"{path}: an .npz archive; --embedding takes one .npy array")
-    try:
-        x = check_embeddings(x, d_model)
+        return load_embeddings(path, d_model)
     except ColibriValueError as exc:
-        fail(f"{path}: {exc.message}")
-    if not x.shape[0]:
-        fail(f"{path}: no rows (shape {list(x.shape)})")
-    return x
+        fail(exc.message)
 
 
 def print_caching(stats: Any, routing: str, threshold: float | None, n_experts: int) -> None:

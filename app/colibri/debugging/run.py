@@ -4,7 +4,9 @@
 it, advanced one position at a time (the prompt's tokens too): the same positions and tokens as
 `colibri run` (len(prompt) + max_new_tokens - 1). After every position the new trace rows are
 copied into the `RoutingRecord`, an append-only store that is the single source of truth for
-every view and export; nothing recomputes routing.
+every view and export; nothing recomputes routing. The prompt may be embedding rows
+(RunSettings.prompt_embeddings, fed instead of the token lookup): their positions record token -1
+(shown as "<embedding>") and step layer by layer as token positions do.
 
 Granularity. "Step layer" over decisions already made moves the cursor; past the last one it is
 a true step: the engine runs one layer at a time (col_session_step_layer; style point 7: a step
@@ -355,7 +357,7 @@ class Debugger:
     Not thread-safe except `request_pause`/`request_stop` (see the module docstring)."""
 
     def __init__(self, model: Any, settings: RunSettings, tokenizer: Any = "model") -> None:
-        from colibri.engine import Session  # the only engine dependency of the debugger
+        from colibri.engine import Session, check_embeddings  # the debugger's engine dependencies
 
         hp = model.hparams
         self.model = model
@@ -374,14 +376,17 @@ class Debugger:
             self.session.close()
             raise ValueError(f"this machine runs no {settings.kernels} kernels (its best path is "
                              f"{self.kernels})")
+        prompt: Any = settings.prompt_tokens
         try:
             self.session.set_interventions(settings.interventions)
+            if settings.prompt_embeddings is not None:  # dtype and width named before a run
+                prompt = check_embeddings(settings.prompt_embeddings, hp.d_model)
         except Exception:
             self.session.close()
             raise
         # every position's logits are kept: a counterfactual compares them (positions x vocab
         # float32: 16 KB a position on the demo model)
-        self.generation = Generation(self.session, settings.prompt_tokens,
+        self.generation = Generation(self.session, prompt,
                                      settings.max_new_tokens, decoding=settings.decoding,
                                      temperature=settings.temperature, seed=settings.seed,
                                      eos=hp.eos_token_id, step_prompt=True, keep_logits=True)

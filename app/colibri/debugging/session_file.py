@@ -36,6 +36,7 @@ from colibri.values import RunSettings
 
 FORMAT_NAME = "colibri-debug-session"
 FORMAT_VERSION = 1
+EMBEDDINGS_FILE = "prompt_embeddings.npy"   # an embedding prompt's rows (settings.prompt_embeddings)
 SUFFIX = ".colibri-session"
 _CHUNK = 1 << 20
 _checksums: dict[tuple[str, int, int], str] = {}
@@ -171,11 +172,17 @@ def session_bytes(saved: SavedSession) -> bytes:
         "arrays": {name: {"file": f"arrays/{name}.npy", "dtype": a.dtype.str,
                           "shape": list(a.shape)} for name, a in arrays.items()},
     }
+    rows = saved.settings.prompt_embeddings
+    if rows is not None:  # an embedding prompt: its rows, not position-aligned with the record
+        manifest["prompt_embeddings"] = {"file": EMBEDDINGS_FILE, "dtype": rows.dtype.str,
+                                         "shape": list(rows.shape)}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
         z.writestr("manifest.json", json.dumps(manifest, indent=1, allow_nan=False))
         for name, a in arrays.items():
             z.writestr(f"arrays/{name}.npy", _npy(a))
+        if rows is not None:
+            z.writestr(EMBEDDINGS_FILE, _npy(rows))
     return buf.getvalue()
 
 
@@ -203,13 +210,22 @@ def load_session(path: str | os.PathLike[str]) -> SavedSession:
                                          f"{manifest.get('version')}, this build reads "
                                          f"{FORMAT_VERSION}")
             arrays = {}
-            for name, spec in manifest["arrays"].items():
-                a = np.load(io.BytesIO(z.read(spec["file"])), allow_pickle=False)
+            specs = dict(manifest["arrays"])
+            if manifest.get("prompt_embeddings"):
+                specs["prompt_embeddings"] = manifest["prompt_embeddings"]
+            for name, spec in specs.items():
+                try:
+                    data = z.read(spec["file"])
+                except KeyError:
+                    raise SessionFormatError(f"{path}: no member {spec['file']} (array {name})"
+                                             ) from None
+                a = np.load(io.BytesIO(data), allow_pickle=False)
                 if a.dtype.str != spec["dtype"] or list(a.shape) != spec["shape"]:
                     raise SessionFormatError(f"{path}: array {name} is {a.dtype.str} "
                                              f"{list(a.shape)}, manifest says {spec['dtype']} "
                                              f"{spec['shape']}")
                 arrays[name] = a
+            rows = arrays.pop("prompt_embeddings", None)
     except zipfile.BadZipFile as exc:
         raise SessionFormatError(f"{path}: not a session file ({exc})") from exc
     missing = [n for n in (*RECORD_ARRAYS, "moe_layers") if n not in arrays
@@ -221,8 +237,12 @@ def load_session(path: str | os.PathLike[str]) -> SavedSession:
     if bad:
         raise SessionFormatError(f"{path}: arrays {', '.join(bad)} do not have {n} rows")
     record = RoutingRecord.from_arrays(arrays, manifest["token_texts"], int(manifest["n_layers"]))
+    try:
+        settings = RunSettings.from_dict(manifest["settings"], rows)
+    except ValueError as exc:
+        raise SessionFormatError(f"{path}: settings: {exc}") from None
     return SavedSession(
-        model=manifest["model"], settings=RunSettings.from_dict(manifest["settings"]),
+        model=manifest["model"], settings=settings,
         record=record, generated=list(manifest["generated"]),
         finished=bool(manifest["finished"]), stop_reason=manifest["stop_reason"],
         cursor=manifest["cursor"], bookmarks=list(manifest["bookmarks"]),

@@ -203,6 +203,7 @@ class QtDebuggerPanel(QWidget):
             self.run_panel.set_tokenizer(tokenize)
         if model is not None:
             self.run_panel.set_n_experts(model.hparams.n_experts)
+            self.run_panel.set_d_model(model.hparams.d_model)
         if model is not None and not self.run_panel.prompt.text():
             self.run_panel.prompt.setText(example_prompt(model))
         self._set_status(f"model {os.path.basename(model.path)}" if model is not None
