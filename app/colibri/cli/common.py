@@ -160,6 +160,22 @@ def add_prompt(p: argparse.ArgumentParser, embedding: bool = False) -> None:
                                  "embedding lookup")
 
 
+def intervention_spec(text: str) -> Any:
+    """argparse type of --intervene: the spec's grammar (the engine judges the ranges)."""
+    from colibri.interventions import Intervention, InterventionError
+
+    try:
+        return Intervention.parse(text)
+    except InterventionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_intervene(p: argparse.ArgumentParser, help: str) -> None:
+    """--intervene SPEC, repeatable (docs/interventions.md): a list of Interventions."""
+    p.add_argument("--intervene", action="append", type=intervention_spec, default=[],
+                   metavar="SPEC", help=help)
+
+
 def add_generate(p: argparse.ArgumentParser, default: int, what: str = "tokens to generate"
                  ) -> None:
     p.add_argument("-n", "--generate", dest="generate", type=int, default=default, metavar="N",

@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_prompt, add_routing,
-                                add_threads, caching_options, error, fail, open_model,
-                                prompt_ids, token_label, tokenizer_of, unreadable)
+from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_intervene, add_prompt,
+                                add_routing, add_threads, caching_options, error, fail,
+                                open_model, prompt_ids, token_label, tokenizer_of, unreadable)
 from colibri.errors import ColibriIOError, ColibriValueError
 from colibri.files import atomic_write
-from colibri.interventions import KINDS, Intervention, InterventionError
+from colibri.interventions import KINDS, Intervention
 
 RUN_EPILOG = """\
 positions: the prompt's tokens are processed first, then every generated token except the last
@@ -82,14 +82,6 @@ def print_routing(trace: Any, tokenizer: Any, position: int) -> None:
                 trace.expert_ids[position, m], trace.cache_hits[position, m]) if e >= 0) + "]"
         print(f"pos {position} token {token_label(tokenizer, token)} layer {int(layer)}: "
               f"experts [{ids}] weights [{weights}]{groups}{changed}{cached}{lru}{edited}")
-
-
-def intervention_spec(text: str) -> Intervention:
-    """argparse type of --intervene: the spec's grammar (the engine judges the ranges)."""
-    try:
-        return Intervention.parse(text)
-    except InterventionError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def print_counterfactual(cf: Any, tokenizer: Any, original_text: str | None) -> None:
@@ -258,8 +250,7 @@ def add_commands(sub: Any) -> None:
                    help="print the experts and weights chosen per position and MoE layer")
     p.add_argument("--dump-logits", metavar="OUT.npy", help="save float32 [positions, vocab]")
     p.add_argument("--dump-trace", metavar="OUT.npz", help="save the routing trace")
-    p.add_argument("--intervene", action="append", type=intervention_spec, default=[],
-                   metavar="SPEC", help="edit routing decisions (repeatable; see below)")
+    add_intervene(p, "edit routing decisions (repeatable; see below)")
     p.add_argument("--no-compare", action="store_true",
                    help="with --intervene: run under the interventions only, without the "
                         "comparison with the run without them")
