@@ -82,3 +82,40 @@ def test_readme_intervention_example(capsys: pytest.CaptureFixture) -> None:
     assert "10 of 64 routing decisions changed (6 of the 16 made under an intervention, " \
            "4 downstream)" in out and "max KL 0.318" in out
     assert "text: \n        if self.is_error is\n" in out
+
+
+DEMO_DIFF = "On the demo model, with its own weights written back as a transformers checkpoint"
+
+
+def test_readme_demo_diff_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture) -> None:
+    """The README's diff of the demo against its own weights in transformers is what the tools
+    print (recorded on the avx512 kernels, whose last bits settle the near tie it finds), and
+    the divergence it reports is the intervention example's decision, with the same logit
+    difference."""
+    pytest.importorskip("transformers")
+    from colibri.engine import best_kernels
+
+    if best_kernels() != "avx512":
+        pytest.skip(f"the README's figures are from the avx512 kernels; this machine runs "
+                    f"{best_kernels()}")
+    text = README.read_text()
+    start = text.index(DEMO_DIFF)
+    (_, shown), = _blocks(text[start:text.index("Routing over a whole corpus", start)])
+    make, diff, *expected = shown.splitlines()
+    assert make == "$ python tools/demo_checkpoint.py demo-hf"
+    monkeypatch.chdir(README.parent)
+    tool = runpy.run_path(str(README.parent / "tools" / "demo_checkpoint.py"))
+    tool["write_checkpoint"](README.parent / "resources" / "demo" / "demo.colibri",
+                             tmp_path / "demo-hf")
+    assert diff == ('$ colibri diff resources/demo/demo.colibri demo-hf --prompt "def '
+                    'read_header(self, data):"')
+    capsys.readouterr()
+    assert main(["diff", "resources/demo/demo.colibri", str(tmp_path / "demo-hf"), "--prompt",
+                 "def read_header(self, data):"]) == 0
+    out = capsys.readouterr().out.replace(str(tmp_path / "demo-hf"), "demo-hf")
+    assert out.splitlines() == expected
+    # the same decision and the same logit difference as the intervention example
+    assert "layer 1 position 4: colibri [6,1], transformers [6,2]" in out
+    intervention = text[text.index(INTERVENTION):]
+    assert "max |dlogit| 0.0279" in intervention and "logits         2.79e-02" in out
