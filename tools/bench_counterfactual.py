@@ -4,11 +4,13 @@ position P, from scratch (a fresh session: prompt and generation) against from t
 point (Generation.rewind to P: the positions after it only), in turns, for several P.
 
     python tools/bench_counterfactual.py [FILE] [-p 256] [-n 32] [-t 2] [--turns 5]
-        [--cache-threshold T] [--expert-cache N]
+        [--cache-threshold T] [--expert-cache N] [--truncations N]
 
 Prints per P the median milliseconds of each way, their ratio, and the median microseconds of the
 rewind itself (the truncation: with expert caching it replays the decisions before P to rebuild
-the caching state). --cache-threshold runs cached routing, --expert-cache an LRU. The figures in
+the caching state). --cache-threshold runs cached routing, --expert-cache an LRU.
+--truncations N instead times the engine's truncation alone after N positions (best of 20,
+to several positions), with the caching settings given and without any. The figures in
 docs/interventions.md's decision table come from here.
 """
 
@@ -28,6 +30,29 @@ from colibri.interventions import Intervention
 DEMO = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
 
 
+def truncations(path: str, n: int, threads: int, caching: dict[str, object]) -> None:
+    """Microseconds of Session.truncate(P) after n positions (best of 20), with the caching
+    settings (the state is rebuilt by replaying the decisions before P) and without."""
+    with Model.open(path) as model:
+        tokens = [int(t) for t in np.random.default_rng(0).integers(0, model.hparams.vocab_size, n)]
+        print(f"{Path(path).name}: col_session_truncate after {n} positions, {threads} threads, "
+              f"best of 20 (us)")
+        print(f"{'P':>6} {'caching':>9} {'none':>9}")
+        times: dict[str, list[float]] = {}
+        for name, settings in (("caching", caching), ("none", {})):
+            with Session(model, threads=threads, max_context=n, **settings) as s:  # type: ignore[arg-type]
+                s.prefill(tokens, all_logits=False)
+                for position in (n - 1, n // 2, 1):
+                    best = float("inf")
+                    for _ in range(20):   # each call rebuilds the state the positions left
+                        t0 = time.perf_counter()
+                        s.truncate(position)
+                        best = min(best, time.perf_counter() - t0)
+                    times.setdefault(name, []).append(best * 1e6)
+        for i, position in enumerate((n - 1, n // 2, 1)):
+            print(f"{position:>6} {times['caching'][i]:>9.1f} {times['none'][i]:>9.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file", nargs="?", default=str(DEMO))
@@ -39,9 +64,14 @@ def main() -> None:
                     help="cached routing with this threshold")
     ap.add_argument("--expert-cache", type=int, default=0, metavar="N",
                     help="an LRU of N resident experts per MoE layer")
+    ap.add_argument("--truncations", type=int, default=0, metavar="N",
+                    help="time col_session_truncate after N positions instead")
     args = ap.parse_args()
     caching = {"routing": "topk" if args.cache_threshold is None else "cached",
                "cache_threshold": args.cache_threshold or 0.0, "expert_cache": args.expert_cache}
+    if args.truncations:
+        truncations(args.file, args.truncations, args.threads, caching)
+        return
     with Model.open(args.file) as model:
         hp = model.hparams
         rng = np.random.default_rng(0)
