@@ -152,7 +152,8 @@ typedef enum col_norm_kind {
 typedef enum col_rope_type {
     COL_ROPE_DEFAULT = 0,
     COL_ROPE_LINEAR = 1,
-    COL_ROPE_YARN = 2              /* v2: inverse frequencies ramped between interpolation and extrapolation */
+    COL_ROPE_YARN = 2,             /* v2: inverse frequencies ramped between interpolation and extrapolation */
+    COL_ROPE_LONGROPE = 3          /* v2: inverse frequencies divided by the rope_freq_factors tensor (PhiMoE's LongRoPE) */
 } col_rope_type;
 
 /* Which dimensions RoPE pairs (header 0x0E4, v2). */
@@ -257,7 +258,7 @@ typedef struct col_hparams {
     uint32_t rope_truncate;        /* YaRN: 1 = floor/ceil the correction range */
     float attn_scale;              /* attention scores are multiplied by this */
     float latent_norm_eps;         /* MLA: epsilon of the attn_q_a_norm / attn_kv_a_norm RMSNorms */
-    float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor; else 1) */
+    float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor, LongRoPE's mscale; else 1) */
     float rope_beta_fast;          /* YaRN */
     float rope_beta_slow;          /* YaRN */
     uint32_t norm_kind;            /* col_norm_kind (v1: RMS) */
