@@ -29,8 +29,8 @@ ARCH_NAMES: dict[int, str] = {1: "mixtral", 2: "qwen2_moe", 3: "qwen3_moe", 4: "
                               13: "granitemoeshared", 14: "dbrx"}
 
 # col_routing_mode, in enum order
-RoutingName = Literal["topk", "stable", "soft", "gumbel"]
-ROUTING_MODES: tuple[RoutingName, ...] = ("topk", "stable", "soft", "gumbel")
+RoutingName = Literal["topk", "stable", "soft", "gumbel", "cached"]
+ROUTING_MODES: tuple[RoutingName, ...] = ("topk", "stable", "soft", "gumbel", "cached")
 
 # col_kernels 1..4, least to most capable (0 = the best the machine has: None in Python)
 KERNEL_PATHS: tuple[str, ...] = ("portable", "avx2", "avx512", "amx")
@@ -139,6 +139,8 @@ class RunSettings:
     epsilon: float | None = None   # stable routing; None = the model's default_epsilon
     threads: int = 1
     kernels: str | None = None     # kernel path ceiling (KERNEL_PATHS); None = the best
+    cache_threshold: float = 0.0   # cached routing: keep the previous set below this margin
+    expert_cache: int = 0          # LRU of resident experts per MoE layer; 0 = none
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))

@@ -37,11 +37,13 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 7   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 8   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
-                                col_session_hidden); 7: col_hparams grew (norm_kind, the
-                                residual-stream scales) */
+                                col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
+                                col_session_config and col_trace_view grew, col_session_cache_stats,
+                                col_session_prefill_embeddings); 8: col_hparams grew (norm_kind,
+                                the residual-stream scales) */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -343,7 +345,9 @@ typedef enum col_routing_mode {
     COL_ROUTING_TOPK = 0,          /* the family's own math */
     COL_ROUTING_STABLE = 1,        /* select on (double)selection_score[j] + j*epsilon */
     COL_ROUTING_SOFT = 2,          /* every expert, no group limit, weights by the rule's scoring of all of them */
-    COL_ROUTING_GUMBEL = 3         /* select on selection_score[j] + Gumbel noise from (seed, position, layer, j) */
+    COL_ROUTING_GUMBEL = 3,        /* select on selection_score[j] + Gumbel noise from (seed, position, layer, j) */
+    COL_ROUTING_CACHED = 4         /* top-k, but keep the previous position's set while the new top-k's margin
+                                    * over it is below cache_threshold (docs/interface-spec.md) */
 } col_routing_mode;
 
 /* Reduction order of every dot product of a session (col_session_config.reduction). Variants run
@@ -406,6 +410,14 @@ typedef struct col_session_config {
      * position's hidden state after each layer is captured into it (col_session_hidden);
      * capacity * n_layers * d_model * 4 bytes, in the memory estimate. 0 = none. */
     uint32_t capture_hidden;
+    /* Expert caching (since ABI 7). cache_threshold: COL_ROUTING_CACHED keeps the previous
+     * position's set while the fresh top-k's margin over it is below this (finite, >= 0; 0 =
+     * plain top-k). expert_cache: an LRU of this many resident experts per MoE layer, whose hits
+     * and misses the trace records (a model of residency: nothing is moved); 0 = none, else at
+     * least the experts one decision takes (top-k, every expert in soft routing) and at most
+     * n_experts. */
+    double cache_threshold;
+    uint32_t expert_cache;
 } col_session_config;
 
 /* Pointers into session memory; valid until the session is freed. Arrays are row-major and
@@ -438,7 +450,28 @@ typedef struct col_trace_view {
     const float *hidden_norm;      /* [capacity][n_moe_layers] L2 norm of the router's input */
     const uint64_t *phase_ns;      /* [capacity][n_layers][COL_PHASE_COUNT] monotonic nanoseconds */
     const uint64_t *token_ns;      /* [capacity] whole forward pass of the position */
+    /* Expert caching (since ABI 7). The cached-routing arrays are NULL unless the routing is
+     * COL_ROUTING_CACHED; cache_hits is NULL without an expert cache (expert_cache 0). */
+    const uint8_t *cache_kept;     /* [capacity][n_moe_layers] 1 when the previous position's set was used
+                                    * instead of a different fresh top-k */
+    const float *cache_margin;     /* [capacity][n_moe_layers] the fresh top-k's margin over the previous
+                                    * set: 0 when they are the same, NaN at position 0 (no previous set) */
+    const int32_t *fresh_ids;      /* [capacity][n_moe_layers][k] the rule's own top-k (what plain routing
+                                    * chooses from the same values), in selection order */
+    uint32_t expert_cache;         /* LRU experts per MoE layer (the config's), 0 = none */
+    const uint8_t *cache_hits;     /* [capacity][n_moe_layers][k] 1 when slot's expert was resident in the
+                                    * layer's LRU, 0 when it had to be loaded (or the slot is empty) */
 } col_trace_view;
+
+/* Expert-caching counts of a session since creation or the last reset (col_session_cache_stats). */
+typedef struct col_cache_stats {
+    uint32_t expert_cache;         /* LRU experts per MoE layer, 0 = no expert cache */
+    uint32_t resident;             /* experts resident now */
+    uint64_t hits;                 /* lookups that found the expert resident */
+    uint64_t misses;               /* lookups that had to load it (evicting the least recently used) */
+    uint64_t decisions;            /* routing decisions made */
+    uint64_t kept;                 /* cached routing: decisions that kept the previous position's set */
+} col_cache_stats;
 
 typedef struct col_model col_model;
 typedef struct col_session col_session;
@@ -553,6 +586,16 @@ int32_t col_session_reset(col_session *session);
 int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_t n,
                             float *logits, char *err, size_t errlen);
 
+/* col_session_prefill with the input rows given instead of looked up: `embeddings` is
+ * [n][d_model] float32, row i the residual stream entering layer 0 at position position + i
+ * (what the token embedding lookup would produce; the caller keeps ownership, nothing is kept
+ * after the call). The trace records token -1 at these positions. A step is n = 1. Errors:
+ * COL_ERR_CONTEXT_FULL; COL_ERR_INVALID_ARG for NULL embeddings or a NaN or infinite element
+ * (its row and element in err); nothing processed in either case. Owner thread; no allocation.
+ * Since ABI 7. */
+int32_t col_session_prefill_embeddings(col_session *session, const float *embeddings, uint32_t n,
+                                       float *logits, char *err, size_t errlen);
+
 /* Process one token; `logits` (may be NULL) receives [vocab_size] float32 logits. The same as
  * col_session_prefill with n = 1 (one code path; the same bits as the token inside a prefill). */
 int32_t col_session_step(col_session *session, int32_t token, float *logits,
@@ -563,6 +606,12 @@ const float *col_session_logits(const col_session *session);
 
 /* Number of positions processed since creation or the last reset. */
 uint32_t col_session_position(const col_session *session);
+
+/* Expert-caching counts of MoE layer `moe_index` (0..n_moe_layers-1), or of every MoE layer
+ * summed when moe_index is -1: LRU hits, misses and residents, routing decisions, and the
+ * decisions cached routing kept. Counted whether or not the trace is on; a session with neither
+ * cached routing nor an expert cache counts nothing (all 0). COL_ERR_INVALID_ARG for a NULL argument or an index out of range. Owner thread. */
+int32_t col_session_cache_stats(const col_session *session, int32_t moe_index, col_cache_stats *out);
 
 /* Fill *out with pointers to the trace (zero-copy). All counts are 0 and pointers NULL when
  * tracing is off. */

@@ -83,7 +83,9 @@ static void add_gate_bias(const col_layer *layer, float *logits, uint32_t n)
     for (uint32_t j = 0; j < n; j++) logits[j] += b[j];
 }
 
-/* One routing decision of `layer` at `position` by the layer's rule and the session's mode. */
+/* One routing decision of `layer` at `position` by the layer's rule and the session's mode.
+ * Decisions are made on the calling thread in position order, so expert caching's state flows
+ * from each position to the next at every layer (cache.c). */
 static uint32_t route(col_session *s, const col_layer *layer, uint32_t layer_index, uint32_t position,
                       const float *logits, int32_t *ids, float *weights, float *selection, int32_t *groups,
                       uint8_t *bias_changed)
@@ -93,7 +95,27 @@ static uint32_t route(col_session *s, const col_layer *layer, uint32_t layer_ind
     /* whether the bias changed the choice: a second ranking, asked only for the trace */
     col_route_out out = {ids, weights, selection, groups, s->trace_ids && bias ? bias_changed : NULL};
     *bias_changed = 0;
-    return col_route(layer->route, bias, &params, logits, &out, &s->router_scratch);
+    if (!s->cache.block) return col_route(layer->route, bias, &params, logits, &out, &s->router_scratch);
+
+    uint32_t moe = layer->moe_index, ks = s->k_slots, n;
+    uint64_t row = (uint64_t)position * s->model->hp.n_moe_layers + moe;
+    uint8_t kept = 0;
+    if (s->config.routing == COL_ROUTING_CACHED) {
+        int32_t *fresh = s->trace_fresh_ids ? s->trace_fresh_ids + row * ks : s->route_fresh;
+        col_cache_route c = {position ? s->cache.previous + (uint64_t)moe * ks : NULL, s->config.cache_threshold,
+                             fresh, 0.0f, 0};
+        n = col_route_cached(layer->route, bias, &params, logits, &c, &out, &s->router_scratch);
+        for (uint32_t slot = n; slot < ks; slot++) fresh[slot] = -1;
+        kept = c.kept;
+        if (s->trace_cache_kept) {
+            s->trace_cache_kept[row] = c.kept;
+            s->trace_cache_margin[row] = c.margin;
+        }
+    } else {
+        n = col_route(layer->route, bias, &params, logits, &out, &s->router_scratch);
+    }
+    col_cache_record(&s->cache, moe, ids, n, kept, s->trace_cache_hits ? s->trace_cache_hits + row * ks : NULL);
+    return n;
 }
 
 /* The trace's rows of one decision (position, MoE layer): ids and weights padded to k_slots,

@@ -15,6 +15,19 @@
 
 #include <string.h>
 
+/* The input row of one position: the token's embedding, or the caller's row (token -1). */
+static void input_row(const col_model *m, int32_t token, const float *embedding, float *x)
+{
+    uint32_t d_model = m->hp.d_model;
+    if (embedding) {
+        memcpy(x, embedding, (uint64_t)d_model * sizeof(float));
+        return;
+    }
+    const col_tensor_info *embd = m->token_embd;
+    const uint8_t *row = (const uint8_t *)embd->data + (uint64_t)token * col_dtype_row_bytes(embd->dtype, d_model);
+    col_load_row(row, embd->dtype, d_model, x);
+}
+
 /* x += block output, scaled first when the model says so (Granite's residual_multiplier). */
 static void add_residual(const col_hparams *hp, float *x, const float *out, uint64_t n)
 {
@@ -41,7 +54,7 @@ static void capture_layer(col_session *s, uint32_t layer, uint32_t base, uint32_
 /* Every weight product is a matrix-matrix product over the block (weights read once per block,
  * not once per token); with n = 1 the kernels run their single-token tiles. Phase timings of the
  * block are shared equally among its positions. */
-void col_forward(col_session *s, const int32_t *tokens, uint32_t n, float *logits)
+void col_forward(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n, float *logits)
 {
     const col_model *m = s->model;
     const col_hparams *hp = &m->hp;
@@ -51,12 +64,10 @@ void col_forward(col_session *s, const int32_t *tokens, uint32_t n, float *logit
     uint64_t start = tracing ? col_now_ns() : 0;
     uint32_t base = s->position;
 
-    const col_tensor_info *embd = m->token_embd;
-    for (uint32_t t = 0; t < n; t++) {
-        const uint8_t *row = (const uint8_t *)embd->data + (uint64_t)tokens[t] * col_dtype_row_bytes(embd->dtype, d_model);
-        col_load_row(row, embd->dtype, d_model, s->x + (uint64_t)t * d_model);
-    }
-    if (hp->embedding_scale != 0.0f)
+    for (uint32_t t = 0; t < n; t++)
+        input_row(m, embeddings ? -1 : tokens[t], embeddings ? embeddings + (uint64_t)t * d_model : NULL,
+                  s->x + (uint64_t)t * d_model);
+    if (hp->embedding_scale != 0.0f) /* Granite's embedding_multiplier, on caller rows too as transformers does */
         for (uint64_t i = 0; i < n_x; i++) s->x[i] *= hp->embedding_scale;
     col_numerics_round(&s->numerics, s->pool, s->x, n_x); /* numerics variant: rounded residual stream */
     for (uint32_t l = 0; l < hp->n_layers; l++) {
@@ -102,7 +113,7 @@ void col_forward(col_session *s, const int32_t *tokens, uint32_t n, float *logit
     if (tracing) {
         uint64_t each = (col_now_ns() - start) / n;
         for (uint32_t t = 0; t < n; t++) {
-            s->trace_tokens[base + t] = tokens[t];
+            s->trace_tokens[base + t] = embeddings ? -1 : tokens[t];
             s->trace_token_ns[base + t] = each;
         }
     }

@@ -42,10 +42,11 @@ static void usage(FILE *f)
           "  " PROG " info FILE [--json]\n"
           "      header fields, hyper-parameters, routing rules, user metadata and tensor table\n"
           "  " PROG " run FILE --tokens ID,ID,... [-n|--generate N] [-t|--threads T]\n"
-          "              [--routing topk|stable|soft|gumbel] [--epsilon E] [--seed S]\n"
-          "              [--debug-routing]\n"
+          "              [--routing topk|stable|soft|gumbel|cached] [--epsilon E] [--seed S]\n"
+          "              [--cache-threshold T] [--expert-cache N] [--debug-routing]\n"
           "      greedy decoding: prefill the tokens, generate N (default 16) tokens by argmax,\n"
-          "      print the generated ids; --debug-routing prints each position's experts\n"
+          "      print the generated ids; --debug-routing prints each position's experts;\n"
+          "      expert caching's counts go to stderr\n"
           "  " PROG " --help\n"
           "The same lines as the Python `colibri validate` and `colibri info`.\n",
           f);
@@ -1028,8 +1029,9 @@ static int cmd_run(int argc, char **argv)
 {
     const char *path = NULL, *tokens_arg = NULL;
     uint64_t n_gen = 16, seed = 0, threads = 1;
-    double epsilon = 0;
+    double epsilon = 0, cache_threshold = 0;
     bool has_epsilon = false;
+    uint64_t expert_cache = 0;
     uint32_t routing = COL_ROUTING_TOPK;
     bool debug = false;
     for (int i = 0; i < argc; i++) {
@@ -1050,6 +1052,12 @@ static int cmd_run(int argc, char **argv)
         } else if (is(a, NULL, "--epsilon")) {
             ok = has_epsilon = parse_double(v, &epsilon);
             i++;
+        } else if (is(a, NULL, "--cache-threshold")) {
+            ok = parse_double(v, &cache_threshold); /* the range is the engine's to check */
+            i++;
+        } else if (is(a, NULL, "--expert-cache")) {
+            ok = parse_u64(v, &expert_cache) && expert_cache <= UINT32_MAX;
+            i++;
         } else if (is(a, NULL, "--routing") && v) {
             i++;
             if (strcmp(v, "topk") == 0)
@@ -1060,6 +1068,8 @@ static int cmd_run(int argc, char **argv)
                 routing = COL_ROUTING_SOFT;
             else if (strcmp(v, "gumbel") == 0)
                 routing = COL_ROUTING_GUMBEL;
+            else if (strcmp(v, "cached") == 0)
+                routing = COL_ROUTING_CACHED;
             else
                 ok = false;
         } else if (is(a, NULL, "--debug-routing"))
@@ -1101,6 +1111,8 @@ static int cmd_run(int argc, char **argv)
     cfg.trace = debug ? 1 : 0;
     cfg.epsilon = has_epsilon ? epsilon : (double)hp.default_epsilon;
     cfg.seed = seed;
+    cfg.cache_threshold = cache_threshold;
+    cfg.expert_cache = (uint32_t)expert_cache;
 
     char err[512] = "";
     col_session *s = NULL;
@@ -1131,6 +1143,15 @@ static int cmd_run(int argc, char **argv)
         printf("%s%" PRId32, i ? "," : "", generated[i]);
     if (produced)
         putchar('\n');
+    col_cache_stats cs;
+    if (st == COL_OK && col_session_cache_stats(s, -1, &cs) == COL_OK) {
+        if (cs.expert_cache)
+            fprintf(stderr, "expert cache: %" PRIu64 " hits, %" PRIu64 " misses (%u experts per MoE layer)\n",
+                    cs.hits, cs.misses, cs.expert_cache);
+        if (routing == COL_ROUTING_CACHED)
+            fprintf(stderr, "cached routing: kept the previous experts in %" PRIu64 " of %" PRIu64 " decisions\n",
+                    cs.kept, cs.decisions);
+    }
     if (st != COL_OK)
         error("run: %s: %s", col_status_name(st), err);
     free(generated);

@@ -31,6 +31,7 @@ from colibri.debugging.events import Event, EventList
 from colibri.debugging.run import token_piece
 from colibri.debugging.session_file import SUFFIX, SavedSession, load_session, save_session
 from colibri.debugging.trace_export import write_chrome_trace, write_routing_csv
+from colibri.debugging.stats import cache_summary
 from colibri.inspector.debugger.run_panel import QtRunPanel
 from colibri.inspector.debugger.views import (QtBreakpointList, QtEventList, QtLatencyView,
                                               QtRoutingHeatmap, QtTokenView)
@@ -185,6 +186,8 @@ class QtDebuggerPanel(QWidget):
                 ids = tok.encode(text).ids
                 return [(i, token_piece(tok, i)) for i in ids]
             self.run_panel.set_tokenizer(tokenize)
+        if model is not None:
+            self.run_panel.set_n_experts(model.hparams.n_experts)
         if model is not None and not self.run_panel.prompt.text():
             self.run_panel.prompt.setText(example_prompt(model))
         self._set_status(f"model {os.path.basename(model.path)}" if model is not None
@@ -256,9 +259,10 @@ class QtDebuggerPanel(QWidget):
         self.saved = None  # live data replaces a saved session on view
         self.snapshot = snap
         state = "running" if snap.running else (snap.stop_reason or "ready")
+        caching = cache_summary(snap.record).describe()
         self.run_panel.set_status(f"{snap.record.n_positions}/{snap.settings.n_positions} "
                                   f"positions, {state} ({snap.kernels} kernels); generated: "
-                                  f"{snap.generated_text!r}")
+                                  f"{snap.generated_text!r}" + (f"; {caching}" if caching else ""))
         self.selected = snap.cursor
         if not self._timer.isActive():
             self._timer.start()
