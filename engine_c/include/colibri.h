@@ -587,9 +587,10 @@ int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_
                             float *logits, char *err, size_t errlen);
 
 /* col_session_prefill with the input rows given instead of looked up: `embeddings` is
- * [n][d_model] float32, row i the residual stream entering layer 0 at position position + i
- * (what the token embedding lookup would produce; the caller keeps ownership, nothing is kept
- * after the call). The trace records token -1 at these positions. A step is n = 1. Errors:
+ * [n][d_model] float32, row i what the token embedding lookup would produce at position
+ * position + i (a file with embedding_scale multiplies it by that, as it does looked-up rows and
+ * transformers' Granite does inputs_embeds; the caller keeps ownership, nothing is kept after
+ * the call). The trace records token -1 at these positions. A step is n = 1. Errors:
  * COL_ERR_CONTEXT_FULL; COL_ERR_INVALID_ARG for NULL embeddings or a NaN or infinite element
  * (its row and element in err); nothing processed in either case. Owner thread; no allocation.
  * Since ABI 7. */
