@@ -251,31 +251,42 @@ def test_cli_converts_a_gguf_file_and_runs_a_prompt(tmp_path: Path,
         assert meta["source"]["format"] == "gguf" and meta["source"]["model_type"] == "qwen3_moe"
 
 
+def rewrite(src: GGUFFile, path: Path, tensors: dict[str, Any] | None = None,
+            keys: dict[str, Any] | None = None) -> None:
+    """`src` written again with the gguf package at `path`, `tensors` (name -> array, or
+    (raw bytes, type)) added or replacing its own, and `keys` replacing its values."""
+    tensors, keys = tensors or {}, keys or {}
+    w = gguf.GGUFWriter(str(path), src.architecture)
+    for kv in src.key_values:
+        if kv.key == "general.architecture":
+            continue
+        value = keys.get(kv.key, src.get(kv.key))
+        if isinstance(value, list):
+            w.add_array(kv.key, value)
+        else:
+            w.add_key_value(kv.key, value, gguf.GGUFValueType(kv.type))
+    for t in src.tensors:
+        if t.name not in tensors:
+            w.add_tensor(t.name, np.array(src.tensor(t.name)))
+    for name, value in tensors.items():
+        if isinstance(value, tuple):
+            w.add_tensor(name, value[0], raw_dtype=value[1])
+        else:
+            w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def test_other_types_are_dequantised_with_a_note(tmp_path: Path) -> None:
     """A type Colibri does not store (here Q5_1 experts, written with the gguf package from the
     f32 fixture) is dequantised to --dtype and the metadata says so."""
     src = GGUFFile.open(str(FIXTURES / "mixtral-f32.gguf"))
     path = tmp_path / "q5_1.gguf"
-    w = gguf.GGUFWriter(str(path), src.architecture)
-    for kv in src.key_values:
-        if kv.key == "general.architecture":
-            continue
-        value = src.get(kv.key)
-        if isinstance(value, list):
-            w.add_array(kv.key, value)
-        else:
-            w.add_key_value(kv.key, value, gguf.GGUFValueType(kv.type))
-    q5 = {}
-    for t in src.tensors:
-        if "_exps" in t.name:
-            q5[t.name] = gguf.quants.quantize(src.tensor_f32(t.name), gguf.GGMLQuantizationType.Q5_1)
-            w.add_tensor(t.name, q5[t.name], raw_dtype=gguf.GGMLQuantizationType.Q5_1)
-        else:
-            w.add_tensor(t.name, np.array(src.tensor(t.name)))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    q5 = {t.name: gguf.quants.quantize(src.tensor_f32(t.name), gguf.GGMLQuantizationType.Q5_1)
+          for t in src.tensors if "_exps" in t.name}
+    rewrite(src, path, {name: (q, gguf.GGMLQuantizationType.Q5_1) for name, q in q5.items()})
     out = tmp_path / "m.colibri"
     notes = convert_gguf(path, out, dtype="bf16")
     assert any("Q5_1 tensor(s) dequantised to bf16" in n for n in notes)
@@ -296,3 +307,46 @@ def test_broken_or_unsupported_gguf_is_a_conversion_error(tmp_path: Path) -> Non
         convert_gguf(corpus / "valid.gguf", tmp_path / "m.colibri")
     assert main(["convert", str(corpus / "gap.gguf"), str(tmp_path / "m.colibri")]) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_phimoe_longrope_imports_the_short_factors_and_llama_cpps_attention_factor(
+        imported: Any) -> None:
+    """llama.cpp's converter writes both factor sets and its own attention factor; up to the
+    original context llama.cpp runs the short set, which transformers' PhiMoE runs at every
+    length (the fixture's mscales equal llama.cpp's factor, so test_import_matches_transformers
+    holds). Past it llama.cpp takes the long set, so the import's context stops there."""
+    source = GGUFFile.open(str(FIXTURES / "phimoe-f32.gguf"))
+    with colibri.Model.open(imported("phimoe", "q4_0")) as m:
+        hp = m.hparams
+        assert (hp.rope_type, hp.max_context) == (fileformat.ROPE_LONGROPE, 64)
+        assert hp.rope_attn_factor == source.get("phimoe.rope.scaling.attn_factor")
+        np.testing.assert_array_equal(m.tensor("rope_freq_factors"),
+                                      source.tensor_f32("rope_factors_short.weight"))
+        notes = " ".join(m.metadata["user"]["notes"])
+        assert "short_mscale" in notes and "the context is 64" in notes
+
+
+def test_phimoe_longrope_keeps_the_context_when_both_factor_sets_are_equal(
+        tmp_path: Path) -> None:
+    src = GGUFFile.open(str(FIXTURES / "phimoe-f32.gguf"))
+    path = tmp_path / "same.gguf"
+    rewrite(src, path, {"rope_factors_long.weight": src.tensor_f32("rope_factors_short.weight")})
+    notes = convert_gguf(path, tmp_path / "m.colibri")
+    with colibri.Model.open(tmp_path / "m.colibri") as m:
+        assert m.hparams.max_context == src.get("phimoe.context_length") == 256
+    assert not any("the context is" in n for n in notes)
+
+
+def test_longrope_factors_elsewhere_or_non_positive_are_refused(tmp_path: Path) -> None:
+    phimoe = GGUFFile.open(str(FIXTURES / "phimoe-f32.gguf"))
+    zero = np.array(phimoe.tensor_f32("rope_factors_short.weight"))
+    zero[3] = 0.0
+    rewrite(phimoe, tmp_path / "zero.gguf", {"rope_factors_short.weight": zero})
+    with pytest.raises(ConversionError, match="'rope_factors_short.weight' holds a factor"):
+        convert_gguf(tmp_path / "zero.gguf", tmp_path / "m.colibri")
+    mixtral = GGUFFile.open(str(FIXTURES / "mixtral-f32.gguf"))
+    rewrite(mixtral, tmp_path / "mixtral.gguf", {"rope_factors_short.weight": np.ones(
+        8, np.float32)})
+    with pytest.raises(ConversionError, match="LongRoPE .* in a llama file; .* PhiMoE only"):
+        convert_gguf(tmp_path / "mixtral.gguf", tmp_path / "m.colibri")
+    assert list(tmp_path.glob("*.colibri")) == []

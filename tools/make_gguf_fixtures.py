@@ -61,8 +61,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
                       num_experts=4, num_experts_per_tok=2, norm_topk_prob=True),
     "olmoe": dict(_BASE, num_key_value_heads=4, intermediate_size=32, num_experts=4,
                   num_experts_per_tok=2),
+    # Phi-3.5-MoE's LongRoPE; both mscales are llama.cpp's attention factor for 256 / 64
+    # (sqrt(1 + ln 4 / ln 64)), which the GGUF file records instead of them
     "phimoe": dict(_BASE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
-                   attention_bias=True, lm_head_bias=True, rope_theta=10000.0),
+                   attention_bias=True, lm_head_bias=True, rope_parameters={
+                       "rope_type": "longrope", "rope_theta": 10000.0,
+                       "short_factor": [1.0, 1.2, 1.5, 2.0, 2.6, 3.3, 4.1, 5.0],
+                       "long_factor": [1.1, 1.9, 3.2, 5.0, 7.5, 11.0, 15.0, 20.0],
+                       "short_mscale": 1.1547005383792517, "long_mscale": 1.1547005383792517,
+                       "original_max_position_embeddings": 64}),
     "granitemoe": dict(_BASE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
                        embedding_multiplier=12.0, attention_multiplier=0.015625,
                        residual_multiplier=0.22, logits_scaling=6.0),
@@ -81,10 +88,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
 TOKENIZER = {"mixtral": "spm", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "olmo",
              "phimoe": "spm", "granitemoe": "olmo", "granitemoeshared": "olmo", "dbrx": "qwen2"}
 # What llama.cpp's converter needs of a config.json that transformers 5.23 does not write: the
-# architecture name it registers PhiMoE under (transformers saves 'PhimoeForCausalLM') and the
-# original_max_position_embeddings its Phi-3 base reads even without long-context RoPE.
+# architecture name it registers PhiMoE under (transformers saves 'PhimoeForCausalLM').
 CONFIG_JSON_EDITS: dict[str, dict[str, Any]] = {
-    "phimoe": {"architectures": ["PhiMoEForCausalLM"], "original_max_position_embeddings": 256},
+    "phimoe": {"architectures": ["PhiMoEForCausalLM"]},
 }
 OUTTYPES = ("f32", "bf16")
 QUANTS = ("Q8_0", "Q4_0")

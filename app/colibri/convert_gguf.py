@@ -53,7 +53,7 @@ from colibri.fileformat import (
     DTYPE_Q8_0, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_OUTPUT_BIAS, FLAG_QK_NORM_FULL,
     FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS, FLAG_SHARED_EXPERT, FLAG_SHARED_EXPERT_GATE,
     FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE, NORM_KIND_LAYER, NORM_KIND_LAYER_BIAS, NORM_P,
-    SCORING_SPARSEMIXER, SELECT_LOGITS, SHARED_NONE, SHARED_PLAIN, RouteRule, TensorSpec,
+    ROPE_LONGROPE, SCORING_SPARSEMIXER, SELECT_LOGITS, SHARED_NONE, SHARED_PLAIN, RouteRule, TensorSpec,
     plan_file, write_colibri,
 )
 from colibri.formats.gguf_file import GGUFFile
@@ -184,9 +184,9 @@ def _hparams(f: GGUFFile, notes: list[str]
     clip_qkv = m.number("attention.clamp_kqv") if clip is not None else 0.0
 
     rope_type, rope_factor = 0, 1.0
-    if "rope_factors_long.weight" in f or "rope_factors_short.weight" in f:
-        raise ConversionError(f"{f.path}: LongRoPE frequency factors (rope_factors_long/short, "
-                              "Phi-3.5's long-context RoPE) are not supported")
+    if arch != "phimoe" and ("rope_factors_long.weight" in f or "rope_factors_short.weight" in f):
+        raise ConversionError(f"{f.path}: LongRoPE frequency factors (rope_factors_long/short) "
+                              f"in a {arch} file; Colibri runs them for PhiMoE only")
     scaling = m.get("rope.scaling.type", "none")
     if scaling == "linear":
         rope_type, rope_factor = 1, m.number("rope.scaling.factor")
@@ -232,7 +232,7 @@ def _family_hparams(f: GGUFFile, m: _Meta, hp: HParams, notes: list[str]
         notes.append(f"router_jitter_noise (sparsemixer's threshold) is not in the GGUF file: "
                      f"{PHIMOE_ROUTER_JITTER_NOISE}, transformers' default and Phi-3.5-MoE's")
         norm_kind = NORM_KIND_LAYER_BIAS if "blk.0.attn_norm.bias" in f else NORM_KIND_LAYER
-        hp = replace(hp, n_experts_active=2, norm_kind=norm_kind)
+        hp = replace(_longrope(f, m, hp, notes), n_experts_active=2, norm_kind=norm_kind)
         return hp, RouteRule(scoring=SCORING_SPARSEMIXER, select_on=SELECT_LOGITS,
                              sparsemixer_eps=PHIMOE_ROUTER_JITTER_NOISE)
     if arch == "granitemoe":
@@ -248,6 +248,35 @@ def _family_hparams(f: GGUFFile, m: _Meta, hp: HParams, notes: list[str]
         return (replace(hp, norm_kind=NORM_KIND_LAYER),
                 RouteRule(normalize=NORM_P, norm_p=DBRX_NORMALIZE_P))
     return hp, None
+
+
+def _longrope(f: GGUFFile, m: _Meta, hp: HParams, notes: list[str]) -> HParams:
+    """PhiMoE's LongRoPE as llama.cpp runs it up to the original context: the short factors and
+    cos, sin times `rope.scaling.attn_factor`. Beyond `rope.scaling.original_context_length`
+    llama.cpp takes the long factors instead, so when they differ the context stops there."""
+    if "rope_factors_short.weight" not in f:
+        if "rope_factors_long.weight" in f:
+            raise ConversionError(f"{f.path}: rope_factors_long.weight without "
+                                  "rope_factors_short.weight")
+        return hp
+    short = f.tensor_f32("rope_factors_short.weight")
+    if not (np.isfinite(short) & (short > 0)).all():
+        raise ConversionError(f"{f.path}: tensor 'rope_factors_short.weight' holds a factor that "
+                              "is not a finite number > 0")
+    attn = m.number("rope.scaling.attn_factor", 1.0)
+    notes.append(f"LongRoPE: cos and sin times phimoe.rope.scaling.attn_factor {attn:g}, as "
+                 "llama.cpp runs the file; transformers multiplies by the config's short_mscale, "
+                 "which the GGUF file does not record")
+    context = hp.max_context
+    if "rope_factors_long.weight" in f:
+        original = m.int("rope.scaling.original_context_length")
+        long = f.tensor_f32("rope_factors_long.weight")
+        if context > original and (short.shape != long.shape or not np.array_equal(short, long)):
+            notes.append(f"LongRoPE: llama.cpp uses the long factors past "
+                         f"phimoe.rope.scaling.original_context_length {original}; the short "
+                         f"ones are imported, so the context is {original}")
+            context = original
+    return replace(hp, rope_type=ROPE_LONGROPE, rope_attn_factor=attn, max_context=context)
 
 
 def _token_id(f: GGUFFile, which: str, vocab: int, notes: list[str]) -> int:
@@ -412,6 +441,8 @@ def _plan(f: GGUFFile, hp: HParams, kinds: list[int], dtype: int) -> tuple[list[
         imp.add("output", "output.weight", (V, H))
     if hp.flags & FLAG_OUTPUT_BIAS:
         imp.add("output_bias", "output.bias", (V,))
+    if hp.rope_type == ROPE_LONGROPE:
+        imp.add("rope_freq_factors", "rope_factors_short.weight", (hp.head_dim // 2,))
     if imp.problems:
         shown = imp.problems[:20]
         more = f"; and {len(imp.problems) - 20} more" if len(imp.problems) > 20 else ""
