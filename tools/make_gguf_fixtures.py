@@ -2,10 +2,12 @@
 """Make tests/fixtures/gguf/: small GGUF files written by llama.cpp's own tools.
 
 For each family Colibri supports and llama.cpp's converter reads (mixtral, qwen2_moe,
-qwen3_moe, olmoe, phimoe, granitemoe, granitemoeshared, dbrx) this script
+qwen3_moe, olmoe, phimoe, granitemoe, granitemoeshared, dbrx, deepseek_v2, deepseek_v3) this
+script
   1. trains a small tokenizer on a few of Python's own source files: a SentencePiece BPE model
      (`tokenizer.model`, with byte fallback, as Mixtral ships) for mixtral, a byte-level BPE
-     (`tokenizers`) with Qwen2's pre-tokenizer for the Qwen families and GPT-2's for OLMoE;
+     (`tokenizers`) with Qwen2's pre-tokenizer for the Qwen families and GPT-2's for OLMoE,
+     DeepSeek-V2's and DeepSeek-V3's split expressions for theirs;
   2. builds a small random transformers model with `tests/hf_reference.py`'s builder (fixed
      seed) and saves it the standard way, with the tokenizer;
   3. converts it with llama.cpp's `convert_hf_to_gguf.py` (outtypes f32 and bf16) and quantises
@@ -16,7 +18,8 @@ tokenizer files are committed beside the GGUF files (`<family>-hf/`).
 
 llama.cpp identifies a BPE tokenizer's pre-tokenizer by hashing how it encodes a test string,
 and knows only released tokenizers; these are trained here, so the script tells the converter
-which pre-tokenizer each one was built with ('qwen2' or 'olmo', the same regular expressions).
+which pre-tokenizer each one was built with ('qwen2', 'olmo', 'deepseek-llm', 'deepseek-v3':
+the same regular expressions).
 
     python tools/make_gguf_fixtures.py        # needs `pip install -e .[fixtures]`, cmake, ~10 min
     python tools/make_gguf_fixtures.py --check  # the committed files against manifest.json
@@ -44,6 +47,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import llamacpp  # noqa: E402
+from colibri.formats import gguf_tokenizer  # noqa: E402
 
 VOCAB = 512
 SEED = 7
@@ -77,14 +81,38 @@ CONFIGS: dict[str, dict[str, Any]] = {
                  attn_config=dict(kv_n_heads=2, clip_qkv=1.0, rope_theta=10000.0),
                  ffn_config=dict(ffn_hidden_size=64, moe_num_experts=4, moe_top_k=2,
                                  moe_normalize_expert_weights=1.0)),
+    # MLA's rows (q_a/q_b/kv_a/k_b/v_b) all multiples of 32 and its widths all different (so
+    # that no transposition goes unseen), group-limited routing over 2 groups, a routed scale;
+    # q_lora_rank set: llama.cpp reads a direct q_proj (V2-Lite's) only in 26, 27 or 48 layers
+    "deepseek_v2": dict(_BASE, num_key_value_heads=4, intermediate_size=128,
+                        moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                        n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=64,
+                        q_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16,
+                        v_head_dim=24, topk_method="group_limited_greedy", n_group=2,
+                        topk_group=1, routed_scaling_factor=2.0),
+    # DeepSeek-V3's YaRN (mscale = mscale_all_dim, as published), q_lora_rank, 2 groups
+    "deepseek_v3": dict(_BASE, num_key_value_heads=4, intermediate_size=128,
+                        moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                        n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
+                        kv_lora_rank=64, q_lora_rank=32, qk_nope_head_dim=32,
+                        qk_rope_head_dim=16, v_head_dim=24, norm_topk_prob=True,
+                        routed_scaling_factor=2.5, rope_interleave=True,
+                        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                         "factor": 4.0, "original_max_position_embeddings": 64,
+                                         "mscale": 1.0, "mscale_all_dim": 1.0,
+                                         "beta_fast": 32.0, "beta_slow": 1.0}),
 }
 TOKENIZER = {"mixtral": "spm", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "olmo",
-             "phimoe": "spm", "granitemoe": "olmo", "granitemoeshared": "olmo", "dbrx": "qwen2"}
+             "phimoe": "spm", "granitemoe": "olmo", "granitemoeshared": "olmo", "dbrx": "qwen2",
+             "deepseek_v2": "deepseek-llm", "deepseek_v3": "deepseek-v3"}
 # What llama.cpp's converter needs of a config.json that transformers 5.23 does not write: the
 # architecture name it registers PhiMoE under (transformers saves 'PhimoeForCausalLM') and the
 # original_max_position_embeddings its Phi-3 base reads even without long-context RoPE.
 CONFIG_JSON_EDITS: dict[str, dict[str, Any]] = {
     "phimoe": {"architectures": ["PhiMoEForCausalLM"], "original_max_position_embeddings": 256},
+    # DeepSeek-V3's published config.json names its scoring function (llama.cpp's converter
+    # writes expert_gating_func from it; transformers' class has no such field)
+    "deepseek_v3": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
 }
 OUTTYPES = ("f32", "bf16")
 QUANTS = ("Q8_0", "Q4_0")
@@ -93,6 +121,19 @@ CORPUS_FILES = ("textwrap.py", "string.py", "fnmatch.py", "shlex.py")
 # Qwen2's pre-tokenizer (tokenizer.json of Qwen2/Qwen3; llama.cpp's 'qwen2').
 QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# The split expressions, applied in turn, of the released tokenizers whose pre-tokenizer
+# llama.cpp names so (DeepSeek's are long: llama-vocab.cpp's, as the import has them).
+SPLITS: dict[str, tuple[str, ...]] = {
+    "qwen2": (QWEN2_REGEX,),
+    **{name: tuple(gguf_tokenizer.PRE_REGEX[name] or ())
+       for name in ("deepseek-v3", "deepseek-llm")},
+}
+# Special tokens per pre-tokenizer; GPT-2's for the others.
+SPECIALS: dict[str, list[str]] = {
+    "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    "deepseek-v3": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"],
+    "deepseek-llm": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
+}
 
 
 def log(message: str) -> None:
@@ -126,15 +167,16 @@ def spm_tokenizer(directory: Path, text: str) -> None:
 
 
 def bpe_tokenizer(directory: Path, text: str, pre: str) -> None:
-    """A byte-level BPE tokenizer.json: Qwen2's split regex or GPT-2's (OLMoE's GPT-NeoX)."""
+    """A byte-level BPE tokenizer.json: the split expressions of SPLITS[pre] (Qwen2's,
+    DeepSeek's) or GPT-2's (OLMoE's GPT-NeoX)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    if pre == "qwen2":
+    if pre in SPLITS:
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
+            *(pre_tokenizers.Split(Regex(r), behavior="isolated") for r in SPLITS[pre]),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        specials = SPECIALS[pre]
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         specials = ["<|endoftext|>", "<|padding|>"]
@@ -144,7 +186,8 @@ def bpe_tokenizer(directory: Path, text: str, pre: str) -> None:
     tok.train_from_iterator([text], trainer)
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<｜end▁of▁sentence｜>" if pre.startswith("deepseek") else "<|endoftext|>",
         "bos_token": None, "unk_token": None, "add_bos_token": False}))
 
 
@@ -174,16 +217,22 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+def run_quietly(argv: list[str]) -> None:
+    """Run a llama.cpp tool; its output is shown only when it fails."""
+    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace")
+    if done.returncode:
+        raise SystemExit(f"{done.stdout[-4000:]}\n{Path(argv[0]).name} failed ({done.returncode})")
+
+
 def convert(tools: llamacpp.LlamaCpp, hf_dir: Path, out: Path, outtype: str, pre: str) -> None:
     source = tools.fetch()
-    subprocess.run([sys.executable, "-c", _CONVERT, str(source), pre, str(hf_dir), "--outfile",
-                    str(out), "--outtype", outtype], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    run_quietly([sys.executable, "-c", _CONVERT, str(source), pre, str(hf_dir), "--outfile",
+                 str(out), "--outtype", outtype])
 
 
 def quantize(tools: llamacpp.LlamaCpp, src: Path, dst: Path, qtype: str) -> None:
-    subprocess.run([str(tools.quantize()), str(src), str(dst), qtype], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_quietly([str(tools.quantize()), str(src), str(dst), qtype])
 
 
 def sha256(path: Path) -> str:

@@ -69,13 +69,19 @@ def gguf_weight_bytes_per_token(f: GGUFFile) -> int:
     """The same count for a GGUF file, from its tensor table, as llama.cpp reads it: every
     tensor except the embedding table (one row, plus the whole table when there is no
     `output.weight`, i.e. it is also the LM head) and `{arch}.expert_used_count /
-    {arch}.expert_count` of each stacked expert tensor (`*_exps`)."""
+    {arch}.expert_count` of each stacked expert tensor (`*_exps`); the multi-token-prediction
+    layers after the last decoder layer (`{arch}.nextn_predict_layers`) are not read."""
     arch = f.architecture
     n_experts = int(f.get(f"{arch}.expert_count", 0) or 0)
     top_k = int(f.get(f"{arch}.expert_used_count", 0) or 0)
+    n_layers = (int(f.get(f"{arch}.block_count", 0) or 0)
+                - int(f.get(f"{arch}.nextn_predict_layers", 0) or 0))
     tied = "output.weight" not in f
     total = 0
     for t in f.tensors:
+        parts = t.name.split(".")
+        if parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) >= n_layers:
+            continue
         if t.name == "token_embd.weight":
             total += t.row_bytes + (t.nbytes if tied else 0)
         elif "_exps." in t.name and n_experts:
