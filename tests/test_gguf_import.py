@@ -404,6 +404,11 @@ _U32, _F32, _STR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.G
      r"deepseek2.attention.kv_lora_rank = '64', expected an integer"),
     ("deepseek_v3", {}, "blk.0.attn_output.bias",
      r"1 tensor\(s\) the deepseek2 import does not read .*: blk.0.attn_output.bias"),
+    ("glm4_moe", {"glm4moe.expert_gating_func": (1, _U32)}, None, r"GLM-4.5 routes by a sigmoid"),
+    ("glm4_moe", {"glm4moe.rope.scaling.type": ("yarn", _STR)}, None,
+     r"glm4moe.rope.scaling.type 'yarn' not supported \(supported: none, linear\)"),
+    ("glm4_moe", {}, "blk.0.attn_output.bias",
+     r"1 tensor\(s\) the glm4moe import does not read .*: blk.0.attn_output.bias"),
 ])
 def test_what_the_import_cannot_run_faithfully_is_refused_by_name(
         family: str, keys: dict[str, Any], extra: str | None, message: str,

@@ -2,12 +2,12 @@
 """Make tests/fixtures/gguf/: small GGUF files written by llama.cpp's own tools.
 
 For each family Colibri supports and llama.cpp's converter reads (mixtral, qwen2_moe,
-qwen3_moe, olmoe, phimoe, granitemoe, granitemoeshared, dbrx, deepseek_v2, deepseek_v3) this
-script
+qwen3_moe, olmoe, phimoe, granitemoe, granitemoeshared, dbrx, deepseek_v2, deepseek_v3,
+glm4_moe) this script
   1. trains a small tokenizer on a few of Python's own source files: a SentencePiece BPE model
      (`tokenizer.model`, with byte fallback, as Mixtral ships) for mixtral, a byte-level BPE
      (`tokenizers`) with Qwen2's pre-tokenizer for the Qwen families and GPT-2's for OLMoE,
-     DeepSeek-V2's and DeepSeek-V3's split expressions for theirs;
+     DeepSeek-V2's, DeepSeek-V3's and GLM-4.5's split expressions for theirs;
   2. builds a small random transformers model with `tests/hf_reference.py`'s builder (fixed
      seed) and saves it the standard way, with the tokenizer;
   3. converts it with llama.cpp's `convert_hf_to_gguf.py` (outtypes f32 and bf16) and quantises
@@ -18,8 +18,8 @@ tokenizer files are committed beside the GGUF files (`<family>-hf/`).
 
 llama.cpp identifies a BPE tokenizer's pre-tokenizer by hashing how it encodes a test string,
 and knows only released tokenizers; these are trained here, so the script tells the converter
-which pre-tokenizer each one was built with ('qwen2', 'olmo', 'deepseek-llm', 'deepseek-v3':
-the same regular expressions).
+which pre-tokenizer each one was built with ('qwen2', 'olmo', 'deepseek-llm', 'deepseek-v3',
+'glm4': the same regular expressions).
 
     python tools/make_gguf_fixtures.py        # needs `pip install -e .[fixtures]`, cmake, ~10 min
     python tools/make_gguf_fixtures.py --check  # the committed files against manifest.json
@@ -101,10 +101,16 @@ CONFIGS: dict[str, dict[str, Any]] = {
                                          "factor": 4.0, "original_max_position_embeddings": 64,
                                          "mscale": 1.0, "mscale_all_dim": 1.0,
                                          "beta_fast": 32.0, "beta_slow": 1.0}),
+    # half the head rotated (the default), q/k norms and biases, one MTP layer (added below)
+    "glm4_moe": dict(_BASE, intermediate_size=128, moe_intermediate_size=32,
+                     n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                     n_shared_experts=1, first_k_dense_replace=1, use_qk_norm=True,
+                     attention_bias=True, norm_topk_prob=True, routed_scaling_factor=2.5,
+                     num_nextn_predict_layers=1),
 }
 TOKENIZER = {"mixtral": "spm", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "olmo",
              "phimoe": "spm", "granitemoe": "olmo", "granitemoeshared": "olmo", "dbrx": "qwen2",
-             "deepseek_v2": "deepseek-llm", "deepseek_v3": "deepseek-v3"}
+             "deepseek_v2": "deepseek-llm", "deepseek_v3": "deepseek-v3", "glm4_moe": "glm4"}
 # What llama.cpp's converter needs of a config.json that transformers 5.23 does not write: the
 # architecture name it registers PhiMoE under (transformers saves 'PhimoeForCausalLM') and the
 # original_max_position_embeddings its Phi-3 base reads even without long-context RoPE.
@@ -114,6 +120,10 @@ CONFIG_JSON_EDITS: dict[str, dict[str, Any]] = {
     # writes expert_gating_func from it; transformers' class has no such field)
     "deepseek_v3": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
 }
+# Tensors a published checkpoint has that transformers 5.23 neither builds nor saves, added to
+# the saved checkpoint before conversion: GLM-4.5's multi-token-prediction layer after the last.
+CHECKPOINT_EXTRAS = {"glm4_moe": "the MTP layer model.layers.2 (eh_proj, enorm, hnorm, "
+                                 "shared_head.norm and a MoE decoder layer), random"}
 OUTTYPES = ("f32", "bf16")
 QUANTS = ("Q8_0", "Q4_0")
 CORPUS_FILES = ("textwrap.py", "string.py", "fnmatch.py", "shlex.py")
@@ -125,12 +135,17 @@ QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
 # llama.cpp names so (DeepSeek's are long: llama-vocab.cpp's, as the import has them).
 SPLITS: dict[str, tuple[str, ...]] = {
     "qwen2": (QWEN2_REGEX,),
+    "glm4": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+             r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),  # Llama 3's, GLM-4.5's tokenizer.json
     **{name: tuple(gguf_tokenizer.PRE_REGEX[name] or ())
        for name in ("deepseek-v3", "deepseek-llm")},
 }
-# Special tokens per pre-tokenizer; GPT-2's for the others.
+# Special tokens per pre-tokenizer (GLM's converter looks up [gMASK], <|user|>, <|endoftext|>
+# and <|observation|>); GPT-2's for the others.
 SPECIALS: dict[str, list[str]] = {
     "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    "glm4": ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>",
+             "<|user|>", "<|assistant|>", "<|observation|>"],
     "deepseek-v3": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"],
     "deepseek-llm": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
 }
@@ -167,7 +182,7 @@ def spm_tokenizer(directory: Path, text: str) -> None:
 
 
 def bpe_tokenizer(directory: Path, text: str, pre: str) -> None:
-    """A byte-level BPE tokenizer.json: the split expressions of SPLITS[pre] (Qwen2's,
+    """A byte-level BPE tokenizer.json: the split expressions of SPLITS[pre] (Qwen2's, GLM-4.5's,
     DeepSeek's) or GPT-2's (OLMoE's GPT-NeoX)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -197,10 +212,35 @@ def hf_checkpoint(family: str, directory: Path) -> None:
     variant = hf_reference.Variant(f"{family}-gguf", family, CONFIGS[family])
     model = hf_reference.build(variant, seed=SEED)
     model.save_pretrained(directory)
+    if family in CHECKPOINT_EXTRAS:
+        mtp_layer(directory, CONFIGS[family])
     if family in CONFIG_JSON_EDITS:
         config = json.loads((directory / "config.json").read_text())
         config.update(CONFIG_JSON_EDITS[family])
         (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def mtp_layer(directory: Path, config: dict[str, Any]) -> None:
+    """Add GLM-4.5's multi-token-prediction layer to the saved checkpoint, as the published
+    checkpoints hold it after the last decoder layer: eh_proj [H, 2H], enorm, hnorm,
+    shared_head.norm and a MoE decoder layer shaped like the last one, random (seeded)."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    path = directory / "model.safetensors"
+    tensors = load_file(path)
+    last, mtp = config["num_hidden_layers"] - 1, config["num_hidden_layers"]
+    rng = np.random.default_rng(SEED)
+    H = config["hidden_size"]
+    prefix = f"model.layers.{last}."
+    extra = {f"model.layers.{mtp}.{k[len(prefix):]}": v for k, v in tensors.items()
+             if k.startswith(prefix)}
+    extra.update({f"model.layers.{mtp}.eh_proj.weight": np.zeros((H, 2 * H), np.float32),
+                  **{f"model.layers.{mtp}.{n}.weight": np.zeros(H, np.float32)
+                     for n in ("enorm", "hnorm", "shared_head.norm")}})
+    for name, value in extra.items():
+        tensors[name] = (rng.standard_normal(value.shape) * 0.08).astype(np.float32)
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 # Runs convert_hf_to_gguf.py as its own __main__, after telling its pre-tokenizer table about
@@ -281,7 +321,7 @@ def make(families: list[str]) -> None:
     manifest = {
         "llama_cpp_python": llamacpp.VERSION, "sdist_sha256": llamacpp.SDIST_SHA256,
         "seed": SEED, "configs": CONFIGS, "tokenizers": TOKENIZER,
-        "config_json_edits": CONFIG_JSON_EDITS,
+        "config_json_edits": CONFIG_JSON_EDITS, "checkpoint_extras": CHECKPOINT_EXTRAS,
         "files": [dict(e, sha256=sha256(OUT / e["file"]), bytes=(OUT / e["file"]).stat().st_size)
                   for e in sorted(entries, key=lambda e: list(CONFIGS).index(e["family"]))],
     }

@@ -13,6 +13,7 @@ and tensor names then map onto Colibri's (docs/formats.md, "GGUF import"):
 | granitemoe | granitemoe, or granitemoeshared with `ffn_*_shexp` tensors | softmax over the chosen logits |
 | dbrx | dbrx | 1-norm (moe_normalize_expert_weights 1: the GGUF does not record it) |
 | deepseek2 | deepseek_v2 (softmax gating), deepseek_v3 (sigmoid) | the family's rule |
+| glm4moe | glm4_moe | the family's rule |
 
 The families of format version 2 get their routing rule (docs/format.md) from the family, with a
 note in the metadata where the GGUF file does not record a parameter of it; llama.cpp itself
@@ -84,6 +85,7 @@ ARCHITECTURES: dict[str, tuple[str, int, bool]] = {
 # code a Hugging Face conversion runs. deepseek2 is DeepSeek-V2 or -V3 by its gating function.
 CONFIG_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "deepseek2": ("deepseek_v2", "deepseek_v3"),
+    "glm4moe": ("glm4_moe",),
 }
 SUPPORTED_ARCHITECTURES = (*ARCHITECTURES, *CONFIG_ARCHITECTURES)
 # llama.cpp's expert_gating_func values (LLAMA_EXPERT_GATING_FUNC_TYPE_*)
@@ -310,7 +312,7 @@ def _config_hparams(f: GGUFFile, notes: list[str]
         "tie_word_embeddings": "output.weight" not in f, "hidden_act": "silu",
         "bos_token_id": None, "eos_token_id": None,
     }
-    read = {"deepseek2": _deepseek2_config}[arch]
+    read = {"deepseek2": _deepseek2_config, "glm4moe": _glm4moe_config}[arch]
     config.update(read(f, m, n_experts, kinds, notes))
     try:
         a = architecture_from_config(config)
@@ -337,7 +339,7 @@ def _gating(f: GGUFFile, m: _Meta) -> int | None:
 
 
 def _routing_config(m: _Meta) -> dict[str, Any]:
-    """The DeepSeek-V3 router's fields; llama.cpp reads a missing key as 1
+    """The DeepSeek-V3 router's fields (GLM-4.5's too); llama.cpp reads a missing key as 1
     group, no renormalisation, no scale."""
     scale = m.get("expert_weights_scale")
     return {"n_group": m.int("expert_group_count", 1),
@@ -442,6 +444,39 @@ def _deepseek2_config(f: GGUFFile, m: _Meta, n_experts: int, kinds: list[int],
                 topk_method="group_limited_greedy" if grouped else "greedy",
                 **({"n_group": routing["n_group"], "topk_group": routing["topk_group"]}
                    if grouped else {}))
+
+
+def _gqa_config(f: GGUFFile, m: _Meta) -> dict[str, Any]:
+    n_heads = m.int("attention.head_count")
+    head_dim = m.int("attention.key_length", m.int("embedding_length") // n_heads)
+    if m.int("attention.value_length", head_dim) != head_dim:
+        raise ConversionError(f"{m.arch}.attention.value_length differs from key_length")
+    return {"num_key_value_heads": m.int("attention.head_count_kv", n_heads),
+            "head_dim": head_dim, "intermediate_size": m.int("feed_forward_length"),
+            "moe_intermediate_size": m.int("expert_feed_forward_length")}
+
+
+def _glm4moe_config(f: GGUFFile, m: _Meta, n_experts: int, kinds: list[int],
+                    notes: list[str]) -> dict[str, Any]:
+    """GLM-4.5: RoPE on the first rope.dimension_count dims of each head, halves paired (llama.cpp
+    rotates them NeoX-style, unpermuted); sigmoid routing as DeepSeek-V3's."""
+    if _gating(f, m) == GATING_SOFTMAX:
+        raise ConversionError("glm4moe.expert_gating_func = 1 (softmax): GLM-4.5 routes by a "
+                              "sigmoid")
+    config = _gqa_config(f, m)
+    head_dim = config["head_dim"]
+    rotary = m.int("rope.dimension_count", head_dim // 2)
+    partial = rotary / head_dim
+    if rotary > head_dim or int(head_dim * partial) != rotary:
+        raise ConversionError(f"glm4moe.rope.dimension_count = {rotary} is not a fraction of "
+                              f"head_dim {head_dim}")
+    return dict(config, model_type="glm4_moe", n_routed_experts=n_experts,
+                num_experts_per_tok=m.int("expert_used_count"),
+                n_shared_experts=m.int("expert_shared_count", 0, minimum=0),
+                first_k_dense_replace=m.int("leading_dense_block_count", 0, minimum=0),
+                use_qk_norm="blk.0.attn_q_norm.weight" in f,
+                attention_bias="blk.0.attn_q.bias" in f, **_routing_config(m),
+                rope_parameters=dict(_rope_parameters(m, notes), partial_rotary_factor=partial))
 
 
 def _token_id(f: GGUFFile, which: str, vocab: int, notes: list[str]) -> int:
@@ -603,8 +638,9 @@ def _plan(f: GGUFFile, hp: HParams, kinds: list[int], dtype: int,
     q_out, kv_out = hp.n_heads * d, hp.n_kv_heads * d
     E, I = hp.n_experts, hp.d_ff_expert
     norm_bias = hp.norm_kind == NORM_KIND_LAYER_BIAS
-    # the second norm: DBRX's norm_attn_norm.norm_2
-    ffn_norm = {"dbrx": "attn_output_norm"}.get(f.architecture, "ffn_norm")
+    # the second norm: DBRX's norm_attn_norm.norm_2, GLM-4.5's post_attention_layernorm
+    ffn_norm = {"dbrx": "attn_output_norm", "glm4moe": "post_attention_norm"}.get(
+        f.architecture, "ffn_norm")
     imp.add("token_embd", "token_embd.weight", (V, H))
     for layer, kind in enumerate(kinds):
         src, dst = f"blk.{layer}", f"layers.{layer}"

@@ -36,6 +36,7 @@ PRE_REGEX: dict[str, str | tuple[str, ...] | None] = {
     "qwen2": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
               r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
     "llama-bpe": _LLAMA3_REGEX,
+    "glm4": _LLAMA3_REGEX,  # GLM-4.5's
     "deepseek-v3": (
         '\\p{N}{1,3}',
         '[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+',
@@ -63,7 +64,7 @@ PRE_REGEX: dict[str, str | tuple[str, ...] | None] = {
 }
 # Pre-tokenizers whose words found whole in the vocabulary are not merged further (llama.cpp's
 # ignore_merges, as their tokenizer.json files say).
-IGNORE_MERGES = ("llama-bpe",)
+IGNORE_MERGES = ("llama-bpe", "glm4")
 
 
 class TokenizerError(ValueError):
