@@ -3,11 +3,12 @@
 
 For each family Colibri supports and llama.cpp's converter reads (mixtral, qwen2_moe,
 qwen3_moe, olmoe, phimoe, granitemoe, granitemoeshared, dbrx, deepseek_v2, deepseek_v3,
-glm4_moe) this script
+glm4_moe, ernie4_5_moe) this script
   1. trains a small tokenizer on a few of Python's own source files: a SentencePiece BPE model
      (`tokenizer.model`, with byte fallback, as Mixtral ships) for mixtral, a byte-level BPE
      (`tokenizers`) with Qwen2's pre-tokenizer for the Qwen families and GPT-2's for OLMoE,
-     DeepSeek-V2's, DeepSeek-V3's and GLM-4.5's split expressions for theirs;
+     DeepSeek-V2's, DeepSeek-V3's and GLM-4.5's split expressions for theirs, SentencePiece
+     for ERNIE 4.5 as for Mixtral;
   2. builds a small random transformers model with `tests/hf_reference.py`'s builder (fixed
      seed) and saves it the standard way, with the tokenizer;
   3. converts it with llama.cpp's `convert_hf_to_gguf.py` (outtypes f32 and bf16) and quantises
@@ -107,10 +108,16 @@ CONFIGS: dict[str, dict[str, Any]] = {
                      n_shared_experts=1, first_k_dense_replace=1, use_qk_norm=True,
                      attention_bias=True, norm_topk_prob=True, routed_scaling_factor=2.5,
                      num_nextn_predict_layers=1),
+    # llama.cpp writes intermediate_size / num_key_value_heads as the shared experts' width:
+    # 128 / 2 = 2 x 32, as it holds for ERNIE-4.5-21B-A3B
+    "ernie4_5_moe": dict(_BASE, intermediate_size=128, moe_intermediate_size=32,
+                         moe_num_experts=4, moe_k=2, moe_num_shared_experts=2,
+                         moe_layer_start_index=1),
 }
 TOKENIZER = {"mixtral": "spm", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "olmo",
              "phimoe": "spm", "granitemoe": "olmo", "granitemoeshared": "olmo", "dbrx": "qwen2",
-             "deepseek_v2": "deepseek-llm", "deepseek_v3": "deepseek-v3", "glm4_moe": "glm4"}
+             "deepseek_v2": "deepseek-llm", "deepseek_v3": "deepseek-v3", "glm4_moe": "glm4",
+             "ernie4_5_moe": "spm"}
 # What llama.cpp's converter needs of a config.json that transformers 5.23 does not write: the
 # architecture name it registers PhiMoE under (transformers saves 'PhimoeForCausalLM') and the
 # original_max_position_embeddings its Phi-3 base reads even without long-context RoPE.
@@ -120,6 +127,9 @@ CONFIG_JSON_EDITS: dict[str, dict[str, Any]] = {
     # writes expert_gating_func from it; transformers' class has no such field)
     "deepseek_v3": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
 }
+# SentencePiece tokenizers that prepend no space (add_prefix_space false in
+# tokenizer_config.json, as llama.cpp's ERNIE converter expects it there)
+NO_PREFIX_SPACE = ("ernie4_5_moe",)
 # Tensors a published checkpoint has that transformers 5.23 neither builds nor saves, added to
 # the saved checkpoint before conversion: GLM-4.5's multi-token-prediction layer after the last.
 CHECKPOINT_EXTRAS = {"glm4_moe": "the MTP layer model.layers.2 (eh_proj, enorm, hnorm, "
@@ -160,9 +170,10 @@ def corpus() -> str:
     return "\n".join((lib / name).read_text(encoding="utf-8") for name in CORPUS_FILES)
 
 
-def spm_tokenizer(directory: Path, text: str) -> None:
+def spm_tokenizer(directory: Path, text: str, prefix_space: bool = True) -> None:
     """tokenizer.model (SentencePiece BPE, byte fallback, Llama's normalisation) and the
-    tokenizer.json transformers makes from it."""
+    tokenizer.json transformers makes from it; without `prefix_space` no space is prepended
+    (the tokenizer_config's add_prefix_space false, which llama.cpp's ERNIE converter reads)."""
     import sentencepiece as spm
     from transformers import AutoTokenizer
 
@@ -171,13 +182,15 @@ def spm_tokenizer(directory: Path, text: str) -> None:
         spm.SentencePieceTrainer.train(
             input=str(Path(tmp) / "corpus.txt"), model_prefix=str(Path(tmp) / "sp"),
             vocab_size=VOCAB, model_type="bpe", byte_fallback=True, character_coverage=1.0,
-            split_digits=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, add_dummy_prefix=True,
+            split_digits=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+            add_dummy_prefix=prefix_space,
             remove_extra_whitespaces=False, normalization_rule_name="identity", num_threads=1,
             minloglevel=2, max_sentence_length=1 << 20, seed_sentencepiece_size=100000)
         shutil.copy(Path(tmp) / "sp.model", directory / "tokenizer.model")
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False, "legacy": False}))
+        "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False, "legacy": False,
+        **({} if prefix_space else {"add_prefix_space": False})}))
     AutoTokenizer.from_pretrained(directory).save_pretrained(directory)
 
 
@@ -297,7 +310,7 @@ def make(families: list[str]) -> None:
             stale.unlink()
         hf_dir.mkdir()
         if TOKENIZER[family] == "spm":
-            spm_tokenizer(hf_dir, text)
+            spm_tokenizer(hf_dir, text, prefix_space=family not in NO_PREFIX_SPACE)
         else:
             bpe_tokenizer(hf_dir, text, TOKENIZER[family])
         with tempfile.TemporaryDirectory() as tmp:

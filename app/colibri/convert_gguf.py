@@ -14,6 +14,7 @@ and tensor names then map onto Colibri's (docs/formats.md, "GGUF import"):
 | dbrx | dbrx | 1-norm (moe_normalize_expert_weights 1: the GGUF does not record it) |
 | deepseek2 | deepseek_v2 (softmax gating), deepseek_v3 (sigmoid) | the family's rule |
 | glm4moe | glm4_moe | the family's rule |
+| ernie4_5-moe | ernie4_5_moe | the family's rule (moe_norm_min 1e-12: not recorded) |
 
 The families of format version 2 get their routing rule (docs/format.md) from the family, with a
 note in the metadata where the GGUF file does not record a parameter of it; llama.cpp itself
@@ -86,10 +87,14 @@ ARCHITECTURES: dict[str, tuple[str, int, bool]] = {
 CONFIG_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "deepseek2": ("deepseek_v2", "deepseek_v3"),
     "glm4moe": ("glm4_moe",),
+    "ernie4_5-moe": ("ernie4_5_moe",),
 }
 SUPPORTED_ARCHITECTURES = (*ARCHITECTURES, *CONFIG_ARCHITECTURES)
 # llama.cpp's expert_gating_func values (LLAMA_EXPERT_GATING_FUNC_TYPE_*)
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2
+# ERNIE 4.5's moe_norm_min, which the GGUF files do not record: the transformers class default
+# and the published models' value
+ERNIE_MOE_NORM_MIN = 1e-12
 # Architectures whose q/k rows llama.cpp's converter permutes (LlamaModel's undo_permute).
 PERMUTED = ("llama", "granitemoe")
 # PhiMoE's sparsemixer chooses two experts; its threshold and DBRX's p are the transformers class
@@ -312,7 +317,8 @@ def _config_hparams(f: GGUFFile, notes: list[str]
         "tie_word_embeddings": "output.weight" not in f, "hidden_act": "silu",
         "bos_token_id": None, "eos_token_id": None,
     }
-    read = {"deepseek2": _deepseek2_config, "glm4moe": _glm4moe_config}[arch]
+    read = {"deepseek2": _deepseek2_config, "glm4moe": _glm4moe_config,
+            "ernie4_5-moe": _ernie_config}[arch]
     config.update(read(f, m, n_experts, kinds, notes))
     try:
         a = architecture_from_config(config)
@@ -477,6 +483,36 @@ def _glm4moe_config(f: GGUFFile, m: _Meta, n_experts: int, kinds: list[int],
                 use_qk_norm="blk.0.attn_q_norm.weight" in f,
                 attention_bias="blk.0.attn_q.bias" in f, **_routing_config(m),
                 rope_parameters=dict(_rope_parameters(m, notes), partial_rotary_factor=partial))
+
+
+def _ernie_config(f: GGUFFile, m: _Meta, n_experts: int, kinds: list[int],
+                  notes: list[str]) -> dict[str, Any]:
+    """ERNIE 4.5: full interleaved RoPE (llama.cpp rotates adjacent pairs, unpermuted); the MoE
+    layers are those with a router (llama.cpp writes the first and the interval, not the
+    last); the shared experts moe_num_shared_experts x moe_intermediate_size wide."""
+    config = _gqa_config(f, m)
+    rotary = m.int("rope.dimension_count", config["head_dim"])
+    if rotary != config["head_dim"]:
+        raise ConversionError(f"ernie4_5-moe.rope.dimension_count {rotary} != head_dim "
+                              f"{config['head_dim']}: ERNIE 4.5 rotates every dimension")
+    n_shared = m.int("expert_shared_count", 0, minimum=0)
+    width = m.get("expert_shared_feed_forward_length")
+    if n_shared and width is not None and width != n_shared * config["moe_intermediate_size"]:
+        notes.append(f"ernie4_5-moe.expert_shared_feed_forward_length {width} is not "
+                     f"expert_shared_count x expert_feed_forward_length "
+                     f"({n_shared * config['moe_intermediate_size']}), transformers' width "
+                     "of the shared experts (llama.cpp's converter writes intermediate_size / "
+                     "num_key_value_heads there)")
+    notes.append(f"moe_norm_min (the floor of the top-k weights' sum) is not in the GGUF file: "
+                 f"{ERNIE_MOE_NORM_MIN:g}, transformers' default and ERNIE 4.5's")
+    moe = [i for i, k in enumerate(kinds) if k == LAYER_MOE]
+    return dict(config, model_type="ernie4_5_moe", moe_num_experts=n_experts,
+                moe_k=m.int("expert_used_count"), moe_num_shared_experts=n_shared,
+                moe_layer_start_index=m.int("leading_dense_block_count", 0, minimum=0),
+                moe_layer_end_index=moe[-1],
+                moe_layer_interval=m.int("interleave_moe_layer_step", 1),
+                moe_norm_min=ERNIE_MOE_NORM_MIN, use_bias="blk.0.attn_q.bias" in f,
+                rope_parameters=_rope_parameters(m, notes))
 
 
 def _token_id(f: GGUFFile, which: str, vocab: int, notes: list[str]) -> int:
