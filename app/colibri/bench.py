@@ -72,15 +72,21 @@ def gguf_weight_bytes_per_token(f: GGUFFile) -> int:
     """The same count for a GGUF file, from its tensor table, as llama.cpp reads it: every
     tensor except the embedding table (one row, plus the whole table when there is no
     `output.weight`, i.e. it is also the LM head) and `{arch}.expert_used_count /
-    {arch}.expert_count` of each stacked expert tensor (`*_exps`), LongRoPE's factors
-    (`rope_factors_*`, a few hundred floats) left out as in the import's count."""
+    {arch}.expert_count` of each stacked expert tensor (`*_exps`); LongRoPE's factors
+    (`rope_factors_*`, a few hundred floats) are left out as in the import's count, and the
+    multi-token-prediction layers after the last decoder layer (`{arch}.nextn_predict_layers`)
+    are not read."""
     arch = f.architecture
     n_experts = int(f.get(f"{arch}.expert_count", 0) or 0)
     top_k = int(f.get(f"{arch}.expert_used_count", 0) or 0)
+    n_layers = (int(f.get(f"{arch}.block_count", 0) or 0)
+                - int(f.get(f"{arch}.nextn_predict_layers", 0) or 0))
     tied = "output.weight" not in f
     total = 0
     for t in f.tensors:
-        if t.name.startswith("rope_factors_"):
+        parts = t.name.split(".")
+        if t.name.startswith("rope_factors_") or (
+                parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) >= n_layers):
             continue
         if t.name == "token_embd.weight":
             total += t.row_bytes + (t.nbytes if tied else 0)
