@@ -910,7 +910,8 @@ class Session:
 
     def prefill_embeddings(self, embeddings: np.ndarray, *, all_logits: bool = True) -> np.ndarray:
         """Process embedding rows at the next positions instead of looked-up tokens: float32
-        [n, d_model] (the residual stream entering layer 0; col_session_prefill_embeddings).
+        [n, d_model], what the lookup would give (times the file's embedding_scale, as
+        looked-up rows are: Granite's; col_session_prefill_embeddings).
         Returns logits as `prefill` does; the trace records token -1 there. The shape and dtype
         are checked here (ColibriValueError naming what was given), finiteness by the engine.
         Nothing is processed when it raises."""
@@ -1058,8 +1059,8 @@ class Session:
 
     def begin_embedding(self, row: np.ndarray) -> None:
         """`begin_token` with an embedding row instead of a token: float32 [d_model] (or
-        [1, d_model]), the residual stream entering layer 0, as `prefill_embeddings` takes it;
-        the trace records token -1."""
+        [1, d_model]), what the lookup would produce, as `prefill_embeddings` takes it; the
+        trace records token -1."""
         x = check_embeddings(np.asarray(row).reshape(1, -1) if np.ndim(row) == 1 else row,
                              self._model.hparams.d_model)
         if x.shape[0] != 1:

@@ -157,7 +157,8 @@ typedef enum col_norm_kind {
 typedef enum col_rope_type {
     COL_ROPE_DEFAULT = 0,
     COL_ROPE_LINEAR = 1,
-    COL_ROPE_YARN = 2              /* v2: inverse frequencies ramped between interpolation and extrapolation */
+    COL_ROPE_YARN = 2,             /* v2: inverse frequencies ramped between interpolation and extrapolation */
+    COL_ROPE_LONGROPE = 3          /* v2: inverse frequencies divided by the rope_freq_factors tensor (PhiMoE's LongRoPE) */
 } col_rope_type;
 
 /* Which dimensions RoPE pairs (header 0x0E4, v2). */
@@ -262,7 +263,7 @@ typedef struct col_hparams {
     uint32_t rope_truncate;        /* YaRN: 1 = floor/ceil the correction range */
     float attn_scale;              /* attention scores are multiplied by this */
     float latent_norm_eps;         /* MLA: epsilon of the attn_q_a_norm / attn_kv_a_norm RMSNorms */
-    float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor; else 1) */
+    float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor, LongRoPE's mscale; else 1) */
     float rope_beta_fast;          /* YaRN */
     float rope_beta_slow;          /* YaRN */
     uint32_t norm_kind;            /* col_norm_kind (v1: RMS) */
@@ -592,13 +593,14 @@ int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_
                             float *logits, char *err, size_t errlen);
 
 /* col_session_prefill with the input rows given instead of looked up: `embeddings` is
- * [n][d_model] float32, row i the residual stream entering layer 0 at position position + i
- * (what the token embedding lookup would produce; the caller keeps ownership, nothing is kept
- * after the call). The trace records token -1 at these positions. A step is n = 1; the
- * session's interventions apply as to token ids. Errors: COL_ERR_CONTEXT_FULL;
- * COL_ERR_INVALID_ARG for NULL embeddings, a NaN or infinite element (its row and element in
- * err) or a position in progress (col_session_begin_token); nothing processed in any case.
- * Owner thread; no allocation. Since ABI 7. */
+ * [n][d_model] float32, row i what the token embedding lookup would produce at position
+ * position + i (a file with embedding_scale multiplies it by that, as it does looked-up rows and
+ * transformers' Granite does inputs_embeds; the caller keeps ownership, nothing is kept after
+ * the call). The trace records token -1 at these positions. A step is n = 1; the session's
+ * interventions apply as to token ids. Errors: COL_ERR_CONTEXT_FULL; COL_ERR_INVALID_ARG for
+ * NULL embeddings, a NaN or infinite element (its row and element in err) or a position in
+ * progress (col_session_begin_token); nothing processed in any case. Owner thread; no
+ * allocation. Since ABI 7. */
 int32_t col_session_prefill_embeddings(col_session *session, const float *embeddings, uint32_t n,
                                        float *logits, char *err, size_t errlen);
 
@@ -818,8 +820,8 @@ int32_t col_session_truncate(col_session *session, uint32_t position, char *err,
 int32_t col_session_begin_token(col_session *session, int32_t token, char *err, size_t errlen);
 
 /* col_session_begin_token with an embedding row instead of a token: `row` is [d_model] float32,
- * the residual stream entering layer 0 (as col_session_prefill_embeddings takes it; copied, the
- * caller keeps ownership). The trace records token -1. Errors: as col_session_begin_token, and
+ * what the lookup would produce (as col_session_prefill_embeddings takes it, embedding_scale
+ * included; copied, the caller keeps ownership). The trace records token -1. Errors: as col_session_begin_token, and
  * COL_ERR_INVALID_ARG for a NULL row or a NaN or infinite element (named in err). */
 int32_t col_session_begin_embedding(col_session *session, const float *row, char *err, size_t errlen);
 int32_t col_session_step_layer(col_session *session, float *logits, uint32_t *layers_done, char *err,

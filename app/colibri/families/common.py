@@ -219,13 +219,15 @@ def rope(cfg: Config) -> Rope:
 @dataclass
 class Architecture:
     """A checkpoint's header fields, layer kinds, each MoE layer's routing rule (None for dense
-    layers) and each layer's attention mask (LAYER_FULL / LAYER_SLIDING)."""
+    layers), each layer's attention mask (LAYER_FULL / LAYER_SLIDING), and the tensors made
+    from config.json's values rather than the checkpoint's (LongRoPE's rope_freq_factors)."""
 
     hp: HParams
     kinds: list[int]
     rules: list[RouteRule | None]
     attention: list[int]
     notes: list[str] = field(default_factory=list)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
 
     def rule(self, layer: int) -> RouteRule:
         rule = self.rules[layer]
@@ -341,6 +343,8 @@ class Planner(Protocol):
 
     def derived(self, name: str, shape: tuple[int, ...], hf_name: str,
                 source_shape: tuple[int, ...], make: Callable[[np.ndarray], np.ndarray]) -> None: ...
+
+    def constant(self, name: str, values: np.ndarray) -> None: ...
 
     def problem(self, text: str) -> None: ...
 

@@ -45,8 +45,8 @@ class QtRunPanel(QWidget):
         self.pieces.setObjectName("debuggerPromptPieces")
         self.rows_button = QPushButton("Rows...", self)
         self.rows_button.setToolTip("feed the prompt as embedding rows: a .npy of float32 "
-                                    "[positions, hidden], the residual stream entering layer 0 "
-                                    "(as colibri run --embedding)")
+                                    "[positions, hidden] fed instead of the token embedding "
+                                    "lookup (as colibri run --embedding)")
         self.embeddings: np.ndarray | None = None   # the rows in use, or None (a text prompt)
         self._d_model = 0
         self._text_before = ""
