@@ -90,7 +90,8 @@ DEMO_DIFF = "On the demo model, with its own weights written back as a transform
 def test_readme_demo_diff_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   capsys: pytest.CaptureFixture) -> None:
     """The README's diff of the demo against its own weights in transformers is what the tools
-    print (recorded on the avx512 kernels, whose last bits settle the near tie it finds), and
+    print, up to differences below 1e-4 (recorded on the avx512 kernels, whose last bits settle
+    the near tie it finds), and
     the divergence it reports is the intervention example's decision, with the same logit
     difference."""
     pytest.importorskip("transformers")
@@ -114,7 +115,12 @@ def test_readme_demo_diff_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert main(["diff", "resources/demo/demo.colibri", str(tmp_path / "demo-hf"), "--prompt",
                  "def read_header(self, data):"]) == 0
     out = capsys.readouterr().out.replace(str(tmp_path / "demo-hf"), "demo-hf")
-    assert out.splitlines() == expected
+
+    def masked(lines: list[str]) -> list[str]:
+        """Differences below 1e-4 vary with transformers' thread count (summation order)."""
+        return [re.sub(r"\d\.\d\de-(0[5-9]|[1-9]\d)", "~", line) for line in lines]
+
+    assert masked(out.splitlines()) == masked(expected)
     # the same decision and the same logit difference as the intervention example
     assert "layer 1 position 4: colibri [6,1], transformers [6,2]" in out
     intervention = text[text.index(INTERVENTION):]
