@@ -119,6 +119,18 @@ VARIANTS = [
         moe_intermediate_size=20, moe_num_experts=6, moe_k=3, moe_num_shared_experts=0,
         moe_layer_start_index=0, moe_layer_end_index=2, moe_layer_interval=2,
         tie_word_embeddings=False), rule_matters=True),
+    # GptOssConfig's own YaRN (factor 32 over 4096 positions, truncate false), even layers
+    # sliding; a swiglu_limit the experts' gates and ups reach, so the clamp is at work
+    Variant("gpt_oss-yarn-alternating-clamped", "gpt_oss", dict(
+        _COMMON, head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=4, swiglu_limit=0.6, attention_bias=True)),
+    Variant("gpt_oss-default-rope-odd-tied", "gpt_oss", dict(
+        _COMMON, vocab_size=97, hidden_size=48, num_attention_heads=6, num_key_value_heads=2,
+        head_dim=10, num_hidden_layers=3, intermediate_size=40, num_local_experts=5,
+        num_experts_per_tok=3, sliding_window=6, swiglu_alpha=1.0,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+        attention_bias=False, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 150000.0})),
 ]
 
 _CLASSES = {
@@ -130,7 +142,10 @@ _CLASSES = {
     "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM),
     "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM),
     "ernie4_5_moe": (transformers.Ernie4_5_MoeConfig, transformers.Ernie4_5_MoeForCausalLM),
+    "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
 }
+# Router weights by family (`mlp.gate` in most, `mlp.router` in GPT-OSS)
+_ROUTER_WEIGHTS = ("mlp.gate.weight", "mlp.router.weight")
 
 
 def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
@@ -143,8 +158,10 @@ def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):  # the router: spread logits so routing is decisive
+            if name.endswith(_ROUTER_WEIGHTS):  # the router: spread logits so routing is decisive
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+            elif name.endswith("sinks"):  # GPT-OSS: a sink as large as the attention scores
+                param.copy_(torch.randn(param.shape, generator=generator))
             elif "norm" in name:
                 param.copy_(1.0 + 0.3 * torch.randn(param.shape, generator=generator))
             elif name.endswith("bias"):  # ERNIE's moe_statics correction bias among them
@@ -159,12 +176,13 @@ def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
 
 def round_like_converter(model: torch.nn.Module, dtype: str) -> None:
     """Round in place exactly the parameters the converter stores in `dtype` (docs/format.md:
-    every tensor of 2 or more dimensions except the router and ERNIE's [1, E] correction bias,
-    stored 1-D), so the f32 reference runs on the same values the 16-bit file holds."""
+    every tensor of 2 or more dimensions except the router, ERNIE's [1, E] correction bias,
+    stored 1-D, and GPT-OSS's expert biases, kept f32), so the f32 reference runs on the same
+    values the 16-bit file holds."""
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.ndim >= 2 and not name.endswith(("mlp.gate.weight", "correction_bias")):
+            if param.ndim >= 2 and not name.endswith(_ROUTER_WEIGHTS + ("correction_bias", "_bias")):
                 param.copy_(param.to(torch_dtype).to(torch.float32))
 
 

@@ -22,10 +22,10 @@ from typing import Any, Literal, Protocol
 
 FORMAT_VERSION = 2   # what the writer writes unless asked for version 1 (the engine reads both)
 
-# col_arch (5..8 need format version 2)
+# col_arch (5.. need format version 2)
 ARCH_NAMES: dict[int, str] = {1: "mixtral", 2: "qwen2_moe", 3: "qwen3_moe", 4: "olmoe",
                               5: "deepseek_v2", 6: "deepseek_v3", 7: "glm4_moe",
-                              8: "ernie4_5_moe"}
+                              8: "ernie4_5_moe", 9: "gpt_oss"}
 
 # col_routing_mode, in enum order
 RoutingName = Literal["topk", "stable", "soft", "gumbel"]

@@ -37,8 +37,9 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 5   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
-                                grew; col_routing_describe); 5: col_routing_scores */
+#define COL_ABI_VERSION 6   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+                                grew; col_routing_describe); 5: col_routing_scores; 6: GPT-OSS's fields in
+                                col_routing_info */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -116,7 +117,8 @@ typedef enum col_arch {
     COL_ARCH_DEEPSEEK_V2 = 5,
     COL_ARCH_DEEPSEEK_V3 = 6,
     COL_ARCH_GLM4_MOE = 7,
-    COL_ARCH_ERNIE4_5_MOE = 8
+    COL_ARCH_ERNIE4_5_MOE = 8,
+    COL_ARCH_GPT_OSS = 9
 } col_arch;
 
 /* Bits of col_hparams.flags (header offset 0x05C). NORM_TOPK, SHARED_EXPERT and
@@ -161,6 +163,14 @@ typedef enum col_layer_attention {
     COL_LAYER_FULL = 0,            /* causal */
     COL_LAYER_SLIDING = 1          /* key allowed iff q - sliding_window < k <= q */
 } col_layer_attention;
+
+/* What a MoE layer's routed experts compute between their up and down projections (routing
+ * entry 0x54, v2); g = w1 . x (+ bias), u = w3 . x (+ bias). */
+typedef enum col_expert_activation {
+    COL_EXPERT_SWIGLU = 0,         /* silu(g) * u */
+    COL_EXPERT_SWIGLU_CLAMPED = 1  /* (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g'),
+                                    * g' = min(g, limit) (GPT-OSS) */
+} col_expert_activation;
 
 /* How a MoE layer turns router logits into scores (routing entry 0x18). */
 typedef enum col_scoring {
@@ -283,6 +293,12 @@ typedef struct col_routing_info {
     float sparsemixer_eps;         /* PhiMoE's router_jitter_noise (scoring SPARSEMIXER only) */
     uint32_t shared;               /* col_shared */
     uint32_t attention;            /* col_layer_attention */
+    uint32_t sinks;                /* 1: layers.L.attn_sinks [n_heads], one more logit per head whose
+                                    * probability is dropped (GPT-OSS) */
+    uint32_t expert_bias;          /* 1: the routed experts add moe_w1_bias, moe_w3_bias, moe_w2_bias */
+    uint32_t activation;           /* col_expert_activation of the routed experts */
+    float act_alpha;               /* COL_EXPERT_SWIGLU_CLAMPED: the sigmoid's gain; else 0 */
+    float act_limit;               /* COL_EXPERT_SWIGLU_CLAMPED: the clamp; else 0 */
 } col_routing_info;
 
 /* One field of the fixed header, for structure views (a hex editor's template). */

@@ -7,8 +7,9 @@
  * OLMoE's clip), RoPE on each head's first rotary_dim dims (partial rotary: GLM-4.5) paired as
  * halves (rotate_half) or interleaved (DeepSeek, ERNIE), with inverse frequencies computed in
  * f32 as transformers does (default, linear, YaRN), scores scaled by attn_scale (head_dim^-1/2
- * unless the family says otherwise), softmax in f32, and head h reading KV head
- * h / (n_heads / n_kv_heads). A sliding layer admits key k for query q iff q - W < k <= q.
+ * unless the family says otherwise), softmax in f32 (with GPT-OSS's per-head sink logit when the
+ * layer has one), and head h reading KV head h / (n_heads / n_kv_heads). A sliding layer admits
+ * key k for query q iff q - W < k <= q.
  */
 #include "session.h"
 
@@ -183,7 +184,9 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     const uint32_t group = s->att_group; /* query heads per KV head */
     float *scores = s->scores + (uint64_t)thread * group * s->capacity;
     float scale = hp->attn_scale;
-    const int sliding = s->model->layers[task->layer].route->attention == COL_LAYER_SLIDING;
+    const col_layer *layer = &s->model->layers[task->layer];
+    const int sliding = layer->route->attention == COL_LAYER_SLIDING;
+    const float *sinks = layer->attn_sinks ? (const float *)layer->attn_sinks->data : NULL; /* f32 (format.c) */
     for (uint64_t i = i0; i < i1; i++) {
         /* KV-head-major, so each thread's share holds early and late positions alike (a late
          * position attends to more keys); the query heads of a KV head run together, so each key
@@ -195,7 +198,7 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
         if (sliding && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
         col_head_job job = {task->q + at, kv_rows(s, s->k_cache, task->layer, g) + first * d,
                             kv_rows(s, s->v_cache, task->layer, g) + first * d, d, pos + 1 - first, (uint32_t)d, scale,
-                            group, n == 1 ? COL_DECODE_KV_PREFETCH : 0};
+                            group, n == 1 ? COL_DECODE_KV_PREFETCH : 0, sinks ? sinks + (uint64_t)g * group : NULL};
         col_attend_head(s->pool, &job, scores, task->att + at);
     }
 }

@@ -196,7 +196,8 @@ enum { R_LAYER = 0x00, R_KIND = 0x04, R_GATE = 0x08, R_GATE_BIAS = 0x0C, R_TOPK 
        /* version 2 */
        R_SELECT_ON = 0x1C, R_CORRECTION = 0x20, R_N_GROUPS = 0x24, R_GROUPS_KEPT = 0x28,
        R_GROUP_SCORE = 0x2C, R_NORMALIZE = 0x30, R_NORM_EPS = 0x34, R_NORM_P = 0x38, R_SCALE = 0x3C,
-       R_SHARED = 0x40, R_SPARSEMIXER_EPS = 0x44, R_ATTENTION = 0x48, R_RESERVED = 0x4C };
+       R_SHARED = 0x40, R_SPARSEMIXER_EPS = 0x44, R_ATTENTION = 0x48, R_SINKS = 0x4C, R_EXPERT_BIAS = 0x50,
+       R_ACTIVATION = 0x54, R_ACT_ALPHA = 0x58, R_ACT_LIMIT = 0x5C, R_RESERVED = 0x60 };
 
 #define MAX_EXPERTS 4096u
 #define MAX_LAYERS 1024u
@@ -297,7 +298,8 @@ enum {
     /* version 2 */
     S_MOE_GATE_BIAS, S_MOE_CORRECTION,
     S_ATTN_Q_A, S_ATTN_Q_A_NORM, S_ATTN_Q_A_BIAS, S_ATTN_Q_B,
-    S_ATTN_KV_A, S_ATTN_KV_A_NORM, S_ATTN_KV_A_BIAS, S_ATTN_K_B, S_ATTN_V_B, N_SLOTS
+    S_ATTN_KV_A, S_ATTN_KV_A_NORM, S_ATTN_KV_A_BIAS, S_ATTN_K_B, S_ATTN_V_B,
+    S_ATTN_SINKS, S_MOE_W1_BIAS, S_MOE_W2_BIAS, S_MOE_W3_BIAS, N_SLOTS
 };
 static const char *const slot_names[N_SLOTS] = {
     "attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_o",
@@ -308,6 +310,7 @@ static const char *const slot_names[N_SLOTS] = {
     "moe_gate_bias", "moe_correction_bias",
     "attn_q_a", "attn_q_a_norm", "attn_q_a_bias", "attn_q_b",
     "attn_kv_a", "attn_kv_a_norm", "attn_kv_a_bias", "attn_k_b", "attn_v_b",
+    "attn_sinks", "moe_w1_bias", "moe_w2_bias", "moe_w3_bias",
 };
 /* The presence bitset of step 8 keeps a layer's slots in one u64. */
 _Static_assert(N_SLOTS <= 64, "a layer's tensor slots must fit in 64 bits");
@@ -551,6 +554,10 @@ static bool slot_expected(int s, const col_hparams *hp, const col_routing_info *
         return moe && ri->shared == COL_SHARED_SIGMOID_GATE;
     case S_MLP_W1: case S_MLP_W2: case S_MLP_W3:
         return ri && ri->kind == COL_LAYER_DENSE;
+    case S_ATTN_SINKS:
+        return ri && ri->sinks;
+    case S_MOE_W1_BIAS: case S_MOE_W2_BIAS: case S_MOE_W3_BIAS:
+        return moe && ri->expert_bias;
     default:
         return false;
     }
@@ -559,7 +566,8 @@ static bool slot_expected(int s, const col_hparams *hp, const col_routing_info *
 /* Slots whose presence depends on the layer's routing entry: unknowable when it is bad. */
 static bool slot_depends_on_entry(int s)
 {
-    return (s >= S_MOE_GATE && s <= S_MLP_W3) || s == S_MOE_GATE_BIAS || s == S_MOE_CORRECTION;
+    return (s >= S_MOE_GATE && s <= S_MLP_W3) || s == S_MOE_GATE_BIAS || s == S_MOE_CORRECTION ||
+           s == S_ATTN_SINKS || s == S_MOE_W1_BIAS || s == S_MOE_W2_BIAS || s == S_MOE_W3_BIAS;
 }
 
 /* Expected shape of a tensor; returns ndim. */
@@ -604,6 +612,9 @@ static uint32_t expected_shape(const col_hparams *hp, int is_layer, int s, uint6
     case S_ATTN_KV_A_NORM: return SHAPE1(C);
     case S_ATTN_KV_A_BIAS: return SHAPE1(C + R);
     case S_ATTN_K_B: return SHAPE3(nh, C, hp->qk_nope_head_dim);
+    case S_ATTN_SINKS: return SHAPE1(nh);
+    case S_MOE_W1_BIAS: case S_MOE_W3_BIAS: return SHAPE2(E, I);
+    case S_MOE_W2_BIAS: return SHAPE2(E, H);
     default: return SHAPE3(nh, hp->v_head_dim, C); /* S_ATTN_V_B */
     }
 #undef SHAPE1
@@ -658,6 +669,11 @@ static bool route_of(const layout *L, uint32_t layer, col_routing_info *ri)
         ri->shared = rd32(r + R_SHARED);
         ri->sparsemixer_eps = rdf32(r + R_SPARSEMIXER_EPS);
         ri->attention = rd32(r + R_ATTENTION);
+        ri->sinks = rd32(r + R_SINKS);
+        ri->expert_bias = rd32(r + R_EXPERT_BIAS);
+        ri->activation = rd32(r + R_ACTIVATION);
+        ri->act_alpha = rdf32(r + R_ACT_ALPHA);
+        ri->act_limit = rdf32(r + R_ACT_LIMIT);
         return true;
     }
     uint32_t flags = L->hp.flags;
@@ -885,7 +901,7 @@ static void check_hparams(const layout *L, sink *s)
 {
     const col_hparams *hp = &L->hp;
     bool v2 = L->version == 2;
-    uint32_t last_arch = v2 ? COL_ARCH_ERNIE4_5_MOE : COL_ARCH_OLMOE;
+    uint32_t last_arch = v2 ? COL_ARCH_GPT_OSS : COL_ARCH_OLMOE;
     if (hp->arch < COL_ARCH_MIXTRAL || hp->arch > last_arch)
         ERR(s, COL_ERR_UNSUPPORTED, H_ARCH, "", "unknown arch %" PRIu32 " (format version %" PRIu32 ")",
             hp->arch, L->version);
@@ -1087,6 +1103,12 @@ static bool check_route_v2(const layout *L, sink *s, uint32_t l, uint64_t ro, co
     else if (ri->attention == COL_LAYER_SLIDING && hp->sliding_window == 0)
         ERR(s, COL_ERR_ROUTING, ro + R_ATTENTION, "", "routing entry %" PRIu32
             ": a sliding-window layer, but the header's sliding_window is 0", l);
+    if (ri->sinks > 1)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_SINKS, "", "routing entry %" PRIu32 ": sinks %" PRIu32 " is not 0 or 1",
+            l, ri->sinks);
+    else if (ri->sinks && hp->attention != COL_ATTENTION_GQA)
+        ERR(s, COL_ERR_ROUTING, ro + R_SINKS, "", "routing entry %" PRIu32
+            ": attention sinks need GQA attention", l);
     if (ri->kind == COL_LAYER_DENSE) {
         /* every routing field of a dense layer is "none": the first one that is not is named */
         static const struct { uint32_t off; const char *name; uint32_t none; } fields[] = {
@@ -1095,7 +1117,9 @@ static bool check_route_v2(const layout *L, sink *s, uint32_t l, uint64_t ro, co
             {R_SELECT_ON, "select_on", 0}, {R_CORRECTION, "correction_bias_tensor", COL_NO_TENSOR},
             {R_N_GROUPS, "n_groups", 0}, {R_GROUPS_KEPT, "n_groups_kept", 0}, {R_GROUP_SCORE, "group_score", 0},
             {R_NORMALIZE, "normalize", 0}, {R_NORM_EPS, "norm_eps", 0}, {R_NORM_P, "norm_p", 0},
-            {R_SCALE, "scale", 0}, {R_SHARED, "shared", 0}, {R_SPARSEMIXER_EPS, "sparsemixer_eps", 0}};
+            {R_SCALE, "scale", 0}, {R_SHARED, "shared", 0}, {R_SPARSEMIXER_EPS, "sparsemixer_eps", 0},
+            {R_EXPERT_BIAS, "expert_bias", 0}, {R_ACTIVATION, "activation", 0}, {R_ACT_ALPHA, "act_alpha", 0},
+            {R_ACT_LIMIT, "act_limit", 0}};
         for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
             if (rd32(r + fields[i].off) != fields[i].none) {
                 ERR(s, COL_ERR_ROUTING, ro + fields[i].off, "", "routing entry %" PRIu32
@@ -1178,6 +1202,23 @@ static bool check_route_v2(const layout *L, sink *s, uint32_t l, uint64_t ro, co
     if (!finite_pos((double)ri->scale))
         ERR(s, COL_ERR_ROUTING, ro + R_SCALE, "", "routing entry %" PRIu32 ": scale %g is not a finite value > 0",
             l, (double)ri->scale);
+    if (ri->expert_bias > 1)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_EXPERT_BIAS, "", "routing entry %" PRIu32
+            ": expert_bias %" PRIu32 " is not 0 or 1", l, ri->expert_bias);
+    if (ri->activation > COL_EXPERT_SWIGLU_CLAMPED) {
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_ACTIVATION, "", "routing entry %" PRIu32 ": unknown activation %" PRIu32,
+            l, ri->activation);
+    } else if (ri->activation == COL_EXPERT_SWIGLU_CLAMPED) {
+        if (!finite_pos((double)ri->act_alpha))
+            ERR(s, COL_ERR_ROUTING, ro + R_ACT_ALPHA, "", "routing entry %" PRIu32
+                ": act_alpha %g is not a finite value > 0", l, (double)ri->act_alpha);
+        if (!finite_pos((double)ri->act_limit))
+            ERR(s, COL_ERR_ROUTING, ro + R_ACT_LIMIT, "", "routing entry %" PRIu32
+                ": act_limit %g is not a finite value > 0", l, (double)ri->act_limit);
+    } else if (ri->act_alpha != 0.0f || ri->act_limit != 0.0f) {
+        ERR(s, COL_ERR_ROUTING, ri->act_alpha != 0.0f ? ro + R_ACT_ALPHA : ro + R_ACT_LIMIT, "",
+            "routing entry %" PRIu32 ": act_alpha and act_limit are the clamped SwiGLU's (they must be 0)", l);
+    }
     if (ri->shared > COL_SHARED_SIGMOID_GATE) {
         ERR(s, COL_ERR_UNSUPPORTED, ro + R_SHARED, "", "routing entry %" PRIu32 ": unknown shared %" PRIu32,
             l, ri->shared);
@@ -1326,7 +1367,9 @@ static void check_architecture(const layout *L, sink *s)
                     ? " (transposed?)" : "");
         }
         uint32_t dtype = rd32(e + T_DTYPE);
-        bool must_f32 = want_ndim == 1 || (cls == NAME_LAYER && slot == S_MOE_GATE);
+        bool must_f32 = want_ndim == 1 ||
+                        (cls == NAME_LAYER && (slot == S_MOE_GATE || slot == S_MOE_W1_BIAS ||
+                                               slot == S_MOE_W2_BIAS || slot == S_MOE_W3_BIAS));
         if (must_f32 && (col_dtype_size(dtype) || block_bytes(dtype)) && dtype != COL_DTYPE_F32)
             ERR(s, COL_ERR_DTYPE, eo + T_DTYPE, nm,
                 "tensor '%s': dtype %" PRIu32 ", this tensor must be f32", nm, dtype);
@@ -1717,6 +1760,10 @@ static const col_tensor_info **layer_slot(col_layer *ly, int slot)
     case S_ATTN_KV_A_NORM: return &ly->attn_kv_a_norm;
     case S_ATTN_KV_A_BIAS: return &ly->attn_kv_a_bias;
     case S_ATTN_K_B: return &ly->attn_k_b;
+    case S_ATTN_SINKS: return &ly->attn_sinks;
+    case S_MOE_W1_BIAS: return &ly->moe_w1_bias;
+    case S_MOE_W2_BIAS: return &ly->moe_w2_bias;
+    case S_MOE_W3_BIAS: return &ly->moe_w3_bias;
     default: return &ly->attn_v_b;
     }
 }
@@ -2000,15 +2047,24 @@ static void put_text(char *out, size_t n, size_t *used, const char *fmt, ...)
     *used += w > 0 ? (size_t)w : 0;
 }
 
+/* The attention features of a layer's entry, each as "; ..." */
+static void describe_attention(const col_routing_info *r, char *out, size_t n, size_t *used)
+{
+    if (r->attention == COL_LAYER_SLIDING)
+        put_text(out, n, used, "; sliding-window attention");
+    if (r->sinks)
+        put_text(out, n, used, "; attention sinks");
+}
+
 int32_t col_routing_describe(const col_routing_info *r, char *out, size_t n)
 {
     if (!r || !out || n == 0)
         return COL_ERR_INVALID_ARG;
     size_t used = 0;
     out[0] = '\0';
-    const char *attention = r->attention == COL_LAYER_SLIDING ? "; sliding-window attention" : "";
     if (r->kind != COL_LAYER_MOE) {
-        put_text(out, n, &used, "dense MLP%s", attention);
+        put_text(out, n, &used, "dense MLP");
+        describe_attention(r, out, n, &used);
         return COL_OK;
     }
     const char *gate_bias = r->gate_bias_tensor != COL_NO_TENSOR ? " (+ router bias)" : "";
@@ -2049,7 +2105,12 @@ int32_t col_routing_describe(const col_routing_info *r, char *out, size_t n)
         put_text(out, n, &used, "; plus a shared expert");
     else if (r->shared == COL_SHARED_SIGMOID_GATE)
         put_text(out, n, &used, "; plus a sigmoid-gated shared expert");
-    put_text(out, n, &used, "%s", attention);
+    if (r->activation == COL_EXPERT_SWIGLU_CLAMPED)
+        put_text(out, n, &used, "; experts: clamped SwiGLU (alpha %g, limit %g)%s", (double)r->act_alpha,
+                 (double)r->act_limit, r->expert_bias ? " with biases" : "");
+    else if (r->expert_bias)
+        put_text(out, n, &used, "; experts with biases");
+    describe_attention(r, out, n, &used);
     return COL_OK;
 }
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from colibri.families import (deepseek_v2, deepseek_v3, ernie4_5_moe, glm4_moe, mixtral, olmoe,
-                              qwen2_moe, qwen3_moe)
+from colibri.families import (deepseek_v2, deepseek_v3, ernie4_5_moe, glm4_moe, gpt_oss, mixtral,
+                              olmoe, qwen2_moe, qwen3_moe)
 from colibri.families.common import (Architecture, Config, ConversionError, Planner, check_limits,
                                      tokens_in_vocab)
 
@@ -30,7 +30,7 @@ FAMILIES: dict[str, Family] = {
     module.MODEL_TYPE: Family(module.MODEL_TYPE, module.DEFAULTS, module.architecture,
                               module.layer_tensors, module.ALIASES)
     for module in (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe,
-                   ernie4_5_moe)
+                   ernie4_5_moe, gpt_oss)
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

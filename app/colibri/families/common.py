@@ -19,7 +19,7 @@ import numpy as np
 from colibri.fileformat import (
     ATTENTION_MLA, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS,
     FLAG_TIED_EMBEDDINGS, LAYER_FULL, LAYER_SLIDING, ROPE_DEFAULT, ROPE_LINEAR, ROPE_YARN,
-    RouteRule,
+    LayerAttention, RouteRule,
 )
 from colibri.values import HParams
 
@@ -219,12 +219,12 @@ def rope(cfg: Config) -> Rope:
 @dataclass
 class Architecture:
     """A checkpoint's header fields, layer kinds, each MoE layer's routing rule (None for dense
-    layers) and each layer's attention mask (LAYER_FULL / LAYER_SLIDING)."""
+    layers) and each layer's attention (its mask, sinks)."""
 
     hp: HParams
     kinds: list[int]
     rules: list[RouteRule | None]
-    attention: list[int]
+    attention: list[LayerAttention]
     notes: list[str] = field(default_factory=list)
 
     def rule(self, layer: int) -> RouteRule:
@@ -233,8 +233,10 @@ class Architecture:
         return rule
 
 
-def attention_masks(n_layers: int, sliding: Sequence[bool] | None) -> list[int]:
-    return [LAYER_SLIDING if sliding and sliding[i] else LAYER_FULL for i in range(n_layers)]
+def attention_masks(n_layers: int, sliding: Sequence[bool] | None) -> list[LayerAttention]:
+    """Each layer's plain attention: sliding where `sliding` says, else full causal."""
+    return [LayerAttention(LAYER_SLIDING if sliding and sliding[i] else LAYER_FULL)
+            for i in range(n_layers)]
 
 
 def check_limits(hp: HParams) -> None:
@@ -332,6 +334,11 @@ class Planner(Protocol):
 
     def fused_experts(self, dst: str, gate_up: str, down: str, n_experts: int, d_ff: int,
                       d_model: int) -> None: ...
+
+    def expert_pieces(self, name: str, shape: tuple[int, ...],
+                      sources: Sequence[tuple[str, tuple[int, ...]]],
+                      make: Callable[..., np.ndarray], raw: bool = False,
+                      force_f32: bool = False) -> None: ...
 
     def derived(self, name: str, shape: tuple[int, ...], hf_name: str,
                 source_shape: tuple[int, ...], make: Callable[[np.ndarray], np.ndarray]) -> None: ...
