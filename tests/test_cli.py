@@ -538,6 +538,55 @@ def test_bench_builds_tool_runs_two_builds_in_turns(capsys: Capture) -> None:
         assert ratio is not None and all(float(v) > 0 for v in ratio.groups()), line
 
 
+def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
+        tmp_path: Path, capsys: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tools/bench_vs_llamacpp.py on a tiny Qwen3-MoE checkpoint: Colibri's converter and
+    llama.cpp's (with a tokenizer trained for it) make q8 files of equal bytes per token, both
+    engines run in turns, and the report has their speeds, fractions of the limit and ratios.
+    Needs llama.cpp's tools already built by tools/llamacpp.py (never built here)."""
+    import importlib.util
+
+    pytest.importorskip("torch")
+    hf_reference = pytest.importorskip("hf_reference")
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "tools"))
+    import llamacpp
+    import make_gguf_fixtures
+
+    bin_dir = llamacpp.LlamaCpp().build_dir / "bin"
+    if not all((bin_dir / tool).is_file() for tool in llamacpp.TOOLS.values()):
+        pytest.skip("llama.cpp's tools are not built (python tools/llamacpp.py build)")
+    variant = hf_reference.Variant("tiny", "qwen3_moe", make_gguf_fixtures.CONFIGS["qwen3_moe"])
+    hf = hf_reference.save(hf_reference.build(variant), tmp_path / "tiny-hf")
+    spec = importlib.util.spec_from_file_location("bench_vs_llamacpp",
+                                                  root / "tools" / "bench_vs_llamacpp.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    assert module.main(["--models", "", "--checkpoint", str(hf), "--precisions", "q8",
+                        "--turns", "1", "-r", "1", "-p", "8", "-n", "4", "-t", "1",
+                        "--probe-mb", "64", "--work", str(tmp_path), "--json",
+                        "--save", str(tmp_path / "saved.json")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    saved = json.loads((tmp_path / "saved.json").read_text())
+    assert saved["rows"] == report["rows"] and saved["turns"] == 1
+    (row,) = report["rows"]
+    assert report["engines"] == ["colibri", "llama.cpp"]
+    assert (row["model"], row["precision"], row["matched"]) == ("tiny-hf", "q8", True)
+    assert row["bytes_per_token"]["colibri"] == row["bytes_per_token"]["llama.cpp"] > 0
+    for engine in report["engines"]:
+        speeds = row["engines"][engine]
+        assert speeds["prefill_tok_s"]["median"] > 0 and speeds["decode_tok_s"]["median"] > 0
+        assert 0 < speeds["fraction_of_limit"]["median"]
+    assert row["ratios"]["llama.cpp"]["decode_tok_s"]["median"] > 0
+    assert all(run["load"] >= 0 for runs in row["runs"].values() for run in runs)
+    report_file = tmp_path / "report.json"
+    report_file.write_text(json.dumps(report))
+    assert module.main(["--from-json", str(report_file)]) == 0
+    assert "| tiny-hf | q8 | llama.cpp |" in capsys.readouterr().out
+
+
 def test_bench_peak_memory_leaves_out_the_probe_and_names_the_mapped_file() -> None:
     """The peak RSS `colibri bench` reports is that of the runs: a 512 MiB probe buffer does not
     show in it, and the resident pages of the mapped model file are given apart."""

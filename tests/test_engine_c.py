@@ -15,7 +15,7 @@ C_TESTS = sorted(p.stem for p in (ENGINE / "tests").glob("test_*.c"))
 
 @pytest.fixture(scope="module")
 def built() -> Path:
-    targets = [f"build/tests/{name}" for name in C_TESTS] + ["build/colibri"]
+    targets = [f"build/tests/{name}" for name in C_TESTS] + ["build/colibri-c"]
     subprocess.run(["make", "-s", "-C", str(ENGINE), *targets], check=True)
     return ENGINE / "build" / "tests"
 

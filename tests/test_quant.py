@@ -44,7 +44,8 @@ def test_block_layouts_byte_by_byte() -> None:
     assert len(q8) == 68 == ff.row_bytes(ff.DTYPE_Q8_0, 64)
     assert q8[:4] == _f16_bytes([16 / 127, 4 / 127])
     d8 = np.repeat(np.frombuffer(q8[:4], "<f2").astype(np.float32), 32)
-    q = np.clip(np.rint(x / d8), -127, 127).astype(np.int8)
+    q = np.array([v for b in (x[:32], x[32:])
+                  for v in _ggml_reference_block(b, ff.DTYPE_Q8_0)[1]], dtype=np.int8)
     assert q8[4:] == q.tobytes()
     assert struct.unpack("<b", q8[4:5])[0] == -127       # element 0 = -16
     assert struct.unpack("<b", q8[4 + 16:4 + 17])[0] == 0  # element 16 = 0
@@ -58,7 +59,7 @@ def test_block_layouts_byte_by_byte() -> None:
     assert len(q4) == 36 == ff.row_bytes(ff.DTYPE_Q4_0, 64)
     assert q4[:4] == _f16_bytes([2.0, -0.5]) == b"\x00\x40\x00\xb8"  # d = m / -8, m = -16, 4
     d4 = np.repeat([2.0, -0.5], 32).astype(np.float32)
-    nib = [min(15, max(0, int(np.trunc(v / d + 8.5)))) for v, d in zip(x, d4)]
+    nib = [v for b in (x[:32], x[32:]) for v in _ggml_reference_block(b, ff.DTYPE_Q4_0)[1]]
     expected = bytes(nib[32 * b + j] | nib[32 * b + j + 16] << 4
                      for b in range(2) for j in range(16))
     assert q4[4:] == expected
@@ -68,6 +69,63 @@ def test_block_layouts_byte_by_byte() -> None:
     assert q4[35] == 0xF8  # element 47: 0.25/-0.5+8.5 = 8 (low); element 63: 16 -> 15 (high)
     assert np.allclose(ff.dequantize(np.frombuffer(q4, np.uint8), ff.DTYPE_Q4_0, (64,)),
                        np.clip(np.trunc(x / d4 + 8.5), 0, 15) * d4 - 8 * d4)
+
+
+def _ggml_reference_block(x: np.ndarray, q: int) -> tuple[np.float16, list[int]]:
+    """One block as llama.cpp's quantize_row_q8_0_ref / quantize_row_q4_0_ref compute it, one
+    f32 operation at a time: (the f16 scale, the 32 quantised values before packing)."""
+    f32 = np.float32
+    if q == ff.DTYPE_Q8_0:
+        d = f32(max(abs(f32(v)) for v in x)) / f32(127)
+    else:
+        amax, m = f32(0), f32(0)
+        for v in x:
+            if amax < abs(f32(v)):
+                amax, m = abs(f32(v)), f32(v)
+        d = m / f32(-8)
+    inv = f32(1) / d if d else f32(0)
+    out = []
+    for v in x:
+        s = f32(v) * inv
+        if q == ff.DTYPE_Q8_0:
+            out.append(int(np.sign(s) * np.floor(abs(float(s)) + 0.5)))  # C roundf
+        else:
+            out.append(min(15, int(np.trunc(s + f32(8.5)))))             # (int8_t) cast
+    return np.float16(d), out
+
+
+@pytest.mark.parametrize("q", [ff.DTYPE_Q8_0, ff.DTYPE_Q4_0])
+def test_rounding_is_llama_cpps(q: int) -> None:
+    """Every element as llama.cpp's reference quantiser gives it (so a GGUF import and Colibri's
+    own quantisation of the same weights are the same bytes; tests/test_gguf_import.py checks
+    that against llama-quantize's files): 1 / d of the unrounded f32 scale, q8_0 halves away
+    from zero. Random blocks, plus blocks with exact halves: max 127 gives d = 1, so 2.5 -> 3
+    and -0.5 -> -1 (round-half-even would give 2 and 0); for q4_0, max -8 gives d = 1, and
+    x + 8.5 is truncated, so halves go up and 7.5 clips at 15."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((40, 32)) * rng.uniform(1e-3, 10, (40, 1))).astype(np.float32)
+    halves = np.zeros(32, np.float32)
+    if q == ff.DTYPE_Q8_0:
+        halves[:6] = [127, 2.5, -2.5, 0.5, -0.5, 126.5]
+        expect = [127, 3, -3, 1, -1, 127]
+    else:
+        halves[:6] = [-8, 2.5, -2.5, 0.5, -0.5, 7.5]
+        expect = [0, 11, 6, 9, 8, 15]  # trunc(x + 8.5): halves go up (-2.5 -> -2 -> 6)
+    x = np.vstack([x, halves])
+    stored = ff.quantize(x, q)
+    nbytes = 2  # one block per row: its scale, then its payload
+    for row, data in zip(x, stored):
+        d, values = _ggml_reference_block(row, q)
+        assert data[:nbytes].view("<f2")[0] == d
+        payload = data[nbytes:]
+        if q == ff.DTYPE_Q8_0:
+            got = payload.view(np.int8).tolist()
+        else:
+            got = (payload & 0x0F).tolist() + (payload >> 4).tolist()
+        assert got == values
+    last = stored[-1, nbytes:]
+    got = last.view(np.int8)[:6].tolist() if q == ff.DTYPE_Q8_0 else (last & 0x0F)[:6].tolist()
+    assert got == expect
 
 
 @pytest.mark.parametrize("q,bound", [(ff.DTYPE_Q8_0, 0.5 / 127), (ff.DTYPE_Q4_0, 1.0 / 8)])
@@ -215,6 +273,35 @@ def test_converter_quantize_experts_only(tmp_path: Path) -> None:
         assert dtypes["moe_gate"] == "f32" and dtypes["attn_q"] == "bf16"
         assert dtypes["moe_w1"] == ("q8_0" if cfg_ok else "bf16")
         assert m.metadata["user"]["quantize"] == "q8"
+
+
+@pytest.mark.parametrize("experts,tied", [(8, True), (4, False)])
+def test_converter_llama_cpp_recipe(tmp_path: Path, experts: int, tied: bool) -> None:
+    """`quantize_tensors="llama.cpp"` follows llama-quantize's Q4_0 recipe: every matrix q4_0,
+    embeddings included, but the router (f32) and the LM head (q8_0, Colibri's nearest to
+    llama.cpp's q6_K), which tied embeddings follow; with exactly 8 experts attn_k and attn_v
+    are q8_0. (test_gguf_import checks the whole file against llama-quantize's own.)"""
+    pytest.importorskip("transformers")
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    import hf_reference as hr
+    from colibri.convert import convert
+
+    base = next(v for v in hr.VARIANTS if v.name == "mixtral-base")
+    variant = hr.Variant("mixtral-recipe", "mixtral", dict(
+        base.config, num_local_experts=experts, tie_word_embeddings=tied))
+    hf = hr.save(hr.build(variant), tmp_path / "hf")
+    out = tmp_path / "q4.colibri"
+    convert(hf, out, "bf16", quantize="q4", quantize_tensors="llama.cpp")
+    kv = "q8_0" if experts == 8 else "q4_0"
+    expected = {"token_embd": "q8_0" if tied else "q4_0", "output": "q8_0", "moe_gate": "f32",
+                "attn_q": "q4_0", "attn_k": kv, "attn_v": kv, "attn_o": "q4_0",
+                "moe_w1": "q4_0", "moe_w2": "q4_0", "moe_w3": "q4_0", "attn_norm": "f32",
+                "ffn_norm": "f32", "output_norm": "f32"}
+    with Model.open(out) as m:
+        dtypes = {t.name.rsplit(".", 1)[-1]: t.dtype for t in m.tensors}
+        assert dtypes == {k: v for k, v in expected.items() if k != "output" or not tied}
+        assert m.metadata["user"]["quantize_tensors"] == "llama.cpp"
 
 
 def test_requantised_copy_matches_the_converters_blocks(tmp_path: Path) -> None:

@@ -25,11 +25,14 @@ import resource
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from colibri.engine import Model, Session, measure_read_bandwidth
+
+if TYPE_CHECKING:
+    from colibri.formats.gguf_file import GGUFFile
 
 _EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
 
@@ -60,6 +63,26 @@ def weight_bytes_per_token(model: Model) -> int:
     embedding table (one row is read, plus the whole table when it is also the LM head) and
     k / n_experts of each stacked expert tensor."""
     return sum(phase_bytes(model).values())
+
+
+def gguf_weight_bytes_per_token(f: GGUFFile) -> int:
+    """The same count for a GGUF file, from its tensor table, as llama.cpp reads it: every
+    tensor except the embedding table (one row, plus the whole table when there is no
+    `output.weight`, i.e. it is also the LM head) and `{arch}.expert_used_count /
+    {arch}.expert_count` of each stacked expert tensor (`*_exps`)."""
+    arch = f.architecture
+    n_experts = int(f.get(f"{arch}.expert_count", 0) or 0)
+    top_k = int(f.get(f"{arch}.expert_used_count", 0) or 0)
+    tied = "output.weight" not in f
+    total = 0
+    for t in f.tensors:
+        if t.name == "token_embd.weight":
+            total += t.row_bytes + (t.nbytes if tied else 0)
+        elif "_exps." in t.name and n_experts:
+            total += t.nbytes * top_k // n_experts
+        else:
+            total += t.nbytes
+    return total
 
 
 def kv_bytes_per_token(model: Model, first: int, n: int) -> int:
@@ -241,8 +264,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         phase_runs.append(phase_breakdown(model, traced, prompt, n))
 
     for rep in range(repeats):
-        # interleaved, and in alternating order: whichever runs second in a pair was measured
-        # up to 15% faster or slower than the first on this VM
+        # interleaved, and in alternating order, so that running second biases neither side
         order = [untraced_run] if traced is None else (
             [untraced_run, traced_run] if rep % 2 == 0 else [traced_run, untraced_run])
         for run in order:

@@ -37,14 +37,15 @@ from colibri.families import (FAMILIES, SUPPORTED_MODEL_TYPES, Architecture, Fam
 from colibri.families import common
 from colibri.families.common import ConversionError
 from colibri.fileformat import (
-    BLOCK_BYTES, BLOCK_ELEMS, DTYPE_BF16, DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32, QUANT_BY_NAME,
+    BLOCK_BYTES, BLOCK_ELEMS, DTYPE_BF16, DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32,
+    FLAG_TIED_EMBEDDINGS, QUANT_BY_NAME,
     TensorSpec, plan_file, quantize as quantize_blocks, storage_to_f32, to_storage,
     write_colibri,
 )
 from colibri.formats import safetensors_file
 from colibri.formats.common import TensorEntry
 from colibri.formats.safetensors_file import Checkpoint
-from colibri.values import HParams
+from colibri.values import QUANTIZE_TENSORS, HParams
 
 CONVERTER_VERSION = "2"
 
@@ -308,6 +309,30 @@ QUANTIZE_SETS = {
     "all": ("moe_w1", "moe_w2", "moe_w3", "shared_w1", "shared_w2", "shared_w3",
             "mlp_w1", "mlp_w2", "mlp_w3", "attn_q", "attn_k", "attn_v", "attn_o", "output"),
 }
+# The recipe of llama.cpp's `llama-quantize ... Q8_0|Q4_0`, so that the two engines can be
+# compared on the same bytes per token (llama_quantize_type below).
+LLAMA_CPP_RECIPE = "llama.cpp"
+assert QUANTIZE_TENSORS == (*QUANTIZE_SETS, LLAMA_CPP_RECIPE)
+
+
+def llama_quantize_type(name: str, shape: tuple[int, ...], qdtype: int, hp: HParams
+                        ) -> int | None:
+    """The dtype llama-quantize's Q8_0 (qdtype q8_0) or Q4_0 (q4_0) recipe gives the tensor
+    `name` (src/llama-quant.cpp of the llama.cpp that tools/llamacpp.py pins), None where it
+    leaves the tensor as converted: every matrix takes the recipe's type (embeddings, attention,
+    experts, shared experts, dense MLPs) except the routers (`ffn_gate_inp*`) and 1-D tensors;
+    the LM head (and the embeddings, when tied to it) is q8_0, which llama.cpp's Q4_0 makes
+    q6_K, a type Colibri lacks (q8_0 is the nearest: 34 bytes per 32 weights against 26.25, so
+    a 32000 x 1024 head reads 7.9 MB more); in models of exactly 8 experts, attn_k and attn_v
+    are q8_0 (llama.cpp's rule for Mixtral)."""
+    base = name.rsplit(".", 1)[-1]
+    if len(shape) < 2 or base in ("moe_gate", "shared_gate"):
+        return None
+    if base == "output" or (base == "token_embd" and hp.flags & FLAG_TIED_EMBEDDINGS):
+        return QUANT_BY_NAME["q8_0"]
+    if base in ("attn_k", "attn_v") and hp.n_experts == 8:
+        return QUANT_BY_NAME["q8_0"]
+    return qdtype
 
 
 def _quantized(spec: TensorSpec, qdtype: int) -> TensorSpec:
@@ -319,27 +344,39 @@ def _quantized(spec: TensorSpec, qdtype: int) -> TensorSpec:
     return TensorSpec(spec.name, qdtype, spec.shape, load)
 
 
+def quantize_target(name: str, shape: tuple[int, ...], qdtype: int, which: str, hp: HParams
+                    ) -> int | None:
+    """The block dtype the tensor `name` gets when `which` (a QUANTIZE_SETS key, or
+    LLAMA_CPP_RECIPE) is quantised to `qdtype`; None where it keeps its float dtype. Rows that
+    are not whole blocks are the caller's to check."""
+    if which == LLAMA_CPP_RECIPE:
+        return llama_quantize_type(name, shape, qdtype, hp)
+    in_set = name.rsplit(".", 1)[-1] in QUANTIZE_SETS[which] and len(shape) >= 2
+    return qdtype if in_set else None
+
+
 def apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: str,
-                    notes: list[str]) -> list[TensorSpec]:
+                    hp: HParams, notes: list[str]) -> list[TensorSpec]:
+    """`specs` with the matrices that `which` (a QUANTIZE_SETS key, or LLAMA_CPP_RECIPE) selects
+    stored as `quantize_dtype` ("q8" or "q4"; None: unchanged) blocks."""
     if quantize_dtype is None:
         return specs
     if quantize_dtype not in QUANT_BY_NAME:
         raise ConversionError(f"quantize {quantize_dtype!r} not supported (supported: q8, q4)")
-    if which not in QUANTIZE_SETS:
+    if which not in QUANTIZE_TENSORS:
         raise ConversionError(f"quantize set {which!r} not supported (supported: "
-                              f"{', '.join(QUANTIZE_SETS)})")
-    qdtype, suffixes = QUANT_BY_NAME[quantize_dtype], QUANTIZE_SETS[which]
+                              f"{', '.join(QUANTIZE_TENSORS)})")
+    qdtype = QUANT_BY_NAME[quantize_dtype]
     out, skipped = [], []
     for spec in specs:
-        base = spec.name.rsplit(".", 1)[-1]
-        if base in suffixes and len(spec.shape) >= 2 and spec.dtype not in BLOCK_BYTES:
-            if spec.shape[-1] % BLOCK_ELEMS:
-                skipped.append(spec.name)
-                out.append(spec)
-            else:
-                out.append(_quantized(spec, qdtype))
-        else:
+        to = quantize_target(spec.name, spec.shape, qdtype, which, hp)
+        if to is None or spec.dtype in BLOCK_BYTES:
             out.append(spec)
+        elif spec.shape[-1] % BLOCK_ELEMS:
+            skipped.append(spec.name)
+            out.append(spec)
+        else:
+            out.append(_quantized(spec, to))
     if skipped:
         notes.append(f"not quantised (rows not a multiple of {BLOCK_ELEMS}): {', '.join(skipped)}")
     return out
@@ -355,8 +392,9 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
     tensors and `moe_gate` are always f32. `progress(done, total)` is called after each tensor
     is written. `quantize` ("q8" or "q4", default None) stores the matrices of the
     `quantize_tensors` set ("experts" = moe_w1/w2/w3, the default; "ffn" adds shared experts and
-    dense MLPs; "all" adds attention and the LM head) as q8_0/q4_0 blocks quantised from their
-    `dtype` values; matrices whose rows are not a multiple of 32 stay in `dtype` (noted in the
+    dense MLPs; "all" adds attention and the LM head; "llama.cpp" is llama-quantize's Q8_0/Q4_0
+    recipe, see llama_quantize_type) as q8_0/q4_0 blocks quantised from their `dtype` values;
+    matrices whose rows are not a multiple of 32 stay in `dtype` (noted in the
     metadata). Raises ConversionError for an unsupported or inconsistent checkpoint; nothing is
     written unless every check passes, and on any failure no file is left at `out_path` (an
     existing file there is left untouched)."""
@@ -381,7 +419,7 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
 
     tensors = _open_checkpoint(hf_dir)
     specs = _plan_tensors(tensors, arch, family, DTYPE_BY_NAME[dtype])
-    specs = apply_quantize(specs, quantize, quantize_tensors, notes)
+    specs = apply_quantize(specs, quantize, quantize_tensors, arch.hp, notes)
 
     tokenizer = b""
     warnings = []

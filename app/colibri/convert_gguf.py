@@ -356,7 +356,7 @@ def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
         notes.append(f"{len(names)} {qname} tensor(s) dequantised to {dtype} (Colibri stores "
                      f"f32, f16, bf16, q8_0 and q4_0): {', '.join(names[:8])}"
                      + (" ..." if len(names) > 8 else ""))
-    specs = apply_quantize(specs, quantize, quantize_tensors, notes)
+    specs = apply_quantize(specs, quantize, quantize_tensors, hp, notes)
     try:
         tokenizer = tokenizer_json(f, notes)
     except TokenizerError as exc:

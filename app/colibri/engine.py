@@ -479,7 +479,7 @@ class Model:
             return None
         try:
             return json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, RecursionError):  # not UTF-8 JSON, an int of >4300 digits, too deep
             return None
 
     def _section(self, getter: Any) -> bytes:

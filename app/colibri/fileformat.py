@@ -70,10 +70,14 @@ def quantize(values: np.ndarray, dtype: int) -> np.ndarray:
     [..., row_bytes(dtype, n)]; every row is quantised in blocks of 32 elements.
 
     A row of nb = n / 32 blocks starts with the nb little-endian f16 scales d[0..nb), followed by
-    the payload. q8_0: d = max|x| / 127, q = round-half-even(x / d) in [-127, 127]; the payload is
-    the n int8 q in element order. q4_0: d = m / -8 where m is the block's value of largest
-    magnitude (sign kept), q = clamp(trunc(x / d + 8.5), 0, 15); the payload is 16 bytes per
-    block, byte j of block b holding element 32 b + j (low nibble) and 32 b + j + 16 (high)."""
+    the payload. The arithmetic is llama.cpp's reference quantiser's (ggml-quants.c), in f32 step
+    for step, so a block comes out bit-identical to what llama-quantize writes for the same
+    values: q8_0: d = max|x| / 127, q = round-half-away-from-zero(x * (1 / d)) in [-127, 127]; the
+    payload is the n int8 q in element order. q4_0: d = m / -8 where m is the block's first value
+    of largest magnitude (sign kept), q = min(15, trunc(x * (1 / d) + 8.5)); the payload is 16
+    bytes per block, byte j of block b holding element 32 b + j (low nibble) and 32 b + j + 16
+    (high). In both, 1 / d is taken of the f32 d (0 when d is 0); only the stored scale is
+    rounded to f16 (round to nearest even)."""
     x = np.asarray(values, dtype=np.float32)
     shape = x.shape
     n = shape[-1]
@@ -82,21 +86,26 @@ def quantize(values: np.ndarray, dtype: int) -> np.ndarray:
     nb = n // BLOCK_ELEMS
     blocks = x.reshape(-1, nb, BLOCK_ELEMS)  # [rows, blocks, 32]
     if dtype == DTYPE_Q8_0:
-        d = (np.abs(blocks).max(axis=2) / 127.0).astype(np.float16)
-        d32 = d.astype(np.float32)
-        inv = np.divide(1.0, d32, out=np.zeros_like(d32), where=d32 != 0)
-        q = np.clip(np.rint(blocks * inv[..., None]), -127, 127).astype(np.int8)
-        payload = q.reshape(len(blocks), n).view(np.uint8)
+        d = np.abs(blocks).max(axis=2) / np.float32(127)
     elif dtype == DTYPE_Q4_0:
-        idx = np.abs(blocks).argmax(axis=2)
-        m = np.take_along_axis(blocks, idx[..., None], axis=2)[..., 0]
-        d = (m / -8.0).astype(np.float16)
-        d32 = d.astype(np.float32)
-        inv = np.divide(1.0, d32, out=np.zeros_like(d32), where=d32 != 0)
-        q = np.clip(np.trunc(blocks * inv[..., None] + 8.5), 0, 15).astype(np.uint8)
-        payload = (q[..., :16] | (q[..., 16:] << 4)).reshape(len(blocks), nb * 16)
+        idx = np.abs(blocks).argmax(axis=2)  # the first of equal magnitudes, as llama.cpp's '<'
+        d = np.take_along_axis(blocks, idx[..., None], axis=2)[..., 0] / np.float32(-8)
     else:
         raise ValueError(f"not a block dtype: {dtype}")
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)),
+                       np.float32(0)).astype(np.float32)
+        scaled = blocks * inv[..., None]  # f32 products, as the C code's x[j] * id
+        if dtype == DTYPE_Q8_0:
+            # roundf: halves away from zero (x - trunc(x) is exact, so a half is seen exactly)
+            whole = np.trunc(scaled)
+            q = np.where(np.abs(scaled - whole) == 0.5, whole + np.sign(scaled), np.rint(scaled))
+            q = np.clip(q, -127, 127)
+            payload = q.astype(np.int8).reshape(len(blocks), n).view(np.uint8)
+        else:
+            # (int8_t)(x * id + 8.5f): an f32 sum, truncated toward zero
+            q4 = np.clip(np.trunc(scaled + np.float32(8.5)), 0, 15).astype(np.uint8)
+            payload = (q4[..., :16] | (q4[..., 16:] << 4)).reshape(len(blocks), nb * 16)
     scales = np.ascontiguousarray(d.astype("<f2")).view(np.uint8).reshape(len(blocks), 2 * nb)
     out = np.concatenate([scales, payload], axis=1)
     return out.reshape(*shape[:-1], row_bytes(dtype, n))

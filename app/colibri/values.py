@@ -34,6 +34,10 @@ ROUTING_MODES: tuple[RoutingName, ...] = ("topk", "stable", "soft", "gumbel")
 # col_kernels 1..4, least to most capable (0 = the best the machine has: None in Python)
 KERNEL_PATHS: tuple[str, ...] = ("portable", "avx2", "avx512", "amx")
 
+# Which matrices `colibri convert --quantize` stores as blocks (colibri.convert.QUANTIZE_SETS, and
+# "llama.cpp": llama-quantize's own recipe, colibri.convert.llama_quantize_type)
+QUANTIZE_TENSORS: tuple[str, ...] = ("experts", "ffn", "all", "llama.cpp")
+
 # How the next token is chosen from a position's logits (colibri.generation)
 DecodingName = Literal["greedy", "sample"]
 DECODINGS: tuple[DecodingName, ...] = ("greedy", "sample")

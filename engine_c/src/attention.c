@@ -89,8 +89,7 @@ static void rope_angles(const col_hparams *hp, uint32_t position, const float *i
 }
 
 /* RoPE of q [n_heads] and k [n_kv_heads] at `position`, with the cosines and sines computed once
- * for both, and before the heads' loops rather than inside them (perf put RoPE at 1.1 % of a bf16
- * prefill's calling thread). */
+ * for both, before the heads' loops rather than inside them. */
 static void rope_apply(const col_hparams *hp, float *q, float *k, uint32_t position, const float *inv_freq)
 {
     float c[COL_MAX_HEAD_DIM / 2], s[COL_MAX_HEAD_DIM / 2];
@@ -111,11 +110,7 @@ static void clamp_all(float *v, uint64_t n, float c)
 }
 
 /* The cached rows of KV head g in a layer. Head-major (session.h), so a head's keys and values
- * are each one contiguous stream: in the position-major layout a position's four 256-byte head
- * rows sat 1 KiB apart, which put a head's lines in 16 of L1's 64 sets. Same bits; a KV group's
- * heads over 1551 cached positions ran 2x faster warm in a C driver; paired in-process, prefill
- * 1.04-1.07x at 1536 positions and 1.05x at 128, decode unchanged (it reads the cache from
- * memory at about 9 GB/s per thread either way). */
+ * are each one contiguous stream (position-major, a head's rows 1 KiB apart crowded a few L1 sets). */
 static float *kv_rows(const col_session *s, float *cache, uint32_t layer_index, uint32_t g)
 {
     return cache + ((uint64_t)layer_index * s->kv_heads + g) * s->capacity * s->att_dim;
@@ -169,10 +164,7 @@ typedef struct heads_task {
 
 /* A step reads its layer's cache from memory (the weights read since the last step flushed it),
  * so its heads prefetch keys and values this many positions ahead; a prefill block's positions
- * find the cache warm from the block's earlier ones (prefetching there measured 0.93-0.96x).
- * Paired in-process runs at 1536 positions: decode 1.13x (q4 bench model; 1.29x at 96 and 1.45x
- * at 48 in shorter series, 0.99x at 16), 1.03x (bf16, whose weights dominate); at 8-56
- * positions 1.00x. */
+ * find the cache warm from the block's earlier ones and do not prefetch. */
 #define COL_DECODE_KV_PREFETCH 64
 
 static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)

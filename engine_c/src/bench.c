@@ -7,10 +7,9 @@
  * lets each thread read its contiguous share with wide loads; the best of several passes counts.
  * The sum is returned through a volatile sink so the reads cannot be optimised away.
  *
- * Each thread reads its share as PROBE_STREAMS interleaved streams (eight places at once) rather
- * than front to back: one stream per core leaves memory-level parallelism unused and read
- * 21-24 GB/s on the 2-core development VM, where eight streams read 27-32 GB/s. The limit a
- * kernel is measured against must be the most the machine delivers, not what a naive loop gets.
+ * Each thread reads its share as PROBE_STREAMS interleaved streams (eight places at once), as the
+ * decode tiles do: one stream per core leaves memory-level parallelism unused, and the limit a
+ * kernel is measured against must be the most the machine delivers (docs/performance.md).
  */
 #include "internal.h"
 

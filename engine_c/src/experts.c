@@ -43,9 +43,8 @@ static void norm_rows(void *ctx, uint32_t thread, uint64_t r0, uint64_t r1)
         rmsnorm_loaded(task->x + r * task->n, task->weight, task->eps, task->n, task->out + r * task->n);
 }
 
-/* A prefill block's rows were normalised one by one on the calling thread, each loading the
- * weight again: 2 % of a bf16 prefill (perf) while the other thread waited. Paired in-process
- * runs of this version: prefill 1.04x (bf16 and q4). */
+/* A block's rows normalised on the pool, the weight loaded once, so the other thread does not
+ * wait for the calling thread's serial loop. */
 void col_rmsnorm_rows(col_session *s, const float *x, const col_tensor_info *w, uint32_t rows, float *out)
 {
     const uint64_t n = s->model->hp.d_model;

@@ -1,8 +1,8 @@
 /*
  * kernels.h - the numeric kernel layer: the narrow interface between the forward pass and the
  * code that touches weights. The forward pass calls only these functions; which loop, SIMD width
- * or thread split runs behind them is this layer's business (issue: multithreaded SIMD kernels
- * land here without touching forward.c).
+ * or thread split runs behind them is this layer's business (kernels.c, pool.c and the path files
+ * they name), so kernels change without touching forward.c.
  *
  * Determinism contract: every output element is reduced by exactly one thread in a fixed order
  * that does not depend on the thread count, so results are bit-identical for any n_threads.

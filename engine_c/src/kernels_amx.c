@@ -31,10 +31,8 @@
 #define ROWS 16         /* weight rows per tile */
 #define TILE_BYTES 1024 /* one 16 x 64-byte tile */
 #define PREFETCH_AHEAD 1024
-/* Weight rows per decode tile, each from its own stream. With 16 (a whole tile) the tile path
- * decoded bf16 4-5 % slower than the vector path's 8-row tiles; with 8, old and new builds in turns
- * (tools/bench_builds.py, bench model, 2 threads): bf16 decode 1.03x, q4 (whose attention and LM
- * head are bf16) 1.00-1.02x. 4 and 12 rows were no better than 16. */
+/* Weight rows per decode tile, each from its own stream: 8 streams a thread, as the vector path's
+ * decode tiles, keep the most misses in flight (a whole tile's 16 were slower). */
 #define DECODE_ROWS 8
 
 int col_amx_handles(uint32_t dtype)
@@ -62,8 +60,7 @@ static amx_layout layout_of(int x_bf16)
 
 /* Bytes between the rows of an activation tile: a product of one token group (decode) packs its
  * parts compactly, pair_bytes per token, so a narrow tile load reads only them; batches give each
- * row a whole 64 bytes (unused columns included). Rows 60 bytes apart straddle cache lines: the
- * batch loop ran 1.27x slower on them (C driver, tiles from L2), bf16 prefill 1.04-1.08x. */
+ * row a whole 64 bytes (unused columns included), since rows 60 bytes apart straddle cache lines. */
 static uint64_t b_row_bytes(uint32_t n_tokens, amx_layout l)
 {
     return n_tokens <= l.group ? (uint64_t)l.pair_bytes * n_tokens : 64;
@@ -150,9 +147,7 @@ static const tile_config config = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, 
  * batches of up to l.group tokens, all in run_group) narrows its activation and sum tiles (1 and
  * 4) to the group's parts x n_g columns, so a tile load reads the pair_bytes x n_g bytes of each
  * column pair instead of 64. Each sum is computed alone, whatever the tile's width (the tests
- * hold a step to a prefill block's bits, whose tiles are 16 columns wide). Decode from L2 ran 1.23x faster
- * (one thread, 1024 columns); from memory, paired in one process, products 1.01-1.03x and whole
- * steps 1.02x (bf16, q4). */
+ * hold a step to a prefill block's bits, whose tiles are 16 columns wide). */
 static tile_config config_for(uint32_t n_tokens, amx_layout l)
 {
     tile_config c = config;
@@ -335,7 +330,7 @@ static COL_AMX_T void run_group(const col_matvec_job *j, amx_layout l, const row
 
 /* Up to 32 neighbouring rows (two row groups) against a batch of two or more token groups: each
  * pair of token groups runs over the rows with 2 x 2 C tiles. 32 whole rows are loaded straight
- * from the weights (measured 10-20% faster than staging them as contiguous tiles first); fewer
+ * from the weights (staging them as contiguous tiles first costs more than it saves); fewer
  * rows, or rows ending in a partial block, are staged once, zero padded. Each load is issued as
  * soon as the tile it overwrites has been read, so it overlaps the multiplies still running.
  * Blocks run in the same order as in run_group, so every output gets the same operations. */
@@ -361,8 +356,8 @@ static COL_AMX_T void run_rows_batch(const col_matvec_job *j, amx_layout l, uint
             for (uint64_t kb = 0; kb < n_blocks; kb++) stage_block(&g[i], cols, kb, 0, stage + (i * n_blocks + kb) * TILE_BYTES);
     }
     /* The next 32 rows (one contiguous run of bytes) into L2, a slice per block over all the token
-     * groups' passes, so the next call's first pass does not wait for memory: bf16 prefill 1.06-1.09x
-     * in paired runs (denser, during the first pass only, it had lost: 0.86-1.02x). */
+     * groups' passes (not all in the first: that competes with its loads), so the next call's first
+     * pass does not wait for memory. */
     const uint8_t *next = (const uint8_t *)j->w.data + (r + n) * rb;
     const uint64_t next_lines = (r + n + 2 * ROWS <= j->w.rows ? 2 * ROWS : j->w.rows - (r + n)) * rb / 64;
     const uint64_t passes = (n_groups + 1) / 2, per_block = (next_lines + passes * n_blocks - 1) / (passes * n_blocks);
@@ -399,13 +394,8 @@ static COL_AMX_T void run_rows_batch(const col_matvec_job *j, amx_layout l, uint
  * 14336 columns and 128 tokens (three parts), from L3. Rows of more than CHUNK_BLOCKS blocks are
  * instead walked a chunk of blocks at a time, up to CHUNK_ROW_BLOCKS 32-row blocks per chunk,
  * so a chunk's packed columns (128 tokens x 1024 columns: 768 KiB) serve all of them from L2; the
- * C tiles are saved between chunks in the thread's staging. Old and new bench_products binaries
- * in turns, bf16, 2 threads, from memory: 4096 x 14336 1.68x (128 tokens) and 1.72x (32);
- * 14336 x 4096 1.30x, 4096 x 4096 1.32x, the bench model's 1024 x 2816 1.11x at 128 tokens and
- * 1.06-1.07x at 16-32. Chunks of 16 blocks did as well, 64 worse (0.85-0.94x of 32); 8 row blocks
- * beat 4 by 1.00-1.10x and 2 by 1.13-1.20x. The ninth session's chunks of 4-16 blocks without
- * row blocks together had lost (0.83-0.93x): they saved the C tiles without saving any traffic.
- * (CHUNK_BLOCKS, CHUNK_ROW_BLOCKS, chunk_carry_bytes: above.) */
+ * C tiles are saved between chunks in the thread's staging. Chunking without several row blocks
+ * together saves no traffic. (CHUNK_BLOCKS, CHUNK_ROW_BLOCKS, chunk_carry_bytes: above.) */
 /* 32 neighbouring whole rows (r.., their blocks whole) against every token group of a batch, blocks
  * [kb0, kb1) only: the C tiles of each pair of token groups start from zero (kb0 = 0) or from
  * `carry` (4 tiles per pair), and end in `carry` or, after the last block, in the outputs. The

@@ -1,14 +1,14 @@
 /*
- * kernels_amx.h - products over bf16 weights on Intel AMX tiles, for the kernel layer (kernels.c)
- * only. The forward pass never sees this: the pool picks it for bf16 weights when the CPU has
+ * kernels_amx.h - products over bf16 weights on Intel AMX tiles, for the kernel layer (pool.c,
+ * kernels.c) only. The forward pass never sees this: the pool picks it for bf16 weights when the CPU has
  * AMX-BF16 and the OS grants this process the tile state.
  *
  * Arithmetic: each activation x is split into three bf16 parts, x = hi + mid + lo, each rounded to
  * nearest from what the earlier parts left (24 significant bits, all an f32 has). A product of a
  * bf16 weight and a bf16 part is exact in f32, and the tile unit accumulates in f32, so an output
  * carries the rounding of an f32 accumulation, like the vector paths, while the multiply-adds run
- * on the tile unit. (f32 and f16 weights would need splitting too, three and two parts: measured
- * slower than the AVX-512 path for f32, in decode and prefill, so they stay there.)
+ * on the tile unit. (f32 and f16 weights would need splitting too, three and two parts, which
+ * costs more than the AVX-512 path's products, so they stay there.)
  *
  * When every activation is a bf16 value already (the `act-bf16` numerics variant rounds a
  * product's inputs before it runs), hi is the activation and mid and lo are zero: such products

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from colibri.cli.common import EXIT_OK, error, fail
+from colibri.values import QUANTIZE_TENSORS
 
 
 def _progress_line(done: int, total: int) -> None:
@@ -61,7 +62,9 @@ def add_commands(sub: Any) -> None:
                         "of tensors whose type Colibri does not store (K-quants, IQ...)")
     p.add_argument("--quantize", choices=("q8", "q4"), default=None,
                    help="store the --quantize-tensors matrices as q8_0 / q4_0 blocks of 32")
-    p.add_argument("--quantize-tensors", choices=("experts", "ffn", "all"), default="experts",
+    p.add_argument("--quantize-tensors", choices=QUANTIZE_TENSORS, default="experts",
                    help="experts (default): moe_w1/w2/w3; ffn: + shared experts and dense MLPs; "
-                        "all: + attention and LM head. The router is never quantised")
+                        "all: + attention and LM head; llama.cpp: llama-quantize's Q8_0/Q4_0 "
+                        "recipe (every matrix, embeddings included; LM head q8_0; attn_k/v q8_0 "
+                        "with 8 experts). The router is never quantised")
     p.set_defaults(func=cmd_convert)

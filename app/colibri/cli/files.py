@@ -14,6 +14,8 @@ from colibri.cli.common import (EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE, add_file
                                 fail, open_model, other_format, unreadable)
 from colibri.errors import ColibriError, ColibriIOError
 
+METADATA_SHOWN = 2000   # characters of the user metadata `info` prints
+
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from colibri.engine import validate
@@ -115,9 +117,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         print("\nrouting:")
         for r in routing:
             print(f"  layer {r.layer:<4} {r.describe()}")
-        if user is not None:
+        if user is not None:  # as stored, so that colibri-c (which cannot re-serialise) agrees
+            meta = model.sections["metadata"]
+            text = bytes(model.bytes()[meta.offset:meta.end]).decode("utf-8")
             print("\nuser metadata:")
-            print("  " + json.dumps(user, sort_keys=True)[:2000])
+            print("  " + text[:METADATA_SHOWN].replace("\n", "\n  "))
         print("\ntensors:")
         width = max((len(t.name) for t in tensors), default=4)
         print(f"  {'name':<{width}}  dtype  {'shape':<20} {'offset':>12} {'bytes':>12}")

@@ -1,5 +1,6 @@
 """Weight-precision variants: the same checkpoint re-written with its matrices in f32, f16 or bf16,
-optionally with the expert matrices block-quantised (q8_0/q4_0, the converter's default set).
+optionally with some matrices block-quantised (q8_0/q4_0; by default the converter's default set,
+the experts).
 
 The copy keeps the header fields, every layer's routing rule and attention, the tokenizer and
 metadata (a version-1 file is written as version 2, its rules stated); every tensor goes through
@@ -15,8 +16,9 @@ import os
 from pathlib import Path
 
 from colibri import fileformat as ff
-from colibri.convert import QUANTIZE_SETS
+from colibri.convert import quantize_target
 from colibri.engine import Model
+from colibri.values import QUANTIZE_TENSORS
 
 _DTYPE = {"f32": ff.DTYPE_F32, "f16": ff.DTYPE_F16, "bf16": ff.DTYPE_BF16}
 
@@ -28,14 +30,17 @@ def _storage_dtype(name: str, ndim: int, target: str) -> int:
 
 
 def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str],
-                    quantize: str | None = None) -> Path:
+                    quantize: str | None = None, quantize_tensors: str = "experts") -> Path:
     """Write `model` with its matrices stored as `target` (f32/f16/bf16) to `out_path`; with
-    `quantize` ("q8"/"q4"), the expert matrices (moe_w1/w2/w3) are stored as q8_0/q4_0 blocks
-    quantised from the float32 values instead (rows must be whole blocks of 32)."""
+    `quantize` ("q8"/"q4"), the matrices `quantize_tensors` selects (as `colibri convert
+    --quantize-tensors`: the experts by default) are stored as q8_0/q4_0 blocks quantised from
+    the float32 values instead (a matrix whose rows are not whole blocks of 32 stays `target`)."""
     if target not in _DTYPE:
         raise ValueError(f"unknown weight precision {target!r}")
     if quantize is not None and quantize not in ff.QUANT_BY_NAME:
         raise ValueError(f"unknown quantisation {quantize!r}")
+    if quantize_tensors not in QUANTIZE_TENSORS:
+        raise ValueError(f"unknown set of tensors to quantise {quantize_tensors!r}")
     hp = model.hparams
     infos = [model.routing(layer) for layer in range(hp.n_layers)]
     kinds = [ff.LAYER_MOE if info.kind == "moe" else ff.LAYER_DENSE for info in infos]
@@ -45,8 +50,9 @@ def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str],
     for info in model.tensors:
         dtype = _storage_dtype(info.name, len(info.shape), target)
         shape = tuple(int(s) for s in info.shape)
-        if quantize is not None and info.name.rsplit(".", 1)[-1] in QUANTIZE_SETS["experts"]:
-            dtype = ff.QUANT_BY_NAME[quantize]
+        if quantize is not None and shape[-1] % ff.BLOCK_ELEMS == 0:
+            dtype = quantize_target(info.name, shape, ff.QUANT_BY_NAME[quantize],
+                                    quantize_tensors, hp) or dtype
 
         def load(name: str = info.name, dtype: int = dtype) -> object:
             if dtype in ff.BLOCK_BYTES:

@@ -1,0 +1,82 @@
+/*
+ * kernels_internal.h - what the kernel files declare to each other, and the forward pass does not
+ * see (kernels.h is its interface): the int8 blocks of quantised weights and activations
+ * (kernels_quant.c), each path's row walker, head kernel and element-wise kernels
+ * (kernels_portable.c, kernels_x86.c), and the batch tile sizes the pool (pool.c) cuts chunks on.
+ * Every function here is a pure function of its arguments, safe on any thread; the caller owns
+ * every buffer.
+ */
+#ifndef COLIBRI_KERNELS_INTERNAL_H
+#define COLIBRI_KERNELS_INTERNAL_H
+
+#include "kernels.h"
+
+#define QK 32 /* elements per quantised block */
+
+static inline uint16_t rd16u(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static inline int is_block_dtype(uint32_t dtype)
+{
+    return dtype == COL_DTYPE_Q8_0 || dtype == COL_DTYPE_Q4_0;
+}
+
+/* ---- kernels_quant.c: int8 blocks ----------------------------------------------------------- */
+
+/* Bytes of one quantised activation row of `cols` elements (col_quantize_row's layout). */
+uint64_t col_qrow_bytes(uint64_t cols);
+
+/* Quantise the activation row x[0..cols) (cols % 32 == 0) for weights of `wdtype` (q8_0 or q4_0)
+ * into `out` (col_qrow_bytes(cols) bytes), the same bytes on every path `isa`. */
+void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa isa, uint8_t *out);
+
+/* The q8_0/q4_0 row `row` (n elements) against the quantised activation row `qx`, blocks b0.. in
+ * block order. */
+float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n, uint64_t b0);
+
+/* ---- kernels_portable.c: the portable path ---------------------------------------------------- */
+
+/* Rows [r0, r1) of job j, every token; qx: its quantised activations (block dtypes), else NULL. */
+void col_rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1);
+void col_round_bf16_portable(float *v, uint64_t n);
+void col_swiglu_gate_portable(float *h1, const float *h3, uint64_t n);
+/* One head (n_q = 1) of col_attend_head, and the softmax and value sums the AVX2 head shares. */
+void col_attend_head_portable(const col_head_job *h, float *scores, float *out);
+void col_softmax_in_place(float *scores, uint32_t n, const float *sink);
+float col_weighted_value(const col_head_job *h, const float *p, uint32_t i);
+
+/* ---- kernels_x86.c: AVX2 and AVX-512 ---------------------------------------------------------- */
+
+/* The best vector path CPUID finds (COL_ISA_PORTABLE off x86-64); never AMX (kernels_amx.c). */
+col_isa col_detect_isa(void);
+
+#if defined(__x86_64__)
+/* Neighbouring rows per batch tile on AVX-512, for every weight dtype: 6 rows x 4 tokens keep 24
+ * accumulators, 4 token vectors and a weight vector in the 32 registers, so each token vector
+ * (from L2) is loaded once per 6 rows. */
+#ifndef COL_BATCH_ROWS_512
+#define COL_BATCH_ROWS_512 6
+#endif
+#define COL_BATCH_ROWS_AVX2 2 /* rows per batch tile on AVX2 (16 ymm registers) */
+#define COL_BATCH_KBLOCK 1024
+#define COL_KBLOCK_TOKENS 128 /* tokens walked together; a batch with more walks them in chunks */
+#define COL_KBLOCK_TILES 8
+
+/* Bytes of carried lane sums one batch tile over long rows needs for n_tokens (per-thread staging). */
+uint64_t col_kblock_carry_bytes(uint32_t n_tokens);
+
+/* Rows [r0, r1) of job j, every token, on AVX2 / AVX-512 (only where CPUID found them); `carry`
+ * (carry_bytes, may be NULL) is the thread's scratch for batches over long rows. */
+void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1);
+void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *carry,
+                     uint64_t carry_bytes);
+/* All n_q heads of h (AVX-512), or one head (AVX2), as col_attend_head. */
+void col_attend_group_avx512(const col_head_job *h, float *scores, float *out);
+void col_attend_head_avx2(const col_head_job *h, float *scores, float *out);
+void col_swiglu_gate_avx512(float *h1, const float *h3, uint64_t n);
+void col_round_bf16_avx512(float *v, uint64_t n);
+#endif
+
+#endif /* COLIBRI_KERNELS_INTERNAL_H */

@@ -1,0 +1,106 @@
+/*
+ * kernels_portable.c - the portable path: every kernel in plain C, for any CPU, and the
+ * reference the SIMD paths are tested against.
+ *
+ * An output is one accumulator walked left to right over its row (stored elements widened to f32,
+ * or int8 blocks: kernels_quant.c). An attention head runs alone: its scores, an f32 softmax (the
+ * maximum subtracted, expf, divided by the sum), then its weighted values; the AVX2 path reuses the
+ * softmax and the value sums. The SwiGLU gate uses the C library's expf.
+ */
+#include "kernels_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- portable path ----------------------------------------------------------------------- */
+
+static float dot_portable(const void *row, uint32_t dtype, const float *x, uint64_t n)
+{
+    float acc = 0.0f;
+    switch (dtype) {
+    case COL_DTYPE_F16: {
+        const uint16_t *w = row;
+        for (uint64_t i = 0; i < n; i++) acc += col_f16_to_f32(w[i]) * x[i];
+        break;
+    }
+    case COL_DTYPE_BF16: {
+        const uint16_t *w = row;
+        for (uint64_t i = 0; i < n; i++) acc += col_bf16_to_f32(w[i]) * x[i];
+        break;
+    }
+    default: {
+        const float *w = row;
+        for (uint64_t i = 0; i < n; i++) acc += w[i] * x[i];
+        break;
+    }
+    }
+    return acc;
+}
+
+void col_rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1)
+{
+    const col_weight *w = &j->w;
+    uint64_t rb = col_dtype_row_bytes(w->dtype, w->cols), qb = col_qrow_bytes(w->cols);
+    for (uint64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + r * rb;
+        for (uint32_t t = 0; t < j->n_tokens; t++)
+            j->y[(uint64_t)t * w->rows + r] = qx ? col_dotq_blocks(row, w->dtype, qx + t * qb, w->cols, 0)
+                                                 : dot_portable(row, w->dtype, j->x + (uint64_t)t * w->cols, w->cols);
+    }
+}
+
+/* v[i] to the nearest bf16, ties to even; Inf and NaN unchanged. No branch, so it vectorises
+ * where the compiler does (the AVX-512 version below is the same arithmetic). */
+void col_round_bf16_portable(float *v, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &v[i], sizeof b);
+        uint32_t r = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+        b = (b & 0x7F800000u) == 0x7F800000u ? b : r;
+        memcpy(&v[i], &b, sizeof b);
+    }
+}
+
+/* h1[i] = silu(h1[i]) * h3[i] with the C library's expf. */
+void col_swiglu_gate_portable(float *h1, const float *h3, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) h1[i] = h1[i] / (1.0f + expf(-h1[i])) * h3[i];
+}
+
+/* ---- one attention head ------------------------------------------------------------------ */
+
+/* Softmax of n scores in place, in f32: subtract the maximum, exponentiate, divide by the sum;
+ * with `sink` (NULL: none), its logit joins the maximum and its exponential the sum. */
+void col_softmax_in_place(float *scores, uint32_t n, const float *sink)
+{
+    float max = sink ? *sink : -INFINITY, sum = 0.0f;
+    for (uint32_t t = 0; t < n; t++)
+        if (scores[t] > max) max = scores[t];
+    for (uint32_t t = 0; t < n; t++) {
+        scores[t] = expf(scores[t] - max);
+        sum += scores[t];
+    }
+    if (sink) sum += expf(*sink - max);
+    float inv = 1.0f / sum;
+    for (uint32_t t = 0; t < n; t++) scores[t] *= inv;
+}
+
+float col_weighted_value(const col_head_job *h, const float *p, uint32_t i)
+{
+    float acc = 0.0f;
+    for (uint32_t t = 0; t < h->n_keys; t++) acc += p[t] * h->v[(uint64_t)t * h->stride + i];
+    return acc;
+}
+
+void col_attend_head_portable(const col_head_job *h, float *scores, float *out)
+{
+    for (uint32_t t = 0; t < h->n_keys; t++) {
+        const float *kt = h->k + (uint64_t)t * h->stride;
+        float dot = 0.0f;
+        for (uint32_t i = 0; i < h->d; i++) dot += h->q[i] * kt[i];
+        scores[t] = dot * h->scale;
+    }
+    col_softmax_in_place(scores, h->n_keys, h->sinks);
+    for (uint32_t i = 0; i < h->d; i++) out[i] = col_weighted_value(h, scores, i);
+}

@@ -1,0 +1,222 @@
+/*
+ * kernels_quant.c - what every kernel path must agree on, bit for bit: stored elements as f32,
+ * and activations as int8 blocks.
+ *
+ * f16 and bf16 elements widen to f32 exactly. Quantised weights (q8_0, q4_0: a row's f16 scales,
+ * then its payload, blocks of 32) are multiplied against the activations quantised per block of
+ * 32 to int8 (d = max|x| / 127, rounded half to even), with exact integer block sums scaled by
+ * d_w * d_x. The activations are quantised here once per product, in the order the weight dtype's
+ * SIMD kernels read them and with the lane corrections those kernels need, so every path sees the
+ * same integers; the AVX-512 version of a block's quantisation sits beside the scalar one because
+ * the two must give the same bytes. col_dotq_blocks is the block arithmetic in block order: the
+ * portable path's, and that of the blocks a SIMD tile leaves over.
+ */
+#include "kernels_internal.h"
+
+#include <math.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* ---- element conversion ------------------------------------------------------------------ */
+
+float col_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exponent = (h >> 10) & 0x1Fu;
+    uint32_t mantissa = h & 0x3FFu;
+    uint32_t bits;
+    if (exponent == 0) {
+        if (mantissa == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalise */
+            exponent = 127 - 15 + 1;
+            while ((mantissa & 0x400u) == 0) {
+                mantissa <<= 1;
+                exponent--;
+            }
+            mantissa &= 0x3FFu;
+            bits = sign | (exponent << 23) | (mantissa << 13);
+        }
+    } else if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | (mantissa << 13);
+    } else {
+        bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+float col_bf16_to_f32(uint16_t b)
+{
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+float col_load_elem(const void *data, uint32_t dtype, uint64_t i)
+{
+    switch (dtype) {
+    case COL_DTYPE_F16: return col_f16_to_f32(((const uint16_t *)data)[i]);
+    case COL_DTYPE_BF16: return col_bf16_to_f32(((const uint16_t *)data)[i]);
+    default: return ((const float *)data)[i];
+    }
+}
+
+/* Quantised rows (docs/format.md): nb = cols / 32 f16 scales, then the payload. q8_0: one int8
+ * per element in element order. q4_0: 16 bytes per block, byte j holding element j (low nibble)
+ * and element j + 16 (high nibble), value q - 8. */
+static int32_t weight_q(const uint8_t *payload, uint32_t dtype, uint64_t b, uint32_t j)
+{
+    if (dtype == COL_DTYPE_Q8_0) return (int8_t)payload[b * QK + j];
+    uint8_t byte = payload[b * 16 + (j & 15u)];
+    return (int32_t)(j < 16 ? byte & 0x0F : byte >> 4) - 8;
+}
+
+void col_load_range(const void *row, uint32_t dtype, uint64_t cols, uint64_t first, uint64_t count, float *out)
+{
+    if (dtype == COL_DTYPE_F32) {
+        memcpy(out, (const float *)row + first, count * sizeof(float));
+    } else if (dtype == COL_DTYPE_Q8_0 || dtype == COL_DTYPE_Q4_0) {
+        const uint8_t *p = row, *payload = p + 2 * (cols / QK);
+        for (uint64_t i = first; i < first + count; i++)
+            out[i - first] = col_f16_to_f32(rd16u(p + 2 * (i / QK))) * (float)weight_q(payload, dtype, i / QK, (uint32_t)(i % QK));
+    } else {
+        for (uint64_t i = first; i < first + count; i++) out[i - first] = col_load_elem(row, dtype, i);
+    }
+}
+
+void col_load_row(const void *data, uint32_t dtype, uint64_t n, float *out)
+{
+    col_load_range(data, dtype, n, 0, n, out);
+}
+
+/* ---- activation quantisation (shared by every path, so every path sees the same integers) ---- */
+
+/* Layout of one quantised activation row of `cols` (nb = cols / 32 blocks), in bytes:
+ * [cols] int8 values | [nb] f32 scales d_x | [cols / 4] int32 lane corrections.
+ * The int8 values are in the order the weight dtype's SIMD kernels read them (xq_pos), and the
+ * corrections turn VNNI's unsigned x signed products into signed ones: q8_0 kernels multiply
+ * w + 128 (so lane L holds -128 * the sum of values 4L..4L+3), q4_0 kernels multiply the raw
+ * nibble q = w + 8 (lane L of group G holds -8 * the sum of the 8 values its two products read). */
+uint64_t col_qrow_bytes(uint64_t cols)
+{
+    return cols / QK * (QK + 4 + 32);
+}
+
+/* Where element j of block b sits among the int8 values of an activation row of nb blocks. q8_0
+ * kernels read element order. q4_0 kernels read groups of four blocks as the four low halves then
+ * the four high halves, the order of the nibbles of 64 payload bytes (a last group of fewer
+ * blocks is arranged the same way with its own count). */
+static uint64_t xq_pos(uint32_t wdtype, uint64_t nb, uint64_t b, uint32_t j)
+{
+    if (wdtype != COL_DTYPE_Q4_0) return b * QK + j;
+    uint64_t g = b / 4, in_group = nb - g * 4 < 4 ? nb - g * 4 : 4, k = b % 4;
+    return g * 128 + (j < 16 ? k * 16 + j : in_group * 16 + k * 16 + (j - 16));
+}
+
+/* Store block b's 32 int8 values (element order) where the weight dtype's kernels read them
+ * (the arrangement of xq_pos, a half block at a time). */
+static void place_block(int8_t *q, uint32_t wdtype, uint64_t nb, uint64_t b, const int8_t *vals)
+{
+    if (wdtype != COL_DTYPE_Q4_0) {
+        memcpy(q + b * QK, vals, QK);
+        return;
+    }
+    memcpy(q + xq_pos(wdtype, nb, b, 0), vals, 16);
+    memcpy(q + xq_pos(wdtype, nb, b, 16), vals + 16, 16);
+}
+
+/* One block of 32 activations to int8: d = max|x| / 127, q = x * (1/d) rounded half to even and
+ * clamped to [-127, 127] (a NaN becomes -127, what the SIMD conversion's "integer indefinite"
+ * clamps to, so every path gives the same bytes). Returns d. */
+static float quantize_block(const float *xb, int8_t *vals)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) {
+        float a = fabsf(xb[j]);
+        if (a > amax) amax = a;
+    }
+    float dx = amax / 127.0f;
+    float id = dx > 0.0f ? 1.0f / dx : 0.0f;
+    for (int j = 0; j < QK; j++) {
+        /* round half to even like lrintf, without its library call per element: |x*id| <= 127
+         * (plus rounding), far below 2^22, where adding and subtracting 1.5 * 2^23 leaves exactly
+         * the nearest integer */
+        float v = (xb[j] * id + 12582912.0f) - 12582912.0f;
+        vals[j] = (int8_t)(v != v ? -127 : v > 127.0f ? 127 : (v < -127.0f ? -127 : (int)v));
+    }
+    return dx;
+}
+
+#if defined(__x86_64__)
+/* The same with AVX-512: the maximum is exact in any order, the product is the same IEEE
+ * multiply, and vcvtps2dq rounds half to even under the default MXCSR, so the bytes are
+ * identical to quantize_block's. */
+__attribute__((target("avx512f"))) static float quantize_block_avx512(const float *xb, int8_t *vals)
+{
+    __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
+    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    if (amax != amax) return quantize_block(xb, vals); /* NaN: the scalar rules */
+    float dx = amax / 127.0f;
+    __m512 id = _mm512_set1_ps(dx > 0.0f ? 1.0f / dx : 0.0f);
+    const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
+    __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
+    qlo = _mm512_min_epi32(_mm512_max_epi32(qlo, bottom), top);
+    qhi = _mm512_min_epi32(_mm512_max_epi32(qhi, bottom), top);
+    _mm_storeu_si128((__m128i *)vals, _mm512_cvtepi32_epi8(qlo));
+    _mm_storeu_si128((__m128i *)(vals + 16), _mm512_cvtepi32_epi8(qhi));
+    return dx;
+}
+#endif
+
+void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa isa, uint8_t *out)
+{
+    uint64_t nb = cols / QK;
+    int8_t *q = (int8_t *)out, vals[QK];
+    float *d = (float *)(out + cols);
+    int32_t *c = (int32_t *)(out + cols + nb * 4);
+    for (uint64_t b = 0; b < nb; b++) {
+#if defined(__x86_64__)
+        if (isa >= COL_ISA_AVX512)
+            d[b] = quantize_block_avx512(x + b * QK, vals);
+        else
+#endif
+            d[b] = quantize_block(x + b * QK, vals);
+        place_block(q, wdtype, nb, b, vals);
+    }
+    (void)isa;
+    memset(c, 0, cols);
+    if (wdtype == COL_DTYPE_Q8_0) {
+        for (uint64_t l = 0; l < cols / 4; l++)
+            c[l] = -128 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+    } else {
+        for (uint64_t g = 0; g < nb / 4; g++)
+            for (uint64_t l = 0; l < 16; l++) {
+                const int8_t *lo = q + g * 128 + 4 * l, *hi = lo + 64;
+                c[g * 16 + l] = -8 * (lo[0] + lo[1] + lo[2] + lo[3] + hi[0] + hi[1] + hi[2] + hi[3]);
+            }
+    }
+}
+
+/* Exact integer dot product of weight block b with its activation block. */
+static int32_t block_isum(const uint8_t *payload, uint32_t dtype, const int8_t *xq, uint64_t nb, uint64_t b)
+{
+    int32_t isum = 0;
+    for (uint32_t j = 0; j < QK; j++) isum += weight_q(payload, dtype, b, j) * xq[xq_pos(dtype, nb, b, j)];
+    return isum;
+}
+
+/* Sum over blocks b0.. of isum * (d_w * d_x), in block order. */
+float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n, uint64_t b0)
+{
+    uint64_t nb = n / QK;
+    const float *d = (const float *)(qx + n);
+    float acc = 0.0f;
+    for (uint64_t b = b0; b < nb; b++)
+        acc += col_f16_to_f32(rd16u(row + 2 * b)) * d[b] * (float)block_isum(row + 2 * nb, dtype, (const int8_t *)qx, nb, b);
+    return acc;
+}

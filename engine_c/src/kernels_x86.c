@@ -1,0 +1,934 @@
+/*
+ * kernels_x86.c - the AVX2 and AVX-512 paths: products in register tiles, attention heads, the
+ * SwiGLU gate and bf16 rounding.
+ *
+ * Compiled with function target attributes, not -march flags, so the file builds for any x86-64
+ * (and elsewhere to the one function saying there is no SIMD path); the pool runs this code only
+ * where CPUID found the instructions (col_detect_isa).
+ *
+ * A tile computes NR rows x NT tokens of one product, one vector accumulator per output walked
+ * left to right over the row, reduced in a fixed order (lane i + i+8, then i + i+4, i + i+2, the
+ * last two) by a transpose tree that makes exactly those additions for 16 (or 8) outputs at once,
+ * then the scalar tail in order. Decode tiles take 8 distant rows of the thread's share (8 streams
+ * through memory); batch tiles take 6 (AVX-512) or 2 (AVX2) neighbouring rows x 4 tokens, so each
+ * weight vector loaded feeds 4 tokens. Tiles only interleave independent accumulators, so neither
+ * the tile shape, the batch size nor the thread count changes an output's bits: a prefill equals
+ * the same tokens stepped. Quantised rows run on exact int32 block sums (VNNI vpdpbusd over 64
+ * payload bytes a step, or AVX2 vpmaddubsw + vpmaddwd, which give the same integers) scaled into
+ * f32 lanes.
+ *
+ * The AVX-512 attention kernel runs up to four query heads of a KV head together, so each key and
+ * value read serves all of them; exp16, a vector exp within 2 ulp of expf, serves its softmax and
+ * the SwiGLU gate. AVX2 runs the heads one at a time with the portable softmax.
+ */
+#include "kernels_internal.h"
+
+#include <math.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#ifndef COL_PREFETCH_AHEAD
+#define COL_PREFETCH_AHEAD 1024 /* bytes ahead of a decode tile's weight loads (see tile_f_avx512) */
+#endif
+/* The same for q8_0/q4_0 payloads, whose arithmetic per byte leaves the prefetch more time. */
+#define COL_PREFETCH_AHEAD_Q 2048
+
+/* ---- x86 SIMD paths ---------------------------------------------------------------------- */
+#if defined(__x86_64__)
+
+#define COL_T2 __attribute__((target("avx2,fma,f16c")))
+#define COL_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define COL_INLINE static inline __attribute__((always_inline))
+
+/* Fixed-order horizontal sum of 8 lanes: (0+4, 1+5, 2+6, 3+7), then pairs, then the last two. */
+COL_INLINE COL_T2 float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+/* hsum8 of 8 vectors at once, bit for bit (the same additions in the same order, by a transpose
+ * tree as in hsum16x16 below), out[k] = hsum8(acc[k]) for k < n (a constant after inlining, at
+ * most 24): the end of every AVX2 tile, whose accumulators then stay in registers. */
+COL_INLINE COL_T2 __m256 hsum8x8(const __m256 *v)
+{
+    __m256 s4[4], s2[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) /* halves: v[2i] in the low 128 bits, v[2i+1] in the high */
+        s4[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                              _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) { /* pairs: lane h holds v[4i + h] (elements 0-1), v[4i + 2 + h] (2-3) */
+        __m256d lo = _mm256_unpacklo_pd(_mm256_castps_pd(s4[2 * i]), _mm256_castps_pd(s4[2 * i + 1]));
+        __m256d hi = _mm256_unpackhi_pd(_mm256_castps_pd(s4[2 * i]), _mm256_castps_pd(s4[2 * i + 1]));
+        s2[i] = _mm256_add_ps(_mm256_castpd_ps(lo), _mm256_castpd_ps(hi));
+    }
+    return _mm256_add_ps(_mm256_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)), /* lane 4h + q: v[2q + h] */
+                         _mm256_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+COL_INLINE COL_T2 void hsum8_many(const __m256 *acc, int n, float *out)
+{
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+#pragma GCC unroll 3
+    for (int k0 = 0; k0 < n; k0 += 8) {
+        __m256 v[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) v[k] = k0 + k < n ? acc[k0 + k] : _mm256_setzero_ps();
+        __m256 sums = _mm256_permutevar8x32_ps(hsum8x8(v), order);
+        _mm256_maskstore_ps(out + k0, _mm256_cmpgt_epi32(_mm256_set1_epi32(n - k0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                            sums);
+    }
+}
+
+COL_INLINE COL_T512 float hsum16(__m512 v)
+{
+    __m256 lo = _mm512_castps512_ps256(v);
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+COL_INLINE __mmask16 lanes_below(uint64_t n) /* the first min(n, 16) lanes */
+{
+    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
+}
+
+/* hsum16 of 16 vectors at once, bit for bit: each vector's lanes meet in the same additions in the
+ * same order (lane i + lane i+8, then i + i+4 of those, then i + i+2, then the last two), by a
+ * transpose tree that sums two vectors' halves (then quarters, pairs) with one add. Lane 4L + q of
+ * the result holds the sum of v[4q + L]. */
+COL_INLINE COL_T512 __m512 hsum16x16(const __m512 *v)
+{
+    __m512 s8[8], s4[4], s2[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) /* halves: v[2i] in the low 256 bits, v[2i+1] in the high */
+        s8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) /* quarters: 128-bit lane L holds v[4i + L] */
+        s4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s8[2 * i], s8[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(s8[2 * i], s8[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) { /* pairs: lane L holds v[8i + L] (elements 0-1), v[8i + 4 + L] (2-3) */
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(s4[2 * i]), _mm512_castps_pd(s4[2 * i + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(s4[2 * i]), _mm512_castps_pd(s4[2 * i + 1]));
+        s2[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    return _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* out[k] = hsum16(acc[k]) for k < n (n a constant after inlining, at most 32): the end of every
+ * AVX-512 tile. One tree per 16 outputs, every index a constant, so the accumulators stay in
+ * registers (a loop of horizontal sums kept them in a stack array). */
+COL_INLINE COL_T512 void hsum16_many(const __m512 *acc, int n, float *out)
+{
+    static const int32_t natural[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+    const __m512i order = _mm512_loadu_si512((const void *)natural);
+#pragma GCC unroll 2
+    for (int k0 = 0; k0 < n; k0 += 16) {
+        __m512 v[16];
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) v[k] = k0 + k < n ? acc[k0 + k] : _mm512_setzero_ps();
+        __m512 sums = _mm512_permutexvar_ps(order, hsum16x16(v));
+        _mm512_mask_storeu_ps(out + k0, lanes_below((uint64_t)(n - k0)), sums);
+    }
+}
+
+COL_INLINE COL_T2 __m256 load8(const uint8_t *row, uint32_t dtype, uint64_t i)
+{
+    if (dtype == COL_DTYPE_F32) return _mm256_loadu_ps((const float *)row + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+    if (dtype == COL_DTYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+COL_INLINE COL_T512 __m512 load16(const uint8_t *row, uint32_t dtype, uint64_t i)
+{
+    if (dtype == COL_DTYPE_F32) return _mm512_loadu_ps((const float *)row + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
+    if (dtype == COL_DTYPE_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Scalar tail of one output, in order, after the vector part `s`. Only called when there is a
+ * tail: a call into this non-VEX code from an AVX-512 tile costs an SSE/AVX transition. */
+static float tail_loop(float s, const uint8_t *row, uint32_t dtype, const float *x, uint64_t i, uint64_t n)
+{
+    for (; i < n; i++) s += col_load_elem(row, dtype, i) * x[i];
+    return s;
+}
+static inline __attribute__((always_inline)) float tail(float s, const uint8_t *row, uint32_t dtype, const float *x,
+                                                         uint64_t i, uint64_t n)
+{
+    return i < n ? tail_loop(s, row, dtype, x, i, n) : s;
+}
+
+/* Tiles. A tile computes NR rows x NT tokens (tokens t .. t+NT-1) of one product; its rows are
+ * r, r + step, ..., r + (NR-1) * step. Decode (one token) takes its rows from NR distant places
+ * of the thread's share (step = share / NR), so each row is a separate stream through memory:
+ * that keeps enough cache-line misses in flight for one core to approach the machine's read
+ * bandwidth, which a single front-to-back stream per core does not. Batches take neighbouring rows (step 1) so each loaded weight vector feeds NT
+ * tokens. Every (row, token) output is the same sequence of operations whatever the tile, so
+ * neither the tile shape, the batch size nor the thread count changes a bit. */
+#define MAX_TILE_ROWS 8
+#define MAX_TILE 24 /* NR * NT */
+
+/* A batch tile reads its rows from memory in its first token pass and from cache in the others,
+ * and the hardware prefetcher does not run ahead from one tile's rows into the next. So each token
+ * pass of a tile (tokens [t, t + NT) of n_tokens) prefetches its share of the next tile's bytes
+ * into L2, one line per step of the k loop, and the next tile's first pass finds its rows there.
+ * At most one line per step: where a pass's share is more (fewer than 24 tokens for an f32 tile of
+ * 6 rows), nothing is prefetched, since more prefetches compete with the tile's own loads.
+ * Prefetches change no bits. */
+typedef struct next_tile_prefetch {
+    const char *at, *end;
+} next_tile_prefetch;
+
+/* The slice of the next tile's bytes for the pass over tokens [t, t + NT) of a tile: none for
+ * decode (one token, distant rows), a tile's only pass, the last tile, or where the slice is more
+ * than a line per step. */
+COL_INLINE next_tile_prefetch next_tile_slice(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT,
+                                              uint32_t t, uint64_t rb, uint64_t steps)
+{
+    next_tile_prefetch pf = {NULL, NULL};
+    const uint64_t units = j->n_tokens;
+    if (NT == 1 || (uint64_t)NT == units || step != 1 || r + 2 * (uint64_t)NR > j->w.rows) return pf;
+    const uint64_t tile = (uint64_t)NR * rb;
+    const char *next = (const char *)j->w.data + (r + (uint64_t)NR) * rb;
+    pf.at = next + (tile * t / units & ~(uint64_t)63);
+    pf.end = next + tile * (t + (uint64_t)NT) / units;
+    uint64_t lines = (uint64_t)(pf.end - pf.at + 63) / 64;
+    if (lines > steps) pf.at = pf.end;
+    return pf;
+}
+
+/* One step of the k loop: the slice's next line, if any is left. */
+COL_INLINE void next_tile_step(next_tile_prefetch *pf)
+{
+    if (pf->at < pf->end) {
+        _mm_prefetch(pf->at, _MM_HINT_T1);
+        pf->at += 64;
+    }
+}
+
+/* A tile for float weights: one vector accumulator per output, walked left to right. */
+COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
+                                   uint32_t dtype)
+{
+    const col_weight *w = &j->w;
+    uint64_t n = w->cols, rb = col_dtype_row_bytes(dtype, n), esize = dtype == COL_DTYPE_F32 ? 4 : 2;
+    const uint8_t *row[MAX_TILE_ROWS];
+    const float *x[4];
+    __m256 acc[MAX_TILE];
+    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
+    for (int b = 0; b < NT; b++) x[b] = j->x + (uint64_t)(t + b) * n;
+#pragma GCC unroll 24
+    for (int k = 0; k < NR * NT; k++) acc[k] = _mm256_setzero_ps();
+    next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, n / 8);
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        next_tile_step(&pf);
+#pragma GCC unroll 8
+        for (int a = 0; a < NR; a++) {
+            if (NT == 1) _mm_prefetch((const char *)(row[a] + i * esize + COL_PREFETCH_AHEAD), _MM_HINT_T0);
+            __m256 wv = load8(row[a], dtype, i);
+#pragma GCC unroll 4
+            for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[b] + i), acc[a * NT + b]);
+        }
+    }
+    float sums[MAX_TILE];
+    hsum8_many(acc, NR * NT, sums);
+    for (int a = 0; a < NR; a++)
+        for (int b = 0; b < NT; b++)
+            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] = tail(sums[a * NT + b], row[a], dtype, x[b], i, n);
+}
+
+/* Columns [k0, k1) of a tile (k0 a multiple of 16; rb the row bytes): the lane sums start at zero
+ * for k0 = 0 and from `carry` (NR * NT vectors) otherwise; a block that ends before the row does
+ * leaves them in `carry`, the last one sums them and writes the outputs. carry may be NULL for a
+ * whole row. */
+COL_INLINE COL_T512 void tile_f_avx512_cols(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT,
+                                            uint32_t t, uint32_t dtype, uint64_t rb, uint64_t k0, uint64_t k1,
+                                            __m512 *carry, next_tile_prefetch pf)
+{
+    const col_weight *w = &j->w;
+    uint64_t n = w->cols, esize = dtype == COL_DTYPE_F32 ? 4 : 2;
+    const uint8_t *row[MAX_TILE_ROWS];
+    const float *x[4];
+    __m512 acc[MAX_TILE];
+    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
+    for (int b = 0; b < NT; b++) x[b] = j->x + (uint64_t)(t + b) * n;
+#pragma GCC unroll 24
+    for (int k = 0; k < NR * NT; k++) acc[k] = k0 == 0 || !carry ? _mm512_setzero_ps() : carry[k];
+    uint64_t i = k0;
+    for (; i + 16 <= k1; i += 16) {
+        next_tile_step(&pf);
+#pragma GCC unroll 8
+        for (int a = 0; a < NR; a++) {
+            /* decode reads each weight once: ask for lines ahead of the loads as well, which the
+             * hardware prefetcher alone does not keep up with */
+            if (NT == 1) _mm_prefetch((const char *)(row[a] + i * esize + COL_PREFETCH_AHEAD), _MM_HINT_T0);
+            __m512 wv = load16(row[a], dtype, i);
+#pragma GCC unroll 4
+            for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[b] + i), acc[a * NT + b]);
+        }
+    }
+    if (k1 < n && carry) {
+#pragma GCC unroll 24
+        for (int k = 0; k < NR * NT; k++) carry[k] = acc[k];
+        return;
+    }
+    float sums[MAX_TILE];
+    hsum16_many(acc, NR * NT, sums);
+    for (int a = 0; a < NR; a++)
+        for (int b = 0; b < NT; b++)
+            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] = tail(sums[a * NT + b], row[a], dtype, x[b], i, n);
+}
+
+COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
+                                       uint32_t dtype)
+{
+    const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(dtype, n);
+    tile_f_avx512_cols(j, r, step, NR, NT, t, dtype, rb, 0, n, NULL, next_tile_slice(j, r, step, NR, NT, t, rb, n / 16));
+}
+
+/* The quantised activations of token b of a tile (layout: col_qrow_bytes). */
+typedef struct qx_row {
+    const int8_t *q;
+    const float *d;
+    const int32_t *c;
+    const uint8_t *base;
+} qx_row;
+
+COL_INLINE qx_row qx_at(const uint8_t *qx, uint64_t n, uint32_t token)
+{
+    const uint8_t *base = qx + (uint64_t)token * col_qrow_bytes(n);
+    qx_row x = {(const int8_t *)base, (const float *)(base + n), (const int32_t *)(base + n + n / QK * 4), base};
+    return x;
+}
+
+/* A tile for q8_0/q4_0 weights, AVX-512 VNNI. One step reads 64 payload bytes of each row (two
+ * q8_0 blocks or four q4_0 blocks), forms 16 int32 lane sums with vpdpbusd (lanes 8 per block for
+ * q8_0, 4 for q4_0; the corrections of col_quantize_row start each sum), and adds them to the
+ * accumulator scaled lane by lane by d_w * d_x of the lane's block. The scales of 16 blocks are
+ * read and multiplied once per chunk of 16 blocks. Blocks left over after whole steps (a q8_0
+ * row of an odd block count, q4_0 rows of nb % 4 != 0) are summed exactly like the portable path
+ * and added after the vector part. */
+COL_INLINE COL_T512 void tile_q_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t step, int NR,
+                                       int NT, uint32_t t, int q4)
+{
+    const col_weight *w = &j->w;
+    const uint64_t n = w->cols, nb = n / QK, rb = col_dtype_row_bytes(w->dtype, n);
+    const uint64_t per_step = q4 ? 4 : 2, n_steps = nb / per_step, steps_per_chunk = 16 / per_step;
+    const uint8_t *row[MAX_TILE_ROWS];
+    qx_row x[4];
+    __m512 acc[MAX_TILE];
+    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
+    for (int b = 0; b < NT; b++) x[b] = qx_at(qx, n, t + (uint32_t)b);
+#pragma GCC unroll 24
+    for (int k = 0; k < NR * NT; k++) acc[k] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8((char)0x80);
+    /* lane -> block within the step: lane / 8 for q8_0, lane / 4 for q4_0 */
+    const __m512i lane_block = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                 q4 ? 2 : 3);
+    next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, n_steps);
+    uint64_t s = 0;
+    for (uint64_t c = 0; s < n_steps; c++) {
+        uint64_t left = nb - 16 * c;
+        __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+        __m512 sc[MAX_TILE], xs[4];
+        for (int b = 0; b < NT; b++) xs[b] = _mm512_maskz_loadu_ps(m, x[b].d + 16 * c);
+#pragma GCC unroll 8
+        for (int a = 0; a < NR; a++) {
+            __m512 ws = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row[a] + 32 * c));
+            for (int b = 0; b < NT; b++) sc[a * NT + b] = _mm512_mul_ps(ws, xs[b]);
+        }
+        for (uint64_t k = 0; k < steps_per_chunk && s < n_steps; k++, s++) {
+            __m512i idx = _mm512_add_epi32(lane_block, _mm512_set1_epi32((int)(k * per_step)));
+            next_tile_step(&pf);
+#pragma GCC unroll 8
+            for (int a = 0; a < NR; a++) {
+                const uint8_t *payload = row[a] + 2 * nb + 64 * s;
+                if (NT == 1) _mm_prefetch((const char *)(payload + COL_PREFETCH_AHEAD_Q), _MM_HINT_T0);
+                __m512i raw = _mm512_loadu_si512((const void *)payload), lo, hi = raw;
+                if (q4) {
+                    lo = _mm512_and_si512(raw, low4);
+                    hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                } else {
+                    lo = _mm512_xor_si512(raw, bias); /* w + 128: vpdpbusd wants unsigned bytes */
+                }
+#pragma GCC unroll 4
+                for (int b = 0; b < NT; b++) {
+                    __m512i sum = _mm512_loadu_si512((const void *)(x[b].c + 16 * s));
+                    sum = _mm512_dpbusd_epi32(sum, lo, _mm512_loadu_si512((const void *)(x[b].q + (q4 ? 128 : 64) * s)));
+                    if (q4) sum = _mm512_dpbusd_epi32(sum, hi, _mm512_loadu_si512((const void *)(x[b].q + 128 * s + 64)));
+                    acc[a * NT + b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_permutexvar_ps(idx, sc[a * NT + b]),
+                                                      acc[a * NT + b]);
+                }
+            }
+        }
+    }
+    float sums[MAX_TILE];
+    hsum16_many(acc, NR * NT, sums);
+    for (int a = 0; a < NR; a++)
+        for (int b = 0; b < NT; b++)
+            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] =
+                sums[a * NT + b] + (n_steps * per_step < nb ? col_dotq_blocks(row[a], w->dtype, x[b].base, n, n_steps * per_step) : 0.0f);
+}
+
+/* The same for AVX2 without VNNI: a step is one q8_0 block (32 bytes; vpmaddubsw of |x| and w with
+ * x's sign, so no correction) or two q4_0 blocks (32 bytes, half a group of four: the nibbles are
+ * unsigned and the pair sums cannot saturate, 15 * 127 * 2 < 32767). Chunks of 8 blocks. */
+COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t step, int NR,
+                                   int NT, uint32_t t, int q4)
+{
+    const col_weight *w = &j->w;
+    const uint64_t n = w->cols, nb = n / QK, rb = col_dtype_row_bytes(w->dtype, n);
+    const uint64_t per_step = q4 ? 2 : 1, n_steps = q4 ? nb / 4 * 2 : nb, steps_per_chunk = 8 / per_step;
+    const uint8_t *row[MAX_TILE_ROWS];
+    qx_row x[4];
+    __m256 acc[MAX_TILE];
+    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
+    for (int b = 0; b < NT; b++) x[b] = qx_at(qx, n, t + (uint32_t)b);
+#pragma GCC unroll 24
+    for (int k = 0; k < NR * NT; k++) acc[k] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i lane_block = q4 ? _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0) : _mm256_setzero_si256();
+    next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, n_steps);
+    uint64_t s = 0;
+    for (uint64_t c = 0; s < n_steps; c++) {
+        float wbuf[8] = {0}, xbuf[8] = {0};
+        uint64_t have = nb - 8 * c < 8 ? nb - 8 * c : 8;
+        __m256 sc[MAX_TILE], xs[4];
+        for (int b = 0; b < NT; b++) {
+            memcpy(xbuf, x[b].d + 8 * c, have * sizeof(float));
+            xs[b] = _mm256_loadu_ps(xbuf);
+        }
+        for (int a = 0; a < NR; a++) {
+            for (uint64_t k = 0; k < have; k++) wbuf[k] = _cvtsh_ss(rd16u(row[a] + 16 * c + 2 * k));
+            __m256 ws = _mm256_loadu_ps(wbuf);
+            for (int b = 0; b < NT; b++) sc[a * NT + b] = _mm256_mul_ps(ws, xs[b]);
+        }
+        for (uint64_t k = 0; k < steps_per_chunk && s < n_steps; k++, s++) {
+            __m256i idx = _mm256_add_epi32(lane_block, _mm256_set1_epi32((int)(k * per_step)));
+            next_tile_step(&pf);
+#pragma GCC unroll 8
+            for (int a = 0; a < NR; a++) {
+                const uint8_t *payload = row[a] + 2 * nb + 32 * s;
+                if (NT == 1) _mm_prefetch((const char *)(payload + COL_PREFETCH_AHEAD_Q), _MM_HINT_T0);
+                __m256i raw = _mm256_loadu_si256((const __m256i *)payload);
+                __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+#pragma GCC unroll 4
+                for (int b = 0; b < NT; b++) {
+                    __m256i sum;
+                    if (q4) {
+                        const int8_t *xg = x[b].q + 128 * (s / 2) + 32 * (s % 2);
+                        sum = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xg)), ones),
+                                               _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xg + 64))), ones));
+                        sum = _mm256_add_epi32(sum, _mm256_loadu_si256((const __m256i *)(x[b].c + 16 * (s / 2) + 8 * (s % 2))));
+                    } else {
+                        __m256i xv = _mm256_loadu_si256((const __m256i *)(x[b].q + 32 * s));
+                        sum = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(raw, xv)), ones);
+                    }
+                    acc[a * NT + b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_permutevar8x32_ps(sc[a * NT + b], idx),
+                                                      acc[a * NT + b]);
+                }
+            }
+        }
+    }
+    float sums[MAX_TILE];
+    hsum8_many(acc, NR * NT, sums);
+    for (int a = 0; a < NR; a++)
+        for (int b = 0; b < NT; b++)
+            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] =
+                sums[a * NT + b] + (n_steps * per_step < nb ? col_dotq_blocks(row[a], w->dtype, x[b].base, n, n_steps * per_step) : 0.0f);
+}
+
+/* Walk rows [r0, r1) x all tokens in tiles. One token: NRD rows at a time from NRD streams, then
+ * the rows left over one by one. Batches: NRB neighbouring rows x 4 tokens (then 3, 2, 1), then
+ * the rows left over in tiles of 4 and 2 rows (where NRB is larger) and one by one, since a chunk
+ * can end anywhere. TILE(NR, NT, r, step, t) must expand to a call with literal NR and NT. */
+#define WALK_TILES(TILE, NRD, NRB)                                                   \
+    do {                                                                             \
+        uint32_t nt_ = j->n_tokens;                                                  \
+        if (nt_ == 1) {                                                              \
+            uint64_t q_ = (r1 - r0) / (NRD);                                         \
+            for (uint64_t i_ = 0; i_ < q_; i_++) TILE(NRD, 1, r0 + i_, q_, 0);      \
+            for (uint64_t r_ = r0 + q_ * (NRD); r_ < r1; r_++) TILE(1, 1, r_, 1, 0); \
+        } else {                                                                     \
+            uint64_t r_ = r0;                                                        \
+            for (; r_ + (NRB) <= r1; r_ += (NRB)) WALK_TOKENS(TILE, NRB, r_);        \
+            if ((NRB) > 4 && r_ + 4 <= r1) { WALK_TOKENS(TILE, 4, r_); r_ += 4; }    \
+            if ((NRB) > 2 && r_ + 2 <= r1) { WALK_TOKENS(TILE, 2, r_); r_ += 2; }    \
+            for (; r_ < r1; r_++) WALK_TOKENS(TILE, 1, r_);                          \
+        }                                                                            \
+    } while (0)
+#define WALK_TOKENS(TILE, NR, r)                                                     \
+    do {                                                                             \
+        uint32_t t_ = 0;                                                             \
+        for (; t_ + 4 <= nt_; t_ += 4) TILE(NR, 4, r, 1, t_);                        \
+        switch (nt_ - t_) {                                                          \
+        case 3: TILE(NR, 3, r, 1, t_); break;                                        \
+        case 2: TILE(NR, 2, r, 1, t_); break;                                        \
+        case 1: TILE(NR, 1, r, 1, t_); break;                                        \
+        default: break;                                                              \
+        }                                                                            \
+    } while (0)
+
+#ifndef COL_DECODE_STREAMS
+#define COL_DECODE_STREAMS 8
+#endif
+
+COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1)
+{
+    switch (j->w.dtype) {
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F32)
+    case COL_DTYPE_F32: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
+#undef T
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F16)
+    case COL_DTYPE_F16: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
+#undef T
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_BF16)
+    case COL_DTYPE_BF16: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
+#undef T
+#define T(NR, NT, r, step, t) tile_q_avx2(j, qx, r, step, NR, NT, t, 0)
+    case COL_DTYPE_Q8_0: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
+#undef T
+#define T(NR, NT, r, step, t) tile_q_avx2(j, qx, r, step, NR, NT, t, 1)
+    case COL_DTYPE_Q4_0: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
+#undef T
+    default: break;
+    }
+}
+
+/* Batches over long rows. A 6-row tile over all of a 2816-column row holds 66 KiB of weights,
+ * more than L1, and would re-read them from L2 in every token pass. So rows of more than
+ * COL_BATCH_KBLOCK columns are walked a block of that many columns at a time, the tiles' lane
+ * accumulators carried from one block to the next (tile_f_avx512_cols), so every output gets
+ * exactly the operations of a tile over the whole row. From COL_KBLOCK_GROUP_TOKENS tokens on, up
+ * to COL_KBLOCK_TILES neighbouring tiles walk their blocks together (tiles_kblocked_avx512): each
+ * column block of every tile runs before the next block, so the block's columns of the tokens,
+ * read from L2, serve all of them instead of each tile streaming them again (from L3 once they
+ * no longer fit L2). With fewer tokens the columns are small and a tile walks alone. */
+
+/* Bytes of carried lane sums one tile of a batch of n_tokens needs: a 6 x 4 tile's 24 vectors
+ * for each pass of 4 tokens of a chunk. */
+uint64_t col_kblock_carry_bytes(uint32_t n_tokens)
+{
+    const uint64_t chunk = n_tokens < COL_KBLOCK_TOKENS ? n_tokens : COL_KBLOCK_TOKENS;
+    return (chunk + 3) / 4 * COL_BATCH_ROWS_512 * 4 * 64;
+}
+
+/* The slice of tile-block (rows rn .. rn + NR - 1, columns [k0, k1)) that pass p of the P passes
+ * of the tile-block before it prefetches: the NR row segments are dealt to the passes in order and
+ * each segment's passes split it evenly, so a pass's slice is one contiguous range. None with
+ * fewer passes than rows, past the last row, or where the slice is more than a line per step. */
+COL_INLINE next_tile_prefetch next_block_slice(const col_matvec_job *j, uint64_t rn, int NR, uint64_t k0, uint64_t k1,
+                                               uint32_t p, uint32_t P, uint64_t rb, uint64_t esize, uint64_t steps)
+{
+    next_tile_prefetch pf = {NULL, NULL};
+    if (P < (uint32_t)NR || rn + (uint64_t)NR > j->w.rows) return pf;
+    const uint32_t seg = p * (uint32_t)NR / P;
+    const uint32_t q0 = (seg * P + (uint32_t)NR - 1) / (uint32_t)NR, q1 = ((seg + 1) * P + (uint32_t)NR - 1) / (uint32_t)NR;
+    const uint64_t bytes = (k1 - k0) * esize;
+    const char *base = (const char *)j->w.data + (rn + seg) * rb + k0 * esize;
+    pf.at = base + (bytes * (p - q0) / (q1 - q0) & ~(uint64_t)63);
+    pf.end = base + bytes * (p + 1 - q0) / (q1 - q0);
+    if ((uint64_t)(pf.end - pf.at + 63) / 64 > steps) pf.at = pf.end;
+    return pf;
+}
+
+/* Tiles r, r + NR, .. (n_tiles of them) over long rows: for each chunk of up to COL_KBLOCK_TOKENS
+ * tokens, each column block of every tile before the next block. `carry` holds n_tiles *
+ * col_kblock_carry_bytes(n_tokens) (64-byte aligned). Each tile-block's passes prefetch the next
+ * tile-block's weights into L2 (next_block_slice): the next tile's in this block, else the first
+ * tile's in the next block, else the next group's first. */
+COL_INLINE COL_T512 void tiles_kblocked_avx512(const col_matvec_job *j, uint64_t r, uint32_t n_tiles, uint32_t dtype,
+                                               __m512 *carry)
+{
+    enum { NR = COL_BATCH_ROWS_512 };
+    const uint32_t nt = j->n_tokens;
+    const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(dtype, n), esize = dtype == COL_DTYPE_F32 ? 4 : 2;
+    const uint64_t n_blocks = (n + COL_BATCH_KBLOCK - 1) / COL_BATCH_KBLOCK;
+    for (uint32_t c0 = 0; c0 < nt; c0 += COL_KBLOCK_TOKENS) {
+        const uint32_t c1 = nt - c0 < COL_KBLOCK_TOKENS ? nt : c0 + COL_KBLOCK_TOKENS, P = (c1 - c0 + 3) / 4;
+        for (uint64_t b = 0; b < n_blocks; b++) {
+            const uint64_t k0 = b * COL_BATCH_KBLOCK, k1 = n - k0 < COL_BATCH_KBLOCK ? n : k0 + COL_BATCH_KBLOCK;
+            for (uint32_t g = 0; g < n_tiles; g++) {
+                const uint64_t rr = r + (uint64_t)g * NR;
+                uint64_t rn = rr + NR, nk0 = k0, nk1 = k1;
+                if (g + 1 == n_tiles) {
+                    const int last = b + 1 == n_blocks;
+                    rn = last ? r + (uint64_t)n_tiles * NR : r;
+                    nk0 = last ? 0 : k1;
+                    nk1 = n - nk0 < COL_BATCH_KBLOCK ? n : nk0 + COL_BATCH_KBLOCK;
+                }
+                for (uint32_t t = c0, p = 0; t < c1; t += 4, p++) {
+                    const uint32_t m = c1 - t < 4 ? c1 - t : 4;
+                    const next_tile_prefetch pf = next_block_slice(j, rn, NR, nk0, nk1, p, P, rb, esize, (k1 - k0) / 16);
+                    __m512 *tile_carry = carry + ((uint64_t)g * P + p) * NR * 4;
+                    switch (m) {
+                    case 4: tile_f_avx512_cols(j, rr, 1, NR, 4, t, dtype, rb, k0, k1, tile_carry, pf); break;
+                    case 3: tile_f_avx512_cols(j, rr, 1, NR, 3, t, dtype, rb, k0, k1, tile_carry, pf); break;
+                    case 2: tile_f_avx512_cols(j, rr, 1, NR, 2, t, dtype, rb, k0, k1, tile_carry, pf); break;
+                    default: tile_f_avx512_cols(j, rr, 1, NR, 1, t, dtype, rb, k0, k1, tile_carry, pf); break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#define COL_KBLOCK_GROUP_TOKENS 24 /* fewer tokens: one tile at a time */
+
+/* The whole tiles of rows [r0, r1) of a batch over long rows, in groups of as many tiles as the
+ * thread's `carry` scratch (carry_bytes) holds, at most COL_KBLOCK_TILES. Returns the first row
+ * not done: r0 when the scratch holds no tile (the caller's whole-row tiles give the same bits).
+ * Not inlined: inlined into col_rows_avx512, it made gcc compile the short rows' tiles slower. */
+static COL_T512 __attribute__((noinline)) uint64_t rows_kblocked_avx512(const col_matvec_job *j, uint64_t r0, uint64_t r1,
+                                                                        uint32_t dtype, uint8_t *carry, uint64_t carry_bytes)
+{
+    enum { NR = COL_BATCH_ROWS_512 };
+    uint64_t fit = carry ? carry_bytes / col_kblock_carry_bytes(j->n_tokens) : 0;
+    if (fit > COL_KBLOCK_TILES) fit = COL_KBLOCK_TILES;
+    if (fit > 1 && j->n_tokens < COL_KBLOCK_GROUP_TOKENS) fit = 1;
+    while (fit > 0 && r0 + NR <= r1) {
+        const uint64_t tiles = (r1 - r0) / NR < fit ? (r1 - r0) / NR : fit;
+        tiles_kblocked_avx512(j, r0, (uint32_t)tiles, dtype, (__m512 *)(void *)carry);
+        r0 += tiles * NR;
+    }
+    return r0;
+}
+
+/* Float weights on AVX-512: batches over long rows in column blocks (rows_kblocked_avx512) for
+ * whole 6-row tiles, everything else (decode, short rows, the rows left over) by WALK_TILES. */
+#define WALK_FLOAT_512(TILE, dtype)                                                                 \
+    do {                                                                                            \
+        if (j->n_tokens > 1 && j->w.cols > COL_BATCH_KBLOCK)                                        \
+            r0 = rows_kblocked_avx512(j, r0, r1, dtype, carry, carry_bytes);                        \
+        WALK_TILES(TILE, COL_DECODE_STREAMS, COL_BATCH_ROWS_512);                                    \
+    } while (0)
+
+/* Rows [r0, r1) of job j on AVX-512; `carry` (carry_bytes, may be NULL) is the thread's scratch
+ * for batches over long rows. */
+COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *carry,
+                                 uint64_t carry_bytes)
+{
+    switch (j->w.dtype) {
+#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F32)
+    case COL_DTYPE_F32: WALK_FLOAT_512(T, COL_DTYPE_F32); break;
+#undef T
+#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F16)
+    case COL_DTYPE_F16: WALK_FLOAT_512(T, COL_DTYPE_F16); break;
+#undef T
+#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_BF16)
+    case COL_DTYPE_BF16: WALK_FLOAT_512(T, COL_DTYPE_BF16); break;
+#undef T
+#define T(NR, NT, r, step, t) tile_q_avx512(j, qx, r, step, NR, NT, t, 0)
+    case COL_DTYPE_Q8_0: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_512); break;
+#undef T
+#define T(NR, NT, r, step, t) tile_q_avx512(j, qx, r, step, NR, NT, t, 1)
+    case COL_DTYPE_Q4_0: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_512); break;
+#undef T
+    default: break;
+    }
+}
+
+/* exp(x), 16 at a time, for the SwiGLU gate and the softmax of a head: x = n ln2 + r with |r| <=
+ * ln2 / 2 (ln2 in two parts, so r is exact to a few ulp), exp(r) by its Taylor series to r^7
+ * (truncation below 6e-9 relative, so the result is within 2 ulp of expf), scaled by 2^n with
+ * vscalefps, which gives 0 and inf past the range. x is clamped to [-150, 150] first (exp is 0 or
+ * inf there already) so that n stays finite; a NaN passes through the clamp (the second operand of
+ * max/min is returned). */
+COL_INLINE COL_T512 __m512 exp16(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_set1_ps(150.0f), _mm512_max_ps(_mm512_set1_ps(-150.0f), x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* The query heads of one KV group (col_attend_head) on AVX-512, in three passes over the keys, up
+ * to four heads at a time so that each key and value line fetched serves all of them:
+ * - scores: each (head, key) product accumulates in one vector over the blocks of 16 of q and the
+ *   key (the last block masked); 16 such vectors (4 heads x 4 keys, 2 x 8 or 1 x 16) are summed
+ *   lane-wise by one transpose tree (sum16x16), which gives every vector the same additions in
+ *   the same order, so a score depends only on its query and key, never on which heads or keys
+ *   shared its tree (missing keys are zero vectors);
+ * - softmax per head: the maximum, exp16 of the differences and their sum in 16 lanes, summed once;
+ * - values: each (head, block of 16 dimensions) output has two chains, even and odd keys, added at
+ *   the end; 16 chains run at once (4 heads x 2 blocks, 2 x 4 or 1 x 8).
+ * A job whose cache comes from memory (decode: the step's weights have flushed it) asks for the
+ * lines of the keys and values `prefetch` positions ahead. The tree's loops are unrolled and a full
+ * set of keys loads without per-key masks (key_scores), so the 16 accumulators stay in registers.
+ * The result is a fixed function of a head's inputs, so a step and a prefill block agree bit for
+ * bit. */
+COL_INLINE COL_T512 __m512 sum16x16(__m512 *a)
+{
+    __m512 x[8], y[4], z[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) /* lanes 4L..4L+3: keys 2i, 2i+1 interleaved, elements 0+2 and 1+3 */
+        x[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) { /* each 128-bit lane: keys 4i..4i+3, the lane's four elements summed */
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(x[2 * i]), _mm512_castps_pd(x[2 * i + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(x[2 * i]), _mm512_castps_pd(x[2 * i + 1]));
+        y[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) /* 128-bit lanes (0 + 1, 2 + 3) of y[2i], then of y[2i + 1] */
+        z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The scores of heads h0 .. h0 + HC - 1 against the KC = 16 / HC keys from `key`, of which the
+ * first `here` exist (all of them when `full`, a constant, is set: the loads then need no per-key
+ * mask), scaled, in lane j * KC + k. */
+COL_INLINE COL_T512 __m512 key_scores(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *key,
+                                      uint32_t here, const int full)
+{
+    const uint32_t KC = 16 / HC;
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (uint32_t a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
+    for (uint32_t i = 0; i < h->d; i += 16) {
+        const __mmask16 m = lanes_below(h->d - i);
+        __m512 kb[16];
+#pragma GCC unroll 16
+        for (uint32_t k = 0; k < KC; k++) /* a missing key loads nothing (mask 0) */
+            kb[k] = _mm512_maskz_loadu_ps(full || k < here ? m : 0, key + (uint64_t)k * h->stride + i);
+#pragma GCC unroll 4
+        for (uint32_t j = 0; j < HC; j++) {
+            const __m512 qb = _mm512_maskz_loadu_ps(m, h->q + (uint64_t)(h0 + j) * h->d + i);
+#pragma GCC unroll 16
+            for (uint32_t k = 0; k < KC; k++) acc[j * KC + k] = _mm512_fmadd_ps(qb, kb[k], acc[j * KC + k]);
+        }
+    }
+    return _mm512_mul_ps(sum16x16(acc), _mm512_set1_ps(h->scale));
+}
+
+/* Scores of heads h0 .. h0 + HC - 1 (HC = 1, 2 or 4) against every key, 16 / HC keys per tree;
+ * head j's scores go to scores + j * n_keys. */
+COL_INLINE COL_T512 void group_scores(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores)
+{
+    const uint32_t KC = 16 / HC;
+    for (uint32_t t0 = 0; t0 < h->n_keys; t0 += KC) {
+        const uint32_t here = h->n_keys - t0 < KC ? h->n_keys - t0 : KC;
+        const float *key = h->k + (uint64_t)t0 * h->stride;
+        if (h->prefetch && t0 + h->prefetch < h->n_keys) /* the lines of the keys that far ahead */
+            for (uint32_t k = 0; k < KC && t0 + h->prefetch + k < h->n_keys; k++)
+                for (uint32_t i = 0; i < h->d; i += 16)
+                    _mm_prefetch((const char *)(key + (uint64_t)(h->prefetch + k) * h->stride + i), _MM_HINT_T0);
+        const __m512 sc = here == KC ? key_scores(h, h0, HC, key, KC, 1) : key_scores(h, h0, HC, key, here, 0);
+        float *dst = scores + (uint64_t)h0 * h->n_keys + t0;
+        if (HC == 1) {
+            _mm512_mask_storeu_ps(dst, lanes_below(here), sc);
+        } else if (HC == 2) {
+            const __mmask8 m8 = (__mmask8)lanes_below(here);
+            _mm256_mask_storeu_ps(dst, m8, _mm512_castps512_ps256(sc));
+            _mm256_mask_storeu_ps(dst + h->n_keys, m8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sc), 1)));
+        } else {
+            const __mmask8 m4 = (__mmask8)lanes_below(here);
+            _mm_mask_storeu_ps(dst, m4, _mm512_castps512_ps128(sc));
+            _mm_mask_storeu_ps(dst + h->n_keys, m4, _mm512_extractf32x4_ps(sc, 1));
+            _mm_mask_storeu_ps(dst + 2 * (uint64_t)h->n_keys, m4, _mm512_extractf32x4_ps(sc, 2));
+            _mm_mask_storeu_ps(dst + 3 * (uint64_t)h->n_keys, m4, _mm512_extractf32x4_ps(sc, 3));
+        }
+    }
+}
+
+/* col_softmax_in_place in 16 lanes; the sink's exponential (the same exp16) joins the lane sum
+ * last. */
+static COL_T512 void softmax_avx512(float *scores, uint32_t n, const float *sink)
+{
+    __m512 max = _mm512_set1_ps(sink ? *sink : -INFINITY);
+    for (uint32_t t = 0; t < n; t += 16)
+        max = _mm512_max_ps(_mm512_mask_loadu_ps(max, lanes_below(n - t), scores + t), max);
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+    __m512 sum = _mm512_setzero_ps();
+    for (uint32_t t = 0; t < n; t += 16) {
+        __mmask16 m = lanes_below(n - t);
+        __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + t), top)));
+        sum = _mm512_add_ps(sum, e);
+        _mm512_mask_storeu_ps(scores + t, m, e);
+    }
+    if (sink) sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(1, exp16(_mm512_sub_ps(_mm512_set1_ps(*sink), top))));
+    const __m512 inv = _mm512_set1_ps(1.0f / hsum16(sum));
+    for (uint32_t t = 0; t < n; t += 16) {
+        __mmask16 m = lanes_below(n - t);
+        _mm512_mask_storeu_ps(scores + t, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, scores + t), inv));
+    }
+}
+
+/* Outputs of heads h0 .. h0 + HC - 1 from their probabilities p + j * n_keys, 8 / HC blocks of 16
+ * dimensions per pass. */
+COL_INLINE COL_T512 void group_values(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p,
+                                      float *out)
+{
+    const uint32_t BP = 8 / HC, n = h->n_keys;
+    for (uint32_t i0 = 0; i0 < h->d; i0 += 16 * BP) {
+        __mmask16 m[8];
+        __m512 even[16], odd[16]; /* [j * BP + b] */
+#pragma GCC unroll 8
+        for (uint32_t b = 0; b < BP; b++) m[b] = i0 + 16 * b < h->d ? lanes_below(h->d - i0 - 16 * b) : 0;
+#pragma GCC unroll 16
+        for (uint32_t a = 0; a < 16; a++) even[a] = odd[a] = _mm512_setzero_ps();
+        const float *v = h->v + i0;
+        uint32_t t = 0;
+        for (; t + 2 <= n; t += 2) {
+            const float *v0 = v + (uint64_t)t * h->stride, *v1 = v0 + h->stride;
+            if (h->prefetch && t + h->prefetch + 1 < n)
+#pragma GCC unroll 8
+                for (uint32_t b = 0; b < BP; b++) {
+                    _mm_prefetch((const char *)(v0 + (uint64_t)h->prefetch * h->stride + 16 * b), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(v1 + (uint64_t)h->prefetch * h->stride + 16 * b), _MM_HINT_T0);
+                }
+            __m512 x0[8], x1[8];
+#pragma GCC unroll 8
+            for (uint32_t b = 0; b < BP; b++) {
+                x0[b] = _mm512_maskz_loadu_ps(m[b], v0 + 16 * b);
+                x1[b] = _mm512_maskz_loadu_ps(m[b], v1 + 16 * b);
+            }
+#pragma GCC unroll 4
+            for (uint32_t j = 0; j < HC; j++) {
+                const __m512 p0 = _mm512_set1_ps(p[(uint64_t)j * n + t]), p1 = _mm512_set1_ps(p[(uint64_t)j * n + t + 1]);
+#pragma GCC unroll 8
+                for (uint32_t b = 0; b < BP; b++) {
+                    even[j * BP + b] = _mm512_fmadd_ps(p0, x0[b], even[j * BP + b]);
+                    odd[j * BP + b] = _mm512_fmadd_ps(p1, x1[b], odd[j * BP + b]);
+                }
+            }
+        }
+        if (t < n) {
+            const float *v0 = v + (uint64_t)t * h->stride;
+#pragma GCC unroll 4
+            for (uint32_t j = 0; j < HC; j++) {
+                const __m512 p0 = _mm512_set1_ps(p[(uint64_t)j * n + t]);
+#pragma GCC unroll 8
+                for (uint32_t b = 0; b < BP; b++)
+                    even[j * BP + b] = _mm512_fmadd_ps(p0, _mm512_maskz_loadu_ps(m[b], v0 + 16 * b), even[j * BP + b]);
+            }
+        }
+#pragma GCC unroll 4
+        for (uint32_t j = 0; j < HC; j++)
+#pragma GCC unroll 8
+            for (uint32_t b = 0; b < BP; b++)
+                if (m[b])
+                    _mm512_mask_storeu_ps(out + (uint64_t)(h0 + j) * h->d + i0 + 16 * b, m[b],
+                                          _mm512_add_ps(even[j * BP + b], odd[j * BP + b]));
+    }
+}
+
+COL_INLINE COL_T512 void attend_heads(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores, float *out)
+{
+    group_scores(h, h0, HC, scores);
+    for (uint32_t j = 0; j < HC; j++)
+        softmax_avx512(scores + (uint64_t)(h0 + j) * h->n_keys, h->n_keys, h->sinks ? h->sinks + h0 + j : NULL);
+    group_values(h, h0, HC, scores + (uint64_t)h0 * h->n_keys, out);
+}
+
+COL_T512 void col_attend_group_avx512(const col_head_job *h, float *scores, float *out)
+{
+    for (uint32_t h0 = 0; h0 < h->n_q;) {
+        const uint32_t left = h->n_q - h0;
+        if (left >= 4) {
+            attend_heads(h, h0, 4, scores, out);
+            h0 += 4;
+        } else if (left >= 2) {
+            attend_heads(h, h0, 2, scores, out);
+            h0 += 2;
+        } else {
+            attend_heads(h, h0, 1, scores, out);
+            h0 += 1;
+        }
+    }
+}
+
+COL_INLINE COL_T2 float dot_head_avx2(const float *a, const float *b, uint32_t d)
+{
+    __m256 acc = _mm256_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum8(acc);
+    for (; i < d; i++) s += a[i] * b[i];
+    return s;
+}
+
+COL_T2 void col_attend_head_avx2(const col_head_job *h, float *scores, float *out)
+{
+    for (uint32_t t = 0; t < h->n_keys; t++) scores[t] = dot_head_avx2(h->q, h->k + (uint64_t)t * h->stride, h->d) * h->scale;
+    col_softmax_in_place(scores, h->n_keys, h->sinks);
+    uint32_t i = 0;
+    for (; i + 8 <= h->d; i += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (uint32_t t = 0; t < h->n_keys; t++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[t]), _mm256_loadu_ps(h->v + (uint64_t)t * h->stride + i), acc);
+        _mm256_storeu_ps(out + i, acc);
+    }
+    for (; i < h->d; i++) out[i] = col_weighted_value(h, scores, i);
+}
+
+/* h1[i] = silu(h1[i]) * h3[i] = h1[i] / (1 + exp(-h1[i])) * h3[i], 16 at a time (a tail of
+ * fewer under a mask, so every element goes through the same operations). */
+COL_T512 void col_swiglu_gate_avx512(float *h1, const float *h3, uint64_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (uint64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 z = _mm512_maskz_loadu_ps(m, h1 + i), b = _mm512_maskz_loadu_ps(m, h3 + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), z));
+        _mm512_mask_storeu_ps(h1 + i, m, _mm512_mul_ps(_mm512_div_ps(z, _mm512_add_ps(one, e)), b));
+    }
+}
+
+COL_T512 void col_round_bf16_avx512(float *v, uint64_t n)
+{
+    const __m512i exp_mask = _mm512_set1_epi32(0x7F800000), half = _mm512_set1_epi32(0x7FFF);
+    const __m512i one = _mm512_set1_epi32(1), keep = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (uint64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512i b = _mm512_maskz_loadu_epi32(m, v + i);
+        __m512i r = _mm512_add_epi32(_mm512_add_epi32(b, half), _mm512_and_si512(_mm512_srli_epi32(b, 16), one));
+        r = _mm512_and_si512(r, keep);
+        __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, exp_mask), exp_mask);
+        _mm512_mask_storeu_epi32(v + i, m, _mm512_mask_blend_epi32(special, r, b));
+    }
+}
+
+col_isa col_detect_isa(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return COL_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return COL_ISA_AVX2;
+    return COL_ISA_PORTABLE;
+}
+#else
+col_isa col_detect_isa(void)
+{
+    return COL_ISA_PORTABLE;
+}
+#endif

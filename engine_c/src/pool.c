@@ -1,0 +1,499 @@
+/*
+ * pool.c - a session's thread pool, and the products it splits over its threads.
+ *
+ * A pool is created with its session: n_threads - 1 workers (the caller is the n-th), no thread
+ * created per token. A forward pass issues tens of products per token, too many for a condvar
+ * wake-up each, so between products the workers spin on an atomic generation counter for a short
+ * while, then sleep on a condvar so an idle session costs no CPU.
+ *
+ * A batch of products (col_matmul_many) is laid end to end by rows and cut into chunks of work
+ * (multiply-adds, not rows: a prefill block's experts see different token counts), long first and
+ * short last, each edge on a whole tile of the path; the threads take the chunks from a shared
+ * counter and run each on the path's row walker. The activations a path reads prepared (int8
+ * blocks, AMX packing) are prepared first, on the pool when the batch is large. Which thread
+ * computes a row never changes its bits. col_pool_run splits any other work statically. The
+ * pool's scratch (prepared activations, per-thread staging) is the session's, sized by
+ * col_pool_scratch_size; the pool allocates only its own bookkeeping.
+ */
+#include "kernels_amx.h"
+#include "kernels_internal.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* Products smaller than this many multiply-adds are not worth waking the workers. */
+#define COL_PARALLEL_MIN_MACS (1u << 14)
+/* Products are cut into chunks of decreasing size (plan_chunks), each of at least
+ * COL_GUIDED_MIN_MACS multiply-adds (a chunk's rows are read as up to 8 streams, which need some
+ * length to pay off) and at most COL_MAX_CHUNKS of them. */
+#ifndef COL_GUIDED_MIN_MACS
+#define COL_GUIDED_MIN_MACS (1u << 17)
+#endif
+#define COL_MAX_CHUNKS 64
+/* Activations of a batch are prepared on the pool from this many elements (prepare_activations). */
+#define COL_PREPARE_PARALLEL_ELEMS (1u << 16)
+/* Spins of a worker waiting for the next product before it sleeps (~100 us). */
+#define COL_SPIN_LIMIT 20000u
+
+/* ---- thread pool ------------------------------------------------------------------------- */
+
+typedef struct worker_arg {
+    col_pool *pool;
+    uint32_t index;           /* 1..n_threads-1; the caller is 0 */
+} worker_arg;
+
+struct col_pool {
+    uint32_t n_threads;
+    col_isa isa;
+    pthread_t *threads;       /* [n_threads - 1] */
+    worker_arg *args;         /* [n_threads - 1], what each worker was started with */
+    col_allocator alloc;      /* what the pool, threads and args were allocated with */
+    uint32_t n_started;
+    pthread_mutex_t mutex;
+    pthread_cond_t work_ready;
+    _Atomic uint64_t generation;   /* bumped for each batch */
+    _Atomic uint32_t n_done;       /* workers finished with the current batch */
+    _Atomic uint32_t n_sleeping;   /* workers blocked on work_ready */
+    _Atomic int stopping;
+    /* the current batch, written before generation is bumped: products, or a task */
+    col_pool_task task;
+    void *task_ctx;
+    uint64_t n_items;
+    const col_matvec_job *jobs;
+    uint32_t n_jobs;
+    int x_bf16;                /* every activation of the batch is a bf16 value (col_matmul_kernels) */
+    uint64_t total_work;       /* sum over jobs of rows * row_work */
+    uint32_t n_chunks;         /* products: pieces the threads take in turn */
+    uint64_t chunk_end[COL_MAX_CHUNKS]; /* work at which chunk c ends (it starts where c - 1 ends) */
+    _Atomic uint32_t next_chunk;
+    /* scratch (caller-owned): per-job prepared activations, per-thread AMX staging */
+    uint32_t max_jobs;
+    uint64_t act_capacity;         /* bytes at act_buf */
+    uint8_t **act;                 /* [max_jobs]; a job sharing the previous one's holds the same pointer */
+    uint8_t *act_buf;              /* quantised rows or AMX-packed activations */
+    uint8_t *stage;                /* [n_threads][stage_bytes] */
+    uint64_t stage_bytes;
+    const col_numerics *numerics;  /* a session's numerics variant (numerics.c), NULL = none */
+};
+
+
+/* Rows [r0, r1) of job j on thread t; `act` is the job's prepared activations (quantised for int8
+ * weights, packed for AMX tiles, NULL otherwise). */
+static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_t *act, uint32_t t, uint64_t r0,
+                     uint64_t r1)
+{
+#if defined(__x86_64__)
+    if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) {
+        col_amx_rows(j, pool->x_bf16, act, pool->stage + (uint64_t)t * pool->stage_bytes, pool->stage_bytes, r0, r1);
+        return;
+    }
+    if (pool->isa >= COL_ISA_AVX512) {
+        col_rows_avx512(j, act, r0, r1, pool->stage ? pool->stage + (uint64_t)t * pool->stage_bytes : NULL, pool->stage_bytes);
+        return;
+    }
+    if (pool->isa == COL_ISA_AVX2) {
+        col_rows_avx2(j, act, r0, r1);
+        return;
+    }
+#endif
+    (void)pool, (void)t;
+    col_rows_portable(j, act, r0, r1);
+}
+
+static void dispatch(col_pool *pool, int worth_sharing);
+
+/* Work of one output row of a job: its multiply-adds. Shares are cut by work, not rows, because
+ * the products of a batch differ in width and token count (a prefill block's experts see from one
+ * to all of its tokens), and equal rows left one thread waiting for the other. */
+static uint64_t row_work(const col_matvec_job *j)
+{
+    return j->w.cols * j->n_tokens;
+}
+
+/* Rows per tile of a batch (more than one token) on the pool's path: a chunk of a batch starts and
+ * ends on a multiple of it, so that no chunk ends in a short tile, which does less with each
+ * weight or token vector it loads (a vector tile of one row loads 4 token vectors per 4
+ * multiply-adds instead of 10 per 24; an AMX block of a few rows costs the tile multiplies of 32).
+ * Decode tiles take distant rows and need no such edge. */
+static uint64_t batch_tile_rows(const col_pool *pool, const col_matvec_job *j)
+{
+    if (j->n_tokens == 1) return 1;
+#if defined(__x86_64__)
+    if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) return col_amx_tile_rows(j->n_tokens, pool->x_bf16);
+    if (pool->isa >= COL_ISA_AVX512) return COL_BATCH_ROWS_512;
+    if (pool->isa == COL_ISA_AVX2) return COL_BATCH_ROWS_AVX2;
+#endif
+    (void)pool;
+    return 1;
+}
+
+/* The first row of job j whose work starts at or after `g` (the batch's work, rows laid end to
+ * end, the job's rows starting at `base`), moved down to a multiple of `align` rows. */
+static uint64_t chunk_edge(const col_matvec_job *j, uint64_t g, uint64_t base, uint64_t align)
+{
+    const uint64_t c = row_work(j);
+    if (g <= base) return 0;
+    uint64_t r = (g - base + c - 1) / c;
+    return r >= j->w.rows ? j->w.rows : r - r % align;
+}
+
+/* Chunk c of a batch of products: the rows whose work starts in [chunk_end[c - 1], chunk_end[c])
+ * of the batch's work, rows laid end to end, each edge moved down to a whole batch tile. */
+static void run_chunk(const col_pool *pool, uint32_t t, uint32_t chunk)
+{
+    uint64_t g0 = chunk ? pool->chunk_end[chunk - 1] : 0, g1 = pool->chunk_end[chunk], base = 0;
+    for (uint32_t k = 0; k < pool->n_jobs && base < g1; k++) {
+        const col_matvec_job *j = &pool->jobs[k];
+        const uint64_t align = batch_tile_rows(pool, j);
+        uint64_t lo = chunk_edge(j, g0, base, align), hi = chunk_edge(j, g1, base, align);
+        if (lo < hi) job_rows(pool, j, k < pool->max_jobs ? pool->act[k] : NULL, t, lo, hi);
+        base += j->w.rows * row_work(j);
+    }
+}
+
+/* Cut a batch of `work` multiply-adds into chunks for the pool's n threads, guided: each chunk is
+ * the work left divided by 2n, but at least COL_GUIDED_MIN_MACS (and a 32nd of the work, so there
+ * are at most COL_MAX_CHUNKS; and at most an n-th of the work, so each thread gets one), so the
+ * first chunks are long (their rows make long streams) and the last ones short, so neither thread
+ * waits long for the other's last chunk. */
+static void plan_chunks(col_pool *pool, uint64_t work)
+{
+    const uint64_t n = pool->n_threads, least_by_work = work / (COL_MAX_CHUNKS / 2);
+    uint64_t least = least_by_work > COL_GUIDED_MIN_MACS ? least_by_work : COL_GUIDED_MIN_MACS;
+    if (least > (work + n - 1) / n) least = (work + n - 1) / n; /* a small product: one chunk per thread */
+    uint64_t done = 0;
+    uint32_t c = 0;
+    while (done < work && c + 1 < COL_MAX_CHUNKS) {
+        uint64_t size = (work - done) / (2 * n);
+        size = size > least ? size : least;
+        done = work - done > size ? done + size : work;
+        pool->chunk_end[c++] = done;
+    }
+    if (done < work || c == 0) pool->chunk_end[c++] = work;
+    pool->n_chunks = c;
+}
+
+/* Thread `t` of `n`'s part of the current batch. A task is split statically (items
+ * [N*t/n, N*(t+1)/n)). Products are cut into chunks that the threads take in turn from a shared
+ * counter, so a thread that the memory system serves more slowly for a while does fewer chunks
+ * instead of holding the other up at the end of the product. Which thread computes a row never
+ * changes its bits. */
+static void run_share(col_pool *pool, uint32_t t, uint32_t n)
+{
+    if (pool->task) {
+        uint64_t i0 = pool->n_items * t / n, i1 = pool->n_items * (t + 1) / n;
+        if (i0 < i1) pool->task(pool->task_ctx, t, i0, i1);
+        return;
+    }
+    if (n == 1) {
+        for (uint32_t c = 0; c < pool->n_chunks; c++) run_chunk(pool, t, c);
+        return;
+    }
+    for (uint32_t c; (c = atomic_fetch_add(&pool->next_chunk, 1)) < pool->n_chunks;) run_chunk(pool, t, c);
+}
+
+/* One step of a spin-wait: pause, and after a while yield the core, because on an oversubscribed
+ * machine the thread being waited for may be the one that needs it. */
+static void cpu_relax(uint32_t spins)
+{
+    if (spins > 2000u) {
+        sched_yield();
+        return;
+    }
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+}
+
+static void *worker_main(void *p)
+{
+    worker_arg arg = *(worker_arg *)p;
+    col_pool *pool = arg.pool;
+    uint64_t seen = 0;
+    for (;;) {
+        uint32_t spins = 0;
+        uint64_t g;
+        while ((g = atomic_load(&pool->generation)) == seen && !atomic_load(&pool->stopping)) {
+            if (++spins < COL_SPIN_LIMIT) {
+                cpu_relax(spins);
+                continue;
+            }
+            pthread_mutex_lock(&pool->mutex);
+            atomic_fetch_add(&pool->n_sleeping, 1);
+            while (atomic_load(&pool->generation) == seen && !atomic_load(&pool->stopping))
+                pthread_cond_wait(&pool->work_ready, &pool->mutex);
+            atomic_fetch_sub(&pool->n_sleeping, 1);
+            pthread_mutex_unlock(&pool->mutex);
+            spins = 0;
+        }
+        if (atomic_load(&pool->stopping)) break;
+        seen = g;
+        run_share(pool, arg.index, pool->n_threads);
+        atomic_fetch_add(&pool->n_done, 1);
+    }
+    return NULL;
+}
+
+/* Scratch layout: [max_jobs] activation pointers | activations | [n_threads] AMX staging. The
+ * activations of a batch take, per job, n_tokens quantised rows, or AMX-packed tokens, which
+ * need at most ceil(nt / 5) * ceil(cols / 32) * 1024 <= 32 (nt + 4) (cols + 31) / 5 bytes
+ * = 6.4 nt cols + 198.4 nt + 25.6 cols + 793.6 (col_amx_packed_bytes), plus 64 of slack and 64
+ * of alignment. */
+static uint64_t pointers_bytes(uint32_t max_jobs)
+{
+    return ((uint64_t)max_jobs * sizeof(uint8_t *) + 63) & ~(uint64_t)63;
+}
+static uint64_t act_bytes(col_isa isa, const col_pool_limits *l)
+{
+    uint64_t q = col_qrow_bytes(l->max_act_cols) + 64 * (uint64_t)l->max_jobs;
+    uint64_t amx = 32 * (uint64_t)l->max_act_cols / 5 + 1 +
+                   (uint64_t)l->max_jobs * (199 * (uint64_t)l->max_tokens + 26 * (uint64_t)l->max_cols + 794 + 128);
+    uint64_t bytes = isa == COL_ISA_AMX && amx > q ? amx : q;
+    return (bytes + 63) & ~(uint64_t)63; /* the staging after it is 64-byte aligned */
+}
+/* Per-thread staging: the AMX path's, and on AVX-512 (which the AMX path runs for other dtypes)
+ * the carried lane sums of a group of tiles over long rows (rows_kblocked_avx512). */
+static uint64_t stage_bytes(col_isa isa, const col_pool_limits *l)
+{
+    uint64_t amx = isa == COL_ISA_AMX ? (col_amx_stage_bytes(l->max_cols, l->max_tokens) + 63) & ~(uint64_t)63 : 0, carry = 0;
+#if defined(__x86_64__)
+    if (isa >= COL_ISA_AVX512 && l->max_tokens > 1 && l->max_cols > COL_BATCH_KBLOCK)
+        carry = COL_KBLOCK_TILES * col_kblock_carry_bytes(l->max_tokens);
+#endif
+    return amx > carry ? amx : carry;
+}
+static uint64_t scratch_bytes_for(col_isa isa, uint32_t n_threads, const col_pool_limits *l)
+{
+    return pointers_bytes(l->max_jobs) + act_bytes(isa, l) + n_threads * stage_bytes(isa, l);
+}
+
+uint64_t col_pool_scratch_size(col_isa isa, uint32_t n_threads, const col_pool_limits *limits)
+{
+    return scratch_bytes_for(isa, n_threads, limits);
+}
+
+col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64_t scratch_bytes,
+                          const col_pool_limits *limits, const col_allocator *alloc)
+{
+    if (n_threads == 0 || !limits || !alloc) return NULL;
+    if (!scratch && scratch_bytes_for(COL_ISA_PORTABLE, n_threads, limits) > 0) return NULL;
+    col_pool *pool = col_alloc_zeroed(alloc, 1, sizeof *pool);
+    if (!pool) return NULL;
+    pool->alloc = *alloc;
+    pool->n_threads = n_threads;
+    const col_isa can = col_choose_isa(isa); /* never a path this machine lacks */
+    pool->isa = can < isa ? can : isa;
+    if (pool->isa == COL_ISA_AMX &&
+        (limits->max_jobs == 0 || scratch_bytes_for(COL_ISA_AMX, n_threads, limits) > scratch_bytes))
+        pool->isa = COL_ISA_AVX512; /* no room to pack activations: the vector path needs none */
+    pool->max_jobs = limits->max_jobs;
+    if (scratch) {
+        pool->act = scratch;
+        pool->act_buf = (uint8_t *)scratch + pointers_bytes(limits->max_jobs);
+        pool->act_capacity = act_bytes(pool->isa, limits);
+        pool->stage = pool->act_buf + pool->act_capacity;
+        pool->stage_bytes = stage_bytes(pool->isa, limits);
+        if (scratch_bytes_for(pool->isa, n_threads, limits) > scratch_bytes)
+            pool->stage_bytes = 0; /* no room for carried sums: long rows run as whole-row tiles, same bits */
+    }
+    atomic_init(&pool->generation, 0);
+    atomic_init(&pool->n_done, 0);
+    atomic_init(&pool->next_chunk, 0);
+    atomic_init(&pool->n_sleeping, 0);
+    atomic_init(&pool->stopping, 0);
+    if (pthread_mutex_init(&pool->mutex, NULL) != 0) {
+        col_dealloc(alloc, pool);
+        return NULL;
+    }
+    pthread_cond_init(&pool->work_ready, NULL);
+    if (n_threads > 1) {
+        pool->threads = col_alloc_zeroed(alloc, n_threads - 1, sizeof *pool->threads);
+        pool->args = col_alloc_zeroed(alloc, n_threads - 1, sizeof *pool->args);
+        if (!pool->threads || !pool->args) {
+            col_pool_free(pool);
+            return NULL;
+        }
+        for (uint32_t i = 1; i < n_threads; i++) {
+            worker_arg *arg = &pool->args[i - 1];
+            arg->pool = pool;
+            arg->index = i;
+            if (pthread_create(&pool->threads[i - 1], NULL, worker_main, arg) != 0) {
+                col_pool_free(pool);
+                return NULL;
+            }
+            pool->n_started++;
+        }
+    }
+    return pool;
+}
+
+void col_pool_free(col_pool *pool)
+{
+    if (!pool) return;
+    pthread_mutex_lock(&pool->mutex);
+    atomic_store(&pool->stopping, 1);
+    pthread_cond_broadcast(&pool->work_ready);
+    pthread_mutex_unlock(&pool->mutex);
+    for (uint32_t i = 0; i < pool->n_started; i++) pthread_join(pool->threads[i], NULL);
+    const col_allocator alloc = pool->alloc;
+    col_dealloc(&alloc, pool->threads);
+    col_dealloc(&alloc, pool->args);
+    pthread_cond_destroy(&pool->work_ready);
+    pthread_mutex_destroy(&pool->mutex);
+    col_dealloc(&alloc, pool);
+}
+
+col_isa col_pool_isa(const col_pool *pool)
+{
+    return pool ? pool->isa : COL_ISA_PORTABLE;
+}
+
+void col_pool_set_numerics(col_pool *pool, const col_numerics *numerics)
+{
+    if (pool) pool->numerics = numerics;
+}
+
+void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs)
+{
+    if (pool && pool->numerics) { /* numerics variant: numerics.c runs it (and calls back below) */
+        col_numerics_matmul(pool->numerics, pool, jobs, n_jobs);
+        return;
+    }
+    col_matmul_kernels(pool, jobs, n_jobs, 0);
+}
+
+/* Token t of job j's activations into the place the job's kernels read them from. */
+static void prepare_token(const col_pool *pool, const col_matvec_job *j, uint8_t *act, uint32_t t)
+{
+    if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype))
+        col_amx_pack(j->x, j->n_tokens, j->w.cols, pool->x_bf16, t, t + 1, act);
+    else
+        col_quantize_row(j->x + (uint64_t)t * j->w.cols, j->w.cols, j->w.dtype, pool->isa, act + t * col_qrow_bytes(j->w.cols));
+}
+
+typedef struct prepare_ctx {
+    const col_pool *pool;
+    const col_matvec_job *jobs;
+    uint32_t n_jobs;
+} prepare_ctx;
+
+/* Items [i0, i1) of the tokens of every job that prepares its own activations, jobs in order. */
+static void prepare_items(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
+{
+    const prepare_ctx *c = ctx;
+    (void)thread;
+    uint64_t base = 0;
+    for (uint32_t k = 0; k < c->n_jobs && base < i1; k++) {
+        uint8_t *act = c->pool->act[k];
+        if (!act || (k > 0 && act == c->pool->act[k - 1])) continue; /* none, or the previous job's */
+        const col_matvec_job *j = &c->jobs[k];
+        for (uint64_t i = i0 > base ? i0 : base; i < i1 && i < base + j->n_tokens; i++)
+            prepare_token(c->pool, j, act, (uint32_t)(i - base));
+        base += j->n_tokens;
+    }
+}
+
+/* Quantise or pack the activations of a batch: on the calling thread when small (a decode step),
+ * else split by tokens over the pool. Every token's bytes are the same either way. */
+static void prepare_activations(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, uint64_t n_tokens,
+                                uint64_t n_elems)
+{
+    prepare_ctx ctx = {pool, jobs, n_jobs};
+    if (n_elems < COL_PREPARE_PARALLEL_ELEMS || pool->n_threads == 1)
+        prepare_items(&ctx, 0, 0, n_tokens);
+    else
+        col_pool_run(pool, prepare_items, &ctx, n_tokens);
+}
+
+void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, int x_bf16)
+{
+    if (n_jobs == 0) return;
+    if (!pool) { /* single-threaded portable path; float weights only (no scratch for int8 rows) */
+        for (uint32_t k = 0; k < n_jobs; k++) {
+            assert(!is_block_dtype(jobs[k].w.dtype));
+            if (!is_block_dtype(jobs[k].w.dtype)) col_rows_portable(&jobs[k], NULL, 0, jobs[k].w.rows);
+        }
+        return;
+    }
+    assert(n_jobs <= pool->max_jobs || pool->max_jobs == 0);
+    uint64_t rows = 0, macs = 0, used = 0, own_tokens = 0, own_elems = 0;
+    for (uint32_t k = 0; k < n_jobs; k++) {
+        const col_matvec_job *j = &jobs[k];
+        rows += j->w.rows;
+        macs += j->w.rows * row_work(j);
+        const int amx = pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype);
+        uint8_t *act = NULL;
+        if (amx || is_block_dtype(j->w.dtype)) {
+            const col_matvec_job *prev = k > 0 ? &jobs[k - 1] : NULL;
+            if (prev && prev->x == j->x && prev->n_tokens == j->n_tokens && prev->w.cols == j->w.cols &&
+                (amx ? col_amx_handles(prev->w.dtype) : prev->w.dtype == j->w.dtype) && pool->act[k - 1]) {
+                act = pool->act[k - 1]; /* same activations as the previous job (w1 and w3; q, k and v) */
+            } else {
+                uint64_t need = amx ? col_amx_packed_bytes(j->n_tokens, j->w.cols, x_bf16)
+                                    : j->n_tokens * col_qrow_bytes(j->w.cols);
+                need = (need + 63) & ~(uint64_t)63;
+                assert(k < pool->max_jobs && used + need <= pool->act_capacity); /* sized by the session */
+                if (k >= pool->max_jobs || used + need > pool->act_capacity) return;
+                act = pool->act_buf + used;
+                used += need;
+                own_tokens += j->n_tokens;
+                own_elems += (uint64_t)j->n_tokens * j->w.cols;
+            }
+        }
+        if (k < pool->max_jobs) pool->act[k] = act;
+    }
+    pool->x_bf16 = x_bf16;
+    prepare_activations(pool, jobs, n_jobs, own_tokens, own_elems);
+    pool->task = NULL;
+    pool->jobs = jobs;
+    pool->n_jobs = n_jobs;
+    pool->total_work = macs;
+    plan_chunks(pool, macs);
+    atomic_store(&pool->next_chunk, 0);
+    dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
+}
+
+void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items)
+{
+    if (n_items == 0) return;
+    if (!pool) {
+        fn(ctx, 0, 0, n_items);
+        return;
+    }
+    pool->task = fn;
+    pool->task_ctx = ctx;
+    pool->n_items = n_items;
+    dispatch(pool, n_items >= pool->n_threads);
+    pool->task = NULL;
+}
+
+uint32_t col_pool_threads(const col_pool *pool)
+{
+    return pool ? pool->n_threads : 1;
+}
+
+/* Run the batch just described in the pool: on all threads, or on the caller alone when it is not
+ * worth waking the workers (or they are not all running). Returns when every share is done. */
+static void dispatch(col_pool *pool, int worth_sharing)
+{
+    if (pool->n_threads == 1 || pool->n_started + 1 < pool->n_threads || !worth_sharing) {
+        run_share(pool, 0, 1);
+        return;
+    }
+    atomic_store(&pool->n_done, 0);
+    atomic_fetch_add(&pool->generation, 1);
+    if (atomic_load(&pool->n_sleeping) > 0) {
+        pthread_mutex_lock(&pool->mutex);
+        pthread_cond_broadcast(&pool->work_ready);
+        pthread_mutex_unlock(&pool->mutex);
+    }
+    run_share(pool, 0, pool->n_threads);
+    for (uint32_t spins = 0; atomic_load(&pool->n_done) < pool->n_threads - 1; spins++) cpu_relax(spins);
+}
