@@ -131,6 +131,24 @@ VARIANTS = [
         layer_types=["full_attention", "sliding_attention", "sliding_attention"],
         attention_bias=False, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 150000.0})),
+    # Llama4TextConfig's layout at small scale: MoE every second layer, layer 3 without RoPE
+    # (no_rope_layer_interval 4) with the query temperature tuned from position 3 on
+    # (floor_scale 4), chunks of 8 on the RoPE layers, top-1 with the weight on the input
+    Variant("llama4-interleaved-nope-chunked-top1", "llama4", dict(
+        _COMMON, num_hidden_layers=4, head_dim=16, intermediate_size=32,
+        intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, attention_chunk_size=8, floor_scale=4)),
+    Variant("llama4-top2-llama3-rope-bias-tied", "llama4", dict(
+        _COMMON, vocab_size=97, hidden_size=48, num_attention_heads=6, num_key_value_heads=2,
+        head_dim=8, num_hidden_layers=3, intermediate_size=24, intermediate_size_mlp=40,
+        num_local_experts=5, num_experts_per_tok=2, moe_layers=[0, 2],
+        no_rope_layers=[1, 0, 1], layer_types=["chunked_attention", "full_attention",
+                                                "full_attention"], attention_chunk_size=16,
+        use_qk_norm=False, floor_scale=8, attn_scale=0.3, attention_bias=True,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 8.0,
+                         "original_max_position_embeddings": 64})),
 ]
 
 _CLASSES = {
@@ -143,9 +161,10 @@ _CLASSES = {
     "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM),
     "ernie4_5_moe": (transformers.Ernie4_5_MoeConfig, transformers.Ernie4_5_MoeForCausalLM),
     "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
+    "llama4": (transformers.Llama4TextConfig, transformers.Llama4ForCausalLM),
 }
-# Router weights by family (`mlp.gate` in most, `mlp.router` in GPT-OSS)
-_ROUTER_WEIGHTS = ("mlp.gate.weight", "mlp.router.weight")
+# Router weights by family (`mlp.gate` in most, `mlp.router` in GPT-OSS, Llama 4's router)
+_ROUTER_WEIGHTS = ("mlp.gate.weight", "mlp.router.weight", "feed_forward.router.weight")
 
 
 def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
@@ -202,9 +221,18 @@ class Reference:
 
 
 def _routers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The MoE layers' router modules, in layer order (every family's returns logits, weights,
-    indices)."""
-    return [m for m in model.modules() if type(m).__name__.endswith(("TopkRouter", "TopKRouter"))]
+    """The MoE layers' router modules, in layer order."""
+    return [m for m in model.modules()
+            if type(m).__name__.endswith(("TopkRouter", "TopKRouter", "Llama4Router"))]
+
+
+def _logits_and_chosen(router: torch.nn.Module, out: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """A router's logits [T, E] and chosen experts [T, k] from its output: (logits, weights,
+    indices) in every family but Llama 4, whose router returns (scores, logits) and chose the
+    top-k of the logits."""
+    if type(router).__name__ == "Llama4Router":
+        return out[1], torch.topk(out[1], router.top_k, dim=-1)[1]
+    return out[0], out[2]
 
 
 def _selection_and_groups(router: torch.nn.Module, logits: torch.Tensor
@@ -244,10 +272,10 @@ def run(model: torch.nn.Module, tokens: list[int], n_generate: int) -> Reference
         generated = model.generate(ids, max_new_tokens=n_generate, do_sample=False,
                                    attention_mask=torch.ones_like(ids), pad_token_id=0)
     router = torch.stack([r.float() for r in out.router_logits], dim=1)  # [T, moe_layers, E]
-    chosen = torch.stack([o[2] for _, o in seen], dim=1)                 # [T, moe_layers, k]
+    chosen = torch.stack([_logits_and_chosen(m, o)[1] for m, o in seen], dim=1)  # [T, layers, k]
     sel, groups = [], []
     for mod, o in seen:
-        s, g = _selection_and_groups(mod, o[0])
+        s, g = _selection_and_groups(mod, _logits_and_chosen(mod, o)[0])
         sel.append(s)
         groups.append(g)
     kept = max((g.shape[1] for g in groups if g is not None), default=0)

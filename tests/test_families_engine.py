@@ -1,10 +1,12 @@
 """The engine's guarantees on the families of format version 2 (DeepSeek-V2/V3's latent attention
 and grouped routing, GLM-4.5's partial RoPE and biased sigmoid routing, ERNIE's interleaved RoPE
-and clamped softmax + bias, GPT-OSS's sinks, expert biases and clamped SwiGLU): bit-identical
-results for 1..4 threads, prefill equal to stepping, the trace's selection scores and kept groups
-as docs/format.md defines them, the routing modes acting on the selection score, the CLI's
---dump-trace keys, and the jitter lab and the debugger on every family added since. The models
-are the conformance variants (tests/hf_reference.py), converted once per test session.
+and clamped softmax + bias, GPT-OSS's sinks, expert biases and clamped SwiGLU, Llama 4's chunked
+attention, NoPE layers with a query temperature, q/k L2 norm and weighted expert inputs):
+bit-identical results for 1..4 threads, prefill equal to stepping, the trace's selection scores
+and kept groups as docs/format.md defines them, the routing modes acting on the selection score,
+the CLI's --dump-trace keys, and the jitter lab and the debugger on every family added since.
+The models are the conformance variants (tests/hf_reference.py), converted once per test
+session.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from colibri.engine import Model, Session  # noqa: E402
 
 VARIANTS = {v.name: v for v in hf_reference.VARIANTS}
 # one variant of each family the jitter lab and the debugger are run on below
-NEW_FAMILIES = ("gpt_oss-yarn-alternating-clamped",)
+NEW_FAMILIES = ("gpt_oss-yarn-alternating-clamped", "llama4-interleaved-nope-chunked-top1")
 FAMILY_VARIANTS = ("deepseek_v3-groups-qlora", "deepseek_v2-grouped-qlora-scaled",
                    "glm4_moe-qknorm-bias-groups", "ernie4_5_moe-shared-tied",
                    "deepseek_v3-flat-yarn-halves") + NEW_FAMILIES
@@ -189,6 +191,18 @@ def test_info_states_gpt_oss_experts_and_attention(converted: dict,
     assert "layer 1    top-2 of 4 logits (+ router bias)" in out
     assert "layer 1    top-2 of 4 logits (+ router bias), weighted by a softmax over the chosen; " \
            "experts: clamped SwiGLU (alpha 1.702, limit 0.6) with biases; attention sinks" in out
+
+
+def test_info_states_llama4_layers(converted: dict, capsys: pytest.CaptureFixture) -> None:
+    assert main(["info", str(converted[("llama4-interleaved-nope-chunked-top1", "f32")])]) == 0
+    out = capsys.readouterr().out
+    assert "layer 0    dense MLP; chunked attention; q and k L2-normalised" in out
+    assert ("layer 1    top-1 of 4 logits, weighted by their sigmoids; plus a shared expert; each "
+            "chosen expert's input scaled by its weight; chunked attention; q and k "
+            "L2-normalised") in out
+    assert ("layer 3    top-1 of 4 logits, weighted by their sigmoids; plus a shared expert; each "
+            "chosen expert's input scaled by its weight; no RoPE; queries at position p times "
+            "log1p(floor((p + 1) / 4)) * 0.1 + 1") in out
 
 
 @pytest.mark.parametrize("name", NEW_FAMILIES)

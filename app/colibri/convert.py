@@ -4,10 +4,11 @@ This module owns the step from a Hugging Face model directory (`config.json`, on
 `*.safetensors` files, optionally `model.safetensors.index.json` and `tokenizer.json`) to one
 `.colibri` file laid out by `colibri.fileformat`. What a family's config means and which of its
 tensors make which Colibri tensor lives in colibri.families, one module per family (Mixtral,
-Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2, DeepSeek-V3, GLM-4.5, ERNIE 4.5, GPT-OSS); both on-disk
-expert layouts that transformers 5 writes are read: per-expert tensors (the default
-`save_pretrained`, and what Hub checkpoints hold) and fused 3-D tensors (`save_pretrained(...,
-save_original_format=False)`), and GPT-OSS's transposed or MXFP4 experts.
+Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2, DeepSeek-V3, GLM-4.5, ERNIE 4.5, GPT-OSS, Llama 4);
+both on-disk expert layouts that transformers 5 writes are read: per-expert tensors (the
+default `save_pretrained`, and what Hub checkpoints hold) and fused 3-D tensors
+(`save_pretrained(..., save_original_format=False)`), and GPT-OSS's and Llama 4's transposed
+(GPT-OSS's also MXFP4) experts.
 
 It reads safetensors through `colibri.formats.safetensors_file`: every file of the checkpoint
 (index, shards) is validated byte by byte first, and only then read with the `safetensors`
@@ -170,24 +171,27 @@ def _loader(name: str, dtype: int, shape: tuple[int, ...], pieces: Sequence[_Pie
 class _Planner:
     """Collects the output tensors and every problem with the checkpoint, so that all missing
     tensors and bad shapes are reported together, before anything is written. Implements
-    colibri.families.common.Planner."""
+    colibri.families.common.Planner. Every Hugging Face name a family gives is looked up after
+    `prefix` (the architecture's hf_prefix)."""
 
-    def __init__(self, ckpt: Checkpoint, dtype: int):
+    def __init__(self, ckpt: Checkpoint, dtype: int, prefix: str = ""):
         self.ckpt = ckpt
         self.tensors = {t.name: t for t in ckpt.tensors}
         self.dtype = dtype
+        self.prefix = prefix
         self.specs: list[TensorSpec] = []
         self.problems: list[str] = []
         self.used: set[str] = set()
 
     def has(self, hf_name: str) -> bool:
-        return hf_name in self.tensors
+        return self.prefix + hf_name in self.tensors
 
     def problem(self, text: str) -> None:
         self.problems.append(text)
 
     def source(self, hf_name: str, shape: tuple[int, ...], what: str,
                dtypes: Sequence[str] = SOURCE_DTYPES) -> TensorEntry | None:
+        hf_name = self.prefix + hf_name
         t = self.tensors.get(hf_name)
         if t is None:
             self.problems.append(f"missing tensor '{hf_name}' (for {what})")
@@ -260,7 +264,7 @@ class _Planner:
             return
         n_experts = sources[0][1][0]
         count = math.prod(shape)
-        names = tuple(n for n, _ in sources)
+        names = tuple(t.name for t in entries if t is not None)
         self.add(name, (n_experts, *shape),
                  [_ExpertPiece(self.ckpt, names, e, make, count) for e in range(n_experts)],
                  force_f32)
@@ -284,7 +288,7 @@ class _Planner:
 
 def _plan_tensors(tensors: Checkpoint, arch: Architecture, family: Family,
                   dtype: int) -> list[TensorSpec]:
-    p = _Planner(tensors, dtype)
+    p = _Planner(tensors, dtype, arch.hf_prefix)
     common.embeddings(p, arch)
     for layer in range(arch.hp.n_layers):
         family.layer_tensors(p, arch, layer)

@@ -181,6 +181,11 @@ class RoutingInfo:
     activation: int
     act_alpha: float
     act_limit: float
+    weight_inputs: int
+    no_rope: int
+    qk_l2_norm: int
+    temperature_floor: int
+    temperature_scale: float
 
     @property
     def has_groups(self) -> bool:
@@ -613,7 +618,9 @@ class Model:
                            int(out.normalize), float(out.norm_eps), float(out.norm_p),
                            float(out.scale), float(out.sparsemixer_eps), int(out.shared),
                            int(out.attention), int(out.sinks), int(out.expert_bias),
-                           int(out.activation), float(out.act_alpha), float(out.act_limit))
+                           int(out.activation), float(out.act_alpha), float(out.act_limit),
+                           int(out.weight_inputs), int(out.no_rope), int(out.qk_l2_norm),
+                           int(out.temperature_floor), float(out.temperature_scale))
 
     def check_file(self) -> bool:
         """Is the mapping still the file it was? Raises ColibriFileChangedError when the file was

@@ -140,7 +140,7 @@ def dequantize(data: np.ndarray, dtype: int, shape: Sequence[int]) -> np.ndarray
 
 ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4  # keys of ARCH_NAMES
 ARCH_DEEPSEEK_V2, ARCH_DEEPSEEK_V3, ARCH_GLM4_MOE, ARCH_ERNIE4_5_MOE = 5, 6, 7, 8  # version 2
-ARCH_GPT_OSS = 9
+ARCH_GPT_OSS, ARCH_LLAMA4 = 9, 10
 
 FLAG_NORM_TOPK = 1              # version 1 only (a version-2 routing entry states it)
 FLAG_TIED_EMBEDDINGS = 2
@@ -153,9 +153,9 @@ FLAG_QK_NORM_HEAD = 64
 FLAG_QK_NORM_FULL = 128
 
 LAYER_DENSE, LAYER_MOE = 0, 1
-LAYER_FULL, LAYER_SLIDING = 0, 1                 # a layer's attention mask (routing entry 0x48)
+LAYER_FULL, LAYER_SLIDING, LAYER_CHUNKED = 0, 1, 2  # a layer's attention mask (routing entry 0x48)
 ATTENTION_GQA, ATTENTION_MLA = 0, 1              # header 0x0C8
-ROPE_DEFAULT, ROPE_LINEAR, ROPE_YARN = 0, 1, 2   # header 0x08C
+ROPE_DEFAULT, ROPE_LINEAR, ROPE_YARN, ROPE_LLAMA3 = 0, 1, 2, 3   # header 0x08C
 ROPE_HALVES, ROPE_INTERLEAVED = 0, 1             # header 0x0E4
 SCORING_SOFTMAX, SCORING_SIGMOID, SCORING_SPARSEMIXER = 0, 1, 2
 SELECT_SCORES, SELECT_LOGITS = 0, 1
@@ -176,7 +176,7 @@ _HPARAM_FIELDS: tuple[tuple[int, str, str], ...] = (
     (0x0A8, "<f", "norm_eps"), (0x0AC, "<f", "clip_qkv"), (0x0B0, "<f", "default_epsilon"),
     (0x0B4, "<i", "bos_token_id"), (0x0B8, "<i", "eos_token_id"),
 )
-# Version 2's fields after the CRCs (0x0C8..0x0FF; 0x100..0x1FF reserved, zero).
+# Version 2's fields after the CRCs (0x0C8..0x0FF, 0x110; the other bytes to 0x1FF reserved, zero).
 _HPARAM_FIELDS_V2: tuple[tuple[int, str, str], ...] = (
     (0x0C8, "<I", "attention"), (0x0CC, "<I", "q_lora_rank"), (0x0D0, "<I", "kv_lora_rank"),
     (0x0D4, "<I", "qk_nope_head_dim"), (0x0D8, "<I", "qk_rope_head_dim"),
@@ -184,6 +184,7 @@ _HPARAM_FIELDS_V2: tuple[tuple[int, str, str], ...] = (
     (0x0E8, "<f", "attn_scale"), (0x0EC, "<f", "latent_norm_eps"),
     (0x0F0, "<f", "rope_attn_factor"), (0x0F4, "<f", "rope_beta_fast"),
     (0x0F8, "<f", "rope_beta_slow"), (0x0FC, "<I", "rope_truncate"),
+    (0x110, "<I", "attention_chunk_size"),
 )
 
 
@@ -194,7 +195,8 @@ class RouteRule:
     whether the layer has the tensors `layers.L.moe_gate_bias` and `layers.L.moe_correction_bias`
     (the writer finds their index); `expert_bias` whether it has `moe_w1_bias`, `moe_w3_bias`
     and `moe_w2_bias`; `activation` (EXPERT_*) with `act_alpha` and `act_limit` is what the
-    experts compute between their projections."""
+    experts compute between their projections; `weight_inputs` puts each chosen expert's weight on
+    its input instead of its output (Llama 4)."""
 
     scoring: int = SCORING_SOFTMAX
     select_on: int = SELECT_SCORES
@@ -213,6 +215,7 @@ class RouteRule:
     activation: int = EXPERT_SWIGLU
     act_alpha: float = 0.0
     act_limit: float = 0.0
+    weight_inputs: bool = False
 
     @classmethod
     def from_info(cls, info: Any) -> RouteRule:
@@ -221,7 +224,7 @@ class RouteRule:
                    info.correction_bias_tensor is not None, info.n_groups, info.n_groups_kept,
                    info.group_score, info.normalize, info.norm_eps, info.norm_p, info.scale,
                    info.shared, info.sparsemixer_eps, bool(info.expert_bias), info.activation,
-                   info.act_alpha, info.act_limit)
+                   info.act_alpha, info.act_limit, bool(info.weight_inputs))
 
     @classmethod
     def from_v1_flags(cls, flags: int) -> RouteRule:
@@ -235,16 +238,22 @@ class RouteRule:
 @dataclass(frozen=True)
 class LayerAttention:
     """A layer's attention as its version-2 routing entry states it, dense and MoE layers alike:
-    the mask (LAYER_FULL / LAYER_SLIDING) and whether each head has a sink logit
-    (`layers.L.attn_sinks`)."""
+    the mask (LAYER_FULL / LAYER_SLIDING / LAYER_CHUNKED), whether each head has a sink logit
+    (`layers.L.attn_sinks`), whether the layer skips RoPE, L2-normalises q and k heads after it,
+    and scales its queries by a temperature (its floor and scale; floor 0 = none)."""
 
     mask: int = LAYER_FULL
     sinks: bool = False
+    no_rope: bool = False
+    qk_l2_norm: bool = False
+    temperature_floor: int = 0
+    temperature_scale: float = 0.0
 
     @classmethod
     def from_info(cls, info: Any) -> LayerAttention:
         """The attention of a decoded routing entry (colibri.engine.RoutingInfo)."""
-        return cls(info.attention, bool(info.sinks))
+        return cls(info.attention, bool(info.sinks), bool(info.no_rope), bool(info.qk_l2_norm),
+                   info.temperature_floor, info.temperature_scale)
 
 
 @dataclass
@@ -408,8 +417,10 @@ def _routing_bytes(plan: FilePlan) -> bytes:
             att = plan.attention[layer]
             struct.pack_into("<2I", entry, 0x48, att.mask, int(att.sinks))
             if rule is not None:
-                struct.pack_into("<2I2f", entry, 0x50, int(rule.expert_bias), rule.activation,
-                                 rule.act_alpha, rule.act_limit)
+                struct.pack_into("<2I2fI", entry, 0x50, int(rule.expert_bias), rule.activation,
+                                 rule.act_alpha, rule.act_limit, int(rule.weight_inputs))
+            struct.pack_into("<3If", entry, 0x64, int(att.no_rope), int(att.qk_l2_norm),
+                             att.temperature_floor, att.temperature_scale)
         out += entry
     return bytes(out)
 

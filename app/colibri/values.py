@@ -25,7 +25,7 @@ FORMAT_VERSION = 2   # what the writer writes unless asked for version 1 (the en
 # col_arch (5.. need format version 2)
 ARCH_NAMES: dict[int, str] = {1: "mixtral", 2: "qwen2_moe", 3: "qwen3_moe", 4: "olmoe",
                               5: "deepseek_v2", 6: "deepseek_v3", 7: "glm4_moe",
-                              8: "ernie4_5_moe", 9: "gpt_oss"}
+                              8: "ernie4_5_moe", 9: "gpt_oss", 10: "llama4"}
 
 # col_routing_mode, in enum order
 RoutingName = Literal["topk", "stable", "soft", "gumbel"]
@@ -96,6 +96,7 @@ class HParams:
     rope_beta_fast: float = 0.0
     rope_beta_slow: float = 0.0
     rope_truncate: int = 0
+    attention_chunk_size: int = 0
 
     def v2_value(self, attr: str) -> int | float:
         """A version-2 header field's value, the Nones filled as version 1 would mean them."""

@@ -38,8 +38,8 @@ extern "C" {
 #endif
 
 #define COL_ABI_VERSION 6   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
-                                grew; col_routing_describe); 5: col_routing_scores; 6: GPT-OSS's fields in
-                                col_routing_info */
+                                grew; col_routing_describe); 5: col_routing_scores; 6: GPT-OSS's and Llama 4's
+                                fields in col_hparams and col_routing_info */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -118,7 +118,8 @@ typedef enum col_arch {
     COL_ARCH_DEEPSEEK_V3 = 6,
     COL_ARCH_GLM4_MOE = 7,
     COL_ARCH_ERNIE4_5_MOE = 8,
-    COL_ARCH_GPT_OSS = 9
+    COL_ARCH_GPT_OSS = 9,
+    COL_ARCH_LLAMA4 = 10
 } col_arch;
 
 /* Bits of col_hparams.flags (header offset 0x05C). NORM_TOPK, SHARED_EXPERT and
@@ -137,7 +138,8 @@ typedef enum col_model_flag {
 typedef enum col_rope_type {
     COL_ROPE_DEFAULT = 0,
     COL_ROPE_LINEAR = 1,
-    COL_ROPE_YARN = 2              /* v2: inverse frequencies ramped between interpolation and extrapolation */
+    COL_ROPE_YARN = 2,             /* v2: inverse frequencies ramped between interpolation and extrapolation */
+    COL_ROPE_LLAMA3 = 3            /* v2: low frequencies divided by rope_factor, high ones kept, smoothed between */
 } col_rope_type;
 
 /* Which dimensions RoPE pairs (header 0x0E4, v2). */
@@ -161,7 +163,9 @@ typedef enum col_layer_kind {
  * header's sliding_window is set). */
 typedef enum col_layer_attention {
     COL_LAYER_FULL = 0,            /* causal */
-    COL_LAYER_SLIDING = 1          /* key allowed iff q - sliding_window < k <= q */
+    COL_LAYER_SLIDING = 1,         /* key allowed iff q - sliding_window < k <= q */
+    COL_LAYER_CHUNKED = 2          /* key allowed iff k <= q in the same chunk: k / C == q / C, C =
+                                    * attention_chunk_size (Llama 4) */
 } col_layer_attention;
 
 /* What a MoE layer's routed experts compute between their up and down projections (routing
@@ -253,6 +257,7 @@ typedef struct col_hparams {
     float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor; else 1) */
     float rope_beta_fast;          /* YaRN */
     float rope_beta_slow;          /* YaRN */
+    uint32_t attention_chunk_size; /* C of chunked layers (COL_LAYER_CHUNKED); 0 when no layer is chunked */
 } col_hparams;
 
 /* One tensor table entry, decoded. `data` points into the read-only mapping (never write it). */
@@ -270,9 +275,10 @@ typedef struct col_tensor_info {
 } col_tensor_info;
 
 /* One routing section entry (per layer): the layer's whole routing rule (docs/format.md, "The
- * routing rule"). Version-1 entries are decoded to the rule version 1 means (softmax over every
- * expert, top-k of the scores, NORM_TOPK and the shared-expert flags of the header). Dense
- * layers have kind DENSE and zero routing fields. */
+ * routing rule"), the form of its routed experts and its attention. Version-1 entries are decoded
+ * to the rule version 1 means (softmax over every expert, top-k of the scores, NORM_TOPK and the
+ * shared-expert flags of the header). Dense layers have kind DENSE and zero routing and expert
+ * fields; their attention fields (attention, sinks, no_rope, qk_l2_norm, temperature) apply. */
 typedef struct col_routing_info {
     uint32_t layer;
     uint32_t kind;                 /* col_layer_kind */
@@ -299,6 +305,14 @@ typedef struct col_routing_info {
     uint32_t activation;           /* col_expert_activation of the routed experts */
     float act_alpha;               /* COL_EXPERT_SWIGLU_CLAMPED: the sigmoid's gain; else 0 */
     float act_limit;               /* COL_EXPERT_SWIGLU_CLAMPED: the clamp; else 0 */
+    uint32_t weight_inputs;        /* 1: each chosen expert's input is scaled by its weight and the outputs
+                                    * are summed unscaled (Llama 4); 0: the outputs are weighted */
+    uint32_t no_rope;              /* 1: the layer applies no RoPE (Llama 4's NoPE layers) */
+    uint32_t qk_l2_norm;           /* 1: each q and k head is divided by its RMS (norm_eps, no weight) after
+                                    * RoPE (Llama 4's L2 norm) */
+    uint32_t temperature_floor;    /* F > 0: the queries at position p are multiplied by
+                                    * log1p(floor((p + 1) / F)) * temperature_scale + 1; 0: none */
+    float temperature_scale;       /* with temperature_floor (Llama 4's attn_scale); else 0 */
 } col_routing_info;
 
 /* One field of the fixed header, for structure views (a hex editor's template). */

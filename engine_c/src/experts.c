@@ -5,7 +5,8 @@
  * Expert e computes w2 . (silu(w1 . x) * (w3 . x)) from its slice of the stacked tensors
  * (one contiguous range per matrix), or GPT-OSS's form: biases after each projection and the
  * clamped SwiGLU between them. The routed outputs are summed with their weights in selection
- * order; a shared expert is added last (Qwen2-MoE's scaled by sigmoid(shared_gate . x)).
+ * order (Llama 4: the weights scale the experts' inputs instead, and the outputs are summed); a
+ * shared expert is added last (Qwen2-MoE's scaled by sigmoid(shared_gate . x)).
  */
 #include "session.h"
 
@@ -202,16 +203,24 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         s->expert_count[e] = 0; /* becomes the fill cursor */
     }
     /* A lone token is its own group: every expert reads it in place, so a decode step copies
-     * nothing and quantises or packs its activations once for all the experts' products. */
-    const int alone = n == 1;
+     * nothing and quantises or packs its activations once for all the experts' products. Llama 4
+     * scales each expert's input by its weight, so each (token, slot) has a row of its own. */
+    const int weight_inputs = layer->route->weight_inputs != 0;
+    const int alone = n == 1 && !weight_inputs;
     uint64_t d_ff = layer->moe_w1->shape[1];
     for (uint32_t t = 0; t < n; t++)
         for (uint32_t slot = 0; slot < n_slots; slot++) {
             uint32_t e = (uint32_t)s->route_ids[t * ks + slot];
             uint32_t row = s->expert_offset[e] + s->expert_count[e]++;
             s->route_rows[t * ks + slot] = row;
-            if (!alone)
-                memcpy(s->expert_x + (uint64_t)row * d_model, s->xn + (uint64_t)t * d_model, d_model * sizeof(float));
+            float *dst = s->expert_x + (uint64_t)row * d_model;
+            const float *src = s->xn + (uint64_t)t * d_model;
+            if (weight_inputs) {
+                float w = s->route_weights[t * ks + slot];
+                for (uint32_t i = 0; i < d_model; i++) dst[i] = src[i] * w;
+            } else if (!alone) {
+                memcpy(dst, src, d_model * sizeof(float));
+            }
         }
     for (uint32_t e = 0; e < n_experts; e++) {
         if (!s->expert_count[e]) continue;
@@ -239,7 +248,7 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         for (uint32_t i = 0; i < d_model; i++) acc[i] = 0.0f;
         for (uint32_t slot = 0; slot < n_slots; slot++) {
             const float *out = s->expert_out + (uint64_t)s->route_rows[t * ks + slot] * d_model;
-            float weight = s->route_weights[t * ks + slot];
+            float weight = weight_inputs ? 1.0f : s->route_weights[t * ks + slot];
             for (uint32_t i = 0; i < d_model; i++) acc[i] += weight * out[i];
         }
     }

@@ -185,7 +185,8 @@ enum {
     H_ATTENTION = 0x0C8, H_Q_LORA = 0x0CC, H_KV_LORA = 0x0D0, H_QK_NOPE = 0x0D4, H_QK_ROPE = 0x0D8,
     H_V_HEAD = 0x0DC, H_ROTARY_DIM = 0x0E0, H_ROPE_LAYOUT = 0x0E4, H_ATTN_SCALE = 0x0E8,
     H_LATENT_EPS = 0x0EC, H_ROPE_ATTN_FACTOR = 0x0F0, H_ROPE_BETA_FAST = 0x0F4,
-    H_ROPE_BETA_SLOW = 0x0F8, H_ROPE_TRUNCATE = 0x0FC, H_RESERVED_V2 = 0x100
+    H_ROPE_BETA_SLOW = 0x0F8, H_ROPE_TRUNCATE = 0x0FC, H_RESERVED_V2 = 0x100, H_CHUNK = 0x110,
+    H_RESERVED_V2_END = 0x114
 };
 
 /* Tensor table entry and routing entry field offsets. */
@@ -197,7 +198,8 @@ enum { R_LAYER = 0x00, R_KIND = 0x04, R_GATE = 0x08, R_GATE_BIAS = 0x0C, R_TOPK 
        R_SELECT_ON = 0x1C, R_CORRECTION = 0x20, R_N_GROUPS = 0x24, R_GROUPS_KEPT = 0x28,
        R_GROUP_SCORE = 0x2C, R_NORMALIZE = 0x30, R_NORM_EPS = 0x34, R_NORM_P = 0x38, R_SCALE = 0x3C,
        R_SHARED = 0x40, R_SPARSEMIXER_EPS = 0x44, R_ATTENTION = 0x48, R_SINKS = 0x4C, R_EXPERT_BIAS = 0x50,
-       R_ACTIVATION = 0x54, R_ACT_ALPHA = 0x58, R_ACT_LIMIT = 0x5C, R_RESERVED = 0x60 };
+       R_ACTIVATION = 0x54, R_ACT_ALPHA = 0x58, R_ACT_LIMIT = 0x5C, R_WEIGHT_INPUTS = 0x60, R_NO_ROPE = 0x64,
+       R_QK_L2_NORM = 0x68, R_TEMP_FLOOR = 0x6C, R_TEMP_SCALE = 0x70, R_RESERVED = 0x74 };
 
 #define MAX_EXPERTS 4096u
 #define MAX_LAYERS 1024u
@@ -267,6 +269,7 @@ static void decode_hparams(const uint8_t *d, col_hparams *hp)
     hp->rope_beta_fast = rdf32(d + H_ROPE_BETA_FAST);
     hp->rope_beta_slow = rdf32(d + H_ROPE_BETA_SLOW);
     hp->rope_truncate = rd32(d + H_ROPE_TRUNCATE);
+    hp->attention_chunk_size = rd32(d + H_CHUNK);
 }
 
 /* What the validator learned about the file's layout, and which regions are safe to read. */
@@ -674,6 +677,11 @@ static bool route_of(const layout *L, uint32_t layer, col_routing_info *ri)
         ri->activation = rd32(r + R_ACTIVATION);
         ri->act_alpha = rdf32(r + R_ACT_ALPHA);
         ri->act_limit = rdf32(r + R_ACT_LIMIT);
+        ri->weight_inputs = rd32(r + R_WEIGHT_INPUTS);
+        ri->no_rope = rd32(r + R_NO_ROPE);
+        ri->qk_l2_norm = rd32(r + R_QK_L2_NORM);
+        ri->temperature_floor = rd32(r + R_TEMP_FLOOR);
+        ri->temperature_scale = rdf32(r + R_TEMP_SCALE);
         return true;
     }
     uint32_t flags = L->hp.flags;
@@ -881,14 +889,27 @@ static void check_hparams_v2(const layout *L, sink *s)
         if (hp->rope_attn_factor != 1.0f)
             ERR(s, COL_ERR_HEADER, H_ROPE_ATTN_FACTOR, "", "rope_attn_factor %g: only YaRN scales cos and sin (1)",
                 (double)hp->rope_attn_factor);
+        if (hp->rope_type == COL_ROPE_LLAMA3 && hp->rope_original_max_context < 1)
+            ERR(s, COL_ERR_HEADER, H_ROPE_ORIG_CTX, "", "llama3 RoPE needs rope_original_max_context >= 1");
         if (hp->rope_beta_fast != 0.0f || hp->rope_beta_slow != 0.0f || hp->rope_truncate != 0)
             ERR(s, COL_ERR_HEADER, hp->rope_beta_fast != 0.0f ? H_ROPE_BETA_FAST
                                    : hp->rope_beta_slow != 0.0f ? H_ROPE_BETA_SLOW : H_ROPE_TRUNCATE, "",
                 "rope_beta_fast, rope_beta_slow and rope_truncate are YaRN's (they must be 0)");
     }
+    if (hp->rope_type == COL_ROPE_LLAMA3) {
+        if (!finite_pos((double)hp->rope_low_freq_factor))
+            ERR(s, COL_ERR_HEADER, H_ROPE_LOW, "", "rope_low_freq_factor %g is not a finite value > 0",
+                (double)hp->rope_low_freq_factor);
+        if (!finite_pos((double)hp->rope_high_freq_factor))
+            ERR(s, COL_ERR_HEADER, H_ROPE_HIGH, "", "rope_high_freq_factor %g is not a finite value > 0",
+                (double)hp->rope_high_freq_factor);
+    } else if (hp->rope_low_freq_factor != 0.0f || hp->rope_high_freq_factor != 0.0f) {
+        ERR(s, COL_ERR_HEADER, hp->rope_low_freq_factor != 0.0f ? H_ROPE_LOW : H_ROPE_HIGH, "",
+            "rope_low_freq_factor and rope_high_freq_factor are llama3 RoPE's (they must be 0)");
+    }
     /* Reserved bytes must be zero: a later field takes them, and this reader then refuses a file
      * that sets it rather than running something else than what the file says. */
-    for (uint32_t o = H_RESERVED_V2; o < COL_HEADER_SIZE_V2; o++)
+    for (uint32_t o = H_RESERVED_V2; o < COL_HEADER_SIZE_V2; o = o + 1 == H_CHUNK ? H_RESERVED_V2_END : o + 1)
         if (L->d[o]) {
             ERR(s, COL_ERR_UNSUPPORTED, o, "",
                 "reserved header byte 0x%03" PRIX32 " is 0x%02X, not 0: a field this engine does not know", o, L->d[o]);
@@ -901,7 +922,7 @@ static void check_hparams(const layout *L, sink *s)
 {
     const col_hparams *hp = &L->hp;
     bool v2 = L->version == 2;
-    uint32_t last_arch = v2 ? COL_ARCH_GPT_OSS : COL_ARCH_OLMOE;
+    uint32_t last_arch = v2 ? COL_ARCH_LLAMA4 : COL_ARCH_OLMOE;
     if (hp->arch < COL_ARCH_MIXTRAL || hp->arch > last_arch)
         ERR(s, COL_ERR_UNSUPPORTED, H_ARCH, "", "unknown arch %" PRIu32 " (format version %" PRIu32 ")",
             hp->arch, L->version);
@@ -951,7 +972,7 @@ static void check_hparams(const layout *L, sink *s)
     if (hp->n_experts_active < 1 || (L->experts_ok && hp->n_experts_active > hp->n_experts))
         ERR(s, COL_ERR_HEADER, H_TOPK, "", "n_experts_active %" PRIu32 " not in 1..num_experts %"
             PRIu32, hp->n_experts_active, hp->n_experts);
-    if (hp->rope_type > (v2 ? COL_ROPE_YARN : COL_ROPE_LINEAR))
+    if (hp->rope_type > (v2 ? COL_ROPE_LLAMA3 : COL_ROPE_LINEAR))
         ERR(s, COL_ERR_UNSUPPORTED, H_ROPE_TYPE, "", "unknown rope_type %" PRIu32 " (format version %" PRIu32 ")",
             hp->rope_type, L->version);
     if (!finite_pos(hp->rope_theta))
@@ -1097,12 +1118,31 @@ static bool check_route_v2(const layout *L, sink *s, uint32_t l, uint64_t ro, co
                 " is 0x%02X, not 0: a field this engine does not know", l, o, r[o]);
             break;
         }
-    if (ri->attention > COL_LAYER_SLIDING)
+    if (ri->attention > COL_LAYER_CHUNKED)
         ERR(s, COL_ERR_UNSUPPORTED, ro + R_ATTENTION, "", "routing entry %" PRIu32 ": unknown attention %" PRIu32,
             l, ri->attention);
     else if (ri->attention == COL_LAYER_SLIDING && hp->sliding_window == 0)
         ERR(s, COL_ERR_ROUTING, ro + R_ATTENTION, "", "routing entry %" PRIu32
             ": a sliding-window layer, but the header's sliding_window is 0", l);
+    else if (ri->attention == COL_LAYER_CHUNKED && hp->attention_chunk_size == 0)
+        ERR(s, COL_ERR_ROUTING, ro + R_ATTENTION, "", "routing entry %" PRIu32
+            ": a chunked-attention layer, but the header's attention_chunk_size is 0", l);
+    if (ri->no_rope > 1)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_NO_ROPE, "", "routing entry %" PRIu32 ": no_rope %" PRIu32
+            " is not 0 or 1", l, ri->no_rope);
+    else if (ri->no_rope && hp->attention != COL_ATTENTION_GQA)
+        ERR(s, COL_ERR_ROUTING, ro + R_NO_ROPE, "", "routing entry %" PRIu32
+            ": a layer without RoPE needs GQA attention", l);
+    if (ri->qk_l2_norm > 1)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_QK_L2_NORM, "", "routing entry %" PRIu32 ": qk_l2_norm %" PRIu32
+            " is not 0 or 1", l, ri->qk_l2_norm);
+    else if (ri->qk_l2_norm && (hp->attention != COL_ATTENTION_GQA ||
+                                (hp->flags & (COL_FLAG_QK_NORM_HEAD | COL_FLAG_QK_NORM_FULL))))
+        ERR(s, COL_ERR_ROUTING, ro + R_QK_L2_NORM, "", "routing entry %" PRIu32
+            ": the q/k L2 norm needs GQA attention without the header's QK_NORM flags", l);
+    if (ri->temperature_floor ? !isfinite(ri->temperature_scale) : ri->temperature_scale != 0.0f)
+        ERR(s, COL_ERR_ROUTING, ro + R_TEMP_SCALE, "", "routing entry %" PRIu32
+            ": temperature_scale %g (finite with a temperature_floor, else 0)", l, (double)ri->temperature_scale);
     if (ri->sinks > 1)
         ERR(s, COL_ERR_UNSUPPORTED, ro + R_SINKS, "", "routing entry %" PRIu32 ": sinks %" PRIu32 " is not 0 or 1",
             l, ri->sinks);
@@ -1119,7 +1159,7 @@ static bool check_route_v2(const layout *L, sink *s, uint32_t l, uint64_t ro, co
             {R_NORMALIZE, "normalize", 0}, {R_NORM_EPS, "norm_eps", 0}, {R_NORM_P, "norm_p", 0},
             {R_SCALE, "scale", 0}, {R_SHARED, "shared", 0}, {R_SPARSEMIXER_EPS, "sparsemixer_eps", 0},
             {R_EXPERT_BIAS, "expert_bias", 0}, {R_ACTIVATION, "activation", 0}, {R_ACT_ALPHA, "act_alpha", 0},
-            {R_ACT_LIMIT, "act_limit", 0}};
+            {R_ACT_LIMIT, "act_limit", 0}, {R_WEIGHT_INPUTS, "weight_inputs", 0}};
         for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
             if (rd32(r + fields[i].off) != fields[i].none) {
                 ERR(s, COL_ERR_ROUTING, ro + fields[i].off, "", "routing entry %" PRIu32
@@ -1205,6 +1245,9 @@ static bool check_route_v2(const layout *L, sink *s, uint32_t l, uint64_t ro, co
     if (ri->expert_bias > 1)
         ERR(s, COL_ERR_UNSUPPORTED, ro + R_EXPERT_BIAS, "", "routing entry %" PRIu32
             ": expert_bias %" PRIu32 " is not 0 or 1", l, ri->expert_bias);
+    if (ri->weight_inputs > 1)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_WEIGHT_INPUTS, "", "routing entry %" PRIu32
+            ": weight_inputs %" PRIu32 " is not 0 or 1", l, ri->weight_inputs);
     if (ri->activation > COL_EXPERT_SWIGLU_CLAMPED) {
         ERR(s, COL_ERR_UNSUPPORTED, ro + R_ACTIVATION, "", "routing entry %" PRIu32 ": unknown activation %" PRIu32,
             l, ri->activation);
@@ -1235,7 +1278,7 @@ static void check_routing(const layout *L, sink *s)
 {
     const col_hparams *hp = &L->hp;
     uint32_t n_moe = 0;
-    bool any_shared = false, any_sliding = false;
+    bool any_shared = false, any_sliding = false, any_chunked = false;
     for (uint32_t l = 0; l < L->n_layers; l++) {
         uint64_t ro = L->routing_off + (uint64_t)l * L->entry_size;
         const uint8_t *r = L->d + ro;
@@ -1266,6 +1309,7 @@ static void check_routing(const layout *L, sink *s)
             route_of(L, l, &ri);
             any_shared |= check_route_v2(L, s, l, ro, &ri);
             any_sliding |= ri.attention == COL_LAYER_SLIDING;
+            any_chunked |= ri.attention == COL_LAYER_CHUNKED;
             continue;
         }
         if (bias != COL_NO_TENSOR)
@@ -1296,6 +1340,10 @@ static void check_routing(const layout *L, sink *s)
     if (L->version == 2 && hp->sliding_window != 0 && !any_sliding)
         ERR(s, COL_ERR_HEADER, H_SLIDING_WINDOW, "",
             "sliding_window %" PRIu32 " but no routing entry has a sliding-window layer", hp->sliding_window);
+    if (L->version == 2 && hp->attention_chunk_size != 0 && !any_chunked)
+        ERR(s, COL_ERR_HEADER, H_CHUNK, "",
+            "attention_chunk_size %" PRIu32 " but no routing entry has a chunked-attention layer",
+            hp->attention_chunk_size);
 }
 
 /* Step 8. Presence and duplicates of the architecture's names are tracked in a bitset on the
@@ -1551,7 +1599,9 @@ static const field_desc header_fields[] = {
     {"rope_beta_fast", "rope", H_ROPE_BETA_FAST, 4, COL_FIELD_F32, IN_V2},
     {"rope_beta_slow", "rope", H_ROPE_BETA_SLOW, 4, COL_FIELD_F32, IN_V2},
     {"rope_truncate", "rope", H_ROPE_TRUNCATE, 4, COL_FIELD_U32, IN_V2},
-    {"reserved", "reserved", H_RESERVED_V2, COL_HEADER_SIZE_V2 - H_RESERVED_V2, COL_FIELD_BYTES, IN_V2},
+    {"reserved_0x100", "reserved", H_RESERVED_V2, H_CHUNK - H_RESERVED_V2, COL_FIELD_BYTES, IN_V2},
+    {"attention_chunk_size", "attention", H_CHUNK, 4, COL_FIELD_U32, IN_V2},
+    {"reserved", "reserved", H_RESERVED_V2_END, COL_HEADER_SIZE_V2 - H_RESERVED_V2_END, COL_FIELD_BYTES, IN_V2},
 };
 
 uint32_t col_header_field_count(void)
@@ -2052,8 +2102,17 @@ static void describe_attention(const col_routing_info *r, char *out, size_t n, s
 {
     if (r->attention == COL_LAYER_SLIDING)
         put_text(out, n, used, "; sliding-window attention");
+    else if (r->attention == COL_LAYER_CHUNKED)
+        put_text(out, n, used, "; chunked attention");
     if (r->sinks)
         put_text(out, n, used, "; attention sinks");
+    if (r->no_rope)
+        put_text(out, n, used, "; no RoPE");
+    if (r->qk_l2_norm)
+        put_text(out, n, used, "; q and k L2-normalised");
+    if (r->temperature_floor)
+        put_text(out, n, used, "; queries at position p times log1p(floor((p + 1) / %" PRIu32 ")) * %g + 1",
+                 r->temperature_floor, (double)r->temperature_scale);
 }
 
 int32_t col_routing_describe(const col_routing_info *r, char *out, size_t n)
@@ -2110,6 +2169,8 @@ int32_t col_routing_describe(const col_routing_info *r, char *out, size_t n)
                  (double)r->act_limit, r->expert_bias ? " with biases" : "");
     else if (r->expert_bias)
         put_text(out, n, &used, "; experts with biases");
+    if (r->weight_inputs)
+        put_text(out, n, &used, "; each chosen expert's input scaled by its weight");
     describe_attention(r, out, n, &used);
     return COL_OK;
 }

@@ -361,6 +361,7 @@ static const char *arch_name(uint32_t arch, char *buf, size_t len)
     case COL_ARCH_GLM4_MOE: return "glm4_moe";
     case COL_ARCH_ERNIE4_5_MOE: return "ernie4_5_moe";
     case COL_ARCH_GPT_OSS: return "gpt_oss";
+    case COL_ARCH_LLAMA4: return "llama4";
     default: snprintf(buf, len, "arch-%" PRIu32, arch); return buf;
     }
 }
@@ -673,7 +674,7 @@ static const hp_field HPARAMS[] = {
     HP(qk_rope_head_dim, HP_U32), HP(v_head_dim, HP_U32), HP(rotary_dim, HP_U32),
     HP(rope_layout, HP_U32), HP(attn_scale, HP_F32), HP(latent_norm_eps, HP_F32),
     HP(rope_attn_factor, HP_F32), HP(rope_beta_fast, HP_F32), HP(rope_beta_slow, HP_F32),
-    HP(rope_truncate, HP_U32),
+    HP(rope_truncate, HP_U32), HP(attention_chunk_size, HP_U32),
 };
 #undef HP
 
@@ -779,6 +780,10 @@ static void print_routing_json(const col_routing_info *r)
         printf(", \"%s\": ", act[i].name);
         json_num((double)act[i].value);
     }
+    printf(", \"weight_inputs\": %" PRIu32 ", \"no_rope\": %" PRIu32 ", \"qk_l2_norm\": %" PRIu32
+           ", \"temperature_floor\": %" PRIu32 ", \"temperature_scale\": ", r->weight_inputs, r->no_rope,
+           r->qk_l2_norm, r->temperature_floor);
+    json_num((double)r->temperature_scale);
     fputs(", \"rule\": ", stdout);
     json_str(rule);
     putchar('}');

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from colibri.families import (deepseek_v2, deepseek_v3, ernie4_5_moe, glm4_moe, gpt_oss, mixtral,
-                              olmoe, qwen2_moe, qwen3_moe)
+from colibri.families import (deepseek_v2, deepseek_v3, ernie4_5_moe, glm4_moe, gpt_oss, llama4,
+                              mixtral, olmoe, qwen2_moe, qwen3_moe)
 from colibri.families.common import (Architecture, Config, ConversionError, Planner, check_limits,
                                      tokens_in_vocab)
 
@@ -26,11 +26,14 @@ class Family:
     aliases: dict[str, str] = field(default_factory=dict)      # attribute_map spellings
 
 
+# A module may also read checkpoints of other model types (OTHER_MODEL_TYPES: Llama 4's
+# multimodal `llama4` beside its `llama4_text`); its architecture() tells them apart.
 FAMILIES: dict[str, Family] = {
-    module.MODEL_TYPE: Family(module.MODEL_TYPE, module.DEFAULTS, module.architecture,
-                              module.layer_tensors, module.ALIASES)
+    model_type: Family(model_type, module.DEFAULTS, module.architecture, module.layer_tensors,
+                       module.ALIASES)
     for module in (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe,
-                   ernie4_5_moe, gpt_oss)
+                   ernie4_5_moe, gpt_oss, llama4)
+    for model_type in (module.MODEL_TYPE, *getattr(module, "OTHER_MODEL_TYPES", ()))
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
