@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Make tests/fixtures/gguf/: small GGUF files written by llama.cpp's own tools.
 
-For each family Colibri supports (mixtral, qwen2_moe, qwen3_moe, olmoe) this script
+For each family Colibri imports from GGUF (mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, llama4)
+this script
   1. trains a small tokenizer on a few of Python's own source files: a SentencePiece BPE model
      (`tokenizer.model`, with byte fallback, as Mixtral ships) for mixtral, a byte-level BPE
      (`tokenizers`) with Qwen2's pre-tokenizer for the Qwen families and GPT-2's for OLMoE;
   2. builds a small random transformers model with `tests/hf_reference.py`'s builder (fixed
      seed) and saves it the standard way, with the tokenizer;
   3. converts it with llama.cpp's `convert_hf_to_gguf.py` (outtypes f32 and bf16) and quantises
-     the f32 file with `llama-quantize` (Q8_0 and Q4_0, llama.cpp's default tensor mix).
+     the f32 file with `llama-quantize` (Q8_0 and Q4_0, llama.cpp's default tensor mix; for
+     gpt_oss also MXFP4_MOE, the experts in MXFP4 as published GPT-OSS GGUF files hold them).
 The weights are not committed: `manifest.json` records each family's config and seed, and the
 tests rebuild the same model (torch is pinned) and check it against the f32 file. The
 tokenizer files are committed beside the GGUF files (`<family>-hf/`).
@@ -18,6 +20,7 @@ and knows only released tokenizers; these are trained here, so the script tells 
 which pre-tokenizer each one was built with ('qwen2' or 'olmo', the same regular expressions).
 
     python tools/make_gguf_fixtures.py        # needs `pip install -e .[fixtures]`, cmake, ~10 min
+    python tools/make_gguf_fixtures.py --families gpt_oss,llama4   # (re)make only these
     python tools/make_gguf_fixtures.py --check  # the committed files against manifest.json
 
 The llama.cpp version is tools/llamacpp.py's (the llama-cpp-python sdist it vendors).
@@ -60,10 +63,23 @@ CONFIGS: dict[str, dict[str, Any]] = {
                       num_experts=4, num_experts_per_tok=2, norm_topk_prob=True),
     "olmoe": dict(_BASE, num_key_value_heads=4, intermediate_size=32, num_experts=4,
                   num_experts_per_tok=2),
+    # what llama.cpp's gpt-oss graph assumes and GGUF does not store: swiglu alpha 1.702 and
+    # limit 7, attention biases, every second layer sliding from layer 0; default RoPE (ggml's
+    # YaRN floors and ceils the correction range, transformers' GPT-OSS does not)
+    "gpt_oss": dict(_BASE, head_dim=16, intermediate_size=64, num_local_experts=4,
+                    num_experts_per_tok=2, sliding_window=8,
+                    rope_parameters={"rope_type": "default", "rope_theta": 150000.0}),
+    # llama.cpp's llama4 graph fixes the chunk (8192), the NoPE interval (4), the temperature
+    # (floor 8192, scale 0.1) and the q/k norm (unless 128 experts): Llama4TextConfig's defaults
+    "llama4": dict(_BASE, num_hidden_layers=4, head_dim=16, intermediate_size=32,
+                   intermediate_size_mlp=64, num_local_experts=4, num_experts_per_tok=1,
+                   interleave_moe_layer_step=2),
 }
-TOKENIZER = {"mixtral": "spm", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "olmo"}
+TOKENIZER = {"mixtral": "spm", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "olmo",
+             "gpt_oss": "qwen2", "llama4": "qwen2"}
 OUTTYPES = ("f32", "bf16")
 QUANTS = ("Q8_0", "Q4_0")
+EXTRA_QUANTS = {"gpt_oss": ("MXFP4_MOE",)}
 CORPUS_FILES = ("textwrap.py", "string.py", "fnmatch.py", "shlex.py")
 
 # Qwen2's pre-tokenizer (tokenizer.json of Qwen2/Qwen3; llama.cpp's 'qwen2').
@@ -162,15 +178,24 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def make() -> None:
+def make(families: list[str]) -> None:
+    """Make the fixtures of `families` (every family when it lists them all: the directory is
+    remade), keeping the others' files and manifest entries."""
     tools = llamacpp.LlamaCpp()
     tools.quantize()  # build first: fail early without cmake
     text = corpus()
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    OUT.mkdir(parents=True)
     entries = []
-    for family in CONFIGS:
+    if set(families) == set(CONFIGS) and OUT.exists():
+        shutil.rmtree(OUT)
+    elif OUT.exists():
+        kept = json.loads((OUT / "manifest.json").read_text())["files"]
+        entries = [{k: v for k, v in e.items() if k not in ("sha256", "bytes")} for e in kept
+                   if e["family"] not in families]
+        for family in families:
+            for path in OUT.glob(f"{family}-*"):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    OUT.mkdir(parents=True, exist_ok=True)
+    for family in families:
         log(family)
         hf_dir = OUT / f"{family}-hf"
         hf_dir.mkdir()
@@ -191,11 +216,12 @@ def make() -> None:
                 convert(tools, full, out, outtype, pre)
                 entries.append({"file": out.name, "family": family, "made_by":
                                 f"convert_hf_to_gguf.py --outtype {outtype}"})
-            for qtype in QUANTS:
+            for qtype in QUANTS + EXTRA_QUANTS.get(family, ()):
                 out = OUT / f"{family}-{qtype.lower()}.gguf"
                 quantize(tools, OUT / f"{family}-f32.gguf", out, qtype)
                 entries.append({"file": out.name, "family": family, "made_by":
                                 f"llama-quantize {family}-f32.gguf {qtype}"})
+    entries.sort(key=lambda e: list(CONFIGS).index(e["family"]))  # stable: outtypes in order
     manifest = {
         "llama_cpp_python": llamacpp.VERSION, "sdist_sha256": llamacpp.SDIST_SHA256,
         "seed": SEED, "configs": CONFIGS, "tokenizers": TOKENIZER,
@@ -218,11 +244,17 @@ def check() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only check the committed files")
+    parser.add_argument("--families", default=",".join(CONFIGS),
+                        help="comma-separated families to (re)make (default: all)")
     args = parser.parse_args(argv)
+    families = [f for f in args.families.split(",") if f]
+    unknown = [f for f in families if f not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown families: {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
     if args.check:
         check()
     else:
-        make()
+        make(families)
     return 0
 
 

@@ -35,7 +35,7 @@ from colibri.fileformat import LAYER_CHUNKED, LAYER_SLIDING
 if TYPE_CHECKING:
     from colibri.formats.gguf_file import GGUFFile
 
-_EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
+_EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3", "moe_w1_bias", "moe_w2_bias", "moe_w3_bias")
 
 
 def phase_bytes(model: Model) -> dict[str, int]:

@@ -328,9 +328,10 @@ def llama_quantize_type(name: str, shape: tuple[int, ...], qdtype: int, hp: HPar
     the LM head (and the embeddings, when tied to it) is q8_0, which llama.cpp's Q4_0 makes
     q6_K, a type Colibri lacks (q8_0 is the nearest: 34 bytes per 32 weights against 26.25, so
     a 32000 x 1024 head reads 7.9 MB more); in models of exactly 8 experts, attn_k and attn_v
-    are q8_0 (llama.cpp's rule for Mixtral)."""
+    are q8_0 (llama.cpp's rule for Mixtral). Biases stay as they are, GPT-OSS's [E, I] expert
+    biases too."""
     base = name.rsplit(".", 1)[-1]
-    if len(shape) < 2 or base in ("moe_gate", "shared_gate"):
+    if len(shape) < 2 or base in ("moe_gate", "shared_gate") or base.endswith("_bias"):
         return None
     if base == "output" or (base == "token_embd" and hp.flags & FLAG_TIED_EMBEDDINGS):
         return QUANT_BY_NAME["q8_0"]

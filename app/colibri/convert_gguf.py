@@ -9,6 +9,13 @@ and tensor names then map onto Colibri's (docs/formats.md, "GGUF import"):
 | qwen2moe | qwen2_moe | no (`expert_weights_norm` when present) |
 | qwen3moe | qwen3_moe | yes |
 | olmoe | olmoe | no |
+| gpt-oss | gpt_oss | (a softmax over the chosen logits) |
+| llama4 | llama4 | (each chosen logit's sigmoid, on the expert's input) |
+
+GPT-OSS and Llama 4 files state less than their graphs use: what llama.cpp's graph fixes for
+them (GPT-OSS's swiglu alpha 1.702 and limit 7, sliding layers every second from layer 0;
+Llama 4's chunks of 8192, a NoPE layer every fourth with the query temperature of floor 8192
+and scale 0.1, the q/k L2 norm unless there are 128 experts) is what the import states.
 
 llama.cpp's converter permutes the rows of q and k (weights and biases) for `llama` files,
 because llama.cpp rotates interleaved pairs there while Hugging Face rotates halves; the import
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -39,11 +47,13 @@ from colibri.convert import (
 from colibri.errors import ColibriFormatError, ColibriIOError
 from colibri.families.common import check_limits
 from colibri.fileformat import (
-    ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, DTYPE_BF16,
-    DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32, DTYPE_Q4_0, DTYPE_Q8_0, FLAG_NORM_TOPK, FLAG_O_BIAS,
-    FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS, FLAG_SHARED_EXPERT,
-    FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE, TensorSpec,
-    plan_file, write_colibri,
+    ARCH_GPT_OSS, ARCH_LLAMA4, ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE,
+    DTYPE_BF16, DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32, DTYPE_Q4_0, DTYPE_Q8_0,
+    EXPERT_SWIGLU_CLAMPED, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
+    FLAG_QKV_BIAS, FLAG_SHARED_EXPERT, FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS,
+    LAYER_CHUNKED, LAYER_DENSE, LAYER_FULL, LAYER_MOE, LAYER_SLIDING, ROPE_INTERLEAVED,
+    ROPE_YARN, SCORING_SIGMOID, SELECT_LOGITS, SHARED_PLAIN, LayerAttention, RouteRule,
+    TensorSpec, plan_file, write_colibri,
 )
 from colibri.formats.gguf_file import GGUFFile
 from colibri.formats.gguf_tokenizer import TokenizerError, tokenizer_json
@@ -55,7 +65,14 @@ ARCHITECTURES: dict[str, tuple[str, int, bool]] = {
     "qwen2moe": ("qwen2_moe", ARCH_QWEN2_MOE, False),
     "qwen3moe": ("qwen3_moe", ARCH_QWEN3_MOE, True),
     "olmoe": ("olmoe", ARCH_OLMOE, False),
+    "gpt-oss": ("gpt_oss", ARCH_GPT_OSS, False),
+    "llama4": ("llama4", ARCH_LLAMA4, False),
 }
+# llama.cpp's graphs (src/models/openai-moe.cpp, llama4.cpp, llama-graph.cpp) fix these
+GPT_OSS_SWIGLU = (1.702, 7.0)       # alpha, limit
+LLAMA4_CHUNK = 8192                 # attention_chunk_size
+LLAMA4_NOPE_STEP = 4                # every 4th layer without RoPE (n_no_rope_layer_step)
+LLAMA4_TEMPERATURE = (8192, 0.1)    # floor, scale (n_attn_temp_floor_scale, f_attn_temp_scale)
 _KEPT = {Q.F32: DTYPE_F32, Q.F16: DTYPE_F16, Q.BF16: DTYPE_BF16}
 _REPACKED = {Q.Q8_0: DTYPE_Q8_0, Q.Q4_0: DTYPE_Q4_0}
 
@@ -95,7 +112,72 @@ class _Meta:
         return float(value)
 
 
-def _hparams(f: GGUFFile, notes: list[str]) -> tuple[HParams, list[int], str]:
+@dataclass
+class _Arch:
+    """What a GGUF file means: header fields, layer kinds, and (GPT-OSS, Llama 4) each layer's
+    routing rule and attention; None means what version 1's flags say (plan_file's default)."""
+
+    hp: HParams
+    kinds: list[int]
+    family: str
+    rules: list[RouteRule | None] | None = None
+    attention: list[LayerAttention] | None = None
+
+
+def _swa_pattern(m: _Meta, n_layers: int, default: int) -> list[bool]:
+    """Which layers llama.cpp makes sliding or chunked (llama_model_base::load_swa_pattern):
+    `attention.sliding_window_pattern` as a list of bools or a period n (the first n - 1 of
+    every n layers), else `default` as the period."""
+    pattern = m.get("attention.sliding_window_pattern", default)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers or not all(isinstance(p, bool) for p in pattern):
+            raise ConversionError(f"{m.arch}.attention.sliding_window_pattern = {pattern!r}, "
+                                  f"expected {n_layers} booleans")
+        return list(pattern)
+    n = m.int("attention.sliding_window_pattern", default, minimum=0)
+    return [n == 0 or i % n < n - 1 for i in range(n_layers)]
+
+
+def _gpt_oss(m: _Meta, hp: HParams, kinds: list[int]) -> _Arch:
+    """GPT-OSS: every layer MoE with biases, the clamped SwiGLU and sinks; RoPE as halves."""
+    sliding = _swa_pattern(m, hp.n_layers, 2)
+    if any(sliding) and not hp.sliding_window:
+        raise ConversionError(f"{m.arch}.attention.sliding_window is missing or 0")
+    if not any(sliding):
+        hp = replace(hp, sliding_window=0)
+    rule = RouteRule(select_on=SELECT_LOGITS, gate_bias=True, expert_bias=True,
+                     activation=EXPERT_SWIGLU_CLAMPED, act_alpha=GPT_OSS_SWIGLU[0],
+                     act_limit=GPT_OSS_SWIGLU[1])
+    return _Arch(hp, kinds, "gpt_oss", [rule if k == LAYER_MOE else None for k in kinds],
+                 [LayerAttention(LAYER_SLIDING if s else LAYER_FULL, sinks=True)
+                  for s in sliding])
+
+
+def _llama4(m: _Meta, hp: HParams, kinds: list[int]) -> _Arch:
+    """Llama 4 as llama.cpp's graph runs it: chunked layers by the sliding-window pattern (3 of
+    4), every fourth layer without RoPE and with the query temperature, the q/k L2 norm on the
+    RoPE layers unless the model has 128 experts; sigmoid weights on the experts' inputs and a
+    shared expert; RoPE on interleaved pairs."""
+    if m.get("attention.sliding_window") == 0:
+        raise ConversionError(f"{m.arch}.attention.sliding_window = 0: a Llama 4 file without "
+                              "chunked attention (MobileLLM-style) is not supported")
+    chunked = _swa_pattern(m, hp.n_layers, 4)
+    nope = [(i + 1) % LLAMA4_NOPE_STEP == 0 for i in range(hp.n_layers)]
+    qk_norm = hp.n_experts != 128
+    floor, scale = LLAMA4_TEMPERATURE
+    hp = replace(hp, rope_layout=ROPE_INTERLEAVED, d_ff_shared=hp.d_ff_expert,
+                 attention_chunk_size=LLAMA4_CHUNK if any(chunked) else 0)
+    rule = RouteRule(scoring=SCORING_SIGMOID, select_on=SELECT_LOGITS, shared=SHARED_PLAIN,
+                     weight_inputs=True)
+    return _Arch(hp, kinds, "llama4", [rule if k == LAYER_MOE else None for k in kinds],
+                 [LayerAttention(LAYER_CHUNKED if c else LAYER_FULL, no_rope=n,
+                                 qk_l2_norm=qk_norm and not n,
+                                 temperature_floor=floor if n else 0,
+                                 temperature_scale=scale if n else 0.0)
+                  for c, n in zip(chunked, nope)])
+
+
+def _hparams(f: GGUFFile, notes: list[str]) -> _Arch:
     arch = f.architecture
     if arch not in ARCHITECTURES:
         raise ConversionError(f"{f.path}: architecture {arch!r} not supported (supported: "
@@ -128,7 +210,7 @@ def _hparams(f: GGUFFile, notes: list[str]) -> tuple[HParams, list[int], str]:
 
     kinds = [LAYER_MOE if f"blk.{i}.ffn_gate_inp.weight" in f else LAYER_DENSE
              for i in range(n_layers)]
-    if arch in ("qwen2moe", "qwen3moe"):
+    if arch in ("qwen2moe", "qwen3moe", "gpt-oss", "llama4"):
         d_ff_expert = m.int("expert_feed_forward_length")
     else:
         d_ff_expert = m.int("feed_forward_length")
@@ -157,12 +239,25 @@ def _hparams(f: GGUFFile, notes: list[str]) -> tuple[HParams, list[int], str]:
     clip_qkv = m.number("attention.clamp_kqv") if clip is not None else 0.0
 
     rope_type, rope_factor = 0, 1.0
+    yarn: dict[str, Any] = {}
     scaling = m.get("rope.scaling.type", "none")
     if scaling == "linear":
         rope_type, rope_factor = 1, m.number("rope.scaling.factor")
+    elif scaling == "yarn" and arch == "gpt-oss":
+        # transformers' GPT-OSS does not floor/ceil the correction range (ggml does)
+        rope_type, rope_factor = ROPE_YARN, m.number("rope.scaling.factor")
+        yarn = dict(rope_original_max_context=m.int("rope.scaling.original_context_length"),
+                    rope_beta_fast=m.number("rope.scaling.yarn_beta_fast", 32.0),
+                    rope_beta_slow=m.number("rope.scaling.yarn_beta_slow", 1.0),
+                    rope_truncate=0,
+                    rope_attn_factor=m.number("rope.scaling.yarn_attn_factor",
+                                              0.1 * float(np.log(rope_factor)) + 1.0))
     elif scaling not in ("none", None):
         raise ConversionError(f"{arch}.rope.scaling.type {scaling!r} not supported "
-                              "(supported: none, linear)")
+                              "(supported: none, linear; yarn for gpt-oss)")
+    if "rope_freqs.weight" in f or "blk.0.rope_freqs.weight" in f:
+        raise ConversionError(f"{f.path}: per-frequency RoPE factors (rope_freqs, llama3-style "
+                              "scaling) are not imported; convert the Hugging Face checkpoint")
     window = m.get("attention.sliding_window", 0) or 0
     if not isinstance(window, int) or isinstance(window, bool) or window < 0:
         raise ConversionError(f"{arch}.attention.sliding_window = {window!r}")
@@ -180,12 +275,16 @@ def _hparams(f: GGUFFile, notes: list[str]) -> tuple[HParams, list[int], str]:
         rope_theta=m.number("rope.freq_base", 10000.0), rope_factor=rope_factor,
         norm_eps=m.number("attention.layer_norm_rms_epsilon"), clip_qkv=clip_qkv,
         bos_token_id=_token_id(f, "bos", vocab, notes),
-        eos_token_id=_token_id(f, "eos", vocab, notes))
+        eos_token_id=_token_id(f, "eos", vocab, notes), **yarn)
     try:
         check_limits(hp)
     except ConversionError as exc:
         raise ConversionError(f"{f.path}: {exc}") from exc
-    return hp, kinds, family
+    if arch == "gpt-oss":
+        return _gpt_oss(m, hp, kinds)
+    if arch == "llama4":
+        return _llama4(m, hp, kinds)
+    return _Arch(hp, kinds, family)
 
 
 def _token_id(f: GGUFFile, which: str, vocab: int, notes: list[str]) -> int:
@@ -279,8 +378,8 @@ class _Importer:
         return load
 
 
-def _plan(f: GGUFFile, hp: HParams, kinds: list[int], dtype: int) -> tuple[list[TensorSpec],
-                                                                          dict[str, list[str]]]:
+def _plan(f: GGUFFile, a: _Arch, dtype: int) -> tuple[list[TensorSpec], dict[str, list[str]]]:
+    hp, kinds = a.hp, a.kinds
     imp = _Importer(f, hp, dtype, permute=f.architecture == "llama")
     V, H, d = hp.vocab_size, hp.d_model, hp.head_dim
     q_out, kv_out = hp.n_heads * d, hp.n_kv_heads * d
@@ -305,13 +404,24 @@ def _plan(f: GGUFFile, hp: HParams, kinds: list[int], dtype: int) -> tuple[list[
         if hp.flags & FLAG_QK_NORM_FULL:
             imp.add(f"{dst}.attn_q_norm", f"{src}.attn_q_norm.weight", (q_out,))
             imp.add(f"{dst}.attn_k_norm", f"{src}.attn_k_norm.weight", (kv_out,))
-        imp.add(f"{dst}.ffn_norm", f"{src}.ffn_norm.weight", (H,))
+        if a.attention and a.attention[layer].sinks:
+            imp.add(f"{dst}.attn_sinks", f"{src}.attn_sinks.weight", (hp.n_heads,))
+        # gpt-oss names the norm before the feed-forward block post_attention_norm
+        ffn_norm = "post_attention_norm" if f.architecture == "gpt-oss" else "ffn_norm"
+        imp.add(f"{dst}.ffn_norm", f"{src}.{ffn_norm}.weight", (H,))
+        rule = a.rules[layer] if a.rules else None
         if kind == LAYER_MOE:
             imp.add(f"{dst}.moe_gate", f"{src}.ffn_gate_inp.weight", (E, H), force_f32=True)
+            if rule and rule.gate_bias:
+                imp.add(f"{dst}.moe_gate_bias", f"{src}.ffn_gate_inp.bias", (E,))
             imp.add(f"{dst}.moe_w1", f"{src}.ffn_gate_exps.weight", (E, I, H))
             imp.add(f"{dst}.moe_w2", f"{src}.ffn_down_exps.weight", (E, H, I))
             imp.add(f"{dst}.moe_w3", f"{src}.ffn_up_exps.weight", (E, I, H))
-            if hp.flags & FLAG_SHARED_EXPERT:
+            if rule and rule.expert_bias:
+                imp.add(f"{dst}.moe_w1_bias", f"{src}.ffn_gate_exps.bias", (E, I), force_f32=True)
+                imp.add(f"{dst}.moe_w2_bias", f"{src}.ffn_down_exps.bias", (E, H), force_f32=True)
+                imp.add(f"{dst}.moe_w3_bias", f"{src}.ffn_up_exps.bias", (E, I), force_f32=True)
+            if hp.flags & FLAG_SHARED_EXPERT or (rule and rule.shared == SHARED_PLAIN):
                 S = hp.d_ff_shared
                 imp.add(f"{dst}.shared_w1", f"{src}.ffn_gate_shexp.weight", (S, H))
                 imp.add(f"{dst}.shared_w2", f"{src}.ffn_down_shexp.weight", (H, S))
@@ -350,8 +460,9 @@ def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
         raise ConversionError(f"output directory {out_dir} does not exist")
     f = _open(path)
     notes: list[str] = []
-    hp, kinds, family = _hparams(f, notes)
-    specs, dequantised = _plan(f, hp, kinds, DTYPE_BY_NAME[dtype])
+    arch = _hparams(f, notes)
+    hp, kinds, family = arch.hp, arch.kinds, arch.family
+    specs, dequantised = _plan(f, arch, DTYPE_BY_NAME[dtype])
     for qname, names in sorted(dequantised.items()):
         notes.append(f"{len(names)} {qname} tensor(s) dequantised to {dtype} (Colibri stores "
                      f"f32, f16, bf16, q8_0 and q4_0): {', '.join(names[:8])}"
@@ -379,7 +490,8 @@ def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
     }
     if notes:
         metadata["notes"] = notes
-    plan = plan_file(hp, kinds, specs, tokenizer.encode("utf-8") if tokenizer else b"", metadata)
+    plan = plan_file(hp, kinds, specs, tokenizer.encode("utf-8") if tokenizer else b"", metadata,
+                     rules=arch.rules, attention=arch.attention)
     write_colibri(out_path, plan, progress)
     return notes
 
