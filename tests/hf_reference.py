@@ -10,7 +10,8 @@ default initialisation would hide bugs: router weights large enough that routing
 norm weights away from 1, biases (correction biases included) non-zero.
 
 `run` records what transformers routed: the router logits and the chosen experts (from the
-routers' own outputs), the selection scores the family's rule ranks, and the kept groups.
+routers' own outputs), the selection scores the family's rule ranks, and the kept groups, as
+colibri.reference.transformers_run reads them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+
+from colibri.reference import transformers_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +152,47 @@ VARIANTS = [
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                          "low_freq_factor": 1.0, "high_freq_factor": 8.0,
                          "original_max_position_embeddings": 64})),
+    # sparsemixer always takes the two best logits, so these do not pass rule_matters; its
+    # weights (masked softmaxes) reach the logits, which the conformance test compares
+    Variant("phimoe-base", "phimoe", dict(_COMMON, intermediate_size=32, num_local_experts=4,
+                                          num_experts_per_tok=2)),
+    Variant("phimoe-bias-window-wide-jitter-tied", "phimoe", dict(
+        _COMMON, vocab_size=97, hidden_size=60, num_attention_heads=6, num_key_value_heads=3,
+        intermediate_size=36, num_local_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
+        attention_bias=True, lm_head_bias=True, sliding_window=8, router_jitter_noise=0.4,
+        tie_word_embeddings=True)),
+    # Granite ranks its logits (a plain top-k); the multipliers reach every logit
+    Variant("granitemoe-mup", "granitemoe", dict(
+        _COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
+        logits_scaling=6.0)),
+    Variant("granitemoe-bias-odd-tied", "granitemoe", dict(
+        _COMMON, vocab_size=101, hidden_size=56, num_attention_heads=7, num_key_value_heads=1,
+        intermediate_size=24, num_local_experts=5, num_experts_per_tok=3, num_hidden_layers=3,
+        attention_bias=True, tie_word_embeddings=True, embedding_multiplier=3.5,
+        attention_multiplier=0.2, residual_multiplier=0.6, logits_scaling=2.5,
+        rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})),
+    Variant("granitemoeshared-shared", "granitemoeshared", dict(
+        _COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=48, embedding_multiplier=12.0, attention_multiplier=0.015625,
+        residual_multiplier=0.22, logits_scaling=6.0)),
+    Variant("granitemoeshared-unshared-bias", "granitemoeshared", dict(
+        _COMMON, hidden_size=48, num_attention_heads=6, num_key_value_heads=3,
+        intermediate_size=20, num_local_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
+        shared_intermediate_size=0, attention_bias=True, embedding_multiplier=2.0,
+        attention_multiplier=0.25, residual_multiplier=0.5, logits_scaling=4.0)),
+    # DBRX ranks the softmax (as its logits); the p-norm of the chosen weights, the fused Wqkv
+    # with its clamp and the LayerNorms reach the logits
+    Variant("dbrx-l1-clip", "dbrx", dict(
+        vocab_size=128, d_model=64, n_heads=4, n_layers=2, max_seq_len=256,
+        attn_config=dict(kv_n_heads=2, clip_qkv=0.25, rope_theta=10000.0),
+        ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2,
+                        moe_normalize_expert_weights=1.0))),
+    Variant("dbrx-p2-odd-wide-clip-theta", "dbrx", dict(
+        vocab_size=97, d_model=60, n_heads=6, n_layers=3, max_seq_len=256,
+        attn_config=dict(kv_n_heads=3, clip_qkv=6.0, rope_theta=500000.0),
+        ffn_config=dict(ffn_hidden_size=36, moe_num_experts=5, moe_top_k=3,
+                        moe_normalize_expert_weights=2.0))),
 ]
 
 _CLASSES = {
@@ -162,9 +206,24 @@ _CLASSES = {
     "ernie4_5_moe": (transformers.Ernie4_5_MoeConfig, transformers.Ernie4_5_MoeForCausalLM),
     "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
     "llama4": (transformers.Llama4TextConfig, transformers.Llama4ForCausalLM),
+    "phimoe": (transformers.PhimoeConfig, transformers.PhimoeForCausalLM),
+    "granitemoe": (transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM),
+    "granitemoeshared": (transformers.GraniteMoeSharedConfig,
+                         transformers.GraniteMoeSharedForCausalLM),
+    "dbrx": (transformers.DbrxConfig, transformers.DbrxForCausalLM),
 }
-# Router weights by family (`mlp.gate` in most, `mlp.router` in GPT-OSS, Llama 4's router)
-_ROUTER_WEIGHTS = ("mlp.gate.weight", "mlp.router.weight", "feed_forward.router.weight")
+# The router's weight in each family's module tree (kept in f32 by the converter).
+ROUTER_SUFFIXES = ("mlp.gate.weight", "router.weight", "router.layer.weight")
+
+# Where a MoE layer's router weight and fused experts (gate_up_proj, down_proj) sit in a
+# family's module tree (`model.layers.L.` omitted), for the families that have them.
+MOE_BLOCK = {"phimoe": ("mlp.router.weight", "mlp.experts"),
+             "granitemoe": ("block_sparse_moe.router.weight", "block_sparse_moe.experts"),
+             "granitemoeshared": ("block_sparse_moe.router.weight", "block_sparse_moe.experts")}
+
+
+def moe_block(family: str) -> tuple[str, str]:
+    return MOE_BLOCK.get(family, ("mlp.gate.weight", "mlp.experts"))
 
 
 def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
@@ -177,11 +236,11 @@ def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith(_ROUTER_WEIGHTS):  # the router: spread logits so routing is decisive
+            if name.endswith(ROUTER_SUFFIXES):  # spread the logits so routing is decisive
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
             elif name.endswith("sinks"):  # GPT-OSS: a sink as large as the attention scores
                 param.copy_(torch.randn(param.shape, generator=generator))
-            elif "norm" in name:
+            elif "norm" in name.split(".")[-2] and not name.endswith(".bias"):  # a norm's weight
                 param.copy_(1.0 + 0.3 * torch.randn(param.shape, generator=generator))
             elif name.endswith("bias"):  # ERNIE's moe_statics correction bias among them
                 param.copy_(0.2 * torch.randn(param.shape, generator=generator))
@@ -201,7 +260,7 @@ def round_like_converter(model: torch.nn.Module, dtype: str) -> None:
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.ndim >= 2 and not name.endswith(_ROUTER_WEIGHTS + ("correction_bias", "_bias")):
+            if param.ndim >= 2 and not name.endswith((*ROUTER_SUFFIXES, "correction_bias", "_bias")):
                 param.copy_(param.to(torch_dtype).to(torch.float32))
 
 
@@ -220,68 +279,13 @@ class Reference:
     generated: list[int]          # greedy continuation
 
 
-def _routers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The MoE layers' router modules, in layer order."""
-    return [m for m in model.modules()
-            if type(m).__name__.endswith(("TopkRouter", "TopKRouter", "Llama4Router"))]
-
-
-def _logits_and_chosen(router: torch.nn.Module, out: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """A router's logits [T, E] and chosen experts [T, k] from its output: (logits, weights,
-    indices) in every family but Llama 4, whose router returns (scores, logits) and chose the
-    top-k of the logits."""
-    if type(router).__name__ == "Llama4Router":
-        return out[1], torch.topk(out[1], router.top_k, dim=-1)[1]
-    return out[0], out[2]
-
-
-def _selection_and_groups(router: torch.nn.Module, logits: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The values the family's rule ranks, as its router computes them, and the groups it keeps
-    (None without a group limit)."""
-    logits = logits.float()
-    family = type(router).__name__
-    if family.startswith(("DeepseekV3", "Glm4Moe")):
-        sel = logits.sigmoid() + router.e_score_correction_bias
-        if router.num_group > 1:
-            grouped = sel.view(-1, router.num_group, router.num_experts // router.num_group)
-            scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
-            return sel, torch.topk(scores, router.topk_group, dim=-1)[1]
-        return sel, None
-    if family.startswith("Ernie4_5"):
-        return router.moe_statics(logits.softmax(dim=-1)), None
-    if family.startswith("DeepseekV2") and router.topk_method == "group_limited_greedy":
-        probs = logits.softmax(dim=-1)
-        scores = probs.view(-1, router.num_group, router.num_experts // router.num_group).amax(-1)
-        return logits, torch.topk(scores, router.topk_group, dim=-1)[1]
-    return logits, None  # a softmax without a bias ranks as its logits do
-
-
 def run(model: torch.nn.Module, tokens: list[int], n_generate: int) -> Reference:
+    """What transformers computed for `tokens` (read by colibri.reference.transformers_run, the
+    reader `colibri diff` uses), and its greedy continuation."""
+    read = transformers_run.run(model, tokens)
     ids = torch.tensor([tokens])
-    seen: list[tuple] = []
-    hooks = [r.register_forward_hook(lambda mod, inp, out: seen.append((mod, out)))
-             for r in _routers(model)]
-    try:
-        with torch.no_grad():
-            out = model(ids, output_router_logits=True)
-    finally:
-        for h in hooks:
-            h.remove()
     with torch.no_grad():
         generated = model.generate(ids, max_new_tokens=n_generate, do_sample=False,
                                    attention_mask=torch.ones_like(ids), pad_token_id=0)
-    router = torch.stack([r.float() for r in out.router_logits], dim=1)  # [T, moe_layers, E]
-    chosen = torch.stack([_logits_and_chosen(m, o)[1] for m, o in seen], dim=1)  # [T, layers, k]
-    sel, groups = [], []
-    for mod, o in seen:
-        s, g = _selection_and_groups(mod, _logits_and_chosen(mod, o)[0])
-        sel.append(s)
-        groups.append(g)
-    kept = max((g.shape[1] for g in groups if g is not None), default=0)
-    group_rows = [torch.full((len(tokens), kept), -1, dtype=torch.int64) if g is None else g
-                  for g in groups]
-    return Reference(out.logits[0].float().numpy(), router.numpy(),
-                     chosen.numpy().astype(np.int32), torch.stack(sel, dim=1).numpy(),
-                     torch.stack(group_rows, dim=1).numpy().astype(np.int32),
-                     generated[0, len(tokens):].tolist())
+    return Reference(read.logits, read.router_logits, read.expert_ids, read.selection_scores,
+                     read.chosen_groups, generated[0, len(tokens):].tolist())

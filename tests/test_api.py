@@ -645,7 +645,7 @@ def test_values_restated_from_the_header_match_the_engine() -> None:
 
     assert {getattr(lib, f"COL_ARCH_{name.upper()}"): name for name in ARCH_NAMES.values()} == (
         ARCH_NAMES)
-    assert [getattr(lib, f"COL_ROUTING_{name.upper()}") for name in ROUTING_MODES] == [0, 1, 2, 3]
+    assert [getattr(lib, f"COL_ROUTING_{name.upper()}") for name in ROUTING_MODES] == [0, 1, 2, 3, 4]
     assert [getattr(lib, f"COL_KERNELS_{name.upper()}") for name in VALUE_PATHS] == [1, 2, 3, 4]
     assert VALUE_PATHS == KERNEL_PATHS
 
@@ -813,6 +813,80 @@ def test_session_refuses_concurrent_use(tiny_model_path: BuildPath) -> None:
                 session.step(3)
         finally:
             session._busy.release()
+
+
+# ---------------------------------------------------------------------------------------------
+# Hidden-state capture (col_session_capture)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hidden_states_are_the_same_for_prefill_steps_and_threads(tiny_model_path: BuildPath,
+                                                                  arch: str) -> None:
+    tokens = [1, 7, 3, 9, 4, 4, 12]
+    with Model.open(tiny_model_path(arch, dense_layers=(1,))) as model:
+        with Session(model, capture_hidden=True) as a, \
+                Session(model, capture_hidden=True, threads=3) as b:
+            a.prefill(tokens)
+            for t in tokens:
+                b.step(t)
+            assert a.hidden_states is not None and b.hidden_states is not None
+            assert a.hidden_states.shape == (7, 2, 32)
+            assert a.hidden_states.tobytes() == b.hidden_states.tobytes()
+            assert np.abs(a.hidden_states).max(axis=2).min() > 0   # every row written
+            assert not a.hidden_states.flags.writeable
+
+
+def test_the_last_layer_hidden_state_gives_the_logits(tiny_model: BuildModel) -> None:
+    """The captured state is the residual stream: the final norm and the LM head on the last
+    layer's row reproduce the engine's logits."""
+    tiny = tiny_model("mixtral", "f32")
+    with Model.open(tiny.path) as model, Session(model, capture_hidden=True) as session:
+        logits = session.prefill([1, 5, 2])
+        x = session.hidden_states[:, -1].astype(np.float64)
+        eps = model.hparams.norm_eps
+    normed = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * tiny.values["output_norm"]
+    expected = normed @ tiny.values["output"].astype(np.float64).T
+    np.testing.assert_allclose(logits, expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+
+
+def test_capture_into_fills_its_window_only(tiny_model_path: BuildPath) -> None:
+    tokens = [1, 7, 3, 9, 4]
+    with Model.open(tiny_model_path()) as model:
+        with Session(model, capture_hidden=True) as own:
+            own.prefill(tokens)
+            every = np.array(own.hidden_states)
+        with Session(model) as session:
+            assert session.hidden_states is None
+            window = np.full((2, 2, 32), -7.0, dtype=np.float32)
+            session.capture_into(window, first_position=3)
+            session.prefill(tokens[:4])
+            assert (window[1] == -7.0).all()            # position 4: not processed yet
+            session.step(tokens[4])
+            session.step(8)                            # position 5: outside the window
+            session.capture_into(None)
+    assert window.tobytes() == every[3:5].tobytes()
+
+
+def test_capture_into_refuses_a_buffer_it_cannot_write(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        for wrong in (np.zeros((4, 2, 32), np.float64), np.zeros((4, 3, 32), np.float32),
+                      np.zeros((4, 2, 64), np.float32)[:, :, ::2], np.zeros((0, 2, 32), np.float32),
+                      [[[0.0] * 32] * 2]):
+            with pytest.raises(ColibriValueError):
+                session.capture_into(wrong)  # type: ignore[arg-type]
+        frozen = np.zeros((4, 2, 32), np.float32)
+        frozen.flags.writeable = False
+        with pytest.raises(ColibriValueError, match="writable"):
+            session.capture_into(frozen)
+        with pytest.raises(ColibriValueError, match="first_position"):
+            session.capture_into(np.zeros((4, 2, 32), np.float32), first_position=-1)
+
+
+def test_memory_estimate_counts_the_capture(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model:
+        plain = Session.memory_estimate(model, max_context=40)
+        captured = Session.memory_estimate(model, max_context=40, capture_hidden=True)
+    assert 0 <= captured - plain - 40 * 2 * 32 * 4 < 64
 
 
 # ---------------------------------------------------------------------------------------------

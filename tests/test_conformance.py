@@ -133,15 +133,42 @@ def test_round_trip_through_the_engine_equals_the_source(variant, fused, tmp_pat
             prefix = f"model.layers.{layer}."
             np.testing.assert_array_equal(m.tensor(f"layers.{layer}.attn_q"),
                                           params[prefix + "self_attn.q_proj.weight"])
-            if m.routing(layer).kind != 1:
+            if m.routing(layer).kind != "moe":
                 continue
+            router, experts = hf_reference.moe_block(variant.family)
             np.testing.assert_array_equal(m.tensor(f"layers.{layer}.moe_gate"),
-                                          params[prefix + "mlp.gate.weight"])
-            gate_up = params[prefix + "mlp.experts.gate_up_proj"]      # [E, 2I, H]
+                                          params[prefix + router])
+            gate_up = params[prefix + experts + ".gate_up_proj"]      # [E, 2I, H]
             inter = gate_up.shape[1] // 2
             np.testing.assert_array_equal(m.tensor(f"layers.{layer}.moe_w1"), gate_up[:, :inter])
             np.testing.assert_array_equal(m.tensor(f"layers.{layer}.moe_w3"), gate_up[:, inter:])
             np.testing.assert_array_equal(m.tensor(f"layers.{layer}.moe_w2"),
-                                          params[prefix + "mlp.experts.down_proj"])
+                                          params[prefix + experts + ".down_proj"])
         np.testing.assert_array_equal(m.tensor("token_embd"), params["model.embed_tokens.weight"])
         np.testing.assert_array_equal(m.tensor("output_norm"), params["model.norm.weight"])
+
+
+def test_dbrx_fused_tensors_round_trip(tmp_path):
+    """DBRX's own layout through the converter: Wqkv's rows split into q, k and v; the experts'
+    rows [E*I, H] stacked per expert, w2 transposed to the down projection [E, H, I]."""
+    variant = next(v for v in hf_reference.VARIANTS if v.family == "dbrx")
+    model = hf_reference.build(variant)
+    convert(hf_reference.save(model, tmp_path / "hf"), tmp_path / "m.colibri", dtype="f32")
+    params = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    with colibri.Model.open(tmp_path / "m.colibri") as m:
+        hp = m.hparams
+        E, I, H = hp.n_experts, hp.d_ff_expert, hp.d_model
+        q, kv = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
+        for layer in range(hp.n_layers):
+            src = f"transformer.blocks.{layer}."
+            wqkv = params[src + "norm_attn_norm.attn.Wqkv.weight"]
+            for name, rows in (("attn_q", wqkv[:q]), ("attn_k", wqkv[q:q + kv]),
+                               ("attn_v", wqkv[q + kv:])):
+                np.testing.assert_array_equal(m.tensor(f"layers.{layer}.{name}"), rows)
+            experts = src + "ffn.experts.mlp."
+            np.testing.assert_array_equal(m.tensor(f"layers.{layer}.moe_w1"),
+                                          params[experts + "w1"].reshape(E, I, H))
+            np.testing.assert_array_equal(m.tensor(f"layers.{layer}.moe_w3"),
+                                          params[experts + "v1"].reshape(E, I, H))
+            np.testing.assert_array_equal(m.tensor(f"layers.{layer}.moe_w2"),
+                                          params[experts + "w2"].reshape(E, I, H).transpose(0, 2, 1))

@@ -572,3 +572,64 @@ def test_token_id_outside_vocab_becomes_minus_one(saved, tmp_path):
     parsed = read_colibri(tmp_path / "m.colibri")
     assert (parsed["hp"]["bos_token_id"], parsed["hp"]["eos_token_id"]) == (3, -1)
     assert "eos_token_id 50279" in parsed["metadata"]["notes"][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# What the configs of PhiMoE, Granite and DBRX mean (colibri.families), without tensors
+
+def _family_config(model_type: str, **kw: object) -> dict:
+    base = dict(model_type=model_type, vocab_size=64, hidden_size=16, intermediate_size=8,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                num_local_experts=4, num_experts_per_tok=2)
+    return {**base, **kw}
+
+
+def test_phimoe_routes_two_experts_whatever_the_config_says():
+    from colibri.families import architecture_from_config
+
+    arch = architecture_from_config(_family_config("phimoe", num_experts_per_tok=4))
+    assert arch.hp.n_experts_active == 2
+    assert "stored as 2" in arch.notes[0]
+    assert arch.rules[0].scoring == ff.SCORING_SPARSEMIXER
+    assert arch.rules[0].sparsemixer_eps == pytest.approx(0.01)   # the class default
+    with pytest.raises(ConversionError, match="sparsemixer chooses 2"):
+        architecture_from_config(_family_config("phimoe", num_local_experts=1,
+                                                num_experts_per_tok=1))
+
+
+@pytest.mark.parametrize("model_type", ["phimoe", "granitemoe", "granitemoeshared"])
+def test_experts_other_than_silu_are_refused(model_type):
+    from colibri.families import architecture_from_config
+
+    with pytest.raises(ConversionError, match="hidden_act = 'gelu' is not supported"):
+        architecture_from_config(_family_config(model_type, hidden_act="gelu"))
+
+
+@pytest.mark.parametrize("field", ["embedding_multiplier", "attention_multiplier",
+                                   "residual_multiplier", "logits_scaling"])
+def test_granite_multipliers_must_be_positive(field):
+    from colibri.families import architecture_from_config
+
+    with pytest.raises(ConversionError, match=f"{field} = 0"):
+        architecture_from_config(_family_config("granitemoe", **{field: 0}))
+
+
+def test_dbrx_reads_its_sub_configs():
+    from colibri.families import architecture_from_config
+
+    raw = dict(model_type="dbrx", vocab_size=64, d_model=16, n_heads=4, n_layers=2,
+               max_seq_len=64, attn_config=dict(kv_n_heads=2, clip_qkv=None, rope_theta=5e5),
+               ffn_config=dict(ffn_hidden_size=8, moe_num_experts=4, moe_top_k=2,
+                               moe_normalize_expert_weights=None))
+    arch = architecture_from_config(raw)
+    hp = arch.hp
+    assert (hp.n_kv_heads, hp.head_dim, hp.d_ff_expert, hp.n_experts, hp.n_experts_active) == (
+        2, 4, 8, 4, 2)
+    assert hp.clip_qkv == 0.0 and hp.norm_kind == ff.NORM_KIND_LAYER and hp.norm_eps == 1e-5
+    assert hp.rope_theta == 10000.0 and "attn_config.rope_theta 500000.0" in arch.notes[0]
+    assert arch.rules[0].normalize == ff.NORM_NONE
+    for bad, match in ((dict(ffn_config=dict(ffn_act_fn={"name": "gelu"})), "ffn_act_fn"),
+                       (dict(tie_word_embeddings=True), "tie_word_embeddings"),
+                       (dict(attn_config=[1]), "attn_config = \\[1\\], expected an object")):
+        with pytest.raises(ConversionError, match=match):
+            architecture_from_config({**raw, **bad})

@@ -28,7 +28,9 @@ VARIANTS = {v.name: v for v in hf_reference.VARIANTS}
 NEW_FAMILIES = ("gpt_oss-yarn-alternating-clamped", "llama4-interleaved-nope-chunked-top1")
 FAMILY_VARIANTS = ("deepseek_v3-groups-qlora", "deepseek_v2-grouped-qlora-scaled",
                    "glm4_moe-qknorm-bias-groups", "ernie4_5_moe-shared-tied",
-                   "deepseek_v3-flat-yarn-halves") + NEW_FAMILIES
+                   "deepseek_v3-flat-yarn-halves", "phimoe-bias-window-wide-jitter-tied",
+                   "granitemoe-bias-odd-tied", "granitemoeshared-shared",
+                   "dbrx-l1-clip") + NEW_FAMILIES
 TOKENS = [3, 17, 42, 7, 90, 5, 61, 64, 8, 10, 31, 2]  # below every variant's vocabulary
 
 

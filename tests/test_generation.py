@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from colibri.engine import Model, Session
-from colibri.generation import Control, Generation
+from colibri.generation import Control, Generation, History, replay
 
 from tiny_models import TinyModel
 
@@ -134,7 +134,7 @@ def test_a_swapped_in_session_continues_the_generation(tiny_model_path: BuildPat
         generated, logits = hand_loop(model, PROMPT, 6)
         swaps: list[int] = []
 
-        def swap(session: Session, history: list[int], changed: bool) -> Session | None:
+        def swap(session: Session, history: History, changed: bool) -> Session | None:
             if len(history) != 5:
                 return None
             fresh = Session(model)
@@ -147,6 +147,51 @@ def test_a_swapped_in_session_continues_the_generation(tiny_model_path: BuildPat
         g = first.generate(PROMPT, 6, keep_logits=True, swap=swap)
         assert swaps == [5] and g.session is not first and first.closed
         assert g.generated == generated and g.session.position == g.positions
+        assert g.logits is not None and np.concatenate(g.logits).tobytes() == logits.tobytes()
+
+
+def embedding_rows(model: Model, ids: list[int]) -> np.ndarray:
+    return np.ascontiguousarray(model.tensor_f32("token_embd")[ids])
+
+
+@pytest.mark.parametrize("step_prompt", [False, True])
+def test_an_embedding_prompt_generates_what_its_tokens_do(tiny_model_path: BuildPath,
+                                                          step_prompt: bool) -> None:
+    """Rows of the model's own table as the prompt: the same tokens, logits and routing as the
+    ids, with -1 at the prompt's positions."""
+    with Model.open(tiny_model_path()) as model, Session(model) as a, Session(model) as b:
+        by_id = a.generate(PROMPT, 5, keep_logits=True)
+        by_row = Generation(b, embedding_rows(model, PROMPT), 5, keep_logits=True,
+                            step_prompt=step_prompt)
+        by_row.run()
+        assert by_row.generated == by_id.generated
+        assert by_row.tokens == [-1] * len(PROMPT) + by_id.generated
+        assert by_row.logits is not None and by_id.logits is not None
+        assert np.concatenate(by_row.logits).tobytes() == np.concatenate(by_id.logits).tobytes()
+        assert a.trace.expert_ids.tobytes() == b.trace.expert_ids.tobytes()
+
+
+def test_a_swap_replays_the_embedding_prompt(tiny_model_path: BuildPath) -> None:
+    """The hand-over gets a History whose replay feeds the rows, then the generated ids."""
+    with Model.open(tiny_model_path()) as model:
+        generated, logits = hand_loop(model, PROMPT, 6)
+        seen: list[History] = []
+
+        def swap(session: Session, history: History, changed: bool) -> Session | None:
+            if len(history) != 5:
+                return None
+            seen.append(history)
+            fresh = Session(model)
+            replay(fresh, history)
+            session.close()
+            return fresh
+
+        g = Generation(Session(model), embedding_rows(model, PROMPT), 6, keep_logits=True,
+                       swap=swap)
+        g.run()
+        assert len(seen) == 1 and list(seen[0]) == [-1, -1, -1, *generated[:2]]
+        assert seen[0].embeddings is not None and seen[0].embeddings.shape == (3, 32)
+        assert g.generated == generated
         assert g.logits is not None and np.concatenate(g.logits).tobytes() == logits.tobytes()
 
 

@@ -1,8 +1,8 @@
 """The layering of app/colibri, enforced (style points 10 and 18):
 
   * the engine binding, the shared values, the generation loop, the CLI, `colibri.inspection`,
-    `colibri.debugging`, `colibri.jitter` and `colibri.serving` import no Qt (only
-    `colibri.inspector` may);
+    `colibri.debugging`, `colibri.jitter`, `colibri.serving` and `colibri.reference` import no
+    Qt (only `colibri.inspector` may);
   * no module imports another module's private name (`from colibri.x import _y`, `x._y`), and
     only the binding imports the compiled extension `colibri._colibri_cffi`;
   * the import graph of app/colibri has no cycle.
@@ -25,7 +25,7 @@ QT_FREE = ("colibri", "colibri.values", "colibri.errors", "colibri.engine", "col
            "colibri.convert", "colibri.convert_gguf", "colibri.formats", "colibri.reload",
            "colibri.bench", "colibri.cli",
            "colibri.inspection", "colibri.debugging", "colibri.jitter", "colibri.profile",
-           "colibri.serving", "colibri.margins", "colibri.families")
+           "colibri.serving", "colibri.margins", "colibri.families", "colibri.reference")
 # The compiled extension belongs to the binding: errors.py names status codes with it.
 EXTENSION = "colibri._colibri_cffi"
 EXTENSION_USERS = {"colibri.engine", "colibri.errors", "colibri._build_ffi"}

@@ -8,6 +8,8 @@ tracing changes no bit):
   on        Session(trace=True), the same (the engine's trace recording and phase timing)
   debugger  colibri.debugging.Debugger.run(): trace on, one position per step, each position's
             rows copied into the RoutingRecord and its events derived (what the Inspector pays)
+  capture   `on` plus the hidden state after every layer captured (capture_hidden: what the
+            reference diff runs with)
 Prints the median per-position time of each and the overhead against `off` (ratio of medians,
 and the median of per-repeat paired ratios, which is robust to a machine whose load drifts).
 Target (issue): `on` within 3% of `off`.
@@ -59,8 +61,9 @@ def main() -> int:
     new = min(args.new, hp.max_context - len(prompt) + 1)
     positions = len(prompt) + new - 1
 
-    def engine(trace: bool) -> float:
-        session = Session(model, threads=args.threads, max_context=positions, trace=trace)
+    def engine(trace: bool, capture: bool = False) -> float:
+        session = Session(model, threads=args.threads, max_context=positions, trace=trace,
+                          capture_hidden=capture)
         t0 = time.perf_counter_ns()
         generation = session.generate(prompt, new, eos=None)
         dt = time.perf_counter_ns() - t0
@@ -77,13 +80,15 @@ def main() -> int:
         dbg.close()
         return dt / positions
 
-    variants = {"off": lambda: engine(False), "on": lambda: engine(True), "debugger": debugger}
+    variants = {"off": lambda: engine(False), "on": lambda: engine(True), "debugger": debugger,
+                "capture": lambda: engine(True, True)}
     times: dict[str, list[float]] = {name: [] for name in variants}
     for fn in variants.values():  # warm-up
         fn()
     names = list(variants)
     for r in range(args.repeats):
-        for name in names[r % 3:] + names[:r % 3]:  # rotate the order each repeat
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:  # rotate the order each repeat
             times[name].append(variants[name]())
 
     print(f"model {path} ({model.arch}, {hp.n_layers} layers, {hp.n_experts} experts, "
@@ -100,6 +105,8 @@ def main() -> int:
     print(f"tracing overhead (on vs off): {overhead * 100:+.2f}% of medians, "
           f"{paired * 100:+.2f}% median paired  "
           f"[{'within' if min(overhead, paired) < 0.03 else 'ABOVE'} the 3% target]")
+    capture = statistics.median(a / b for a, b in zip(times["capture"], times["on"])) - 1
+    print(f"hidden-state capture (capture vs on): {capture * 100:+.2f}% median paired")
     model.close()
     return 0
 

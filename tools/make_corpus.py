@@ -61,6 +61,7 @@ H_VERSION, H_NUM_EXPERTS, H_HEADER_SIZE, H_TENSOR_COUNT = 0x04, 0x08, 0x10, 0x14
 H_ROUTING_OFFSET, H_DATA_OFFSET, H_FILE_SIZE, H_ARCH, H_FLAGS = 0x18, 0x20, 0x50, 0x58, 0x5C
 H_D_MODEL, H_HEADER_CRC, H_TABLES_CRC = 0x60, 0xC0, 0xC4
 H_ROPE_TYPE, H_ROPE_ORIG_CTX, H_KV_LORA, H_ROTARY_DIM, H_ROPE_BETA_FAST = 0x8C, 0x9C, 0xD0, 0xE0, 0xF4
+H_NORM_KIND, H_RESIDUAL_SCALE = 0x100, 0x108
 T_DTYPE, T_NDIM, T_SHAPE, T_OFFSET, T_NBYTES, T_CRC = 0x40, 0x44, 0x48, 0x68, 0x70, 0x78
 R_KIND, R_SCORING, R_SELECT_ON, R_CORRECTION, R_N_GROUPS, R_GROUPS_KEPT = 0x04, 0x18, 0x1C, 0x20, 0x24, 0x28
 R_GROUP_SCORE, R_SCALE, R_ATTENTION = 0x2C, 0x3C, 0x48
@@ -141,6 +142,12 @@ def llama4_hparams() -> HParams:
                    rope_low_freq_factor=1.0, rope_high_freq_factor=4.0)
 
 
+def phi_hparams() -> HParams:
+    """The base with PhiMoE's blocks: LayerNorms with bias and a biased LM head."""
+    return replace(base_hparams(), flags=ff.FLAG_NORM_TOPK | ff.FLAG_OUTPUT_BIAS,
+                   norm_kind=ff.NORM_KIND_LAYER_BIAS)
+
+
 def base_arrays(hp: HParams, extra: bool = False, correction_bias: bool = False,
                 gpt_oss: bool = False, shared: bool = False) -> list[tuple[str, np.ndarray, int]]:
     rng = np.random.default_rng(20261129)
@@ -160,6 +167,8 @@ def base_arrays(hp: HParams, extra: bool = False, correction_bias: bool = False,
                 (p + "attn_v", mat(kv, H)), (p + "attn_o", mat(H, q)), (p + "ffn_norm", norm(H))]
         if gpt_oss:
             out += [(p + "attn_sinks", norm(hp.n_heads))]
+        if hp.norm_kind == ff.NORM_KIND_LAYER_BIAS:
+            out += [(p + "attn_norm_bias", 0.1 * mat(H)), (p + "ffn_norm_bias", 0.1 * mat(H))]
         if kind == ff.LAYER_MOE:
             out += [(p + "moe_gate", mat(E, H))]
             if correction_bias:
@@ -178,6 +187,10 @@ def base_arrays(hp: HParams, extra: bool = False, correction_bias: bool = False,
         else:
             out += [(p + "mlp_w1", mat(D, H)), (p + "mlp_w2", mat(H, D)), (p + "mlp_w3", mat(D, H))]
     out += [("output_norm", norm(H)), ("output", mat(V, H))]
+    if hp.norm_kind == ff.NORM_KIND_LAYER_BIAS:
+        out.append(("output_norm_bias", 0.1 * mat(H)))
+    if hp.flags & ff.FLAG_OUTPUT_BIAS:
+        out.append(("output_bias", 0.1 * mat(V)))
     if extra:
         out.append(("extra.scale", norm(1)))
     return [(name, values, ff.DTYPE_F32) for name, values in out]
@@ -201,12 +214,13 @@ class Base:
 
 
 def build_base(extra: bool = False, version: int = ff.FORMAT_VERSION, v3: bool = False,
-               extra_bias: bool = False, gpt_oss: bool = False, llama4: bool = False) -> Base:
+               extra_bias: bool = False, gpt_oss: bool = False, llama4: bool = False,
+               phi: bool = False) -> Base:
     """The base file; `v3`: the DeepSeek-V3-style one; `extra_bias`: with a correction bias that
     its routing entry does not name; `gpt_oss`: the GPT-OSS-style one; `llama4`: the
-    Llama-4-style one."""
+    Llama-4-style one; `phi`: with PhiMoE's biased LayerNorms and LM head."""
     hp = (llama4_hparams() if llama4 else v3_hparams() if v3 or extra_bias or gpt_oss
-          else base_hparams())
+          else phi_hparams() if phi else base_hparams())
     specs = ff.tensor_specs_from_arrays(base_arrays(hp, extra, correction_bias=v3 or extra_bias,
                                                     gpt_oss=gpt_oss, shared=llama4))
     rules = ([V3_RULE, None] if v3 else [ff.RouteRule(), None] if extra_bias else
@@ -378,8 +392,8 @@ def corpus_entries() -> list[Entry]:
     # -- architecture and routing
     add("unsupported_arch.colibri", "COL_ERR_UNSUPPORTED", H_ARCH, "unknown arch 99",
         "an architecture code from the future", edited(b, lambda im: put(im, H_ARCH, "<I", 99)))
-    add("unsupported_flag.colibri", "COL_ERR_UNSUPPORTED", H_FLAGS, "unknown flag bits 0x100",
-        "an unknown flag bit", edited(b, lambda im: put(im, H_FLAGS, "<I", 0x100)))
+    add("unsupported_flag.colibri", "COL_ERR_UNSUPPORTED", H_FLAGS, "unknown flag bits 0x80000000",
+        "an unknown flag bit", edited(b, lambda im: put(im, H_FLAGS, "<I", 0x80000000)))
     layer1 = p.routing_offset + ff.ROUTING_ENTRY_SIZE
     add("routing_kind.colibri", "COL_ERR_ROUTING", layer1 + R_KIND,
         "unknown layer kind 5", "layer 1's routing kind is 5",
@@ -389,6 +403,9 @@ def corpus_entries() -> list[Entry]:
     v1 = build_base(version=1)
     add("valid_v1.colibri", "COL_OK", 0, "", "the base model in format version 1 (32-byte routing "
         "entries, NORM_TOPK in the header flags)", bytes(v1.image), checksums=True, nan_check=True)
+    add("v1_output_bias.colibri", "COL_ERR_UNSUPPORTED", H_FLAGS, "unknown flag bits 0x100",
+        "version 2's OUTPUT_BIAS flag in a version-1 header",
+        edited(v1, lambda im: put(im, H_FLAGS, "<I", ff.FLAG_NORM_TOPK | ff.FLAG_OUTPUT_BIAS)))
     add("v1_flag_in_v2.colibri", "COL_ERR_HEADER", H_FLAGS, "are format version 1's",
         "a version-2 header with version 1's NORM_TOPK flag (the routing entry states it)",
         edited(b, lambda im: put(im, H_FLAGS, "<I", ff.FLAG_NORM_TOPK)))
@@ -408,6 +425,26 @@ def corpus_entries() -> list[Entry]:
         put(im, H_ROPE_ORIG_CTX, "<I", 8)
     add("v2_yarn_beta.colibri", "COL_ERR_HEADER", H_ROPE_BETA_FAST, "rope_beta_fast 0",
         "YaRN RoPE without its beta_fast", edited(b, yarn_without_beta))
+    add("v2_norm_kind.colibri", "COL_ERR_UNSUPPORTED", H_NORM_KIND, "unknown norm_kind 3",
+        "a norm this engine does not compute", edited(b, lambda im: put(im, H_NORM_KIND, "<I", 3)))
+    add("v2_layernorm_bias_missing.colibri", "COL_ERR_MISSING_TENSOR", p.tensor_table_offset,
+        "required tensor 'output_norm_bias' is missing", "LayerNorm with bias (norm_kind 2) "
+        "declared without its bias tensors", edited(b, lambda im: put(im, H_NORM_KIND, "<I", 2)),
+        tensor="output_norm_bias")
+    add("v2_residual_scale.colibri", "COL_ERR_HEADER", H_RESIDUAL_SCALE,
+        "residual_scale -0.5 is not 0 (none) or a finite value > 0",
+        "a negative residual multiplier", edited(b, lambda im: put(im, H_RESIDUAL_SCALE, "<f", -0.5)))
+    phi = build_base(phi=True)
+    add("valid_layernorm_bias.colibri", "COL_OK", 0, "", "PhiMoE's blocks: LayerNorms with bias "
+        "(attn_norm_bias, ffn_norm_bias, output_norm_bias) and the LM head's output_bias",
+        bytes(phi.image), checksums=True, nan_check=True)
+
+    def bias_as_row(im: bytearray) -> None:
+        put(im, phi.entry("output_bias") + T_NDIM, "<I", 2)
+        put(im, phi.entry("output_bias") + T_SHAPE, "<QQ", 1, 16)
+    add("output_bias_shape.colibri", "COL_ERR_SHAPE", phi.entry("output_bias") + T_NDIM,
+        "shape [1, 16], expected [16]", "the LM-head bias stored as a [1, V] row",
+        edited(phi, bias_as_row), tensor="output_bias")
 
     # -- version 2's routing rule (the DeepSeek-V3-style base: 4 experts, top-2, 2 groups)
     v3 = build_base(v3=True)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Make tests/fixtures/gguf/: small GGUF files written by llama.cpp's own tools.
 
-For each family Colibri imports from GGUF (mixtral, qwen2_moe, qwen3_moe, olmoe, gpt_oss, llama4)
-this script
+For each family Colibri imports from GGUF and llama.cpp's converter reads (mixtral, qwen2_moe,
+qwen3_moe, olmoe, gpt_oss, llama4, phimoe, granitemoe, granitemoeshared, dbrx) this script
   1. trains a small tokenizer on a few of Python's own source files: a SentencePiece BPE model
      (`tokenizer.model`, with byte fallback, as Mixtral ships) for mixtral, a byte-level BPE
      (`tokenizers`) with Qwen2's pre-tokenizer for the Qwen families and GPT-2's for OLMoE;
@@ -20,7 +20,7 @@ and knows only released tokenizers; these are trained here, so the script tells 
 which pre-tokenizer each one was built with ('qwen2' or 'olmo', the same regular expressions).
 
     python tools/make_gguf_fixtures.py        # needs `pip install -e .[fixtures]`, cmake, ~10 min
-    python tools/make_gguf_fixtures.py --families gpt_oss,llama4   # (re)make only these
+    python tools/make_gguf_fixtures.py gpt_oss llama4   # (re)make only these families
     python tools/make_gguf_fixtures.py --check  # the committed files against manifest.json
 
 The llama.cpp version is tools/llamacpp.py's (the llama-cpp-python sdist it vendors).
@@ -74,9 +74,32 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "llama4": dict(_BASE, num_hidden_layers=4, head_dim=16, intermediate_size=32,
                    intermediate_size_mlp=64, num_local_experts=4, num_experts_per_tok=1,
                    interleave_moe_layer_step=2),
+    "phimoe": dict(_BASE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                   attention_bias=True, lm_head_bias=True, rope_theta=10000.0),
+    "granitemoe": dict(_BASE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                       embedding_multiplier=12.0, attention_multiplier=0.015625,
+                       residual_multiplier=0.22, logits_scaling=6.0),
+    "granitemoeshared": dict(_BASE, intermediate_size=64, num_local_experts=4,
+                             num_experts_per_tok=2, shared_intermediate_size=64,
+                             embedding_multiplier=12.0, attention_multiplier=0.015625,
+                             residual_multiplier=0.22, logits_scaling=6.0),
+    # rope_theta in attn_config equal to what transformers runs (rope_parameters' 10000):
+    # llama.cpp's converter takes attn_config's, transformers 5.23 never reads it
+    "dbrx": dict(vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=2, max_seq_len=256,
+                 bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                 attn_config=dict(kv_n_heads=2, clip_qkv=1.0, rope_theta=10000.0),
+                 ffn_config=dict(ffn_hidden_size=64, moe_num_experts=4, moe_top_k=2,
+                                 moe_normalize_expert_weights=1.0)),
 }
 TOKENIZER = {"mixtral": "spm", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "olmo",
-             "gpt_oss": "qwen2", "llama4": "qwen2"}
+             "gpt_oss": "qwen2", "llama4": "qwen2", "phimoe": "spm", "granitemoe": "olmo",
+             "granitemoeshared": "olmo", "dbrx": "qwen2"}
+# What llama.cpp's converter needs of a config.json that transformers 5.23 does not write: the
+# architecture name it registers PhiMoE under (transformers saves 'PhimoeForCausalLM') and the
+# original_max_position_embeddings its Phi-3 base reads even without long-context RoPE.
+CONFIG_JSON_EDITS: dict[str, dict[str, Any]] = {
+    "phimoe": {"architectures": ["PhiMoEForCausalLM"], "original_max_position_embeddings": 256},
+}
 OUTTYPES = ("f32", "bf16")
 QUANTS = ("Q8_0", "Q4_0")
 EXTRA_QUANTS = {"gpt_oss": ("MXFP4_MOE",)}
@@ -146,6 +169,10 @@ def hf_checkpoint(family: str, directory: Path) -> None:
     variant = hf_reference.Variant(f"{family}-gguf", family, CONFIGS[family])
     model = hf_reference.build(variant, seed=SEED)
     model.save_pretrained(directory)
+    if family in CONFIG_JSON_EDITS:
+        config = json.loads((directory / "config.json").read_text())
+        config.update(CONFIG_JSON_EDITS[family])
+        (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 # Runs convert_hf_to_gguf.py as its own __main__, after telling its pre-tokenizer table about
@@ -179,25 +206,21 @@ def sha256(path: Path) -> str:
 
 
 def make(families: list[str]) -> None:
-    """Make the fixtures of `families` (every family when it lists them all: the directory is
-    remade), keeping the others' files and manifest entries."""
+    """(Re)make the fixtures of `families`, keeping the other families' files and entries."""
     tools = llamacpp.LlamaCpp()
     tools.quantize()  # build first: fail early without cmake
     text = corpus()
-    entries = []
-    if set(families) == set(CONFIGS) and OUT.exists():
-        shutil.rmtree(OUT)
-    elif OUT.exists():
-        kept = json.loads((OUT / "manifest.json").read_text())["files"]
-        entries = [{k: v for k, v in e.items() if k not in ("sha256", "bytes")} for e in kept
-                   if e["family"] not in families]
-        for family in families:
-            for path in OUT.glob(f"{family}-*"):
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
     OUT.mkdir(parents=True, exist_ok=True)
+    old = json.loads((OUT / "manifest.json").read_text()) if (OUT / "manifest.json").exists() \
+        else {"files": []}
+    entries = [{k: e[k] for k in ("file", "family", "made_by")} for e in old["files"]
+               if e["family"] not in families and e["family"] in CONFIGS]
     for family in families:
         log(family)
         hf_dir = OUT / f"{family}-hf"
+        shutil.rmtree(hf_dir, ignore_errors=True)
+        for stale in OUT.glob(f"{family}-*.gguf"):
+            stale.unlink()
         hf_dir.mkdir()
         if TOKENIZER[family] == "spm":
             spm_tokenizer(hf_dir, text)
@@ -221,12 +244,12 @@ def make(families: list[str]) -> None:
                 quantize(tools, OUT / f"{family}-f32.gguf", out, qtype)
                 entries.append({"file": out.name, "family": family, "made_by":
                                 f"llama-quantize {family}-f32.gguf {qtype}"})
-    entries.sort(key=lambda e: list(CONFIGS).index(e["family"]))  # stable: outtypes in order
     manifest = {
         "llama_cpp_python": llamacpp.VERSION, "sdist_sha256": llamacpp.SDIST_SHA256,
         "seed": SEED, "configs": CONFIGS, "tokenizers": TOKENIZER,
+        "config_json_edits": CONFIG_JSON_EDITS,
         "files": [dict(e, sha256=sha256(OUT / e["file"]), bytes=(OUT / e["file"]).stat().st_size)
-                  for e in entries],
+                  for e in sorted(entries, key=lambda e: list(CONFIGS).index(e["family"]))],
     }
     (OUT / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     check()
@@ -244,17 +267,16 @@ def check() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only check the committed files")
-    parser.add_argument("--families", default=",".join(CONFIGS),
-                        help="comma-separated families to (re)make (default: all)")
+    parser.add_argument("families", nargs="*", metavar="FAMILY",
+                        help=f"remake only these (default: all of {', '.join(CONFIGS)})")
     args = parser.parse_args(argv)
-    families = [f for f in args.families.split(",") if f]
-    unknown = [f for f in families if f not in CONFIGS]
+    unknown = set(args.families) - set(CONFIGS)
     if unknown:
-        parser.error(f"unknown families: {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+        parser.error(f"unknown families: {', '.join(sorted(unknown))}")
     if args.check:
         check()
     else:
-        make(families)
+        make(args.families or list(CONFIGS))
     return 0
 
 

@@ -63,7 +63,8 @@ SOURCE_DTYPES = ("F32", "F16", "BF16", "F64")
 
 def _format_problems(problems: Sequence[Any]) -> str:
     errs = [p for p in problems if p.severity == "error"]
-    shown = "; ".join(f"{p.message} (at byte 0x{p.offset:X})" for p in errs[:5])
+    shown = "; ".join(f"{f'tensor {p.tensor!r}: ' if p.tensor else ''}{p.message} "
+                      f"(at byte 0x{p.offset:X})" for p in errs[:5])
     return shown + (f"; and {len(errs) - 5} more" if len(errs) > 5 else "")
 
 
@@ -99,16 +100,21 @@ _STORAGE_NP = {DTYPE_F32: np.float32, DTYPE_F16: np.float16, DTYPE_BF16: np.uint
 @dataclass(frozen=True)
 class _Piece:
     """Part of one source tensor: `index` (a tuple of ints and slices; () = all of it) into the
-    tensor `name`, `count` elements, read with the safetensors library's lazy slice."""
+    tensor `name`, `count` elements, read with the safetensors library's lazy slice; a 2-D part
+    is transposed first when `transpose` says so (DBRX's w2, stored [I, H] per expert)."""
 
     ckpt: Checkpoint
     name: str
     index: tuple[Any, ...]
     count: int
+    transpose: bool = False
 
     def read(self) -> np.ndarray:
         part = self.ckpt.slice(self.name)[self.index if self.index else slice(None)]
-        values = np.asarray(part).astype(np.float32).reshape(-1)
+        values = np.asarray(part)
+        if self.transpose:
+            values = values.T
+        values = values.astype(np.float32).reshape(-1)
         if values.size != self.count:
             raise ConversionError(f"tensor '{self.name}': read {values.size} elements, expected "
                                   f"{self.count}")
@@ -229,6 +235,24 @@ class _Planner:
         t = self.source(hf_name, source_shape or shape, name)
         self.add(name, shape, None if t is None else [self.piece(t)], force_f32)
 
+    def part(self, name: str, hf_name: str, source_shape: tuple[int, ...], rows: slice,
+             shape: tuple[int, ...]) -> None:
+        """`name` of `shape` from rows `rows` of `hf_name` (of source_shape): one half of a fused
+        gate/up projection, one of q/k/v in a fused qkv projection."""
+        t = self.source(hf_name, source_shape, name)
+        count = math.prod(shape)
+        self.add(name, shape, None if t is None else [self.piece(t, (rows,), count)])
+
+    def expert_rows(self, name: str, hf_name: str, n_experts: int, rows: int, cols: int,
+                    transpose: bool = False) -> None:
+        """[E, rows, cols] (or [E, cols, rows] with `transpose`) from `hf_name` [E*rows, cols],
+        expert e's rows e*rows..(e+1)*rows-1, read one expert at a time (DBRX's experts)."""
+        t = self.source(hf_name, (n_experts * rows, cols), name)
+        shape = (n_experts, cols, rows) if transpose else (n_experts, rows, cols)
+        self.add(name, shape, None if t is None else [
+            _Piece(self.ckpt, t.name, (slice(e * rows, (e + 1) * rows),), rows * cols, transpose)
+            for e in range(n_experts)])
+
     def stacked(self, name: str, hf_names: Sequence[str], shape: tuple[int, ...]) -> None:
         """Per-expert matrices of `shape` stacked into [E, *shape]."""
         sources = [self.source(n, shape, name) for n in hf_names]
@@ -289,10 +313,10 @@ class _Planner:
 def _plan_tensors(tensors: Checkpoint, arch: Architecture, family: Family,
                   dtype: int) -> list[TensorSpec]:
     p = _Planner(tensors, dtype, arch.hf_prefix)
-    common.embeddings(p, arch)
+    family.embedding_tensors(p, arch)
     for layer in range(arch.hp.n_layers):
         family.layer_tensors(p, arch, layer)
-    common.head(p, arch)
+    family.head_tensors(p, arch)
     if p.problems:
         shown = p.problems[:20]
         more = f"; and {len(p.problems) - 20} more" if len(p.problems) > 20 else ""

@@ -11,16 +11,24 @@ and tensor names then map onto Colibri's (docs/formats.md, "GGUF import"):
 | olmoe | olmoe | no |
 | gpt-oss | gpt_oss | (a softmax over the chosen logits) |
 | llama4 | llama4 | (each chosen logit's sigmoid, on the expert's input) |
+| phimoe | phimoe | sparsemixer (router_jitter_noise 0.01: the GGUF does not record it) |
+| granitemoe | granitemoe, or granitemoeshared with `ffn_*_shexp` tensors | softmax over the chosen logits |
+| dbrx | dbrx | 1-norm (moe_normalize_expert_weights 1: the GGUF does not record it) |
 
 GPT-OSS and Llama 4 files state less than their graphs use: what llama.cpp's graph fixes for
 them (GPT-OSS's swiglu alpha 1.702 and limit 7, sliding layers every second from layer 0;
 Llama 4's chunks of 8192, a NoPE layer every fourth with the query temperature of floor 8192
 and scale 0.1, the q/k L2 norm unless there are 128 experts) is what the import states.
 
-llama.cpp's converter permutes the rows of q and k (weights and biases) for `llama` files,
-because llama.cpp rotates interleaved pairs there while Hugging Face rotates halves; the import
-undoes that permutation exactly (a reshuffle of whole rows, so it applies to quantised rows
-too). The other three architectures are stored unpermuted.
+The families of format version 2 get their routing rule (docs/format.md) from the family, with a
+note in the metadata where the GGUF file does not record a parameter of it; llama.cpp itself
+routes PhiMoE and DBRX by a softmax, top-k and a sum renormalisation.
+
+llama.cpp's converter permutes the rows of q and k (weights and biases) for `llama` and
+`granitemoe` files, because llama.cpp rotates interleaved pairs there while Hugging Face rotates
+halves; the import undoes that permutation exactly (a reshuffle of whole rows, so it applies to
+quantised rows too). The other architectures are stored unpermuted. DBRX's fused `attn_qkv` is
+split into q, k and v rows.
 
 Storage: F32, F16 and BF16 tensors are kept as they are; Q8_0 and Q4_0 tensors are repacked
 into Colibri's rows of the same blocks (scales first, docs/format.md), so every value is the
@@ -47,13 +55,14 @@ from colibri.convert import (
 from colibri.errors import ColibriFormatError, ColibriIOError
 from colibri.families.common import check_limits
 from colibri.fileformat import (
-    ARCH_GPT_OSS, ARCH_LLAMA4, ARCH_MIXTRAL, ARCH_OLMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE,
-    DTYPE_BF16, DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32, DTYPE_Q4_0, DTYPE_Q8_0,
-    EXPERT_SWIGLU_CLAMPED, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
-    FLAG_QKV_BIAS, FLAG_SHARED_EXPERT, FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS,
-    LAYER_CHUNKED, LAYER_DENSE, LAYER_FULL, LAYER_MOE, LAYER_SLIDING, ROPE_INTERLEAVED,
-    ROPE_YARN, SCORING_SIGMOID, SELECT_LOGITS, SHARED_PLAIN, LayerAttention, RouteRule,
-    TensorSpec, plan_file, write_colibri,
+    ARCH_DBRX, ARCH_GPT_OSS, ARCH_GRANITEMOE, ARCH_GRANITEMOESHARED, ARCH_LLAMA4, ARCH_MIXTRAL,
+    ARCH_OLMOE, ARCH_PHIMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, DTYPE_BF16, DTYPE_BY_NAME,
+    DTYPE_F16, DTYPE_F32, DTYPE_Q4_0, DTYPE_Q8_0, EXPERT_SWIGLU_CLAMPED, FLAG_NORM_TOPK,
+    FLAG_O_BIAS, FLAG_OUTPUT_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS,
+    FLAG_SHARED_EXPERT, FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS, LAYER_CHUNKED,
+    LAYER_DENSE, LAYER_FULL, LAYER_MOE, LAYER_SLIDING, NORM_KIND_LAYER, NORM_KIND_LAYER_BIAS,
+    NORM_P, ROPE_INTERLEAVED, ROPE_YARN, SCORING_SIGMOID, SCORING_SPARSEMIXER, SELECT_LOGITS,
+    SHARED_NONE, SHARED_PLAIN, LayerAttention, RouteRule, TensorSpec, plan_file, write_colibri,
 )
 from colibri.formats.gguf_file import GGUFFile
 from colibri.formats.gguf_tokenizer import TokenizerError, tokenizer_json
@@ -67,7 +76,16 @@ ARCHITECTURES: dict[str, tuple[str, int, bool]] = {
     "olmoe": ("olmoe", ARCH_OLMOE, False),
     "gpt-oss": ("gpt_oss", ARCH_GPT_OSS, False),
     "llama4": ("llama4", ARCH_LLAMA4, False),
+    "phimoe": ("phimoe", ARCH_PHIMOE, False),
+    "granitemoe": ("granitemoe", ARCH_GRANITEMOE, False),
+    "dbrx": ("dbrx", ARCH_DBRX, False),
 }
+# Architectures whose q/k rows llama.cpp's converter permutes (LlamaModel's undo_permute).
+PERMUTED = ("llama", "granitemoe")
+# PhiMoE's sparsemixer chooses two experts; its threshold and DBRX's p are the transformers class
+# defaults (and the published models' values), which the GGUF files do not record.
+PHIMOE_ROUTER_JITTER_NOISE = 0.01
+DBRX_NORMALIZE_P = 1.0
 # llama.cpp's graphs (src/models/openai-moe.cpp, llama4.cpp, llama-graph.cpp) fix these
 GPT_OSS_SWIGLU = (1.702, 7.0)       # alpha, limit
 LLAMA4_CHUNK = 8192                 # attention_chunk_size
@@ -114,8 +132,9 @@ class _Meta:
 
 @dataclass
 class _Arch:
-    """What a GGUF file means: header fields, layer kinds, and (GPT-OSS, Llama 4) each layer's
-    routing rule and attention; None means what version 1's flags say (plan_file's default)."""
+    """What a GGUF file means: header fields, layer kinds, and each layer's
+    routing rule (format version 2's families) and attention (GPT-OSS, Llama 4); None means what
+    version 1's flags say (plan_file's default)."""
 
     hp: HParams
     kinds: list[int]
@@ -138,8 +157,13 @@ def _swa_pattern(m: _Meta, n_layers: int, default: int) -> list[bool]:
     return [n == 0 or i % n < n - 1 for i in range(n_layers)]
 
 
-def _gpt_oss(m: _Meta, hp: HParams, kinds: list[int]) -> _Arch:
+def _on_moe_layers(kinds: list[int], rule: RouteRule) -> list[RouteRule | None]:
+    return [rule if k == LAYER_MOE else None for k in kinds]
+
+
+def _gpt_oss(m: _Meta, a: _Arch) -> _Arch:
     """GPT-OSS: every layer MoE with biases, the clamped SwiGLU and sinks; RoPE as halves."""
+    hp = a.hp
     sliding = _swa_pattern(m, hp.n_layers, 2)
     if any(sliding) and not hp.sliding_window:
         raise ConversionError(f"{m.arch}.attention.sliding_window is missing or 0")
@@ -148,16 +172,17 @@ def _gpt_oss(m: _Meta, hp: HParams, kinds: list[int]) -> _Arch:
     rule = RouteRule(select_on=SELECT_LOGITS, gate_bias=True, expert_bias=True,
                      activation=EXPERT_SWIGLU_CLAMPED, act_alpha=GPT_OSS_SWIGLU[0],
                      act_limit=GPT_OSS_SWIGLU[1])
-    return _Arch(hp, kinds, "gpt_oss", [rule if k == LAYER_MOE else None for k in kinds],
+    return _Arch(hp, a.kinds, a.family, _on_moe_layers(a.kinds, rule),
                  [LayerAttention(LAYER_SLIDING if s else LAYER_FULL, sinks=True)
                   for s in sliding])
 
 
-def _llama4(m: _Meta, hp: HParams, kinds: list[int]) -> _Arch:
+def _llama4(m: _Meta, a: _Arch) -> _Arch:
     """Llama 4 as llama.cpp's graph runs it: chunked layers by the sliding-window pattern (3 of
     4), every fourth layer without RoPE and with the query temperature, the q/k L2 norm on the
     RoPE layers unless the model has 128 experts; sigmoid weights on the experts' inputs and a
     shared expert; RoPE on interleaved pairs."""
+    hp = a.hp
     if m.get("attention.sliding_window") == 0:
         raise ConversionError(f"{m.arch}.attention.sliding_window = 0: a Llama 4 file without "
                               "chunked attention (MobileLLM-style) is not supported")
@@ -169,7 +194,7 @@ def _llama4(m: _Meta, hp: HParams, kinds: list[int]) -> _Arch:
                  attention_chunk_size=LLAMA4_CHUNK if any(chunked) else 0)
     rule = RouteRule(scoring=SCORING_SIGMOID, select_on=SELECT_LOGITS, shared=SHARED_PLAIN,
                      weight_inputs=True)
-    return _Arch(hp, kinds, "llama4", [rule if k == LAYER_MOE else None for k in kinds],
+    return _Arch(hp, a.kinds, a.family, _on_moe_layers(a.kinds, rule),
                  [LayerAttention(LAYER_CHUNKED if c else LAYER_FULL, no_rope=n,
                                  qk_l2_norm=qk_norm and not n,
                                  temperature_floor=floor if n else 0,
@@ -221,7 +246,13 @@ def _hparams(f: GGUFFile, notes: list[str]) -> _Arch:
         flags |= FLAG_NORM_TOPK
     if "output.weight" not in f:
         flags |= FLAG_TIED_EMBEDDINGS
+    if "output.bias" in f:
+        flags |= FLAG_OUTPUT_BIAS
     d_ff_shared = 0
+    if arch == "granitemoe" and "blk.0.ffn_gate_shexp.weight" in f:
+        family, code = "granitemoeshared", ARCH_GRANITEMOESHARED
+        d_ff_shared = m.int("expert_shared_feed_forward_length")
+        flags |= FLAG_SHARED_EXPERT
     if arch == "qwen2moe" and "blk.0.ffn_gate_shexp.weight" in f:
         d_ff_shared = m.int("expert_shared_feed_forward_length")
         flags |= FLAG_SHARED_EXPERT
@@ -240,6 +271,9 @@ def _hparams(f: GGUFFile, notes: list[str]) -> _Arch:
 
     rope_type, rope_factor = 0, 1.0
     yarn: dict[str, Any] = {}
+    if "rope_factors_long.weight" in f or "rope_factors_short.weight" in f:
+        raise ConversionError(f"{f.path}: LongRoPE frequency factors (rope_factors_long/short, "
+                              "Phi-3.5's long-context RoPE) are not supported")
     scaling = m.get("rope.scaling.type", "none")
     if scaling == "linear":
         rope_type, rope_factor = 1, m.number("rope.scaling.factor")
@@ -273,18 +307,50 @@ def _hparams(f: GGUFFile, notes: list[str]) -> _Arch:
         max_context=m.int("context_length"), d_ff_expert=d_ff_expert, d_ff_dense=d_ff_dense,
         d_ff_shared=d_ff_shared, flags=flags, sliding_window=window, rope_type=rope_type,
         rope_theta=m.number("rope.freq_base", 10000.0), rope_factor=rope_factor,
-        norm_eps=m.number("attention.layer_norm_rms_epsilon"), clip_qkv=clip_qkv,
+        norm_eps=m.number("attention.layer_norm_epsilon" if arch == "dbrx"
+                          else "attention.layer_norm_rms_epsilon"), clip_qkv=clip_qkv,
         bos_token_id=_token_id(f, "bos", vocab, notes),
         eos_token_id=_token_id(f, "eos", vocab, notes), **yarn)
+    a = _family(f, m, _Arch(hp, kinds, family), notes)
     try:
-        check_limits(hp)
+        check_limits(a.hp)
     except ConversionError as exc:
         raise ConversionError(f"{f.path}: {exc}") from exc
+    return a
+
+
+def _family(f: GGUFFile, m: _Meta, a: _Arch, notes: list[str]) -> _Arch:
+    """The header fields, routing rules and attention of a format-version-2 family (rules None:
+    version 1's rule, from the header flags, for the first four)."""
+    arch, hp = f.architecture, a.hp
     if arch == "gpt-oss":
-        return _gpt_oss(m, hp, kinds)
+        return _gpt_oss(m, a)
     if arch == "llama4":
-        return _llama4(m, hp, kinds)
-    return _Arch(hp, kinds, family)
+        return _llama4(m, a)
+    if arch == "phimoe":
+        if hp.n_experts_active != 2:
+            notes.append(f"phimoe.expert_used_count {hp.n_experts_active}: PhiMoE's sparsemixer "
+                         "routes every token to 2 experts; stored as 2")
+        notes.append(f"router_jitter_noise (sparsemixer's threshold) is not in the GGUF file: "
+                     f"{PHIMOE_ROUTER_JITTER_NOISE}, transformers' default and Phi-3.5-MoE's")
+        norm_kind = NORM_KIND_LAYER_BIAS if "blk.0.attn_norm.bias" in f else NORM_KIND_LAYER
+        hp = replace(hp, n_experts_active=2, norm_kind=norm_kind)
+        return replace(a, hp=hp, rules=_on_moe_layers(a.kinds, RouteRule(
+            scoring=SCORING_SPARSEMIXER, select_on=SELECT_LOGITS,
+            sparsemixer_eps=PHIMOE_ROUTER_JITTER_NOISE)))
+    if arch == "granitemoe":
+        hp = replace(hp, attn_scale=m.number("attention.scale"),
+                     embedding_scale=m.number("embedding_scale"),
+                     residual_scale=m.number("residual_scale"),
+                     logit_divisor=m.number("logit_scale"))
+        return replace(a, hp=hp, rules=_on_moe_layers(a.kinds, RouteRule(
+            select_on=SELECT_LOGITS, shared=SHARED_PLAIN if hp.d_ff_shared else SHARED_NONE)))
+    if arch == "dbrx":
+        notes.append(f"moe_normalize_expert_weights (the p of the top-k weights' p-norm) is not "
+                     f"in the GGUF file: {DBRX_NORMALIZE_P:g}, transformers' default and DBRX's")
+        return replace(a, hp=replace(hp, norm_kind=NORM_KIND_LAYER),
+                       rules=_on_moe_layers(a.kinds, RouteRule(normalize=NORM_P, norm_p=DBRX_NORMALIZE_P)))
+    return a
 
 
 def _token_id(f: GGUFFile, which: str, vocab: int, notes: list[str]) -> int:
@@ -332,15 +398,18 @@ class _Importer:
         self.dequantised: dict[str, list[str]] = {}
 
     def add(self, name: str, gguf_name: str, shape: tuple[int, ...], force_f32: bool = False,
-            heads: int = 0) -> None:
+            heads: int = 0, rows: slice | None = None, source_rows: int = 0) -> None:
+        """`name` of `shape` from `gguf_name`, or from its rows `rows` (a fused tensor of
+        `source_rows` rows: DBRX's attn_qkv)."""
         f = self.f
         if gguf_name not in f:
             self.problems.append(f"missing tensor '{gguf_name}' (for {name})")
             return
         t = f.tensor_info(gguf_name)
-        if t.shape != shape and _squeezed(t.shape) != _squeezed(shape):
+        whole = shape if rows is None else (source_rows, *shape[1:])
+        if t.shape != whole and _squeezed(t.shape) != _squeezed(whole):
             self.problems.append(f"tensor '{gguf_name}' has shape {list(t.shape)}, expected "
-                                 f"{list(shape)} (for {name})")
+                                 f"{list(whole)} (for {name})")
             return
         qtype = f.ggml_type(gguf_name)
         unpermute = heads if self.permute else 0
@@ -354,43 +423,60 @@ class _Importer:
         else:
             out = self.dtype
             self.dequantised.setdefault(qtype.name, []).append(gguf_name)
-        self.specs.append(TensorSpec(name, out, shape,
-                                     self._loader(name, gguf_name, shape, qtype, out, unpermute)))
+        self.specs.append(TensorSpec(name, out, shape, self._loader(
+            name, gguf_name, whole, qtype, out, unpermute, rows or slice(None))))
 
-    def _loader(self, name: str, gguf_name: str, shape: tuple[int, ...], qtype: Q, out: int,
-                heads: int) -> Callable[[], np.ndarray]:
+    def _loader(self, name: str, gguf_name: str, whole: tuple[int, ...], qtype: Q, out: int,
+                heads: int, rows: slice) -> Callable[[], np.ndarray]:
+        """Loads `rows` of the tensor `gguf_name` of shape `whole` (whole rows, so quantised
+        rows keep their blocks)."""
         f = self.f
 
         def load() -> np.ndarray:
             if out in (DTYPE_Q8_0, DTYPE_Q4_0) and qtype in _REPACKED:
-                rows = np.asarray(f.raw(gguf_name)).reshape(-1, f.tensor_info(gguf_name).row_bytes)
+                raw = np.asarray(f.raw(gguf_name)).reshape(-1, f.tensor_info(gguf_name).row_bytes)
                 if heads:
-                    rows = _unpermute(rows, heads)
+                    raw = _unpermute(raw, heads)
                 block = 34 if qtype == Q.Q8_0 else 18
-                return repack_blocks(rows, block).reshape(*shape[:-1], -1)
+                raw = raw.reshape(*whole[:-1], -1)[rows]
+                return repack_blocks(raw.reshape(-1, raw.shape[-1]), block).reshape(raw.shape)
             if out != DTYPE_F32 and qtype in _KEPT and _KEPT[qtype] == out:
-                data = np.array(f.tensor(gguf_name)).reshape(shape)  # bits as stored
-                return _unpermute(data, heads) if heads else data
-            values = f.tensor_f32(gguf_name).reshape(shape)
+                data = np.array(f.tensor(gguf_name)).reshape(whole)  # bits as stored
+                return np.ascontiguousarray((_unpermute(data, heads) if heads else data)[rows])
+            values = f.tensor_f32(gguf_name).reshape(whole)
             if heads:
                 values = _unpermute(values, heads)
-            return to_storage_checked(values, out, name)
+            return to_storage_checked(np.ascontiguousarray(values[rows]), out, name)
         return load
 
 
 def _plan(f: GGUFFile, a: _Arch, dtype: int) -> tuple[list[TensorSpec], dict[str, list[str]]]:
     hp, kinds = a.hp, a.kinds
-    imp = _Importer(f, hp, dtype, permute=f.architecture == "llama")
+    imp = _Importer(f, hp, dtype, permute=f.architecture in PERMUTED)
     V, H, d = hp.vocab_size, hp.d_model, hp.head_dim
     q_out, kv_out = hp.n_heads * d, hp.n_kv_heads * d
     E, I = hp.n_experts, hp.d_ff_expert
+    norm_bias = hp.norm_kind == NORM_KIND_LAYER_BIAS
+    # DBRX's second norm is llama.cpp's attn_output_norm (its norm_attn_norm.norm_2)
+    # and GPT-OSS's is post_attention_norm
+    ffn_norm = {"dbrx": "attn_output_norm", "gpt-oss": "post_attention_norm"}.get(
+        f.architecture, "ffn_norm")
     imp.add("token_embd", "token_embd.weight", (V, H))
     for layer, kind in enumerate(kinds):
         src, dst = f"blk.{layer}", f"layers.{layer}"
         imp.add(f"{dst}.attn_norm", f"{src}.attn_norm.weight", (H,))
-        imp.add(f"{dst}.attn_q", f"{src}.attn_q.weight", (q_out, H), heads=hp.n_heads)
-        imp.add(f"{dst}.attn_k", f"{src}.attn_k.weight", (kv_out, H), heads=hp.n_kv_heads)
-        imp.add(f"{dst}.attn_v", f"{src}.attn_v.weight", (kv_out, H))
+        if norm_bias:
+            imp.add(f"{dst}.attn_norm_bias", f"{src}.attn_norm.bias", (H,))
+        if f"{src}.attn_qkv.weight" in f:  # fused (DBRX): q, k and v rows
+            fused = q_out + 2 * kv_out
+            for short, rows in (("q", slice(0, q_out)), ("k", slice(q_out, q_out + kv_out)),
+                                ("v", slice(q_out + kv_out, fused))):
+                imp.add(f"{dst}.attn_{short}", f"{src}.attn_qkv.weight",
+                        (rows.stop - rows.start, H), rows=rows, source_rows=fused)
+        else:
+            imp.add(f"{dst}.attn_q", f"{src}.attn_q.weight", (q_out, H), heads=hp.n_heads)
+            imp.add(f"{dst}.attn_k", f"{src}.attn_k.weight", (kv_out, H), heads=hp.n_kv_heads)
+            imp.add(f"{dst}.attn_v", f"{src}.attn_v.weight", (kv_out, H))
         if hp.flags & FLAG_QKV_BIAS:
             imp.add(f"{dst}.attn_q_bias", f"{src}.attn_q.bias", (q_out,), heads=hp.n_heads)
             imp.add(f"{dst}.attn_k_bias", f"{src}.attn_k.bias", (kv_out,), heads=hp.n_kv_heads)
@@ -406,9 +492,9 @@ def _plan(f: GGUFFile, a: _Arch, dtype: int) -> tuple[list[TensorSpec], dict[str
             imp.add(f"{dst}.attn_k_norm", f"{src}.attn_k_norm.weight", (kv_out,))
         if a.attention and a.attention[layer].sinks:
             imp.add(f"{dst}.attn_sinks", f"{src}.attn_sinks.weight", (hp.n_heads,))
-        # gpt-oss names the norm before the feed-forward block post_attention_norm
-        ffn_norm = "post_attention_norm" if f.architecture == "gpt-oss" else "ffn_norm"
         imp.add(f"{dst}.ffn_norm", f"{src}.{ffn_norm}.weight", (H,))
+        if norm_bias:
+            imp.add(f"{dst}.ffn_norm_bias", f"{src}.{ffn_norm}.bias", (H,))
         rule = a.rules[layer] if a.rules else None
         if kind == LAYER_MOE:
             imp.add(f"{dst}.moe_gate", f"{src}.ffn_gate_inp.weight", (E, H), force_f32=True)
@@ -434,8 +520,12 @@ def _plan(f: GGUFFile, a: _Arch, dtype: int) -> tuple[list[TensorSpec], dict[str
             imp.add(f"{dst}.mlp_w2", f"{src}.ffn_down.weight", (H, D))
             imp.add(f"{dst}.mlp_w3", f"{src}.ffn_up.weight", (D, H))
     imp.add("output_norm", "output_norm.weight", (H,))
+    if norm_bias:
+        imp.add("output_norm_bias", "output_norm.bias", (H,))
     if not hp.flags & FLAG_TIED_EMBEDDINGS:
         imp.add("output", "output.weight", (V, H))
+    if hp.flags & FLAG_OUTPUT_BIAS:
+        imp.add("output_bias", "output.bias", (V,))
     if imp.problems:
         shown = imp.problems[:20]
         more = f"; and {len(imp.problems) - 20} more" if len(imp.problems) > 20 else ""
@@ -460,9 +550,9 @@ def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
         raise ConversionError(f"output directory {out_dir} does not exist")
     f = _open(path)
     notes: list[str] = []
-    arch = _hparams(f, notes)
-    hp, kinds, family = arch.hp, arch.kinds, arch.family
-    specs, dequantised = _plan(f, arch, DTYPE_BY_NAME[dtype])
+    a = _hparams(f, notes)
+    hp, family = a.hp, a.family
+    specs, dequantised = _plan(f, a, DTYPE_BY_NAME[dtype])
     for qname, names in sorted(dequantised.items()):
         notes.append(f"{len(names)} {qname} tensor(s) dequantised to {dtype} (Colibri stores "
                      f"f32, f16, bf16, q8_0 and q4_0): {', '.join(names[:8])}"
@@ -490,8 +580,8 @@ def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
     }
     if notes:
         metadata["notes"] = notes
-    plan = plan_file(hp, kinds, specs, tokenizer.encode("utf-8") if tokenizer else b"", metadata,
-                     rules=arch.rules, attention=arch.attention)
+    plan = plan_file(hp, a.kinds, specs, tokenizer.encode("utf-8") if tokenizer else b"",
+                     metadata, rules=a.rules, attention=a.attention)
     write_colibri(out_path, plan, progress)
     return notes
 

@@ -45,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 6
+ABI_VERSION = 9
 if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale build
     raise ImportError(
         f"colibri: compiled engine has ABI version {lib.col_abi_version()}, this Python package "
@@ -230,6 +230,26 @@ class RoutingInfo:
 
 
 @dataclass(frozen=True)
+class CacheStats:
+    """Expert-caching counts of a session (col_cache_stats): the LRU's capacity per MoE layer
+    (0 = no expert cache), experts resident now, hits and misses of its lookups, routing
+    decisions, and the decisions cached routing kept."""
+
+    expert_cache: int
+    resident: int
+    hits: int
+    misses: int
+    decisions: int
+    kept: int
+
+    @property
+    def hit_rate(self) -> float:
+        """hits / lookups; NaN before any lookup."""
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else float("nan")
+
+
+@dataclass(frozen=True)
 class Section:
     """One region of a file (col_section): `name` ('header', 'routing', 'tensor_table',
     'tokenizer', 'metadata', 'data'), absolute `offset`, `size` in bytes."""
@@ -275,6 +295,12 @@ class Trace:
     hidden_norm: np.ndarray     # [pos, moe_layers] float32
     phase_ns: np.ndarray        # [pos, n_layers, 5] uint64, see col_phase
     token_ns: np.ndarray        # [pos] uint64
+    # expert caching (docs/interface-spec.md, "Routing modes"); all False / NaN / width 0 when
+    # the session has no cached routing, width 0 without an expert cache
+    cache_kept: np.ndarray      # [pos, moe_layers] bool: cached routing kept the previous set
+    cache_margin: np.ndarray    # [pos, moe_layers] float32: the fresh top-k's margin over it
+    fresh_ids: np.ndarray       # [pos, moe_layers, k or 0] int32: the rule's own top-k
+    cache_hits: np.ndarray      # [pos, moe_layers, k or 0] bool: slot's expert was resident
 
     # The fields without a position axis; every other field's first axis is the position, so a
     # reader can take rows generically (the server's traces do) and new arrays come along.
@@ -283,6 +309,13 @@ class Trace:
     @property
     def n_positions(self) -> int:
         return int(self.tokens.shape[0])
+
+    def cache_counts(self) -> tuple[int, int]:
+        """(hits, lookups) of the expert cache over these positions; (0, 0) without one."""
+        if not self.cache_hits.shape[2]:
+            return 0, 0
+        looked = self.expert_ids >= 0
+        return int(self.cache_hits[looked].sum()), int(looked.sum())
 
     @classmethod
     def position_fields(cls) -> tuple[str, ...]:
@@ -649,6 +682,21 @@ class Model:
 # Session
 
 
+def check_embeddings(embeddings: Any, d_model: int) -> np.ndarray:
+    """Embedding rows as the engine takes them: float32 [positions, d_model], C-contiguous.
+    Raises ColibriValueError naming the dtype or shape given (whether every element is finite is
+    the engine's check)."""
+    x = np.asarray(embeddings)
+    if x.dtype != np.float32:
+        raise ColibriValueError(f"embeddings must be float32, got {x.dtype}", COL_ERR_INVALID_ARG)
+    if x.ndim != 2 or x.shape[1] != d_model:
+        hint = "; a batch of one is x[0]" if x.ndim == 3 and x.shape[0] == 1 else ""
+        raise ColibriValueError(f"embeddings of shape {list(x.shape)}, expected [positions, "
+                                f"{d_model}] (the model's hidden size){hint}",
+                                COL_ERR_INVALID_ARG)
+    return np.ascontiguousarray(x)
+
+
 def best_kernels() -> str:
     """The kernel path a session with kernels=None runs on this machine now (CPUID, the OS
     granting AMX state, the environment variable COLIBRI_KERNELS)."""
@@ -670,7 +718,8 @@ def _set_int(config: Any, field: str, value: Any, what: str) -> None:
 
 def _session_config(model: Model, routing: str, epsilon: float | None, seed: int, threads: int,
                     max_context: int, trace: bool, numerics: Any = None,
-                    kernels: str | None = None) -> Any:
+                    kernels: str | None = None, capture_hidden: bool = False,
+                    cache_threshold: float = 0.0, expert_cache: int = 0) -> Any:
     """A col_session_config from the arguments. Python checks their types and names; the engine
     judges every range (col_session_config_check, the same checks as col_session_create) and
     its message becomes the ColibriValueError."""
@@ -683,14 +732,21 @@ def _session_config(model: Model, routing: str, epsilon: float | None, seed: int
     if epsilon is not None and (isinstance(epsilon, bool)
                                 or not isinstance(epsilon, (int, float, np.floating))):
         raise ColibriValueError(f"epsilon must be a number, got {epsilon!r}", COL_ERR_INVALID_ARG)
+    if isinstance(cache_threshold, bool) or not isinstance(cache_threshold,
+                                                           (int, float, np.floating)):
+        raise ColibriValueError(f"cache_threshold must be a number, got {cache_threshold!r}",
+                                COL_ERR_INVALID_ARG)
     config = ffi.new("col_session_config *")
     config.routing = _ROUTING_CODES[routing]
     _set_int(config, "n_threads", threads, "threads")
     _set_int(config, "max_context", max_context, "max_context")
     _set_int(config, "seed", seed, "seed")
     config.trace = 1 if trace else 0
+    config.capture_hidden = 1 if capture_hidden else 0
     config.epsilon = float(model.hparams.default_epsilon if epsilon is None else epsilon)
     config.kernels = 0 if kernels is None else KERNEL_PATHS.index(kernels) + 1
+    config.cache_threshold = float(cache_threshold)
+    _set_int(config, "expert_cache", expert_cache, "expert_cache")
     try:  # numerics variant (colibri.numerics): Numerics, spec string, dict or None
         as_numerics(numerics).apply(config)
     except (NumericsError, OverflowError, TypeError) as exc:
@@ -707,17 +763,26 @@ class Session:
 
     routing: 'topk' (the family's own math), 'stable' (ties broken by index with `epsilon`,
     default the model's default_epsilon), 'soft' (every expert, softmax weights), 'gumbel'
-    (top-k on logits + Gumbel noise drawn from `seed`). max_context 0 = min(model's, 4096).
+    (top-k on logits + Gumbel noise drawn from `seed`), 'cached' (top-k, but each MoE layer keeps
+    the previous position's set while the fresh top-k's margin over it is below
+    `cache_threshold`; docs/interface-spec.md). expert_cache: an LRU of that many resident
+    experts per MoE layer, hits and misses in the trace and `cache_stats()` (0 = none).
+    max_context 0 = min(model's, 4096).
     numerics: a numerics variant (colibri.numerics.Numerics or spec such as 'blocked8+fma');
     None = the default computation. kernels: the most capable kernel path to use (one of
     KERNEL_PATHS; the session runs the best of those the machine has at or below it; `kernels`
-    names the one chosen); None = the best the machine has. Paths differ in the last bits."""
+    names the one chosen); None = the best the machine has. Paths differ in the last bits.
+    capture_hidden: keep every processed position's hidden state after each layer in session
+    memory (`hidden_states`; max_context * n_layers * d_model floats); `capture_into` captures
+    into a buffer of the caller's instead."""
 
     def __init__(self, model: Model, routing: RoutingName = "topk", epsilon: float | None = None,
                  seed: int = 0, threads: int = 1, max_context: int = 0, trace: bool = True,
-                 numerics: Numerics | str | None = None, kernels: str | None = None) -> None:
+                 numerics: Numerics | str | None = None, kernels: str | None = None,
+                 capture_hidden: bool = False, *, cache_threshold: float = 0.0,
+                 expert_cache: int = 0) -> None:
         config = _session_config(model, routing, epsilon, seed, threads, max_context, trace,
-                                 numerics, kernels)
+                                 numerics, kernels, capture_hidden, cache_threshold, expert_cache)
         model_handle = model.handle
         out = ffi.new("col_session **")
         err = ffi.new("char[]", _ERRLEN)
@@ -732,15 +797,19 @@ class Session:
         self._vocab = model.hparams.vocab_size
         self._err = err
         self._busy = threading.Lock()
+        self._capture: np.ndarray | None = None   # the caller's capture buffer, kept alive
 
     @staticmethod
     def memory_estimate(model: Model, routing: RoutingName = "topk", epsilon: float | None = None,
                         seed: int = 0, threads: int = 1, max_context: int = 0,
                         trace: bool = True, numerics: Numerics | str | None = None,
-                        kernels: str | None = None) -> int:
-        """Bytes a Session with these arguments would allocate (KV cache, scratch, trace)."""
+                        kernels: str | None = None, capture_hidden: bool = False, *,
+                        cache_threshold: float = 0.0, expert_cache: int = 0) -> int:
+        """Bytes a Session with these arguments would allocate (KV cache, scratch, trace,
+        hidden-state capture, expert caching's state)."""
         config = _session_config(model, routing, epsilon, seed, threads, max_context, trace,
-                                 numerics, kernels)
+                                 numerics, kernels, capture_hidden, cache_threshold,
+                                 expert_cache)
         return int(lib.col_session_memory_estimate(model.handle, config))
 
     # -- lifetime -------------------------------------------------------------------------------
@@ -823,6 +892,32 @@ class Session:
             self._busy.release()
         return logits
 
+    def prefill_embeddings(self, embeddings: np.ndarray, *, all_logits: bool = True) -> np.ndarray:
+        """Process embedding rows at the next positions instead of looked-up tokens: float32
+        [n, d_model] (the residual stream entering layer 0; col_session_prefill_embeddings).
+        Returns logits as `prefill` does; the trace records token -1 there. The shape and dtype
+        are checked here (ColibriValueError naming what was given), finiteness by the engine.
+        Nothing is processed when it raises."""
+        x = check_embeddings(embeddings, self._model.hparams.d_model)
+        n = int(x.shape[0])
+        logits = np.empty((n if all_logits else min(n, 1), self._vocab), dtype=np.float32)
+        if n == 0:
+            return logits
+        handle = self._live()
+        self._acquire()
+        try:
+            status = int(lib.col_session_prefill_embeddings(
+                handle, ffi.from_buffer("float[]", x), n,
+                ffi.from_buffer("float[]", logits, require_writable=True) if all_logits else ffi.NULL,
+                self._err, _ERRLEN))
+            errors.raise_for_status(status, _text(self._err))
+            if not all_logits:
+                ffi.memmove(ffi.from_buffer("float[]", logits, require_writable=True),
+                            lib.col_session_logits(handle), logits.nbytes)
+        finally:
+            self._busy.release()
+        return logits
+
     def step(self, token_id: int) -> np.ndarray:
         """Process one token at the next position; returns its float32 logits [vocab]."""
         if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)):
@@ -843,15 +938,15 @@ class Session:
             self._busy.release()
         return logits
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int = 16, *,
+    def generate(self, prompt: Sequence[int] | np.ndarray, max_new_tokens: int = 16, *,
                  decoding: DecodingName = "greedy", temperature: float = 1.0, seed: int = 0,
                  eos: int | None | Literal["model"] = "model", stop: StopFn | None = None,
                  on_position: OnPosition | None = None, step_prompt: bool = False,
                  keep_logits: bool = False, swap: SwapFn | None = None) -> Generation:
-        """Generate up to `max_new_tokens` tokens after `prompt`, from the current position, and
-        return the `Generation` (colibri.generation: positions processed, greedy or sampled
-        decoding, stop conditions, the per-position callback that can pause or stop, hot-reload
-        hand-over). `eos` defaults to the model's eos_token_id; None never stops there. A
+        """Generate up to `max_new_tokens` tokens after `prompt` (token ids, or float32 embedding
+        rows [positions, d_model]), from the current position, and return the `Generation`
+        (colibri.generation: positions processed, greedy or sampled decoding, stop conditions,
+        the per-position callback that can pause or stop, hot-reload hand-over). `eos` defaults to the model's eos_token_id; None never stops there. A
         generation paused by `on_position` continues with its `run()`."""
         generation = Generation(
             self, prompt, max_new_tokens, decoding=decoding, temperature=temperature, seed=seed,
@@ -880,6 +975,73 @@ class Session:
     def position(self) -> int:
         """Positions processed since creation or the last reset."""
         return int(lib.col_session_position(self._live()))
+
+    def cache_stats(self, moe_index: int | None = None) -> CacheStats:
+        """Expert-caching counts since creation or the last reset, of one MoE layer or of all
+        of them summed (col_session_cache_stats); counted with the trace off too."""
+        out = ffi.new("col_cache_stats *")
+        index = -1 if moe_index is None else moe_index
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise ColibriValueError(f"moe_index must be an int, got {moe_index!r}",
+                                    COL_ERR_INVALID_ARG)
+        status = int(lib.col_session_cache_stats(self._live(), int(index), out)) \
+            if -1 <= index < 2**31 else COL_ERR_INVALID_ARG
+        errors.raise_for_status(status, f"no MoE layer {moe_index}")
+        return CacheStats(int(out.expert_cache), int(out.resident), int(out.hits),
+                          int(out.misses), int(out.decisions), int(out.kept))
+
+    def capture_into(self, buffer: np.ndarray | None, first_position: int = 0) -> None:
+        """Capture the hidden state after each layer into `buffer` (float32, C-contiguous,
+        writable, [rows, n_layers, d_model]) from now on: row r receives position
+        first_position + r when it is processed (col_session_capture). The session keeps a
+        reference to the buffer until it is replaced or detached. None detaches it (capture
+        goes back to the session's own buffer with capture_hidden, else stops)."""
+        handle = self._live()
+        hp = self._model.hparams
+        if buffer is not None:
+            if not isinstance(buffer, np.ndarray) or buffer.dtype != np.float32 or \
+                    buffer.ndim != 3 or buffer.shape[1:] != (hp.n_layers, hp.d_model) or \
+                    not buffer.flags.c_contiguous or not buffer.flags.writeable:
+                raise ColibriValueError(
+                    f"the capture buffer must be a writable C-contiguous float32 array of shape "
+                    f"[rows, {hp.n_layers}, {hp.d_model}], got "
+                    f"{getattr(buffer, 'dtype', type(buffer).__name__)} "
+                    f"{getattr(buffer, 'shape', '')}", COL_ERR_INVALID_ARG)
+        if isinstance(first_position, bool) or not isinstance(first_position, (int, np.integer)) \
+                or not 0 <= int(first_position) < 2**32:
+            raise ColibriValueError(f"first_position {first_position!r} must be an int in "
+                                    f"[0, 2**32)", COL_ERR_INVALID_ARG)
+        rows = 0 if buffer is None else int(buffer.shape[0])
+        if buffer is not None and not 0 < rows < 2**32:
+            raise ColibriValueError(f"a capture buffer of {rows} rows", COL_ERR_INVALID_ARG)
+        self._acquire()
+        try:
+            pointer = ffi.NULL if buffer is None else ffi.from_buffer("float[]", buffer,
+                                                                      require_writable=True)
+            errors.raise_for_status(int(lib.col_session_capture(
+                handle, pointer, int(first_position), rows, self._err, _ERRLEN)),
+                _text(self._err))
+            self._capture = buffer
+        finally:
+            self._busy.release()
+
+    @property
+    def hidden_states(self) -> np.ndarray | None:
+        """The hidden state after each layer of every position processed so far, float32
+        [positions, n_layers, d_model]: a live read-only view of session memory (as `trace`)
+        when the session was created with capture_hidden; None without it, or while
+        `capture_into` directs capture to a buffer of the caller's (read that buffer)."""
+        handle = self._live()
+        if self._capture is not None:
+            return None
+        h = ffi.new("col_hidden_view *")
+        errors.raise_for_status(int(lib.col_session_hidden(handle, h)))
+        if h.data == ffi.NULL:
+            return None
+        rows, per_row = int(h.n_rows), int(h.n_layers) * int(h.d_model)
+        full = _readonly_view(handle, h.data, rows * per_row * 4, np.float32,
+                              (rows, int(h.n_layers), int(h.d_model)))
+        return full[:min(self.position, rows)]
 
     @property
     def trace(self) -> Trace | None:
@@ -912,12 +1074,20 @@ class Session:
             hidden_norm=view(t.hidden_norm, np.float32, n_moe),
             phase_ns=view(t.phase_ns, np.uint64, n_layers, int(lib.COL_PHASE_COUNT)),
             token_ns=view(t.token_ns, np.uint64),
+            cache_kept=(view(t.cache_kept, np.bool_, n_moe) if t.cache_kept != ffi.NULL
+                        else np.zeros((n, n_moe), np.bool_)),
+            cache_margin=(view(t.cache_margin, np.float32, n_moe) if t.cache_margin != ffi.NULL
+                          else np.full((n, n_moe), np.nan, np.float32)),
+            fresh_ids=(view(t.fresh_ids, np.int32, n_moe, k) if t.fresh_ids != ffi.NULL
+                       else np.zeros((n, n_moe, 0), np.int32)),
+            cache_hits=(view(t.cache_hits, np.bool_, n_moe, k) if t.cache_hits != ffi.NULL
+                        else np.zeros((n, n_moe, 0), np.bool_)),
         )
 
 
-__all__ = ["KERNEL_PATHS", "ColibriError", "HParams", "HeaderField", "Model", "Problem", "RoutingInfo",
-           "Section", "Session", "TensorInfo", "Trace", "best_kernels", "header_fields", "validate",
-           "validate_bytes"]
+__all__ = ["KERNEL_PATHS", "CacheStats", "ColibriError", "HParams", "HeaderField", "Model",
+           "Problem", "RoutingInfo", "Section", "Session", "TensorInfo", "Trace", "best_kernels",
+           "check_embeddings", "header_fields", "validate", "validate_bytes"]
 
 
 def measure_read_bandwidth(nbytes: int = 1 << 30, threads: int = 1, repeats: int = 5) -> float:

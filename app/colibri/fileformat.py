@@ -141,6 +141,7 @@ def dequantize(data: np.ndarray, dtype: int, shape: Sequence[int]) -> np.ndarray
 ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4  # keys of ARCH_NAMES
 ARCH_DEEPSEEK_V2, ARCH_DEEPSEEK_V3, ARCH_GLM4_MOE, ARCH_ERNIE4_5_MOE = 5, 6, 7, 8  # version 2
 ARCH_GPT_OSS, ARCH_LLAMA4 = 9, 10
+ARCH_PHIMOE, ARCH_GRANITEMOE, ARCH_GRANITEMOESHARED, ARCH_DBRX = 11, 12, 13, 14
 
 FLAG_NORM_TOPK = 1              # version 1 only (a version-2 routing entry states it)
 FLAG_TIED_EMBEDDINGS = 2
@@ -151,6 +152,7 @@ FLAG_QKV_BIAS = 16
 FLAG_O_BIAS = 32
 FLAG_QK_NORM_HEAD = 64
 FLAG_QK_NORM_FULL = 128
+FLAG_OUTPUT_BIAS = 256          # version 2 only
 
 LAYER_DENSE, LAYER_MOE = 0, 1
 LAYER_FULL, LAYER_SLIDING, LAYER_CHUNKED = 0, 1, 2  # a layer's attention mask (routing entry 0x48)
@@ -163,6 +165,7 @@ GROUP_NONE, GROUP_MAX, GROUP_TOP2_SUM = 0, 1, 2
 NORM_NONE, NORM_SUM, NORM_SUM_CLAMPED, NORM_P = 0, 1, 2, 3
 SHARED_NONE, SHARED_PLAIN, SHARED_SIGMOID_GATE = 0, 1, 2
 EXPERT_SWIGLU, EXPERT_SWIGLU_CLAMPED = 0, 1      # routed experts' activation (routing entry 0x54)
+NORM_KIND_RMS, NORM_KIND_LAYER, NORM_KIND_LAYER_BIAS = 0, 1, 2   # header 0x100
 
 # Fixed-header fields after the first 0x28 bytes: (offset, struct code, HParams attribute).
 _HPARAM_FIELDS: tuple[tuple[int, str, str], ...] = (
@@ -176,7 +179,7 @@ _HPARAM_FIELDS: tuple[tuple[int, str, str], ...] = (
     (0x0A8, "<f", "norm_eps"), (0x0AC, "<f", "clip_qkv"), (0x0B0, "<f", "default_epsilon"),
     (0x0B4, "<i", "bos_token_id"), (0x0B8, "<i", "eos_token_id"),
 )
-# Version 2's fields after the CRCs (0x0C8..0x0FF, 0x110; the other bytes to 0x1FF reserved, zero).
+# Version 2's fields after the CRCs (0x0C8..0x113; 0x114..0x1FF reserved, zero).
 _HPARAM_FIELDS_V2: tuple[tuple[int, str, str], ...] = (
     (0x0C8, "<I", "attention"), (0x0CC, "<I", "q_lora_rank"), (0x0D0, "<I", "kv_lora_rank"),
     (0x0D4, "<I", "qk_nope_head_dim"), (0x0D8, "<I", "qk_rope_head_dim"),
@@ -184,7 +187,8 @@ _HPARAM_FIELDS_V2: tuple[tuple[int, str, str], ...] = (
     (0x0E8, "<f", "attn_scale"), (0x0EC, "<f", "latent_norm_eps"),
     (0x0F0, "<f", "rope_attn_factor"), (0x0F4, "<f", "rope_beta_fast"),
     (0x0F8, "<f", "rope_beta_slow"), (0x0FC, "<I", "rope_truncate"),
-    (0x110, "<I", "attention_chunk_size"),
+    (0x100, "<I", "norm_kind"), (0x104, "<f", "embedding_scale"), (0x108, "<f", "residual_scale"),
+    (0x10C, "<f", "logit_divisor"), (0x110, "<I", "attention_chunk_size"),
 )
 
 
@@ -365,7 +369,10 @@ def plan_file(hparams: HParams, layer_kinds: Sequence[int], tensors: Sequence[Te
         raise ValueError("rules and attention need one entry per layer")
     if version == 1 and (any(r not in (None, implied) for r in rules) or
                          len(set(attention)) > 1 or attention[0] != LayerAttention(attention[0].mask)
-                         or hparams.attention != ATTENTION_GQA):
+                         or hparams.attention != ATTENTION_GQA or
+                         hparams.norm_kind != NORM_KIND_RMS or hparams.flags & FLAG_OUTPUT_BIAS or
+                         hparams.embedding_scale or hparams.residual_scale or
+                         hparams.logit_divisor):
         raise ValueError("format version 1 cannot state these routing rules or attention")
     header_size = HEADER_SIZE if version == 2 else HEADER_SIZE_V1
     entry_size = ROUTING_ENTRY_SIZE if version == 2 else ROUTING_ENTRY_SIZE_V1

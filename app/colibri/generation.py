@@ -9,7 +9,9 @@ Positions. The prompt's tokens are processed first, in one prefill (or one step 
 `step_prompt=True`, so a debugger can stop inside the prompt; the bits are the same), then every
 generated token except the last one, whose logits are never needed: a generation producing M
 tokens processes len(prompt) + M - 1 positions (len(prompt) when M is 0). It continues from the
-session's current position (reset the session first for a fresh run).
+session's current position (reset the session first for a fresh run). A prompt may also be
+embedding rows, float32 [positions, d_model] fed instead of looked-up tokens
+(`Session.prefill_embeddings`); its positions count as token -1 in `tokens`.
 
 Choosing: 'greedy' is the arg-max (lowest id on ties); 'sample' draws from
 softmax(logits / temperature) with numpy's default_rng(seed) (temperature 0 is greedy). NaN
@@ -23,8 +25,8 @@ stops there), when `stop(generated)` returns True ('stop'), or when `on_position
 bit-identically (the sampler's state lives here).
 
 Session hand-over (hot reload): between positions `swap(session, history, changed)` may return
-a new session that has processed `history` (the tokens so far) on a new model; the generation
-continues on it. `changed` is True when the old mapping failed a step (the file changed in
+a new session that has processed `history` (the tokens so far, a `History`: `replay` processes
+it, embedding rows included) on a new model; the generation continues on it. `changed` is True when the old mapping failed a step (the file changed in
 place): the swap is then required, and without one the error propagates.
 
 The loop is thin on purpose: per position it calls the engine once, takes an arg-max (or a
@@ -56,9 +58,35 @@ class Control(enum.Enum):
     STOP = "stop"
 
 
+class History(tuple[int, ...]):
+    """The positions a session has processed, as a swap hook gets them: token ids, -1 at the
+    positions of an embedding prompt, whose rows are `embeddings` ([n, d_model] float32, the
+    first n positions; None without one)."""
+
+    embeddings: np.ndarray | None
+
+    def __new__(cls, tokens: Sequence[int] = (), embeddings: np.ndarray | None = None
+                ) -> History:
+        self = super().__new__(cls, tokens)
+        self.embeddings = embeddings
+        return self
+
+
+def replay(session: Session, history: Sequence[int]) -> None:
+    """Process `history` on `session` (a fresh one taking over): a History's embedding rows
+    first, then its token ids; a plain sequence is token ids."""
+    rows = history.embeddings if isinstance(history, History) else None
+    n = 0 if rows is None else min(len(rows), len(history))
+    if n:
+        assert rows is not None
+        session.prefill_embeddings(rows[:n], all_logits=False)
+    if len(history) > n:
+        session.prefill(list(history[n:]), all_logits=False)
+
+
 OnPosition = Callable[["Generation", int], "Control | None"]
 StopFn = Callable[[Sequence[int]], bool]
-SwapFn = Callable[["Session", list[int], bool], "Session | None"]
+SwapFn = Callable[["Session", History, bool], "Session | None"]
 
 
 class Generation:
@@ -66,7 +94,8 @@ class Generation:
     runs it (a debugger's worker turns its own cross-thread requests into calls between
     positions)."""
 
-    def __init__(self, session: Session, prompt: Sequence[int], max_new_tokens: int = 16, *,
+    def __init__(self, session: Session, prompt: Sequence[int] | np.ndarray,
+                 max_new_tokens: int = 16, *,
                  decoding: DecodingName = "greedy", temperature: float = 1.0, seed: int = 0,
                  eos: int | None = None, stop: StopFn | None = None, step_prompt: bool = False,
                  keep_logits: bool = False, swap: SwapFn | None = None) -> None:
@@ -78,6 +107,11 @@ class Generation:
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         self.session = session
+        # an embedding prompt: its rows, and token -1 at each of its positions
+        self.embeddings: np.ndarray | None = None
+        if isinstance(prompt, np.ndarray) and prompt.ndim == 2:
+            self.embeddings = prompt
+            prompt = [-1] * prompt.shape[0]
         self.prompt = tuple(int(t) for t in prompt)
         if not self.prompt:
             raise ValueError("the prompt is empty")
@@ -105,7 +139,7 @@ class Generation:
 
     @property
     def tokens(self) -> list[int]:
-        """The prompt followed by the generated tokens."""
+        """The prompt followed by the generated tokens (-1 for embedding rows)."""
         return [*self.prompt, *self.generated]
 
     @property
@@ -165,7 +199,10 @@ class Generation:
             return range(first, first + 1)
         chunk = self.prompt[first:first + 1] if self.step_prompt else self.prompt[first:]
         t0 = time.perf_counter_ns()
-        if len(chunk) == 1:
+        if self.embeddings is not None:
+            rows = self.session.prefill_embeddings(self.embeddings[first:first + len(chunk)],
+                                                   all_logits=self.logits is not None)
+        elif len(chunk) == 1:
             rows = self.session.step(chunk[0])[None, :]
         else:
             rows = self.session.prefill(chunk, all_logits=self.logits is not None)
@@ -183,7 +220,7 @@ class Generation:
     def _swap_step(self, token: int) -> np.ndarray:
         """One step, on a swapped-in session when the swap hook has one."""
         assert self.swap is not None
-        history = self.tokens[:self.positions]
+        history = History(self.tokens[:self.positions], self.embeddings)
         self.session = self.swap(self.session, history, False) or self.session
         try:
             return self.session.step(token)
@@ -233,4 +270,4 @@ class Generation:
         self.reason = reason
 
 
-__all__ = ["Control", "Generation", "OnPosition", "StopFn", "SwapFn"]
+__all__ = ["Control", "Generation", "History", "OnPosition", "StopFn", "SwapFn", "replay"]

@@ -31,7 +31,7 @@ from types import FrameType
 
 from colibri import errors
 from colibri.engine import Model, Session
-from colibri.generation import SwapFn
+from colibri.generation import History, SwapFn, replay
 
 
 class HotModel:
@@ -118,7 +118,7 @@ def session_swapper(hot: HotModel, new_session: Callable[[Model], Session],
     step (FILE_CHANGED): a reload is then required, and poll() raises when none is possible.
     What happened goes to `report` (one line each)."""
 
-    def swap(session: Session, history: list[int], changed: bool) -> Session | None:
+    def swap(session: Session, history: History, changed: bool) -> Session | None:
         model = hot.poll()
         if model is None:
             if hot.last_error is not None:
@@ -127,8 +127,7 @@ def session_swapper(hot: HotModel, new_session: Callable[[Model], Session],
                 hot.last_error = None
             return None
         fresh = new_session(model)
-        if history:
-            fresh.prefill(history, all_logits=False)
+        replay(fresh, history)
         session.close()
         report(f"reloaded {hot.path} (generation {hot.generation}) at position {len(history)}")
         return fresh

@@ -25,11 +25,12 @@ FORMAT_VERSION = 2   # what the writer writes unless asked for version 1 (the en
 # col_arch (5.. need format version 2)
 ARCH_NAMES: dict[int, str] = {1: "mixtral", 2: "qwen2_moe", 3: "qwen3_moe", 4: "olmoe",
                               5: "deepseek_v2", 6: "deepseek_v3", 7: "glm4_moe",
-                              8: "ernie4_5_moe", 9: "gpt_oss", 10: "llama4"}
+                              8: "ernie4_5_moe", 9: "gpt_oss", 10: "llama4", 11: "phimoe",
+                              12: "granitemoe", 13: "granitemoeshared", 14: "dbrx"}
 
 # col_routing_mode, in enum order
-RoutingName = Literal["topk", "stable", "soft", "gumbel"]
-ROUTING_MODES: tuple[RoutingName, ...] = ("topk", "stable", "soft", "gumbel")
+RoutingName = Literal["topk", "stable", "soft", "gumbel", "cached"]
+ROUTING_MODES: tuple[RoutingName, ...] = ("topk", "stable", "soft", "gumbel", "cached")
 
 # col_kernels 1..4, least to most capable (0 = the best the machine has: None in Python)
 KERNEL_PATHS: tuple[str, ...] = ("portable", "avx2", "avx512", "amx")
@@ -96,7 +97,11 @@ class HParams:
     rope_beta_fast: float = 0.0
     rope_beta_slow: float = 0.0
     rope_truncate: int = 0
-    attention_chunk_size: int = 0
+    norm_kind: int = 0             # col_norm_kind: 0 RMSNorm, 1 LayerNorm, 2 LayerNorm with bias
+    embedding_scale: float = 0.0   # 0 = none (Granite's embedding_multiplier)
+    residual_scale: float = 0.0    # 0 = none (Granite's residual_multiplier)
+    logit_divisor: float = 0.0     # 0 = none (Granite's logits_scaling)
+    attention_chunk_size: int = 0  # C of the chunked-attention layers (Llama 4)
 
     def v2_value(self, attr: str) -> int | float:
         """A version-2 header field's value, the Nones filled as version 1 would mean them."""
@@ -135,6 +140,8 @@ class RunSettings:
     epsilon: float | None = None   # stable routing; None = the model's default_epsilon
     threads: int = 1
     kernels: str | None = None     # kernel path ceiling (KERNEL_PATHS); None = the best
+    cache_threshold: float = 0.0   # cached routing: keep the previous set below this margin
+    expert_cache: int = 0          # LRU of resident experts per MoE layer; 0 = none
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))

@@ -37,9 +37,14 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 6   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
-                                grew; col_routing_describe); 5: col_routing_scores; 6: GPT-OSS's and Llama 4's
-                                fields in col_hparams and col_routing_info */
+#define COL_ABI_VERSION 9   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+                                grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
+                                capture (col_session_config.capture_hidden, col_session_capture,
+                                col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
+                                col_session_config and col_trace_view grew, col_session_cache_stats,
+                                col_session_prefill_embeddings); 8: col_hparams grew (norm_kind,
+                                the residual-stream scales); 9: GPT-OSS's and Llama 4's fields in
+                                col_hparams (attention_chunk_size) and col_routing_info */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -119,7 +124,11 @@ typedef enum col_arch {
     COL_ARCH_GLM4_MOE = 7,
     COL_ARCH_ERNIE4_5_MOE = 8,
     COL_ARCH_GPT_OSS = 9,
-    COL_ARCH_LLAMA4 = 10
+    COL_ARCH_LLAMA4 = 10,
+    COL_ARCH_PHIMOE = 11,
+    COL_ARCH_GRANITEMOE = 12,
+    COL_ARCH_GRANITEMOESHARED = 13,
+    COL_ARCH_DBRX = 14
 } col_arch;
 
 /* Bits of col_hparams.flags (header offset 0x05C). NORM_TOPK, SHARED_EXPERT and
@@ -132,8 +141,17 @@ typedef enum col_model_flag {
     COL_FLAG_QKV_BIAS = 16,          /* attn_q_bias, attn_k_bias, attn_v_bias present (MLA: attn_q_a_bias, attn_kv_a_bias) */
     COL_FLAG_O_BIAS = 32,            /* attn_o_bias present */
     COL_FLAG_QK_NORM_HEAD = 64,      /* RMSNorm of each head's q and k ([head_dim] weights), before RoPE */
-    COL_FLAG_QK_NORM_FULL = 128      /* RMSNorm over the whole projected q and k (OLMoE), before RoPE */
+    COL_FLAG_QK_NORM_FULL = 128,     /* RMSNorm over the whole projected q and k (OLMoE), before RoPE */
+    COL_FLAG_OUTPUT_BIAS = 256       /* v2: output_bias [vocab_size] added to the logits (PhiMoE's lm_head bias) */
 } col_model_flag;
+
+/* The norm of the residual stream: attn_norm, ffn_norm and output_norm (header 0x100, v2). The
+ * q/k norms and MLA's latent norms are RMSNorms whatever it says. */
+typedef enum col_norm_kind {
+    COL_NORM_KIND_RMS = 0,         /* w * x / sqrt(mean(x^2) + eps) */
+    COL_NORM_KIND_LAYER = 1,       /* w * (x - mean) / sqrt(var + eps), no bias (DBRX) */
+    COL_NORM_KIND_LAYER_BIAS = 2   /* the same + b: the *_norm_bias tensors (PhiMoE) */
+} col_norm_kind;
 
 typedef enum col_rope_type {
     COL_ROPE_DEFAULT = 0,
@@ -257,6 +275,10 @@ typedef struct col_hparams {
     float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor; else 1) */
     float rope_beta_fast;          /* YaRN */
     float rope_beta_slow;          /* YaRN */
+    uint32_t norm_kind;            /* col_norm_kind (v1: RMS) */
+    float embedding_scale;         /* 0 = none, else the embeddings are multiplied by it (Granite) */
+    float residual_scale;          /* 0 = none, else each block's output is multiplied by it before the residual add */
+    float logit_divisor;           /* 0 = none, else the logits are divided by it (Granite's logits_scaling) */
     uint32_t attention_chunk_size; /* C of chunked layers (COL_LAYER_CHUNKED); 0 when no layer is chunked */
 } col_hparams;
 
@@ -351,7 +373,9 @@ typedef enum col_routing_mode {
     COL_ROUTING_TOPK = 0,          /* the family's own math */
     COL_ROUTING_STABLE = 1,        /* select on (double)selection_score[j] + j*epsilon */
     COL_ROUTING_SOFT = 2,          /* every expert, no group limit, weights by the rule's scoring of all of them */
-    COL_ROUTING_GUMBEL = 3         /* select on selection_score[j] + Gumbel noise from (seed, position, layer, j) */
+    COL_ROUTING_GUMBEL = 3,        /* select on selection_score[j] + Gumbel noise from (seed, position, layer, j) */
+    COL_ROUTING_CACHED = 4         /* top-k, but keep the previous position's set while the new top-k's margin
+                                    * over it is below cache_threshold (docs/interface-spec.md) */
 } col_routing_mode;
 
 /* Reduction order of every dot product of a session (col_session_config.reduction). Variants run
@@ -410,6 +434,18 @@ typedef struct col_session_config {
      * the machine has at or below it (the environment variable COLIBRI_KERNELS can lower it too).
      * col_session_kernels names the one chosen. */
     uint32_t kernels;
+    /* 1 = the arena holds a [capacity][n_layers][d_model] float32 buffer and every processed
+     * position's hidden state after each layer is captured into it (col_session_hidden);
+     * capacity * n_layers * d_model * 4 bytes, in the memory estimate. 0 = none. */
+    uint32_t capture_hidden;
+    /* Expert caching (since ABI 7). cache_threshold: COL_ROUTING_CACHED keeps the previous
+     * position's set while the fresh top-k's margin over it is below this (finite, >= 0; 0 =
+     * plain top-k). expert_cache: an LRU of this many resident experts per MoE layer, whose hits
+     * and misses the trace records (a model of residency: nothing is moved); 0 = none, else at
+     * least the experts one decision takes (top-k, every expert in soft routing) and at most
+     * n_experts. */
+    double cache_threshold;
+    uint32_t expert_cache;
 } col_session_config;
 
 /* Pointers into session memory; valid until the session is freed. Arrays are row-major and
@@ -442,7 +478,28 @@ typedef struct col_trace_view {
     const float *hidden_norm;      /* [capacity][n_moe_layers] L2 norm of the router's input */
     const uint64_t *phase_ns;      /* [capacity][n_layers][COL_PHASE_COUNT] monotonic nanoseconds */
     const uint64_t *token_ns;      /* [capacity] whole forward pass of the position */
+    /* Expert caching (since ABI 7). The cached-routing arrays are NULL unless the routing is
+     * COL_ROUTING_CACHED; cache_hits is NULL without an expert cache (expert_cache 0). */
+    const uint8_t *cache_kept;     /* [capacity][n_moe_layers] 1 when the previous position's set was used
+                                    * instead of a different fresh top-k */
+    const float *cache_margin;     /* [capacity][n_moe_layers] the fresh top-k's margin over the previous
+                                    * set: 0 when they are the same, NaN at position 0 (no previous set) */
+    const int32_t *fresh_ids;      /* [capacity][n_moe_layers][k] the rule's own top-k (what plain routing
+                                    * chooses from the same values), in selection order */
+    uint32_t expert_cache;         /* LRU experts per MoE layer (the config's), 0 = none */
+    const uint8_t *cache_hits;     /* [capacity][n_moe_layers][k] 1 when slot's expert was resident in the
+                                    * layer's LRU, 0 when it had to be loaded (or the slot is empty) */
 } col_trace_view;
+
+/* Expert-caching counts of a session since creation or the last reset (col_session_cache_stats). */
+typedef struct col_cache_stats {
+    uint32_t expert_cache;         /* LRU experts per MoE layer, 0 = no expert cache */
+    uint32_t resident;             /* experts resident now */
+    uint64_t hits;                 /* lookups that found the expert resident */
+    uint64_t misses;               /* lookups that had to load it (evicting the least recently used) */
+    uint64_t decisions;            /* routing decisions made */
+    uint64_t kept;                 /* cached routing: decisions that kept the previous position's set */
+} col_cache_stats;
 
 typedef struct col_model col_model;
 typedef struct col_session col_session;
@@ -557,6 +614,16 @@ int32_t col_session_reset(col_session *session);
 int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_t n,
                             float *logits, char *err, size_t errlen);
 
+/* col_session_prefill with the input rows given instead of looked up: `embeddings` is
+ * [n][d_model] float32, row i the residual stream entering layer 0 at position position + i
+ * (what the token embedding lookup would produce; the caller keeps ownership, nothing is kept
+ * after the call). The trace records token -1 at these positions. A step is n = 1. Errors:
+ * COL_ERR_CONTEXT_FULL; COL_ERR_INVALID_ARG for NULL embeddings or a NaN or infinite element
+ * (its row and element in err); nothing processed in either case. Owner thread; no allocation.
+ * Since ABI 7. */
+int32_t col_session_prefill_embeddings(col_session *session, const float *embeddings, uint32_t n,
+                                       float *logits, char *err, size_t errlen);
+
 /* Process one token; `logits` (may be NULL) receives [vocab_size] float32 logits. The same as
  * col_session_prefill with n = 1 (one code path; the same bits as the token inside a prefill). */
 int32_t col_session_step(col_session *session, int32_t token, float *logits,
@@ -567,6 +634,12 @@ const float *col_session_logits(const col_session *session);
 
 /* Number of positions processed since creation or the last reset. */
 uint32_t col_session_position(const col_session *session);
+
+/* Expert-caching counts of MoE layer `moe_index` (0..n_moe_layers-1), or of every MoE layer
+ * summed when moe_index is -1: LRU hits, misses and residents, routing decisions, and the
+ * decisions cached routing kept. Counted whether or not the trace is on; a session with neither
+ * cached routing nor an expert cache counts nothing (all 0). COL_ERR_INVALID_ARG for a NULL argument or an index out of range. Owner thread. */
+int32_t col_session_cache_stats(const col_session *session, int32_t moe_index, col_cache_stats *out);
 
 /* Fill *out with pointers to the trace (zero-copy). All counts are 0 and pointers NULL when
  * tracing is off. */
@@ -656,12 +729,43 @@ int32_t col_model_section(const col_model *model, uint32_t index, col_section *o
 
 /* Check `config` for `model` exactly as col_session_create does, allocating nothing. The engine
  * is the one judge of every range: routing mode (col_routing_mode), n_threads 1..256,
- * max_context up to the model's, epsilon finite and >= 0, trace 0 or 1, kernels (col_kernels),
- * and the numerics fields (reduction, lanes 1..256 with the blocked reduction only, fma 0 or 1,
- * split 0..256, activation, router_noise_ulps up to 2^22). Returns COL_OK, or
- * COL_ERR_INVALID_ARG with the reason in err. Thread safe. */
+ * max_context up to the model's, epsilon finite and >= 0, trace 0 or 1, capture_hidden 0 or 1,
+ * kernels (col_kernels), and the numerics fields (reduction, lanes 1..256 with the blocked
+ * reduction only, fma 0 or 1, split 0..256, activation, router_noise_ulps up to 2^22). Returns
+ * COL_OK, or COL_ERR_INVALID_ARG with the reason in err. Thread safe. */
 int32_t col_session_config_check(const col_model *model, const col_session_config *config,
                                  char *err, size_t errlen);
+
+/* ---- Since ABI 6: each layer's hidden state, for comparing with a reference ------------------ */
+
+/* Where a session captures hidden states: the residual stream after each layer (after the
+ * feed-forward block's residual add, and the numerics variant's rounding when one is set), row
+ * r holding position first_position + r. */
+typedef struct col_hidden_view {
+    const float *data;             /* [n_rows][n_layers][d_model]; NULL when nothing is captured */
+    uint32_t first_position;
+    uint32_t n_rows;
+    uint32_t n_layers;
+    uint32_t d_model;
+} col_hidden_view;
+
+/* Capture into a caller buffer from now on: `buffer` [n_rows][n_layers][d_model] float32
+ * receives the hidden states of positions first_position..first_position + n_rows - 1 as they
+ * are processed (positions outside that window are not captured; rows of positions not yet
+ * processed are left as they are). The caller owns the buffer and keeps it valid until it is
+ * detached, the session is freed, or another call replaces it; the engine writes it only during
+ * col_session_prefill/step. buffer NULL detaches it: capture goes back to the session's own
+ * buffer when the session was created with capture_hidden = 1 (first_position 0, capacity
+ * rows), else stops. Costs a copy of d_model floats per captured (position, layer); nothing is
+ * allocated. Same thread rules as the session. COL_ERR_INVALID_ARG for a NULL session, or a
+ * non-NULL buffer with n_rows 0. */
+int32_t col_session_capture(col_session *session, float *buffer, uint32_t first_position,
+                            uint32_t n_rows, char *err, size_t errlen);
+
+/* The capture target now (zero-copy; see col_hidden_view): the caller's buffer, or the
+ * session's own (valid until the session is freed; rows 0..col_session_position - 1 filled),
+ * or data NULL and n_rows 0 when nothing is captured. COL_ERR_INVALID_ARG for NULL arguments. */
+int32_t col_session_hidden(const col_session *session, col_hidden_view *out);
 
 /* COL_CDEF_END */
 

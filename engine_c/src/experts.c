@@ -1,6 +1,6 @@
 /*
  * experts.c - the feed-forward half of a layer: router, routed experts, shared expert, or a
- * dense SwiGLU MLP; plus RMSNorm, which every block uses.
+ * dense SwiGLU MLP; plus the norms every block uses (RMSNorm, LayerNorm).
  *
  * Expert e computes w2 . (silu(w1 . x) * (w3 . x)) from its slice of the stacked tensors
  * (one contiguous range per matrix), or GPT-OSS's form: biases after each projection and the
@@ -29,10 +29,24 @@ void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n
     rmsnorm_loaded(x, w_scratch, eps, n, out);
 }
 
+/* out = weight * (x - mean) / sqrt(var + eps) (+ bias), nn.LayerNorm's math: the mean, then the
+ * variance of the centred values (two passes), both over n. */
+static void layernorm_loaded(const float *x, const float *weight, const float *bias, float eps, uint64_t n,
+                             float *out)
+{
+    float sum = 0.0f;
+    for (uint64_t i = 0; i < n; i++) sum += x[i];
+    float mean = sum / (float)n, var = 0.0f;
+    for (uint64_t i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+    float inv = 1.0f / sqrtf(var / (float)n + eps);
+    for (uint64_t i = 0; i < n; i++) out[i] = (x[i] - mean) * inv * weight[i] + (bias ? bias[i] : 0.0f);
+}
+
 typedef struct norm_task {
-    const float *x, *weight;
+    const float *x, *weight, *bias;
     float eps;
     uint64_t n;
+    uint32_t kind;  /* col_norm_kind */
     float *out;
 } norm_task;
 
@@ -40,17 +54,26 @@ static void norm_rows(void *ctx, uint32_t thread, uint64_t r0, uint64_t r1)
 {
     const norm_task *task = ctx;
     (void)thread;
-    for (uint64_t r = r0; r < r1; r++)
-        rmsnorm_loaded(task->x + r * task->n, task->weight, task->eps, task->n, task->out + r * task->n);
+    for (uint64_t r = r0; r < r1; r++) {
+        const float *x = task->x + r * task->n;
+        float *out = task->out + r * task->n;
+        if (task->kind == COL_NORM_KIND_RMS)
+            rmsnorm_loaded(x, task->weight, task->eps, task->n, out);
+        else
+            layernorm_loaded(x, task->weight, task->bias, task->eps, task->n, out);
+    }
 }
 
 /* A block's rows normalised on the pool, the weight loaded once, so the other thread does not
  * wait for the calling thread's serial loop. */
-void col_rmsnorm_rows(col_session *s, const float *x, const col_tensor_info *w, uint32_t rows, float *out)
+void col_norm_rows(col_session *s, const float *x, const col_tensor_info *w, const col_tensor_info *b, uint32_t rows,
+                   float *out)
 {
     const uint64_t n = s->model->hp.d_model;
     col_load_row(w->data, w->dtype, n, s->norm_weight);
-    norm_task task = {x, s->norm_weight, s->model->hp.norm_eps, n, out};
+    /* a bias is 1-D and so f32 (format.c checks) */
+    norm_task task = {x, s->norm_weight, b ? (const float *)b->data : NULL, s->model->hp.norm_eps, n,
+                      s->model->hp.norm_kind, out};
     col_pool_run(s->pool, norm_rows, &task, rows);
 }
 
@@ -62,7 +85,9 @@ static void add_gate_bias(const col_layer *layer, float *logits, uint32_t n)
     for (uint32_t j = 0; j < n; j++) logits[j] += b[j];
 }
 
-/* One routing decision of `layer` at `position` by the layer's rule and the session's mode. */
+/* One routing decision of `layer` at `position` by the layer's rule and the session's mode.
+ * Decisions are made on the calling thread in position order, so expert caching's state flows
+ * from each position to the next at every layer (cache.c). */
 static uint32_t route(col_session *s, const col_layer *layer, uint32_t layer_index, uint32_t position,
                       const float *logits, int32_t *ids, float *weights, float *selection, int32_t *groups,
                       uint8_t *bias_changed)
@@ -72,7 +97,27 @@ static uint32_t route(col_session *s, const col_layer *layer, uint32_t layer_ind
     /* whether the bias changed the choice: a second ranking, asked only for the trace */
     col_route_out out = {ids, weights, selection, groups, s->trace_ids && bias ? bias_changed : NULL};
     *bias_changed = 0;
-    return col_route(layer->route, bias, &params, logits, &out, &s->router_scratch);
+    if (!s->cache.block) return col_route(layer->route, bias, &params, logits, &out, &s->router_scratch);
+
+    uint32_t moe = layer->moe_index, ks = s->k_slots, n;
+    uint64_t row = (uint64_t)position * s->model->hp.n_moe_layers + moe;
+    uint8_t kept = 0;
+    if (s->config.routing == COL_ROUTING_CACHED) {
+        int32_t *fresh = s->trace_fresh_ids ? s->trace_fresh_ids + row * ks : s->route_fresh;
+        col_cache_route c = {position ? s->cache.previous + (uint64_t)moe * ks : NULL, s->config.cache_threshold,
+                             fresh, 0.0f, 0};
+        n = col_route_cached(layer->route, bias, &params, logits, &c, &out, &s->router_scratch);
+        for (uint32_t slot = n; slot < ks; slot++) fresh[slot] = -1;
+        kept = c.kept;
+        if (s->trace_cache_kept) {
+            s->trace_cache_kept[row] = c.kept;
+            s->trace_cache_margin[row] = c.margin;
+        }
+    } else {
+        n = col_route(layer->route, bias, &params, logits, &out, &s->router_scratch);
+    }
+    col_cache_record(&s->cache, moe, ids, n, kept, s->trace_cache_hits ? s->trace_cache_hits + row * ks : NULL);
+    return n;
 }
 
 /* The trace's rows of one decision (position, MoE layer): ids and weights padded to k_slots,

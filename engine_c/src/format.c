@@ -185,8 +185,9 @@ enum {
     H_ATTENTION = 0x0C8, H_Q_LORA = 0x0CC, H_KV_LORA = 0x0D0, H_QK_NOPE = 0x0D4, H_QK_ROPE = 0x0D8,
     H_V_HEAD = 0x0DC, H_ROTARY_DIM = 0x0E0, H_ROPE_LAYOUT = 0x0E4, H_ATTN_SCALE = 0x0E8,
     H_LATENT_EPS = 0x0EC, H_ROPE_ATTN_FACTOR = 0x0F0, H_ROPE_BETA_FAST = 0x0F4,
-    H_ROPE_BETA_SLOW = 0x0F8, H_ROPE_TRUNCATE = 0x0FC, H_RESERVED_V2 = 0x100, H_CHUNK = 0x110,
-    H_RESERVED_V2_END = 0x114
+    H_ROPE_BETA_SLOW = 0x0F8, H_ROPE_TRUNCATE = 0x0FC, H_NORM_KIND = 0x100,
+    H_EMBEDDING_SCALE = 0x104, H_RESIDUAL_SCALE = 0x108, H_LOGIT_DIVISOR = 0x10C, H_CHUNK = 0x110,
+    H_RESERVED_V2 = 0x114
 };
 
 /* Tensor table entry and routing entry field offsets. */
@@ -269,6 +270,10 @@ static void decode_hparams(const uint8_t *d, col_hparams *hp)
     hp->rope_beta_fast = rdf32(d + H_ROPE_BETA_FAST);
     hp->rope_beta_slow = rdf32(d + H_ROPE_BETA_SLOW);
     hp->rope_truncate = rd32(d + H_ROPE_TRUNCATE);
+    hp->norm_kind = rd32(d + H_NORM_KIND);
+    hp->embedding_scale = rdf32(d + H_EMBEDDING_SCALE);
+    hp->residual_scale = rdf32(d + H_RESIDUAL_SCALE);
+    hp->logit_divisor = rdf32(d + H_LOGIT_DIVISOR);
     hp->attention_chunk_size = rd32(d + H_CHUNK);
 }
 
@@ -289,8 +294,9 @@ typedef struct layout {
 
 /* ---- Tensor names ---------------------------------------------------------------------------- */
 
-enum { G_TOKEN_EMBD, G_OUTPUT_NORM, G_OUTPUT, N_GLOBALS };
-static const char *const global_names[N_GLOBALS] = {"token_embd", "output_norm", "output"};
+enum { G_TOKEN_EMBD, G_OUTPUT_NORM, G_OUTPUT, G_OUTPUT_NORM_BIAS, G_OUTPUT_BIAS, N_GLOBALS };
+static const char *const global_names[N_GLOBALS] = {"token_embd", "output_norm", "output", "output_norm_bias",
+                                                    "output_bias"};
 
 enum {
     S_ATTN_NORM, S_FFN_NORM, S_ATTN_Q, S_ATTN_K, S_ATTN_V, S_ATTN_O,
@@ -302,7 +308,8 @@ enum {
     S_MOE_GATE_BIAS, S_MOE_CORRECTION,
     S_ATTN_Q_A, S_ATTN_Q_A_NORM, S_ATTN_Q_A_BIAS, S_ATTN_Q_B,
     S_ATTN_KV_A, S_ATTN_KV_A_NORM, S_ATTN_KV_A_BIAS, S_ATTN_K_B, S_ATTN_V_B,
-    S_ATTN_SINKS, S_MOE_W1_BIAS, S_MOE_W2_BIAS, S_MOE_W3_BIAS, N_SLOTS
+    S_ATTN_SINKS, S_MOE_W1_BIAS, S_MOE_W2_BIAS, S_MOE_W3_BIAS, S_ATTN_NORM_BIAS, S_FFN_NORM_BIAS,
+    N_SLOTS
 };
 static const char *const slot_names[N_SLOTS] = {
     "attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_o",
@@ -313,7 +320,7 @@ static const char *const slot_names[N_SLOTS] = {
     "moe_gate_bias", "moe_correction_bias",
     "attn_q_a", "attn_q_a_norm", "attn_q_a_bias", "attn_q_b",
     "attn_kv_a", "attn_kv_a_norm", "attn_kv_a_bias", "attn_k_b", "attn_v_b",
-    "attn_sinks", "moe_w1_bias", "moe_w2_bias", "moe_w3_bias",
+    "attn_sinks", "moe_w1_bias", "moe_w2_bias", "moe_w3_bias", "attn_norm_bias", "ffn_norm_bias",
 };
 /* The presence bitset of step 8 keeps a layer's slots in one u64. */
 _Static_assert(N_SLOTS <= 64, "a layer's tensor slots must fit in 64 bits");
@@ -561,8 +568,21 @@ static bool slot_expected(int s, const col_hparams *hp, const col_routing_info *
         return ri && ri->sinks;
     case S_MOE_W1_BIAS: case S_MOE_W2_BIAS: case S_MOE_W3_BIAS:
         return moe && ri->expert_bias;
+    case S_ATTN_NORM_BIAS: case S_FFN_NORM_BIAS:
+        return hp->norm_kind == COL_NORM_KIND_LAYER_BIAS;
     default:
         return false;
+    }
+}
+
+/* Whether global tensor `g` is required. */
+static bool global_expected(int g, const col_hparams *hp)
+{
+    switch (g) {
+    case G_OUTPUT: return !(hp->flags & COL_FLAG_TIED_EMBEDDINGS);
+    case G_OUTPUT_NORM_BIAS: return hp->norm_kind == COL_NORM_KIND_LAYER_BIAS;
+    case G_OUTPUT_BIAS: return (hp->flags & COL_FLAG_OUTPUT_BIAS) != 0;
+    default: return true;
     }
 }
 
@@ -586,12 +606,14 @@ static uint32_t expected_shape(const col_hparams *hp, int is_layer, int s, uint6
 #define SHAPE3(a, b, c) (dims[0] = (a), dims[1] = (b), dims[2] = (c), 3u)
     if (!is_layer) {
         switch (s) {
-        case G_OUTPUT_NORM: return SHAPE1(H);
+        case G_OUTPUT_NORM: case G_OUTPUT_NORM_BIAS: return SHAPE1(H);
+        case G_OUTPUT_BIAS: return SHAPE1(V);
         default: return SHAPE2(V, H); /* token_embd, output */
         }
     }
     switch (s) {
-    case S_ATTN_NORM: case S_FFN_NORM: case S_ATTN_O_BIAS: return SHAPE1(H);
+    case S_ATTN_NORM: case S_FFN_NORM: case S_ATTN_O_BIAS: case S_ATTN_NORM_BIAS: case S_FFN_NORM_BIAS:
+        return SHAPE1(H);
     case S_ATTN_Q: return SHAPE2(Q, H);
     case S_ATTN_K: case S_ATTN_V: return SHAPE2(KV, H);
     case S_ATTN_O: return SHAPE2(H, O);
@@ -822,6 +844,17 @@ static void check_hparams_v2(const layout *L, sink *s)
         ERR(s, COL_ERR_UNSUPPORTED, H_ATTENTION, "", "unknown attention %" PRIu32, hp->attention);
     if (hp->rope_layout > COL_ROPE_INTERLEAVED)
         ERR(s, COL_ERR_UNSUPPORTED, H_ROPE_LAYOUT, "", "unknown rope_layout %" PRIu32, hp->rope_layout);
+    if (hp->norm_kind > COL_NORM_KIND_LAYER_BIAS)
+        ERR(s, COL_ERR_UNSUPPORTED, H_NORM_KIND, "", "unknown norm_kind %" PRIu32, hp->norm_kind);
+    static const struct { uint32_t off; const char *name; } scales[] = {
+        {H_EMBEDDING_SCALE, "embedding_scale"}, {H_RESIDUAL_SCALE, "residual_scale"},
+        {H_LOGIT_DIVISOR, "logit_divisor"}};
+    for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
+        float v = rdf32(L->d + scales[i].off);
+        if (v != 0.0f && !finite_pos((double)v))
+            ERR(s, COL_ERR_HEADER, scales[i].off, "", "%s %g is not 0 (none) or a finite value > 0",
+                scales[i].name, (double)v);
+    }
     if (!finite_pos((double)hp->attn_scale))
         ERR(s, COL_ERR_HEADER, H_ATTN_SCALE, "", "attn_scale %g is not a finite value > 0",
             (double)hp->attn_scale);
@@ -909,7 +942,7 @@ static void check_hparams_v2(const layout *L, sink *s)
     }
     /* Reserved bytes must be zero: a later field takes them, and this reader then refuses a file
      * that sets it rather than running something else than what the file says. */
-    for (uint32_t o = H_RESERVED_V2; o < COL_HEADER_SIZE_V2; o = o + 1 == H_CHUNK ? H_RESERVED_V2_END : o + 1)
+    for (uint32_t o = H_RESERVED_V2; o < COL_HEADER_SIZE_V2; o++)
         if (L->d[o]) {
             ERR(s, COL_ERR_UNSUPPORTED, o, "",
                 "reserved header byte 0x%03" PRIX32 " is 0x%02X, not 0: a field this engine does not know", o, L->d[o]);
@@ -917,18 +950,32 @@ static void check_hparams_v2(const layout *L, sink *s)
         }
 }
 
+/* The families a file of `version` may name (version 1: the first four). */
+static bool arch_known(uint32_t arch, uint32_t version)
+{
+    switch (arch) {
+    case COL_ARCH_MIXTRAL: case COL_ARCH_QWEN2_MOE: case COL_ARCH_QWEN3_MOE: case COL_ARCH_OLMOE:
+        return true;
+    case COL_ARCH_DEEPSEEK_V2: case COL_ARCH_DEEPSEEK_V3: case COL_ARCH_GLM4_MOE: case COL_ARCH_ERNIE4_5_MOE:
+    case COL_ARCH_GPT_OSS: case COL_ARCH_LLAMA4: case COL_ARCH_PHIMOE: case COL_ARCH_GRANITEMOE:
+    case COL_ARCH_GRANITEMOESHARED: case COL_ARCH_DBRX:
+        return version == 2;
+    default:
+        return false;
+    }
+}
+
 /* Step 4. */
 static void check_hparams(const layout *L, sink *s)
 {
     const col_hparams *hp = &L->hp;
     bool v2 = L->version == 2;
-    uint32_t last_arch = v2 ? COL_ARCH_LLAMA4 : COL_ARCH_OLMOE;
-    if (hp->arch < COL_ARCH_MIXTRAL || hp->arch > last_arch)
+    if (!arch_known(hp->arch, L->version))
         ERR(s, COL_ERR_UNSUPPORTED, H_ARCH, "", "unknown arch %" PRIu32 " (format version %" PRIu32 ")",
             hp->arch, L->version);
-    if (hp->flags & ~(uint32_t)0xFF)
-        ERR(s, COL_ERR_UNSUPPORTED, H_FLAGS, "", "unknown flag bits 0x%" PRIX32,
-            hp->flags & ~(uint32_t)0xFF);
+    const uint32_t known_flags = v2 ? 0x1FFu : 0xFFu; /* OUTPUT_BIAS is version 2's */
+    if (hp->flags & ~known_flags)
+        ERR(s, COL_ERR_UNSUPPORTED, H_FLAGS, "", "unknown flag bits 0x%" PRIX32, hp->flags & ~known_flags);
     if ((hp->flags & COL_FLAG_QK_NORM_HEAD) && (hp->flags & COL_FLAG_QK_NORM_FULL))
         ERR(s, COL_ERR_HEADER, H_FLAGS, "", "flags QK_NORM_HEAD and QK_NORM_FULL are exclusive");
     const uint32_t v1_only = COL_FLAG_NORM_TOPK | COL_FLAG_SHARED_EXPERT | COL_FLAG_SHARED_EXPERT_GATE;
@@ -1355,7 +1402,6 @@ static void check_architecture(const layout *L, sink *s)
     uint64_t seen_layer[MAX_LAYERS];
     uint64_t seen_global = 0;
     memset(seen_layer, 0, sizeof seen_layer);
-    bool tied = (hp->flags & COL_FLAG_TIED_EMBEDDINGS) != 0;
 
     for (uint32_t i = 0; i < L->n_tensors; i++) {
         uint64_t eo = L->table_off + (uint64_t)i * COL_TENSOR_ENTRY_SIZE;
@@ -1370,7 +1416,7 @@ static void check_architecture(const layout *L, sink *s)
         int cls = parse_name(nm, &layer, &slot);
         bool expected;
         if (cls == NAME_GLOBAL)
-            expected = !(slot == G_OUTPUT && tied);
+            expected = global_expected(slot, hp);
         else if (cls == NAME_LAYER && L->layers_ok && layer < L->n_layers) {
             col_routing_info ri;
             bool known = route_of(L, layer, &ri);
@@ -1424,7 +1470,7 @@ static void check_architecture(const layout *L, sink *s)
     }
 
     for (int g = 0; g < N_GLOBALS; g++)
-        if (!(seen_global & ((uint64_t)1 << g)) && !(g == G_OUTPUT && tied))
+        if (!(seen_global & ((uint64_t)1 << g)) && global_expected(g, hp))
             ERR(s, COL_ERR_MISSING_TENSOR, L->table_off, global_names[g],
                 "required tensor '%s' is missing", global_names[g]);
     if (!L->layers_ok)
@@ -1599,9 +1645,12 @@ static const field_desc header_fields[] = {
     {"rope_beta_fast", "rope", H_ROPE_BETA_FAST, 4, COL_FIELD_F32, IN_V2},
     {"rope_beta_slow", "rope", H_ROPE_BETA_SLOW, 4, COL_FIELD_F32, IN_V2},
     {"rope_truncate", "rope", H_ROPE_TRUNCATE, 4, COL_FIELD_U32, IN_V2},
-    {"reserved_0x100", "reserved", H_RESERVED_V2, H_CHUNK - H_RESERVED_V2, COL_FIELD_BYTES, IN_V2},
+    {"norm_kind", "hyper-parameters", H_NORM_KIND, 4, COL_FIELD_U32, IN_V2},
+    {"embedding_scale", "hyper-parameters", H_EMBEDDING_SCALE, 4, COL_FIELD_F32, IN_V2},
+    {"residual_scale", "hyper-parameters", H_RESIDUAL_SCALE, 4, COL_FIELD_F32, IN_V2},
+    {"logit_divisor", "hyper-parameters", H_LOGIT_DIVISOR, 4, COL_FIELD_F32, IN_V2},
     {"attention_chunk_size", "attention", H_CHUNK, 4, COL_FIELD_U32, IN_V2},
-    {"reserved", "reserved", H_RESERVED_V2_END, COL_HEADER_SIZE_V2 - H_RESERVED_V2_END, COL_FIELD_BYTES, IN_V2},
+    {"reserved", "reserved", H_RESERVED_V2, COL_HEADER_SIZE_V2 - H_RESERVED_V2, COL_FIELD_BYTES, IN_V2},
 };
 
 uint32_t col_header_field_count(void)
@@ -1814,7 +1863,9 @@ static const col_tensor_info **layer_slot(col_layer *ly, int slot)
     case S_MOE_W1_BIAS: return &ly->moe_w1_bias;
     case S_MOE_W2_BIAS: return &ly->moe_w2_bias;
     case S_MOE_W3_BIAS: return &ly->moe_w3_bias;
-    default: return &ly->attn_v_b;
+    case S_ATTN_V_B: return &ly->attn_v_b;
+    case S_ATTN_NORM_BIAS: return &ly->attn_norm_bias;
+    default: return &ly->ffn_norm_bias;
     }
 }
 
@@ -1893,8 +1944,14 @@ static int32_t build_model(model_ext *x, const layout *L, col_problem *problem)
                 m->token_embd = t;
             else if (slot == G_OUTPUT_NORM)
                 m->output_norm = t;
-            else if (!tied)
+            else if (!global_expected(slot, &L->hp))
+                continue;
+            else if (slot == G_OUTPUT)
                 m->output = t;
+            else if (slot == G_OUTPUT_NORM_BIAS)
+                m->output_norm_bias = t;
+            else
+                m->output_bias = t;
         } else if (cls == NAME_LAYER && layer < L->n_layers &&
                    slot_expected(slot, &L->hp, &m->routing[layer])) {
             *layer_slot(&m->layers[layer], slot) = t;

@@ -32,6 +32,7 @@ typedef struct col_layer {
     uint32_t moe_index;             /* index among MoE layers, valid when kind == MOE */
     const col_routing_info *route;  /* the layer's routing entry, decoded (v1 entries to v1's rule) */
     const col_tensor_info *attn_norm, *ffn_norm;
+    const col_tensor_info *attn_norm_bias, *ffn_norm_bias;                        /* LayerNorm with bias */
     const col_tensor_info *attn_q, *attn_k, *attn_v, *attn_o;                     /* GQA (MLA: attn_q without q_lora, attn_o) */
     const col_tensor_info *attn_q_bias, *attn_k_bias, *attn_v_bias, *attn_o_bias; /* NULL if absent */
     const col_tensor_info *attn_q_norm, *attn_k_norm;                             /* NULL if absent */
@@ -63,6 +64,7 @@ struct col_model {
     int32_t *moe_layers;            /* [n_moe_layers] layer index of each MoE layer */
     uint32_t n_chosen_groups;       /* most groups a MoE layer keeps (0 when no layer has groups) */
     const col_tensor_info *token_embd, *output_norm, *output; /* output == token_embd when tied */
+    const col_tensor_info *output_norm_bias, *output_bias;    /* NULL if absent */
     const uint8_t *tokenizer;
     uint64_t tokenizer_size;
     const uint8_t *metadata;

@@ -18,8 +18,9 @@
  * The routing modes change only step 3's and 4's *choice*: stable routing ranks
  * (double)selection_score[j] + j*epsilon, Gumbel routing adds noise from (seed, position, layer, j),
  * and soft routing takes every expert with no group limit, weighted by the rule's scores of all
- * of them (normalised as the rule says, except a softmax over every expert, which needs none).
- * Weights always come from the unperturbed values. When asked, a decision also says whether its
+ * of them (normalised as the rule says, except a softmax over every expert, which needs none);
+ * cached routing makes plain top-k's choice and then may use the previous position's set
+ * instead (col_route_cached). Weights always come from the unperturbed values. When asked, a decision also says whether its
  * correction bias changed the outcome: whether the same ranking (same mode, same group rule) of
  * the scores without the bias chooses another set.
  * Selection is an arg-max per slot (k and the group count are small; no sort, no allocation)
@@ -165,6 +166,24 @@ static void normalize(const col_routing_info *r, float *w, uint32_t k)
     for (uint32_t i = 0; i < k; i++) w[i] /= d;
 }
 
+/* Steps 4 (the chosen experts' weights) and 5 for the k experts `ids`, in their order. scores:
+ * step 1's scores of every expert, read when the rule selects on scores or scores by sigmoid. */
+static void weigh(const col_routing_info *r, const float *logits, const float *scores, const int32_t *ids,
+                  uint32_t k, float *weights)
+{
+    if (r->scoring == COL_SCORING_SPARSEMIXER) {
+        sparsemixer_weights(logits, r->n_experts, r->sparsemixer_eps, ids, weights);
+    } else if (r->select_on == COL_SELECT_SCORES || r->scoring == COL_SCORING_SIGMOID) {
+        for (uint32_t slot = 0; slot < k; slot++)
+            weights[slot] = r->select_on == COL_SELECT_SCORES ? scores[ids[slot]] : sigmoid(logits[ids[slot]]);
+    } else { /* a softmax over the chosen logits */
+        for (uint32_t slot = 0; slot < k; slot++) weights[slot] = logits[ids[slot]];
+        col_softmax(weights, weights, k);
+    }
+    normalize(r, weights, k);
+    for (uint32_t slot = 0; slot < k; slot++) weights[slot] *= r->scale;
+}
+
 uint32_t col_route(const col_routing_info *r, const float *bias, const col_router_params *p, const float *logits,
                    const col_route_out *out, const col_router_scratch *s)
 {
@@ -211,19 +230,7 @@ uint32_t col_route(const col_routing_info *r, const float *bias, const col_route
         s->taken[best] = 1;
         out->ids[slot] = best;
     }
-    if (r->scoring == COL_SCORING_SPARSEMIXER) {
-        sparsemixer_weights(logits, n, r->sparsemixer_eps, out->ids, out->weights);
-    } else if (on_scores || r->scoring == COL_SCORING_SIGMOID) {
-        for (uint32_t slot = 0; slot < k; slot++)
-            out->weights[slot] = on_scores ? s->scores[out->ids[slot]] : sigmoid(logits[out->ids[slot]]);
-    } else { /* a softmax over the chosen logits */
-        for (uint32_t slot = 0; slot < k; slot++) out->weights[slot] = logits[out->ids[slot]];
-        col_softmax(out->weights, out->weights, k);
-    }
-
-    /* step 5 */
-    normalize(r, out->weights, k);
-    for (uint32_t slot = 0; slot < k; slot++) out->weights[slot] *= r->scale;
+    weigh(r, logits, s->scores, out->ids, k, out->weights);
 
     if (out->bias_changed) {
         *out->bias_changed = 0;
@@ -247,5 +254,55 @@ uint32_t col_route(const col_routing_info *r, const float *bias, const col_route
             }
         }
     }
+    return k;
+}
+
+/* Cached routing. The fresh choice is plain top-k's; `c->previous` (the set the layer used at the
+ * previous position) stays when it differs from the fresh set by a margin below the threshold:
+ * margin = sum of the selection scores the fresh set gains minus the sum of those it drops
+ * (experts in both cancel), in double, never below 0 (a previous set outside the groups the limit
+ * now keeps can outscore the fresh one), NaN when a score is NaN (then the fresh set is used). */
+uint32_t col_route_cached(const col_routing_info *r, const float *bias, const col_router_params *p,
+                          const float *logits, col_cache_route *c, const col_route_out *out,
+                          const col_router_scratch *s)
+{
+    col_router_params plain = *p;
+    plain.mode = COL_ROUTING_TOPK;
+    uint32_t k = col_route(r, bias, &plain, logits, out, s);
+    for (uint32_t slot = 0; slot < k; slot++) c->fresh[slot] = out->ids[slot];
+    c->kept = 0;
+    c->margin = NAN;
+    if (!c->previous) return k;
+
+    double gained = 0.0, dropped = 0.0;
+    int differ = 0;
+    for (uint32_t a = 0; a < k; a++) {
+        int in_previous = 0, in_fresh = 0;
+        for (uint32_t b = 0; b < k; b++) {
+            in_previous |= c->previous[b] == out->ids[a];
+            in_fresh |= c->fresh[b] == c->previous[a];
+        }
+        if (!in_previous) gained += out->selection[out->ids[a]];
+        if (!in_fresh) dropped += out->selection[c->previous[a]];
+        differ |= !in_previous;
+    }
+    double margin = gained - dropped;
+    if (margin < 0.0) margin = 0.0; /* NaN stays NaN */
+    c->margin = (float)margin;
+    if (!differ || !(margin < c->threshold)) return k;
+
+    /* keep the previous set, listed by descending selection score (ties: lower index first) */
+    for (uint32_t slot = 0; slot < k; slot++) {
+        int32_t e = c->previous[slot];
+        uint32_t at = slot;
+        while (at > 0 && (out->selection[out->ids[at - 1]] < out->selection[e] ||
+                          (out->selection[out->ids[at - 1]] == out->selection[e] && out->ids[at - 1] > e))) {
+            out->ids[at] = out->ids[at - 1];
+            at--;
+        }
+        out->ids[at] = e;
+    }
+    weigh(r, logits, s->scores, out->ids, k, out->weights);
+    c->kept = 1;
     return k;
 }

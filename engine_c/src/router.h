@@ -46,6 +46,27 @@ typedef struct col_route_out {
 uint32_t col_route(const col_routing_info *rule, const float *correction_bias, const col_router_params *params,
                    const float *logits, const col_route_out *out, const col_router_scratch *scratch);
 
+/* Cached routing (COL_ROUTING_CACHED) of one decision: the set its layer used at the previous
+ * position in, what the decision did with it out. */
+typedef struct col_cache_route {
+    const int32_t *previous; /* [k] the set used at the previous position; NULL at the first */
+    double threshold;        /* keep `previous` while the fresh set's margin over it is below this */
+    int32_t *fresh;          /* [k] out: the rule's own top-k (COL_ROUTING_TOPK's choice) */
+    float margin;            /* out: the fresh set's margin over `previous` (0 when equal; NaN
+                              * without a previous set or with a NaN score) */
+    uint8_t kept;            /* out: 1 when `previous` was used instead of a different fresh set */
+} col_cache_route;
+
+/* Route one token under cached routing (docs/interface-spec.md, "Routing modes"): the fresh
+ * choice is col_route's under COL_ROUTING_TOPK; when c->previous differs from it and the margin
+ * = max(0, sum of fresh-only selection scores - sum of previous-only ones) (double, slot order)
+ * is below c->threshold, the previous experts are used again, listed by descending selection
+ * score (ties: lower index first) and weighted by the rule from this token's values. Writes what
+ * col_route writes (groups and bias_changed are the fresh choice's); returns k. Pure. */
+uint32_t col_route_cached(const col_routing_info *rule, const float *correction_bias, const col_router_params *params,
+                          const float *logits, col_cache_route *c, const col_route_out *out,
+                          const col_router_scratch *scratch);
+
 /* softmax over n values in f32, max-subtracted (the families' router math). */
 void col_softmax(const float *in, float *out, uint32_t n);
 

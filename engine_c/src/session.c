@@ -159,6 +159,12 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
         BIND(mla_o, B * nh * hp->v_head_dim, sizeof(float));
         BIND(mla_jobs, nh, sizeof(col_matvec_job));
     }
+    const int cached = c->routing == COL_ROUTING_CACHED;
+    uint64_t cache_bytes = cached || c->expert_cache ? col_cache_bytes((uint32_t)n_moe, (uint32_t)k_slots, hp->n_experts,
+                                                                       c->expert_cache) : 0;
+    BIND(cache_block, cache_bytes, 1);
+    BIND(cache_saved, cache_bytes, 1);
+    BIND(route_fresh, cached ? k_slots : 0, sizeof(int32_t));
     BIND(kernel_scratch, scratch_bytes, 1);
     if (c->trace) {
         BIND(trace_tokens, cap, sizeof(int32_t));
@@ -172,7 +178,14 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
         BIND(trace_hidden_norm, cap * n_moe, sizeof(float));
         BIND(trace_phase_ns, cap * hp->n_layers * COL_PHASE_COUNT, sizeof(uint64_t));
         BIND(trace_token_ns, cap, sizeof(uint64_t));
+        if (cached) {
+            BIND(trace_cache_kept, cap * n_moe, 1);
+            BIND(trace_cache_margin, cap * n_moe, sizeof(float));
+            BIND(trace_fresh_ids, cap * n_moe * k_slots, sizeof(int32_t));
+        }
+        if (c->expert_cache) BIND(trace_cache_hits, cap * n_moe * k_slots, 1);
     }
+    if (c->capture_hidden) BIND(capture_own, cap * hp->n_layers * hp->d_model, sizeof(float));
 #undef BIND
     return (cur + 63) & ~(uint64_t)63;
 }
@@ -180,7 +193,7 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
 static int32_t check_config(const col_model *m, const col_session_config *c, char *err, size_t errlen)
 {
     if (!m || !c) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "model and config are required");
-    if (c->routing > COL_ROUTING_GUMBEL)
+    if (c->routing > COL_ROUTING_CACHED)
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "unknown routing mode %u", c->routing);
     if (c->n_threads < 1 || c->n_threads > COL_MAX_THREADS)
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "n_threads %u outside 1..%d", c->n_threads, COL_MAX_THREADS);
@@ -189,7 +202,16 @@ static int32_t check_config(const col_model *m, const col_session_config *c, cha
                              c->max_context, m->hp.max_context);
     if (!isfinite(c->epsilon) || c->epsilon < 0.0)
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "epsilon must be finite and >= 0");
+    if (!isfinite(c->cache_threshold) || c->cache_threshold < 0.0)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "cache_threshold must be finite and >= 0");
+    uint32_t slots = slots_of(&m->hp, c);
+    if (c->expert_cache && (c->expert_cache < slots || c->expert_cache > m->hp.n_experts))
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG,
+                             "expert_cache %u outside %u..%u (the experts one decision takes, up to every expert)",
+                             c->expert_cache, slots, m->hp.n_experts);
     if (c->trace > 1) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "trace must be 0 or 1");
+    if (c->capture_hidden > 1)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "capture_hidden must be 0 or 1");
     if (c->kernels > COL_KERNELS_AMX)
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "unknown kernel path %u (0..%d)", c->kernels, COL_KERNELS_AMX);
     return col_numerics_check(c, err, errlen);
@@ -245,6 +267,8 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
         return col_set_error(err, errlen, COL_ERR_NOMEM, "cannot allocate %llu bytes of session memory", wanted);
     }
     plan_arena(model, config, s->kernel_scratch_bytes, s, s->arena);
+    if (config->routing == COL_ROUTING_CACHED || config->expert_cache)
+        col_cache_bind(&s->cache, s->cache_block, hp->n_moe_layers, s->k_slots, hp->n_experts, config->expert_cache);
     if (is_mla(hp)) s->v_cache = s->k_cache; /* the latent rows are the keys and the values */
     const col_pool_limits limits = kernel_limits(&model->hp, s->k_slots);
     s->pool = col_pool_create(isa, config->n_threads, s->kernel_scratch, s->kernel_scratch_bytes, &limits, &alloc);
@@ -257,6 +281,7 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     s->numerics = col_numerics_of(config);
     if (col_numerics_hooks_products(&s->numerics)) col_pool_set_numerics(s->pool, &s->numerics);
     col_rope_init(&model->hp, s->inv_freq);
+    col_session_capture(s, NULL, 0, 0, NULL, 0);
     *out = s;
     return COL_OK;
 }
@@ -274,6 +299,7 @@ int32_t col_session_reset(col_session *session)
 {
     if (!session) return COL_ERR_INVALID_ARG;
     session->position = 0;
+    col_cache_clear(&session->cache);
     return COL_OK;
 }
 
@@ -289,37 +315,70 @@ static int32_t check_tokens(const col_session *s, const int32_t *tokens, uint32_
     return COL_OK;
 }
 
-/* The forward pass over checked tokens; col_session_prefill wraps it in the file checks. */
-static int32_t run_tokens(col_session *session, const int32_t *tokens, uint32_t n, float *logits, char *err,
-                          size_t errlen)
+/* Embedding rows must be finite: a NaN fed in would come out as NaN logits with nothing to say
+ * where it came from. */
+static int32_t check_embeddings(const col_session *s, const float *x, uint32_t n, char *err, size_t errlen)
 {
-    if (!session || (n > 0 && !tokens)) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session and tokens are required");
-    int32_t status = check_tokens(session, tokens, n, err, errlen);
+    if (n > s->capacity - s->position)
+        return col_set_error(err, errlen, COL_ERR_CONTEXT_FULL, "%u embeddings at position %u exceed the context of %u",
+                             n, s->position, s->capacity);
+    uint64_t d = s->model->hp.d_model;
+    for (uint64_t i = 0; i < (uint64_t)n * d; i++)
+        if (!isfinite(x[i]))
+            return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "embedding row %llu, element %llu is %s",
+                                 (unsigned long long)(i / d), (unsigned long long)(i % d), isnan(x[i]) ? "NaN" : "infinite");
+    return COL_OK;
+}
+
+/* The forward pass over checked inputs (token ids, or embedding rows when `x` is not NULL). */
+static int32_t run_inputs(col_session *session, const int32_t *tokens, const float *x, uint32_t n, float *logits,
+                          char *err, size_t errlen)
+{
+    int32_t status = x ? check_embeddings(session, x, n, err, errlen) : check_tokens(session, tokens, n, err, errlen);
     if (status != COL_OK) return status;
-    uint32_t vocab = session->model->hp.vocab_size;
+    uint32_t vocab = session->model->hp.vocab_size, d_model = session->model->hp.d_model;
     for (uint32_t i = 0; i < n; i += COL_BATCH) { /* a step is the block of one */
         uint32_t m = n - i < COL_BATCH ? n - i : COL_BATCH;
-        col_forward(session, tokens + i, m, logits ? logits + (uint64_t)i * vocab : NULL);
+        col_forward(session, x ? NULL : tokens + i, x ? x + (uint64_t)i * d_model : NULL, m,
+                    logits ? logits + (uint64_t)i * vocab : NULL);
     }
     return COL_OK;
 }
 
 /* The mapped file may be truncated or rewritten under us (guard.c): refuse to read a file that
  * changed, and when a truncation lands during the pass (the SIGBUS guard served zeros), throw the
- * result away and put the position back, so the session is as it was before the call. */
-int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_t n, float *logits, char *err,
-                            size_t errlen)
+ * result away and put the position (and expert caching's state) back, so the session is as it
+ * was before the call. */
+static int32_t process(col_session *session, const int32_t *tokens, const float *x, uint32_t n, float *logits,
+                       char *err, size_t errlen)
 {
-    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
     int32_t status = col_model_check_file(session->model, NULL, err, errlen);
     if (status != COL_OK) return status;
     uint32_t start = session->position;
-    status = run_tokens(session, tokens, n, logits, err, errlen);
+    if (session->cache.block) memcpy(session->cache_saved, session->cache.block, session->cache.bytes);
+    status = run_inputs(session, tokens, x, n, logits, err, errlen);
     if (status == COL_OK && col_guard_faulted(session->model->guard)) {
         session->position = start;
+        if (session->cache.block) memcpy(session->cache.block, session->cache_saved, session->cache.bytes);
         return col_model_check_file(session->model, NULL, err, errlen);
     }
     return status;
+}
+
+int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_t n, float *logits, char *err,
+                            size_t errlen)
+{
+    if (!session || (n > 0 && !tokens))
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session and tokens are required");
+    return process(session, tokens, NULL, n, logits, err, errlen);
+}
+
+int32_t col_session_prefill_embeddings(col_session *session, const float *embeddings, uint32_t n, float *logits,
+                                       char *err, size_t errlen)
+{
+    if (!session || (n > 0 && !embeddings))
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session and embeddings are required");
+    return process(session, NULL, embeddings, n, logits, err, errlen);
 }
 
 int32_t col_session_step(col_session *session, int32_t token, float *logits, char *err, size_t errlen)
@@ -367,5 +426,60 @@ int32_t col_session_trace(const col_session *session, col_trace_view *out)
     out->hidden_norm = session->trace_hidden_norm;
     out->phase_ns = session->trace_phase_ns;
     out->token_ns = session->trace_token_ns;
+    out->cache_kept = session->trace_cache_kept;
+    out->cache_margin = session->trace_cache_margin;
+    out->fresh_ids = session->trace_fresh_ids;
+    out->expert_cache = session->config.expert_cache;
+    out->cache_hits = session->trace_cache_hits;
+    return COL_OK;
+}
+
+int32_t col_session_cache_stats(const col_session *session, int32_t moe_index, col_cache_stats *out)
+{
+    if (!session || !out) return COL_ERR_INVALID_ARG;
+    uint32_t n_moe = session->model->hp.n_moe_layers;
+    if (moe_index < -1 || (moe_index >= 0 && (uint32_t)moe_index >= n_moe)) return COL_ERR_INVALID_ARG;
+    memset(out, 0, sizeof *out);
+    out->expert_cache = session->config.expert_cache;
+    if (!session->cache.block) return COL_OK;
+    uint32_t first = moe_index < 0 ? 0 : (uint32_t)moe_index, last = moe_index < 0 ? n_moe : first + 1;
+    for (uint32_t m = first; m < last; m++) {
+        const col_cache_layer *layer = &session->cache.layers[m];
+        out->resident += layer->resident;
+        out->hits += layer->hits;
+        out->misses += layer->misses;
+        out->decisions += layer->decisions;
+        out->kept += layer->kept;
+    }
+    return COL_OK;
+}
+
+int32_t col_session_capture(col_session *session, float *buffer, uint32_t first_position, uint32_t n_rows, char *err,
+                            size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    if (buffer && n_rows == 0) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "a capture buffer of 0 rows");
+    if (!buffer) { /* back to the session's own buffer, or off */
+        session->capture = session->capture_own;
+        session->capture_first = 0;
+        session->capture_rows = session->capture_own ? session->capacity : 0;
+        return COL_OK;
+    }
+    session->capture = buffer;
+    session->capture_first = first_position;
+    session->capture_rows = n_rows;
+    return COL_OK;
+}
+
+int32_t col_session_hidden(const col_session *session, col_hidden_view *out)
+{
+    if (!session || !out) return COL_ERR_INVALID_ARG;
+    memset(out, 0, sizeof *out);
+    out->n_layers = session->model->hp.n_layers;
+    out->d_model = session->model->hp.d_model;
+    if (!session->capture) return COL_OK;
+    out->data = session->capture;
+    out->first_position = session->capture_first;
+    out->n_rows = session->capture_rows;
     return COL_OK;
 }

@@ -10,6 +10,7 @@
 
 #include "internal.h"
 #include "kernels.h"
+#include "cache.h"
 #include "router.h"
 
 struct col_session {
@@ -77,6 +78,10 @@ struct col_session {
     float *mla_att;             /* [B][n_heads * (c + r)] their attended sums */
     float *mla_o;               /* [B][n_heads * vd] */
     col_matvec_job *mla_jobs;   /* [n_heads] */
+    col_cache cache;            /* expert caching's state (cache.c); block NULL without cached routing or LRU */
+    void *cache_block;          /* [cache.bytes] */
+    void *cache_saved;          /* [cache.bytes] the state when a call began, put back if the call fails */
+    int32_t *route_fresh;       /* [k_slots] cached routing's fresh choice when the trace does not keep it */
     void *kernel_scratch;       /* kernel_scratch_bytes: col_pool_scratch_size(kernel_limits) */
     uint64_t kernel_scratch_bytes;
 
@@ -92,6 +97,18 @@ struct col_session {
     float *trace_hidden_norm;   /* [capacity][n_moe_layers] */
     uint64_t *trace_phase_ns;   /* [capacity][n_layers][COL_PHASE_COUNT] */
     uint64_t *trace_token_ns;   /* [capacity] */
+    uint8_t *trace_cache_kept;  /* [capacity][n_moe_layers], cached routing only */
+    float *trace_cache_margin;  /* [capacity][n_moe_layers], cached routing only */
+    int32_t *trace_fresh_ids;   /* [capacity][n_moe_layers][k_slots], cached routing only */
+    uint8_t *trace_cache_hits;  /* [capacity][n_moe_layers][k_slots], with an expert cache only */
+
+    /* hidden-state capture (col_session_capture): rows of positions capture_first.. +
+     * capture_rows, each [n_layers][d_model]; NULL when off. capture_own is the arena's
+     * [capacity][n_layers][d_model] buffer (config.capture_hidden), else NULL. */
+    float *capture;
+    uint32_t capture_first;
+    uint32_t capture_rows;
+    float *capture_own;
 };
 
 /* Positions processed together by prefill (matrix-matrix products over the block). */
@@ -111,14 +128,17 @@ void col_feed_forward(col_session *s, uint32_t layer, uint32_t n, uint64_t *phas
 /* rmsnorm: out = w * (x / sqrt(mean(x^2) + eps)), w stored in `w` (any dtype, n elements). */
 void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
                  float *w_scratch);
-/* col_rmsnorm of `rows` rows of d_model values (x and out [rows][d_model]) with the session's
- * eps, the weight loaded once and the rows split among the pool's threads; each row's result is
- * what col_rmsnorm gives it. Uses s->norm_weight. */
-void col_rmsnorm_rows(col_session *s, const float *x, const col_tensor_info *w, uint32_t rows, float *out);
+/* The residual stream's norm (the model's norm_kind: RMSNorm, or LayerNorm with the bias `b`
+ * when not NULL) of `rows` rows of d_model values (x and out [rows][d_model]) with the model's
+ * eps, the weight loaded once and the rows split among the pool's threads; a row's result does
+ * not depend on the others. Uses s->norm_weight. */
+void col_norm_rows(col_session *s, const float *x, const col_tensor_info *w, const col_tensor_info *b, uint32_t rows,
+                   float *out);
 
-/* forward.c: 1 <= n <= COL_BATCH tokens at positions s->position..+n-1 (a decode step is n = 1).
- * logits (may be NULL) receives [n][vocab]; s->logits gets the last row either way. A
- * position's results do not depend on n or on the block it is in. */
-void col_forward(col_session *s, const int32_t *tokens, uint32_t n, float *logits);
+/* forward.c: 1 <= n <= COL_BATCH positions from s->position (a decode step is n = 1): token ids,
+ * or when `embeddings` is not NULL its [n][d_model] rows instead of the lookup (tokens unused;
+ * the trace records -1). logits (may be NULL) receives [n][vocab]; s->logits gets the last row
+ * either way. A position's results do not depend on n or on the block it is in. */
+void col_forward(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n, float *logits);
 
 #endif

@@ -261,8 +261,20 @@ static void test_session_config_ranges(void)
     CHECK(col_session_config_check(m, &c, err, sizeof err) == COL_OK);
     CHECK(col_session_memory_estimate(m, &c) > 0);
 
-    c = small_config(); c.routing = COL_ROUTING_GUMBEL + 1;
-    expect_refused(m, c, "unknown routing mode 4");
+    c = small_config(); c.routing = COL_ROUTING_CACHED + 1;
+    expect_refused(m, c, "unknown routing mode 5");
+    c = small_config(); c.routing = COL_ROUTING_CACHED; c.cache_threshold = -0.5;
+    expect_refused(m, c, "cache_threshold must be finite and >= 0");
+    c = small_config(); c.routing = COL_ROUTING_CACHED; c.cache_threshold = NAN;
+    expect_refused(m, c, "cache_threshold must be finite and >= 0");
+    c = small_config(); c.routing = COL_ROUTING_CACHED; c.cache_threshold = 0.25; c.expert_cache = hp.n_experts;
+    CHECK(col_session_config_check(m, &c, err, sizeof err) == COL_OK);
+    c = small_config(); c.expert_cache = hp.n_experts_active - 1;
+    if (hp.n_experts_active > 1) expect_refused(m, c, "outside");
+    c = small_config(); c.expert_cache = hp.n_experts + 1;
+    expect_refused(m, c, "outside");
+    c = small_config(); c.routing = COL_ROUTING_SOFT; c.expert_cache = hp.n_experts_active;
+    if (hp.n_experts_active < hp.n_experts) expect_refused(m, c, "the experts one decision takes");
     c = small_config(); c.n_threads = 0;
     expect_refused(m, c, "n_threads 0 outside 1..256");
     c = small_config(); c.n_threads = 257;

@@ -424,6 +424,199 @@ static void test_gumbel_noise_is_finite(void)
     for (uint32_t j = 0; j < 1000; j++) CHECK(isfinite(col_gumbel_noise(7, j, j % 5, j % 13)));
 }
 
+/* ---- cached routing ------------------------------------------------------------------------ */
+
+static col_cache_route cache_of(const int32_t *previous, double threshold, int32_t *fresh)
+{
+    col_cache_route c = {previous, threshold, fresh, 0.0f, 0};
+    return c;
+}
+
+/* Mixtral's rule, the previous position chose {3, 1}. Now expert 5 edges out expert 1 by
+ * 1.0 - 0.99 on the logits (the selection scores of a softmax without bias): below a threshold
+ * of 0.05 the previous set stays, weighted by its own probabilities renormalised; above 0.005
+ * the fresh top-k wins. */
+static void test_cached_keeps_the_previous_set_below_the_threshold(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {0.1f, 0.99f, -1.0f, 3.0f, 0.5f, 1.0f, 0.2f, -2.0f};
+    const int32_t previous[2] = {3, 1};
+    int32_t fresh[N];
+    col_routing_info r = softmax_rule(2, 1);
+    col_router_params p = mode(COL_ROUTING_CACHED);
+    col_cache_route c = cache_of(previous, 0.05, fresh);
+    CHECK(col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch) == 2);
+    CHECK(c.kept == 1);
+    CHECK(c.margin == (float)((double)1.0f - (double)0.99f));
+    CHECK(fresh[0] == 3 && fresh[1] == 5);
+    CHECK(f.ids[0] == 3 && f.ids[1] == 1);
+    float probs[N];
+    col_softmax(logits, probs, N);
+    float d = probs[3] + probs[1];
+    CHECK(f.weights[0] == probs[3] / d && f.weights[1] == probs[1] / d);
+
+    c = cache_of(previous, 0.005, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 0 && f.ids[0] == 3 && f.ids[1] == 5);
+    CHECK(c.margin == (float)((double)1.0f - (double)0.99f));
+    d = probs[3] + probs[5];
+    CHECK(f.weights[0] == probs[3] / d && f.weights[1] == probs[5] / d);
+}
+
+/* The same set in another order is no change (margin 0, the fresh order); at the first position
+ * there is no previous set (margin NaN). */
+static void test_cached_same_set_and_first_position(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {0.1f, 2.0f, -1.0f, 3.0f, 0.5f, 0.0f, 1.0f, -2.0f};
+    const int32_t previous[2] = {1, 3};
+    int32_t fresh[N];
+    col_routing_info r = softmax_rule(2, 0);
+    col_router_params p = mode(COL_ROUTING_CACHED);
+    col_cache_route c = cache_of(previous, 10.0, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 0 && c.margin == 0.0f && f.ids[0] == 3 && f.ids[1] == 1);
+    c = cache_of(NULL, 10.0, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 0 && isnan(c.margin) && f.ids[0] == 3 && f.ids[1] == 1);
+}
+
+/* An exact tie between expert 1 and 5 goes to the lower index in plain top-k; cached routing
+ * with any threshold above 0 keeps the previous position's 5 instead, and threshold 0 is plain
+ * top-k. */
+static void test_cached_tie_keeps_the_previous_expert(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {0, 1.5f, 0, 0, 0, 1.5f, 0, 0};
+    const int32_t previous[1] = {5};
+    int32_t fresh[N];
+    col_routing_info r = softmax_rule(1, 1);
+    col_router_params p = mode(COL_ROUTING_CACHED);
+    col_cache_route c = cache_of(previous, 1e-30, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 1 && c.margin == 0.0f && fresh[0] == 1 && f.ids[0] == 5 && f.weights[0] == 1.0f);
+    c = cache_of(previous, 0.0, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 0 && f.ids[0] == 1);
+}
+
+/* Two experts swapped at once: the margin is what the fresh set gains minus what it drops,
+ * (2.0 + 1.9) - (1.8 + 1.7) = 0.4 (within float rounding of the four values). */
+static void test_cached_margin_sums_every_swap(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {1.8f, 1.7f, 2.0f, 1.9f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const int32_t previous[2] = {1, 0};
+    int32_t fresh[N];
+    col_routing_info r = softmax_rule(2, 1);
+    col_router_params p = mode(COL_ROUTING_CACHED);
+    col_cache_route c = cache_of(previous, 0.41, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    double want = ((double)2.0f + (double)1.9f) - ((double)1.7f + (double)1.8f);
+    CHECK(c.margin == (float)want && fabs(want - 0.4) < 1e-6);
+    CHECK(c.kept == 1 && f.ids[0] == 0 && f.ids[1] == 1); /* 1.8 before 1.7 */
+    CHECK(fabsf(f.weights[0] + f.weights[1] - 1.0f) < 1e-6f); /* renormalised over the kept two */
+    c = cache_of(previous, 0.39, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 0 && f.ids[0] == 2 && f.ids[1] == 3);
+}
+
+/* DeepSeek-V2's group limit (groups scored by their best) with two groups of four, one kept:
+ * group 1's best (2.1) beats group 0's (2.0), so the fresh set is {4, 5}, yet the previous set
+ * {0, 1} of group 0 outscores it (2.0 + 1.9 against 2.1 - 5). The margin is then 0, not
+ * negative: any positive threshold keeps the previous set, threshold 0 does not. The kept set
+ * is weighted by its own probabilities, scaled. */
+static void test_cached_group_limit_margin_is_never_negative(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {2.0f, 1.9f, -5.0f, -5.0f, 2.1f, -5.0f, -5.0f, -5.0f};
+    const int32_t previous[2] = {1, 0};
+    int32_t fresh[N];
+    col_routing_info r = softmax_rule(2, 0);
+    r.n_groups = 2;
+    r.n_groups_kept = 1;
+    r.group_score = COL_GROUP_MAX;
+    r.scale = 16.0f;
+    col_router_params p = mode(COL_ROUTING_CACHED);
+    col_cache_route c = cache_of(previous, 1e-9, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(f.groups[0] == 1 && fresh[0] == 4 && fresh[1] == 5);
+    CHECK(c.margin == 0.0f && c.kept == 1);
+    CHECK(f.ids[0] == 0 && f.ids[1] == 1);
+    float probs[N];
+    col_softmax(logits, probs, N);
+    CHECK(f.weights[0] == probs[0] * 16.0f && f.weights[1] == probs[1] * 16.0f);
+    c = cache_of(previous, 0.0, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 0 && f.ids[0] == 4 && f.ids[1] == 5);
+}
+
+/* DeepSeek-V3: the margin is on the selection score (sigmoid + correction bias), the kept
+ * set's weights on the sigmoids alone. Fresh {0, 1}; the previous {0, 2} loses
+ * sig(0.9) - (sig(0) + 0.2) = 0.0109 on the selection score. */
+static void test_cached_margin_on_the_biased_score_weights_without(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {1.0f, 0.9f, 0.0f, -3.0f, -3.0f, -3.0f, -3.0f, -3.0f};
+    float bias[N] = {0, 0, 0.2f, 0, 0, 0, 0, 0};
+    const int32_t previous[2] = {2, 0};
+    int32_t fresh[N];
+    col_routing_info r = deepseek_v3_rule(2, 1, 1, 2.5f);
+    col_router_params p = mode(COL_ROUTING_CACHED);
+    col_cache_route c = cache_of(previous, 0.02, fresh);
+    col_route_cached(&r, bias, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(fresh[0] == 0 && fresh[1] == 1);
+    double want = (double)sig(0.9f) - (double)(sig(0.0f) + 0.2f);
+    CHECK(c.margin == (float)want && fabs(want - 0.0109) < 1e-4);
+    CHECK(c.kept == 1 && f.ids[0] == 0 && f.ids[1] == 2);
+    float d = sig(1.0f) + sig(0.0f) + 1e-20f;
+    CHECK(f.weights[0] == sig(1.0f) / d * 2.5f && f.weights[1] == sig(0.0f) / d * 2.5f);
+    c = cache_of(previous, 0.01, fresh);
+    col_route_cached(&r, bias, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 0 && f.ids[1] == 1);
+}
+
+/* A NaN score makes the margin NaN: the fresh set is used. */
+static void test_cached_nan_uses_the_fresh_set(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {0.1f, 2.0f, -1.0f, 3.0f, 0.5f, 0.0f, 1.0f, -2.0f};
+    logits[7] = NAN;
+    const int32_t previous[2] = {7, 3};
+    int32_t fresh[N];
+    col_routing_info r = softmax_rule(2, 0);
+    col_router_params p = mode(COL_ROUTING_CACHED);
+    col_cache_route c = cache_of(previous, 1e30, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 0 && isnan(c.margin) && f.ids[0] == 3 && f.ids[1] == 1);
+}
+
+/* A rule that selects on the logits and weighs by a softmax over the chosen (GPT-OSS): the kept
+ * set's weights are that softmax over its own logits. */
+static void test_cached_select_on_logits_weights(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {0.1f, 2.0f, -1.0f, 3.0f, 0.5f, 1.95f, 1.0f, -2.0f};
+    const int32_t previous[2] = {5, 3};
+    int32_t fresh[N];
+    col_routing_info r = softmax_rule(2, 0);
+    r.select_on = COL_SELECT_LOGITS;
+    col_router_params p = mode(COL_ROUTING_CACHED);
+    col_cache_route c = cache_of(previous, 0.1, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 1 && f.ids[0] == 3 && f.ids[1] == 5);
+    float e = expf(1.95f - 3.0f);
+    CHECK(f.weights[0] == 1.0f / (1.0f + e) && f.weights[1] == e / (1.0f + e));
+}
+
 int main(void)
 {
     test_topk_picks_largest_in_order();
@@ -446,5 +639,13 @@ int main(void)
     test_gumbel_same_seed_same_choice();
     test_gumbel_noise_is_finite();
     test_routing_scores_are_the_routers();
+    test_cached_keeps_the_previous_set_below_the_threshold();
+    test_cached_same_set_and_first_position();
+    test_cached_tie_keeps_the_previous_expert();
+    test_cached_margin_sums_every_swap();
+    test_cached_group_limit_margin_is_never_negative();
+    test_cached_margin_on_the_biased_score_weights_without();
+    test_cached_nan_uses_the_fresh_set();
+    test_cached_select_on_logits_weights();
     return TEST_REPORT();
 }

@@ -42,10 +42,11 @@ static void usage(FILE *f)
           "  " PROG " info FILE [--json]\n"
           "      header fields, hyper-parameters, routing rules, user metadata and tensor table\n"
           "  " PROG " run FILE --tokens ID,ID,... [-n|--generate N] [-t|--threads T]\n"
-          "              [--routing topk|stable|soft|gumbel] [--epsilon E] [--seed S]\n"
-          "              [--debug-routing]\n"
+          "              [--routing topk|stable|soft|gumbel|cached] [--epsilon E] [--seed S]\n"
+          "              [--cache-threshold T] [--expert-cache N] [--debug-routing]\n"
           "      greedy decoding: prefill the tokens, generate N (default 16) tokens by argmax,\n"
-          "      print the generated ids; --debug-routing prints each position's experts\n"
+          "      print the generated ids; --debug-routing prints each position's experts;\n"
+          "      expert caching's counts go to stderr\n"
           "  " PROG " --help\n"
           "The same lines as the Python `colibri validate` and `colibri info`.\n",
           f);
@@ -362,6 +363,10 @@ static const char *arch_name(uint32_t arch, char *buf, size_t len)
     case COL_ARCH_ERNIE4_5_MOE: return "ernie4_5_moe";
     case COL_ARCH_GPT_OSS: return "gpt_oss";
     case COL_ARCH_LLAMA4: return "llama4";
+    case COL_ARCH_PHIMOE: return "phimoe";
+    case COL_ARCH_GRANITEMOE: return "granitemoe";
+    case COL_ARCH_GRANITEMOESHARED: return "granitemoeshared";
+    case COL_ARCH_DBRX: return "dbrx";
     default: snprintf(buf, len, "arch-%" PRIu32, arch); return buf;
     }
 }
@@ -674,7 +679,8 @@ static const hp_field HPARAMS[] = {
     HP(qk_rope_head_dim, HP_U32), HP(v_head_dim, HP_U32), HP(rotary_dim, HP_U32),
     HP(rope_layout, HP_U32), HP(attn_scale, HP_F32), HP(latent_norm_eps, HP_F32),
     HP(rope_attn_factor, HP_F32), HP(rope_beta_fast, HP_F32), HP(rope_beta_slow, HP_F32),
-    HP(rope_truncate, HP_U32), HP(attention_chunk_size, HP_U32),
+    HP(rope_truncate, HP_U32), HP(norm_kind, HP_U32), HP(embedding_scale, HP_F32),
+    HP(residual_scale, HP_F32), HP(logit_divisor, HP_F32), HP(attention_chunk_size, HP_U32),
 };
 #undef HP
 
@@ -710,7 +716,7 @@ static void print_flag_names(uint32_t flags)
 {
     static const char *names[] = {"NORM_TOPK", "TIED_EMBEDDINGS", "SHARED_EXPERT",
                                   "SHARED_EXPERT_GATE", "QKV_BIAS", "O_BIAS", "QK_NORM_HEAD",
-                                  "QK_NORM_FULL"}; /* bit 0, 1, 2, ... */
+                                  "QK_NORM_FULL", "OUTPUT_BIAS"}; /* bit 0, 1, 2, ... */
     const uint32_t n_known = sizeof names / sizeof names[0];
     bool any = false;
     for (uint32_t bit = 0; bit < n_known; bit++)
@@ -1036,8 +1042,9 @@ static int cmd_run(int argc, char **argv)
 {
     const char *path = NULL, *tokens_arg = NULL;
     uint64_t n_gen = 16, seed = 0, threads = 1;
-    double epsilon = 0;
+    double epsilon = 0, cache_threshold = 0;
     bool has_epsilon = false;
+    uint64_t expert_cache = 0;
     uint32_t routing = COL_ROUTING_TOPK;
     bool debug = false;
     for (int i = 0; i < argc; i++) {
@@ -1058,6 +1065,12 @@ static int cmd_run(int argc, char **argv)
         } else if (is(a, NULL, "--epsilon")) {
             ok = has_epsilon = parse_double(v, &epsilon);
             i++;
+        } else if (is(a, NULL, "--cache-threshold")) {
+            ok = parse_double(v, &cache_threshold); /* the range is the engine's to check */
+            i++;
+        } else if (is(a, NULL, "--expert-cache")) {
+            ok = parse_u64(v, &expert_cache) && expert_cache <= UINT32_MAX;
+            i++;
         } else if (is(a, NULL, "--routing") && v) {
             i++;
             if (strcmp(v, "topk") == 0)
@@ -1068,6 +1081,8 @@ static int cmd_run(int argc, char **argv)
                 routing = COL_ROUTING_SOFT;
             else if (strcmp(v, "gumbel") == 0)
                 routing = COL_ROUTING_GUMBEL;
+            else if (strcmp(v, "cached") == 0)
+                routing = COL_ROUTING_CACHED;
             else
                 ok = false;
         } else if (is(a, NULL, "--debug-routing"))
@@ -1109,6 +1124,8 @@ static int cmd_run(int argc, char **argv)
     cfg.trace = debug ? 1 : 0;
     cfg.epsilon = has_epsilon ? epsilon : (double)hp.default_epsilon;
     cfg.seed = seed;
+    cfg.cache_threshold = cache_threshold;
+    cfg.expert_cache = (uint32_t)expert_cache;
 
     char err[512] = "";
     col_session *s = NULL;
@@ -1139,6 +1156,15 @@ static int cmd_run(int argc, char **argv)
         printf("%s%" PRId32, i ? "," : "", generated[i]);
     if (produced)
         putchar('\n');
+    col_cache_stats cs;
+    if (st == COL_OK && col_session_cache_stats(s, -1, &cs) == COL_OK) {
+        if (cs.expert_cache)
+            fprintf(stderr, "expert cache: %" PRIu64 " hits, %" PRIu64 " misses (%u experts per MoE layer)\n",
+                    cs.hits, cs.misses, cs.expert_cache);
+        if (routing == COL_ROUTING_CACHED)
+            fprintf(stderr, "cached routing: kept the previous experts in %" PRIu64 " of %" PRIu64 " decisions\n",
+                    cs.kept, cs.decisions);
+    }
     if (st != COL_OK)
         error("run: %s: %s", col_status_name(st), err);
     free(generated);

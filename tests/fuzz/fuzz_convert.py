@@ -62,10 +62,25 @@ FAMILY_CONFIGS = [
     {"model_type": "ernie4_5_moe", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
      "moe_intermediate_size": 8, "num_hidden_layers": 3, "num_attention_heads": 4,
      "num_key_value_heads": 2, "moe_num_experts": 4, "moe_k": 2, "moe_layer_interval": 2},
+    {"model_type": "phimoe", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 8,
+     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+     "num_local_experts": 4, "num_experts_per_tok": 2, "router_jitter_noise": 0.01,
+     "attention_bias": True, "lm_head_bias": True, "sliding_window": 8},
+    {"model_type": "granitemoeshared", "vocab_size": 64, "hidden_size": 16,
+     "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+     "shared_intermediate_size": 16, "embedding_multiplier": 12.0, "attention_multiplier": 0.25,
+     "residual_multiplier": 0.22, "logits_scaling": 6.0, "attention_bias": True},
+    {"model_type": "dbrx", "vocab_size": 64, "d_model": 16, "n_heads": 4, "n_layers": 2,
+     "max_seq_len": 64, "attn_config": {"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 5e5},
+     "ffn_config": {"ffn_hidden_size": 8, "moe_num_experts": 4, "moe_top_k": 2,
+                    "moe_normalize_expert_weights": 1.0}},
 ]
 KEYS = sorted({k for c in FAMILY_CONFIGS for k in c}
               | {k for f in FAMILIES.values() for k in f.defaults}
-              | {"rope_scaling", "partial_rotary_factor", "attention_bias", "qkv_bias"})
+              | {"rope_scaling", "partial_rotary_factor", "attention_bias", "qkv_bias",
+                 "attn_config", "ffn_config", "kv_n_heads", "clip_qkv", "ffn_hidden_size",
+                 "moe_num_experts", "moe_top_k", "moe_normalize_expert_weights", "ffn_act_fn"})
 
 SAFETENSORS_PATH = os.path.join(tempfile.gettempdir(), f"colibri-fuzz-{os.getpid()}.safetensors")
 

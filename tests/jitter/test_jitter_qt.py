@@ -169,3 +169,50 @@ def test_token_view_shows_what_the_choice_ranked(qtbot, tmp_path: Path) -> None:
         assert "margin 0 ULP" in view.token.title.text()
     finally:
         view.shutdown()
+
+
+def test_the_remedies_tab_shows_the_cli_numbers(qtbot, tmp_path: Path) -> None:
+    """Compare remedies from the lab on the demo model: the same report as `colibri remedies
+    --json`, its rows in the table, and the report saved and loaded with the lab's state."""
+    out = tmp_path / "remedies.json"
+    assert main(["remedies", str(DEMO), "--prompt", DEMO_PROMPT, "--generate", "8",
+                 "--variants", "seq,noise4", "--eps", "1e-6", "--cache-threshold", "0.05,0.5",
+                 "--expert-cache", "4", "--json", str(out)]) == 0
+    cli = json.loads(out.read_text())
+    w = QtJitterLab()
+    qtbot.addWidget(w)
+    w.set_model(Model.open(DEMO))
+    w.prompt.setText(DEMO_PROMPT)
+    w.generate.setValue(8)
+    w.variants.setText("seq,noise4")
+    w.remedy_eps.setText("1e-6")
+    w.thresholds.setText("0.05,0.5")
+    w.expert_cache.setValue(4)
+    try:
+        with qtbot.waitSignal(w.sig_report_ready, timeout=60000) as blocker:
+            w.run_remedies_button.click()
+        assert blocker.args == ["remedies"]
+        assert report_json(w.remedy_report) == json.dumps(cli, sort_keys=True,
+                                                          separators=(",", ":")).encode()
+        shown = w.remedies.rows()
+        assert [r["remedy"] for r in shown] == [r["label"] for r in cli["rows"]]
+        for row, want in zip(shown, cli["rows"]):
+            assert row["decisions changed"] == want["changed"]
+            assert row["jitter left"] == want["jitter_left"]
+            assert row["flips removed"] == want["flips_removed"]
+            assert row["hit rate"] == want["hit_rate"]
+        table = w.remedies.table
+        assert table.rowCount() == 5 and table.verticalHeaderItem(2).text() == "soft routing"
+        assert table.item(2, w.remedies.COLUMNS.index("hit rate")).text() == "-"
+        w.save_json(str(tmp_path / "lab.json"))
+        other = QtJitterLab()
+        qtbot.addWidget(other)
+        other.load_json(str(tmp_path / "lab.json"))
+        assert other.state() == w.state() and other.remedies.rows() == shown
+        other.load_json(str(out))
+        assert other.remedies.rows() == shown
+        w.thresholds.setText("x")
+        w.start("remedies")
+        assert "comma-separated cache thresholds" in w.status.text()
+    finally:
+        w.shutdown()

@@ -175,10 +175,10 @@ def test_attaching_to_nothing_says_so_without_blocking(qtbot, window: MainWindow
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    t0 = time.monotonic()
     monitor = window.attach(f"127.0.0.1:{port}")
-    assert time.monotonic() - t0 < 1.0  # the connection is the worker's to make
     assert monitor is not None
+    # the connection is the worker's to make: attach returns before its answer reaches the UI
+    assert "cannot reach" not in monitor.status.text()
     qtbot.waitUntil(lambda: "connection refused" in monitor.status.text(), timeout=WAIT_MS)
     assert f"cannot reach 127.0.0.1:{port}" in monitor.status.text()
     monitor.detach()

@@ -11,6 +11,7 @@ registering its commands with `add_commands(subparsers)`:
     trace                        colibri.cli.trace
     jitter, epsilon              colibri.cli.jitter
     profile                      colibri.cli.profile
+    diff                         colibri.cli.diff
 
 What they share (exit codes, the error printer, how a path is opened, the common arguments) is
 colibri.cli.common. A command returns its exit code or raises; `main` prints any engine, file or
@@ -23,7 +24,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from colibri.cli import bench, convert, files, jitter, profile, run, serve, trace
+from colibri.cli import bench, convert, diff, files, jitter, profile, run, serve, trace
 from colibri.cli.common import EXIT_OK, CommandError, failure
 from colibri.errors import ColibriError
 
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="colibri", description="Colibri MoE engine: convert, validate, inspect and run "
                                     ".colibri files.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (convert, bench, files, run, serve, trace, jitter, profile):
+    for group in (convert, bench, files, run, serve, trace, jitter, profile, diff):
         group.add_commands(sub)
     return parser
 

@@ -125,8 +125,19 @@ def prompt_ids(args: argparse.Namespace, model: Any, tokenizer: Any) -> list[int
     return ids
 
 
+def progress_line(done: int, total: int, text: str = "") -> None:
+    """A colibri.values.Progress for long commands: one rewritten line on a terminal's stderr,
+    nothing when stderr is not a terminal."""
+    if sys.stderr.isatty():
+        print(f"\r[{done}/{total}] {text:<40}", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
+
 def token_label(tokenizer: Any, token: int) -> str:
-    """How a token is shown in a line of output: its text quoted, or the id without tokenizer."""
+    """How a token is shown in a line of output: its text quoted, or the id without tokenizer;
+    an embedding row fed instead of a token (id -1) is `<embedding>`."""
+    if token < 0:
+        return "<embedding>"
     return repr(token_text(tokenizer, token)) if tokenizer is not None else str(token)
 
 
@@ -138,11 +149,15 @@ def add_file(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="FILE")
 
 
-def add_prompt(p: argparse.ArgumentParser) -> None:
+def add_prompt(p: argparse.ArgumentParser, embedding: bool = False) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", metavar="TEXT", help="text, encoded by the embedded tokenizer")
     source.add_argument("--tokens", type=token_ids, metavar="ID,ID,...",
                         help="comma-separated token ids")
+    if embedding:
+        source.add_argument("--embedding", metavar="X.npy",
+                            help="float32 [positions, hidden] rows fed instead of the token "
+                                 "embedding lookup")
 
 
 def add_generate(p: argparse.ArgumentParser, default: int, what: str = "tokens to generate"
@@ -156,13 +171,36 @@ def add_threads(p: argparse.ArgumentParser, what: str = "") -> None:
                    help=what or "engine threads (results are identical for any count)")
 
 
-def add_routing(p: argparse.ArgumentParser, epsilon: bool = True, seed: str = "") -> None:
-    p.add_argument("--routing", choices=ROUTING_MODES, default="topk")
+def add_routing(p: argparse.ArgumentParser, epsilon: bool = True, seed: str = "",
+                caching: bool = False) -> None:
+    """--routing (and --epsilon, --seed); with `caching`, the 'cached' mode and the expert
+    cache's options (read back with `caching_options`)."""
+    modes = [m for m in ROUTING_MODES if caching or m != "cached"]
+    p.add_argument("--routing", choices=modes, default="topk")
     if epsilon:
         p.add_argument("--epsilon", type=float, default=None,
                        help="stable-routing epsilon (default: the model's default_epsilon)")
     if seed:
         p.add_argument("--seed", type=int, default=0, help=seed)
+    if caching:
+        p.add_argument("--cache-threshold", type=float, default=None, metavar="T",
+                       help="--routing cached: a MoE layer keeps the previous position's experts "
+                            "while the new top-k's margin over them (summed selection scores "
+                            "gained minus dropped) is below T")
+        p.add_argument("--expert-cache", type=int, default=0, metavar="N",
+                       help="an LRU of N resident experts per MoE layer: hits and misses in the "
+                            "trace, the hit rate in the summary (a model of residency)")
+
+
+def caching_options(args: argparse.Namespace) -> dict[str, float | int]:
+    """The Session keywords of --cache-threshold and --expert-cache. The cached mode needs its
+    threshold, and a threshold without it would be ignored: both are CommandErrors."""
+    if args.routing == "cached" and args.cache_threshold is None:
+        fail("--routing cached needs --cache-threshold T (the margin below which a MoE layer "
+             "keeps the previous position's experts)")
+    if args.routing != "cached" and args.cache_threshold is not None:
+        fail("--cache-threshold applies to --routing cached")
+    return {"cache_threshold": args.cache_threshold or 0.0, "expert_cache": args.expert_cache}
 
 
 def add_json(p: argparse.ArgumentParser, help: str = "print JSON instead of text") -> None:
@@ -181,6 +219,7 @@ def numerics_spec(text: str) -> str:
 
 
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_UNREADABLE", "CommandError", "add_file",
-           "add_generate", "add_json", "add_prompt", "add_routing", "add_threads", "error",
-           "exit_code", "fail", "failure", "numerics_spec", "open_model", "prompt_ids",
-           "token_ids", "token_label", "tokenizer_of", "unreadable"]
+           "add_generate", "add_json", "add_prompt", "add_routing", "add_threads",
+           "caching_options", "error", "exit_code", "fail", "failure", "numerics_spec",
+           "open_model", "progress_line", "prompt_ids", "token_ids", "token_label",
+           "tokenizer_of", "unreadable"]

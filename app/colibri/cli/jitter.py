@@ -1,9 +1,13 @@
-"""`colibri jitter` and `colibri epsilon`: the routing-jitter lab on the command line.
+"""`colibri jitter`, `colibri epsilon` and `colibri remedies`: the routing-jitter lab on the
+command line.
 
     colibri jitter FILE (--prompt TEXT | --tokens ID,...) [-n/--generate N] [--variants LIST]
                    [-t/--threads N] [--json [OUT]]
     colibri epsilon FILE (--prompt TEXT | --tokens ID,...) [-n/--generate N] [--eps LIST]
                     [--variants LIST] [-t/--threads N] [--json [OUT]]
+    colibri remedies FILE (--prompt TEXT | --tokens ID,...) [-n/--generate N] [--eps E]
+                     [--cache-threshold LIST] [--expert-cache N] [--variants LIST]
+                     [-t/--threads N] [--json [OUT]]
 
 Both print a readable summary; --json OUT also writes the full report (colibri.jitter.analysis,
 sorted keys, no timestamps: the same inputs give the same bytes) through a temporary file and a
@@ -13,16 +17,17 @@ rename, and --json alone prints the report instead of the summary.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 import numpy as np
 
 from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_prompt, add_threads, fail,
-                                open_model, prompt_ids, token_label, tokenizer_of)
+                                open_model, progress_line, prompt_ids, token_label,
+                                tokenizer_of)
 from colibri.files import atomic_write_bytes
-from colibri.jitter.analysis import (BASELINE, EpsilonReport, JitterReport, Runner,
+from colibri.jitter.analysis import (BASELINE, EpsilonReport, JitterReport, Reportable, Runner,
                                      analyze_epsilon, analyze_jitter, parse_eps, report_json)
+from colibri.jitter.remedies import RemedyReport, analyze_remedies, parse_thresholds
 from colibri.jitter.variants import DEFAULT_VARIANTS, parse_variants
 
 VARIANT_HELP = ("comma-separated variants; each joins components with '+': seq, pairwise, "
@@ -37,17 +42,12 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _progress(done: int, total: int, text: str = "") -> None:
-    if sys.stderr.isatty():
-        print(f"\r[{done}/{total}] {text:<40}", end="" if done < total else "\n",
-              file=sys.stderr, flush=True)
-
-
-def _report(args: argparse.Namespace, kind: str) -> tuple[JitterReport | EpsilonReport, Any]:
+def _report(args: argparse.Namespace, kind: str) -> tuple[Reportable, Any]:
     """Open the file, build the fixed token sequence and run the analysis; returns the report
     and the tokenizer (None without one)."""
     variants = parse_variants(args.variants)
     eps = parse_eps(args.eps) if kind == "epsilon" else []
+    thresholds = parse_thresholds(args.cache_threshold) if kind == "remedies" else None
     if args.generate < 0:
         fail("--generate must be >= 0")
     with open_model(args.file) as model, Runner(model, threads=args.threads) as runner:
@@ -55,12 +55,14 @@ def _report(args: argparse.Namespace, kind: str) -> tuple[JitterReport | Epsilon
         prompt = prompt_ids(args, model, tokenizer)
         tokens = runner.greedy_sequence(prompt, args.generate)
         if kind == "jitter":
-            return analyze_jitter(runner, tokens, variants, len(prompt), _progress), tokenizer
-        return analyze_epsilon(runner, tokens, eps, variants, len(prompt), _progress), tokenizer
+            return analyze_jitter(runner, tokens, variants, len(prompt), progress_line), tokenizer
+        if kind == "remedies":
+            return analyze_remedies(runner, tokens, variants, args.eps, thresholds,
+                                    args.expert_cache, len(prompt), progress_line), tokenizer
+        return analyze_epsilon(runner, tokens, eps, variants, len(prompt), progress_line), tokenizer
 
 
-def _emit(args: argparse.Namespace, report: JitterReport | EpsilonReport,
-          summary: Any) -> int:
+def _emit(args: argparse.Namespace, report: Reportable, summary: Any) -> int:
     """--json alone: the report on stdout; --json OUT: the summary, and the report in OUT."""
     if args.json == "-":
         print(report_json(report).decode("utf-8"))
@@ -139,6 +141,37 @@ def print_epsilon(report: EpsilonReport) -> None:
               f"{c['stable']}")
 
 
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def print_remedies(report: RemedyReport) -> None:
+    P, M = report.plain_jitter.shape
+    print(f"remedies: {report.model}: {P} positions x {M} MoE layers = {P * M} cells, top-"
+          f"{report.k} of {report.n_experts} experts, {len(report.variants)} variants; plain "
+          f"top-k has {report.plain.jitter_left} cells of jitter")
+    print(f"cached routing's threshold: {report.threshold_rule}")
+    if report.expert_cache:
+        print(f"hit rate: an LRU of {report.expert_cache} experts per MoE layer over each "
+              f"baseline's decisions")
+    print()
+    print(f"{'remedy':<30} {'changed':>7} {'jitter':>6} {'removed':>7} {'added':>5} "
+          f"{'1st token':>9} {'max|dlogit|':>11} {'max KL':>9} {'experts':>7} {'hit rate':>8} "
+          f"{'kept':>5}")
+    for r in report.rows:
+        d = r.downstream
+        kept = str(r.kept) if r.remedy.routing == "cached" else "-"
+        print(f"{r.remedy.label:<30} {r.changed:>7} {r.jitter_left:>6} "
+              f"{int(r.removed(report.plain_jitter).sum()):>7} "
+              f"{int(r.added(report.plain_jitter).sum()):>5} "
+              f"{_fmt(d.first_token_divergence):>9} {float(d.max_abs.max()):>11.3g} "
+              f"{float(d.kl.max()):>9.3g} {r.experts_per_decision:>7} {_rate(r.hit_rate):>8} "
+              f"{kept:>5}")
+    print("\nchanged: decisions that differ from plain top-k's; jitter: cells some variant "
+          "flips; removed/added: plain top-k's jitter cells gone / new; 1st token, max|dlogit|, "
+          "max KL: against plain top-k; experts: computed per decision")
+
+
 def cmd_jitter(args: argparse.Namespace) -> int:
     report, tokenizer = _report(args, "jitter")
     assert isinstance(report, JitterReport)
@@ -149,6 +182,12 @@ def cmd_epsilon(args: argparse.Namespace) -> int:
     report, _ = _report(args, "epsilon")
     assert isinstance(report, EpsilonReport)
     return _emit(args, report, lambda: print_epsilon(report))
+
+
+def cmd_remedies(args: argparse.Namespace) -> int:
+    report, _ = _report(args, "remedies")
+    assert isinstance(report, RemedyReport)
+    return _emit(args, report, lambda: print_remedies(report))
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -175,3 +214,15 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--eps", help="comma-separated epsilons (default 0,1e-10,1e-9,1e-8,1e-7,1e-6,"
                    "1e-5)")
     p.set_defaults(func=cmd_epsilon)
+    p = sub.add_parser("remedies", help="the jitter remedies side by side: stable top-k, soft "
+                       "routing and cached routing against plain top-k (decisions changed, "
+                       "flips removed, divergence, expert-cache hit rate)")
+    _common(p)
+    p.add_argument("--eps", type=float, default=None,
+                   help="stable top-k's epsilon (default: the model's default_epsilon)")
+    p.add_argument("--cache-threshold", metavar="LIST",
+                   help="comma-separated thresholds of cached routing, a row each (default: 2x "
+                        "the largest margin of a decision the variants flip)")
+    p.add_argument("--expert-cache", type=int, default=0, metavar="N",
+                   help="measure the hit rate of an LRU of N experts per MoE layer")
+    p.set_defaults(func=cmd_remedies)

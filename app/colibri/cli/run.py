@@ -1,39 +1,48 @@
-"""`colibri run`: one prompt, its routing printed or dumped; generation through
-`Session.generate`, with the model file hot-reloaded between tokens on SIGUSR1 (colibri.reload).
-`colibri serve` is colibri.cli.serve."""
+"""`colibri run`: one prompt (text, token ids, or embedding rows), its routing printed or dumped;
+generation through `Session.generate`, with the model file hot-reloaded between tokens on SIGUSR1
+(colibri.reload). `colibri serve` is colibri.cli.serve."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import numpy as np
 
 from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_prompt, add_routing,
-                                add_threads, error, fail, open_model, prompt_ids, token_label,
-                                tokenizer_of)
+                                add_threads, caching_options, error, fail, open_model,
+                                prompt_ids, token_label, tokenizer_of, unreadable)
+from colibri.errors import ColibriIOError, ColibriValueError
 from colibri.files import atomic_write
 
 RUN_EPILOG = """\
 positions: the prompt's tokens are processed first, then every generated token except the last
 one (its logits are never needed), so a run producing M tokens processes len(prompt) + M - 1
-positions (len(prompt) when M is 0). --dump-logits writes float32 [positions, vocab], row i being
-the logits after position i (the distribution of token i+1); --dump-trace holds the same
-positions: expert_ids int32 [positions, moe_layers, k], expert_weights float32 [positions,
-moe_layers, k], router_logits float32 [positions, moe_layers, n_experts], selection_scores
-float32 [positions, moe_layers, n_experts] (the values the choice ranked: the logits for a
-softmax without a correction bias, sigmoid + bias for DeepSeek-V3), chosen_groups int32
-[positions, moe_layers, groups] (the kept groups, best first, -1 in layers without groups; only
-when a layer routes within groups), bias_changed bool [positions, moe_layers] (the correction bias
-changed the choice; only when it did somewhere), moe_layers int32 [moe_layers] (the layer index
-of each MoE layer) and tokens int32 [positions].
+positions (len(prompt) when M is 0). --embedding X.npy is the prompt as rows of the residual
+stream entering layer 0, float32 [positions, hidden], fed instead of the token embedding lookup
+(the rows of the model's own token_embd give the same bits as the token ids). --dump-logits
+writes float32 [positions, vocab], row i being the logits after position i (the distribution of
+token i+1); --dump-trace holds the same positions: expert_ids int32 [positions, moe_layers, k],
+expert_weights float32 [positions, moe_layers, k], router_logits float32 [positions,
+moe_layers, n_experts], selection_scores float32 [positions, moe_layers, n_experts] (the values
+the choice ranked: the logits for a softmax without a correction bias, sigmoid + bias for
+DeepSeek-V3), chosen_groups int32 [positions, moe_layers, groups] (the kept groups, best first,
+-1 in layers without groups; only when a layer routes within groups), bias_changed bool
+[positions, moe_layers] (the correction bias changed the choice; only when it did somewhere),
+moe_layers int32 [moe_layers] (the layer index of each MoE layer) and tokens int32 [positions]
+(-1 for embedding rows). With --routing cached: cache_kept bool [positions, moe_layers] (the
+previous position's experts were kept over a different new top-k), cache_margin float32
+[positions, moe_layers] (the new top-k's margin over them; NaN at position 0) and fresh_ids
+int32 [positions, moe_layers, k] (the new top-k itself). With --expert-cache N: cache_hits bool
+[positions, moe_layers, k] (the slot's expert was resident in the layer's LRU of N).
 Decoding is greedy (argmax, lowest id on ties); it stops early after the model's eos token."""
 
 
 def print_routing(trace: Any, tokenizer: Any, position: int) -> None:
     """One line per MoE layer of `position`: the chosen experts and their weights, then the kept
-    groups when the layer routes within groups, and a mark when its correction bias changed the
-    choice."""
+    groups when the layer routes within groups, a mark when its correction bias changed the
+    choice, what cached routing kept, and the expert cache's hits."""
     token = int(trace.tokens[position])
     for m, layer in enumerate(trace.moe_layers):
         ids = ",".join(str(int(e)) for e in trace.expert_ids[position, m])
@@ -42,17 +51,67 @@ def print_routing(trace: Any, tokenizer: Any, position: int) -> None:
         groups = f" groups [{','.join(map(str, kept))}]" if kept else ""
         changed = " (the correction bias changed the choice)" \
             if trace.bias_changed[position, m] else ""
+        cached = ""
+        if trace.cache_kept[position, m]:
+            fresh = ",".join(str(int(e)) for e in trace.fresh_ids[position, m])
+            cached = (f" (kept the previous experts over top-k [{fresh}], margin "
+                      f"{float(trace.cache_margin[position, m]):.4g})")
+        lru = ""
+        if trace.cache_hits.shape[2]:
+            lru = " lru [" + ",".join("hit" if h else "miss" for e, h in zip(
+                trace.expert_ids[position, m], trace.cache_hits[position, m]) if e >= 0) + "]"
         print(f"pos {position} token {token_label(tokenizer, token)} layer {int(layer)}: "
-              f"experts [{ids}] weights [{weights}]{groups}{changed}")
+              f"experts [{ids}] weights [{weights}]{groups}{changed}{cached}{lru}")
+
+
+def load_embedding(path: str, d_model: int) -> np.ndarray:
+    """The rows of --embedding: a .npy of float32 [positions, d_model]; anything else is an
+    error naming the file and what it holds."""
+    from colibri.engine import check_embeddings
+
+    reason = unreadable(path)
+    if reason is not None:
+        raise ColibriIOError(reason, 1)
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        fail(f"{path}: not a .npy array file ({exc})")
+    if not isinstance(x, np.ndarray):
+        fail(f"{path}: an .npz archive; --embedding takes one .npy array")
+    try:
+        x = check_embeddings(x, d_model)
+    except ColibriValueError as exc:
+        fail(f"{path}: {exc.message}")
+    if not x.shape[0]:
+        fail(f"{path}: no rows (shape {list(x.shape)})")
+    return x
+
+
+def print_caching(stats: Any, routing: str, threshold: float | None, n_experts: int) -> None:
+    """The run summary's expert-caching lines (colibri.engine.CacheStats)."""
+    if stats.expert_cache:
+        lookups = stats.hits + stats.misses
+        rate = f"{100 * stats.hit_rate:.1f} %" if lookups else "-"
+        print(f"expert cache: {stats.hits} hits, {stats.misses} misses of {lookups} lookups "
+              f"({rate} hit rate; {stats.expert_cache} of {n_experts} experts resident per MoE "
+              f"layer)")
+    if routing == "cached":
+        print(f"cached routing: kept the previous experts in {stats.kept} of {stats.decisions} "
+              f"decisions (threshold {threshold:g})")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from colibri.engine import Session
     from colibri.reload import HotModel, on_sigusr1, session_swapper
 
+    caching = caching_options(args)
     with open_model(args.file) as model:
-        tokenizer = tokenizer_of(model, needed=args.prompt is not None)
-        prompt = prompt_ids(args, model, tokenizer)
+        if args.embedding is not None:
+            tokenizer = tokenizer_of(model, needed=False)
+            prompt: Any = load_embedding(args.embedding, model.hparams.d_model)
+        else:
+            tokenizer = tokenizer_of(model, needed=args.prompt is not None)
+            prompt = prompt_ids(args, model, tokenizer)
         if args.generate < 0:
             fail("-n must be >= 0")
         want_trace = args.debug_routing or args.dump_trace is not None
@@ -60,7 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         def new_session(m: Any) -> Any:
             return Session(m, routing=args.routing, epsilon=args.epsilon, seed=args.seed,
-                           threads=args.threads, max_context=positions, trace=want_trace)
+                           threads=args.threads, max_context=positions, trace=want_trace,
+                           **caching)
 
         def show(generation: Any, position: int) -> None:
             print_routing(generation.session.trace, tokenizer, position)
@@ -75,6 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 swap=session_swapper(hot, new_session, error))
             session = generation.session
             trace = session.trace.copy() if want_trace and session.trace is not None else None
+            stats = session.cache_stats()
             session.close()
         finally:
             restore()
@@ -94,12 +155,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             arrays["chosen_groups"] = trace.chosen_groups.astype(np.int32)
         if trace.bias_changed.any():
             arrays["bias_changed"] = trace.bias_changed.astype(np.bool_)
+        if args.routing == "cached":
+            arrays["cache_kept"] = trace.cache_kept.astype(np.bool_)
+            arrays["cache_margin"] = trace.cache_margin.astype(np.float32)
+            arrays["fresh_ids"] = trace.fresh_ids.astype(np.int32)
+        if trace.cache_hits.shape[2]:
+            arrays["cache_hits"] = trace.cache_hits.astype(np.bool_)
         atomic_write(args.dump_trace, lambda f: np.savez(f, **arrays))
-    if tokenizer is not None:
+    if args.embedding is not None:
+        print(f"prompt: {len(prompt)} embedding rows from {os.path.basename(args.embedding)}")
+    elif tokenizer is not None:
         print(f"prompt: {tokenizer.decode(prompt)}")
+    if tokenizer is not None:
         print(f"text: {tokenizer.decode(generated)}")
-    print("prompt tokens: " + ",".join(map(str, prompt)))
+    if args.embedding is None:
+        print("prompt tokens: " + ",".join(map(str, prompt)))
     print("tokens: " + ",".join(map(str, generated)))
+    print_caching(stats, args.routing, args.cache_threshold, model.hparams.n_experts)
     return EXIT_OK
 
 
@@ -107,9 +179,9 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("run", help="greedy generation", epilog=RUN_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_file(p)
-    add_prompt(p)
+    add_prompt(p, embedding=True)
     add_generate(p, 16)
-    add_routing(p, seed="Gumbel routing seed")
+    add_routing(p, seed="Gumbel routing seed", caching=True)
     add_threads(p)
     p.add_argument("--debug-routing", action="store_true",
                    help="print the experts and weights chosen per position and MoE layer")

@@ -98,6 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def serve_stdin(args: argparse.Namespace) -> int:
     """One prompt per stdin line (token ids), greedy generation of -n tokens, `tokens: ...` out."""
     from colibri.engine import Session
+    from colibri.generation import History
     from colibri.reload import HotModel, on_sigusr1, session_swapper
 
     model = open_model(args.file)
@@ -119,7 +120,7 @@ def serve_stdin(args: argparse.Namespace) -> int:
                     continue
                 try:
                     prompt = token_ids(line.strip())
-                    session = swap(session, [], False) or session
+                    session = swap(session, History(), False) or session
                     session.reset()
                     generation = session.generate(prompt, args.generate,
                                                   eos=hot.model.hparams.eos_token_id, swap=swap)

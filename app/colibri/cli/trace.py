@@ -7,7 +7,8 @@ import os
 from typing import Any
 
 from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_prompt, add_routing,
-                                add_threads, open_model, prompt_ids, tokenizer_of)
+                                add_threads, caching_options, open_model, prompt_ids,
+                                tokenizer_of)
 
 TRACE_EPILOG = """\
 The trace opens in ui.perfetto.dev and chrome://tracing: one slice per position ("token 17
@@ -22,11 +23,14 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from colibri.debugging.trace_export import write_chrome_trace, write_routing_csv
     from colibri.values import RunSettings
 
+    caching = caching_options(args)
     with open_model(args.file) as model:
         prompt = prompt_ids(args, model, tokenizer_of(model, needed=args.prompt is not None))
         settings = RunSettings(tuple(prompt), args.generate,
                                "sample" if args.sample else "greedy", args.seed,
-                               args.temperature, args.routing, args.epsilon, args.threads)
+                               args.temperature, args.routing, args.epsilon, args.threads,
+                               cache_threshold=float(caching["cache_threshold"]),
+                               expert_cache=int(caching["expert_cache"]))
         dbg = Debugger(model, settings)
         try:
             dbg.run()
@@ -50,7 +54,7 @@ def add_commands(sub: Any) -> None:
     add_file(p)
     add_prompt(p)
     add_generate(p, 16)
-    add_routing(p, seed="sampling and Gumbel routing seed")
+    add_routing(p, seed="sampling and Gumbel routing seed", caching=True)
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=1.0)
     add_threads(p)

@@ -8,7 +8,8 @@ Layers (each importable without Qt; the Qt panels in `colibri.inspector.debugger
   * `anatomy`       - one decision expert by expert through its rule (logit, score, bias,
                       selection score, group, rank, weight) and whether the bias changed it.
   * `breakpoints`   - breakpoint kinds and `BreakpointList.first_hit`.
-  * `stats`         - routing matrices, expert load and balance, co-selection, latency percentiles.
+  * `stats`         - routing matrices, expert load and balance, co-selection, expert-cache hit
+                      rate, latency percentiles.
   * `trace_export`  - Chrome Trace Event JSON (ui.perfetto.dev, chrome://tracing) and CSV.
   * `session_file`  - the saved debugging session format (docs/session-format.md) and autosave.
 
@@ -19,13 +20,13 @@ from __future__ import annotations
 
 from colibri.debugging.anatomy import Anatomy, RuleBook, anatomy
 from colibri.debugging.breakpoints import (AtPosition, BiasChanged, Breakpoint, BreakpointList,
-                                           ExpertChosen, MarginBelow, NonFinite, first_hit)
+                                           CacheKept, CacheMiss, ExpertChosen, MarginBelow,
+                                           NonFinite, first_hit)
 from colibri.debugging.events import Event, EventList, float32_ulp_distance
 from colibri.debugging.run import Debugger, PositionRecord, RoutingRecord, RunResult
 from colibri.values import RunSettings
 
-__all__ = ["Anatomy", "AtPosition", "BiasChanged", "Breakpoint", "BreakpointList", "Debugger", "Event",
-           "EventList",
-           "ExpertChosen", "MarginBelow", "NonFinite", "PositionRecord", "RoutingRecord",
-           "RuleBook", "RunResult", "RunSettings", "anatomy", "first_hit",
-           "float32_ulp_distance"]
+__all__ = ["Anatomy", "AtPosition", "BiasChanged", "Breakpoint", "BreakpointList", "CacheKept",
+           "CacheMiss", "Debugger", "Event", "EventList", "ExpertChosen", "MarginBelow",
+           "NonFinite", "PositionRecord", "RoutingRecord", "RuleBook", "RunResult", "RunSettings",
+           "anatomy", "first_hit", "float32_ulp_distance"]

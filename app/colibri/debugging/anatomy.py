@@ -10,6 +10,8 @@ For an `Event` (one position, one MoE layer) and the model it ran on, per expert
   group      the expert's group (-1 without a group limit); kept or not      the trace's kept groups
   rank       its slot in the choice, 1 = best (0: not chosen)               the trace
   weight     its combine weight (NaN: not chosen)                           the trace
+  fresh      under cached routing, its slot in the fresh top-k (0: not in)  the trace
+  cache      with an expert cache, whether it was resident (chosen only)    the trace
 
 and whether the correction bias changed the outcome (the trace's bias_changed: ranked without
 the bias, the same rule chooses another set). Nothing here re-runs the rule: the scores are the
@@ -46,6 +48,10 @@ class Anatomy:
     rank: np.ndarray             # int32, 1..k for the chosen, 0 otherwise
     weight: np.ndarray           # float32, NaN for the unchosen
     bias_changed: bool
+    fresh_rank: np.ndarray | None = None  # int32, 1..k in the fresh top-k; None: no cached routing
+    resident: np.ndarray | None = None    # int8, 1 hit / 0 miss for the chosen, -1 for the rest;
+                                          # None without an expert cache
+    cache_kept: bool = False              # cached routing kept the previous experts
 
     @property
     def n_experts(self) -> int:
@@ -112,8 +118,18 @@ def anatomy(event: Event, rules: RuleBook | None = None) -> Anatomy:
     for slot, (expert, w) in enumerate(zip(event.expert_ids, event.expert_weights)):
         rank[expert] = slot + 1
         weight[expert] = w
+    fresh_rank = resident = None
+    if event.fresh_ids:
+        fresh_rank = np.zeros(n, np.int32)
+        for slot, expert in enumerate(event.fresh_ids):
+            fresh_rank[expert] = slot + 1
+    if event.cache_hits:
+        resident = np.full(n, -1, np.int8)
+        for expert, hit in zip(event.expert_ids, event.cache_hits):
+            resident[expert] = int(hit)
     return Anatomy(words, logits, scores, bias, np.asarray(event.selection_scores, np.float32),
-                   group, group_kept, rank, weight, bool(event.bias_changed))
+                   group, group_kept, rank, weight, bool(event.bias_changed), fresh_rank,
+                   resident, bool(event.cache_kept))
 
 
 __all__ = ["Anatomy", "RuleBook", "anatomy"]

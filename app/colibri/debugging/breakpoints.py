@@ -11,6 +11,10 @@ Kinds (each a frozen dataclass with an `enabled` flag; `toggled()` returns the f
   * BiasChanged(layer=None)          - the layer's correction bias changed the choice: the same
                                        ranking of the scores without it chose another set
                                        (DeepSeek-V3's e_score_correction_bias, ERNIE's moe_statics).
+  * CacheKept(layer=None)            - cached routing kept the previous position's experts over a
+                                       different fresh top-k.
+  * CacheMiss(layer=None)            - a chosen expert was not resident in the layer's expert
+                                       cache (the LRU had to load it).
 
 `first_hit(breakpoints, events, start)` scans vectorised over the whole list and returns the first
 event after index `start` that any enabled breakpoint hits, so run-to-breakpoint lands on exactly
@@ -143,8 +147,41 @@ class BiasChanged(Breakpoint):
         return f"the correction bias changed the choice at {where}"
 
 
+@dataclass(frozen=True)
+class CacheKept(Breakpoint):
+    kind: ClassVar[str] = "cache_kept"
+    layer: int | None = None
+
+    def mask(self, events: EventList, first: int = 0) -> np.ndarray:
+        kept = events.record.cache_kept[first:events.n_positions]
+        return np.array(kept) & _layer_columns(events, self.layer)[None, :]
+
+    def describe(self) -> str:
+        where = "any MoE layer" if self.layer is None else f"layer {self.layer}"
+        return f"cached routing kept the previous experts at {where}"
+
+
+@dataclass(frozen=True)
+class CacheMiss(Breakpoint):
+    kind: ClassVar[str] = "cache_miss"
+    layer: int | None = None
+
+    def mask(self, events: EventList, first: int = 0) -> np.ndarray:
+        rec = events.record
+        hits = rec.cache_hits[first:events.n_positions]
+        if not hits.shape[2]:  # no expert cache: nothing misses
+            return np.zeros(hits.shape[:2], bool)
+        looked = rec.expert_ids[first:events.n_positions] >= 0
+        return (looked & ~hits).any(axis=2) & _layer_columns(events, self.layer)[None, :]
+
+    def describe(self) -> str:
+        where = "any MoE layer" if self.layer is None else f"layer {self.layer}"
+        return f"an expert missed the expert cache at {where}"
+
+
 KINDS: dict[str, type[Breakpoint]] = {c.kind: c for c in (ExpertChosen, MarginBelow, NonFinite,
-                                                            AtPosition, BiasChanged)}
+                                                            AtPosition, BiasChanged, CacheKept,
+                                                            CacheMiss)}
 
 
 def first_hit(breakpoints: Iterator[Breakpoint] | list[Breakpoint] | BreakpointList,

@@ -20,6 +20,9 @@ never by re-running the router:
   * nonfinite   - NaN or Inf in this event's router logits or hidden-state norm; non-finite
                   output logits of a position flag its last MoE layer's event (they are
                   computed after every layer).
+Expert caching's fields are the engine's, copied as they are: whether cached routing kept the
+previous position's experts over a different fresh top-k (`cache_kept`, with `cache_margin` and
+the fresh set `fresh_ids`), and which chosen experts the layer's LRU had resident (`cache_hits`).
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ class Event:
     selection_scores: np.ndarray = field(compare=False, repr=False)  # [n_experts] float32
     chosen_groups: tuple[int, ...] = ()  # kept groups, best first (empty without a group limit)
     bias_changed: bool = False  # the correction bias changed the choice (the scores alone chose another set)
+    cache_kept: bool = False    # cached routing kept the previous position's experts
+    # the fresh top-k's margin over them (NaN: no cached routing, or position 0); not compared,
+    # as NaN never equals itself (cache_kept and fresh_ids say what it decided)
+    cache_margin: float = field(default=float("nan"), compare=False)
+    fresh_ids: tuple[int, ...] = ()     # the fresh top-k under cached routing (empty otherwise)
+    cache_hits: tuple[bool, ...] = ()   # per chosen expert: resident in the LRU (empty without one)
 
     @property
     def top1(self) -> int:
@@ -210,7 +219,10 @@ class EventList:
             shared_gate=float(rec.shared_gate[p, m]), nonfinite=bool(self._nonfinite[p, m]),
             router_logits=rec.router_logits[p, m], selection_scores=rec.selection_scores[p, m],
             chosen_groups=tuple(int(g) for g in rec.chosen_groups[p, m] if g >= 0),
-            bias_changed=bool(rec.bias_changed[p, m]))
+            bias_changed=bool(rec.bias_changed[p, m]), cache_kept=bool(rec.cache_kept[p, m]),
+            cache_margin=float(rec.cache_margin[p, m]),
+            fresh_ids=tuple(int(e) for e in rec.fresh_ids[p, m] if e >= 0),
+            cache_hits=tuple(bool(h) for h in rec.cache_hits[p, m][keep[:rec.k_hits]]))
 
     def position_events(self, position: int) -> list[Event]:
         return [self[position * self._n_moe + m] for m in range(self._n_moe)]

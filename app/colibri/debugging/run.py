@@ -67,6 +67,10 @@ class PositionRecord:
     selection_scores: np.ndarray  # [moe_layers, n_experts] float32, what the choice ranked
     chosen_groups: np.ndarray   # [moe_layers, n_groups] int32 kept groups, -1 none
     bias_changed: np.ndarray    # [moe_layers] bool: the correction bias changed the choice
+    cache_kept: np.ndarray      # [moe_layers] bool: cached routing kept the previous experts
+    cache_margin: np.ndarray    # [moe_layers] float32: the fresh top-k's margin over them
+    fresh_ids: np.ndarray       # [moe_layers, k or 0] int32: the fresh top-k (cached routing)
+    cache_hits: np.ndarray      # [moe_layers, k or 0] bool: the slot's expert was resident
 
 
 # name -> (dtype, trailing shape attribute names); the first axis is always the position
@@ -78,6 +82,10 @@ _ARRAYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "selection_scores": (np.float32, ("n_moe_layers", "n_experts")),
     "chosen_groups": (np.int32, ("n_moe_layers", "n_groups")),
     "bias_changed": (np.bool_, ("n_moe_layers",)),
+    "cache_kept": (np.bool_, ("n_moe_layers",)),
+    "cache_margin": (np.float32, ("n_moe_layers",)),
+    "fresh_ids": (np.int32, ("n_moe_layers", "k_fresh")),
+    "cache_hits": (np.bool_, ("n_moe_layers", "k_hits")),
     "shared_gate": (np.float32, ("n_moe_layers",)),
     "hidden_norm": (np.float32, ("n_moe_layers",)),
     "phase_ns": (np.uint64, ("n_layers", "n_phases")),
@@ -86,9 +94,11 @@ _ARRAYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "logits_finite": (np.bool_, ()),
 }
 RECORD_ARRAYS = tuple(_ARRAYS)
-# Arrays session files written before format version 2 do not have, and what they hold there:
-# those files come from version-1 models, which select on the router logits with no groups.
-LATER_ARRAYS = ("selection_scores", "chosen_groups", "bias_changed")
+# Arrays older session files do not have, and what they hold there: files from before format
+# version 2 come from version-1 models, which select on the router logits with no groups; files
+# from before expert caching ran without it (nothing kept, no fresh choice, no LRU).
+LATER_ARRAYS = ("selection_scores", "chosen_groups", "bias_changed", "cache_kept",
+                "cache_margin", "fresh_ids", "cache_hits")
 
 
 class RoutingRecord:
@@ -99,12 +109,15 @@ class RoutingRecord:
     n_phases = len(PHASES)
 
     def __init__(self, moe_layers: Sequence[int], n_layers: int, k: int, n_experts: int,
-                 capacity: int = 64, n_groups: int = 0) -> None:
+                 capacity: int = 64, n_groups: int = 0, cached: bool = False,
+                 lru: bool = False) -> None:
         self.moe_layers = np.array(moe_layers, dtype=np.int32)
         self.moe_layers.flags.writeable = False
         self.n_moe_layers = int(self.moe_layers.size)
         self.n_layers, self.k, self.n_experts = int(n_layers), int(k), int(n_experts)
         self.n_groups = int(n_groups)  # kept groups per decision (trace n_chosen_groups)
+        self.k_fresh = self.k if cached else 0   # fresh_ids' slots: cached routing only
+        self.k_hits = self.k if lru else 0       # cache_hits' slots: with an expert cache only
         self._n = 0
         self._texts: list[str] = []
         self._frozen = False
@@ -143,6 +156,10 @@ class RoutingRecord:
     selection_scores = property(lambda self: self.array("selection_scores"))
     chosen_groups = property(lambda self: self.array("chosen_groups"))
     bias_changed = property(lambda self: self.array("bias_changed"))
+    cache_kept = property(lambda self: self.array("cache_kept"))
+    cache_margin = property(lambda self: self.array("cache_margin"))
+    fresh_ids = property(lambda self: self.array("fresh_ids"))
+    cache_hits = property(lambda self: self.array("cache_hits"))
     shared_gate = property(lambda self: self.array("shared_gate"))
     hidden_norm = property(lambda self: self.array("hidden_norm"))
     phase_ns = property(lambda self: self.array("phase_ns"))
@@ -167,7 +184,9 @@ class RoutingRecord:
                                                            "hidden_norm", "phase_ns")),
                               int(b["token_ns"][p]), int(b["wall_ns"][p]),
                               bool(b["logits_finite"][p]), self.array("selection_scores")[p],
-                              self.array("chosen_groups")[p], self.array("bias_changed")[p])
+                              self.array("chosen_groups")[p], self.array("bias_changed")[p],
+                              *(self.array(n)[p] for n in ("cache_kept", "cache_margin",
+                                                           "fresh_ids", "cache_hits")))
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Every per-position array (read-only views), plus moe_layers."""
@@ -186,8 +205,10 @@ class RoutingRecord:
 
     def equals(self, other: RoutingRecord, timings: bool = True) -> bool:
         """Bit-identical rows (NaNs compared by bits); timings optional."""
-        if (self.n_positions, self.n_layers, self.k, self.n_experts, self.n_groups) != (
-                other.n_positions, other.n_layers, other.k, other.n_experts, other.n_groups):
+        if (self.n_positions, self.n_layers, self.k, self.n_experts, self.n_groups,
+                self.k_fresh, self.k_hits) != (
+                other.n_positions, other.n_layers, other.k, other.n_experts, other.n_groups,
+                other.k_fresh, other.k_hits):
             return False
         if not np.array_equal(self.moe_layers, other.moe_layers) or \
                 self.token_texts != other.token_texts:
@@ -213,8 +234,11 @@ class RoutingRecord:
                expert_weights: np.ndarray, router_logits: np.ndarray, shared_gate: np.ndarray,
                hidden_norm: np.ndarray, phase_ns: np.ndarray, token_ns: int, wall_ns: int = 0,
                logits_finite: bool = True, *, selection_scores: np.ndarray,
-               chosen_groups: np.ndarray, bias_changed: np.ndarray) -> int:
-        """Copy one position's rows in; returns its position."""
+               chosen_groups: np.ndarray, bias_changed: np.ndarray,
+               cache_kept: np.ndarray | None = None, cache_margin: np.ndarray | None = None,
+               fresh_ids: np.ndarray | None = None, cache_hits: np.ndarray | None = None) -> int:
+        """Copy one position's rows in; returns its position. The expert-caching rows default to
+        a run without it (nothing kept, NaN margins)."""
         if self._frozen:
             raise RuntimeError("a RoutingRecord snapshot is immutable")
         self._grow()
@@ -226,6 +250,12 @@ class RoutingRecord:
         b["selection_scores"][p] = selection_scores
         b["chosen_groups"][p] = chosen_groups
         b["bias_changed"][p] = bias_changed
+        b["cache_kept"][p] = False if cache_kept is None else cache_kept
+        b["cache_margin"][p] = np.nan if cache_margin is None else cache_margin
+        if self.k_fresh:
+            b["fresh_ids"][p] = fresh_ids
+        if self.k_hits:
+            b["cache_hits"][p] = cache_hits
         b["shared_gate"][p] = shared_gate
         b["hidden_norm"][p] = hidden_norm
         b["phase_ns"][p] = phase_ns
@@ -239,16 +269,21 @@ class RoutingRecord:
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], token_texts: Sequence[str],
                     n_layers: int) -> RoutingRecord:
-        """Rebuild a record (e.g. from a saved session). Without the LATER_ARRAYS (a file from
-        before format version 2) the selection scores are the router logits and no group is
-        kept, which is what version-1 models rank."""
+        """Rebuild a record (e.g. from a saved session). Without the LATER_ARRAYS (an older file)
+        the selection scores are the router logits and no group is kept, which is what
+        version-1 models rank, and the run had no expert caching."""
         ids = arrays["expert_ids"]
         arrays = dict(arrays)
         arrays.setdefault("selection_scores", arrays["router_logits"])
         arrays.setdefault("chosen_groups", np.zeros((*ids.shape[:2], 0), np.int32))
         arrays.setdefault("bias_changed", np.zeros(ids.shape[:2], np.bool_))
+        arrays.setdefault("cache_kept", np.zeros(ids.shape[:2], np.bool_))
+        arrays.setdefault("cache_margin", np.full(ids.shape[:2], np.nan, np.float32))
+        arrays.setdefault("fresh_ids", np.zeros((*ids.shape[:2], 0), np.int32))
+        arrays.setdefault("cache_hits", np.zeros((*ids.shape[:2], 0), np.bool_))
         rec = cls(arrays["moe_layers"], n_layers, ids.shape[2], arrays["router_logits"].shape[2],
-                  capacity=max(ids.shape[0], 1), n_groups=arrays["chosen_groups"].shape[2])
+                  capacity=max(ids.shape[0], 1), n_groups=arrays["chosen_groups"].shape[2],
+                  cached=arrays["fresh_ids"].shape[2] > 0, lru=arrays["cache_hits"].shape[2] > 0)
         n = int(ids.shape[0])
         if len(token_texts) != n:
             raise ValueError(f"{len(token_texts)} token texts for {n} positions")
@@ -296,7 +331,9 @@ class Debugger:
         self.session = Session(model, routing=settings.routing,  # type: ignore[arg-type]
                                epsilon=settings.epsilon, seed=settings.seed,
                                threads=settings.threads, max_context=settings.n_positions,
-                               trace=True, kernels=settings.kernels)
+                               trace=True, kernels=settings.kernels,
+                               cache_threshold=settings.cache_threshold,
+                               expert_cache=settings.expert_cache)
         # the path that runs: the last bits of every product (and so near-tie routing) depend on it
         self.kernels = self.session.kernels
         if settings.kernels is not None and self.kernels != settings.kernels:
@@ -312,7 +349,9 @@ class Debugger:
         k = int(trace.expert_ids.shape[2])
         self.record = RoutingRecord(trace.moe_layers, hp.n_layers, k, hp.n_experts,
                                     capacity=settings.n_positions,
-                                    n_groups=int(trace.chosen_groups.shape[2]))
+                                    n_groups=int(trace.chosen_groups.shape[2]),
+                                    cached=trace.fresh_ids.shape[2] > 0,
+                                    lru=trace.cache_hits.shape[2] > 0)
         self.events = EventList(self.record, hp.n_experts_active, group_limits(model))
         self.breakpoints = BreakpointList()
         self.cursor: int | None = None
@@ -400,7 +439,9 @@ class Debugger:
                            tr.phase_ns[p], int(tr.token_ns[p]), self.generation.call_ns,
                            bool(np.isfinite(logits).all()),
                            selection_scores=tr.selection_scores[p],
-                           chosen_groups=tr.chosen_groups[p], bias_changed=tr.bias_changed[p])
+                           chosen_groups=tr.chosen_groups[p], bias_changed=tr.bias_changed[p],
+                           cache_kept=tr.cache_kept[p], cache_margin=tr.cache_margin[p],
+                           fresh_ids=tr.fresh_ids[p], cache_hits=tr.cache_hits[p])
         new = self.events.sync()
         if len(new):
             self.cursor = new[0]

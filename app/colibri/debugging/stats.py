@@ -9,6 +9,8 @@ Routing:
                           variation (std / mean of the loads) is given alongside.
   * `co_selection`      - [moe_layers, n_experts, n_experts] positions where experts i and j were
                           both chosen (the diagonal is the load).
+  * `cache_summary`     - expert caching over the record, one MoE layer or all: the LRU's hits
+                          and lookups, and the decisions cached routing kept.
 Latency (`LatencySeries`):
   * per position: engine time (token_ns) and per-layer phases; percentiles p50/p95/p99 of token
     time over the last `window` positions (all when None), and tokens per second
@@ -84,6 +86,44 @@ def co_selection(record: RoutingRecord) -> np.ndarray:
     return np.einsum("pmi,pmj->mij", onehot, onehot)
 
 
+@dataclass(frozen=True)
+class CacheSummary:
+    """Expert caching over a record's positions: LRU hits of `lookups` (both 0 without an
+    expert cache), and the routing decisions cached routing kept of `decisions`."""
+
+    lru: bool
+    hits: int
+    lookups: int
+    cached: bool
+    kept: int
+    decisions: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else float("nan")
+
+    def describe(self) -> str:
+        """One line: the hit rate and the kept decisions ('' without expert caching)."""
+        parts = []
+        if self.lru:
+            rate = f"{100 * self.hit_rate:.1f} %" if self.lookups else "-"
+            parts.append(f"expert cache: {rate} hits ({self.hits}/{self.lookups})")
+        if self.cached:
+            parts.append(f"cached routing kept {self.kept} of {self.decisions}")
+        return "   ".join(parts)
+
+
+def cache_summary(record: RoutingRecord, moe_index: int | None = None) -> CacheSummary:
+    """Expert caching at one MoE layer (all when None) over every position of the record."""
+    cols = slice(None) if moe_index is None else slice(moe_index, moe_index + 1)
+    ids = record.expert_ids[:, cols]
+    hits = record.cache_hits[:, cols]
+    looked = ids[..., :hits.shape[2]] >= 0
+    kept = record.cache_kept[:, cols]
+    return CacheSummary(record.k_hits > 0, int(hits[looked].sum()), int(looked.sum()),
+                        record.k_fresh > 0, int(kept.sum()), int(kept.size))
+
+
 def tokens_by_expert(record: RoutingRecord, moe_index: int) -> list[tuple[str, int]]:
     """The text of each position with its top-1 expert at one MoE layer (prompt colouring)."""
     ids = record.expert_ids
@@ -140,5 +180,5 @@ class LatencySeries:
         return a if window is None else a[max(a.size - window, 0):]
 
 
-__all__ = ["LatencySeries", "RoutingMatrix", "co_selection", "expert_load", "load_balance",
-           "routing_matrix", "tokens_by_expert"]
+__all__ = ["CacheSummary", "LatencySeries", "RoutingMatrix", "cache_summary", "co_selection",
+           "expert_load", "load_balance", "routing_matrix", "tokens_by_expert"]

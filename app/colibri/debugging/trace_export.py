@@ -8,7 +8,8 @@ positions, thread 2 "decode" the generated ones):
           * X "attention", "router", "experts", "combine" (MoE layers) or "attention", "mlp"
             (dense layers: the rest of the layer) - nested, packed in that order. The router
             slice's args carry the routing decision: layer, position, token, experts, weights,
-            logits of the chosen experts, margin (and in ULPs), hidden_norm, shared_gate.
+            logits of the chosen experts, margin (and in ULPs), hidden_norm, shared_gate;
+            under expert caching cache_kept, cache_margin, fresh_experts and cache_hits.
   * i "routing change"  - thread instant at the router slice of a (position, layer) whose chosen
                           set differs from the previous position's.
   * C "throughput"      - counter {"tokens_per_s": 1e9 / token_ns} at each token's start.
@@ -116,6 +117,13 @@ def chrome_trace(events: EventList, settings: RunSettings | None = None,
                         "shared_gate": _finite(float(rec.shared_gate[p, m])),
                         "routing": routing, "epsilon": epsilon,
                     }
+                    if rec.k_fresh:
+                        s["args"]["cache_kept"] = bool(rec.cache_kept[p, m])
+                        s["args"]["cache_margin"] = _finite(float(rec.cache_margin[p, m]))
+                        s["args"]["fresh_experts"] = [int(e) for e in rec.fresh_ids[p, m]
+                                                      if e >= 0]
+                    if rec.k_hits:
+                        s["args"]["cache_hits"] = [bool(h) for h in rec.cache_hits[p, m][keep]]
                     if changed[p, m]:
                         slices.append({"name": "routing change", "cat": "routing", "ph": "i",
                                        "s": "t", "ts": _us(t), "pid": PID, "tid": tid,
@@ -202,11 +210,13 @@ def check_trace_events(doc: Any) -> list[str]:
 # CSV
 
 CSV_COLUMNS = ("position", "token", "text", "layer", "rank", "expert", "weight", "logit",
-               "margin", "margin_ulps")
+               "margin", "margin_ulps", "cache_kept", "cache_hit")
 
 
 def routing_rows(events: EventList) -> Iterable[tuple[Any, ...]]:
-    """One row per (position, MoE layer, rank) of a chosen expert."""
+    """One row per (position, MoE layer, rank) of a chosen expert. cache_kept (cached routing
+    kept the previous experts: 0/1) and cache_hit (the expert was resident: 0/1) are empty for a
+    run without them."""
     rec = events.record
     margins, ulps = events.margins, events.margin_ulps
     for p in range(events.n_positions):
@@ -215,12 +225,14 @@ def routing_rows(events: EventList) -> Iterable[tuple[Any, ...]]:
             ids = rec.expert_ids[p, m]
             margin = float(margins[p, m])
             u = int(ulps[p, m]) if math.isfinite(margin) else ""
+            kept = int(rec.cache_kept[p, m]) if rec.k_fresh else ""
             for rank, e in enumerate(ids):
                 if e < 0:
                     continue
+                hit = int(rec.cache_hits[p, m, rank]) if rec.k_hits else ""
                 yield (p, int(rec.tokens[p]), text, int(layer), rank, int(e),
                        repr(float(rec.expert_weights[p, m, rank])),
-                       repr(float(rec.router_logits[p, m, e])), repr(margin), u)
+                       repr(float(rec.router_logits[p, m, e])), repr(margin), u, kept, hit)
 
 
 def write_routing_csv(path: str | os.PathLike[str], events: EventList) -> int:

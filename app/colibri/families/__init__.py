@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from colibri.families import (deepseek_v2, deepseek_v3, ernie4_5_moe, glm4_moe, gpt_oss, llama4,
-                              mixtral, olmoe, qwen2_moe, qwen3_moe)
+from colibri.families import (common, dbrx, deepseek_v2, deepseek_v3, ernie4_5_moe, glm4_moe,
+                              gpt_oss, granitemoe, granitemoeshared, llama4, mixtral, olmoe,
+                              phimoe, qwen2_moe, qwen3_moe)
 from colibri.families.common import (Architecture, Config, ConversionError, Planner, check_limits,
                                      tokens_in_vocab)
 
@@ -24,15 +25,19 @@ class Family:
     architecture: Callable[[Config], Architecture]
     layer_tensors: Callable[[Planner, Architecture, int], None]
     aliases: dict[str, str] = field(default_factory=dict)      # attribute_map spellings
+    # token_embd, and the final norm with the LM head (a module's own when its names differ)
+    embedding_tensors: Callable[[Planner, Architecture], None] = common.embeddings
+    head_tensors: Callable[[Planner, Architecture], None] = common.head
 
 
 # A module may also read checkpoints of other model types (OTHER_MODEL_TYPES: Llama 4's
 # multimodal `llama4` beside its `llama4_text`); its architecture() tells them apart.
 FAMILIES: dict[str, Family] = {
     model_type: Family(model_type, module.DEFAULTS, module.architecture, module.layer_tensors,
-                       module.ALIASES)
+                       module.ALIASES, getattr(module, "embedding_tensors", common.embeddings),
+                       getattr(module, "head_tensors", common.head))
     for module in (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe,
-                   ernie4_5_moe, gpt_oss, llama4)
+                   ernie4_5_moe, gpt_oss, llama4, phimoe, granitemoe, granitemoeshared, dbrx)
     for model_type in (module.MODEL_TYPE, *getattr(module, "OTHER_MODEL_TYPES", ()))
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)

@@ -17,9 +17,9 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from colibri.fileformat import (
-    ATTENTION_MLA, FLAG_O_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS,
-    FLAG_TIED_EMBEDDINGS, LAYER_FULL, LAYER_SLIDING, ROPE_DEFAULT, ROPE_LINEAR, ROPE_LLAMA3,
-    ROPE_YARN, LayerAttention, RouteRule,
+    ATTENTION_MLA, FLAG_O_BIAS, FLAG_OUTPUT_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
+    FLAG_QKV_BIAS, FLAG_TIED_EMBEDDINGS, LAYER_FULL, LAYER_SLIDING, NORM_KIND_LAYER_BIAS,
+    ROPE_DEFAULT, ROPE_LINEAR, ROPE_LLAMA3, ROPE_YARN, LayerAttention, RouteRule,
 )
 from colibri.values import HParams
 
@@ -347,6 +347,12 @@ class Planner(Protocol):
     def single(self, name: str, hf_name: str, shape: tuple[int, ...], force_f32: bool = False,
                source_shape: tuple[int, ...] | None = None) -> None: ...
 
+    def part(self, name: str, hf_name: str, source_shape: tuple[int, ...], rows: slice,
+             shape: tuple[int, ...]) -> None: ...
+
+    def expert_rows(self, name: str, hf_name: str, n_experts: int, rows: int, cols: int,
+                    transpose: bool = False) -> None: ...
+
     def stacked(self, name: str, hf_names: Sequence[str], shape: tuple[int, ...]) -> None: ...
 
     def fused_experts(self, dst: str, gate_up: str, down: str, n_experts: int, d_ff: int,
@@ -368,17 +374,28 @@ def embeddings(p: Planner, a: Architecture) -> None:
     p.single("token_embd", "model.embed_tokens.weight", (V, H))
 
 
-def head(p: Planner, a: Architecture) -> None:
+def head(p: Planner, a: Architecture, norm: str = "model.norm") -> None:
+    """The final norm (its bias with a biased LayerNorm) and the LM head (its bias when the
+    OUTPUT_BIAS flag says so) from `{norm}.weight` / `.bias` and `lm_head.weight` / `.bias`."""
     V, H = a.hp.vocab_size, a.hp.d_model
-    p.single("output_norm", "model.norm.weight", (H,))
+    p.single("output_norm", f"{norm}.weight", (H,))
+    if a.hp.norm_kind == NORM_KIND_LAYER_BIAS:
+        p.single("output_norm_bias", f"{norm}.bias", (H,))
     if not a.hp.flags & FLAG_TIED_EMBEDDINGS:
         p.single("output", "lm_head.weight", (V, H))
+    if a.hp.flags & FLAG_OUTPUT_BIAS:
+        p.single("output_bias", "lm_head.bias", (V,))
 
 
-def norms(p: Planner, a: Architecture, layer: int) -> None:
-    H, src = a.hp.d_model, f"model.layers.{layer}"
-    p.single(f"layers.{layer}.attn_norm", f"{src}.input_layernorm.weight", (H,))
-    p.single(f"layers.{layer}.ffn_norm", f"{src}.post_attention_layernorm.weight", (H,))
+def norms(p: Planner, a: Architecture, layer: int, attn: str = "input_layernorm",
+          ffn: str = "post_attention_layernorm", src: str | None = None) -> None:
+    """attn_norm and ffn_norm (and their biases with a biased LayerNorm) from
+    `{src}.{attn}.weight` and `{src}.{ffn}.weight`, src `model.layers.L` by default."""
+    H, src = a.hp.d_model, src or f"model.layers.{layer}"
+    for dst, name in (("attn_norm", attn), ("ffn_norm", ffn)):
+        p.single(f"layers.{layer}.{dst}", f"{src}.{name}.weight", (H,))
+        if a.hp.norm_kind == NORM_KIND_LAYER_BIAS:
+            p.single(f"layers.{layer}.{dst}_bias", f"{src}.{name}.bias", (H,))
 
 
 def gqa_attention(p: Planner, a: Architecture, layer: int) -> None:
@@ -485,6 +502,14 @@ def shared_expert(p: Planner, a: Architecture, layer: int, prefix: str) -> None:
     p.single(f"{dst}.shared_w1", f"{prefix}.gate_proj.weight", (S, H))
     p.single(f"{dst}.shared_w2", f"{prefix}.down_proj.weight", (H, S))
     p.single(f"{dst}.shared_w3", f"{prefix}.up_proj.weight", (S, H))
+
+
+def silu_only(cfg: Config, key: str = "hidden_act") -> None:
+    """The experts' activation: the engine runs SwiGLU with SiLU (transformers' "silu")."""
+    act = cfg.get(key)
+    if act not in ("silu", "swish"):
+        raise ConversionError(f"config.json: {key} = {act!r} is not supported (the engine's "
+                              "experts compute silu(gate) * up)")
 
 
 def refuse(cfg: Config, key: str, why: str) -> None:

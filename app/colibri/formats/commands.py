@@ -136,7 +136,7 @@ def _dump(args: argparse.Namespace, fmt: str) -> int:
     t = f.tensor_info(args.tensor)
     try:
         values = f.tensor_f32(args.tensor)
-    except (ColibriError, ValueError, NotImplementedError) as exc:
+    except (ColibriError, ValueError) as exc:
         _err(f"{args.tensor}: cannot read values: {exc}")
         return EXIT_INVALID
     where = f", file {t.path}" if fmt == "safetensors" and t.path else ""

@@ -58,6 +58,8 @@ class Findings:
         if len(self.items) >= MAX_PROBLEMS:
             self.dropped += 1
             return
+        # the tensor is a field of its own, shown beside the message (as engine.Problem does)
+        message = message.removeprefix(f"tensor '{tensor}': ") if tensor else message
         self.items.append(Problem(code, errors.status_name(code), severity, int(offset), tensor,
                                   message))
 

@@ -38,7 +38,7 @@ _RAW_SHOWN = 16                                # raw bytes shown before eliding
 _BYTE_COUNTS = frozenset({"tokenizer_size", "metadata_size", "file_size"})
 
 FLAG_NAMES = ("NORM_TOPK", "TIED_EMBEDDINGS", "SHARED_EXPERT", "SHARED_EXPERT_GATE", "QKV_BIAS",
-              "O_BIAS", "QK_NORM_HEAD", "QK_NORM_FULL")
+              "O_BIAS", "QK_NORM_HEAD", "QK_NORM_FULL", "OUTPUT_BIAS")
 GROUP_TITLES = {"identity": "Identity", "hyper-parameters": "Hyper-parameters (header)",
                 "sections": "Sections", "rope": "RoPE", "tokens": "Special tokens",
                 "integrity": "Integrity", "reserved": "Reserved"}

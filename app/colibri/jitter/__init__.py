@@ -1,12 +1,15 @@
 """The routing-jitter lab (Qt-free): run a model under real numerics variants on a fixed token
-sequence, find the fragile top-k decisions, and measure what a stable-top-k epsilon costs.
+sequence, find the fragile top-k decisions, measure what a stable-top-k epsilon costs, and
+compare the remedies (stable top-k, soft routing, expert caching).
 
     with Runner.open("model.colibri") as r:          # or Runner(model) on an open Model
         tokens = r.greedy_sequence(prompt_ids, 16)
         report = analyze_jitter(r, tokens)          # JitterReport
         sweep = analyze_epsilon(r, tokens)          # EpsilonReport
+        remedies = analyze_remedies(r, tokens)      # RemedyReport
 
-Definitions are in colibri.jitter.analysis; variant spelling in colibri.jitter.variants.
+Definitions are in colibri.jitter.analysis and colibri.jitter.remedies; variant spelling in
+colibri.jitter.variants.
 """
 
 from colibri.jitter.analysis import (BASELINE, DEFAULT_EPS, Downstream, EpsilonReport,
@@ -14,10 +17,12 @@ from colibri.jitter.analysis import (BASELINE, DEFAULT_EPS, Downstream, EpsilonR
                                      analyze_jitter, margins, ordered_int, parse_eps,
                                      report_json, selection_order, ulp_bin, ulp_bin_label,
                                      ulp_bins)
+from colibri.jitter.remedies import (Remedy, RemedyReport, RemedyRow, analyze_remedies,
+                                     parse_thresholds)
 from colibri.jitter.variants import DEFAULT_VARIANTS, Variant, parse_variants
 
 __all__ = ["BASELINE", "DEFAULT_EPS", "DEFAULT_VARIANTS", "Downstream",
-           "EpsilonReport", "EpsilonRow", "JitterReport", "Run", "Runner", "Variant",
-           "analyze_epsilon", "analyze_jitter", "margins", "ordered_int", "parse_eps",
-           "parse_variants", "report_json", "selection_order", "ulp_bin", "ulp_bin_label",
-           "ulp_bins"]
+           "EpsilonReport", "EpsilonRow", "JitterReport", "Remedy", "RemedyReport", "RemedyRow",
+           "Run", "Runner", "Variant", "analyze_epsilon", "analyze_jitter", "analyze_remedies",
+           "margins", "ordered_int", "parse_eps", "parse_thresholds", "parse_variants",
+           "report_json", "selection_order", "ulp_bin", "ulp_bin_label", "ulp_bins"]

@@ -43,11 +43,11 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from colibri.engine import Model, Session
+from colibri.engine import CacheStats, Model, Session
 from colibri.jitter.variants import Variant, parse_variants
 from colibri.margins import (Decisions, GroupLimit, group_limits, ordered_keys,
                              selection_margins)
@@ -145,6 +145,7 @@ class Run:
     selection_scores: np.ndarray
     chosen_groups: np.ndarray
     kernels: str = ""                        # the kernel path the run's session ran
+    cache: CacheStats | None = None          # the session's expert-caching counts
 
     @property
     def sets(self) -> np.ndarray:
@@ -198,24 +199,29 @@ class Runner:
             self._owned.append(copy)
         return self._models[variant.weights]
 
-    def check(self, variants: Sequence[Variant] = (), eps: Sequence[float] = ()) -> None:
-        """Ask the engine, before anything runs, whether it takes every variant's numerics and
-        every stable-routing epsilon (col_session_config_check, nothing allocated); raises its
-        ColibriValueError otherwise."""
+    def check(self, variants: Sequence[Variant] = (), eps: Sequence[float] = (),
+              routings: Sequence[dict[str, Any]] = ()) -> None:
+        """Ask the engine, before anything runs, whether it takes every variant's numerics,
+        every stable-routing epsilon and every routing setting (Runner.run's keywords)
+        (col_session_config_check, nothing allocated); raises its ColibriValueError otherwise."""
         for v in variants:
             Session.memory_estimate(self.model, numerics=v.numerics, kernels=v.kernels,
                                     threads=self.threads)
         for e in eps:
             Session.memory_estimate(self.model, routing="stable", epsilon=e, threads=self.threads)
+        for r in routings:
+            Session.memory_estimate(self.model, threads=self.threads, **r)
 
     def run(self, tokens: Sequence[int], variant: Variant | None = None, routing: str = "topk",
-            epsilon: float = 0.0, seed: int = 0) -> Run:
+            epsilon: float = 0.0, seed: int = 0, cache_threshold: float = 0.0,
+            expert_cache: int = 0) -> Run:
         """One teacher-forced pass: `tokens` in one prefill (every position's logits)."""
         variant = variant or Variant()
         model = self.model_for(variant)
         with Session(model, routing=routing, epsilon=epsilon, seed=seed, threads=self.threads,
                      max_context=len(tokens), trace=True, numerics=variant.numerics,
-                     kernels=variant.kernels) as s:
+                     kernels=variant.kernels, cache_threshold=cache_threshold,
+                     expert_cache=expert_cache) as s:
             if variant.kernels is not None and s.kernels != variant.kernels:
                 raise ValueError(f"variant {variant.name}: this machine runs no {variant.kernels} "
                                  f"kernels (it ran {s.kernels})")
@@ -224,7 +230,8 @@ class Runner:
             assert trace is not None
             return Run(BASELINE if variant.is_baseline else variant.name, logits,
                        np.array(trace.expert_ids), np.array(trace.router_logits),
-                       np.array(trace.selection_scores), np.array(trace.chosen_groups), s.kernels)
+                       np.array(trace.selection_scores), np.array(trace.chosen_groups), s.kernels,
+                       s.cache_stats())
 
     def greedy_sequence(self, prompt: Sequence[int], n_generate: int) -> list[int]:
         """prompt + the baseline's greedy continuation of n_generate tokens (stops after EOS)."""
@@ -237,11 +244,12 @@ class Runner:
 # jitter report
 
 
-def _ints(a: np.ndarray) -> list[Any]:
+def json_ints(a: np.ndarray) -> list[Any]:
+    """int arrays -> nested lists (the reports' JSON)."""
     return np.asarray(a).tolist()
 
 
-def _floats(a: np.ndarray) -> list[Any]:
+def json_floats(a: np.ndarray) -> list[Any]:
     """float arrays -> nested lists of Python floats (inf/nan as strings, JSON-safe)."""
     def conv(x: Any) -> Any:
         if isinstance(x, list):
@@ -251,7 +259,8 @@ def _floats(a: np.ndarray) -> list[Any]:
     return conv(np.asarray(a, dtype=np.float64).tolist())
 
 
-def _unfloats(a: Any, dtype: Any = np.float64) -> np.ndarray:
+def from_json_floats(a: Any, dtype: Any = np.float64) -> np.ndarray:
+    """json_floats' lists back to an array ('inf'/'nan' strings included)."""
     def conv(x: Any) -> Any:
         if isinstance(x, list):
             return [conv(v) for v in x]
@@ -268,7 +277,10 @@ class Downstream:
 
     @classmethod
     def between(cls, base: Run, other: Run) -> Downstream:
-        differ = (base.sets != other.sets).any(axis=(1, 2))
+        if base.sets.shape == other.sets.shape:
+            differ = (base.sets != other.sets).any(axis=(1, 2))
+        else:  # another number of experts per decision (soft routing): every position differs
+            differ = np.ones(base.sets.shape[0], dtype=bool)
         tokens = np.argmax(base.logits, axis=-1) != np.argmax(other.logits, axis=-1)
         max_abs, kl = logit_divergence(base.logits, other.logits)
         return cls(_first(differ), _first(tokens), max_abs, kl)
@@ -276,14 +288,14 @@ class Downstream:
     def to_dict(self) -> dict[str, Any]:
         return {"first_expert_divergence": self.first_expert_divergence,
                 "first_token_divergence": self.first_token_divergence,
-                "max_abs": _floats(self.max_abs), "kl": _floats(self.kl),
+                "max_abs": json_floats(self.max_abs), "kl": json_floats(self.kl),
                 "max_abs_max": float(self.max_abs.max()) if self.max_abs.size else 0.0,
                 "kl_max": float(self.kl.max()) if self.kl.size else 0.0}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Downstream:
         return cls(d["first_expert_divergence"], d["first_token_divergence"],
-                   _unfloats(d["max_abs"]), _unfloats(d["kl"]))
+                   from_json_floats(d["max_abs"]), from_json_floats(d["kl"]))
 
 
 @dataclass
@@ -380,12 +392,12 @@ class JitterReport:
             "model": self.model, "tokens": list(self.tokens), "n_prompt": self.n_prompt,
             "moe_layers": list(self.moe_layers), "n_experts": self.n_experts, "k": self.k,
             "threads": self.threads, "kernels": self.kernels, "variants": list(self.variants),
-            "sets": {n: _ints(self.sets[n]) for n in names},
-            "router_logits": {n: _floats(self.router_logits[n]) for n in names},
-            "selection_scores": {n: _floats(self.selection_scores[n]) for n in names},
-            "margin_abs": _floats(self.margin_abs), "margin_ulps": _ints(self.margin_ulps),
-            "flips": {n: _ints(self.flips(n).astype(np.int8)) for n in self.variants},
-            "cell_flip_rate": _floats(self.cell_flip_rate()),
+            "sets": {n: json_ints(self.sets[n]) for n in names},
+            "router_logits": {n: json_floats(self.router_logits[n]) for n in names},
+            "selection_scores": {n: json_floats(self.selection_scores[n]) for n in names},
+            "margin_abs": json_floats(self.margin_abs), "margin_ulps": json_ints(self.margin_ulps),
+            "flips": {n: json_ints(self.flips(n).astype(np.int8)) for n in self.variants},
+            "cell_flip_rate": json_floats(self.cell_flip_rate()),
             "flip_rate": self.flip_rate(),
             "flips_vs_margin": self.flips_vs_margin(),
             "downstream": {n: self.downstream[n].to_dict() for n in self.variants},
@@ -400,21 +412,29 @@ class JitterReport:
         return cls(d["model"], list(d["tokens"]), d["n_prompt"], list(d["moe_layers"]),
                    d["n_experts"], d["k"], d["threads"], list(d["variants"]),
                    {n: np.asarray(d["sets"][n], dtype=np.int32) for n in names},
-                   {n: _unfloats(d["router_logits"][n], np.float32) for n in names},
-                   _unfloats(d["margin_abs"]), np.asarray(d["margin_ulps"], dtype=np.int64),
+                   {n: from_json_floats(d["router_logits"][n], np.float32) for n in names},
+                   from_json_floats(d["margin_abs"]), np.asarray(d["margin_ulps"], dtype=np.int64),
                    {n: Downstream.from_dict(d["downstream"][n]) for n in d["variants"]},
                    d.get("kernels", ""),
-                   {n: _unfloats(d["selection_scores"][n], np.float32) for n in names}
+                   {n: from_json_floats(d["selection_scores"][n], np.float32) for n in names}
                    if "selection_scores" in d else {})
 
 
-def report_json(report: JitterReport | EpsilonReport) -> bytes:
+class Reportable(Protocol):
+    """A lab report: JitterReport, EpsilonReport, colibri.jitter.remedies.RemedyReport."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def report_json(report: Reportable) -> bytes:
     """A report as JSON bytes: sorted keys, no whitespace, no timestamps, so the same inputs give
     the same bytes (what `colibri jitter --json` writes and the lab saves)."""
     return json.dumps(report.to_dict(), sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
-def _report_base(runner: Runner, tokens: Sequence[int]) -> dict[str, Any]:
+def report_base(runner: Runner, tokens: Sequence[int]) -> dict[str, Any]:
+    """What every report states about its model and sequence (file name, tokens, MoE layers,
+    experts, top-k, threads)."""
     hp = runner.model.hparams
     moe = [layer for layer in range(hp.n_layers) if runner.model.routing(layer).kind == "moe"]
     return {"model": os.path.basename(runner.path), "tokens": [int(t) for t in tokens],
@@ -449,7 +469,7 @@ def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Var
         selection[run.name] = run.selection_scores
         downstream[run.name] = Downstream.between(base, run)
     progress(total, total, "done")
-    info = _report_base(runner, tokens)
+    info = report_base(runner, tokens)
     return JitterReport(info["model"], info["tokens"],
                         len(tokens) if n_prompt is None else n_prompt, info["moe_layers"],
                         info["n_experts"], info["k"], info["threads"], names, sets, router,
@@ -481,10 +501,10 @@ class EpsilonRow:
         return int(self.bias_cells.sum())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"eps": self.eps, "sets": _ints(self.sets),
-                "jitter_left": self.jitter_left, "jitter_cells": _ints(np.argwhere(self.jitter_cells)),
+        return {"eps": self.eps, "sets": json_ints(self.sets),
+                "jitter_left": self.jitter_left, "jitter_cells": json_ints(np.argwhere(self.jitter_cells)),
                 "variant_flips": dict(self.variant_flips),
-                "bias": self.n_bias, "bias_cells": _ints(np.argwhere(self.bias_cells)),
+                "bias": self.n_bias, "bias_cells": json_ints(np.argwhere(self.bias_cells)),
                 "bias_downstream": self.bias.to_dict(),
                 "jitter_max_abs": self.jitter_max_abs, "jitter_kl_max": self.jitter_kl_max,
                 "jitter_first_token_divergence": self.jitter_first_token_divergence}
@@ -525,7 +545,7 @@ class EpsilonReport:
 
     def changed_decisions(self, row: EpsilonRow) -> list[dict[str, Any]]:
         return [{"position": int(p), "layer": self.moe_layers[m], "layer_index": int(m),
-                 "plain": _ints(self.plain_sets[p, m]), "stable": _ints(row.sets[p, m])}
+                 "plain": json_ints(self.plain_sets[p, m]), "stable": json_ints(row.sets[p, m])}
                 for p, m in np.argwhere(row.bias_cells)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -535,7 +555,7 @@ class EpsilonReport:
             "model": self.model, "tokens": list(self.tokens), "n_prompt": self.n_prompt,
             "moe_layers": list(self.moe_layers), "n_experts": self.n_experts, "k": self.k,
             "threads": self.threads, "kernels": self.kernels, "variants": list(self.variants),
-            "plain_sets": _ints(self.plain_sets),
+            "plain_sets": json_ints(self.plain_sets),
             "rows": [r.to_dict() for r in self.rows],
             "curve": [{"eps": r.eps, "jitter_left": r.jitter_left, "bias": r.n_bias}
                       for r in self.rows],
@@ -614,7 +634,7 @@ def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] 
         rows.append(EpsilonRow(e, base.sets, jitter, flips, bias_cells,
                                Downstream.between(plain, base), max_abs, kl_max, first_tok))
     progress(total, total, "done")
-    info = _report_base(runner, tokens)
+    info = report_base(runner, tokens)
     return EpsilonReport(info["model"], info["tokens"],
                          len(tokens) if n_prompt is None else n_prompt, info["moe_layers"],
                          info["n_experts"], info["k"], info["threads"], names, plain.sets, rows,

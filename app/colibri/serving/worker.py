@@ -35,7 +35,7 @@ import numpy as np
 
 from colibri.engine import Model, Session
 from colibri.errors import ColibriError, ColibriFileChangedError
-from colibri.generation import Generation
+from colibri.generation import Generation, History
 from colibri.reload import HotModel, session_swapper
 from colibri.serving.traces import RequestTrace
 from colibri.tokens import token_text
@@ -247,7 +247,7 @@ class EngineWorker:
         unusable until one appears (reported once per distinct reason)."""
         self._reported = None
         try:
-            self._swapped(self._swap(self._session, [], False), 0)
+            self._swapped(self._swap(self._session, History(), False), 0)
         except ColibriFileChangedError as exc:
             if self.error != str(exc):
                 self.error = str(exc)
@@ -256,9 +256,9 @@ class EngineWorker:
         if self.error is not None and self._reported is None:
             self.error = None
 
-    def _job_swap(self, trace: RequestTrace) -> Callable[[Session, list[int], bool],
+    def _job_swap(self, trace: RequestTrace) -> Callable[[Session, History, bool],
                                                          Session | None]:
-        def swap(session: Session, history: list[int], changed: bool) -> Session | None:
+        def swap(session: Session, history: History, changed: bool) -> Session | None:
             self._reported = None
             fresh = self._swapped(self._swap(session, history, changed), len(history))
             if fresh is not None:

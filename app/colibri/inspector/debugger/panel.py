@@ -31,11 +31,13 @@ from colibri.debugging.events import Event, EventList
 from colibri.debugging.run import token_piece
 from colibri.debugging.session_file import SUFFIX, SavedSession, load_session, save_session
 from colibri.debugging.trace_export import write_chrome_trace, write_routing_csv
+from colibri.debugging.stats import cache_summary
 from colibri.inspector.debugger.run_panel import QtRunPanel
 from colibri.inspector.debugger.views import (QtBreakpointList, QtEventList, QtLatencyView,
                                               QtRoutingHeatmap, QtTokenView)
 from colibri.inspector.debugger.worker import DebuggerController, DebuggerSnapshot
 from colibri.inspector.prompt import example_prompt
+from colibri.inspector.refdiff import QtReferenceDiffDialog
 
 REPAINT_MS = 33
 
@@ -55,6 +57,7 @@ class QtDebuggerPanel(QWidget):
         self.snapshot: DebuggerSnapshot | None = None
         self.selected: int | None = None
         self.saved: SavedSession | None = None
+        self.reference_diff: QtReferenceDiffDialog | None = None
         self.controller = DebuggerController(self, step_delay_s=step_delay_s,
                                              autosave_path=autosave_path)
         self.run_panel = QtRunPanel(self)
@@ -91,7 +94,10 @@ class QtDebuggerPanel(QWidget):
                 ("Save session", self.save_dialog, "save the run (Ctrl+Shift+S)"),
                 ("Open session", self.open_dialog, "view a saved run"),
                 ("Export trace", self.export_trace_dialog, "Chrome Trace JSON (ui.perfetto.dev)"),
-                ("Export CSV", self.export_csv_dialog, "every routing decision as CSV")):
+                ("Export CSV", self.export_csv_dialog, "every routing decision as CSV"),
+                ("Reference diff", self.open_reference_diff,
+                 "this file against its Hugging Face checkpoint run in transformers, layer by "
+                 "layer")):
             action = self.toolbar.addAction(text)
             action.setToolTip(tip)
             action.triggered.connect(lambda _checked=False, f=slot: f())
@@ -170,6 +176,8 @@ class QtDebuggerPanel(QWidget):
         self.model = model
         self._rules = RuleBook(model) if model is not None else None
         self.token_view.set_rules(self._rules)
+        if self.reference_diff is not None:
+            self.reference_diff.page.set_model(model)
         tok = model.tokenizer if model is not None else None
         if tok is None:
             self.run_panel.set_tokenizer(None)
@@ -178,6 +186,8 @@ class QtDebuggerPanel(QWidget):
                 ids = tok.encode(text).ids
                 return [(i, token_piece(tok, i)) for i in ids]
             self.run_panel.set_tokenizer(tokenize)
+        if model is not None:
+            self.run_panel.set_n_experts(model.hparams.n_experts)
         if model is not None and not self.run_panel.prompt.text():
             self.run_panel.prompt.setText(example_prompt(model))
         self._set_status(f"model {os.path.basename(model.path)}" if model is not None
@@ -228,6 +238,20 @@ class QtDebuggerPanel(QWidget):
 
     def shutdown(self) -> None:
         self.controller.shutdown()
+        if self.reference_diff is not None:
+            self.reference_diff.page.shutdown()
+
+    def open_reference_diff(self) -> QtReferenceDiffDialog | None:
+        """The reference diff window on this model (one per panel), the run's prompt in it."""
+        if self.model is None:
+            self._set_status("no model: open one first")
+            return None
+        if self.reference_diff is None:
+            self.reference_diff = QtReferenceDiffDialog(self)
+        self.reference_diff.page.set_model(self.model, self.run_panel.prompt.text())
+        self.reference_diff.show()
+        self.reference_diff.raise_()
+        return self.reference_diff
 
     # -- snapshots ------------------------------------------------------------------------------
 
@@ -235,9 +259,10 @@ class QtDebuggerPanel(QWidget):
         self.saved = None  # live data replaces a saved session on view
         self.snapshot = snap
         state = "running" if snap.running else (snap.stop_reason or "ready")
+        caching = cache_summary(snap.record).describe()
         self.run_panel.set_status(f"{snap.record.n_positions}/{snap.settings.n_positions} "
                                   f"positions, {state} ({snap.kernels} kernels); generated: "
-                                  f"{snap.generated_text!r}")
+                                  f"{snap.generated_text!r}" + (f"; {caching}" if caching else ""))
         self.selected = snap.cursor
         if not self._timer.isActive():
             self._timer.start()

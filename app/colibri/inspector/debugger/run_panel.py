@@ -1,14 +1,15 @@
-"""`QtRunPanel`: what to run (prompt, its tokenisation, decoding, routing, threads, kernel
-path) and the run/step buttons. It only builds `RunSettings` and emits commands; it never touches
-the engine."""
+"""`QtRunPanel`: what to run (prompt, its tokenisation, decoding, routing, expert caching,
+threads, kernel path) and the run/step buttons. It only builds `RunSettings` and emits commands;
+it never touches the engine."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout, QLabel,
-                               QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout,
+                               QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout,
+                               QWidget)
 
 from colibri.inspector.prompt import (NO_TOKENIZER, QtPromptEdit, QtTokenPieces, placeholder,
                                       token_ids)
@@ -49,6 +50,17 @@ class QtRunPanel(QWidget):
         self.routing.addItems(list(ROUTING_MODES))
         self.epsilon = QLineEdit(self)
         self.epsilon.setPlaceholderText("model default")
+        self.cache_threshold = QLineEdit(self)
+        self.cache_threshold.setPlaceholderText("cached routing")
+        self.cache_threshold.setToolTip(
+            "cached routing keeps a layer's previous experts while the new top-k's margin over "
+            "them (selection scores gained minus dropped) is below this")
+        self.expert_cache = QSpinBox(self)
+        self.expert_cache.setRange(0, 4096)
+        self.expert_cache.setSpecialValueText("none")
+        self.expert_cache.setToolTip("an LRU of this many resident experts per MoE layer: its "
+                                     "hits and misses per decision, the hit rate in the routing "
+                                     "map")
         self.threads = QSpinBox(self)
         self.threads.setRange(1, 256)
         self.kernels = QComboBox(self)
@@ -64,9 +76,18 @@ class QtRunPanel(QWidget):
         form.addRow("Decoding", self.decoding)
         form.addRow("Seed", self.seed)
         form.addRow("Temperature", self.temperature)
-        form.addRow("Routing", self.routing)
+        # the caching settings share rows, so the form keeps its height at 1280x800
+        routing_row = QHBoxLayout()
+        routing_row.addWidget(self.routing)
+        routing_row.addWidget(QLabel("threshold", self))
+        routing_row.addWidget(self.cache_threshold, 1)
+        form.addRow("Routing", routing_row)
         form.addRow("Epsilon", self.epsilon)
-        form.addRow("Threads", self.threads)
+        threads_row = QHBoxLayout()
+        threads_row.addWidget(self.threads)
+        threads_row.addWidget(QLabel("expert cache", self))
+        threads_row.addWidget(self.expert_cache, 1)
+        form.addRow("Threads", threads_row)
         form.addRow("Kernels", self.kernels)
 
         self.buttons: dict[str, QPushButton] = {}
@@ -89,6 +110,8 @@ class QtRunPanel(QWidget):
         layout.addWidget(self.status)
 
         self.prompt.textChanged.connect(self._update_pieces)
+        self.routing.currentTextChanged.connect(self._routing_changed)
+        self._routing_changed(self.routing.currentText())
         self.buttons["run"].clicked.connect(self._run)
         self.buttons["pause"].clicked.connect(self.sig_pause)
         self.buttons["stop"].clicked.connect(self.sig_stop)
@@ -126,15 +149,33 @@ class QtRunPanel(QWidget):
         self.pieces.setText("  ".join(f"{piece!r}:{tid}" for tid, piece in pieces)
                             or "(no tokens)")
 
+    def _routing_changed(self, routing: str) -> None:
+        self.cache_threshold.setEnabled(routing == "cached")
+
+    def set_n_experts(self, n: int) -> None:
+        """The open model's experts per layer: the most an expert cache can hold."""
+        self.expert_cache.setMaximum(max(n, 0))
+
     def settings(self) -> RunSettings:
         """The RunSettings the form describes; raises ValueError naming what is wrong."""
         eps_text = self.epsilon.text().strip()
         epsilon = float(eps_text) if eps_text else None
+        routing = self.routing.currentText()
+        threshold = 0.0
+        if routing == "cached":
+            text = self.cache_threshold.text().strip()
+            if not text:
+                raise ValueError("cached routing needs a cache threshold")
+            try:
+                threshold = float(text)
+            except ValueError:
+                raise ValueError(f"cache threshold {text!r} is not a number") from None
         return RunSettings(tuple(t for t, _ in self.prompt_tokens()), self.max_new.value(),
                            self.decoding.currentText(), self.seed.value(),  # type: ignore[arg-type]
-                           self.temperature.value(), self.routing.currentText(), epsilon,
+                           self.temperature.value(), routing, epsilon,
                            self.threads.value(),
-                           None if self.kernels.currentIndex() == 0 else self.kernels.currentText())
+                           None if self.kernels.currentIndex() == 0 else self.kernels.currentText(),
+                           threshold, self.expert_cache.value())
 
     def set_settings(self, s: RunSettings, prompt_text: str) -> None:
         self.prompt.setText(prompt_text)
@@ -144,6 +185,8 @@ class QtRunPanel(QWidget):
         self.temperature.setValue(s.temperature)
         self.routing.setCurrentText(s.routing)
         self.epsilon.setText("" if s.epsilon is None else repr(s.epsilon))
+        self.cache_threshold.setText(repr(s.cache_threshold) if s.routing == "cached" else "")
+        self.expert_cache.setValue(s.expert_cache)
         self.threads.setValue(s.threads)
         self.kernels.setCurrentText(s.kernels or KERNEL_CHOICES[0])
 

@@ -1,17 +1,20 @@
 """The debugger's views, each a widget over one Qt-free model from `colibri.debugging`:
 
   * `QtEventList`      - `EventList` as a lazy table (RenderDoc's event browser); current event
-                         marked, bookmarks starred; `sig_event_selected(index)`.
+                         marked, bookmarks starred, expert caching's column (kept, LRU hits);
+                         `sig_event_selected(index)`.
   * `QtTokenView`      - one `Event`: every expert's selection score as bars (chosen top-k in
                          colour, weights as labels, dropped groups faded), the rule's anatomy
                          as a table (`AnatomyTableModel`: logit, score, bias, selection score,
                          group, rank, weight), the rule in words, a flag when the correction
                          bias changed the choice, margin (absolute and ULPs), shared-expert
-                         gate, hidden-state norm.
+                         gate, hidden-state norm; under expert caching the fresh top-k, what
+                         was kept and the LRU's hits and misses.
   * `QtRoutingHeatmap` - a `RoutingMatrix`: positions x MoE layers coloured by top-1 expert
                          (ImageItem + ColorBarItem), hover shows the full top-k and weights;
-                         per-layer expert load bars, balance figure, prompt coloured by expert,
-                         co-selection matrix for the chosen layer.
+                         per-layer expert load bars, balance figure, the expert cache's hit
+                         rate and kept decisions (the layer's and the run's), prompt coloured by
+                         expert, co-selection matrix for the chosen layer.
   * `QtLatencyView`    - a `LatencySeries`: token time per position with rolling p50/p95/p99,
                          tokens per second, and the current position's layers split by phase
                          (plus "other": layer time no phase covers - norms, dense MLP).
@@ -36,11 +39,12 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QGr
 
 from colibri.debugging.anatomy import Anatomy, RuleBook, anatomy
 from colibri.debugging.breakpoints import (AtPosition, BiasChanged, Breakpoint, BreakpointList,
-                                           ExpertChosen, MarginBelow, NonFinite)
+                                           CacheKept, CacheMiss, ExpertChosen, MarginBelow,
+                                           NonFinite)
 from colibri.debugging.events import Event, EventList
 from colibri.inspection.values import format_scalar
-from colibri.debugging.stats import (LatencySeries, co_selection, expert_load, load_balance,
-                                     routing_matrix)
+from colibri.debugging.stats import (LatencySeries, cache_summary, co_selection, expert_load,
+                                     load_balance, routing_matrix)
 from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tidy
 
 _CURRENT = QColor(120, 200, 120, 90)  # RenderDoc's green flag for the current event
@@ -70,7 +74,8 @@ def expert_colours(n: int) -> np.ndarray:
 class EventTableModel(QAbstractTableModel):
     """A lazy table over an EventList snapshot: rows are built only when painted."""
 
-    COLUMNS = ("#", "pos", "token", "layer", "experts", "weights", "margin", "ULPs", "change")
+    COLUMNS = ("#", "pos", "token", "layer", "experts", "weights", "margin", "ULPs", "change",
+               "cache")
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
@@ -123,8 +128,17 @@ class EventTableModel(QAbstractTableModel):
                   " ".join(map(str, e.expert_ids)),
                   " ".join(f"{w:.2f}" for w in e.expert_weights),
                   f"{e.margin:.3g}", "" if e.margin_ulps is None else str(e.margin_ulps),
-                  "\u21c4" if e.routing_changed else "")
+                  "\u21c4" if e.routing_changed else "", cache_cell(e))
         return values[col]
+
+
+def cache_cell(e: Event) -> str:
+    """The event list's expert-caching cell: 'kept' when cached routing kept the previous
+    experts, then the LRU's hits of the chosen ('2/2 hit'); '' without expert caching."""
+    parts = ["kept"] if e.cache_kept else []
+    if e.cache_hits:
+        parts.append(f"{sum(e.cache_hits)}/{len(e.cache_hits)} hit")
+    return " ".join(parts)
 
 
 class QtEventList(QWidget):
@@ -145,7 +159,8 @@ class QtEventList(QWidget):
         # narrow columns sized for their content, so experts and weights show without scrolling
         metrics = self.table.fontMetrics()
         for column, sample in enumerate(("999\u2605", "999", "'tok_'", "99", "7 7",
-                                         "0.99 0.99", "2.38e-07", "12345678", "\u21c4")):
+                                         "0.99 0.99", "2.38e-07", "12345678", "\u21c4",
+                                         "kept 2/2 hit")):
             name = EventTableModel.COLUMNS[column]
             width = max(metrics.horizontalAdvance(sample), metrics.horizontalAdvance(name))
             self.table.setColumnWidth(column, width + 10)
@@ -171,8 +186,12 @@ class AnatomyTableModel(QAbstractTableModel):
     rows are tinted, experts of dropped groups greyed; missing values (no model, no bias, no
     groups) read as empty cells."""
 
-    COLUMNS = ("expert", "logit", "score", "bias", "selection", "group", "rank", "weight")
+    COLUMNS = ("expert", "logit", "score", "bias", "selection", "group", "rank", "weight",
+               "top-k", "cache")
     TIPS = {"logit": "router logit (router bias included)",
+            "top-k": "cached routing: the expert's slot in the fresh top-k, what plain routing "
+                     "would choose here",
+            "cache": "the expert cache: resident (hit) or loaded (miss)",
             "score": "the rule's score: sigmoid of the logit, or softmax over every logit "
                      "(computed by the engine's router)",
             "bias": "correction bias, added for the choice only",
@@ -216,6 +235,12 @@ class AnatomyTableModel(QAbstractTableModel):
             return "" if g < 0 else f"{g}{'*' if a.group_kept[row] else ''}"
         if column == "rank":
             return str(int(a.rank[row])) if a.rank[row] else ""
+        if column == "top-k":
+            return str(int(a.fresh_rank[row])) if a.fresh_rank is not None and \
+                a.fresh_rank[row] else ""
+        if column == "cache":
+            r = -1 if a.resident is None else int(a.resident[row])
+            return "" if r < 0 else ("hit" if r else "miss")
         values = {"logit": a.logits, "score": a.scores, "bias": a.bias,
                   "selection": a.selection, "weight": a.weight}[column]
         if values is None or (column == "weight" and not a.rank[row]):
@@ -307,7 +332,9 @@ class QtTokenView(QWidget):
         columns = AnatomyTableModel.COLUMNS
         for name, shown in (("score", a is not None and a.scores is not None),
                             ("bias", a is not None and a.bias is not None),
-                            ("group", a is not None and a.has_groups)):
+                            ("group", a is not None and a.has_groups),
+                            ("top-k", a is not None and a.fresh_rank is not None),
+                            ("cache", a is not None and a.resident is not None)):
             self.table.setColumnHidden(columns.index(name), not shown)
         if e is None or a is None:
             self.title.setText("no event")
@@ -331,12 +358,14 @@ class QtTokenView(QWidget):
             flags.append("NaN/Inf")
         groups = (f"   kept groups {[g for g in e.chosen_groups if g >= 0]}"
                   if e.chosen_groups else "")
+        caching = caching_text(e)
         self.details.setText(
             f"experts {list(e.expert_ids)}  weights "
             f"{[round(w, 4) for w in e.expert_weights]}{groups}\n"
             f"selection margin to first unchosen: {e.margin:.6g} ({ulps})   shared gate: {gate}"
             f"   hidden norm at router: {e.hidden_norm:.6g}" + ("\n" + "; ".join(flags)
-                                                               if flags else ""))
+                                                               if flags else "")
+            + ("\n" + caching if caching else ""))
 
     def _plot(self, e: Event, a: Anatomy) -> None:
         """Bars of what the choice ranks: the selection scores (the logits themselves when the
@@ -358,6 +387,28 @@ class QtTokenView(QWidget):
         span = max(top - bottom, 1e-6)
         self.plot.setRange(xRange=(-0.6, values.size - 0.4), padding=0,
                            yRange=(bottom - 0.05 * span, top + 0.35 * span))
+
+
+def caching_text(e: Event) -> str:
+    """What expert caching did at an event, for the token view ('' without it)."""
+    lines = []
+    if e.fresh_ids:
+        if np.isnan(e.cache_margin):
+            lines.append(f"cached routing: no previous position; the top-k {list(e.fresh_ids)}")
+        elif e.cache_kept:
+            lines.append(f"cached routing: kept the previous position's experts "
+                         f"{sorted(e.expert_ids)} over the new top-k {list(e.fresh_ids)} "
+                         f"(margin {e.cache_margin:.6g})")
+        elif set(e.fresh_ids) == set(e.expert_ids) and e.cache_margin == 0:
+            lines.append("cached routing: the top-k is the previous position's set")
+        else:
+            lines.append(f"cached routing: the new top-k {list(e.fresh_ids)} (margin "
+                         f"{e.cache_margin:.6g}, not below the threshold)")
+    if e.cache_hits:
+        hits = [x for x, h in zip(e.expert_ids, e.cache_hits) if h]
+        misses = [x for x, h in zip(e.expert_ids, e.cache_hits) if not h]
+        lines.append(f"expert cache: hits {hits}, misses {misses}")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,8 +515,11 @@ class QtRoutingHeatmap(QWidget):
         self.load_plot.addItem(self.load_bars)
         self.load_plot.setRange(xRange=(-0.6, rec.n_experts - 0.4),
                                 yRange=(0, max(float(load[mi].max()), 1.0)), padding=0.02)
+        caching = cache_summary(rec, mi).describe()
+        if caching:
+            caching = f"   layer: {caching}   run: {cache_summary(rec).describe()}"
         self.balance.setText(f"load balance (max/mean): {ratio[mi]:.3f}   CV: {cv[mi]:.3f}   "
-                             f"(1.0 = even)")
+                             f"(1.0 = even){caching}")
         co = co_selection(rec)[mi].astype(np.float64)
         self.co_image.setImage(co, autoLevels=False)
         self.co_image.setRect(0, 0, co.shape[1], co.shape[0])
@@ -603,7 +657,7 @@ class QtBreakpointList(QWidget):
         self.list = QListWidget(self)
         self.kind = QComboBox(self)
         self.kind.addItems(["expert chosen", "margin below", "NaN/Inf", "at position",
-                            "bias changed"])
+                            "bias changed", "cache kept", "cache miss"])
         self.expert = QSpinBox(self)
         self.expert.setRange(0, 4095)
         self.layer = QSpinBox(self)
@@ -639,7 +693,7 @@ class QtBreakpointList(QWidget):
         return [ExpertChosen(self.expert.value(), layer), MarginBelow(self.threshold.value(),
                                                                       layer),
                 NonFinite(), AtPosition(self.position.value()),
-                BiasChanged(layer)][self.kind.currentIndex()]
+                BiasChanged(layer), CacheKept(layer), CacheMiss(layer)][self.kind.currentIndex()]
 
     def add_from_form(self) -> None:
         self.add(self.form_breakpoint())

@@ -1,11 +1,12 @@
 """`QtJitterLab`: the routing-jitter lab as one dockable widget.
 
 Controls (prompt text or token ids, greedy continuation length, variants, epsilon list,
-threads) start the analysis on a `TaskRunner` worker (colibri.jitter.analyze_jitter /
-analyze_epsilon, progress bar, Cancel between runs); results arrive as report objects and feed
-the views of colibri.inspector.jitter.views. Clicking a cell of either heatmap opens the token
-tab on that cell. `state()` / `restore(state)` give the reports as JSON-ready dicts for the
-Inspector's session file, and Save/Load write and read them as one JSON file.
+the remedies' epsilon, cache thresholds and expert cache, threads) start the analysis on a
+`TaskRunner` worker (colibri.jitter.analyze_jitter / analyze_epsilon / analyze_remedies,
+progress bar, Cancel between runs); results arrive as report objects and feed the views of
+colibri.inspector.jitter.views. Clicking a cell of either heatmap opens the token tab on that
+cell. `state()` / `restore(state)` give the reports as JSON-ready dicts for the Inspector's
+session file, and Save/Load write and read them as one JSON file.
 
 The lead docks it with `lab = QtJitterLab(); lab.set_model(model)`: the open colibri.Model of
 the tab. The worker runs sessions on that model (a Model is immutable and any thread may create
@@ -25,12 +26,15 @@ from PySide6.QtWidgets import (QFileDialog, QGridLayout, QHBoxLayout, QLabel, QL
 
 from colibri.files import atomic_write_bytes
 from colibri.inspector.jitter.views import (QtCellLogits, QtEpsilonCurve, QtFlipsVsMargin,
-                                            QtJitterHeatmap, QtMarginHeatmap, QtRoutingAB)
+                                            QtJitterHeatmap, QtMarginHeatmap, QtRemedies,
+                                            QtRoutingAB)
 from colibri.inspector.prompt import (NO_TOKENIZER, QtPromptEdit, example_prompt, placeholder,
                                       token_ids)
 from colibri.inspector.tasks import Task, TaskRunner
 from colibri.jitter.analysis import (SCHEMA_EPSILON, SCHEMA_JITTER, EpsilonReport, JitterReport,
                                      Runner, analyze_epsilon, analyze_jitter, parse_eps)
+from colibri.jitter.remedies import (SCHEMA_REMEDIES, RemedyReport, analyze_remedies,
+                                     parse_thresholds)
 from colibri.jitter.variants import parse_variants
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,19 +54,30 @@ def _parse_prompt(text: str, model: Model) -> list[int]:
 
 
 def make_task(model: Model, kind: str, prompt: str, generate: int, variants: str, eps: str,
-              threads: int) -> Task:
-    """A TaskRunner task computing one report ('jitter' or 'epsilon') on the open `model`.
-    Qt-free body."""
+              threads: int, remedy_eps: str = "", thresholds: str = "",
+              expert_cache: int = 0) -> Task:
+    """A TaskRunner task computing one report ('jitter', 'epsilon' or 'remedies') on the open
+    `model`. Qt-free body."""
     variant_list = parse_variants(variants or None)
     eps_list = parse_eps(eps or None)
+    threshold_list = parse_thresholds(thresholds)
+    try:
+        stable_eps = float(remedy_eps) if remedy_eps.strip() else None
+    except ValueError:
+        raise ValueError(f"remedy epsilon {remedy_eps!r} is not a number") from None
 
-    def fn(progress: Any, cancelled: Any) -> tuple[str, JitterReport | EpsilonReport]:
+    def fn(progress: Any, cancelled: Any) -> tuple[str, JitterReport | EpsilonReport |
+                                                   RemedyReport]:
         with Runner(model, threads=threads) as runner:
             prompt_ids = _parse_prompt(prompt, model)
             tokens = runner.greedy_sequence(prompt_ids, generate)
             if kind == "jitter":
                 return kind, analyze_jitter(runner, tokens, variant_list, len(prompt_ids),
                                             progress, cancelled)
+            if kind == "remedies":
+                return kind, analyze_remedies(runner, tokens, variant_list, stable_eps,
+                                              threshold_list, expert_cache, len(prompt_ids),
+                                              progress, cancelled)
             return kind, analyze_epsilon(runner, tokens, eps_list, variant_list,
                                          len(prompt_ids), progress, cancelled)
 
@@ -72,7 +87,7 @@ def make_task(model: Model, kind: str, prompt: str, generate: int, variants: str
 class QtJitterLab(QWidget):
     """The routing-jitter lab: controls, progress, and the jitter/token/epsilon/A-B views."""
 
-    sig_report_ready = Signal(str)   # "jitter" or "epsilon"
+    sig_report_ready = Signal(str)   # "jitter", "epsilon" or "remedies"
     sig_failed = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -81,6 +96,7 @@ class QtJitterLab(QWidget):
         self.path: str | None = None
         self.jitter_report: JitterReport | None = None
         self.epsilon_report: EpsilonReport | None = None
+        self.remedy_report: RemedyReport | None = None
         self.runner = TaskRunner(self)
 
         self.prompt = QtPromptEdit(self)
@@ -97,8 +113,19 @@ class QtJitterLab(QWidget):
         self.eps.setPlaceholderText("0,1e-10,1e-9,1e-8,1e-7,1e-6,1e-5")
         self.threads = QSpinBox(self)
         self.threads.setRange(1, 256)
+        self.remedy_eps = QLineEdit(self)
+        self.remedy_eps.setPlaceholderText("model default")
+        self.remedy_eps.setToolTip("stable top-k's epsilon in the remedies comparison")
+        self.thresholds = QLineEdit(self)
+        self.thresholds.setPlaceholderText("2 x the largest flipped margin")
+        self.thresholds.setToolTip("cached routing's thresholds, comma-separated: a row each")
+        self.expert_cache = QSpinBox(self)
+        self.expert_cache.setRange(0, 4096)
+        self.expert_cache.setSpecialValueText("none")
+        self.expert_cache.setToolTip("the hit rate of an LRU of this many experts per MoE layer")
         self.run_jitter_button = QPushButton("Run jitter", self)
         self.run_epsilon_button = QPushButton("Run epsilon sweep", self)
+        self.run_remedies_button = QPushButton("Compare remedies", self)
         self.cancel_button = QPushButton("Cancel", self)
         self.cancel_button.setEnabled(False)
         self.save_button = QPushButton("Save…", self)
@@ -133,6 +160,7 @@ class QtJitterLab(QWidget):
         self.token = QtCellLogits(self)
         self.curve = QtEpsilonCurve(self)
         self.ab = QtRoutingAB(self)
+        self.remedies = QtRemedies(self)
         jitter_tab = QWidget(self)
         jl = QHBoxLayout(jitter_tab)
         jl.addWidget(self.heatmap, 1)
@@ -143,6 +171,19 @@ class QtJitterLab(QWidget):
         self.tabs.addTab(self.token, "Token")
         self.tabs.addTab(self.curve, "Epsilon")
         self.tabs.addTab(self.ab, "A/B")
+        # the remedies' own settings sit on their tab, so the form keeps three rows
+        remedies_tab = QWidget(self)
+        controls = QHBoxLayout()
+        for label, widget in (("stable eps", self.remedy_eps),
+                              ("cache thresholds", self.thresholds),
+                              ("expert cache", self.expert_cache)):
+            controls.addWidget(QLabel(label, self))
+            controls.addWidget(widget, 0 if widget is self.expert_cache else 1)
+        controls.addWidget(self.run_remedies_button)
+        rl = QVBoxLayout(remedies_tab)
+        rl.addLayout(controls)
+        rl.addWidget(self.remedies, 1)
+        self.tabs.addTab(remedies_tab, "Remedies")
 
         layout = QVBoxLayout(self)
         layout.addLayout(form)
@@ -152,6 +193,7 @@ class QtJitterLab(QWidget):
 
         self.run_jitter_button.clicked.connect(lambda: self.start("jitter"))
         self.run_epsilon_button.clicked.connect(lambda: self.start("epsilon"))
+        self.run_remedies_button.clicked.connect(lambda: self.start("remedies"))
         self.cancel_button.clicked.connect(self.cancel)
         self.save_button.clicked.connect(self._save_dialog)
         self.load_button.clicked.connect(self._load_dialog)
@@ -171,8 +213,10 @@ class QtJitterLab(QWidget):
         path = None if model is None else model.path
         if path != self.path:
             self.set_reports(None, None)
+            self.set_remedies(None)
         self.model, self.path = model, path
         if model is not None:
+            self.expert_cache.setMaximum(model.hparams.n_experts)
             self.prompt.setPlaceholderText(placeholder(model.tokenizer is not None))
             if not self.prompt.text():
                 self.prompt.setText(example_prompt(model))
@@ -188,7 +232,8 @@ class QtJitterLab(QWidget):
         try:
             task = make_task(self.model, kind, self.prompt.text(),
                              self.generate.value(), self.variants.text(), self.eps.text(),
-                             self.threads.value())
+                             self.threads.value(), self.remedy_eps.text(),
+                             self.thresholds.text(), self.expert_cache.value())
         except ValueError as exc:
             self.status.setText(f"error: {exc}")
             self.sig_failed.emit(str(exc))
@@ -205,6 +250,7 @@ class QtJitterLab(QWidget):
         idle = not running and self.path is not None
         self.run_jitter_button.setEnabled(idle)
         self.run_epsilon_button.setEnabled(idle)
+        self.run_remedies_button.setEnabled(idle)
 
     def _progress(self, done: int, total: int, text: str) -> None:
         self.progress.setRange(0, int(total))
@@ -221,6 +267,12 @@ class QtJitterLab(QWidget):
                                 f"overall flip rate {s['overall_flip_rate']:.4f}"
                                 + (f" (baseline on the {report.kernels} kernels)"
                                    if report.kernels else ""))
+        elif kind == "remedies":
+            self.set_remedies(report)
+            self.status.setText(f"remedies: plain top-k has {report.plain.jitter_left} cells "
+                                f"of jitter; " + "; ".join(
+                                    f"{r.remedy.label} leaves {r.jitter_left}, changes "
+                                    f"{r.changed}" for r in report.rows[1:]))
         else:
             self.set_reports(self.jitter_report, report)
             rec = report.recommended()
@@ -250,6 +302,10 @@ class QtJitterLab(QWidget):
         self.curve.set_report(epsilon)
         self.ab.set_reports(jitter, epsilon)
 
+    def set_remedies(self, report: RemedyReport | None) -> None:
+        self.remedy_report = report
+        self.remedies.set_report(report)
+
     def select_cell(self, p: int, mi: int) -> None:
         """Open the token view on cell (position p, MoE layer index mi)."""
         if self.jitter_report is None:
@@ -263,7 +319,8 @@ class QtJitterLab(QWidget):
         """The reports as JSON-ready dicts (for the session file)."""
         return {"schema": STATE_SCHEMA,
                 "jitter": None if self.jitter_report is None else self.jitter_report.to_dict(),
-                "epsilon": None if self.epsilon_report is None else self.epsilon_report.to_dict()}
+                "epsilon": None if self.epsilon_report is None else self.epsilon_report.to_dict(),
+                "remedies": None if self.remedy_report is None else self.remedy_report.to_dict()}
 
     def restore(self, state: dict[str, Any]) -> None:
         if state.get("schema") != STATE_SCHEMA:
@@ -271,9 +328,11 @@ class QtJitterLab(QWidget):
         self.set_reports(
             None if state.get("jitter") is None else JitterReport.from_dict(state["jitter"]),
             None if state.get("epsilon") is None else EpsilonReport.from_dict(state["epsilon"]))
+        self.set_remedies(None if state.get("remedies") is None  # absent in older states
+                          else RemedyReport.from_dict(state["remedies"]))
 
     def load_json(self, path: str) -> None:
-        """A saved lab state, or a `colibri jitter/epsilon --json` report."""
+        """A saved lab state, or a `colibri jitter/epsilon/remedies --json` report."""
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         schema = data.get("schema")
@@ -281,6 +340,8 @@ class QtJitterLab(QWidget):
             self.set_reports(JitterReport.from_dict(data), self.epsilon_report)
         elif schema == SCHEMA_EPSILON:
             self.set_reports(self.jitter_report, EpsilonReport.from_dict(data))
+        elif schema == SCHEMA_REMEDIES:
+            self.set_remedies(RemedyReport.from_dict(data))
         else:
             self.restore(data)
 

@@ -16,6 +16,11 @@
   * `QtRoutingAB`      - two settings' routing maps (positions x (layer, expert), 1 = selected)
                          and their difference (+1 only in A, -1 only in B), the first divergent
                          position marked by a line.
+  * `QtRemedies`       - a `RemedyReport`: plain top-k, stable top-k, soft routing and cached
+                         routing side by side (a table of decisions changed, jitter left, flips
+                         removed and added, divergence from plain top-k, experts per decision,
+                         expert-cache hit rate, kept decisions) and bars of flips removed
+                         against decisions changed per remedy.
 Each exposes the numbers it draws (`values()`, `points()`, `curve()`, ...) so tests can compare
 them with the CLI's JSON; none recomputes an analysis.
 """
@@ -29,11 +34,12 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QIcon, QPixmap
-from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPlainTextEdit, QSizePolicy,
-                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit,
+                               QSizePolicy, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tidy
 from colibri.jitter.analysis import BASELINE, EpsilonReport, JitterReport, ordered_int
+from colibri.jitter.remedies import RemedyReport
 
 _FLIPPED = QColor(230, 140, 40, 90)
 _SELECTED = QColor(120, 200, 120, 120)
@@ -503,3 +509,106 @@ class QtRoutingAB(QWidget):
 
     def settings(self) -> list[str]:
         return list(self._settings)
+
+
+class QtRemedies(QWidget):
+    """The remedies report: one table row per remedy, and grouped bars (flips removed, decisions
+    changed, jitter left) so the trade-off reads at a glance."""
+
+    COLUMNS = ("decisions changed", "jitter left", "flips removed", "flips added",
+               "1st token diverging", "max |dlogit|", "max KL", "experts / decision",
+               "hit rate", "kept")
+    BARS = (("flips removed", (120, 190, 90)), ("decisions changed", (90, 140, 230)),
+            ("jitter left", (230, 90, 60)))
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.info = QLabel("run the remedies comparison", self)
+        self.info.setWordWrap(True)
+        self.table = QTableWidget(0, len(self.COLUMNS), self)
+        self.table.setHorizontalHeaderLabels(list(self.COLUMNS))
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(
+            QHeaderView.ResizeMode.ResizeToContents)
+        self.graphics = pg.GraphicsLayoutWidget(self)
+        self.remedy_axis = IndexAxis("bottom")
+        self.plot = tidy(self.graphics.addPlot(title="what each remedy costs and removes",
+                                               axisItems=axes(self.remedy_axis,
+                                                              IndexAxis("left"))))
+        self.plot.setLabel("left", "cells")
+        self.plot.setMouseEnabled(x=False, y=False)
+        self.plot.setRange(xRange=(-0.5, 0.5), yRange=(0, 1), padding=0)
+        self.bars: list[pg.BarGraphItem] = []
+        legend = legend_row(self.graphics.ci, 1, 3)
+        for name, colour in self.BARS:
+            legend.addItem(pg.BarGraphItem(x=[0], height=[0], width=1,
+                                           brush=pg.mkBrush(*colour)), name)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.info)
+        layout.addWidget(self.table)
+        layout.addWidget(self.graphics, 1)
+        self._rows: list[dict[str, Any]] = []
+
+    def set_report(self, report: RemedyReport | None) -> None:
+        for bar in self.bars:
+            self.plot.removeItem(bar)
+        self.bars = []
+        self._rows = []
+        if report is None:
+            self.table.setRowCount(0)
+            self.remedy_axis.set_names(None)
+            self.info.setText("run the remedies comparison")
+            return
+        plain = report.plain_jitter
+        for r in report.rows:
+            d = r.downstream
+            self._rows.append({
+                "remedy": r.remedy.label, "decisions changed": r.changed,
+                "jitter left": r.jitter_left,
+                "flips removed": int(r.removed(plain).sum()),
+                "flips added": int(r.added(plain).sum()),
+                "1st token diverging": d.first_token_divergence,
+                "max |dlogit|": float(d.max_abs.max()) if d.max_abs.size else 0.0,
+                "max KL": float(d.kl.max()) if d.kl.size else 0.0,
+                "experts / decision": r.experts_per_decision, "hit rate": r.hit_rate,
+                "kept": r.kept if r.remedy.routing == "cached" else None})
+        self.table.setRowCount(len(self._rows))
+        for i, row in enumerate(self._rows):
+            self.table.setVerticalHeaderItem(i, QTableWidgetItem(row["remedy"]))
+            for j, column in enumerate(self.COLUMNS):
+                item = QTableWidgetItem(self._text(column, row[column]))
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                self.table.setItem(i, j, item)
+        x = np.arange(len(self._rows), dtype=np.float64)
+        width = 0.8 / len(self.BARS)
+        for b, (name, colour) in enumerate(self.BARS):
+            bar = pg.BarGraphItem(x=x - 0.4 + width * (b + 0.5), width=width,
+                                  height=[row[name] for row in self._rows],
+                                  brush=pg.mkBrush(*colour))
+            self.plot.addItem(bar)
+            self.bars.append(bar)
+        self.remedy_axis.set_names([row["remedy"] for row in self._rows])
+        top = max([row[name] for row in self._rows for name, _ in self.BARS] + [1])
+        self.plot.setRange(xRange=(-0.5, len(self._rows) - 0.5), yRange=(0, top * 1.1),
+                           padding=0)
+        P, M = plain.shape
+        lru = (f"; hit rate of an LRU of {report.expert_cache} experts per layer"
+               if report.expert_cache else "")
+        self.info.setText(f"{P} positions x {M} MoE layers = {P * M} cells, "
+                          f"{len(report.variants)} variants; plain top-k has "
+                          f"{report.plain.jitter_left} cells of jitter. Cached routing's "
+                          f"threshold: {report.threshold_rule}{lru}.")
+
+    @staticmethod
+    def _text(column: str, value: Any) -> str:
+        if value is None:
+            return "-"
+        if column == "hit rate":
+            return f"{100 * value:.1f} %"
+        if isinstance(value, float):
+            return f"{value:.3g}"
+        return str(value)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The numbers shown, one dict per remedy (tests compare them with the CLI's JSON)."""
+        return self._rows
