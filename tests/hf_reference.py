@@ -260,7 +260,8 @@ def round_like_converter(model: torch.nn.Module, dtype: str) -> None:
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.ndim >= 2 and not name.endswith((*ROUTER_SUFFIXES, "correction_bias", "_bias")):
+            kept_f32 = (*ROUTER_SUFFIXES, "correction_bias", "_bias")  # GPT-OSS's expert biases
+            if param.ndim >= 2 and not name.endswith(kept_f32):
                 param.copy_(param.to(torch_dtype).to(torch.float32))
 
 

@@ -138,8 +138,9 @@ LLAMA4_ATTENTION = [ff.LayerAttention(ff.LAYER_CHUNKED, qk_l2_norm=True),
 
 def llama4_hparams() -> HParams:
     return replace(v3_hparams(), d_ff_shared=8, attention_chunk_size=4,
-                   rope_layout=ff.ROPE_INTERLEAVED, rope_type=ff.ROPE_LLAMA3, rope_factor=8.0, rope_original_max_context=8,
-                   rope_low_freq_factor=1.0, rope_high_freq_factor=4.0)
+                   rope_layout=ff.ROPE_INTERLEAVED, rope_type=ff.ROPE_LLAMA3, rope_factor=8.0,
+                   rope_original_max_context=8, rope_low_freq_factor=1.0,
+                   rope_high_freq_factor=4.0)
 
 
 def phi_hparams() -> HParams:

@@ -348,8 +348,9 @@ def _family(f: GGUFFile, m: _Meta, a: _Arch, notes: list[str]) -> _Arch:
     if arch == "dbrx":
         notes.append(f"moe_normalize_expert_weights (the p of the top-k weights' p-norm) is not "
                      f"in the GGUF file: {DBRX_NORMALIZE_P:g}, transformers' default and DBRX's")
+        rule = RouteRule(normalize=NORM_P, norm_p=DBRX_NORMALIZE_P)
         return replace(a, hp=replace(hp, norm_kind=NORM_KIND_LAYER),
-                       rules=_on_moe_layers(a.kinds, RouteRule(normalize=NORM_P, norm_p=DBRX_NORMALIZE_P)))
+                       rules=_on_moe_layers(a.kinds, rule))
     return a
 
 
