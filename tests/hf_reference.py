@@ -161,6 +161,24 @@ VARIANTS = [
         intermediate_size=36, num_local_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
         attention_bias=True, lm_head_bias=True, sliding_window=8, router_jitter_noise=0.4,
         tie_word_embeddings=True)),
+    # Phi-3.5's LongRoPE as transformers runs it for PhiMoE: the short factors at every length
+    Variant("phimoe-longrope", "phimoe", dict(
+        _COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                         "short_factor": [1.0, 1.3, 1.9, 2.6, 3.1, 3.8, 4.4, 5.0],
+                         "long_factor": [1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0],
+                         "short_mscale": 1.15, "long_mscale": 1.15,
+                         "original_max_position_embeddings": 32})),
+    # two mscales: transformers' result past original_max_position_embeddings depends on how the
+    # tokens are batched, so the file's context stops there (64, beyond the 56 positions run)
+    Variant("phimoe-longrope-two-mscales-odd", "phimoe", dict(
+        _COMMON, vocab_size=97, hidden_size=60, num_attention_heads=6, num_key_value_heads=2,
+        intermediate_size=28, num_local_experts=5, num_experts_per_tok=2, attention_bias=True,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e6,
+                         "short_factor": [1.0, 1.6, 2.9, 4.5, 7.0],
+                         "long_factor": [1.2, 3.0, 6.0, 12.0, 24.0],
+                         "short_mscale": 1.08, "long_mscale": 1.3,
+                         "original_max_position_embeddings": 64})),
     # Granite ranks its logits (a plain top-k); the multipliers reach every logit
     Variant("granitemoe-mup", "granitemoe", dict(
         _COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,

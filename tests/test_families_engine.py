@@ -29,8 +29,8 @@ NEW_FAMILIES = ("gpt_oss-yarn-alternating-clamped", "llama4-interleaved-nope-chu
 FAMILY_VARIANTS = ("deepseek_v3-groups-qlora", "deepseek_v2-grouped-qlora-scaled",
                    "glm4_moe-qknorm-bias-groups", "ernie4_5_moe-shared-tied",
                    "deepseek_v3-flat-yarn-halves", "phimoe-bias-window-wide-jitter-tied",
-                   "granitemoe-bias-odd-tied", "granitemoeshared-shared",
-                   "dbrx-l1-clip") + NEW_FAMILIES
+                   "granitemoe-bias-odd-tied", "granitemoeshared-shared", "dbrx-l1-clip",
+                   "phimoe-longrope") + NEW_FAMILIES
 TOKENS = [3, 17, 42, 7, 90, 5, 61, 64, 8, 10, 31, 2]  # below every variant's vocabulary
 
 
@@ -250,3 +250,25 @@ def test_debugger_runs_on_the_family(converted: dict, name: str) -> None:
         assert a.selection[chosen].min() >= np.delete(a.selection, chosen).max()
         np.testing.assert_array_equal(a.weight[ids[first, -1]],
                                       plain.trace.expert_weights[first, -1])
+
+
+@pytest.mark.parametrize("name", ["granitemoe-bias-odd-tied", "granitemoeshared-shared"])
+def test_granite_embedding_rows_are_scaled_as_transformers_scales_inputs_embeds(
+        converted: dict, name: str) -> None:
+    """Rows given to col_session_prefill_embeddings are multiplied by the file's
+    embedding_scale, as GraniteMoeModel multiplies inputs_embeds by embedding_multiplier: the
+    logits and router logits are transformers' with inputs_embeds= (rows of no token)."""
+    model = hf_reference.build(VARIANTS[name])
+    rows = np.random.default_rng(5).normal(0.0, 0.08, (len(TOKENS), model.config.hidden_size))
+    rows = rows.astype(np.float32)
+    with torch.no_grad():
+        out = model(inputs_embeds=torch.from_numpy(rows)[None], output_router_logits=True)
+    want = out.logits[0].numpy()
+    router = np.stack([r.reshape(len(TOKENS), -1).numpy() for r in out.router_logits], axis=1)
+    with Model.open(converted[(name, "f32")]) as m:
+        assert m.hparams.embedding_scale == model.config.embedding_multiplier != 1.0
+        s = Session(m, max_context=32)
+        got = s.prefill_embeddings(rows)
+        scale = max(1.0, float(np.abs(want).max()))
+        assert float(np.abs(got - want).max()) <= 1e-4 * scale
+        np.testing.assert_allclose(s.trace.router_logits, router, atol=1e-3, rtol=0)

@@ -144,9 +144,10 @@ def llama4_hparams() -> HParams:
 
 
 def phi_hparams() -> HParams:
-    """The base with PhiMoE's blocks: LayerNorms with bias and a biased LM head."""
+    """The base with PhiMoE's blocks: LayerNorms with bias, a biased LM head, LongRoPE."""
     return replace(base_hparams(), flags=ff.FLAG_NORM_TOPK | ff.FLAG_OUTPUT_BIAS,
-                   norm_kind=ff.NORM_KIND_LAYER_BIAS)
+                   norm_kind=ff.NORM_KIND_LAYER_BIAS, rope_type=ff.ROPE_LONGROPE,
+                   rope_attn_factor=1.2)
 
 
 def base_arrays(hp: HParams, extra: bool = False, correction_bias: bool = False,
@@ -192,6 +193,8 @@ def base_arrays(hp: HParams, extra: bool = False, correction_bias: bool = False,
         out.append(("output_norm_bias", 0.1 * mat(H)))
     if hp.flags & ff.FLAG_OUTPUT_BIAS:
         out.append(("output_bias", 0.1 * mat(V)))
+    if hp.rope_type == ff.ROPE_LONGROPE:
+        out.append(("rope_freq_factors", np.array([1.0, 2.5], dtype=np.float32)))
     if extra:
         out.append(("extra.scale", norm(1)))
     return [(name, values, ff.DTYPE_F32) for name, values in out]
@@ -219,7 +222,8 @@ def build_base(extra: bool = False, version: int = ff.FORMAT_VERSION, v3: bool =
                phi: bool = False) -> Base:
     """The base file; `v3`: the DeepSeek-V3-style one; `extra_bias`: with a correction bias that
     its routing entry does not name; `gpt_oss`: the GPT-OSS-style one; `llama4`: the
-    Llama-4-style one; `phi`: with PhiMoE's biased LayerNorms and LM head."""
+    Llama-4-style one; `phi`: with PhiMoE's biased LayerNorms and LM head, and its LongRoPE
+    (frequency factors [head_dim / 2], cos and sin times 1.2)."""
     hp = (llama4_hparams() if llama4 else v3_hparams() if v3 or extra_bias or gpt_oss
           else phi_hparams() if phi else base_hparams())
     specs = ff.tensor_specs_from_arrays(base_arrays(hp, extra, correction_bias=v3 or extra_bias,
@@ -437,8 +441,22 @@ def corpus_entries() -> list[Entry]:
         "a negative residual multiplier", edited(b, lambda im: put(im, H_RESIDUAL_SCALE, "<f", -0.5)))
     phi = build_base(phi=True)
     add("valid_layernorm_bias.colibri", "COL_OK", 0, "", "PhiMoE's blocks: LayerNorms with bias "
-        "(attn_norm_bias, ffn_norm_bias, output_norm_bias) and the LM head's output_bias",
-        bytes(phi.image), checksums=True, nan_check=True)
+        "(attn_norm_bias, ffn_norm_bias, output_norm_bias), the LM head's output_bias and "
+        "LongRoPE (rope_freq_factors)", bytes(phi.image), checksums=True, nan_check=True)
+    add("v2_longrope_missing_factors.colibri", "COL_ERR_MISSING_TENSOR", p.tensor_table_offset,
+        "required tensor 'rope_freq_factors' is missing", "LongRoPE (rope_type 3) without its "
+        "frequency factors", edited(b, lambda im: put(im, H_ROPE_TYPE, "<I", ff.ROPE_LONGROPE)),
+        tensor="rope_freq_factors")
+
+    def zero_factor(im: bytearray) -> None:
+        at = phi.data("rope_freq_factors") + 4
+        put(im, at, "<f", 0.0)
+        n = phi.plan.tensors[phi.index["rope_freq_factors"]].nbytes
+        crc = zlib.crc32(bytes(im[at - 4:at - 4 + n]))
+        put(im, phi.entry("rope_freq_factors") + T_CRC, "<I", crc & 0xFFFFFFFF)
+    add("longrope_zero_factor.colibri", "COL_ERR_LIMIT", phi.data("rope_freq_factors") + 4,
+        "factor 1 is 0, not a finite value > 0", "a LongRoPE frequency factor of 0 (its "
+        "frequency would be infinite)", edited(phi, zero_factor), tensor="rope_freq_factors")
 
     def bias_as_row(im: bytearray) -> None:
         put(im, phi.entry("output_bias") + T_NDIM, "<I", 2)

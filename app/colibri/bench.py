@@ -41,11 +41,14 @@ _EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3", "moe_w1_bias", "moe_w2_bias", "moe
 def phase_bytes(model: Model) -> dict[str, int]:
     """Bytes of weights one decoded token reads in each part of the step: the attention
     projections, the feed-forward (router, the k selected experts, shared experts, dense MLPs) and
-    what runs outside the layers (the embedding row, the final norm, the LM head)."""
+    what runs outside the layers (the embedding row, the final norm, the LM head). LongRoPE's
+    frequency factors are not counted: the session's RoPE table is made from them once."""
     hp = model.hparams
     parts = {"attention": 0, "feed-forward": 0, "outside layers": 0}
     for t in model.tensors:
         base = t.name.rsplit(".", 1)[-1]
+        if t.name == "rope_freq_factors":
+            continue
         if t.name == "token_embd":
             parts["outside layers"] += t.nbytes // hp.vocab_size + (t.nbytes if hp.flags & 2 else 0)
         elif not t.name.startswith("layers."):
@@ -70,13 +73,22 @@ def gguf_weight_bytes_per_token(f: GGUFFile) -> int:
     """The same count for a GGUF file, from its tensor table, as llama.cpp reads it: every
     tensor except the embedding table (one row, plus the whole table when there is no
     `output.weight`, i.e. it is also the LM head) and `{arch}.expert_used_count /
-    {arch}.expert_count` of each stacked expert tensor (`*_exps`)."""
+    {arch}.expert_count` of each stacked expert tensor (`*_exps`); LongRoPE's factors
+    (`rope_factors_*`, a few hundred floats) are left out as in the import's count, and the
+    multi-token-prediction layers after the last decoder layer (`{arch}.nextn_predict_layers`)
+    are not read."""
     arch = f.architecture
     n_experts = int(f.get(f"{arch}.expert_count", 0) or 0)
     top_k = int(f.get(f"{arch}.expert_used_count", 0) or 0)
+    n_layers = (int(f.get(f"{arch}.block_count", 0) or 0)
+                - int(f.get(f"{arch}.nextn_predict_layers", 0) or 0))
     tied = "output.weight" not in f
     total = 0
     for t in f.tensors:
+        parts = t.name.split(".")
+        if t.name.startswith("rope_factors_") or (
+                parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) >= n_layers):
+            continue
         if t.name == "token_embd.weight":
             total += t.row_bytes + (t.nbytes if tied else 0)
         elif "_exps." in t.name and n_experts:

@@ -293,6 +293,11 @@ class _Planner:
                  [_ExpertPiece(self.ckpt, names, e, make, count) for e in range(n_experts)],
                  force_f32)
 
+    def constant(self, name: str, values: np.ndarray) -> None:
+        """`name`, an f32 tensor of values from config.json (LongRoPE's frequency factors)."""
+        data = np.ascontiguousarray(values, dtype=np.float32)
+        self.specs.append(TensorSpec(name, DTYPE_F32, data.shape, lambda: data))
+
     def derived(self, name: str, shape: tuple[int, ...], hf_name: str,
                 source_shape: tuple[int, ...], make: Callable[[np.ndarray], np.ndarray]) -> None:
         """`name` = make(the float32 values of `hf_name` as source_shape): a rearrangement no run
@@ -317,6 +322,8 @@ def _plan_tensors(tensors: Checkpoint, arch: Architecture, family: Family,
     for layer in range(arch.hp.n_layers):
         family.layer_tensors(p, arch, layer)
     family.head_tensors(p, arch)
+    for name, values in arch.constants.items():
+        p.constant(name, values)
     if p.problems:
         shown = p.problems[:20]
         more = f"; and {len(p.problems) - 20} more" if len(p.problems) > 20 else ""

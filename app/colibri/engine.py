@@ -894,7 +894,8 @@ class Session:
 
     def prefill_embeddings(self, embeddings: np.ndarray, *, all_logits: bool = True) -> np.ndarray:
         """Process embedding rows at the next positions instead of looked-up tokens: float32
-        [n, d_model] (the residual stream entering layer 0; col_session_prefill_embeddings).
+        [n, d_model], what the lookup would give (times the file's embedding_scale, as
+        looked-up rows are: Granite's; col_session_prefill_embeddings).
         Returns logits as `prefill` does; the trace records token -1 there. The shape and dtype
         are checked here (ColibriValueError naming what was given), finiteness by the engine.
         Nothing is processed when it raises."""

@@ -157,7 +157,8 @@ typedef enum col_rope_type {
     COL_ROPE_DEFAULT = 0,
     COL_ROPE_LINEAR = 1,
     COL_ROPE_YARN = 2,             /* v2: inverse frequencies ramped between interpolation and extrapolation */
-    COL_ROPE_LLAMA3 = 3            /* v2: low frequencies divided by rope_factor, high ones kept, smoothed between */
+    COL_ROPE_LONGROPE = 3,         /* v2: inverse frequencies divided by the rope_freq_factors tensor (PhiMoE's LongRoPE) */
+    COL_ROPE_LLAMA3 = 4            /* v2: low frequencies divided by rope_factor, high ones kept, smoothed between */
 } col_rope_type;
 
 /* Which dimensions RoPE pairs (header 0x0E4, v2). */
@@ -272,7 +273,7 @@ typedef struct col_hparams {
     uint32_t rope_truncate;        /* YaRN: 1 = floor/ceil the correction range */
     float attn_scale;              /* attention scores are multiplied by this */
     float latent_norm_eps;         /* MLA: epsilon of the attn_q_a_norm / attn_kv_a_norm RMSNorms */
-    float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor; else 1) */
+    float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor, LongRoPE's mscale; else 1) */
     float rope_beta_fast;          /* YaRN */
     float rope_beta_slow;          /* YaRN */
     uint32_t norm_kind;            /* col_norm_kind (v1: RMS) */
@@ -615,9 +616,10 @@ int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_
                             float *logits, char *err, size_t errlen);
 
 /* col_session_prefill with the input rows given instead of looked up: `embeddings` is
- * [n][d_model] float32, row i the residual stream entering layer 0 at position position + i
- * (what the token embedding lookup would produce; the caller keeps ownership, nothing is kept
- * after the call). The trace records token -1 at these positions. A step is n = 1. Errors:
+ * [n][d_model] float32, row i what the token embedding lookup would produce at position
+ * position + i (a file with embedding_scale multiplies it by that, as it does looked-up rows and
+ * transformers' Granite does inputs_embeds; the caller keeps ownership, nothing is kept after
+ * the call). The trace records token -1 at these positions. A step is n = 1. Errors:
  * COL_ERR_CONTEXT_FULL; COL_ERR_INVALID_ARG for NULL embeddings or a NaN or infinite element
  * (its row and element in err); nothing processed in either case. Owner thread; no allocation.
  * Since ABI 7. */

@@ -6,10 +6,10 @@
  * (per head before RoPE for Qwen3-MoE and GLM-4.5, over the whole projection for OLMoE, then
  * OLMoE's clip), RoPE on each head's first rotary_dim dims (partial rotary: GLM-4.5) paired as
  * halves (rotate_half) or interleaved (DeepSeek, ERNIE, Llama 4), with inverse frequencies
- * computed in f32 as transformers does (default, linear, YaRN, llama3), unless the layer has none
- * (Llama 4's NoPE layers); then Llama 4's per-layer q/k L2 norm and query temperature; scores
- * scaled by attn_scale (head_dim^-1/2 unless the family says otherwise), softmax in f32 (with
- * GPT-OSS's per-head sink logit when the layer has one), and head h reading KV head
+ * computed in f32 as transformers does (default, linear, YaRN, LongRoPE, llama3), unless the layer
+ * has none (Llama 4's NoPE layers); then Llama 4's per-layer q/k L2 norm and query temperature;
+ * scores scaled by attn_scale (head_dim^-1/2 unless the family says otherwise), softmax in f32
+ * (with GPT-OSS's per-head sink logit when the layer has one), and head h reading KV head
  * h / (n_heads / n_kv_heads). A sliding layer admits key k for query q iff q - W < k <= q, a
  * chunked one iff k <= q in the same chunk of C positions.
  */
@@ -41,7 +41,9 @@ static float llama3_inv_freq(const col_hparams *hp, float inv)
     return scaled;
 }
 
-void col_rope_init(const col_hparams *hp, float *inv_freq)
+/* inv_freq [rotary_dim / 2] of the model's RoPE type; freq_factors [rotary_dim / 2] is the
+ * rope_freq_factors tensor of a LongRoPE model (NULL otherwise). */
+void col_rope_init(const col_hparams *hp, const float *freq_factors, float *inv_freq)
 {
     uint32_t dim = hp->rotary_dim, half = dim / 2;
     double low = 0.0, high = 0.0;
@@ -62,6 +64,7 @@ void col_rope_init(const col_hparams *hp, float *inv_freq)
         float pos_freq = powf((float)hp->rope_theta, exponent);
         inv_freq[i] = 1.0f / pos_freq;
         if (hp->rope_type == COL_ROPE_LINEAR) inv_freq[i] /= hp->rope_factor;
+        if (hp->rope_type == COL_ROPE_LONGROPE) inv_freq[i] = 1.0f / (freq_factors[i] * pos_freq);
         if (hp->rope_type == COL_ROPE_YARN) { /* the f32 steps of _compute_yarn_parameters */
             float interpolation = 1.0f / (hp->rope_factor * pos_freq);
             float ramp = ((float)i - (float)low) / (float)(high - low);

@@ -294,9 +294,9 @@ typedef struct layout {
 
 /* ---- Tensor names ---------------------------------------------------------------------------- */
 
-enum { G_TOKEN_EMBD, G_OUTPUT_NORM, G_OUTPUT, G_OUTPUT_NORM_BIAS, G_OUTPUT_BIAS, N_GLOBALS };
+enum { G_TOKEN_EMBD, G_OUTPUT_NORM, G_OUTPUT, G_OUTPUT_NORM_BIAS, G_OUTPUT_BIAS, G_ROPE_FREQ_FACTORS, N_GLOBALS };
 static const char *const global_names[N_GLOBALS] = {"token_embd", "output_norm", "output", "output_norm_bias",
-                                                    "output_bias"};
+                                                    "output_bias", "rope_freq_factors"};
 
 enum {
     S_ATTN_NORM, S_FFN_NORM, S_ATTN_Q, S_ATTN_K, S_ATTN_V, S_ATTN_O,
@@ -582,6 +582,7 @@ static bool global_expected(int g, const col_hparams *hp)
     case G_OUTPUT: return !(hp->flags & COL_FLAG_TIED_EMBEDDINGS);
     case G_OUTPUT_NORM_BIAS: return hp->norm_kind == COL_NORM_KIND_LAYER_BIAS;
     case G_OUTPUT_BIAS: return (hp->flags & COL_FLAG_OUTPUT_BIAS) != 0;
+    case G_ROPE_FREQ_FACTORS: return hp->rope_type == COL_ROPE_LONGROPE;
     default: return true;
     }
 }
@@ -608,6 +609,7 @@ static uint32_t expected_shape(const col_hparams *hp, int is_layer, int s, uint6
         switch (s) {
         case G_OUTPUT_NORM: case G_OUTPUT_NORM_BIAS: return SHAPE1(H);
         case G_OUTPUT_BIAS: return SHAPE1(V);
+        case G_ROPE_FREQ_FACTORS: return SHAPE1(hp->rotary_dim / 2);
         default: return SHAPE2(V, H); /* token_embd, output */
         }
     }
@@ -919,8 +921,11 @@ static void check_hparams_v2(const layout *L, sink *s)
             ERR(s, COL_ERR_HEADER, H_ROPE_ATTN_FACTOR, "", "rope_attn_factor %g is not a finite value > 0",
                 (double)hp->rope_attn_factor);
     } else {
-        if (hp->rope_attn_factor != 1.0f)
-            ERR(s, COL_ERR_HEADER, H_ROPE_ATTN_FACTOR, "", "rope_attn_factor %g: only YaRN scales cos and sin (1)",
+        if (hp->rope_type == COL_ROPE_LONGROPE ? !finite_pos((double)hp->rope_attn_factor)
+                                               : hp->rope_attn_factor != 1.0f)
+            ERR(s, COL_ERR_HEADER, H_ROPE_ATTN_FACTOR, "",
+                hp->rope_type == COL_ROPE_LONGROPE ? "rope_attn_factor %g is not a finite value > 0"
+                                                   : "rope_attn_factor %g: only YaRN and LongRoPE scale cos and sin (1)",
                 (double)hp->rope_attn_factor);
         if (hp->rope_type == COL_ROPE_LLAMA3 && hp->rope_original_max_context < 1)
             ERR(s, COL_ERR_HEADER, H_ROPE_ORIG_CTX, "", "llama3 RoPE needs rope_original_max_context >= 1");
@@ -1393,6 +1398,23 @@ static void check_routing(const layout *L, sink *s)
             hp->attention_chunk_size);
 }
 
+/* LongRoPE's factors divide RoPE's frequencies: each must be finite and > 0. A few hundred
+ * values at most, read here (step 8) so a file that would rotate by NaN never opens. */
+static void check_freq_factors(const layout *L, uint32_t i, sink *s)
+{
+    col_tensor_info t;
+    if (!check_entry(L, i, NULL, &t) || t.dtype != COL_DTYPE_F32)
+        return; /* step 6 or the dtype check reported it */
+    for (uint64_t k = 0; k < t.shape[0]; k++) {
+        float v = rdf32((const uint8_t *)t.data + 4 * k);
+        if (!finite_pos((double)v)) {
+            ERR(s, COL_ERR_LIMIT, t.offset + 4 * k, t.name, "tensor '%s': factor %" PRIu64 " is %g, not a finite "
+                "value > 0", t.name, k, (double)v);
+            return;
+        }
+    }
+}
+
 /* Step 8. Presence and duplicates of the architecture's names are tracked in a bitset on the
  * stack (one u64 of slots per layer: 8 KiB), so the check is O(tensor_count) and allocation-free
  * at any table size. */
@@ -1467,6 +1489,8 @@ static void check_architecture(const layout *L, sink *s)
         if (must_f32 && (col_dtype_size(dtype) || block_bytes(dtype)) && dtype != COL_DTYPE_F32)
             ERR(s, COL_ERR_DTYPE, eo + T_DTYPE, nm,
                 "tensor '%s': dtype %" PRIu32 ", this tensor must be f32", nm, dtype);
+        else if (cls == NAME_GLOBAL && slot == G_ROPE_FREQ_FACTORS && diff < 0)
+            check_freq_factors(L, i, s);
     }
 
     for (int g = 0; g < N_GLOBALS; g++)
@@ -1950,8 +1974,10 @@ static int32_t build_model(model_ext *x, const layout *L, col_problem *problem)
                 m->output = t;
             else if (slot == G_OUTPUT_NORM_BIAS)
                 m->output_norm_bias = t;
-            else
+            else if (slot == G_OUTPUT_BIAS)
                 m->output_bias = t;
+            else
+                m->rope_freq_factors = t;
         } else if (cls == NAME_LAYER && layer < L->n_layers &&
                    slot_expected(slot, &L->hp, &m->routing[layer])) {
             *layer_slot(&m->layers[layer], slot) = t;

@@ -65,6 +65,7 @@ struct col_model {
     uint32_t n_chosen_groups;       /* most groups a MoE layer keeps (0 when no layer has groups) */
     const col_tensor_info *token_embd, *output_norm, *output; /* output == token_embd when tied */
     const col_tensor_info *output_norm_bias, *output_bias;    /* NULL if absent */
+    const col_tensor_info *rope_freq_factors;                 /* [rotary_dim / 2], LongRoPE only */
     const uint8_t *tokenizer;
     uint64_t tokenizer_size;
     const uint8_t *metadata;

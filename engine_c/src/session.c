@@ -280,7 +280,8 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     }
     s->numerics = col_numerics_of(config);
     if (col_numerics_hooks_products(&s->numerics)) col_pool_set_numerics(s->pool, &s->numerics);
-    col_rope_init(&model->hp, s->inv_freq);
+    col_rope_init(&model->hp, model->rope_freq_factors ? (const float *)model->rope_freq_factors->data : NULL,
+                  s->inv_freq);
     col_session_capture(s, NULL, 0, 0, NULL, 0);
     *out = s;
     return COL_OK;

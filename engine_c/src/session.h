@@ -117,7 +117,7 @@ struct col_session {
 /* attention.c: RoPE tables, then self-attention of the n positions from s->position for
  * `layer`: reads s->xn [n][d_model], writes s->tmp (the attention block's outputs, o-proj and
  * bias applied). */
-void col_rope_init(const col_hparams *hp, float *inv_freq);
+void col_rope_init(const col_hparams *hp, const float *freq_factors, float *inv_freq);
 void col_attention(col_session *s, uint32_t layer, uint32_t n);
 
 /* experts.c: the feed-forward block of `layer` (MoE or dense) on s->xn [n][d_model], outputs in

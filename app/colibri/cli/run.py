@@ -19,11 +19,11 @@ from colibri.files import atomic_write
 RUN_EPILOG = """\
 positions: the prompt's tokens are processed first, then every generated token except the last
 one (its logits are never needed), so a run producing M tokens processes len(prompt) + M - 1
-positions (len(prompt) when M is 0). --embedding X.npy is the prompt as rows of the residual
-stream entering layer 0, float32 [positions, hidden], fed instead of the token embedding lookup
-(the rows of the model's own token_embd give the same bits as the token ids). --dump-logits
-writes float32 [positions, vocab], row i being the logits after position i (the distribution of
-token i+1); --dump-trace holds the same positions: expert_ids int32 [positions, moe_layers, k],
+positions (len(prompt) when M is 0). --embedding X.npy is the prompt as rows fed instead of the
+token embedding lookup's, float32 [positions, hidden] (scaled by the file's embedding_scale as
+looked-up rows are; the rows of the model's own token_embd give the same bits as the token
+ids). --dump-logits writes float32 [positions, vocab], row i being the logits after position i
+(the distribution of token i+1); --dump-trace holds the same positions: expert_ids int32 [positions, moe_layers, k],
 expert_weights float32 [positions, moe_layers, k], router_logits float32 [positions,
 moe_layers, n_experts], selection_scores float32 [positions, moe_layers, n_experts] (the values
 the choice ranked: the logits for a softmax without a correction bias, sigmoid + bias for

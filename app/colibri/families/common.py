@@ -234,8 +234,9 @@ def rope(cfg: Config) -> Rope:
 @dataclass
 class Architecture:
     """A checkpoint's header fields, layer kinds, each MoE layer's routing rule (None for dense
-    layers) and each layer's attention (LayerAttention). `hf_prefix` goes before every Hugging
-    Face tensor name (a multimodal checkpoint's `language_model.`)."""
+    layers), each layer's attention (LayerAttention), and the tensors made from config.json's
+    values rather than the checkpoint's (LongRoPE's rope_freq_factors). `hf_prefix` goes before
+    every Hugging Face tensor name (a multimodal checkpoint's `language_model.`)."""
 
     hp: HParams
     kinds: list[int]
@@ -243,6 +244,7 @@ class Architecture:
     attention: list[LayerAttention]
     notes: list[str] = field(default_factory=list)
     hf_prefix: str = ""
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
 
     def rule(self, layer: int) -> RouteRule:
         rule = self.rules[layer]
@@ -365,6 +367,8 @@ class Planner(Protocol):
 
     def derived(self, name: str, shape: tuple[int, ...], hf_name: str,
                 source_shape: tuple[int, ...], make: Callable[[np.ndarray], np.ndarray]) -> None: ...
+
+    def constant(self, name: str, values: np.ndarray) -> None: ...
 
     def problem(self, text: str) -> None: ...
 
