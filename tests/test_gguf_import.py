@@ -471,6 +471,33 @@ def test_broken_or_unsupported_gguf_is_a_conversion_error(tmp_path: Path) -> Non
     assert list(tmp_path.iterdir()) == []
 
 
+def test_mxfp4_experts_of_a_gpt_oss_file_are_dequantised_exactly(imported: Any,
+                                                                 tmp_path: Path) -> None:
+    """A GPT-OSS file with MXFP4 experts (as published GPT-OSS GGUF files hold them;
+    `llama-quantize ... MXFP4_MOE`): the import dequantises them with the gguf package, the
+    values llama.cpp computes with, and says so; every MXFP4 value is exact in bf16, so a bf16
+    import stores the same values."""
+    path = FIXTURES / "gpt_oss-mxfp4_moe.gguf"
+    source = GGUFFile.open(str(path))
+    assert source.ggml_type("blk.0.ffn_gate_exps.weight") == gguf.GGMLQuantizationType.MXFP4
+    notes = convert_gguf(path, tmp_path / "f32.colibri")
+    assert any(n.startswith("6 MXFP4 tensor(s) dequantised to f32") for n in notes)
+    convert_gguf(path, tmp_path / "bf16.colibri", dtype="bf16")
+    with colibri.Model.open(tmp_path / "f32.colibri") as m, \
+            colibri.Model.open(tmp_path / "bf16.colibri") as half:
+        for layer in range(m.hparams.n_layers):
+            for ours, theirs in (("moe_w1", "ffn_gate_exps"), ("moe_w2", "ffn_down_exps"),
+                                 ("moe_w3", "ffn_up_exps")):
+                name = f"blk.{layer}.{theirs}.weight"
+                expected = gguf.quants.dequantize(np.asarray(source.raw(name)),
+                                                  gguf.GGMLQuantizationType.MXFP4)
+                values = m.tensor_f32(f"layers.{layer}.{ours}")
+                np.testing.assert_array_equal(values, expected.reshape(values.shape))
+                assert half.tensor_info(f"layers.{layer}.{ours}").dtype == "bf16"
+                np.testing.assert_array_equal(half.tensor_f32(f"layers.{layer}.{ours}"), values)
+        assert m.routing(0).activation == fileformat.EXPERT_SWIGLU_CLAMPED and m.routing(0).sinks
+
+
 def test_phimoe_longrope_imports_the_short_factors_and_llama_cpps_attention_factor(
         imported: Any) -> None:
     """llama.cpp's converter writes both factor sets and its own attention factor; up to the

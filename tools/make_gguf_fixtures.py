@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Make tests/fixtures/gguf/: small GGUF files written by llama.cpp's own tools.
 
-For each family Colibri supports and llama.cpp's converter reads (mixtral, qwen2_moe,
-qwen3_moe, olmoe, phimoe, granitemoe, granitemoeshared, dbrx, deepseek_v2, deepseek_v3,
-glm4_moe, ernie4_5_moe) this script
+For each family Colibri imports from GGUF and llama.cpp's converter reads (mixtral, qwen2_moe,
+qwen3_moe, olmoe, gpt_oss, llama4, phimoe, granitemoe, granitemoeshared, dbrx, deepseek_v2,
+deepseek_v3, glm4_moe, ernie4_5_moe) this script
   1. trains a small tokenizer on a few of Python's own source files: a SentencePiece BPE model
      (`tokenizer.model`, with byte fallback, as Mixtral ships) for mixtral, a byte-level BPE
      (`tokenizers`) with Qwen2's pre-tokenizer for the Qwen families and GPT-2's for OLMoE,
@@ -12,7 +12,8 @@ glm4_moe, ernie4_5_moe) this script
   2. builds a small random transformers model with `tests/hf_reference.py`'s builder (fixed
      seed) and saves it the standard way, with the tokenizer;
   3. converts it with llama.cpp's `convert_hf_to_gguf.py` (outtypes f32 and bf16) and quantises
-     the f32 file with `llama-quantize` (Q8_0 and Q4_0, llama.cpp's default tensor mix).
+     the f32 file with `llama-quantize` (Q8_0 and Q4_0, llama.cpp's default tensor mix; for
+     gpt_oss also MXFP4_MOE, the experts in MXFP4 as published GPT-OSS GGUF files hold them).
 The weights are not committed: `manifest.json` records each family's config and seed, and the
 tests rebuild the same model (torch is pinned) and check it against the f32 file. The
 tokenizer files are committed beside the GGUF files (`<family>-hf/`).
@@ -23,6 +24,7 @@ which pre-tokenizer each one was built with ('qwen2', 'olmo', 'deepseek-llm', 'd
 'glm4': the same regular expressions).
 
     python tools/make_gguf_fixtures.py        # needs `pip install -e .[fixtures]`, cmake, ~10 min
+    python tools/make_gguf_fixtures.py gpt_oss llama4   # (re)make only these families
     python tools/make_gguf_fixtures.py --check  # the committed files against manifest.json
 
 The llama.cpp version is tools/llamacpp.py's (the llama-cpp-python sdist it vendors).
@@ -66,6 +68,17 @@ CONFIGS: dict[str, dict[str, Any]] = {
                       num_experts=4, num_experts_per_tok=2, norm_topk_prob=True),
     "olmoe": dict(_BASE, num_key_value_heads=4, intermediate_size=32, num_experts=4,
                   num_experts_per_tok=2),
+    # what llama.cpp's gpt-oss graph assumes and GGUF does not store: swiglu alpha 1.702 and
+    # limit 7, attention biases, every second layer sliding from layer 0; default RoPE (ggml's
+    # YaRN floors and ceils the correction range, transformers' GPT-OSS does not)
+    "gpt_oss": dict(_BASE, head_dim=16, intermediate_size=64, num_local_experts=4,
+                    num_experts_per_tok=2, sliding_window=8,
+                    rope_parameters={"rope_type": "default", "rope_theta": 150000.0}),
+    # llama.cpp's llama4 graph fixes the chunk (8192), the NoPE interval (4), the temperature
+    # (floor 8192, scale 0.1) and the q/k norm (unless 128 experts): Llama4TextConfig's defaults
+    "llama4": dict(_BASE, num_hidden_layers=4, head_dim=16, intermediate_size=32,
+                   intermediate_size_mlp=64, num_local_experts=4, num_experts_per_tok=1,
+                   interleave_moe_layer_step=2),
     # Phi-3.5-MoE's LongRoPE; both mscales are llama.cpp's attention factor for 256 / 64
     # (sqrt(1 + ln 4 / ln 64)), which the GGUF file records instead of them
     "phimoe": dict(_BASE, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
@@ -122,9 +135,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
                          moe_layer_start_index=1),
 }
 TOKENIZER = {"mixtral": "spm", "qwen2_moe": "qwen2", "qwen3_moe": "qwen2", "olmoe": "olmo",
-             "phimoe": "spm", "granitemoe": "olmo", "granitemoeshared": "olmo", "dbrx": "qwen2",
-             "deepseek_v2": "deepseek-llm", "deepseek_v3": "deepseek-v3", "glm4_moe": "glm4",
-             "ernie4_5_moe": "spm"}
+             "gpt_oss": "qwen2", "llama4": "qwen2", "phimoe": "spm", "granitemoe": "olmo",
+             "granitemoeshared": "olmo", "dbrx": "qwen2", "deepseek_v2": "deepseek-llm",
+             "deepseek_v3": "deepseek-v3", "glm4_moe": "glm4", "ernie4_5_moe": "spm"}
 # What llama.cpp's converter needs of a config.json that transformers 5.23 does not write: the
 # architecture name it registers PhiMoE under (transformers saves 'PhimoeForCausalLM').
 CONFIG_JSON_EDITS: dict[str, dict[str, Any]] = {
@@ -142,6 +155,7 @@ CHECKPOINT_EXTRAS = {"glm4_moe": "the MTP layer model.layers.2 (eh_proj, enorm, 
                                  "shared_head.norm and a MoE decoder layer), random"}
 OUTTYPES = ("f32", "bf16")
 QUANTS = ("Q8_0", "Q4_0")
+EXTRA_QUANTS = {"gpt_oss": ("MXFP4_MOE",)}
 CORPUS_FILES = ("textwrap.py", "string.py", "fnmatch.py", "shlex.py")
 
 # Qwen2's pre-tokenizer (tokenizer.json of Qwen2/Qwen3; llama.cpp's 'qwen2').
@@ -332,7 +346,7 @@ def make(families: list[str]) -> None:
                 convert(tools, full, out, outtype, pre)
                 entries.append({"file": out.name, "family": family, "made_by":
                                 f"convert_hf_to_gguf.py --outtype {outtype}"})
-            for qtype in QUANTS:
+            for qtype in QUANTS + EXTRA_QUANTS.get(family, ()):
                 out = OUT / f"{family}-{qtype.lower()}.gguf"
                 quantize(tools, OUT / f"{family}-f32.gguf", out, qtype)
                 entries.append({"file": out.name, "family": family, "made_by":

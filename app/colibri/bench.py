@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from colibri.engine import Model, Session, measure_read_bandwidth
+from colibri.fileformat import LAYER_CHUNKED, LAYER_SLIDING
 
 if TYPE_CHECKING:
     from colibri.formats.gguf_file import GGUFFile
 
-_EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
+_EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3", "moe_w1_bias", "moe_w2_bias", "moe_w3_bias")
 
 
 def phase_bytes(model: Model) -> dict[str, int]:
@@ -99,18 +100,25 @@ def gguf_weight_bytes_per_token(f: GGUFFile) -> int:
 
 def kv_bytes_per_token(model: Model, first: int, n: int) -> int:
     """Bytes of KV cache the steps at positions first..first+n-1 read, on average: every layer's
-    keys and values (f32) of the positions it attends to (all before it and itself, or the
-    sliding window of a sliding layer); with latent attention (MLA) one row of kv_lora_rank +
-    qk_rope_head_dim per position serves as keys and values. Not counted in the limit, which is
-    about weights, but at long contexts it is what the attention heads wait on."""
+    keys and values (f32) of the positions it attends to (all before it and itself, the sliding
+    window of a sliding layer, or the chunk so far of a chunked one); with latent attention
+    (MLA) one row of kv_lora_rank + qk_rope_head_dim per position serves as keys and values. Not
+    counted in the limit, which is about weights, but at long contexts it is what the attention
+    heads wait on."""
     hp = model.hparams
     row = ((hp.kv_lora_rank + hp.qk_rope_head_dim) if hp.attention == 1
            else 2 * hp.n_kv_heads * hp.head_dim) * 4
     total = 0
     for layer in range(hp.n_layers):
-        sliding = model.routing(layer).attention == 1 and hp.sliding_window > 0
-        total += row * sum(min(pos + 1, hp.sliding_window) if sliding else pos + 1
-                           for pos in range(first, first + n))
+        mask = model.routing(layer).attention
+
+        def keys(pos: int) -> int:
+            if mask == LAYER_SLIDING and hp.sliding_window > 0:
+                return min(pos + 1, hp.sliding_window)
+            if mask == LAYER_CHUNKED:
+                return pos % hp.attention_chunk_size + 1
+            return pos + 1
+        total += row * sum(keys(pos) for pos in range(first, first + n))
     return total // n
 
 

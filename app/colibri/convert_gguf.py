@@ -9,12 +9,19 @@ and tensor names then map onto Colibri's (docs/formats.md, "GGUF import"):
 | qwen2moe | qwen2_moe | no (`expert_weights_norm` when present) |
 | qwen3moe | qwen3_moe | yes |
 | olmoe | olmoe | no |
+| gpt-oss | gpt_oss | (a softmax over the chosen logits) |
+| llama4 | llama4 | (each chosen logit's sigmoid, on the expert's input) |
 | phimoe | phimoe | sparsemixer (router_jitter_noise 0.01: the GGUF does not record it) |
 | granitemoe | granitemoe, or granitemoeshared with `ffn_*_shexp` tensors | softmax over the chosen logits |
 | dbrx | dbrx | 1-norm (moe_normalize_expert_weights 1: the GGUF does not record it) |
 | deepseek2 | deepseek_v2 (softmax gating), deepseek_v3 (sigmoid) | the family's rule |
 | glm4moe | glm4_moe | the family's rule |
 | ernie4_5-moe | ernie4_5_moe | the family's rule (moe_norm_min 1e-12: not recorded) |
+
+GPT-OSS and Llama 4 files state less than their graphs use: what llama.cpp's graph fixes for
+them (GPT-OSS's swiglu alpha 1.702 and limit 7, sliding layers every second from layer 0;
+Llama 4's chunks of 8192, a NoPE layer every fourth with the query temperature of floor 8192
+and scale 0.1, the q/k L2 norm unless there are 128 experts) is what the import states.
 
 The families of format version 2 get their routing rule (docs/format.md) from the family, with a
 note in the metadata where the GGUF file does not record a parameter of it; llama.cpp itself
@@ -43,7 +50,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -57,14 +64,15 @@ from colibri.errors import ColibriFormatError, ColibriIOError
 from colibri.families import architecture_from_config
 from colibri.families.common import check_limits
 from colibri.fileformat import (
-    ARCH_DBRX, ARCH_GRANITEMOE, ARCH_GRANITEMOESHARED, ARCH_MIXTRAL, ARCH_OLMOE, ARCH_PHIMOE,
-    ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ATTENTION_MLA, DTYPE_BF16, DTYPE_BY_NAME, DTYPE_F16,
-    DTYPE_F32, DTYPE_Q4_0,
-    DTYPE_Q8_0, FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_OUTPUT_BIAS, FLAG_QK_NORM_FULL,
-    FLAG_QK_NORM_HEAD, FLAG_QKV_BIAS, FLAG_SHARED_EXPERT, FLAG_SHARED_EXPERT_GATE,
-    FLAG_TIED_EMBEDDINGS, LAYER_DENSE, LAYER_MOE, NORM_KIND_LAYER, NORM_KIND_LAYER_BIAS, NORM_P,
-    ROPE_LONGROPE, SCORING_SPARSEMIXER, SELECT_LOGITS, SHARED_NONE, SHARED_PLAIN, RouteRule, TensorSpec,
-    plan_file, write_colibri,
+    ARCH_DBRX, ARCH_GPT_OSS, ARCH_GRANITEMOE, ARCH_GRANITEMOESHARED, ARCH_LLAMA4, ARCH_MIXTRAL,
+    ARCH_OLMOE, ARCH_PHIMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ATTENTION_MLA, DTYPE_BF16,
+    DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32, DTYPE_Q4_0, DTYPE_Q8_0, EXPERT_SWIGLU_CLAMPED,
+    FLAG_NORM_TOPK, FLAG_O_BIAS, FLAG_OUTPUT_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
+    FLAG_QKV_BIAS, FLAG_SHARED_EXPERT, FLAG_SHARED_EXPERT_GATE, FLAG_TIED_EMBEDDINGS,
+    LAYER_CHUNKED, LAYER_DENSE, LAYER_FULL, LAYER_MOE, LAYER_SLIDING, NORM_KIND_LAYER,
+    NORM_KIND_LAYER_BIAS, NORM_P, ROPE_INTERLEAVED, ROPE_LONGROPE, ROPE_YARN, SCORING_SIGMOID,
+    SCORING_SPARSEMIXER, SELECT_LOGITS, SHARED_NONE, SHARED_PLAIN, LayerAttention, RouteRule,
+    TensorSpec, plan_file, write_colibri,
 )
 from colibri.formats.gguf_file import GGUFFile
 from colibri.formats.gguf_tokenizer import TokenizerError, tokenizer_json
@@ -76,6 +84,8 @@ ARCHITECTURES: dict[str, tuple[str, int, bool]] = {
     "qwen2moe": ("qwen2_moe", ARCH_QWEN2_MOE, False),
     "qwen3moe": ("qwen3_moe", ARCH_QWEN3_MOE, True),
     "olmoe": ("olmoe", ARCH_OLMOE, False),
+    "gpt-oss": ("gpt_oss", ARCH_GPT_OSS, False),
+    "llama4": ("llama4", ARCH_LLAMA4, False),
     "phimoe": ("phimoe", ARCH_PHIMOE, False),
     "granitemoe": ("granitemoe", ARCH_GRANITEMOE, False),
     "dbrx": ("dbrx", ARCH_DBRX, False),
@@ -101,6 +111,11 @@ PERMUTED = ("llama", "granitemoe")
 # defaults (and the published models' values), which the GGUF files do not record.
 PHIMOE_ROUTER_JITTER_NOISE = 0.01
 DBRX_NORMALIZE_P = 1.0
+# llama.cpp's graphs (src/models/openai-moe.cpp, llama4.cpp, llama-graph.cpp) fix these
+GPT_OSS_SWIGLU = (1.702, 7.0)       # alpha, limit
+LLAMA4_CHUNK = 8192                 # attention_chunk_size
+LLAMA4_NOPE_STEP = 4                # every 4th layer without RoPE (n_no_rope_layer_step)
+LLAMA4_TEMPERATURE = (8192, 0.1)    # floor, scale (n_attn_temp_floor_scale, f_attn_temp_scale)
 _KEPT = {Q.F32: DTYPE_F32, Q.F16: DTYPE_F16, Q.BF16: DTYPE_BF16}
 _REPACKED = {Q.Q8_0: DTYPE_Q8_0, Q.Q4_0: DTYPE_Q4_0}
 
@@ -140,10 +155,81 @@ class _Meta:
         return float(value)
 
 
-def _hparams(f: GGUFFile, notes: list[str]
-             ) -> tuple[HParams, list[int], str, list[RouteRule | None] | None]:
-    """The header fields, layer kinds, family and each layer's routing rule (None: version 1's
-    rule, from the header flags)."""
+@dataclass
+class _Arch:
+    """What a GGUF file means: header fields, layer kinds, and each layer's
+    routing rule (format version 2's families) and attention (GPT-OSS, Llama 4); None means what
+    version 1's flags say (plan_file's default)."""
+
+    hp: HParams
+    kinds: list[int]
+    family: str
+    rules: list[RouteRule | None] | None = None
+    attention: list[LayerAttention] | None = None
+
+
+def _swa_pattern(m: _Meta, n_layers: int, default: int) -> list[bool]:
+    """Which layers llama.cpp makes sliding or chunked (llama_model_base::load_swa_pattern):
+    `attention.sliding_window_pattern` as a list of bools or a period n (the first n - 1 of
+    every n layers), else `default` as the period."""
+    pattern = m.get("attention.sliding_window_pattern", default)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers or not all(isinstance(p, bool) for p in pattern):
+            raise ConversionError(f"{m.arch}.attention.sliding_window_pattern = {pattern!r}, "
+                                  f"expected {n_layers} booleans")
+        return list(pattern)
+    n = m.int("attention.sliding_window_pattern", default, minimum=0)
+    return [n == 0 or i % n < n - 1 for i in range(n_layers)]
+
+
+def _on_moe_layers(kinds: list[int], rule: RouteRule) -> list[RouteRule | None]:
+    return [rule if k == LAYER_MOE else None for k in kinds]
+
+
+def _gpt_oss(m: _Meta, a: _Arch) -> _Arch:
+    """GPT-OSS: every layer MoE with biases, the clamped SwiGLU and sinks; RoPE as halves."""
+    hp = a.hp
+    sliding = _swa_pattern(m, hp.n_layers, 2)
+    if any(sliding) and not hp.sliding_window:
+        raise ConversionError(f"{m.arch}.attention.sliding_window is missing or 0")
+    if not any(sliding):
+        hp = replace(hp, sliding_window=0)
+    rule = RouteRule(select_on=SELECT_LOGITS, gate_bias=True, expert_bias=True,
+                     activation=EXPERT_SWIGLU_CLAMPED, act_alpha=GPT_OSS_SWIGLU[0],
+                     act_limit=GPT_OSS_SWIGLU[1])
+    return _Arch(hp, a.kinds, a.family, _on_moe_layers(a.kinds, rule),
+                 [LayerAttention(LAYER_SLIDING if s else LAYER_FULL, sinks=True)
+                  for s in sliding])
+
+
+def _llama4(m: _Meta, a: _Arch) -> _Arch:
+    """Llama 4 as llama.cpp's graph runs it: chunked layers by the sliding-window pattern (3 of
+    4), every fourth layer without RoPE and with the query temperature, the q/k L2 norm on the
+    RoPE layers unless the model has 128 experts; sigmoid weights on the experts' inputs and a
+    shared expert; RoPE on interleaved pairs."""
+    hp = a.hp
+    if m.get("attention.sliding_window") == 0:
+        raise ConversionError(f"{m.arch}.attention.sliding_window = 0: a Llama 4 file without "
+                              "chunked attention (MobileLLM-style) is not supported")
+    chunked = _swa_pattern(m, hp.n_layers, 4)
+    nope = [(i + 1) % LLAMA4_NOPE_STEP == 0 for i in range(hp.n_layers)]
+    qk_norm = hp.n_experts != 128
+    floor, scale = LLAMA4_TEMPERATURE
+    hp = replace(hp, rope_layout=ROPE_INTERLEAVED, d_ff_shared=hp.d_ff_expert,
+                 attention_chunk_size=LLAMA4_CHUNK if any(chunked) else 0)
+    rule = RouteRule(scoring=SCORING_SIGMOID, select_on=SELECT_LOGITS, shared=SHARED_PLAIN,
+                     weight_inputs=True)
+    return _Arch(hp, a.kinds, a.family, _on_moe_layers(a.kinds, rule),
+                 [LayerAttention(LAYER_CHUNKED if c else LAYER_FULL, no_rope=n,
+                                 qk_l2_norm=qk_norm and not n,
+                                 temperature_floor=floor if n else 0,
+                                 temperature_scale=scale if n else 0.0)
+                  for c, n in zip(chunked, nope)])
+
+
+def _hparams(f: GGUFFile, notes: list[str]) -> _Arch:
+    """What the file means: its family's config for CONFIG_ARCHITECTURES, else the GGUF keys
+    read here and completed by _family."""
     arch = f.architecture
     if arch in CONFIG_ARCHITECTURES:
         return _config_hparams(f, notes)
@@ -178,7 +264,7 @@ def _hparams(f: GGUFFile, notes: list[str]
 
     kinds = [LAYER_MOE if f"blk.{i}.ffn_gate_inp.weight" in f else LAYER_DENSE
              for i in range(n_layers)]
-    if arch in ("qwen2moe", "qwen3moe"):
+    if arch in ("qwen2moe", "qwen3moe", "gpt-oss", "llama4"):
         d_ff_expert = m.int("expert_feed_forward_length")
     else:
         d_ff_expert = m.int("feed_forward_length")
@@ -213,15 +299,28 @@ def _hparams(f: GGUFFile, notes: list[str]
     clip_qkv = m.number("attention.clamp_kqv") if clip is not None else 0.0
 
     rope_type, rope_factor = 0, 1.0
+    yarn: dict[str, Any] = {}
     if arch != "phimoe" and ("rope_factors_long.weight" in f or "rope_factors_short.weight" in f):
         raise ConversionError(f"{f.path}: LongRoPE frequency factors (rope_factors_long/short) "
                               f"in a {arch} file; Colibri runs them for PhiMoE only")
     scaling = m.get("rope.scaling.type", "none")
     if scaling == "linear":
         rope_type, rope_factor = 1, m.number("rope.scaling.factor")
+    elif scaling == "yarn" and arch == "gpt-oss":
+        # transformers' GPT-OSS does not floor/ceil the correction range (ggml does)
+        rope_type, rope_factor = ROPE_YARN, m.number("rope.scaling.factor")
+        yarn = dict(rope_original_max_context=m.int("rope.scaling.original_context_length"),
+                    rope_beta_fast=m.number("rope.scaling.yarn_beta_fast", 32.0),
+                    rope_beta_slow=m.number("rope.scaling.yarn_beta_slow", 1.0),
+                    rope_truncate=0,
+                    rope_attn_factor=m.number("rope.scaling.yarn_attn_factor",
+                                              0.1 * float(np.log(rope_factor)) + 1.0))
     elif scaling not in ("none", None):
         raise ConversionError(f"{arch}.rope.scaling.type {scaling!r} not supported "
-                              "(supported: none, linear)")
+                              "(supported: none, linear; yarn for gpt-oss)")
+    if "rope_freqs.weight" in f or "blk.0.rope_freqs.weight" in f:
+        raise ConversionError(f"{f.path}: per-frequency RoPE factors (rope_freqs, llama3-style "
+                              "scaling) are not imported; convert the Hugging Face checkpoint")
     window = m.get("attention.sliding_window", 0) or 0
     if not isinstance(window, int) or isinstance(window, bool) or window < 0:
         raise ConversionError(f"{arch}.attention.sliding_window = {window!r}")
@@ -240,21 +339,23 @@ def _hparams(f: GGUFFile, notes: list[str]
         norm_eps=m.number("attention.layer_norm_epsilon" if arch == "dbrx"
                           else "attention.layer_norm_rms_epsilon"), clip_qkv=clip_qkv,
         bos_token_id=_token_id(f, "bos", vocab, notes),
-        eos_token_id=_token_id(f, "eos", vocab, notes))
-    hp, rule = _family_hparams(f, m, hp, notes)
+        eos_token_id=_token_id(f, "eos", vocab, notes), **yarn)
+    a = _family(f, m, _Arch(hp, kinds, family), notes)
     try:
-        check_limits(hp)
+        check_limits(a.hp)
     except ConversionError as exc:
         raise ConversionError(f"{f.path}: {exc}") from exc
-    return hp, kinds, family, None if rule is None else [
-        rule if k == LAYER_MOE else None for k in kinds]
+    return a
 
 
-def _family_hparams(f: GGUFFile, m: _Meta, hp: HParams, notes: list[str]
-                    ) -> tuple[HParams, RouteRule | None]:
-    """The header fields and routing rule of a format-version-2 family (None: version 1's rule,
-    from the header flags, for the first four)."""
-    arch = f.architecture
+def _family(f: GGUFFile, m: _Meta, a: _Arch, notes: list[str]) -> _Arch:
+    """The header fields, routing rules and attention of a format-version-2 family (rules None:
+    version 1's rule, from the header flags, for the first four)."""
+    arch, hp = f.architecture, a.hp
+    if arch == "gpt-oss":
+        return _gpt_oss(m, a)
+    if arch == "llama4":
+        return _llama4(m, a)
     if arch == "phimoe":
         if hp.n_experts_active != 2:
             notes.append(f"phimoe.expert_used_count {hp.n_experts_active}: PhiMoE's sparsemixer "
@@ -263,21 +364,23 @@ def _family_hparams(f: GGUFFile, m: _Meta, hp: HParams, notes: list[str]
                      f"{PHIMOE_ROUTER_JITTER_NOISE}, transformers' default and Phi-3.5-MoE's")
         norm_kind = NORM_KIND_LAYER_BIAS if "blk.0.attn_norm.bias" in f else NORM_KIND_LAYER
         hp = replace(_longrope(f, m, hp, notes), n_experts_active=2, norm_kind=norm_kind)
-        return hp, RouteRule(scoring=SCORING_SPARSEMIXER, select_on=SELECT_LOGITS,
-                             sparsemixer_eps=PHIMOE_ROUTER_JITTER_NOISE)
+        return replace(a, hp=hp, rules=_on_moe_layers(a.kinds, RouteRule(
+            scoring=SCORING_SPARSEMIXER, select_on=SELECT_LOGITS,
+            sparsemixer_eps=PHIMOE_ROUTER_JITTER_NOISE)))
     if arch == "granitemoe":
         hp = replace(hp, attn_scale=m.number("attention.scale"),
                      embedding_scale=m.number("embedding_scale"),
                      residual_scale=m.number("residual_scale"),
                      logit_divisor=m.number("logit_scale"))
-        return hp, RouteRule(select_on=SELECT_LOGITS,
-                             shared=SHARED_PLAIN if hp.d_ff_shared else SHARED_NONE)
+        return replace(a, hp=hp, rules=_on_moe_layers(a.kinds, RouteRule(
+            select_on=SELECT_LOGITS, shared=SHARED_PLAIN if hp.d_ff_shared else SHARED_NONE)))
     if arch == "dbrx":
         notes.append(f"moe_normalize_expert_weights (the p of the top-k weights' p-norm) is not "
                      f"in the GGUF file: {DBRX_NORMALIZE_P:g}, transformers' default and DBRX's")
-        return (replace(hp, norm_kind=NORM_KIND_LAYER),
-                RouteRule(normalize=NORM_P, norm_p=DBRX_NORMALIZE_P))
-    return hp, None
+        rule = RouteRule(normalize=NORM_P, norm_p=DBRX_NORMALIZE_P)
+        return replace(a, hp=replace(hp, norm_kind=NORM_KIND_LAYER),
+                       rules=_on_moe_layers(a.kinds, rule))
+    return a
 
 
 def _longrope(f: GGUFFile, m: _Meta, hp: HParams, notes: list[str]) -> HParams:
@@ -313,8 +416,7 @@ def _longrope(f: GGUFFile, m: _Meta, hp: HParams, notes: list[str]) -> HParams:
 # Families read through their transformers config
 
 
-def _config_hparams(f: GGUFFile, notes: list[str]
-                    ) -> tuple[HParams, list[int], str, list[RouteRule | None]]:
+def _config_hparams(f: GGUFFile, notes: list[str]) -> _Arch:
     arch = f.architecture
     m = _Meta(f, arch)
     n_nextn = m.int("nextn_predict_layers", 0, minimum=0)
@@ -362,7 +464,7 @@ def _config_hparams(f: GGUFFile, notes: list[str]
     notes.extend(a.notes)
     hp = replace(a.hp, bos_token_id=_token_id(f, "bos", vocab, notes),
                  eos_token_id=_token_id(f, "eos", vocab, notes))
-    return hp, kinds, config["model_type"], a.rules
+    return _Arch(hp, kinds, config["model_type"], a.rules, a.attention)
 
 
 def _gating(f: GGUFFile, m: _Meta) -> int | None:
@@ -696,15 +798,17 @@ def _mla_attention(imp: _Importer, hp: HParams, src: str, dst: str) -> None:
         imp.add(f"{dst}.attn_o_bias", f"{src}.attn_output.bias", (H,))
 
 
-def _plan(f: GGUFFile, hp: HParams, kinds: list[int], dtype: int,
-          rules: list[RouteRule | None] | None) -> tuple[list[TensorSpec], dict[str, list[str]]]:
+def _plan(f: GGUFFile, a: _Arch, dtype: int) -> tuple[list[TensorSpec], dict[str, list[str]]]:
+    hp, kinds = a.hp, a.kinds
     imp = _Importer(f, hp, dtype, permute=f.architecture in PERMUTED)
     V, H, d = hp.vocab_size, hp.d_model, hp.head_dim
     q_out, kv_out = hp.n_heads * d, hp.n_kv_heads * d
     E, I = hp.n_experts, hp.d_ff_expert
     norm_bias = hp.norm_kind == NORM_KIND_LAYER_BIAS
-    # the second norm: DBRX's norm_attn_norm.norm_2, GLM-4.5's post_attention_layernorm
-    ffn_norm = {"dbrx": "attn_output_norm", "glm4moe": "post_attention_norm"}.get(
+    # the second norm: DBRX's norm_attn_norm.norm_2, GLM-4.5's and GPT-OSS's
+    # post_attention_layernorm
+    ffn_norm = {"dbrx": "attn_output_norm", "glm4moe": "post_attention_norm",
+                "gpt-oss": "post_attention_norm"}.get(
         f.architecture, "ffn_norm")
     imp.add("token_embd", "token_embd.weight", (V, H))
     for layer, kind in enumerate(kinds):
@@ -738,17 +842,25 @@ def _plan(f: GGUFFile, hp: HParams, kinds: list[int], dtype: int,
         if hp.flags & FLAG_QK_NORM_FULL:
             imp.add(f"{dst}.attn_q_norm", f"{src}.attn_q_norm.weight", (q_out,))
             imp.add(f"{dst}.attn_k_norm", f"{src}.attn_k_norm.weight", (kv_out,))
+        if a.attention and a.attention[layer].sinks:
+            imp.add(f"{dst}.attn_sinks", f"{src}.attn_sinks.weight", (hp.n_heads,))
         imp.add(f"{dst}.ffn_norm", f"{src}.{ffn_norm}.weight", (H,))
         if norm_bias:
             imp.add(f"{dst}.ffn_norm_bias", f"{src}.{ffn_norm}.bias", (H,))
+        rule = a.rules[layer] if a.rules else None
         if kind == LAYER_MOE:
             imp.add(f"{dst}.moe_gate", f"{src}.ffn_gate_inp.weight", (E, H), force_f32=True)
-            rule = rules[layer] if rules else None
+            if rule is not None and rule.gate_bias:
+                imp.add(f"{dst}.moe_gate_bias", f"{src}.ffn_gate_inp.bias", (E,))
             if rule is not None and rule.correction_bias:
                 imp.add(f"{dst}.moe_correction_bias", f"{src}.exp_probs_b.bias", (E,))
             imp.add(f"{dst}.moe_w1", f"{src}.ffn_gate_exps.weight", (E, I, H))
             imp.add(f"{dst}.moe_w2", f"{src}.ffn_down_exps.weight", (E, H, I))
             imp.add(f"{dst}.moe_w3", f"{src}.ffn_up_exps.weight", (E, I, H))
+            if rule is not None and rule.expert_bias:
+                imp.add(f"{dst}.moe_w1_bias", f"{src}.ffn_gate_exps.bias", (E, I), force_f32=True)
+                imp.add(f"{dst}.moe_w2_bias", f"{src}.ffn_down_exps.bias", (E, H), force_f32=True)
+                imp.add(f"{dst}.moe_w3_bias", f"{src}.ffn_up_exps.bias", (E, I), force_f32=True)
             if hp.flags & FLAG_SHARED_EXPERT or (rule is not None and rule.shared != SHARED_NONE):
                 S = hp.d_ff_shared
                 imp.add(f"{dst}.shared_w1", f"{src}.ffn_gate_shexp.weight", (S, H))
@@ -801,8 +913,9 @@ def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
         raise ConversionError(f"output directory {out_dir} does not exist")
     f = _open(path)
     notes: list[str] = []
-    hp, kinds, family, rules = _hparams(f, notes)
-    specs, dequantised = _plan(f, hp, kinds, DTYPE_BY_NAME[dtype], rules)
+    a = _hparams(f, notes)
+    hp, family = a.hp, a.family
+    specs, dequantised = _plan(f, a, DTYPE_BY_NAME[dtype])
     for qname, names in sorted(dequantised.items()):
         notes.append(f"{len(names)} {qname} tensor(s) dequantised to {dtype} (Colibri stores "
                      f"f32, f16, bf16, q8_0 and q4_0): {', '.join(names[:8])}"
@@ -830,8 +943,8 @@ def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
     }
     if notes:
         metadata["notes"] = notes
-    plan = plan_file(hp, kinds, specs, tokenizer.encode("utf-8") if tokenizer else b"", metadata,
-                     rules=rules)
+    plan = plan_file(hp, a.kinds, specs, tokenizer.encode("utf-8") if tokenizer else b"",
+                     metadata, rules=a.rules, attention=a.attention)
     write_colibri(out_path, plan, progress)
     return notes
 

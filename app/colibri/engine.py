@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale build
     raise ImportError(
         f"colibri: compiled engine has ABI version {lib.col_abi_version()}, this Python package "
@@ -179,6 +179,16 @@ class RoutingInfo:
     sparsemixer_eps: float
     shared: int
     attention: int
+    sinks: int
+    expert_bias: int
+    activation: int
+    act_alpha: float
+    act_limit: float
+    weight_inputs: int
+    no_rope: int
+    qk_l2_norm: int
+    temperature_floor: int
+    temperature_scale: float
 
     @property
     def has_groups(self) -> bool:
@@ -645,7 +655,10 @@ class Model:
                            int(out.n_groups), int(out.n_groups_kept), int(out.group_score),
                            int(out.normalize), float(out.norm_eps), float(out.norm_p),
                            float(out.scale), float(out.sparsemixer_eps), int(out.shared),
-                           int(out.attention))
+                           int(out.attention), int(out.sinks), int(out.expert_bias),
+                           int(out.activation), float(out.act_alpha), float(out.act_limit),
+                           int(out.weight_inputs), int(out.no_rope), int(out.qk_l2_norm),
+                           int(out.temperature_floor), float(out.temperature_scale))
 
     def check_file(self) -> bool:
         """Is the mapping still the file it was? Raises ColibriFileChangedError when the file was

@@ -26,11 +26,11 @@ from colibri.interventions import Intervention
 
 FORMAT_VERSION = 2   # what the writer writes unless asked for version 1 (the engine reads both)
 
-# col_arch (5.. need format version 2; 9 and 10 are kept for GPT-OSS and Llama 4)
+# col_arch (5.. need format version 2)
 ARCH_NAMES: dict[int, str] = {1: "mixtral", 2: "qwen2_moe", 3: "qwen3_moe", 4: "olmoe",
                               5: "deepseek_v2", 6: "deepseek_v3", 7: "glm4_moe",
-                              8: "ernie4_5_moe", 11: "phimoe", 12: "granitemoe",
-                              13: "granitemoeshared", 14: "dbrx"}
+                              8: "ernie4_5_moe", 9: "gpt_oss", 10: "llama4", 11: "phimoe",
+                              12: "granitemoe", 13: "granitemoeshared", 14: "dbrx"}
 
 # col_routing_mode, in enum order
 RoutingName = Literal["topk", "stable", "soft", "gumbel", "cached"]
@@ -105,6 +105,7 @@ class HParams:
     embedding_scale: float = 0.0   # 0 = none (Granite's embedding_multiplier)
     residual_scale: float = 0.0    # 0 = none (Granite's residual_multiplier)
     logit_divisor: float = 0.0     # 0 = none (Granite's logits_scaling)
+    attention_chunk_size: int = 0  # C of the chunked-attention layers (Llama 4)
 
     def v2_value(self, attr: str) -> int | float:
         """A version-2 header field's value, the Nones filled as version 1 would mean them."""

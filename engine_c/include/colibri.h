@@ -37,14 +37,16 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 9   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 10  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
                                 col_session_config and col_trace_view grew, col_session_cache_stats,
                                 col_session_prefill_embeddings); 8: col_hparams grew (norm_kind,
-                                the residual-stream scales); 9: interventions, col_session_truncate,
-                                layer stepping (col_trace_view grew) */
+                                the residual-stream scales); 9: GPT-OSS's and Llama 4's fields in
+                                col_hparams (attention_chunk_size) and col_routing_info; 10:
+                                interventions, col_session_truncate, layer stepping (col_trace_view
+                                grew; col_session_begin_embedding) */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -125,7 +127,8 @@ typedef enum col_arch {
     COL_ARCH_DEEPSEEK_V3 = 6,
     COL_ARCH_GLM4_MOE = 7,
     COL_ARCH_ERNIE4_5_MOE = 8,
-    /* 9 and 10 are kept for GPT-OSS and Llama 4 */
+    COL_ARCH_GPT_OSS = 9,
+    COL_ARCH_LLAMA4 = 10,
     COL_ARCH_PHIMOE = 11,
     COL_ARCH_GRANITEMOE = 12,
     COL_ARCH_GRANITEMOESHARED = 13,
@@ -158,7 +161,8 @@ typedef enum col_rope_type {
     COL_ROPE_DEFAULT = 0,
     COL_ROPE_LINEAR = 1,
     COL_ROPE_YARN = 2,             /* v2: inverse frequencies ramped between interpolation and extrapolation */
-    COL_ROPE_LONGROPE = 3          /* v2: inverse frequencies divided by the rope_freq_factors tensor (PhiMoE's LongRoPE) */
+    COL_ROPE_LONGROPE = 3,         /* v2: inverse frequencies divided by the rope_freq_factors tensor (PhiMoE's LongRoPE) */
+    COL_ROPE_LLAMA3 = 4            /* v2: low frequencies divided by rope_factor, high ones kept, smoothed between */
 } col_rope_type;
 
 /* Which dimensions RoPE pairs (header 0x0E4, v2). */
@@ -182,8 +186,18 @@ typedef enum col_layer_kind {
  * header's sliding_window is set). */
 typedef enum col_layer_attention {
     COL_LAYER_FULL = 0,            /* causal */
-    COL_LAYER_SLIDING = 1          /* key allowed iff q - sliding_window < k <= q */
+    COL_LAYER_SLIDING = 1,         /* key allowed iff q - sliding_window < k <= q */
+    COL_LAYER_CHUNKED = 2          /* key allowed iff k <= q in the same chunk: k / C == q / C, C =
+                                    * attention_chunk_size (Llama 4) */
 } col_layer_attention;
+
+/* What a MoE layer's routed experts compute between their up and down projections (routing
+ * entry 0x54, v2); g = w1 . x (+ bias), u = w3 . x (+ bias). */
+typedef enum col_expert_activation {
+    COL_EXPERT_SWIGLU = 0,         /* silu(g) * u */
+    COL_EXPERT_SWIGLU_CLAMPED = 1  /* (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g'),
+                                    * g' = min(g, limit) (GPT-OSS) */
+} col_expert_activation;
 
 /* How a MoE layer turns router logits into scores (routing entry 0x18). */
 typedef enum col_scoring {
@@ -270,6 +284,7 @@ typedef struct col_hparams {
     float embedding_scale;         /* 0 = none, else the embeddings are multiplied by it (Granite) */
     float residual_scale;          /* 0 = none, else each block's output is multiplied by it before the residual add */
     float logit_divisor;           /* 0 = none, else the logits are divided by it (Granite's logits_scaling) */
+    uint32_t attention_chunk_size; /* C of chunked layers (COL_LAYER_CHUNKED); 0 when no layer is chunked */
 } col_hparams;
 
 /* One tensor table entry, decoded. `data` points into the read-only mapping (never write it). */
@@ -287,9 +302,10 @@ typedef struct col_tensor_info {
 } col_tensor_info;
 
 /* One routing section entry (per layer): the layer's whole routing rule (docs/format.md, "The
- * routing rule"). Version-1 entries are decoded to the rule version 1 means (softmax over every
- * expert, top-k of the scores, NORM_TOPK and the shared-expert flags of the header). Dense
- * layers have kind DENSE and zero routing fields. */
+ * routing rule"), the form of its routed experts and its attention. Version-1 entries are decoded
+ * to the rule version 1 means (softmax over every expert, top-k of the scores, NORM_TOPK and the
+ * shared-expert flags of the header). Dense layers have kind DENSE and zero routing and expert
+ * fields; their attention fields (attention, sinks, no_rope, qk_l2_norm, temperature) apply. */
 typedef struct col_routing_info {
     uint32_t layer;
     uint32_t kind;                 /* col_layer_kind */
@@ -310,6 +326,20 @@ typedef struct col_routing_info {
     float sparsemixer_eps;         /* PhiMoE's router_jitter_noise (scoring SPARSEMIXER only) */
     uint32_t shared;               /* col_shared */
     uint32_t attention;            /* col_layer_attention */
+    uint32_t sinks;                /* 1: layers.L.attn_sinks [n_heads], one more logit per head whose
+                                    * probability is dropped (GPT-OSS) */
+    uint32_t expert_bias;          /* 1: the routed experts add moe_w1_bias, moe_w3_bias, moe_w2_bias */
+    uint32_t activation;           /* col_expert_activation of the routed experts */
+    float act_alpha;               /* COL_EXPERT_SWIGLU_CLAMPED: the sigmoid's gain; else 0 */
+    float act_limit;               /* COL_EXPERT_SWIGLU_CLAMPED: the clamp; else 0 */
+    uint32_t weight_inputs;        /* 1: each chosen expert's input is scaled by its weight and the outputs
+                                    * are summed unscaled (Llama 4); 0: the outputs are weighted */
+    uint32_t no_rope;              /* 1: the layer applies no RoPE (Llama 4's NoPE layers) */
+    uint32_t qk_l2_norm;           /* 1: each q and k head is divided by its RMS (norm_eps, no weight) after
+                                    * RoPE (Llama 4's L2 norm) */
+    uint32_t temperature_floor;    /* F > 0: the queries at position p are multiplied by
+                                    * log1p(floor((p + 1) / F)) * temperature_scale + 1; 0: none */
+    float temperature_scale;       /* with temperature_floor (Llama 4's attn_scale); else 0 */
 } col_routing_info;
 
 /* One field of the fixed header, for structure views (a hex editor's template). */
@@ -464,7 +494,7 @@ typedef struct col_trace_view {
     uint32_t expert_cache;         /* LRU experts per MoE layer (the config's), 0 = none */
     const uint8_t *cache_hits;     /* [capacity][n_moe_layers][k] 1 when slot's expert was resident in the
                                     * layer's LRU, 0 when it had to be loaded (or the slot is empty) */
-    /* Interventions (since ABI 9). */
+    /* Interventions (since ABI 10). */
     const uint8_t *intervened;     /* [capacity][n_moe_layers] bit (1 << col_intervention_kind) set for each
                                     * kind of intervention that acted on the decision; 0 = none */
 } col_trace_view;
@@ -747,7 +777,7 @@ int32_t col_session_capture(col_session *session, float *buffer, uint32_t first_
  * or data NULL and n_rows 0 when nothing is captured. COL_ERR_INVALID_ARG for NULL arguments. */
 int32_t col_session_hidden(const col_session *session, col_hidden_view *out);
 
-/* ---- Since ABI 9: interventions, rewinding, stepping one layer at a time ------------------- */
+/* ---- Since ABI 10: interventions, rewinding, stepping one layer at a time ------------------- */
 
 /* What an intervention does to a routing decision (docs/interventions.md). Append-only. */
 typedef enum col_intervention_kind {

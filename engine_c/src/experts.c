@@ -3,8 +3,10 @@
  * dense SwiGLU MLP; plus the norms every block uses (RMSNorm, LayerNorm).
  *
  * Expert e computes w2 . (silu(w1 . x) * (w3 . x)) from its slice of the stacked tensors
- * (one contiguous range per matrix). The routed outputs are summed with their weights in
- * selection order; a shared expert is added last (Qwen2-MoE's scaled by sigmoid(shared_gate . x)).
+ * (one contiguous range per matrix), or GPT-OSS's form: biases after each projection and the
+ * clamped SwiGLU between them. The routed outputs are summed with their weights in selection
+ * order (Llama 4: the weights scale the experts' inputs instead, and the outputs are summed); a
+ * shared expert is added last (Qwen2-MoE's scaled by sigmoid(shared_gate . x)).
  */
 #include "session.h"
 
@@ -169,6 +171,54 @@ static void swiglu(col_session *s, const col_tensor_info *t1, const col_tensor_i
     col_matmul_many(s->pool, &down, 1);
 }
 
+/* Rows [o, o + count) of h [rows][width] belong to expert e: each gets row e of `bias` [E][width]
+ * (f32, format.c checks) added (GPT-OSS's expert biases). */
+static void add_expert_bias(float *h, const col_tensor_info *bias, uint32_t e, uint64_t o, uint32_t count,
+                            uint64_t width)
+{
+    const float *b = (const float *)bias->data + (uint64_t)e * width;
+    for (uint64_t r = o; r < o + count; r++)
+        for (uint64_t i = 0; i < width; i++) h[r * width + i] += b[i];
+}
+
+typedef struct clamped_task {
+    float *h1;
+    const float *h3;
+    float alpha, limit;
+} clamped_task;
+
+/* GPT-OSS's clamped SwiGLU on elements [i0, i1): h1 = (clamp(h3, -limit, limit) + 1) * g *
+ * sigmoid(alpha g), g = min(h1, limit), as transformers' GptOssExperts._apply_gate computes it. */
+static void clamped_swiglu(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
+{
+    const clamped_task *c = ctx;
+    (void)thread;
+    for (uint64_t i = i0; i < i1; i++) {
+        float g = c->h1[i] < c->limit ? c->h1[i] : c->limit;
+        float u = c->h3[i] < -c->limit ? -c->limit : (c->h3[i] > c->limit ? c->limit : c->h3[i]);
+        float glu = g * (1.0f / (1.0f + expf(-(g * c->alpha))));
+        c->h1[i] = (u + 1.0f) * glu;
+    }
+}
+
+/* Between the routed experts' up and down projections: their biases, then the layer's activation
+ * of h1 [rows][d_ff] and h3, into h1. */
+static void expert_activation(col_session *s, const col_layer *layer, uint64_t rows, uint64_t d_ff)
+{
+    if (layer->moe_w1_bias)
+        for (uint32_t e = 0; e < s->model->hp.n_experts; e++) {
+            if (!s->expert_count[e]) continue;
+            add_expert_bias(s->h1, layer->moe_w1_bias, e, s->expert_offset[e], s->expert_count[e], d_ff);
+            add_expert_bias(s->h3, layer->moe_w3_bias, e, s->expert_offset[e], s->expert_count[e], d_ff);
+        }
+    if (layer->route->activation == COL_EXPERT_SWIGLU_CLAMPED) {
+        clamped_task task = {s->h1, s->h3, layer->route->act_alpha, layer->route->act_limit};
+        col_pool_run(s->pool, clamped_swiglu, &task, rows * d_ff);
+    } else {
+        col_swiglu_gate(s->pool, s->h1, s->h3, rows * d_ff);
+    }
+}
+
 /* The feed-forward block for n positions starting at s->position: reads s->xn [n][d_model],
  * writes s->tmp. Tokens are grouped by expert (count, prefix-sum offsets, one contiguous batch
  * per expert), each expert runs once as a matrix-matrix product over its tokens, and each
@@ -222,16 +272,24 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         s->expert_count[e] = 0; /* becomes the fill cursor */
     }
     /* A lone token is its own group: every expert reads it in place, so a decode step copies
-     * nothing and quantises or packs its activations once for all the experts' products. */
-    const int alone = n == 1;
+     * nothing and quantises or packs its activations once for all the experts' products. Llama 4
+     * scales each expert's input by its weight, so each (token, slot) has a row of its own. */
+    const int weight_inputs = layer->route->weight_inputs != 0;
+    const int alone = n == 1 && !weight_inputs;
     uint64_t d_ff = layer->moe_w1->shape[1];
     for (uint32_t t = 0; t < n; t++)
         for (uint32_t slot = 0; slot < s->route_count[t]; slot++) {
             uint32_t e = (uint32_t)run[t * ks + slot];
             uint32_t row = s->expert_offset[e] + s->expert_count[e]++;
             s->route_rows[t * ks + slot] = row;
-            if (!alone)
-                memcpy(s->expert_x + (uint64_t)row * d_model, s->xn + (uint64_t)t * d_model, d_model * sizeof(float));
+            float *dst = s->expert_x + (uint64_t)row * d_model;
+            const float *src = s->xn + (uint64_t)t * d_model;
+            if (weight_inputs) {
+                float w = s->route_weights[t * ks + slot];
+                for (uint32_t i = 0; i < d_model; i++) dst[i] = src[i] * w;
+            } else if (!alone) {
+                memcpy(dst, src, d_model * sizeof(float));
+            }
         }
     for (uint32_t e = 0; e < n_experts; e++) {
         if (!s->expert_count[e]) continue;
@@ -241,7 +299,7 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w3, e), x, s->h3 + o * d_ff, s->expert_count[e]};
     }
     col_matmul_many(s->pool, s->jobs, n_jobs);
-    col_swiglu_gate(s->pool, s->h1, s->h3, (uint64_t)off * d_ff);
+    expert_activation(s, layer, off, d_ff);
     n_jobs = 0;
     for (uint32_t e = 0; e < n_experts; e++) {
         if (!s->expert_count[e]) continue;
@@ -250,12 +308,16 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
                                              s->expert_out + o * d_model, s->expert_count[e]};
     }
     col_matmul_many(s->pool, s->jobs, n_jobs);
+    if (layer->moe_w2_bias)
+        for (uint32_t e = 0; e < n_experts; e++)
+            if (s->expert_count[e])
+                add_expert_bias(s->expert_out, layer->moe_w2_bias, e, s->expert_offset[e], s->expert_count[e], d_model);
     for (uint32_t t = 0; t < n; t++) {
         float *acc = s->tmp + (uint64_t)t * d_model;
         for (uint32_t i = 0; i < d_model; i++) acc[i] = 0.0f;
         for (uint32_t slot = 0; slot < s->route_count[t]; slot++) {
             const float *out = s->expert_out + (uint64_t)s->route_rows[t * ks + slot] * d_model;
-            float weight = s->route_weights[t * ks + slot];
+            float weight = weight_inputs ? 1.0f : s->route_weights[t * ks + slot];
             for (uint32_t i = 0; i < d_model; i++) acc[i] += weight * out[i];
         }
     }

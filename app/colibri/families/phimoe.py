@@ -100,7 +100,8 @@ def architecture(cfg: Config) -> Architecture:
                      sparsemixer_eps=cfg.number("router_jitter_noise"))
     n = hp.n_layers
     return Architecture(hp, [LAYER_MOE] * n, [rule] * n,
-                        common.attention_masks(n, [hp.sliding_window > 0] * n), notes, constants)
+                        common.attention_masks(n, [hp.sliding_window > 0] * n), notes,
+                        constants=constants)
 
 
 def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:
