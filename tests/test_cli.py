@@ -428,7 +428,28 @@ def test_bench_runs_a_numerics_variant(capsys: Capture) -> None:
     assert json.loads(capsys.readouterr().out)["numerics"] == "act-bf16"
     assert main(["bench", str(demo), "-p", "4", "-n", "2", "-r", "1", "--probe-mb", "16",
                  "--no-trace-check"]) == 0
-    assert "numerics" not in capsys.readouterr().out  # the exact computation needs no mention
+    text = capsys.readouterr().out
+    assert "numerics" not in text  # the exact computation needs no mention
+    assert "default" not in text   # nor a cost against itself
+
+
+def test_bench_times_a_variant_against_the_default_in_turns(capsys: Capture) -> None:
+    """A variant's report gives the default computation's speed from the same repeats and the
+    variant's time as a multiple of it, per repeat (median, lowest, highest)."""
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    args = ["bench", str(demo), "-p", "8", "-n", "4", "-r", "3", "--probe-mb", "16", "--no-trace-check",
+            "--numerics", "seq"]
+    assert main([*args, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["default_decode_tok_s"] > 0 and r["default_prefill_tok_s"] > 0
+    for key in ("decode_cost", "prefill_cost"):
+        lo, hi = r[key + "_range"]
+        assert 0 < lo <= r[key] <= hi, key
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^decode, default .* tok/s .*the variant takes [0-9.]+x its time; "
+                     r"repeats [0-9.]+-[0-9.]+x\)$", text, re.M)
+    assert re.search(r"^prefill, default .* tok/s .*the variant takes [0-9.]+x its time", text, re.M)
 
 
 def test_bench_kernels_tool_compares_two_paths_in_one_process(capsys: Capture) -> None:
@@ -536,6 +557,25 @@ def test_bench_builds_tool_runs_two_builds_in_turns(capsys: Capture) -> None:
         line = next(x for x in text.splitlines() if x.startswith(phase))
         ratio = re.search(r"A +([0-9.]+) tok/s, B +([0-9.]+) tok/s; B / A ([0-9.]+) ", line)
         assert ratio is not None and all(float(v) > 0 for v in ratio.groups()), line
+
+
+def test_bench_builds_tool_gives_one_build_its_own_compiler_flags(capsys: Capture) -> None:
+    """--b-cflags reaches B's compiler and only B's: a constant B cannot compile stops the run
+    with the build's command named, and the same flags on A are named in the header of a run."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_builds", root / "tools" / "bench_builds.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    demo = str(root / "resources" / "demo" / "demo.colibri")
+    assert module.main([demo, "--a", "worktree", "--b", "worktree", "--b-cflags=-DCOL_DECODE_STREAMS=nonsense",
+                        "-p", "8", "-n", "4", "--turns", "1", "-r", "1"]) == 1
+    assert "building failed" in capsys.readouterr().err
+    assert module.main([demo, "--a", "worktree", "--b", "worktree", "--a-cflags=-DCOL_DECODE_STREAMS=4",
+                        "-p", "8", "-n", "4", "--turns", "2", "-r", "1"]) == 0
+    assert "A = worktree -DCOL_DECODE_STREAMS=4, B = worktree" in capsys.readouterr().out
 
 
 def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(

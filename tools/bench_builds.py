@@ -14,7 +14,12 @@ machine whose speed drifts by 10 % from minute to minute. Prints, per build, the
 and the median and quartiles of the per-pair ratios B / A (above 1: B is faster).
 
     python tools/bench_builds.py FILE [--a HEAD] [--b worktree] [-p 128] [-n 32] [-t 2] [--turns 8] [-r 3]
-                                 [--python]
+                                 [--python] [--a-cflags=FLAGS] [--b-cflags=FLAGS]
+
+--a-cflags / --b-cflags add compiler flags to one build's engine, so one revision can be measured
+against itself with another value of a compile-time constant (`--a HEAD --b HEAD
+--b-cflags=-DCOL_PREFETCH_AHEAD=2048`; with the `=`, since the flags start with a dash), which is
+how the decision table's "tried" values are measured.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKTREE = "worktree"
 
 
-def build(revision: str, into: Path) -> Path:
-    """Compile `revision`'s engine (or the working tree's) under `into`; returns its bench_session."""
+def build(revision: str, into: Path, cflags: str = "") -> Path:
+    """Compile `revision`'s engine (or the working tree's) under `into`, with `cflags` added to the
+    engine's; returns its bench_session."""
     engine = into / "engine_c"
     into.mkdir(parents=True)
     if revision == WORKTREE:
@@ -44,7 +50,8 @@ def build(revision: str, into: Path) -> Path:
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     jobs = str(os.cpu_count() or 1)
-    subprocess.run(["make", "-s", "-C", str(engine), "-j", jobs, "build/libcolibri.a"], check=True)
+    subprocess.run(["make", "-s", "-C", str(engine), "-j", jobs, f"CFLAGS=-O2 -g {cflags}".strip(),
+                    "build/libcolibri.a"], check=True)
     binary = into / "bench_session"
     subprocess.run([os.environ.get("CC", "cc"), "-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L",
                     "-I", str(engine / "include"), str(ROOT / "engine_c" / "tools" / "bench_session.c"),
@@ -52,7 +59,7 @@ def build(revision: str, into: Path) -> Path:
     return binary
 
 
-def build_package(revision: str, into: Path) -> Path:
+def build_package(revision: str, into: Path, cflags: str = "") -> Path:
     """`revision`'s whole source tree (or the working tree's) under `into`, its extension built in
     place; returns the directory to put on PYTHONPATH."""
     into.mkdir(parents=True)
@@ -68,8 +75,9 @@ def build_package(revision: str, into: Path) -> Path:
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision], check=True,
                                  capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    env = {**os.environ, "CFLAGS": f"{os.environ.get('CFLAGS', '')} {cflags}".strip()} if cflags else None
     subprocess.run([sys.executable, str(into / "app" / "colibri" / "_build_ffi.py")], check=True,
-                   cwd=into, capture_output=True)
+                   cwd=into, capture_output=True, env=env)
     return into / "app"
 
 
@@ -113,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-r", "--repeats", type=int, default=3, help="prefills (and decodes) per turn")
     ap.add_argument("--python", action="store_true",
                     help="build whole packages and time their `colibri bench` (the Python layer too)")
+    ap.add_argument("--a-cflags", default="", metavar="FLAGS", help="compiler flags added to A's engine (--a-cflags=-DNAME=VALUE)")
+    ap.add_argument("--b-cflags", default="", metavar="FLAGS", help="compiler flags added to B's engine (--b-cflags=-DNAME=VALUE)")
     args = ap.parse_args(argv)
     if args.p < 1 or args.n < 1 or args.turns < 1 or args.repeats < 1:
         ap.error("-p, -n, --turns and -r must be at least 1")
@@ -120,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="colibri-builds-") as tmp:
         try:
             make, run = (build_package, turn_package) if args.python else (build, turn)
-            binaries = {name: make(rev, Path(tmp) / name) for name, rev in (("a", args.a), ("b", args.b))}
+            binaries = {name: make(rev, Path(tmp) / name, flags) for name, rev, flags in
+                        (("a", args.a, args.a_cflags), ("b", args.b, args.b_cflags))}
         except subprocess.CalledProcessError as exc:
             print(f"bench_builds: building failed: {' '.join(map(str, exc.cmd))}", file=sys.stderr)
             return 1
@@ -130,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs[name].append(run(binaries[name], args))
 
     print(f"{Path(args.file).name}: {args.p}-token prefill and {args.n} decoded tokens, {args.threads} thread(s), "
-          f"{args.turns} turns of {args.repeats} repeats; A = {args.a}, B = {args.b}"
+          f"{args.turns} turns of {args.repeats} repeats; A = {args.a}{' ' + args.a_cflags if args.a_cflags else ''}, "
+          f"B = {args.b}{' ' + args.b_cflags if args.b_cflags else ''}"
           + (" (colibri bench of each package)" if args.python else ""))
     for index, label in ((0, "prefill"), (1, "decode ")):
         a = [r[index] for r in runs["a"]]

@@ -12,6 +12,12 @@ of `repeats` runs so a busy neighbour on a shared machine moves them less, and t
 after every repeat (the best reading is the limit). A model whose weights fit in the last-level
 cache decodes from the cache, not from memory, so it can run above that limit; the report says so.
 
+A numerics variant (`numerics`, colibri.numerics) is timed against the default computation: a
+second session with the default numerics runs the same prefill and decode in turns with it within
+every repeat, and the report gives the variant's time as a multiple of the default's (the median
+of the repeats' ratios, with the lowest and highest), which one run on a shared machine measures
+far better than two runs minutes apart.
+
 Memory: the peak RSS is measured over the runs only (Linux: the peak is reset after each probe
 through /proc/self/clear_refs and read before the next), so the probe's buffer (`--probe-mb`,
 1 GiB by default, larger than any cache) is not counted, and the part of it that is the mapped
@@ -173,6 +179,15 @@ class BenchResult:
     cache_bytes: int        # the last-level cache (0: unknown)
     session_bytes: int
     phases: dict[str, dict[str, float]]  # from the traced run; empty without it
+    # a numerics variant's cost: the default computation run in turns with it (None for the
+    # default itself), and the median over repeats of variant time / default time, with the
+    # lowest and highest repeat
+    default_prefill_tok_s: float | None = None
+    default_decode_tok_s: float | None = None
+    prefill_cost: float | None = None
+    decode_cost: float | None = None
+    prefill_cost_range: tuple[float, float] | None = None
+    decode_cost_range: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -260,10 +275,17 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     ctx = min(hp.max_context, prompt + n + 8)
     session = Session(model, threads=threads, max_context=ctx, trace=False, kernels=kernels,
                       numerics=numerics)
+    # a variant is timed against the default computation, in turns within each repeat
+    default = None if session.numerics.is_default else Session(
+        model, threads=threads, max_context=ctx, trace=False, kernels=kernels)
     # warm: page the whole file in and let the workers settle
-    session.generate(tokens[: min(prompt, 8)], 5, eos=None)
+    for warm in (session, default):
+        if warm is not None:
+            warm.generate(tokens[: min(prompt, 8)], 5, eos=None)
 
     prefill_s, decode_s, traced_s = [], [], []
+    default_prefill_s: list[float] = []
+    default_decode_s: list[float] = []
     phase_runs: list[dict[str, dict[str, float]]] = []
     memory = PeakMemory(path)
     probes = [measure_read_bandwidth(probe_bytes, threads, 3)]
@@ -283,11 +305,18 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         traced_s.append(traced.generate(tokens, n + 1, eos=None).decode_ns / 1e9)
         phase_runs.append(phase_breakdown(model, traced, prompt, n))
 
+    def default_run() -> None:  # the same work under the default numerics
+        assert default is not None
+        default.reset()
+        generation = default.generate(tokens, n + 1, eos=None)
+        default_prefill_s.append(generation.prefill_ns / 1e9)
+        default_decode_s.append(generation.decode_ns / 1e9)
+
+    runs = [untraced_run] + ([traced_run] if traced is not None else []) + (
+        [default_run] if default is not None else [])
     for rep in range(repeats):
-        # interleaved, and in alternating order, so that running second biases neither side
-        order = [untraced_run] if traced is None else (
-            [untraced_run, traced_run] if rep % 2 == 0 else [traced_run, untraced_run])
-        for run in order:
+        # interleaved, each repeat in another order, so that running first or last biases no side
+        for run in runs[rep % len(runs):] + runs[:rep % len(runs)]:
             run()
         # the probe runs between the repeats, so each decode run has a reading taken just before
         # and just after it; a busy neighbour can only lower a reading, so the better one counts
@@ -303,6 +332,15 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     dec_tok_s = n / dec
     limit = bw / wb
     traced_tok_s = n / statistics.median(traced_s) if traced_s else float("nan")
+    cost: dict[str, Any] = {}
+    if default is not None:
+        pre_cost = [v / d for v, d in zip(prefill_s, default_prefill_s)]
+        dec_cost = [v / d for v, d in zip(decode_s, default_decode_s)]
+        cost = dict(default_prefill_tok_s=prompt / statistics.median(default_prefill_s),
+                    default_decode_tok_s=n / statistics.median(default_decode_s),
+                    prefill_cost=statistics.median(pre_cost), decode_cost=statistics.median(dec_cost),
+                    prefill_cost_range=(min(pre_cost), max(pre_cost)),
+                    decode_cost_range=(min(dec_cost), max(dec_cost)))
     return BenchResult(
         file=path, kernels=session.kernels, numerics=session.numerics.spec, threads=threads, prompt_tokens=prompt, decode_tokens=n,
         repeats=repeats, prefill_tok_s=prompt / pre, decode_tok_s=dec_tok_s,
@@ -319,7 +357,8 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         model_bytes=sum(t.nbytes for t in model.tensors), cache_bytes=last_level_cache_bytes(),
         session_bytes=Session.memory_estimate(model, threads=threads, max_context=ctx, trace=False),
         phases={part: {key: statistics.median(run[part][key] for run in phase_runs)
-                       for key in ("ms", "mb", "gb_s")} for part in phase_runs[0]} if phase_runs else {})
+                       for key in ("ms", "mb", "gb_s")} for part in phase_runs[0]} if phase_runs else {},
+        **cost)
 
 
 def _span(lo_hi: tuple[float, float], scale: float = 1.0) -> str:
@@ -349,6 +388,19 @@ def memory_note(r: BenchResult) -> str:
             f"the interpreter and its libraries; {probe}")
 
 
+def cost_lines(r: BenchResult) -> list[str]:
+    """A numerics variant's cost against the default computation run in turns with it."""
+    if r.decode_cost is None or r.prefill_cost is None or r.decode_cost_range is None \
+            or r.prefill_cost_range is None:
+        return []
+    return [f"prefill, default     {r.default_prefill_tok_s:9.1f} tok/s  (exact numerics, in turns: the variant "
+            f"takes {r.prefill_cost:.2f}x its time; repeats {r.prefill_cost_range[0]:.2f}-"
+            f"{r.prefill_cost_range[1]:.2f}x)",
+            f"decode, default      {r.default_decode_tok_s:9.1f} tok/s  (exact numerics, in turns: the variant "
+            f"takes {r.decode_cost:.2f}x its time; repeats {r.decode_cost_range[0]:.2f}-"
+            f"{r.decode_cost_range[1]:.2f}x)"]
+
+
 def format_result(r: BenchResult) -> str:
     note = limit_note(r)
     return "\n".join([
@@ -359,6 +411,7 @@ def format_result(r: BenchResult) -> str:
         f"median of {r.repeats}; repeats {_span(r.prefill_tok_s_range)})",
         f"decode               {r.decode_tok_s:9.1f} tok/s  {r.decode_ms_per_token:.2f} ms/token ({r.decode_tokens} tokens; "
         f"repeats {_span(r.decode_tok_s_range)})",
+        *cost_lines(r),
         f"weights per token    {r.weight_bytes_per_token / 1e6:9.1f} MB",
         f"KV cache per token   {r.kv_bytes_per_token / 1e6:9.2f} MB  (read by the heads, average over the decoded "
         "positions; not in the limit)",

@@ -4,7 +4,7 @@
  * The forward pass calls kernels.h and never names a path. This file chooses the path a pool runs
  * (CPUID, the session's ceiling, COLIBRI_KERNELS) and sends to it the calls that are not
  * products: the query heads of one KV head (col_attend_head) and the element-wise kernels (the
- * SwiGLU gate, bf16 rounding), split over the pool's threads when they are long. Products go
+ * SwiGLU gate, bf16 and f16 rounding), split over the pool's threads when they are long. Products go
  * through the pool (pool.c), which hands each chunk to its path's row walker. The paths live
  * beside it: kernels_portable.c (plain C, everywhere), kernels_x86.c (AVX2 and AVX-512) and
  * kernels_amx.c (bf16 weights on AMX tiles); kernels_quant.c holds the element conversions and
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Element-wise kernels (the SwiGLU gate, bf16 rounding) run on the pool from this many elements,
+/* Element-wise kernels (the SwiGLU gate, bf16 and f16 rounding) run on the pool from this many elements,
  * in pieces of COL_ELEMENTWISE_PIECE: a block's worth is too much for the calling thread alone. */
 #define COL_ELEMENTWISE_PARALLEL (1u << 15)
 #define COL_ELEMENTWISE_PIECE 4096
@@ -84,6 +84,22 @@ static void round_bf16_range(col_isa isa, float *v, uint64_t n)
     col_round_bf16_portable(v, n);
 }
 
+static void round_f16_range(col_isa isa, float *v, uint64_t n)
+{
+#if defined(__x86_64__)
+    if (isa >= COL_ISA_AVX512) {
+        col_round_f16_avx512(v, n);
+        return;
+    }
+    if (isa == COL_ISA_AVX2) {
+        col_round_f16_avx2(v, n);
+        return;
+    }
+#endif
+    (void)isa;
+    col_round_f16_portable(v, n);
+}
+
 static void swiglu_gate_range(col_isa isa, float *h1, const float *h3, uint64_t n)
 {
 #if defined(__x86_64__)
@@ -139,6 +155,18 @@ static void round_range(col_isa isa, float *v, const float *unused, uint64_t n)
 void col_round_bf16(col_pool *pool, float *v, uint64_t n)
 {
     elementwise_task task = {round_range, col_pool_isa(pool), v, NULL, n};
+    run_elementwise(pool, &task);
+}
+
+static void round_f16(col_isa isa, float *v, const float *unused, uint64_t n)
+{
+    (void)unused;
+    round_f16_range(isa, v, n);
+}
+
+void col_round_f16(col_pool *pool, float *v, uint64_t n)
+{
+    elementwise_task task = {round_f16, col_pool_isa(pool), v, NULL, n};
     run_elementwise(pool, &task);
 }
 

@@ -111,6 +111,11 @@ void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n);
  * the pool's threads when n is large (pool may be NULL). The same bits on every path. */
 void col_round_bf16(col_pool *pool, float *v, uint64_t n);
 
+/* v[i] rounded to the nearest f16 value in place (ties to even; past the largest half to Inf;
+ * subnormal halves kept; Inf unchanged; NaN to the quiet NaN of its sign), as f32, for i < n; on
+ * the pool's threads when n is large (pool may be NULL). The same bits on every path. */
+void col_round_f16(col_pool *pool, float *v, uint64_t n);
+
 /* Scalar conversions of stored elements to f32. */
 float col_f16_to_f32(uint16_t h);
 float col_bf16_to_f32(uint16_t b);
@@ -137,6 +142,16 @@ void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs
  * lets the AMX path pack one bf16 part per activation instead of three (the same bits; other
  * paths ignore it); 0 otherwise. */
 void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, int x_bf16);
+
+/* A row walker that runs products instead of the pool's kernels (numerics.c's variant loops):
+ * rows [r0, r1) of job j, every token. An output's bits must not depend on r0, r1 or the thread. */
+typedef void (*col_rows_walker)(const void *ctx, const col_matvec_job *j, uint64_t r0, uint64_t r1);
+
+/* Every job of the batch through `walk`, split over the pool's threads as col_matmul_many splits
+ * products (chunks of multiply-adds taken from a shared counter, each edge on a multiple of
+ * `align` rows); no activations are prepared. pool may be NULL: every row on the calling thread. */
+void col_matmul_walk(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, col_rows_walker walk,
+                     const void *ctx, uint32_t align);
 
 /* Route every product of this pool through col_numerics_matmul(numerics) (NULL = the kernels).
  * `numerics` must outlive the pool's use (it lives in the session). */

@@ -41,6 +41,7 @@ float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uin
 /* Rows [r0, r1) of job j, every token; qx: its quantised activations (block dtypes), else NULL. */
 void col_rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1);
 void col_round_bf16_portable(float *v, uint64_t n);
+void col_round_f16_portable(float *v, uint64_t n);
 void col_swiglu_gate_portable(float *h1, const float *h3, uint64_t n);
 /* One head (n_q = 1) of col_attend_head, and the softmax and value sums the AVX2 head shares. */
 void col_attend_head_portable(const col_head_job *h, float *scores, float *out);
@@ -53,6 +54,12 @@ float col_weighted_value(const col_head_job *h, const float *p, uint32_t i);
 col_isa col_detect_isa(void);
 
 #if defined(__x86_64__)
+/* What the x86 paths' functions are compiled for (function attributes, so the build flags stay
+ * portable); the pool runs them only where CPUID found the instructions. */
+#define COL_T2 __attribute__((target("avx2,fma,f16c")))
+#define COL_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define COL_INLINE static inline __attribute__((always_inline))
+
 /* Neighbouring rows per batch tile on AVX-512, for every weight dtype: 6 rows x 4 tokens keep 24
  * accumulators, 4 token vectors and a weight vector in the 32 registers, so each token vector
  * (from L2) is loaded once per 6 rows. */
@@ -77,6 +84,8 @@ void col_attend_group_avx512(const col_head_job *h, float *scores, float *out);
 void col_attend_head_avx2(const col_head_job *h, float *scores, float *out);
 void col_swiglu_gate_avx512(float *h1, const float *h3, uint64_t n);
 void col_round_bf16_avx512(float *v, uint64_t n);
+void col_round_f16_avx512(float *v, uint64_t n);
+void col_round_f16_avx2(float *v, uint64_t n);
 #endif
 
 #endif /* COLIBRI_KERNELS_INTERNAL_H */

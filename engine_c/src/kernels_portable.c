@@ -62,6 +62,29 @@ void col_round_bf16_portable(float *v, uint64_t n)
     }
 }
 
+/* f32 -> IEEE half bits, round to nearest even, overflow to Inf. */
+static uint16_t f32_to_f16_bits(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7FFFFFFFu;
+    if (ax >= 0x7F800000u) return (uint16_t)(sign | (ax > 0x7F800000u ? 0x7E00u : 0x7C00u));
+    if (ax >= 0x47800000u) return (uint16_t)(sign | 0x7C00u); /* >= 65536 */
+    if (ax < 0x38800000u) {                                    /* below 2^-14: subnormal half */
+        float a;
+        memcpy(&a, &ax, sizeof a);
+        return (uint16_t)(sign | (uint32_t)nearbyintf(a * 16777216.0f)); /* units of 2^-24, exact scaling */
+    }
+    uint32_t h = (((ax >> 23) - 127u + 15u) << 10) | ((ax & 0x7FFFFFu) >> 13), rem = ax & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* a carry into the exponent is right */
+    return (uint16_t)(sign | h);
+}
+
+void col_round_f16_portable(float *v, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) v[i] = col_f16_to_f32(f32_to_f16_bits(v[i]));
+}
+
 /* h1[i] = silu(h1[i]) * h3[i] with the C library's expf. */
 void col_swiglu_gate_portable(float *h1, const float *h3, uint64_t n)
 {

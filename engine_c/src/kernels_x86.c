@@ -1,6 +1,6 @@
 /*
  * kernels_x86.c - the AVX2 and AVX-512 paths: products in register tiles, attention heads, the
- * SwiGLU gate and bf16 rounding.
+ * SwiGLU gate and bf16 and f16 rounding.
  *
  * Compiled with function target attributes, not -march flags, so the file builds for any x86-64
  * (and elsewhere to the one function saying there is no SIMD path); the pool runs this code only
@@ -38,9 +38,6 @@
 /* ---- x86 SIMD paths ---------------------------------------------------------------------- */
 #if defined(__x86_64__)
 
-#define COL_T2 __attribute__((target("avx2,fma,f16c")))
-#define COL_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-#define COL_INLINE static inline __attribute__((always_inline))
 
 /* Fixed-order horizontal sum of 8 lanes: (0+4, 1+5, 2+6, 3+7), then pairs, then the last two. */
 COL_INLINE COL_T2 float hsum8(__m256 v)
@@ -406,16 +403,29 @@ COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, u
     next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, n_steps);
     uint64_t s = 0;
     for (uint64_t c = 0; s < n_steps; c++) {
-        float wbuf[8] = {0}, xbuf[8] = {0};
-        uint64_t have = nb - 8 * c < 8 ? nb - 8 * c : 8;
+        const uint64_t have = nb - 8 * c < 8 ? nb - 8 * c : 8;
         __m256 sc[MAX_TILE], xs[4];
+        /* the 8 scales of a chunk in one load each; a last chunk of fewer through zeroed buffers
+         * (scalar stores read back as one vector stall the load, so only there) */
         for (int b = 0; b < NT; b++) {
-            memcpy(xbuf, x[b].d + 8 * c, have * sizeof(float));
-            xs[b] = _mm256_loadu_ps(xbuf);
+            if (have == 8) {
+                xs[b] = _mm256_loadu_ps(x[b].d + 8 * c);
+            } else {
+                float xbuf[8] = {0};
+                memcpy(xbuf, x[b].d + 8 * c, have * sizeof(float));
+                xs[b] = _mm256_loadu_ps(xbuf);
+            }
         }
         for (int a = 0; a < NR; a++) {
-            for (uint64_t k = 0; k < have; k++) wbuf[k] = _cvtsh_ss(rd16u(row[a] + 16 * c + 2 * k));
-            __m256 ws = _mm256_loadu_ps(wbuf);
+            __m128i h;
+            if (have == 8) {
+                h = _mm_loadu_si128((const __m128i *)(row[a] + 16 * c));
+            } else {
+                uint16_t hbuf[8] = {0};
+                memcpy(hbuf, row[a] + 16 * c, have * sizeof(uint16_t));
+                h = _mm_loadu_si128((const __m128i *)hbuf);
+            }
+            const __m256 ws = _mm256_cvtph_ps(h);
             for (int b = 0; b < NT; b++) sc[a * NT + b] = _mm256_mul_ps(ws, xs[b]);
         }
         for (uint64_t k = 0; k < steps_per_chunk && s < n_steps; k++, s++) {
@@ -914,6 +924,36 @@ COL_T512 void col_round_bf16_avx512(float *v, uint64_t n)
         __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b, exp_mask), exp_mask);
         _mm512_mask_storeu_epi32(v + i, m, _mm512_mask_blend_epi32(special, r, b));
     }
+}
+
+/* The nearest f16 by F16C (vcvtps2ph rounds to nearest even, keeps subnormal halves and gives
+ * Inf past the largest), back to f32 exactly; a NaN becomes the quiet NaN of its sign, as the
+ * portable conversion gives, not its own payload cut to ten bits. */
+COL_T512 void col_round_f16_avx512(float *v, uint64_t n)
+{
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u), quiet = _mm512_set1_epi32(0x7FC00000);
+    for (uint64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 x = _mm512_maskz_loadu_ps(m, v + i);
+        __m512 r = _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m512i nan = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(x), sign), quiet);
+        r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, _mm512_castsi512_ps(nan));
+        _mm512_mask_storeu_ps(v + i, m, r);
+    }
+}
+
+COL_T2 void col_round_f16_avx2(float *v, uint64_t n)
+{
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    const __m256 quiet = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000));
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(v + i);
+        __m256 r = _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256 nan = _mm256_or_ps(_mm256_and_ps(x, sign), quiet);
+        _mm256_storeu_ps(v + i, _mm256_blendv_ps(r, nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    }
+    if (i < n) col_round_f16_portable(v + i, n - i);
 }
 
 col_isa col_detect_isa(void)

@@ -20,10 +20,13 @@
  * Weight precision is not a session setting: it is the same checkpoint written as f32/f16/bf16
  * (colibri.jitter does that), run with the default numerics.
  *
- * The reference loops are single-threaded and convert weights to f32 in blocks of 32 (block
- * dtypes are dequantised; the default path's int8 activation quantisation is not modelled), so a
- * variant's bits depend neither on the thread count nor on how positions are batched. They are
- * slow by design: they exist to be exact and reproducible, not fast.
+ * The reference loops below define each variant: an output is one dot product of its row, the
+ * weights converted to f32 (block dtypes dequantised; the default path's int8 activation
+ * quantisation is not modelled), in the variant's order, so its bits depend neither on the thread
+ * count nor on how positions are batched. They are scalar and run on the portable path; the AVX2
+ * and AVX-512 paths run numerics_x86.c's vector loops, which compute many rows at once with the
+ * same operations per row and so give the same bits. Either way the rows are split over the pool's
+ * threads (col_matmul_walk).
  */
 #include "numerics.h"
 
@@ -32,10 +35,7 @@
 #include <math.h>
 #include <string.h>
 
-#define COL_MAX_LANES 256u
-#define COL_MAX_SPLIT 256u
 #define COL_MAX_NOISE_ULPS (1u << 22)
-#define PAIRWISE_LEAF 8u
 
 /* ---- configuration ----------------------------------------------------------------------- */
 
@@ -73,32 +73,14 @@ int col_numerics_hooks_products(const col_numerics *nx)
 
 /* ---- rounding to bf16 / f16 -------------------------------------------------------------- */
 
-/* f32 -> IEEE half bits, round to nearest even, overflow to Inf. */
-static uint16_t f32_to_f16_bits(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7FFFFFFFu;
-    if (ax >= 0x7F800000u) return (uint16_t)(sign | (ax > 0x7F800000u ? 0x7E00u : 0x7C00u));
-    if (ax >= 0x47800000u) return (uint16_t)(sign | 0x7C00u); /* >= 65536 */
-    if (ax < 0x38800000u) {                                    /* below 2^-14: subnormal half */
-        float a;
-        memcpy(&a, &ax, sizeof a);
-        return (uint16_t)(sign | (uint32_t)nearbyintf(a * 16777216.0f)); /* units of 2^-24, exact scaling */
-    }
-    uint32_t h = (((ax >> 23) - 127u + 15u) << 10) | ((ax & 0x7FFFFFu) >> 13), rem = ax & 0x1FFFu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* a carry into the exponent is right */
-    return (uint16_t)(sign | h);
-}
-
 void col_numerics_round(const col_numerics *nx, struct col_pool *pool, float *v, uint64_t n)
 {
     if (!nx || nx->activation == COL_ACTIVATION_F32) return;
-    if (nx->activation == COL_ACTIVATION_BF16) /* the pool's vector kernel: every activation of
+    if (nx->activation == COL_ACTIVATION_BF16) /* the pool's vector kernels: every activation of
                                                   every product passes through here */
         col_round_bf16(pool, v, n);
     else
-        for (uint64_t i = 0; i < n; i++) v[i] = col_f16_to_f32(f32_to_f16_bits(v[i]));
+        col_round_f16(pool, v, n);
 }
 
 /* ---- router-logit noise ------------------------------------------------------------------ */
@@ -191,7 +173,7 @@ static float dot_sequential(row_reader *r, const float *x, uint64_t lo, uint64_t
 
 static float dot_pairwise(row_reader *r, const float *x, uint64_t lo, uint64_t hi, uint32_t use_fma)
 {
-    if (hi - lo <= PAIRWISE_LEAF) return dot_sequential(r, x, lo, hi, use_fma);
+    if (hi - lo <= COL_PAIRWISE_LEAF) return dot_sequential(r, x, lo, hi, use_fma);
     uint64_t mid = lo + (hi - lo) / 2;
     float left = dot_pairwise(r, x, lo, mid, use_fma);
     return left + dot_pairwise(r, x, mid, hi, use_fma);
@@ -236,6 +218,60 @@ static float dot_variant(const col_numerics *nx, row_reader *r, const float *x)
     return total;
 }
 
+/* Rows [r0, r1) of job j, every token, by the reference loops. */
+static void reference_rows(const col_numerics *nx, const col_matvec_job *j, uint64_t r0, uint64_t r1)
+{
+    row_reader r;
+    float row_f32[COL_ROW_BUFFER]; /* 64 KiB of stack: no allocation on the token path */
+    const uint64_t rb = col_dtype_row_bytes(j->w.dtype, j->w.cols);
+    for (uint64_t row = r0; row < r1; row++) {
+        r.data = (const uint8_t *)j->w.data + row * rb;
+        r.dtype = j->w.dtype;
+        r.n = j->w.cols;
+        r.block = UINT64_MAX;
+        r.full = NULL;
+        if (r.n <= COL_ROW_BUFFER) {
+            col_load_row(r.data, r.dtype, r.n, row_f32);
+            r.full = row_f32;
+        }
+        for (uint32_t t = 0; t < j->n_tokens; t++)
+            j->y[(uint64_t)t * j->w.rows + row] = dot_variant(nx, &r, j->x + (uint64_t)t * j->w.cols);
+    }
+}
+
+/* A variant's products on the pool (col_matmul_walk): the path's vector loops, which give the
+ * reference's bits, or the reference itself on the portable path. */
+typedef struct variant_walk {
+    const col_numerics *nx;
+    col_isa isa;
+} variant_walk;
+
+static void variant_rows(const void *ctx, const col_matvec_job *j, uint64_t r0, uint64_t r1)
+{
+    const variant_walk *v = ctx;
+#if defined(__x86_64__)
+    if (v->isa >= COL_ISA_AVX512) {
+        col_numerics_rows_avx512(v->nx, j, r0, r1);
+        return;
+    }
+    if (v->isa == COL_ISA_AVX2) {
+        col_numerics_rows_avx2(v->nx, j, r0, r1);
+        return;
+    }
+#endif
+    reference_rows(v->nx, j, r0, r1);
+}
+
+static uint32_t variant_align(col_isa isa)
+{
+#if defined(__x86_64__)
+    if (isa >= COL_ISA_AVX512) return COL_NUMERICS_ROWS_AVX512;
+    if (isa == COL_ISA_AVX2) return COL_NUMERICS_ROWS_AVX2;
+#endif
+    (void)isa;
+    return 1;
+}
+
 void col_numerics_matmul(const col_numerics *nx, col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs)
 {
     /* inputs: session scratch activations, rounded where they are stored (idempotent, so an
@@ -245,26 +281,8 @@ void col_numerics_matmul(const col_numerics *nx, col_pool *pool, const col_matve
     if (nx->reduction == COL_REDUCTION_DEFAULT) {
         col_matmul_kernels(pool, jobs, n_jobs, nx->activation == COL_ACTIVATION_BF16);
     } else {
-        row_reader r;
-        float row_f32[COL_ROW_BUFFER]; /* 64 KiB of stack: no allocation on the token path */
-        for (uint32_t k = 0; k < n_jobs; k++) {
-            const col_matvec_job *j = &jobs[k];
-            uint64_t rb = col_dtype_row_bytes(j->w.dtype, j->w.cols);
-            for (uint64_t row = 0; row < j->w.rows; row++) {
-                r.data = (const uint8_t *)j->w.data + row * rb;
-                r.dtype = j->w.dtype;
-                r.n = j->w.cols;
-                r.block = UINT64_MAX;
-                r.full = NULL;
-                if (r.n <= COL_ROW_BUFFER) {
-                    col_load_row(r.data, r.dtype, r.n, row_f32);
-                    r.full = row_f32;
-                }
-                for (uint32_t t = 0; t < j->n_tokens; t++) {
-                    j->y[(uint64_t)t * j->w.rows + row] = dot_variant(nx, &r, j->x + (uint64_t)t * j->w.cols);
-                }
-            }
-        }
+        const variant_walk walk = {nx, col_pool_isa(pool)};
+        col_matmul_walk(pool, jobs, n_jobs, variant_rows, &walk, variant_align(walk.isa));
     }
     for (uint32_t k = 0; k < n_jobs; k++)
         col_numerics_round(nx, pool, jobs[k].y, (uint64_t)jobs[k].n_tokens * jobs[k].w.rows);

@@ -20,6 +20,10 @@
 struct col_pool;
 struct col_matvec_job;
 
+#define COL_MAX_LANES 256u     /* BLOCKED lanes at most */
+#define COL_MAX_SPLIT 256u     /* parts of a split at most */
+#define COL_PAIRWISE_LEAF 8u   /* PAIRWISE: ranges of at most this many elements are summed in order */
+
 typedef struct col_numerics {
     uint32_t reduction;   /* col_reduction; DEFAULT with fma or split set runs SEQUENTIAL */
     uint32_t lanes;       /* BLOCKED lanes */
@@ -45,6 +49,16 @@ int col_numerics_hooks_products(const col_numerics *nx);
  * reduction (or by col_matmul_kernels on `pool` for DEFAULT), outputs rounded. */
 void col_numerics_matmul(const col_numerics *nx, struct col_pool *pool, const struct col_matvec_job *jobs,
                          uint32_t n_jobs);
+
+#if defined(__x86_64__)
+/* Rows [r0, r1) of job j, every token, by the variant's reduction (not DEFAULT) on AVX-512 (16 rows
+ * at a time) or AVX2 (8), with the bits of numerics.c's reference loops (numerics_x86.c). Only
+ * where CPUID found the instructions. */
+void col_numerics_rows_avx512(const col_numerics *nx, const struct col_matvec_job *j, uint64_t r0, uint64_t r1);
+void col_numerics_rows_avx2(const col_numerics *nx, const struct col_matvec_job *j, uint64_t r0, uint64_t r1);
+#define COL_NUMERICS_ROWS_AVX512 16u /* rows a group of the AVX-512 loops takes (one per lane) */
+#define COL_NUMERICS_ROWS_AVX2 8u
+#endif
 
 /* Round v[0..n) to the activation precision in place; no-op for F32 (and a NULL nx). bf16 runs on
  * `pool`'s threads when n is large (pool may be NULL). */

@@ -69,6 +69,9 @@ struct col_pool {
     const col_matvec_job *jobs;
     uint32_t n_jobs;
     int x_bf16;                /* every activation of the batch is a bf16 value (col_matmul_kernels) */
+    col_rows_walker walk;      /* products: run by this instead of the path's kernels (col_matmul_walk) */
+    const void *walk_ctx;
+    uint32_t walk_align;       /* rows a walker's chunk edges fall on */
     uint64_t total_work;       /* sum over jobs of rows * row_work */
     uint32_t n_chunks;         /* products: pieces the threads take in turn */
     uint64_t chunk_end[COL_MAX_CHUNKS]; /* work at which chunk c ends (it starts where c - 1 ends) */
@@ -151,9 +154,12 @@ static void run_chunk(const col_pool *pool, uint32_t t, uint32_t chunk)
     uint64_t g0 = chunk ? pool->chunk_end[chunk - 1] : 0, g1 = pool->chunk_end[chunk], base = 0;
     for (uint32_t k = 0; k < pool->n_jobs && base < g1; k++) {
         const col_matvec_job *j = &pool->jobs[k];
-        const uint64_t align = batch_tile_rows(pool, j);
+        const uint64_t align = pool->walk ? pool->walk_align : batch_tile_rows(pool, j);
         uint64_t lo = chunk_edge(j, g0, base, align), hi = chunk_edge(j, g1, base, align);
-        if (lo < hi) job_rows(pool, j, k < pool->max_jobs ? pool->act[k] : NULL, t, lo, hi);
+        if (lo < hi && pool->walk)
+            pool->walk(pool->walk_ctx, j, lo, hi);
+        else if (lo < hi)
+            job_rows(pool, j, k < pool->max_jobs ? pool->act[k] : NULL, t, lo, hi);
         base += j->w.rows * row_work(j);
     }
 }
@@ -452,12 +458,42 @@ void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_j
     pool->x_bf16 = x_bf16;
     prepare_activations(pool, jobs, n_jobs, own_tokens, own_elems);
     pool->task = NULL;
+    pool->walk = NULL;
     pool->jobs = jobs;
     pool->n_jobs = n_jobs;
     pool->total_work = macs;
     plan_chunks(pool, macs);
     atomic_store(&pool->next_chunk, 0);
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
+}
+
+void col_matmul_walk(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, col_rows_walker walk,
+                     const void *ctx, uint32_t align)
+{
+    if (!pool) {
+        for (uint32_t k = 0; k < n_jobs; k++) walk(ctx, &jobs[k], 0, jobs[k].w.rows);
+        return;
+    }
+    uint64_t rows = 0, macs = 0;
+    for (uint32_t k = 0; k < n_jobs; k++) {
+        rows += jobs[k].w.rows;
+        macs += jobs[k].w.rows * row_work(&jobs[k]);
+    }
+    if (macs == 0) { /* nothing to multiply; the walker still writes the (empty) sums */
+        for (uint32_t k = 0; k < n_jobs; k++) walk(ctx, &jobs[k], 0, jobs[k].w.rows);
+        return;
+    }
+    pool->task = NULL;
+    pool->walk = walk;
+    pool->walk_ctx = ctx;
+    pool->walk_align = align ? align : 1;
+    pool->jobs = jobs;
+    pool->n_jobs = n_jobs;
+    pool->total_work = macs;
+    plan_chunks(pool, macs);
+    atomic_store(&pool->next_chunk, 0);
+    dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
+    pool->walk = NULL;
 }
 
 void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items)

@@ -548,6 +548,36 @@ static void test_round_bf16(const char *isa)
     pool_done(&r);
 }
 
+/* col_round_f16 on a path: the portable conversion's bits (test_numerics checks its rounding) for
+ * values across the half range and past it, with ties, subnormal and underflowing halves, the
+ * largest half and the first value that rounds to Inf, Inf and NaNs of both signs and several
+ * payloads, on a short array and on one long enough for the pool's threads. */
+static void test_round_f16(const char *isa)
+{
+    run r = pool_for(isa, 3, 1, 32);
+    CHECK(r.pool != NULL);
+    if (!r.pool) return;
+    static const uint64_t sizes[] = {37, 100003};
+    for (size_t si = 0; si < 2; si++) {
+        uint64_t n = sizes[si];
+        float *v = malloc(n * sizeof *v), *want = malloc(n * sizeof *want);
+        for (uint64_t i = 0; i < n; i++) v[i] = ldexpf(frand(), (int)(i % 48) - 30);
+        uint32_t nan_bits[] = {0x7FC00000u, 0xFFC00001u, 0x7F800001u, 0x7FA12345u};
+        float nans[4];
+        memcpy(nans, nan_bits, sizeof nans);
+        const float special[] = {1.0f + 0x1p-11f, 1.0f + 0x1p-10f + 0x1p-11f, -0.0f, 0.0f, 0x1p-24f, 0x1p-25f,
+                                 0x1.8p-25f, -0x1.8p-24f, 0x1p-26f, 65504.0f, 65519.0f, 65520.0f, -65520.0f,
+                                 3.4e38f, INFINITY, -INFINITY, nans[0], nans[1], nans[2], nans[3]};
+        for (size_t k = 0; k < sizeof special / sizeof *special; k++) v[k] = special[k];
+        memcpy(want, v, n * sizeof *v);
+        col_round_f16(NULL, want, n);
+        col_round_f16(r.pool, v, n);
+        CHECK(memcmp(v, want, n * sizeof *v) == 0);
+        free(v), free(want);
+    }
+    pool_done(&r);
+}
+
 /* Activations that are bf16 values already (x_bf16): the AMX path packs one part per token, 16
  * tokens per tile, and every output keeps the bits three parts give, on any thread count, in a
  * batch as in a step. Signed zeros and a subnormal are among the activations. */
@@ -605,6 +635,7 @@ int main(void)
     test_parallel_preparation();
     test_path("portable");
     test_round_bf16("portable");
+    test_round_f16("portable");
     test_swiglu_gate("portable");
     test_attend_heads("portable");
 #if defined(__x86_64__)
@@ -618,6 +649,9 @@ int main(void)
     if (__builtin_cpu_supports("avx512f")) test_swiglu_gate("avx512");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_round_bf16("avx512");
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_round_f16("avx2");
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        test_round_f16("avx512");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_attend_heads("avx2");
     if (__builtin_cpu_supports("avx512f")) test_attend_heads("avx512");
     test_path("amx");

@@ -1,12 +1,14 @@
 /* test_numerics.c - the numerics variants' building blocks (numerics.c): f16/bf16 rounding to
- * nearest even, ULP noise bounded and deterministic, the reductions on exactly known sums, and
- * config checks. */
+ * nearest even, ULP noise bounded and deterministic, the reductions on exactly known sums, the
+ * vector loops of every path (numerics_x86.c) bit for bit against the reference loops, and config
+ * checks. */
 #include "harness.h"
 #include "kernels.h"
 #include "numerics.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static uint32_t bits_of(float f)
@@ -112,6 +114,217 @@ static void test_long_rows(void)
     CHECK(bits_of(y) == bits_of(expect));
 }
 
+/* ---- the vector loops against the reference ------------------------------------------- */
+
+static uint32_t rng_state = 777u;
+static uint32_t next_u32(void)
+{
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return rng_state;
+}
+
+/* A value in [-1, 1) scaled by 2^-6 .. 2^6, so sums cancel and round differently in each order. */
+static float spread_value(void)
+{
+    float v = (float)((next_u32() >> 8) & 0xFFFFFF) / (float)0x800000 - 1.0f;
+    return ldexpf(v, (int)(next_u32() % 13) - 6);
+}
+
+/* `rows` x `cols` random weights of `dtype` in the format's row layout. */
+static uint8_t *random_weights(uint32_t dtype, uint64_t rows, uint64_t cols)
+{
+    const uint64_t rb = col_dtype_row_bytes(dtype, cols), nb = cols / 32;
+    uint8_t *w = malloc(rows * rb + 64);
+    for (uint64_t r = 0; r < rows; r++) {
+        uint8_t *row = w + r * rb;
+        if (dtype == COL_DTYPE_F32) {
+            for (uint64_t i = 0; i < cols; i++) {
+                float v = spread_value();
+                memcpy(row + 4 * i, &v, 4);
+            }
+        } else if (dtype == COL_DTYPE_F16 || dtype == COL_DTYPE_BF16) {
+            for (uint64_t i = 0; i < cols; i++) { /* normal values of either sign, 2^-12 .. 2^3 */
+                uint16_t v = dtype == COL_DTYPE_F16 ? (uint16_t)(0x0C00u + next_u32() % 0x3C00u)
+                                                    : (uint16_t)(0x3980u + next_u32() % 0x0800u);
+                v |= (uint16_t)(next_u32() & 0x8000u);
+                memcpy(row + 2 * i, &v, 2);
+            }
+        } else {
+            for (uint64_t b = 0; b < nb; b++) {
+                uint16_t d = (uint16_t)(0x1C00u + next_u32() % 0x1000u); /* f16 2^-8 .. 2^-4 */
+                memcpy(row + 2 * b, &d, 2);
+            }
+            for (uint64_t i = 2 * nb; i < rb; i++) row[i] = (uint8_t)(next_u32() >> 13);
+        }
+    }
+    return w;
+}
+
+typedef struct pool_run {
+    col_pool *pool;
+    void *scratch;
+} pool_run;
+
+/* A pool of `threads` on path `isa` (NULL pool when this CPU lacks it). */
+static pool_run pool_on(const char *isa, uint32_t threads, uint32_t max_tokens, uint64_t max_cols)
+{
+    pool_run r = {NULL, NULL};
+    setenv("COLIBRI_KERNELS", isa, 1);
+    const col_isa chosen = col_choose_isa(COL_ISA_AMX);
+    unsetenv("COLIBRI_KERNELS");
+    if (strcmp(col_isa_name(chosen), isa) != 0) return r;
+    col_allocator alloc;
+    col_allocator_or_default(NULL, &alloc);
+    col_pool_limits limits = {1, max_tokens * max_cols, max_tokens, max_cols};
+    uint64_t bytes = col_pool_scratch_size(chosen, threads, &limits);
+    if (posix_memalign(&r.scratch, 64, bytes) != 0) r.scratch = NULL;
+    r.pool = col_pool_create(chosen, threads, r.scratch, bytes, &limits, &alloc);
+    return r;
+}
+
+static void pool_end(pool_run *r)
+{
+    col_pool_free(r->pool);
+    free(r->scratch);
+}
+
+typedef struct variant {
+    const char *name;
+    uint32_t reduction, lanes, fma, split;
+} variant;
+
+static const variant variants[] = {
+    {"seq", COL_REDUCTION_SEQUENTIAL, 0, 0, 0},
+    {"seq+fma", COL_REDUCTION_SEQUENTIAL, 0, 1, 0},
+    {"pairwise", COL_REDUCTION_PAIRWISE, 0, 0, 0},
+    {"pairwise+fma", COL_REDUCTION_PAIRWISE, 0, 1, 0},
+    {"blocked1", COL_REDUCTION_BLOCKED, 1, 0, 0},
+    {"blocked3", COL_REDUCTION_BLOCKED, 3, 0, 0},
+    {"blocked4", COL_REDUCTION_BLOCKED, 4, 0, 0},
+    {"blocked8+fma", COL_REDUCTION_BLOCKED, 8, 1, 0},
+    {"blocked16", COL_REDUCTION_BLOCKED, 16, 0, 0},
+    {"blocked32+fma", COL_REDUCTION_BLOCKED, 32, 1, 0},
+    {"blocked100", COL_REDUCTION_BLOCKED, 100, 0, 0},
+    {"blocked256+fma", COL_REDUCTION_BLOCKED, 256, 1, 0},
+    {"seq+split2", COL_REDUCTION_SEQUENTIAL, 0, 0, 2},
+    {"seq+split4", COL_REDUCTION_SEQUENTIAL, 0, 0, 4},
+    {"pairwise+split3", COL_REDUCTION_PAIRWISE, 0, 0, 3},
+    {"blocked8+fma+split4", COL_REDUCTION_BLOCKED, 8, 1, 4},
+    {"blocked16+split7", COL_REDUCTION_BLOCKED, 16, 0, 7},
+    {"seq+split256", COL_REDUCTION_SEQUENTIAL, 0, 0, 256},
+};
+#define N_VARIANTS (sizeof variants / sizeof variants[0])
+
+static col_numerics numerics_of(const variant *v)
+{
+    col_numerics nx = {0};
+    nx.reduction = v->reduction;
+    nx.lanes = v->lanes;
+    nx.fma = v->fma;
+    nx.split = v->split;
+    return nx;
+}
+
+static int same_bits(const float *a, const float *b, uint64_t n)
+{
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+/* Every variant, dtype and shape: the AVX2 and AVX-512 loops on 1 and 3 threads give the reference
+ * loops' bits (the reference: a NULL pool), and a batch of tokens gives each token's bits alone
+ * (prefill equals stepping). Weights and activations are spread over 13 binades so that the
+ * orders round differently, which the check that the variants disagree with each other confirms. */
+static void test_vector_loops_match_the_reference(void)
+{
+    enum { MAX_T = 9, MAX_C = 1056 };
+    static const uint32_t dtypes[] = {COL_DTYPE_F32, COL_DTYPE_F16, COL_DTYPE_BF16, COL_DTYPE_Q8_0, COL_DTYPE_Q4_0};
+    static const uint64_t cols_list[] = {17, 32, 100, 1056};
+    static const uint64_t rows_list[] = {1, 7, 16, 37};
+    static const uint32_t tokens_list[] = {1, 5, 9};
+    static const char *paths[] = {"avx2", "avx512"};
+    pool_run pools[2][2];
+    for (int p = 0; p < 2; p++) {
+        pools[p][0] = pool_on(paths[p], 1, MAX_T, MAX_C);
+        pools[p][1] = pool_on(paths[p], 3, MAX_T, MAX_C);
+        if (!pools[p][0].pool) fprintf(stderr, "numerics %s: not on this CPU, not checked\n", paths[p]);
+    }
+    static float x[MAX_T * MAX_C], ref[MAX_T * 37], got[MAX_T * 37], one[37], first[N_VARIANTS][MAX_T * 37];
+    int bad = 0, checked = 0, orders_differ = 0;
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
+        for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++) {
+            const uint64_t cols = cols_list[c];
+            if (dtypes[d] >= COL_DTYPE_Q8_0 && cols % 32) continue;
+            for (size_t rr = 0; rr < sizeof rows_list / sizeof rows_list[0]; rr++) {
+                const uint64_t rows = rows_list[rr];
+                uint8_t *w = random_weights(dtypes[d], rows, cols);
+                for (uint64_t i = 0; i < MAX_T * cols; i++) x[i] = spread_value();
+                col_weight cw = {w, dtypes[d], rows, cols, 0};
+                for (size_t t = 0; t < sizeof tokens_list / sizeof tokens_list[0]; t++) {
+                    const uint32_t nt = tokens_list[t];
+                    for (size_t v = 0; v < N_VARIANTS; v++) {
+                        const col_numerics nx = numerics_of(&variants[v]);
+                        col_matvec_job job = {cw, x, ref, nt};
+                        col_numerics_matmul(&nx, NULL, &job, 1);
+                        if (t == 0) memcpy(first[v], ref, rows * sizeof(float));
+                        else if (v > 0 && !same_bits(first[v], first[0], rows)) orders_differ = 1;
+                        for (int p = 0; p < 2; p++)
+                            for (int k = 0; k < 2; k++) {
+                                if (!pools[p][k].pool) continue;
+                                memset(got, 0xFF, sizeof got);
+                                job.y = got;
+                                col_numerics_matmul(&nx, pools[p][k].pool, &job, 1);
+                                checked++;
+                                if (!same_bits(got, ref, (uint64_t)nt * rows)) {
+                                    if (bad++ < 5)
+                                        fprintf(stderr, "numerics %s, %s on %d thread(s): dtype %u, %llu x %llu, %u tokens differ\n",
+                                                variants[v].name, paths[p], k ? 3 : 1, dtypes[d], (unsigned long long)rows,
+                                                (unsigned long long)cols, nt);
+                                }
+                                for (uint32_t s = 0; s < nt && k == 1; s++) { /* each token alone */
+                                    col_matvec_job step = {cw, x + (uint64_t)s * cols, one, 1};
+                                    col_numerics_matmul(&nx, pools[p][k].pool, &step, 1);
+                                    if (!same_bits(one, ref + (uint64_t)s * rows, rows)) bad++;
+                                }
+                            }
+                    }
+                }
+                free(w);
+            }
+        }
+    CHECK(bad == 0);
+    CHECK(checked > 0 || !pools[0][0].pool);
+    CHECK(orders_differ); /* the data tells the orders apart, so a wrong order would be caught */
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < 2; k++) pool_end(&pools[p][k]);
+}
+
+/* Rows longer than the reference's 16384-element row buffer, under every reduction. */
+static void test_vector_loops_on_long_rows(void)
+{
+    enum { COLS = 16384 + 96, ROWS = 19 };
+    pool_run pools[2] = {pool_on("avx2", 2, 1, COLS), pool_on("avx512", 2, 1, COLS)};
+    uint8_t *w = random_weights(COL_DTYPE_BF16, ROWS, COLS);
+    static float x[COLS], ref[ROWS], got[ROWS];
+    for (uint64_t i = 0; i < COLS; i++) x[i] = spread_value();
+    col_weight cw = {w, COL_DTYPE_BF16, ROWS, COLS, 0};
+    int bad = 0;
+    for (size_t v = 0; v < N_VARIANTS; v++) {
+        const col_numerics nx = numerics_of(&variants[v]);
+        col_matvec_job job = {cw, x, ref, 1};
+        col_numerics_matmul(&nx, NULL, &job, 1);
+        for (int p = 0; p < 2; p++) {
+            if (!pools[p].pool) continue;
+            job.y = got;
+            col_numerics_matmul(&nx, pools[p].pool, &job, 1);
+            bad += !same_bits(got, ref, ROWS);
+        }
+    }
+    CHECK(bad == 0);
+    free(w);
+    pool_end(&pools[0]);
+    pool_end(&pools[1]);
+}
+
 static void test_config_checks(void)
 {
     col_session_config c;
@@ -139,6 +352,8 @@ int main(void)
     test_noise();
     test_reductions();
     test_long_rows();
+    test_vector_loops_match_the_reference();
+    test_vector_loops_on_long_rows();
     test_config_checks();
     return TEST_REPORT();
 }

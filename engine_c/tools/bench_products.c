@@ -2,7 +2,7 @@
  * bench_products.c - time one weight product of a prefill, the way the engine runs it.
  *
  *   bench_products DTYPE ROWS COLS TOKENS [--threads T] [--megabytes M] [--repeats R]
- *                  [--kernels portable|avx2|avx512|amx]
+ *                  [--kernels portable|avx2|avx512|amx] [--numerics SPEC]
  *
  * Multiplies TOKENS activation rows by a ROWS x COLS weight matrix of DTYPE (f32, f16, bf16,
  * q8_0, q4_0) on a pool of T threads (col_matmul_many, one product per call). The weights are
@@ -10,7 +10,9 @@
  * multiplied in turn, so every product reads its weights from memory as a prefill's expert
  * products do. Prints one JSON line: the seconds per product of each repeat (a pass over all the
  * copies) and the path that ran. tools/bench_products.py runs it in turns with torch's products on
- * the same shapes. A developer's benchmark: it uses the engine's internal kernel interface.
+ * the same shapes. --numerics runs a numerics variant's products instead (SPEC: seq, pairwise or
+ * blockedL, with +fma and +splitS, as colibri.numerics spells them). A developer's benchmark: it
+ * uses the engine's internal kernel interface.
  */
 #include "internal.h"
 #include "kernels.h"
@@ -86,10 +88,31 @@ static void fill_row(uint8_t *row, uint32_t dtype, uint64_t cols, uint64_t *stat
     }
 }
 
+/* A reduction variant's spec (seq, pairwise, blockedL; +fma; +splitS) into nx; 0 if it does not parse. */
+static int parse_numerics(const char *spec, col_numerics *nx)
+{
+    char buf[128];
+    if (strlen(spec) >= sizeof buf) return 0;
+    strcpy(buf, spec);
+    memset(nx, 0, sizeof *nx);
+    for (char *part = strtok(buf, "+"); part; part = strtok(NULL, "+")) {
+        if (strcmp(part, "seq") == 0) nx->reduction = COL_REDUCTION_SEQUENTIAL;
+        else if (strcmp(part, "pairwise") == 0) nx->reduction = COL_REDUCTION_PAIRWISE;
+        else if (strncmp(part, "blocked", 7) == 0 && atoi(part + 7) > 0) {
+            nx->reduction = COL_REDUCTION_BLOCKED;
+            nx->lanes = (uint32_t)atoi(part + 7);
+        } else if (strcmp(part, "fma") == 0) nx->fma = 1;
+        else if (strncmp(part, "split", 5) == 0 && atoi(part + 5) > 0) nx->split = (uint32_t)atoi(part + 5);
+        else return 0;
+    }
+    if (nx->reduction == COL_REDUCTION_DEFAULT) nx->reduction = COL_REDUCTION_SEQUENTIAL;
+    return nx->lanes <= 256 && nx->split <= 256;
+}
+
 static int usage(void)
 {
     fputs("usage: bench_products DTYPE ROWS COLS TOKENS [--threads T] [--megabytes M] [--repeats R]\n"
-          "                      [--kernels portable|avx2|avx512|amx]\n"
+          "                      [--kernels portable|avx2|avx512|amx] [--numerics SPEC]\n"
           "  DTYPE: f32 f16 bf16 q8_0 q4_0 (q8_0/q4_0: COLS a multiple of 32)\n",
           stderr);
     return 2;
@@ -103,6 +126,8 @@ int main(int argc, char **argv)
     const unsigned long tokens = strtoul(argv[4], NULL, 10);
     unsigned long threads = 1, megabytes = 1024, repeats = 5;
     col_isa ceiling = COL_ISA_AMX;
+    col_numerics nx;
+    int with_numerics = 0;
     if (!parse_dtype(argv[1], &dtype) || rows == 0 || cols == 0 || tokens == 0 || tokens > 65536 ||
         rows > (1u << 24) || cols > (1u << 24))
         return usage();
@@ -115,6 +140,9 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--repeats") == 0) repeats = strtoul(v, NULL, 10);
         else if (strcmp(argv[i], "--kernels") == 0) {
             if (!parse_isa(v, &ceiling)) return usage();
+        } else if (strcmp(argv[i], "--numerics") == 0) {
+            if (!parse_numerics(v, &nx)) return usage();
+            with_numerics = 1;
         } else
             return usage();
     }
@@ -152,6 +180,7 @@ int main(int argc, char **argv)
         fputs("bench_products: cannot create the thread pool\n", stderr);
         return 1;
     }
+    if (with_numerics) col_pool_set_numerics(pool, &nx);
     col_matvec_job job = {{weights, dtype, rows, cols, 0}, x, y, (uint32_t)tokens};
     col_matmul_many(pool, &job, 1); /* warm the workers */
 

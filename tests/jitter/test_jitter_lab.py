@@ -220,6 +220,27 @@ def test_variants_are_real_deterministic_computations(tiny_model_path: Callable[
     assert not (router.view(np.uint32) & 0xFFFF).any()
 
 
+@pytest.mark.parametrize("kernels", KERNEL_PATHS)
+def test_variants_are_thread_and_batch_invariant_on_every_path(tmp_path: Path, kernels: str) -> None:
+    """Each kernel path runs a variant's products in its own loops (the reference loops on the
+    portable path, numerics_x86.c's vector loops on AVX2 and AVX-512, which test_numerics.c holds
+    to the reference's bits): on every path 1 and 3 threads give the same bits and a prefill
+    equals its tokens stepped, for products the pool splits (the wide model)."""
+    if KERNEL_PATHS.index(kernels) > KERNEL_PATHS.index(best_kernels()):
+        pytest.skip(f"this machine runs no {kernels} kernels")
+    path = make_wide_model(tmp_path, dtype="bf16")
+    tokens = list(range(3, 30))
+    for spec in ("seq", "pairwise+fma", "blocked8+fma+split4", "blocked3+split2"):
+        one = _run(path, tokens, numerics=spec, kernels=kernels)
+        three = _run(path, tokens, numerics=spec, kernels=kernels, threads=3)
+        for x, y in zip(one, three):
+            assert x.tobytes() == y.tobytes(), spec
+        with Model.open(path) as m, Session(m, numerics=spec, kernels=kernels, threads=2,
+                                            max_context=len(tokens)) as s:
+            stepped = np.stack([s.step(t) for t in tokens])
+        assert stepped.tobytes() == one[0].tobytes(), spec
+
+
 def test_weight_precision_variant_rewrites_the_checkpoint(tiny_model_path: Callable[..., Path]
                                                           ) -> None:
     path = tiny_model_path()

@@ -34,6 +34,7 @@ def add_commands(sub: Any) -> None:
                    help="most capable kernel path to use (default: the best this machine has)")
     p.add_argument("--numerics", type=numerics_spec, default=None, metavar="SPEC",
                    help="numerics variant (colibri.numerics spec, e.g. act-bf16: activations "
-                        "rounded to bf16 as half-precision engines compute; default: exact)")
+                        "rounded to bf16 as half-precision engines compute; default: exact), "
+                        "timed against the exact computation in turns")
     add_json(p)
     p.set_defaults(func=cmd_bench)

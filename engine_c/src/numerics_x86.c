@@ -1,0 +1,364 @@
+/*
+ * numerics_x86.c - the numerics variants' products (numerics.c) on AVX-512 and AVX2, with the bits
+ * of numerics.c's reference loops.
+ *
+ * A variant fixes the order of every operation of a dot product (one accumulator left to right, a
+ * pairwise tree, L lanes, S parts; fused or not), so its vector form cannot spread one dot product
+ * over the lanes as the kernels do. Each lane computes another output row instead: a group of W
+ * rows (16 on AVX-512, 8 on AVX2) is read W columns at a time, each W x W block of weights widened
+ * to f32 (as col_load_range does: exact) and transposed in registers, so that column i is one
+ * vector holding w[r][i] of the W rows; the reference's operations then run on W rows at once
+ * (numerics_lanes.h), one IEEE operation per lane. So a variant's outputs have the same bits on
+ * every path, for any thread count and batch, and a lab run costs a few times the default's
+ * instead of the scalar loops' 30-75 times.
+ */
+#include "kernels_internal.h"
+#include "numerics.h"
+
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#if defined(__x86_64__)
+
+#define NX_TOKENS 4                  /* tokens a pass over a group's columns serves */
+#define NX_BLOCKED_ACC COL_MAX_LANES /* lane sums a blocked pass holds (lanes x tokens) */
+
+/* ---- AVX-512: 16 rows, blocks of 32 columns ------------------------------------------------ */
+
+COL_INLINE __mmask16 nx_lanes_below(uint64_t n) /* the first min(n, 16) lanes */
+{
+    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
+}
+
+/* The 16 x 16 transpose: r[a] holds 16 values of row a, out[c] value c of each row (lane a). Pairs
+ * of rows interleaved (unpack ps), then quads (unpack pd), then the 128-bit lanes gathered. */
+COL_INLINE COL_T512 void transpose16(const __m512 *r, __m512 *out)
+{
+    __m512 a[16], b[16];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) { /* 128-bit lane L: rows 2k, 2k+1 of values 4L + (0, 1) | (2, 3) */
+        a[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        a[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) { /* b[4k + e], 128-bit lane L: rows 4k..4k+3 of value 4L + e */
+        const __m512d a0 = _mm512_castps_pd(a[4 * k]), a1 = _mm512_castps_pd(a[4 * k + 1]);
+        const __m512d a2 = _mm512_castps_pd(a[4 * k + 2]), a3 = _mm512_castps_pd(a[4 * k + 3]);
+        b[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+        b[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+        b[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+        b[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+    }
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) { /* value 4L + e: 128-bit lane L of b[e], b[4 + e], b[8 + e], b[12 + e] */
+        const __m512 c01 = _mm512_shuffle_f32x4(b[e], b[4 + e], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 c23 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 d01 = _mm512_shuffle_f32x4(b[e], b[4 + e], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512 d23 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], _MM_SHUFFLE(3, 2, 3, 2));
+        out[e] = _mm512_shuffle_f32x4(c01, c23, _MM_SHUFFLE(2, 0, 2, 0));
+        out[4 + e] = _mm512_shuffle_f32x4(c01, c23, _MM_SHUFFLE(3, 1, 3, 1));
+        out[8 + e] = _mm512_shuffle_f32x4(d01, d23, _MM_SHUFFLE(2, 0, 2, 0));
+        out[12 + e] = _mm512_shuffle_f32x4(d01, d23, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+/* Half h (columns [16 h, 16 h + 16)) of a q8_0 / q4_0 block of 32 at column i of a row, as f32:
+ * scale * q, exact. q4_0: byte j of a block holds element j (low nibble) and j + 16 (high). */
+COL_INLINE COL_T512 __m512 quant_half16(const uint8_t *row, uint32_t dtype, uint64_t n, uint64_t i, int h)
+{
+    const uint64_t nb = n / QK, b = i / QK;
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(rd16u(row + 2 * b)));
+    __m512i q;
+    if (dtype == COL_DTYPE_Q8_0) {
+        q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * nb + i + 16 * (uint64_t)h)));
+    } else {
+        q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * nb + 16 * b)));
+        q = h ? _mm512_srli_epi32(q, 4) : _mm512_and_si512(q, _mm512_set1_epi32(0x0F));
+        q = _mm512_sub_epi32(q, _mm512_set1_epi32(8));
+    }
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
+}
+
+/* A group's 32 rows are two vectors, so that a reduction's chain of dependent additions has a
+ * second, independent one beside it (one chain waited on the adder's latency). */
+typedef struct v32 {
+    __m512 v[2];
+} v32;
+COL_INLINE COL_T512 v32 v32_zero(void)
+{
+    v32 r = {{_mm512_setzero_ps(), _mm512_setzero_ps()}};
+    return r;
+}
+COL_INLINE COL_T512 v32 v32_add(v32 a, v32 b)
+{
+    v32 r = {{_mm512_add_ps(a.v[0], b.v[0]), _mm512_add_ps(a.v[1], b.v[1])}};
+    return r;
+}
+COL_INLINE COL_T512 v32 v32_mul(v32 a, __m512 x)
+{
+    v32 r = {{_mm512_mul_ps(a.v[0], x), _mm512_mul_ps(a.v[1], x)}};
+    return r;
+}
+COL_INLINE COL_T512 v32 v32_fma(v32 a, __m512 x, v32 c)
+{
+    v32 r = {{_mm512_fmadd_ps(a.v[0], x, c.v[0]), _mm512_fmadd_ps(a.v[1], x, c.v[1])}};
+    return r;
+}
+
+typedef struct lanes_avx512 lanes_avx512;
+static COL_T512 void fill_avx512(lanes_avx512 *g, uint64_t block);
+static COL_T512 void store_avx512(float *y, v32 v, uint32_t n)
+{
+    _mm512_mask_storeu_ps(y, nx_lanes_below(n), v.v[0]);
+    if (n > 16) _mm512_mask_storeu_ps(y + 16, nx_lanes_below(n - 16), v.v[1]);
+}
+
+#define W 32
+#define BW 32
+#define V v32
+#define VX __m512
+#define TGT COL_T512
+#define FN(name) name##_avx512
+#define V_ZERO() v32_zero()
+#define V_ADD(a, b) v32_add(a, b)
+#define V_MUL(a, x) v32_mul(a, x)
+#define V_FMA(a, x, c) v32_fma(a, x, c)
+#define V_BCAST(p) _mm512_set1_ps(*(p))
+#include "numerics_lanes.h"
+
+/* Columns [32 block, 32 block + 32) of the 32 rows, as two halves of 16 rows. A 16-bit row's 32
+ * elements are one 64-byte load, transposed as 16 pairs (each 32-bit lane holds an even column in
+ * its low half, the next column in its high half) and then split, which takes half the shuffles of
+ * two f32 transposes. */
+static COL_T512 void fill_avx512(lanes_avx512 *g, uint64_t block)
+{
+    const uint64_t i = block * 32, n = g->n, left = n - i;
+    __m512 r[16], t[16];
+    for (int half = 0; half < 2; half++) {
+        const uint8_t *const *row = g->row + 16 * half;
+        switch (g->dtype) {
+        case COL_DTYPE_F32:
+            for (int h = 0; h < 2 && 16 * (uint64_t)h < left; h++) {
+                const __mmask16 m = nx_lanes_below(left - 16 * (uint64_t)h);
+#pragma GCC unroll 16
+                for (int k = 0; k < 16; k++) r[k] = _mm512_maskz_loadu_ps(m, (const float *)row[k] + i + 16 * h);
+                transpose16(r, t);
+#pragma GCC unroll 16
+                for (int c = 0; c < 16; c++) g->col[16 * h + c].v[half] = t[c];
+            }
+            break;
+        case COL_DTYPE_F16:
+        case COL_DTYPE_BF16: {
+            const __mmask32 m = left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << left) - 1u);
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; k++)
+                r[k] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m, (const uint16_t *)row[k] + i));
+            transpose16(r, t);
+            if (g->dtype == COL_DTYPE_BF16) {
+                const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+#pragma GCC unroll 16
+                for (int c = 0; c < 16; c++) {
+                    const __m512i p = _mm512_castps_si512(t[c]);
+                    g->col[2 * c].v[half] = _mm512_castsi512_ps(_mm512_slli_epi32(p, 16));
+                    g->col[2 * c + 1].v[half] = _mm512_castsi512_ps(_mm512_and_si512(p, high));
+                }
+            } else {
+#pragma GCC unroll 16
+                for (int c = 0; c < 16; c++) {
+                    const __m512i p = _mm512_castps_si512(t[c]);
+                    g->col[2 * c].v[half] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(p));
+                    g->col[2 * c + 1].v[half] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(p, 16)));
+                }
+            }
+            break;
+        }
+        default: /* q8_0 / q4_0: a block of 32 columns is one quantised block */
+            for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 16
+                for (int k = 0; k < 16; k++) r[k] = quant_half16(row[k], g->dtype, n, i, h);
+                transpose16(r, t);
+#pragma GCC unroll 16
+                for (int c = 0; c < 16; c++) g->col[16 * h + c].v[half] = t[c];
+            }
+            break;
+        }
+    }
+    g->block = block;
+}
+
+#undef W
+#undef BW
+#undef V
+#undef VX
+#undef TGT
+#undef FN
+#undef V_ZERO
+#undef V_ADD
+#undef V_MUL
+#undef V_FMA
+#undef V_BCAST
+
+/* ---- AVX2: 8 rows, blocks of 16 columns ----------------------------------------------------- */
+
+/* The 8 x 8 transpose, as the 16 x 16 one with two 128-bit lanes. */
+COL_INLINE COL_T2 void transpose8(const __m256 *r, __m256 *out)
+{
+    __m256 a[8], b[8];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        a[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        a[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; k++) {
+        const __m256d a0 = _mm256_castps_pd(a[4 * k]), a1 = _mm256_castps_pd(a[4 * k + 1]);
+        const __m256d a2 = _mm256_castps_pd(a[4 * k + 2]), a3 = _mm256_castps_pd(a[4 * k + 3]);
+        b[4 * k] = _mm256_castpd_ps(_mm256_unpacklo_pd(a0, a2));
+        b[4 * k + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a0, a2));
+        b[4 * k + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(a1, a3));
+        b[4 * k + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(a1, a3));
+    }
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; e++) {
+        out[e] = _mm256_permute2f128_ps(b[e], b[4 + e], 0x20);
+        out[4 + e] = _mm256_permute2f128_ps(b[e], b[4 + e], 0x31);
+    }
+}
+
+/* Columns [i + 8 h, i + 8 h + 8) of a q8_0 / q4_0 row, i a multiple of 16, as f32. */
+COL_INLINE COL_T2 __m256 quant_eighth8(const uint8_t *row, uint32_t dtype, uint64_t n, uint64_t i, int h)
+{
+    const uint64_t nb = n / QK, b = i / QK;
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(rd16u(row + 2 * b)));
+    __m256i q;
+    if (dtype == COL_DTYPE_Q8_0) {
+        q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + 2 * nb + i + 8 * (uint64_t)h)));
+    } else {
+        q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + 2 * nb + 16 * b + 8 * (uint64_t)h)));
+        q = i % QK ? _mm256_srli_epi32(q, 4) : _mm256_and_si256(q, _mm256_set1_epi32(0x0F));
+        q = _mm256_sub_epi32(q, _mm256_set1_epi32(8));
+    }
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
+}
+
+/* 16 rows as two vectors, for the same reason as v32. */
+typedef struct v16 {
+    __m256 v[2];
+} v16;
+COL_INLINE COL_T2 v16 v16_zero(void)
+{
+    v16 r = {{_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    return r;
+}
+COL_INLINE COL_T2 v16 v16_add(v16 a, v16 b)
+{
+    v16 r = {{_mm256_add_ps(a.v[0], b.v[0]), _mm256_add_ps(a.v[1], b.v[1])}};
+    return r;
+}
+COL_INLINE COL_T2 v16 v16_mul(v16 a, __m256 x)
+{
+    v16 r = {{_mm256_mul_ps(a.v[0], x), _mm256_mul_ps(a.v[1], x)}};
+    return r;
+}
+COL_INLINE COL_T2 v16 v16_fma(v16 a, __m256 x, v16 c)
+{
+    v16 r = {{_mm256_fmadd_ps(a.v[0], x, c.v[0]), _mm256_fmadd_ps(a.v[1], x, c.v[1])}};
+    return r;
+}
+
+typedef struct lanes_avx2 lanes_avx2;
+static COL_T2 void fill_avx2(lanes_avx2 *g, uint64_t block);
+static COL_T2 void store_avx2(float *y, v16 v, uint32_t n)
+{
+    float buf[16];
+    _mm256_storeu_ps(buf, v.v[0]);
+    _mm256_storeu_ps(buf + 8, v.v[1]);
+    memcpy(y, buf, n * sizeof(float));
+}
+
+#define W 16
+#define BW 16
+#define V v16
+#define VX __m256
+#define TGT COL_T2
+#define FN(name) name##_avx2
+#define V_ZERO() v16_zero()
+#define V_ADD(a, b) v16_add(a, b)
+#define V_MUL(a, x) v16_mul(a, x)
+#define V_FMA(a, x, c) v16_fma(a, x, c)
+#define V_BCAST(p) _mm256_broadcast_ss(p)
+#include "numerics_lanes.h"
+
+/* Columns [16 block, 16 block + 16) of the 16 rows, as two halves of 8 rows, 16-bit rows as pairs
+ * as on AVX-512. A float row's last, partial block is widened by col_load_range (exact, as the
+ * reference does). */
+static COL_T2 void fill_avx2(lanes_avx2 *g, uint64_t block)
+{
+    const uint64_t i = block * 16, n = g->n;
+    __m256 r[8], t[8];
+    for (int half = 0; half < 2; half++) {
+        const uint8_t *const *row = g->row + 8 * half;
+        if (i + 16 > n) {
+            float buf[8][16];
+            memset(buf, 0, sizeof buf);
+            for (int k = 0; k < 8; k++) col_load_range(row[k], g->dtype, n, i, n - i, buf[k]);
+            for (int h = 0; h < 2; h++) {
+                for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(buf[k] + 8 * h);
+                transpose8(r, t);
+                for (int c = 0; c < 8; c++) g->col[8 * h + c].v[half] = t[c];
+            }
+        } else if (g->dtype == COL_DTYPE_F32) {
+            for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps((const float *)row[k] + i + 8 * h);
+                transpose8(r, t);
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) g->col[8 * h + c].v[half] = t[c];
+            }
+        } else if (g->dtype == COL_DTYPE_F16 || g->dtype == COL_DTYPE_BF16) {
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps((const float *)((const uint16_t *)row[k] + i));
+            transpose8(r, t);
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) {
+                const __m256i p = _mm256_castps_si256(t[c]);
+                if (g->dtype == COL_DTYPE_BF16) {
+                    g->col[2 * c].v[half] = _mm256_castsi256_ps(_mm256_slli_epi32(p, 16));
+                    g->col[2 * c + 1].v[half] = _mm256_castsi256_ps(_mm256_and_si256(p, _mm256_set1_epi32((int)0xFFFF0000u)));
+                } else { /* the halves packed to 8 x 16 bits (values < 2^16: no saturation), widened */
+                    const __m256i lo = _mm256_and_si256(p, _mm256_set1_epi32(0xFFFF)), hi = _mm256_srli_epi32(p, 16);
+                    const __m256i lo16 = _mm256_packus_epi32(lo, lo), hi16 = _mm256_packus_epi32(hi, hi);
+                    g->col[2 * c].v[half] =
+                        _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(lo16), _mm256_extracti128_si256(lo16, 1)));
+                    g->col[2 * c + 1].v[half] =
+                        _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(hi16), _mm256_extracti128_si256(hi16, 1)));
+                }
+            }
+        } else {
+            for (int h = 0; h < 2; h++) {
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) r[k] = quant_eighth8(row[k], g->dtype, n, i, h);
+                transpose8(r, t);
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) g->col[8 * h + c].v[half] = t[c];
+            }
+        }
+    }
+    g->block = block;
+}
+
+#undef W
+#undef BW
+#undef V
+#undef VX
+#undef TGT
+#undef FN
+#undef V_ZERO
+#undef V_ADD
+#undef V_MUL
+#undef V_FMA
+#undef V_BCAST
+
+#endif /* __x86_64__ */
