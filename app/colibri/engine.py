@@ -24,7 +24,7 @@ import json
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any, ClassVar, Literal
@@ -902,24 +902,8 @@ class Session:
         if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
             raise ColibriValueError("token_ids must be a 1-D sequence of ints", COL_ERR_INVALID_ARG)
         ids = self._int32(tokens)
-        n = int(tokens.size)
-        logits = np.empty((n if all_logits else min(n, 1), self._vocab), dtype=np.float32)
-        if n == 0:
-            return logits
-        handle = self._live()
-        self._acquire()
-        try:
-            status = int(lib.col_session_prefill(
-                handle, ffi.from_buffer("int32_t[]", ids), n,
-                ffi.from_buffer("float[]", logits, require_writable=True) if all_logits else ffi.NULL,
-                self._err, _ERRLEN))
-            errors.raise_for_status(status, _text(self._err))
-            if not all_logits:
-                ffi.memmove(ffi.from_buffer("float[]", logits, require_writable=True),
-                            lib.col_session_logits(handle), logits.nbytes)
-        finally:
-            self._busy.release()
-        return logits
+        return self._prefill_rows(lib.col_session_prefill, ffi.from_buffer("int32_t[]", ids),
+                                  int(tokens.size), all_logits)
 
     def prefill_embeddings(self, embeddings: np.ndarray, *, all_logits: bool = True) -> np.ndarray:
         """Process embedding rows at the next positions instead of looked-up tokens: float32
@@ -929,15 +913,21 @@ class Session:
         are checked here (ColibriValueError naming what was given), finiteness by the engine.
         Nothing is processed when it raises."""
         x = check_embeddings(embeddings, self._model.hparams.d_model)
-        n = int(x.shape[0])
+        return self._prefill_rows(lib.col_session_prefill_embeddings,
+                                  ffi.from_buffer("float[]", x), int(x.shape[0]), all_logits)
+
+    def _prefill_rows(self, prefill: Callable[..., int], rows: Any, n: int,
+                      all_logits: bool) -> np.ndarray:
+        """The engine's `prefill(session, rows, n, logits or NULL, err, errlen)` on n checked
+        input rows (token ids or embedding rows), returning the logits as `prefill` says."""
         logits = np.empty((n if all_logits else min(n, 1), self._vocab), dtype=np.float32)
         if n == 0:
             return logits
         handle = self._live()
         self._acquire()
         try:
-            status = int(lib.col_session_prefill_embeddings(
-                handle, ffi.from_buffer("float[]", x), n,
+            status = int(prefill(
+                handle, rows, n,
                 ffi.from_buffer("float[]", logits, require_writable=True) if all_logits else ffi.NULL,
                 self._err, _ERRLEN))
             errors.raise_for_status(status, _text(self._err))
