@@ -122,6 +122,36 @@ VARIANTS = [
         moe_intermediate_size=20, moe_num_experts=6, moe_k=3, moe_num_shared_experts=0,
         moe_layer_start_index=0, moe_layer_end_index=2, moe_layer_interval=2,
         tie_word_embeddings=False), rule_matters=True),
+    # GptOssConfig's own YaRN (factor 32 over 4096 positions, truncate false), even layers
+    # sliding; a swiglu_limit the experts' gates and ups reach, so the clamp is at work
+    Variant("gpt_oss-yarn-alternating-clamped", "gpt_oss", dict(
+        _COMMON, head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=4, swiglu_limit=0.6, attention_bias=True)),
+    Variant("gpt_oss-default-rope-odd-tied", "gpt_oss", dict(
+        _COMMON, vocab_size=97, hidden_size=48, num_attention_heads=6, num_key_value_heads=2,
+        head_dim=10, num_hidden_layers=3, intermediate_size=40, num_local_experts=5,
+        num_experts_per_tok=3, sliding_window=6, swiglu_alpha=1.0,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+        attention_bias=False, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 150000.0})),
+    # Llama4TextConfig's layout at small scale: MoE every second layer, layer 3 without RoPE
+    # (no_rope_layer_interval 4) with the query temperature tuned from position 3 on
+    # (floor_scale 4), chunks of 8 on the RoPE layers, top-1 with the weight on the input
+    Variant("llama4-interleaved-nope-chunked-top1", "llama4", dict(
+        _COMMON, num_hidden_layers=4, head_dim=16, intermediate_size=32,
+        intermediate_size_mlp=96, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, attention_chunk_size=8, floor_scale=4)),
+    Variant("llama4-top2-llama3-rope-bias-tied", "llama4", dict(
+        _COMMON, vocab_size=97, hidden_size=48, num_attention_heads=6, num_key_value_heads=2,
+        head_dim=8, num_hidden_layers=3, intermediate_size=24, intermediate_size_mlp=40,
+        num_local_experts=5, num_experts_per_tok=2, moe_layers=[0, 2],
+        no_rope_layers=[1, 0, 1], layer_types=["chunked_attention", "full_attention",
+                                                "full_attention"], attention_chunk_size=16,
+        use_qk_norm=False, floor_scale=8, attn_scale=0.3, attention_bias=True,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 8.0,
+                         "original_max_position_embeddings": 64})),
     # sparsemixer always takes the two best logits, so these do not pass rule_matters; its
     # weights (masked softmaxes) reach the logits, which the conformance test compares
     Variant("phimoe-base", "phimoe", dict(_COMMON, intermediate_size=32, num_local_experts=4,
@@ -131,6 +161,24 @@ VARIANTS = [
         intermediate_size=36, num_local_experts=6, num_experts_per_tok=2, num_hidden_layers=3,
         attention_bias=True, lm_head_bias=True, sliding_window=8, router_jitter_noise=0.4,
         tie_word_embeddings=True)),
+    # Phi-3.5's LongRoPE as transformers runs it for PhiMoE: the short factors at every length
+    Variant("phimoe-longrope", "phimoe", dict(
+        _COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                         "short_factor": [1.0, 1.3, 1.9, 2.6, 3.1, 3.8, 4.4, 5.0],
+                         "long_factor": [1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0],
+                         "short_mscale": 1.15, "long_mscale": 1.15,
+                         "original_max_position_embeddings": 32})),
+    # two mscales: transformers' result past original_max_position_embeddings depends on how the
+    # tokens are batched, so the file's context stops there (64, beyond the 56 positions run)
+    Variant("phimoe-longrope-two-mscales-odd", "phimoe", dict(
+        _COMMON, vocab_size=97, hidden_size=60, num_attention_heads=6, num_key_value_heads=2,
+        intermediate_size=28, num_local_experts=5, num_experts_per_tok=2, attention_bias=True,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e6,
+                         "short_factor": [1.0, 1.6, 2.9, 4.5, 7.0],
+                         "long_factor": [1.2, 3.0, 6.0, 12.0, 24.0],
+                         "short_mscale": 1.08, "long_mscale": 1.3,
+                         "original_max_position_embeddings": 64})),
     # Granite ranks its logits (a plain top-k); the multipliers reach every logit
     Variant("granitemoe-mup", "granitemoe", dict(
         _COMMON, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
@@ -174,13 +222,14 @@ _CLASSES = {
     "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM),
     "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM),
     "ernie4_5_moe": (transformers.Ernie4_5_MoeConfig, transformers.Ernie4_5_MoeForCausalLM),
+    "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
+    "llama4": (transformers.Llama4TextConfig, transformers.Llama4ForCausalLM),
     "phimoe": (transformers.PhimoeConfig, transformers.PhimoeForCausalLM),
     "granitemoe": (transformers.GraniteMoeConfig, transformers.GraniteMoeForCausalLM),
     "granitemoeshared": (transformers.GraniteMoeSharedConfig,
                          transformers.GraniteMoeSharedForCausalLM),
     "dbrx": (transformers.DbrxConfig, transformers.DbrxForCausalLM),
 }
-
 # The router's weight in each family's module tree (kept in f32 by the converter).
 ROUTER_SUFFIXES = ("mlp.gate.weight", "router.weight", "router.layer.weight")
 
@@ -207,6 +256,8 @@ def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
         for name, param in model.named_parameters():
             if name.endswith(ROUTER_SUFFIXES):  # spread the logits so routing is decisive
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+            elif name.endswith("sinks"):  # GPT-OSS: a sink as large as the attention scores
+                param.copy_(torch.randn(param.shape, generator=generator))
             elif "norm" in name.split(".")[-2] and not name.endswith(".bias"):  # a norm's weight
                 param.copy_(1.0 + 0.3 * torch.randn(param.shape, generator=generator))
             elif name.endswith("bias"):  # ERNIE's moe_statics correction bias among them
@@ -221,12 +272,14 @@ def build(variant: Variant, seed: int = 0) -> torch.nn.Module:
 
 def round_like_converter(model: torch.nn.Module, dtype: str) -> None:
     """Round in place exactly the parameters the converter stores in `dtype` (docs/format.md:
-    every tensor of 2 or more dimensions except the router and ERNIE's [1, E] correction bias,
-    stored 1-D), so the f32 reference runs on the same values the 16-bit file holds."""
+    every tensor of 2 or more dimensions except the router, ERNIE's [1, E] correction bias,
+    stored 1-D, and GPT-OSS's expert biases, kept f32), so the f32 reference runs on the same
+    values the 16-bit file holds."""
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if param.ndim >= 2 and not name.endswith((*ROUTER_SUFFIXES, "correction_bias")):
+            kept_f32 = (*ROUTER_SUFFIXES, "correction_bias", "_bias")  # GPT-OSS's expert biases
+            if param.ndim >= 2 and not name.endswith(kept_f32):
                 param.copy_(param.to(torch_dtype).to(torch.float32))
 
 

@@ -597,6 +597,29 @@ def test_phimoe_routes_two_experts_whatever_the_config_says():
                                                 num_experts_per_tok=1))
 
 
+def test_phimoe_longrope_runs_the_short_factors_and_keeps_one_mscale():
+    """transformers' PhiMoE divides the frequencies by the short factors at every length and
+    scales cos/sin by short_mscale up to original_max_position_embeddings: with a different
+    long_mscale the file's context stops there (beyond it the result depends on batching)."""
+    from colibri.families import architecture_from_config
+
+    rope = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.5, 2.0],
+            "long_factor": [3.0, 4.0], "short_mscale": 1.2, "long_mscale": 1.2,
+            "original_max_position_embeddings": 16}
+    raw = _family_config("phimoe", hidden_size=16, num_attention_heads=4,
+                         max_position_embeddings=64, rope_parameters=rope)
+    arch = architecture_from_config(raw)
+    assert (arch.hp.rope_type, arch.hp.rope_attn_factor, arch.hp.max_context) == (
+        ff.ROPE_LONGROPE, pytest.approx(1.2), 64)
+    np.testing.assert_array_equal(arch.constants["rope_freq_factors"], [1.5, 2.0])
+    arch = architecture_from_config({**raw, "rope_parameters": {**rope, "long_mscale": 1.4}})
+    assert arch.hp.max_context == 16 and "the context is 16" in arch.notes[0]
+    with pytest.raises(ConversionError, match="short_factor = .*expected a list of 2 numbers"):
+        architecture_from_config({**raw, "rope_parameters": {**rope, "short_factor": [1.0]}})
+    with pytest.raises(ConversionError, match="short_factor"):
+        architecture_from_config({**raw, "rope_parameters": {**rope, "short_factor": [1.0, 0]}})
+
+
 @pytest.mark.parametrize("model_type", ["phimoe", "granitemoe", "granitemoeshared"])
 def test_experts_other_than_silu_are_refused(model_type):
     from colibri.families import architecture_from_config

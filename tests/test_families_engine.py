@@ -1,9 +1,12 @@
 """The engine's guarantees on the families of format version 2 (DeepSeek-V2/V3's latent attention
 and grouped routing, GLM-4.5's partial RoPE and biased sigmoid routing, ERNIE's interleaved RoPE
-and clamped softmax + bias): bit-identical results for 1..4 threads, prefill equal to stepping,
-the trace's selection scores and kept groups as docs/format.md defines them, the routing modes
-acting on the selection score, and the CLI's --dump-trace keys. The models are the conformance
-variants (tests/hf_reference.py), converted once per test session.
+and clamped softmax + bias, GPT-OSS's sinks, expert biases and clamped SwiGLU, Llama 4's chunked
+attention, NoPE layers with a query temperature, q/k L2 norm and weighted expert inputs):
+bit-identical results for 1..4 threads, prefill equal to stepping, the trace's selection scores
+and kept groups as docs/format.md defines them, the routing modes acting on the selection score,
+the CLI's --dump-trace keys, and the jitter lab and the debugger on every family added since.
+The models are the conformance variants (tests/hf_reference.py), converted once per test
+session.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from colibri.convert import convert  # noqa: E402
 from colibri.engine import Model, Session  # noqa: E402
 
 VARIANTS = {v.name: v for v in hf_reference.VARIANTS}
+# one variant of each family the jitter lab and the debugger are run on below
+NEW_FAMILIES = ("gpt_oss-yarn-alternating-clamped", "llama4-interleaved-nope-chunked-top1")
 FAMILY_VARIANTS = ("deepseek_v3-groups-qlora", "deepseek_v2-grouped-qlora-scaled",
                    "glm4_moe-qknorm-bias-groups", "ernie4_5_moe-shared-tied",
                    "deepseek_v3-flat-yarn-halves", "phimoe-bias-window-wide-jitter-tied",
-                   "granitemoe-bias-odd-tied", "granitemoeshared-shared", "dbrx-l1-clip")
+                   "granitemoe-bias-odd-tied", "granitemoeshared-shared", "dbrx-l1-clip",
+                   "phimoe-longrope") + NEW_FAMILIES
 TOKENS = [3, 17, 42, 7, 90, 5, 61, 64, 8, 10, 31, 2]  # below every variant's vocabulary
 
 
@@ -175,3 +181,94 @@ def test_the_trace_flags_decisions_the_correction_bias_changed(converted: dict) 
         result = dbg.run([BiasChanged()])
         assert result.reason == "breakpoint" and result.event.index == first
         assert result.event.bias_changed
+
+
+def test_info_states_gpt_oss_experts_and_attention(converted: dict,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    assert main(["info", str(converted[("gpt_oss-yarn-alternating-clamped", "f32")])]) == 0
+    out = capsys.readouterr().out
+    assert ("layer 0    top-2 of 4 logits (+ router bias), weighted by a softmax over the chosen; "
+            "experts: clamped SwiGLU (alpha 1.702, limit 0.6) with biases; sliding-window "
+            "attention; attention sinks") in out
+    assert "layer 1    top-2 of 4 logits (+ router bias)" in out
+    assert "layer 1    top-2 of 4 logits (+ router bias), weighted by a softmax over the chosen; " \
+           "experts: clamped SwiGLU (alpha 1.702, limit 0.6) with biases; attention sinks" in out
+
+
+def test_info_states_llama4_layers(converted: dict, capsys: pytest.CaptureFixture) -> None:
+    assert main(["info", str(converted[("llama4-interleaved-nope-chunked-top1", "f32")])]) == 0
+    out = capsys.readouterr().out
+    assert "layer 0    dense MLP; chunked attention; q and k L2-normalised" in out
+    assert ("layer 1    top-1 of 4 logits, weighted by their sigmoids; plus a shared expert; each "
+            "chosen expert's input scaled by its weight; chunked attention; q and k "
+            "L2-normalised") in out
+    assert ("layer 3    top-1 of 4 logits, weighted by their sigmoids; plus a shared expert; each "
+            "chosen expert's input scaled by its weight; no RoPE; queries at position p times "
+            "log1p(floor((p + 1) / 4)) * 0.1 + 1") in out
+
+
+@pytest.mark.parametrize("name", NEW_FAMILIES)
+def test_jitter_lab_runs_on_the_family(converted: dict, name: str) -> None:
+    """The lab's variants and epsilon sweep on a converted model: rewriting the weights at their
+    own precision (w-f32 of an f32 file) keeps every layer's rule, attention and expert tensors,
+    so it routes and computes exactly as the baseline; noise moves the router logits."""
+    from colibri.jitter import Runner, analyze_epsilon, analyze_jitter
+
+    with Runner.open(converted[(name, "f32")]) as runner:
+        report = analyze_jitter(runner, TOKENS, "w-f32,noise4")
+        n_moe = len(report.moe_layers)
+        assert report.sets["w-f32"].shape == (len(TOKENS), n_moe, report.k)
+        assert (report.sets["w-f32"] == report.sets["baseline"]).all()
+        assert report.downstream["w-f32"].max_abs.max() == 0.0
+        router = report.router_logits
+        assert not np.array_equal(router["noise4"], router["baseline"])
+        sweep = analyze_epsilon(runner, TOKENS, [0.0, 1e-6], "noise4")
+        assert [row.eps for row in sweep.rows] == [0.0, 1e-6]
+        assert (sweep.rows[0].sets == sweep.plain_sets).all()
+
+
+@pytest.mark.parametrize("name", NEW_FAMILIES)
+def test_debugger_runs_on_the_family(converted: dict, name: str) -> None:
+    """A breakpoint on an expert stops where the trace of a plain run first chose it, and the
+    anatomy of that decision is the rule's: the chosen experts rank first by selection score
+    and their weights are the trace's."""
+    from colibri.debugging import Debugger, ExpertChosen, RuleBook, RunSettings
+
+    with Model.open(converted[(name, "f32")]) as model:
+        plain = Session(model, max_context=32)
+        plain.prefill(TOKENS)
+        ids = plain.trace.expert_ids
+        layer = int(plain.trace.moe_layers[-1])
+        expert = int(ids[-1, -1, 0])
+        first = int(np.flatnonzero((ids[:, -1, :] == expert).any(-1))[0])
+        dbg = Debugger(model, RunSettings(tuple(TOKENS), 0))
+        result = dbg.run([ExpertChosen(expert=expert, layer=layer)])
+        assert result.reason == "breakpoint" and result.event.position == first
+        a = RuleBook(model).of(result.event)
+        chosen = np.flatnonzero(a.rank > 0)
+        assert sorted(chosen.tolist()) == sorted(ids[first, -1].tolist())
+        assert a.selection[chosen].min() >= np.delete(a.selection, chosen).max()
+        np.testing.assert_array_equal(a.weight[ids[first, -1]],
+                                      plain.trace.expert_weights[first, -1])
+
+
+@pytest.mark.parametrize("name", ["granitemoe-bias-odd-tied", "granitemoeshared-shared"])
+def test_granite_embedding_rows_are_scaled_as_transformers_scales_inputs_embeds(
+        converted: dict, name: str) -> None:
+    """Rows given to col_session_prefill_embeddings are multiplied by the file's
+    embedding_scale, as GraniteMoeModel multiplies inputs_embeds by embedding_multiplier: the
+    logits and router logits are transformers' with inputs_embeds= (rows of no token)."""
+    model = hf_reference.build(VARIANTS[name])
+    rows = np.random.default_rng(5).normal(0.0, 0.08, (len(TOKENS), model.config.hidden_size))
+    rows = rows.astype(np.float32)
+    with torch.no_grad():
+        out = model(inputs_embeds=torch.from_numpy(rows)[None], output_router_logits=True)
+    want = out.logits[0].numpy()
+    router = np.stack([r.reshape(len(TOKENS), -1).numpy() for r in out.router_logits], axis=1)
+    with Model.open(converted[(name, "f32")]) as m:
+        assert m.hparams.embedding_scale == model.config.embedding_multiplier != 1.0
+        s = Session(m, max_context=32)
+        got = s.prefill_embeddings(rows)
+        scale = max(1.0, float(np.abs(want).max()))
+        assert float(np.abs(got - want).max()) <= 1e-4 * scale
+        np.testing.assert_allclose(s.trace.router_logits, router, atol=1e-3, rtol=0)

@@ -60,10 +60,12 @@ def test_every_family_agrees_with_transformers_layer_by_layer(variant, converted
 
 
 def test_the_families_are_those_the_converter_reads():
-    """Every family colibri.convert supports has a model in the parametrisation above."""
-    from colibri.families import SUPPORTED_MODEL_TYPES
+    """Every family colibri.convert supports has a model in the parametrisation above (a family
+    module may read several model types: Llama 4's text model stands for llama4_text and llama4)."""
+    from colibri.families import FAMILIES
 
-    assert {v.family for v in FAMILY_MODELS} == set(SUPPORTED_MODEL_TYPES)
+    assert ({FAMILIES[v.family].architecture for v in FAMILY_MODELS}
+            == {f.architecture for f in FAMILIES.values()})
 
 
 def test_swapped_experts_are_found_in_their_layer(converted, tmp_path):
@@ -149,6 +151,31 @@ def test_a_wrong_group_limit_shows_as_a_rule_that_differs(converted, tmp_path):
     assert first is not None and (first.layer, first.cause) == (1, RULE_DIFFERS)
     assert first.score_difference < 1e-4 < first.reference_margin
     assert diff.layers()[0].hidden_rel < EXACT / 10
+
+
+def test_a_router_that_returns_no_choice_is_read_by_its_rule(converted):
+    """Llama 4's router returns (scores, logits), not the experts it chose (its MoE block scales
+    each expert's input by the dense scores): the reader takes the top-k of the logits as the
+    choice and the scores there, each chosen logit's sigmoid, as the weights, which are the
+    engine's own. The second variant: top-2 over 5 experts, so the order within k counts too."""
+    from colibri.reference import transformers_run
+
+    c = converted("llama4-top2-llama3-rope-bias-tied")
+    ref = transformers_run.run(transformers_run.load(c.hf_dir), c.tokens)
+    logits = ref.router_logits.astype(np.float64)
+    assert ref.expert_ids.shape == (len(c.tokens), 2, 2)
+    np.testing.assert_array_equal(ref.expert_ids, np.argsort(-logits, -1, kind="stable")[..., :2])
+    chosen = np.take_along_axis(logits, ref.expert_ids.astype(np.int64), -1)
+    np.testing.assert_allclose(ref.expert_weights, 1 / (1 + np.exp(-chosen)), rtol=1e-6)
+    with colibri.Model.open(c.path) as model:
+        session = colibri.Session(model)
+        session.prefill(c.tokens)
+        ids, weights = session.trace.expert_ids, session.trace.expert_weights
+    order = np.argsort(ids, -1)
+    np.testing.assert_array_equal(np.take_along_axis(ids, order, -1), np.sort(ref.expert_ids, -1))
+    np.testing.assert_allclose(np.take_along_axis(weights, order, -1),
+                               np.take_along_axis(ref.expert_weights,
+                                                  np.argsort(ref.expert_ids, -1), -1), atol=1e-5)
 
 
 def test_a_bf16_checkpoint_converted_to_bf16_is_held_to_the_exact_tolerance(converted):

@@ -7,9 +7,9 @@
 # normal extension in app/colibri is never touched. CPython itself is not instrumented, so
 # libasan is preloaded, and leak detection is off for the interpreter (CPython keeps objects
 # alive until exit by design); every other report aborts the run (halt_on_error). Default tests:
-# the conformance suite, the API tests, the corrupt-file corpus, expert caching and embedding
-# input. PYTHON selects the
-# interpreter (default .venv/bin/python).
+# the conformance suite, the API tests, the corrupt-file corpus, expert caching, embedding input,
+# interventions (with caching too) and rewinding. PYTHON selects the interpreter (default
+# .venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
@@ -44,6 +44,7 @@ esac
 if [ $# -eq 0 ]; then
     set -- tests/test_conformance.py tests/test_families_engine.py tests/test_api.py tests/test_corpus.py \
         tests/test_hostile_files.py \
-        tests/test_reload.py tests/test_expert_cache.py tests/test_embedding_input.py -q
+        tests/test_reload.py tests/test_expert_cache.py tests/test_embedding_input.py \
+        tests/test_interventions.py tests/test_interventions_caching.py tests/test_generation_rewind.py -q
 fi
 exec "$PYTHON" -m pytest -p no:cacheprovider "$@"

@@ -3,8 +3,11 @@
 
 One small valid file (a 2-layer Mixtral-style model, one MoE and one dense layer, f32, no
 tokenizer, fixed metadata: the same bytes on every run, in format version 2), the same model in
-format version 1, and a DeepSeek-V3-style version-2 file (sigmoid scores, a correction bias,
-two groups of which one is kept, a scaling factor); then one file per broken thing, each
+format version 1, a DeepSeek-V3-style version-2 file (sigmoid scores, a correction bias,
+two groups of which one is kept, a scaling factor), a GPT-OSS-style one (router bias, top-k of
+the logits, expert biases, clamped SwiGLU, attention sinks) and a Llama-4-style one (sigmoid of
+the chosen logits on the experts' inputs, a shared expert, chunked attention with the q/k L2 norm,
+a NoPE layer with a query temperature, llama3 RoPE); then one file per broken thing, each
 with the exact finding the validator must report: status code name, absolute byte offset, tensor
 and a message substring. The expectation is stated here from the layout (the plan's offsets), not
 read back from the validator; `--check` then runs `colibri.validate` on every entry and fails on
@@ -62,6 +65,9 @@ H_NORM_KIND, H_RESIDUAL_SCALE = 0x100, 0x108
 T_DTYPE, T_NDIM, T_SHAPE, T_OFFSET, T_NBYTES, T_CRC = 0x40, 0x44, 0x48, 0x68, 0x70, 0x78
 R_KIND, R_SCORING, R_SELECT_ON, R_CORRECTION, R_N_GROUPS, R_GROUPS_KEPT = 0x04, 0x18, 0x1C, 0x20, 0x24, 0x28
 R_GROUP_SCORE, R_SCALE, R_ATTENTION = 0x2C, 0x3C, 0x48
+R_SINKS, R_EXPERT_BIAS, R_ACTIVATION, R_ACT_ALPHA, R_ACT_LIMIT = 0x4C, 0x50, 0x54, 0x58, 0x5C
+R_WEIGHT_INPUTS, R_TEMP_SCALE = 0x60, 0x70
+H_ROPE_HIGH, H_CHUNK = 0xA4, 0x110
 
 
 @dataclass
@@ -116,14 +122,36 @@ def v3_hparams() -> HParams:
     return replace(base_hparams(), flags=0, n_experts=4, n_experts_active=2)
 
 
+# GPT-OSS's rule and experts: top-k of the logits (+ router bias), a softmax over the chosen;
+# expert biases and the clamped SwiGLU. Both layers have attention sinks.
+GPT_OSS_RULE = ff.RouteRule(select_on=ff.SELECT_LOGITS, gate_bias=True, expert_bias=True,
+                            activation=ff.EXPERT_SWIGLU_CLAMPED, act_alpha=1.702, act_limit=7.0)
+GPT_OSS_ATTENTION = [ff.LayerAttention(ff.LAYER_FULL, sinks=True)] * 2
+# Llama 4's: the sigmoid of each chosen logit on that expert's input, a shared expert; layer 0
+# chunked with the q/k L2 norm, layer 1 without RoPE, its queries' temperature tuned.
+LLAMA4_RULE = ff.RouteRule(scoring=ff.SCORING_SIGMOID, select_on=ff.SELECT_LOGITS,
+                           shared=ff.SHARED_PLAIN, weight_inputs=True)
+LLAMA4_ATTENTION = [ff.LayerAttention(ff.LAYER_CHUNKED, qk_l2_norm=True),
+                    ff.LayerAttention(ff.LAYER_FULL, no_rope=True, temperature_floor=4,
+                                      temperature_scale=0.1)]
+
+
+def llama4_hparams() -> HParams:
+    return replace(v3_hparams(), d_ff_shared=8, attention_chunk_size=4,
+                   rope_layout=ff.ROPE_INTERLEAVED, rope_type=ff.ROPE_LLAMA3, rope_factor=8.0,
+                   rope_original_max_context=8, rope_low_freq_factor=1.0,
+                   rope_high_freq_factor=4.0)
+
+
 def phi_hparams() -> HParams:
-    """The base with PhiMoE's blocks: LayerNorms with bias and a biased LM head."""
+    """The base with PhiMoE's blocks: LayerNorms with bias, a biased LM head, LongRoPE."""
     return replace(base_hparams(), flags=ff.FLAG_NORM_TOPK | ff.FLAG_OUTPUT_BIAS,
-                   norm_kind=ff.NORM_KIND_LAYER_BIAS)
+                   norm_kind=ff.NORM_KIND_LAYER_BIAS, rope_type=ff.ROPE_LONGROPE,
+                   rope_attn_factor=1.2)
 
 
-def base_arrays(hp: HParams, extra: bool = False,
-                correction_bias: bool = False) -> list[tuple[str, np.ndarray, int]]:
+def base_arrays(hp: HParams, extra: bool = False, correction_bias: bool = False,
+                gpt_oss: bool = False, shared: bool = False) -> list[tuple[str, np.ndarray, int]]:
     rng = np.random.default_rng(20261129)
     H, V, E, I, D = hp.d_model, hp.vocab_size, hp.n_experts, hp.d_ff_expert, hp.d_ff_dense
     q, kv = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
@@ -139,14 +167,25 @@ def base_arrays(hp: HParams, extra: bool = False,
         p = f"layers.{layer}."
         out += [(p + "attn_norm", norm(H)), (p + "attn_q", mat(q, H)), (p + "attn_k", mat(kv, H)),
                 (p + "attn_v", mat(kv, H)), (p + "attn_o", mat(H, q)), (p + "ffn_norm", norm(H))]
+        if gpt_oss:
+            out += [(p + "attn_sinks", norm(hp.n_heads))]
         if hp.norm_kind == ff.NORM_KIND_LAYER_BIAS:
             out += [(p + "attn_norm_bias", 0.1 * mat(H)), (p + "ffn_norm_bias", 0.1 * mat(H))]
         if kind == ff.LAYER_MOE:
             out += [(p + "moe_gate", mat(E, H))]
             if correction_bias:
                 out += [(p + "moe_correction_bias", 0.1 * mat(E))]
+            if gpt_oss:
+                out += [(p + "moe_gate_bias", 0.1 * mat(E))]
             out += [(p + "moe_w1", mat(E, I, H)), (p + "moe_w2", mat(E, H, I)),
                     (p + "moe_w3", mat(E, I, H))]
+            if gpt_oss:
+                out += [(p + "moe_w1_bias", mat(E, I)), (p + "moe_w2_bias", mat(E, H)),
+                        (p + "moe_w3_bias", mat(E, I))]
+            if shared:
+                S = hp.d_ff_shared
+                out += [(p + "shared_w1", mat(S, H)), (p + "shared_w2", mat(H, S)),
+                        (p + "shared_w3", mat(S, H))]
         else:
             out += [(p + "mlp_w1", mat(D, H)), (p + "mlp_w2", mat(H, D)), (p + "mlp_w3", mat(D, H))]
     out += [("output_norm", norm(H)), ("output", mat(V, H))]
@@ -154,6 +193,8 @@ def base_arrays(hp: HParams, extra: bool = False,
         out.append(("output_norm_bias", 0.1 * mat(H)))
     if hp.flags & ff.FLAG_OUTPUT_BIAS:
         out.append(("output_bias", 0.1 * mat(V)))
+    if hp.rope_type == ff.ROPE_LONGROPE:
+        out.append(("rope_freq_factors", np.array([1.0, 2.5], dtype=np.float32)))
     if extra:
         out.append(("extra.scale", norm(1)))
     return [(name, values, ff.DTYPE_F32) for name, values in out]
@@ -177,14 +218,21 @@ class Base:
 
 
 def build_base(extra: bool = False, version: int = ff.FORMAT_VERSION, v3: bool = False,
-               extra_bias: bool = False, phi: bool = False) -> Base:
+               extra_bias: bool = False, gpt_oss: bool = False, llama4: bool = False,
+               phi: bool = False) -> Base:
     """The base file; `v3`: the DeepSeek-V3-style one; `extra_bias`: with a correction bias that
-    its routing entry does not name; `phi`: with PhiMoE's biased LayerNorms and LM head."""
-    hp = v3_hparams() if v3 or extra_bias else phi_hparams() if phi else base_hparams()
-    specs = ff.tensor_specs_from_arrays(base_arrays(hp, extra, correction_bias=v3 or extra_bias))
-    rules = [V3_RULE, None] if v3 else [ff.RouteRule(), None] if extra_bias else None
+    its routing entry does not name; `gpt_oss`: the GPT-OSS-style one; `llama4`: the
+    Llama-4-style one; `phi`: with PhiMoE's biased LayerNorms and LM head, and its LongRoPE
+    (frequency factors [head_dim / 2], cos and sin times 1.2)."""
+    hp = (llama4_hparams() if llama4 else v3_hparams() if v3 or extra_bias or gpt_oss
+          else phi_hparams() if phi else base_hparams())
+    specs = ff.tensor_specs_from_arrays(base_arrays(hp, extra, correction_bias=v3 or extra_bias,
+                                                    gpt_oss=gpt_oss, shared=llama4))
+    rules = ([V3_RULE, None] if v3 else [ff.RouteRule(), None] if extra_bias else
+             [GPT_OSS_RULE, None] if gpt_oss else [LLAMA4_RULE, None] if llama4 else None)
+    attention = GPT_OSS_ATTENTION if gpt_oss else LLAMA4_ATTENTION if llama4 else None
     plan = ff.plan_file(hp, KINDS, specs, tokenizer=b"", metadata={"corpus": True}, rules=rules,
-                        version=version)
+                        attention=attention, version=version)
     image = ff.build_bytes(plan)
     return Base(image, plan, {s.name: i for i, s in enumerate(specs)})
 
@@ -393,8 +441,22 @@ def corpus_entries() -> list[Entry]:
         "a negative residual multiplier", edited(b, lambda im: put(im, H_RESIDUAL_SCALE, "<f", -0.5)))
     phi = build_base(phi=True)
     add("valid_layernorm_bias.colibri", "COL_OK", 0, "", "PhiMoE's blocks: LayerNorms with bias "
-        "(attn_norm_bias, ffn_norm_bias, output_norm_bias) and the LM head's output_bias",
-        bytes(phi.image), checksums=True, nan_check=True)
+        "(attn_norm_bias, ffn_norm_bias, output_norm_bias), the LM head's output_bias and "
+        "LongRoPE (rope_freq_factors)", bytes(phi.image), checksums=True, nan_check=True)
+    add("v2_longrope_missing_factors.colibri", "COL_ERR_MISSING_TENSOR", p.tensor_table_offset,
+        "required tensor 'rope_freq_factors' is missing", "LongRoPE (rope_type 3) without its "
+        "frequency factors", edited(b, lambda im: put(im, H_ROPE_TYPE, "<I", ff.ROPE_LONGROPE)),
+        tensor="rope_freq_factors")
+
+    def zero_factor(im: bytearray) -> None:
+        at = phi.data("rope_freq_factors") + 4
+        put(im, at, "<f", 0.0)
+        n = phi.plan.tensors[phi.index["rope_freq_factors"]].nbytes
+        crc = zlib.crc32(bytes(im[at - 4:at - 4 + n]))
+        put(im, phi.entry("rope_freq_factors") + T_CRC, "<I", crc & 0xFFFFFFFF)
+    add("longrope_zero_factor.colibri", "COL_ERR_LIMIT", phi.data("rope_freq_factors") + 4,
+        "factor 1 is 0, not a finite value > 0", "a LongRoPE frequency factor of 0 (its "
+        "frequency would be infinite)", edited(phi, zero_factor), tensor="rope_freq_factors")
 
     def bias_as_row(im: bytearray) -> None:
         put(im, phi.entry("output_bias") + T_NDIM, "<I", 2)
@@ -449,9 +511,9 @@ def corpus_entries() -> list[Entry]:
         put(im, v3.entry(bias) + T_NBYTES, "<Q", 8)
     add("routing_bias_dtype.colibri", "COL_ERR_DTYPE", v3.entry(bias) + T_DTYPE, "must be f32",
         "a correction bias stored as f16", edited(v3, bias_f16), tensor=bias)
-    add("routing_reserved.colibri", "COL_ERR_UNSUPPORTED", e0 + 0x60, "reserved byte 0x60",
+    add("routing_reserved.colibri", "COL_ERR_UNSUPPORTED", e0 + 0x7C, "reserved byte 0x7C",
         "a reserved byte of a routing entry set",
-        edited(v3, lambda im: im.__setitem__(e0 + 0x60, 1)))
+        edited(v3, lambda im: im.__setitem__(e0 + 0x7C, 1)))
     add("routing_sliding_no_window.colibri", "COL_ERR_ROUTING", e1 + R_ATTENTION,
         "sliding-window layer, but the header's sliding_window is 0",
         "a sliding-window layer in a file without a window",
@@ -459,6 +521,62 @@ def corpus_entries() -> list[Entry]:
     add("routing_dense_rule.colibri", "COL_ERR_ROUTING", e1 + R_SCALE, "dense layer with scale",
         "a dense layer's entry with a scaling factor",
         edited(v3, lambda im: put(im, e1 + R_SCALE, "<f", 2.0)))
+
+    # -- GPT-OSS's experts and attention (the GPT-OSS-style base: layer 0 MoE, sinks everywhere)
+    go = build_base(gpt_oss=True)
+    add("valid_gpt_oss.colibri", "COL_OK", 0, "", "a router bias, top-2 of the logits weighted by "
+        "a softmax over the chosen, expert biases, the clamped SwiGLU and attention sinks",
+        bytes(go.image), checksums=True, nan_check=True)
+    g0, g1 = go.plan.routing_offset, go.plan.routing_offset + ff.ROUTING_ENTRY_SIZE
+    add("routing_activation.colibri", "COL_ERR_UNSUPPORTED", g0 + R_ACTIVATION,
+        "unknown activation 5", "an expert activation from the future",
+        edited(go, lambda im: put(im, g0 + R_ACTIVATION, "<I", 5)))
+    add("routing_act_limit.colibri", "COL_ERR_ROUTING", g0 + R_ACT_LIMIT,
+        "act_limit -7 is not a finite value > 0", "a clamped SwiGLU with a negative limit",
+        edited(go, lambda im: put(im, g0 + R_ACT_LIMIT, "<f", -7.0)))
+    add("routing_dense_activation.colibri", "COL_ERR_ROUTING", g1 + R_ACTIVATION,
+        "dense layer with activation", "a dense layer's entry with the experts' activation",
+        edited(go, lambda im: put(im, g1 + R_ACTIVATION, "<I", ff.EXPERT_SWIGLU_CLAMPED)))
+    add("routing_expert_bias_missing.colibri", "COL_ERR_MISSING_TENSOR", v3.plan.tensor_table_offset,
+        "required tensor 'layers.0.moe_w1_bias' is missing", "expert biases the file does not hold",
+        edited(v3, lambda im: put(im, e0 + R_EXPERT_BIAS, "<I", 1)), tensor="layers.0.moe_w1_bias")
+    sinks = "layers.1.attn_sinks"
+
+    def sinks_per_kv_head(im: bytearray) -> None:
+        put(im, go.entry(sinks) + T_SHAPE, "<Q", 1)
+        put(im, go.entry(sinks) + T_NBYTES, "<Q", 4)
+    add("routing_sinks_shape.colibri", "COL_ERR_SHAPE", go.entry(sinks) + T_SHAPE,
+        "shape [1], expected [2]", "one sink per KV head instead of one per query head",
+        edited(go, sinks_per_kv_head), tensor=sinks)
+    add("routing_sinks_unnamed.colibri", "COL_ERR_UNKNOWN_TENSOR", go.entry(sinks),
+        "not used by this architecture", "attention sinks the routing entry does not name: a "
+        "warning, the layer attends without them",
+        edited(go, lambda im: put(im, g1 + R_SINKS, "<I", 0)), tensor=sinks, severity="warning")
+
+    # -- Llama 4's routing and attention (the Llama-4-style base)
+    l4 = build_base(llama4=True)
+    add("valid_llama4.colibri", "COL_OK", 0, "", "the sigmoid of each chosen logit scaling that "
+        "expert's input, a shared expert, chunked attention with the q/k L2 norm, a NoPE layer "
+        "with a query temperature, llama3 RoPE", bytes(l4.image), checksums=True, nan_check=True)
+    m0, m1 = l4.plan.routing_offset, l4.plan.routing_offset + ff.ROUTING_ENTRY_SIZE
+    add("routing_chunked_no_size.colibri", "COL_ERR_ROUTING", m0 + R_ATTENTION,
+        "header's attention_chunk_size is 0", "a chunked-attention layer without a chunk size",
+        edited(l4, lambda im: put(im, H_CHUNK, "<I", 0)))
+    add("v2_chunk_unused.colibri", "COL_ERR_HEADER", H_CHUNK, "attention_chunk_size 4 but no "
+        "routing entry has a chunked-attention layer", "a chunk size no layer uses",
+        edited(v3, lambda im: put(im, H_CHUNK, "<I", 4)))
+    add("routing_temperature_scale.colibri", "COL_ERR_ROUTING", m0 + R_TEMP_SCALE,
+        "temperature_scale 0.5 (finite with a temperature_floor, else 0)",
+        "a query temperature's scale without its floor",
+        edited(l4, lambda im: put(im, m0 + R_TEMP_SCALE, "<f", 0.5)))
+    add("routing_dense_weight_inputs.colibri", "COL_ERR_ROUTING", m1 + R_WEIGHT_INPUTS,
+        "dense layer with weight_inputs", "a dense layer's entry weighting expert inputs",
+        edited(l4, lambda im: put(im, m1 + R_WEIGHT_INPUTS, "<I", 1)))
+    add("v2_llama3_high_freq.colibri", "COL_ERR_HEADER", H_ROPE_HIGH,
+        "rope_high_freq_factor 0 is not a finite value > 0",
+        "llama3 RoPE without its high_freq_factor",
+        edited(l4, lambda im: put(im, H_ROPE_HIGH, "<f", 0.0)))
+
     xb = build_base(extra_bias=True)
     add("routing_bias_unnamed.colibri", "COL_ERR_UNKNOWN_TENSOR", xb.entry(bias),
         "not used by this architecture", "a correction bias the routing entry does not name: "

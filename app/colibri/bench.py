@@ -36,21 +36,25 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from colibri.engine import Model, Session, measure_read_bandwidth
+from colibri.fileformat import LAYER_CHUNKED, LAYER_SLIDING
 
 if TYPE_CHECKING:
     from colibri.formats.gguf_file import GGUFFile
 
-_EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
+_EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3", "moe_w1_bias", "moe_w2_bias", "moe_w3_bias")
 
 
 def phase_bytes(model: Model) -> dict[str, int]:
     """Bytes of weights one decoded token reads in each part of the step: the attention
     projections, the feed-forward (router, the k selected experts, shared experts, dense MLPs) and
-    what runs outside the layers (the embedding row, the final norm, the LM head)."""
+    what runs outside the layers (the embedding row, the final norm, the LM head). LongRoPE's
+    frequency factors are not counted: the session's RoPE table is made from them once."""
     hp = model.hparams
     parts = {"attention": 0, "feed-forward": 0, "outside layers": 0}
     for t in model.tensors:
         base = t.name.rsplit(".", 1)[-1]
+        if t.name == "rope_freq_factors":
+            continue
         if t.name == "token_embd":
             parts["outside layers"] += t.nbytes // hp.vocab_size + (t.nbytes if hp.flags & 2 else 0)
         elif not t.name.startswith("layers."):
@@ -75,13 +79,22 @@ def gguf_weight_bytes_per_token(f: GGUFFile) -> int:
     """The same count for a GGUF file, from its tensor table, as llama.cpp reads it: every
     tensor except the embedding table (one row, plus the whole table when there is no
     `output.weight`, i.e. it is also the LM head) and `{arch}.expert_used_count /
-    {arch}.expert_count` of each stacked expert tensor (`*_exps`)."""
+    {arch}.expert_count` of each stacked expert tensor (`*_exps`); LongRoPE's factors
+    (`rope_factors_*`, a few hundred floats) are left out as in the import's count, and the
+    multi-token-prediction layers after the last decoder layer (`{arch}.nextn_predict_layers`)
+    are not read."""
     arch = f.architecture
     n_experts = int(f.get(f"{arch}.expert_count", 0) or 0)
     top_k = int(f.get(f"{arch}.expert_used_count", 0) or 0)
+    n_layers = (int(f.get(f"{arch}.block_count", 0) or 0)
+                - int(f.get(f"{arch}.nextn_predict_layers", 0) or 0))
     tied = "output.weight" not in f
     total = 0
     for t in f.tensors:
+        parts = t.name.split(".")
+        if t.name.startswith("rope_factors_") or (
+                parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) >= n_layers):
+            continue
         if t.name == "token_embd.weight":
             total += t.row_bytes + (t.nbytes if tied else 0)
         elif "_exps." in t.name and n_experts:
@@ -93,18 +106,25 @@ def gguf_weight_bytes_per_token(f: GGUFFile) -> int:
 
 def kv_bytes_per_token(model: Model, first: int, n: int) -> int:
     """Bytes of KV cache the steps at positions first..first+n-1 read, on average: every layer's
-    keys and values (f32) of the positions it attends to (all before it and itself, or the
-    sliding window of a sliding layer); with latent attention (MLA) one row of kv_lora_rank +
-    qk_rope_head_dim per position serves as keys and values. Not counted in the limit, which is
-    about weights, but at long contexts it is what the attention heads wait on."""
+    keys and values (f32) of the positions it attends to (all before it and itself, the sliding
+    window of a sliding layer, or the chunk so far of a chunked one); with latent attention
+    (MLA) one row of kv_lora_rank + qk_rope_head_dim per position serves as keys and values. Not
+    counted in the limit, which is about weights, but at long contexts it is what the attention
+    heads wait on."""
     hp = model.hparams
     row = ((hp.kv_lora_rank + hp.qk_rope_head_dim) if hp.attention == 1
            else 2 * hp.n_kv_heads * hp.head_dim) * 4
     total = 0
     for layer in range(hp.n_layers):
-        sliding = model.routing(layer).attention == 1 and hp.sliding_window > 0
-        total += row * sum(min(pos + 1, hp.sliding_window) if sliding else pos + 1
-                           for pos in range(first, first + n))
+        mask = model.routing(layer).attention
+
+        def keys(pos: int) -> int:
+            if mask == LAYER_SLIDING and hp.sliding_window > 0:
+                return min(pos + 1, hp.sliding_window)
+            if mask == LAYER_CHUNKED:
+                return pos % hp.attention_chunk_size + 1
+            return pos + 1
+        total += row * sum(keys(pos) for pos in range(first, first + n))
     return total // n
 
 

@@ -4,10 +4,11 @@ This module owns the step from a Hugging Face model directory (`config.json`, on
 `*.safetensors` files, optionally `model.safetensors.index.json` and `tokenizer.json`) to one
 `.colibri` file laid out by `colibri.fileformat`. What a family's config means and which of its
 tensors make which Colibri tensor lives in colibri.families, one module per family (Mixtral,
-Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2, DeepSeek-V3, GLM-4.5, ERNIE 4.5); both on-disk expert
-layouts that transformers 5 writes are read: per-expert tensors (the default `save_pretrained`,
-and what Hub checkpoints hold) and fused 3-D tensors (`save_pretrained(...,
-save_original_format=False)`).
+Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2, DeepSeek-V3, GLM-4.5, ERNIE 4.5, GPT-OSS, Llama 4);
+both on-disk expert layouts that transformers 5 writes are read: per-expert tensors (the
+default `save_pretrained`, and what Hub checkpoints hold) and fused 3-D tensors
+(`save_pretrained(..., save_original_format=False)`), and GPT-OSS's and Llama 4's transposed
+(GPT-OSS's also MXFP4) experts.
 
 It reads safetensors through `colibri.formats.safetensors_file`: every file of the checkpoint
 (index, shards) is validated byte by byte first, and only then read with the `safetensors`
@@ -120,6 +121,29 @@ class _Piece:
         return values
 
 
+@dataclass(frozen=True)
+class _ExpertPiece:
+    """One expert's values of a stacked output tensor: make(source[expert] for each source), the
+    sources read with the safetensors library's lazy slice (floats as float32, U8 as uint8)."""
+
+    ckpt: Checkpoint
+    names: tuple[str, ...]
+    expert: int
+    make: Callable[..., np.ndarray]
+    count: int
+
+    def read(self) -> np.ndarray:
+        parts = []
+        for name in self.names:
+            part = np.asarray(self.ckpt.slice(name)[self.expert])
+            parts.append(part if part.dtype == np.uint8 else part.astype(np.float32))
+        values = np.asarray(self.make(*parts), dtype=np.float32).reshape(-1)
+        if values.size != self.count:
+            raise ConversionError(f"tensor '{self.names[0]}': expert {self.expert} gave "
+                                  f"{values.size} elements, expected {self.count}")
+        return values
+
+
 def to_storage_checked(values: np.ndarray, dtype: int, name: str) -> np.ndarray:
     """to_storage, refusing finite values that overflow the storage dtype (f16 max 65504)."""
     if dtype == DTYPE_F32:
@@ -136,7 +160,7 @@ def to_storage_checked(values: np.ndarray, dtype: int, name: str) -> np.ndarray:
     return stored
 
 
-def _loader(name: str, dtype: int, shape: tuple[int, ...], pieces: Sequence[_Piece]
+def _loader(name: str, dtype: int, shape: tuple[int, ...], pieces: Sequence[_Piece | _ExpertPiece]
             ) -> Callable[[], np.ndarray]:
     """A TensorSpec.load: fills `shape` from `pieces` in order, one piece in memory at a time
     (a piece is at most one expert's matrix)."""
@@ -153,23 +177,27 @@ def _loader(name: str, dtype: int, shape: tuple[int, ...], pieces: Sequence[_Pie
 class _Planner:
     """Collects the output tensors and every problem with the checkpoint, so that all missing
     tensors and bad shapes are reported together, before anything is written. Implements
-    colibri.families.common.Planner."""
+    colibri.families.common.Planner. Every Hugging Face name a family gives is looked up after
+    `prefix` (the architecture's hf_prefix)."""
 
-    def __init__(self, ckpt: Checkpoint, dtype: int):
+    def __init__(self, ckpt: Checkpoint, dtype: int, prefix: str = ""):
         self.ckpt = ckpt
         self.tensors = {t.name: t for t in ckpt.tensors}
         self.dtype = dtype
+        self.prefix = prefix
         self.specs: list[TensorSpec] = []
         self.problems: list[str] = []
         self.used: set[str] = set()
 
     def has(self, hf_name: str) -> bool:
-        return hf_name in self.tensors
+        return self.prefix + hf_name in self.tensors
 
     def problem(self, text: str) -> None:
         self.problems.append(text)
 
-    def source(self, hf_name: str, shape: tuple[int, ...], what: str) -> TensorEntry | None:
+    def source(self, hf_name: str, shape: tuple[int, ...], what: str,
+               dtypes: Sequence[str] = SOURCE_DTYPES) -> TensorEntry | None:
+        hf_name = self.prefix + hf_name
         t = self.tensors.get(hf_name)
         if t is None:
             self.problems.append(f"missing tensor '{hf_name}' (for {what})")
@@ -179,9 +207,9 @@ class _Planner:
             self.problems.append(f"tensor '{hf_name}' has shape {list(t.shape)}, expected "
                                  f"{list(shape)} (for {what})")
             return None
-        if t.dtype not in SOURCE_DTYPES:
+        if t.dtype not in dtypes:
             self.problems.append(f"tensor '{hf_name}' has dtype {t.dtype}, not one the converter "
-                                 f"reads ({', '.join(SOURCE_DTYPES)})")
+                                 f"reads here ({', '.join(dtypes)})")
             return None
         return t
 
@@ -193,8 +221,8 @@ class _Planner:
               ) -> _Piece:
         return _Piece(self.ckpt, t.name, index, t.n_elements if count is None else count)
 
-    def add(self, name: str, shape: tuple[int, ...], pieces: Sequence[_Piece] | None,
-            force_f32: bool = False) -> None:
+    def add(self, name: str, shape: tuple[int, ...],
+            pieces: Sequence[_Piece | _ExpertPiece] | None, force_f32: bool = False) -> None:
         if pieces is None:
             return
         dtype = self._dtype(shape, force_f32)
@@ -248,6 +276,28 @@ class _Planner:
                  None if gu is None else [self.piece(gu, (e, slice(I, 2 * I)), I * H)
                                           for e in range(E)])
 
+    def expert_pieces(self, name: str, shape: tuple[int, ...],
+                      sources: Sequence[tuple[str, tuple[int, ...]]],
+                      make: Callable[..., np.ndarray], raw: bool = False,
+                      force_f32: bool = False) -> None:
+        """`name` [E, *shape] expert by expert: expert e's values are make(each source's [e]),
+        the sources (name, shape [E, ...]) read one expert's part at a time as float32, or with
+        `raw` as the U8 bytes they must be (MXFP4 blocks and scales)."""
+        entries = [self.source(n, s, name, ("U8",) if raw else SOURCE_DTYPES) for n, s in sources]
+        if any(t is None for t in entries):
+            return
+        n_experts = sources[0][1][0]
+        count = math.prod(shape)
+        names = tuple(t.name for t in entries if t is not None)
+        self.add(name, (n_experts, *shape),
+                 [_ExpertPiece(self.ckpt, names, e, make, count) for e in range(n_experts)],
+                 force_f32)
+
+    def constant(self, name: str, values: np.ndarray) -> None:
+        """`name`, an f32 tensor of values from config.json (LongRoPE's frequency factors)."""
+        data = np.ascontiguousarray(values, dtype=np.float32)
+        self.specs.append(TensorSpec(name, DTYPE_F32, data.shape, lambda: data))
+
     def derived(self, name: str, shape: tuple[int, ...], hf_name: str,
                 source_shape: tuple[int, ...], make: Callable[[np.ndarray], np.ndarray]) -> None:
         """`name` = make(the float32 values of `hf_name` as source_shape): a rearrangement no run
@@ -267,11 +317,13 @@ class _Planner:
 
 def _plan_tensors(tensors: Checkpoint, arch: Architecture, family: Family,
                   dtype: int) -> list[TensorSpec]:
-    p = _Planner(tensors, dtype)
+    p = _Planner(tensors, dtype, arch.hf_prefix)
     family.embedding_tensors(p, arch)
     for layer in range(arch.hp.n_layers):
         family.layer_tensors(p, arch, layer)
     family.head_tensors(p, arch)
+    for name, values in arch.constants.items():
+        p.constant(name, values)
     if p.problems:
         shown = p.problems[:20]
         more = f"; and {len(p.problems) - 20} more" if len(p.problems) > 20 else ""
@@ -307,9 +359,10 @@ def llama_quantize_type(name: str, shape: tuple[int, ...], qdtype: int, hp: HPar
     the LM head (and the embeddings, when tied to it) is q8_0, which llama.cpp's Q4_0 makes
     q6_K, a type Colibri lacks (q8_0 is the nearest: 34 bytes per 32 weights against 26.25, so
     a 32000 x 1024 head reads 7.9 MB more); in models of exactly 8 experts, attn_k and attn_v
-    are q8_0 (llama.cpp's rule for Mixtral)."""
+    are q8_0 (llama.cpp's rule for Mixtral). Biases stay as they are, GPT-OSS's [E, I] expert
+    biases too."""
     base = name.rsplit(".", 1)[-1]
-    if len(shape) < 2 or base in ("moe_gate", "shared_gate"):
+    if len(shape) < 2 or base in ("moe_gate", "shared_gate") or base.endswith("_bias"):
         return None
     if base == "output" or (base == "token_embd" and hp.flags & FLAG_TIED_EMBEDDINGS):
         return QUANT_BY_NAME["q8_0"]

@@ -24,7 +24,7 @@ import json
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any, ClassVar, Literal
@@ -33,6 +33,9 @@ import numpy as np
 
 from colibri import errors
 from colibri.generation import Generation, OnPosition, StopFn, SwapFn
+from colibri.interventions import KINDS as INTERVENTION_KINDS
+from colibri.interventions import OPS as INTERVENTION_OPS
+from colibri.interventions import Intervention
 from colibri.numerics import Numerics, NumericsError, as_numerics
 from colibri.values import KERNEL_PATHS, ROUTING_MODES, DecodingName, HParams, RoutingName
 from colibri.errors import (COL_ERR_BAD_TOKEN, COL_ERR_INVALID_ARG, ColibriError,
@@ -45,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 8
+ABI_VERSION = 10
 if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale build
     raise ImportError(
         f"colibri: compiled engine has ABI version {lib.col_abi_version()}, this Python package "
@@ -176,6 +179,16 @@ class RoutingInfo:
     sparsemixer_eps: float
     shared: int
     attention: int
+    sinks: int
+    expert_bias: int
+    activation: int
+    act_alpha: float
+    act_limit: float
+    weight_inputs: int
+    no_rope: int
+    qk_l2_norm: int
+    temperature_floor: int
+    temperature_scale: float
 
     @property
     def has_groups(self) -> bool:
@@ -291,6 +304,8 @@ class Trace:
     cache_margin: np.ndarray    # [pos, moe_layers] float32: the fresh top-k's margin over it
     fresh_ids: np.ndarray       # [pos, moe_layers, k or 0] int32: the rule's own top-k
     cache_hits: np.ndarray      # [pos, moe_layers, k or 0] bool: slot's expert was resident
+    intervened: np.ndarray      # [pos, moe_layers] uint8: bit 1 << k for each intervention kind k
+                                # (colibri.interventions.KINDS) that acted on the decision
 
     # The fields without a position axis; every other field's first axis is the position, so a
     # reader can take rows generically (the server's traces do) and new arrays come along.
@@ -640,7 +655,10 @@ class Model:
                            int(out.n_groups), int(out.n_groups_kept), int(out.group_score),
                            int(out.normalize), float(out.norm_eps), float(out.norm_p),
                            float(out.scale), float(out.sparsemixer_eps), int(out.shared),
-                           int(out.attention))
+                           int(out.attention), int(out.sinks), int(out.expert_bias),
+                           int(out.activation), float(out.act_alpha), float(out.act_limit),
+                           int(out.weight_inputs), int(out.no_rope), int(out.qk_l2_norm),
+                           int(out.temperature_floor), float(out.temperature_scale))
 
     def check_file(self) -> bool:
         """Is the mapping still the file it was? Raises ColibriFileChangedError when the file was
@@ -682,6 +700,28 @@ def check_embeddings(embeddings: Any, d_model: int) -> np.ndarray:
                                 f"{d_model}] (the model's hidden size){hint}",
                                 COL_ERR_INVALID_ARG)
     return np.ascontiguousarray(x)
+
+
+def load_embeddings(path: str | os.PathLike[str], d_model: int) -> np.ndarray:
+    """An embedding prompt from a .npy file: float32 [positions, d_model], at least one row (what
+    `colibri run --embedding` and the debugger's run form read). Raises ColibriValueError naming
+    the file and what it holds: not a .npy array (or unreadable), an .npz archive, the dtype or
+    shape (check_embeddings), no rows."""
+    name = os.fspath(path)
+    try:
+        x = np.load(name, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise ColibriValueError(f"{name}: not a .npy array file ({exc})", COL_ERR_INVALID_ARG) from None
+    if not isinstance(x, np.ndarray):
+        raise ColibriValueError(f"{name}: an .npz archive; an embedding prompt is one .npy array",
+                                COL_ERR_INVALID_ARG)
+    try:
+        x = check_embeddings(x, d_model)
+    except ColibriValueError as exc:
+        raise ColibriValueError(f"{name}: {exc.message}", COL_ERR_INVALID_ARG) from None
+    if not x.shape[0]:
+        raise ColibriValueError(f"{name}: no rows (shape {list(x.shape)})", COL_ERR_INVALID_ARG)
+    return x
 
 
 def best_kernels() -> str:
@@ -784,6 +824,8 @@ class Session:
         self._vocab = model.hparams.vocab_size
         self._err = err
         self._busy = threading.Lock()
+        self._interventions: tuple[Intervention, ...] = ()
+        self._c_interventions: Any = None   # the C array the engine borrows, and its operands
         self._capture: np.ndarray | None = None   # the caller's capture buffer, kept alive
 
     @staticmethod
@@ -860,41 +902,32 @@ class Session:
         if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
             raise ColibriValueError("token_ids must be a 1-D sequence of ints", COL_ERR_INVALID_ARG)
         ids = self._int32(tokens)
-        n = int(tokens.size)
-        logits = np.empty((n if all_logits else min(n, 1), self._vocab), dtype=np.float32)
-        if n == 0:
-            return logits
-        handle = self._live()
-        self._acquire()
-        try:
-            status = int(lib.col_session_prefill(
-                handle, ffi.from_buffer("int32_t[]", ids), n,
-                ffi.from_buffer("float[]", logits, require_writable=True) if all_logits else ffi.NULL,
-                self._err, _ERRLEN))
-            errors.raise_for_status(status, _text(self._err))
-            if not all_logits:
-                ffi.memmove(ffi.from_buffer("float[]", logits, require_writable=True),
-                            lib.col_session_logits(handle), logits.nbytes)
-        finally:
-            self._busy.release()
-        return logits
+        return self._prefill_rows(lib.col_session_prefill, ffi.from_buffer("int32_t[]", ids),
+                                  int(tokens.size), all_logits)
 
     def prefill_embeddings(self, embeddings: np.ndarray, *, all_logits: bool = True) -> np.ndarray:
         """Process embedding rows at the next positions instead of looked-up tokens: float32
-        [n, d_model] (the residual stream entering layer 0; col_session_prefill_embeddings).
+        [n, d_model], what the lookup would give (times the file's embedding_scale, as
+        looked-up rows are: Granite's; col_session_prefill_embeddings).
         Returns logits as `prefill` does; the trace records token -1 there. The shape and dtype
         are checked here (ColibriValueError naming what was given), finiteness by the engine.
         Nothing is processed when it raises."""
         x = check_embeddings(embeddings, self._model.hparams.d_model)
-        n = int(x.shape[0])
+        return self._prefill_rows(lib.col_session_prefill_embeddings,
+                                  ffi.from_buffer("float[]", x), int(x.shape[0]), all_logits)
+
+    def _prefill_rows(self, prefill: Callable[..., int], rows: Any, n: int,
+                      all_logits: bool) -> np.ndarray:
+        """The engine's `prefill(session, rows, n, logits or NULL, err, errlen)` on n checked
+        input rows (token ids or embedding rows), returning the logits as `prefill` says."""
         logits = np.empty((n if all_logits else min(n, 1), self._vocab), dtype=np.float32)
         if n == 0:
             return logits
         handle = self._live()
         self._acquire()
         try:
-            status = int(lib.col_session_prefill_embeddings(
-                handle, ffi.from_buffer("float[]", x), n,
+            status = int(prefill(
+                handle, rows, n,
                 ffi.from_buffer("float[]", logits, require_writable=True) if all_logits else ffi.NULL,
                 self._err, _ERRLEN))
             errors.raise_for_status(status, _text(self._err))
@@ -950,6 +983,113 @@ class Session:
             errors.raise_for_status(int(lib.col_session_reset(handle)))
         finally:
             self._busy.release()
+
+    def _call(self, fn: Any, *args: Any) -> None:
+        """One engine call taking (..., err, errlen) on the live session, under the busy lock."""
+        handle = self._live()
+        self._acquire()
+        try:
+            errors.raise_for_status(int(fn(handle, *args, self._err, _ERRLEN)), _text(self._err))
+        finally:
+            self._busy.release()
+
+    # -- interventions and rewinding ----------------------------------------------------------
+
+    @property
+    def interventions(self) -> tuple[Intervention, ...]:
+        """The interventions the session applies (colibri.interventions)."""
+        return self._interventions
+
+    def set_interventions(self, interventions: Sequence[Intervention]) -> None:
+        """Apply `interventions` to every position processed from now on (replacing those set
+        before; [] clears them). The engine judges them against the model
+        (col_session_set_interventions): a refused one raises ColibriValueError naming its spec
+        and field, and nothing changes. Positions already processed keep their results:
+        `truncate` first to recompute them."""
+        items = tuple(interventions)
+        for item in items:
+            if not isinstance(item, Intervention):
+                raise ColibriValueError(f"not an Intervention: {item!r}", COL_ERR_INVALID_ARG)
+        array = ffi.new("col_intervention[]", max(len(items), 1))
+        keep: list[Any] = [array]
+        for c, item in zip(array, items):
+            c.kind = INTERVENTION_KINDS.index(item.kind)
+            c.op = INTERVENTION_OPS.index(item.op) if item.op else 0
+            c.first_position = min(item.first, 0xFFFFFFFF)
+            c.last_position = lib.COL_LAST_POSITION if item.last is None else min(item.last, 0xFFFFFFFF)
+            c.layer = -1 if item.layer is None else min(item.layer, 2**31 - 1)
+            if item.experts:
+                ids = ffi.new("int32_t[]", [min(e, 2**31 - 1) for e in item.experts])
+                keep.append(ids)
+                c.experts, c.n_experts = ids, len(item.experts)
+            if item.values:
+                values = ffi.new("float[]", list(item.values))
+                keep.append(values)
+                c.values, c.n_values = values, len(item.values)
+        bad = ffi.new("uint32_t *")
+        handle = self._live()
+        self._acquire()
+        try:
+            status = int(lib.col_session_set_interventions(handle, array, len(items), bad,
+                                                           self._err, _ERRLEN))
+            if status != errors.COL_OK:
+                spec = items[int(bad[0])].typed if int(bad[0]) < len(items) else ""
+                errors.raise_for_status(status, f"intervention {spec!r}: {_text(self._err)}")
+            self._c_interventions = keep  # the engine reads these until the next call
+            self._interventions = items
+        finally:
+            self._busy.release()
+
+    def truncate(self, position: int) -> None:
+        """Forget the positions from `position` on (the KV cache and trace before it stay): the
+        next token is processed at `position`. Abandons a position stepped layer by layer."""
+        if isinstance(position, bool) or not isinstance(position, (int, np.integer)) \
+                or not 0 <= int(position) < 2**32:
+            raise ColibriValueError(f"position must be an int in 0..2^32-1, got {position!r}",
+                                    COL_ERR_INVALID_ARG)
+        self._call(lib.col_session_truncate, int(position))
+
+    # -- one layer at a time --------------------------------------------------------------------
+
+    def begin_token(self, token_id: int) -> None:
+        """Start `token_id` at the next position without running a layer (`step_layer` runs
+        them one by one; the same bits as `step`)."""
+        if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)) \
+                or not -2**31 <= int(token_id) < 2**31:
+            raise ColibriValueError(f"token id must be an int32, got {token_id!r}",
+                                    COL_ERR_BAD_TOKEN)
+        self._call(lib.col_session_begin_token, int(token_id))
+
+    def begin_embedding(self, row: np.ndarray) -> None:
+        """`begin_token` with an embedding row instead of a token: float32 [d_model] (or
+        [1, d_model]), what the lookup would produce, as `prefill_embeddings` takes it; the
+        trace records token -1."""
+        x = check_embeddings(np.asarray(row).reshape(1, -1) if np.ndim(row) == 1 else row,
+                             self._model.hparams.d_model)
+        if x.shape[0] != 1:
+            raise ColibriValueError(f"one embedding row begins a position, got {x.shape[0]}",
+                                    COL_ERR_INVALID_ARG)
+        self._call(lib.col_session_begin_embedding, ffi.from_buffer("float[]", x))
+
+    def step_layer(self) -> np.ndarray | None:
+        """Run the next layer of the position begun with `begin_token` or `begin_embedding`. Returns None while layers
+        remain, and the position's float32 logits [vocab] once its last layer has run."""
+        logits = np.empty(self._vocab, dtype=np.float32)
+        done = ffi.new("uint32_t *")
+        self._call(lib.col_session_step_layer,
+                   ffi.from_buffer("float[]", logits, require_writable=True), done)
+        return logits if int(done[0]) == self._model.hparams.n_layers else None
+
+    def rewind_layer(self) -> None:
+        """Undo the last layer run of the position in progress, so the next `step_layer` runs it
+        again (under the interventions set since)."""
+        self._call(lib.col_session_rewind_layer)
+
+    @property
+    def layers_done(self) -> int | None:
+        """Layers run of the position in progress, or None when none is in progress."""
+        done = int(lib.col_session_layers_done(self._live()))
+        return None if done == lib.COL_NO_LAYER else done
 
     @property
     def kernels(self) -> str:
@@ -1034,12 +1174,21 @@ class Session:
     def trace(self) -> Trace | None:
         """The routing trace sliced to the positions processed so far (live read-only views), or
         None when the session was created with trace=False."""
+        return self._trace(pending=False)
+
+    def pending_trace(self) -> Trace | None:
+        """Like `trace`, with one more row: the position in progress (see `begin_token`), whose
+        MoE layers before `layers_done` are filled in. None without a trace or a position in
+        progress."""
+        return self._trace(pending=True) if self.layers_done is not None else None
+
+    def _trace(self, pending: bool) -> Trace | None:
         handle = self._live()
         t = ffi.new("col_trace_view *")
         errors.raise_for_status(int(lib.col_session_trace(handle, t)))
         if t.capacity == 0:
             return None
-        cap, n = int(t.capacity), int(t.n_positions)
+        cap, n = int(t.capacity), int(t.n_positions) + (1 if pending else 0)
         n_moe, k, n_exp, n_layers = int(t.n_moe_layers), int(t.k), int(t.n_experts), int(t.n_layers)
 
         def view(ptr: Any, dtype: Any, *inner: int) -> np.ndarray:
@@ -1069,6 +1218,7 @@ class Session:
                        else np.zeros((n, n_moe, 0), np.int32)),
             cache_hits=(view(t.cache_hits, np.bool_, n_moe, k) if t.cache_hits != ffi.NULL
                         else np.zeros((n, n_moe, 0), np.bool_)),
+            intervened=view(t.intervened, np.uint8, n_moe),
         )
 
 

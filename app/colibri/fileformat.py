@@ -140,6 +140,7 @@ def dequantize(data: np.ndarray, dtype: int, shape: Sequence[int]) -> np.ndarray
 
 ARCH_MIXTRAL, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ARCH_OLMOE = 1, 2, 3, 4  # keys of ARCH_NAMES
 ARCH_DEEPSEEK_V2, ARCH_DEEPSEEK_V3, ARCH_GLM4_MOE, ARCH_ERNIE4_5_MOE = 5, 6, 7, 8  # version 2
+ARCH_GPT_OSS, ARCH_LLAMA4 = 9, 10
 ARCH_PHIMOE, ARCH_GRANITEMOE, ARCH_GRANITEMOESHARED, ARCH_DBRX = 11, 12, 13, 14
 
 FLAG_NORM_TOPK = 1              # version 1 only (a version-2 routing entry states it)
@@ -154,15 +155,16 @@ FLAG_QK_NORM_FULL = 128
 FLAG_OUTPUT_BIAS = 256          # version 2 only
 
 LAYER_DENSE, LAYER_MOE = 0, 1
-LAYER_FULL, LAYER_SLIDING = 0, 1                 # a layer's attention mask (routing entry 0x48)
+LAYER_FULL, LAYER_SLIDING, LAYER_CHUNKED = 0, 1, 2  # a layer's attention mask (routing entry 0x48)
 ATTENTION_GQA, ATTENTION_MLA = 0, 1              # header 0x0C8
-ROPE_DEFAULT, ROPE_LINEAR, ROPE_YARN = 0, 1, 2   # header 0x08C
+ROPE_DEFAULT, ROPE_LINEAR, ROPE_YARN, ROPE_LONGROPE, ROPE_LLAMA3 = 0, 1, 2, 3, 4   # header 0x08C
 ROPE_HALVES, ROPE_INTERLEAVED = 0, 1             # header 0x0E4
 SCORING_SOFTMAX, SCORING_SIGMOID, SCORING_SPARSEMIXER = 0, 1, 2
 SELECT_SCORES, SELECT_LOGITS = 0, 1
 GROUP_NONE, GROUP_MAX, GROUP_TOP2_SUM = 0, 1, 2
 NORM_NONE, NORM_SUM, NORM_SUM_CLAMPED, NORM_P = 0, 1, 2, 3
 SHARED_NONE, SHARED_PLAIN, SHARED_SIGMOID_GATE = 0, 1, 2
+EXPERT_SWIGLU, EXPERT_SWIGLU_CLAMPED = 0, 1      # routed experts' activation (routing entry 0x54)
 NORM_KIND_RMS, NORM_KIND_LAYER, NORM_KIND_LAYER_BIAS = 0, 1, 2   # header 0x100
 
 # Fixed-header fields after the first 0x28 bytes: (offset, struct code, HParams attribute).
@@ -177,7 +179,7 @@ _HPARAM_FIELDS: tuple[tuple[int, str, str], ...] = (
     (0x0A8, "<f", "norm_eps"), (0x0AC, "<f", "clip_qkv"), (0x0B0, "<f", "default_epsilon"),
     (0x0B4, "<i", "bos_token_id"), (0x0B8, "<i", "eos_token_id"),
 )
-# Version 2's fields after the CRCs (0x0C8..0x10F; 0x110..0x1FF reserved, zero).
+# Version 2's fields after the CRCs (0x0C8..0x113; 0x114..0x1FF reserved, zero).
 _HPARAM_FIELDS_V2: tuple[tuple[int, str, str], ...] = (
     (0x0C8, "<I", "attention"), (0x0CC, "<I", "q_lora_rank"), (0x0D0, "<I", "kv_lora_rank"),
     (0x0D4, "<I", "qk_nope_head_dim"), (0x0D8, "<I", "qk_rope_head_dim"),
@@ -186,16 +188,19 @@ _HPARAM_FIELDS_V2: tuple[tuple[int, str, str], ...] = (
     (0x0F0, "<f", "rope_attn_factor"), (0x0F4, "<f", "rope_beta_fast"),
     (0x0F8, "<f", "rope_beta_slow"), (0x0FC, "<I", "rope_truncate"),
     (0x100, "<I", "norm_kind"), (0x104, "<f", "embedding_scale"), (0x108, "<f", "residual_scale"),
-    (0x10C, "<f", "logit_divisor"),
+    (0x10C, "<f", "logit_divisor"), (0x110, "<I", "attention_chunk_size"),
 )
 
 
-@dataclass
 @dataclass(frozen=True)
 class RouteRule:
     """A MoE layer's routing rule, as its version-2 routing entry states it (docs/format.md, "The
-    routing rule"). `gate_bias` and `correction_bias` say whether the layer has the tensors
-    `layers.L.moe_gate_bias` and `layers.L.moe_correction_bias` (the writer finds their index)."""
+    routing rule"), and the form of its routed experts. `gate_bias` and `correction_bias` say
+    whether the layer has the tensors `layers.L.moe_gate_bias` and `layers.L.moe_correction_bias`
+    (the writer finds their index); `expert_bias` whether it has `moe_w1_bias`, `moe_w3_bias`
+    and `moe_w2_bias`; `activation` (EXPERT_*) with `act_alpha` and `act_limit` is what the
+    experts compute between their projections; `weight_inputs` puts each chosen expert's weight on
+    its input instead of its output (Llama 4)."""
 
     scoring: int = SCORING_SOFTMAX
     select_on: int = SELECT_SCORES
@@ -210,6 +215,11 @@ class RouteRule:
     scale: float = 1.0
     shared: int = SHARED_NONE
     sparsemixer_eps: float = 0.0
+    expert_bias: bool = False
+    activation: int = EXPERT_SWIGLU
+    act_alpha: float = 0.0
+    act_limit: float = 0.0
+    weight_inputs: bool = False
 
     @classmethod
     def from_info(cls, info: Any) -> RouteRule:
@@ -217,7 +227,8 @@ class RouteRule:
         return cls(info.scoring, info.select_on, info.gate_bias_tensor is not None,
                    info.correction_bias_tensor is not None, info.n_groups, info.n_groups_kept,
                    info.group_score, info.normalize, info.norm_eps, info.norm_p, info.scale,
-                   info.shared, info.sparsemixer_eps)
+                   info.shared, info.sparsemixer_eps, bool(info.expert_bias), info.activation,
+                   info.act_alpha, info.act_limit, bool(info.weight_inputs))
 
     @classmethod
     def from_v1_flags(cls, flags: int) -> RouteRule:
@@ -228,7 +239,25 @@ class RouteRule:
         return cls(normalize=NORM_SUM if flags & FLAG_NORM_TOPK else NORM_NONE, shared=shared)
 
 
-@dataclass
+@dataclass(frozen=True)
+class LayerAttention:
+    """A layer's attention as its version-2 routing entry states it, dense and MoE layers alike:
+    the mask (LAYER_FULL / LAYER_SLIDING / LAYER_CHUNKED), whether each head has a sink logit
+    (`layers.L.attn_sinks`), whether the layer skips RoPE, L2-normalises q and k heads after it,
+    and scales its queries by a temperature (its floor and scale; floor 0 = none)."""
+
+    mask: int = LAYER_FULL
+    sinks: bool = False
+    no_rope: bool = False
+    qk_l2_norm: bool = False
+    temperature_floor: int = 0
+    temperature_scale: float = 0.0
+
+    @classmethod
+    def from_info(cls, info: Any) -> LayerAttention:
+        """The attention of a decoded routing entry (colibri.engine.RoutingInfo)."""
+        return cls(info.attention, bool(info.sinks), bool(info.no_rope), bool(info.qk_l2_norm),
+                   info.temperature_floor, info.temperature_scale)
 
 
 @dataclass
@@ -253,7 +282,7 @@ class FilePlan:
     hparams: HParams
     layer_kinds: list[int]
     rules: list[RouteRule | None]   # per layer (None for dense layers)
-    attention: list[int]            # per layer: LAYER_FULL or LAYER_SLIDING
+    attention: list[LayerAttention] # per layer
     version: int
     tensors: list[TensorSpec]
     offsets: list[int]
@@ -308,15 +337,16 @@ def storage_to_f32(data: np.ndarray, dtype: int) -> np.ndarray:
 def plan_file(hparams: HParams, layer_kinds: Sequence[int], tensors: Sequence[TensorSpec],
               tokenizer: bytes = b"", metadata: dict | None = None,
               rules: Sequence[RouteRule | None] | None = None,
-              attention: Sequence[int] | None = None, version: int = FORMAT_VERSION) -> FilePlan:
+              attention: Sequence[LayerAttention] | None = None,
+              version: int = FORMAT_VERSION) -> FilePlan:
     """Lay out a file: sections in the documented order, tensors 64-byte aligned in list order.
 
     `rules` gives each MoE layer's routing rule (None entries for dense layers); without it every
     MoE layer gets the rule version 1 means by `hparams.flags` (RouteRule.from_v1_flags), and a
     version-2 file leaves those version-1 flag bits out of its header. `attention` gives each
-    layer's mask (LAYER_FULL or LAYER_SLIDING); without it every layer is sliding when
-    `hparams.sliding_window` is set, as in version 1. Version 1 can state only version 1's rule
-    and attention; asking it for more raises ValueError.
+    layer's LayerAttention; without it every layer is sliding when `hparams.sliding_window` is
+    set, as in version 1. Version 1 can state only version 1's rule and attention; asking it for
+    more raises ValueError.
 
     The plan's `hparams` are those written: `version` is `version` and `n_moe_layers` counts the
     MoE layers of `layer_kinds`, whatever `hparams` said."""
@@ -333,11 +363,13 @@ def plan_file(hparams: HParams, layer_kinds: Sequence[int], tensors: Sequence[Te
     if rules is None:
         rules = [implied if k == LAYER_MOE else None for k in layer_kinds]
     if attention is None:
-        attention = [LAYER_SLIDING if hparams.sliding_window else LAYER_FULL] * hparams.n_layers
+        attention = [LayerAttention(LAYER_SLIDING if hparams.sliding_window else LAYER_FULL)
+                     ] * hparams.n_layers
     if len(rules) != hparams.n_layers or len(attention) != hparams.n_layers:
         raise ValueError("rules and attention need one entry per layer")
     if version == 1 and (any(r not in (None, implied) for r in rules) or
-                         len(set(attention)) > 1 or hparams.attention != ATTENTION_GQA or
+                         len(set(attention)) > 1 or attention[0] != LayerAttention(attention[0].mask)
+                         or hparams.attention != ATTENTION_GQA or
                          hparams.norm_kind != NORM_KIND_RMS or hparams.flags & FLAG_OUTPUT_BIAS or
                          hparams.embedding_scale or hparams.residual_scale or
                          hparams.logit_divisor):
@@ -389,7 +421,13 @@ def _routing_bytes(plan: FilePlan) -> bytes:
                                  rule.normalize, rule.norm_eps, rule.norm_p, rule.scale,
                                  rule.shared, rule.sparsemixer_eps)
         if plan.version == 2:
-            struct.pack_into("<I", entry, 0x48, plan.attention[layer])
+            att = plan.attention[layer]
+            struct.pack_into("<2I", entry, 0x48, att.mask, int(att.sinks))
+            if rule is not None:
+                struct.pack_into("<2I2fI", entry, 0x50, int(rule.expert_bias), rule.activation,
+                                 rule.act_alpha, rule.act_limit, int(rule.weight_inputs))
+            struct.pack_into("<3If", entry, 0x64, int(att.no_rope), int(att.qk_l2_norm),
+                             att.temperature_floor, att.temperature_scale)
         out += entry
     return bytes(out)
 

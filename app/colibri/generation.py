@@ -29,6 +29,13 @@ a new session that has processed `history` (the tokens so far, a `History`: `rep
 it, embedding rows included) on a new model; the generation continues on it. `changed` is True when the old mapping failed a step (the file changed in
 place): the swap is then required, and without one the error propagates.
 
+Layers and rewinding (what a debugger needs): `advance_layer()` runs one layer of the next
+position at a time (the same bits as `advance()`; the session pauses between layers), and
+`rewind(position)` takes the generation back to `position` processed positions: the session
+forgets the rest (colibri.Session.truncate; its KV cache before stays), the tokens chosen after
+it are dropped and the sampler's state is put back, so running again from there under other
+interventions is the counterfactual of the same run.
+
 The loop is thin on purpose: per position it calls the engine once, takes an arg-max (or a
 sample) and reads the clock twice (the call's wall time); nothing else runs unless a callback
 asks for it.
@@ -133,7 +140,9 @@ class Generation:
         self._decode_from = 0  # clock when the first generated token was chosen
         self._decode_to = 0    # clock at the end
         self._rng = np.random.default_rng(seed)
+        self._rng_states: list[dict[str, Any]] = []  # sampling: the state before each pick
         self._pending: int | None = None  # the generated token to process next
+        self._layer_ns = 0  # wall time of the layers run of the position in progress
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -191,12 +200,7 @@ class Generation:
             t0 = time.perf_counter_ns()
             logits = self.session.step(token) if self.swap is None else self._swap_step(token)
             self.call_ns = time.perf_counter_ns() - t0
-            self.positions = first + 1
-            self.last_logits = logits
-            if self.logits is not None:
-                self.logits.append(logits[None, :])
-            self._choose(logits)
-            return range(first, first + 1)
+            return self._processed(first, 1, logits[None, :])
         chunk = self.prompt[first:first + 1] if self.step_prompt else self.prompt[first:]
         t0 = time.perf_counter_ns()
         if self.embeddings is not None:
@@ -207,15 +211,94 @@ class Generation:
         else:
             rows = self.session.prefill(chunk, all_logits=self.logits is not None)
         self.call_ns = time.perf_counter_ns() - t0
-        self.prefill_ns += self.call_ns
-        self.positions = first + len(chunk)
+        return self._processed(first, len(chunk), rows)
+
+    def advance_layer(self) -> range:
+        """Run the next layer of the next position, beginning the position first when none is in
+        progress (the session pauses between layers: `session.layers_done`). Returns the
+        position once its last layer has run (then as `advance`), else an empty range."""
+        if self.finished:
+            return range(0)
+        first = self.positions
+        t0 = time.perf_counter_ns()
+        if self.session.layers_done is None:
+            if self.embeddings is not None and first < len(self.prompt):
+                self.session.begin_embedding(self.embeddings[first])
+            else:
+                self.session.begin_token(self.next_token)
+            self._layer_ns = 0
+        logits = self.session.step_layer()
+        self._layer_ns += time.perf_counter_ns() - t0
+        if logits is None:
+            return range(0)
+        self.call_ns = self._layer_ns
+        return self._processed(first, 1, logits[None, :])
+
+    @property
+    def next_token(self) -> int:
+        """The token of the next position to process (a prompt token or the pending generated one)."""
+        if self.finished:
+            raise ValueError("the generation is finished")
+        if self.positions < len(self.prompt):
+            return self.prompt[self.positions]
+        assert self._pending is not None
+        return self._pending
+
+    def _processed(self, first: int, n: int, rows: np.ndarray) -> range:
+        """Bookkeeping after the engine processed the n positions from `first`: their logits
+        `rows` ([n, vocab], or the last row only), the next token once past the prompt."""
+        in_prompt = first < len(self.prompt)
+        self.positions = first + n
         self.last_logits = rows[-1]
         if self.logits is not None:
             self.logits.append(rows)
-        if self.positions == len(self.prompt):
-            self._decode_from = time.perf_counter_ns()
+        if in_prompt:
+            self.prefill_ns += self.call_ns
+            if self.positions == len(self.prompt):
+                self._decode_from = time.perf_counter_ns()
+                self._choose(rows[-1])
+        else:
             self._choose(rows[-1])
         return range(first, self.positions)
+
+    def rewind(self, position: int) -> None:
+        """Go back to `position` processed positions (0 <= position <= positions): the session
+        forgets the later ones (a position in progress too), the tokens chosen after them are
+        dropped and the sampler's state is put back; `advance`/`run` continue from there and
+        give what a run that never went further would have given."""
+        if not 0 <= position <= self.positions:
+            raise ValueError(f"cannot rewind to position {position}: {self.positions} processed")
+        self.session.truncate(position)
+        n_prompt = len(self.prompt)
+        if self.logits is not None:  # the kept rows of the positions before, no copy
+            kept, count = [], 0
+            for rows in self.logits:
+                if count >= position:
+                    break
+                kept.append(rows[:position - count])
+                count += kept[-1].shape[0]
+            self.logits = kept
+            self.last_logits = kept[-1][-1] if kept else None
+        else:
+            self.last_logits = None
+        self.positions = position
+        self.finished, self.reason, self._pending, self._decode_to = False, "", None, 0
+        if position < n_prompt:
+            self._restore_rng(0)
+            self.generated = []
+            self._decode_from = 0
+            return
+        kept = position - n_prompt + 1          # tokens chosen after positions < position
+        token = self.generated[kept - 1]
+        self._restore_rng(kept)
+        self.generated = self.generated[:kept - 1]
+        self._accept(token)
+
+    def _restore_rng(self, picks: int) -> None:
+        """The sampler as it was after `picks` picks."""
+        if picks < len(self._rng_states):
+            self._rng.bit_generator.state = self._rng_states[picks]
+            del self._rng_states[picks:]
 
     def _swap_step(self, token: int) -> np.ndarray:
         """One step, on a swapped-in session when the swap hook has one."""
@@ -236,7 +319,12 @@ class Generation:
         if self.max_new_tokens == 0:
             self._finish("finished")
             return
-        token = self._pick(logits)
+        if not self.greedy:
+            self._rng_states.append(dict(self._rng.bit_generator.state))
+        self._accept(self._pick(logits))
+
+    def _accept(self, token: int) -> None:
+        """Record the chosen `token`: finish, or make it the next position's."""
         generated = self.generated
         generated.append(token)
         if len(generated) >= self.max_new_tokens:

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 _ID = re.compile(r"-?[0-9]+")
+EMBEDDING_TEXT = "<embedding>"   # a position fed an embedding row instead of a token (id -1)
 
 
 def parse_token_ids(text: str) -> list[int]:
@@ -22,7 +23,9 @@ def parse_token_ids(text: str) -> list[int]:
 def token_text(tokenizer: Any, token: int) -> str:
     """The text of `token` as a reader sees it: decoded on its own, so byte-level BPE pieces read
     " the" rather than "Ġthe"; the vocabulary piece when decoding yields nothing; the id as text
-    when there is no tokenizer."""
+    when there is no tokenizer; `<embedding>` for a position fed an embedding row (token -1)."""
+    if token < 0:
+        return EMBEDDING_TEXT
     if tokenizer is None:
         return str(token)
     text = tokenizer.decode([int(token)])

@@ -17,16 +17,20 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from colibri.interventions import Intervention
 
 FORMAT_VERSION = 2   # what the writer writes unless asked for version 1 (the engine reads both)
 
-# col_arch (5.. need format version 2; 9 and 10 are kept for GPT-OSS and Llama 4)
+# col_arch (5.. need format version 2)
 ARCH_NAMES: dict[int, str] = {1: "mixtral", 2: "qwen2_moe", 3: "qwen3_moe", 4: "olmoe",
                               5: "deepseek_v2", 6: "deepseek_v3", 7: "glm4_moe",
-                              8: "ernie4_5_moe", 11: "phimoe", 12: "granitemoe",
-                              13: "granitemoeshared", 14: "dbrx"}
+                              8: "ernie4_5_moe", 9: "gpt_oss", 10: "llama4", 11: "phimoe",
+                              12: "granitemoe", 13: "granitemoeshared", 14: "dbrx"}
 
 # col_routing_mode, in enum order
 RoutingName = Literal["topk", "stable", "soft", "gumbel", "cached"]
@@ -101,6 +105,7 @@ class HParams:
     embedding_scale: float = 0.0   # 0 = none (Granite's embedding_multiplier)
     residual_scale: float = 0.0    # 0 = none (Granite's residual_multiplier)
     logit_divisor: float = 0.0     # 0 = none (Granite's logits_scaling)
+    attention_chunk_size: int = 0  # C of the chunked-attention layers (Llama 4)
 
     def v2_value(self, attr: str) -> int | float:
         """A version-2 header field's value, the Nones filled as version 1 would mean them."""
@@ -141,10 +146,30 @@ class RunSettings:
     kernels: str | None = None     # kernel path ceiling (KERNEL_PATHS); None = the best
     cache_threshold: float = 0.0   # cached routing: keep the previous set below this margin
     expert_cache: int = 0          # LRU of resident experts per MoE layer; 0 = none
+    # edits of routing decisions the run applies (colibri.interventions; specs are read too)
+    interventions: tuple[Intervention, ...] = ()
+    # an embedding prompt: float32 [positions, d_model] rows fed instead of looked-up tokens
+    # (their dtype and width are the engine's to judge); prompt_tokens is then -1 per row, as the
+    # trace records them. Kept read-only; to_dict leaves it out (session files store the array).
+    prompt_embeddings: np.ndarray | None = field(default=None, compare=False, repr=False)
     numerics: str = "default"      # numerics variant (colibri.numerics spec), e.g. dot-bf16
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_tokens", tuple(int(t) for t in self.prompt_tokens))
+        object.__setattr__(self, "interventions", tuple(
+            i if isinstance(i, Intervention) else Intervention.parse(i) for i in self.interventions))
+        if self.prompt_embeddings is not None:
+            rows = np.array(self.prompt_embeddings)   # a copy: the caller's array may change
+            if rows.ndim != 2:
+                raise ValueError(f"embedding rows must be [positions, d_model], got shape "
+                                 f"{list(rows.shape)}")
+            rows.flags.writeable = False
+            object.__setattr__(self, "prompt_embeddings", rows)
+            if not self.prompt_tokens:
+                object.__setattr__(self, "prompt_tokens", (-1,) * rows.shape[0])
+            if self.prompt_tokens != (-1,) * rows.shape[0]:
+                raise ValueError(f"an embedding prompt of {rows.shape[0]} rows has token -1 at "
+                                 f"each position, got {len(self.prompt_tokens)} prompt tokens")
         if not self.prompt_tokens:
             raise ValueError("the prompt is empty")
         if self.max_new_tokens < 0:
@@ -162,15 +187,29 @@ class RunSettings:
         """Positions a complete run processes (fewer when eos comes early)."""
         return len(self.prompt_tokens) + max(self.max_new_tokens - 1, 0)
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RunSettings):
+            return NotImplemented
+        if any(getattr(self, f.name) != getattr(other, f.name) for f in fields(self) if f.compare):
+            return False
+        a, b = self.prompt_embeddings, other.prompt_embeddings
+        return (a is None and b is None) or (a is not None and b is not None and a.dtype == b.dtype
+                                             and a.shape == b.shape and a.tobytes() == b.tobytes())
+
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """The JSON-able settings; the embedding rows are not among them (`prompt_embeddings`)."""
+        d = asdict(replace(self, prompt_embeddings=None))
+        del d["prompt_embeddings"]
         d["prompt_tokens"] = list(self.prompt_tokens)
+        d["interventions"] = [i.spec for i in self.interventions]
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunSettings:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+    def from_dict(cls, data: dict[str, Any],
+                  prompt_embeddings: np.ndarray | None = None) -> RunSettings:
+        names = {f.name for f in fields(cls)} - {"prompt_embeddings"}
+        return cls(**{k: v for k, v in data.items() if k in names},
+                   prompt_embeddings=prompt_embeddings)
 
 
 # ---------------------------------------------------------------------------------------------

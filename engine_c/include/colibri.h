@@ -37,13 +37,16 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 8   /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 10  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
                                 col_session_config and col_trace_view grew, col_session_cache_stats,
                                 col_session_prefill_embeddings); 8: col_hparams grew (norm_kind,
-                                the residual-stream scales) */
+                                the residual-stream scales); 9: GPT-OSS's and Llama 4's fields in
+                                col_hparams (attention_chunk_size) and col_routing_info; 10:
+                                interventions, col_session_truncate, layer stepping (col_trace_view
+                                grew; col_session_begin_embedding) */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -53,6 +56,8 @@ extern "C" {
 #define COL_TENSOR_NAME_MAX 64
 #define COL_ALIGNMENT 64
 #define COL_NO_TENSOR 0xFFFFFFFFu
+#define COL_NO_LAYER 0xFFFFFFFFu       /* col_session_layers_done: no position in progress */
+#define COL_LAST_POSITION 0xFFFFFFFFu  /* col_intervention.last_position: to the end of the run */
 
 /* COL_CDEF_BEGIN */
 
@@ -122,7 +127,8 @@ typedef enum col_arch {
     COL_ARCH_DEEPSEEK_V3 = 6,
     COL_ARCH_GLM4_MOE = 7,
     COL_ARCH_ERNIE4_5_MOE = 8,
-    /* 9 and 10 are kept for GPT-OSS and Llama 4 */
+    COL_ARCH_GPT_OSS = 9,
+    COL_ARCH_LLAMA4 = 10,
     COL_ARCH_PHIMOE = 11,
     COL_ARCH_GRANITEMOE = 12,
     COL_ARCH_GRANITEMOESHARED = 13,
@@ -154,7 +160,9 @@ typedef enum col_norm_kind {
 typedef enum col_rope_type {
     COL_ROPE_DEFAULT = 0,
     COL_ROPE_LINEAR = 1,
-    COL_ROPE_YARN = 2              /* v2: inverse frequencies ramped between interpolation and extrapolation */
+    COL_ROPE_YARN = 2,             /* v2: inverse frequencies ramped between interpolation and extrapolation */
+    COL_ROPE_LONGROPE = 3,         /* v2: inverse frequencies divided by the rope_freq_factors tensor (PhiMoE's LongRoPE) */
+    COL_ROPE_LLAMA3 = 4            /* v2: low frequencies divided by rope_factor, high ones kept, smoothed between */
 } col_rope_type;
 
 /* Which dimensions RoPE pairs (header 0x0E4, v2). */
@@ -178,8 +186,18 @@ typedef enum col_layer_kind {
  * header's sliding_window is set). */
 typedef enum col_layer_attention {
     COL_LAYER_FULL = 0,            /* causal */
-    COL_LAYER_SLIDING = 1          /* key allowed iff q - sliding_window < k <= q */
+    COL_LAYER_SLIDING = 1,         /* key allowed iff q - sliding_window < k <= q */
+    COL_LAYER_CHUNKED = 2          /* key allowed iff k <= q in the same chunk: k / C == q / C, C =
+                                    * attention_chunk_size (Llama 4) */
 } col_layer_attention;
+
+/* What a MoE layer's routed experts compute between their up and down projections (routing
+ * entry 0x54, v2); g = w1 . x (+ bias), u = w3 . x (+ bias). */
+typedef enum col_expert_activation {
+    COL_EXPERT_SWIGLU = 0,         /* silu(g) * u */
+    COL_EXPERT_SWIGLU_CLAMPED = 1  /* (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g'),
+                                    * g' = min(g, limit) (GPT-OSS) */
+} col_expert_activation;
 
 /* How a MoE layer turns router logits into scores (routing entry 0x18). */
 typedef enum col_scoring {
@@ -259,13 +277,14 @@ typedef struct col_hparams {
     uint32_t rope_truncate;        /* YaRN: 1 = floor/ceil the correction range */
     float attn_scale;              /* attention scores are multiplied by this */
     float latent_norm_eps;         /* MLA: epsilon of the attn_q_a_norm / attn_kv_a_norm RMSNorms */
-    float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor; else 1) */
+    float rope_attn_factor;        /* cos and sin multiplied by this (YaRN's attention factor, LongRoPE's mscale; else 1) */
     float rope_beta_fast;          /* YaRN */
     float rope_beta_slow;          /* YaRN */
     uint32_t norm_kind;            /* col_norm_kind (v1: RMS) */
     float embedding_scale;         /* 0 = none, else the embeddings are multiplied by it (Granite) */
     float residual_scale;          /* 0 = none, else each block's output is multiplied by it before the residual add */
     float logit_divisor;           /* 0 = none, else the logits are divided by it (Granite's logits_scaling) */
+    uint32_t attention_chunk_size; /* C of chunked layers (COL_LAYER_CHUNKED); 0 when no layer is chunked */
 } col_hparams;
 
 /* One tensor table entry, decoded. `data` points into the read-only mapping (never write it). */
@@ -283,9 +302,10 @@ typedef struct col_tensor_info {
 } col_tensor_info;
 
 /* One routing section entry (per layer): the layer's whole routing rule (docs/format.md, "The
- * routing rule"). Version-1 entries are decoded to the rule version 1 means (softmax over every
- * expert, top-k of the scores, NORM_TOPK and the shared-expert flags of the header). Dense
- * layers have kind DENSE and zero routing fields. */
+ * routing rule"), the form of its routed experts and its attention. Version-1 entries are decoded
+ * to the rule version 1 means (softmax over every expert, top-k of the scores, NORM_TOPK and the
+ * shared-expert flags of the header). Dense layers have kind DENSE and zero routing and expert
+ * fields; their attention fields (attention, sinks, no_rope, qk_l2_norm, temperature) apply. */
 typedef struct col_routing_info {
     uint32_t layer;
     uint32_t kind;                 /* col_layer_kind */
@@ -306,6 +326,20 @@ typedef struct col_routing_info {
     float sparsemixer_eps;         /* PhiMoE's router_jitter_noise (scoring SPARSEMIXER only) */
     uint32_t shared;               /* col_shared */
     uint32_t attention;            /* col_layer_attention */
+    uint32_t sinks;                /* 1: layers.L.attn_sinks [n_heads], one more logit per head whose
+                                    * probability is dropped (GPT-OSS) */
+    uint32_t expert_bias;          /* 1: the routed experts add moe_w1_bias, moe_w3_bias, moe_w2_bias */
+    uint32_t activation;           /* col_expert_activation of the routed experts */
+    float act_alpha;               /* COL_EXPERT_SWIGLU_CLAMPED: the sigmoid's gain; else 0 */
+    float act_limit;               /* COL_EXPERT_SWIGLU_CLAMPED: the clamp; else 0 */
+    uint32_t weight_inputs;        /* 1: each chosen expert's input is scaled by its weight and the outputs
+                                    * are summed unscaled (Llama 4); 0: the outputs are weighted */
+    uint32_t no_rope;              /* 1: the layer applies no RoPE (Llama 4's NoPE layers) */
+    uint32_t qk_l2_norm;           /* 1: each q and k head is divided by its RMS (norm_eps, no weight) after
+                                    * RoPE (Llama 4's L2 norm) */
+    uint32_t temperature_floor;    /* F > 0: the queries at position p are multiplied by
+                                    * log1p(floor((p + 1) / F)) * temperature_scale + 1; 0: none */
+    float temperature_scale;       /* with temperature_floor (Llama 4's attn_scale); else 0 */
 } col_routing_info;
 
 /* One field of the fixed header, for structure views (a hex editor's template). */
@@ -465,6 +499,9 @@ typedef struct col_trace_view {
     uint32_t expert_cache;         /* LRU experts per MoE layer (the config's), 0 = none */
     const uint8_t *cache_hits;     /* [capacity][n_moe_layers][k] 1 when slot's expert was resident in the
                                     * layer's LRU, 0 when it had to be loaded (or the slot is empty) */
+    /* Interventions (since ABI 10). */
+    const uint8_t *intervened;     /* [capacity][n_moe_layers] bit (1 << col_intervention_kind) set for each
+                                    * kind of intervention that acted on the decision; 0 = none */
 } col_trace_view;
 
 /* Expert-caching counts of a session since creation or the last reset (col_session_cache_stats). */
@@ -591,12 +628,14 @@ int32_t col_session_prefill(col_session *session, const int32_t *tokens, uint32_
                             float *logits, char *err, size_t errlen);
 
 /* col_session_prefill with the input rows given instead of looked up: `embeddings` is
- * [n][d_model] float32, row i the residual stream entering layer 0 at position position + i
- * (what the token embedding lookup would produce; the caller keeps ownership, nothing is kept
- * after the call). The trace records token -1 at these positions. A step is n = 1. Errors:
- * COL_ERR_CONTEXT_FULL; COL_ERR_INVALID_ARG for NULL embeddings or a NaN or infinite element
- * (its row and element in err); nothing processed in either case. Owner thread; no allocation.
- * Since ABI 7. */
+ * [n][d_model] float32, row i what the token embedding lookup would produce at position
+ * position + i (a file with embedding_scale multiplies it by that, as it does looked-up rows and
+ * transformers' Granite does inputs_embeds; the caller keeps ownership, nothing is kept after
+ * the call). The trace records token -1 at these positions. A step is n = 1; the session's
+ * interventions apply as to token ids. Errors: COL_ERR_CONTEXT_FULL; COL_ERR_INVALID_ARG for
+ * NULL embeddings, a NaN or infinite element (its row and element in err) or a position in
+ * progress (col_session_begin_token); nothing processed in any case. Owner thread; no
+ * allocation. Since ABI 7. */
 int32_t col_session_prefill_embeddings(col_session *session, const float *embeddings, uint32_t n,
                                        float *logits, char *err, size_t errlen);
 
@@ -742,6 +781,95 @@ int32_t col_session_capture(col_session *session, float *buffer, uint32_t first_
  * session's own (valid until the session is freed; rows 0..col_session_position - 1 filled),
  * or data NULL and n_rows 0 when nothing is captured. COL_ERR_INVALID_ARG for NULL arguments. */
 int32_t col_session_hidden(const col_session *session, col_hidden_view *out);
+
+/* ---- Since ABI 10: interventions, rewinding, stepping one layer at a time ------------------- */
+
+/* What an intervention does to a routing decision (docs/interventions.md). Append-only. */
+typedef enum col_intervention_kind {
+    COL_INTERVENE_FORCE = 0,       /* experts: the choice itself, in selection order (1..k of them), weighted by the rule */
+    COL_INTERVENE_FORBID = 1,      /* experts: may not be chosen; the rule chooses among the others */
+    COL_INTERVENE_WEIGHTS = 2,     /* values: the combine weights of the first chosen slots, in selection order */
+    COL_INTERVENE_LOGITS = 3,      /* experts, values[0]: their router logits plus (op ADD) or set to (op SET) the value */
+    COL_INTERVENE_BIAS = 4,        /* experts, values[0]: the same for their correction bias (zeros without one) */
+    COL_INTERVENE_ABLATE = 5,      /* experts: removed from the layer: never chosen (FORBID, meant for every position) */
+    COL_INTERVENE_SWAP = 6         /* experts[0], experts[1]: a slot choosing one runs the other's weights */
+} col_intervention_kind;
+
+typedef enum col_intervention_op {
+    COL_INTERVENE_ADD = 0,
+    COL_INTERVENE_SET = 1
+} col_intervention_op;
+
+/* One intervention. It acts on the decisions at positions first_position..last_position
+ * (inclusive; COL_LAST_POSITION = to the end) of MoE layer `layer` (a model layer index; -1 =
+ * every MoE layer). Operands as the kind says; unused ones are 0/NULL. */
+typedef struct col_intervention {
+    uint32_t kind;                 /* col_intervention_kind */
+    uint32_t op;                   /* col_intervention_op for LOGITS and BIAS, else 0 */
+    uint32_t first_position;
+    uint32_t last_position;
+    int32_t layer;
+    uint32_t n_experts;
+    const int32_t *experts;        /* [n_experts] distinct expert ids */
+    uint32_t n_values;
+    const float *values;           /* [n_values] finite */
+} col_intervention;
+
+/* Set the interventions the session applies from now on (replacing any before; n = 0 clears
+ * them, items may then be NULL). The session borrows `items` and the arrays they point to: the
+ * caller keeps them alive and unchanged until the next call or col_session_free. Checked against
+ * the model first: kind, positions (first <= last), layer (a MoE layer, or -1), the number and
+ * range of experts (FORCE at most the session's experts per decision; SWAP exactly two;
+ * distinct ids below n_experts), values (finite; WEIGHTS at most the experts per decision), op,
+ * and a BIAS on a layer whose rule selects on its logits. On COL_ERR_INVALID_ARG nothing
+ * changes, *bad (may be NULL) is the index of the first refused item and err says which field
+ * and why ("experts: expert 9 outside 0..7"). Positions already processed keep their results:
+ * col_session_truncate first to recompute them. The order and semantics of the kinds at one
+ * decision are in docs/interventions.md. Allocates nothing; owner thread. */
+int32_t col_session_set_interventions(col_session *session, const col_intervention *items, uint32_t n,
+                                      uint32_t *bad, char *err, size_t errlen);
+
+/* Forget the positions from `position` on (0 <= position <= col_session_position): the next
+ * token is processed at `position`, reusing the KV cache and trace rows before it (a
+ * counterfactual reruns only what follows an intervention). Expert caching's state (each MoE
+ * layer's previous set, the LRU and the counts of col_session_cache_stats) becomes what the
+ * positions before `position` left, replayed from the session's record of their decisions, so a
+ * rerun from here has the bits of a run from scratch. Also abandons a position in progress
+ * (col_session_begin_token). COL_ERR_INVALID_ARG for a position beyond the processed ones. Owner
+ * thread; no allocation. */
+int32_t col_session_truncate(col_session *session, uint32_t position, char *err, size_t errlen);
+
+/* Stepping one layer at a time (a debugger pausing between the layers of one position, to
+ * change the next layer's routing before it runs). col_session_begin_token starts `token` at the
+ * next position (its embedding is looked up; no layer runs yet); each col_session_step_layer
+ * runs the next layer and sets *layers_done (may be NULL) to the layers run so far; the one that
+ * runs the last layer also runs the final norm and LM head, writes `logits` [vocab_size] (may be
+ * NULL; col_session_logits has them too) and completes the position. A position stepped so has
+ * the same bits as col_session_step, for any thread count. The trace rows of the layers run are
+ * readable before the position completes (at row col_session_position). While a position is in
+ * progress col_session_prefill/step refuse (COL_ERR_INVALID_ARG); col_session_truncate or
+ * col_session_reset abandon it. Errors: begin as col_session_step (COL_ERR_CONTEXT_FULL,
+ * COL_ERR_BAD_TOKEN; COL_ERR_INVALID_ARG when a position is already in progress); step_layer
+ * COL_ERR_INVALID_ARG when none is; COL_ERR_FILE_CHANGED as col_session_prefill (the position is
+ * abandoned). Owner thread; no allocation. */
+int32_t col_session_begin_token(col_session *session, int32_t token, char *err, size_t errlen);
+
+/* col_session_begin_token with an embedding row instead of a token: `row` is [d_model] float32,
+ * what the lookup would produce (as col_session_prefill_embeddings takes it, embedding_scale
+ * included; copied, the caller keeps ownership). The trace records token -1. Errors: as col_session_begin_token, and
+ * COL_ERR_INVALID_ARG for a NULL row or a NaN or infinite element (named in err). */
+int32_t col_session_begin_embedding(col_session *session, const float *row, char *err, size_t errlen);
+int32_t col_session_step_layer(col_session *session, float *logits, uint32_t *layers_done, char *err,
+                               size_t errlen);
+
+/* Undo the last layer run of the position in progress (its input and its expert-caching state
+ * are restored; the KV cache and trace rows it wrote are rewritten when it runs again), so the
+ * next col_session_step_layer runs it again, e.g. under new interventions. One level: COL_ERR_INVALID_ARG when no layer of the
+ * position in progress was run since the last undo. Owner thread. */
+int32_t col_session_rewind_layer(col_session *session, char *err, size_t errlen);
+
+/* Layers run of the position in progress (0..n_layers-1), or COL_NO_LAYER when none is. */
+uint32_t col_session_layers_done(const col_session *session);
 
 /* COL_CDEF_END */
 

@@ -5,10 +5,13 @@
  * Follows transformers' eager attention: q/k/v projections (+ bias), the optional q/k RMSNorm
  * (per head before RoPE for Qwen3-MoE and GLM-4.5, over the whole projection for OLMoE, then
  * OLMoE's clip), RoPE on each head's first rotary_dim dims (partial rotary: GLM-4.5) paired as
- * halves (rotate_half) or interleaved (DeepSeek, ERNIE), with inverse frequencies computed in
- * f32 as transformers does (default, linear, YaRN), scores scaled by attn_scale (head_dim^-1/2
- * unless the family says otherwise), softmax in f32, and head h reading KV head
- * h / (n_heads / n_kv_heads). A sliding layer admits key k for query q iff q - W < k <= q.
+ * halves (rotate_half) or interleaved (DeepSeek, ERNIE, Llama 4), with inverse frequencies
+ * computed in f32 as transformers does (default, linear, YaRN, LongRoPE, llama3), unless the layer
+ * has none (Llama 4's NoPE layers); then Llama 4's per-layer q/k L2 norm and query temperature;
+ * scores scaled by attn_scale (head_dim^-1/2 unless the family says otherwise), softmax in f32
+ * (with GPT-OSS's per-head sink logit when the layer has one), and head h reading KV head
+ * h / (n_heads / n_kv_heads). A sliding layer admits key k for query q iff q - W < k <= q, a
+ * chunked one iff k <= q in the same chunk of C positions.
  */
 #include "session.h"
 
@@ -21,7 +24,26 @@ static double yarn_dim(double rotations, double dim, double base, double max_pos
     return dim * log(max_positions / (rotations * 2.0 * 3.14159265358979323846)) / (2.0 * log(base));
 }
 
-void col_rope_init(const col_hparams *hp, float *inv_freq)
+/* Llama 3's scaling of one inverse frequency, in the f32 steps of _compute_llama3_parameters:
+ * wavelengths longer than original / low_freq_factor are divided by the factor, those shorter
+ * than original / high_freq_factor kept, and the ones between smoothly mixed. */
+static float llama3_inv_freq(const col_hparams *hp, float inv)
+{
+    const double original = hp->rope_original_max_context;
+    const double low = hp->rope_low_freq_factor, high = hp->rope_high_freq_factor;
+    const float wavelen = (float)(2.0 * 3.14159265358979323846) / inv;
+    const float low_wavelen = (float)(original / low), high_wavelen = (float)(original / high);
+    float scaled = wavelen > low_wavelen ? inv / hp->rope_factor : inv;
+    if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+        float smooth = ((float)original / wavelen - (float)low) / (float)(high - low);
+        scaled = (1.0f - smooth) * scaled / hp->rope_factor + smooth * scaled;
+    }
+    return scaled;
+}
+
+/* inv_freq [rotary_dim / 2] of the model's RoPE type; freq_factors [rotary_dim / 2] is the
+ * rope_freq_factors tensor of a LongRoPE model (NULL otherwise). */
+void col_rope_init(const col_hparams *hp, const float *freq_factors, float *inv_freq)
 {
     uint32_t dim = hp->rotary_dim, half = dim / 2;
     double low = 0.0, high = 0.0;
@@ -42,6 +64,7 @@ void col_rope_init(const col_hparams *hp, float *inv_freq)
         float pos_freq = powf((float)hp->rope_theta, exponent);
         inv_freq[i] = 1.0f / pos_freq;
         if (hp->rope_type == COL_ROPE_LINEAR) inv_freq[i] /= hp->rope_factor;
+        if (hp->rope_type == COL_ROPE_LONGROPE) inv_freq[i] = 1.0f / (freq_factors[i] * pos_freq);
         if (hp->rope_type == COL_ROPE_YARN) { /* the f32 steps of _compute_yarn_parameters */
             float interpolation = 1.0f / (hp->rope_factor * pos_freq);
             float ramp = ((float)i - (float)low) / (float)(high - low);
@@ -49,6 +72,7 @@ void col_rope_init(const col_hparams *hp, float *inv_freq)
             float extrapolation_factor = 1.0f - ramp;
             inv_freq[i] = interpolation * (1.0f - extrapolation_factor) + inv_freq[i] * extrapolation_factor;
         }
+        if (hp->rope_type == COL_ROPE_LLAMA3) inv_freq[i] = llama3_inv_freq(hp, inv_freq[i]);
     }
 }
 
@@ -115,8 +139,21 @@ static float *kv_rows(const col_session *s, float *cache, uint32_t layer_index, 
     return cache + ((uint64_t)layer_index * s->kv_heads + g) * s->capacity * s->att_dim;
 }
 
-/* The per-position part before the scores: biases, q/k norms, clip, RoPE, and k/v into the
- * layer's cache at `pos`. q [q_dim], k and v [kv_dim] are updated in place. */
+/* Each of n heads of d values (x [n][d]) divided by its RMS, eps inside the root: Llama 4's
+ * weightless L2Norm. */
+static void rms_heads(float *x, uint32_t n, uint32_t d, float eps)
+{
+    for (uint32_t h = 0; h < n; h++) {
+        float *v = x + (uint64_t)h * d, sum = 0.0f;
+        for (uint32_t i = 0; i < d; i++) sum += v[i] * v[i];
+        float inv = 1.0f / sqrtf(sum / (float)d + eps);
+        for (uint32_t i = 0; i < d; i++) v[i] *= inv;
+    }
+}
+
+/* The per-position part before the scores: biases, q/k norms, clip, RoPE (unless the layer has
+ * none), the layer's q/k L2 norm and query temperature, and k/v into the layer's cache at `pos`.
+ * q [q_dim], k and v [kv_dim] are updated in place. */
 static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos, float *q, float *k, float *v)
 {
     const col_model *m = s->model;
@@ -144,7 +181,16 @@ static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos,
         for (uint32_t h = 0; h < nkv; h++)
             col_rmsnorm(k + (uint64_t)h * d, layer->attn_k_norm, hp->norm_eps, d, k + (uint64_t)h * d, s->norm_weight);
     }
-    rope_apply(hp, q, k, pos, s->inv_freq);
+    const col_routing_info *route = layer->route;
+    if (!route->no_rope) rope_apply(hp, q, k, pos, s->inv_freq);
+    if (route->qk_l2_norm) {
+        rms_heads(q, nh, d, hp->norm_eps);
+        rms_heads(k, nkv, d, hp->norm_eps);
+    }
+    if (route->temperature_floor) { /* Llama 4's attn_temperature_tuning, in its f32 steps */
+        float t = log1pf(floorf(((float)pos + 1.0f) / (float)route->temperature_floor)) * route->temperature_scale + 1.0f;
+        for (uint64_t i = 0; i < q_dim; i++) q[i] *= t;
+    }
 
     for (uint32_t g = 0; g < nkv; g++) {
         memcpy(kv_rows(s, s->k_cache, layer_index, g) + (uint64_t)pos * d, k + (uint64_t)g * d, d * sizeof(float));
@@ -175,7 +221,9 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     const uint32_t group = s->att_group; /* query heads per KV head */
     float *scores = s->scores + (uint64_t)thread * group * s->capacity;
     float scale = hp->attn_scale;
-    const int sliding = s->model->layers[task->layer].route->attention == COL_LAYER_SLIDING;
+    const col_layer *layer = &s->model->layers[task->layer];
+    const uint32_t mask = layer->route->attention;
+    const float *sinks = layer->attn_sinks ? (const float *)layer->attn_sinks->data : NULL; /* f32 (format.c) */
     for (uint64_t i = i0; i < i1; i++) {
         /* KV-head-major, so each thread's share holds early and late positions alike (a late
          * position attends to more keys); the query heads of a KV head run together, so each key
@@ -184,10 +232,11 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
         uint32_t g = (uint32_t)(i / n);
         uint64_t at = t * q_dim + (uint64_t)g * group * d;
         uint32_t pos = task->base + (uint32_t)t, first = 0;
-        if (sliding && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
+        if (mask == COL_LAYER_SLIDING && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
+        if (mask == COL_LAYER_CHUNKED) first = pos - pos % hp->attention_chunk_size;
         col_head_job job = {task->q + at, kv_rows(s, s->k_cache, task->layer, g) + first * d,
                             kv_rows(s, s->v_cache, task->layer, g) + first * d, d, pos + 1 - first, (uint32_t)d, scale,
-                            group, n == 1 ? COL_DECODE_KV_PREFETCH : 0};
+                            group, n == 1 ? COL_DECODE_KV_PREFETCH : 0, sinks ? sinks + (uint64_t)g * group : NULL};
         col_attend_head(s->pool, &job, scores, task->att + at);
     }
 }

@@ -3,8 +3,10 @@
  * dense SwiGLU MLP; plus the norms every block uses (RMSNorm, LayerNorm).
  *
  * Expert e computes w2 . (silu(w1 . x) * (w3 . x)) from its slice of the stacked tensors
- * (one contiguous range per matrix). The routed outputs are summed with their weights in
- * selection order; a shared expert is added last (Qwen2-MoE's scaled by sigmoid(shared_gate . x)).
+ * (one contiguous range per matrix), or GPT-OSS's form: biases after each projection and the
+ * clamped SwiGLU between them. The routed outputs are summed with their weights in selection
+ * order (Llama 4: the weights scale the experts' inputs instead, and the outputs are summed); a
+ * shared expert is added last (Qwen2-MoE's scaled by sigmoid(shared_gate . x)).
  */
 #include "session.h"
 
@@ -83,38 +85,49 @@ static void add_gate_bias(const col_layer *layer, float *logits, uint32_t n)
     for (uint32_t j = 0; j < n; j++) logits[j] += b[j];
 }
 
-/* One routing decision of `layer` at `position` by the layer's rule and the session's mode.
- * Decisions are made on the calling thread in position order, so expert caching's state flows
- * from each position to the next at every layer (cache.c). */
+/* One routing decision of `layer` at `position` by the layer's rule and the session's mode,
+ * under the session's interventions (intervene.c; `logits` is edited in place). *edits gets the
+ * bits of the intervention kinds that acted. Decisions are made on the calling thread in
+ * position order, so expert caching's state flows from each position to the next at every layer
+ * (cache.c); it sees the decision the interventions made. */
 static uint32_t route(col_session *s, const col_layer *layer, uint32_t layer_index, uint32_t position,
-                      const float *logits, int32_t *ids, float *weights, float *selection, int32_t *groups,
-                      uint8_t *bias_changed)
+                      float *logits, int32_t *ids, float *weights, float *selection, int32_t *groups,
+                      uint8_t *bias_changed, uint8_t *edits)
 {
-    col_router_params params = {s->config.routing, s->config.epsilon, s->config.seed, position, layer_index};
+    col_router_params params = {s->config.routing, s->config.epsilon, s->config.seed, position, layer_index,
+                                NULL, NULL, 0};
     const float *bias = layer->moe_correction_bias ? (const float *)layer->moe_correction_bias->data : NULL;
+    uint32_t applied = s->n_interventions ? col_intervene_route(s, layer_index, position, logits, &bias, &params) : 0;
     /* whether the bias changed the choice: a second ranking, asked only for the trace */
     col_route_out out = {ids, weights, selection, groups, s->trace_ids && bias ? bias_changed : NULL};
     *bias_changed = 0;
-    if (!s->cache.block) return col_route(layer->route, bias, &params, logits, &out, &s->router_scratch);
-
-    uint32_t moe = layer->moe_index, ks = s->k_slots, n;
-    uint64_t row = (uint64_t)position * s->model->hp.n_moe_layers + moe;
-    uint8_t kept = 0;
-    if (s->config.routing == COL_ROUTING_CACHED) {
-        int32_t *fresh = s->trace_fresh_ids ? s->trace_fresh_ids + row * ks : s->route_fresh;
-        col_cache_route c = {position ? s->cache.previous + (uint64_t)moe * ks : NULL, s->config.cache_threshold,
-                             fresh, 0.0f, 0};
-        n = col_route_cached(layer->route, bias, &params, logits, &c, &out, &s->router_scratch);
-        for (uint32_t slot = n; slot < ks; slot++) fresh[slot] = -1;
-        kept = c.kept;
-        if (s->trace_cache_kept) {
-            s->trace_cache_kept[row] = c.kept;
-            s->trace_cache_margin[row] = c.margin;
-        }
-    } else {
+    uint32_t n;
+    if (!s->cache.block) {
         n = col_route(layer->route, bias, &params, logits, &out, &s->router_scratch);
+    } else {
+        uint32_t moe = layer->moe_index, ks = s->k_slots;
+        uint64_t row = (uint64_t)position * s->model->hp.n_moe_layers + moe;
+        uint8_t kept = 0;
+        if (s->config.routing == COL_ROUTING_CACHED) {
+            int32_t *fresh = s->trace_fresh_ids ? s->trace_fresh_ids + row * ks : s->route_fresh;
+            col_cache_route c = {position ? s->cache.previous + (uint64_t)moe * ks : NULL, s->config.cache_threshold,
+                                 fresh, 0.0f, 0};
+            n = col_route_cached(layer->route, bias, &params, logits, &c, &out, &s->router_scratch);
+            for (uint32_t slot = n; slot < ks; slot++) fresh[slot] = -1;
+            kept = c.kept;
+            if (s->trace_cache_kept) {
+                s->trace_cache_kept[row] = c.kept;
+                s->trace_cache_margin[row] = c.margin;
+            }
+        } else {
+            n = col_route(layer->route, bias, &params, logits, &out, &s->router_scratch);
+        }
+        uint8_t *hits = s->trace_cache_hits ? s->trace_cache_hits + row * ks : NULL;
+        col_cache_record(&s->cache, moe, position, ids, n, kept, hits);
+        for (uint32_t slot = n; hits && slot < ks; slot++) hits[slot] = 0; /* empty slots (a rerun may shorten) */
     }
-    col_cache_record(&s->cache, moe, ids, n, kept, s->trace_cache_hits ? s->trace_cache_hits + row * ks : NULL);
+    if (s->n_interventions) applied |= col_intervene_weights(s, layer_index, position, weights, n);
+    *edits = (uint8_t)applied;
     return n;
 }
 
@@ -122,7 +135,8 @@ static uint32_t route(col_session *s, const col_layer *layer, uint32_t layer_ind
  * logits, selection scores, kept groups, shared gate and the router input's norm. */
 static void trace_decision(col_session *s, const col_layer *layer, uint32_t position, uint32_t n_slots,
                            const int32_t *ids, const float *weights, const float *logits, const float *selection,
-                           const int32_t *groups, uint8_t bias_changed, float shared_gate, const float *xn)
+                           const int32_t *groups, uint8_t bias_changed, uint8_t edits, float shared_gate,
+                           const float *xn)
 {
     const col_model *m = s->model;
     uint32_t n_experts = m->hp.n_experts, d_model = m->hp.d_model, g = m->n_chosen_groups;
@@ -139,6 +153,7 @@ static void trace_decision(col_session *s, const col_layer *layer, uint32_t posi
     }
     s->trace_shared_gate[row] = shared_gate;
     s->trace_bias_changed[row] = bias_changed;
+    s->trace_intervened[row] = edits;
     float norm = 0.0f;
     for (uint32_t i = 0; i < d_model; i++) norm += xn[i] * xn[i];
     s->trace_hidden_norm[row] = sqrtf(norm);
@@ -154,6 +169,54 @@ static void swiglu(col_session *s, const col_tensor_info *t1, const col_tensor_i
     col_swiglu_gate(s->pool, s->h1, s->h3, (uint64_t)n * w1.rows);
     col_matvec_job down = {w2, s->h1, out, n};
     col_matmul_many(s->pool, &down, 1);
+}
+
+/* Rows [o, o + count) of h [rows][width] belong to expert e: each gets row e of `bias` [E][width]
+ * (f32, format.c checks) added (GPT-OSS's expert biases). */
+static void add_expert_bias(float *h, const col_tensor_info *bias, uint32_t e, uint64_t o, uint32_t count,
+                            uint64_t width)
+{
+    const float *b = (const float *)bias->data + (uint64_t)e * width;
+    for (uint64_t r = o; r < o + count; r++)
+        for (uint64_t i = 0; i < width; i++) h[r * width + i] += b[i];
+}
+
+typedef struct clamped_task {
+    float *h1;
+    const float *h3;
+    float alpha, limit;
+} clamped_task;
+
+/* GPT-OSS's clamped SwiGLU on elements [i0, i1): h1 = (clamp(h3, -limit, limit) + 1) * g *
+ * sigmoid(alpha g), g = min(h1, limit), as transformers' GptOssExperts._apply_gate computes it. */
+static void clamped_swiglu(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
+{
+    const clamped_task *c = ctx;
+    (void)thread;
+    for (uint64_t i = i0; i < i1; i++) {
+        float g = c->h1[i] < c->limit ? c->h1[i] : c->limit;
+        float u = c->h3[i] < -c->limit ? -c->limit : (c->h3[i] > c->limit ? c->limit : c->h3[i]);
+        float glu = g * (1.0f / (1.0f + expf(-(g * c->alpha))));
+        c->h1[i] = (u + 1.0f) * glu;
+    }
+}
+
+/* Between the routed experts' up and down projections: their biases, then the layer's activation
+ * of h1 [rows][d_ff] and h3, into h1. */
+static void expert_activation(col_session *s, const col_layer *layer, uint64_t rows, uint64_t d_ff)
+{
+    if (layer->moe_w1_bias)
+        for (uint32_t e = 0; e < s->model->hp.n_experts; e++) {
+            if (!s->expert_count[e]) continue;
+            add_expert_bias(s->h1, layer->moe_w1_bias, e, s->expert_offset[e], s->expert_count[e], d_ff);
+            add_expert_bias(s->h3, layer->moe_w3_bias, e, s->expert_offset[e], s->expert_count[e], d_ff);
+        }
+    if (layer->route->activation == COL_EXPERT_SWIGLU_CLAMPED) {
+        clamped_task task = {s->h1, s->h3, layer->route->act_alpha, layer->route->act_limit};
+        col_pool_run(s->pool, clamped_swiglu, &task, rows * d_ff);
+    } else {
+        col_swiglu_gate(s->pool, s->h1, s->h3, rows * d_ff);
+    }
 }
 
 /* The feed-forward block for n positions starting at s->position: reads s->xn [n][d_model],
@@ -179,14 +242,25 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         col_numerics_perturb(&s->numerics, s->router_logits + (uint64_t)t * n_experts, n_experts, s->position + t,
                              layer_index);
     }
-    uint32_t n_slots = 0, base = s->position, gs = m->n_chosen_groups ? m->n_chosen_groups : 1;
+    uint32_t base = s->position, gs = m->n_chosen_groups ? m->n_chosen_groups : 1;
     for (uint32_t e = 0; e < n_experts; e++) s->expert_count[e] = 0;
+    /* Each slot runs the expert it chose, or the other one of a SWAP intervention's pair. */
+    int32_t *run = s->n_interventions ? s->route_run : s->route_ids;
     for (uint32_t t = 0; t < n; t++) {
-        n_slots = route(s, layer, layer_index, base + t, s->router_logits + (uint64_t)t * n_experts,
-                        s->route_ids + (uint64_t)t * ks, s->route_weights + (uint64_t)t * ks,
-                        s->route_selection + (uint64_t)t * n_experts, s->route_groups + (uint64_t)t * gs,
-                        s->route_bias_changed + t);
-        for (uint32_t slot = 0; slot < n_slots; slot++) s->expert_count[s->route_ids[t * ks + slot]]++;
+        uint32_t count = route(s, layer, layer_index, base + t, s->router_logits + (uint64_t)t * n_experts,
+                               s->route_ids + (uint64_t)t * ks, s->route_weights + (uint64_t)t * ks,
+                               s->route_selection + (uint64_t)t * n_experts, s->route_groups + (uint64_t)t * gs,
+                               s->route_bias_changed + t, s->route_edits + t);
+        s->route_count[t] = count;
+        for (uint32_t slot = 0; slot < count; slot++) {
+            if (run != s->route_ids) {
+                uint32_t applied = 0;
+                run[t * ks + slot] = col_intervene_run_expert(s, layer_index, base + t, s->route_ids[t * ks + slot],
+                                                              &applied);
+                s->route_edits[t] |= (uint8_t)applied;
+            }
+            s->expert_count[run[t * ks + slot]]++;
+        }
     }
     uint64_t t1 = phase_ns ? col_now_ns() : 0;
 
@@ -198,16 +272,24 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         s->expert_count[e] = 0; /* becomes the fill cursor */
     }
     /* A lone token is its own group: every expert reads it in place, so a decode step copies
-     * nothing and quantises or packs its activations once for all the experts' products. */
-    const int alone = n == 1;
+     * nothing and quantises or packs its activations once for all the experts' products. Llama 4
+     * scales each expert's input by its weight, so each (token, slot) has a row of its own. */
+    const int weight_inputs = layer->route->weight_inputs != 0;
+    const int alone = n == 1 && !weight_inputs;
     uint64_t d_ff = layer->moe_w1->shape[1];
     for (uint32_t t = 0; t < n; t++)
-        for (uint32_t slot = 0; slot < n_slots; slot++) {
-            uint32_t e = (uint32_t)s->route_ids[t * ks + slot];
+        for (uint32_t slot = 0; slot < s->route_count[t]; slot++) {
+            uint32_t e = (uint32_t)run[t * ks + slot];
             uint32_t row = s->expert_offset[e] + s->expert_count[e]++;
             s->route_rows[t * ks + slot] = row;
-            if (!alone)
-                memcpy(s->expert_x + (uint64_t)row * d_model, s->xn + (uint64_t)t * d_model, d_model * sizeof(float));
+            float *dst = s->expert_x + (uint64_t)row * d_model;
+            const float *src = s->xn + (uint64_t)t * d_model;
+            if (weight_inputs) {
+                float w = s->route_weights[t * ks + slot];
+                for (uint32_t i = 0; i < d_model; i++) dst[i] = src[i] * w;
+            } else if (!alone) {
+                memcpy(dst, src, d_model * sizeof(float));
+            }
         }
     for (uint32_t e = 0; e < n_experts; e++) {
         if (!s->expert_count[e]) continue;
@@ -217,7 +299,7 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w3, e), x, s->h3 + o * d_ff, s->expert_count[e]};
     }
     col_matmul_many(s->pool, s->jobs, n_jobs);
-    col_swiglu_gate(s->pool, s->h1, s->h3, (uint64_t)off * d_ff);
+    expert_activation(s, layer, off, d_ff);
     n_jobs = 0;
     for (uint32_t e = 0; e < n_experts; e++) {
         if (!s->expert_count[e]) continue;
@@ -226,12 +308,16 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
                                              s->expert_out + o * d_model, s->expert_count[e]};
     }
     col_matmul_many(s->pool, s->jobs, n_jobs);
+    if (layer->moe_w2_bias)
+        for (uint32_t e = 0; e < n_experts; e++)
+            if (s->expert_count[e])
+                add_expert_bias(s->expert_out, layer->moe_w2_bias, e, s->expert_offset[e], s->expert_count[e], d_model);
     for (uint32_t t = 0; t < n; t++) {
         float *acc = s->tmp + (uint64_t)t * d_model;
         for (uint32_t i = 0; i < d_model; i++) acc[i] = 0.0f;
-        for (uint32_t slot = 0; slot < n_slots; slot++) {
+        for (uint32_t slot = 0; slot < s->route_count[t]; slot++) {
             const float *out = s->expert_out + (uint64_t)s->route_rows[t * ks + slot] * d_model;
-            float weight = s->route_weights[t * ks + slot];
+            float weight = weight_inputs ? 1.0f : s->route_weights[t * ks + slot];
             for (uint32_t i = 0; i < d_model; i++) acc[i] += weight * out[i];
         }
     }
@@ -260,10 +346,11 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
 
     if (s->trace_ids)
         for (uint32_t t = 0; t < n; t++)
-            trace_decision(s, layer, base + t, n_slots, s->route_ids + (uint64_t)t * ks,
+            trace_decision(s, layer, base + t, s->route_count[t], s->route_ids + (uint64_t)t * ks,
                            s->route_weights + (uint64_t)t * ks, s->router_logits + (uint64_t)t * n_experts,
                            s->route_selection + (uint64_t)t * n_experts, s->route_groups + (uint64_t)t * gs,
-                           s->route_bias_changed[t], s->shared_gate[t], s->xn + (uint64_t)t * d_model);
+                           s->route_bias_changed[t], s->route_edits[t], s->shared_gate[t],
+                           s->xn + (uint64_t)t * d_model);
     if (phase_ns) {
         phase_ns[COL_PHASE_ROUTER] = t1 - t0;
         phase_ns[COL_PHASE_EXPERTS] = t2 - t1;

@@ -186,7 +186,8 @@ enum {
     H_V_HEAD = 0x0DC, H_ROTARY_DIM = 0x0E0, H_ROPE_LAYOUT = 0x0E4, H_ATTN_SCALE = 0x0E8,
     H_LATENT_EPS = 0x0EC, H_ROPE_ATTN_FACTOR = 0x0F0, H_ROPE_BETA_FAST = 0x0F4,
     H_ROPE_BETA_SLOW = 0x0F8, H_ROPE_TRUNCATE = 0x0FC, H_NORM_KIND = 0x100,
-    H_EMBEDDING_SCALE = 0x104, H_RESIDUAL_SCALE = 0x108, H_LOGIT_DIVISOR = 0x10C, H_RESERVED_V2 = 0x110
+    H_EMBEDDING_SCALE = 0x104, H_RESIDUAL_SCALE = 0x108, H_LOGIT_DIVISOR = 0x10C, H_CHUNK = 0x110,
+    H_RESERVED_V2 = 0x114
 };
 
 /* Tensor table entry and routing entry field offsets. */
@@ -197,7 +198,9 @@ enum { R_LAYER = 0x00, R_KIND = 0x04, R_GATE = 0x08, R_GATE_BIAS = 0x0C, R_TOPK 
        /* version 2 */
        R_SELECT_ON = 0x1C, R_CORRECTION = 0x20, R_N_GROUPS = 0x24, R_GROUPS_KEPT = 0x28,
        R_GROUP_SCORE = 0x2C, R_NORMALIZE = 0x30, R_NORM_EPS = 0x34, R_NORM_P = 0x38, R_SCALE = 0x3C,
-       R_SHARED = 0x40, R_SPARSEMIXER_EPS = 0x44, R_ATTENTION = 0x48, R_RESERVED = 0x4C };
+       R_SHARED = 0x40, R_SPARSEMIXER_EPS = 0x44, R_ATTENTION = 0x48, R_SINKS = 0x4C, R_EXPERT_BIAS = 0x50,
+       R_ACTIVATION = 0x54, R_ACT_ALPHA = 0x58, R_ACT_LIMIT = 0x5C, R_WEIGHT_INPUTS = 0x60, R_NO_ROPE = 0x64,
+       R_QK_L2_NORM = 0x68, R_TEMP_FLOOR = 0x6C, R_TEMP_SCALE = 0x70, R_RESERVED = 0x74 };
 
 #define MAX_EXPERTS 4096u
 #define MAX_LAYERS 1024u
@@ -271,6 +274,7 @@ static void decode_hparams(const uint8_t *d, col_hparams *hp)
     hp->embedding_scale = rdf32(d + H_EMBEDDING_SCALE);
     hp->residual_scale = rdf32(d + H_RESIDUAL_SCALE);
     hp->logit_divisor = rdf32(d + H_LOGIT_DIVISOR);
+    hp->attention_chunk_size = rd32(d + H_CHUNK);
 }
 
 /* What the validator learned about the file's layout, and which regions are safe to read. */
@@ -290,9 +294,9 @@ typedef struct layout {
 
 /* ---- Tensor names ---------------------------------------------------------------------------- */
 
-enum { G_TOKEN_EMBD, G_OUTPUT_NORM, G_OUTPUT, G_OUTPUT_NORM_BIAS, G_OUTPUT_BIAS, N_GLOBALS };
+enum { G_TOKEN_EMBD, G_OUTPUT_NORM, G_OUTPUT, G_OUTPUT_NORM_BIAS, G_OUTPUT_BIAS, G_ROPE_FREQ_FACTORS, N_GLOBALS };
 static const char *const global_names[N_GLOBALS] = {"token_embd", "output_norm", "output", "output_norm_bias",
-                                                    "output_bias"};
+                                                    "output_bias", "rope_freq_factors"};
 
 enum {
     S_ATTN_NORM, S_FFN_NORM, S_ATTN_Q, S_ATTN_K, S_ATTN_V, S_ATTN_O,
@@ -304,7 +308,8 @@ enum {
     S_MOE_GATE_BIAS, S_MOE_CORRECTION,
     S_ATTN_Q_A, S_ATTN_Q_A_NORM, S_ATTN_Q_A_BIAS, S_ATTN_Q_B,
     S_ATTN_KV_A, S_ATTN_KV_A_NORM, S_ATTN_KV_A_BIAS, S_ATTN_K_B, S_ATTN_V_B,
-    S_ATTN_NORM_BIAS, S_FFN_NORM_BIAS, N_SLOTS
+    S_ATTN_SINKS, S_MOE_W1_BIAS, S_MOE_W2_BIAS, S_MOE_W3_BIAS, S_ATTN_NORM_BIAS, S_FFN_NORM_BIAS,
+    N_SLOTS
 };
 static const char *const slot_names[N_SLOTS] = {
     "attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_o",
@@ -315,7 +320,7 @@ static const char *const slot_names[N_SLOTS] = {
     "moe_gate_bias", "moe_correction_bias",
     "attn_q_a", "attn_q_a_norm", "attn_q_a_bias", "attn_q_b",
     "attn_kv_a", "attn_kv_a_norm", "attn_kv_a_bias", "attn_k_b", "attn_v_b",
-    "attn_norm_bias", "ffn_norm_bias",
+    "attn_sinks", "moe_w1_bias", "moe_w2_bias", "moe_w3_bias", "attn_norm_bias", "ffn_norm_bias",
 };
 /* The presence bitset of step 8 keeps a layer's slots in one u64. */
 _Static_assert(N_SLOTS <= 64, "a layer's tensor slots must fit in 64 bits");
@@ -559,6 +564,10 @@ static bool slot_expected(int s, const col_hparams *hp, const col_routing_info *
         return moe && ri->shared == COL_SHARED_SIGMOID_GATE;
     case S_MLP_W1: case S_MLP_W2: case S_MLP_W3:
         return ri && ri->kind == COL_LAYER_DENSE;
+    case S_ATTN_SINKS:
+        return ri && ri->sinks;
+    case S_MOE_W1_BIAS: case S_MOE_W2_BIAS: case S_MOE_W3_BIAS:
+        return moe && ri->expert_bias;
     case S_ATTN_NORM_BIAS: case S_FFN_NORM_BIAS:
         return hp->norm_kind == COL_NORM_KIND_LAYER_BIAS;
     default:
@@ -573,6 +582,7 @@ static bool global_expected(int g, const col_hparams *hp)
     case G_OUTPUT: return !(hp->flags & COL_FLAG_TIED_EMBEDDINGS);
     case G_OUTPUT_NORM_BIAS: return hp->norm_kind == COL_NORM_KIND_LAYER_BIAS;
     case G_OUTPUT_BIAS: return (hp->flags & COL_FLAG_OUTPUT_BIAS) != 0;
+    case G_ROPE_FREQ_FACTORS: return hp->rope_type == COL_ROPE_LONGROPE;
     default: return true;
     }
 }
@@ -580,7 +590,8 @@ static bool global_expected(int g, const col_hparams *hp)
 /* Slots whose presence depends on the layer's routing entry: unknowable when it is bad. */
 static bool slot_depends_on_entry(int s)
 {
-    return (s >= S_MOE_GATE && s <= S_MLP_W3) || s == S_MOE_GATE_BIAS || s == S_MOE_CORRECTION;
+    return (s >= S_MOE_GATE && s <= S_MLP_W3) || s == S_MOE_GATE_BIAS || s == S_MOE_CORRECTION ||
+           s == S_ATTN_SINKS || s == S_MOE_W1_BIAS || s == S_MOE_W2_BIAS || s == S_MOE_W3_BIAS;
 }
 
 /* Expected shape of a tensor; returns ndim. */
@@ -598,6 +609,7 @@ static uint32_t expected_shape(const col_hparams *hp, int is_layer, int s, uint6
         switch (s) {
         case G_OUTPUT_NORM: case G_OUTPUT_NORM_BIAS: return SHAPE1(H);
         case G_OUTPUT_BIAS: return SHAPE1(V);
+        case G_ROPE_FREQ_FACTORS: return SHAPE1(hp->rotary_dim / 2);
         default: return SHAPE2(V, H); /* token_embd, output */
         }
     }
@@ -627,6 +639,9 @@ static uint32_t expected_shape(const col_hparams *hp, int is_layer, int s, uint6
     case S_ATTN_KV_A_NORM: return SHAPE1(C);
     case S_ATTN_KV_A_BIAS: return SHAPE1(C + R);
     case S_ATTN_K_B: return SHAPE3(nh, C, hp->qk_nope_head_dim);
+    case S_ATTN_SINKS: return SHAPE1(nh);
+    case S_MOE_W1_BIAS: case S_MOE_W3_BIAS: return SHAPE2(E, I);
+    case S_MOE_W2_BIAS: return SHAPE2(E, H);
     default: return SHAPE3(nh, hp->v_head_dim, C); /* S_ATTN_V_B */
     }
 #undef SHAPE1
@@ -681,6 +696,16 @@ static bool route_of(const layout *L, uint32_t layer, col_routing_info *ri)
         ri->shared = rd32(r + R_SHARED);
         ri->sparsemixer_eps = rdf32(r + R_SPARSEMIXER_EPS);
         ri->attention = rd32(r + R_ATTENTION);
+        ri->sinks = rd32(r + R_SINKS);
+        ri->expert_bias = rd32(r + R_EXPERT_BIAS);
+        ri->activation = rd32(r + R_ACTIVATION);
+        ri->act_alpha = rdf32(r + R_ACT_ALPHA);
+        ri->act_limit = rdf32(r + R_ACT_LIMIT);
+        ri->weight_inputs = rd32(r + R_WEIGHT_INPUTS);
+        ri->no_rope = rd32(r + R_NO_ROPE);
+        ri->qk_l2_norm = rd32(r + R_QK_L2_NORM);
+        ri->temperature_floor = rd32(r + R_TEMP_FLOOR);
+        ri->temperature_scale = rdf32(r + R_TEMP_SCALE);
         return true;
     }
     uint32_t flags = L->hp.flags;
@@ -896,13 +921,29 @@ static void check_hparams_v2(const layout *L, sink *s)
             ERR(s, COL_ERR_HEADER, H_ROPE_ATTN_FACTOR, "", "rope_attn_factor %g is not a finite value > 0",
                 (double)hp->rope_attn_factor);
     } else {
-        if (hp->rope_attn_factor != 1.0f)
-            ERR(s, COL_ERR_HEADER, H_ROPE_ATTN_FACTOR, "", "rope_attn_factor %g: only YaRN scales cos and sin (1)",
+        if (hp->rope_type == COL_ROPE_LONGROPE ? !finite_pos((double)hp->rope_attn_factor)
+                                               : hp->rope_attn_factor != 1.0f)
+            ERR(s, COL_ERR_HEADER, H_ROPE_ATTN_FACTOR, "",
+                hp->rope_type == COL_ROPE_LONGROPE ? "rope_attn_factor %g is not a finite value > 0"
+                                                   : "rope_attn_factor %g: only YaRN and LongRoPE scale cos and sin (1)",
                 (double)hp->rope_attn_factor);
+        if (hp->rope_type == COL_ROPE_LLAMA3 && hp->rope_original_max_context < 1)
+            ERR(s, COL_ERR_HEADER, H_ROPE_ORIG_CTX, "", "llama3 RoPE needs rope_original_max_context >= 1");
         if (hp->rope_beta_fast != 0.0f || hp->rope_beta_slow != 0.0f || hp->rope_truncate != 0)
             ERR(s, COL_ERR_HEADER, hp->rope_beta_fast != 0.0f ? H_ROPE_BETA_FAST
                                    : hp->rope_beta_slow != 0.0f ? H_ROPE_BETA_SLOW : H_ROPE_TRUNCATE, "",
                 "rope_beta_fast, rope_beta_slow and rope_truncate are YaRN's (they must be 0)");
+    }
+    if (hp->rope_type == COL_ROPE_LLAMA3) {
+        if (!finite_pos((double)hp->rope_low_freq_factor))
+            ERR(s, COL_ERR_HEADER, H_ROPE_LOW, "", "rope_low_freq_factor %g is not a finite value > 0",
+                (double)hp->rope_low_freq_factor);
+        if (!finite_pos((double)hp->rope_high_freq_factor))
+            ERR(s, COL_ERR_HEADER, H_ROPE_HIGH, "", "rope_high_freq_factor %g is not a finite value > 0",
+                (double)hp->rope_high_freq_factor);
+    } else if (hp->rope_low_freq_factor != 0.0f || hp->rope_high_freq_factor != 0.0f) {
+        ERR(s, COL_ERR_HEADER, hp->rope_low_freq_factor != 0.0f ? H_ROPE_LOW : H_ROPE_HIGH, "",
+            "rope_low_freq_factor and rope_high_freq_factor are llama3 RoPE's (they must be 0)");
     }
     /* Reserved bytes must be zero: a later field takes them, and this reader then refuses a file
      * that sets it rather than running something else than what the file says. */
@@ -921,7 +962,8 @@ static bool arch_known(uint32_t arch, uint32_t version)
     case COL_ARCH_MIXTRAL: case COL_ARCH_QWEN2_MOE: case COL_ARCH_QWEN3_MOE: case COL_ARCH_OLMOE:
         return true;
     case COL_ARCH_DEEPSEEK_V2: case COL_ARCH_DEEPSEEK_V3: case COL_ARCH_GLM4_MOE: case COL_ARCH_ERNIE4_5_MOE:
-    case COL_ARCH_PHIMOE: case COL_ARCH_GRANITEMOE: case COL_ARCH_GRANITEMOESHARED: case COL_ARCH_DBRX:
+    case COL_ARCH_GPT_OSS: case COL_ARCH_LLAMA4: case COL_ARCH_PHIMOE: case COL_ARCH_GRANITEMOE:
+    case COL_ARCH_GRANITEMOESHARED: case COL_ARCH_DBRX:
         return version == 2;
     default:
         return false;
@@ -982,7 +1024,7 @@ static void check_hparams(const layout *L, sink *s)
     if (hp->n_experts_active < 1 || (L->experts_ok && hp->n_experts_active > hp->n_experts))
         ERR(s, COL_ERR_HEADER, H_TOPK, "", "n_experts_active %" PRIu32 " not in 1..num_experts %"
             PRIu32, hp->n_experts_active, hp->n_experts);
-    if (hp->rope_type > (v2 ? COL_ROPE_YARN : COL_ROPE_LINEAR))
+    if (hp->rope_type > (v2 ? COL_ROPE_LLAMA3 : COL_ROPE_LINEAR))
         ERR(s, COL_ERR_UNSUPPORTED, H_ROPE_TYPE, "", "unknown rope_type %" PRIu32 " (format version %" PRIu32 ")",
             hp->rope_type, L->version);
     if (!finite_pos(hp->rope_theta))
@@ -1128,12 +1170,37 @@ static bool check_route_v2(const layout *L, sink *s, uint32_t l, uint64_t ro, co
                 " is 0x%02X, not 0: a field this engine does not know", l, o, r[o]);
             break;
         }
-    if (ri->attention > COL_LAYER_SLIDING)
+    if (ri->attention > COL_LAYER_CHUNKED)
         ERR(s, COL_ERR_UNSUPPORTED, ro + R_ATTENTION, "", "routing entry %" PRIu32 ": unknown attention %" PRIu32,
             l, ri->attention);
     else if (ri->attention == COL_LAYER_SLIDING && hp->sliding_window == 0)
         ERR(s, COL_ERR_ROUTING, ro + R_ATTENTION, "", "routing entry %" PRIu32
             ": a sliding-window layer, but the header's sliding_window is 0", l);
+    else if (ri->attention == COL_LAYER_CHUNKED && hp->attention_chunk_size == 0)
+        ERR(s, COL_ERR_ROUTING, ro + R_ATTENTION, "", "routing entry %" PRIu32
+            ": a chunked-attention layer, but the header's attention_chunk_size is 0", l);
+    if (ri->no_rope > 1)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_NO_ROPE, "", "routing entry %" PRIu32 ": no_rope %" PRIu32
+            " is not 0 or 1", l, ri->no_rope);
+    else if (ri->no_rope && hp->attention != COL_ATTENTION_GQA)
+        ERR(s, COL_ERR_ROUTING, ro + R_NO_ROPE, "", "routing entry %" PRIu32
+            ": a layer without RoPE needs GQA attention", l);
+    if (ri->qk_l2_norm > 1)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_QK_L2_NORM, "", "routing entry %" PRIu32 ": qk_l2_norm %" PRIu32
+            " is not 0 or 1", l, ri->qk_l2_norm);
+    else if (ri->qk_l2_norm && (hp->attention != COL_ATTENTION_GQA ||
+                                (hp->flags & (COL_FLAG_QK_NORM_HEAD | COL_FLAG_QK_NORM_FULL))))
+        ERR(s, COL_ERR_ROUTING, ro + R_QK_L2_NORM, "", "routing entry %" PRIu32
+            ": the q/k L2 norm needs GQA attention without the header's QK_NORM flags", l);
+    if (ri->temperature_floor ? !isfinite(ri->temperature_scale) : ri->temperature_scale != 0.0f)
+        ERR(s, COL_ERR_ROUTING, ro + R_TEMP_SCALE, "", "routing entry %" PRIu32
+            ": temperature_scale %g (finite with a temperature_floor, else 0)", l, (double)ri->temperature_scale);
+    if (ri->sinks > 1)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_SINKS, "", "routing entry %" PRIu32 ": sinks %" PRIu32 " is not 0 or 1",
+            l, ri->sinks);
+    else if (ri->sinks && hp->attention != COL_ATTENTION_GQA)
+        ERR(s, COL_ERR_ROUTING, ro + R_SINKS, "", "routing entry %" PRIu32
+            ": attention sinks need GQA attention", l);
     if (ri->kind == COL_LAYER_DENSE) {
         /* every routing field of a dense layer is "none": the first one that is not is named */
         static const struct { uint32_t off; const char *name; uint32_t none; } fields[] = {
@@ -1142,7 +1209,9 @@ static bool check_route_v2(const layout *L, sink *s, uint32_t l, uint64_t ro, co
             {R_SELECT_ON, "select_on", 0}, {R_CORRECTION, "correction_bias_tensor", COL_NO_TENSOR},
             {R_N_GROUPS, "n_groups", 0}, {R_GROUPS_KEPT, "n_groups_kept", 0}, {R_GROUP_SCORE, "group_score", 0},
             {R_NORMALIZE, "normalize", 0}, {R_NORM_EPS, "norm_eps", 0}, {R_NORM_P, "norm_p", 0},
-            {R_SCALE, "scale", 0}, {R_SHARED, "shared", 0}, {R_SPARSEMIXER_EPS, "sparsemixer_eps", 0}};
+            {R_SCALE, "scale", 0}, {R_SHARED, "shared", 0}, {R_SPARSEMIXER_EPS, "sparsemixer_eps", 0},
+            {R_EXPERT_BIAS, "expert_bias", 0}, {R_ACTIVATION, "activation", 0}, {R_ACT_ALPHA, "act_alpha", 0},
+            {R_ACT_LIMIT, "act_limit", 0}, {R_WEIGHT_INPUTS, "weight_inputs", 0}};
         for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
             if (rd32(r + fields[i].off) != fields[i].none) {
                 ERR(s, COL_ERR_ROUTING, ro + fields[i].off, "", "routing entry %" PRIu32
@@ -1225,6 +1294,26 @@ static bool check_route_v2(const layout *L, sink *s, uint32_t l, uint64_t ro, co
     if (!finite_pos((double)ri->scale))
         ERR(s, COL_ERR_ROUTING, ro + R_SCALE, "", "routing entry %" PRIu32 ": scale %g is not a finite value > 0",
             l, (double)ri->scale);
+    if (ri->expert_bias > 1)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_EXPERT_BIAS, "", "routing entry %" PRIu32
+            ": expert_bias %" PRIu32 " is not 0 or 1", l, ri->expert_bias);
+    if (ri->weight_inputs > 1)
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_WEIGHT_INPUTS, "", "routing entry %" PRIu32
+            ": weight_inputs %" PRIu32 " is not 0 or 1", l, ri->weight_inputs);
+    if (ri->activation > COL_EXPERT_SWIGLU_CLAMPED) {
+        ERR(s, COL_ERR_UNSUPPORTED, ro + R_ACTIVATION, "", "routing entry %" PRIu32 ": unknown activation %" PRIu32,
+            l, ri->activation);
+    } else if (ri->activation == COL_EXPERT_SWIGLU_CLAMPED) {
+        if (!finite_pos((double)ri->act_alpha))
+            ERR(s, COL_ERR_ROUTING, ro + R_ACT_ALPHA, "", "routing entry %" PRIu32
+                ": act_alpha %g is not a finite value > 0", l, (double)ri->act_alpha);
+        if (!finite_pos((double)ri->act_limit))
+            ERR(s, COL_ERR_ROUTING, ro + R_ACT_LIMIT, "", "routing entry %" PRIu32
+                ": act_limit %g is not a finite value > 0", l, (double)ri->act_limit);
+    } else if (ri->act_alpha != 0.0f || ri->act_limit != 0.0f) {
+        ERR(s, COL_ERR_ROUTING, ri->act_alpha != 0.0f ? ro + R_ACT_ALPHA : ro + R_ACT_LIMIT, "",
+            "routing entry %" PRIu32 ": act_alpha and act_limit are the clamped SwiGLU's (they must be 0)", l);
+    }
     if (ri->shared > COL_SHARED_SIGMOID_GATE) {
         ERR(s, COL_ERR_UNSUPPORTED, ro + R_SHARED, "", "routing entry %" PRIu32 ": unknown shared %" PRIu32,
             l, ri->shared);
@@ -1241,7 +1330,7 @@ static void check_routing(const layout *L, sink *s)
 {
     const col_hparams *hp = &L->hp;
     uint32_t n_moe = 0;
-    bool any_shared = false, any_sliding = false;
+    bool any_shared = false, any_sliding = false, any_chunked = false;
     for (uint32_t l = 0; l < L->n_layers; l++) {
         uint64_t ro = L->routing_off + (uint64_t)l * L->entry_size;
         const uint8_t *r = L->d + ro;
@@ -1272,6 +1361,7 @@ static void check_routing(const layout *L, sink *s)
             route_of(L, l, &ri);
             any_shared |= check_route_v2(L, s, l, ro, &ri);
             any_sliding |= ri.attention == COL_LAYER_SLIDING;
+            any_chunked |= ri.attention == COL_LAYER_CHUNKED;
             continue;
         }
         if (bias != COL_NO_TENSOR)
@@ -1302,6 +1392,27 @@ static void check_routing(const layout *L, sink *s)
     if (L->version == 2 && hp->sliding_window != 0 && !any_sliding)
         ERR(s, COL_ERR_HEADER, H_SLIDING_WINDOW, "",
             "sliding_window %" PRIu32 " but no routing entry has a sliding-window layer", hp->sliding_window);
+    if (L->version == 2 && hp->attention_chunk_size != 0 && !any_chunked)
+        ERR(s, COL_ERR_HEADER, H_CHUNK, "",
+            "attention_chunk_size %" PRIu32 " but no routing entry has a chunked-attention layer",
+            hp->attention_chunk_size);
+}
+
+/* LongRoPE's factors divide RoPE's frequencies: each must be finite and > 0. A few hundred
+ * values at most, read here (step 8) so a file that would rotate by NaN never opens. */
+static void check_freq_factors(const layout *L, uint32_t i, sink *s)
+{
+    col_tensor_info t;
+    if (!check_entry(L, i, NULL, &t) || t.dtype != COL_DTYPE_F32)
+        return; /* step 6 or the dtype check reported it */
+    for (uint64_t k = 0; k < t.shape[0]; k++) {
+        float v = rdf32((const uint8_t *)t.data + 4 * k);
+        if (!finite_pos((double)v)) {
+            ERR(s, COL_ERR_LIMIT, t.offset + 4 * k, t.name, "tensor '%s': factor %" PRIu64 " is %g, not a finite "
+                "value > 0", t.name, k, (double)v);
+            return;
+        }
+    }
 }
 
 /* Step 8. Presence and duplicates of the architecture's names are tracked in a bitset on the
@@ -1372,10 +1483,14 @@ static void check_architecture(const layout *L, sink *s)
                     ? " (transposed?)" : "");
         }
         uint32_t dtype = rd32(e + T_DTYPE);
-        bool must_f32 = want_ndim == 1 || (cls == NAME_LAYER && slot == S_MOE_GATE);
+        bool must_f32 = want_ndim == 1 ||
+                        (cls == NAME_LAYER && (slot == S_MOE_GATE || slot == S_MOE_W1_BIAS ||
+                                               slot == S_MOE_W2_BIAS || slot == S_MOE_W3_BIAS));
         if (must_f32 && (col_dtype_size(dtype) || block_bytes(dtype)) && dtype != COL_DTYPE_F32)
             ERR(s, COL_ERR_DTYPE, eo + T_DTYPE, nm,
                 "tensor '%s': dtype %" PRIu32 ", this tensor must be f32", nm, dtype);
+        else if (cls == NAME_GLOBAL && slot == G_ROPE_FREQ_FACTORS && diff < 0)
+            check_freq_factors(L, i, s);
     }
 
     for (int g = 0; g < N_GLOBALS; g++)
@@ -1558,6 +1673,7 @@ static const field_desc header_fields[] = {
     {"embedding_scale", "hyper-parameters", H_EMBEDDING_SCALE, 4, COL_FIELD_F32, IN_V2},
     {"residual_scale", "hyper-parameters", H_RESIDUAL_SCALE, 4, COL_FIELD_F32, IN_V2},
     {"logit_divisor", "hyper-parameters", H_LOGIT_DIVISOR, 4, COL_FIELD_F32, IN_V2},
+    {"attention_chunk_size", "attention", H_CHUNK, 4, COL_FIELD_U32, IN_V2},
     {"reserved", "reserved", H_RESERVED_V2, COL_HEADER_SIZE_V2 - H_RESERVED_V2, COL_FIELD_BYTES, IN_V2},
 };
 
@@ -1767,6 +1883,10 @@ static const col_tensor_info **layer_slot(col_layer *ly, int slot)
     case S_ATTN_KV_A_NORM: return &ly->attn_kv_a_norm;
     case S_ATTN_KV_A_BIAS: return &ly->attn_kv_a_bias;
     case S_ATTN_K_B: return &ly->attn_k_b;
+    case S_ATTN_SINKS: return &ly->attn_sinks;
+    case S_MOE_W1_BIAS: return &ly->moe_w1_bias;
+    case S_MOE_W2_BIAS: return &ly->moe_w2_bias;
+    case S_MOE_W3_BIAS: return &ly->moe_w3_bias;
     case S_ATTN_V_B: return &ly->attn_v_b;
     case S_ATTN_NORM_BIAS: return &ly->attn_norm_bias;
     default: return &ly->ffn_norm_bias;
@@ -1854,8 +1974,10 @@ static int32_t build_model(model_ext *x, const layout *L, col_problem *problem)
                 m->output = t;
             else if (slot == G_OUTPUT_NORM_BIAS)
                 m->output_norm_bias = t;
-            else
+            else if (slot == G_OUTPUT_BIAS)
                 m->output_bias = t;
+            else
+                m->rope_freq_factors = t;
         } else if (cls == NAME_LAYER && layer < L->n_layers &&
                    slot_expected(slot, &L->hp, &m->routing[layer])) {
             *layer_slot(&m->layers[layer], slot) = t;
@@ -2058,15 +2180,33 @@ static void put_text(char *out, size_t n, size_t *used, const char *fmt, ...)
     *used += w > 0 ? (size_t)w : 0;
 }
 
+/* The attention features of a layer's entry, each as "; ..." */
+static void describe_attention(const col_routing_info *r, char *out, size_t n, size_t *used)
+{
+    if (r->attention == COL_LAYER_SLIDING)
+        put_text(out, n, used, "; sliding-window attention");
+    else if (r->attention == COL_LAYER_CHUNKED)
+        put_text(out, n, used, "; chunked attention");
+    if (r->sinks)
+        put_text(out, n, used, "; attention sinks");
+    if (r->no_rope)
+        put_text(out, n, used, "; no RoPE");
+    if (r->qk_l2_norm)
+        put_text(out, n, used, "; q and k L2-normalised");
+    if (r->temperature_floor)
+        put_text(out, n, used, "; queries at position p times log1p(floor((p + 1) / %" PRIu32 ")) * %g + 1",
+                 r->temperature_floor, (double)r->temperature_scale);
+}
+
 int32_t col_routing_describe(const col_routing_info *r, char *out, size_t n)
 {
     if (!r || !out || n == 0)
         return COL_ERR_INVALID_ARG;
     size_t used = 0;
     out[0] = '\0';
-    const char *attention = r->attention == COL_LAYER_SLIDING ? "; sliding-window attention" : "";
     if (r->kind != COL_LAYER_MOE) {
-        put_text(out, n, &used, "dense MLP%s", attention);
+        put_text(out, n, &used, "dense MLP");
+        describe_attention(r, out, n, &used);
         return COL_OK;
     }
     const char *gate_bias = r->gate_bias_tensor != COL_NO_TENSOR ? " (+ router bias)" : "";
@@ -2107,7 +2247,14 @@ int32_t col_routing_describe(const col_routing_info *r, char *out, size_t n)
         put_text(out, n, &used, "; plus a shared expert");
     else if (r->shared == COL_SHARED_SIGMOID_GATE)
         put_text(out, n, &used, "; plus a sigmoid-gated shared expert");
-    put_text(out, n, &used, "%s", attention);
+    if (r->activation == COL_EXPERT_SWIGLU_CLAMPED)
+        put_text(out, n, &used, "; experts: clamped SwiGLU (alpha %g, limit %g)%s", (double)r->act_alpha,
+                 (double)r->act_limit, r->expert_bias ? " with biases" : "");
+    else if (r->expert_bias)
+        put_text(out, n, &used, "; experts with biases");
+    if (r->weight_inputs)
+        put_text(out, n, &used, "; each chosen expert's input scaled by its weight");
+    describe_attention(r, out, n, &used);
     return COL_OK;
 }
 

@@ -6,7 +6,8 @@
  * factor, each block's output times a factor before it is added, logits divided by a factor)
  * apply when the header sets them. A prefill runs blocks of up to COL_BATCH positions; a decode
  * step is the block of one, so decode and prefill are one code path and give the same bits by
- * construction.
+ * construction. Stepping one layer at a time (session.c, col_session_step_layer) runs the same
+ * pieces one by one.
  *
  * It also owns per-layer timing: phases are read from the monotonic clock only when tracing is
  * on, so a session without a trace pays nothing for it.
@@ -56,43 +57,63 @@ static void capture_layer(col_session *s, uint32_t layer, uint32_t base, uint32_
  * block are shared equally among its positions. */
 void col_forward(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n, float *logits)
 {
+    uint64_t ns = col_forward_embed(s, tokens, embeddings, n);
+    for (uint32_t l = 0; l < s->model->hp.n_layers; l++) ns += col_forward_layer(s, l, n);
+    col_forward_head(s, embeddings ? NULL : tokens, n, logits, ns);
+}
+
+uint64_t col_forward_embed(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n)
+{
     const col_model *m = s->model;
     const col_hparams *hp = &m->hp;
     uint32_t d_model = hp->d_model;
     uint64_t n_x = (uint64_t)n * d_model;
-    int tracing = s->trace_ids != NULL;
-    uint64_t start = tracing ? col_now_ns() : 0;
-    uint32_t base = s->position;
-
+    uint64_t start = s->trace_ids ? col_now_ns() : 0;
     for (uint32_t t = 0; t < n; t++)
         input_row(m, embeddings ? -1 : tokens[t], embeddings ? embeddings + (uint64_t)t * d_model : NULL,
                   s->x + (uint64_t)t * d_model);
     if (hp->embedding_scale != 0.0f) /* Granite's embedding_multiplier, on caller rows too as transformers does */
         for (uint64_t i = 0; i < n_x; i++) s->x[i] *= hp->embedding_scale;
     col_numerics_round(&s->numerics, s->pool, s->x, n_x); /* numerics variant: rounded residual stream */
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const col_layer *layer = &m->layers[l];
-        uint64_t phase[COL_PHASE_COUNT] = {0};
-        uint64_t t0 = tracing ? col_now_ns() : 0;
-        col_norm_rows(s, s->x, layer->attn_norm, layer->attn_norm_bias, n, s->xn);
-        col_attention(s, l, n);
-        add_residual(hp, s->x, s->tmp, n_x);
-        col_numerics_round(&s->numerics, s->pool, s->x, n_x);
-        uint64_t t1 = tracing ? col_now_ns() : 0;
-        col_norm_rows(s, s->x, layer->ffn_norm, layer->ffn_norm_bias, n, s->xn);
-        col_feed_forward(s, l, n, tracing ? phase : NULL);
-        add_residual(hp, s->x, s->tmp, n_x);
-        col_numerics_round(&s->numerics, s->pool, s->x, n_x);
-        capture_layer(s, l, base, n, s->x);
-        if (tracing) {
-            phase[COL_PHASE_ATTENTION] = t1 - t0;
-            phase[COL_PHASE_LAYER] = col_now_ns() - t0;
-            for (uint32_t t = 0; t < n; t++) {
-                uint64_t *dst = s->trace_phase_ns + ((uint64_t)(base + t) * hp->n_layers + l) * COL_PHASE_COUNT;
-                for (int p = 0; p < COL_PHASE_COUNT; p++) dst[p] = phase[p] / n;
-            }
-        }
+    return s->trace_ids ? col_now_ns() - start : 0;
+}
+
+uint64_t col_forward_layer(col_session *s, uint32_t l, uint32_t n)
+{
+    const col_model *m = s->model;
+    const col_hparams *hp = &m->hp;
+    const col_layer *layer = &m->layers[l];
+    uint64_t n_x = (uint64_t)n * hp->d_model;
+    int tracing = s->trace_ids != NULL;
+    uint64_t phase[COL_PHASE_COUNT] = {0};
+    uint64_t t0 = tracing ? col_now_ns() : 0;
+    col_norm_rows(s, s->x, layer->attn_norm, layer->attn_norm_bias, n, s->xn);
+    col_attention(s, l, n);
+    add_residual(hp, s->x, s->tmp, n_x);
+    col_numerics_round(&s->numerics, s->pool, s->x, n_x);
+    uint64_t t1 = tracing ? col_now_ns() : 0;
+    col_norm_rows(s, s->x, layer->ffn_norm, layer->ffn_norm_bias, n, s->xn);
+    col_feed_forward(s, l, n, tracing ? phase : NULL);
+    add_residual(hp, s->x, s->tmp, n_x);
+    col_numerics_round(&s->numerics, s->pool, s->x, n_x);
+    capture_layer(s, l, s->position, n, s->x);
+    if (!tracing) return 0;
+    phase[COL_PHASE_ATTENTION] = t1 - t0;
+    phase[COL_PHASE_LAYER] = col_now_ns() - t0;
+    for (uint32_t t = 0; t < n; t++) {
+        uint64_t *dst = s->trace_phase_ns + ((uint64_t)(s->position + t) * hp->n_layers + l) * COL_PHASE_COUNT;
+        for (int p = 0; p < COL_PHASE_COUNT; p++) dst[p] = phase[p] / n;
     }
+    return phase[COL_PHASE_LAYER];
+}
+
+void col_forward_head(col_session *s, const int32_t *tokens, uint32_t n, float *logits, uint64_t elapsed_ns)
+{
+    const col_model *m = s->model;
+    const col_hparams *hp = &m->hp;
+    uint32_t d_model = hp->d_model, base = s->position;
+    int tracing = s->trace_ids != NULL;
+    uint64_t start = tracing ? col_now_ns() : 0;
     /* The LM head over every position when all logits are wanted, else over the last only,
      * straight into s->logits. */
     uint32_t first = logits ? 0 : n - 1, rows = n - first;
@@ -111,9 +132,9 @@ void col_forward(col_session *s, const int32_t *tokens, const float *embeddings,
         memcpy(s->logits, logits + (uint64_t)(rows - 1) * hp->vocab_size, (uint64_t)hp->vocab_size * sizeof(float));
 
     if (tracing) {
-        uint64_t each = (col_now_ns() - start) / n;
+        uint64_t each = (elapsed_ns + col_now_ns() - start) / n;
         for (uint32_t t = 0; t < n; t++) {
-            s->trace_tokens[base + t] = embeddings ? -1 : tokens[t];
+            s->trace_tokens[base + t] = tokens ? tokens[t] : -1;
             s->trace_token_ns[base + t] = each;
         }
     }

@@ -43,6 +43,8 @@ typedef struct col_layer {
     const col_tensor_info *moe_gate_bias, *moe_correction_bias;                   /* NULL if absent */
     const col_tensor_info *shared_w1, *shared_w2, *shared_w3, *shared_gate;       /* NULL if absent */
     const col_tensor_info *mlp_w1, *mlp_w2, *mlp_w3;                              /* dense layers */
+    const col_tensor_info *attn_sinks;                                            /* [n_heads], NULL if absent */
+    const col_tensor_info *moe_w1_bias, *moe_w2_bias, *moe_w3_bias;               /* [E][I], [E][H], [E][I] or NULL */
 } col_layer;
 
 /* What identifies the mapped file: compared by col_model_check_file (guard.c). */
@@ -63,6 +65,7 @@ struct col_model {
     uint32_t n_chosen_groups;       /* most groups a MoE layer keeps (0 when no layer has groups) */
     const col_tensor_info *token_embd, *output_norm, *output; /* output == token_embd when tied */
     const col_tensor_info *output_norm_bias, *output_bias;    /* NULL if absent */
+    const col_tensor_info *rope_freq_factors;                 /* [rotary_dim / 2], LongRoPE only */
     const uint8_t *tokenizer;
     uint64_t tokenizer_size;
     const uint8_t *metadata;

@@ -61,6 +61,7 @@ void col_attend_head(const col_pool *pool, const col_head_job *head, float *scor
         col_head_job one = *head;
         one.q = head->q + (uint64_t)j * head->d;
         one.n_q = 1;
+        one.sinks = head->sinks ? head->sinks + j : NULL;
 #if defined(__x86_64__)
         if (isa == COL_ISA_AVX2) {
             col_attend_head_avx2(&one, scores, out + (uint64_t)j * head->d);

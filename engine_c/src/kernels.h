@@ -75,9 +75,11 @@ void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items)
 
 /* The query heads of one KV group at one position: for each head j < n_q, with its query
  * q + j * d, out[j * d .. (j + 1) * d) = sum_t p[t] * v[t], p = softmax(scale * q.k[t]) over n_keys
- * cached keys k[t] = k + t * stride (values likewise), in f32 on the pool's kernel path. scores:
- * [n_q][n_keys] scratch. A head's result depends only on its own inputs and the path (not on
- * n_q, the thread count or the position of the call), so a step equals a prefill block. */
+ * cached keys k[t] = k + t * stride (values likewise), in f32 on the pool's kernel path. With
+ * sinks, head j's softmax has one more logit, sinks[j], whose probability is dropped (GPT-OSS):
+ * p[t] = exp(s[t] - m) / (sum_u exp(s[u] - m) + exp(sinks[j] - m)), m the largest of them all.
+ * scores: [n_q][n_keys] scratch. A head's result depends only on its own inputs and the path (not
+ * on n_q, the thread count or the position of the call), so a step equals a prefill block. */
 typedef struct col_head_job {
     const float *q;
     const float *k;
@@ -88,6 +90,7 @@ typedef struct col_head_job {
     float scale;
     uint32_t n_q;      /* query heads sharing k and v (>= 1) */
     uint32_t prefetch; /* positions ahead to prefetch k and v from (0: none); no effect on results */
+    const float *sinks; /* [n_q] each head's sink logit; NULL: none */
 } col_head_job;
 void col_attend_head(const col_pool *pool, const col_head_job *head, float *scores, float *out);
 

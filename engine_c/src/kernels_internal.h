@@ -63,7 +63,7 @@ void col_round_f16_portable(float *v, uint64_t n);
 void col_swiglu_gate_portable(float *h1, const float *h3, uint64_t n);
 /* One head (n_q = 1) of col_attend_head, and the softmax and value sums the AVX2 head shares. */
 void col_attend_head_portable(const col_head_job *h, float *scores, float *out);
-void col_softmax_in_place(float *scores, uint32_t n);
+void col_softmax_in_place(float *scores, uint32_t n, const float *sink);
 float col_weighted_value(const col_head_job *h, const float *p, uint32_t i);
 
 /* ---- kernels_x86.c: AVX2 and AVX-512 ---------------------------------------------------------- */

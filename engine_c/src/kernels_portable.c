@@ -138,16 +138,18 @@ void col_swiglu_gate_portable(float *h1, const float *h3, uint64_t n)
 
 /* ---- one attention head ------------------------------------------------------------------ */
 
-/* Softmax of n scores in place, in f32: subtract the maximum, exponentiate, divide by the sum. */
-void col_softmax_in_place(float *scores, uint32_t n)
+/* Softmax of n scores in place, in f32: subtract the maximum, exponentiate, divide by the sum;
+ * with `sink` (NULL: none), its logit joins the maximum and its exponential the sum. */
+void col_softmax_in_place(float *scores, uint32_t n, const float *sink)
 {
-    float max = -INFINITY, sum = 0.0f;
+    float max = sink ? *sink : -INFINITY, sum = 0.0f;
     for (uint32_t t = 0; t < n; t++)
         if (scores[t] > max) max = scores[t];
     for (uint32_t t = 0; t < n; t++) {
         scores[t] = expf(scores[t] - max);
         sum += scores[t];
     }
+    if (sink) sum += expf(*sink - max);
     float inv = 1.0f / sum;
     for (uint32_t t = 0; t < n; t++) scores[t] *= inv;
 }
@@ -167,6 +169,6 @@ void col_attend_head_portable(const col_head_job *h, float *scores, float *out)
         for (uint32_t i = 0; i < h->d; i++) dot += h->q[i] * kt[i];
         scores[t] = dot * h->scale;
     }
-    col_softmax_in_place(scores, h->n_keys);
+    col_softmax_in_place(scores, h->n_keys, h->sinks);
     for (uint32_t i = 0; i < h->d; i++) out[i] = col_weighted_value(h, scores, i);
 }

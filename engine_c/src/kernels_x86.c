@@ -890,9 +890,11 @@ COL_INLINE COL_T512 void group_scores(const col_head_job *h, uint32_t h0, const 
     }
 }
 
-static COL_T512 void softmax_avx512(float *scores, uint32_t n)
+/* col_softmax_in_place in 16 lanes; the sink's exponential (the same exp16) joins the lane sum
+ * last. */
+static COL_T512 void softmax_avx512(float *scores, uint32_t n, const float *sink)
 {
-    __m512 max = _mm512_set1_ps(-INFINITY);
+    __m512 max = _mm512_set1_ps(sink ? *sink : -INFINITY);
     for (uint32_t t = 0; t < n; t += 16)
         max = _mm512_max_ps(_mm512_mask_loadu_ps(max, lanes_below(n - t), scores + t), max);
     const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
@@ -903,6 +905,7 @@ static COL_T512 void softmax_avx512(float *scores, uint32_t n)
         sum = _mm512_add_ps(sum, e);
         _mm512_mask_storeu_ps(scores + t, m, e);
     }
+    if (sink) sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(1, exp16(_mm512_sub_ps(_mm512_set1_ps(*sink), top))));
     const __m512 inv = _mm512_set1_ps(1.0f / hsum16(sum));
     for (uint32_t t = 0; t < n; t += 16) {
         __mmask16 m = lanes_below(n - t);
@@ -972,7 +975,8 @@ COL_INLINE COL_T512 void group_values(const col_head_job *h, uint32_t h0, const 
 COL_INLINE COL_T512 void attend_heads(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores, float *out)
 {
     group_scores(h, h0, HC, scores);
-    for (uint32_t j = 0; j < HC; j++) softmax_avx512(scores + (uint64_t)(h0 + j) * h->n_keys, h->n_keys);
+    for (uint32_t j = 0; j < HC; j++)
+        softmax_avx512(scores + (uint64_t)(h0 + j) * h->n_keys, h->n_keys, h->sinks ? h->sinks + h0 + j : NULL);
     group_values(h, h0, HC, scores + (uint64_t)h0 * h->n_keys, out);
 }
 
@@ -1006,7 +1010,7 @@ COL_INLINE COL_T2 float dot_head_avx2(const float *a, const float *b, uint32_t d
 COL_T2 void col_attend_head_avx2(const col_head_job *h, float *scores, float *out)
 {
     for (uint32_t t = 0; t < h->n_keys; t++) scores[t] = dot_head_avx2(h->q, h->k + (uint64_t)t * h->stride, h->d) * h->scale;
-    col_softmax_in_place(scores, h->n_keys);
+    col_softmax_in_place(scores, h->n_keys, h->sinks);
     uint32_t i = 0;
     for (; i + 8 <= h->d; i += 8) {
         __m256 acc = _mm256_setzero_ps();

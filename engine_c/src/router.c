@@ -129,10 +129,11 @@ static void limit_groups(const col_routing_info *r, const double *keys, const co
  * expert e of the pair gets a softmax over the logits not masked out, where logit j is masked
  * when (m - l_j) / max(|l_j|, m) > 2 eps, m being e's logit, and the second softmax also
  * leaves out the first expert. */
-static void sparsemixer_weights(const float *l, uint32_t n, float eps, const int32_t *ids, float *weights)
+static void sparsemixer_weights(const float *l, uint32_t n, float eps, const int32_t *ids, uint32_t k,
+                                float *weights)
 {
     const float threshold = 2.0f * eps;
-    for (uint32_t slot = 0; slot < 2; slot++) {
+    for (uint32_t slot = 0; slot < k; slot++) {
         float m = l[ids[slot]], sum = 0.0f;
         for (uint32_t j = 0; j < n; j++) {
             if (slot == 1 && (int32_t)j == ids[0]) continue;
@@ -166,17 +167,59 @@ static void normalize(const col_routing_info *r, float *w, uint32_t k)
     for (uint32_t i = 0; i < k; i++) w[i] /= d;
 }
 
-/* Steps 4 (the chosen experts' weights) and 5 for the k experts `ids`, in their order. scores:
+/* Steps 1-2 over every expert: each one's selection score into `selection` and the key the
+ * mode ranks into s->keys; with selection NULL the keys rank the scores alone (no correction
+ * bias: what bias_changed compares with). Forbidden experts are taken and rank below every
+ * other, so a group is scored without its forbidden experts. */
+static void selection_keys(const col_routing_info *r, const col_router_params *p, const float *logits,
+                           const float *bias, float *selection, const col_router_scratch *s)
+{
+    const int on_scores = r->select_on == COL_SELECT_SCORES;
+    for (uint32_t j = 0; j < r->n_experts; j++) {
+        double key = s->scores[j];
+        if (selection) {
+            float sel = logits[j];
+            if (on_scores && (r->scoring == COL_SCORING_SIGMOID || bias))
+                sel = s->scores[j] + (bias ? bias[j] : 0.0f);
+            selection[j] = sel;
+            key = sel;
+        }
+        if (p->mode == COL_ROUTING_STABLE) key += (double)j * p->epsilon;
+        else if (p->mode == COL_ROUTING_GUMBEL) key += col_gumbel_noise(p->seed, p->position, p->layer, j);
+        s->keys[j] = key;
+        s->taken[j] = 0;
+        if (p->forbidden && p->forbidden[j]) {
+            s->taken[j] = 1;
+            s->keys[j] = -INFINITY;
+        }
+    }
+}
+
+/* Step 4's choice: the best untaken key per slot, at most k of them; returns how many there were. */
+static uint32_t choose(const double *keys, uint8_t *taken, uint32_t n, uint32_t k, int32_t *ids)
+{
+    uint32_t count = 0;
+    for (; count < k; count++) {
+        int32_t best = best_untaken(keys, taken, n);
+        if (best < 0) break;
+        taken[best] = 1;
+        ids[count] = best;
+    }
+    return count;
+}
+
+/* Steps 4 (the chosen experts' weights) and 5 for the k experts `ids`, in their order (k may be
+ * below the rule's top-k when interventions forbid experts, 0 included). scores:
  * step 1's scores of every expert, read when the rule selects on scores or scores by sigmoid. */
 static void weigh(const col_routing_info *r, const float *logits, const float *scores, const int32_t *ids,
                   uint32_t k, float *weights)
 {
     if (r->scoring == COL_SCORING_SPARSEMIXER) {
-        sparsemixer_weights(logits, r->n_experts, r->sparsemixer_eps, ids, weights);
+        sparsemixer_weights(logits, r->n_experts, r->sparsemixer_eps, ids, k < 2 ? k : 2, weights);
     } else if (r->select_on == COL_SELECT_SCORES || r->scoring == COL_SCORING_SIGMOID) {
         for (uint32_t slot = 0; slot < k; slot++)
             weights[slot] = r->select_on == COL_SELECT_SCORES ? scores[ids[slot]] : sigmoid(logits[ids[slot]]);
-    } else { /* a softmax over the chosen logits */
+    } else if (k) { /* a softmax over the chosen logits (none when interventions forbid every expert) */
         for (uint32_t slot = 0; slot < k; slot++) weights[slot] = logits[ids[slot]];
         col_softmax(weights, weights, k);
     }
@@ -194,60 +237,42 @@ uint32_t col_route(const col_routing_info *r, const float *bias, const col_route
     /* steps 1 and 2 */
     if (r->scoring == COL_SCORING_SIGMOID || on_scores || soft)
         score_all(r->scoring, logits, s->scores, n);
-    for (uint32_t j = 0; j < n; j++) {
-        float sel = logits[j];
-        if (on_scores && (r->scoring == COL_SCORING_SIGMOID || bias))
-            sel = s->scores[j] + (bias ? bias[j] : 0.0f);
-        out->selection[j] = sel;
-        double key = sel;
-        if (p->mode == COL_ROUTING_STABLE) key += (double)j * p->epsilon;
-        else if (p->mode == COL_ROUTING_GUMBEL) key += col_gumbel_noise(p->seed, p->position, p->layer, j);
-        s->keys[j] = key;
-        s->taken[j] = 0;
-    }
+    selection_keys(r, p, logits, bias, out->selection, s);
 
+    uint32_t k;
     if (soft) { /* every expert by its unperturbed selection score, no group limit */
-        for (uint32_t j = 0; j < n; j++) s->keys[j] = out->selection[j];
-        for (uint32_t slot = 0; slot < n; slot++) {
-            int32_t best = best_untaken(s->keys, s->taken, n);
-            s->taken[best] = 1;
-            out->ids[slot] = best;
-            out->weights[slot] = s->scores[best]; /* sparsemixer: the softmax over every logit */
+        for (uint32_t j = 0; j < n; j++)
+            if (!s->taken[j]) s->keys[j] = out->selection[j];
+        k = p->forced ? p->n_forced : choose(s->keys, s->taken, n, n, out->ids);
+        for (uint32_t slot = 0; slot < k; slot++) {
+            if (p->forced) out->ids[slot] = p->forced[slot];
+            out->weights[slot] = s->scores[out->ids[slot]]; /* sparsemixer: the softmax over every logit */
         }
         if (out->groups && r->n_groups > 1)
             for (uint32_t g = 0; g < r->n_groups_kept; g++) out->groups[g] = -1;
         if (out->bias_changed) *out->bias_changed = 0;
-        if (r->scoring != COL_SCORING_SOFTMAX && r->scoring != COL_SCORING_SPARSEMIXER) normalize(r, out->weights, n);
-        for (uint32_t slot = 0; slot < n; slot++) out->weights[slot] *= r->scale;
-        return n;
+        if (r->scoring != COL_SCORING_SOFTMAX && r->scoring != COL_SCORING_SPARSEMIXER) normalize(r, out->weights, k);
+        for (uint32_t slot = 0; slot < k; slot++) out->weights[slot] *= r->scale;
+        return k;
     }
 
-    /* steps 3 and 4 */
+    /* steps 3 and 4 (a forced choice keeps the group limit's kept groups for the trace) */
     if (r->n_groups > 1) limit_groups(r, s->keys, s, out->groups);
-    uint32_t k = r->top_k < n ? r->top_k : n;
-    for (uint32_t slot = 0; slot < k; slot++) {
-        int32_t best = best_untaken(s->keys, s->taken, n);
-        s->taken[best] = 1;
-        out->ids[slot] = best;
+    if (p->forced) {
+        k = p->n_forced;
+        for (uint32_t slot = 0; slot < k; slot++) out->ids[slot] = p->forced[slot];
+    } else {
+        k = choose(s->keys, s->taken, n, r->top_k < n ? r->top_k : n, out->ids);
     }
     weigh(r, logits, s->scores, out->ids, k, out->weights);
 
     if (out->bias_changed) {
         *out->bias_changed = 0;
-        if (bias && on_scores) { /* the same choice on the scores alone */
-            for (uint32_t j = 0; j < n; j++) {
-                double key = s->scores[j];
-                if (p->mode == COL_ROUTING_STABLE) key += (double)j * p->epsilon;
-                else if (p->mode == COL_ROUTING_GUMBEL) key += col_gumbel_noise(p->seed, p->position, p->layer, j);
-                s->keys[j] = key;
-                s->taken[j] = 0;
-            }
+        if (bias && on_scores && !p->forced) { /* the same choice on the scores alone */
+            selection_keys(r, p, logits, NULL, NULL, s);
             if (r->n_groups > 1) limit_groups(r, s->keys, s, NULL);
-            for (uint32_t slot = 0; slot < k; slot++) {
-                s->alt_ids[slot] = best_untaken(s->keys, s->taken, n);
-                s->taken[s->alt_ids[slot]] = 1;
-            }
-            for (uint32_t a = 0; a < k && !*out->bias_changed; a++) {
+            uint32_t alt = choose(s->keys, s->taken, n, k, s->alt_ids);
+            for (uint32_t a = 0; a < alt && !*out->bias_changed; a++) {
                 int found = 0;
                 for (uint32_t b = 0; b < k; b++) found |= s->alt_ids[a] == out->ids[b];
                 *out->bias_changed = !found;
@@ -272,7 +297,12 @@ uint32_t col_route_cached(const col_routing_info *r, const float *bias, const co
     for (uint32_t slot = 0; slot < k; slot++) c->fresh[slot] = out->ids[slot];
     c->kept = 0;
     c->margin = NAN;
-    if (!c->previous) return k;
+    /* A forced choice is not the cache's to override. The previous set may be kept only when it
+     * is a full set of experts none of which is forbidden now, and the fresh choice is full too
+     * (forbidding can leave fewer than top-k eligible). */
+    if (!c->previous || p->forced || k != (r->top_k < r->n_experts ? r->top_k : r->n_experts)) return k;
+    for (uint32_t a = 0; a < k; a++)
+        if (c->previous[a] < 0 || (p->forbidden && p->forbidden[c->previous[a]])) return k;
 
     double gained = 0.0, dropped = 0.0;
     int differ = 0;

@@ -131,6 +131,12 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     BIND(route_selection, B * n_e, sizeof(float));
     BIND(route_groups, B * n_groups, sizeof(int32_t));
     BIND(route_bias_changed, B, 1);
+    BIND(route_count, B, sizeof(uint32_t));
+    BIND(route_run, B * k_slots, sizeof(int32_t));
+    BIND(route_edits, B, 1);
+    BIND(edit_forbidden, n_e, 1);
+    BIND(edit_bias, n_e, sizeof(float));
+    BIND(layer_input, hp->d_model, sizeof(float));
     BIND(router_scratch.scores, n_e, sizeof(float));
     BIND(router_scratch.keys, n_e, sizeof(double));
     BIND(router_scratch.taken, n_e, 1);
@@ -165,6 +171,8 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     BIND(cache_block, cache_bytes, 1);
     BIND(cache_saved, cache_bytes, 1);
     BIND(route_fresh, cached ? k_slots : 0, sizeof(int32_t));
+    BIND(cache_log_ids, cache_bytes ? cap * n_moe * k_slots : 0, sizeof(int32_t));
+    BIND(cache_log_kept, cached ? cap * n_moe : 0, 1);
     BIND(kernel_scratch, scratch_bytes, 1);
     if (c->trace) {
         BIND(trace_tokens, cap, sizeof(int32_t));
@@ -178,6 +186,7 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
         BIND(trace_hidden_norm, cap * n_moe, sizeof(float));
         BIND(trace_phase_ns, cap * hp->n_layers * COL_PHASE_COUNT, sizeof(uint64_t));
         BIND(trace_token_ns, cap, sizeof(uint64_t));
+        BIND(trace_intervened, cap * n_moe, 1);
         if (cached) {
             BIND(trace_cache_kept, cap * n_moe, 1);
             BIND(trace_cache_margin, cap * n_moe, sizeof(float));
@@ -267,8 +276,11 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
         return col_set_error(err, errlen, COL_ERR_NOMEM, "cannot allocate %llu bytes of session memory", wanted);
     }
     plan_arena(model, config, s->kernel_scratch_bytes, s, s->arena);
-    if (config->routing == COL_ROUTING_CACHED || config->expert_cache)
+    if (config->routing == COL_ROUTING_CACHED || config->expert_cache) {
         col_cache_bind(&s->cache, s->cache_block, hp->n_moe_layers, s->k_slots, hp->n_experts, config->expert_cache);
+        col_cache_bind_log(&s->cache, s->cache_log_ids, config->routing == COL_ROUTING_CACHED ? s->cache_log_kept : NULL,
+                           s->capacity);
+    }
     if (is_mla(hp)) s->v_cache = s->k_cache; /* the latent rows are the keys and the values */
     const col_pool_limits limits = kernel_limits(&model->hp, s->k_slots);
     s->pool = col_pool_create(isa, config->n_threads, s->kernel_scratch, s->kernel_scratch_bytes, &limits, &alloc);
@@ -280,7 +292,9 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     }
     s->numerics = col_numerics_of(config);
     if (col_numerics_hooks_products(&s->numerics)) col_pool_set_numerics(s->pool, &s->numerics);
-    col_rope_init(&model->hp, s->inv_freq);
+    col_rope_init(&model->hp, model->rope_freq_factors ? (const float *)model->rope_freq_factors->data : NULL,
+                  s->inv_freq);
+    s->layers_done = COL_NO_LAYER;
     col_session_capture(s, NULL, 0, 0, NULL, 0);
     *out = s;
     return COL_OK;
@@ -299,12 +313,48 @@ int32_t col_session_reset(col_session *session)
 {
     if (!session) return COL_ERR_INVALID_ARG;
     session->position = 0;
+    session->layers_done = COL_NO_LAYER;
     col_cache_clear(&session->cache);
+    return COL_OK;
+}
+
+int32_t col_session_truncate(col_session *session, uint32_t position, char *err, size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    if (position > session->position)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "position %u is beyond the %u processed", position,
+                             session->position);
+    session->position = position;
+    session->layers_done = COL_NO_LAYER;
+    if (session->cache.block) col_cache_rebuild(&session->cache, position); /* the state the kept positions left */
+    return COL_OK;
+}
+
+int32_t col_session_set_interventions(col_session *session, const col_intervention *items, uint32_t n, uint32_t *bad,
+                                      char *err, size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    int32_t status = col_interventions_check(session->model, session->k_slots, items, n, bad, err, errlen);
+    if (status != COL_OK) return status;
+    session->interventions = n ? items : NULL;
+    session->n_interventions = n;
+    return COL_OK;
+}
+
+/* Whole-position calls wait for a position stepped layer by layer to complete. */
+static int32_t check_idle(const col_session *s, char *err, size_t errlen)
+{
+    if (s->layers_done != COL_NO_LAYER)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG,
+                             "position %u is in progress (%u of %u layers run): step its layers, or truncate",
+                             s->position, s->layers_done, s->model->hp.n_layers);
     return COL_OK;
 }
 
 static int32_t check_tokens(const col_session *s, const int32_t *tokens, uint32_t n, char *err, size_t errlen)
 {
+    int32_t status = check_idle(s, err, errlen);
+    if (status != COL_OK) return status;
     if (n > s->capacity - s->position)
         return col_set_error(err, errlen, COL_ERR_CONTEXT_FULL, "%u tokens at position %u exceed the context of %u",
                              n, s->position, s->capacity);
@@ -319,6 +369,8 @@ static int32_t check_tokens(const col_session *s, const int32_t *tokens, uint32_
  * where it came from. */
 static int32_t check_embeddings(const col_session *s, const float *x, uint32_t n, char *err, size_t errlen)
 {
+    int32_t status = check_idle(s, err, errlen);
+    if (status != COL_OK) return status;
     if (n > s->capacity - s->position)
         return col_set_error(err, errlen, COL_ERR_CONTEXT_FULL, "%u embeddings at position %u exceed the context of %u",
                              n, s->position, s->capacity);
@@ -353,6 +405,7 @@ static int32_t process(col_session *session, const int32_t *tokens, const float 
                        char *err, size_t errlen)
 {
     int32_t status = col_model_check_file(session->model, NULL, err, errlen);
+    if (status == COL_OK) status = check_idle(session, err, errlen); /* before cache_saved is overwritten */
     if (status != COL_OK) return status;
     uint32_t start = session->position;
     if (session->cache.block) memcpy(session->cache_saved, session->cache.block, session->cache.bytes);
@@ -384,6 +437,93 @@ int32_t col_session_prefill_embeddings(col_session *session, const float *embedd
 int32_t col_session_step(col_session *session, int32_t token, float *logits, char *err, size_t errlen)
 {
     return col_session_prefill(session, &token, 1, logits, err, errlen);
+}
+
+/* Stepping one layer at a time: col_forward's pieces with n = 1, the position's state kept in
+ * the session between calls (the residual stream stays in s->x; expert caching's state before
+ * the position in cache_saved). */
+
+/* Forget the position in progress: expert caching's state goes back to what it was before it. */
+static void abandon_position(col_session *s)
+{
+    s->layers_done = COL_NO_LAYER;
+    if (s->cache.block) memcpy(s->cache.block, s->cache_saved, s->cache.bytes);
+}
+
+/* A position in progress from its input: a token id, or an embedding row when `row` is not NULL. */
+static int32_t begin_position(col_session *session, int32_t token, const float *row, char *err, size_t errlen)
+{
+    int32_t status = col_model_check_file(session->model, NULL, err, errlen);
+    if (status == COL_OK)
+        status = row ? check_embeddings(session, row, 1, err, errlen) : check_tokens(session, &token, 1, err, errlen);
+    if (status != COL_OK) return status;
+    if (session->cache.block) memcpy(session->cache_saved, session->cache.block, session->cache.bytes);
+    session->layer_ns = col_forward_embed(session, row ? NULL : &token, row, 1);
+    session->layer_token = row ? -1 : token;
+    session->layers_done = 0;
+    session->layer_undo = 0;
+    return COL_OK;
+}
+
+int32_t col_session_begin_token(col_session *session, int32_t token, char *err, size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    return begin_position(session, token, NULL, err, errlen);
+}
+
+int32_t col_session_begin_embedding(col_session *session, const float *row, char *err, size_t errlen)
+{
+    if (!session || !row) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session and row are required");
+    return begin_position(session, -1, row, err, errlen);
+}
+
+int32_t col_session_step_layer(col_session *session, float *logits, uint32_t *layers_done, char *err, size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    if (session->layers_done == COL_NO_LAYER)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "no position in progress: begin one with a token");
+    int32_t status = col_model_check_file(session->model, NULL, err, errlen);
+    if (status != COL_OK) {
+        abandon_position(session);
+        return status;
+    }
+    uint32_t l = session->layers_done, d_model = session->model->hp.d_model;
+    memcpy(session->layer_input, session->x, (uint64_t)d_model * sizeof(float));
+    session->layer_ns += col_forward_layer(session, l, 1);
+    session->layers_done = l + 1;
+    session->layer_undo = 1;
+    if (session->layers_done == session->model->hp.n_layers) {
+        col_forward_head(session, &session->layer_token, 1, NULL, session->layer_ns);
+        session->layers_done = COL_NO_LAYER;
+        if (logits) memcpy(logits, session->logits, (uint64_t)session->model->hp.vocab_size * sizeof(float));
+    }
+    if (col_guard_faulted(session->model->guard)) { /* a truncation during the layer: as col_session_prefill */
+        session->position -= session->layers_done == COL_NO_LAYER ? 1 : 0;
+        abandon_position(session);
+        return col_model_check_file(session->model, NULL, err, errlen);
+    }
+    if (layers_done) *layers_done = session->layers_done == COL_NO_LAYER ? session->model->hp.n_layers : session->layers_done;
+    return COL_OK;
+}
+
+int32_t col_session_rewind_layer(col_session *session, char *err, size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    if (session->layers_done == COL_NO_LAYER || !session->layer_undo)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "no layer of a position in progress to run again");
+    memcpy(session->x, session->layer_input, (uint64_t)session->model->hp.d_model * sizeof(float));
+    session->layers_done--;
+    /* the layer's decision is made again: its expert-caching state as before the position (no
+     * other position or layer touched it since) */
+    const col_layer *layer = &session->model->layers[session->layers_done];
+    if (layer->kind == COL_LAYER_MOE) col_cache_restore_layer(&session->cache, session->cache_saved, layer->moe_index);
+    session->layer_undo = 0;
+    return COL_OK;
+}
+
+uint32_t col_session_layers_done(const col_session *session)
+{
+    return session ? session->layers_done : COL_NO_LAYER;
 }
 
 const char *col_session_kernels(const col_session *session)
@@ -431,6 +571,7 @@ int32_t col_session_trace(const col_session *session, col_trace_view *out)
     out->fresh_ids = session->trace_fresh_ids;
     out->expert_cache = session->config.expert_cache;
     out->cache_hits = session->trace_cache_hits;
+    out->intervened = session->trace_intervened;
     return COL_OK;
 }
 

@@ -57,6 +57,11 @@ struct col_session {
     float *route_selection;     /* [B][n_experts] selection scores of each decision */
     int32_t *route_groups;      /* [B][max(1, n_chosen_groups)] their kept groups */
     uint8_t *route_bias_changed; /* [B] the correction bias changed the choice */
+    uint32_t *route_count;      /* [B] experts chosen per position (fewer than k_slots when interventions forbid) */
+    int32_t *route_run;         /* [B][k_slots] the expert whose weights each slot runs (a swap's), beside route_ids */
+    uint8_t *route_edits;       /* [B] bits of the intervention kinds that acted on each decision */
+    uint8_t *edit_forbidden;    /* [n_experts] one decision's forbidden experts (intervene.c) */
+    float *edit_bias;           /* [n_experts] one decision's correction bias with its edits */
     col_router_scratch router_scratch;
     uint32_t *route_rows;       /* [B][k_slots] row of (token, slot) in the expert-grouped batch */
     uint32_t *expert_count;     /* [n_experts] */
@@ -80,7 +85,10 @@ struct col_session {
     col_matvec_job *mla_jobs;   /* [n_heads] */
     col_cache cache;            /* expert caching's state (cache.c); block NULL without cached routing or LRU */
     void *cache_block;          /* [cache.bytes] */
-    void *cache_saved;          /* [cache.bytes] the state when a call began, put back if the call fails */
+    void *cache_saved;          /* [cache.bytes] the state when a call (or the position in progress) began,
+                                 * put back if it fails */
+    int32_t *cache_log_ids;     /* [capacity][n_moe_layers][k_slots] every decision, for col_session_truncate */
+    uint8_t *cache_log_kept;    /* [capacity][n_moe_layers], cached routing only */
     int32_t *route_fresh;       /* [k_slots] cached routing's fresh choice when the trace does not keep it */
     void *kernel_scratch;       /* kernel_scratch_bytes: col_pool_scratch_size(kernel_limits) */
     uint64_t kernel_scratch_bytes;
@@ -97,10 +105,22 @@ struct col_session {
     float *trace_hidden_norm;   /* [capacity][n_moe_layers] */
     uint64_t *trace_phase_ns;   /* [capacity][n_layers][COL_PHASE_COUNT] */
     uint64_t *trace_token_ns;   /* [capacity] */
+    uint8_t *trace_intervened;  /* [capacity][n_moe_layers] */
     uint8_t *trace_cache_kept;  /* [capacity][n_moe_layers], cached routing only */
     float *trace_cache_margin;  /* [capacity][n_moe_layers], cached routing only */
     int32_t *trace_fresh_ids;   /* [capacity][n_moe_layers][k_slots], cached routing only */
     uint8_t *trace_cache_hits;  /* [capacity][n_moe_layers][k_slots], with an expert cache only */
+
+    /* interventions, borrowed from the caller (col_session_set_interventions) */
+    const col_intervention *interventions; /* [n_interventions] */
+    uint32_t n_interventions;
+
+    /* stepping one layer at a time (col_session_begin_token) */
+    uint32_t layers_done;       /* of the position in progress; COL_NO_LAYER when none */
+    int32_t layer_token;        /* its token; -1 for an embedding row (col_session_begin_embedding) */
+    int layer_undo;             /* layer_input holds the input of the last layer run */
+    float *layer_input;         /* [d_model] the residual stream before the last layer run */
+    uint64_t layer_ns;          /* engine time of the position so far (trace) */
 
     /* hidden-state capture (col_session_capture): rows of positions capture_first.. +
      * capture_rows, each [n_layers][d_model]; NULL when off. capture_own is the arena's
@@ -117,7 +137,7 @@ struct col_session {
 /* attention.c: RoPE tables, then self-attention of the n positions from s->position for
  * `layer`: reads s->xn [n][d_model], writes s->tmp (the attention block's outputs, o-proj and
  * bias applied). */
-void col_rope_init(const col_hparams *hp, float *inv_freq);
+void col_rope_init(const col_hparams *hp, const float *freq_factors, float *inv_freq);
 void col_attention(col_session *s, uint32_t layer, uint32_t n);
 
 /* experts.c: the feed-forward block of `layer` (MoE or dense) on s->xn [n][d_model], outputs in
@@ -140,5 +160,29 @@ void col_norm_rows(col_session *s, const float *x, const col_tensor_info *w, con
  * the trace records -1). logits (may be NULL) receives [n][vocab]; s->logits gets the last row
  * either way. A position's results do not depend on n or on the block it is in. */
 void col_forward(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n, float *logits);
+
+/* The pieces of col_forward, for stepping one layer at a time (session.c): the input rows of n
+ * positions into s->x (as col_forward takes them), and decoder layer `l` over the n positions
+ * from s->position, each returning the engine time it took when tracing is on (else 0); then the
+ * final norm, the LM head, the trace's tokens (-1 each when `tokens` is NULL) and times
+ * (`elapsed_ns`: the time of the pieces before it), and s->position += n. */
+uint64_t col_forward_embed(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n);
+uint64_t col_forward_layer(col_session *s, uint32_t l, uint32_t n);
+void col_forward_head(col_session *s, const int32_t *tokens, uint32_t n, float *logits, uint64_t elapsed_ns);
+
+/* intervene.c: the interventions of one decision at (position, layer), before the rule runs:
+ * edits `logits` in place, points *bias at the edited correction bias when a BIAS edit applies,
+ * sets params' forbidden set and forced choice; returns the bits of the kinds applied. */
+uint32_t col_intervene_route(col_session *s, uint32_t layer_index, uint32_t position, float *logits,
+                             const float **bias, col_router_params *params);
+/* After the rule: a WEIGHTS edit into weights[0..n); returns its bit or 0. */
+uint32_t col_intervene_weights(const col_session *s, uint32_t layer_index, uint32_t position, float *weights,
+                               uint32_t n);
+/* The expert whose weights run for a slot that chose `expert` (SWAP); its bit into *applied. */
+int32_t col_intervene_run_expert(const col_session *s, uint32_t layer_index, uint32_t position, int32_t expert,
+                                 uint32_t *applied);
+/* The checks of col_session_set_interventions (k_slots: the session's experts per decision). */
+int32_t col_interventions_check(const col_model *m, uint32_t k_slots, const col_intervention *items, uint32_t n,
+                                uint32_t *bad, char *err, size_t errlen);
 
 #endif

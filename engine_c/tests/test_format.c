@@ -1003,8 +1003,10 @@ static void test_header_fields(void)
         next = f.offset + f.size;
         if (strcmp(f.name, "attn_scale") == 0)
             CHECK(f.kind == COL_FIELD_F32 && f.f == 0.5);
+        if (strcmp(f.name, "attention_chunk_size") == 0)
+            CHECK(f.offset == 0x110 && f.kind == COL_FIELD_U32 && f.u == 0);
         if (strcmp(f.name, "reserved") == 0)
-            CHECK(f.offset > 0x100 && f.offset + f.size == 512); /* after the fields */
+            CHECK(f.offset == 0x114 && f.size == 236); /* after the fields */
     }
     CHECK(contiguous && next == 512);
     free(v.d);

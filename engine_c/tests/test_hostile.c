@@ -32,7 +32,8 @@ typedef struct counting {
 static void *counting_alloc(void *user, size_t size, size_t alignment)
 {
     counting *c = user;
-    if (c->fail_at >= 0 && c->calls++ >= c->fail_at)
+    long call = c->calls++;
+    if (c->fail_at >= 0 && call >= c->fail_at)
         return NULL;
     void *p = NULL;
     if (posix_memalign(&p, alignment < sizeof(void *) ? sizeof(void *) : alignment, size) != 0)
@@ -142,6 +143,55 @@ static void test_session_create_allocation_failures(uint32_t n_threads)
     }
     CHECK(!"col_session_create_ex never succeeded");
     col_model_close(m);
+}
+
+/* After col_session_create_ex, running allocates nothing (the arena holds every buffer): a prefill
+ * across a chunk boundary and steps beyond it leave the allocator's call count where creation left
+ * it, on each family's kind of file (v1, DeepSeek-V3's rule, GPT-OSS's sinks and expert biases,
+ * Llama 4's chunks, NoPE and shared expert, PhiMoE's biased LayerNorms), with 1 and 3 threads. */
+static void test_running_allocates_nothing(void)
+{
+    const char *names[] = {"valid_v1", "valid_v3_rule", "valid_gpt_oss", "valid_llama4",
+                           "valid_layernorm_bias"};
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", valid_path);
+    *strrchr(dir, '/') = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s.colibri", dir, names[i]);
+        col_model *m = NULL;
+        CHECK(col_model_open(path, &m, NULL) == COL_OK);
+        if (!m)
+            continue;
+        col_hparams hp;
+        CHECK(col_model_hparams(m, &hp) == COL_OK);
+        float *logits = malloc(sizeof(float) * 5 * hp.vocab_size);
+        for (uint32_t threads = 1; threads <= 3; threads += 2) {
+            col_session_config cfg = small_config();
+            cfg.n_threads = threads;
+            counting c = {0, -1, 0};
+            col_allocator a = {counting_alloc, counting_free, &c};
+            col_session *s = NULL;
+            char err[256] = "";
+            CHECK(col_session_create_ex(m, &cfg, &a, &s, err, sizeof err) == COL_OK);
+            if (!s)
+                continue;
+            long created = c.calls, held = c.outstanding;
+            CHECK(created > 0 && held > 0); /* the arena and the rest came through `a` */
+            const int32_t prompt[5] = {1, 2, 3, 1, 0};
+            CHECK(col_session_prefill(s, prompt, 5, logits, err, sizeof err) == COL_OK);
+            for (int32_t t = 0; t < 3; t++)
+                CHECK(col_session_step(s, t, logits, err, sizeof err) == COL_OK);
+            CHECK(c.calls == created && c.outstanding == held);
+            if (c.calls != created)
+                fprintf(stderr, "%s, %u threads: %ld allocations while running\n", names[i],
+                        threads, c.calls - created);
+            col_session_free(s);
+            CHECK(c.outstanding == 0);
+        }
+        free(logits);
+        col_model_close(m);
+    }
 }
 
 static void test_truncated_during_run(void)
@@ -332,6 +382,7 @@ int main(void)
     test_model_open_allocation_failures();
     test_session_create_allocation_failures(1);
     test_session_create_allocation_failures(3);
+    test_running_allocates_nothing();
     test_truncated_during_run();
     test_rewritten_and_replaced();
     test_validate_file_truncated();

@@ -455,9 +455,10 @@ static void test_swiglu_gate(const char *isa)
 /* The query heads of a KV group on one path, against a double-precision softmax(q.K * scale) . V
  * per head: head dimensions with and without a partial block of 16 (17, 64, 80, 128, 200), key
  * counts around the groups of keys the AVX-512 scores use (1..35, 100), keys spaced by a stride
- * as in the cache, and 1..5 or 8 heads per group. Every head's output is also the same, bit for
- * bit, as that head run alone without prefetching (a head's result must not depend on its group
- * or on the prefetch distance). */
+ * as in the cache, 1..5 or 8 heads per group, without and with a sink logit per head (GPT-OSS:
+ * in the softmax, its probability dropped). Every head's output is also the same, bit for bit,
+ * as that head run alone without prefetching (a head's result must not depend on its group or
+ * on the prefetch distance). */
 static void test_attend_heads(const char *isa)
 {
     run r = pool_for(isa, 1, 1, 32);
@@ -465,8 +466,9 @@ static void test_attend_heads(const char *isa)
     if (!r.pool) return;
     enum { MAX_KEYS = 100, MAX_D = 200, MAX_Q = 8, STRIDE = 2 * MAX_D + 3 };
     float *k = malloc(MAX_KEYS * STRIDE * sizeof *k), *v = malloc(MAX_KEYS * STRIDE * sizeof *v), q[MAX_Q * MAX_D],
-          *scores = malloc(MAX_Q * MAX_KEYS * sizeof *scores), out[MAX_Q * MAX_D], alone[MAX_D];
+          *scores = malloc(MAX_Q * MAX_KEYS * sizeof *scores), out[MAX_Q * MAX_D], alone[MAX_D], sinks[MAX_Q];
     for (int i = 0; i < MAX_KEYS * STRIDE; i++) k[i] = 2.0f * frand(), v[i] = frand();
+    for (int h = 0; h < MAX_Q; h++) sinks[h] = 4.0f * frand();
     const uint32_t dims[] = {17, 64, 80, 128, 200}, groups[] = {1, 2, 3, 4, 5, 8};
     int bad = 0, grouped_differs = 0;
     for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
@@ -474,14 +476,15 @@ static void test_attend_heads(const char *isa)
         for (uint32_t i = 0; i < MAX_Q * d; i++) q[i] = frand();
         for (size_t gi = 0; gi < sizeof groups / sizeof *groups; gi++) {
             uint32_t nq = groups[gi];
-            for (uint32_t n = 1; n <= MAX_KEYS; n = n < 35 ? n + 1 : MAX_KEYS) {
-                col_head_job job = {q, k, v, STRIDE, n, d, 0.125f, nq, 7}; /* prefetching changes nothing */
+            for (int sunk = 0; sunk < 2; sunk++) for (uint32_t n = 1; n <= MAX_KEYS; n = n < 35 ? n + 1 : MAX_KEYS) {
+                const float *sink = sunk ? sinks : NULL;
+                col_head_job job = {q, k, v, STRIDE, n, d, 0.125f, nq, 7, sink}; /* prefetching changes nothing */
                 col_attend_head(r.pool, &job, scores, out);
                 for (uint32_t h = 0; h < nq; h++) {
-                    col_head_job one = {q + h * d, k, v, STRIDE, n, d, 0.125f, 1, 0};
+                    col_head_job one = {q + h * d, k, v, STRIDE, n, d, 0.125f, 1, 0, sink ? sink + h : NULL};
                     col_attend_head(r.pool, &one, scores, alone);
                     grouped_differs += memcmp(alone, out + h * d, d * sizeof *alone) != 0;
-                    double p[MAX_KEYS], max = -INFINITY, sum = 0.0;
+                    double p[MAX_KEYS], max = sink ? sink[h] : -INFINITY, sum = 0.0;
                     for (uint32_t t = 0; t < n; t++) {
                         double dot = 0.0;
                         for (uint32_t i = 0; i < d; i++) dot += (double)q[h * d + i] * k[t * STRIDE + i];
@@ -489,6 +492,7 @@ static void test_attend_heads(const char *isa)
                         max = p[t] > max ? p[t] : max;
                     }
                     for (uint32_t t = 0; t < n; t++) sum += p[t] = exp(p[t] - max);
+                    if (sink) sum += exp(sink[h] - max);
                     for (uint32_t i = 0; i < d; i++) {
                         double want = 0.0;
                         for (uint32_t t = 0; t < n; t++) want += p[t] / sum * v[t * STRIDE + i];

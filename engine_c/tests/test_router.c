@@ -59,7 +59,7 @@ static col_routing_info deepseek_v3_rule(uint32_t k, uint32_t groups, uint32_t k
 
 static col_router_params mode(uint32_t m)
 {
-    col_router_params p = {m, 0.0, 0, 0, 0};
+    col_router_params p = {m, 0.0, 0, 0, 0, NULL, NULL, 0};
     return p;
 }
 
@@ -617,6 +617,130 @@ static void test_cached_select_on_logits_weights(void)
     CHECK(f.weights[0] == 1.0f / (1.0f + e) && f.weights[1] == e / (1.0f + e));
 }
 
+/* Interventions' two hooks in the rule: a forbidden set the choice skips, a forced choice. */
+static void test_forbidden_experts_are_skipped(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {0.1f, 2.0f, -1.0f, 3.0f, 0.5f, 0.0f, 1.0f, -2.0f};
+    uint8_t forbidden[N] = {0, 0, 0, 1, 0, 0, 0, 0};
+    col_routing_info r = softmax_rule(2, 1);
+    col_router_params p = mode(COL_ROUTING_TOPK);
+    p.forbidden = forbidden;
+    CHECK(col_route(&r, NULL, &p, logits, &f.out, &f.scratch) == 2);
+    /* expert 3 (logit 3.0) is out: 1 (2.0) and 6 (1.0) are the best of the rest */
+    CHECK(f.ids[0] == 1 && f.ids[1] == 6);
+    float probs[N];
+    col_softmax(logits, probs, N);
+    float sum = probs[1] + probs[6];
+    CHECK(f.weights[0] == probs[1] / sum && f.weights[1] == probs[6] / sum);
+    CHECK(f.selection[3] == 3.0f); /* the trace keeps every selection score */
+    /* all but one forbidden: one expert chosen, its renormalised weight 1 */
+    memset(forbidden, 1, sizeof forbidden);
+    forbidden[4] = 0;
+    CHECK(col_route(&r, NULL, &p, logits, &f.out, &f.scratch) == 1);
+    CHECK(f.ids[0] == 4 && f.weights[0] == 1.0f);
+    /* soft routing: every expert but the forbidden */
+    memset(forbidden, 0, sizeof forbidden);
+    forbidden[2] = forbidden[5] = 1;
+    p.mode = COL_ROUTING_SOFT;
+    CHECK(col_route(&r, NULL, &p, logits, &f.out, &f.scratch) == N - 2);
+    for (int i = 0; i < N - 2; i++) CHECK(f.ids[i] != 2 && f.ids[i] != 5 && f.weights[i] == probs[f.ids[i]]);
+}
+
+static void test_forced_choice_is_weighted_by_the_rule(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {0.1f, 2.0f, -1.0f, 3.0f, 0.5f, 0.0f, 1.0f, -2.0f};
+    int32_t forced[2] = {7, 0};
+    col_routing_info r = softmax_rule(2, 1);
+    col_router_params p = mode(COL_ROUTING_TOPK);
+    p.forced = forced;
+    p.n_forced = 2;
+    CHECK(col_route(&r, NULL, &p, logits, &f.out, &f.scratch) == 2);
+    CHECK(f.ids[0] == 7 && f.ids[1] == 0);
+    float probs[N];
+    col_softmax(logits, probs, N);
+    float sum = probs[7] + probs[0];
+    CHECK(f.weights[0] == probs[7] / sum && f.weights[1] == probs[0] / sum);
+    /* a forced set of one: weight 1 after renormalisation */
+    p.n_forced = 1;
+    CHECK(col_route(&r, NULL, &p, logits, &f.out, &f.scratch) == 1 && f.ids[0] == 7 && f.weights[0] == 1.0f);
+    /* DeepSeek-V3: weights are the sigmoids of the forced experts, scaled; a forced choice is
+     * never one the bias changed */
+    float bias[N] = {0, 0, 0, 0, 0, 0.4f, 0, 0};
+    col_routing_info v3 = deepseek_v3_rule(2, 1, 1, 2.5f);
+    p.n_forced = 2;
+    CHECK(col_route(&v3, bias, &p, logits, &f.out, &f.scratch) == 2);
+    float s = sig(-2.0f) + sig(0.1f) + 1e-20f;
+    CHECK(f.weights[0] == sig(-2.0f) / s * 2.5f && f.weights[1] == sig(0.1f) / s * 2.5f);
+    CHECK(f.bias_changed == 0);
+}
+
+/* Group-limited routing scores a group without its forbidden experts: forbidding experts 4
+ * and 5 leaves group 1 with sigmoid(0.8) + sigmoid(-1.0) = 0.958, below group 0's
+ * sigmoid(4.0) + sigmoid(-3.0) = 1.029, so group 0 is kept this time. */
+static void test_forbidden_experts_leave_their_group_weaker(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {4.0f, -3.0f, -3.0f, -3.0f, 1.0f, 1.2f, 0.8f, -1.0f};
+    float bias[N] = {0};
+    uint8_t forbidden[N] = {0, 0, 0, 0, 1, 1, 0, 0};
+    col_routing_info r = deepseek_v3_rule(2, 2, 1, 1.0f);
+    col_router_params p = mode(COL_ROUTING_TOPK);
+    p.forbidden = forbidden;
+    CHECK(col_route(&r, bias, &p, logits, &f.out, &f.scratch) == 2);
+    CHECK(f.groups[0] == 0);
+    CHECK(f.ids[0] == 0 && f.ids[1] == 1); /* the three -3.0 logits tie: the lower index */
+}
+
+/* Cached routing under interventions (the first cached test's values: the previous {3, 1} would
+ * be kept at threshold 0.05). A forced choice is used as it is; a previous set holding a
+ * forbidden expert cannot be kept (the fresh choice skips it), one whose experts are all allowed
+ * still can; a short previous set (a decision that had fewer than k eligible) is never kept. */
+static void test_cached_under_interventions(void)
+{
+    fixture f;
+    setup(&f);
+    float logits[N] = {0.1f, 0.99f, -1.0f, 3.0f, 0.5f, 1.0f, 0.2f, -2.0f};
+    const int32_t previous[2] = {3, 1}, short_previous[2] = {3, -1};
+    int32_t fresh[N], forced[2] = {7, 0};
+    uint8_t forbidden[N] = {0};
+    col_routing_info r = softmax_rule(2, 1);
+    col_router_params p = mode(COL_ROUTING_CACHED);
+    p.forced = forced;
+    p.n_forced = 2;
+    col_cache_route c = cache_of(previous, 1e30, fresh);
+    CHECK(col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch) == 2);
+    CHECK(c.kept == 0 && isnan(c.margin) && f.ids[0] == 7 && f.ids[1] == 0 && fresh[0] == 7 && fresh[1] == 0);
+
+    p.forced = NULL;
+    p.n_forced = 0;
+    p.forbidden = forbidden;
+    forbidden[1] = 1;
+    c = cache_of(previous, 0.05, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 0 && isnan(c.margin) && f.ids[0] == 3 && f.ids[1] == 5 && fresh[1] == 5);
+    forbidden[1] = 0;
+    forbidden[7] = 1;
+    c = cache_of(previous, 0.05, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 1 && f.ids[0] == 3 && f.ids[1] == 1);
+
+    forbidden[7] = 0;
+    c = cache_of(short_previous, 1e30, fresh);
+    col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch);
+    CHECK(c.kept == 0 && isnan(c.margin) && f.ids[0] == 3 && f.ids[1] == 5);
+    /* every expert but one forbidden: a short fresh choice, the previous set not kept */
+    memset(forbidden, 1, sizeof forbidden);
+    forbidden[3] = 0;
+    c = cache_of(previous, 1e30, fresh);
+    CHECK(col_route_cached(&r, NULL, &p, logits, &c, &f.out, &f.scratch) == 1);
+    CHECK(c.kept == 0 && f.ids[0] == 3 && f.weights[0] == 1.0f);
+}
+
 int main(void)
 {
     test_topk_picks_largest_in_order();
@@ -647,5 +771,9 @@ int main(void)
     test_cached_margin_on_the_biased_score_weights_without();
     test_cached_nan_uses_the_fresh_set();
     test_cached_select_on_logits_weights();
+    test_forbidden_experts_are_skipped();
+    test_forced_choice_is_weighted_by_the_rule();
+    test_forbidden_experts_leave_their_group_weaker();
+    test_cached_under_interventions();
     return TEST_REPORT();
 }

@@ -361,6 +361,8 @@ static const char *arch_name(uint32_t arch, char *buf, size_t len)
     case COL_ARCH_DEEPSEEK_V3: return "deepseek_v3";
     case COL_ARCH_GLM4_MOE: return "glm4_moe";
     case COL_ARCH_ERNIE4_5_MOE: return "ernie4_5_moe";
+    case COL_ARCH_GPT_OSS: return "gpt_oss";
+    case COL_ARCH_LLAMA4: return "llama4";
     case COL_ARCH_PHIMOE: return "phimoe";
     case COL_ARCH_GRANITEMOE: return "granitemoe";
     case COL_ARCH_GRANITEMOESHARED: return "granitemoeshared";
@@ -678,7 +680,7 @@ static const hp_field HPARAMS[] = {
     HP(rope_layout, HP_U32), HP(attn_scale, HP_F32), HP(latent_norm_eps, HP_F32),
     HP(rope_attn_factor, HP_F32), HP(rope_beta_fast, HP_F32), HP(rope_beta_slow, HP_F32),
     HP(rope_truncate, HP_U32), HP(norm_kind, HP_U32), HP(embedding_scale, HP_F32),
-    HP(residual_scale, HP_F32), HP(logit_divisor, HP_F32),
+    HP(residual_scale, HP_F32), HP(logit_divisor, HP_F32), HP(attention_chunk_size, HP_U32),
 };
 #undef HP
 
@@ -776,8 +778,19 @@ static void print_routing_json(const col_routing_info *r)
         printf(", \"%s\": ", floats[i].name);
         json_num((double)floats[i].value);
     }
-    printf(", \"shared\": %" PRIu32 ", \"attention\": %" PRIu32 ", \"rule\": ", r->shared,
-           r->attention);
+    printf(", \"shared\": %" PRIu32 ", \"attention\": %" PRIu32 ", \"sinks\": %" PRIu32
+           ", \"expert_bias\": %" PRIu32 ", \"activation\": %" PRIu32, r->shared, r->attention, r->sinks,
+           r->expert_bias, r->activation);
+    const struct { const char *name; float value; } act[] = {{"act_alpha", r->act_alpha}, {"act_limit", r->act_limit}};
+    for (size_t i = 0; i < sizeof act / sizeof act[0]; i++) {
+        printf(", \"%s\": ", act[i].name);
+        json_num((double)act[i].value);
+    }
+    printf(", \"weight_inputs\": %" PRIu32 ", \"no_rope\": %" PRIu32 ", \"qk_l2_norm\": %" PRIu32
+           ", \"temperature_floor\": %" PRIu32 ", \"temperature_scale\": ", r->weight_inputs, r->no_rope,
+           r->qk_l2_norm, r->temperature_floor);
+    json_num((double)r->temperature_scale);
+    fputs(", \"rule\": ", stdout);
     json_str(rule);
     putchar('}');
 }

@@ -15,7 +15,7 @@ import pytest
 from colibri.debugging import CacheKept, CacheMiss, Debugger, RunSettings, anatomy
 from colibri.debugging.session_file import load_session, save_session
 from colibri.debugging.stats import cache_summary
-from colibri.debugging.trace_export import chrome_trace, routing_rows
+from colibri.debugging.trace_export import CSV_COLUMNS, chrome_trace, routing_rows
 from colibri.engine import Model, Session
 
 from dbg_helpers import PROMPT
@@ -144,10 +144,11 @@ def test_exports_carry_the_caching_fields(moe3_path: Path) -> None:
             assert args["cache_kept"] == event.cache_kept
             assert args["fresh_experts"] == list(event.fresh_ids)
             assert args["cache_hits"] == list(event.cache_hits)
+        kept, hit = CSV_COLUMNS.index("cache_kept"), CSV_COLUMNS.index("cache_hit")
         rows = list(routing_rows(dbg.events))
-        assert {r[-2] for r in rows} == {0, 1} and {r[-1] for r in rows} == {0, 1}
+        assert {r[kept] for r in rows} == {0, 1} and {r[hit] for r in rows} == {0, 1}
         plain = Debugger(model, RunSettings(PROMPT, 2))
         plain.run()
-        assert {r[-2:] for r in routing_rows(plain.events)} == {("", "")}
+        assert {(r[kept], r[hit]) for r in routing_rows(plain.events)} == {("", "")}
         plain.close()
         dbg.close()

@@ -10,11 +10,13 @@ import numpy as np
 
 from colibri.cli import main
 from colibri.debugging import Debugger, RunSettings
+from colibri.debugging.session_file import load_session
 from colibri.debugging.stats import (LatencySeries, co_selection, expert_load, load_balance,
                                      routing_matrix)
 from colibri.debugging.trace_export import (CSV_COLUMNS, check_trace_events, chrome_trace,
                                             write_chrome_trace, write_routing_csv)
 from colibri.engine import Model
+from colibri.interventions import Intervention
 
 from dbg_helpers import PROMPT
 
@@ -171,3 +173,37 @@ def test_cli_trace(model_path: Path, tmp_path: Path, capsys) -> None:
                  "--out", str(tmp_path / "x.json")]) == 1
     assert "max_context" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_trace_under_an_intervention_from_embedding_rows(model: Model, model_path: Path,
+                                                             tmp_path: Path, capsys) -> None:
+    """`colibri trace --embedding X.npy --intervene SPEC`: the router slice and the CSV name the
+    kind that acted, the session keeps the interventions and the rows, and its record is the
+    debugger's run of those settings."""
+    rows = np.ascontiguousarray(model.tensor_f32("token_embd")[[3, 4, 5, 6, 7]])
+    np.save(tmp_path / "x.npy", rows)
+    out, csv_out, sess = tmp_path / "t.json", tmp_path / "r.csv", tmp_path / "s.colibri-session"
+    spec = "force:pos=3,layer=2,experts=5+6"
+    code = main(["trace", str(model_path), "--embedding", str(tmp_path / "x.npy"), "-n", "3",
+                 "--intervene", spec, "--out", str(out), "--csv", str(csv_out),
+                 "--session", str(sess)])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    routers = [e["args"] for e in doc["traceEvents"] if e.get("name") == "router"]
+    acted = [a for a in routers if "interventions" in a]
+    assert [(a["position"], a["layer"], a["interventions"]) for a in acted] == [(3, 2, ["force"])]
+    with csv_out.open() as f:
+        table = list(csv.DictReader(f))
+    assert {(r["position"], r["layer"]) for r in table if r["interventions"]} == {("3", "2")}
+    assert {r["text"] for r in table if r["position"] == "0"} == {"<embedding>"}
+    saved = load_session(sess)
+    assert saved.settings.interventions == (Intervention.parse(spec),)
+    assert saved.settings.prompt_embeddings.tobytes() == rows.tobytes()
+    dbg = Debugger(model, saved.settings)
+    dbg.run()
+    assert dbg.record.equals(saved.record, timings=False)
+    dbg.close()
+    code = main(["trace", str(model_path), "--tokens", "3,4", "--intervene",
+                 "force:pos=1,layer=1,experts=5", "--out", str(tmp_path / "y.json")])
+    assert code == 1 and "layer: layer 1 is dense" in capsys.readouterr().err
+    assert not (tmp_path / "y.json").exists()

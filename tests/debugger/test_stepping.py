@@ -59,22 +59,39 @@ def test_events_carry_the_trace_values(model: Model) -> None:
         assert e.margin >= 0 and e.margin_ulps is not None and e.margin_ulps >= 0
 
 
-def test_step_layer_walks_each_moe_layer_then_computes_the_next_position(model: Model) -> None:
+def test_step_layer_runs_the_engine_one_moe_layer_at_a_time(model: Model) -> None:
     ref, _ = reference_run(model, PROMPT, 2)
     dbg = Debugger(model, RunSettings(PROMPT, 2))
-    M = ref.moe_layers.size
+    layers = [int(x) for x in ref.moe_layers]          # qwen2_moe here: 0 and 2 (1 is dense)
     seen = []
     while True:
         before = dbg.position
         event = dbg.step_layer()
         if event is None:
             break
-        # a position is computed exactly when the cursor enters it
-        assert dbg.position == (before + 1 if event.moe_index == 0 else before)
         assert dbg.current == event
+        assert event.expert_ids == tuple(int(e) for e in ref.expert_ids[event.position,
+                                                                         event.moe_index])
         assert event.hidden_norm == float(ref.hidden_norm[event.position, event.moe_index])
+        if event.layer == layers[-1] == model.hparams.n_layers - 1:
+            # the position's last layer ran: it joined the record
+            assert dbg.position == before + 1 and dbg.layers_done is None
+        else:
+            # the run pauses right after the layer: the next one has not run
+            assert dbg.position == before and dbg.layers_done == event.layer + 1
         seen.append(event.key)
-    assert seen == [(p, m) for p in range(ref.n_positions) for m in range(M)]
+    assert seen == [(p, m) for p in range(ref.n_positions) for m in range(len(layers))]
+    assert dbg.record.expert_ids.tobytes() == ref.expert_ids.tobytes()
+
+
+def test_step_layer_over_computed_decisions_moves_the_cursor(model: Model) -> None:
+    dbg = Debugger(model, RunSettings(PROMPT, 2))
+    dbg.step_token()
+    assert dbg.cursor == 0 and dbg.position == 1
+    event = dbg.step_layer()
+    assert event.key == (0, 1) and dbg.position == 1 and dbg.layers_done is None
+    event = dbg.step_layer()       # past the last computed decision: the engine runs
+    assert event.key == (1, 0) and dbg.position == 1 and dbg.layers_done == 1
 
 
 def test_pause_and_resume_equal_an_uninterrupted_run(model: Model) -> None:

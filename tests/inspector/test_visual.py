@@ -59,6 +59,22 @@ def _pages(view: FileView) -> list[tuple[str, Callable[[], None]]]:
     def plain(name: str) -> Callable[[], None]:
         return lambda: prepare(view, name)   # quick for these: selections, no runs
 
+    def interventions() -> None:
+        """The Interventions tab after a forbid of the selected decision's first choice."""
+        from colibri.inspector.examples import wait_while
+        from colibri.interventions import Intervention
+
+        view.set_view("debugger")
+        panel = view.debugger
+        if panel.snapshot is not None and panel.snapshot.counterfactual is None:
+            e = panel.event_at(panel.selected)
+            assert e is not None
+            panel.apply_interventions([Intervention("forbid", (e.top1,), first=e.position,
+                                                    last=e.position, layer=e.layer)])
+            settle(50)
+            wait_while(lambda: panel.controller.running)
+        panel.tabs.setCurrentWidget(panel.intervention_tab)
+
     return [("validation", plain("validation")), ("header", plain("header")),
             ("tensors", plain("tensors")), ("hex", plain("hex")),
             ("values-tensor", tab("values", lambda: view.values.tabs, 0)),
@@ -66,6 +82,7 @@ def _pages(view: FileView) -> list[tuple[str, Callable[[], None]]]:
             ("debugger-routing", tab("debugger", lambda: view.debugger.tabs, 0)),
             ("debugger-latency", tab("debugger", lambda: view.debugger.tabs, 1)),
             ("debugger-experts", tab("debugger", lambda: view.debugger.token_view.tabs, 1)),
+            ("debugger-interventions", interventions),
             ("jitter", tab("jitter", lambda: view.jitter.tabs, 0)),
             ("jitter-token", tab("jitter", lambda: view.jitter.tabs, 1)),
             ("jitter-epsilon", tab("jitter", lambda: view.jitter.tabs, 2)),

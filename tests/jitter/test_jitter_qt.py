@@ -216,3 +216,15 @@ def test_the_remedies_tab_shows_the_cli_numbers(qtbot, tmp_path: Path) -> None:
         assert "comma-separated cache thresholds" in w.status.text()
     finally:
         w.shutdown()
+
+
+def test_loading_a_file_that_is_not_a_report_is_told_not_raised(qtbot, lab: QtJitterLab,
+                                                                tmp_path: Path,
+                                                                monkeypatch) -> None:
+    from colibri.inspector import export
+    bad = tmp_path / "not-a-report.json"
+    bad.write_text("{\"schema\": ")
+    monkeypatch.setattr(export.QFileDialog, "getOpenFileName",
+                        lambda *a, **k: (str(bad), export.JSON_FILTER))
+    lab.load_button.click()
+    assert lab.status.text().startswith(f"cannot load {bad}")

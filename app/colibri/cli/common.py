@@ -19,7 +19,7 @@ import sys
 from typing import Any, NoReturn
 
 from colibri.errors import ColibriError, ColibriIOError
-from colibri.tokens import parse_token_ids, token_text
+from colibri.tokens import EMBEDDING_TEXT, parse_token_ids, token_text
 from colibri.values import ROUTING_MODES
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
@@ -137,7 +137,7 @@ def token_label(tokenizer: Any, token: int) -> str:
     """How a token is shown in a line of output: its text quoted, or the id without tokenizer;
     an embedding row fed instead of a token (id -1) is `<embedding>`."""
     if token < 0:
-        return "<embedding>"
+        return EMBEDDING_TEXT
     return repr(token_text(tokenizer, token)) if tokenizer is not None else str(token)
 
 
@@ -158,6 +158,22 @@ def add_prompt(p: argparse.ArgumentParser, embedding: bool = False) -> None:
         source.add_argument("--embedding", metavar="X.npy",
                             help="float32 [positions, hidden] rows fed instead of the token "
                                  "embedding lookup")
+
+
+def intervention_spec(text: str) -> Any:
+    """argparse type of --intervene: the spec's grammar (the engine judges the ranges)."""
+    from colibri.interventions import Intervention, InterventionError
+
+    try:
+        return Intervention.parse(text)
+    except InterventionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_intervene(p: argparse.ArgumentParser, help: str) -> None:
+    """--intervene SPEC, repeatable (docs/interventions.md): a list of Interventions."""
+    p.add_argument("--intervene", action="append", type=intervention_spec, default=[],
+                   metavar="SPEC", help=help)
 
 
 def add_generate(p: argparse.ArgumentParser, default: int, what: str = "tokens to generate"

@@ -10,20 +10,22 @@ from typing import Any
 
 import numpy as np
 
-from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_numerics, add_prompt,
+from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_intervene, add_numerics,
+                                add_prompt,
                                 add_routing, add_threads, caching_options, error, fail,
                                 open_model, prompt_ids, token_label, tokenizer_of, unreadable)
 from colibri.errors import ColibriIOError, ColibriValueError
 from colibri.files import atomic_write
+from colibri.interventions import KINDS, Intervention
 
 RUN_EPILOG = """\
 positions: the prompt's tokens are processed first, then every generated token except the last
 one (its logits are never needed), so a run producing M tokens processes len(prompt) + M - 1
-positions (len(prompt) when M is 0). --embedding X.npy is the prompt as rows of the residual
-stream entering layer 0, float32 [positions, hidden], fed instead of the token embedding lookup
-(the rows of the model's own token_embd give the same bits as the token ids). --dump-logits
-writes float32 [positions, vocab], row i being the logits after position i (the distribution of
-token i+1); --dump-trace holds the same positions: expert_ids int32 [positions, moe_layers, k],
+positions (len(prompt) when M is 0). --embedding X.npy is the prompt as rows fed instead of the
+token embedding lookup's, float32 [positions, hidden] (scaled by the file's embedding_scale as
+looked-up rows are; the rows of the model's own token_embd give the same bits as the token
+ids). --dump-logits writes float32 [positions, vocab], row i being the logits after position i
+(the distribution of token i+1); --dump-trace holds the same positions: expert_ids int32 [positions, moe_layers, k],
 expert_weights float32 [positions, moe_layers, k], router_logits float32 [positions,
 moe_layers, n_experts], selection_scores float32 [positions, moe_layers, n_experts] (the values
 the choice ranked: the logits for a softmax without a correction bias, sigmoid + bias for
@@ -35,14 +37,30 @@ moe_layers int32 [moe_layers] (the layer index of each MoE layer) and tokens int
 previous position's experts were kept over a different new top-k), cache_margin float32
 [positions, moe_layers] (the new top-k's margin over them; NaN at position 0) and fresh_ids
 int32 [positions, moe_layers, k] (the new top-k itself). With --expert-cache N: cache_hits bool
-[positions, moe_layers, k] (the slot's expert was resident in the layer's LRU of N).
-Decoding is greedy (argmax, lowest id on ties); it stops early after the model's eos token."""
+[positions, moe_layers, k] (the slot's expert was resident in the layer's LRU of N). With
+--intervene: interventions (their specs) and intervened uint8 [positions, moe_layers] (bit 1 << k
+for each kind k that acted: force 0, forbid 1, weights 2, logits 3, bias 4, ablate 5, swap 6).
+Decoding is greedy (argmax, lowest id on ties); it stops early after the model's eos token.
+
+interventions (--intervene SPEC, repeatable; docs/interventions.md):
+  force:pos=5,layer=2,experts=1+4        the choice itself, weighted by the rule
+  forbid:pos=5-9,layer=2,experts=3       not chosen there; the rule picks among the rest
+  weights:pos=5,layer=2,values=0.9+0.1   the first chosen slots' combine weights
+  logits:pos=5,layer=2,expert=3,add=1.5  (or set=X) a router logit
+  bias:layer=0,expert=2,add=0.5          (or set=X) a correction bias
+  ablate:layer=1,expert=3                removed from the layer at every position
+  swap:layer=1,experts=2+5               each runs the other's weights
+pos is N, A-B or A- (every position without it), layer a MoE layer (every one without it). The
+run without them is computed first and compared (the KV cache before the first intervened
+position is reused): changed tokens, routing, max |logit difference| and KL per position;
+--no-compare runs under the interventions only."""
 
 
 def print_routing(trace: Any, tokenizer: Any, position: int) -> None:
     """One line per MoE layer of `position`: the chosen experts and their weights, then the kept
     groups when the layer routes within groups, a mark when its correction bias changed the
-    choice, what cached routing kept, and the expert cache's hits."""
+    choice, what cached routing kept, the expert cache's hits, and the kinds of intervention that
+    acted on the decision."""
     token = int(trace.tokens[position])
     for m, layer in enumerate(trace.moe_layers):
         ids = ",".join(str(int(e)) for e in trace.expert_ids[position, m])
@@ -51,6 +69,9 @@ def print_routing(trace: Any, tokenizer: Any, position: int) -> None:
         groups = f" groups [{','.join(map(str, kept))}]" if kept else ""
         changed = " (the correction bias changed the choice)" \
             if trace.bias_changed[position, m] else ""
+        bits = int(trace.intervened[position, m])
+        edited = f" [intervened: {'+'.join(k for i, k in enumerate(KINDS) if bits >> i & 1)}]" \
+            if bits else ""
         cached = ""
         if trace.cache_kept[position, m]:
             fresh = ",".join(str(int(e)) for e in trace.fresh_ids[position, m])
@@ -61,30 +82,46 @@ def print_routing(trace: Any, tokenizer: Any, position: int) -> None:
             lru = " lru [" + ",".join("hit" if h else "miss" for e, h in zip(
                 trace.expert_ids[position, m], trace.cache_hits[position, m]) if e >= 0) + "]"
         print(f"pos {position} token {token_label(tokenizer, token)} layer {int(layer)}: "
-              f"experts [{ids}] weights [{weights}]{groups}{changed}{cached}{lru}")
+              f"experts [{ids}] weights [{weights}]{groups}{changed}{cached}{lru}{edited}")
+
+
+def print_counterfactual(cf: Any, tokenizer: Any, original_text: str | None) -> None:
+    """The comparison of the run under the interventions with the run without them."""
+    s = cf.summary()
+    label = lambda t: "-" if t is None else token_label(tokenizer, t)  # noqa: E731
+    print(f"counterfactual from position {cf.from_position}: {s['routing_changed']} of "
+          f"{s['decisions']} routing decisions changed ({s['intervened_changed']} of the "
+          f"{s['intervened']} made under an intervention, {s['downstream_changed']} downstream), "
+          f"{s['tokens_changed']} next token(s) changed, max |dlogit| {s['max_abs_max']:.3g}, "
+          f"max KL {s['kl_max']:.3g}")
+    if original_text is not None:
+        print(f"without them: {original_text!r}")
+    changed = cf.routing_changed
+    before, after = cf.next_tokens(original=True), cf.next_tokens()
+    print(f"{'pos':>4}  {'next without':<16}{'next with':<16}{'layers changed':<16}"
+          f"{'max|dlogit|':>11}  {'KL':>9}")
+    for p in range(cf.from_position, cf.n_positions):
+        layers = ",".join(f"{int(layer)}{'*' if cf.intervened[p, m] else ''}"
+                          for m, layer in enumerate(cf.moe_layers) if changed[p, m]) or "-"
+        mark = "" if before[p] == after[p] else "  <- token"
+        print(f"{p:>4}  {label(before[p]):<16}{label(after[p]):<16}{layers:<16}"
+              f"{cf.max_abs[p]:>11.3g}  {cf.kl[p]:>9.3g}{mark}")
+    print("(* = a decision made under an intervention)")
+
 
 
 def load_embedding(path: str, d_model: int) -> np.ndarray:
-    """The rows of --embedding: a .npy of float32 [positions, d_model]; anything else is an
-    error naming the file and what it holds."""
-    from colibri.engine import check_embeddings
+    """The rows of --embedding (colibri.engine.load_embeddings); a file that cannot be read is
+    an I/O error, anything else it holds an invalid argument, each naming the file."""
+    from colibri.engine import load_embeddings
 
     reason = unreadable(path)
     if reason is not None:
         raise ColibriIOError(reason, 1)
     try:
-        x = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        fail(f"{path}: not a .npy array file ({exc})")
-    if not isinstance(x, np.ndarray):
-        fail(f"{path}: an .npz archive; --embedding takes one .npy array")
-    try:
-        x = check_embeddings(x, d_model)
+        return load_embeddings(path, d_model)
     except ColibriValueError as exc:
-        fail(f"{path}: {exc.message}")
-    if not x.shape[0]:
-        fail(f"{path}: no rows (shape {list(x.shape)})")
-    return x
+        fail(exc.message)
 
 
 def print_caching(stats: Any, routing: str, threshold: float | None, n_experts: int) -> None:
@@ -101,6 +138,7 @@ def print_caching(stats: Any, routing: str, threshold: float | None, n_experts: 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from colibri.debugging.counterfactual import rerun
     from colibri.engine import Session
     from colibri.reload import HotModel, on_sigusr1, session_swapper
 
@@ -114,25 +152,41 @@ def cmd_run(args: argparse.Namespace) -> int:
             prompt = prompt_ids(args, model, tokenizer)
         if args.generate < 0:
             fail("-n must be >= 0")
-        want_trace = args.debug_routing or args.dump_trace is not None
+        interventions = tuple(args.intervene)
+        compare = bool(interventions) and not args.no_compare
+        want_trace = args.debug_routing or args.dump_trace is not None or compare
         positions = len(prompt) + max(args.generate - 1, 0)
 
-        def new_session(m: Any) -> Any:
-            return Session(m, routing=args.routing, epsilon=args.epsilon, seed=args.seed,
-                           threads=args.threads, max_context=positions, trace=want_trace,
-                           numerics=args.numerics, **caching)
+        def new_session(m: Any, edits: tuple[Intervention, ...] = interventions) -> Any:
+            s = Session(m, routing=args.routing, epsilon=args.epsilon, seed=args.seed,
+                        threads=args.threads, max_context=positions, trace=want_trace,
+                        numerics=args.numerics, **caching)
+            s.set_interventions(edits)   # the engine names a refused spec's bad field
+            return s
 
         def show(generation: Any, position: int) -> None:
             print_routing(generation.session.trace, tokenizer, position)
 
         hot = HotModel(args.file, model)
         restore = on_sigusr1(hot)  # `kill -USR1`: reopen, validate and swap between tokens
+        counterfactual, original_text = None, None
         try:
-            session = new_session(model)
-            generation = session.generate(
-                prompt, args.generate, keep_logits=args.dump_logits is not None,
-                on_position=show if args.debug_routing else None,
-                swap=session_swapper(hot, new_session, error))
+            if compare:  # the run without them first, then again from where they act
+                new_session(model)   # refuses bad specs before the first run
+                session = new_session(model, ())
+                generation = session.generate(prompt, args.generate, keep_logits=True)
+                if tokenizer is not None:
+                    original_text = tokenizer.decode(generation.generated)
+                counterfactual = rerun(generation, interventions)
+                if args.debug_routing:
+                    for position in range(generation.positions):
+                        show(generation, position)
+            else:
+                session = new_session(model)
+                generation = session.generate(
+                    prompt, args.generate, keep_logits=args.dump_logits is not None,
+                    on_position=show if args.debug_routing else None,
+                    swap=session_swapper(hot, new_session, error))
             session = generation.session
             trace = session.trace.copy() if want_trace and session.trace is not None else None
             stats = session.cache_stats()
@@ -155,6 +209,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             arrays["chosen_groups"] = trace.chosen_groups.astype(np.int32)
         if trace.bias_changed.any():
             arrays["bias_changed"] = trace.bias_changed.astype(np.bool_)
+        if interventions:
+            arrays["interventions"] = np.array([i.spec for i in interventions], dtype=np.str_)
+            arrays["intervened"] = trace.intervened.astype(np.uint8)
         if args.routing == "cached":
             arrays["cache_kept"] = trace.cache_kept.astype(np.bool_)
             arrays["cache_margin"] = trace.cache_margin.astype(np.float32)
@@ -175,6 +232,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.embedding is None:
         print("prompt tokens: " + ",".join(map(str, prompt)))
     print("tokens: " + ",".join(map(str, generated)))
+    for i in interventions:
+        print(f"intervention: {i.spec} ({i.describe()})")
+    if compare:
+        if counterfactual is None:
+            print("the interventions act after the run's last position: nothing changed")
+        else:
+            print_counterfactual(counterfactual, tokenizer, original_text)
     print_caching(stats, args.routing, args.cache_threshold, model.hparams.n_experts)
     return EXIT_OK
 
@@ -192,4 +256,8 @@ def add_commands(sub: Any) -> None:
                    help="print the experts and weights chosen per position and MoE layer")
     p.add_argument("--dump-logits", metavar="OUT.npy", help="save float32 [positions, vocab]")
     p.add_argument("--dump-trace", metavar="OUT.npz", help="save the routing trace")
+    add_intervene(p, "edit routing decisions (repeatable; see below)")
+    p.add_argument("--no-compare", action="store_true",
+                   help="with --intervene: run under the interventions only, without the "
+                        "comparison with the run without them")
     p.set_defaults(func=cmd_run)

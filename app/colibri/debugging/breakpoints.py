@@ -19,6 +19,11 @@ Kinds (each a frozen dataclass with an `enabled` flag; `toggled()` returns the f
 `first_hit(breakpoints, events, start)` scans vectorised over the whole list and returns the first
 event after index `start` that any enabled breakpoint hits, so run-to-breakpoint lands on exactly
 that (position, layer) even when the engine computed the whole position.
+
+Actions (`action`, every kind): 'stop' (the default) stops the run at the hit; 'forbid' does not
+stop: at the hit decision it forbids the breakpoint's expert (ExpertChosen's, CacheMiss's first
+missed expert; the decision's first choice for the other kinds) and the run goes on, the hit's position computed again
+("when expert 3 is chosen at layer 1, forbid it and continue"; Debugger.run).
 """
 
 from __future__ import annotations
@@ -31,12 +36,38 @@ from typing import Any, ClassVar
 import numpy as np
 
 from colibri.debugging.events import Event, EventList
+from colibri.interventions import Intervention
+
+ACTIONS = ("stop", "forbid")
 
 
 @dataclass(frozen=True)
 class Breakpoint(ABC):
     kind: ClassVar[str] = ""
     enabled: bool = field(default=True, kw_only=True)
+    action: str = field(default="stop", kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"unknown breakpoint action {self.action!r}; expected one of "
+                             f"{', '.join(ACTIONS)}")
+
+    def intervention(self, event: Event) -> Intervention:
+        """What the 'forbid' action adds at a hit: the expert this breakpoint is about (the
+        decision's first choice for kinds about no expert), forbidden at that decision only."""
+        return Intervention("forbid", (self._expert(event),), first=event.position,
+                            last=event.position, layer=event.layer)
+
+    def _expert(self, event: Event) -> int:
+        return event.top1
+
+    def describe_action(self) -> str:
+        return "" if self.action == "stop" else \
+            ", then forbid " + ("it" if self._about_expert() else "its first choice") + \
+            " and continue"
+
+    def _about_expert(self) -> bool:
+        return False
 
     @abstractmethod
     def mask(self, events: EventList, first: int = 0) -> np.ndarray:
@@ -86,9 +117,15 @@ class ExpertChosen(Breakpoint):
         ids = events.record.expert_ids[first:events.n_positions]
         return (ids == self.expert).any(axis=2) & _layer_columns(events, self.layer)[None, :]
 
+    def _expert(self, event: Event) -> int:
+        return self.expert
+
+    def _about_expert(self) -> bool:
+        return True
+
     def describe(self) -> str:
         where = "any layer" if self.layer is None else f"layer {self.layer}"
-        return f"expert {self.expert} chosen at {where}"
+        return f"expert {self.expert} chosen at {where}{self.describe_action()}"
 
 
 @dataclass(frozen=True)
@@ -104,7 +141,7 @@ class MarginBelow(Breakpoint):
 
     def describe(self) -> str:
         where = "" if self.layer is None else f" at layer {self.layer}"
-        return f"top-k margin < {self.threshold:g}{where}"
+        return f"top-k margin < {self.threshold:g}{where}{self.describe_action()}"
 
 
 @dataclass(frozen=True)
@@ -115,7 +152,7 @@ class NonFinite(Breakpoint):
         return np.array(events.nonfinite[first:])
 
     def describe(self) -> str:
-        return "NaN or Inf in router logits, hidden state or logits"
+        return f"NaN or Inf in router logits, hidden state or logits{self.describe_action()}"
 
 
 @dataclass(frozen=True)
@@ -130,7 +167,7 @@ class AtPosition(Breakpoint):
         return mask
 
     def describe(self) -> str:
-        return f"position {self.position}"
+        return f"position {self.position}{self.describe_action()}"
 
 
 @dataclass(frozen=True)
@@ -144,7 +181,7 @@ class BiasChanged(Breakpoint):
 
     def describe(self) -> str:
         where = "any MoE layer" if self.layer is None else f"layer {self.layer}"
-        return f"the correction bias changed the choice at {where}"
+        return f"the correction bias changed the choice at {where}{self.describe_action()}"
 
 
 @dataclass(frozen=True)
@@ -158,7 +195,7 @@ class CacheKept(Breakpoint):
 
     def describe(self) -> str:
         where = "any MoE layer" if self.layer is None else f"layer {self.layer}"
-        return f"cached routing kept the previous experts at {where}"
+        return f"cached routing kept the previous experts at {where}{self.describe_action()}"
 
 
 @dataclass(frozen=True)
@@ -176,7 +213,14 @@ class CacheMiss(Breakpoint):
 
     def describe(self) -> str:
         where = "any MoE layer" if self.layer is None else f"layer {self.layer}"
-        return f"an expert missed the expert cache at {where}"
+        return f"an expert missed the expert cache at {where}{self.describe_action()}"
+
+    def _expert(self, event: Event) -> int:  # the first chosen expert that missed
+        return next((e for e, hit in zip(event.expert_ids, event.cache_hits) if not hit),
+                    event.top1)
+
+    def _about_expert(self) -> bool:
+        return True
 
 
 KINDS: dict[str, type[Breakpoint]] = {c.kind: c for c in (ExpertChosen, MarginBelow, NonFinite,

@@ -20,6 +20,8 @@ never by re-running the router:
   * nonfinite   - NaN or Inf in this event's router logits or hidden-state norm; non-finite
                   output logits of a position flag its last MoE layer's event (they are
                   computed after every layer).
+  * intervened  - the bits (1 << k, k indexing colibri.interventions.KINDS) of the intervention
+                  kinds that acted on the decision, from the engine's trace; 0 for none.
 Expert caching's fields are the engine's, copied as they are: whether cached routing kept the
 previous position's experts over a different fresh top-k (`cache_kept`, with `cache_margin` and
 the fresh set `fresh_ids`), and which chosen experts the layer's LRU had resident (`cache_hits`).
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from colibri.interventions import KINDS
 from colibri.margins import NO_ULPS, GroupLimit, selection_margins
 from colibri.margins import ulp_distance as float32_ulp_distance
 
@@ -67,6 +70,7 @@ class Event:
     selection_scores: np.ndarray = field(compare=False, repr=False)  # [n_experts] float32
     chosen_groups: tuple[int, ...] = ()  # kept groups, best first (empty without a group limit)
     bias_changed: bool = False  # the correction bias changed the choice (the scores alone chose another set)
+    intervened: int = 0         # bits of the intervention kinds that acted (colibri.interventions.KINDS)
     cache_kept: bool = False    # cached routing kept the previous position's experts
     # the fresh top-k's margin over them (NaN: no cached routing, or position 0); not compared,
     # as NaN never equals itself (cache_kept and fresh_ids say what it decided)
@@ -84,6 +88,11 @@ class Event:
 
     def label(self) -> str:
         return f"#{self.index} pos {self.position} {self.token_text!r} layer {self.layer}"
+
+    @property
+    def intervention_kinds(self) -> tuple[str, ...]:
+        """Names of the intervention kinds that acted on this decision."""
+        return tuple(k for i, k in enumerate(KINDS) if self.intervened >> i & 1)
 
 
 def derive(expert_ids: np.ndarray, router_logits: np.ndarray, selection_scores: np.ndarray,
@@ -175,6 +184,15 @@ class EventList:
         self._n_positions = stop
         return range(start * self._n_moe, stop * self._n_moe)
 
+    def truncate(self, n_positions: int) -> None:
+        """Keep the events of the first `n_positions` positions (after the record was truncated
+        to them); derived rows are copied, so snapshots taken before keep theirs."""
+        n = min(n_positions, self._n_positions)
+        self._margin, self._ulps = self._margin[:n].copy(), self._ulps[:n].copy()
+        self._nonfinite, self._changed = self._nonfinite[:n].copy(), self._changed[:n].copy()
+        self._rows = n
+        self._n_positions = n
+
     def snapshot(self, record: RoutingRecord | None = None) -> EventList:
         """An event list frozen at the current length, sharing the derived arrays (rows once
         derived never change), over `record` (default: a snapshot of this list's record). For
@@ -219,8 +237,8 @@ class EventList:
             shared_gate=float(rec.shared_gate[p, m]), nonfinite=bool(self._nonfinite[p, m]),
             router_logits=rec.router_logits[p, m], selection_scores=rec.selection_scores[p, m],
             chosen_groups=tuple(int(g) for g in rec.chosen_groups[p, m] if g >= 0),
-            bias_changed=bool(rec.bias_changed[p, m]), cache_kept=bool(rec.cache_kept[p, m]),
-            cache_margin=float(rec.cache_margin[p, m]),
+            bias_changed=bool(rec.bias_changed[p, m]), intervened=int(rec.intervened[p, m]),
+            cache_kept=bool(rec.cache_kept[p, m]), cache_margin=float(rec.cache_margin[p, m]),
             fresh_ids=tuple(int(e) for e in rec.fresh_ids[p, m] if e >= 0),
             cache_hits=tuple(bool(h) for h in rec.cache_hits[p, m][keep[:rec.k_hits]]))
 
@@ -317,11 +335,12 @@ class EventList:
         return sorted(self.bookmarks)
 
     def next_bookmark(self, start: int | None) -> Event | None:
-        after = [b for b in sorted(self.bookmarks) if start is None or b > start]
+        # a bookmark beyond the events (a recomputation that ended early) waits for them
+        after = [b for b in sorted(self.bookmarks) if b < len(self) and (start is None or b > start)]
         return self[after[0]] if after else None
 
     def previous_bookmark(self, start: int | None) -> Event | None:
-        before = [b for b in sorted(self.bookmarks) if start is None or b < start]
+        before = [b for b in sorted(self.bookmarks) if b < len(self) and (start is None or b < start)]
         return self[before[-1]] if before else None
 
 

@@ -4,17 +4,26 @@
 it, advanced one position at a time (the prompt's tokens too): the same positions and tokens as
 `colibri run` (len(prompt) + max_new_tokens - 1). After every position the new trace rows are
 copied into the `RoutingRecord`, an append-only store that is the single source of truth for
-every view and export; nothing recomputes routing.
+every view and export; nothing recomputes routing. The prompt may be embedding rows
+(RunSettings.prompt_embeddings, fed instead of the token lookup): their positions record token -1
+(shown as "<embedding>") and step layer by layer as token positions do.
 
-Granularity. The engine computes whole positions (style point 7: pulled trace, no per-layer
-callbacks into Python). "Step layer" is therefore navigation through events already computed:
-the first layer step of a new position computes that whole position and puts the cursor on its
-first MoE layer; each further layer step moves the cursor to the next MoE layer of the same
-position, whose "hidden state arriving at the router" is reported as the trace's `hidden_norm`
-(the L2 norm of the router's input). Stepping past the last MoE layer computes the next position.
-Run-to-breakpoint likewise computes the position containing the hit, then places the cursor on
-exactly the hit (position, layer); Continue first checks the events already computed after the
-cursor, so two hits in one position stop twice.
+Granularity. "Step layer" over decisions already made moves the cursor; past the last one it is
+a true step: the engine runs one layer at a time (col_session_step_layer; style point 7: a step
+function, no per-layer callbacks into Python) up to and including the next MoE layer, and the
+position stays in progress between steps, so the next layer's routing can be edited before it
+runs (`set_interventions`; the decision just made can be made again, only that layer rerun).
+The events of a position in progress come from its trace row (`pending_events`); the position
+joins the record once its last layer has run. Run and Continue compute whole positions (the
+rest of one in progress first); run-to-breakpoint computes the position containing the hit,
+then places the cursor on exactly the hit (position, layer); Continue first checks the events
+already computed after the cursor, so two hits in one position stop twice.
+
+Interventions (colibri.interventions) are part of the run's settings. `set_interventions`
+changes them mid-run: the positions computed that they can change are computed again from the
+first of them (the KV cache before it reused), and the run as it was becomes the original of a
+`Counterfactual` (colibri.debugging.counterfactual). A breakpoint with the 'forbid' action adds
+its intervention at the hit and goes on.
 
 Threads. `run()` is meant for one worker thread; `request_pause()` and `request_stop()` may be
 called from any thread and are checked between positions. Pausing loses nothing and resuming
@@ -29,13 +38,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from colibri.debugging.breakpoints import Breakpoint, BreakpointList, first_hit
+from colibri.debugging.counterfactual import Counterfactual, RunImage
 from colibri.debugging.events import Event, EventList
+from colibri.interventions import Intervention, changed_from
 from colibri.margins import group_limits
 from colibri import tokens
 from colibri.generation import Generation
@@ -67,6 +78,7 @@ class PositionRecord:
     selection_scores: np.ndarray  # [moe_layers, n_experts] float32, what the choice ranked
     chosen_groups: np.ndarray   # [moe_layers, n_groups] int32 kept groups, -1 none
     bias_changed: np.ndarray    # [moe_layers] bool: the correction bias changed the choice
+    intervened: np.ndarray      # [moe_layers] uint8: bits of the intervention kinds that acted
     cache_kept: np.ndarray      # [moe_layers] bool: cached routing kept the previous experts
     cache_margin: np.ndarray    # [moe_layers] float32: the fresh top-k's margin over them
     fresh_ids: np.ndarray       # [moe_layers, k or 0] int32: the fresh top-k (cached routing)
@@ -92,12 +104,14 @@ _ARRAYS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "token_ns": (np.uint64, ()),
     "wall_ns": (np.uint64, ()),
     "logits_finite": (np.bool_, ()),
+    "intervened": (np.uint8, ("n_moe_layers",)),
 }
 RECORD_ARRAYS = tuple(_ARRAYS)
 # Arrays older session files do not have, and what they hold there: files from before format
 # version 2 come from version-1 models, which select on the router logits with no groups; files
-# from before expert caching ran without it (nothing kept, no fresh choice, no LRU).
-LATER_ARRAYS = ("selection_scores", "chosen_groups", "bias_changed", "cache_kept",
+# from before interventions had none; files from before expert caching ran without it (nothing
+# kept, no fresh choice, no LRU).
+LATER_ARRAYS = ("selection_scores", "chosen_groups", "bias_changed", "intervened", "cache_kept",
                 "cache_margin", "fresh_ids", "cache_hits")
 
 
@@ -166,6 +180,7 @@ class RoutingRecord:
     token_ns = property(lambda self: self.array("token_ns"))
     wall_ns = property(lambda self: self.array("wall_ns"))
     logits_finite = property(lambda self: self.array("logits_finite"))
+    intervened = property(lambda self: self.array("intervened"))
 
     @property
     def token_texts(self) -> list[str]:
@@ -185,6 +200,7 @@ class RoutingRecord:
                               int(b["token_ns"][p]), int(b["wall_ns"][p]),
                               bool(b["logits_finite"][p]), self.array("selection_scores")[p],
                               self.array("chosen_groups")[p], self.array("bias_changed")[p],
+                              self.array("intervened")[p],
                               *(self.array(n)[p] for n in ("cache_kept", "cache_margin",
                                                            "fresh_ids", "cache_hits")))
 
@@ -219,6 +235,20 @@ class RoutingRecord:
 
     # -- writing --------------------------------------------------------------------------------
 
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` rows only (a counterfactual recomputes the rest). Rows are copied to
+        new buffers, so snapshots and views taken before keep the rows they saw."""
+        if self._frozen:
+            raise RuntimeError("a RoutingRecord snapshot is immutable")
+        if not 0 <= n <= self._n:
+            raise IndexError(f"cannot keep {n} of {self._n} rows")
+        rows = self._buf["tokens"].shape[0]
+        self._buf = {name: np.concatenate([old[:n], self._alloc(name, rows - n)])
+                     for name, old in self._buf.items()}
+        self._texts = self._texts[:n]
+        self._views = {}
+        self._n = n
+
     def _grow(self) -> None:
         rows = self._buf["tokens"].shape[0]
         if self._n < rows:
@@ -235,10 +265,12 @@ class RoutingRecord:
                hidden_norm: np.ndarray, phase_ns: np.ndarray, token_ns: int, wall_ns: int = 0,
                logits_finite: bool = True, *, selection_scores: np.ndarray,
                chosen_groups: np.ndarray, bias_changed: np.ndarray,
+               intervened: np.ndarray | None = None,
                cache_kept: np.ndarray | None = None, cache_margin: np.ndarray | None = None,
                fresh_ids: np.ndarray | None = None, cache_hits: np.ndarray | None = None) -> int:
-        """Copy one position's rows in; returns its position. The expert-caching rows default to
-        a run without it (nothing kept, NaN margins)."""
+        """Copy one position's rows in; returns its position. The intervention and
+        expert-caching rows default to a run without them (none acted, nothing kept, NaN
+        margins)."""
         if self._frozen:
             raise RuntimeError("a RoutingRecord snapshot is immutable")
         self._grow()
@@ -262,6 +294,7 @@ class RoutingRecord:
         b["token_ns"][p] = token_ns
         b["wall_ns"][p] = wall_ns
         b["logits_finite"][p] = logits_finite
+        b["intervened"][p] = 0 if intervened is None else intervened
         self._texts.append(token_text)
         self._n = p + 1  # publish the row last
         return p
@@ -277,6 +310,7 @@ class RoutingRecord:
         arrays.setdefault("selection_scores", arrays["router_logits"])
         arrays.setdefault("chosen_groups", np.zeros((*ids.shape[:2], 0), np.int32))
         arrays.setdefault("bias_changed", np.zeros(ids.shape[:2], np.bool_))
+        arrays.setdefault("intervened", np.zeros(ids.shape[:2], np.uint8))
         arrays.setdefault("cache_kept", np.zeros(ids.shape[:2], np.bool_))
         arrays.setdefault("cache_margin", np.full(ids.shape[:2], np.nan, np.float32))
         arrays.setdefault("fresh_ids", np.zeros((*ids.shape[:2], 0), np.int32))
@@ -301,12 +335,14 @@ class RoutingRecord:
 @dataclass(frozen=True)
 class RunResult:
     """Why `run()` returned: 'breakpoint' (event, breakpoint set), 'finished' (max tokens or
-    eos), 'paused', 'stopped', or 'limit' (max_positions reached)."""
+    eos), 'paused', 'stopped', or 'limit' (max_positions reached). `actions` are the
+    interventions breakpoint actions added on the way (the run went on after each)."""
 
     reason: str
     positions: int                          # positions computed by this call
     event: Event | None = None
     breakpoint: Breakpoint | None = field(default=None)
+    actions: tuple[Intervention, ...] = ()
 
 
 def token_piece(tokenizer: Any, token: int) -> str:
@@ -316,12 +352,12 @@ def token_piece(tokenizer: Any, token: int) -> str:
 
 class Debugger:
     """A run under the debugger: one Session, its Generation, RoutingRecord and EventList, a
-    cursor.
+    cursor, the interventions and the last counterfactual.
 
     Not thread-safe except `request_pause`/`request_stop` (see the module docstring)."""
 
     def __init__(self, model: Any, settings: RunSettings, tokenizer: Any = "model") -> None:
-        from colibri.engine import Session  # the only engine dependency of the debugger
+        from colibri.engine import Session, check_embeddings  # the debugger's engine dependencies
 
         hp = model.hparams
         self.model = model
@@ -340,10 +376,20 @@ class Debugger:
             self.session.close()
             raise ValueError(f"this machine runs no {settings.kernels} kernels (its best path is "
                              f"{self.kernels})")
-        self.generation = Generation(self.session, settings.prompt_tokens,
+        prompt: Any = settings.prompt_tokens
+        try:
+            self.session.set_interventions(settings.interventions)
+            if settings.prompt_embeddings is not None:  # dtype and width named before a run
+                prompt = check_embeddings(settings.prompt_embeddings, hp.d_model)
+        except Exception:
+            self.session.close()
+            raise
+        # every position's logits are kept: a counterfactual compares them (positions x vocab
+        # float32: 16 KB a position on the demo model)
+        self.generation = Generation(self.session, prompt,
                                      settings.max_new_tokens, decoding=settings.decoding,
                                      temperature=settings.temperature, seed=settings.seed,
-                                     eos=hp.eos_token_id, step_prompt=True)
+                                     eos=hp.eos_token_id, step_prompt=True, keep_logits=True)
         trace = self.session.trace
         assert trace is not None
         k = int(trace.expert_ids.shape[2])
@@ -355,6 +401,7 @@ class Debugger:
         self.events = EventList(self.record, hp.n_experts_active, group_limits(model))
         self.breakpoints = BreakpointList()
         self.cursor: int | None = None
+        self.counterfactual: Counterfactual | None = None
         self._pause = threading.Event()
         self._stop = threading.Event()
 
@@ -362,7 +409,7 @@ class Debugger:
 
     @property
     def position(self) -> int:
-        """Positions computed so far."""
+        """Positions computed so far (a position in progress not counted)."""
         return self.record.n_positions
 
     @property
@@ -387,8 +434,28 @@ class Debugger:
         return self.generation.last_logits
 
     @property
+    def interventions(self) -> tuple[Intervention, ...]:
+        return self.settings.interventions
+
+    @property
+    def layers_done(self) -> int | None:
+        """Model layers run of the position in progress (None when none is in progress)."""
+        return self.session.layers_done
+
+    @property
     def current(self) -> Event | None:
-        return None if self.cursor is None else self.events[self.cursor]
+        if self.cursor is None:
+            return None
+        if self.cursor < len(self.events):
+            return self.events[self.cursor]
+        return next((e for e in self.pending_events() if e.index == self.cursor), None)
+
+    def logits(self) -> np.ndarray:
+        """[positions, vocab] float32 logits of every computed position."""
+        kept = self.generation.logits or []
+        if not kept:
+            return np.zeros((0, self.model.hparams.vocab_size), np.float32)
+        return np.concatenate(kept)[:self.position]
 
     def token_text(self, token: int) -> str:
         return token_piece(self.tokenizer, token)
@@ -418,18 +485,37 @@ class Debugger:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def clear_requests(self) -> None:
+        """Forget pause and stop requests (after a recomputation they ended early)."""
+        self._pause.clear()
+        self._stop.clear()
+
     # -- stepping -------------------------------------------------------------------------------
 
     def step_token(self) -> list[Event]:
-        """Compute one position; the cursor moves to its first MoE layer. Returns its events
-        ([] when the run is finished)."""
+        """Compute one position (the rest of the one in progress, if any); the cursor moves to
+        its first MoE layer. Returns its events ([] when the run is finished)."""
         return [self.events[i] for i in self._advance()]
 
     def _advance(self) -> range:
-        """Compute one position; returns the indices of its events (empty when finished)."""
+        """Compute one position, or the layers left of the one in progress; returns the indices
+        of its events (empty when finished)."""
         p = self.record.n_positions
-        if not self.generation.advance():
+        if self.session.layers_done is None:
+            done = self.generation.advance()
+        else:
+            done = range(0)
+            while not done:
+                done = self.generation.advance_layer()
+        if not done:
             return range(0)
+        new = self._record(p)
+        if len(new):
+            self.cursor = new[0]
+        return new
+
+    def _record(self, p: int) -> range:
+        """Copy position p's trace rows into the record; returns its events' indices."""
         tr = self.session.trace
         logits = self.generation.last_logits
         assert tr is not None and logits is not None
@@ -440,29 +526,148 @@ class Debugger:
                            bool(np.isfinite(logits).all()),
                            selection_scores=tr.selection_scores[p],
                            chosen_groups=tr.chosen_groups[p], bias_changed=tr.bias_changed[p],
-                           cache_kept=tr.cache_kept[p], cache_margin=tr.cache_margin[p],
-                           fresh_ids=tr.fresh_ids[p], cache_hits=tr.cache_hits[p])
-        new = self.events.sync()
-        if len(new):
-            self.cursor = new[0]
-        return new
+                           intervened=tr.intervened[p], cache_kept=tr.cache_kept[p],
+                           cache_margin=tr.cache_margin[p], fresh_ids=tr.fresh_ids[p],
+                           cache_hits=tr.cache_hits[p])
+        return self.events.sync()
+
+    def pending_events(self) -> list[Event]:
+        """The events of the position in progress whose MoE layers have run (their indices
+        continue the event list's), read from the session's trace row of that position."""
+        done = self.session.layers_done
+        tr = self.session.pending_trace()
+        if done is None or tr is None:
+            return []
+        rec, p, M = self.record, self.position, self.record.n_moe_layers
+        moe_done = int((rec.moe_layers < done).sum())
+        if moe_done == 0:
+            return []
+        token = self.generation.next_token
+        one = RoutingRecord(rec.moe_layers, rec.n_layers, rec.k, rec.n_experts, 1, rec.n_groups,
+                            cached=rec.k_fresh > 0, lru=rec.k_hits > 0)
+        one.append(token, self.token_text(token), tr.expert_ids[p], tr.expert_weights[p],
+                   tr.router_logits[p], tr.shared_gate[p], tr.hidden_norm[p], tr.phase_ns[p], 0,
+                   0, True, selection_scores=tr.selection_scores[p],
+                   chosen_groups=tr.chosen_groups[p], bias_changed=tr.bias_changed[p],
+                   intervened=tr.intervened[p], cache_kept=tr.cache_kept[p],
+                   cache_margin=tr.cache_margin[p], fresh_ids=tr.fresh_ids[p],
+                   cache_hits=tr.cache_hits[p])
+        events = EventList(one, self.model.hparams.n_experts_active, group_limits(self.model))
+        out = []
+        for m in range(moe_done):
+            e = events[m]
+            changed = p > 0 and set(e.expert_ids) != {int(i) for i in rec.expert_ids[p - 1, m]
+                                                      if i >= 0}
+            out.append(replace(e, index=p * M + m, position=p, routing_changed=changed))
+        return out
 
     def step_layer(self) -> Event | None:
-        """Move the cursor to the next MoE layer; computes the next position only when the
-        cursor is on the last MoE layer of the last computed position. Returns the new current
-        event (None when nothing is left)."""
+        """The next routing decision. Over decisions already made it moves the cursor; past the
+        last one it runs the engine up to and including the next MoE layer (the dense layers
+        before it, a position's last layers and its LM head run on the way), and the run pauses
+        there, between layers, so the next layer's routing can be edited (`set_interventions`)
+        before it runs. Returns the event the cursor is on (None once finished)."""
+        pending = self.pending_events()
         nxt = 0 if self.cursor is None else self.cursor + 1
         if nxt < len(self.events):
             self.cursor = nxt
             return self.events[nxt]
-        new = self._advance()
-        return self.events[new[0]] if len(new) else None
+        if nxt < len(self.events) + len(pending):
+            self.cursor = nxt
+            return pending[nxt - len(self.events)]
+        if self.record.n_moe_layers == 0:
+            new = self.step_token()
+            return new[0] if new else None
+        while not self.finished:
+            p = self.position
+            done = self.generation.advance_layer()
+            if done:  # the position's last layer ran
+                new = self._record(p)
+                if self.model.hparams.n_layers - 1 == int(self.record.moe_layers[-1]):
+                    self.cursor = new[-1]
+                    return self.events[new[-1]]
+                continue
+            layers = self.session.layers_done
+            assert layers is not None
+            if layers - 1 in self.record.moe_layers:
+                event = self.pending_events()[-1]
+                self.cursor = event.index
+                return event
+        return None
 
     def go_to(self, index: int) -> Event:
         """Put the cursor on an already computed event."""
+        pending = {e.index: e for e in self.pending_events()}
+        if index in pending:
+            self.cursor = index
+            return pending[index]
         event = self.events[index]
         self.cursor = event.index
         return event
+
+    # -- interventions --------------------------------------------------------------------------
+
+    def set_interventions(self, interventions: Sequence[Intervention],
+                          compare: bool = True) -> Counterfactual | None:
+        """Run under `interventions` from now on. The computed positions they can change are
+        computed again, from the first of them (the KV cache before it is reused), as far as
+        the run had got (a position in progress to the same layer); a pause or stop request
+        ends that early. With `compare`, the run as it was is the original of the returned
+        `Counterfactual` (also kept in `counterfactual`); None when nothing computed changes.
+        The engine judges the interventions first: a refused one raises and nothing changes."""
+        new = tuple(interventions)
+        old = self.settings.interventions
+        start = changed_from(old, new)
+        self.session.set_interventions(new)
+        self.settings = replace(self.settings, interventions=new)
+        extent, layers = self.position, self.session.layers_done
+        if start is None or start > extent or (start == extent and layers is None):
+            return None
+        original = self._image(old) if compare else None
+        if start == extent and self._only_layer_run_last(old, new, extent, layers):
+            self.session.rewind_layer()   # the decision just made, made again
+            self.generation.advance_layer()
+        else:
+            self.generation.rewind(start)
+            self.record.truncate(start)
+            self.events.truncate(start)
+            while self.position < extent and not self.finished:
+                if self._pause.is_set() or self._stop.is_set():
+                    break  # the request stays for a run that called this; see clear_requests
+                self._advance()
+            if layers is not None and self.position == extent and not self.finished:
+                while (self.session.layers_done or 0) < layers:
+                    self.generation.advance_layer()
+        n_events = len(self.events) + len(self.pending_events())
+        if self.cursor is not None and self.cursor >= n_events:
+            self.cursor = n_events - 1 if n_events else None
+        if original is None or start >= self.position:
+            return None  # no position computed to its end changed (a position in progress may)
+        self.counterfactual = Counterfactual.between(original, self._image(new), start,
+                                                     self.n_prompt)
+        return self.counterfactual
+
+    def _only_layer_run_last(self, old: Sequence[Intervention], new: Sequence[Intervention],
+                             position: int, layers: int | None) -> bool:
+        """Whether, at the position in progress, the change acts on the last layer run and on
+        none before it (so running that one layer again is enough)."""
+        if layers is None or layers == 0:
+            return False
+        last = layers - 1
+        changed = set(old) ^ set(new)
+        if [i for i in old if i in new] != [i for i in new if i in old]:
+            changed = set(old) | set(new)
+        moe = [int(layer) for layer in self.record.moe_layers if layer <= last]
+        return all(not i.acts_at(position, layer) for i in changed for layer in moe
+                   if layer < last)
+
+    def _image(self, interventions: tuple[Intervention, ...]) -> RunImage:
+        rec = self.record
+        return RunImage(tuple(self.generation.tokens), self.logits(), np.array(rec.expert_ids),
+                        np.array(rec.intervened), tuple(int(x) for x in rec.moe_layers),
+                        interventions)
+
+    # -- running --------------------------------------------------------------------------------
 
     def run(self, until: BreakpointList | Sequence[Breakpoint] | None = None,
             max_positions: int | None = None,
@@ -470,38 +675,47 @@ class Debugger:
         """Compute positions until a breakpoint in `until` hits (checking events already
         computed after the cursor first), the run finishes, a pause or stop is requested, or
         `max_positions` positions were computed. `on_position(position)` is called after each
-        computed position (the worker's hook for signals and autosave)."""
+        computed position (the worker's hook for signals and autosave). A breakpoint whose
+        action is 'forbid' does not stop: it adds its intervention at the hit and the run goes
+        on from there (the hit's position computed again)."""
         bps = list(until) if until is not None else []
         done = 0
-        if bps:
-            found = first_hit(bps, self.events, self.cursor)
-            if found is not None:
-                self.cursor = found[0].index
-                return RunResult("breakpoint", 0, found[0], found[1])
+        actions: list[Intervention] = []
+        start = self.cursor
         while True:
+            if bps:
+                found = first_hit(bps, self.events, start)
+                if found is not None:
+                    event, bp = found
+                    if bp.action == "stop":
+                        self.cursor = event.index
+                        return RunResult("breakpoint", done, event, bp, tuple(actions))
+                    action = bp.intervention(event)
+                    actions.append(action)
+                    self.set_interventions((*self.interventions, action), compare=False)
+                    start = event.index
+                    continue
             if self.finished:
                 self._stop.clear()
-                return RunResult("finished", done)
+                return RunResult("finished", done, actions=tuple(actions))
             if self._stop.is_set():
                 self._stop.clear()
                 self.generation.stop()
-                return RunResult("stopped", done)
+                return RunResult("stopped", done, actions=tuple(actions))
             if self._pause.is_set():
                 self._pause.clear()
-                return RunResult("paused", done)
+                return RunResult("paused", done, actions=tuple(actions))
             if max_positions is not None and done >= max_positions:
-                return RunResult("limit", done)
+                return RunResult("limit", done, actions=tuple(actions))
             before = len(self.events)
             position = self.position
-            new = self._advance()
+            # the events of a position in progress before the cursor were seen already
+            seen = self.cursor if self.cursor is not None and self.cursor >= before else before - 1
+            self._advance()
             done += 1
             if on_position is not None:
                 on_position(position)
-            if bps and len(new):
-                found = first_hit(bps, self.events, before - 1)
-                if found is not None:
-                    self.cursor = found[0].index
-                    return RunResult("breakpoint", done, found[0], found[1])
+            start = seen
 
     def continue_(self) -> RunResult:
         """Run to the next hit of the debugger's own breakpoints (or the end)."""

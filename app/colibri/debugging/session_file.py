@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from colibri.debugging.breakpoints import BreakpointList
+from colibri.debugging.counterfactual import Counterfactual
 from colibri.debugging.events import EventList
 from colibri.debugging.run import LATER_ARRAYS, PHASES, RECORD_ARRAYS, Debugger, RoutingRecord
 from colibri.files import atomic_write
@@ -35,6 +36,7 @@ from colibri.values import RunSettings
 
 FORMAT_NAME = "colibri-debug-session"
 FORMAT_VERSION = 1
+EMBEDDINGS_FILE = "prompt_embeddings.npy"   # an embedding prompt's rows (settings.prompt_embeddings)
 SUFFIX = ".colibri-session"
 _CHUNK = 1 << 20
 _checksums: dict[tuple[str, int, int], str] = {}
@@ -77,6 +79,8 @@ class SavedSession:
     # stored as JSON so a session carries everything the user made.
     analyses: dict[str, Any] = field(default_factory=dict)
     kernels: str = ""              # the kernel path the run ran on ("" in older files)
+    # the last comparison of the run under its interventions with the run before them
+    counterfactual: Counterfactual | None = None
 
     @classmethod
     def from_debugger(cls, dbg: Debugger, checksum: bool = True) -> SavedSession:
@@ -90,7 +94,8 @@ class SavedSession:
         return cls(info, dbg.settings, dbg.record.snapshot(), list(dbg.generated), dbg.finished,
                    dbg.stop_reason, dbg.cursor, sorted(dbg.events.bookmarks),
                    BreakpointList(list(dbg.breakpoints)),
-                   _jsonable(dbg.generation.rng_state), kernels=dbg.kernels)
+                   _jsonable(dbg.generation.rng_state), kernels=dbg.kernels,
+                   counterfactual=dbg.counterfactual)
 
     def events(self) -> EventList:
         """The event list of the saved record, with its bookmarks."""
@@ -108,7 +113,9 @@ class SavedSession:
                 and self.finished == other.finished and self.stop_reason == other.stop_reason
                 and self.cursor == other.cursor and self.bookmarks == other.bookmarks
                 and self.breakpoints == other.breakpoints and self.rng_state == other.rng_state
-                and self.analyses == other.analyses and self.kernels == other.kernels)
+                and self.analyses == other.analyses and self.kernels == other.kernels
+                and _counterfactual_dict(self.counterfactual)
+                == _counterfactual_dict(other.counterfactual))
 
     def kernels_note(self) -> str:
         """'' when a new run of these settings here would use the kernel path the session was
@@ -130,6 +137,10 @@ class SavedSession:
         if os.path.getsize(path) != self.model.get("size"):
             return False
         return self.model.get("sha256") in (None, model_checksum(path))
+
+
+def _counterfactual_dict(cf: Counterfactual | None) -> dict[str, Any] | None:
+    return None if cf is None else cf.to_dict()
 
 
 def _jsonable(value: Any) -> Any:
@@ -157,14 +168,21 @@ def session_bytes(saved: SavedSession) -> bytes:
         "bookmarks": [int(b) for b in saved.bookmarks],
         "breakpoints": saved.breakpoints.to_list(), "rng_state": saved.rng_state,
         "analyses": _jsonable(saved.analyses), "kernels": saved.kernels,
+        "counterfactual": _counterfactual_dict(saved.counterfactual),
         "arrays": {name: {"file": f"arrays/{name}.npy", "dtype": a.dtype.str,
                           "shape": list(a.shape)} for name, a in arrays.items()},
     }
+    rows = saved.settings.prompt_embeddings
+    if rows is not None:  # an embedding prompt: its rows, not position-aligned with the record
+        manifest["prompt_embeddings"] = {"file": EMBEDDINGS_FILE, "dtype": rows.dtype.str,
+                                         "shape": list(rows.shape)}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
         z.writestr("manifest.json", json.dumps(manifest, indent=1, allow_nan=False))
         for name, a in arrays.items():
             z.writestr(f"arrays/{name}.npy", _npy(a))
+        if rows is not None:
+            z.writestr(EMBEDDINGS_FILE, _npy(rows))
     return buf.getvalue()
 
 
@@ -192,13 +210,22 @@ def load_session(path: str | os.PathLike[str]) -> SavedSession:
                                          f"{manifest.get('version')}, this build reads "
                                          f"{FORMAT_VERSION}")
             arrays = {}
-            for name, spec in manifest["arrays"].items():
-                a = np.load(io.BytesIO(z.read(spec["file"])), allow_pickle=False)
+            specs = dict(manifest["arrays"])
+            if manifest.get("prompt_embeddings"):
+                specs["prompt_embeddings"] = manifest["prompt_embeddings"]
+            for name, spec in specs.items():
+                try:
+                    data = z.read(spec["file"])
+                except KeyError:
+                    raise SessionFormatError(f"{path}: no member {spec['file']} (array {name})"
+                                             ) from None
+                a = np.load(io.BytesIO(data), allow_pickle=False)
                 if a.dtype.str != spec["dtype"] or list(a.shape) != spec["shape"]:
                     raise SessionFormatError(f"{path}: array {name} is {a.dtype.str} "
                                              f"{list(a.shape)}, manifest says {spec['dtype']} "
                                              f"{spec['shape']}")
                 arrays[name] = a
+            rows = arrays.pop("prompt_embeddings", None)
     except zipfile.BadZipFile as exc:
         raise SessionFormatError(f"{path}: not a session file ({exc})") from exc
     missing = [n for n in (*RECORD_ARRAYS, "moe_layers") if n not in arrays
@@ -210,14 +237,20 @@ def load_session(path: str | os.PathLike[str]) -> SavedSession:
     if bad:
         raise SessionFormatError(f"{path}: arrays {', '.join(bad)} do not have {n} rows")
     record = RoutingRecord.from_arrays(arrays, manifest["token_texts"], int(manifest["n_layers"]))
+    try:
+        settings = RunSettings.from_dict(manifest["settings"], rows)
+    except ValueError as exc:
+        raise SessionFormatError(f"{path}: settings: {exc}") from None
     return SavedSession(
-        model=manifest["model"], settings=RunSettings.from_dict(manifest["settings"]),
+        model=manifest["model"], settings=settings,
         record=record, generated=list(manifest["generated"]),
         finished=bool(manifest["finished"]), stop_reason=manifest["stop_reason"],
         cursor=manifest["cursor"], bookmarks=list(manifest["bookmarks"]),
         breakpoints=BreakpointList.from_list(manifest["breakpoints"]),
         rng_state=manifest["rng_state"], saved_at=manifest["saved_at"],
-        analyses=dict(manifest.get("analyses") or {}), kernels=str(manifest.get("kernels") or ""))
+        analyses=dict(manifest.get("analyses") or {}), kernels=str(manifest.get("kernels") or ""),
+        counterfactual=Counterfactual.from_dict(manifest["counterfactual"])
+        if manifest.get("counterfactual") else None)
 
 
 class Autosaver:

@@ -8,8 +8,9 @@ positions, thread 2 "decode" the generated ones):
           * X "attention", "router", "experts", "combine" (MoE layers) or "attention", "mlp"
             (dense layers: the rest of the layer) - nested, packed in that order. The router
             slice's args carry the routing decision: layer, position, token, experts, weights,
-            logits of the chosen experts, margin (and in ULPs), hidden_norm, shared_gate;
-            under expert caching cache_kept, cache_margin, fresh_experts and cache_hits.
+            logits of the chosen experts, margin (and in ULPs), hidden_norm, shared_gate; under
+            expert caching cache_kept, cache_margin, fresh_experts and cache_hits; and the kinds
+            of the interventions that acted on it (when any did).
   * i "routing change"  - thread instant at the router slice of a (position, layer) whose chosen
                           set differs from the previous position's.
   * C "throughput"      - counter {"tokens_per_s": 1e9 / token_ns} at each token's start.
@@ -36,6 +37,7 @@ import numpy as np
 from colibri.debugging.events import EventList
 from colibri.debugging.run import PHASES
 from colibri.files import atomic_write
+from colibri.interventions import KINDS
 from colibri.values import RunSettings
 
 PID = 1
@@ -117,6 +119,9 @@ def chrome_trace(events: EventList, settings: RunSettings | None = None,
                         "shared_gate": _finite(float(rec.shared_gate[p, m])),
                         "routing": routing, "epsilon": epsilon,
                     }
+                    if rec.intervened[p, m]:
+                        s["args"]["interventions"] = [k for i, k in enumerate(KINDS)
+                                                      if int(rec.intervened[p, m]) >> i & 1]
                     if rec.k_fresh:
                         s["args"]["cache_kept"] = bool(rec.cache_kept[p, m])
                         s["args"]["cache_margin"] = _finite(float(rec.cache_margin[p, m]))
@@ -210,7 +215,7 @@ def check_trace_events(doc: Any) -> list[str]:
 # CSV
 
 CSV_COLUMNS = ("position", "token", "text", "layer", "rank", "expert", "weight", "logit",
-               "margin", "margin_ulps", "cache_kept", "cache_hit")
+               "margin", "margin_ulps", "cache_kept", "cache_hit", "interventions")
 
 
 def routing_rows(events: EventList) -> Iterable[tuple[Any, ...]]:
@@ -225,6 +230,7 @@ def routing_rows(events: EventList) -> Iterable[tuple[Any, ...]]:
             ids = rec.expert_ids[p, m]
             margin = float(margins[p, m])
             u = int(ulps[p, m]) if math.isfinite(margin) else ""
+            edits = "+".join(k for i, k in enumerate(KINDS) if int(rec.intervened[p, m]) >> i & 1)
             kept = int(rec.cache_kept[p, m]) if rec.k_fresh else ""
             for rank, e in enumerate(ids):
                 if e < 0:
@@ -232,7 +238,8 @@ def routing_rows(events: EventList) -> Iterable[tuple[Any, ...]]:
                 hit = int(rec.cache_hits[p, m, rank]) if rec.k_hits else ""
                 yield (p, int(rec.tokens[p]), text, int(layer), rank, int(e),
                        repr(float(rec.expert_weights[p, m, rank])),
-                       repr(float(rec.router_logits[p, m, e])), repr(margin), u, kept, hit)
+                       repr(float(rec.router_logits[p, m, e])), repr(margin), u, kept, hit,
+                       edits)
 
 
 def write_routing_csv(path: str | os.PathLike[str], events: EventList) -> int:

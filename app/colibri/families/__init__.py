@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from colibri.families import (common, dbrx, deepseek_v2, deepseek_v3, ernie4_5_moe, glm4_moe,
-                              granitemoe, granitemoeshared, mixtral, olmoe, phimoe, qwen2_moe,
-                              qwen3_moe)
+                              gpt_oss, granitemoe, granitemoeshared, llama4, mixtral, olmoe,
+                              phimoe, qwen2_moe, qwen3_moe)
 from colibri.families.common import (Architecture, Config, ConversionError, Planner, check_limits,
                                      tokens_in_vocab)
 
@@ -30,13 +30,15 @@ class Family:
     head_tensors: Callable[[Planner, Architecture], None] = common.head
 
 
+# A module may also read checkpoints of other model types (OTHER_MODEL_TYPES: Llama 4's
+# multimodal `llama4` beside its `llama4_text`); its architecture() tells them apart.
 FAMILIES: dict[str, Family] = {
-    module.MODEL_TYPE: Family(module.MODEL_TYPE, module.DEFAULTS, module.architecture,
-                              module.layer_tensors, module.ALIASES,
-                              getattr(module, "embedding_tensors", common.embeddings),
-                              getattr(module, "head_tensors", common.head))
+    model_type: Family(model_type, module.DEFAULTS, module.architecture, module.layer_tensors,
+                       module.ALIASES, getattr(module, "embedding_tensors", common.embeddings),
+                       getattr(module, "head_tensors", common.head))
     for module in (mixtral, qwen2_moe, qwen3_moe, olmoe, deepseek_v2, deepseek_v3, glm4_moe,
-                   ernie4_5_moe, phimoe, granitemoe, granitemoeshared, dbrx)
+                   ernie4_5_moe, gpt_oss, llama4, phimoe, granitemoe, granitemoeshared, dbrx)
+    for model_type in (module.MODEL_TYPE, *getattr(module, "OTHER_MODEL_TYPES", ()))
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 

@@ -19,7 +19,7 @@ import numpy as np
 from colibri.fileformat import (
     ATTENTION_MLA, FLAG_O_BIAS, FLAG_OUTPUT_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
     FLAG_QKV_BIAS, FLAG_TIED_EMBEDDINGS, LAYER_FULL, LAYER_SLIDING, NORM_KIND_LAYER_BIAS,
-    ROPE_DEFAULT, ROPE_LINEAR, ROPE_YARN, RouteRule,
+    ROPE_DEFAULT, ROPE_LINEAR, ROPE_LLAMA3, ROPE_YARN, LayerAttention, RouteRule,
 )
 from colibri.values import HParams
 
@@ -145,13 +145,17 @@ class Rope:
     beta_slow: float = 0.0
     truncate: int = 0
     params: dict[str, Any] = field(default_factory=dict, compare=False)
+    low_freq_factor: float = 0.0     # llama3
+    high_freq_factor: float = 0.0    # llama3
 
     def apply(self, hp: HParams) -> HParams:
         """`hp` with these RoPE fields."""
         return replace(hp, rope_type=self.type, rope_theta=self.theta, rope_factor=self.factor,
                        rope_original_max_context=self.original_max_context,
                        rope_attn_factor=self.attn_factor, rope_truncate=self.truncate,
-                       rope_beta_fast=self.beta_fast, rope_beta_slow=self.beta_slow)
+                       rope_beta_fast=self.beta_fast, rope_beta_slow=self.beta_slow,
+                       rope_low_freq_factor=self.low_freq_factor,
+                       rope_high_freq_factor=self.high_freq_factor)
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -160,8 +164,8 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 def rope(cfg: Config) -> Rope:
     """RoPE from `rope_parameters` (transformers 5) or `rope_theta` / `rope_scaling` (older
-    configs): default, linear, or YaRN with transformers' defaults (beta_fast 32, beta_slow 1,
-    truncate, the attention factor from factor, mscale and mscale_all_dim)."""
+    configs): default, linear, YaRN with transformers' defaults (beta_fast 32, beta_slow 1,
+    truncate, the attention factor from factor, mscale and mscale_all_dim), or llama3."""
     params = cfg.raw.get("rope_parameters") or cfg.raw.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise ConversionError(f"config.json: rope parameters {params!r} are not an object")
@@ -208,8 +212,19 @@ def rope(cfg: Config) -> Rope:
         return Rope(ROPE_YARN, theta, factor, partial, original,
                     positive_number(attention, "YaRN attention_factor"), beta_fast, beta_slow,
                     int(truncate), params)
+    if rope_type == "llama3":
+        original = params.get("original_max_position_embeddings")
+        if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+            raise ConversionError(f"config.json: llama3 original_max_position_embeddings = "
+                                  f"{original!r}, expected an integer >= 1")
+        return Rope(ROPE_LLAMA3, theta, positive_number(params.get("factor"), "llama3 RoPE factor"),
+                    partial, original,
+                    low_freq_factor=positive_number(params.get("low_freq_factor"),
+                                                    "llama3 low_freq_factor"),
+                    high_freq_factor=positive_number(params.get("high_freq_factor"),
+                                                     "llama3 high_freq_factor"), params=params)
     raise ConversionError(f"RoPE scaling type {rope_type!r} not supported (supported: "
-                          "'default', 'linear', 'yarn')")
+                          "'default', 'linear', 'yarn', 'llama3')")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,13 +234,17 @@ def rope(cfg: Config) -> Rope:
 @dataclass
 class Architecture:
     """A checkpoint's header fields, layer kinds, each MoE layer's routing rule (None for dense
-    layers) and each layer's attention mask (LAYER_FULL / LAYER_SLIDING)."""
+    layers), each layer's attention (LayerAttention), and the tensors made from config.json's
+    values rather than the checkpoint's (LongRoPE's rope_freq_factors). `hf_prefix` goes before
+    every Hugging Face tensor name (a multimodal checkpoint's `language_model.`)."""
 
     hp: HParams
     kinds: list[int]
     rules: list[RouteRule | None]
-    attention: list[int]
+    attention: list[LayerAttention]
     notes: list[str] = field(default_factory=list)
+    hf_prefix: str = ""
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
 
     def rule(self, layer: int) -> RouteRule:
         rule = self.rules[layer]
@@ -233,8 +252,10 @@ class Architecture:
         return rule
 
 
-def attention_masks(n_layers: int, sliding: Sequence[bool] | None) -> list[int]:
-    return [LAYER_SLIDING if sliding and sliding[i] else LAYER_FULL for i in range(n_layers)]
+def attention_masks(n_layers: int, sliding: Sequence[bool] | None) -> list[LayerAttention]:
+    """Each layer's plain attention: sliding where `sliding` says, else full causal."""
+    return [LayerAttention(LAYER_SLIDING if sliding and sliding[i] else LAYER_FULL)
+            for i in range(n_layers)]
 
 
 def check_limits(hp: HParams) -> None:
@@ -339,8 +360,15 @@ class Planner(Protocol):
     def fused_experts(self, dst: str, gate_up: str, down: str, n_experts: int, d_ff: int,
                       d_model: int) -> None: ...
 
+    def expert_pieces(self, name: str, shape: tuple[int, ...],
+                      sources: Sequence[tuple[str, tuple[int, ...]]],
+                      make: Callable[..., np.ndarray], raw: bool = False,
+                      force_f32: bool = False) -> None: ...
+
     def derived(self, name: str, shape: tuple[int, ...], hf_name: str,
                 source_shape: tuple[int, ...], make: Callable[[np.ndarray], np.ndarray]) -> None: ...
+
+    def constant(self, name: str, values: np.ndarray) -> None: ...
 
     def problem(self, text: str) -> None: ...
 

@@ -27,14 +27,44 @@ from colibri.formats.gguf_file import GGUFFile
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 GPT2_REGEX = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+")
-# llama.cpp pre-tokenizer names -> split regex (None: GPT-2's, through ByteLevel's own regex).
-PRE_REGEX: dict[str, str | None] = {
+_LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?"
+                 r"[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama.cpp pre-tokenizer names -> split regex, or regexes applied in turn (each isolating its
+# matches), as llama-vocab.cpp has them (None: GPT-2's, through ByteLevel's own regex).
+PRE_REGEX: dict[str, str | tuple[str, ...] | None] = {
     "default": None, "gpt-2": None, "gpt2": None, "olmo": None, "starcoder": None,
     "qwen2": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
               r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
-    "llama-bpe": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?"
-                  r"[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+    "llama-bpe": _LLAMA3_REGEX,
+    "glm4": _LLAMA3_REGEX,  # GLM-4.5's
+    "deepseek-v3": (
+        '\\p{N}{1,3}',
+        '[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+',
+        '[!"#$%&\'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L'
+        '}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+'),
+    "deepseek-llm": (  # DeepSeek-V2's
+        '[\r\n]',
+        '\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af'
+        '\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1'
+        '\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-'
+        '\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15'
+        '\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d'
+        '\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb'
+        '\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d'
+        '\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e'
+        '\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-'
+        '\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17'
+        '\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-'
+        '\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-'
+        '\U0001e943]+',
+        '\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+',
+        '\\s+$',
+        '[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+',
+        '\\p{N}+'),
 }
+# Pre-tokenizers whose words found whole in the vocabulary are not merged further (llama.cpp's
+# ignore_merges, as their tokenizer.json files say).
+IGNORE_MERGES = ("llama-bpe", "glm4")
 
 
 class TokenizerError(ValueError):
@@ -154,8 +184,8 @@ def _bpe(f: GGUFFile, tokens: list[str], types: list[int], notes: list[str]) -> 
                                          "trim_offsets": True, "use_regex": True}
     else:
         pre_tokenizer = {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated",
-             "invert": False},
+            *({"type": "Split", "pattern": {"Regex": r}, "behavior": "Isolated",
+               "invert": False} for r in ((regex,) if isinstance(regex, str) else regex)),
             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
              "use_regex": False}]}
     return {
@@ -166,7 +196,7 @@ def _bpe(f: GGUFFile, tokens: list[str], types: list[int], notes: list[str]) -> 
                     "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None,
                   "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": pre == "llama-bpe",
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": pre in IGNORE_MERGES,
                   "vocab": _vocab(tokens), "merges": pairs},
     }
 

@@ -414,9 +414,9 @@ def import_path(path: str | os.PathLike[str]) -> str:
 
 def can_run(doc: ForeignDocument) -> bool:
     """A valid GGUF file of an architecture the engine runs."""
-    from colibri.convert_gguf import ARCHITECTURES
+    from colibri.convert_gguf import SUPPORTED_ARCHITECTURES
     f = doc.file
-    return (doc.format == "gguf" and f is not None and f.architecture in ARCHITECTURES
+    return (doc.format == "gguf" and f is not None and f.architecture in SUPPORTED_ARCHITECTURES
             and bool(f.get(f"{f.architecture}.expert_count")))
 
 

@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QFileDialo
 
 from colibri.errors import ColibriError
 from colibri.files import atomic_write_bytes
+from colibri.inspector.export import load_with_dialog, save_with_dialog
 from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tidy
 from colibri.inspector.prompt import NO_TOKENIZER, QtPromptEdit, placeholder, token_ids
 from colibri.inspector.tasks import Task, TaskRunner
@@ -570,17 +571,10 @@ class QtReferenceDiff(QWidget):
             self.hf_dir.setText(path)
 
     def _save_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save reference diff", "", "JSON (*.json)")
-        if path:
-            self.save_json(path)
+        save_with_dialog(self, "Save reference diff", self.save_json)
 
     def _load_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Load reference diff", "", "JSON (*.json)")
-        if path:
-            try:
-                self.load_json(path)
-            except (OSError, ValueError, KeyError) as exc:
-                self.status.setText(f"cannot load {path}: {exc}")
+        load_with_dialog(self, "Load reference diff", self.load_json, self.status.setText)
 
     def shutdown(self) -> None:
         """Cancel and join the worker (before the model is closed)."""

@@ -244,6 +244,14 @@ class Runner:
 # jitter report
 
 
+def cells_mask(cells: list[list[int]], shape: tuple[int, int]) -> np.ndarray:
+    """The [P][M] bool mask of a report's (position, layer) cell list (json_ints of argwhere)."""
+    m = np.zeros(shape, dtype=bool)
+    for p, layer in cells:
+        m[p, layer] = True
+    return m
+
+
 def json_ints(a: np.ndarray) -> list[Any]:
     """int arrays -> nested lists (the reports' JSON)."""
     return np.asarray(a).tolist()
@@ -511,13 +519,9 @@ class EpsilonRow:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], shape: tuple[int, int]) -> EpsilonRow:
-        def mask(cells: list[list[int]]) -> np.ndarray:
-            m = np.zeros(shape, dtype=bool)
-            for p, layer in cells:
-                m[p, layer] = True
-            return m
-        return cls(d["eps"], np.asarray(d["sets"], dtype=np.int32), mask(d["jitter_cells"]),
-                   dict(d["variant_flips"]), mask(d["bias_cells"]),
+        return cls(d["eps"], np.asarray(d["sets"], dtype=np.int32),
+                   cells_mask(d["jitter_cells"], shape),
+                   dict(d["variant_flips"]), cells_mask(d["bias_cells"], shape),
                    Downstream.from_dict(d["bias_downstream"]), d["jitter_max_abs"],
                    d["jitter_kl_max"], d["jitter_first_token_divergence"])
 

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from colibri.jitter.analysis import (Downstream, Run, Runner, from_json_floats, json_floats,
-                                     json_ints, margins, report_base)
+from colibri.jitter.analysis import (Downstream, Run, Runner, cells_mask, from_json_floats,
+                                     json_floats, json_ints, margins, report_base)
 from colibri.jitter.variants import Variant, parse_variants
 from colibri.margins import group_limits
 from colibri.values import CancelFlag, Progress, check_cancelled, never_cancelled, no_progress
@@ -117,15 +117,10 @@ class RemedyRow:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], shape: tuple[int, int]) -> RemedyRow:
-        def mask(cells: list[list[int]]) -> np.ndarray:
-            m = np.zeros(shape, dtype=bool)
-            for p, layer in cells:
-                m[p, layer] = True
-            return m
         r = d["remedy"]
         return cls(Remedy(r["routing"], r["epsilon"], r["cache_threshold"]),
-                   np.asarray(d["sets"], dtype=np.int32), mask(d["jitter_cells"]),
-                   dict(d["variant_flips"]), mask(d["changed_cells"]),
+                   np.asarray(d["sets"], dtype=np.int32), cells_mask(d["jitter_cells"], shape),
+                   dict(d["variant_flips"]), cells_mask(d["changed_cells"], shape),
                    Downstream.from_dict(d["downstream"]), d["experts_per_decision"], d["hits"],
                    d["lookups"], d["kept"], d["decisions"])
 

@@ -45,7 +45,7 @@ def convert_weights(model: Model, target: str, out_path: str | os.PathLike[str],
     infos = [model.routing(layer) for layer in range(hp.n_layers)]
     kinds = [ff.LAYER_MOE if info.kind == "moe" else ff.LAYER_DENSE for info in infos]
     rules = [ff.RouteRule.from_info(info) if info.kind == "moe" else None for info in infos]
-    attention = [info.attention for info in infos]
+    attention = [ff.LayerAttention.from_info(info) for info in infos]
     specs = []
     for info in model.tensors:
         dtype = _storage_dtype(info.name, len(info.shape), target)

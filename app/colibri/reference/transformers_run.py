@@ -6,7 +6,10 @@ transformers model class declares which of its modules records hidden states (th
 and which records router logits (the router, with the index of the logits in its output), in
 its `_can_record_outputs` table. Forward hooks on those modules read each layer's output (the
 residual stream after the layer) and each router's output (logits, weights, chosen experts) of
-one forward pass over the prompt, on the CPU, with eager attention and experts.
+one forward pass over the prompt, on the CPU, with eager attention and experts. A router that
+returns no choice is read by its rule: the choice its MoE block hands its experts (DBRX), else
+the top-k of what the rule ranks, weighted by the router's dense scores at them when it returns
+some (Llama 4's (scores, logits)).
 
 What a family's rule *ranks* (its selection score: sigmoid + correction bias for DeepSeek-V3,
 softmax through moe_statics for ERNIE) and the groups it keeps are the one family-specific
@@ -141,8 +144,10 @@ def shape_of(model: Any) -> tuple[int, int, int]:
 
 def _recorded(model: Any) -> tuple[type, type, int]:
     """(decoder layer class, router class, index of the logits in the router's output) as the
-    model class declares them."""
-    table = getattr(model, "_can_record_outputs", None) or {}
+    model class declares them: the causal LM or the text model inside it (Llama 4 declares them
+    on Llama4TextModel only)."""
+    tables = (getattr(m, "_can_record_outputs", None) or {} for m in model.modules())
+    table = next((t for t in tables if "hidden_states" in t and "router_logits" in t), {})
     layer, router = table.get("hidden_states"), table.get("router_logits")
     name = type(model).__name__
     if layer is None or router is None:
@@ -237,6 +242,10 @@ def run(model: Any, tokens: list[int], progress: Progress = no_progress,
                 k = int(getattr(module, "top_k", 1))
                 ids = torch.topk(sel, k, dim=-1)[1]
                 weights = torch.full(ids.shape, float("nan"))
+                dense = [o for i, o in enumerate(outs) if i != logits_index
+                         and isinstance(o, torch.Tensor) and o.numel() == logits.numel()]
+                if len(outs) == 2 and dense:  # Llama 4's scores: [T, E], 0 off the chosen
+                    weights = dense[0].detach().float().reshape(T, -1).gather(1, ids)
             logits_rows.append(logits)
             ids_rows.append(ids.long())
             weight_rows.append(weights)

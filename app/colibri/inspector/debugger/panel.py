@@ -5,8 +5,8 @@
     ...
     panel.shutdown()                # before the model is closed
 
-Layout: run panel and breakpoints (left), event browser and token view (centre), routing map
-and latency (right, tabs), a navigation bar on top. The engine runs on `DebuggerController`'s
+Layout: run panel and breakpoints (left), event browser and token view (centre), routing map,
+latency, and the interventions with the counterfactual (right, tabs), a navigation bar on top. The engine runs on `DebuggerController`'s
 thread; snapshots arrive by signal and are painted on a 30 Hz timer (only the visible tab).
 
 Shortcuts (active while focus is inside the panel; RenderDoc / IDE conventions):
@@ -19,6 +19,7 @@ Shortcuts (active while focus is inside the panel; RenderDoc / IDE conventions):
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -30,14 +31,16 @@ from colibri.debugging.anatomy import RuleBook
 from colibri.debugging.events import Event, EventList
 from colibri.debugging.run import token_piece
 from colibri.debugging.session_file import SUFFIX, SavedSession, load_session, save_session
-from colibri.debugging.trace_export import write_chrome_trace, write_routing_csv
 from colibri.debugging.stats import cache_summary
+from colibri.debugging.trace_export import write_chrome_trace, write_routing_csv
+from colibri.inspector.debugger.interventions_view import QtCounterfactualView, QtInterventionList
 from colibri.inspector.debugger.run_panel import QtRunPanel
 from colibri.inspector.debugger.views import (QtBreakpointList, QtEventList, QtLatencyView,
                                               QtRoutingHeatmap, QtTokenView)
 from colibri.inspector.debugger.worker import DebuggerController, DebuggerSnapshot
 from colibri.inspector.prompt import example_prompt
 from colibri.inspector.refdiff import QtReferenceDiffDialog
+from colibri.interventions import Intervention
 
 REPAINT_MS = 33
 
@@ -62,13 +65,21 @@ class QtDebuggerPanel(QWidget):
                                              autosave_path=autosave_path)
         self.run_panel = QtRunPanel(self)
         self.breakpoint_view = QtBreakpointList(self)
+        self.intervention_view = QtInterventionList(self)
         self.event_list = QtEventList(self)
         self.token_view = QtTokenView(self)
         self.routing_map = QtRoutingHeatmap(self)
         self.latency = QtLatencyView(self)
+        self.counterfactual_view = QtCounterfactualView(self)
+        # the list and what applying it changed, in one tab
+        self.intervention_tab = QWidget(self)
+        box = QVBoxLayout(self.intervention_tab)
+        box.addWidget(self.intervention_view)
+        box.addWidget(self.counterfactual_view, 1)
         self.tabs = QTabWidget(self)
         self.tabs.addTab(self.routing_map, "Routing map")
         self.tabs.addTab(self.latency, "Latency")
+        self.tabs.addTab(self.intervention_tab, "Interventions")
 
         self.find_box = QLineEdit(self)
         self.find_box.setPlaceholderText("find: expert N, pos N, or token text")
@@ -143,6 +154,9 @@ class QtDebuggerPanel(QWidget):
         rp.sig_step_layer.connect(self.step_layer)
         self.event_list.sig_event_selected.connect(self.select_event)
         self.routing_map.sig_cell_selected.connect(self._cell_selected)
+        self.counterfactual_view.sig_decision_selected.connect(self._cell_selected)
+        self.intervention_view.sig_apply.connect(self.apply_interventions)
+        self._applying = False
         self.tabs.currentChanged.connect(lambda _i: self._repaint())
         self.find_box.returnPressed.connect(self.find_next)
         self._shortcuts()
@@ -151,7 +165,8 @@ class QtDebuggerPanel(QWidget):
         for label in (self.status, self.run_panel.status, self.token_view.title,
                       self.token_view.rule, self.token_view.bias_flag,
                       self.token_view.details, self.routing_map.balance,
-                      self.routing_map.hover, self.latency.summary):
+                      self.routing_map.hover, self.latency.summary,
+                      self.intervention_view.message, self.counterfactual_view.summary):
             label.setWordWrap(True)
             label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
 
@@ -188,6 +203,7 @@ class QtDebuggerPanel(QWidget):
             self.run_panel.set_tokenizer(tokenize)
         if model is not None:
             self.run_panel.set_n_experts(model.hparams.n_experts)
+            self.run_panel.set_d_model(model.hparams.d_model)
         if model is not None and not self.run_panel.prompt.text():
             self.run_panel.prompt.setText(example_prompt(model))
         self._set_status(f"model {os.path.basename(model.path)}" if model is not None
@@ -200,6 +216,9 @@ class QtDebuggerPanel(QWidget):
         self.saved = None
         self.token_view.set_rules(self._rules)
         self._run_after_start = run
+        # a new run applies the interventions as listed
+        settings = replace(settings, interventions=tuple(self.intervention_view.items))
+        self.intervention_view.applied = settings.interventions
         self.controller.start(self.model, settings)
 
     def _started(self, snap: DebuggerSnapshot) -> None:
@@ -217,6 +236,25 @@ class QtDebuggerPanel(QWidget):
             self.start_run(settings)
             return
         self.controller.run(list(self.breakpoint_view.breakpoints))
+
+    def apply_interventions(self, interventions: list[Intervention]) -> None:
+        """Run under `interventions`: on the worker, what they change is computed again and
+        compared with the run as it was (the Counterfactual tab); without a run, a new one
+        starts under them."""
+        if self.saved is not None or self.controller.worker.debugger is None:
+            if self.model is None:
+                return
+            try:
+                settings = self.run_panel.settings()
+            except ValueError as exc:
+                self._set_status(f"cannot start: {exc}")
+                return
+            self.intervention_view.items = list(interventions)
+            self.start_run(settings, run=False)
+            return
+        self._applying = True
+        self._set_status(f"applying {len(interventions)} intervention(s)...")
+        self.controller.set_interventions(interventions)
 
     def step_token(self) -> None:
         self._ensure_session(self.controller.step_token)
@@ -259,16 +297,30 @@ class QtDebuggerPanel(QWidget):
         self.saved = None  # live data replaces a saved session on view
         self.snapshot = snap
         state = "running" if snap.running else (snap.stop_reason or "ready")
+        if snap.layers_done is not None and not snap.running:
+            state = f"paused after layer {snap.layers_done - 1} of position {snap.record.n_positions}"
         caching = cache_summary(snap.record).describe()
         self.run_panel.set_status(f"{snap.record.n_positions}/{snap.settings.n_positions} "
                                   f"positions, {state} ({snap.kernels} kernels); generated: "
                                   f"{snap.generated_text!r}" + (f"; {caching}" if caching else ""))
+        self.intervention_view.set_applied(snap.interventions)
+        self.counterfactual_view.set_counterfactual(snap.counterfactual, self._token_label)
         self.selected = snap.cursor
         if not self._timer.isActive():
             self._timer.start()
 
     def _run_finished(self, snap: DebuggerSnapshot) -> None:
         self._snapshot(snap)
+        if self._applying:
+            self._applying = False
+            cf = snap.counterfactual
+            self._set_status(f"applied {len(snap.interventions)} intervention(s)" + (
+                f"; counterfactual from position {cf.from_position} in the Interventions tab"
+                if cf is not None and cf.interventions == snap.interventions else
+                "; no position computed so far changed"))
+            if cf is not None:
+                self.tabs.setCurrentWidget(self.intervention_tab)
+            return
         r = snap.result
         if r is not None and r.reason == "breakpoint" and r.event is not None:
             self._set_status(f"breakpoint: {r.breakpoint.describe() if r.breakpoint else ''} "
@@ -279,6 +331,13 @@ class QtDebuggerPanel(QWidget):
 
     def _failed(self, message: str) -> None:
         self._set_status(f"error: {message.splitlines()[0]}")
+        if self._applying:
+            self._applying = False
+            self.intervention_view.show_error(message.splitlines()[0])
+
+    def _token_label(self, token: int) -> str:
+        tok = self.model.tokenizer if self.model is not None else None
+        return token_piece(tok, token) if tok is not None else str(token)
 
     @property
     def events(self) -> EventList | None:
@@ -286,12 +345,25 @@ class QtDebuggerPanel(QWidget):
             return self._saved_events
         return self.snapshot.events if self.snapshot is not None else None
 
+    @property
+    def pending(self) -> tuple[Event, ...]:
+        """The decisions of the position in progress (the run paused between its layers)."""
+        return self.snapshot.pending if self.saved is None and self.snapshot is not None else ()
+
+    def event_at(self, index: int | None) -> Event | None:
+        events = self.events
+        if events is None or index is None:
+            return None
+        if 0 <= index < len(events):
+            return events[index]
+        return next((e for e in self.pending if e.index == index), None)
+
     def _repaint(self) -> None:
         events, cursor = self.events, self.selected
-        self.event_list.set_events(events, cursor)
-        event = events[cursor] if events is not None and cursor is not None and \
-            cursor < len(events) else None
+        self.event_list.set_events(events, cursor, self.pending)
+        event = self.event_at(cursor)
         self.token_view.set_event(event)
+        self.intervention_view.set_event(event)
         current = self.tabs.currentWidget()
         if current is self.routing_map:
             self.routing_map.set_events(events, cursor)
@@ -305,14 +377,14 @@ class QtDebuggerPanel(QWidget):
     # -- navigation -----------------------------------------------------------------------------
 
     def select_event(self, index: int) -> Event | None:
-        events = self.events
-        if events is None or not 0 <= index < len(events):
+        event = self.event_at(index)
+        if event is None:
             return None
         self.selected = index
         if self.saved is None and not self.controller.running:
             self.controller.go_to(index)  # the debugger's cursor follows (Continue resumes here)
         self._repaint()
-        return events[index]
+        return event
 
     def show_router_weights(self) -> None:
         """Jump from the selected routing decision to its layer's router weight rows."""
@@ -323,7 +395,7 @@ class QtDebuggerPanel(QWidget):
         self.sig_show_router_weights.emit(int(events[self.selected].layer))
 
     def _cell_selected(self, position: int, moe_index: int) -> None:
-        if self.events is not None:
+        if self.events is not None and position < self.events.n_positions:
             self.select_event(self.events.index_of(position, moe_index))
 
     def _go(self, event: Event | None, what: str) -> None:
@@ -402,7 +474,8 @@ class QtDebuggerPanel(QWidget):
                 "vocab_size": m.hparams.vocab_size, "sha256": None}
         return SavedSession(info, snap.settings, snap.record, list(snap.generated),
                             snap.finished, snap.stop_reason, self.selected,
-                            sorted(snap.events.bookmarks), self.breakpoint_view.breakpoints)
+                            sorted(snap.events.bookmarks), self.breakpoint_view.breakpoints,
+                            counterfactual=snap.counterfactual)
 
     def save_session(self, path: str) -> None:
         session = self.current_session()
@@ -420,6 +493,9 @@ class QtDebuggerPanel(QWidget):
         self._saved_events = saved.events()
         self.selected = saved.cursor
         self.breakpoint_view.set_breakpoints(saved.breakpoints)
+        self.intervention_view.items = list(saved.settings.interventions)
+        self.intervention_view.set_applied(saved.settings.interventions)
+        self.counterfactual_view.set_counterfactual(saved.counterfactual, self._token_label)
         if saved.analyses:
             self.sig_analyses_loaded.emit(saved.analyses)
         same_model = self.model is not None and saved.model_matches(self.model.path)

@@ -1,18 +1,26 @@
 """`QtRunPanel`: what to run (prompt, its tokenisation, decoding, routing, expert caching,
 threads, kernel path) and the run/step buttons. It only builds `RunSettings` and emits commands;
-it never touches the engine."""
+it never runs the engine. The prompt is text, token ids, or embedding rows read from a .npy file
+(Rows...: float32 [positions, hidden], fed instead of the token lookup, as `colibri run
+--embedding`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QGridLayout,
+import os
+
+import numpy as np
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGridLayout,
                                QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout,
                                QWidget)
 
+from colibri.engine import load_embeddings
+from colibri.errors import ColibriValueError
 from colibri.inspector.prompt import (NO_TOKENIZER, QtPromptEdit, QtTokenPieces, placeholder,
                                       token_ids)
+from colibri.tokens import EMBEDDING_TEXT
 from colibri.values import DECODINGS, KERNEL_PATHS, ROUTING_MODES, RunSettings
 
 Tokenize = Callable[[str], list[tuple[int, str]]]
@@ -35,6 +43,13 @@ class QtRunPanel(QWidget):
         self.prompt.setPlaceholderText(placeholder(False))
         self.pieces = QtTokenPieces(self)
         self.pieces.setObjectName("debuggerPromptPieces")
+        self.rows_button = QPushButton("Rows...", self)
+        self.rows_button.setToolTip("feed the prompt as embedding rows: a .npy of float32 "
+                                    "[positions, hidden] fed instead of the token embedding "
+                                    "lookup (as colibri run --embedding)")
+        self.embeddings: np.ndarray | None = None   # the rows in use, or None (a text prompt)
+        self._d_model = 0
+        self._text_before = ""
         self.max_new = QSpinBox(self)
         self.max_new.setRange(0, 100000)
         self.max_new.setValue(16)
@@ -70,7 +85,12 @@ class QtRunPanel(QWidget):
                                 "differ, so near-tie routing can)")
 
         form = QFormLayout()
-        form.addRow("Prompt", self.prompt)
+        prompt_row = QHBoxLayout()   # the rows button beside the prompt keeps the form's height
+        prompt_row.addWidget(self.prompt, 1)
+        # its size hint is a pixel below what its text needs in some styles
+        self.rows_button.setMinimumHeight(self.rows_button.minimumSizeHint().height())
+        prompt_row.addWidget(self.rows_button, 0, Qt.AlignmentFlag.AlignTop)
+        form.addRow("Prompt", prompt_row)
         form.addRow("Tokens", self.pieces)
         form.addRow("Max new tokens", self.max_new)
         form.addRow("Decoding", self.decoding)
@@ -110,6 +130,7 @@ class QtRunPanel(QWidget):
         layout.addWidget(self.status)
 
         self.prompt.textChanged.connect(self._update_pieces)
+        self.rows_button.clicked.connect(self._rows_clicked)
         self.routing.currentTextChanged.connect(self._routing_changed)
         self._routing_changed(self.routing.currentText())
         self.buttons["run"].clicked.connect(self._run)
@@ -128,8 +149,10 @@ class QtRunPanel(QWidget):
         self._update_pieces()
 
     def prompt_tokens(self) -> list[tuple[int, str]]:
-        """(id, piece) of each prompt token (see colibri.inspector.prompt); raises ValueError
-        for prompt text on a model without a tokenizer."""
+        """(id, piece) of each prompt token (see colibri.inspector.prompt; -1 per embedding row);
+        raises ValueError for prompt text on a model without a tokenizer."""
+        if self.embeddings is not None:
+            return [(-1, EMBEDDING_TEXT)] * int(self.embeddings.shape[0])
         text = self.prompt.text()
         ids = token_ids(text)
         if ids is not None:
@@ -141,6 +164,9 @@ class QtRunPanel(QWidget):
         return self._tokenize(text)
 
     def _update_pieces(self) -> None:
+        if self.embeddings is not None:
+            self.pieces.setText(f"{EMBEDDING_TEXT} x {self.embeddings.shape[0]}")
+            return
         try:
             pieces = self.prompt_tokens()
         except ValueError as exc:
@@ -155,6 +181,51 @@ class QtRunPanel(QWidget):
     def set_n_experts(self, n: int) -> None:
         """The open model's experts per layer: the most an expert cache can hold."""
         self.expert_cache.setMaximum(max(n, 0))
+
+    def set_d_model(self, d_model: int) -> None:
+        """The open model's hidden size: the width embedding rows must have (rows of another
+        width are dropped, back to the text prompt)."""
+        self._d_model = int(d_model)
+        if self.embeddings is not None and self.embeddings.shape[1] != self._d_model:
+            self.set_embeddings(None)
+            self.status.setText(f"the embedding rows do not fit this model's hidden size "
+                                f"{self._d_model}: back to the text prompt")
+
+    def load_rows(self, path: str) -> bool:
+        """Use the rows of the .npy file at `path` as the prompt; a file that cannot be used is
+        told in the status line (naming the file and why). True when the rows are in use."""
+        try:
+            rows = load_embeddings(path, self._d_model)
+        except ColibriValueError as exc:
+            self.status.setText(f"cannot use the rows: {exc.message}")
+            return False
+        self.set_embeddings(rows, os.path.basename(path))
+        return True
+
+    def set_embeddings(self, rows: np.ndarray | None, name: str = "") -> None:
+        """Embedding rows as the prompt (the text field shows what they are and is read-only),
+        or None: the text prompt as it was before."""
+        if rows is not None and self.embeddings is None:
+            self._text_before = self.prompt.text()
+        was_rows = self.embeddings is not None
+        self.embeddings = rows
+        self.prompt.setReadOnly(rows is not None)
+        self.rows_button.setText("Text" if rows is not None else "Rows...")
+        if rows is not None:
+            source = f" from {name}" if name else ""
+            self.prompt.setText(f"[{rows.shape[0]} embedding rows{source}]")
+        elif was_rows:
+            self.prompt.setText(self._text_before)
+        self._update_pieces()
+
+    def _rows_clicked(self) -> None:
+        if self.embeddings is not None:
+            self.set_embeddings(None)
+            return
+        path, _ = QFileDialog.getOpenFileName(self, "Embedding rows", "",
+                                              "NumPy arrays (*.npy);;All (*)")
+        if path:
+            self.load_rows(path)
 
     def settings(self) -> RunSettings:
         """The RunSettings the form describes; raises ValueError naming what is wrong."""
@@ -175,10 +246,13 @@ class QtRunPanel(QWidget):
                            self.temperature.value(), routing, epsilon,
                            self.threads.value(),
                            None if self.kernels.currentIndex() == 0 else self.kernels.currentText(),
-                           threshold, self.expert_cache.value())
+                           threshold, self.expert_cache.value(),
+                           prompt_embeddings=self.embeddings)
 
     def set_settings(self, s: RunSettings, prompt_text: str) -> None:
-        self.prompt.setText(prompt_text)
+        self.set_embeddings(s.prompt_embeddings)
+        if s.prompt_embeddings is None:
+            self.prompt.setText(prompt_text)
         self.max_new.setValue(s.max_new_tokens)
         self.decoding.setCurrentText(s.decoding)
         self.seed.setValue(int(s.seed))

@@ -18,7 +18,8 @@
   * `QtLatencyView`    - a `LatencySeries`: token time per position with rolling p50/p95/p99,
                          tokens per second, and the current position's layers split by phase
                          (plus "other": layer time no phase covers - norms, dense MLP).
-  * `QtBreakpointList` - a `BreakpointList`: checkable entries, add and remove.
+  * `QtBreakpointList` - a `BreakpointList`: checkable entries, add and remove, stop or
+                         forbid-and-continue at a hit.
 None recomputes routing: they read the record, the event list's derived arrays, `stats` and
 the anatomy (`colibri.debugging.anatomy`, whose scores the engine computes).
 """
@@ -31,11 +32,11 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
-from PySide6.QtGui import QBrush, QColor
+from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QGridLayout,
                                QHBoxLayout, QHeaderView, QLabel, QListWidget, QListWidgetItem,
-                               QPushButton, QSpinBox, QSplitter, QTableView, QTabWidget,
-                               QTextBrowser, QVBoxLayout, QWidget)
+                               QMenu, QPushButton, QSpinBox, QSplitter, QTableView, QTabWidget,
+                               QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
 from colibri.debugging.anatomy import Anatomy, RuleBook, anatomy
 from colibri.debugging.breakpoints import (AtPosition, BiasChanged, Breakpoint, BreakpointList,
@@ -72,26 +73,29 @@ def expert_colours(n: int) -> np.ndarray:
 
 
 class EventTableModel(QAbstractTableModel):
-    """A lazy table over an EventList snapshot: rows are built only when painted."""
+    """A lazy table over an EventList snapshot: rows are built only when painted. The decisions
+    of a position in progress (the run paused between its layers) follow, in italics."""
 
     COLUMNS = ("#", "pos", "token", "layer", "experts", "weights", "margin", "ULPs", "change",
-               "cache")
+               "cache", "edit")
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
         self.events: EventList | None = None
+        self.pending: tuple[Event, ...] = ()
         self.cursor: int | None = None
         self._n = 0
 
-    def set_events(self, events: EventList | None, cursor: int | None) -> None:
-        n = len(events) if events is not None else 0
-        if events is None or n < self._n or self.events is None:
+    def set_events(self, events: EventList | None, cursor: int | None,
+                   pending: tuple[Event, ...] = ()) -> None:
+        n = (len(events) + len(pending)) if events is not None else 0
+        if events is None or n < self._n or self.events is None or self.pending:
             self.beginResetModel()
-            self.events, self._n, self.cursor = events, n, cursor
+            self.events, self.pending, self._n, self.cursor = events, tuple(pending), n, cursor
             self.endResetModel()
             return
         old_cursor = self.cursor
-        self.events, self.cursor = events, cursor
+        self.events, self.pending, self.cursor = events, tuple(pending), cursor
         if n > self._n:  # append rows: views keep their scroll position and selection
             self.beginInsertRows(QModelIndex(), self._n, n - 1)
             self._n = n
@@ -116,19 +120,26 @@ class EventTableModel(QAbstractTableModel):
         if not index.isValid() or self.events is None or not 0 <= index.row() < self._n:
             return None
         row, col = index.row(), index.column()
+        in_progress = row >= len(self.events)
         if role == Qt.ItemDataRole.BackgroundRole:
             return QBrush(_CURRENT) if row == self.cursor else None
+        if role == Qt.ItemDataRole.FontRole and in_progress:
+            font = QFont()
+            font.setItalic(True)
+            return font
         if role not in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.ToolTipRole):
             return None
-        e = self.events[row]
+        e = self.pending[row - len(self.events)] if in_progress else self.events[row]
         if role == Qt.ItemDataRole.ToolTipRole:
-            return e.label()
+            edits = f"; interventions: {', '.join(e.intervention_kinds)}" if e.intervened else ""
+            return e.label() + (" (position in progress)" if in_progress else "") + edits
         star = "\u2605" if row in self.events.bookmarks else ""
         values = (f"{star}{e.index}", e.position, e.token_text, e.layer,
                   " ".join(map(str, e.expert_ids)),
                   " ".join(f"{w:.2f}" for w in e.expert_weights),
                   f"{e.margin:.3g}", "" if e.margin_ulps is None else str(e.margin_ulps),
-                  "\u21c4" if e.routing_changed else "", cache_cell(e))
+                  "\u21c4" if e.routing_changed else "", cache_cell(e),
+                  "+".join(e.intervention_kinds))
         return values[col]
 
 
@@ -160,7 +171,7 @@ class QtEventList(QWidget):
         metrics = self.table.fontMetrics()
         for column, sample in enumerate(("999\u2605", "999", "'tok_'", "99", "7 7",
                                          "0.99 0.99", "2.38e-07", "12345678", "\u21c4",
-                                         "kept 2/2 hit")):
+                                         "kept 2/2 hit", "forbid")):
             name = EventTableModel.COLUMNS[column]
             width = max(metrics.horizontalAdvance(sample), metrics.horizontalAdvance(name))
             self.table.setColumnWidth(column, width + 10)
@@ -171,8 +182,9 @@ class QtEventList(QWidget):
         self.table.clicked.connect(lambda ix: self.sig_event_selected.emit(ix.row()))
         self.table.activated.connect(lambda ix: self.sig_event_selected.emit(ix.row()))
 
-    def set_events(self, events: EventList | None, cursor: int | None) -> None:
-        self.model.set_events(events, cursor)
+    def set_events(self, events: EventList | None, cursor: int | None,
+                   pending: tuple[Event, ...] = ()) -> None:
+        self.model.set_events(events, cursor, pending)
         if cursor is not None and self.follow and cursor < self.model.rowCount():
             self.table.scrollTo(self.model.index(cursor, 0))
 
@@ -356,6 +368,8 @@ class QtTokenView(QWidget):
             flags.append("routing changed vs previous position")
         if e.nonfinite:
             flags.append("NaN/Inf")
+        if e.intervened:
+            flags.append(f"made under intervention: {', '.join(e.intervention_kinds)}")
         groups = (f"   kept groups {[g for g in e.chosen_groups if g >= 0]}"
                   if e.chosen_groups else "")
         caching = caching_text(e)
@@ -670,7 +684,18 @@ class QtBreakpointList(QWidget):
         self.threshold.setValue(0.01)
         self.position = QSpinBox(self)
         self.position.setRange(0, 10**7)
-        add, remove = QPushButton("Add", self), QPushButton("Remove", self)
+        # Add stops at a hit; its menu's other entry adds a breakpoint that forbids and goes on
+        add = QToolButton(self)
+        add.setText("Add")
+        add.setToolTip("add a breakpoint that stops at a hit; the arrow: one that forbids the "
+                       "expert at the hit (its first choice for kinds about no expert) and goes on")
+        add.setPopupMode(QToolButton.ToolButtonPopupMode.MenuButtonPopup)
+        menu = QMenu(add)
+        menu.addAction("Add: stop at a hit", lambda: self.add_from_form("stop"))
+        menu.addAction("Add: forbid it and continue", lambda: self.add_from_form("forbid"))
+        add.setMenu(menu)
+        self.add_button = add
+        remove = QPushButton("Remove", self)
         # a grid of short rows, so the breakpoint form does not set the debugger's minimum width
         form = QGridLayout()
         for row, cells in enumerate(((self.kind, None, add, remove),
@@ -684,19 +709,21 @@ class QtBreakpointList(QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.list)
-        add.clicked.connect(self.add_from_form)
+        add.clicked.connect(lambda: self.add_from_form("stop"))
         remove.clicked.connect(self.remove_selected)
         self.list.itemChanged.connect(self._item_changed)
 
-    def form_breakpoint(self) -> Breakpoint:
+    def form_breakpoint(self, action: str = "stop") -> Breakpoint:
+        """The form's breakpoint; `action` one of colibri.debugging.breakpoints.ACTIONS."""
         layer = None if self.layer.value() < 0 else self.layer.value()
-        return [ExpertChosen(self.expert.value(), layer), MarginBelow(self.threshold.value(),
-                                                                      layer),
-                NonFinite(), AtPosition(self.position.value()),
-                BiasChanged(layer), CacheKept(layer), CacheMiss(layer)][self.kind.currentIndex()]
+        return [ExpertChosen(self.expert.value(), layer, action=action),
+                MarginBelow(self.threshold.value(), layer, action=action),
+                NonFinite(action=action), AtPosition(self.position.value(), action=action),
+                BiasChanged(layer, action=action), CacheKept(layer, action=action),
+                CacheMiss(layer, action=action)][self.kind.currentIndex()]
 
-    def add_from_form(self) -> None:
-        self.add(self.form_breakpoint())
+    def add_from_form(self, action: str = "stop") -> None:
+        self.add(self.form_breakpoint(action))
 
     def add(self, bp: Breakpoint) -> None:
         self.breakpoints.add(bp)

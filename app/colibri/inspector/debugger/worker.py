@@ -22,9 +22,11 @@ from typing import Any
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from colibri.debugging.breakpoints import Breakpoint, BreakpointList
-from colibri.debugging.events import EventList
+from colibri.debugging.counterfactual import Counterfactual
+from colibri.debugging.events import Event, EventList
 from colibri.debugging.run import Debugger, RoutingRecord, RunResult
 from colibri.debugging.session_file import Autosaver
+from colibri.interventions import Intervention
 from colibri.values import RunSettings
 
 UPDATE_INTERVAL_S = 0.05
@@ -46,6 +48,22 @@ class DebuggerSnapshot:
     result: RunResult | None = None
     prompt_pieces: tuple[tuple[int, str], ...] = field(default=())
     kernels: str = ""                       # the kernel path the session runs
+    # the position in progress when the run pauses between layers: its decisions so far
+    pending: tuple[Event, ...] = ()
+    layers_done: int | None = None          # its model layers run
+    counterfactual: Counterfactual | None = None
+
+    @property
+    def interventions(self) -> tuple[Intervention, ...]:
+        return self.settings.interventions
+
+    def event(self, index: int | None) -> Event | None:
+        """The event at `index`: a computed one, or one of the position in progress."""
+        if index is None:
+            return None
+        if 0 <= index < len(self.events):
+            return self.events[index]
+        return next((e for e in self.pending if e.index == index), None)
 
 
 class DebuggerWorker(QObject):
@@ -71,7 +89,8 @@ class DebuggerWorker(QObject):
         return DebuggerSnapshot(dbg.settings, record, dbg.events.snapshot(record), dbg.cursor,
                                 tuple(dbg.generated), dbg.generated_text(), dbg.finished,
                                 dbg.stop_reason, running, result, tuple(dbg.prompt_pieces()),
-                                dbg.kernels)
+                                dbg.kernels, tuple(dbg.pending_events()), dbg.layers_done,
+                                dbg.counterfactual)
 
     @Slot(object, object)
     def start(self, model: Any, settings: RunSettings) -> None:
@@ -113,6 +132,24 @@ class DebuggerWorker(QObject):
                                  f"{traceback.format_exc(limit=4)}")
             return
         self.sig_run_finished.emit(self.snapshot(False, result))
+
+    @Slot(object)
+    def set_interventions(self, interventions: list[Intervention]) -> None:
+        """Run under `interventions` from now on; what they change is computed again (Pause and
+        Stop end that early) and compared with the run as it was."""
+        dbg = self.debugger
+        if dbg is None:
+            self.sig_failed.emit("no debugging session: start a run first")
+            return
+        try:
+            dbg.set_interventions(interventions)
+            dbg.clear_requests()   # a pause or stop ended the recomputation: it is honoured
+            if self._autosaver is not None:
+                self._autosaver.flush(dbg)
+        except Exception as exc:  # a refused spec names its field
+            self.sig_failed.emit(f"{type(exc).__name__}: {exc}")
+            return
+        self.sig_run_finished.emit(self.snapshot(False))
 
     @Slot()
     def step_token(self) -> None:
@@ -160,6 +197,7 @@ class DebuggerController(QObject):
     _sig_step_token = Signal()
     _sig_step_layer = Signal()
     _sig_go_to = Signal(int)
+    _sig_interventions = Signal(object)
     _sig_close = Signal()
 
     def __init__(self, parent: QObject | None = None, step_delay_s: float = 0.0,
@@ -175,6 +213,7 @@ class DebuggerController(QObject):
         self._sig_step_token.connect(self.worker.step_token)
         self._sig_step_layer.connect(self.worker.step_layer)
         self._sig_go_to.connect(self.worker.go_to)
+        self._sig_interventions.connect(self.worker.set_interventions)
         self._sig_close.connect(self.worker.close)
         self.worker.sig_started.connect(self.sig_started)
         self.worker.sig_position_done.connect(self.sig_position_done)
@@ -216,6 +255,14 @@ class DebuggerController(QObject):
 
     def go_to(self, index: int) -> None:
         self._sig_go_to.emit(index)
+
+    def set_interventions(self, interventions: list[Intervention]) -> None:
+        """Apply interventions on the worker (a recomputation: Pause and Stop end it early)."""
+        dbg = self.worker.debugger
+        if dbg is not None:
+            dbg.clear_pause()
+        self._set_running(True)
+        self._sig_interventions.emit(list(interventions))
 
     def pause(self) -> None:
         dbg = self.worker.debugger

@@ -20,11 +20,12 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QFileDialog, QGridLayout, QHBoxLayout, QLabel, QLineEdit,
-                               QProgressBar, QPushButton, QSizePolicy, QSpinBox, QTabWidget,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QGridLayout, QHBoxLayout, QLabel, QLineEdit, QProgressBar,
+                               QPushButton, QSizePolicy, QSpinBox, QTabWidget, QVBoxLayout,
+                               QWidget)
 
 from colibri.files import atomic_write_bytes
+from colibri.inspector.export import load_with_dialog, save_with_dialog
 from colibri.inspector.jitter.views import (QtCellLogits, QtEpsilonCurve, QtFlipsVsMargin,
                                             QtJitterHeatmap, QtMarginHeatmap, QtRemedies,
                                             QtRoutingAB)
@@ -350,17 +351,10 @@ class QtJitterLab(QWidget):
         atomic_write_bytes(path, data)
 
     def _save_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save jitter results", "", "JSON (*.json)")
-        if path:
-            self.save_json(path)
+        save_with_dialog(self, "Save jitter results", self.save_json)
 
     def _load_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Load jitter results", "", "JSON (*.json)")
-        if path:
-            try:
-                self.load_json(path)
-            except (OSError, ValueError, KeyError) as exc:
-                self.status.setText(f"cannot load {path}: {exc}")
+        load_with_dialog(self, "Load jitter results", self.load_json, self.status.setText)
 
     def shutdown(self) -> None:
         """Cancel and join the worker (call before closing the window)."""
