@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 10  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 11  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
@@ -46,7 +46,7 @@ extern "C" {
                                 the residual-stream scales); 9: GPT-OSS's and Llama 4's fields in
                                 col_hparams (attention_chunk_size) and col_routing_info; 10:
                                 interventions, col_session_truncate, layer stepping (col_trace_view
-                                grew; col_session_begin_embedding) */
+                                grew; col_session_begin_embedding); 11: COL_REDUCTION_BF16_DOT */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -391,7 +391,7 @@ typedef enum col_reduction {
     COL_REDUCTION_SEQUENTIAL = 1,  /* one accumulator, left to right */
     COL_REDUCTION_PAIRWISE = 2,    /* recursive halving: sum(left half) + sum(right half), leaves of 8 */
     COL_REDUCTION_BLOCKED = 3,     /* element i into lane i % lanes, lanes summed pairwise */
-    COL_REDUCTION_BF16_DOT = 4     /* bf16 weights by bf16 dot products, the activations rounded to
+    COL_REDUCTION_BF16_DOT = 4     /* (since ABI 11) bf16 weights by bf16 dot products, the activations rounded to
                                     * bf16 for them, pairs added as AVX512-BF16's vdpbf16ps adds
                                     * them (faster where the CPU has it; the same bits elsewhere);
                                     * other weights as the default; no fma or split */
