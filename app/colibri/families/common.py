@@ -18,8 +18,9 @@ import numpy as np
 
 from colibri.fileformat import (
     ATTENTION_MLA, FLAG_O_BIAS, FLAG_OUTPUT_BIAS, FLAG_QK_NORM_FULL, FLAG_QK_NORM_HEAD,
-    FLAG_QKV_BIAS, FLAG_TIED_EMBEDDINGS, LAYER_FULL, LAYER_SLIDING, NORM_KIND_LAYER_BIAS,
-    ROPE_DEFAULT, ROPE_LINEAR, ROPE_LLAMA3, ROPE_YARN, LayerAttention, RouteRule,
+    FLAG_QKV_BIAS, FLAG_TIED_EMBEDDINGS, LAYER_FULL, LAYER_MOE, LAYER_SLIDING,
+    NORM_KIND_LAYER_BIAS, ROPE_DEFAULT, ROPE_LINEAR, ROPE_LLAMA3, ROPE_YARN, SHARED_NONE,
+    LayerAttention, RouteRule,
 )
 from colibri.values import HParams
 
@@ -466,6 +467,41 @@ def dense_mlp(p: Planner, a: Architecture, layer: int, src: str | None = None) -
     p.single(f"{dst}.mlp_w1", f"{src}.gate_proj.weight", (D, H))
     p.single(f"{dst}.mlp_w2", f"{src}.down_proj.weight", (H, D))
     p.single(f"{dst}.mlp_w3", f"{src}.up_proj.weight", (D, H))
+
+
+def router(p: Planner, a: Architecture, layer: int, hf_name: str) -> None:
+    """moe_gate [n_experts, d_model], kept in f32 whatever the checkpoint's dtype."""
+    p.single(f"layers.{layer}.moe_gate", hf_name, (a.hp.n_experts, a.hp.d_model), force_f32=True)
+
+
+def layer_start(p: Planner, a: Architecture, layer: int,
+                attention: Callable[[Planner, Architecture, int], None] = gqa_attention
+                ) -> str | None:
+    """Where a `model.layers.L` layer's tensors start: its norms, its attention and, on a dense
+    layer, its MLP. Returns the MoE block's prefix `model.layers.L.mlp`, or None on a dense layer
+    (nothing more to plan)."""
+    norms(p, a, layer)
+    attention(p, a, layer)
+    if a.kinds[layer] != LAYER_MOE:
+        dense_mlp(p, a, layer)
+        return None
+    return f"model.layers.{layer}.mlp"
+
+
+def moe_block(p: Planner, a: Architecture, layer: int, prefix: str,
+              correction_bias: str | None = None,
+              bias_source_shape: tuple[int, ...] | None = None,
+              shared: str = "shared_experts") -> None:
+    """A MoE block under `prefix` in the Qwen / DeepSeek layout: the router `{prefix}.gate.weight`,
+    moe_correction_bias [n_experts] from the full name `correction_bias` when given, the routed
+    experts, and the shared expert `{prefix}.{shared}` when the layer's rule has one."""
+    router(p, a, layer, f"{prefix}.gate.weight")
+    if correction_bias:
+        p.single(f"layers.{layer}.moe_correction_bias", correction_bias, (a.hp.n_experts,),
+                 source_shape=bias_source_shape)
+    routed_experts(p, a, layer, prefix)
+    if a.rule(layer).shared != SHARED_NONE:
+        shared_expert(p, a, layer, f"{prefix}.{shared}")
 
 
 # Per-expert names of (w1 gate, w2 down, w3 up) (moe-families.md 0.1).

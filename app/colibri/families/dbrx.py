@@ -101,7 +101,7 @@ def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:
                         ("v", slice(q + kv, q + 2 * kv))):
         p.part(f"{dst}.attn_{short}", wqkv, (q + 2 * kv, H), rows, (rows.stop - rows.start, H))
     p.single(f"{dst}.attn_o", f"{src}.norm_attn_norm.attn.out_proj.weight", (H, q))
-    p.single(f"{dst}.moe_gate", f"{src}.ffn.router.layer.weight", (E, H), force_f32=True)
+    common.router(p, a, layer, f"{src}.ffn.router.layer.weight")
     experts = f"{src}.ffn.experts.mlp"
     p.expert_rows(f"{dst}.moe_w1", f"{experts}.w1", E, I, H)
     p.expert_rows(f"{dst}.moe_w2", f"{experts}.w2", E, I, H, transpose=True)  # -> [E, H, I]

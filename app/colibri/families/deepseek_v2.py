@@ -105,20 +105,10 @@ def architecture(cfg: Config) -> Architecture:
 
 def deepseek_layer(p: Planner, a: Architecture, layer: int, correction_bias: str | None) -> None:
     """One DeepSeek layer's tensors; `correction_bias`: the bias's name under the layer, if any."""
-    common.norms(p, a, layer)
-    common.mla_attention(p, a, layer)
-    if a.kinds[layer] != LAYER_MOE:
-        common.dense_mlp(p, a, layer)
-        return
-    prefix = f"model.layers.{layer}.mlp"
-    E, H = a.hp.n_experts, a.hp.d_model
-    p.single(f"layers.{layer}.moe_gate", f"{prefix}.gate.weight", (E, H), force_f32=True)
-    if correction_bias:
-        p.single(f"layers.{layer}.moe_correction_bias",
-                 f"model.layers.{layer}.{correction_bias}", (E,))
-    common.routed_experts(p, a, layer, prefix)
-    if a.rule(layer).shared != SHARED_NONE:
-        common.shared_expert(p, a, layer, f"{prefix}.shared_experts")
+    prefix = common.layer_start(p, a, layer, common.mla_attention)
+    if prefix:
+        common.moe_block(p, a, layer, prefix,
+                         correction_bias and f"model.layers.{layer}.{correction_bias}")
 
 
 def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:

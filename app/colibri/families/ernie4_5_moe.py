@@ -51,20 +51,12 @@ def architecture(cfg: Config) -> Architecture:
 
 
 def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:
-    common.norms(p, a, layer)
-    common.gqa_attention(p, a, layer)
-    if a.kinds[layer] != LAYER_MOE:
-        common.dense_mlp(p, a, layer)
+    prefix = common.layer_start(p, a, layer)
+    if not prefix:
         return
-    prefix = f"model.layers.{layer}.mlp"
-    E, H = a.hp.n_experts, a.hp.d_model
-    p.single(f"layers.{layer}.moe_gate", f"{prefix}.gate.weight", (E, H), force_f32=True)
     # moe_statics sits under the router in memory, beside it in the per-expert save
     statics = next((f"{pre}.moe_statics.e_score_correction_bias"
                     for pre in (prefix, f"{prefix}.gate")
                     if p.has(f"{pre}.moe_statics.e_score_correction_bias")),
                    f"{prefix}.moe_statics.e_score_correction_bias")
-    p.single(f"layers.{layer}.moe_correction_bias", statics, (E,), source_shape=(1, E))
-    common.routed_experts(p, a, layer, prefix)
-    if a.rule(layer).shared != SHARED_NONE:
-        common.shared_expert(p, a, layer, f"{prefix}.shared_experts")
+    common.moe_block(p, a, layer, prefix, statics, bias_source_shape=(1, a.hp.n_experts))

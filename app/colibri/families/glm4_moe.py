@@ -49,16 +49,6 @@ def architecture(cfg: Config) -> Architecture:
 
 
 def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:
-    common.norms(p, a, layer)
-    common.gqa_attention(p, a, layer)
-    if a.kinds[layer] != LAYER_MOE:
-        common.dense_mlp(p, a, layer)
-        return
-    prefix = f"model.layers.{layer}.mlp"
-    E, H = a.hp.n_experts, a.hp.d_model
-    p.single(f"layers.{layer}.moe_gate", f"{prefix}.gate.weight", (E, H), force_f32=True)
-    p.single(f"layers.{layer}.moe_correction_bias", f"{prefix}.gate.e_score_correction_bias",
-             (E,))
-    common.routed_experts(p, a, layer, prefix)
-    if a.rule(layer).shared != SHARED_NONE:
-        common.shared_expert(p, a, layer, f"{prefix}.shared_experts")
+    prefix = common.layer_start(p, a, layer)
+    if prefix:
+        common.moe_block(p, a, layer, prefix, f"{prefix}.gate.e_score_correction_bias")

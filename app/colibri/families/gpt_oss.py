@@ -126,7 +126,7 @@ def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:
     common.norms(p, a, layer)
     common.gqa_attention(p, a, layer)
     p.single(f"{dst}.attn_sinks", f"{src}.self_attn.sinks", (hp.n_heads,))
-    p.single(f"{dst}.moe_gate", f"{src}.mlp.router.weight", (E, H), force_f32=True)
+    common.router(p, a, layer, f"{src}.mlp.router.weight")
     p.single(f"{dst}.moe_gate_bias", f"{src}.mlp.router.bias", (E,))
     _experts(p, a, layer, f"{src}.mlp.experts")
     bias = [(f"{src}.mlp.experts.gate_up_proj_bias", (E, 2 * I))]

@@ -66,7 +66,7 @@ def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:
         return
     router = f"{base}.router.weight" if fused or p.has(f"{base}.router.weight") \
         else f"{base}.router.layer.weight"
-    p.single(f"layers.{layer}.moe_gate", router, (E, H), force_f32=True)
+    common.router(p, a, layer, router)
     if fused:
         p.fused_experts(f"layers.{layer}", f"{base}.experts.gate_up_proj",
                         f"{base}.experts.down_proj", E, I, H)

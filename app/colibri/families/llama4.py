@@ -143,7 +143,6 @@ def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:
     if a.kinds[layer] != LAYER_MOE:
         common.dense_mlp(p, a, layer, src)
         return
-    p.single(f"layers.{layer}.moe_gate", f"{src}.router.weight", (a.hp.n_experts, a.hp.d_model),
-             force_f32=True)
+    common.router(p, a, layer, f"{src}.router.weight")
     _experts(p, a, layer, src)
     common.shared_expert(p, a, layer, f"{src}.shared_expert")

@@ -49,7 +49,6 @@ def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:
     fused = p.has(f"{base}.mlp.experts.gate_up_proj") or p.has(f"{base}.mlp.experts.down_proj")
     pre = next((pre for pre in ("block_sparse_moe", "mlp") if p.has(f"{base}.{pre}.gate.weight")),
                "mlp" if fused else "block_sparse_moe")
-    p.single(f"layers.{layer}.moe_gate", f"{base}.{pre}.gate.weight",
-             (a.hp.n_experts, a.hp.d_model), force_f32=True)
+    common.router(p, a, layer, f"{base}.{pre}.gate.weight")
     common.routed_experts(p, a, layer, f"{base}.{pre}", common.MIXTRAL_EXPERT_NAMES,
                           fused_prefix=f"{base}.mlp")

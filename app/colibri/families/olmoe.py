@@ -41,6 +41,5 @@ def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:
     common.norms(p, a, layer)
     common.gqa_attention(p, a, layer)
     prefix = f"model.layers.{layer}.mlp"
-    p.single(f"layers.{layer}.moe_gate", f"{prefix}.gate.weight", (a.hp.n_experts, a.hp.d_model),
-             force_f32=True)
+    common.router(p, a, layer, f"{prefix}.gate.weight")
     common.routed_experts(p, a, layer, prefix)

@@ -113,6 +113,6 @@ def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:
     fused = p.has(f"{base}.mlp.experts.gate_up_proj") or p.has(f"{base}.mlp.experts.down_proj")
     router = f"{base}.mlp.router.weight" if fused or p.has(f"{base}.mlp.router.weight") \
         else f"{base}.block_sparse_moe.gate.weight"
-    p.single(f"layers.{layer}.moe_gate", router, (a.hp.n_experts, a.hp.d_model), force_f32=True)
+    common.router(p, a, layer, router)
     common.routed_experts(p, a, layer, f"{base}.block_sparse_moe", common.MIXTRAL_EXPERT_NAMES,
                           fused_prefix=f"{base}.mlp")

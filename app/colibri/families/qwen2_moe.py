@@ -61,16 +61,10 @@ def architecture(cfg: Config) -> Architecture:
 
 
 def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:
-    common.norms(p, a, layer)
-    common.gqa_attention(p, a, layer)
-    if a.kinds[layer] != LAYER_MOE:
-        common.dense_mlp(p, a, layer)
+    prefix = common.layer_start(p, a, layer)
+    if not prefix:
         return
-    prefix = f"model.layers.{layer}.mlp"
-    H = a.hp.d_model
-    p.single(f"layers.{layer}.moe_gate", f"{prefix}.gate.weight", (a.hp.n_experts, H),
-             force_f32=True)
-    common.routed_experts(p, a, layer, prefix)
+    common.moe_block(p, a, layer, prefix, shared="shared_expert")
     if a.rule(layer).shared != SHARED_NONE:
-        common.shared_expert(p, a, layer, f"{prefix}.shared_expert")
-        p.single(f"layers.{layer}.shared_gate", f"{prefix}.shared_expert_gate.weight", (1, H))
+        p.single(f"layers.{layer}.shared_gate", f"{prefix}.shared_expert_gate.weight",
+                 (1, a.hp.d_model))

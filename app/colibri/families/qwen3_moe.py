@@ -59,12 +59,6 @@ def architecture(cfg: Config) -> Architecture:
 
 
 def layer_tensors(p: Planner, a: Architecture, layer: int) -> None:
-    common.norms(p, a, layer)
-    common.gqa_attention(p, a, layer)
-    if a.kinds[layer] != LAYER_MOE:
-        common.dense_mlp(p, a, layer)
-        return
-    prefix = f"model.layers.{layer}.mlp"
-    p.single(f"layers.{layer}.moe_gate", f"{prefix}.gate.weight", (a.hp.n_experts, a.hp.d_model),
-             force_f32=True)
-    common.routed_experts(p, a, layer, prefix)
+    prefix = common.layer_start(p, a, layer)
+    if prefix:
+        common.moe_block(p, a, layer, prefix)
