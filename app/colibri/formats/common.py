@@ -177,6 +177,42 @@ class Mapping:
         return bytes(self.buffer[start:end])
 
 
+class MappedTensorFile:
+    """What a validated, mapped file with a tensor table offers whatever its format: its size and
+    identity, the hex source's `read`, and each tensor's entry by name (GGUFFile and
+    SafetensorsFile build on it)."""
+
+    def __init__(self, mapping: Mapping, tensors: Iterable[TensorEntry]) -> None:
+        self._map = mapping
+        self.path = mapping.path
+        self._by_name = {t.name: t for t in tensors}
+
+    @property
+    def size(self) -> int:
+        return self._map.size
+
+    @property
+    def identity(self) -> tuple[int, int, int]:
+        """(size, mtime_ns, inode) when it was opened."""
+        return self._map.identity
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def tensor_info(self, name: str) -> TensorEntry:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no tensor {name!r} in {self.path}") from None
+
+    def bytes(self) -> np.ndarray:
+        """The whole file as a read-only uint8 view."""
+        return self._map.view(0, self._map.size)
+
+    def read(self, offset: int, n: int) -> bytes:
+        return self._map.read(offset, n)
+
+
 # ---------------------------------------------------------------------------------------------
 # Data scans (--checksums, --nan-check), with progress and cancel for the Inspector
 

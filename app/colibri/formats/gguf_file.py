@@ -41,7 +41,8 @@ from gguf.quants import dequantize as gguf_dequantize
 from colibri.engine import Problem
 from colibri.formats.common import (
     BAD_MAGIC, BAD_VERSION, DTYPE, HEADER, LIMIT, MISALIGNED, NAME, OVERLAP, SECTION_BOUNDS,
-    SHAPE, TENSOR_BOUNDS, TRUNCATED, UNSUPPORTED, Findings, Mapping, ScanResult, TensorEntry,
+    SHAPE, TENSOR_BOUNDS, TRUNCATED, UNSUPPORTED, Findings, Mapping, MappedTensorFile, ScanResult,
+    TensorEntry,
     SCAN_CHUNK_BYTES, raise_first_error, scan_tensors, unholdable_shape,
 )
 from colibri.errors import ColibriFormatError
@@ -565,16 +566,14 @@ def validate_bytes(data: bytes | bytearray | memoryview) -> list[Problem]:
 # Reading a validated file
 
 
-class GGUFFile:
+class GGUFFile(MappedTensorFile):
     """A GGUF file that passed the validator, mapped read-only. Open with `GGUFFile.open`."""
 
     format = "gguf"
 
     def __init__(self, mapping: Mapping, layout: Layout) -> None:
-        self._map = mapping
+        super().__init__(mapping, layout.tensors or [])
         self.layout = layout
-        self.path = mapping.path
-        self._by_name = {t.name: t for t in layout.tensors or []}
         self._kv = {kv.key: kv for kv in layout.kvs or []}
         self._starts: dict[int, list[int]] = {}   # array offset -> its elements' offsets so far
 
@@ -589,15 +588,6 @@ class GGUFFile:
         return cls(mapping, layout)
 
     # -- description ----------------------------------------------------------------------------
-
-    @property
-    def size(self) -> int:
-        return self._map.size
-
-    @property
-    def identity(self) -> tuple[int, int, int]:
-        """(size, mtime_ns, inode) when it was opened."""
-        return self._map.identity
 
     @property
     def problems(self) -> list[Problem]:
@@ -728,15 +718,6 @@ class GGUFFile:
     def tensors(self) -> list[TensorEntry]:
         return list(self.layout.tensors or [])
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._by_name
-
-    def tensor_info(self, name: str) -> TensorEntry:
-        try:
-            return self._by_name[name]
-        except KeyError:
-            raise KeyError(f"no tensor {name!r} in {self.path}") from None
-
     def ne(self, name: str) -> tuple[int, ...]:
         """The tensor's dimensions as GGUF stores them (innermost first)."""
         return (self.layout.ne or {})[name]
@@ -784,13 +765,6 @@ class GGUFFile:
         t = self.tensor_info(name)
         raw = rows.view(np.uint8).reshape(-1, t.row_bytes)
         return _dequantize(raw, self.ggml_type(name), t)
-
-    def bytes(self) -> np.ndarray:
-        """The whole file as a read-only uint8 view."""
-        return self._map.view(0, self._map.size)
-
-    def read(self, offset: int, n: int) -> bytes:
-        return self._map.read(offset, n)
 
     @property
     def regions(self) -> list[Region]:

@@ -33,9 +33,8 @@ from colibri.engine import Problem
 from colibri.errors import ColibriIOError
 from colibri.formats.common import (
     DTYPE, HEADER, IO, LIMIT, MISSING_TENSOR, NAME, OVERLAP, SECTION_BOUNDS, SHAPE,
-    SIZE_MISMATCH, TENSOR_BOUNDS, TRUNCATED, UNKNOWN_TENSOR, Findings, Mapping, ScanResult,
-    SCAN_CHUNK_BYTES, TensorEntry, raise_first_error, scan_tensors,
-    unholdable_shape,
+    SIZE_MISMATCH, TENSOR_BOUNDS, TRUNCATED, UNKNOWN_TENSOR, Findings, Mapping, MappedTensorFile,
+    ScanResult, SCAN_CHUNK_BYTES, TensorEntry, raise_first_error, scan_tensors, unholdable_shape,
 )
 from colibri.inspection.hexsource import Region
 
@@ -261,16 +260,14 @@ def validate_file(path: str) -> Header:
 # One validated file
 
 
-class SafetensorsFile:
+class SafetensorsFile(MappedTensorFile):
     """A .safetensors file that passed the validator, mapped read-only."""
 
     format = "safetensors"
 
     def __init__(self, mapping: Mapping, header: Header) -> None:
-        self._map = mapping
+        super().__init__(mapping, header.tensors)
         self.header = header
-        self.path = mapping.path
-        self._by_name = {t.name: t for t in header.tensors}
         self._library: Any = None
 
     @classmethod
@@ -283,14 +280,6 @@ class SafetensorsFile:
         return cls(mapping, header)
 
     @property
-    def size(self) -> int:
-        return self._map.size
-
-    @property
-    def identity(self) -> tuple[int, int, int]:
-        return self._map.identity
-
-    @property
     def problems(self) -> list[Problem]:
         return list(self.header.problems)
 
@@ -301,15 +290,6 @@ class SafetensorsFile:
     @property
     def tensors(self) -> list[TensorEntry]:
         return list(self.header.tensors)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._by_name
-
-    def tensor_info(self, name: str) -> TensorEntry:
-        try:
-            return self._by_name[name]
-        except KeyError:
-            raise KeyError(f"no tensor {name!r} in {self.path}") from None
 
     def tensor(self, name: str) -> np.ndarray:
         """A read-only numpy view of the tensor over the mapping, in its own dtype."""
@@ -325,12 +305,6 @@ class SafetensorsFile:
             from safetensors import safe_open
             self._library = safe_open(self.path, framework="np")
         return self._library
-
-    def bytes(self) -> np.ndarray:
-        return self._map.view(0, self._map.size)
-
-    def read(self, offset: int, n: int) -> bytes:
-        return self._map.read(offset, n)
 
     @property
     def regions(self) -> list[Region]:
