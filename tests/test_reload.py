@@ -6,7 +6,6 @@ races thousands of reloads against running sessions (CI also runs it under ASan)
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from colibri.cli import main
 from colibri.engine import Model, Session
 from colibri.reload import HotModel, on_sigusr1
 
-from tiny_models import TinyModel
+from tiny_models import TinyModel, live_copy, replace_with
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
@@ -34,20 +33,12 @@ def tokens_of(capsys: pytest.CaptureFixture[str], path: Path, prompt: str, n: in
     return next(l for l in out.splitlines() if l.startswith("tokens: "))
 
 
-def replace_with(source: Path, target: Path) -> None:
-    tmp = target.with_suffix(".tmp")
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
-
-
 @pytest.fixture
 def two_models(tiny_model: Callable[..., TinyModel], tmp_path: Path) -> tuple[Path, Path, Path]:
     """(live path, model A, model B): same shape, different weights."""
     a = tiny_model("mixtral", "f32", with_tokenizer=False, seed=1).path
     b = tiny_model("mixtral", "f32", with_tokenizer=False, seed=2).path
-    live = tmp_path / "live.colibri"
-    shutil.copyfile(a, live)
-    return live, a, b
+    return live_copy(a, tmp_path), a, b
 
 
 def test_serve_reloads_on_sigusr1(two_models: tuple[Path, Path, Path],

@@ -8,6 +8,8 @@ fixtures.
 
 from __future__ import annotations
 
+import os
+import shutil
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -169,3 +171,22 @@ def make_tiny_model(directory: Path, arch: str = "mixtral", dtype: str = "f32", 
     path = directory / f"{key}.colibri"
     ff.write_colibri(path, plan)
     return TinyModel(path, plan.hparams, kinds, dtype, values, stored, dtypes, metadata, tok)
+
+
+# Replacing a model file under a reader (the reload and serving tests)
+
+
+def live_copy(source: Path, directory: Path) -> Path:
+    """A copy of `source` at `directory/live.colibri`: the file a reload test serves, then
+    replaces."""
+    live = directory / "live.colibri"
+    shutil.copyfile(source, live)
+    return live
+
+
+def replace_with(source: Path, target: Path) -> None:
+    """Put a copy of `source` in place of `target` with one rename, as a deploy does: a reader
+    sees the old file or the new one, never half of one."""
+    tmp = target.with_suffix(".tmp")
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, target)

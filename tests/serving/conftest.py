@@ -8,9 +8,18 @@ from pathlib import Path
 import pytest
 
 from server_helpers import RunningServer, start_server
+from tiny_models import TinyModel, live_copy
 
 # Two MoE layers of 4 experts, top-2, a word-level tokenizer, a context of 64 (tiny_models).
 MODEL = dict(n_layers=2, n_experts=4, top_k=2)
+
+
+@pytest.fixture
+def models(tiny_model: Callable[..., TinyModel], tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(live path, model A, model B): same shape, different weights; live starts as A."""
+    a = tiny_model("mixtral", seed=1, **MODEL).path
+    b = tiny_model("mixtral", seed=2, **MODEL).path
+    return live_copy(a, tmp_path), a, b
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ that goes away, or was never there, is named in the status line; the UI thread s
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import threading
 import time
@@ -23,6 +21,7 @@ from colibri.serving.client import Monitor, RemoteRequest
 
 from conftest import MODEL
 from server_helpers import RunningServer
+from tiny_models import live_copy, replace_with
 
 WAIT_MS = 60_000
 
@@ -134,15 +133,12 @@ def test_a_running_request_grows_live(qtbot, window: MainWindow,
 def test_reloads_show_in_the_status_and_the_request_table(
         qtbot, window: MainWindow, serve: Callable[..., RunningServer],
         tiny_model: Callable[..., Any], tmp_path: Path) -> None:
-    live = tmp_path / "live.colibri"
-    shutil.copyfile(tiny_model("mixtral", seed=1, **MODEL).path, live)
+    live = live_copy(tiny_model("mixtral", seed=1, **MODEL).path, tmp_path)
     server = serve(live)
     monitor = window.attach(server.address)
     assert monitor is not None
     qtbot.waitUntil(lambda: monitor.attached, timeout=WAIT_MS)
-    tmp = tmp_path / "next.tmp"
-    shutil.copyfile(tiny_model("mixtral", seed=2, **MODEL).path, tmp)
-    os.replace(tmp, live)
+    replace_with(tiny_model("mixtral", seed=2, **MODEL).path, live)
     server.signal(signal.SIGUSR1)
     qtbot.waitUntil(lambda: "model generation 1" in monitor.status.text(), timeout=WAIT_MS)
     assert f"reloaded {live}" in monitor.status.text()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ from colibri.tokens import token_text
 
 from conftest import MODEL
 from server_helpers import RunningServer, post_json, raw_request, start_server
+from tiny_models import live_copy, replace_with
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "resources" / "demo" / "demo.colibri"
@@ -341,8 +341,7 @@ def test_a_client_that_goes_away_cancels_its_request(serve: Callable[..., Runnin
 
 def test_a_model_changed_in_place_is_503_until_a_valid_file_returns(
         serve: Callable[..., RunningServer], model_path: Path, tmp_path: Path) -> None:
-    live = tmp_path / "live.colibri"
-    shutil.copyfile(model_path, live)
+    live = live_copy(model_path, tmp_path)
     server = serve(live)
     assert server.client.complete([1, 2], max_tokens=2)["usage"]["completion_tokens"] == 2
     os.truncate(live, 1000)  # rewritten in place: the mapping cannot be trusted any more
@@ -352,9 +351,7 @@ def test_a_model_changed_in_place_is_503_until_a_valid_file_returns(
     assert status == 503 and "changed while mapped and cannot be reopened" in health["error"]
     status, doc = post_json(server.port, "/v1/completions", {"prompt": [1, 2]})
     assert status == 503 and "the model cannot be served" in doc["error"]["message"]
-    tmp = tmp_path / "fixed.tmp"
-    shutil.copyfile(model_path, tmp)
-    os.replace(tmp, live)  # a valid file again: taken without a signal
+    replace_with(model_path, live)  # a valid file again: taken without a signal
     _wait_until(lambda: server.client.health()["status"] == "ok")
     assert server.client.health()["reload"]["generation"] == 1
     assert server.client.complete([1, 2], max_tokens=2)["usage"]["completion_tokens"] == 2

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,33 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 from colibri.engine import Model, Session
 from colibri.serving.client import parse_sse
 from colibri.serving.worker import fingerprint
 
-from conftest import MODEL
 from server_helpers import RunningServer, post_json
+from tiny_models import replace_with
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus"
 CLIENTS = 8
 VALID_RELOADS = 6
-
-
-def replace_with(source: Path, target: Path) -> None:
-    tmp = target.with_suffix(".tmp")
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
-
-
-@pytest.fixture
-def models(tiny_model: Callable[..., Any], tmp_path: Path) -> tuple[Path, Path, Path]:
-    a = tiny_model("mixtral", seed=1, **MODEL).path
-    b = tiny_model("mixtral", seed=2, **MODEL).path
-    live = tmp_path / "live.colibri"
-    shutil.copyfile(a, live)
-    return live, a, b
 
 
 def stream_request(port: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:

@@ -5,8 +5,6 @@ queue is refused, the queue is bounded, and the trace store keeps what its bound
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,25 +19,9 @@ from colibri.serving.traces import (CompletionParams, RequestTrace, TraceNotFoun
                                     array_from_json, array_to_json)
 from colibri.serving.worker import EngineWorker, Job, QueueFull, fingerprint
 
-from conftest import MODEL
+from tiny_models import replace_with
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus"
-
-
-def replace_with(source: Path, target: Path) -> None:
-    tmp = target.with_suffix(".tmp")
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
-
-
-@pytest.fixture
-def models(tiny_model: Callable[..., Any], tmp_path: Path) -> tuple[Path, Path, Path]:
-    """(live path, model A, model B): same shape, different weights."""
-    a = tiny_model("mixtral", seed=1, **MODEL).path
-    b = tiny_model("mixtral", seed=2, **MODEL).path
-    live = tmp_path / "live.colibri"
-    shutil.copyfile(a, live)
-    return live, a, b
 
 
 def run_job(worker: EngineWorker, params: CompletionParams,
