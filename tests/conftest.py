@@ -5,6 +5,9 @@ of every tensor as written, the embedded metadata); `tiny_model_path(...)` just 
 `tiny_image(...)` the file image as a bytearray for tests that corrupt bytes. Files are built once
 per distinct set of arguments and shared by the whole test session (treat them as read-only).
 Tensor names and shapes follow docs/format.md for each of the four architectures.
+
+For the Inspector's tests: `inspector_settings` (its settings in the test's own directory) and
+`window` (a shown MainWindow with those settings). They import Qt only when a test asks for them.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tiny_models import TinyModel, make_tiny_model
+
+if TYPE_CHECKING:
+    from colibri.inspector.main_window import MainWindow
 
 # Qt tests never need a display: without one, Qt would abort the whole run looking for it.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -73,3 +79,22 @@ def write_image(tmp_path: Path) -> Callable[[bytes | bytearray, str], Path]:
 
     return write
 
+
+@pytest.fixture
+def inspector_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The Inspector's settings in this test's directory, never the user's (a module opts in
+    with `pytestmark = pytest.mark.usefixtures("inspector_settings")`)."""
+    from colibri.inspector.main_window import ENV_SETTINGS
+    path = tmp_path / "settings"
+    monkeypatch.setenv(ENV_SETTINGS, str(path))
+    return path
+
+
+@pytest.fixture
+def window(qtbot: Any, inspector_settings: Path) -> MainWindow:
+    """A shown Inspector main window; qtbot closes it (shutting its views down) at the end."""
+    from colibri.inspector.main_window import MainWindow
+    w = MainWindow()
+    qtbot.addWidget(w)
+    w.show()
+    return w

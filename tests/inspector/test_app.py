@@ -19,23 +19,13 @@ from colibri.inspection.document import ModelDocument, load_state
 from colibri.inspection.recent import RecentFiles
 from colibri.inspector import app as inspector_app
 from colibri.inspector import main_window, resources
-from colibri.inspector.main_window import ENV_SETTINGS, VIEW_NAMES, MainWindow
+from colibri.inspector.main_window import VIEW_NAMES, MainWindow
 from corrupt_files import corrupt_cases
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _isolated_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_SETTINGS, str(tmp_path / "settings"))
-
-
-@pytest.fixture
-def window(qtbot) -> MainWindow:
-    w = MainWindow()
-    qtbot.addWidget(w)
-    w.show()
-    return w
+pytestmark = pytest.mark.usefixtures("inspector_settings")
 
 
 def _copy(path: Path, directory: Path, name: str = "model.colibri") -> Path:

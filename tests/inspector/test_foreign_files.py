@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from colibri.inspection import stats as S
 from colibri.inspection.foreign import ForeignDocument, expert_layers, is_foreign
 from colibri.inspection.foreign_tree import FETCH, metadata_tree
 from colibri.inspector.foreign_view import QtForeignFileView
-from colibri.inspector.main_window import ENV_SETTINGS, MainWindow
+from colibri.inspector.main_window import MainWindow
 from colibri.inspector.tensor_table import FETCH_ROWS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,18 +38,14 @@ GGUF = FIXTURES / "qwen2_moe-q4_0.gguf"
 TIMEOUT_MS = 30000
 
 
-@pytest.fixture(autouse=True)
-def _isolated_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_SETTINGS, str(tmp_path / "settings"))
+pytestmark = pytest.mark.usefixtures("inspector_settings")
 
 
 @pytest.fixture
-def window(qtbot) -> MainWindow:
-    w = MainWindow()
-    qtbot.addWidget(w)
-    w.show()
-    yield w
-    for view in w.views():
+def window(window: MainWindow) -> Iterator[MainWindow]:
+    """tests/conftest.py's window, its views' workers stopped first."""
+    yield window
+    for view in window.views():
         view.shutdown()
 
 

@@ -12,13 +12,11 @@ import colibri
 from colibri.engine import header_fields
 from colibri.inspection.document import ModelDocument
 from colibri.inspector.header_view import RAW_COLUMN, VALUE_COLUMN, QtHeaderView, format_value
-from colibri.inspector.main_window import ENV_SETTINGS, MainWindow
+from colibri.inspector.main_window import MainWindow
 from corrupt_files import corrupt_cases
 
 
-@pytest.fixture(autouse=True)
-def _isolated_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_SETTINGS, str(tmp_path / "settings"))
+pytestmark = pytest.mark.usefixtures("inspector_settings")
 
 
 @pytest.fixture

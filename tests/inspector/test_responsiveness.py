@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QTimer
 
-from colibri.inspector.main_window import ENV_SETTINGS, MainWindow
+from colibri.inspector.main_window import MainWindow
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,9 +40,7 @@ def _bench_module(name: str = "bench_inspector"):
     return module
 
 
-@pytest.fixture(autouse=True)
-def _isolated_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_SETTINGS, str(tmp_path / "settings"))
+pytestmark = pytest.mark.usefixtures("inspector_settings")
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,10 @@ import pytest
 from PySide6.QtGui import QImage
 
 from colibri.inspector import app as inspector_app
-from colibri.inspector.main_window import ENV_SETTINGS, VIEW_NAMES
+from colibri.inspector.main_window import VIEW_NAMES
 
 
-@pytest.fixture(autouse=True)
-def _isolated_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_SETTINGS, str(tmp_path / "settings"))
+pytestmark = pytest.mark.usefixtures("inspector_settings")
 
 
 def _distinct_colours(path: Path) -> int:

@@ -10,27 +10,17 @@ import pytest
 
 from colibri.inspection.document import ModelDocument, data_check
 from colibri.inspector import main_window
-from colibri.inspector.main_window import ENV_SETTINGS, FileView, MainWindow
+from colibri.inspector.main_window import FileView, MainWindow
 from colibri.values import Cancelled
 from corrupt_files import CASE_NAMES, CorruptCase, corrupt_cases
 
 
-@pytest.fixture(autouse=True)
-def _isolated_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_SETTINGS, str(tmp_path / "settings"))
+pytestmark = pytest.mark.usefixtures("inspector_settings")
 
 
 @pytest.fixture
 def cases(tiny_image) -> dict[str, CorruptCase]:
     return {c.name: c for c in corrupt_cases(tiny_image())}
-
-
-@pytest.fixture
-def window(qtbot) -> MainWindow:
-    w = MainWindow()
-    qtbot.addWidget(w)
-    w.show()
-    return w
 
 
 def _open(window: MainWindow, case: CorruptCase, tmp_path: Path) -> FileView:

@@ -16,7 +16,7 @@ import pytest
 
 from colibri.engine import Model, Session
 from colibri.inspector.attach import QtServerMonitor
-from colibri.inspector.main_window import ENV_SETTINGS, MainWindow
+from colibri.inspector.main_window import MainWindow
 from colibri.serving.client import Monitor, RemoteRequest
 
 from conftest import MODEL
@@ -26,22 +26,12 @@ from tiny_models import live_copy, replace_with
 WAIT_MS = 60_000
 
 
-@pytest.fixture(autouse=True)
-def _isolated_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_SETTINGS, str(tmp_path / "settings"))
+pytestmark = pytest.mark.usefixtures("inspector_settings")
 
 
 @pytest.fixture
 def model_path(tiny_model_path: Callable[..., Path]) -> Path:
     return tiny_model_path("mixtral", **MODEL)
-
-
-@pytest.fixture
-def window(qtbot) -> MainWindow:
-    w = MainWindow()
-    qtbot.addWidget(w)
-    w.show()
-    return w
 
 
 def finished(monitor: QtServerMonitor) -> list[RemoteRequest]:
