@@ -7,11 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from server_helpers import RunningServer, start_server
+from server_helpers import MODEL, RunningServer, start_server
 from tiny_models import TinyModel, live_copy
-
-# Two MoE layers of 4 experts, top-2, a word-level tokenizer, a context of 64 (tiny_models).
-MODEL = dict(n_layers=2, n_experts=4, top_k=2)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 `start_server(path, *args)` starts one on a free port (--http 127.0.0.1:0; the port is read from
 its first log line) with its log in a file, and returns a `RunningServer`: its process, address,
 a `ServerClient`, the log, and `stop()` (SIGTERM, then the exit code). Raw HTTP for tests that
-look at bytes: `raw_request`.
+look at bytes: `raw_request`. `MODEL`: the tiny_model options of the model the server tests serve.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ from typing import Any
 
 from colibri.serving.client import ServerClient
 
+# The served model: two MoE layers of 4 experts, top-2, a word-level tokenizer, a context of 64
+# (tiny_models). Here, not in conftest.py: `from conftest import` finds whichever conftest.py
+# was loaded first.
+MODEL = dict(n_layers=2, n_experts=4, top_k=2)
 START_TIMEOUT_S = 60
 _ADDRESS = re.compile(r"on http://127\.0\.0\.1:(\d+) ")
 

@@ -19,8 +19,7 @@ from colibri.inspector.attach import QtServerMonitor
 from colibri.inspector.main_window import MainWindow
 from colibri.serving.client import Monitor, RemoteRequest
 
-from conftest import MODEL
-from server_helpers import RunningServer
+from server_helpers import MODEL, RunningServer
 from tiny_models import live_copy, replace_with
 
 WAIT_MS = 60_000

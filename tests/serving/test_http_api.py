@@ -23,8 +23,7 @@ from colibri.serving.client import ServerClient, parse_sse
 from colibri.serving.traces import array_from_json
 from colibri.tokens import token_text
 
-from conftest import MODEL
-from server_helpers import RunningServer, post_json, raw_request, start_server
+from server_helpers import MODEL, RunningServer, post_json, raw_request, start_server
 from tiny_models import live_copy, replace_with
 
 REPO = Path(__file__).resolve().parents[2]
