@@ -16,11 +16,10 @@ Seeds: tests/fuzz/seeds/. Findings become regression tests in tests/test_convert
 from __future__ import annotations
 
 import json
-import os
-import sys
-import tempfile
 
 import atheris
+
+from atheris_main import run, scratch_path
 
 with atheris.instrument_imports():
     from colibri import convert
@@ -82,7 +81,7 @@ KEYS = sorted({k for c in FAMILY_CONFIGS for k in c}
                  "attn_config", "ffn_config", "kv_n_heads", "clip_qkv", "ffn_hidden_size",
                  "moe_num_experts", "moe_top_k", "moe_normalize_expert_weights", "ffn_act_fn"})
 
-SAFETENSORS_PATH = os.path.join(tempfile.gettempdir(), f"colibri-fuzz-{os.getpid()}.safetensors")
+SAFETENSORS_PATH = scratch_path("convert") + ".safetensors"
 
 
 def any_value(fdp: atheris.FuzzedDataProvider, depth: int = 0) -> object:
@@ -146,15 +145,5 @@ def test_one_input(data: bytes) -> None:
         fuzz_config(atheris.FuzzedDataProvider(data[1:]))
 
 
-def main() -> None:
-    sys.setrecursionlimit(2000)
-    atheris.Setup(sys.argv, test_one_input)
-    try:
-        atheris.Fuzz()
-    finally:
-        if os.path.exists(SAFETENSORS_PATH):
-            os.unlink(SAFETENSORS_PATH)
-
-
 if __name__ == "__main__":
-    main()
+    run(test_one_input, SAFETENSORS_PATH)

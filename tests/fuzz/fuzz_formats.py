@@ -10,17 +10,16 @@ tests/corpus/formats/ (tools/make_format_corpus.py).
 
 from __future__ import annotations
 
-import os
-import sys
-import tempfile
 
 import atheris
+
+from atheris_main import run, scratch_path
 
 with atheris.instrument_imports():
     from colibri.formats import gguf_file, safetensors_file
     from colibri.formats.common import UNSUPPORTED
 
-PATH = os.path.join(tempfile.gettempdir(), f"colibri-fuzz-formats-{os.getpid()}")
+PATH = scratch_path("formats")
 
 
 def read_everything(f: object, unreadable: set[str] | None = None) -> None:
@@ -53,15 +52,5 @@ def test_one_input(data: bytes) -> None:
         read_everything(safetensors_file.Checkpoint.open(PATH))
 
 
-def main() -> None:
-    sys.setrecursionlimit(2000)
-    atheris.Setup(sys.argv, test_one_input)
-    try:
-        atheris.Fuzz()
-    finally:
-        if os.path.exists(PATH):
-            os.unlink(PATH)
-
-
 if __name__ == "__main__":
-    main()
+    run(test_one_input, PATH)
