@@ -307,23 +307,57 @@ class Downstream:
 
 
 @dataclass
-class JitterReport:
-    """Everything the jitter views show; `to_dict`/`from_dict` round-trip it through JSON."""
+class LabReport:
+    """What every lab report (JitterReport, EpsilonReport, RemedyReport) states about its run."""
 
     model: str                               # file name
     tokens: list[int]
-    n_prompt: int
+    n_prompt: int                            # the first n_prompt tokens are the prompt
     moe_layers: list[int]
     n_experts: int
     k: int
     threads: int
     variants: list[str]                      # in run order, baseline excluded
+    # the baseline's kernel path ("" in older reports); keyword-only, so that it can have a
+    # default while each report's own fields follow without one
+    kernels: str = field(default="", kw_only=True)
+
+    def run_dict(self) -> dict[str, Any]:
+        """These fields as the report's JSON states them."""
+        return {"model": self.model, "tokens": list(self.tokens), "n_prompt": self.n_prompt,
+                "moe_layers": list(self.moe_layers), "n_experts": self.n_experts, "k": self.k,
+                "threads": self.threads, "kernels": self.kernels, "variants": list(self.variants)}
+
+    @staticmethod
+    def run_fields_of(d: dict[str, Any]) -> dict[str, Any]:
+        """These fields' keyword arguments from a report's JSON (run_dict's inverse)."""
+        return dict(model=d["model"], tokens=list(d["tokens"]), n_prompt=d["n_prompt"],
+                    moe_layers=list(d["moe_layers"]), n_experts=d["n_experts"], k=d["k"],
+                    threads=d["threads"], variants=list(d["variants"]),
+                    kernels=d.get("kernels", ""))
+
+
+def run_fields(runner: Runner, tokens: Sequence[int], n_prompt: int | None,
+               variants: Sequence[str], kernels: str) -> dict[str, Any]:
+    """LabReport's fields for a run of `runner` on `tokens` (all of them the prompt unless
+    n_prompt says), as keyword arguments."""
+    hp = runner.model.hparams
+    moe = [layer for layer in range(hp.n_layers) if runner.model.routing(layer).kind == "moe"]
+    return dict(model=os.path.basename(runner.path), tokens=[int(t) for t in tokens],
+                n_prompt=len(tokens) if n_prompt is None else n_prompt, moe_layers=moe,
+                n_experts=hp.n_experts, k=hp.n_experts_active, threads=runner.threads,
+                variants=list(variants), kernels=kernels)
+
+
+@dataclass
+class JitterReport(LabReport):
+    """Everything the jitter views show; `to_dict`/`from_dict` round-trip it through JSON."""
+
     sets: dict[str, np.ndarray]              # name (and "baseline") -> [P][M][k] sorted ids
     router_logits: dict[str, np.ndarray]     # name (and "baseline") -> [P][M][E] float32
     margin_abs: np.ndarray                   # [P][M] float64
     margin_ulps: np.ndarray                  # [P][M] int64
     downstream: dict[str, Downstream] = field(default_factory=dict)
-    kernels: str = ""                        # the baseline's kernel path ("" in older reports)
     # name (and "baseline") -> [P][M][E] float32, what each run's choice ranked (reports without
     # them come from version-1 models, which rank the router logits)
     selection_scores: dict[str, np.ndarray] = field(default_factory=dict)
@@ -396,10 +430,7 @@ class JitterReport:
     def to_dict(self) -> dict[str, Any]:
         names = [BASELINE, *self.variants]
         return {
-            "schema": SCHEMA_JITTER,
-            "model": self.model, "tokens": list(self.tokens), "n_prompt": self.n_prompt,
-            "moe_layers": list(self.moe_layers), "n_experts": self.n_experts, "k": self.k,
-            "threads": self.threads, "kernels": self.kernels, "variants": list(self.variants),
+            "schema": SCHEMA_JITTER, **self.run_dict(),
             "sets": {n: json_ints(self.sets[n]) for n in names},
             "router_logits": {n: json_floats(self.router_logits[n]) for n in names},
             "selection_scores": {n: json_floats(self.selection_scores[n]) for n in names},
@@ -417,15 +448,16 @@ class JitterReport:
         if d.get("schema") != SCHEMA_JITTER:
             raise ValueError(f"not a jitter report (schema {d.get('schema')!r})")
         names = [BASELINE, *d["variants"]]
-        return cls(d["model"], list(d["tokens"]), d["n_prompt"], list(d["moe_layers"]),
-                   d["n_experts"], d["k"], d["threads"], list(d["variants"]),
-                   {n: np.asarray(d["sets"][n], dtype=np.int32) for n in names},
-                   {n: from_json_floats(d["router_logits"][n], np.float32) for n in names},
-                   from_json_floats(d["margin_abs"]), np.asarray(d["margin_ulps"], dtype=np.int64),
-                   {n: Downstream.from_dict(d["downstream"][n]) for n in d["variants"]},
-                   d.get("kernels", ""),
-                   {n: from_json_floats(d["selection_scores"][n], np.float32) for n in names}
-                   if "selection_scores" in d else {})
+        return cls(**cls.run_fields_of(d),
+                   sets={n: np.asarray(d["sets"][n], dtype=np.int32) for n in names},
+                   router_logits={n: from_json_floats(d["router_logits"][n], np.float32)
+                                  for n in names},
+                   margin_abs=from_json_floats(d["margin_abs"]),
+                   margin_ulps=np.asarray(d["margin_ulps"], dtype=np.int64),
+                   downstream={n: Downstream.from_dict(d["downstream"][n])
+                               for n in d["variants"]},
+                   selection_scores={n: from_json_floats(d["selection_scores"][n], np.float32)
+                                     for n in names} if "selection_scores" in d else {})
 
 
 class Reportable(Protocol):
@@ -438,16 +470,6 @@ def report_json(report: Reportable) -> bytes:
     """A report as JSON bytes: sorted keys, no whitespace, no timestamps, so the same inputs give
     the same bytes (what `colibri jitter --json` writes and the lab saves)."""
     return json.dumps(report.to_dict(), sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-def report_base(runner: Runner, tokens: Sequence[int]) -> dict[str, Any]:
-    """What every report states about its model and sequence (file name, tokens, MoE layers,
-    experts, top-k, threads)."""
-    hp = runner.model.hparams
-    moe = [layer for layer in range(hp.n_layers) if runner.model.routing(layer).kind == "moe"]
-    return {"model": os.path.basename(runner.path), "tokens": [int(t) for t in tokens],
-            "moe_layers": moe, "n_experts": hp.n_experts, "k": hp.n_experts_active,
-            "threads": runner.threads}
 
 
 def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Variant] | str | None
@@ -477,11 +499,9 @@ def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Var
         selection[run.name] = run.selection_scores
         downstream[run.name] = Downstream.between(base, run)
     progress(total, total, "done")
-    info = report_base(runner, tokens)
-    return JitterReport(info["model"], info["tokens"],
-                        len(tokens) if n_prompt is None else n_prompt, info["moe_layers"],
-                        info["n_experts"], info["k"], info["threads"], names, sets, router,
-                        margin_abs, margin_ulps, downstream, base.kernels, selection)
+    return JitterReport(**run_fields(runner, tokens, n_prompt, names, base.kernels), sets=sets,
+                        router_logits=router, margin_abs=margin_abs, margin_ulps=margin_ulps,
+                        downstream=downstream, selection_scores=selection)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,18 +547,9 @@ class EpsilonRow:
 
 
 @dataclass
-class EpsilonReport:
-    model: str
-    tokens: list[int]
-    n_prompt: int
-    moe_layers: list[int]
-    n_experts: int
-    k: int
-    threads: int
-    variants: list[str]
+class EpsilonReport(LabReport):
     plain_sets: np.ndarray                   # [P][M][k] plain top-k baseline
     rows: list[EpsilonRow]                   # ascending eps
-    kernels: str = ""                        # the baselines' kernel path ("" in older reports)
 
     def recommended(self) -> EpsilonRow | None:
         """The smallest epsilon of the list with zero jitter left."""
@@ -555,10 +566,7 @@ class EpsilonReport:
     def to_dict(self) -> dict[str, Any]:
         rec = self.recommended()
         return {
-            "schema": SCHEMA_EPSILON,
-            "model": self.model, "tokens": list(self.tokens), "n_prompt": self.n_prompt,
-            "moe_layers": list(self.moe_layers), "n_experts": self.n_experts, "k": self.k,
-            "threads": self.threads, "kernels": self.kernels, "variants": list(self.variants),
+            "schema": SCHEMA_EPSILON, **self.run_dict(),
             "plain_sets": json_ints(self.plain_sets),
             "rows": [r.to_dict() for r in self.rows],
             "curve": [{"eps": r.eps, "jitter_left": r.jitter_left, "bias": r.n_bias}
@@ -574,9 +582,8 @@ class EpsilonReport:
             raise ValueError(f"not an epsilon report (schema {d.get('schema')!r})")
         plain = np.asarray(d["plain_sets"], dtype=np.int32)
         shape = (plain.shape[0], plain.shape[1])
-        return cls(d["model"], list(d["tokens"]), d["n_prompt"], list(d["moe_layers"]),
-                   d["n_experts"], d["k"], d["threads"], list(d["variants"]), plain,
-                   [EpsilonRow.from_dict(r, shape) for r in d["rows"]], d.get("kernels", ""))
+        return cls(**cls.run_fields_of(d), plain_sets=plain,
+                   rows=[EpsilonRow.from_dict(r, shape) for r in d["rows"]])
 
 
 def parse_eps(text: str | None) -> list[float]:
@@ -638,8 +645,5 @@ def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] 
         rows.append(EpsilonRow(e, base.sets, jitter, flips, bias_cells,
                                Downstream.between(plain, base), max_abs, kl_max, first_tok))
     progress(total, total, "done")
-    info = report_base(runner, tokens)
-    return EpsilonReport(info["model"], info["tokens"],
-                         len(tokens) if n_prompt is None else n_prompt, info["moe_layers"],
-                         info["n_experts"], info["k"], info["threads"], names, plain.sets, rows,
-                         plain.kernels)
+    return EpsilonReport(**run_fields(runner, tokens, n_prompt, names, plain.kernels),
+                         plain_sets=plain.sets, rows=rows)

@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from colibri.jitter.analysis import (Downstream, Run, Runner, cells_mask, from_json_floats,
-                                     json_floats, json_ints, margins, report_base)
+from colibri.jitter.analysis import (Downstream, LabReport, Run, Runner, cells_mask,
+                                     from_json_floats, json_floats, json_ints, margins,
+                                     run_fields)
 from colibri.jitter.variants import Variant, parse_variants
 from colibri.margins import group_limits
 from colibri.values import CancelFlag, Progress, check_cancelled, never_cancelled, no_progress
@@ -126,20 +127,11 @@ class RemedyRow:
 
 
 @dataclass
-class RemedyReport:
-    model: str
-    tokens: list[int]
-    n_prompt: int
-    moe_layers: list[int]
-    n_experts: int
-    k: int
-    threads: int
-    variants: list[str]
+class RemedyReport(LabReport):
     expert_cache: int                      # LRU experts per layer of the hit rates (0: none)
     threshold_rule: str                    # how cached routing's thresholds were chosen
     plain_jitter: np.ndarray               # [P][M] bool
     rows: list[RemedyRow]                  # plain top-k first, then stable, soft, cached
-    kernels: str = ""
     margin_abs: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # plain [P][M]
 
     @property
@@ -152,10 +144,7 @@ class RemedyReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA_REMEDIES,
-            "model": self.model, "tokens": list(self.tokens), "n_prompt": self.n_prompt,
-            "moe_layers": list(self.moe_layers), "n_experts": self.n_experts, "k": self.k,
-            "threads": self.threads, "kernels": self.kernels, "variants": list(self.variants),
+            "schema": SCHEMA_REMEDIES, **self.run_dict(),
             "expert_cache": self.expert_cache, "threshold_rule": self.threshold_rule,
             "plain_jitter": json_ints(np.argwhere(self.plain_jitter)),
             "margin_abs": json_floats(self.margin_abs),
@@ -171,10 +160,9 @@ class RemedyReport:
         for p, layer in d["plain_jitter"]:
             plain[p, layer] = True
         margin = from_json_floats(d["margin_abs"]).reshape(shape)
-        return cls(d["model"], list(d["tokens"]), d["n_prompt"], list(d["moe_layers"]),
-                   d["n_experts"], d["k"], d["threads"], list(d["variants"]), d["expert_cache"],
-                   d["threshold_rule"], plain, [RemedyRow.from_dict(r, shape) for r in d["rows"]],
-                   d.get("kernels", ""), margin)
+        return cls(**cls.run_fields_of(d), expert_cache=d["expert_cache"],
+                   threshold_rule=d["threshold_rule"], plain_jitter=plain,
+                   rows=[RemedyRow.from_dict(r, shape) for r in d["rows"]], margin_abs=margin)
 
 
 def default_threshold(margin_abs: np.ndarray, plain_jitter: np.ndarray,
@@ -275,12 +263,10 @@ def analyze_remedies(runner: Runner, tokens: Sequence[int],
         base, runs = runs_of(remedy)
         rows.append(_row(remedy, base, runs, plain, hp.n_experts))
     progress(total, total, "done")
-    info = report_base(runner, tokens)
-    return RemedyReport(info["model"], info["tokens"],
-                        len(tokens) if n_prompt is None else n_prompt, info["moe_layers"],
-                        info["n_experts"], info["k"], info["threads"],
-                        [v.name for v in variants], expert_cache, rule, plain_jitter, rows,
-                        plain.kernels, margin_abs)
+    return RemedyReport(**run_fields(runner, tokens, n_prompt, [v.name for v in variants],
+                                     plain.kernels),
+                        expert_cache=expert_cache, threshold_rule=rule, plain_jitter=plain_jitter,
+                        rows=rows, margin_abs=margin_abs)
 
 
 __all__ = ["SCHEMA_REMEDIES", "Remedy", "RemedyReport", "RemedyRow", "analyze_remedies",
