@@ -19,18 +19,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from PySide6.QtCore import (QAbstractTableModel, QModelIndex, QObject, QPersistentModelIndex, Qt,
-                            QThread, QTimer, Signal, Slot)
+from PySide6.QtCore import QModelIndex, QObject, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QHBoxLayout, QHeaderView, QLabel,
                                QPushButton, QSizePolicy, QSplitter, QTableView, QTabWidget,
                                QVBoxLayout, QWidget)
 
 from colibri.inspector.debugger.views import (QtEventList, QtLatencyView, QtRoutingHeatmap,
                                               QtTokenView)
+from colibri.inspector.table_model import ColumnTableModel, Index
 from colibri.serving.client import Monitor, RemoteRequest
 
 REPAINT_MS = 33
-Index = QModelIndex | QPersistentModelIndex
 # Threads whose monitor was stopped but which may still be finishing a network call: kept
 # referenced until they end, so closing a tab never waits on the network.
 _RETIRING: set[QThread] = set()
@@ -74,7 +73,7 @@ def _ms(ns: Any) -> str:
     return f"{int(ns) / 1e6:.1f}" if ns else ""
 
 
-class RequestTableModel(QAbstractTableModel):
+class RequestTableModel(ColumnTableModel):
     """The requests seen, oldest first; rows are updated in place as requests progress."""
 
     COLUMNS = ("request", "status", "prompt", "tokens", "queue ms", "prefill ms",
@@ -110,15 +109,6 @@ class RequestTableModel(QAbstractTableModel):
 
     def rowCount(self, parent: Index = QModelIndex()) -> int:
         return 0 if parent.isValid() else len(self.requests)
-
-    def columnCount(self, parent: Index = QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(self.COLUMNS)
-
-    def headerData(self, section: int, orientation: Qt.Orientation,
-                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
-            return self.COLUMNS[section]
-        return None
 
     def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if not index.isValid() or not 0 <= index.row() < len(self.requests):

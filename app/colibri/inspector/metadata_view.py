@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import (QAbstractItemModel, QItemSelectionModel, QModelIndex,
-                            QPersistentModelIndex, Qt, Signal)
+from PySide6.QtCore import QAbstractItemModel, QItemSelectionModel, QModelIndex, Qt, Signal
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTreeView, QVBoxLayout, QWidget
 
 from colibri.inspection.foreign_tree import FETCH, MetaNode
+from colibri.inspector.table_model import Index
 
 COLUMNS = ("Key", "Type", "Value", "Offset", "Size")
-_Index = QModelIndex | QPersistentModelIndex
 
 
 class MetadataTreeModel(QAbstractItemModel):
@@ -38,7 +37,7 @@ class MetadataTreeModel(QAbstractItemModel):
     def root(self) -> MetaNode:
         return self._root
 
-    def node(self, index: _Index) -> MetaNode:
+    def node(self, index: Index) -> MetaNode:
         """The node of `index` (the root for an invalid index)."""
         if not index.isValid():
             return self._root
@@ -53,13 +52,13 @@ class MetadataTreeModel(QAbstractItemModel):
 
     # -- QAbstractItemModel ---------------------------------------------------------------------
 
-    def index(self, row: int, column: int, parent: _Index = QModelIndex()) -> QModelIndex:
+    def index(self, row: int, column: int, parent: Index = QModelIndex()) -> QModelIndex:
         children = self.node(parent).children
         if not 0 <= row < len(children) or not 0 <= column < len(COLUMNS):
             return QModelIndex()
         return self.createIndex(row, column, children[row])
 
-    def parent(self, index: _Index = QModelIndex()) -> QModelIndex:  # type: ignore[override]
+    def parent(self, index: Index = QModelIndex()) -> QModelIndex:  # type: ignore[override]
         if not index.isValid():
             return QModelIndex()
         up = self.node(index).parent
@@ -67,25 +66,25 @@ class MetadataTreeModel(QAbstractItemModel):
             return QModelIndex()
         return self.createIndex(up.row, 0, up)
 
-    def rowCount(self, parent: _Index = QModelIndex()) -> int:
+    def rowCount(self, parent: Index = QModelIndex()) -> int:
         if parent.isValid() and parent.column() != 0:
             return 0
         return len(self.node(parent).children)
 
-    def columnCount(self, parent: _Index = QModelIndex()) -> int:
+    def columnCount(self, parent: Index = QModelIndex()) -> int:
         return len(COLUMNS)
 
-    def hasChildren(self, parent: _Index = QModelIndex()) -> bool:
+    def hasChildren(self, parent: Index = QModelIndex()) -> bool:
         if parent.isValid() and parent.column() != 0:
             return False
         return self.node(parent).has_children()
 
-    def canFetchMore(self, parent: _Index) -> bool:
+    def canFetchMore(self, parent: Index) -> bool:
         if parent.isValid() and parent.column() != 0:
             return False
         return not self.node(parent).exhausted
 
-    def fetchMore(self, parent: _Index) -> None:
+    def fetchMore(self, parent: Index) -> None:
         node = self.node(parent)
         if node.exhausted:
             return
@@ -102,12 +101,12 @@ class MetadataTreeModel(QAbstractItemModel):
             return COLUMNS[section] if 0 <= section < len(COLUMNS) else None
         return None
 
-    def flags(self, index: _Index) -> Qt.ItemFlag:
+    def flags(self, index: Index) -> Qt.ItemFlag:
         if not index.isValid():
             return Qt.ItemFlag.NoItemFlags
         return Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
 
-    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if not index.isValid():
             return None
         node = self.node(index)

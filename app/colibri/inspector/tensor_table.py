@@ -25,8 +25,7 @@ from dataclasses import replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import (QAbstractItemModel, QItemSelectionModel, QModelIndex,
-                            QPersistentModelIndex, Qt, Signal)
+from PySide6.QtCore import QAbstractItemModel, QItemSelectionModel, QModelIndex, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QResizeEvent
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel,
                                QLineEdit, QStackedWidget, QTableView, QTreeView, QVBoxLayout,
@@ -34,6 +33,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeade
 
 from colibri.inspection import tensors as T
 from colibri.inspection.tensors import TensorRow
+from colibri.inspector.table_model import Index
 
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.engine import Model
@@ -50,7 +50,6 @@ _ROLES = frozenset(int(r) for r in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole
                                     Qt.ItemDataRole.TextAlignmentRole, SORT_ROLE, ROW_ROLE))
 CHECK_COLOURS = {"ok": QColor(40, 140, 60), "bad": QColor(200, 40, 40),
                  "unchecked": QColor(130, 130, 130)}
-_Index = QModelIndex | QPersistentModelIndex
 
 
 def _fmt_bytes(n: int) -> str:
@@ -136,14 +135,14 @@ class TensorTableModel(QAbstractItemModel):
     def check_of(self, row: TensorRow) -> str:
         return self._status.get(row.name, row.check)
 
-    def _group_of(self, index: _Index) -> int | None:
+    def _group_of(self, index: Index) -> int | None:
         """The group whose rows `index` is among (None for a group header)."""
         if self._grouping == "none":
             return 0
         gid = index.internalId()
         return None if gid == 0 else gid - 1
 
-    def row_at(self, index: _Index) -> TensorRow | None:
+    def row_at(self, index: Index) -> TensorRow | None:
         """The tensor row of an index (None for a group header or an invalid index)."""
         if not index.isValid():
             return None
@@ -187,14 +186,14 @@ class TensorTableModel(QAbstractItemModel):
 
     # -- QAbstractItemModel -----------------------------------------------------------------
 
-    def index(self, row: int, column: int, parent: _Index = QModelIndex()) -> QModelIndex:
+    def index(self, row: int, column: int, parent: Index = QModelIndex()) -> QModelIndex:
         if not self.hasIndex(row, column, parent):
             return QModelIndex()
         if not parent.isValid():
             return self.createIndex(row, column, 0)
         return self.createIndex(row, column, parent.row() + 1)
 
-    def parent(self, index: _Index = QModelIndex()) -> QModelIndex:  # type: ignore[override]
+    def parent(self, index: Index = QModelIndex()) -> QModelIndex:  # type: ignore[override]
         if not index.isValid():
             return QModelIndex()
         gid = index.internalId()
@@ -202,7 +201,7 @@ class TensorTableModel(QAbstractItemModel):
             return QModelIndex()
         return self.createIndex(gid - 1, 0, 0)
 
-    def _children_of(self, parent: _Index) -> int | None:
+    def _children_of(self, parent: Index) -> int | None:
         """The group whose rows are `parent`'s children (None: `parent` has none)."""
         if not parent.isValid():
             return 0 if self._grouping == "none" else None
@@ -210,26 +209,26 @@ class TensorTableModel(QAbstractItemModel):
             return None
         return parent.row()
 
-    def rowCount(self, parent: _Index = QModelIndex()) -> int:
+    def rowCount(self, parent: Index = QModelIndex()) -> int:
         if not parent.isValid() and self._grouping != "none":
             return len(self._groups)
         g = self._children_of(parent)
         return 0 if g is None else self._loaded[g]
 
-    def columnCount(self, parent: _Index = QModelIndex()) -> int:
+    def columnCount(self, parent: Index = QModelIndex()) -> int:
         return len(COLUMNS)
 
-    def hasChildren(self, parent: _Index = QModelIndex()) -> bool:
+    def hasChildren(self, parent: Index = QModelIndex()) -> bool:
         if not parent.isValid():
             return bool(self._groups[0][1]) if self._grouping == "none" else bool(self._groups)
         g = self._children_of(parent)
         return g is not None and bool(self._groups[g][1])
 
-    def canFetchMore(self, parent: _Index) -> bool:
+    def canFetchMore(self, parent: Index) -> bool:
         g = self._children_of(parent)
         return g is not None and self._loaded[g] < len(self._groups[g][1])
 
-    def fetchMore(self, parent: _Index) -> None:
+    def fetchMore(self, parent: Index) -> None:
         g = self._children_of(parent)
         if g is None:
             return
@@ -248,12 +247,12 @@ class TensorTableModel(QAbstractItemModel):
                 return COLUMNS[section]
         return None
 
-    def flags(self, index: _Index) -> Qt.ItemFlag:
+    def flags(self, index: Index) -> Qt.ItemFlag:
         if not index.isValid():
             return Qt.ItemFlag.NoItemFlags
         return _FLAGS
 
-    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if role not in _ROLES or not index.isValid():   # painting asks for every role
             return None
         col = index.column()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
+from PySide6.QtCore import QModelIndex, Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QHBoxLayout, QHeaderView, QLabel,
                                QProgressBar, QPushButton, QSizePolicy, QTableView, QVBoxLayout,
                                QWidget)
@@ -22,9 +22,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QHBoxLayout, QHeade
 from colibri.engine import Problem
 from colibri.inspection.document import DataCheckResult, merge_problems
 from colibri.inspector import resources
-
-COLUMNS = ("Severity", "Code", "Message", "Offset", "Tensor")
-_Index = QModelIndex | QPersistentModelIndex
+from colibri.inspector.table_model import ColumnTableModel, Index
 
 
 def short_code(code_name: str) -> str:
@@ -32,8 +30,10 @@ def short_code(code_name: str) -> str:
     return code_name.removeprefix("COL_ERR_")
 
 
-class ProblemTableModel(QAbstractTableModel):
+class ProblemTableModel(ColumnTableModel):
     """A read-only table over a list of `Problem` values, sortable by any column."""
+
+    COLUMNS = ("Severity", "Code", "Message", "Offset", "Tensor")
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
@@ -52,22 +52,13 @@ class ProblemTableModel(QAbstractTableModel):
     def problems(self) -> list[Problem]:
         return list(self._problems)
 
-    def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: N802 (Qt API)
+    def rowCount(self, parent: Index = QModelIndex()) -> int:  # noqa: N802 (Qt API)
         return 0 if parent.isValid() else len(self._problems)
-
-    def columnCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: N802
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(self, section: int, orientation: Qt.Orientation,  # noqa: N802
-                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
-            return COLUMNS[section]
-        return None
 
     def _key(self, p: Problem, column: int) -> Any:
         return (p.severity, short_code(p.code_name), p.message, p.offset, p.tensor)[column]
 
-    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if not index.isValid():
             return None
         p = self._problems[index.row()]

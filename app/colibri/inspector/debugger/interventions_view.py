@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
+from PySide6.QtCore import QModelIndex, Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
                                QListWidget, QPushButton, QTableView, QTabWidget, QVBoxLayout,
@@ -30,8 +30,8 @@ from colibri.debugging.counterfactual import Counterfactual
 from colibri.debugging.events import Event
 from colibri.interventions import Intervention, InterventionError
 from colibri.inspector.plots import IndexAxis, axes, tidy
+from colibri.inspector.table_model import ColumnTableModel, Index
 
-Index = QModelIndex | QPersistentModelIndex
 TokenLabel = Callable[[int], str]
 
 # the decision map: same, changed downstream, changed where an intervention acted, acted alone
@@ -138,10 +138,13 @@ class QtInterventionList(QWidget):
                               if n else "no interventions"))
 
 
-class CounterfactualTableModel(QAbstractTableModel):
+class CounterfactualTableModel(ColumnTableModel):
     """A row per compared position from the first one the change could affect."""
 
     COLUMNS = ("pos", "next without", "next with", "layers changed", "max |dlogit|", "KL")
+    TIPS = {"layers changed": "MoE layers whose expert set differs (* = an intervention acted "
+                              "there)",
+            "KL": "KL(without || with) of the output distributions"}
 
     def __init__(self, parent: Any = None) -> None:
         super().__init__(parent)
@@ -174,20 +177,6 @@ class CounterfactualTableModel(QAbstractTableModel):
 
     def rowCount(self, parent: Index = QModelIndex()) -> int:
         return 0 if parent.isValid() else len(self._rows)
-
-    def columnCount(self, parent: Index = QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(self.COLUMNS)
-
-    def headerData(self, section: int, orientation: Qt.Orientation,
-                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
-            return self.COLUMNS[section]
-        if role == Qt.ItemDataRole.ToolTipRole and orientation == Qt.Orientation.Horizontal:
-            return {"layers changed": "MoE layers whose expert set differs (* = an intervention "
-                                      "acted there)",
-                    "KL": "KL(without || with) of the output distributions"}.get(
-                        self.COLUMNS[section])
-        return None
 
     def text(self, row: int, column: str) -> str:
         return self._rows[row][self.COLUMNS.index(column)]

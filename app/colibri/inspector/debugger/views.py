@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
+from PySide6.QtCore import QModelIndex, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QGridLayout,
                                QHBoxLayout, QHeaderView, QLabel, QListWidget, QListWidgetItem,
@@ -47,13 +47,13 @@ from colibri.inspection.values import format_scalar
 from colibri.debugging.stats import (LatencySeries, cache_summary, co_selection, expert_load,
                                      load_balance, routing_matrix)
 from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tidy
+from colibri.inspector.table_model import ColumnTableModel, Index
 
 _CURRENT = QColor(120, 200, 120, 90)  # RenderDoc's green flag for the current event
 _CHOSEN = (230, 140, 40)
 _OTHER = (110, 130, 160)
 _DROPPED = (110, 130, 160, 70)        # an expert of a group the limit dropped
 _CHOSEN_ROW = QColor(230, 140, 40, 70)
-Index = QModelIndex | QPersistentModelIndex
 
 
 def _luminance(rgb: np.ndarray) -> float:
@@ -72,7 +72,7 @@ def expert_colours(n: int) -> np.ndarray:
 # Event list
 
 
-class EventTableModel(QAbstractTableModel):
+class EventTableModel(ColumnTableModel):
     """A lazy table over an EventList snapshot: rows are built only when painted. The decisions
     of a position in progress (the run paused between its layers) follow, in italics."""
 
@@ -106,15 +106,6 @@ class EventTableModel(QAbstractTableModel):
 
     def rowCount(self, parent: Index = QModelIndex()) -> int:
         return 0 if parent.isValid() else self._n
-
-    def columnCount(self, parent: Index = QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(self.COLUMNS)
-
-    def headerData(self, section: int, orientation: Qt.Orientation,
-                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
-            return self.COLUMNS[section]
-        return None
 
     def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if not index.isValid() or self.events is None or not 0 <= index.row() < self._n:
@@ -193,7 +184,7 @@ class QtEventList(QWidget):
 # Token view
 
 
-class AnatomyTableModel(QAbstractTableModel):
+class AnatomyTableModel(ColumnTableModel):
     """One decision's `Anatomy`, a row per expert: the rule's steps as columns. Chosen experts'
     rows are tinted, experts of dropped groups greyed; missing values (no model, no bias, no
     groups) read as empty cells."""
@@ -222,19 +213,6 @@ class AnatomyTableModel(QAbstractTableModel):
 
     def rowCount(self, parent: Index = QModelIndex()) -> int:
         return 0 if parent.isValid() or self.anatomy is None else self.anatomy.n_experts
-
-    def columnCount(self, parent: Index = QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(self.COLUMNS)
-
-    def headerData(self, section: int, orientation: Qt.Orientation,
-                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if orientation != Qt.Orientation.Horizontal:
-            return None
-        if role == Qt.ItemDataRole.DisplayRole:
-            return self.COLUMNS[section]
-        if role == Qt.ItemDataRole.ToolTipRole:
-            return self.TIPS.get(self.COLUMNS[section])
-        return None
 
     def text(self, row: int, column: str) -> str:
         """The cell as shown (tests read the table through this)."""
