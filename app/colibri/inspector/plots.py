@@ -10,6 +10,7 @@ legends that stay off the data.
                    its numbers.
   * `tidy`       - no SI-prefix rescaling (an empty plot otherwise reads "-500..500 (x0.001)").
   * `legend_row` - a legend in its own row under a plot of a GraphicsLayoutWidget, in columns.
+  * `cell_under` - the heatmap cell under the pointer (hover text, click selection).
 """
 
 from __future__ import annotations
@@ -120,3 +121,11 @@ def legend_row(layout: pg.GraphicsLayout, row: int, columns: int) -> pg.LegendIt
     legend = pg.LegendItem(colCount=columns, verSpacing=-4, horSpacing=16)
     layout.addItem(legend, row=row, col=0)
     return legend
+
+
+def cell_under(plot: pg.PlotItem, scene_pos: object, n_x: int, n_y: int) -> tuple[int, int] | None:
+    """The (x, y) cell under `scene_pos` of a heatmap drawn one unit per cell from (0, 0) with
+    n_x columns and n_y rows, or None outside it."""
+    point = plot.vb.mapSceneToView(scene_pos)
+    x, y = int(np.floor(point.x())), int(np.floor(point.y()))
+    return (x, y) if 0 <= x < n_x and 0 <= y < n_y else None

@@ -37,7 +37,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QFileDialo
 from colibri.errors import ColibriError
 from colibri.files import atomic_write_bytes
 from colibri.inspector.export import load_with_dialog, save_with_dialog
-from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tidy
+from colibri.inspector.plots import IndexAxis, axes, cell_under, colour_bar, legend_row, tidy
 from colibri.inspector.prompt import NO_TOKENIZER, QtPromptEdit, placeholder, token_ids
 from colibri.inspector.tasks import Task, TaskRunner
 from colibri.reference.diff import Divergence, ReferenceDiff, reference_diff
@@ -185,10 +185,9 @@ class QtDiffHeatmap(QWidget):
     def _cell_at(self, scene_pos: Any) -> tuple[int, int] | None:
         if self._drawn is None:
             return None
-        point = self.plot.vb.mapSceneToView(scene_pos)
-        p, layer = int(np.floor(point.x())), int(np.floor(point.y()))
         L, T = self._drawn.shape
-        return (layer, p) if 0 <= p < T and 0 <= layer < L else None
+        cell = cell_under(self.plot, scene_pos, T, L)
+        return None if cell is None else (cell[1], cell[0])  # (layer, position)
 
     def _mouse_moved(self, pos: Any) -> None:
         cell = self._cell_at(pos)

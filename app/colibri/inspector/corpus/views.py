@@ -23,6 +23,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QTabWidget,
                                QVBoxLayout, QWidget)
 
+from colibri.inspector.plots import cell_under
 from colibri.profile.results import Example, TokenRow
 
 _PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
@@ -111,10 +112,9 @@ class QtMatrixHeatmap(QWidget):
     def _cell_at(self, scene_pos: Any) -> tuple[int, int] | None:
         if self._values is None:
             return None
-        point = self.plot.vb.mapSceneToView(scene_pos)
-        col, row = int(np.floor(point.x())), int(np.floor(point.y()))
         rows, cols = self._values.shape
-        return (row, col) if 0 <= row < rows and 0 <= col < cols else None
+        cell = cell_under(self.plot, scene_pos, cols, rows)
+        return None if cell is None else (cell[1], cell[0])  # (row, column)
 
     def describe(self, row: int, col: int) -> str:
         assert self._values is not None

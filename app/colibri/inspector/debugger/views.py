@@ -46,7 +46,7 @@ from colibri.debugging.events import Event, EventList
 from colibri.inspection.values import format_scalar
 from colibri.debugging.stats import (LatencySeries, cache_summary, co_selection, expert_load,
                                      load_balance, routing_matrix)
-from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tidy
+from colibri.inspector.plots import IndexAxis, axes, cell_under, colour_bar, legend_row, tidy
 from colibri.inspector.table_model import ColumnTableModel, Index
 
 _CURRENT = QColor(120, 200, 120, 90)  # RenderDoc's green flag for the current event
@@ -530,10 +530,7 @@ class QtRoutingHeatmap(QWidget):
     def _cell_at(self, scene_pos: Any) -> tuple[int, int] | None:
         if self._matrix is None:
             return None
-        point = self.map_plot.vb.mapSceneToView(scene_pos)
-        p, mi = int(np.floor(point.x())), int(np.floor(point.y()))
-        P, M = self._matrix.shape
-        return (p, mi) if 0 <= p < P and 0 <= mi < M else None
+        return cell_under(self.map_plot, scene_pos, *self._matrix.shape)  # (position, moe_index)
 
     def _mouse_moved(self, pos: Any) -> None:
         cell = self._cell_at(pos)

@@ -37,7 +37,7 @@ from PySide6.QtGui import QBrush, QColor, QIcon, QPixmap
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit,
                                QSizePolicy, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from colibri.inspector.plots import IndexAxis, axes, colour_bar, legend_row, tidy
+from colibri.inspector.plots import IndexAxis, axes, cell_under, colour_bar, legend_row, tidy
 from colibri.jitter.analysis import BASELINE, EpsilonReport, JitterReport, ordered_int
 from colibri.jitter.remedies import RemedyReport
 
@@ -112,10 +112,7 @@ class _CellHeatmap(QWidget):
     def _cell_at(self, scene_pos: Any) -> tuple[int, int] | None:
         if self._values is None:
             return None
-        point = self.plot.vb.mapSceneToView(scene_pos)
-        p, mi = int(np.floor(point.x())), int(np.floor(point.y()))
-        P, M = self._values.shape
-        return (p, mi) if 0 <= p < P and 0 <= mi < M else None
+        return cell_under(self.plot, scene_pos, *self._values.shape)  # (position, moe_index)
 
     def _mouse_moved(self, pos: Any) -> None:
         cell = self._cell_at(pos)
