@@ -774,14 +774,7 @@ class MainWindow(QMainWindow):
             return self._open_foreign(absolute)
         doc = ModelDocument.open(absolute)
         view = FileView(doc)
-        if self._splitter_state is not None:
-            view.splitter.restoreState(self._splitter_state)
-        else:   # the hexdump as wide as one row of it, the views the rest
-            width = max(self.width(), 800)
-            hexdump = view.hex.minimumSizeHint().width() + 8
-            view.splitter.setSizes([width - hexdump, hexdump])
-        view.sig_status_changed.connect(self._view_status_changed)
-        view.sig_progress.connect(self._progress)
+        self._wire_file_tab(view)
         view.sig_view_changed.connect(self._view_changed)
         view.sig_reloaded.connect(
             lambda p: self.statusBar().showMessage(f"Reloaded {os.path.basename(p)}: "
@@ -799,17 +792,10 @@ class MainWindow(QMainWindow):
 
     def _open_foreign(self, absolute: str) -> QtForeignFileView:
         foreign = QtForeignFileView(absolute, auto_check_bytes=AUTO_CHECK_BYTES)
-        if self._splitter_state is not None:
-            foreign.splitter.restoreState(self._splitter_state)
-        else:   # the hexdump as wide as one row of it, the views the rest
-            width = max(self.width(), 800)
-            hexdump = foreign.hex.minimumSizeHint().width() + 8
-            foreign.splitter.setSizes([width - hexdump, hexdump])
+        self._wire_file_tab(foreign)
         foreign.sig_imported.connect(self._run_imported)
         foreign.sig_import_failed.connect(
             lambda message: QMessageBox.warning(self, "Import failed", message))
-        foreign.sig_status_changed.connect(self._view_status_changed)
-        foreign.sig_progress.connect(self._progress)
         index = self.files.addTab(foreign, foreign.name)
         self.files.setTabToolTip(index, absolute)
         self.files.setCurrentIndex(index)
@@ -820,6 +806,18 @@ class MainWindow(QMainWindow):
         self._update_status()
         self.sig_file_opened.emit(absolute)
         return foreign
+
+    def _wire_file_tab(self, view: FileView | QtForeignFileView) -> None:
+        """What every file tab gets: the last splitter layout (or the hexdump as wide as one row
+        of it, the views the rest), and its status and progress in the status bar."""
+        if self._splitter_state is not None:
+            view.splitter.restoreState(self._splitter_state)
+        else:
+            width = max(self.width(), 800)
+            hexdump = view.hex.minimumSizeHint().width() + 8
+            view.splitter.setSizes([width - hexdump, hexdump])
+        view.sig_status_changed.connect(self._view_status_changed)
+        view.sig_progress.connect(self._progress)
 
     def _run_imported(self, colibri_path: str) -> None:
         """A GGUF file's import is ready: open it and show the debugger."""

@@ -41,6 +41,7 @@ from colibri.inspector.debugger.worker import DebuggerController, DebuggerSnapsh
 from colibri.inspector.prompt import example_prompt
 from colibri.inspector.refdiff import QtReferenceDiffDialog
 from colibri.interventions import Intervention
+from colibri.values import RunSettings
 
 REPAINT_MS = 33
 
@@ -242,12 +243,8 @@ class QtDebuggerPanel(QWidget):
         compared with the run as it was (the Counterfactual tab); without a run, a new one
         starts under them."""
         if self.saved is not None or self.controller.worker.debugger is None:
-            if self.model is None:
-                return
-            try:
-                settings = self.run_panel.settings()
-            except ValueError as exc:
-                self._set_status(f"cannot start: {exc}")
+            settings = self._panel_settings()
+            if settings is None:
                 return
             self.intervention_view.items = list(interventions)
             self.start_run(settings, run=False)
@@ -264,15 +261,22 @@ class QtDebuggerPanel(QWidget):
 
     def _ensure_session(self, then: Any) -> None:
         if self.controller.worker.debugger is None:
-            if self.model is None:
-                return
-            try:
-                settings = self.run_panel.settings()
-            except ValueError as exc:
-                self._set_status(f"cannot start: {exc}")
+            settings = self._panel_settings()
+            if settings is None:
                 return
             self.start_run(settings, run=False)
         then()
+
+    def _panel_settings(self) -> RunSettings | None:
+        """The run panel's settings for a new run; None with no model, or when they do not
+        parse (said in the status line)."""
+        if self.model is None:
+            return None
+        try:
+            return self.run_panel.settings()
+        except ValueError as exc:
+            self._set_status(f"cannot start: {exc}")
+            return None
 
     def shutdown(self) -> None:
         self.controller.shutdown()
