@@ -254,3 +254,14 @@ def test_anatomy_table_model(qtmodeltester, v3_model: Model) -> None:
     table = AnatomyTableModel()
     table.set_anatomy(RuleBook(v3_model).of(dbg.events[0]))
     qtmodeltester.check(table)
+
+
+def test_stepping_or_intervening_with_unreadable_settings_says_why_and_starts_nothing(
+        qtbot, panel: QtDebuggerPanel) -> None:
+    panel.run_panel.routing.setCurrentText("cached")
+    panel.run_panel.cache_threshold.setText("abc")
+    for act in (panel.step_token, lambda: panel.apply_interventions([])):
+        panel.status.setText("")
+        act()
+        assert panel.status.text() == "cannot start: cache threshold 'abc' is not a number"
+        assert panel.controller.worker.debugger is None
