@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,43 @@ def _artifacts(size: tuple[int, int]) -> Path:
     directory = root / f"{QGuiApplication.platformName()}-{size[0]}x{size[1]}"
     directory.mkdir(parents=True, exist_ok=True)
     return directory
+
+
+@contextmanager
+def _window(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[MainWindow]:
+    """A shown window at the first size, its settings in a directory of their own (a module
+    fixture outlives a test's monkeypatch), closed at the end."""
+    old = os.environ.get(ENV_SETTINGS)
+    os.environ[ENV_SETTINGS] = str(tmp_path_factory.mktemp(name))
+    window = MainWindow()
+    window.persist = False
+    window.resize(*SIZES[0])
+    window.show()
+    try:
+        yield window
+    finally:
+        window.close()
+        if old is None:
+            os.environ.pop(ENV_SETTINGS, None)
+        else:
+            os.environ[ENV_SETTINGS] = old
+
+
+def _render(window: MainWindow, pages: list[tuple[str, Callable[[], None]]],
+            size: tuple[int, int]) -> list[str]:
+    """Show every page with the window at `size` and save its picture; what visual_checks finds
+    wrong on each, one line a finding."""
+    window.resize(*size)
+    settle()
+    out = _artifacts(size)
+    problems: list[str] = []
+    for page, show in pages:
+        show()
+        settle(120)
+        assert (window.width(), window.height()) == size, f"{page} resized the window"
+        problems += [f"{page}: {f}" for f in findings(window)]
+        save_png(window, out / f"{page}.png")
+    return problems
 
 
 def _pages(view: FileView) -> list[tuple[str, Callable[[], None]]]:
@@ -101,25 +139,15 @@ def styled(qapp) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def demo(qapp, tmp_path_factory) -> Iterator[tuple[MainWindow, FileView]]:
     """The demo open in a window, every view filled by real runs (done once for both sizes)."""
-    old = os.environ.get(ENV_SETTINGS)
-    os.environ[ENV_SETTINGS] = str(tmp_path_factory.mktemp("visual-settings"))
-    window = MainWindow()
-    window.persist = False
-    window.resize(*SIZES[0])
-    window.show()
-    view = window.open_path(DEMO)
-    for name in ("validation", "hex", "values", "debugger", "jitter"):
-        prepare(view, name, jitter_variants=VARIANTS)
-    view.values.show_layer_experts(1)
-    settle(50)
-    from colibri.inspector.examples import wait_while
-    wait_while(view.values.is_busy)
-    yield window, view
-    window.close()
-    if old is None:
-        os.environ.pop(ENV_SETTINGS, None)
-    else:
-        os.environ[ENV_SETTINGS] = old
+    with _window(tmp_path_factory, "visual-settings") as window:
+        view = window.open_path(DEMO)
+        for name in ("validation", "hex", "values", "debugger", "jitter"):
+            prepare(view, name, jitter_variants=VARIANTS)
+        view.values.show_layer_experts(1)
+        settle(50)
+        from colibri.inspector.examples import wait_while
+        wait_while(view.values.is_busy)
+        yield window, view
 
 
 def test_the_runs_filled_every_view(demo) -> None:
@@ -136,37 +164,18 @@ def test_the_runs_filled_every_view(demo) -> None:
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 def test_every_view_renders_cleanly(demo, size) -> None:
     window, view = demo
-    window.resize(*size)
-    settle()
-    out = _artifacts(size)
-    problems: list[str] = []
-    for page, show in _pages(view):
-        show()
-        settle(120)
-        assert (window.width(), window.height()) == size, f"{page} resized the window"
-        problems += [f"{page}: {f}" for f in findings(window)]
-        save_png(window, out / f"{page}.png")
+    problems = _render(window, _pages(view), size)
     assert not problems, "\n".join(problems)
 
 
 @pytest.fixture(scope="module")
 def gguf(qapp, tmp_path_factory) -> Iterator[tuple[MainWindow, QtForeignFileView]]:
     """A GGUF file open in a window of its own, its data checked (once for both sizes)."""
-    old = os.environ.get(ENV_SETTINGS)
-    os.environ[ENV_SETTINGS] = str(tmp_path_factory.mktemp("visual-gguf-settings"))
-    window = MainWindow()
-    window.persist = False
-    window.resize(*SIZES[0])
-    window.show()
-    view = window.open_path(GGUF)
-    prepare(view, "validation")
-    yield window, view
-    view.shutdown()
-    window.close()
-    if old is None:
-        os.environ.pop(ENV_SETTINGS, None)
-    else:
-        os.environ[ENV_SETTINGS] = old
+    with _window(tmp_path_factory, "visual-gguf-settings") as window:
+        view = window.open_path(GGUF)
+        prepare(view, "validation")
+        yield window, view
+        view.shutdown()
 
 
 def _gguf_pages(view: QtForeignFileView) -> list[tuple[str, Callable[[], None]]]:
@@ -185,16 +194,7 @@ def _gguf_pages(view: QtForeignFileView) -> list[tuple[str, Callable[[], None]]]
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 def test_the_gguf_tab_renders_cleanly(gguf, size) -> None:
     window, view = gguf
-    window.resize(*size)
-    settle()
-    out = _artifacts(size)
-    problems: list[str] = []
-    for page, show in _gguf_pages(view):
-        show()
-        settle(120)
-        assert (window.width(), window.height()) == size, f"{page} resized the window"
-        problems += [f"{page}: {f}" for f in findings(window)]
-        save_png(window, out / f"{page}.png")
+    problems = _render(window, _gguf_pages(view), size)
     assert view.data_result is not None and view.values.comparison is not None
     assert not problems, "\n".join(problems)
 
