@@ -479,3 +479,11 @@ def test_run_in_the_debugger_imports_once_into_the_cache(window, qtbot, tmp_path
     assert import_for_debugger(GGUF) == target == import_path(GGUF)
     assert Path(target).stat().st_mtime_ns == before  # the cached import is reused
     assert not _open(window, qtbot, CORPUS / "valid.gguf").run_button.isVisibleTo(window)
+
+
+def test_a_failed_check_of_a_gguf_file_is_said_in_its_report(qtbot, window: MainWindow) -> None:
+    view = _open(window, qtbot, GGUF)
+    qtbot.waitUntil(lambda: not view.is_checking(), timeout=TIMEOUT_MS)
+    view.checks.sig_failed.emit("OSError: the disk went away\nTraceback ...")  # the worker's
+    assert not view.is_checking()
+    assert view.validation.summary.text() == "The check failed: OSError: the disk went away"

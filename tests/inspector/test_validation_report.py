@@ -151,3 +151,13 @@ def test_unchecked_data_is_not_called_valid(qtbot, window, tiny_model_path, monk
     assert window.state_label.text() == "structure valid, data not checked"
     _run_checks(qtbot, view)
     assert banner.property("state") == "valid"
+
+
+def test_a_failed_check_is_said_in_the_report_and_ends_the_run(qtbot, window, tiny_model_path):
+    view = window.open_path(tiny_model_path())
+    _run_checks(qtbot, view)
+    with qtbot.waitSignal(view.sig_running, timeout=5000) as running:
+        view.checks.sig_failed.emit("OSError: the disk went away\nTraceback ...")  # the worker's
+    assert running.args == [False] and not view.is_checking()
+    assert view.last_error == "OSError: the disk went away"
+    assert view.validation.summary.text() == "The check failed: OSError: the disk went away"

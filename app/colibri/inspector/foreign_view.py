@@ -31,6 +31,7 @@ from colibri.inspection.foreign import (ForeignDocument, can_run, data_check,
                                         import_for_debugger)
 from colibri.inspection.foreign_tree import metadata_tree
 from colibri.inspection.tensors import TensorRow
+from colibri.inspector.data_checks import DataCheckTab
 from colibri.inspector.export import save_png
 from colibri.inspector.hexview import QtHexView
 from colibri.inspector.metadata_view import QtMetadataTree
@@ -44,7 +45,7 @@ TAB_NAMES = ("validation", "metadata", "tensors", "values")
 _ALIASES = {"header": "metadata"}
 
 
-class QtForeignFileView(QWidget):
+class QtForeignFileView(DataCheckTab, QWidget):
     """A tab for a GGUF file or a safetensors checkpoint (see the module docstring)."""
 
     sig_opened = Signal()               # the document is read and every view shows it
@@ -60,7 +61,6 @@ class QtForeignFileView(QWidget):
         self.doc: ForeignDocument | None = None
         self.data_result: DataCheckResult | None = None
         self.auto_check_bytes = auto_check_bytes
-        self._checking = False
         self._current_view = "validation"
         self._pending_tensor: tuple[str, int | None] | None = None
         self._files: list[str] = []
@@ -110,11 +110,7 @@ class QtForeignFileView(QWidget):
         self.opener = TaskRunner(self)
         self.opener.sig_finished.connect(self._opened)
         self.opener.sig_failed.connect(self._open_failed)
-        self.checks = TaskRunner(self)
-        self.checks.sig_progress.connect(self._check_progress)
-        self.checks.sig_finished.connect(self._checks_done)
-        self.checks.sig_cancelled.connect(self._checks_stopped)
-        self.checks.sig_failed.connect(self._checks_failed)
+        self._connect_checks()
         self.importer = TaskRunner(self)
         self.importer.sig_progress.connect(self._import_progress)
         self.importer.sig_finished.connect(self._imported)
@@ -186,35 +182,7 @@ class QtForeignFileView(QWidget):
         """Start the data checks (every tensor read, NaN/Inf scan) on a worker."""
         if self.doc is None or not self.doc.opened or not (checksums or nan_check):
             return
-        self.checks.start(Task("data checks", data_check(self.doc, checksums, nan_check)))
-        self._checking = True
-        self.validation.set_running(True)
-        self.sig_status_changed.emit()
-
-    def cancel_checks(self) -> None:
-        self.checks.cancel()
-
-    def is_checking(self) -> bool:
-        return self._checking
-
-    def _check_progress(self, done: int, total: int, text: str) -> None:
-        self.validation.set_progress(done, total, text)
-        self.sig_progress.emit(done, total, text)
-
-    def _checks_done(self, result: DataCheckResult) -> None:
-        self.data_result = result
-        self.validation.set_data_result(result)
-        self.tensors.set_check_status(dict(result.status))
-        self._checks_stopped()
-
-    def _checks_stopped(self) -> None:
-        self._checking = False
-        self.validation.set_running(False)
-        self.sig_status_changed.emit()
-
-    def _checks_failed(self, message: str) -> None:
-        self.validation.summary.setText(f"The check failed: {message.splitlines()[0]}")
-        self._checks_stopped()
+        self._start_checks(data_check(self.doc, checksums, nan_check))
 
     # -- navigation -----------------------------------------------------------------------------
 

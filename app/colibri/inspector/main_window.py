@@ -38,6 +38,7 @@ from colibri.serving.client import parse_address
 from colibri.inspector import resources
 from colibri.inspection.foreign import is_foreign
 from colibri.inspector.attach import QtServerMonitor, wait_for_retired
+from colibri.inspector.data_checks import DataCheckTab, first_line
 from colibri.inspector.export import save_png
 from colibri.inspector.foreign_view import QtForeignFileView
 from colibri.inspector.debugger.panel import QtDebuggerPanel
@@ -93,7 +94,7 @@ def autosave_path_for(model_path: str) -> str:
 # One open file
 
 
-class FileView(QWidget):
+class FileView(DataCheckTab, QWidget):
     """Every view of one `ModelDocument`, wired together (see the module docstring)."""
 
     sig_status_changed = Signal()
@@ -109,7 +110,6 @@ class FileView(QWidget):
         self.data_result: DataCheckResult | None = None
         self.last_error = ""
         self._current_view = "validation"
-        self._checking = False
 
         self.validation = QtValidationReport()
         self.header = QtHeaderView()
@@ -170,12 +170,8 @@ class FileView(QWidget):
         layout.addWidget(self.splitter)
 
         # File-wide jobs: one runner for data checks, one for reloads (each cancels its own).
-        self.checks = TaskRunner(self)
+        self._connect_checks()
         self.reloader = TaskRunner(self)
-        self.checks.sig_progress.connect(self._check_progress)
-        self.checks.sig_finished.connect(self._checks_done)
-        self.checks.sig_cancelled.connect(self._checks_stopped)
-        self.checks.sig_failed.connect(self._checks_failed)
         self.reloader.sig_finished.connect(self._reload_done)
         self.reloader.sig_failed.connect(self._checks_failed)
 
@@ -286,39 +282,18 @@ class FileView(QWidget):
             return
         fn = data_check(self.doc, checksums, nan_check)
         self.last_error = ""
-        self.checks.start(Task("data checks", fn))
-        self._checking = True
-        self.validation.set_running(True)
-        self.sig_running.emit(True)
-        self.sig_status_changed.emit()
+        self._start_checks(fn)
 
-    def cancel_checks(self) -> None:
-        self.checks.cancel()
+    def _checks_running(self, running: bool) -> None:
+        self.sig_running.emit(running)
 
-    def is_checking(self) -> bool:
-        return self._checking
-
-    def _check_progress(self, done: int, total: int, text: str) -> None:
-        self.validation.set_progress(done, total, text)
-        self.sig_progress.emit(done, total, text)
-
-    def _checks_done(self, result: DataCheckResult) -> None:
-        if result.generation == self.doc.generation:
-            self.data_result = result
-            self.validation.set_data_result(result)
-            self.tensors.set_check_status(dict(result.status))
-        self._checks_stopped()
-
-    def _checks_stopped(self) -> None:
-        self._checking = False
-        self.validation.set_running(False)
-        self.sig_running.emit(False)
-        self.sig_status_changed.emit()
+    def _result_is_current(self, result: DataCheckResult) -> bool:
+        return result.generation == self.doc.generation
 
     def _checks_failed(self, message: str) -> None:
-        self.last_error = message.splitlines()[0] if message else "failed"
-        self.validation.summary.setText(f"The check failed: {self.last_error}")
-        self._checks_stopped()
+        """Also for a failed reload; a file changed under the scan is offered for reopening."""
+        self.last_error = first_line(message)
+        super()._checks_failed(message)
         if message.startswith(ColibriFileChangedError.__name__) or self.doc.changed_on_disk():
             self.reload()   # the file moved under the scan: say so and offer to reopen
 
