@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any

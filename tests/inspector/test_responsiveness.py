@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 import threading
 import time
 from pathlib import Path
