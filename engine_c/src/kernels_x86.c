@@ -735,9 +735,14 @@ COL_INLINE COL_TBF16 void tile_dp_avx512(const col_matvec_job *j, const uint16_t
     if (i < n) {
         const __mmask32 m = (__mmask32)((1u << (n - i)) - 1u);
         __m512i xv[4];
+#pragma GCC unroll 4
         for (int b = 0; b < NT; b++) xv[b] = _mm512_maskz_loadu_epi16(m, x[b] + i);
+        /* unrolled as the main loop is: an accumulator indexed by a variable would keep all of
+         * them in a stack array, stored and reloaded around every pass */
+#pragma GCC unroll 8
         for (int a = 0; a < NR; a++) {
             const __m512i wv = _mm512_maskz_loadu_epi16(m, row[a] + 2 * i);
+#pragma GCC unroll 4
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm512_dpbf16_ps(acc[a * NT + b], (__m512bh)wv, (__m512bh)xv[b]);
         }
     }
