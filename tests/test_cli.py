@@ -618,27 +618,38 @@ def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
     spec.loader.exec_module(module)
-    assert module.main(["--models", "", "--checkpoint", str(hf), "--precisions", "q8",
+    assert module.main(["--models", "", "--checkpoint", str(hf), "--precisions", "bf16,q8",
                         "--turns", "1", "-r", "1", "-p", "8", "-n", "4", "-t", "1",
                         "--probe-mb", "64", "--work", str(tmp_path), "--json",
-                        "--save", str(tmp_path / "saved.json")]) == 0
+                        "--numerics", "dot-bf16", "--save", str(tmp_path / "saved.json")]) == 0
     report = json.loads(capsys.readouterr().out)
     saved = json.loads((tmp_path / "saved.json").read_text())
     assert saved["rows"] == report["rows"] and saved["turns"] == 1
-    (row,) = report["rows"]
-    assert report["engines"] == ["colibri", "llama.cpp"]
-    assert (row["model"], row["precision"], row["matched"]) == ("tiny-hf", "q8", True)
-    assert row["bytes_per_token"]["colibri"] == row["bytes_per_token"]["llama.cpp"] > 0
-    for engine in report["engines"]:
-        speeds = row["engines"][engine]
-        assert speeds["prefill_tok_s"]["median"] > 0 and speeds["decode_tok_s"]["median"] > 0
-        assert 0 < speeds["fraction_of_limit"]["median"]
-    assert row["ratios"]["llama.cpp"]["decode_tok_s"]["median"] > 0
-    assert all(run["load"] >= 0 for runs in row["runs"].values() for run in runs)
+    bf16, q8 = report["rows"]
+    assert report["engines"] == ["colibri", "colibri dot-bf16", "llama.cpp"]
+    assert (q8["model"], q8["precision"], q8["matched"]) == ("tiny-hf", "q8", True)
+    assert q8["bytes_per_token"]["colibri"] == q8["bytes_per_token"]["llama.cpp"] > 0
+    # the numerics mode runs where the file has bf16 weights only
+    assert set(bf16["engines"]) == set(report["engines"])
+    assert set(q8["engines"]) == {"colibri", "llama.cpp"}
+    has_bf16_dot = report["compute_probe"]["best"]["bf16 dot"] > 0  # AVX512-BF16
+    for row in (bf16, q8):
+        for engine, speeds in row["engines"].items():
+            assert speeds["prefill_tok_s"]["median"] > 0 and speeds["decode_tok_s"]["median"] > 0
+            assert 0 < speeds["fraction_of_limit"]["median"]
+            # prefill against the same-run compute probe of the arithmetic the engine uses
+            if row is q8 or engine == "colibri" or has_bf16_dot:
+                assert 0 < speeds["prefill_of_compute"]["median"]
+        assert row["ratios"]["llama.cpp"]["decode_tok_s"]["median"] > 0
+        assert all(run["load"] >= 0 for runs in row["runs"].values() for run in runs)
+    assert bf16["ratios"]["colibri dot-bf16/llama.cpp"]["prefill_tok_s"]["median"] > 0
+    assert report["compute_probe"]["best"]["f32 FMA"] > 0 and report["compute_probe"]["best"]["int8 dot"] > 0
     report_file = tmp_path / "report.json"
     report_file.write_text(json.dumps(report))
     assert module.main(["--from-json", str(report_file)]) == 0
-    assert "| tiny-hf | q8 | llama.cpp |" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "| tiny-hf | q8 | llama.cpp |" in text
+    assert "| tiny-hf | bf16 | colibri dot-bf16 |" in text and "| tiny-hf | bf16 | dot-bf16 | " in text
 
 
 def test_bench_peak_memory_leaves_out_the_probe_and_names_the_mapped_file() -> None:

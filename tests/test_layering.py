@@ -23,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "app" / "colibri"
 QT_FREE = ("colibri", "colibri.values", "colibri.errors", "colibri.engine", "colibri.generation",
            "colibri.numerics", "colibri.tokens", "colibri.files", "colibri.fileformat",
            "colibri.convert", "colibri.convert_gguf", "colibri.formats", "colibri.reload",
-           "colibri.bench", "colibri.cli",
+           "colibri.bench", "colibri.compute", "colibri.cli",
            "colibri.inspection", "colibri.debugging", "colibri.jitter", "colibri.profile",
            "colibri.serving", "colibri.margins", "colibri.families", "colibri.reference")
 # The compiled extension belongs to the binding: errors.py names status codes with it.

@@ -14,6 +14,7 @@ machine whose speed drifts by 10 % from minute to minute. Prints, per build, the
 and the median and quartiles of the per-pair ratios B / A (above 1: B is faster).
 
     python tools/bench_builds.py FILE [--a HEAD] [--b worktree] [-p 128] [-n 32] [-t 2] [--turns 8] [-r 3]
+                                 [--numerics default|dot-bf16]
                                  [--python] [--a-cflags=FLAGS] [--b-cflags=FLAGS]
 
 --a-cflags / --b-cflags add compiler flags to one build's engine, so one revision can be measured
@@ -88,6 +89,8 @@ def turn_package(app: Path, args: argparse.Namespace) -> tuple[float, float]:
                "--no-trace-check", "--json"]
     if args.kernels != "best":
         command += ["--kernels", args.kernels]
+    if args.numerics != "default":
+        command += ["--numerics", args.numerics]
     env = {**os.environ, "PYTHONPATH": str(app)}
     r = json.loads(subprocess.run(command, check=True, capture_output=True, text=True,
                                   env=env).stdout)
@@ -98,7 +101,7 @@ def turn(binary: Path, args: argparse.Namespace) -> tuple[float, float]:
     """One process of `binary`: the median prefill tokens/s and decode tokens/s of its repeats."""
     out = subprocess.run([str(binary), args.file, "--prompt", str(args.p), "--decode", str(args.n),
                           "--threads", str(args.threads), "--repeats", str(args.repeats),
-                          "--kernels", args.kernels], check=True, capture_output=True, text=True).stdout
+                          "--kernels", args.kernels, "--numerics", args.numerics], check=True, capture_output=True, text=True).stdout
     r = json.loads(out)
     return args.p / statistics.median(r["prefill_seconds"]), args.n / statistics.median(r["decode_seconds"])
 
@@ -117,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=32, help="decoded tokens after each prefill")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--kernels", default="best", choices=("best", "portable", "avx2", "avx512", "amx"))
+    ap.add_argument("--numerics", default="default", choices=("default", "dot-bf16"),
+                    help="the numerics both builds run (dot-bf16: bf16 weights by bf16 dot products)")
     ap.add_argument("--turns", type=int, default=8, help="turns of each build (processes)")
     ap.add_argument("-r", "--repeats", type=int, default=3, help="prefills (and decodes) per turn")
     ap.add_argument("--python", action="store_true",

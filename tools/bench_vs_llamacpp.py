@@ -14,19 +14,26 @@ For each bench model (tools/bench_models.py: the Mixtral-shaped 0.64 B and the Q
 Then, turn after turn, every (model, precision) runs `colibri bench`, llama.cpp's `llama-bench`
 and ik_llama.cpp's `llama-bench -rtr 1` (its run-time repacking), each a fresh process with
 `-p 128 -n 64 -t 2` by default, in an order that rotates from turn to turn, with the read
-bandwidth probe (colibri.engine.measure_read_bandwidth, same threads) between every two runs.
+bandwidth probe (colibri.engine.measure_read_bandwidth, same threads) and the compute probe
+(colibri.compute: f32 FMA, bf16 and int8 dot products) between every two runs. `--numerics SPEC`
+(repeatable, e.g. dot-bf16) adds Colibri in that numerics mode as one more engine, on the cells
+whose file has bf16 weights; the default rows stay exact.
 
 It prints, per model and precision: each engine's prefill and decode tok/s (medians over
 turns), the bytes of weights it reads per decoded token (Colibri from its tensor table, GGUF from
 colibri.formats' reader: colibri.bench), the fraction of the bandwidth limit its decode reaches
-(per run against the better probe beside it, median over turns), and Colibri's ratios to each
+(per run against the better probe beside it, median over turns), the fraction of the compute
+limit its prefill reaches (the prompt's multiply-adds per token from the file's shapes, made with
+the arithmetic that engine uses for that precision: Colibri's exact bf16 with f32 FMA, its
+dot-bf16 and llama.cpp's bf16 with bf16 dot products, q8_0 and q4_0 with int8 dot products; per
+run against the better compute probe beside it), and each Colibri's ratios to each other
 engine with their quartiles over turns; a ratio is marked when the two files' bytes per token
 differ by more than 5 % (not like for like). `--json` prints everything, every run included.
 
     python tools/bench_vs_llamacpp.py --ik /work/ext/ik_llama.cpp/build/bin/llama-bench \\
         [--models mixtral,qwen3] [--checkpoint HF_DIR ...] [--precisions bf16,q8,q4] [--turns 5]
         [-p 128] [-n 64] [-t 2] [-r 3] [--work /work/bench-models] [--max-load L] [--json]
-        [--save REPORT.json]
+        [--numerics dot-bf16] [--save REPORT.json]
     python tools/bench_vs_llamacpp.py --from-json REPORT.json   # the tables of a saved report
 
 Needs the test and fixtures extras (`pip install -e .[test,fixtures]`: torch and transformers
@@ -88,6 +95,7 @@ class Cell:
     bytes_per_token: dict[str, int]
     file_bytes: dict[str, int]
     runs: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    macs: dict[str, float] = field(default_factory=dict)  # per prompt token, by dtype (colibri.compute)
 
     @property
     def name(self) -> str:
@@ -162,10 +170,11 @@ def gguf_quantised(source: Path, out: Path, precision: str, quantize: Path) -> P
     return _atomic(out, make)
 
 
-def prepare(name: str, hf: Path, precisions: list[str], work: Path, quantize: Path
-            ) -> list[Cell]:
+def prepare(name: str, hf: Path, precisions: list[str], work: Path, quantize: Path,
+            prompt: int) -> list[Cell]:
     """The cells of one checkpoint: both engines' files (made in `work` once, then reused)."""
     from colibri.bench import gguf_weight_bytes_per_token, weight_bytes_per_token
+    from colibri.compute import prefill_macs
     from colibri.engine import Model
     from colibri.formats.gguf_file import GGUFFile
 
@@ -178,11 +187,13 @@ def prepare(name: str, hf: Path, precisions: list[str], work: Path, quantize: Pa
             bf16, work / f"{name}-{GGUF_SUFFIX[precision]}.gguf", precision, quantize)
         with Model.open(ours) as m:
             ours_bytes = weight_bytes_per_token(m)
+            macs = prefill_macs(m, prompt)
         theirs_bytes = gguf_weight_bytes_per_token(GGUFFile.open(str(theirs)))
         cells.append(Cell(name, precision, ours, theirs,
                           {"colibri": ours_bytes, "llama.cpp": theirs_bytes,
                            "ik_llama.cpp": theirs_bytes},
-                          {"colibri": ours.stat().st_size, "gguf": theirs.stat().st_size}))
+                          {"colibri": ours.stat().st_size, "gguf": theirs.stat().st_size},
+                          macs=macs))
     return cells
 
 
@@ -194,16 +205,29 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def run_colibri(cell: Cell, args: argparse.Namespace) -> tuple[float, float]:
+def numerics_of(engine: str) -> str | None:
+    """The numerics spec of a Colibri engine ("colibri dot-bf16"; None for the exact default)."""
+    return engine.split(" ", 1)[1] if engine.startswith("colibri ") else None
+
+
+def runs_on(engine: str, cell: Cell) -> bool:
+    """A numerics mode runs only where it changes something: on files with bf16 weights."""
+    return numerics_of(engine) is None or "bf16" in cell.macs
+
+
+def run_colibri(cell: Cell, args: argparse.Namespace, numerics: str | None
+                ) -> tuple[float, float, str]:
     """One `colibri bench` process (its own probe kept small: the script's probe is the one
-    that counts); its median prefill and decode tok/s over --repeats."""
+    that counts); its median prefill and decode tok/s over --repeats, and its kernel path."""
     command = [sys.executable, "-m", "colibri.cli", "bench", str(cell.colibri_file),
                "-p", str(args.p), "-n", str(args.n), "-t", str(args.threads),
                "-r", str(args.repeats), "--probe-mb", "64", "--no-trace-check", "--json"]
+    if numerics is not None:
+        command += ["--numerics", numerics]
     out = subprocess.run(command, check=True, capture_output=True, text=True,
                          timeout=RUN_TIMEOUT).stdout
     r = json.loads(out)
-    return r["prefill_tok_s"], r["decode_tok_s"]
+    return r["prefill_tok_s"], r["decode_tok_s"], r["kernels"]
 
 
 def run_llama_bench(binary: Path, cell: Cell, args: argparse.Namespace, extra: list[str]
@@ -226,6 +250,23 @@ def probe(args: argparse.Namespace) -> float:
     from colibri.engine import measure_read_bandwidth
 
     return measure_read_bandwidth(args.probe_mb << 20, args.threads, 3)
+
+
+def compute_probe(args: argparse.Namespace) -> dict[str, float | None]:
+    from colibri import compute
+    from colibri.engine import ARITHMETIC
+
+    return compute.probe(list(ARITHMETIC), args.threads)
+
+
+def compute_limit(cell: Cell, engine: str, kernels: str | None,
+                  rates: dict[str, float | None]) -> float | None:
+    """The prefill tok/s `engine` could reach on `cell` at `rates` with its arithmetic."""
+    from colibri import compute
+
+    how = (compute.llamacpp_arithmetic if not engine.startswith("colibri") else
+           compute.colibri_arithmetic(kernels or "avx512", numerics_of(engine) == "dot-bf16"))
+    return compute.limit_tok_s(compute.arithmetic_macs(cell.macs, how), rates)
 
 
 def wait_for_load(limit: float, timeout: float) -> float:
@@ -272,18 +313,26 @@ def summarise(cells: list[Cell], engines: list[str]) -> list[dict[str, Any]]:
                                "matched": cell.matched, "engines": {}, "ratios": {},
                                "runs": cell.runs}
         for engine in engines:
-            runs = cell.runs[engine]
+            runs = cell.runs.get(engine, [])
+            if not runs:
+                continue
             row["engines"][engine] = {
                 key: {"median": _median([r[key] for r in runs]),
                       "quartiles": quartiles([r[key] for r in runs])}
-                for key in ("prefill_tok_s", "decode_tok_s", "fraction_of_limit")}
-        for other in engines[1:]:
-            row["ratios"][other] = {}
-            for key in ("prefill_tok_s", "decode_tok_s"):
-                # per turn: the two runs were made minutes apart at most
-                per_turn = [a[key] / b[key] for a, b in zip(cell.runs["colibri"], cell.runs[other])]
-                row["ratios"][other][key] = {"median": quartiles(per_turn)[1],
-                                             "quartiles": quartiles(per_turn)}
+                for key in ("prefill_tok_s", "decode_tok_s", "fraction_of_limit",
+                            "prefill_of_compute") if all(r.get(key) for r in runs)}
+        ours = [e for e in engines if e.startswith("colibri") and cell.runs.get(e)]
+        theirs = [e for e in engines if not e.startswith("colibri")]
+        for mine in ours:
+            # "colibri" vs each other engine (the report's original key), "colibri SPEC/other"
+            for other in theirs + [e for e in ours if e != mine and mine == "colibri"]:
+                key_name = other if mine == "colibri" else f"{mine}/{other}"
+                row["ratios"][key_name] = {}
+                for key in ("prefill_tok_s", "decode_tok_s"):
+                    # per turn: the two runs were made minutes apart at most
+                    per_turn = [a[key] / b[key] for a, b in zip(cell.runs[mine], cell.runs[other])]
+                    row["ratios"][key_name][key] = {"median": quartiles(per_turn)[1],
+                                                    "quartiles": quartiles(per_turn)}
         rows.append(row)
     return rows
 
@@ -314,36 +363,48 @@ def format_report(report: dict[str, Any]) -> str:
         f"read bandwidth probe ({report['threads']} threads, between every two runs): best "
         f"{report['probe_gb_s']['best']:.1f} GB/s, median {report['probe_gb_s']['median']:.1f}, "
         f"lowest {report['probe_gb_s']['lowest']:.1f}",
+        *([f"compute probe ({report['threads']} threads, between every two runs), best G "
+           "multiply-adds/s: " + ", ".join(f"{how} {rate:.1f}" for how, rate in
+                                            report["compute_probe"]["best"].items() if rate)]
+          if report.get("compute_probe") else []),
         f"llama.cpp: llama-cpp-python {report['llama_cpp']['version']} sdist, build "
         f"{report['llama_cpp']['build']}"
         + (f"; ik_llama.cpp build {report['ik_llama_cpp']['build']} (-rtr 1)"
            if "ik_llama.cpp" in engines else ""),
         "",
-        "| model | precision | engine | MB/token | file MB | prefill tok/s | decode tok/s "
-        "| decode, of the limit |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | precision | engine | MB/token | file MB | prefill tok/s | prefill, of the "
+        "compute limit | decode tok/s | decode, of the limit |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"]:
         for engine in engines:
-            e = row["engines"][engine]
-            file_mb = row["file_bytes"]["colibri" if engine == "colibri" else "gguf"] / 1e6
+            e = row["engines"].get(engine)
+            if e is None:
+                continue
+            ours = engine.startswith("colibri")
+            file_mb = row["file_bytes"]["colibri" if ours else "gguf"] / 1e6
+            compute = (f"{100 * e['prefill_of_compute']['median']:.0f} %"
+                       if "prefill_of_compute" in e else "-")
             lines.append(
                 f"| {row['model']} | {row['precision']} | {engine} | "
-                f"{row['bytes_per_token'][engine] / 1e6:.1f} | {file_mb:.0f} | "
-                f"{e['prefill_tok_s']['median']:.1f} | {e['decode_tok_s']['median']:.1f} | "
-                f"{100 * e['fraction_of_limit']['median']:.0f} % |")
-    header = ["model", "precision", "bytes per token, Colibri / GGUF"]
-    for other in engines[1:]:
-        header += [f"decode, Colibri / {other}", f"prefill, Colibri / {other}"]
+                f"{row['bytes_per_token']['colibri' if ours else engine] / 1e6:.1f} | "
+                f"{file_mb:.0f} | {e['prefill_tok_s']['median']:.1f} | {compute} | "
+                f"{e['decode_tok_s']['median']:.1f} | {100 * e['fraction_of_limit']['median']:.0f} % |")
+    theirs = [e for e in engines if not e.startswith("colibri")]
+    header = ["model", "precision", "Colibri", "bytes per token, Colibri / GGUF"]
+    for other in theirs:
+        header += [f"decode, / {other}", f"prefill, / {other}"]
     lines += ["", "Colibri's ratios, median (quartiles) over turns:", "",
               "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in report["rows"]:
-        cells = [row["model"], row["precision"], f"{row['byte_ratio']:.3f}"]
-        for other in engines[1:]:
-            r = row["ratios"][other]
-            cells += [_ratio(r["decode_tok_s"], row["matched"]),
-                      _ratio(r["prefill_tok_s"], row["matched"])]
-        lines.append("| " + " | ".join(cells) + " |")
+        for mine in [e for e in engines if e.startswith("colibri") and e in row["engines"]]:
+            cells = [row["model"], row["precision"], "exact" if mine == "colibri" else numerics_of(mine)
+                     or mine, f"{row['byte_ratio']:.3f}"]
+            for other in theirs:
+                r = row["ratios"][other if mine == "colibri" else f"{mine}/{other}"]
+                cells += [_ratio(r["decode_tok_s"], row["matched"]),
+                          _ratio(r["prefill_tok_s"], row["matched"])]
+            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     if not all(row["matched"] for row in report["rows"]):
         lines.append(f"\n* bytes per token differ by more than {100 * MATCHED_BYTES:.0f} %: "
                      "not like for like")
@@ -374,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-wait", type=float, default=1800.0, metavar="SECONDS",
                     help="--max-load's waits in all, after which runs start whatever the load "
                          "(default 1800)")
+    ap.add_argument("--numerics", action="append", default=[], metavar="SPEC",
+                    help="also run Colibri in this numerics mode (repeatable; e.g. dot-bf16), "
+                         "on the cells whose file has bf16 weights")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--save", type=Path, default=None, metavar="FILE",
                     help="write the --json report to FILE after every turn (for --from-json)")
@@ -394,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ik is not None and not os.access(args.ik, os.X_OK):
         ap.error(f"--ik {args.ik}: not an executable")
     engines = list(ENGINES if args.ik is not None else ENGINES[:2])
+    engines[1:1] = [f"colibri {spec}" for spec in args.numerics]
 
     tools = llamacpp.LlamaCpp()
     llama_bench, quantize = tools.bench(), tools.quantize()
@@ -404,15 +469,16 @@ def main(argv: list[str] | None = None) -> int:
     if not checkpoints:
         ap.error("no model to compare: give --models or --checkpoint")
     cells = [c for name, hf in checkpoints for c in prepare(name, hf, precisions, args.work,
-                                                             quantize)]
+                                                             quantize, args.p)]
     for cell in cells:
-        cell.runs = {e: [] for e in engines}
+        cell.runs = {e: [] for e in engines if runs_on(e, cell)}
         log(f"{cell.name}: {cell.bytes_per_token['colibri'] / 1e6:.1f} MB per token (Colibri), "
             f"{cell.bytes_per_token['llama.cpp'] / 1e6:.1f} (GGUF): ratio {cell.byte_ratio:.3f}"
             + ("" if cell.matched else " NOT MATCHED"))
 
     builds: dict[str, str] = {}
     probes, load = [probe(args)], []
+    computes = [compute_probe(args)]
 
     def report(turns: int) -> dict[str, Any]:
         return {
@@ -421,6 +487,10 @@ def main(argv: list[str] | None = None) -> int:
             "load": load + [os.getloadavg()[0]],
             "probe_gb_s": {"best": max(probes) / 1e9, "median": statistics.median(probes) / 1e9,
                            "lowest": min(probes) / 1e9, "all": [p / 1e9 for p in probes]},
+            "compute_probe": {"best": {how: max((c[how] or 0.0) for c in computes) / 1e9
+                                       for how in computes[0]},
+                              "all": [{how: (rate or 0.0) / 1e9 for how, rate in c.items()}
+                                      for c in computes]},
             "llama_cpp": {"version": llamacpp.VERSION, "build": builds.get("llama.cpp", "?"),
                           "bench": str(llama_bench)},
             **({"ik_llama_cpp": {"build": builds.get("ik_llama.cpp", "?"),
@@ -437,23 +507,35 @@ def main(argv: list[str] | None = None) -> int:
                 # per cell, so the engines of one ratio run under the same load
                 wait_left -= wait_for_load(args.max_load, min(180.0, wait_left))
             for engine in order:
+                if engine not in cell.runs:
+                    continue
                 started, run_load = time.monotonic(), os.getloadavg()[0]
-                if engine == "colibri":
-                    prefill, decode = run_colibri(cell, args)
+                kernels = None
+                if engine.startswith("colibri"):
+                    prefill, decode, kernels = run_colibri(cell, args, numerics_of(engine))
                 else:
                     binary = llama_bench if engine == "llama.cpp" else args.ik
                     extra = ["-rtr", "1"] if engine == "ik_llama.cpp" else []
                     prefill, decode, builds[engine] = run_llama_bench(binary, cell, args, extra)
                 probes.append(probe(args))
+                computes.append(compute_probe(args))
                 limit = max(probes[-2], probes[-1])
-                fraction = cell.bytes_per_token[engine] * decode / limit
+                fraction = cell.bytes_per_token[
+                    "colibri" if engine.startswith("colibri") else engine] * decode / limit
+                rates = {how: max(computes[-2][how] or 0.0, computes[-1][how] or 0.0) or None
+                         for how in computes[-1]}
+                prefill_limit = compute_limit(cell, engine, kernels, rates)
+                of_compute = prefill / prefill_limit if prefill_limit else None
                 cell.runs[engine].append({"prefill_tok_s": prefill, "decode_tok_s": decode,
                                           "fraction_of_limit": fraction, "probe_gb_s": limit / 1e9,
+                                          "prefill_limit_tok_s": prefill_limit,
+                                          "prefill_of_compute": of_compute,
                                           "seconds": time.monotonic() - started,
                                           "load": run_load})
-                log(f"turn {turn + 1}/{args.turns} {cell.name} {engine}: prefill {prefill:.1f}, "
-                    f"decode {decode:.1f} tok/s, {100 * fraction:.0f} % of {limit / 1e9:.1f} GB/s"
-                    f" (load {run_load:.1f})")
+                log(f"turn {turn + 1}/{args.turns} {cell.name} {engine}: prefill {prefill:.1f}"
+                    + (f" ({100 * of_compute:.0f} % of {prefill_limit:.0f})" if of_compute else "")
+                    + f", decode {decode:.1f} tok/s, {100 * fraction:.0f} % of "
+                    f"{limit / 1e9:.1f} GB/s (load {run_load:.1f})")
         if args.save is not None:  # a run stopped later keeps its finished turns
             tmp = args.save.with_name(f".{args.save.name}.tmp")
             tmp.write_text(json.dumps(report(turn + 1), indent=2))

@@ -18,6 +18,12 @@ every repeat, and the report gives the variant's time as a multiple of the defau
 of the repeats' ratios, with the lowest and highest), which one run on a shared machine measures
 far better than two runs minutes apart.
 
+Prefill is bound by arithmetic instead: the report gives the multiply-adds one prompt token costs
+(colibri.compute, from the file's shapes), split by the instruction the run's kernel path makes
+them with, and the compute probe's multiply-adds per second for each (same threads, between the
+repeats like the bandwidth probe): the prefill limit is what the prefill would reach at those
+rates, and the fraction of it is the median over repeats, each against the better probe beside it.
+
 Memory: the peak RSS is measured over the runs only (Linux: the peak is reset after each probe
 through /proc/self/clear_refs and read before the next), so the probe's buffer (`--probe-mb`,
 1 GiB by default, larger than any cache) is not counted, and the part of it that is the mapped
@@ -35,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from colibri import compute
 from colibri.engine import Model, Session, measure_read_bandwidth
 from colibri.fileformat import LAYER_CHUNKED, LAYER_SLIDING
 
@@ -188,6 +195,15 @@ class BenchResult:
     decode_cost: float | None = None
     prefill_cost_range: tuple[float, float] | None = None
     decode_cost_range: tuple[float, float] | None = None
+    # the compute limit of the prefill (colibri.compute): multiply-adds per prompt token by the
+    # arithmetic that makes them, the best probe of each (multiply-adds/s), the tok/s those rates
+    # allow and the prefill's fraction of it (median over repeats, lowest and highest); None where
+    # the path's arithmetic has no probe (portable, bf16 on AMX tiles)
+    prefill_macs_per_token: dict[str, float] | None = None
+    compute_probe: dict[str, float] | None = None
+    prefill_limit_tok_s: float | None = None
+    prefill_fraction_of_limit: float | None = None
+    prefill_fraction_of_limit_range: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -288,7 +304,11 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     default_decode_s: list[float] = []
     phase_runs: list[dict[str, dict[str, float]]] = []
     memory = PeakMemory(path)
+    macs = compute.arithmetic_macs(compute.prefill_macs(model, prompt), compute.colibri_arithmetic(
+        session.kernels, session.numerics.spec.split("+").count("dot-bf16") > 0))
+    arithmetics = sorted(macs) if macs else []
     probes = [measure_read_bandwidth(probe_bytes, threads, 3)]
+    compute_probes = [compute.probe(arithmetics, threads, session.kernels)]
     memory.reset()
     traced = Session(model, threads=threads, max_context=ctx, trace=True, kernels=kernels,
                      numerics=numerics) if trace_check else None
@@ -322,9 +342,16 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         # and just after it; a busy neighbour can only lower a reading, so the better one counts
         memory.sample()
         probes.append(measure_read_bandwidth(probe_bytes, threads, 3))
+        compute_probes.append(compute.probe(arithmetics, threads, session.kernels))
         memory.reset()
     wb = weight_bytes_per_token(model)
     fractions = [wb * n / d / max(probes[i], probes[i + 1]) for i, d in enumerate(decode_s)]
+    def best(rates: list[dict[str, float | None]]) -> dict[str, float | None]:
+        return {a: max((r[a] or 0.0) for r in rates) or None for a in arithmetics}
+    pre_limits = [compute.limit_tok_s(macs, best(compute_probes[i:i + 2])) for i in range(len(prefill_s))]
+    pre_fractions = [prompt / p / lim for p, lim in zip(prefill_s, pre_limits) if lim]
+    best_rates = best(compute_probes)
+    pre_limit = compute.limit_tok_s(macs, best_rates)
 
     bw = max(probes)
     pre = statistics.median(prefill_s)
@@ -358,6 +385,10 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         session_bytes=Session.memory_estimate(model, threads=threads, max_context=ctx, trace=False),
         phases={part: {key: statistics.median(run[part][key] for run in phase_runs)
                        for key in ("ms", "mb", "gb_s")} for part in phase_runs[0]} if phase_runs else {},
+        prefill_macs_per_token=macs, compute_probe=best_rates if pre_limit else None,
+        prefill_limit_tok_s=pre_limit,
+        prefill_fraction_of_limit=statistics.median(pre_fractions) if pre_fractions else None,
+        prefill_fraction_of_limit_range=(min(pre_fractions), max(pre_fractions)) if pre_fractions else None,
         **cost)
 
 
@@ -401,6 +432,26 @@ def cost_lines(r: BenchResult) -> list[str]:
             f"{r.decode_cost_range[1]:.2f}x)"]
 
 
+def compute_lines(r: BenchResult) -> list[str]:
+    """The prefill against the compute limit of the arithmetic its path uses."""
+    if not r.prefill_macs_per_token:
+        return ["prefill limit              -  (no compute probe for this path's arithmetic)"]
+    total = sum(r.prefill_macs_per_token.values())
+    split = ", ".join(f"{macs / 1e6:.1f} M {how}" for how, macs in sorted(
+        r.prefill_macs_per_token.items(), key=lambda kv: -kv[1]))
+    lines = [f"multiply-adds/token  {total / 1e6:9.1f} M  ({split}; the LM head of the last position)"]
+    if r.compute_probe and r.prefill_limit_tok_s and r.prefill_fraction_of_limit is not None \
+            and r.prefill_fraction_of_limit_range is not None:
+        rates = ", ".join(f"{how} {rate / 1e9:.1f}" for how, rate in r.compute_probe.items() if rate)
+        lines += [f"compute probe        {rates} G multiply-adds/s  (same run, {r.threads} thread(s), best)",
+                  f"prefill limit        {r.prefill_limit_tok_s:9.1f} tok/s  (best probes)",
+                  f"of the limit         {100 * r.prefill_fraction_of_limit:9.1f}%  (prefill; median over repeats; "
+                  f"repeats {_span(r.prefill_fraction_of_limit_range, 100.0)}%)"]
+    else:
+        lines.append("prefill limit              -  (no compute probe for this path's arithmetic)")
+    return lines
+
+
 def format_result(r: BenchResult) -> str:
     note = limit_note(r)
     return "\n".join([
@@ -421,6 +472,7 @@ def format_result(r: BenchResult) -> str:
         f"of the limit         {100 * r.fraction_of_limit:9.1f}%  (median over repeats, each against "
         f"the better probe beside it; repeats {_span(r.fraction_of_limit_range, 100.0)}%)",
         *([f"                     {note}"] if note else []),
+        *compute_lines(r),
         f"decode, trace on     {r.trace_on_decode_tok_s:9.1f} tok/s  (cost {100 * r.trace_cost:+.1f}%)",
         f"session memory       {r.session_bytes / 2**20:9.2f} MiB (estimate, beyond the mapped weights)",
         f"peak RSS             {r.peak_rss_mb:9.1f} MiB  ({memory_note(r)})",

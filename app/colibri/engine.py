@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale build
     raise ImportError(
         f"colibri: compiled engine has ABI version {lib.col_abi_version()}, this Python package "
@@ -1234,3 +1234,20 @@ def measure_read_bandwidth(nbytes: int = 1 << 30, threads: int = 1, repeats: int
     if bw <= 0:
         raise ColibriError(f"bandwidth probe failed ({nbytes} bytes, {threads} threads)")
     return float(bw)
+
+
+# the arithmetic a product multiplies with (col_arith), by the name bench reports give it
+ARITHMETIC = {"f32 FMA": 0, "bf16 dot": 1, "int8 dot": 2}
+
+
+def measure_compute(arithmetic: str, threads: int = 1, kernels: str | None = None,
+                    repeats: int = 3) -> float | None:
+    """This machine's multiply-adds per second for `arithmetic` (a key of ARITHMETIC) on the
+    kernel path `kernels` (None: the best this machine has), `threads` threads, best of `repeats`
+    passes (col_measure_compute). None when that path has no instruction for it (the portable
+    path, bf16 dot without AVX512-BF16). Releases the GIL while it runs."""
+    if arithmetic not in ARITHMETIC:
+        raise ValueError(f"unknown arithmetic {arithmetic!r}; one of {', '.join(ARITHMETIC)}")
+    cap = 0 if kernels is None else KERNEL_PATHS.index(kernels) + 1
+    rate = lib.col_measure_compute(ARITHMETIC[arithmetic], cap, threads, repeats)
+    return float(rate) if rate > 0 else None

@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 11  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 12  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
@@ -46,7 +46,8 @@ extern "C" {
                                 the residual-stream scales); 9: GPT-OSS's and Llama 4's fields in
                                 col_hparams (attention_chunk_size) and col_routing_info; 10:
                                 interventions, col_session_truncate, layer stepping (col_trace_view
-                                grew; col_session_begin_embedding); 11: COL_REDUCTION_BF16_DOT */
+                                grew; col_session_begin_embedding); 11: COL_REDUCTION_BF16_DOT; 12: the
+                                compute probe (col_arith, col_measure_compute) */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -666,6 +667,23 @@ int32_t col_session_trace(const col_session *session, col_trace_view *out);
  * (0.0 on allocation or thread failure). For benchmarks: run it in the same process and moment
  * as the measurement it bounds. */
 double col_measure_read_bandwidth(uint64_t bytes, uint32_t n_threads, uint32_t repeats);
+
+/* Arithmetic a product multiplies with (col_measure_compute). Append-only. (since ABI 12) */
+typedef enum col_arith {
+    COL_ARITH_F32_FMA = 0,   /* f32 fused multiply-adds: f32, f16 and (exact) bf16 weights, the heads */
+    COL_ARITH_BF16_DOT = 1,  /* bf16 pair dot products (AVX512-BF16 vdpbf16ps): dot-bf16 */
+    COL_ARITH_INT8_DOT = 2   /* int8 dot products (VNNI vpdpbusd; AVX2 vpmaddubsw + vpmaddwd): q8_0, q4_0 */
+} col_arith;
+
+/* Measure this machine's multiply-add throughput for `arith` (a col_arith) with the instructions
+ * of the kernel path a session with `kernels` (a col_kernels ceiling) would run: `n_threads`
+ * threads each run independent chains of the instruction on register operands (f32 FMA: 16
+ * multiply-adds per AVX-512 instruction, 8 per AVX2; bf16 dot: 32; int8 dot: 64, or 32 per three
+ * AVX2 instructions); best of `repeats` passes of a few milliseconds. Returns multiply-adds per
+ * second over all threads: the compute limit a prefill on that path is measured against. 0.0 when
+ * the path has no such instruction (the portable path; bf16 dot without AVX512-BF16), for a
+ * bad argument, or on thread failure. Thread safe; for benchmarks, like the bandwidth probe. */
+double col_measure_compute(uint32_t arith, uint32_t kernels, uint32_t n_threads, uint32_t repeats);
 
 /* Name of the kernel path the session runs ("portable", "avx2", "avx512", "amx"); static storage. */
 const char *col_session_kernels(const col_session *session);

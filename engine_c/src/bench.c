@@ -10,8 +10,15 @@
  * Each thread reads its share as PROBE_STREAMS interleaved streams (eight places at once), as the
  * decode tiles do: one stream per core leaves memory-level parallelism unused, and the limit a
  * kernel is measured against must be the most the machine delivers (docs/performance.md).
+ *
+ * Prefill is bound by arithmetic instead, so a second probe measures the multiply-adds per second
+ * the machine's threads make with the instructions a kernel path multiplies with: f32 FMA, bf16
+ * dot products (vdpbf16ps) and int8 dot products (vpdpbusd, or AVX2's vpmaddubsw + vpmaddwd).
+ * Each thread runs COMPUTE_CHAINS independent accumulators on register operands, more than any of
+ * these instructions' latency times its throughput, so nothing but the execution units limits it.
  */
 #include "internal.h"
+#include "kernels.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -21,6 +28,8 @@
 #endif
 
 #define PROBE_STREAMS 8
+#define COMPUTE_CHAINS 12
+#define COMPUTE_STEPS (1u << 20) /* per thread and pass: 12 M instructions, a few ms */
 #define PROBE_LINE_WORDS 8 /* 64 bytes */
 
 typedef struct probe_share {
@@ -131,4 +140,153 @@ double col_measure_read_bandwidth(uint64_t bytes, uint32_t n_threads, uint32_t r
     (void)sink;
     free(mem);
     return best;
+}
+
+/* ---- The compute probe ------------------------------------------------------------------- */
+
+typedef struct compute_share {
+    uint32_t arith;   /* col_arith */
+    col_isa isa;
+    uint64_t macs;    /* multiply-adds made */
+    float sink;
+} compute_share;
+
+#if defined(__x86_64__)
+/* Each function runs COMPUTE_STEPS rounds of COMPUTE_CHAINS independent instructions and returns
+ * a value depending on every accumulator, so none of them can be left out. */
+__attribute__((target("avx512f"))) static float fma_avx512(void)
+{
+    __m512 acc[COMPUTE_CHAINS];
+    const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1.001f);
+    for (int c = 0; c < COMPUTE_CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+    for (uint32_t i = 0; i < COMPUTE_STEPS; i++)
+#pragma GCC unroll 12
+        for (int c = 0; c < COMPUTE_CHAINS; c++) acc[c] = _mm512_fmadd_ps(a, b, acc[c]);
+    for (int c = 1; c < COMPUTE_CHAINS; c++) acc[0] = _mm512_add_ps(acc[0], acc[c]);
+    return _mm512_reduce_add_ps(acc[0]);
+}
+
+__attribute__((target("avx2,fma"))) static float fma_avx2(void)
+{
+    __m256 acc[COMPUTE_CHAINS];
+    const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1.001f);
+    for (int c = 0; c < COMPUTE_CHAINS; c++) acc[c] = _mm256_set1_ps((float)c);
+    for (uint32_t i = 0; i < COMPUTE_STEPS; i++)
+#pragma GCC unroll 12
+        for (int c = 0; c < COMPUTE_CHAINS; c++) acc[c] = _mm256_fmadd_ps(a, b, acc[c]);
+    for (int c = 1; c < COMPUTE_CHAINS; c++) acc[0] = _mm256_add_ps(acc[0], acc[c]);
+    float out[8];
+    _mm256_storeu_ps(out, acc[0]);
+    return out[0] + out[7];
+}
+
+__attribute__((target("avx512f,avx512bf16"))) static float dpbf16_avx512(void)
+{
+    __m512 acc[COMPUTE_CHAINS];
+    const __m512i a = _mm512_set1_epi32(0x3F803F80), b = _mm512_set1_epi32(0x3F7F3F7F); /* pairs of 1.0, 0.996 */
+    for (int c = 0; c < COMPUTE_CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+    for (uint32_t i = 0; i < COMPUTE_STEPS; i++)
+#pragma GCC unroll 12
+        for (int c = 0; c < COMPUTE_CHAINS; c++) acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)a, (__m512bh)b);
+    for (int c = 1; c < COMPUTE_CHAINS; c++) acc[0] = _mm512_add_ps(acc[0], acc[c]);
+    return _mm512_reduce_add_ps(acc[0]);
+}
+
+__attribute__((target("avx512f,avx512vnni"))) static float dpbusd_avx512(void)
+{
+    __m512i acc[COMPUTE_CHAINS];
+    const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+    for (int c = 0; c < COMPUTE_CHAINS; c++) acc[c] = _mm512_set1_epi32(c);
+    for (uint32_t i = 0; i < COMPUTE_STEPS; i++)
+#pragma GCC unroll 12
+        for (int c = 0; c < COMPUTE_CHAINS; c++) acc[c] = _mm512_dpbusd_epi32(acc[c], a, b);
+    for (int c = 1; c < COMPUTE_CHAINS; c++) acc[0] = _mm512_add_epi32(acc[0], acc[c]);
+    return (float)_mm512_reduce_add_epi32(acc[0]);
+}
+
+/* AVX2's int8 block sum, as its kernels form it: 32 byte products summed in pairs to 16 bits,
+ * then in pairs to 32 bits, then added: 32 multiply-adds per three instructions. */
+__attribute__((target("avx2"))) static float maddubs_avx2(void)
+{
+    __m256i acc[COMPUTE_CHAINS];
+    const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+    for (int c = 0; c < COMPUTE_CHAINS; c++) acc[c] = _mm256_set1_epi32(c);
+    for (uint32_t i = 0; i < COMPUTE_STEPS; i++)
+#pragma GCC unroll 12
+        for (int c = 0; c < COMPUTE_CHAINS; c++)
+            acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+    for (int c = 1; c < COMPUTE_CHAINS; c++) acc[0] = _mm256_add_epi32(acc[0], acc[c]);
+    int32_t out[8];
+    _mm256_storeu_si256((__m256i *)out, acc[0]);
+    return (float)out[0];
+}
+
+/* Multiply-adds per instruction of `arith` on path `isa` (0: the path has no instruction for it). */
+static uint64_t compute_width(uint32_t arith, col_isa isa)
+{
+    __builtin_cpu_init();
+    const int wide = isa >= COL_ISA_AVX512;
+    switch (arith) {
+    case COL_ARITH_F32_FMA: return wide ? 16 : isa == COL_ISA_AVX2 ? 8 : 0;
+    case COL_ARITH_BF16_DOT: return wide && __builtin_cpu_supports("avx512bf16") ? 32 : 0;
+    case COL_ARITH_INT8_DOT: return wide ? 64 : isa == COL_ISA_AVX2 ? 32 : 0;
+    default: return 0;
+    }
+}
+
+static void *compute_main(void *arg)
+{
+    compute_share *sh = arg;
+    const int wide = sh->isa >= COL_ISA_AVX512;
+    const uint64_t rounds = (uint64_t)COMPUTE_STEPS * COMPUTE_CHAINS;
+    switch (sh->arith) {
+    case COL_ARITH_F32_FMA: sh->sink = wide ? fma_avx512() : fma_avx2(); break;
+    case COL_ARITH_BF16_DOT: sh->sink = dpbf16_avx512(); break;
+    default: sh->sink = wide ? dpbusd_avx512() : maddubs_avx2(); break;
+    }
+    sh->macs = rounds * compute_width(sh->arith, sh->isa);
+    return NULL;
+}
+#endif
+
+double col_measure_compute(uint32_t arith, uint32_t kernels, uint32_t n_threads, uint32_t repeats)
+{
+    if (n_threads < 1 || n_threads > 256 || repeats < 1 || arith > COL_ARITH_INT8_DOT ||
+        kernels > COL_KERNELS_AMX)
+        return 0.0;
+#if defined(__x86_64__)
+    const col_isa isa = col_choose_isa(kernels == COL_KERNELS_BEST ? COL_ISA_AMX : (col_isa)(kernels - 1));
+    if (compute_width(arith, isa) == 0) return 0.0;
+    compute_share shares[256];
+    pthread_t threads[256];
+    double best = 0.0;
+    volatile float sink = 0.0f;
+    for (uint32_t rep = 0; rep < repeats; rep++) {
+        uint64_t t0 = col_now_ns();
+        uint32_t started = 0;
+        for (uint32_t t = 0; t < n_threads; t++) {
+            shares[t] = (compute_share){arith, isa, 0, 0.0f};
+            if (t == 0) continue;
+            if (pthread_create(&threads[t], NULL, compute_main, &shares[t]) != 0) break;
+            started++;
+        }
+        compute_main(&shares[0]);
+        for (uint32_t t = 1; t <= started; t++) pthread_join(threads[t], NULL);
+        uint64_t dt = col_now_ns() - t0;
+        if (started + 1 != n_threads) return 0.0;
+        uint64_t macs = 0;
+        for (uint32_t t = 0; t < n_threads; t++) {
+            macs += shares[t].macs;
+            sink += shares[t].sink;
+        }
+        double rate = dt ? (double)macs / ((double)dt * 1e-9) : 0.0;
+        if (rate > best) best = rate;
+    }
+    (void)sink;
+    return best;
+#else
+    (void)arith;
+    (void)kernels;
+    return 0.0;
+#endif
 }

@@ -666,6 +666,42 @@ COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64
 
 #define COL_TBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,avx2,fma,f16c")))
 
+/* The next tile's bytes for the pass over tokens [t, t + NT) of a bf16 dot-product batch tile,
+ * and how many lines of it each step of the k loop prefetches: as many as cover the slice (at
+ * most DP_PREFETCH_MAX a step), where the float tiles' one line a step leaves a tile of few token
+ * passes to wait on memory (a tile's rows are half the bytes of f32 ones). */
+#ifndef DP_PREFETCH_MAX
+#define DP_PREFETCH_MAX 4
+#endif
+typedef struct dp_prefetch {
+    const char *at, *end;
+    uint64_t per_step;
+} dp_prefetch;
+
+COL_INLINE dp_prefetch dp_prefetch_slice(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT,
+                                         uint32_t t, uint64_t rb, uint64_t steps)
+{
+    dp_prefetch pf = {NULL, NULL, 0};
+    if (NT == 1 && j->n_tokens == 1) return pf; /* decode: distant rows, prefetched ahead */
+    if (step != 1 || r + 2 * (uint64_t)NR > j->w.rows) return pf;
+    const uint64_t units = j->n_tokens, tile = (uint64_t)NR * rb;
+    const char *next = (const char *)j->w.data + (r + (uint64_t)NR) * rb;
+    pf.at = next + (tile * t / units & ~(uint64_t)63);
+    pf.end = next + tile * (t + (uint64_t)NT) / units;
+    const uint64_t lines = (uint64_t)(pf.end - pf.at + 63) / 64;
+    pf.per_step = (lines + steps - 1) / steps;
+    if (pf.per_step > DP_PREFETCH_MAX) pf.per_step = DP_PREFETCH_MAX;
+    return pf;
+}
+
+COL_INLINE void dp_prefetch_step(dp_prefetch *pf)
+{
+    for (uint64_t i = 0; i < pf->per_step && pf->at < pf->end; i++) {
+        _mm_prefetch(pf->at, _MM_HINT_T1);
+        pf->at += 64;
+    }
+}
+
 /* A tile of bf16 dot products: per step 32 columns of each row (one 64-byte load) against the
  * tokens' packed activations, vdpbf16ps adding each lane's odd then even product (a last, partial
  * step under a mask: zero pairs); the 16 lane sums reduced by the kernels' tree. Decode tiles take
@@ -681,10 +717,10 @@ COL_INLINE COL_TBF16 void tile_dp_avx512(const col_matvec_job *j, const uint16_t
     for (int b = 0; b < NT; b++) x[b] = xp + (uint64_t)(t + b) * n;
 #pragma GCC unroll 24
     for (int k = 0; k < NR * NT; k++) acc[k] = _mm512_setzero_ps();
-    next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, steps);
+    dp_prefetch pf = dp_prefetch_slice(j, r, step, NR, NT, t, rb, steps);
     uint64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        next_tile_step(&pf);
+        dp_prefetch_step(&pf);
         __m512i xv[4];
 #pragma GCC unroll 4
         for (int b = 0; b < NT; b++) xv[b] = _mm512_loadu_si512((const void *)(x[b] + i));
@@ -699,9 +735,14 @@ COL_INLINE COL_TBF16 void tile_dp_avx512(const col_matvec_job *j, const uint16_t
     if (i < n) {
         const __mmask32 m = (__mmask32)((1u << (n - i)) - 1u);
         __m512i xv[4];
+#pragma GCC unroll 4
         for (int b = 0; b < NT; b++) xv[b] = _mm512_maskz_loadu_epi16(m, x[b] + i);
+        /* unrolled as the main loop is: an accumulator indexed by a variable would keep all of
+         * them in a stack array, stored and reloaded around every pass */
+#pragma GCC unroll 8
         for (int a = 0; a < NR; a++) {
             const __m512i wv = _mm512_maskz_loadu_epi16(m, row[a] + 2 * i);
+#pragma GCC unroll 4
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm512_dpbf16_ps(acc[a * NT + b], (__m512bh)wv, (__m512bh)xv[b]);
         }
     }
