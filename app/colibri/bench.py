@@ -407,7 +407,7 @@ def memory_note(r: BenchResult) -> str:
     sessions = r.n_sessions * r.session_bytes / 2**20
     return (f"{r.baseline_rss_mb:.1f} MiB of it the process before the model was opened "
             f"(the interpreter and its libraries), {r.mapped_rss_mb:.1f} MiB the mapped model file, "
-            f"{rest:.1f} MiB the rest: {r.n_sessions} session(s) of {sessions:.1f} MiB, the worker "
+            f"{rest:.1f} MiB the rest: {r.n_sessions} session(s), {sessions:.1f} MiB together, the worker "
             f"threads' stacks and the runs' arrays; {probe}")
 
 

@@ -198,14 +198,34 @@ static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos,
     }
 }
 
-/* The heads of n positions from `base`, as pool items (head-major): queries q [n][q_dim],
- * outputs att [n][q_dim]; each thread scores into its own row of s->scores. */
+/* The heads of n positions from `base`, as pool items (KV-head-major, then parts of a KV head's
+ * query heads): queries q [n][q_dim], outputs att [n][q_dim]; each thread scores into its own row
+ * of s->scores. */
 typedef struct heads_task {
     col_session *s;
     uint32_t layer, base, n;
+    uint32_t part, n_parts; /* query heads per item (the last part may have fewer), parts per KV head */
     const float *q;
     float *att;
 } heads_task;
+
+/* Query heads the AVX-512 path attends together (col_attend_group_avx512 takes them four at a
+ * time from the first), so parts of this many leave every head's bits as one item of all. */
+#define COL_HEAD_PART 4
+
+/* Items for the heads of n positions: a KV head's query heads are split into parts when there are
+ * too few (position, KV head) items to keep the threads busy, as in a decode step of latent
+ * attention (one KV head for all the query heads), at the cost of reading its keys once a part. */
+static heads_task heads_of(col_session *s, uint32_t layer, uint32_t base, uint32_t n, const float *q, float *att)
+{
+    heads_task task = {s, layer, base, n, s->att_group, 1, q, att};
+    const uint64_t items = (uint64_t)n * s->kv_heads, threads = col_pool_threads(s->pool);
+    if (threads > 1 && items < 2 * threads && s->att_group > COL_HEAD_PART) {
+        task.part = COL_HEAD_PART;
+        task.n_parts = (s->att_group + COL_HEAD_PART - 1) / COL_HEAD_PART;
+    }
+    return task;
+}
 
 /* A step reads its layer's cache from memory (the weights read since the last step flushed it),
  * so its heads prefetch keys and values this many positions ahead; a prefill block's positions
@@ -226,17 +246,18 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     const float *sinks = layer->attn_sinks ? (const float *)layer->attn_sinks->data : NULL; /* f32 (format.c) */
     for (uint64_t i = i0; i < i1; i++) {
         /* KV-head-major, so each thread's share holds early and late positions alike (a late
-         * position attends to more keys); the query heads of a KV head run together, so each key
-         * and value read from the cache serves all of them */
+         * position attends to more keys); the query heads of a KV head (or of a part) run
+         * together, so each key and value read from the cache serves all of them */
         uint64_t n = task->n, t = i % n;
-        uint32_t g = (uint32_t)(i / n);
-        uint64_t at = t * q_dim + (uint64_t)g * group * d;
+        uint32_t g = (uint32_t)(i / n / task->n_parts), h0 = (uint32_t)(i / n % task->n_parts) * task->part;
+        uint32_t n_q = group - h0 < task->part ? group - h0 : task->part;
+        uint64_t at = t * q_dim + ((uint64_t)g * group + h0) * d;
         uint32_t pos = task->base + (uint32_t)t, first = 0;
         if (mask == COL_LAYER_SLIDING && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
         if (mask == COL_LAYER_CHUNKED) first = pos - pos % hp->attention_chunk_size;
         col_head_job job = {task->q + at, kv_rows(s, s->k_cache, task->layer, g) + first * d,
                             kv_rows(s, s->v_cache, task->layer, g) + first * d, d, pos + 1 - first, (uint32_t)d, scale,
-                            group, n == 1 ? COL_DECODE_KV_PREFETCH : 0, sinks ? sinks + (uint64_t)g * group : NULL};
+                            n_q, n == 1 ? COL_DECODE_KV_PREFETCH : 0, sinks ? sinks + (uint64_t)g * group + h0 : NULL};
         col_attend_head(s->pool, &job, scores, task->att + at);
     }
 }
@@ -251,8 +272,8 @@ static void attend_positions(col_session *s, uint32_t layer_index, uint32_t base
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
     for (uint32_t t = 0; t < n; t++)
         prepare_position(s, layer_index, base + t, q + t * q_dim, k + t * kv_dim, v + t * kv_dim);
-    heads_task task = {s, layer_index, base, n, q, att};
-    col_pool_run(s->pool, run_heads, &task, (uint64_t)n * s->kv_heads);
+    heads_task task = heads_of(s, layer_index, base, n, q, att);
+    col_pool_run(s->pool, run_heads, &task, (uint64_t)n * s->kv_heads * task.n_parts);
 }
 
 /* ---- multi-head latent attention (docs/format.md, "MLA") --------------------------------- */
@@ -328,8 +349,8 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
     gather_heads(s->mla_q, qw, nh, nope + r, nope, r, n, s->mla_heads);
     scatter_heads(s->mla_heads, nh, r, n, s->mla_qatt, aw, lat, c);
     /* every head over the latent rows: one KV head, nh query heads of c + r */
-    heads_task task = {s, layer_index, s->position, n, s->mla_qatt, s->mla_att};
-    col_pool_run(s->pool, run_heads, &task, n);
+    heads_task task = heads_of(s, layer_index, s->position, n, s->mla_qatt, s->mla_att);
+    col_pool_run(s->pool, run_heads, &task, (uint64_t)n * task.n_parts);
     /* the value up-projection: v[h] = attn_v_b[h] . (the first c values of head h's sum) */
     gather_heads(s->mla_att, aw, nh, lat, 0, c, n, s->mla_lat);
     for (uint32_t h = 0; h < nh; h++)

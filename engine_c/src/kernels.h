@@ -67,7 +67,7 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
 void col_pool_free(col_pool *pool);
 
 /* Work that is not a product, split over the pool: thread t (0 = the caller) runs
- * fn(ctx, t, i0, i1) on its share [N*t/T, N*(t+1)/T) of items 0..N-1, and col_pool_run returns
+ * fn(ctx, t, i0, i1) on pieces [i0, i1) of items 0..N-1 it takes in turn, and col_pool_run returns
  * when all shares are done. As with products, an item's result must not depend on the thread that
  * computes it; `t` is for per-thread scratch. Not reentrant: fn must not use the pool. */
 typedef void (*col_pool_task)(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1);
