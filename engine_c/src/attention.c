@@ -278,6 +278,8 @@ static void attend_positions(col_session *s, uint32_t layer_index, uint32_t base
 
 /* ---- multi-head latent attention (docs/format.md, "MLA") --------------------------------- */
 
+static void mla_up_heads(col_session *s, uint32_t layer_index, uint32_t n);
+
 /* rows [n][width] <-> heads [nh][n][part]: head h's `part` values at `offset` of each row. */
 static void gather_heads(const float *rows, uint64_t width, uint32_t nh, uint64_t stride, uint64_t offset,
                          uint64_t part, uint32_t n, float *heads)
@@ -295,6 +297,40 @@ static void scatter_heads(const float *heads, uint32_t nh, uint64_t part, uint32
             memcpy(rows + t * width + h * stride + offset, heads + ((uint64_t)h * n + t) * part, part * sizeof(float));
 }
 
+/* A decode step's latent heads with their up-projections, as pool items of a part of the query
+ * heads each: head h's query [attn_k_b[h] . q_nope[h] | q_rope[h]] straight into its row of
+ * mla_qatt, the part's heads over the latent rows, and v[h] = attn_v_b[h] . (the first c values
+ * of its sum) straight into mla_o: one pool dispatch where there were three, with the same
+ * products and heads as mla_attention's, so the same bits. */
+typedef struct mla_decode_task {
+    heads_task heads;
+    const col_layer *layer;
+} mla_decode_task;
+
+static void run_mla_decode(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
+{
+    mla_decode_task *task = ctx;
+    col_session *s = task->heads.s;
+    const col_hparams *hp = &s->model->hp;
+    const uint32_t nh = hp->n_heads, nope = hp->qk_nope_head_dim, r = hp->qk_rope_head_dim;
+    const uint32_t c = hp->kv_lora_rank, vd = hp->v_head_dim, lat = c + r;
+    for (uint64_t i = i0; i < i1; i++) {
+        const uint32_t h0 = (uint32_t)i * task->heads.part, h1 = h0 + task->heads.part < nh ? h0 + task->heads.part : nh;
+        col_matvec_job jobs[COL_HEAD_PART];
+        for (uint32_t h = h0; h < h1; h++) {
+            const float *q = s->mla_q + (uint64_t)h * (nope + r);
+            jobs[h - h0] = (col_matvec_job){col_weight_expert(task->layer->attn_k_b, h), q, s->mla_qatt + (uint64_t)h * lat, 1};
+            memcpy(s->mla_qatt + (uint64_t)h * lat + c, q + nope, r * sizeof(float));
+        }
+        col_matmul_here(s->pool, jobs, h1 - h0, thread);
+        run_heads(&task->heads, thread, i, i + 1);
+        for (uint32_t h = h0; h < h1; h++)
+            jobs[h - h0] = (col_matvec_job){col_weight_expert(task->layer->attn_v_b, h), s->mla_att + (uint64_t)h * lat,
+                                            s->mla_o + (uint64_t)h * vd, 1};
+        col_matmul_here(s->pool, jobs, h1 - h0, thread);
+    }
+}
+
 /* The latent attention of n positions from s->position: xn [n][d_model] -> out [n][d_model].
  * Queries and the position's latent come from their projections; the latent (RMSNorm'd) and the
  * RoPE'd shared key part are cached as one row of kv_lora_rank + qk_rope_head_dim; head h's query
@@ -307,8 +343,8 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
     const col_hparams *hp = &s->model->hp;
     const col_layer *layer = &s->model->layers[layer_index];
     const uint32_t nh = hp->n_heads, nope = hp->qk_nope_head_dim, r = hp->qk_rope_head_dim;
-    const uint32_t c = hp->kv_lora_rank, ql = hp->q_lora_rank, vd = hp->v_head_dim;
-    const uint64_t qw = (uint64_t)nh * (nope + r), lat = (uint64_t)c + r, aw = (uint64_t)nh * lat;
+    const uint32_t c = hp->kv_lora_rank, ql = hp->q_lora_rank;
+    const uint64_t qw = (uint64_t)nh * (nope + r), lat = (uint64_t)c + r;
     const float eps = hp->latent_norm_eps;
 
     /* projections: the query (straight, or through its normalised low-rank pair) and the latent */
@@ -339,6 +375,31 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
         rope_rotate(kv + c, 1, lat, r, hp->rope_layout, cs, sn);
         memcpy(kv_rows(s, s->k_cache, layer_index, 0) + (uint64_t)pos * lat, kv, lat * sizeof(float));
     }
+    if (n == 1 && col_pool_runs_here(s->pool, layer->attn_k_b->dtype) &&
+        col_pool_runs_here(s->pool, layer->attn_v_b->dtype)) {
+        mla_decode_task task = {heads_of(s, layer_index, s->position, 1, s->mla_qatt, s->mla_att), layer};
+        if (task.heads.n_parts == 1) { /* one thread: parts keep the jobs' array small */
+            task.heads.part = COL_HEAD_PART;
+            task.heads.n_parts = (nh + COL_HEAD_PART - 1) / COL_HEAD_PART;
+        }
+        col_pool_run(s->pool, run_mla_decode, &task, task.heads.n_parts);
+    } else {
+        mla_up_heads(s, layer_index, n);
+    }
+    col_matvec_job o = {col_weight_of(layer->attn_o), s->mla_o, out, n};
+    col_matmul_many(s->pool, &o, 1);
+    for (uint32_t t = 0; t < n; t++) add_bias(out + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);
+}
+
+/* mla_attention's heads with their up-projections, as batches of products over n positions:
+ * mla_q -> mla_o. */
+static void mla_up_heads(col_session *s, uint32_t layer_index, uint32_t n)
+{
+    const col_hparams *hp = &s->model->hp;
+    const col_layer *layer = &s->model->layers[layer_index];
+    const uint32_t nh = hp->n_heads, nope = hp->qk_nope_head_dim, r = hp->qk_rope_head_dim;
+    const uint32_t c = hp->kv_lora_rank, vd = hp->v_head_dim;
+    const uint64_t qw = (uint64_t)nh * (nope + r), lat = (uint64_t)c + r, aw = (uint64_t)nh * lat;
     /* the key up-projection moved onto the query: q_lat[h] = attn_k_b[h] . q_nope[h] */
     gather_heads(s->mla_q, qw, nh, nope + r, 0, nope, n, s->mla_heads);
     for (uint32_t h = 0; h < nh; h++)
@@ -358,9 +419,6 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
                                           s->mla_heads + (uint64_t)h * n * vd, n};
     col_matmul_many(s->pool, s->mla_jobs, nh);
     scatter_heads(s->mla_heads, nh, vd, n, s->mla_o, (uint64_t)nh * vd, vd, 0);
-    col_matvec_job o = {col_weight_of(layer->attn_o), s->mla_o, out, n};
-    col_matmul_many(s->pool, &o, 1);
-    for (uint32_t t = 0; t < n; t++) add_bias(out + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);
 }
 
 /* A block of n positions (s->position .. +n-1): q/k/v and the o-projection as matrix-matrix

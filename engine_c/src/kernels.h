@@ -143,6 +143,15 @@ void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs
  * paths ignore it); 0 otherwise. */
 void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, int x_bf16);
 
+/* Whether products of weights of this dtype can run whole on one thread inside a col_pool_run task
+ * (col_matmul_here): weights the pool's path reads with the activations as they are (no int8
+ * blocks, AMX packing or bf16 dot products) and no numerics variant. 0 for a NULL pool. */
+int col_pool_runs_here(const col_pool *pool, uint32_t dtype);
+
+/* Every row of the jobs on the calling pool thread `thread` (the task's), with its staging; the
+ * same bits as col_matmul_many. Only for dtypes col_pool_runs_here accepts. */
+void col_matmul_here(const col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, uint32_t thread);
+
 /* A row walker that runs products instead of the pool's kernels (numerics.c's variant loops):
  * rows [r0, r1) of job j, every token. An output's bits must not depend on r0, r1 or the thread. */
 typedef void (*col_rows_walker)(const void *ctx, const col_matvec_job *j, uint64_t r0, uint64_t r1);

@@ -538,6 +538,23 @@ static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, 
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
 }
 
+int col_pool_runs_here(const col_pool *pool, uint32_t dtype)
+{
+    if (!pool || pool->numerics || pool->bf16_dot || is_block_dtype(dtype)) return 0;
+#if defined(__x86_64__)
+    if (pool->isa == COL_ISA_AMX && col_amx_handles(dtype)) return 0;
+#endif
+    return 1;
+}
+
+void col_matmul_here(const col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, uint32_t thread)
+{
+    for (uint32_t k = 0; k < n_jobs; k++) {
+        assert(col_pool_runs_here(pool, jobs[k].w.dtype));
+        job_rows(pool, &jobs[k], NULL, thread, 0, jobs[k].w.rows);
+    }
+}
+
 void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, int x_bf16)
 {
     matmul(pool, jobs, n_jobs, x_bf16, 0);
