@@ -272,3 +272,25 @@ def test_granite_embedding_rows_are_scaled_as_transformers_scales_inputs_embeds(
         scale = max(1.0, float(np.abs(want).max()))
         assert float(np.abs(got - want).max()) <= 1e-4 * scale
         np.testing.assert_allclose(s.trace.router_logits, router, atol=1e-3, rtol=0)
+
+
+def test_latent_attention_with_heads_in_parts_matches_transformers_and_itself(
+        tmp_path: Path) -> None:
+    """Ten latent query heads: a decode step splits them into parts of 4, 4 and 2 (the heads the
+    AVX-512 path attends together) and runs each part's key and value up-projections and heads as
+    one pool item. The steps equal the prefill and each other for 1..3 threads, and match
+    transformers."""
+    base = VARIANTS["deepseek_v3-groups-qlora"]
+    variant = hf_reference.Variant("deepseek_v3-ten-heads", base.family,
+                                   dict(base.config, num_attention_heads=10, num_key_value_heads=10))
+    hf = hf_reference.build(variant)
+    reference = hf_reference.run(hf, TOKENS, 1)
+    path = tmp_path / "ten-heads.colibri"
+    convert(hf_reference.save(hf, tmp_path / "hf"), path, dtype="f32")
+    with Model.open(path) as model:
+        block = Session(model, threads=2, max_context=32).prefill(TOKENS)
+        for threads in (1, 2, 3):
+            s = Session(model, threads=threads, max_context=32)
+            assert np.stack([s.step(t) for t in TOKENS]).tobytes() == block.tobytes(), threads
+    scale = max(1.0, float(np.abs(reference.logits).max()))
+    assert np.abs(block - reference.logits).max() <= 1e-4 * scale

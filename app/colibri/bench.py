@@ -26,8 +26,11 @@ rates, and the fraction of it is the median over repeats, each against the bette
 
 Memory: the peak RSS is measured over the runs only (Linux: the peak is reset after each probe
 through /proc/self/clear_refs and read before the next), so the probe's buffer (`--probe-mb`,
-1 GiB by default, larger than any cache) is not counted, and the part of it that is the mapped
-model file (its resident pages, /proc/self/smaps) is given apart.
+1 GiB by default, larger than any cache) is not counted. The peak is split into what the process
+held before the model was opened (the interpreter, numpy and the libraries the CLI imports), the
+resident pages of the mapped model file (/proc/self/smaps) and the rest: the sessions' memory
+(the engine's own figure, `Session.memory_estimate`, is given beside it), the worker threads'
+stacks and the arrays the runs return.
 """
 
 from __future__ import annotations
@@ -184,7 +187,7 @@ class BenchResult:
     probe_mb: float         # the bandwidth probe's buffer
     model_bytes: int        # every tensor of the file
     cache_bytes: int        # the last-level cache (0: unknown)
-    session_bytes: int
+    session_bytes: int      # one session's memory beyond the mapped weights (the engine's estimate)
     phases: dict[str, dict[str, float]]  # from the traced run; empty without it
     # a numerics variant's cost: the default computation run in turns with it (None for the
     # default itself), and the median over repeats of variant time / default time, with the
@@ -204,6 +207,8 @@ class BenchResult:
     prefill_limit_tok_s: float | None = None
     prefill_fraction_of_limit: float | None = None
     prefill_fraction_of_limit_range: tuple[float, float] | None = None
+    baseline_rss_mb: float = 0.0  # of peak_rss_mb, the process before the model was opened (0: unknown)
+    n_sessions: int = 1     # sessions alive during the runs (timed, traced, default numerics)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -225,6 +230,17 @@ def last_level_cache_bytes() -> int:
         size = int(text.rstrip("KMG")) * scale
         best = max(best, (level, size))
     return best[1]
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (Linux /proc/self/status VmRSS); 0 where unknown."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 class PeakMemory:
@@ -284,6 +300,7 @@ class PeakMemory:
 def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repeats: int = 3,
               probe_bytes: int = 1 << 30, trace_check: bool = True,
               kernels: str | None = None, numerics: str | None = None) -> BenchResult:
+    baseline = resident_bytes()
     model = Model.open(path)
     hp = model.hparams
     rng = np.random.default_rng(0)
@@ -380,9 +397,11 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         fraction_of_limit_range=(min(fractions), max(fractions)),
         trace_cost=1.0 - traced_tok_s / dec_tok_s if traced_s else float("nan"),
         peak_rss_mb=memory.peak_bytes / 2**20, mapped_rss_mb=memory.mapped_bytes / 2**20,
+        baseline_rss_mb=baseline / 2**20,
         peak_rss_excludes_probe=memory.resettable, probe_mb=probe_bytes / 2**20,
         model_bytes=sum(t.nbytes for t in model.tensors), cache_bytes=last_level_cache_bytes(),
         session_bytes=Session.memory_estimate(model, threads=threads, max_context=ctx, trace=False),
+        n_sessions=1 + (traced is not None) + (default is not None),
         phases={part: {key: statistics.median(run[part][key] for run in phase_runs)
                        for key in ("ms", "mb", "gb_s")} for part in phase_runs[0]} if phase_runs else {},
         prefill_macs_per_token=macs, compute_probe=best_rates if pre_limit else None,
@@ -415,8 +434,12 @@ def memory_note(r: BenchResult) -> str:
     probe = (f"the {r.probe_mb:.0f} MiB bandwidth probe's buffer not counted"
              if r.peak_rss_excludes_probe else
              f"including the {r.probe_mb:.0f} MiB bandwidth probe's buffer (--probe-mb)")
-    return (f"{r.mapped_rss_mb:.1f} MiB of it the mapped model file, the rest the sessions, "
-            f"the interpreter and its libraries; {probe}")
+    rest = r.peak_rss_mb - r.mapped_rss_mb - r.baseline_rss_mb
+    sessions = r.n_sessions * r.session_bytes / 2**20
+    return (f"{r.baseline_rss_mb:.1f} MiB of it the process before the model was opened "
+            f"(the interpreter and its libraries), {r.mapped_rss_mb:.1f} MiB the mapped model file, "
+            f"{rest:.1f} MiB the rest: {r.n_sessions} session(s), {sessions:.1f} MiB together, the worker "
+            f"threads' stacks and the runs' arrays; {probe}")
 
 
 def cost_lines(r: BenchResult) -> list[str]:

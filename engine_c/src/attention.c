@@ -198,14 +198,34 @@ static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos,
     }
 }
 
-/* The heads of n positions from `base`, as pool items (head-major): queries q [n][q_dim],
- * outputs att [n][q_dim]; each thread scores into its own row of s->scores. */
+/* The heads of n positions from `base`, as pool items (KV-head-major, then parts of a KV head's
+ * query heads): queries q [n][q_dim], outputs att [n][q_dim]; each thread scores into its own row
+ * of s->scores. */
 typedef struct heads_task {
     col_session *s;
     uint32_t layer, base, n;
+    uint32_t part, n_parts; /* query heads per item (the last part may have fewer), parts per KV head */
     const float *q;
     float *att;
 } heads_task;
+
+/* Query heads the AVX-512 path attends together (col_attend_group_avx512 takes them four at a
+ * time from the first), so parts of this many leave every head's bits as one item of all. */
+#define COL_HEAD_PART 4
+
+/* Items for the heads of n positions: a KV head's query heads are split into parts when there are
+ * too few (position, KV head) items to keep the threads busy, as in a decode step of latent
+ * attention (one KV head for all the query heads), at the cost of reading its keys once a part. */
+static heads_task heads_of(col_session *s, uint32_t layer, uint32_t base, uint32_t n, const float *q, float *att)
+{
+    heads_task task = {s, layer, base, n, s->att_group, 1, q, att};
+    const uint64_t items = (uint64_t)n * s->kv_heads, threads = col_pool_threads(s->pool);
+    if (threads > 1 && items < 2 * threads && s->att_group > COL_HEAD_PART) {
+        task.part = COL_HEAD_PART;
+        task.n_parts = (s->att_group + COL_HEAD_PART - 1) / COL_HEAD_PART;
+    }
+    return task;
+}
 
 /* A step reads its layer's cache from memory (the weights read since the last step flushed it),
  * so its heads prefetch keys and values this many positions ahead; a prefill block's positions
@@ -226,17 +246,18 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     const float *sinks = layer->attn_sinks ? (const float *)layer->attn_sinks->data : NULL; /* f32 (format.c) */
     for (uint64_t i = i0; i < i1; i++) {
         /* KV-head-major, so each thread's share holds early and late positions alike (a late
-         * position attends to more keys); the query heads of a KV head run together, so each key
-         * and value read from the cache serves all of them */
+         * position attends to more keys); the query heads of a KV head (or of a part) run
+         * together, so each key and value read from the cache serves all of them */
         uint64_t n = task->n, t = i % n;
-        uint32_t g = (uint32_t)(i / n);
-        uint64_t at = t * q_dim + (uint64_t)g * group * d;
+        uint32_t g = (uint32_t)(i / n / task->n_parts), h0 = (uint32_t)(i / n % task->n_parts) * task->part;
+        uint32_t n_q = group - h0 < task->part ? group - h0 : task->part;
+        uint64_t at = t * q_dim + ((uint64_t)g * group + h0) * d;
         uint32_t pos = task->base + (uint32_t)t, first = 0;
         if (mask == COL_LAYER_SLIDING && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
         if (mask == COL_LAYER_CHUNKED) first = pos - pos % hp->attention_chunk_size;
         col_head_job job = {task->q + at, kv_rows(s, s->k_cache, task->layer, g) + first * d,
                             kv_rows(s, s->v_cache, task->layer, g) + first * d, d, pos + 1 - first, (uint32_t)d, scale,
-                            group, n == 1 ? COL_DECODE_KV_PREFETCH : 0, sinks ? sinks + (uint64_t)g * group : NULL};
+                            n_q, n == 1 ? COL_DECODE_KV_PREFETCH : 0, sinks ? sinks + (uint64_t)g * group + h0 : NULL};
         col_attend_head(s->pool, &job, scores, task->att + at);
     }
 }
@@ -251,11 +272,13 @@ static void attend_positions(col_session *s, uint32_t layer_index, uint32_t base
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
     for (uint32_t t = 0; t < n; t++)
         prepare_position(s, layer_index, base + t, q + t * q_dim, k + t * kv_dim, v + t * kv_dim);
-    heads_task task = {s, layer_index, base, n, q, att};
-    col_pool_run(s->pool, run_heads, &task, (uint64_t)n * s->kv_heads);
+    heads_task task = heads_of(s, layer_index, base, n, q, att);
+    col_pool_run(s->pool, run_heads, &task, (uint64_t)n * s->kv_heads * task.n_parts);
 }
 
 /* ---- multi-head latent attention (docs/format.md, "MLA") --------------------------------- */
+
+static void mla_up_heads(col_session *s, uint32_t layer_index, uint32_t n);
 
 /* rows [n][width] <-> heads [nh][n][part]: head h's `part` values at `offset` of each row. */
 static void gather_heads(const float *rows, uint64_t width, uint32_t nh, uint64_t stride, uint64_t offset,
@@ -274,6 +297,40 @@ static void scatter_heads(const float *heads, uint32_t nh, uint64_t part, uint32
             memcpy(rows + t * width + h * stride + offset, heads + ((uint64_t)h * n + t) * part, part * sizeof(float));
 }
 
+/* A decode step's latent heads with their up-projections, as pool items of a part of the query
+ * heads each: head h's query [attn_k_b[h] . q_nope[h] | q_rope[h]] straight into its row of
+ * mla_qatt, the part's heads over the latent rows, and v[h] = attn_v_b[h] . (the first c values
+ * of its sum) straight into mla_o: one pool dispatch where there were three, with the same
+ * products and heads as mla_attention's, so the same bits. */
+typedef struct mla_decode_task {
+    heads_task heads;
+    const col_layer *layer;
+} mla_decode_task;
+
+static void run_mla_decode(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
+{
+    mla_decode_task *task = ctx;
+    col_session *s = task->heads.s;
+    const col_hparams *hp = &s->model->hp;
+    const uint32_t nh = hp->n_heads, nope = hp->qk_nope_head_dim, r = hp->qk_rope_head_dim;
+    const uint32_t c = hp->kv_lora_rank, vd = hp->v_head_dim, lat = c + r;
+    for (uint64_t i = i0; i < i1; i++) {
+        const uint32_t h0 = (uint32_t)i * task->heads.part, h1 = h0 + task->heads.part < nh ? h0 + task->heads.part : nh;
+        col_matvec_job jobs[COL_HEAD_PART];
+        for (uint32_t h = h0; h < h1; h++) {
+            const float *q = s->mla_q + (uint64_t)h * (nope + r);
+            jobs[h - h0] = (col_matvec_job){col_weight_expert(task->layer->attn_k_b, h), q, s->mla_qatt + (uint64_t)h * lat, 1};
+            memcpy(s->mla_qatt + (uint64_t)h * lat + c, q + nope, r * sizeof(float));
+        }
+        col_matmul_here(s->pool, jobs, h1 - h0, thread);
+        run_heads(&task->heads, thread, i, i + 1);
+        for (uint32_t h = h0; h < h1; h++)
+            jobs[h - h0] = (col_matvec_job){col_weight_expert(task->layer->attn_v_b, h), s->mla_att + (uint64_t)h * lat,
+                                            s->mla_o + (uint64_t)h * vd, 1};
+        col_matmul_here(s->pool, jobs, h1 - h0, thread);
+    }
+}
+
 /* The latent attention of n positions from s->position: xn [n][d_model] -> out [n][d_model].
  * Queries and the position's latent come from their projections; the latent (RMSNorm'd) and the
  * RoPE'd shared key part are cached as one row of kv_lora_rank + qk_rope_head_dim; head h's query
@@ -286,8 +343,8 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
     const col_hparams *hp = &s->model->hp;
     const col_layer *layer = &s->model->layers[layer_index];
     const uint32_t nh = hp->n_heads, nope = hp->qk_nope_head_dim, r = hp->qk_rope_head_dim;
-    const uint32_t c = hp->kv_lora_rank, ql = hp->q_lora_rank, vd = hp->v_head_dim;
-    const uint64_t qw = (uint64_t)nh * (nope + r), lat = (uint64_t)c + r, aw = (uint64_t)nh * lat;
+    const uint32_t c = hp->kv_lora_rank, ql = hp->q_lora_rank;
+    const uint64_t qw = (uint64_t)nh * (nope + r), lat = (uint64_t)c + r;
     const float eps = hp->latent_norm_eps;
 
     /* projections: the query (straight, or through its normalised low-rank pair) and the latent */
@@ -318,6 +375,31 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
         rope_rotate(kv + c, 1, lat, r, hp->rope_layout, cs, sn);
         memcpy(kv_rows(s, s->k_cache, layer_index, 0) + (uint64_t)pos * lat, kv, lat * sizeof(float));
     }
+    if (n == 1 && col_pool_runs_here(s->pool, layer->attn_k_b->dtype) &&
+        col_pool_runs_here(s->pool, layer->attn_v_b->dtype)) {
+        mla_decode_task task = {heads_of(s, layer_index, s->position, 1, s->mla_qatt, s->mla_att), layer};
+        if (task.heads.n_parts == 1) { /* one thread: parts keep the jobs' array small */
+            task.heads.part = COL_HEAD_PART;
+            task.heads.n_parts = (nh + COL_HEAD_PART - 1) / COL_HEAD_PART;
+        }
+        col_pool_run(s->pool, run_mla_decode, &task, task.heads.n_parts);
+    } else {
+        mla_up_heads(s, layer_index, n);
+    }
+    col_matvec_job o = {col_weight_of(layer->attn_o), s->mla_o, out, n};
+    col_matmul_many(s->pool, &o, 1);
+    for (uint32_t t = 0; t < n; t++) add_bias(out + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);
+}
+
+/* mla_attention's heads with their up-projections, as batches of products over n positions:
+ * mla_q -> mla_o. */
+static void mla_up_heads(col_session *s, uint32_t layer_index, uint32_t n)
+{
+    const col_hparams *hp = &s->model->hp;
+    const col_layer *layer = &s->model->layers[layer_index];
+    const uint32_t nh = hp->n_heads, nope = hp->qk_nope_head_dim, r = hp->qk_rope_head_dim;
+    const uint32_t c = hp->kv_lora_rank, vd = hp->v_head_dim;
+    const uint64_t qw = (uint64_t)nh * (nope + r), lat = (uint64_t)c + r, aw = (uint64_t)nh * lat;
     /* the key up-projection moved onto the query: q_lat[h] = attn_k_b[h] . q_nope[h] */
     gather_heads(s->mla_q, qw, nh, nope + r, 0, nope, n, s->mla_heads);
     for (uint32_t h = 0; h < nh; h++)
@@ -328,8 +410,8 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
     gather_heads(s->mla_q, qw, nh, nope + r, nope, r, n, s->mla_heads);
     scatter_heads(s->mla_heads, nh, r, n, s->mla_qatt, aw, lat, c);
     /* every head over the latent rows: one KV head, nh query heads of c + r */
-    heads_task task = {s, layer_index, s->position, n, s->mla_qatt, s->mla_att};
-    col_pool_run(s->pool, run_heads, &task, n);
+    heads_task task = heads_of(s, layer_index, s->position, n, s->mla_qatt, s->mla_att);
+    col_pool_run(s->pool, run_heads, &task, (uint64_t)n * task.n_parts);
     /* the value up-projection: v[h] = attn_v_b[h] . (the first c values of head h's sum) */
     gather_heads(s->mla_att, aw, nh, lat, 0, c, n, s->mla_lat);
     for (uint32_t h = 0; h < nh; h++)
@@ -337,9 +419,6 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
                                           s->mla_heads + (uint64_t)h * n * vd, n};
     col_matmul_many(s->pool, s->mla_jobs, nh);
     scatter_heads(s->mla_heads, nh, vd, n, s->mla_o, (uint64_t)nh * vd, vd, 0);
-    col_matvec_job o = {col_weight_of(layer->attn_o), s->mla_o, out, n};
-    col_matmul_many(s->pool, &o, 1);
-    for (uint32_t t = 0; t < n; t++) add_bias(out + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);
 }
 
 /* A block of n positions (s->position .. +n-1): q/k/v and the o-projection as matrix-matrix

@@ -67,7 +67,7 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
 void col_pool_free(col_pool *pool);
 
 /* Work that is not a product, split over the pool: thread t (0 = the caller) runs
- * fn(ctx, t, i0, i1) on its share [N*t/T, N*(t+1)/T) of items 0..N-1, and col_pool_run returns
+ * fn(ctx, t, i0, i1) on pieces [i0, i1) of items 0..N-1 it takes in turn, and col_pool_run returns
  * when all shares are done. As with products, an item's result must not depend on the thread that
  * computes it; `t` is for per-thread scratch. Not reentrant: fn must not use the pool. */
 typedef void (*col_pool_task)(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1);
@@ -142,6 +142,15 @@ void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs
  * lets the AMX path pack one bf16 part per activation instead of three (the same bits; other
  * paths ignore it); 0 otherwise. */
 void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, int x_bf16);
+
+/* Whether products of weights of this dtype can run whole on one thread inside a col_pool_run task
+ * (col_matmul_here): weights the pool's path reads with the activations as they are (no int8
+ * blocks, AMX packing or bf16 dot products) and no numerics variant. 0 for a NULL pool. */
+int col_pool_runs_here(const col_pool *pool, uint32_t dtype);
+
+/* Every row of the jobs on the calling pool thread `thread` (the task's), with its staging; the
+ * same bits as col_matmul_many. Only for dtypes col_pool_runs_here accepts. */
+void col_matmul_here(const col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, uint32_t thread);
 
 /* A row walker that runs products instead of the pool's kernels (numerics.c's variant loops):
  * rows [r0, r1) of job j, every token. An output's bits must not depend on r0, r1 or the thread. */

@@ -11,7 +11,10 @@
  * short last, each edge on a whole tile of the path; the threads take the chunks from a shared
  * counter and run each on the path's row walker. The activations a path reads prepared (int8
  * blocks, AMX packing) are prepared first, on the pool when the batch is large. Which thread
- * computes a row never changes its bits. col_pool_run splits any other work statically. The
+ * computes a row never changes its bits. col_pool_run's items are taken in pieces from a shared
+ * counter the same way. A worker joins a batch through a gate the caller closes once it has run
+ * out of work to take, so the caller never waits for a worker that has not started (descheduled
+ * on a busy machine, or still waking), only for chunks a worker has begun. The
  * pool's scratch (prepared activations, per-thread staging) is the session's, sized by
  * col_pool_scratch_size; the pool allocates only its own bookkeeping.
  */
@@ -43,6 +46,10 @@
 #define COL_PREPARE_PARALLEL_ELEMS (1u << 16)
 /* Spins of a worker waiting for the next product before it sleeps (~100 us). */
 #define COL_SPIN_LIMIT 20000u
+/* The gate's bit the caller sets when the batch takes no more workers; the bits below it count
+ * the workers inside. */
+#define COL_GATE_CLOSED (1ull << 31)
+#define COL_GATE_INSIDE (COL_GATE_CLOSED - 1)
 
 /* ---- thread pool ------------------------------------------------------------------------- */
 
@@ -61,13 +68,15 @@ struct col_pool {
     pthread_mutex_t mutex;
     pthread_cond_t work_ready;
     _Atomic uint64_t generation;   /* bumped for each batch */
-    _Atomic uint32_t n_done;       /* workers finished with the current batch */
+    _Atomic uint64_t gate;         /* the batch's generation << 32 | COL_GATE_CLOSED | workers inside */
     _Atomic uint32_t n_sleeping;   /* workers blocked on work_ready */
     _Atomic int stopping;
     /* the current batch, written before generation is bumped: products, or a task */
     col_pool_task task;
     void *task_ctx;
     uint64_t n_items;
+    uint64_t piece;                /* task items taken at a time */
+    _Atomic uint64_t next_item;    /* the next task item not yet taken */
     const col_matvec_job *jobs;
     uint32_t n_jobs;
     int x_bf16;                /* every activation of the batch is a bf16 value (col_matmul_kernels) */
@@ -215,16 +224,18 @@ static void plan_chunks(col_pool *pool, uint64_t work)
     pool->n_chunks = c;
 }
 
-/* Thread `t` of `n`'s part of the current batch. A task is split statically (items
- * [N*t/n, N*(t+1)/n)). Products are cut into chunks that the threads take in turn from a shared
- * counter, so a thread that the memory system serves more slowly for a while does fewer chunks
- * instead of holding the other up at the end of the product. Which thread computes a row never
- * changes its bits. */
+/* Thread `t` of `n`'s part of the current batch. Products are cut into chunks, and a task's items
+ * into pieces, that the threads take in turn from a shared counter, so a thread that the memory
+ * system (or the scheduler) serves more slowly for a while does less instead of holding the other
+ * up at the end. Which thread computes a row or an item never changes its bits. */
 static void run_share(col_pool *pool, uint32_t t, uint32_t n)
 {
     if (pool->task) {
-        uint64_t i0 = pool->n_items * t / n, i1 = pool->n_items * (t + 1) / n;
-        if (i0 < i1) pool->task(pool->task_ctx, t, i0, i1);
+        const uint64_t items = pool->n_items, piece = n == 1 ? items : pool->piece;
+        for (uint64_t i0; (i0 = n == 1 ? 0 : atomic_fetch_add(&pool->next_item, piece)) < items;) {
+            pool->task(pool->task_ctx, t, i0, items - i0 > piece ? i0 + piece : items);
+            if (n == 1) break;
+        }
         return;
     }
     if (n == 1) {
@@ -245,6 +256,17 @@ static void cpu_relax(uint32_t spins)
 #if defined(__x86_64__)
     _mm_pause();
 #endif
+}
+
+/* Enter the batch of generation g, unless the caller has closed it (it took all the work itself)
+ * or moved on to a later one. */
+static int enter_batch(col_pool *pool, uint64_t g)
+{
+    uint64_t cur = atomic_load(&pool->gate);
+    for (;;) {
+        if (cur >> 32 != (g & 0xFFFFFFFFu) || (cur & COL_GATE_CLOSED)) return 0;
+        if (atomic_compare_exchange_weak(&pool->gate, &cur, cur + 1)) return 1;
+    }
 }
 
 static void *worker_main(void *p)
@@ -270,8 +292,9 @@ static void *worker_main(void *p)
         }
         if (atomic_load(&pool->stopping)) break;
         seen = g;
+        if (!enter_batch(pool, g)) continue;
         run_share(pool, arg.index, pool->n_threads);
-        atomic_fetch_add(&pool->n_done, 1);
+        atomic_fetch_sub(&pool->gate, 1);
     }
     return NULL;
 }
@@ -345,7 +368,8 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
             pool->stage_bytes = 0; /* no room for carried sums: long rows run as whole-row tiles, same bits */
     }
     atomic_init(&pool->generation, 0);
-    atomic_init(&pool->n_done, 0);
+    atomic_init(&pool->gate, 0);
+    atomic_init(&pool->next_item, 0);
     atomic_init(&pool->next_chunk, 0);
     atomic_init(&pool->n_sleeping, 0);
     atomic_init(&pool->stopping, 0);
@@ -514,6 +538,23 @@ static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, 
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
 }
 
+int col_pool_runs_here(const col_pool *pool, uint32_t dtype)
+{
+    if (!pool || pool->numerics || pool->bf16_dot || is_block_dtype(dtype)) return 0;
+#if defined(__x86_64__)
+    if (pool->isa == COL_ISA_AMX && col_amx_handles(dtype)) return 0;
+#endif
+    return 1;
+}
+
+void col_matmul_here(const col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, uint32_t thread)
+{
+    for (uint32_t k = 0; k < n_jobs; k++) {
+        assert(col_pool_runs_here(pool, jobs[k].w.dtype));
+        job_rows(pool, &jobs[k], NULL, thread, 0, jobs[k].w.rows);
+    }
+}
+
 void col_matmul_kernels(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, int x_bf16)
 {
     matmul(pool, jobs, n_jobs, x_bf16, 0);
@@ -563,6 +604,10 @@ void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items)
     pool->task = fn;
     pool->task_ctx = ctx;
     pool->n_items = n_items;
+    /* a few pieces per thread: long enough that taking them costs nothing, short enough that a
+     * late thread leaves little for the other to wait on */
+    pool->piece = n_items / (4u * pool->n_threads) ? n_items / (4u * pool->n_threads) : 1;
+    atomic_store(&pool->next_item, 0);
     dispatch(pool, n_items >= pool->n_threads);
     pool->task = NULL;
 }
@@ -580,13 +625,16 @@ static void dispatch(col_pool *pool, int worth_sharing)
         run_share(pool, 0, 1);
         return;
     }
-    atomic_store(&pool->n_done, 0);
-    atomic_fetch_add(&pool->generation, 1);
+    const uint64_t g = atomic_load(&pool->generation) + 1;
+    atomic_store(&pool->gate, (g & 0xFFFFFFFFu) << 32);
+    atomic_store(&pool->generation, g);
     if (atomic_load(&pool->n_sleeping) > 0) {
         pthread_mutex_lock(&pool->mutex);
         pthread_cond_broadcast(&pool->work_ready);
         pthread_mutex_unlock(&pool->mutex);
     }
     run_share(pool, 0, pool->n_threads);
-    for (uint32_t spins = 0; atomic_load(&pool->n_done) < pool->n_threads - 1; spins++) cpu_relax(spins);
+    /* all the work is taken: no worker may join now; wait for those that did */
+    atomic_fetch_or(&pool->gate, COL_GATE_CLOSED);
+    for (uint32_t spins = 0; atomic_load(&pool->gate) & COL_GATE_INSIDE; spins++) cpu_relax(spins);
 }

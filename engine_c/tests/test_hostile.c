@@ -27,6 +27,7 @@ typedef struct counting {
     long calls;         /* allocations attempted */
     long fail_at;       /* the call index that fails (and every later one), -1 = never */
     long outstanding;   /* blocks allocated and not yet freed */
+    size_t bytes;       /* sum of the sizes of every block allocated */
 } counting;
 
 static void *counting_alloc(void *user, size_t size, size_t alignment)
@@ -39,6 +40,7 @@ static void *counting_alloc(void *user, size_t size, size_t alignment)
     if (posix_memalign(&p, alignment < sizeof(void *) ? sizeof(void *) : alignment, size) != 0)
         return NULL;
     c->outstanding++;
+    c->bytes += size;
     return p;
 }
 
@@ -95,7 +97,7 @@ static void test_model_open_allocation_failures(void)
 {
     int failures = 0;
     for (long n = 0; n < 1000; n++) {
-        counting c = {0, n, 0};
+        counting c = {0, n, 0, 0};
         col_allocator a = {counting_alloc, counting_free, &c};
         col_model *m = NULL;
         col_problem p;
@@ -125,7 +127,7 @@ static void test_session_create_allocation_failures(uint32_t n_threads)
     col_session_config cfg = small_config();
     cfg.n_threads = n_threads;
     for (long n = 0; n < 1000; n++) {
-        counting c = {0, n, 0};
+        counting c = {0, n, 0, 0};
         col_allocator a = {counting_alloc, counting_free, &c};
         col_session *s = NULL;
         char err[256] = "";
@@ -169,7 +171,7 @@ static void test_running_allocates_nothing(void)
         for (uint32_t threads = 1; threads <= 3; threads += 2) {
             col_session_config cfg = small_config();
             cfg.n_threads = threads;
-            counting c = {0, -1, 0};
+            counting c = {0, -1, 0, 0};
             col_allocator a = {counting_alloc, counting_free, &c};
             col_session *s = NULL;
             char err[256] = "";
@@ -178,6 +180,13 @@ static void test_running_allocates_nothing(void)
                 continue;
             long created = c.calls, held = c.outstanding;
             CHECK(created > 0 && held > 0); /* the arena and the rest came through `a` */
+            /* what the session holds is its memory estimate, beyond it only the thread pool's
+             * bookkeeping (a few hundred bytes a thread) */
+            const uint64_t estimate = col_session_memory_estimate(m, &cfg);
+            CHECK(estimate > 0 && c.bytes >= estimate && c.bytes <= estimate + 4096u * threads);
+            if (c.bytes > estimate + 4096u * threads)
+                fprintf(stderr, "%s, %u threads: %zu bytes allocated, estimate %llu\n", names[i],
+                        threads, c.bytes, (unsigned long long)estimate);
             const int32_t prompt[5] = {1, 2, 3, 1, 0};
             CHECK(col_session_prefill(s, prompt, 5, logits, err, sizeof err) == COL_OK);
             for (int32_t t = 0; t < 3; t++)
