@@ -157,36 +157,34 @@ __attribute__((target("avx512f,fma"))) static double probe_fma(float *sink)
 }
 
 /* A batch tile's vector work for DP vpdpbusd (64 int8 multiply-adds each) into one exact int32
- * lane sum, then its conversion, the lane scale (d_w * d_x, one vmulps) and the fused accumulate:
- * DP = 1 is q8_0's lane order (a float step per 4 products a lane), 2 is q4_0's (per 8), 8 a
- * whole block's exact sum per lane (rows in lanes; a different float order). 8 chains: 24
- * registers. Returns G int8 multiply-adds/s. */
-#define MIX_CHAINS 8
+ * lane sum started from a correction, then its conversion, the lane scale (vpermps of a vector of
+ * d_w * d_x) and the fused accumulate: DP = 1 is q8_0's lane order (a float step per 4 products a
+ * lane), 2 is q4_0's (per 8), 8 a whole block's exact sum per lane (rows in lanes, one float step
+ * per block: a different float order). 12 chains; the asm keeps each chain's operand its own.
+ * Returns G int8 multiply-adds/s. */
 __attribute__((target("avx512f,avx512vnni,fma"))) static double probe_mix(int DP, float *sink)
 {
-    __m512 acc[MIX_CHAINS], sc[MIX_CHAINS], dx = _mm512_set1_ps(1.0f);
-    __m512i sum[MIX_CHAINS], a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-5);
-    for (int c = 0; c < MIX_CHAINS; c++) {
-        acc[c] = _mm512_set1_ps((float)c);
-        sc[c] = _mm512_set1_ps(1e-9f * (float)(c + 1));
-        sum[c] = _mm512_set1_epi32(c);
-    }
+    __m512 acc[PROBE_CHAINS], sc = _mm512_set1_ps(1e-9f);
+    __m512i idx = _mm512_set1_epi32(1), w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(-5), corr = _mm512_set1_epi32(7);
+    for (int c = 0; c < PROBE_CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
     const uint64_t iters = PROBE_ITERS / (uint64_t)DP;
     const double t0 = now_s();
     for (uint64_t i = 0; i < iters; i++) {
-#pragma GCC unroll 8
-        for (int c = 0; c < MIX_CHAINS; c++) {
-            __m512i isum = sum[c];
-            for (int d = 0; d < DP; d++) isum = _mm512_dpbusd_epi32(isum, a, b);
-            sc[c] = _mm512_mul_ps(sc[c], dx);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc[c], acc[c]);
+#pragma GCC unroll 12
+        for (int c = 0; c < PROBE_CHAINS; c++) {
+            __m512i isum = corr;
+            for (int d = 0; d < DP; d++) {
+                isum = _mm512_dpbusd_epi32(isum, w, x);
+                __asm__ volatile("" : "+v"(x));
+            }
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(idx, sc), acc[c]);
         }
-        __asm__ volatile("" : "+v"(a), "+v"(b), "+v"(dx));
+        __asm__ volatile("" : "+v"(w), "+v"(sc), "+v"(idx), "+v"(corr));
     }
     const double dt = now_s() - t0;
-    for (int c = 1; c < MIX_CHAINS; c++) acc[0] = _mm512_add_ps(acc[0], acc[c]);
+    for (int c = 1; c < PROBE_CHAINS; c++) acc[0] = _mm512_add_ps(acc[0], acc[c]);
     *sink += _mm512_reduce_add_ps(acc[0]);
-    return (double)iters * MIX_CHAINS * DP * 64 / dt * 1e-9;
+    return (double)iters * PROBE_CHAINS * DP * 64 / dt * 1e-9;
 }
 
 static int print_ceilings(void)
