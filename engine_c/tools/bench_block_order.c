@@ -9,14 +9,15 @@
  * a convert, a scale and a fused multiply-add per vpdpbusd or two, which bounds them at about a
  * third of the core's int8 rate (bench_products --ceilings). This prototype puts rows in the lanes
  * instead, as ik_llama.cpp's repacked q8_0_r8 tiles do: 16 rows are interleaved 4 bytes at a time
- * (a block's 32 bytes of 16 rows in 8 vectors, one 4-byte group of each row per lane), each
+ * (a block's 32 bytes of 16 rows in 8 vectors, one 4-byte group of each row per lane; q4_0's
+ * nibbles in 4 vectors, split with two ands and a shift per vector for all the pass's tokens), each
  * vpdpbusd takes one broadcast 4-byte group of a token's activations, a lane sums its row's whole
  * block exactly in int32, and a block costs one convert, one scale multiply and one fused
  * multiply-add per 16 outputs. The float order differs (one rounding per block and output instead
  * of per 4 or 8 products and lane), so it could only be an opt-in numerics mode or a new
  * definition of the quantised product; the interleaving could be a file layout (done once, at
- * conversion) or a per-load repack. The packing is not timed (it stands for that layout); the
- * activations' quantisation is.
+ * conversion) or a per-load repack; a panel holds the same bytes as its rows. The packing is
+ * not timed (it stands for that layout); the activations' quantisation is.
  *
  * Runs the engine's product (col_matmul_many, 1 thread, AVX-512) and the prototype in turns on
  * the same weights, read from memory (M MiB of copies, default 1024), 1 thread, and prints one
@@ -52,10 +53,14 @@ static float noise(uint64_t *state)
     return (float)(*state >> 40) / (float)(1u << 24) - 0.5f;
 }
 
-/* A panel of 16 rows: per block, 16 f32 scales d_w, then 8 vectors (q8_0: w + 128 as bytes; q4_0:
- * the raw nibbles q = w + 8 as bytes, in element order) whose lane r holds row r's elements
- * 4g..4g+3. [rows / 16][nb][16 f32 + 8 x 64 bytes] */
-#define PANEL_BLOCK_BYTES (PANEL * 4 + 8 * 64)
+/* A panel of 16 rows: per block, the 16 rows' f16 scales d_w, then the payload, whose vectors hold
+ * in lane r row r's elements 4g..4g+3 (group g): q8_0 8 vectors of w + 128; q4_0 4 vectors of
+ * nibbles q = w + 8, byte i of a lane holding element 4h + i (low nibble) and 16 + 4h + i (high),
+ * q4_0's own pairing. The same bytes as the rows: [rows / 16][nb][32 + 512 or 256 bytes] */
+static uint64_t panel_block_bytes(uint32_t dtype)
+{
+    return 2 * PANEL + (dtype == COL_DTYPE_Q8_0 ? 8 : 4) * 64;
+}
 
 static int8_t weight_q(const uint8_t *row, uint32_t dtype, uint64_t nb, uint64_t b, uint32_t j)
 {
@@ -67,20 +72,22 @@ static int8_t weight_q(const uint8_t *row, uint32_t dtype, uint64_t nb, uint64_t
 
 static void pack_panels(const uint8_t *w, uint32_t dtype, uint64_t rows, uint64_t cols, uint8_t *out)
 {
-    const uint64_t nb = cols / QK, rb = col_dtype_row_bytes(dtype, cols);
+    const uint64_t nb = cols / QK, rb = col_dtype_row_bytes(dtype, cols), pb = panel_block_bytes(dtype);
     for (uint64_t p = 0; p < rows / PANEL; p++)
         for (uint64_t b = 0; b < nb; b++) {
-            uint8_t *blk = out + (p * nb + b) * PANEL_BLOCK_BYTES;
+            uint8_t *blk = out + (p * nb + b) * pb, *payload = blk + 2 * PANEL;
             for (uint32_t r = 0; r < PANEL; r++) {
                 const uint8_t *row = w + (p * PANEL + r) * rb;
-                uint16_t h;
-                memcpy(&h, row + 2 * b, 2);
-                const float d = col_f16_to_f32(h);
-                memcpy(blk + 4 * r, &d, 4);
+                memcpy(blk + 2 * r, row + 2 * b, 2);
                 for (uint32_t j = 0; j < QK; j++) {
                     const int q = weight_q(row, dtype, nb, b, j);
-                    /* q8_0 as w + 128, q4_0 as w + 8: unsigned for vpdpbusd */
-                    blk[PANEL * 4 + (j / 4) * 64 + r * 4 + j % 4] = (uint8_t)(q + (dtype == COL_DTYPE_Q8_0 ? 128 : 8));
+                    if (dtype == COL_DTYPE_Q8_0) {
+                        payload[(j / 4) * 64 + r * 4 + j % 4] = (uint8_t)(q + 128); /* unsigned for vpdpbusd */
+                    } else {
+                        const uint32_t e = j % 16;
+                        uint8_t *byte = payload + (e / 4) * 64 + r * 4 + e % 4;
+                        *byte = (uint8_t)(j < 16 ? (*byte & 0xF0) | (q + 8) : (*byte & 0x0F) | ((q + 8) << 4));
+                    }
                 }
             }
         }
@@ -113,18 +120,30 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void quantize_token(
 /* NT tokens x one panel of 16 rows: per block, every token's exact int32 block sums of the 16 rows
  * (8 vpdpbusd, each with one broadcast 4-byte group of the token), then one convert, one scale
  * (d_w of the 16 rows times the token's d_x) and one fused multiply-add per token. */
-static inline __attribute__((always_inline, target("avx512f,avx512vnni,fma"))) void panel_tokens(
-    const uint8_t *panel, uint64_t nb, const uint8_t *xq, uint32_t t0, int NT, float *y, uint64_t rows, uint64_t r0)
+static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vnni,fma,f16c"))) void panel_tokens(
+    const uint8_t *panel, uint32_t dtype, uint64_t nb, const uint8_t *xq, uint32_t t0, int NT, float *y, uint64_t rows,
+    uint64_t r0)
 {
+    const uint64_t pb = panel_block_bytes(dtype);
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
     __m512 acc[MAX_NT];
 #pragma GCC unroll 12
     for (int b = 0; b < NT; b++) acc[b] = _mm512_setzero_ps();
     for (uint64_t k = 0; k < nb; k++) {
-        const uint8_t *blk = panel + k * PANEL_BLOCK_BYTES;
+        const uint8_t *blk = panel + k * pb, *payload = blk + 2 * PANEL;
         __m512i w[8];
+        if (dtype == COL_DTYPE_Q8_0) {
 #pragma GCC unroll 8
-        for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(blk + PANEL * 4 + 64 * g));
-        const __m512 dw = _mm512_loadu_ps((const float *)(const void *)blk);
+            for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512((const void *)(payload + 64 * g));
+        } else {
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; h++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(payload + 64 * h));
+                w[h] = _mm512_and_si512(v, low4);
+                w[h + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)blk));
 #pragma GCC unroll 12
         for (int b = 0; b < NT; b++) {
             const uint8_t *xb = xq + ((uint64_t)(t0 + (uint32_t)b) * nb + k) * XBLOCK_BYTES;
@@ -149,7 +168,7 @@ static inline __attribute__((always_inline, target("avx512f,avx512vnni,fma"))) v
     }
 }
 
-__attribute__((target("avx512f,avx512vnni,avx512bw,avx512vl,fma"))) static void product_block_order(
+__attribute__((target("avx512f,avx512vnni,avx512bw,avx512vl,fma,f16c"))) static void product_block_order(
     const uint8_t *panels, uint32_t dtype, uint64_t rows, uint64_t cols, const float *x, uint32_t tokens, uint8_t *xq,
     float *y)
 {
@@ -157,11 +176,11 @@ __attribute__((target("avx512f,avx512vnni,avx512bw,avx512vl,fma"))) static void 
     for (uint32_t t = 0; t < tokens; t++)
         quantize_token(x + (uint64_t)t * cols, cols, dtype == COL_DTYPE_Q8_0 ? 128 : 8, xq + (uint64_t)t * nb * XBLOCK_BYTES);
     for (uint64_t p = 0; p < rows / PANEL; p++) {
-        const uint8_t *panel = panels + p * nb * PANEL_BLOCK_BYTES;
+        const uint8_t *panel = panels + p * nb * panel_block_bytes(dtype);
         uint32_t t = 0;
-        for (; t + MAX_NT <= tokens; t += MAX_NT) panel_tokens(panel, nb, xq, t, MAX_NT, y, rows, p * PANEL);
+        for (; t + MAX_NT <= tokens; t += MAX_NT) panel_tokens(panel, dtype, nb, xq, t, MAX_NT, y, rows, p * PANEL);
         switch (tokens - t) {
-#define CASE(n) case n: panel_tokens(panel, nb, xq, t, n, y, rows, p * PANEL); break;
+#define CASE(n) case n: panel_tokens(panel, dtype, nb, xq, t, n, y, rows, p * PANEL); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11)
 #undef CASE
         default: break;
@@ -211,7 +230,7 @@ int main(int argc, char **argv)
         return 1;
     }
     const uint64_t nb = cols / QK, rb = col_dtype_row_bytes(dtype, cols), matrix = (rows * rb + 63) / 64 * 64;
-    const uint64_t packed = (rows / PANEL * nb * PANEL_BLOCK_BYTES + 63) / 64 * 64;
+    const uint64_t packed = (rows / PANEL * nb * panel_block_bytes(dtype) + 63) / 64 * 64;
     const uint64_t copies = (megabytes << 20) / matrix + 1;
     void *wm = NULL, *pm = NULL, *xm = NULL, *qm = NULL, *ym = NULL, *zm = NULL;
     if (posix_memalign(&wm, 64, copies * matrix) || posix_memalign(&pm, 64, copies * packed) ||
@@ -236,6 +255,7 @@ int main(int argc, char **argv)
         }
     }
     for (uint64_t c = 1; c < copies; c++) memcpy(w + c * matrix, w, matrix);
+    memset(panels, 0, packed);
     pack_panels(w, dtype, rows, cols, panels);
     for (uint64_t c = 1; c < copies; c++) memcpy(panels + c * packed, panels, packed);
     for (uint64_t i = 0; i < tokens * cols; i++) x[i] = noise(&state);
