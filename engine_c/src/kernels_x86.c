@@ -374,8 +374,8 @@ COL_INLINE COL_T512 void tile_q_avx512(const col_matvec_job *j, const uint8_t *q
                 }
 #pragma GCC unroll 4
                 for (int b = 0; b < NT; b++) {
-                    /* q4_0 batches: each row reloads the corrections from L1 instead of copying NT
-                     * registers gcc would hoist for them, which spilled accumulators (1.06-1.08x) */
+                    /* q4_0 batches: each row reloads the corrections from L1; hoisted into NT
+                     * registers by gcc, they pushed accumulators onto the stack */
                     const int32_t *corr = x[b].c + 16 * s;
                     if (q4 && NT > 1) __asm__("" : "+r"(corr));
                     __m512i sum = _mm512_loadu_si512((const void *)corr);
