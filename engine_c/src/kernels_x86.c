@@ -374,7 +374,11 @@ COL_INLINE COL_T512 void tile_q_avx512(const col_matvec_job *j, const uint8_t *q
                 }
 #pragma GCC unroll 4
                 for (int b = 0; b < NT; b++) {
-                    __m512i sum = _mm512_loadu_si512((const void *)(x[b].c + 16 * s));
+                    /* q4_0 batches: each row reloads the corrections from L1; hoisted into NT
+                     * registers by gcc, they pushed accumulators onto the stack */
+                    const int32_t *corr = x[b].c + 16 * s;
+                    if (q4 && NT > 1) __asm__("" : "+r"(corr));
+                    __m512i sum = _mm512_loadu_si512((const void *)corr);
                     sum = _mm512_dpbusd_epi32(sum, lo, _mm512_loadu_si512((const void *)(x[b].q + (q4 ? 128 : 64) * s)));
                     if (q4) sum = _mm512_dpbusd_epi32(sum, hi, _mm512_loadu_si512((const void *)(x[b].q + 128 * s + 64)));
                     acc[a * NT + b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_permutexvar_ps(idx, sc[a * NT + b]),

@@ -13,6 +13,13 @@
  * the same shapes. --numerics runs a numerics variant's products instead (SPEC: seq, pairwise,
  * blockedL or dot-bf16, with +fma and +splitS, as colibri.numerics spells them). A developer's benchmark: it
  * uses the engine's internal kernel interface.
+ *
+ *   bench_products --ceilings
+ *
+ * Prints this core's multiply-add ceilings instead, one JSON line (G multiply-adds/s of one
+ * thread): int8 VNNI vpdpbusd (64 per instruction), f32 FMA (16), and the int8 rate of the
+ * instruction mix a batch tile needs in each float order (probe_mix), each over 8-12 independent
+ * chains so latency does not bound them.
  */
 #include "internal.h"
 #include "kernels.h"
@@ -111,10 +118,98 @@ static int parse_numerics(const char *spec, col_numerics *nx)
     return nx->lanes <= 256 && nx->split <= 256;
 }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define PROBE_ITERS 20000000ull
+#define PROBE_CHAINS 12
+
+/* Seconds for PROBE_ITERS rounds of PROBE_CHAINS independent vpdpbusd. */
+__attribute__((target("avx512f,avx512vnni"))) static double probe_vnni(int32_t *sink)
+{
+    __m512i acc[PROBE_CHAINS], a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-5);
+    for (int c = 0; c < PROBE_CHAINS; c++) acc[c] = _mm512_set1_epi32(c);
+    const double t0 = now_s();
+    for (uint64_t i = 0; i < PROBE_ITERS; i++) {
+#pragma GCC unroll 12
+        for (int c = 0; c < PROBE_CHAINS; c++) acc[c] = _mm512_dpbusd_epi32(acc[c], a, b);
+        __asm__ volatile("" : "+v"(a), "+v"(b)); /* keep the loop from being folded */
+    }
+    const double dt = now_s() - t0;
+    for (int c = 1; c < PROBE_CHAINS; c++) acc[0] = _mm512_add_epi32(acc[0], acc[c]);
+    *sink += _mm512_reduce_add_epi32(acc[0]);
+    return dt;
+}
+
+__attribute__((target("avx512f,fma"))) static double probe_fma(float *sink)
+{
+    __m512 acc[PROBE_CHAINS], a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(1e-9f);
+    for (int c = 0; c < PROBE_CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+    const double t0 = now_s();
+    for (uint64_t i = 0; i < PROBE_ITERS; i++) {
+#pragma GCC unroll 12
+        for (int c = 0; c < PROBE_CHAINS; c++) acc[c] = _mm512_fmadd_ps(a, b, acc[c]);
+        __asm__ volatile("" : "+v"(a), "+v"(b));
+    }
+    const double dt = now_s() - t0;
+    for (int c = 1; c < PROBE_CHAINS; c++) acc[0] = _mm512_add_ps(acc[0], acc[c]);
+    *sink += _mm512_reduce_add_ps(acc[0]);
+    return dt;
+}
+
+/* A batch tile's vector work for DP vpdpbusd (64 int8 multiply-adds each) into one exact int32
+ * lane sum started from a correction, then its conversion, the lane scale (vpermps of a vector of
+ * d_w * d_x) and the fused accumulate: DP = 1 is q8_0's lane order (a float step per 4 products a
+ * lane), 2 is q4_0's (per 8), 8 a whole block's exact sum per lane (rows in lanes, one float step
+ * per block: a different float order). 12 chains; the asm keeps each chain's operand its own.
+ * Returns G int8 multiply-adds/s. */
+__attribute__((target("avx512f,avx512vnni,fma"))) static double probe_mix(int DP, float *sink)
+{
+    __m512 acc[PROBE_CHAINS], sc = _mm512_set1_ps(1e-9f);
+    __m512i idx = _mm512_set1_epi32(1), w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(-5), corr = _mm512_set1_epi32(7);
+    for (int c = 0; c < PROBE_CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+    const uint64_t iters = PROBE_ITERS / (uint64_t)DP;
+    const double t0 = now_s();
+    for (uint64_t i = 0; i < iters; i++) {
+#pragma GCC unroll 12
+        for (int c = 0; c < PROBE_CHAINS; c++) {
+            __m512i isum = corr;
+            for (int d = 0; d < DP; d++) {
+                isum = _mm512_dpbusd_epi32(isum, w, x);
+                __asm__ volatile("" : "+v"(x));
+            }
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(idx, sc), acc[c]);
+        }
+        __asm__ volatile("" : "+v"(w), "+v"(sc), "+v"(idx), "+v"(corr));
+    }
+    const double dt = now_s() - t0;
+    for (int c = 1; c < PROBE_CHAINS; c++) acc[0] = _mm512_add_ps(acc[0], acc[c]);
+    *sink += _mm512_reduce_add_ps(acc[0]);
+    return (double)iters * PROBE_CHAINS * DP * 64 / dt * 1e-9;
+}
+
+static int print_ceilings(void)
+{
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512vnni")) {
+        fputs("bench_products: --ceilings needs AVX-512 VNNI\n", stderr);
+        return 1;
+    }
+    int32_t isink = 0;
+    float fsink = 0.0f;
+    const double rounds = (double)PROBE_ITERS * PROBE_CHAINS;
+    const double vnni = probe_vnni(&isink), fma = probe_fma(&fsink);
+    const double q8 = probe_mix(1, &fsink), q4 = probe_mix(2, &fsink), block = probe_mix(8, &fsink);
+    printf("{\"int8_vnni_gmacs\": %.1f, \"f32_fma_gmacs\": %.1f, \"q8_lane_order_gmacs\": %.1f, "
+           "\"q4_lane_order_gmacs\": %.1f, \"block_order_gmacs\": %.1f, \"sink\": %g}\n",
+           rounds * 64 / vnni * 1e-9, rounds * 16 / fma * 1e-9, q8, q4, block, (double)fsink + isink);
+    return 0;
+}
+#endif
+
 static int usage(void)
 {
     fputs("usage: bench_products DTYPE ROWS COLS TOKENS [--threads T] [--megabytes M] [--repeats R]\n"
           "                      [--kernels portable|avx2|avx512|amx] [--numerics SPEC]\n"
+          "       bench_products --ceilings\n"
           "  DTYPE: f32 f16 bf16 q8_0 q4_0 (q8_0/q4_0: COLS a multiple of 32)\n",
           stderr);
     return 2;
@@ -122,6 +217,9 @@ static int usage(void)
 
 int main(int argc, char **argv)
 {
+#if defined(__x86_64__)
+    if (argc == 2 && strcmp(argv[1], "--ceilings") == 0) return print_ceilings();
+#endif
     if (argc < 5) return usage();
     uint32_t dtype;
     const uint64_t rows = strtoull(argv[2], NULL, 10), cols = strtoull(argv[3], NULL, 10);
