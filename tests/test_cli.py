@@ -435,6 +435,16 @@ def test_bench_refuses_an_unknown_numerics_spec(capsys: Capture) -> None:
     assert "unknown numerics component 'act-bf17'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option", ["-n", "-p", "-r"])
+def test_bench_refuses_a_count_of_zero_by_its_option(capsys: Capture, option: str) -> None:
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", str(demo), option, "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err and "0 is less than 1" in err and "Traceback" not in err
+
+
 def test_bench_runs_a_numerics_variant(capsys: Capture) -> None:
     demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
     assert main(["bench", str(demo), "-p", "4", "-n", "2", "-r", "1", "--probe-mb", "16",

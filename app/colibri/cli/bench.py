@@ -7,7 +7,8 @@ import argparse
 import json
 from typing import Any
 
-from colibri.cli.common import EXIT_OK, add_file, add_generate, add_json, add_numerics, add_threads
+from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_json, add_numerics, add_threads,
+                                positive_int)
 from colibri.values import KERNEL_PATHS
 
 
@@ -24,10 +25,12 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("bench", help="prefill/decode speed against this machine's measured "
                                      "read bandwidth")
     add_file(p)
-    p.add_argument("-p", type=int, default=128, metavar="N", help="prompt tokens (default 128)")
-    add_generate(p, 64, "decoded tokens")
+    p.add_argument("-p", type=positive_int, default=128, metavar="N",
+                   help="prompt tokens (default 128)")
+    # a decode of at least one token: the report is against the bandwidth limit of a decode step
+    add_generate(p, 64, "decoded tokens", at_least_one=True)
     add_threads(p)
-    p.add_argument("-r", "--repeats", type=int, default=3)
+    p.add_argument("-r", "--repeats", type=positive_int, default=3)
     p.add_argument("--probe-mb", type=int, default=1024, help="bandwidth probe buffer (MiB)")
     p.add_argument("--no-trace-check", action="store_true", help="skip the trace-on decode run")
     p.add_argument("--kernels", choices=KERNEL_PATHS, default=None,

@@ -176,10 +176,21 @@ def add_intervene(p: argparse.ArgumentParser, help: str) -> None:
                    metavar="SPEC", help=help)
 
 
-def add_generate(p: argparse.ArgumentParser, default: int, what: str = "tokens to generate"
-                 ) -> None:
-    p.add_argument("-n", "--generate", dest="generate", type=int, default=default, metavar="N",
-                   help=f"{what} (default {default})")
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
+
+
+def add_generate(p: argparse.ArgumentParser, default: int, what: str = "tokens to generate",
+                 at_least_one: bool = False) -> None:
+    p.add_argument("-n", "--generate", dest="generate", type=positive_int if at_least_one else int,
+                   default=default, metavar="N", help=f"{what} (default {default})")
 
 
 def add_threads(p: argparse.ArgumentParser, what: str = "") -> None:
