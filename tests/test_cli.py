@@ -752,6 +752,24 @@ def test_bench_peak_memory_beyond_the_interpreter_is_the_sessions() -> None:
     assert rest <= r["session_bytes"] / 2**20 + 16
 
 
+def test_info_loads_no_other_command_s_machinery() -> None:
+    """`colibri info` on the demo model loads what it reads the file with, not what other
+    commands need: every command once paid for pyarrow, the converter and the jitter lab at
+    start-up (33.5 MiB of resident memory before a model was opened)."""
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    heavy = ("pyarrow", "torch", "transformers", "PySide6", "pyqtgraph", "colibri.convert",
+             "colibri.convert_gguf", "colibri.jitter.analysis", "colibri.profile.job",
+             "colibri.reference.diff")
+    code = ("import sys; from colibri.cli import main; code = main(sys.argv[1:]); "
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r} "
+            f"or m.startswith({heavy!r})), file=sys.stderr); sys.exit(code)")
+    run = subprocess.run([sys.executable, "-c", code, "info", str(demo)], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    assert "tensors:" in run.stdout
+    assert run.stderr.strip().splitlines()[-1] == "[]"
+
+
 def test_bench_explains_a_model_that_fits_in_the_cache() -> None:
     """Above 100% of the bandwidth limit is no mystery when the weights fit in the last-level
     cache: the report says so, and says why otherwise."""

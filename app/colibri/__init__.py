@@ -7,7 +7,7 @@ the converter) work before the engine is built.
 
 from __future__ import annotations
 
-from importlib import import_module, metadata
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from colibri import errors
@@ -15,10 +15,7 @@ from colibri import errors
 if TYPE_CHECKING:
     from colibri.engine import Model, Session, validate
 
-try:
-    __version__: str = metadata.version("colibri-moe")
-except metadata.PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+    __version__: str
 
 _LAZY = {"Model", "Session", "validate"}
 
@@ -26,6 +23,12 @@ _LAZY = {"Model", "Session", "validate"}
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(import_module("colibri.engine"), name)
+    if name == "__version__":  # on first use: importlib.metadata costs every command ~40 ms
+        from importlib import metadata
+        try:
+            return metadata.version("colibri-moe")
+        except metadata.PackageNotFoundError:  # a source tree that was never installed
+            return "0+unknown"
     raise AttributeError(f"module 'colibri' has no attribute {name!r}")
 
 

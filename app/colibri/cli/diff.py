@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colibri.cli.common import (EXIT_OK, add_file, add_prompt, add_threads, fail, open_model,
                                 progress_line, prompt_ids, token_label, tokenizer_of)
 from colibri.files import atomic_write_bytes
-from colibri.reference.diff import ReferenceDiff, reference_diff
+
+if TYPE_CHECKING:
+    from colibri.reference.diff import ReferenceDiff
 
 DIFF_EPILOG = """\
 The hidden state of a layer is the residual stream after it, at every prompt position. The
@@ -86,6 +88,8 @@ def print_diff(diff: ReferenceDiff, tokenizer: Any = None) -> None:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    from colibri.reference.diff import reference_diff
+
     if args.tolerance is not None and not args.tolerance > 0:
         fail("--tolerance must be > 0")
     with open_model(args.file) as model:

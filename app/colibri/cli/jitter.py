@@ -17,7 +17,7 @@ rename, and --json alone prints the report instead of the summary.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,10 +25,11 @@ from colibri.cli.common import (EXIT_OK, add_file, add_generate, add_prompt, add
                                 open_model, progress_line, prompt_ids, token_label,
                                 tokenizer_of)
 from colibri.files import atomic_write_bytes
-from colibri.jitter.analysis import (BASELINE, EpsilonReport, JitterReport, Reportable, Runner,
-                                     analyze_epsilon, analyze_jitter, parse_eps, report_json)
-from colibri.jitter.remedies import RemedyReport, analyze_remedies, parse_thresholds
-from colibri.jitter.variants import DEFAULT_VARIANTS, parse_variants
+from colibri.jitter.variants import DEFAULT_VARIANTS
+
+if TYPE_CHECKING:
+    from colibri.jitter.analysis import EpsilonReport, JitterReport, Reportable
+    from colibri.jitter.remedies import RemedyReport
 
 VARIANT_HELP = ("comma-separated variants; each joins components with '+': seq, pairwise, "
                 "blockedL (L lanes), fma, splitS, act-bf16, act-f16, w-f32, w-f16, w-bf16, "
@@ -45,6 +46,10 @@ def _fmt(x: float | None) -> str:
 def _report(args: argparse.Namespace, kind: str) -> tuple[Reportable, Any]:
     """Open the file, build the fixed token sequence and run the analysis; returns the report
     and the tokenizer (None without one)."""
+    from colibri.jitter.analysis import Runner, analyze_epsilon, analyze_jitter, parse_eps
+    from colibri.jitter.remedies import analyze_remedies, parse_thresholds
+    from colibri.jitter.variants import parse_variants
+
     variants = parse_variants(args.variants)
     eps = parse_eps(args.eps) if kind == "epsilon" else []
     thresholds = parse_thresholds(args.cache_threshold) if kind == "remedies" else None
@@ -64,6 +69,8 @@ def _report(args: argparse.Namespace, kind: str) -> tuple[Reportable, Any]:
 
 def _emit(args: argparse.Namespace, report: Reportable, summary: Any) -> int:
     """--json alone: the report on stdout; --json OUT: the summary, and the report in OUT."""
+    from colibri.jitter.analysis import report_json
+
     if args.json == "-":
         print(report_json(report).decode("utf-8"))
         return EXIT_OK
@@ -74,6 +81,8 @@ def _emit(args: argparse.Namespace, report: Reportable, summary: Any) -> int:
 
 
 def print_jitter(report: JitterReport, tokenizer: Any = None, top: int = 10) -> None:
+    from colibri.jitter.analysis import BASELINE
+
     P, M = report.margin_ulps.shape
     print(f"jitter: {report.model}: {P} positions ({report.n_prompt} prompt) x {M} MoE layers = "
           f"{P * M} cells, top-{report.k} of {report.n_experts} experts, "
@@ -173,18 +182,24 @@ def print_remedies(report: RemedyReport) -> None:
 
 
 def cmd_jitter(args: argparse.Namespace) -> int:
+    from colibri.jitter.analysis import JitterReport
+
     report, tokenizer = _report(args, "jitter")
     assert isinstance(report, JitterReport)
     return _emit(args, report, lambda: print_jitter(report, tokenizer))
 
 
 def cmd_epsilon(args: argparse.Namespace) -> int:
+    from colibri.jitter.analysis import EpsilonReport
+
     report, _ = _report(args, "epsilon")
     assert isinstance(report, EpsilonReport)
     return _emit(args, report, lambda: print_epsilon(report))
 
 
 def cmd_remedies(args: argparse.Namespace) -> int:
+    from colibri.jitter.remedies import RemedyReport
+
     report, _ = _report(args, "remedies")
     assert isinstance(report, RemedyReport)
     return _emit(args, report, lambda: print_remedies(report))

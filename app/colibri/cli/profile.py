@@ -18,15 +18,16 @@ import json
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from colibri.cli.common import (EXIT_OK, add_file, add_json, add_routing, add_threads, error,
                                 failure)
 from colibri.jitter.variants import DEFAULT_VARIANTS as JITTER_VARIANTS
-from colibri.profile.dataset import FORMATS, DatasetError
-from colibri.profile.job import (DEFAULT_VARIANTS, Interrupted, ProfileOutcome, ProfileRequest,
-                                 run_profile)
-from colibri.profile.shard import ProfileError
+from colibri.profile import DEFAULT_VARIANTS
+from colibri.profile.dataset import FORMATS
+
+if TYPE_CHECKING:
+    from colibri.profile.job import ProfileOutcome
 
 EXIT_INTERRUPTED = 130
 
@@ -100,6 +101,10 @@ def print_outcome(outcome: ProfileOutcome) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from colibri.profile.dataset import DatasetError
+    from colibri.profile.job import Interrupted, ProfileRequest, run_profile
+    from colibri.profile.shard import ProfileError
+
     req = ProfileRequest(
         model=args.file, dataset=args.dataset, out_dir=args.out, fmt=args.format,
         field=args.field, window=args.window, shard_tokens=args.shard_tokens,

@@ -12,14 +12,39 @@ Definitions are in colibri.jitter.analysis and colibri.jitter.remedies; variant 
 colibri.jitter.variants.
 """
 
-from colibri.jitter.analysis import (BASELINE, DEFAULT_EPS, Downstream, EpsilonReport,
-                                     EpsilonRow, JitterReport, Run, Runner, analyze_epsilon,
-                                     analyze_jitter, margins, ordered_int, parse_eps,
-                                     report_json, selection_order, ulp_bin, ulp_bin_label,
-                                     ulp_bins)
-from colibri.jitter.remedies import (Remedy, RemedyReport, RemedyRow, analyze_remedies,
-                                     parse_thresholds)
-from colibri.jitter.variants import DEFAULT_VARIANTS, Variant, parse_variants
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from colibri.jitter.analysis import (BASELINE, DEFAULT_EPS, Downstream, EpsilonReport,
+                                         EpsilonRow, JitterReport, Run, Runner, analyze_epsilon,
+                                         analyze_jitter, margins, ordered_int, parse_eps,
+                                         report_json, selection_order, ulp_bin, ulp_bin_label,
+                                         ulp_bins)
+    from colibri.jitter.remedies import (Remedy, RemedyReport, RemedyRow, analyze_remedies,
+                                         parse_thresholds)
+    from colibri.jitter.variants import DEFAULT_VARIANTS, Variant, parse_variants
+
+# Each name is imported from its module on first use: the CLI's parser reads
+# colibri.jitter.variants alone, without the analysis and the converter it loads.
+_HOME = {
+    **dict.fromkeys(("BASELINE", "DEFAULT_EPS", "Downstream", "EpsilonReport", "EpsilonRow",
+                     "JitterReport", "Run", "Runner", "analyze_epsilon", "analyze_jitter",
+                     "margins", "ordered_int", "parse_eps", "report_json", "selection_order",
+                     "ulp_bin", "ulp_bin_label", "ulp_bins"), "colibri.jitter.analysis"),
+    **dict.fromkeys(("Remedy", "RemedyReport", "RemedyRow", "analyze_remedies",
+                     "parse_thresholds"), "colibri.jitter.remedies"),
+    **dict.fromkeys(("DEFAULT_VARIANTS", "Variant", "parse_variants"), "colibri.jitter.variants"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(import_module(_HOME[name]), name)
+    raise AttributeError(f"module 'colibri.jitter' has no attribute {name!r}")
+
 
 __all__ = ["BASELINE", "DEFAULT_EPS", "DEFAULT_VARIANTS", "Downstream",
            "EpsilonReport", "EpsilonRow", "JitterReport", "Remedy", "RemedyReport", "RemedyRow",

@@ -40,6 +40,7 @@ from colibri.errors import ColibriError
 from colibri.files import atomic_write, atomic_write_bytes
 from colibri.jitter import parse_variants
 from colibri.numerics import NumericsError
+from colibri.profile import DEFAULT_VARIANTS
 from colibri.profile.dataset import Corpus, DatasetError, detect_format, read_documents, tokenize
 from colibri.profile.shard import (ProfileError, ProfileSettings, ShardJob, model_identity,
                                    moe_layers, profile_shape, release_worker, run_shard)
@@ -51,7 +52,6 @@ SCHEMA = "colibri.profile/1"
 MANIFEST = "manifest.json"
 SUMMARY = "summary.json"
 SHARD_DIR = "shards"
-DEFAULT_VARIANTS = ("noise1", "act-bf16")
 
 
 class Interrupted(Cancelled):
