@@ -34,24 +34,11 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include "bench_common.h"
 
 #define QK 32
 #define PANEL 16 /* rows interleaved in one panel: the lanes of a vector */
 #define MAX_NT 12 /* tokens per pass: 12 accumulators, 8 weight vectors */
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static float noise(uint64_t *state)
-{
-    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)(*state >> 40) / (float)(1u << 24) - 0.5f;
-}
 
 /* A panel of 16 rows: per block, the 16 rows' f16 scales d_w, then the payload, whose vectors hold
  * in lane r row r's elements 4g..4g+3 (group g): q8_0 8 vectors of w + 128; q4_0 4 vectors of

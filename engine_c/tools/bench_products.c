@@ -27,21 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* A deterministic pseudo-random value in [-0.5, 0.5). */
-static float noise(uint64_t *state)
-{
-    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)(*state >> 40) / (float)(1u << 24) - 0.5f;
-}
+#include "bench_common.h"
 
 static int parse_dtype(const char *s, uint32_t *dtype)
 {
