@@ -46,7 +46,7 @@ import numpy as np
 
 from colibri import compute
 from colibri.engine import Model, Session, measure_read_bandwidth
-from colibri.fileformat import LAYER_CHUNKED, LAYER_SLIDING
+from colibri.fileformat import FLAG_TIED_EMBEDDINGS
 
 if TYPE_CHECKING:
     from colibri.formats.gguf_file import GGUFFile
@@ -66,7 +66,7 @@ def phase_bytes(model: Model) -> dict[str, int]:
         if t.name == "rope_freq_factors":
             continue
         if t.name == "token_embd":
-            parts["outside layers"] += t.nbytes // hp.vocab_size + (t.nbytes if hp.flags & 2 else 0)
+            parts["outside layers"] += t.nbytes // hp.vocab_size + (t.nbytes if hp.flags & FLAG_TIED_EMBEDDINGS else 0)
         elif not t.name.startswith("layers."):
             parts["outside layers"] += t.nbytes
         elif base.startswith("attn_"):
@@ -124,18 +124,7 @@ def kv_bytes_per_token(model: Model, first: int, n: int) -> int:
     hp = model.hparams
     row = ((hp.kv_lora_rank + hp.qk_rope_head_dim) if hp.attention == 1
            else 2 * hp.n_kv_heads * hp.head_dim) * 4
-    total = 0
-    for layer in range(hp.n_layers):
-        mask = model.routing(layer).attention
-
-        def keys(pos: int) -> int:
-            if mask == LAYER_SLIDING and hp.sliding_window > 0:
-                return min(pos + 1, hp.sliding_window)
-            if mask == LAYER_CHUNKED:
-                return pos % hp.attention_chunk_size + 1
-            return pos + 1
-        total += row * sum(keys(pos) for pos in range(first, first + n))
-    return total // n
+    return row * compute.attended_keys(model, first, n) // n
 
 
 def phase_breakdown(model: Model, session: Session, first: int, n: int) -> dict[str, dict[str, float]]:
@@ -323,7 +312,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     phase_runs: list[dict[str, dict[str, float]]] = []
     memory = PeakMemory(path)
     macs = compute.arithmetic_macs(compute.prefill_macs(model, prompt), compute.colibri_arithmetic(
-        session.kernels, session.numerics.spec.split("+").count("dot-bf16") > 0))
+        session.kernels, "dot-bf16" in session.numerics.spec.split("+")))
     arithmetics = sorted(macs) if macs else []
     probes = [measure_read_bandwidth(probe_bytes, threads, 3)]
     compute_probes = [compute.probe(arithmetics, threads, session.kernels)]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from colibri.engine import Model, measure_compute
-from colibri.fileformat import LAYER_CHUNKED, LAYER_SLIDING
+from colibri.fileformat import FLAG_TIED_EMBEDDINGS, LAYER_CHUNKED, LAYER_SLIDING
 
 _EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
 HEADS = "heads"  # the attention heads' products (f32, whatever the weights' dtype)
@@ -43,7 +43,7 @@ def prefill_macs(model: Model, prompt: int) -> dict[str, float]:
         for d in t.shape:
             elements *= d
         if t.name == "token_embd":
-            if "output" not in names and hp.flags & 2:
+            if "output" not in names and hp.flags & FLAG_TIED_EMBEDDINGS:
                 add(t.dtype, elements / prompt)  # tied: the LM head, last position only
         elif t.name == "output":
             add(t.dtype, elements / prompt)
@@ -63,17 +63,25 @@ def _head_macs(model: Model, prompt: int) -> float:
         per_key = hp.n_heads * (2 * hp.kv_lora_rank + hp.qk_rope_head_dim)
     else:
         per_key = hp.n_heads * (hp.head_dim + (hp.v_head_dim or hp.head_dim))
-    keys = 0
+    return per_key * attended_keys(model, 0, prompt) / prompt
+
+
+def attended_keys(model: Model, first: int, n: int) -> int:
+    """Keys the positions first..first+n-1 attend to, summed over positions and layers: all before
+    a position and itself, the sliding window of a sliding layer, or the chunk so far of a chunked
+    one."""
+    hp = model.hparams
+    total = 0
     for layer in range(hp.n_layers):
         mask = model.routing(layer).attention
-        for pos in range(prompt):
+        for pos in range(first, first + n):
             if mask == LAYER_SLIDING and hp.sliding_window > 0:
-                keys += min(pos + 1, hp.sliding_window)
+                total += min(pos + 1, hp.sliding_window)
             elif mask == LAYER_CHUNKED and hp.attention_chunk_size > 0:
-                keys += pos % hp.attention_chunk_size + 1
+                total += pos % hp.attention_chunk_size + 1
             else:
-                keys += pos + 1
-    return per_key * keys / prompt
+                total += pos + 1
+    return total
 
 
 def colibri_arithmetic(kernels: str, dot_bf16: bool) -> Callable[[str], str | None]:
