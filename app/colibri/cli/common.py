@@ -256,5 +256,5 @@ def numerics_spec(text: str) -> str:
 __all__ = ["EXIT_INVALID", "EXIT_OK", "EXIT_UNREADABLE", "CommandError", "add_file",
            "add_generate", "add_json", "add_numerics", "add_prompt", "add_routing", "add_threads",
            "caching_options", "error", "exit_code", "fail", "failure", "numerics_spec",
-           "open_model", "progress_line", "prompt_ids", "token_ids", "token_label",
+           "open_model", "positive_int", "progress_line", "prompt_ids", "token_ids", "token_label",
            "tokenizer_of", "unreadable"]
