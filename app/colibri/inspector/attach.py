@@ -21,12 +21,13 @@ from typing import Any
 
 from PySide6.QtCore import QModelIndex, QObject, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtWidgets import (QAbstractItemView, QCheckBox, QHBoxLayout, QHeaderView, QLabel,
-                               QPushButton, QSizePolicy, QSplitter, QTableView, QTabWidget,
+                               QPushButton, QSplitter, QTableView, QTabWidget,
                                QVBoxLayout, QWidget)
 
 from colibri.inspector.debugger.views import (QtEventList, QtLatencyView, QtRoutingHeatmap,
                                               QtTokenView)
 from colibri.inspector.table_model import ColumnTableModel, Index
+from colibri.inspector.readout import wrapping
 from colibri.serving.client import Monitor, RemoteRequest
 
 REPAINT_MS = 33
@@ -149,10 +150,8 @@ class QtServerMonitor(QWidget):
         self._note = ""                          # the server's last reload, refused or not
         self._thread: QThread | None = None
 
-        self.status = QLabel(self)
+        self.status = wrapping(QLabel(self))
         self.status.setObjectName("monitorStatus")
-        self.status.setWordWrap(True)
-        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.detach_button = QPushButton("Detach", self)
         self.detach_button.clicked.connect(self._toggle)
         self.follow = QCheckBox("Follow the newest request", self)
@@ -178,9 +177,7 @@ class QtServerMonitor(QWidget):
         self.tabs = QTabWidget(self)
         self.tabs.addTab(self.routing_map, "Routing map")
         self.tabs.addTab(self.latency, "Latency")
-        self.request_label = QLabel("no request on view", self)
-        self.request_label.setWordWrap(True)
-        self.request_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.request_label = wrapping(QLabel("no request on view", self))
 
         left = QSplitter(Qt.Orientation.Vertical, self)
         left.addWidget(self.table)

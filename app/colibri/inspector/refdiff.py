@@ -31,13 +31,14 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QFileDialog, QGridLayout,
                                QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton,
-                               QSizePolicy, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
+                               QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
                                QTabWidget, QVBoxLayout, QWidget)
 
 from colibri.errors import ColibriError
 from colibri.files import atomic_write_bytes
 from colibri.inspector.export import load_with_dialog, save_with_dialog
 from colibri.inspector.plots import IndexAxis, axes, cell_under, colour_bar, legend_row, tidy
+from colibri.inspector.readout import QtCellReadout, wrapping
 from colibri.inspector.prompt import NO_TOKENIZER, QtPromptEdit, placeholder, token_ids
 from colibri.inspector.tasks import Task, TaskRunner
 from colibri.reference.diff import Divergence, ReferenceDiff, reference_diff
@@ -115,14 +116,11 @@ class QtDiffHeatmap(QWidget):
         legend = legend_row(self.graphics.ci, 1, 2)
         legend.addItem(self.crosses, "routing differs")
         legend.addItem(self.firsts, "first over tolerance / first divergence")
-        self.hover = QLabel(self.CAPTION, self)
-        self.hover.setWordWrap(True)
-        self.hover.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.hover = QtCellReadout(self.plot, self._cell_at, self.describe, self.CAPTION, self)
+        self.hover.sig_cell_clicked.connect(self.sig_cell_selected)
         layout = QVBoxLayout(self)
         layout.addWidget(self.graphics, 1)
         layout.addWidget(self.hover)
-        self.plot.scene().sigMouseMoved.connect(self._mouse_moved)
-        self.plot.scene().sigMouseClicked.connect(self._mouse_clicked)
         self.diff: ReferenceDiff | None = None
         self._drawn: np.ndarray | None = None
 
@@ -189,15 +187,6 @@ class QtDiffHeatmap(QWidget):
         cell = cell_under(self.plot, scene_pos, T, L)
         return None if cell is None else (cell[1], cell[0])  # (layer, position)
 
-    def _mouse_moved(self, pos: Any) -> None:
-        cell = self._cell_at(pos)
-        self.hover.setText(self.describe(*cell) if cell else self.CAPTION)
-
-    def _mouse_clicked(self, ev: Any) -> None:
-        cell = self._cell_at(ev.scenePos())
-        if cell:
-            self.sig_cell_selected.emit(*cell)
-
 
 def _item(text: str, background: QColor | None = None) -> QTableWidgetItem:
     item = QTableWidgetItem(text)
@@ -260,9 +249,7 @@ class QtRoutingCompare(QWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.title = QLabel("click a cell of the heatmap or a layer of the table", self)
-        self.title.setWordWrap(True)
-        self.title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.title = wrapping(QLabel("click a cell of the heatmap or a layer of the table", self))
         self.table = QTableWidget(self)
         self.table.setColumnCount(len(self.COLUMNS))
         self.table.setHorizontalHeaderLabels(list(self.COLUMNS))
@@ -393,9 +380,7 @@ class QtReferenceDiff(QWidget):
         self.status = QLabel("open a model", self)
         self.summary = QLabel("", self)
         for label in (self.status, self.summary):
-            label.setWordWrap(True)
-            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-            label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            wrapping(label).setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
         form = QGridLayout()
         form.addWidget(QLabel("checkpoint", self), 0, 0)

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (QHeaderView, QLabel, QTableWidget, QTableWidgetIt
                                QVBoxLayout, QWidget)
 
 from colibri.inspector.plots import cell_under
+from colibri.inspector.readout import QtCellReadout
 from colibri.profile.results import Example, TokenRow
 
 _PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
@@ -56,14 +57,13 @@ class QtMatrixHeatmap(QWidget):
         self.marker = pg.ScatterPlotItem(size=14, pen=pg.mkPen("w", width=2), brush=None,
                                          symbol="s")
         self.plot.addItem(self.marker)
-        self.hover = QLabel("", self)
+        self.hover = QtCellReadout(self.plot, self._cell_at, self.describe, "", self)
         self.hover.setObjectName("heatmapHover")
+        self.hover.sig_cell_clicked.connect(self.sig_cell_selected)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.graphics, 1)
         layout.addWidget(self.hover)
-        self.plot.scene().sigMouseMoved.connect(self._mouse_moved)
-        self.plot.scene().sigMouseClicked.connect(self._mouse_clicked)
         self._values: np.ndarray | None = None
         self._rows: list[str] = []
         self._cols: list[str] = []
@@ -121,15 +121,6 @@ class QtMatrixHeatmap(QWidget):
         value = self._values[row, col]
         text = "-" if not np.isfinite(value) else self._fmt.format(value)
         return f"{self._rows[row]}, {self._cols[col]}: {text}{self._unit}"
-
-    def _mouse_moved(self, pos: Any) -> None:
-        cell = self._cell_at(pos)
-        self.hover.setText(self.describe(*cell) if cell else "")
-
-    def _mouse_clicked(self, ev: Any) -> None:
-        cell = self._cell_at(ev.scenePos())
-        if cell:
-            self.sig_cell_selected.emit(*cell)
 
 
 class QtMarginHistogram(QWidget):

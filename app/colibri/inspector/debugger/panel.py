@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QFileDialog, QLabel, QLineEdit, QSizePolicy, QSpinBox, QSplitter,
+from PySide6.QtWidgets import (QFileDialog, QLabel, QLineEdit, QSpinBox, QSplitter,
                                QTabWidget, QToolBar, QVBoxLayout, QWidget)
 
 from colibri.debugging.anatomy import RuleBook
@@ -40,6 +40,7 @@ from colibri.inspector.debugger.views import (QtBreakpointList, QtEventList, QtL
 from colibri.inspector.debugger.worker import DebuggerController, DebuggerSnapshot
 from colibri.inspector.prompt import example_prompt
 from colibri.inspector.refdiff import QtReferenceDiffDialog
+from colibri.inspector.readout import wrapping
 from colibri.interventions import Intervention
 from colibri.values import RunSettings
 
@@ -165,11 +166,9 @@ class QtDebuggerPanel(QWidget):
         # wrap rather than grow the panel's minimum width with every token.
         for label in (self.status, self.run_panel.status, self.token_view.title,
                       self.token_view.rule, self.token_view.bias_flag,
-                      self.token_view.details, self.routing_map.balance,
-                      self.routing_map.hover, self.latency.summary,
+                      self.token_view.details, self.routing_map.balance, self.latency.summary,
                       self.intervention_view.message, self.counterfactual_view.summary):
-            label.setWordWrap(True)
-            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+            wrapping(label)
 
     def _shortcuts(self) -> None:
         for keys, slot in (("Ctrl+R", self.run_panel._run), ("F5", self.continue_run),

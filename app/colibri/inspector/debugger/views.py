@@ -47,6 +47,7 @@ from colibri.inspection.values import format_scalar
 from colibri.debugging.stats import (LatencySeries, cache_summary, co_selection, expert_load,
                                      load_balance, routing_matrix)
 from colibri.inspector.plots import IndexAxis, axes, cell_under, colour_bar, legend_row, tidy
+from colibri.inspector.readout import QtCellReadout
 from colibri.inspector.table_model import ColumnTableModel, Index
 
 _CURRENT = QColor(120, 200, 120, 90)  # RenderDoc's green flag for the current event
@@ -449,7 +450,9 @@ class QtRoutingHeatmap(QWidget):
         self.balance = QLabel("", self)
         self.text = QTextBrowser(self)
         self.text.setMaximumHeight(90)
-        self.hover = QLabel("", self)
+        self.hover = QtCellReadout(self.map_plot, self._cell_at,
+                                   lambda p, mi: self._matrix.hover(p, mi), "", self)
+        self.hover.sig_cell_clicked.connect(self.sig_cell_selected)
         top = QHBoxLayout()
         top.addWidget(QLabel("layer", self))
         top.addWidget(self.layer_box)
@@ -461,8 +464,6 @@ class QtRoutingHeatmap(QWidget):
         layout.addWidget(self.text)
         self.layer_box.currentIndexChanged.connect(lambda _i: self._layer_views())
         self.image.setAcceptHoverEvents(True)
-        self.map_plot.scene().sigMouseMoved.connect(self._mouse_moved)
-        self.map_plot.scene().sigMouseClicked.connect(self._mouse_clicked)
         self._matrix: Any = None
 
     def set_events(self, events: EventList | None, cursor: int | None) -> None:
@@ -531,15 +532,6 @@ class QtRoutingHeatmap(QWidget):
         if self._matrix is None:
             return None
         return cell_under(self.map_plot, scene_pos, *self._matrix.shape)  # (position, moe_index)
-
-    def _mouse_moved(self, pos: Any) -> None:
-        cell = self._cell_at(pos)
-        self.hover.setText(self._matrix.hover(*cell) if cell else "")
-
-    def _mouse_clicked(self, ev: Any) -> None:
-        cell = self._cell_at(ev.scenePos())
-        if cell:
-            self.sig_cell_selected.emit(*cell)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QGridLayout, QHBoxLayout, QLabel, QLineEdit, QProgressBar,
-                               QPushButton, QSizePolicy, QSpinBox, QTabWidget, QVBoxLayout,
+                               QPushButton, QSpinBox, QTabWidget, QVBoxLayout,
                                QWidget)
 
 from colibri.files import atomic_write_bytes
@@ -31,6 +31,7 @@ from colibri.inspector.jitter.views import (QtCellLogits, QtEpsilonCurve, QtFlip
                                             QtRoutingAB)
 from colibri.inspector.prompt import (NO_TOKENIZER, QtPromptEdit, example_prompt, placeholder,
                                       token_ids)
+from colibri.inspector.readout import wrapping
 from colibri.inspector.tasks import Task, TaskRunner
 from colibri.jitter.analysis import (SCHEMA_EPSILON, SCHEMA_JITTER, EpsilonReport, JitterReport,
                                      Runner, analyze_epsilon, analyze_jitter, parse_eps)
@@ -132,9 +133,7 @@ class QtJitterLab(QWidget):
         self.save_button = QPushButton("Save…", self)
         self.load_button = QPushButton("Load…", self)
         self.progress = QProgressBar(self)
-        self.status = QLabel("open a model", self)
-        self.status.setWordWrap(True)
-        self.status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.status = wrapping(QLabel("open a model", self))
 
         # three rows, so the plots keep most of a 800-pixel-high window
         form = QGridLayout()

@@ -35,9 +35,10 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QIcon, QPixmap
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit,
-                               QSizePolicy, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from colibri.inspector.plots import IndexAxis, axes, cell_under, colour_bar, legend_row, tidy
+from colibri.inspector.readout import QtCellReadout
 from colibri.jitter.analysis import BASELINE, EpsilonReport, JitterReport, ordered_int
 from colibri.jitter.remedies import RemedyReport
 
@@ -62,7 +63,6 @@ class _CellHeatmap(QWidget):
         super().__init__(parent)
         self._compute = compute
         self._describe_cell = describe
-        self.caption = caption
         self.graphics = pg.GraphicsLayoutWidget(self)
         self.layer_axis = IndexAxis("left", cells=True)
         self.plot = self.graphics.addPlot(
@@ -78,14 +78,11 @@ class _CellHeatmap(QWidget):
                                          symbol="s")
         self.plot.addItem(self.marker)
         # what the colours mean until the pointer is over a cell, then that cell
-        self.hover = QLabel(caption, self)
-        self.hover.setWordWrap(True)
-        self.hover.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.hover = QtCellReadout(self.plot, self._cell_at, self._describe, caption, self)
+        self.hover.sig_cell_clicked.connect(self.sig_cell_selected)
         layout = QVBoxLayout(self)
         layout.addWidget(self.graphics, 1)
         layout.addWidget(self.hover)
-        self.plot.scene().sigMouseMoved.connect(self._mouse_moved)
-        self.plot.scene().sigMouseClicked.connect(self._mouse_clicked)
         self.report: JitterReport | None = None
         self._values: np.ndarray | None = None
 
@@ -114,15 +111,9 @@ class _CellHeatmap(QWidget):
             return None
         return cell_under(self.plot, scene_pos, *self._values.shape)  # (position, moe_index)
 
-    def _mouse_moved(self, pos: Any) -> None:
-        cell = self._cell_at(pos)
-        self.hover.setText(self._describe_cell(self.report, *cell)
-                           if cell and self.report is not None else self.caption)
-
-    def _mouse_clicked(self, ev: Any) -> None:
-        cell = self._cell_at(ev.scenePos())
-        if cell:
-            self.sig_cell_selected.emit(*cell)
+    def _describe(self, p: int, mi: int) -> str:
+        assert self.report is not None   # a cell is found only over a report's values
+        return self._describe_cell(self.report, p, mi)
 
 
 def _flip_rate(report: JitterReport) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
