@@ -14,8 +14,9 @@ colibri.jitter.variants.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from colibri.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from colibri.jitter.analysis import (BASELINE, DEFAULT_EPS, Downstream, EpsilonReport,
@@ -29,21 +30,15 @@ if TYPE_CHECKING:
 
 # Each name is imported from its module on first use: the CLI's parser reads
 # colibri.jitter.variants alone, without the analysis and the converter it loads.
-_HOME = {
-    **dict.fromkeys(("BASELINE", "DEFAULT_EPS", "Downstream", "EpsilonReport", "EpsilonRow",
-                     "JitterReport", "Run", "Runner", "analyze_epsilon", "analyze_jitter",
-                     "margins", "ordered_int", "parse_eps", "report_json", "selection_order",
-                     "ulp_bin", "ulp_bin_label", "ulp_bins"), "colibri.jitter.analysis"),
-    **dict.fromkeys(("Remedy", "RemedyReport", "RemedyRow", "analyze_remedies",
-                     "parse_thresholds"), "colibri.jitter.remedies"),
-    **dict.fromkeys(("DEFAULT_VARIANTS", "Variant", "parse_variants"), "colibri.jitter.variants"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(import_module(_HOME[name]), name)
-    raise AttributeError(f"module 'colibri.jitter' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {
+    "colibri.jitter.analysis": (
+        "BASELINE", "DEFAULT_EPS", "Downstream", "EpsilonReport", "EpsilonRow", "JitterReport",
+        "Run", "Runner", "analyze_epsilon", "analyze_jitter", "margins", "ordered_int",
+        "parse_eps", "report_json", "selection_order", "ulp_bin", "ulp_bin_label", "ulp_bins"),
+    "colibri.jitter.remedies": ("Remedy", "RemedyReport", "RemedyRow", "analyze_remedies",
+                                "parse_thresholds"),
+    "colibri.jitter.variants": ("DEFAULT_VARIANTS", "Variant", "parse_variants"),
+})
 
 
 __all__ = ["BASELINE", "DEFAULT_EPS", "DEFAULT_VARIANTS", "Downstream",

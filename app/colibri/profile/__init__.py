@@ -13,8 +13,9 @@ merges their statistics (`stats`) and writes Parquet tables (`tables`) and a JSO
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from colibri.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from colibri.profile.dataset import DatasetError
@@ -27,18 +28,11 @@ if TYPE_CHECKING:
 DEFAULT_VARIANTS = ("noise1", "act-bf16")
 
 # Each name is imported from its module on first use.
-_HOME = {
-    "DatasetError": "colibri.profile.dataset",
-    **dict.fromkeys(("Interrupted", "ProfileOutcome", "ProfileRequest", "run_profile"),
-                    "colibri.profile.job"),
-    "ProfileError": "colibri.profile.shard",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        return getattr(import_module(_HOME[name]), name)
-    raise AttributeError(f"module 'colibri.profile' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {
+    "colibri.profile.dataset": ("DatasetError",),
+    "colibri.profile.job": ("Interrupted", "ProfileOutcome", "ProfileRequest", "run_profile"),
+    "colibri.profile.shard": ("ProfileError",),
+})
 
 
 __all__ = ["DEFAULT_VARIANTS", "DatasetError", "Interrupted", "ProfileError", "ProfileOutcome",
