@@ -770,6 +770,23 @@ def test_info_loads_no_other_command_s_machinery() -> None:
     assert run.stderr.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize("command", [["--help"], ["convert", "--help"], ["jitter", "--help"],
+                                     ["profile", "--help"]])
+def test_the_command_line_s_parser_loads_no_engine(command: list[str]) -> None:
+    """Reading the command line loads neither the engine's binding nor its compiled extension:
+    the parser once loaded both for every command, through the jitter variants' kernel paths
+    (the `jitter` and `profile` commands name the default variants in their help)."""
+    code = ("import sys; from colibri.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit as exc:\n    code = exc.code\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('colibri.engine', "
+            "'colibri._colibri_cffi'))), file=sys.stderr); sys.exit(code)")
+    run = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    assert "usage: colibri" in run.stdout
+    assert run.stderr.strip().splitlines()[-1] == "[]"
+
+
 def test_bench_explains_a_model_that_fits_in_the_cache() -> None:
     """Above 100% of the bandwidth limit is no mystery when the weights fit in the last-level
     cache: the report says so, and says why otherwise."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from colibri.engine import KERNEL_PATHS, best_kernels
 from colibri.numerics import Numerics, NumericsError
+from colibri.values import KERNEL_PATHS
 
 WEIGHT_DTYPES = ("f32", "f16", "bf16")
 
@@ -31,6 +31,7 @@ DEFAULT_VARIANTS = (
 
 def machine_kernel_variants() -> tuple[str, ...]:
     """`k-<path>` for every kernel path this machine runs below its best one (the baseline's)."""
+    from colibri.engine import best_kernels   # here: the CLI's parser reads this module
     return tuple(f"k-{p}" for p in KERNEL_PATHS[:KERNEL_PATHS.index(best_kernels())])
 
 
@@ -79,6 +80,7 @@ def parse_variants(text: str | None) -> list[Variant]:
     run is refused (a session would silently run a lower one)."""
     specs = DEFAULT_VARIANTS + machine_kernel_variants() if not text else [
         s for s in text.split(",") if s.strip()]
+    from colibri.engine import best_kernels
     best = KERNEL_PATHS.index(best_kernels())
     out: list[Variant] = []
     seen: set[str] = set()
