@@ -11,7 +11,7 @@ from PySide6.QtGui import QImage
 
 from colibri.engine import Model
 from colibri.inspection import stats as S
-from colibri.inspector.tensor_values import QtTensorValues
+from colibri.inspector.tensor_values import QtTensorValues, QtTensorValuesPage
 
 TIMEOUT_MS = 20000
 
@@ -95,3 +95,29 @@ def test_dense_layer_is_refused(values, tiny_model):
     values.set_model(Model.open(tiny_model(dense_layers=(0,)).path))
     with pytest.raises(ValueError):
         values.show_layer_experts(0)
+
+
+def test_the_page_builds_its_view_on_first_use_and_then_shows_the_tensor_chosen_before(
+        qtbot, tiny_model):
+    """A file's values tab costs nothing until it is opened: a tensor selected while it is not
+    on view waits, and is shown when the view is built; a new document drops what waited."""
+    page = QtTensorValuesPage()
+    qtbot.addWidget(page)
+    model = Model.open(tiny_model().path)
+    page.set_store(S.EngineTensors(model))
+    page.show_tensor("layers.0.moe_w1", 1, on_view=False)
+    assert page.built is None
+    with qtbot.waitSignal(page.view.sig_tensor_shown, timeout=TIMEOUT_MS) as shown:
+        pass
+    assert shown.args == ["layers.0.moe_w1[1]"]
+    assert page.view.heatmap_image.image.shape == (16, 32)
+
+    later = QtTensorValuesPage()
+    qtbot.addWidget(later)
+    later.set_store(S.EngineTensors(model))
+    later.show_tensor("token_embd", None, on_view=False)
+    later.set_store(S.EngineTensors(model))             # the file reloaded
+    with qtbot.assertNotEmitted(later.view.sig_tensor_shown, wait=300):
+        pass
+    assert later.view.title.text() == "No tensor selected"
+    page.view.runner.wait()

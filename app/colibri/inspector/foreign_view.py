@@ -37,7 +37,7 @@ from colibri.inspector.hexview import QtHexView
 from colibri.inspector.metadata_view import QtMetadataTree
 from colibri.inspector.tasks import Task, TaskRunner
 from colibri.inspector.tensor_table import QtTensorTable
-from colibri.inspector.tensor_values import QtTensorValues
+from colibri.inspector.tensor_values import QtTensorValues, QtTensorValuesPage
 from colibri.inspector.validation_view import QtValidationReport
 
 TAB_NAMES = ("validation", "metadata", "tensors", "values")
@@ -62,17 +62,13 @@ class QtForeignFileView(DataCheckTab, QWidget):
         self.data_result: DataCheckResult | None = None
         self.auto_check_bytes = auto_check_bytes
         self._current_view = "validation"
-        self._pending_tensor: tuple[str, int | None] | None = None
         self._files: list[str] = []
 
         self.validation = QtValidationReport(self)
         self.validation.summary.setText(f"Reading {self.name}…")
         self.metadata = QtMetadataTree(self)
         self.tensors = QtTensorTable(self)
-        # The values view (six pyqtgraph plots) is built when first shown, as in FileView.
-        self._values: QtTensorValues | None = None
-        self._values_page = QWidget(self)
-        QVBoxLayout(self._values_page).setContentsMargins(0, 0, 0, 0)
+        self._values_page = QtTensorValuesPage(self)
         self.tabs = QTabWidget(self)
         self.tabs.setDocumentMode(True)
         for widget, title in ((self.validation, "Validation"), (self.metadata, "Metadata"),
@@ -146,8 +142,7 @@ class QtForeignFileView(DataCheckTab, QWidget):
         self.validation.set_document(doc)
         self.metadata.set_root(metadata_tree(doc))
         self.tensors.set_rows(rows)
-        if self._values is not None:
-            self._values.set_store(doc.store())
+        self._values_page.set_store(doc.store())
         self._files = doc.file_paths()
         self.file_combo.blockSignals(True)
         self.file_combo.clear()
@@ -213,10 +208,8 @@ class QtForeignFileView(DataCheckTab, QWidget):
         file = self._files.index(info.path) if info.path in self._files else 0
         self.show_bytes(file, row.offset, row.nbytes)
         expert = row.expert
-        if self._values is None and self.tabs.currentWidget() is not self._values_page:
-            self._pending_tensor = (name, expert)   # shown when the values view is first opened
-            return
-        self.values.show_tensor(name, expert)
+        self._values_page.show_tensor(name, expert,
+                                      self.tabs.currentWidget() is self._values_page)
 
     def _problem_selected(self, offset: int, tensor: str) -> None:
         doc = self.doc
@@ -231,18 +224,7 @@ class QtForeignFileView(DataCheckTab, QWidget):
     @property
     def values(self) -> QtTensorValues:
         """The tensor values view, built on first use."""
-        if self._values is None:
-            self._values = QtTensorValues()
-            self._values.setObjectName("tensorValues")
-            layout = self._values_page.layout()
-            assert layout is not None
-            layout.addWidget(self._values)
-            self._values.set_store(self.doc.store() if self.doc is not None else None)
-            if self._pending_tensor is not None and self.doc is not None:
-                name, expert = self._pending_tensor
-                self._pending_tensor = None
-                self._values.show_tensor(name, expert)
-        return self._values
+        return self._values_page.view
 
     # -- views ----------------------------------------------------------------------------------
 
@@ -313,8 +295,8 @@ class QtForeignFileView(DataCheckTab, QWidget):
     def shutdown(self) -> None:
         for runner in (self.opener, self.checks, self.importer):
             runner.cancel()
-        if self._values is not None:
-            self._values.cancel()
+        if self._values_page.built is not None:
+            self._values_page.built.cancel()
 
 
 __all__ = ["QtForeignFileView", "TAB_NAMES"]

@@ -34,6 +34,7 @@ from colibri.debugging.session_file import SUFFIX as SESSION_SUFFIX
 from colibri.errors import ColibriFileChangedError
 from colibri.files import atomic_write_csv
 from colibri.inspection.recent import RecentFiles
+from colibri.inspection.stats import EngineTensors
 from colibri.serving.client import parse_address
 from colibri.inspector import resources
 from colibri.inspection.foreign import is_foreign
@@ -48,7 +49,7 @@ from colibri.inspector.jitter.lab import QtJitterLab
 from colibri.inspector.hexview import QtHexView
 from colibri.inspector.tasks import Task, TaskRunner
 from colibri.inspector.tensor_table import QtTensorTable
-from colibri.inspector.tensor_values import QtTensorValues
+from colibri.inspector.tensor_values import QtTensorValues, QtTensorValuesPage
 from colibri.inspector.validation_view import QtValidationReport
 
 
@@ -114,12 +115,7 @@ class FileView(DataCheckTab, QWidget):
         self.validation = QtValidationReport()
         self.header = QtHeaderView()
         self.tensors = QtTensorTable()
-        # The values view (six pyqtgraph plots, ~350 ms to build) is built on first use, so the
-        # first paint of a file does not wait for it.
-        self._values: QtTensorValues | None = None
-        self._values_page = QWidget()
-        QVBoxLayout(self._values_page).setContentsMargins(0, 0, 0, 0)
-        self._pending_tensor: tuple[str, int | None] | None = None
+        self._values_page = QtTensorValuesPage()
         # The debugger (engine worker thread, plots) is built on first use as well.
         self._debugger: QtDebuggerPanel | None = None
         self._debugger_page = QWidget()
@@ -213,9 +209,7 @@ class FileView(DataCheckTab, QWidget):
         self.validation.set_document(doc)
         self.header.set_document(doc)
         self.tensors.set_model(doc.model)
-        self._pending_tensor = None
-        if self._values is not None:
-            self._values.set_model(doc.model)
+        self._values_page.set_store(EngineTensors(doc.model) if doc.model is not None else None)
         if self._debugger is not None:  # a running debug session finishes on the old mapping
             self._debugger.set_model(doc.model)
         if self._jitter is not None:
@@ -339,26 +333,13 @@ class FileView(DataCheckTab, QWidget):
             return
         row = self.tensors.selected_row()
         expert = getattr(row, "expert", None) if row is not None and row.name == name else None
-        if self._values is None and self.tabs.currentWidget() is not self._values_page:
-            self._pending_tensor = (name, expert)   # shown when the values view is first opened
-            return
-        self.values.show_tensor(name, expert)
+        self._values_page.show_tensor(name, expert,
+                                      self.tabs.currentWidget() is self._values_page)
 
     @property
     def values(self) -> QtTensorValues:
         """The tensor values view, built on first use."""
-        if self._values is None:
-            self._values = QtTensorValues()
-            self._values.setObjectName("tensorValues")
-            layout = self._values_page.layout()
-            assert layout is not None
-            layout.addWidget(self._values)
-            self._values.set_model(self.doc.model)
-            if self._pending_tensor is not None and self.doc.model is not None:
-                name, expert = self._pending_tensor
-                self._pending_tensor = None
-                self._values.show_tensor(name, expert)
-        return self._values
+        return self._values_page.view
 
     @property
     def debugger(self) -> QtDebuggerPanel:

@@ -11,7 +11,7 @@ bar plots of the w1/w2/w3 and router-row norms, and the router weight rows as a 
 Experts page picks its MoE layer from a list; showing a tensor of a MoE layer selects that layer
 there, and opening the page then compares its experts. `sig_tensor_shown(name)` and
 `sig_experts_shown(layer)` say when results are on screen; `export_png` saves the current page,
-`export_csv` its table.
+`export_csv` its table. `QtTensorValuesPage` is a file's tab holding it, built on first use.
 """
 
 from __future__ import annotations
@@ -428,4 +428,46 @@ class QtTensorValues(QWidget):
         self.sig_experts_shown.emit(c.layer)
 
 
-__all__ = ["QtTensorValues"]
+class QtTensorValuesPage(QWidget):
+    """A file's "Tensor values" tab. Its QtTensorValues (six pyqtgraph plots, ~350 ms to build)
+    is built on first use, so the first paint of a file does not wait for it; a tensor selected
+    before then is shown once it is."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        QVBoxLayout(self).setContentsMargins(0, 0, 0, 0)
+        self.built: QtTensorValues | None = None
+        self._store: S.TensorStore | None = None
+        self._pending: tuple[str, int | None] | None = None
+
+    def set_store(self, store: S.TensorStore | None) -> None:
+        """Show the tensors of `store` from now on (a file opened or reloaded: a tensor still
+        waiting to be shown is dropped)."""
+        self._store, self._pending = store, None
+        if self.built is not None:
+            self.built.set_store(store)
+
+    @property
+    def view(self) -> QtTensorValues:
+        """The values view, built now if it was not."""
+        if self.built is None:
+            self.built = QtTensorValues()
+            self.built.setObjectName("tensorValues")
+            self.layout().addWidget(self.built)
+            self.built.set_store(self._store)
+            if self._pending is not None and self._store is not None:
+                name, expert = self._pending
+                self._pending = None
+                self.built.show_tensor(name, expert)
+        return self.built
+
+    def show_tensor(self, name: str, expert: int | None, on_view: bool) -> None:
+        """Tensor `name` (or its expert slice `expert`): now when the view is built or the page
+        is `on_view`, else when the view is first built."""
+        if self.built is None and not on_view:
+            self._pending = (name, expert)
+            return
+        self.view.show_tensor(name, expert)
+
+
+__all__ = ["QtTensorValues", "QtTensorValuesPage"]
