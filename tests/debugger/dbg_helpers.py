@@ -6,9 +6,17 @@ from typing import Any
 
 import numpy as np
 
+from colibri.debugging import Debugger, RunSettings
 from colibri.engine import Model, Session
 
 PROMPT = (3, 4, 5, 6, 7)
+
+
+def finished(model: Model, settings: RunSettings) -> Debugger:
+    """A debugger that has run `settings` to the end."""
+    dbg = Debugger(model, settings)
+    assert dbg.run().reason == "finished"
+    return dbg
 
 
 def reference_run(model: Model, prompt: tuple[int, ...], n: int, routing: str = "topk",

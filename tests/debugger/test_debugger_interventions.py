@@ -16,25 +16,19 @@ from colibri.engine import Model
 from colibri.interventions import KINDS, Intervention
 from colibri.jitter.analysis import logit_divergence
 
-from dbg_helpers import PROMPT
+from dbg_helpers import PROMPT, finished
 
 FORCE = Intervention.parse("force:pos=3,layer=2,experts=5+6")
 
 
-def fresh(model: Model, settings: RunSettings) -> Debugger:
-    dbg = Debugger(model, settings)
-    assert dbg.run().reason == "finished"
-    return dbg
-
-
 def test_a_change_recomputes_from_its_position_and_is_compared(model: Model) -> None:
-    dbg = fresh(model, RunSettings(PROMPT, 6))
+    dbg = finished(model, RunSettings(PROMPT, 6))
     before_ids, before_logits = np.array(dbg.record.expert_ids), dbg.logits()
     before_tokens = list(dbg.generation.tokens)
     cf = dbg.set_interventions([FORCE])
     assert cf is not None and cf.from_position == 3 and dbg.counterfactual is cf
     # the run now is the run made with the intervention from the start
-    ref = fresh(model, RunSettings(PROMPT, 6, interventions=[FORCE]))
+    ref = finished(model, RunSettings(PROMPT, 6, interventions=[FORCE]))
     assert dbg.record.equals(ref.record, timings=False) and dbg.generated == ref.generated
     assert dbg.settings.interventions == (FORCE,)
     # ... and the comparison holds both runs' own numbers
@@ -67,7 +61,7 @@ def test_an_edit_between_layers_remakes_the_decision_just_made(model: Model) -> 
     assert event.key == (3, 1) and event.expert_ids == (5, 6)
     assert event.intervention_kinds == ("force",)
     dbg2.run()
-    ref = fresh(model, RunSettings(PROMPT, 4, interventions=[FORCE]))
+    ref = finished(model, RunSettings(PROMPT, 4, interventions=[FORCE]))
     assert dbg2.record.equals(ref.record, timings=False)
 
 
@@ -82,12 +76,12 @@ def test_the_decision_just_made_can_be_made_again(model: Model) -> None:
     assert dbg.current.key == (2, 0) and dbg.current.expert_ids == other
     assert dbg.layers_done == 1
     dbg.run()
-    ref = fresh(model, RunSettings(PROMPT, 4, interventions=[edit]))
+    ref = finished(model, RunSettings(PROMPT, 4, interventions=[edit]))
     assert dbg.record.equals(ref.record, timings=False)
 
 
 def test_a_forbid_breakpoint_goes_on_without_the_expert(model: Model) -> None:
-    plain = fresh(model, RunSettings(PROMPT, 8))
+    plain = finished(model, RunSettings(PROMPT, 8))
     layer = 2
     counts = np.bincount(plain.record.expert_ids[:, 1].ravel(), minlength=8)
     expert = int(np.argmax(counts))                      # the expert layer 2 chose most
@@ -100,7 +94,7 @@ def test_a_forbid_breakpoint_goes_on_without_the_expert(model: Model) -> None:
     assert all(a.kind == "forbid" and a.experts == (expert,) and a.layer == layer and
                a.first == a.last for a in result.actions) and hits == sorted(hits)
     assert dbg.settings.interventions == result.actions
-    ref = fresh(model, RunSettings(PROMPT, 8, interventions=result.actions))
+    ref = finished(model, RunSettings(PROMPT, 8, interventions=result.actions))
     assert dbg.record.equals(ref.record, timings=False)
     assert np.flatnonzero(dbg.record.intervened[:, 1]).tolist() == hits
 
@@ -114,13 +108,13 @@ def test_under_expert_caching_a_forbid_breakpoint_recomputes_to_a_fresh_runs_bit
     both the caching columns and the interventions."""
     cached = dict(routing="cached", cache_threshold=0.5, expert_cache=3)
     with Model.open(moe3_path) as model:
-        plain = fresh(model, RunSettings(PROMPT, 8, **cached))  # type: ignore[arg-type]
+        plain = finished(model, RunSettings(PROMPT, 8, **cached))  # type: ignore[arg-type]
         assert plain.record.cache_kept.any()
         dbg = Debugger(model, RunSettings(PROMPT, 8, **cached))  # type: ignore[arg-type]
         dbg.breakpoints.add(CacheKept(action="forbid"))
         result = dbg.continue_()
         assert result.reason == "finished" and result.actions
-        ref = fresh(model, RunSettings(PROMPT, 8, interventions=result.actions,
+        ref = finished(model, RunSettings(PROMPT, 8, interventions=result.actions,
                                        **cached))  # type: ignore[arg-type]
         assert dbg.record.equals(ref.record, timings=False)
         assert dbg.session.cache_stats() == ref.session.cache_stats()
@@ -137,7 +131,7 @@ def test_under_expert_caching_a_forbid_breakpoint_recomputes_to_a_fresh_runs_bit
 
 
 def test_sessions_keep_interventions_and_the_comparison(model: Model, tmp_path: Path) -> None:
-    dbg = fresh(model, RunSettings(PROMPT, 5))
+    dbg = finished(model, RunSettings(PROMPT, 5))
     dbg.breakpoints.add(ExpertChosen(1, 2, action="forbid"))
     dbg.set_interventions([FORCE, Intervention.parse("ablate:layer=0,experts=4")])
     path = tmp_path / "run.colibri-session"
@@ -153,7 +147,7 @@ def test_sessions_keep_interventions_and_the_comparison(model: Model, tmp_path: 
 
 
 def test_a_session_from_before_interventions_still_opens(model: Model, tmp_path: Path) -> None:
-    dbg = fresh(model, RunSettings(PROMPT, 3))
+    dbg = finished(model, RunSettings(PROMPT, 3))
     dbg.breakpoints.add(ExpertChosen(1, 2))
     path = tmp_path / "new.colibri-session"
     save_session(path, dbg)
@@ -178,11 +172,11 @@ def test_a_session_from_before_interventions_still_opens(model: Model, tmp_path:
 
 
 def test_a_pause_ends_a_recomputation_early_and_the_run_goes_on(model: Model) -> None:
-    dbg = fresh(model, RunSettings(PROMPT, 6))
+    dbg = finished(model, RunSettings(PROMPT, 6))
     dbg.request_pause()                       # as the Pause button would, during the recompute
     assert dbg.set_interventions([FORCE]) is None
     assert dbg.position == 3                  # the positions from the change on are not redone
     dbg.clear_requests()
     assert dbg.run().reason == "finished"
-    ref = fresh(model, RunSettings(PROMPT, 6, interventions=[FORCE]))
+    ref = finished(model, RunSettings(PROMPT, 6, interventions=[FORCE]))
     assert dbg.record.equals(ref.record, timings=False) and dbg.generated == ref.generated

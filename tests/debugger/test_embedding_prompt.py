@@ -18,7 +18,7 @@ from colibri.engine import Model
 from colibri.errors import ColibriValueError
 from colibri.interventions import Intervention
 
-from dbg_helpers import PROMPT
+from dbg_helpers import PROMPT, finished
 
 FORCE = Intervention.parse("force:pos=3,layer=2,experts=5+6")
 SAME = ("expert_ids", "expert_weights", "router_logits", "selection_scores", "intervened")
@@ -26,12 +26,6 @@ SAME = ("expert_ids", "expert_weights", "router_logits", "selection_scores", "in
 
 def rows(model: Model) -> np.ndarray:
     return np.ascontiguousarray(model.tensor_f32("token_embd")[list(PROMPT)])
-
-
-def finished(model: Model, settings: RunSettings) -> Debugger:
-    dbg = Debugger(model, settings)
-    assert dbg.run().reason == "finished"
-    return dbg
 
 
 def test_rows_route_as_the_token_ids_stepped_layer_by_layer(model: Model) -> None:
