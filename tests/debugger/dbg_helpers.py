@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,3 +41,26 @@ def reference_run(model: Model, prompt: tuple[int, ...], n: int, routing: str = 
     out = trace.copy()
     session.close()
     return out, generated
+
+
+def rewrite_session(path: Path, out: Path,
+                    edit: Callable[[dict[str, Any], dict[str, bytes]], object]) -> Path:
+    """Session file `path` written again at `out` after `edit(manifest, members)` changed, in
+    place, its manifest and its other members (name -> bytes): a file an older or newer version
+    wrote, or a broken one."""
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    manifest = json.loads(members.pop("manifest.json"))
+    edit(manifest, members)
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("manifest.json", json.dumps(manifest))
+        for name, data in members.items():
+            z.writestr(name, data)
+    return out
+
+
+def drop_arrays(manifest: dict[str, Any], members: dict[str, bytes], *names: str) -> None:
+    """Remove record arrays `names` from a session's manifest and members (see rewrite_session)."""
+    for name in names:
+        del manifest["arrays"][name]
+        del members[f"arrays/{name}.npy"]

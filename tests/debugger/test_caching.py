@@ -5,9 +5,8 @@ Qt panel runs it from its form and shows it."""
 
 from __future__ import annotations
 
-import json
-import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from colibri.debugging.stats import cache_summary
 from colibri.debugging.trace_export import CSV_COLUMNS, chrome_trace, routing_rows
 from colibri.engine import Model, Session
 
-from dbg_helpers import PROMPT
+from dbg_helpers import PROMPT, drop_arrays, rewrite_session
 
 CACHED = dict(routing="cached", cache_threshold=0.5, expert_cache=3)
 ARRAYS = ("expert_ids", "expert_weights", "cache_kept", "cache_margin", "fresh_ids", "cache_hits")
@@ -111,21 +110,15 @@ def test_sessions_save_caching_and_old_files_read_without(moe3_path: Path,
         assert (ev.expert_ids, ev.cache_kept, ev.fresh_ids, ev.cache_hits) == (
             want.expert_ids, want.cache_kept, want.fresh_ids, want.cache_hits)
         # a file from before expert caching: no such arrays, no such settings
-        with zipfile.ZipFile(path) as z:
-            members = {n: z.read(n) for n in z.namelist()}
-        manifest = json.loads(members.pop("manifest.json"))
-        for name in ("cache_kept", "cache_margin", "fresh_ids", "cache_hits"):
-            del manifest["arrays"][name]
-            del members[f"arrays/{name}.npy"]
-        for key in ("cache_threshold", "expert_cache"):
-            del manifest["settings"][key]
-        manifest["settings"]["routing"] = "topk"
-        old = tmp_path / "old.colibri-session"
-        with zipfile.ZipFile(old, "w") as z:
-            z.writestr("manifest.json", json.dumps(manifest))
-            for n, data in members.items():
-                z.writestr(n, data)
-        before = load_session(old)
+        def before_caching(manifest: dict[str, Any], members: dict[str, bytes]) -> None:
+            drop_arrays(manifest, members, "cache_kept", "cache_margin", "fresh_ids",
+                        "cache_hits")
+            for key in ("cache_threshold", "expert_cache"):
+                del manifest["settings"][key]
+            manifest["settings"]["routing"] = "topk"
+
+        before = load_session(rewrite_session(path, tmp_path / "old.colibri-session",
+                                              before_caching))
         assert before.settings.expert_cache == 0 and before.settings.cache_threshold == 0.0
         assert not before.record.cache_kept.any() and before.record.cache_hits.shape[2] == 0
         assert np.isnan(before.record.cache_margin).all()

@@ -4,9 +4,8 @@ made; a breakpoint's 'forbid' action goes on; saved sessions keep all of it."""
 
 from __future__ import annotations
 
-import json
-import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +15,7 @@ from colibri.engine import Model
 from colibri.interventions import KINDS, Intervention
 from colibri.jitter.analysis import logit_divergence
 
-from dbg_helpers import PROMPT, finished
+from dbg_helpers import PROMPT, drop_arrays, finished, rewrite_session
 
 FORCE = Intervention.parse("force:pos=3,layer=2,experts=5+6")
 
@@ -151,20 +150,16 @@ def test_a_session_from_before_interventions_still_opens(model: Model, tmp_path:
     dbg.breakpoints.add(ExpertChosen(1, 2))
     path = tmp_path / "new.colibri-session"
     save_session(path, dbg)
-    old = tmp_path / "old.colibri-session"
-    with zipfile.ZipFile(path) as src, zipfile.ZipFile(old, "w") as dst:
-        manifest = json.loads(src.read("manifest.json"))
-        for key in ("counterfactual",):
-            manifest.pop(key)
+
+    def before_interventions(manifest: dict[str, Any], members: dict[str, bytes]) -> None:
+        manifest.pop("counterfactual")
         manifest["settings"].pop("interventions")
         for bp in manifest["breakpoints"]:
             bp.pop("action")
-        manifest["arrays"].pop("intervened")
-        dst.writestr("manifest.json", json.dumps(manifest))
-        for name in src.namelist():
-            if name.startswith("arrays/") and name != "arrays/intervened.npy":
-                dst.writestr(name, src.read(name))
-    loaded = load_session(old)
+        drop_arrays(manifest, members, "intervened")
+
+    loaded = load_session(rewrite_session(path, tmp_path / "old.colibri-session",
+                                          before_interventions))
     assert loaded.settings.interventions == () and loaded.counterfactual is None
     assert loaded.breakpoints[0].action == "stop"
     assert not loaded.record.intervened.any()

@@ -18,7 +18,7 @@ from colibri.engine import Model
 from colibri.errors import ColibriValueError
 from colibri.interventions import Intervention
 
-from dbg_helpers import PROMPT, finished
+from dbg_helpers import PROMPT, finished, rewrite_session
 
 FORCE = Intervention.parse("force:pos=3,layer=2,experts=5+6")
 SAME = ("expert_ids", "expert_weights", "router_logits", "selection_scores", "intervened")
@@ -72,11 +72,8 @@ def test_sessions_keep_the_rows(model: Model, tmp_path: Path) -> None:
     again = finished(model, loaded.settings)
     assert again.record.equals(dbg.record, timings=False)
     # a file whose rows went missing is named, not half-read
-    broken = tmp_path / "broken.colibri-session"
-    with zipfile.ZipFile(path) as src, zipfile.ZipFile(broken, "w") as dst:
-        for item in src.infolist():
-            if item.filename != "prompt_embeddings.npy":
-                dst.writestr(item, src.read(item.filename))
+    broken = rewrite_session(path, tmp_path / "broken.colibri-session",
+                             lambda _manifest, members: members.pop("prompt_embeddings.npy"))
     with pytest.raises(SessionFormatError, match="no member prompt_embeddings.npy"):
         load_session(broken)
     manifest = json.loads(zipfile.ZipFile(path).read("manifest.json"))

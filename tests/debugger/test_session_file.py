@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from colibri.debugging.session_file import (Autosaver, SavedSession, SessionForm
                                             load_session, model_checksum, save_session)
 from colibri.engine import Model, best_kernels
 
-from dbg_helpers import PROMPT
+from dbg_helpers import PROMPT, drop_arrays, rewrite_session
 
 
 def test_saved_session_reopens_identical(model: Model, tmp_path: Path) -> None:
@@ -98,13 +99,8 @@ def test_broken_session_files(tmp_path: Path, model: Model) -> None:
     dbg.run()
     good = tmp_path / "good.colibri-session"
     save_session(good, dbg)
-    with zipfile.ZipFile(good) as z:
-        members = {n: z.read(n) for n in z.namelist()}
-    members["manifest.json"] = members["manifest.json"].replace(b'"version": 1', b'"version": 99')
-    bad = tmp_path / "future.colibri-session"
-    with zipfile.ZipFile(bad, "w") as z:
-        for n, data in members.items():
-            z.writestr(n, data)
+    bad = rewrite_session(good, tmp_path / "future.colibri-session",
+                          lambda manifest, _members: manifest.update(version=99))
     with pytest.raises(SessionFormatError, match="version 99"):
         load_session(bad)
     assert np.isnan(load_session(good).record.shared_gate).sum() == 0
@@ -114,25 +110,16 @@ def test_a_session_saved_before_format_version_2_still_opens(model: Model, tmp_p
     """Files written before selection scores, kept groups, bias flags and group limits existed:
     their models ranked the logits with no groups, so the record reads them that way and every
     derived margin is what it was."""
-    import json
-
     dbg = Debugger(model, RunSettings(PROMPT, 3))
     dbg.run()
     new = tmp_path / "new.colibri-session"
     save_session(new, dbg)
-    with zipfile.ZipFile(new) as z:
-        members = {n: z.read(n) for n in z.namelist()}
-    manifest = json.loads(members.pop("manifest.json"))
-    for name in ("selection_scores", "chosen_groups", "bias_changed"):
-        del manifest["arrays"][name]
-        del members[f"arrays/{name}.npy"]
-    del manifest["model"]["group_limits"]
-    old = tmp_path / "old.colibri-session"
-    with zipfile.ZipFile(old, "w") as z:
-        z.writestr("manifest.json", json.dumps(manifest))
-        for n, data in members.items():
-            z.writestr(n, data)
-    loaded = load_session(old)
+
+    def version_1(manifest: dict[str, Any], members: dict[str, bytes]) -> None:
+        drop_arrays(manifest, members, "selection_scores", "chosen_groups", "bias_changed")
+        del manifest["model"]["group_limits"]
+
+    loaded = load_session(rewrite_session(new, tmp_path / "old.colibri-session", version_1))
     assert loaded.record.selection_scores.tobytes() == dbg.record.router_logits.tobytes()
     assert loaded.record.chosen_groups.shape[2] == 0 and not loaded.record.bias_changed.any()
     ev = loaded.events()
