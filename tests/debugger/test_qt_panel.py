@@ -175,6 +175,33 @@ def test_panel_end_to_end(qtbot, panel: QtDebuggerPanel, tmp_path: Path) -> None
     assert panel.event_list.model.rowCount() == len(final.events)
 
 
+def test_the_save_and_export_dialogs_write_where_the_user_chose(
+        qtbot, panel: QtDebuggerPanel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Save session, Export trace and Export CSV ask for a path and write there; a cancelled
+    dialog writes nothing."""
+    from colibri.inspector import export
+
+    panel.run_panel.prompt.setText("the cat sat on")
+    panel.run_panel.max_new.setValue(2)
+    with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS):
+        panel.run_panel.buttons["run"].click()
+    qtbot.waitUntil(lambda: not panel.controller.running)
+    chosen: list[str] = []
+    monkeypatch.setattr(export.QFileDialog, "getSaveFileName",
+                        lambda *_args: (chosen.pop(0), ""))
+    session, trace, table = (tmp_path / "s.colibri-session", tmp_path / "t.json",
+                             tmp_path / "r.csv")
+    chosen[:] = [str(session), str(trace), str(table), ""]
+    panel.save_dialog()
+    panel.export_trace_dialog()
+    panel.export_csv_dialog()
+    panel.export_csv_dialog()                              # cancelled
+    assert panel.open_session(str(session)).record.equals(panel.snapshot.record)
+    assert check_trace_events(json.loads(trace.read_text())) == []
+    assert table.read_text().startswith("position,token")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.csv", "s.colibri-session", "t.json"]
+
+
 def test_run_panel_kernel_choice_reaches_the_session(qtbot, panel: QtDebuggerPanel, tmp_path: Path) -> None:
     panel.run_panel.prompt.setText("the cat")
     panel.run_panel.max_new.setValue(2)

@@ -228,6 +228,35 @@ def test_export_png_of_the_current_view(window, tiny_model_path, tmp_path):
     assert out.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_export_menu_offers_a_name_after_the_file_and_view_and_writes_there(
+        window, tiny_model_path, tmp_path, monkeypatch):
+    """File > Export View as PNG asks where, offering `<file stem>-<view>.png`; a path it cannot
+    write is a warning, not an exception into the event loop."""
+    from colibri.inspector import export
+
+    view = window.open_path(tiny_model_path())
+    view.set_view("header")
+    asked: list[str] = []
+    out = tmp_path / "chosen.png"
+
+    def choose(_parent, _title, name, _pattern):
+        asked.append(name)
+        return str(out), ""
+
+    monkeypatch.setattr(export.QFileDialog, "getSaveFileName", choose)
+    window.export_png_action.trigger()
+    assert asked == [f"{Path(view.path).stem}-header.png"]
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    assert window.statusBar().currentMessage() == f"Wrote {out}"
+
+    warned: list[str] = []
+    monkeypatch.setattr(main_window.QMessageBox, "warning",
+                        lambda _parent, title, text: warned.append(text))
+    out = tmp_path / "no such directory" / "chosen.png"
+    window.export_png_action.trigger()
+    assert len(warned) == 1 and warned[0].startswith(f"Could not write {out}")
+
+
 # -- reload ---------------------------------------------------------------------------------------
 
 

@@ -33,9 +33,10 @@ JSON_FILTER = "JSON (*.json)"
 
 
 def save_with_dialog(parent: QWidget, title: str, save: Callable[[str], object],
-                     pattern: str = JSON_FILTER) -> None:
-    """Ask where to save and call save(path); nothing when the user cancels."""
-    path, _ = QFileDialog.getSaveFileName(parent, title, "", pattern)
+                     pattern: str = JSON_FILTER, name: str = "") -> None:
+    """Ask where to save (offering file name `name`) and call save(path); nothing when the user
+    cancels."""
+    path, _ = QFileDialog.getSaveFileName(parent, title, name, pattern)
     if path:
         save(path)
 

@@ -17,6 +17,7 @@ old one only once it is fully opened and validated.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from colibri.inspector import resources
 from colibri.inspection.foreign import is_foreign
 from colibri.inspector.attach import QtServerMonitor, wait_for_retired
 from colibri.inspector.data_checks import DataCheckTab, first_line
-from colibri.inspector.export import save_png
+from colibri.inspector.export import save_png, save_with_dialog
 from colibri.inspector.foreign_view import QtForeignFileView
 from colibri.inspector.debugger.panel import QtDebuggerPanel
 from colibri.inspector.header_view import QtHeaderView
@@ -906,25 +907,24 @@ class MainWindow(QMainWindow):
             QMessageBox.information(self, "Export CSV", "Switch to the Validation, Header or "
                                     "Tensors view to export its table.")
             return
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Export table as CSV", f"{Path(view.path).stem}-{view.current_view()}.csv",
-            "CSV (*.csv)")
-        if path:
-            self._export(lambda: view.export_csv(path), path)
+        self._export_dialog(view, "Export table as CSV", "CSV (*.csv)", "csv", view.export_csv)
 
     def export_png_dialog(self) -> None:
         view = self.file_tab()
-        if view is None:
-            return
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Export view as PNG", f"{Path(view.path).stem}-{view.current_view()}.png",
-            "PNG image (*.png)")
-        if path:
-            self._export(lambda: view.export_png(path), path)
+        if view is not None:
+            self._export_dialog(view, "Export view as PNG", "PNG image (*.png)", "png",
+                                view.export_png)
 
-    def _export(self, write: Any, path: str) -> None:
+    def _export_dialog(self, view: FileView | QtForeignFileView, title: str, pattern: str,
+                       suffix: str, write: Callable[[str], object]) -> None:
+        """Ask where to export `view`'s current view (offering a name after its file and view)
+        and write it there; a write that fails is said, not raised."""
+        name = f"{Path(view.path).stem}-{view.current_view()}.{suffix}"
+        save_with_dialog(self, title, lambda path: self._export(write, path), pattern, name)
+
+    def _export(self, write: Callable[[str], object], path: str) -> None:
         try:
-            write()
+            write(path)
         except (OSError, ValueError) as exc:
             QMessageBox.warning(self, "Export failed", f"Could not write {path}:\n{exc}")
             return

@@ -38,9 +38,10 @@ from colibri.inspector.debugger.run_panel import QtRunPanel
 from colibri.inspector.debugger.views import (QtBreakpointList, QtEventList, QtLatencyView,
                                               QtRoutingHeatmap, QtTokenView)
 from colibri.inspector.debugger.worker import DebuggerController, DebuggerSnapshot
+from colibri.inspector.export import save_with_dialog
 from colibri.inspector.prompt import example_prompt
-from colibri.inspector.refdiff import QtReferenceDiffDialog
 from colibri.inspector.readout import wrapping
+from colibri.inspector.refdiff import QtReferenceDiffDialog
 from colibri.interventions import Intervention
 from colibri.values import RunSettings
 
@@ -527,18 +528,12 @@ class QtDebuggerPanel(QWidget):
             n = write_routing_csv(path, self.events)
             self._set_status(f"wrote {n} routing rows to {path}")
 
-    def _ask(self, save: bool, title: str, pattern: str) -> str:
-        fn = QFileDialog.getSaveFileName if save else QFileDialog.getOpenFileName
-        path, _ = fn(self, title, "", pattern)
-        return path
-
     def save_dialog(self) -> None:
-        path = self._ask(True, "Save debugging session", f"Sessions (*{SUFFIX})")
-        if path:
-            self.save_session(path)
+        save_with_dialog(self, "Save debugging session", self.save_session, f"Sessions (*{SUFFIX})")
 
     def open_dialog(self) -> None:
-        path = self._ask(False, "Open debugging session", f"Sessions (*{SUFFIX});;All (*)")
+        path, _ = QFileDialog.getOpenFileName(self, "Open debugging session", "",
+                                              f"Sessions (*{SUFFIX});;All (*)")
         if path:
             try:
                 self.open_session(path)
@@ -546,11 +541,7 @@ class QtDebuggerPanel(QWidget):
                 self._set_status(f"cannot open {path}: {exc}")
 
     def export_trace_dialog(self) -> None:
-        path = self._ask(True, "Export Chrome trace", "Trace JSON (*.json)")
-        if path:
-            self.export_trace(path)
+        save_with_dialog(self, "Export Chrome trace", self.export_trace, "Trace JSON (*.json)")
 
     def export_csv_dialog(self) -> None:
-        path = self._ask(True, "Export routing CSV", "CSV (*.csv)")
-        if path:
-            self.export_csv(path)
+        save_with_dialog(self, "Export routing CSV", self.export_csv, "CSV (*.csv)")
