@@ -897,12 +897,6 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
 
-def test_modules_import_with_qt_blocked() -> None:
-    proc = run_python("import sys; sys.modules['PySide6'] = None; sys.modules['pyqtgraph'] = None\n"
-                      "import colibri, colibri.engine, colibri.cli, colibri.errors")
-    assert proc.returncode == 0, proc.stderr
-
-
 def test_fileformat_does_not_load_engine() -> None:
     proc = run_python("import sys, colibri.fileformat, colibri.errors\n"
                       "assert 'colibri.engine' not in sys.modules")
