@@ -200,6 +200,31 @@ def test_a_small_file_checks_its_data_when_it_opens(qtbot, window, tiny_model_pa
     assert view.validation.explanation.property("state") == "valid"
 
 
+@pytest.mark.parametrize("kind", ["colibri", "gguf"])
+def test_the_validation_report_s_run_and_cancel_buttons_drive_the_data_checks(
+        qtbot, window, tiny_model_path, monkeypatch, kind):
+    """In a .colibri file's tab and in a foreign file's alike, Run in the validation report runs
+    the data checks again and Cancel cancels them."""
+    path = tiny_model_path() if kind == "colibri" else (
+        REPO / "tests" / "fixtures" / "gguf" / "qwen2_moe-q4_0.gguf")
+    view = window.open_path(path)
+    qtbot.waitUntil(lambda: view.data_result is not None and not view.is_checking(),
+                    timeout=20000)
+    first = view.data_result
+    view.validation.run_button.click()
+    assert view.is_checking()
+    qtbot.waitUntil(lambda: not view.is_checking(), timeout=20000)
+    assert view.data_result is not first and view.data_result.status == first.status
+    cancel, cancelled = view.checks.cancel, []
+    monkeypatch.setattr(view.checks, "cancel", lambda: cancelled.append(True) or cancel())
+    view.validation.run_button.click()
+    before = len(cancelled)                      # (starting may cancel what ran before)
+    view.validation.cancel_button.click()        # enabled while the checks run
+    assert len(cancelled) == before + 1
+    qtbot.waitUntil(lambda: not view.is_checking(), timeout=20000)
+    view.shutdown()
+
+
 def test_status_bar_shows_progress_while_checking(qtbot, window, tiny_model_path):
     view = window.open_path(tiny_model_path())
     view.run_checks()

@@ -21,7 +21,8 @@ from colibri.values import CancelFlag, Progress
 
 class DataCheckTab:
     """Mixed in before QWidget; the tab has `validation`, `tensors`, `sig_progress` and
-    `sig_status_changed`, and calls `_connect_checks()` once while it is built."""
+    `sig_status_changed`, defines `run_checks`, and calls `_connect_checks()` once while it is
+    built (after `validation`)."""
 
     validation: QtValidationReport
     tensors: QtTensorTable
@@ -31,7 +32,14 @@ class DataCheckTab:
     data_result: DataCheckResult | None = None
     _checking = False
 
+    def run_checks(self, checksums: bool = True, nan_check: bool = True) -> None:
+        """Start the data checks of the tab's document on the `checks` runner."""
+        raise NotImplementedError
+
     def _connect_checks(self) -> None:
+        """The runner, and the validation report's Run and Cancel buttons driving it."""
+        self.validation.sig_run_requested.connect(self.run_checks)
+        self.validation.sig_cancel_requested.connect(self.cancel_checks)
         self.checks = TaskRunner(self)  # type: ignore[arg-type]
         self.checks.sig_progress.connect(self._check_progress)
         self.checks.sig_finished.connect(self._checks_done)

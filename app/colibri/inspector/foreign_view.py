@@ -113,8 +113,6 @@ class QtForeignFileView(DataCheckTab, QWidget):
         self.importer.sig_failed.connect(self._import_failed)
 
         self.validation.sig_problem_selected.connect(self._problem_selected)
-        self.validation.sig_run_requested.connect(self.run_checks)
-        self.validation.sig_cancel_requested.connect(self.cancel_checks)
         self.metadata.sig_range_selected.connect(self.show_bytes)
         self.tensors.sig_tensor_selected.connect(self._tensor_selected)
         self.tabs.currentChanged.connect(self._tab_changed)

@@ -173,8 +173,6 @@ class FileView(DataCheckTab, QWidget):
         self.reloader.sig_failed.connect(self._checks_failed)
 
         self.validation.sig_problem_selected.connect(self.show_problem)
-        self.validation.sig_run_requested.connect(self.run_checks)
-        self.validation.sig_cancel_requested.connect(self.cancel_checks)
         self.header.sig_field_selected.connect(self.show_bytes)
         self.tensors.sig_tensor_selected.connect(self._tensor_selected)
         self.tensors.sig_range_selected.connect(self.show_bytes)
