@@ -1,5 +1,6 @@
 """`colibri validate`'s text: a problem names its tensor once, and a truncated file's run of
-near-identical lines (every tensor past the cut) is its first line plus one summary."""
+near-identical lines (every tensor past the cut) is its first line plus one summary, for a
+.colibri file and a GGUF file alike."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from colibri.inspection.report import problem_lines
 
 DEMO = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
 CORPUS = Path(__file__).resolve().parent / "corpus"
+GGUF = Path(__file__).resolve().parent / "fixtures" / "gguf" / "qwen2_moe-q4_0.gguf"
 
 
 def test_a_problem_names_its_tensor_once() -> None:
@@ -42,3 +44,20 @@ def test_a_truncated_file_summarises_the_tensors_past_the_cut(tmp_path: Path, ca
 def test_short_runs_are_listed_in_full() -> None:
     problems = validate(CORPUS / "tensor_bounds.colibri") * 3
     assert len(problem_lines(problems)) == 3
+
+
+def test_a_truncated_gguf_file_is_summarised_too_and_its_verdict_names_the_format(
+        tmp_path: Path, capsys) -> None:
+    from colibri.formats import validate as validate_foreign
+
+    data = GGUF.read_bytes()
+    cut = tmp_path / "truncated.gguf"
+    cut.write_bytes(data[:len(data) // 3])
+    _, problems = validate_foreign(cut)
+    bounds = [p for p in problems if p.code_name == "COL_ERR_TENSOR_BOUNDS"]
+    assert len(bounds) > 20
+    assert main(["validate", str(cut)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == [*problem_lines(problems),
+                   f"{cut}: gguf, INVALID ({len(problems)} error(s), 0 warning(s))"]
+    assert len(out) == 4 and out[2].startswith(f"  ... and {len(bounds) - 1} more ")

@@ -19,6 +19,7 @@ METADATA_SHOWN = 2000   # characters of the user metadata `info` prints
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from colibri.engine import validate
+    from colibri.inspection.report import validation_json, validation_lines
 
     other = other_format(args, "validate")
     if other is not None:
@@ -30,28 +31,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
         problems = validate(args.file, checksums=args.checksums, nan_check=args.nan_check)
     except (ColibriIOError, OSError) as exc:
         if args.json:
-            print(json.dumps({"valid": False, "format": None, "error": str(exc),
-                              "problems": []}))
+            print(validation_json([], None, str(exc)))
         else:
             error(str(exc))
         return EXIT_UNREADABLE
     except ColibriError as exc:  # the engine refused to validate (e.g. out of memory)
         error(str(exc))
         return EXIT_INVALID
-    valid = not any(p.severity == "error" for p in problems)
-    if args.json:
-        print(json.dumps({"valid": valid, "format": "colibri",
-                          "problems": [p.to_dict() for p in problems]}, indent=2))
-    else:
-        from colibri.inspection.report import problem_lines
-
-        for line in problem_lines(problems):
-            print(line)
-        n_err = sum(p.severity == "error" for p in problems)
-        n_warn = len(problems) - n_err
-        verdict = "valid" if valid else "INVALID"
-        print(f"{args.file}: {verdict} ({n_err} error(s), {n_warn} warning(s))")
-    return EXIT_OK if valid else EXIT_INVALID
+    print(validation_json(problems, "colibri") if args.json else
+          "\n".join(validation_lines(args.file, problems)))
+    return EXIT_INVALID if any(p.severity == "error" for p in problems) else EXIT_OK
 
 
 def _field_value(value: int | float | bytes | None) -> Any:

@@ -14,6 +14,7 @@ import numpy as np
 
 from colibri.errors import ColibriError, ColibriFormatError, ColibriIOError
 from colibri.formats import detect, open_file, validate
+from colibri.inspection.report import validation_json, validation_lines
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
 
@@ -39,24 +40,13 @@ def _validate(args: argparse.Namespace, fmt: str) -> int:
         _, problems = validate(args.file, checksums=args.checksums, nan_check=args.nan_check)
     except (ColibriIOError, OSError) as exc:
         if args.json:
-            print(json.dumps({"valid": False, "format": fmt, "error": str(exc),
-                              "problems": []}))
+            print(validation_json([], fmt, str(exc)))
         else:
             _err(str(exc))
         return EXIT_UNREADABLE
-    valid = not any(p.severity == "error" for p in problems)
-    if args.json:
-        print(json.dumps({"valid": valid, "format": fmt,
-                          "problems": [p.to_dict() for p in problems]}, indent=2))
-    else:
-        for p in problems:
-            tensor = f" tensor '{p.tensor}'" if p.tensor else ""
-            print(f"{p.severity}: {p.code_name} at 0x{p.offset:X}{tensor}: {p.message}")
-        n_err = sum(p.severity == "error" for p in problems)
-        verdict = "valid" if valid else "INVALID"
-        print(f"{args.file}: {fmt}, {verdict} ({n_err} error(s), {len(problems) - n_err} "
-              "warning(s))")
-    return EXIT_OK if valid else EXIT_INVALID
+    print(validation_json(problems, fmt) if args.json else
+          "\n".join(validation_lines(args.file, problems, fmt)))
+    return EXIT_INVALID if any(p.severity == "error" for p in problems) else EXIT_OK
 
 
 def _open(path: str) -> Any:
