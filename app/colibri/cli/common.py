@@ -70,14 +70,6 @@ def unreadable(path: str) -> str | None:
     return None
 
 
-def other_format(args: argparse.Namespace, command: str) -> int | None:
-    """GGUF files and safetensors checkpoints, told apart by their content, are validated, shown
-    and dumped by colibri.formats.commands; None for every other path (a .colibri file, or one
-    that cannot be read), which `open_model` and the command's own code handle."""
-    from colibri.formats import commands
-    return commands.run(args, command)
-
-
 def open_model(path: str) -> Any:
     """The one place that decides how a path is opened as a model: raises ColibriIOError (exit 2)
     for a path that cannot be read, and the engine's errors for a file it refuses."""

@@ -11,17 +11,25 @@ from typing import Any
 import numpy as np
 
 from colibri.cli.common import (EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE, add_file, add_json, error,
-                                fail, open_model, other_format, unreadable)
+                                fail, open_model, unreadable)
 from colibri.errors import ColibriError, ColibriIOError
 
 METADATA_SHOWN = 2000   # characters of the user metadata `info` prints
+
+
+def _other_format(args: argparse.Namespace, command: str) -> int | None:
+    """GGUF files and safetensors checkpoints, told apart by their content, are validated, shown
+    and dumped by colibri.formats.commands; None for every other path (a .colibri file, or one
+    that cannot be read), which `open_model` and the command's own code handle."""
+    from colibri.formats import commands
+    return commands.run(args, command)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from colibri.engine import validate
     from colibri.inspection.report import validation_json, validation_lines
 
-    other = other_format(args, "validate")
+    other = _other_format(args, "validate")
     if other is not None:
         return other
     reason = unreadable(args.file)
@@ -71,7 +79,7 @@ def _flag_names(flags: int) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    other = other_format(args, "info")
+    other = _other_format(args, "info")
     if other is not None:
         return other
     with open_model(args.file) as model:
@@ -121,7 +129,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    other = other_format(args, "dump")
+    other = _other_format(args, "dump")
     if other is not None:
         return other
     with open_model(args.file) as model:

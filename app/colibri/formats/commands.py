@@ -1,26 +1,20 @@
 """`colibri validate`, `info` and `dump` for GGUF and safetensors files (the CLI's `.colibri`
 paths stay in colibri.cli; `run(args, command)` answers None for a `.colibri` file so the caller
-goes on with its own). Exit codes as everywhere: 0 valid, 1 invalid, 2 unreadable."""
+goes on with its own). Exit codes and errors are colibri.cli.common's."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 from typing import Any
 
 import numpy as np
 
+from colibri.cli.common import EXIT_INVALID, EXIT_OK, EXIT_UNREADABLE, error
 from colibri.errors import ColibriError, ColibriFormatError, ColibriIOError
 from colibri.formats import detect, open_file, validate
 from colibri.inspection.report import validation_json, validation_lines
-
-EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
-
-
-def _err(message: str) -> None:
-    print(f"colibri: {message}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace, command: str) -> int | None:
@@ -42,7 +36,7 @@ def _validate(args: argparse.Namespace, fmt: str) -> int:
         if args.json:
             print(validation_json([], fmt, str(exc)))
         else:
-            _err(str(exc))
+            error(str(exc))
         return EXIT_UNREADABLE
     print(validation_json(problems, fmt) if args.json else
           "\n".join(validation_lines(args.file, problems, fmt)))
@@ -53,10 +47,10 @@ def _open(path: str) -> Any:
     try:
         return open_file(path), None
     except ColibriFormatError as exc:
-        _err(str(exc))
+        error(str(exc))
         return None, EXIT_INVALID
     except (ColibriIOError, OSError) as exc:
-        _err(str(exc))
+        error(str(exc))
         return None, EXIT_UNREADABLE
 
 
@@ -121,13 +115,13 @@ def _dump(args: argparse.Namespace, fmt: str) -> int:
     if f is None:
         return code
     if args.tensor not in f:
-        _err(f"{args.file}: no tensor {args.tensor!r} (see `colibri info {args.file}`)")
+        error(f"{args.file}: no tensor {args.tensor!r} (see `colibri info {args.file}`)")
         return EXIT_INVALID
     t = f.tensor_info(args.tensor)
     try:
         values = f.tensor_f32(args.tensor)
     except (ColibriError, ValueError) as exc:
-        _err(f"{args.tensor}: cannot read values: {exc}")
+        error(f"{args.tensor}: cannot read values: {exc}")
         return EXIT_INVALID
     where = f", file {t.path}" if fmt == "safetensors" and t.path else ""
     print(f"{t.name}: dtype {t.dtype}, shape {list(t.shape)}, offset 0x{t.offset:X}, "
