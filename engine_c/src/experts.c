@@ -223,7 +223,9 @@ static void expert_activation(col_session *s, const col_layer *layer, uint64_t r
  * writes s->tmp. Tokens are grouped by expert (count, prefix-sum offsets, one contiguous batch
  * per expert), each expert runs once as a matrix-matrix product over its tokens, and each
  * token's outputs are combined in its own selection order, so a position's result does not
- * depend on the block it is in. `phase_ns` (may be NULL) receives the block's timings. */
+ * depend on the block it is in. `phase_ns` (may be NULL) receives the block's timings: the router's
+ * includes the shared expert's up-projections, the experts' its down-projection (they share those
+ * dispatches), the combine's the weighted sums. */
 void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t *phase_ns)
 {
     const col_model *m = s->model;
