@@ -297,15 +297,27 @@ static void scatter_heads(const float *heads, uint32_t nh, uint64_t part, uint32
             memcpy(rows + t * width + h * stride + offset, heads + ((uint64_t)h * n + t) * part, part * sizeof(float));
 }
 
-/* A decode step's latent heads with their up-projections, as pool items of a part of the query
- * heads each: head h's query [attn_k_b[h] . q_nope[h] | q_rope[h]] straight into its row of
- * mla_qatt, the part's heads over the latent rows, and v[h] = attn_v_b[h] . (the first c values
- * of its sum) straight into mla_o: one pool dispatch where there were three, with the same
- * products and heads as mla_attention's, so the same bits. */
+/* A decode step's latent heads with their projections, as pool items of a part of the query
+ * heads each: the part's rows of q_b (its heads' queries) and their RoPE, head h's query
+ * [attn_k_b[h] . q_nope[h] | q_rope[h]] straight into its row of mla_qatt, the part's heads over
+ * the latent rows, and v[h] = attn_v_b[h] . (the first c values of its sum) straight into mla_o:
+ * one pool dispatch where there were four, with the same products and heads as mla_attention's,
+ * so the same bits. */
 typedef struct mla_decode_task {
     heads_task heads;
     const col_layer *layer;
+    const float *cs, *sn; /* the position's RoPE cosines and sines [r / 2] */
 } mla_decode_task;
+
+/* Rows [first, first + n) of a 2-D weight: by the kernels' contract a row's bits do not depend on
+ * the rows computed with it. */
+static col_weight weight_rows(const col_tensor_info *t, uint64_t first, uint64_t n)
+{
+    col_weight w = col_weight_of(t);
+    w.data = (const uint8_t *)w.data + first * col_dtype_row_bytes(w.dtype, w.cols);
+    w.rows = n;
+    return w;
+}
 
 static void run_mla_decode(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
 {
@@ -316,6 +328,13 @@ static void run_mla_decode(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     const uint32_t c = hp->kv_lora_rank, vd = hp->v_head_dim, lat = c + r;
     for (uint64_t i = i0; i < i1; i++) {
         const uint32_t h0 = (uint32_t)i * task->heads.part, h1 = h0 + task->heads.part < nh ? h0 + task->heads.part : nh;
+        float *q0 = s->mla_q + (uint64_t)h0 * (nope + r);
+        if (hp->q_lora_rank) { /* the part's own rows of q_b: its heads' queries */
+            col_matvec_job qb = {weight_rows(task->layer->attn_q_b, (uint64_t)h0 * (nope + r), (uint64_t)(h1 - h0) * (nope + r)),
+                                 s->mla_qa, q0, 1};
+            col_matmul_here(s->pool, &qb, 1, thread);
+        }
+        rope_rotate(q0 + nope, h1 - h0, nope + r, r, hp->rope_layout, task->cs, task->sn);
         col_matvec_job jobs[COL_HEAD_PART];
         for (uint32_t h = h0; h < h1; h++) {
             const float *q = s->mla_q + (uint64_t)h * (nope + r);
@@ -361,23 +380,26 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
             col_rmsnorm(qa, layer->attn_q_a_norm, eps, ql, qa, s->norm_weight);
         }
     }
-    if (ql) {
+    /* a decode step whose up-projections run on the heads' threads: q_b and the query's RoPE too */
+    const int step = n == 1 && col_pool_runs_here(s->pool, layer->attn_k_b->dtype) &&
+                     col_pool_runs_here(s->pool, layer->attn_v_b->dtype) &&
+                     (!ql || col_pool_runs_here(s->pool, layer->attn_q_b->dtype));
+    if (ql && !step) {
         col_matvec_job qb = {col_weight_of(layer->attn_q_b), s->mla_qa, s->mla_q, n};
         col_matmul_many(s->pool, &qb, 1);
     }
     /* RoPE of each position's query heads and shared key part; the latent row into the cache */
+    float cs[COL_MAX_HEAD_DIM / 2], sn[COL_MAX_HEAD_DIM / 2];
     for (uint32_t t = 0; t < n; t++) {
         uint32_t pos = s->position + t;
-        float cs[COL_MAX_HEAD_DIM / 2], sn[COL_MAX_HEAD_DIM / 2];
         rope_angles(hp, pos, s->inv_freq, cs, sn);
         float *q = s->mla_q + t * qw, *kv = s->mla_kv + t * lat;
-        rope_rotate(q + nope, nh, nope + r, r, hp->rope_layout, cs, sn);
+        if (!step) rope_rotate(q + nope, nh, nope + r, r, hp->rope_layout, cs, sn);
         rope_rotate(kv + c, 1, lat, r, hp->rope_layout, cs, sn);
         memcpy(kv_rows(s, s->k_cache, layer_index, 0) + (uint64_t)pos * lat, kv, lat * sizeof(float));
     }
-    if (n == 1 && col_pool_runs_here(s->pool, layer->attn_k_b->dtype) &&
-        col_pool_runs_here(s->pool, layer->attn_v_b->dtype)) {
-        mla_decode_task task = {heads_of(s, layer_index, s->position, 1, s->mla_qatt, s->mla_att), layer};
+    if (step) {
+        mla_decode_task task = {heads_of(s, layer_index, s->position, 1, s->mla_qatt, s->mla_att), layer, cs, sn};
         if (task.heads.n_parts == 1) { /* one thread: parts keep the jobs' array small */
             task.heads.part = COL_HEAD_PART;
             task.heads.n_parts = (nh + COL_HEAD_PART - 1) / COL_HEAD_PART;

@@ -223,7 +223,9 @@ static void expert_activation(col_session *s, const col_layer *layer, uint64_t r
  * writes s->tmp. Tokens are grouped by expert (count, prefix-sum offsets, one contiguous batch
  * per expert), each expert runs once as a matrix-matrix product over its tokens, and each
  * token's outputs are combined in its own selection order, so a position's result does not
- * depend on the block it is in. `phase_ns` (may be NULL) receives the block's timings. */
+ * depend on the block it is in. `phase_ns` (may be NULL) receives the block's timings: the router's
+ * includes the shared expert's up-projections, the experts' its down-projection (they share those
+ * dispatches), the combine's the weighted sums. */
 void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t *phase_ns)
 {
     const col_model *m = s->model;
@@ -235,8 +237,20 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         return;
     }
     uint64_t t0 = phase_ns ? col_now_ns() : 0;
-    col_matvec_job gate = {col_weight_of(layer->moe_gate), s->xn, s->router_logits, n};
-    col_matmul_many(s->pool, &gate, 1);
+    /* The shared expert does not wait for the routing: its up-projections (and its gate) share the
+     * router's dispatch, its down-projection the routed experts' up-projections', its SwiGLU gate
+     * runs between them. Each product is the one it was alone, so the bits are. */
+    const uint64_t sff = layer->shared_w1 ? layer->shared_w1->shape[0] : 0;
+    uint32_t n_first = 0;
+    if (sff) {
+        s->jobs[n_first++] = (col_matvec_job){col_weight_of(layer->shared_w1), s->xn, s->shared_h1, n};
+        s->jobs[n_first++] = (col_matvec_job){col_weight_of(layer->shared_w3), s->xn, s->shared_h3, n};
+    }
+    s->jobs[n_first++] = (col_matvec_job){col_weight_of(layer->moe_gate), s->xn, s->router_logits, n};
+    const int shared_gate = sff && layer->shared_gate;
+    if (shared_gate)
+        s->jobs[n_first++] = (col_matvec_job){col_weight_of(layer->shared_gate), s->xn, s->shared_gate, n};
+    col_matmul_many(s->pool, s->jobs, n_first);
     for (uint32_t t = 0; t < n; t++) { /* the router bias, then the numerics variant's noise (no-op by default) */
         add_gate_bias(layer, s->router_logits + (uint64_t)t * n_experts, n_experts);
         col_numerics_perturb(&s->numerics, s->router_logits + (uint64_t)t * n_experts, n_experts, s->position + t,
@@ -298,6 +312,10 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w1, e), x, s->h1 + o * d_ff, s->expert_count[e]};
         s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w3, e), x, s->h3 + o * d_ff, s->expert_count[e]};
     }
+    if (sff) {
+        col_swiglu_gate(s->pool, s->shared_h1, s->shared_h3, (uint64_t)n * sff);
+        s->jobs[n_jobs++] = (col_matvec_job){col_weight_of(layer->shared_w2), s->shared_h1, s->shared_out, n};
+    }
     col_matmul_many(s->pool, s->jobs, n_jobs);
     expert_activation(s, layer, off, d_ff);
     n_jobs = 0;
@@ -323,22 +341,17 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
     }
     uint64_t t2 = phase_ns ? col_now_ns() : 0;
 
-    for (uint32_t t = 0; t < n; t++) s->shared_gate[t] = NAN;
-    if (layer->shared_w1) {
-        /* the expert inputs in expert_x are consumed; reuse it for the shared expert's [n][d_model] */
-        swiglu(s, layer->shared_w1, layer->shared_w3, layer->shared_w2, s->xn, n, s->expert_x);
-        if (layer->shared_gate) {
-            col_matvec_job g = {col_weight_of(layer->shared_gate), s->xn, s->shared_gate, n};
-            col_matmul_many(s->pool, &g, 1);
-        }
+    if (!shared_gate)
+        for (uint32_t t = 0; t < n; t++) s->shared_gate[t] = NAN;
+    if (sff) {
         for (uint32_t t = 0; t < n; t++) {
             float scale = 1.0f;
-            if (layer->shared_gate) {
+            if (shared_gate) {
                 scale = 1.0f / (1.0f + expf(-s->shared_gate[t]));
                 s->shared_gate[t] = scale;
             }
             float *acc = s->tmp + (uint64_t)t * d_model;
-            const float *sh = s->expert_x + (uint64_t)t * d_model;
+            const float *sh = s->shared_out + (uint64_t)t * d_model;
             for (uint32_t i = 0; i < d_model; i++) acc[i] += scale * sh[i];
         }
     }

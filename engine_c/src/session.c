@@ -36,7 +36,8 @@ static uint32_t kernel_jobs(const col_hparams *hp, uint64_t k_slots)
 }
 
 /* The largest products the forward pass runs. Activation columns of one dispatch: one input per
- * selected expert and the shared expert, each at most the widest of d_model, q_dim, d_ff and
+ * selected expert and the shared expert (or the router's dispatch: the shared expert's, the
+ * router's and the shared gate's, when their dtypes differ), each at most the widest of d_model, q_dim, d_ff and
  * (MLA) the attention output and the latent; MLA's per-head dispatch has n_heads inputs of at
  * most max(nope, c). */
 static col_pool_limits kernel_limits(const col_hparams *hp, uint64_t k_slots)
@@ -44,7 +45,7 @@ static col_pool_limits kernel_limits(const col_hparams *hp, uint64_t k_slots)
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     uint64_t widest = max_u32(max_u32(hp->d_model, (uint32_t)q_dim),
                               max_u32(hp->d_ff_expert, max_u32(hp->d_ff_dense, hp->d_ff_shared)));
-    uint64_t act = (k_slots + 1) * widest;
+    uint64_t act = (k_slots > 2 ? k_slots + 1 : 3) * widest;
     if (is_mla(hp)) {
         uint64_t o = (uint64_t)hp->n_heads * hp->v_head_dim;
         widest = widest > o ? widest : o;
@@ -151,6 +152,9 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     BIND(h1, B * gff, sizeof(float));
     BIND(h3, B * gff, sizeof(float));
     BIND(expert_out, B * k_slots * hp->d_model, sizeof(float));
+    BIND(shared_h1, B * hp->d_ff_shared, sizeof(float));
+    BIND(shared_h3, B * hp->d_ff_shared, sizeof(float));
+    BIND(shared_out, hp->d_ff_shared ? B * hp->d_model : 0, sizeof(float));
     BIND(logits, hp->vocab_size, sizeof(float));
     BIND(jobs, 2 * n_e + 4, sizeof(col_matvec_job));
     if (mla) {

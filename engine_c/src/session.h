@@ -71,6 +71,9 @@ struct col_session {
     float *h1;                  /* [B * max(k_slots * d_ff_expert, d_ff_dense, d_ff_shared)] */
     float *h3;                  /* same */
     float *expert_out;          /* [B * k_slots][d_model] expert outputs, grouped as expert_x */
+    float *shared_h1;           /* [B][d_ff_shared] the shared expert's up-projections (0 without one) */
+    float *shared_h3;           /* same */
+    float *shared_out;          /* [B][d_model] (0 without a shared expert) */
     float *logits;              /* [vocab_size] logits of the last position */
     col_matvec_job *jobs;       /* [2 * n_experts + 4] one kernel dispatch's products */
     /* MLA (attention.c; empty otherwise), for up to B positions; nope/r/c/ql/vd as in docs/format.md */
