@@ -11,15 +11,17 @@
  * saturate on q8_0's weights biased by 128, so:
  * - q8_0 multiplies |w| (unsigned, at most 128) by x with w's sign (vpsignb; |x| <= 127), pair sums
  *   at most 32512, widened to int32 by vpmaddwd with ones;
- * - q4_0 in batches multiplies x + 128 (unsigned) by nibble - 8 (signed, -8..7): pair sums at most
- *   4080, so a block's 8 groups add in int16 (at most 32640) before one vpmaddwd; the bias comes
- *   back out as -128 * the row's sum of nibble - 8, computed once per panel. Decode multiplies the
- *   raw nibbles by x and subtracts 8 * the sum of x.
- * Decode (one token) reads 8 distant rows of the thread's share as they are stored (8 streams
- * through memory, prefetched col_decode_ahead bytes ahead) and turns the 8 rows' lane sums of a
- * block into one vector of block sums with vphaddd. Batches pack 8 neighbouring rows a k-block at
- * a time into a panel on the stack (lane r holding row r's 4-byte group g of each block, the
- * scales widened), which all the tokens' passes then read; the outputs carry across k-blocks in y.
+ * - q4_0 in batches multiplies x + 128 (unsigned; an xor of the broadcast group) by nibble - 8
+ *   (signed, -8..7): pair sums at most 4080, so a block's 8 groups add in int16 (at most 32640)
+ *   before one vpmaddwd; the bias comes back out as -128 * the row's sum of nibble - 8, computed
+ *   once per panel. Decode multiplies the raw nibbles by x and subtracts 8 * the sum of x.
+ * Decode (one token, and batches of fewer than COL_Q_AVX2_PANEL_TOKENS, a token at a time) reads 8
+ * distant rows of the thread's share as they are stored (8 streams through memory, prefetched
+ * col_decode_ahead bytes ahead) and turns the 8 rows' lane sums of a block into one vector of
+ * block sums with vphaddd. Larger batches pack 8 neighbouring rows a k-block at a time into a
+ * panel on the stack (lane r holding row r's 4-byte group g of each block, the scales widened),
+ * which all the tokens' passes then read, 4 tokens a pass; the outputs carry across k-blocks in y,
+ * and the next panel's lines are fetched while the passes run.
  */
 #include "kernels_internal.h"
 
@@ -28,7 +30,12 @@
 #include <string.h>
 
 #define LANES 8     /* rows per vector */
-#define PANEL_KB 16 /* blocks per panel (a k-block): 4 KiB of weights, in L1 with the tokens' blocks */
+#define PANEL_KB 16 /* blocks per panel (a k-block): 4 KiB of q8_0 weights, in L1 with the tokens' blocks */
+/* Batches of fewer tokens run the decode tiles a token at a time: packing panels from memory cost
+ * more than it saved below 6-8 tokens (bench_products, docs/performance.md). */
+#ifndef COL_Q_AVX2_PANEL_TOKENS
+#define COL_Q_AVX2_PANEL_TOKENS 8
+#endif
 
 /* 8 x 8 transpose of 32-bit elements: v[k] lane r becomes v[r] lane k. */
 COL_INLINE COL_T2 void transpose8(__m256 *v)
@@ -207,20 +214,23 @@ COL_INLINE COL_T2 void pack_panel(const uint8_t *const *p, uint64_t nb, uint64_t
             if (q4) {
                 const __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(p[r] + 2 * nb + 16 * b));
                 w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low4);
-                w = _mm256_sub_epi8(w, eight);
             } else {
                 w = _mm256_loadu_si256((const __m256i *)(const void *)(p[r] + 2 * nb + QK * b));
             }
             v[r] = _mm256_castsi256_ps(w);
         }
         transpose8(v);
-        __m256i wsum = _mm256_setzero_si256();
+        __m256i nsum = _mm256_setzero_si256(); /* q4_0: nibble sums per byte, at most 8 * 15 */
 #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {
-            pn->w[k][g] = _mm256_castps_si256(v[g]);
-            if (q4) wsum = _mm256_add_epi32(wsum, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, pn->w[k][g]), ones));
+            const __m256i w = _mm256_castps_si256(v[g]);
+            if (q4) nsum = _mm256_add_epi8(nsum, w);
+            pn->w[k][g] = q4 ? _mm256_sub_epi8(w, eight) : w;
         }
-        if (q4) pn->corr[k] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(wsum, 7));
+        /* -128 * sum(nibble - 8) = 32768 - 128 * sum(nibble) */
+        if (q4)
+            pn->corr[k] = _mm256_sub_epi32(_mm256_set1_epi32(32768),
+                                           _mm256_slli_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(nsum, ones8), ones), 7));
     }
 }
 
@@ -236,8 +246,6 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
     const float *dx[4];
     float *y[4];
     __m256 acc[4];
-    /* q4_0: each token's blocks as x + 128, in the panel's group order */
-    uint8_t xb[4][PANEL_KB * QK] __attribute__((aligned(32)));
 #pragma GCC unroll 4
     for (int b = 0; b < NT; b++) {
         const uint8_t *base = qx + (uint64_t)(t + (uint32_t)b) * qb;
@@ -245,12 +253,6 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
         dx[b] = (const float *)(const void *)(base + n);
         y[b] = j->y + (uint64_t)(t + (uint32_t)b) * j->w.rows + r;
         acc[b] = b0 == 0 ? _mm256_setzero_ps() : nr == LANES ? _mm256_loadu_ps(y[b]) : _mm256_maskload_ps(y[b], mask);
-        if (q4)
-            for (uint64_t k = 0; k < kn; k++) {
-                const __m128i lo = _mm_loadu_si128((const __m128i *)(const void *)(base + q4_low(b0 + k)));
-                const __m128i hi = _mm_loadu_si128((const __m128i *)(const void *)(base + q4_high(nb, b0 + k)));
-                _mm256_store_si256((__m256i *)(void *)(xb[b] + QK * k), _mm256_xor_si256(_mm256_set_m128i(hi, lo), bias));
-            }
     }
     for (uint64_t k = 0; k < kn; k++) {
         __m256i isum[4];
@@ -263,8 +265,8 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
 #pragma GCC unroll 4
                 for (int b = 0; b < NT; b++) {
                     int32_t x4;
-                    memcpy(&x4, xb[b] + QK * k + 4 * g, 4);
-                    isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(_mm256_set1_epi32(x4), w));
+                    memcpy(&x4, xq[b] + (g < 4 ? q4_low(b0 + k) + 4 * g : q4_high(nb, b0 + k) + 4 * (g - 4)), 4);
+                    isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(_mm256_xor_si256(_mm256_set1_epi32(x4), bias), w));
                 }
             }
 #pragma GCC unroll 4
@@ -296,6 +298,24 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
     }
 }
 
+/* Ask for the lines of the next panel to pack: the next k-block of these rows, else the first of
+ * the next 8 rows (their scales too), so they arrive while this panel's passes run. */
+COL_INLINE void prefetch_next_panel(const col_matvec_job *j, uint64_t r, uint64_t rb, uint64_t b0, uint64_t pb)
+{
+    const uint64_t nb = j->w.cols / QK;
+    uint64_t first = b0 + PANEL_KB;
+    if (first >= nb) {
+        if (r + LANES >= j->w.rows) return;
+        r += LANES, first = 0;
+    }
+    const uint64_t last = first + PANEL_KB < nb ? first + PANEL_KB : nb;
+    for (int a = 0; a < LANES && r + (uint64_t)a < j->w.rows; a++) {
+        const char *row = (const char *)j->w.data + (r + (uint64_t)a) * rb;
+        if (first == 0) _mm_prefetch(row, _MM_HINT_T0);
+        for (uint64_t at = 2 * nb + first * pb; at < 2 * nb + last * pb; at += 64) _mm_prefetch(row + at, _MM_HINT_T0);
+    }
+}
+
 /* Rows r .. r + nr - 1 (nr <= 8), every token, a k-block at a time. */
 COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, uint64_t r, int nr, const int q4)
 {
@@ -307,6 +327,7 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
     for (uint64_t b0 = 0; b0 < nb; b0 += PANEL_KB) {
         const uint64_t kn = nb - b0 < PANEL_KB ? nb - b0 : PANEL_KB;
         pack_panel(p, nb, b0, kn, q4, &pn);
+        prefetch_next_panel(j, r, rb, b0, q4 ? 16 : QK);
         uint32_t t = 0;
         for (; t + 4 <= nt; t += 4) panel_pass(j, qx, &pn, r, nr, b0, kn, t, 4, q4);
         switch (nt - t) {
@@ -325,26 +346,28 @@ COL_INLINE COL_T2 void rows_q(const col_matvec_job *j, const uint8_t *qx, uint64
 {
     const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(j->w.dtype, n);
     const uint8_t *base = j->w.data;
-    if (j->n_tokens > 1) {
+    if (j->n_tokens >= COL_Q_AVX2_PANEL_TOKENS) {
         for (uint64_t r = r0; r < r1; r += LANES) panel_rows(j, qx, r, r1 - r < LANES ? (int)(r1 - r) : LANES, q4);
         return;
     }
-    /* decode: tile i takes rows r0 + i + s * q (s = 0..7) of the share's 8 parts, then the rows
-     * left over together */
-    const uint64_t q = (r1 - r0) / LANES;
+    /* decode tiles, a token at a time (a few tokens' batch re-reads the rows from cache): tile i
+     * takes rows r0 + i + s * q (s = 0..7) of the share's 8 parts, then the rows left over
+     * together */
+    const uint64_t q = (r1 - r0) / LANES, qb = col_qrow_bytes(n);
     const uint8_t *p[LANES];
     float out[LANES];
-    for (uint64_t i = 0; i <= q; i++) {
-        const uint64_t first = i < q ? r0 + i : r0 + q * LANES, step = i < q ? q : 1;
-        const int nr = i < q ? LANES : (int)(r1 - first);
-        if (nr == 0) break;
-        for (int a = 0; a < LANES; a++) p[a] = base + (first + (uint64_t)(a < nr ? a : 0) * step) * rb;
-        if (q4)
-            decode_q4(p, n, qx, ahead, out);
-        else
-            decode_q8(p, n, qx, ahead, out);
-        for (int a = 0; a < nr; a++) j->y[first + (uint64_t)a * step] = out[a];
-    }
+    for (uint32_t t = 0; t < j->n_tokens; t++)
+        for (uint64_t i = 0; i <= q; i++) {
+            const uint64_t first = i < q ? r0 + i : r0 + q * LANES, step = i < q ? q : 1;
+            const int nr = i < q ? LANES : (int)(r1 - first);
+            if (nr == 0) break;
+            for (int a = 0; a < LANES; a++) p[a] = base + (first + (uint64_t)(a < nr ? a : 0) * step) * rb;
+            if (q4)
+                decode_q4(p, n, qx + t * qb, ahead, out);
+            else
+                decode_q8(p, n, qx + t * qb, ahead, out);
+            for (int a = 0; a < nr; a++) j->y[(uint64_t)t * j->w.rows + first + (uint64_t)a * step] = out[a];
+        }
 }
 
 COL_T2 void col_rows_q_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead)
