@@ -85,6 +85,7 @@ col_isa col_detect_isa(void);
 #define COL_BATCH_ROWS_512 6
 #endif
 #define COL_BATCH_ROWS_AVX2 2 /* rows per batch tile on AVX2 (16 ymm registers) */
+#define COL_BATCH_ROWS_Q_AVX2 8 /* q8_0/q4_0 on AVX2: a row per lane */
 #define COL_BATCH_KBLOCK 1024
 #define COL_KBLOCK_TOKENS 128 /* tokens walked together; a batch with more walks them in chunks */
 #define COL_KBLOCK_TILES 8
@@ -117,6 +118,13 @@ void col_rows_bf16dot_avx2(const col_matvec_job *j, const uint16_t *xp, uint64_t
 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead);
 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *carry,
                      uint64_t carry_bytes, col_ahead ahead);
+
+/* ---- kernels_int8_avx2.c: q8_0/q4_0 on AVX2 -------------------------------------------------- */
+
+/* Rows [r0, r1) of job j (q8_0 or q4_0 weights), every token, against its activations qx
+ * (col_quantize_row), with col_dotq_blocks's bits; `ahead`: the decode prefetch distance. Batches
+ * take rows in tiles of COL_BATCH_ROWS_Q_AVX2 from r0. */
+void col_rows_q_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead);
 /* All n_q heads of h (AVX-512), or one head (AVX2), as col_attend_head. */
 void col_attend_group_avx512(const col_head_job *h, float *scores, float *out);
 void col_attend_head_avx2(const col_head_job *h, float *scores, float *out);

@@ -262,6 +262,6 @@ float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uin
     const float *d = (const float *)(qx + n);
     float acc = 0.0f;
     for (uint64_t b = b0; b < nb; b++)
-        acc += col_f16_to_f32(rd16u(row + 2 * b)) * d[b] * (float)block_isum(row + 2 * nb, dtype, (const int8_t *)qx, nb, b);
+        acc = fmaf((float)block_isum(row + 2 * nb, dtype, (const int8_t *)qx, nb, b), col_f16_to_f32(rd16u(row + 2 * b)) * d[b], acc);
     return acc;
 }

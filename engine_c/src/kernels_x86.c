@@ -13,9 +13,9 @@
  * through memory); batch tiles take 6 (AVX-512) or 2 (AVX2) neighbouring rows x 4 tokens, so each
  * weight vector loaded feeds 4 tokens. Tiles only interleave independent accumulators, so neither
  * the tile shape, the batch size nor the thread count changes an output's bits: a prefill equals
- * the same tokens stepped. Quantised rows run on exact int32 block sums (VNNI vpdpbusd over 64
- * payload bytes a step, or AVX2 vpmaddubsw + vpmaddwd, which give the same integers) scaled into
- * f32 lanes.
+ * the same tokens stepped. Quantised rows on AVX-512 run on exact int32 block sums (VNNI vpdpbusd
+ * over 64 payload bytes a step) scaled into f32 lanes; on AVX2 they run in block order
+ * (kernels_int8_avx2.c).
  *
  * The AVX-512 attention kernel runs up to four query heads of a KV head together, so each key and
  * value read serves all of them; exp16, a vector exp within 2 ulp of expf, serves its softmax and
@@ -395,87 +395,6 @@ COL_INLINE COL_T512 void tile_q_avx512(const col_matvec_job *j, const uint8_t *q
                 sums[a * NT + b] + (n_steps * per_step < nb ? col_dotq_blocks(row[a], w->dtype, x[b].base, n, n_steps * per_step) : 0.0f);
 }
 
-/* The same for AVX2 without VNNI: a step is one q8_0 block (32 bytes; vpmaddubsw of |x| and w with
- * x's sign, so no correction) or two q4_0 blocks (32 bytes, half a group of four: the nibbles are
- * unsigned and the pair sums cannot saturate, 15 * 127 * 2 < 32767). Chunks of 8 blocks. */
-COL_INLINE COL_T2 void tile_q_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t step, int NR,
-                                   int NT, uint32_t t, int q4, uint32_t ahead)
-{
-    const col_weight *w = &j->w;
-    const uint64_t n = w->cols, nb = n / QK, rb = col_dtype_row_bytes(w->dtype, n);
-    const uint64_t per_step = q4 ? 2 : 1, n_steps = q4 ? nb / 4 * 2 : nb, steps_per_chunk = 8 / per_step;
-    const uint8_t *row[MAX_TILE_ROWS];
-    qx_row x[4];
-    __m256 acc[MAX_TILE];
-    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
-    for (int b = 0; b < NT; b++) x[b] = qx_at(qx, n, t + (uint32_t)b);
-#pragma GCC unroll 24
-    for (int k = 0; k < NR * NT; k++) acc[k] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    const __m256i lane_block = q4 ? _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0) : _mm256_setzero_si256();
-    next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, n_steps);
-    uint64_t s = 0;
-    for (uint64_t c = 0; s < n_steps; c++) {
-        const uint64_t have = nb - 8 * c < 8 ? nb - 8 * c : 8;
-        __m256 sc[MAX_TILE], xs[4];
-        /* the 8 scales of a chunk in one load each; a last chunk of fewer through zeroed buffers
-         * (scalar stores read back as one vector stall the load, so only there) */
-        for (int b = 0; b < NT; b++) {
-            if (have == 8) {
-                xs[b] = _mm256_loadu_ps(x[b].d + 8 * c);
-            } else {
-                float xbuf[8] = {0};
-                memcpy(xbuf, x[b].d + 8 * c, have * sizeof(float));
-                xs[b] = _mm256_loadu_ps(xbuf);
-            }
-        }
-        for (int a = 0; a < NR; a++) {
-            __m128i h;
-            if (have == 8) {
-                h = _mm_loadu_si128((const __m128i *)(row[a] + 16 * c));
-            } else {
-                uint16_t hbuf[8] = {0};
-                memcpy(hbuf, row[a] + 16 * c, have * sizeof(uint16_t));
-                h = _mm_loadu_si128((const __m128i *)hbuf);
-            }
-            const __m256 ws = _mm256_cvtph_ps(h);
-            for (int b = 0; b < NT; b++) sc[a * NT + b] = _mm256_mul_ps(ws, xs[b]);
-        }
-        for (uint64_t k = 0; k < steps_per_chunk && s < n_steps; k++, s++) {
-            __m256i idx = _mm256_add_epi32(lane_block, _mm256_set1_epi32((int)(k * per_step)));
-            next_tile_step(&pf);
-#pragma GCC unroll 8
-            for (int a = 0; a < NR; a++) {
-                const uint8_t *payload = row[a] + 2 * nb + 32 * s;
-                if (NT == 1) _mm_prefetch((const char *)(payload + ahead), _MM_HINT_T0);
-                __m256i raw = _mm256_loadu_si256((const __m256i *)payload);
-                __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-#pragma GCC unroll 4
-                for (int b = 0; b < NT; b++) {
-                    __m256i sum;
-                    if (q4) {
-                        const int8_t *xg = x[b].q + 128 * (s / 2) + 32 * (s % 2);
-                        sum = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xg)), ones),
-                                               _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xg + 64))), ones));
-                        sum = _mm256_add_epi32(sum, _mm256_loadu_si256((const __m256i *)(x[b].c + 16 * (s / 2) + 8 * (s % 2))));
-                    } else {
-                        __m256i xv = _mm256_loadu_si256((const __m256i *)(x[b].q + 32 * s));
-                        sum = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(raw, xv)), ones);
-                    }
-                    acc[a * NT + b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_permutevar8x32_ps(sc[a * NT + b], idx),
-                                                      acc[a * NT + b]);
-                }
-            }
-        }
-    }
-    float sums[MAX_TILE];
-    hsum8_many(acc, NR * NT, sums);
-    for (int a = 0; a < NR; a++)
-        for (int b = 0; b < NT; b++)
-            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] =
-                sums[a * NT + b] + (n_steps * per_step < nb ? col_dotq_blocks(row[a], w->dtype, x[b].base, n, n_steps * per_step) : 0.0f);
-}
-
 /* Walk rows [r0, r1) x all tokens in tiles. One token: NRD rows at a time from NRD streams, then
  * the rows left over one by one. Batches: NRB neighbouring rows x 4 tokens (then 3, 2, 1), then
  * the rows left over in tiles of 4 and 2 rows (where NRB is larger) and one by one, since a chunk
@@ -523,12 +442,8 @@ COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r
 #define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_BF16, ahead.f)
     case COL_DTYPE_BF16: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_q_avx2(j, qx, r, step, NR, NT, t, 0, ahead.q)
-    case COL_DTYPE_Q8_0: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
-#undef T
-#define T(NR, NT, r, step, t) tile_q_avx2(j, qx, r, step, NR, NT, t, 1, ahead.q)
-    case COL_DTYPE_Q4_0: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
-#undef T
+    case COL_DTYPE_Q8_0:
+    case COL_DTYPE_Q4_0: col_rows_q_avx2(j, qx, r0, r1, ahead.q); break;
     default: break;
     }
 }

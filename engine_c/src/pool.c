@@ -169,7 +169,7 @@ static uint64_t batch_tile_rows(const col_pool *pool, const col_matvec_job *j)
     if (dot_job(pool, j)) return pool->has_bf16_dot ? COL_BATCH_ROWS_512 : 1;
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) return col_amx_tile_rows(j->n_tokens, pool->x_bf16);
     if (pool->isa >= COL_ISA_AVX512) return COL_BATCH_ROWS_512;
-    if (pool->isa == COL_ISA_AVX2) return COL_BATCH_ROWS_AVX2;
+    if (pool->isa == COL_ISA_AVX2) return is_block_dtype(j->w.dtype) ? COL_BATCH_ROWS_Q_AVX2 : COL_BATCH_ROWS_AVX2;
 #endif
     (void)pool;
     return 1;

@@ -1,0 +1,380 @@
+/*
+ * kernels_int8_avx2.c - q8_0 and q4_0 products on AVX2 (+FMA, F16C), in block order.
+ *
+ * Every path computes an output of a quantised product as col_dotq_blocks defines it: over the
+ * blocks in order, acc = fma((float)isum, d_w * d_x, acc), isum the block's exact int32 sum. Here 8
+ * rows sit in the 8 lanes of a vector, so a block costs one convert, one scale multiply and one
+ * fused multiply-add per 8 outputs, and each lane is exactly that sequence for its row: neither
+ * tile shape, batch size nor thread count can change a bit.
+ *
+ * AVX2 has no VNNI, and vpmaddubsw (unsigned x signed bytes, pairs saturated to int16) would
+ * saturate on q8_0's weights biased by 128, so:
+ * - q8_0 multiplies |w| (unsigned, at most 128) by x with w's sign (vpsignb; |x| <= 127), pair sums
+ *   at most 32512, widened to int32 by vpmaddwd with ones;
+ * - q4_0 in batches multiplies x + 128 (unsigned; an xor of the broadcast group) by nibble - 8
+ *   (signed, -8..7): pair sums at most 4080, so a block's 8 groups add in int16 (at most 32640)
+ *   before one vpmaddwd; the bias comes back out as -128 * the row's sum of nibble - 8, computed
+ *   once per panel. Decode multiplies the raw nibbles by x and subtracts 8 * the sum of x.
+ * Decode (one token, and batches of fewer than COL_Q_AVX2_PANEL_TOKENS, a token at a time) reads 8
+ * distant rows of the thread's share as they are stored (8 streams through memory, prefetched
+ * col_decode_ahead bytes ahead) and turns the 8 rows' lane sums of a block into one vector of
+ * block sums with vphaddd. Larger batches pack 8 neighbouring rows a k-block at a time into a
+ * panel on the stack (lane r holding row r's 4-byte group g of each block, the scales widened),
+ * which all the tokens' passes then read, 4 tokens a pass; the outputs carry across k-blocks in y,
+ * and the next panel's lines are fetched while the passes run.
+ */
+#include "kernels_internal.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#define LANES 8     /* rows per vector */
+#define PANEL_KB 16 /* blocks per panel (a k-block): 4 KiB of q8_0 weights, in L1 with the tokens' blocks */
+/* Batches of fewer tokens run the decode tiles a token at a time: packing panels from memory cost
+ * more than it saved below 6-8 tokens (bench_products, docs/performance.md). */
+#ifndef COL_Q_AVX2_PANEL_TOKENS
+#define COL_Q_AVX2_PANEL_TOKENS 8
+#endif
+
+/* 8 x 8 transpose of 32-bit elements: v[k] lane r becomes v[r] lane k. */
+COL_INLINE COL_T2 void transpose8(__m256 *v)
+{
+    __m256 t[8], s[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+        s[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
+        v[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
+    }
+}
+
+/* The scales of blocks b0 .. b0 + 7 of 8 rows, lane r holding row r's: ws[k] for block b0 + k.
+ * Reads 16 bytes from each row's scales, past its last scale into its payload when fewer than 8
+ * blocks are left (lanes the caller does not use). */
+COL_INLINE COL_T2 void row_scales(const uint8_t *const *p, uint64_t b0, __m256 *ws)
+{
+#pragma GCC unroll 8
+    for (int r = 0; r < LANES; r++) ws[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p[r] + 2 * b0)));
+    transpose8(ws);
+}
+
+/* Lane r of the result: the sum of v[r]'s 8 lanes (exact: integers). */
+COL_INLINE COL_T2 __m256i reduce8(const __m256i *v)
+{
+    const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
+}
+
+/* The same for vectors holding two blocks (lanes 0-3 and 4-7): *a gets the first's sums, *b the
+ * second's. */
+COL_INLINE COL_T2 void reduce8_pair(const __m256i *v, __m256i *a, __m256i *b)
+{
+    const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    *a = _mm256_permute2x128_si256(g0, g1, 0x20);
+    *b = _mm256_permute2x128_si256(g0, g1, 0x31);
+}
+
+/* acc = fma(isum, d_w * d_x, acc), lane by lane: the definition's step. */
+COL_INLINE COL_T2 __m256 block_step(__m256 acc, __m256i isum, __m256 dw, float dx)
+{
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc);
+}
+
+/* Where block b's low (j < 16) and high halves sit among a q4_0 activation row's int8 values
+ * (col_quantize_row: groups of four blocks, their low halves then their high halves). */
+COL_INLINE uint64_t q4_low(uint64_t b)
+{
+    return b / 4 * 128 + b % 4 * 16;
+}
+COL_INLINE uint64_t q4_high(uint64_t nb, uint64_t b)
+{
+    const uint64_t g = b / 4, in_group = nb - 4 * g < 4 ? nb - 4 * g : 4;
+    return g * 128 + in_group * 16 + b % 4 * 16;
+}
+
+/* ---- decode: 8 distant rows, one token ---------------------------------------------------- */
+
+/* Outputs of rows p[0..7] (as stored) for the one token of qx, into out[0..7]. */
+COL_INLINE COL_T2 void decode_q8(const uint8_t *const *p, uint64_t n, const uint8_t *qx, uint32_t ahead, float *out)
+{
+    const uint64_t nb = n / QK;
+    const int8_t *xq = (const int8_t *)qx;
+    const float *dx = (const float *)(const void *)(qx + n);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (uint64_t b0 = 0; b0 < nb; b0 += 8) {
+        __m256 ws[8];
+        row_scales(p, b0, ws);
+        const uint64_t have = nb - b0 < 8 ? nb - b0 : 8;
+        for (uint64_t k = 0; k < have; k++) {
+            const uint64_t b = b0 + k;
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(xq + QK * b));
+            __m256i v[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < LANES; r++) {
+                const uint8_t *payload = p[r] + 2 * nb + QK * b;
+                _mm_prefetch((const char *)(payload + ahead), _MM_HINT_T0);
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)payload);
+                v[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w)), ones);
+            }
+            acc = block_step(acc, reduce8(v), ws[k], dx[b]);
+        }
+    }
+    _mm256_storeu_ps(out, acc);
+}
+
+/* The same for q4_0: two blocks (32 payload bytes) at a time, a last odd block alone. */
+COL_INLINE COL_T2 void decode_q4(const uint8_t *const *p, uint64_t n, const uint8_t *qx, uint32_t ahead, float *out)
+{
+    const uint64_t nb = n / QK;
+    const int8_t *xq = (const int8_t *)qx;
+    const float *dx = (const float *)(const void *)(qx + n);
+    const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1), low4 = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    for (uint64_t b0 = 0; b0 < nb; b0 += 8) {
+        __m256 ws[8];
+        row_scales(p, b0, ws);
+        const uint64_t have = nb - b0 < 8 ? nb - b0 : 8;
+        for (uint64_t k = 0; k < have; k += 2) {
+            const uint64_t b = b0 + k;
+            const int pair = k + 1 < have;
+            __m256i xlo, xhi;
+            if (pair) { /* b is even: b and b + 1 share a group, their halves adjacent */
+                xlo = _mm256_loadu_si256((const __m256i *)(const void *)(xq + q4_low(b)));
+                xhi = _mm256_loadu_si256((const __m256i *)(const void *)(xq + q4_high(nb, b)));
+            } else {
+                xlo = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(xq + q4_low(b))));
+                xhi = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(xq + q4_high(nb, b))));
+            }
+            /* -8 * the sum of x, per lane of 4 low and 4 high values */
+            const __m256i xsum = _mm256_madd_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(ones8, xlo), _mm256_maddubs_epi16(ones8, xhi)), ones);
+            const __m256i corr = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(xsum, 3));
+            __m256i v[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < LANES; r++) {
+                const uint8_t *payload = p[r] + 2 * nb + 16 * b;
+                _mm_prefetch((const char *)(payload + ahead), _MM_HINT_T0);
+                const __m256i raw = pair ? _mm256_loadu_si256((const __m256i *)(const void *)payload)
+                                         : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)payload));
+                const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+                v[r] = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), corr);
+            }
+            __m256i first, second;
+            reduce8_pair(v, &first, &second);
+            acc = block_step(acc, first, ws[k], dx[b]);
+            if (pair) acc = block_step(acc, second, ws[k + 1], dx[b + 1]);
+        }
+    }
+    _mm256_storeu_ps(out, acc);
+}
+
+/* ---- batches: panels of 8 neighbouring rows ------------------------------------------------ */
+
+/* A k-block of 8 rows: per block, 8 vectors whose lane r holds row r's group g of 4 bytes
+ * (q8_0: w; q4_0: nibble - 8, groups 0-3 the low nibbles, 4-7 the high ones), the 8 rows' scales,
+ * and for q4_0 -128 * each row's sum of nibble - 8 over the block. */
+typedef struct panel {
+    __m256i w[PANEL_KB][8];
+    __m256 d[PANEL_KB];
+    __m256i corr[PANEL_KB];
+} panel;
+
+/* Pack blocks b0 .. b0 + kn - 1 of rows p[0..7]. */
+COL_INLINE COL_T2 void pack_panel(const uint8_t *const *p, uint64_t nb, uint64_t b0, uint64_t kn, int q4, panel *pn)
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8), ones8 = _mm256_set1_epi8(1);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (uint64_t k = 0; k < kn; k += 8) {
+        __m256 ws[8];
+        row_scales(p, b0 + k, ws);
+        for (uint64_t i = 0; i < 8 && k + i < kn; i++) pn->d[k + i] = ws[i];
+    }
+    for (uint64_t k = 0; k < kn; k++) {
+        const uint64_t b = b0 + k;
+        __m256 v[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < LANES; r++) {
+            __m256i w;
+            if (q4) {
+                const __m128i raw = _mm_loadu_si128((const __m128i *)(const void *)(p[r] + 2 * nb + 16 * b));
+                w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low4);
+            } else {
+                w = _mm256_loadu_si256((const __m256i *)(const void *)(p[r] + 2 * nb + QK * b));
+            }
+            v[r] = _mm256_castsi256_ps(w);
+        }
+        transpose8(v);
+        __m256i nsum = _mm256_setzero_si256(); /* q4_0: nibble sums per byte, at most 8 * 15 */
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const __m256i w = _mm256_castps_si256(v[g]);
+            if (q4) nsum = _mm256_add_epi8(nsum, w);
+            pn->w[k][g] = q4 ? _mm256_sub_epi8(w, eight) : w;
+        }
+        /* -128 * sum(nibble - 8) = 32768 - 128 * sum(nibble) */
+        if (q4)
+            pn->corr[k] = _mm256_sub_epi32(_mm256_set1_epi32(32768),
+                                           _mm256_slli_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(nsum, ones8), ones), 7));
+    }
+}
+
+/* Tokens t .. t + NT - 1 over a panel's kn blocks (b0..): lanes of y[token][r .. r + 7] (nr of
+ * them exist) carried in from the k-blocks before (none when b0 = 0) and out to the next. */
+COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, const panel *pn, uint64_t r, int nr,
+                                  uint64_t b0, uint64_t kn, uint32_t t, const int NT, const int q4)
+{
+    const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n);
+    const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const int8_t *xq[4];
+    const float *dx[4];
+    float *y[4];
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int b = 0; b < NT; b++) {
+        const uint8_t *base = qx + (uint64_t)(t + (uint32_t)b) * qb;
+        xq[b] = (const int8_t *)base;
+        dx[b] = (const float *)(const void *)(base + n);
+        y[b] = j->y + (uint64_t)(t + (uint32_t)b) * j->w.rows + r;
+        acc[b] = b0 == 0 ? _mm256_setzero_ps() : nr == LANES ? _mm256_loadu_ps(y[b]) : _mm256_maskload_ps(y[b], mask);
+    }
+    for (uint64_t k = 0; k < kn; k++) {
+        __m256i isum[4];
+        if (q4) {
+#pragma GCC unroll 4
+            for (int b = 0; b < NT; b++) isum[b] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const __m256i w = _mm256_load_si256(&pn->w[k][g]);
+#pragma GCC unroll 4
+                for (int b = 0; b < NT; b++) {
+                    int32_t x4;
+                    memcpy(&x4, xq[b] + (g < 4 ? q4_low(b0 + k) + 4 * g : q4_high(nb, b0 + k) + 4 * (g - 4)), 4);
+                    isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(_mm256_xor_si256(_mm256_set1_epi32(x4), bias), w));
+                }
+            }
+#pragma GCC unroll 4
+            for (int b = 0; b < NT; b++) isum[b] = _mm256_add_epi32(_mm256_madd_epi16(isum[b], ones), pn->corr[k]);
+        } else {
+#pragma GCC unroll 4
+            for (int b = 0; b < NT; b++) isum[b] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const __m256i w = _mm256_load_si256(&pn->w[k][g]), aw = _mm256_abs_epi8(w);
+#pragma GCC unroll 4
+                for (int b = 0; b < NT; b++) {
+                    int32_t x4;
+                    memcpy(&x4, xq[b] + QK * (b0 + k) + 4 * g, 4);
+                    const __m256i prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(x4), w));
+                    isum[b] = _mm256_add_epi32(isum[b], _mm256_madd_epi16(prod, ones));
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int b = 0; b < NT; b++) acc[b] = block_step(acc[b], isum[b], pn->d[k], dx[b][b0 + k]);
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < NT; b++) {
+        if (nr == LANES)
+            _mm256_storeu_ps(y[b], acc[b]);
+        else
+            _mm256_maskstore_ps(y[b], mask, acc[b]);
+    }
+}
+
+/* Ask for the lines of the next panel to pack: the next k-block of these rows, else the first of
+ * the next 8 rows (their scales too), so they arrive while this panel's passes run. */
+COL_INLINE void prefetch_next_panel(const col_matvec_job *j, uint64_t r, uint64_t rb, uint64_t b0, uint64_t pb)
+{
+    const uint64_t nb = j->w.cols / QK;
+    uint64_t first = b0 + PANEL_KB;
+    if (first >= nb) {
+        if (r + LANES >= j->w.rows) return;
+        r += LANES, first = 0;
+    }
+    const uint64_t last = first + PANEL_KB < nb ? first + PANEL_KB : nb;
+    for (int a = 0; a < LANES && r + (uint64_t)a < j->w.rows; a++) {
+        const char *row = (const char *)j->w.data + (r + (uint64_t)a) * rb;
+        if (first == 0) _mm_prefetch(row, _MM_HINT_T0);
+        for (uint64_t at = 2 * nb + first * pb; at < 2 * nb + last * pb; at += 64) _mm_prefetch(row + at, _MM_HINT_T0);
+    }
+}
+
+/* Rows r .. r + nr - 1 (nr <= 8), every token, a k-block at a time. */
+COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, uint64_t r, int nr, const int q4)
+{
+    const uint64_t n = j->w.cols, nb = n / QK, rb = col_dtype_row_bytes(j->w.dtype, n);
+    const uint32_t nt = j->n_tokens;
+    const uint8_t *p[LANES];
+    for (int a = 0; a < LANES; a++) p[a] = (const uint8_t *)j->w.data + (r + (uint64_t)(a < nr ? a : 0)) * rb;
+    panel pn;
+    for (uint64_t b0 = 0; b0 < nb; b0 += PANEL_KB) {
+        const uint64_t kn = nb - b0 < PANEL_KB ? nb - b0 : PANEL_KB;
+        pack_panel(p, nb, b0, kn, q4, &pn);
+        prefetch_next_panel(j, r, rb, b0, q4 ? 16 : QK);
+        uint32_t t = 0;
+        for (; t + 4 <= nt; t += 4) panel_pass(j, qx, &pn, r, nr, b0, kn, t, 4, q4);
+        switch (nt - t) {
+        case 3: panel_pass(j, qx, &pn, r, nr, b0, kn, t, 3, q4); break;
+        case 2: panel_pass(j, qx, &pn, r, nr, b0, kn, t, 2, q4); break;
+        case 1: panel_pass(j, qx, &pn, r, nr, b0, kn, t, 1, q4); break;
+        default: break;
+        }
+    }
+}
+
+/* ---- the walk ------------------------------------------------------------------------------- */
+
+COL_INLINE COL_T2 void rows_q(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
+                              const int q4)
+{
+    const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(j->w.dtype, n);
+    const uint8_t *base = j->w.data;
+    if (j->n_tokens >= COL_Q_AVX2_PANEL_TOKENS) {
+        for (uint64_t r = r0; r < r1; r += LANES) panel_rows(j, qx, r, r1 - r < LANES ? (int)(r1 - r) : LANES, q4);
+        return;
+    }
+    /* decode tiles, a token at a time (a few tokens' batch re-reads the rows from cache): tile i
+     * takes rows r0 + i + s * q (s = 0..7) of the share's 8 parts, then the rows left over
+     * together */
+    const uint64_t q = (r1 - r0) / LANES, qb = col_qrow_bytes(n);
+    const uint8_t *p[LANES];
+    float out[LANES];
+    for (uint32_t t = 0; t < j->n_tokens; t++)
+        for (uint64_t i = 0; i <= q; i++) {
+            const uint64_t first = i < q ? r0 + i : r0 + q * LANES, step = i < q ? q : 1;
+            const int nr = i < q ? LANES : (int)(r1 - first);
+            if (nr == 0) break;
+            for (int a = 0; a < LANES; a++) p[a] = base + (first + (uint64_t)(a < nr ? a : 0) * step) * rb;
+            if (q4)
+                decode_q4(p, n, qx + t * qb, ahead, out);
+            else
+                decode_q8(p, n, qx + t * qb, ahead, out);
+            for (int a = 0; a < nr; a++) j->y[(uint64_t)t * j->w.rows + first + (uint64_t)a * step] = out[a];
+        }
+}
+
+COL_T2 void col_rows_q_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead)
+{
+    if (j->w.dtype == COL_DTYPE_Q4_0)
+        rows_q(j, qx, r0, r1, ahead, 1);
+    else
+        rows_q(j, qx, r0, r1, ahead, 0);
+}
+#endif

@@ -1,0 +1,259 @@
+/* test_int8_avx2.c - q8_0 and q4_0 products on the AVX2 path (kernels_int8_avx2.c) give the bits
+ * of the block-order definition, forced with COLIBRI_KERNELS=avx2 so they run on any AVX2 CPU,
+ * AVX-512 ones included.
+ *
+ * The definition is written out here from docs/format.md's layouts, independently of the engine:
+ * per token, the activations quantised per block of 32 (d_x = max|x| / 127, q = x / d_x rounded
+ * half to even, clamped to +-127, a NaN product to -127), then per output over the blocks in
+ * order acc = fmaf((float)isum, d_w * d_x, acc), isum the block's exact integer sum. The portable
+ * reference (col_dotq_blocks) must give the same bits, and the AVX2 path every one of them: decode
+ * (1 token) and batches of 2..40 tokens, row counts around the 8 lanes of a vector, one block and
+ * several k-blocks of columns, on 1, 2 and 3 threads, so a prefill equals its tokens stepped.
+ * Extreme blocks too: q8_0 weights of -128 and 127 against x of +-127 (vpmaddubsw's limits),
+ * q4_0 nibbles 0 and 15, zero blocks, huge and infinite activations, subnormal, huge, zero, Inf and
+ * NaN f16 scales: an Inf or NaN reaches the same outputs (a NaN's payload is not compared). */
+#include "harness.h"
+#include "kernels_internal.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t rng_state = 2024u;
+static uint32_t rnd(void)
+{
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return rng_state >> 8;
+}
+static float frand(void) /* uniform in [-1, 1) */
+{
+    return (float)(rnd() & 0xFFFFFF) / (float)0x800000 - 1.0f;
+}
+
+/* ---- the definition ------------------------------------------------------------------------ */
+
+static int32_t stored_q(const uint8_t *row, uint32_t dtype, uint64_t nb, uint64_t i)
+{
+    const uint8_t *payload = row + 2 * nb;
+    if (dtype == COL_DTYPE_Q8_0) return (int8_t)payload[i];
+    const uint8_t byte = payload[i / 32 * 16 + i % 16];
+    return (int32_t)(i % 32 < 16 ? byte & 0x0F : byte >> 4) - 8;
+}
+
+static float definition(const uint8_t *row, uint32_t dtype, const float *x, uint64_t cols)
+{
+    const uint64_t nb = cols / 32;
+    float acc = 0.0f;
+    for (uint64_t b = 0; b < nb; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[32 * b + j]) > amax) amax = fabsf(x[32 * b + j]);
+        const float dx = amax / 127.0f, id = dx > 0.0f ? 1.0f / dx : 0.0f;
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++) {
+            const float v = x[32 * b + j] * id;
+            const int32_t q = v != v ? -127 : v >= 127.0f ? 127 : v <= -127.0f ? -127 : (int32_t)nearbyintf(v);
+            isum += stored_q(row, dtype, nb, 32 * b + (uint64_t)j) * q;
+        }
+        uint16_t h;
+        memcpy(&h, row + 2 * b, 2);
+        acc = fmaf((float)isum, col_f16_to_f32(h) * dx, acc);
+    }
+    return acc;
+}
+
+/* ---- inputs ---------------------------------------------------------------------------------- */
+
+/* f16 scales: normal ones of 2^-10 .. 2^-4, and with `extreme` also the special values. */
+static uint16_t scale_bits(bool extreme)
+{
+    static const uint16_t special[] = {0x0001, 0x03FF, 0x7BFF, 0xFBFF, 0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7C01};
+    if (extreme && rnd() % 3 == 0) return special[rnd() % (sizeof special / sizeof *special)];
+    return (uint16_t)(0x1400 + rnd() % 0x1400) | (uint16_t)(rnd() % 2 ? 0x8000 : 0);
+}
+
+static uint8_t *weights(uint64_t rows, uint64_t cols, uint32_t dtype, bool extreme)
+{
+    const uint64_t nb = cols / 32, rb = col_dtype_row_bytes(dtype, cols), pb = dtype == COL_DTYPE_Q8_0 ? 32 : 16;
+    uint8_t *out = malloc(rows * rb);
+    for (uint64_t r = 0; r < rows; r++) {
+        uint8_t *row = out + r * rb;
+        for (uint64_t b = 0; b < nb; b++) {
+            const uint16_t h = scale_bits(extreme);
+            memcpy(row + 2 * b, &h, 2);
+            uint8_t *payload = row + 2 * nb + pb * b;
+            /* extreme blocks: q8_0 all -128 or all 127, q4_0 all 0 (-8) or all 15 (7), or zero */
+            const uint32_t kind = extreme ? rnd() % 4 : 3;
+            for (uint64_t i = 0; i < pb; i++)
+                payload[i] = kind == 0 ? (dtype == COL_DTYPE_Q8_0 ? 0x80 : 0x00)
+                           : kind == 1 ? (dtype == COL_DTYPE_Q8_0 ? 0x7F : 0xFF)
+                           : kind == 2 ? (dtype == COL_DTYPE_Q8_0 ? 0x00 : 0x88)
+                                       : (uint8_t)rnd();
+        }
+    }
+    return out;
+}
+
+static float *activations(uint32_t nt, uint64_t cols, bool extreme)
+{
+    float *x = malloc(nt * cols * sizeof *x);
+    for (uint64_t b = 0; b < nt * cols / 32; b++) {
+        /* extreme blocks: all +max or all -max (q = +-127), zero, huge, or one Inf among random */
+        const uint32_t kind = extreme ? rnd() % 6 : 5;
+        for (int j = 0; j < 32; j++) {
+            float v = frand();
+            if (kind == 0) v = 3.0e38f;
+            if (kind == 1) v = -3.0e38f;
+            if (kind == 2) v = 0.0f;
+            if (kind == 3) v *= 1.0e37f;
+            if (kind == 4 && j == 7) v = rnd() % 2 ? INFINITY : -INFINITY;
+            x[32 * b + (uint64_t)j] = v;
+        }
+    }
+    return x;
+}
+
+/* ---- the AVX2 path ------------------------------------------------------------------------ */
+
+typedef struct run {
+    col_pool *pool;
+    void *scratch;
+} run;
+
+static run avx2_pool(uint32_t threads, uint32_t max_tokens, uint64_t max_cols)
+{
+    run r = {NULL, NULL};
+    setenv("COLIBRI_KERNELS", "avx2", 1);
+    col_allocator alloc;
+    col_allocator_or_default(NULL, &alloc);
+    col_pool_limits limits = {1, max_tokens * max_cols, max_tokens, max_cols};
+    const col_isa isa = col_choose_isa(COL_ISA_AMX);
+    const uint64_t bytes = col_pool_scratch_size(isa, threads, &limits);
+    if (posix_memalign(&r.scratch, 64, bytes) != 0) r.scratch = NULL;
+    r.pool = col_pool_create(isa, threads, r.scratch, bytes, &limits, &alloc);
+    unsetenv("COLIBRI_KERNELS");
+    return r;
+}
+
+/* Equal bits, or both NaN. */
+static bool same(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b);
+}
+
+typedef struct tally {
+    int checked, off_definition, off_portable, off_avx2, off_step, nonfinite;
+} tally;
+
+/* One shape on pools of 1, 2 and 3 threads: every output against the definition and the portable
+ * reference, and each token of the batch against that token alone. */
+static void check_shape(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t)
+{
+    uint8_t *w = weights(rows, cols, dtype, extreme);
+    float *x = activations(nt, cols, extreme);
+    float *want = malloc(nt * rows * sizeof *want), *y = malloc(nt * rows * sizeof *y), *ystep = malloc(rows * sizeof *ystep);
+    uint8_t *qx = malloc(col_qrow_bytes(cols));
+    const uint64_t rb = col_dtype_row_bytes(dtype, cols);
+    for (uint32_t k = 0; k < nt; k++) {
+        col_quantize_row(x + k * cols, cols, dtype, COL_ISA_PORTABLE, qx);
+        for (uint64_t r = 0; r < rows; r++) {
+            const float def = definition(w + r * rb, dtype, x + k * cols, cols);
+            want[k * rows + r] = def;
+            t->off_definition += !same(col_dotq_blocks(w + r * rb, dtype, qx, cols, 0), def);
+            t->nonfinite += !isfinite(def);
+        }
+    }
+    const col_weight wt = {w, dtype, rows, cols, 0};
+    for (int p = 0; p < 3; p++) {
+        memset(y, 0xFF, nt * rows * sizeof *y);
+        col_matvec_job job = {wt, x, y, nt};
+        col_matmul_many(pools[p].pool, &job, 1);
+        for (uint64_t i = 0; i < nt * rows; i++) t->off_avx2 += !same(y[i], want[i]);
+        t->checked += (int)(nt * rows);
+        if (p != 1 || nt == 1) continue;
+        for (uint32_t k = 0; k < nt; k++) { /* the tokens stepped, on 2 threads */
+            col_matvec_job step = {wt, x + k * cols, ystep, 1};
+            col_matmul_many(pools[p].pool, &step, 1);
+            for (uint64_t r = 0; r < rows; r++) t->off_step += !same(ystep[r], y[k * rows + r]);
+        }
+    }
+    free(w), free(x), free(want), free(y), free(ystep), free(qx);
+}
+
+static void report(const char *what, const tally *t)
+{
+    fprintf(stderr, "%s: %d outputs (%d not finite); off the definition: portable %d, avx2 %d; step != batch %d\n",
+            what, t->checked, t->nonfinite, t->off_definition, t->off_avx2, t->off_step);
+    CHECK(t->checked > 0);
+    CHECK(t->off_definition == 0);
+    CHECK(t->off_avx2 == 0);
+    CHECK(t->off_step == 0);
+}
+
+static const uint32_t dtypes[] = {COL_DTYPE_Q8_0, COL_DTYPE_Q4_0};
+
+/* Rows around the 8 lanes and the threads' shares, columns of one block to several k-blocks
+ * (16 blocks each) with partial groups of four (q4_0) and of eight scales, a few token counts. */
+static void test_shapes(run *pools)
+{
+    static const uint64_t cols_list[] = {32, 64, 96, 224, 544, 1056};
+    static const uint64_t rows_list[] = {1, 3, 7, 8, 9, 17, 37};
+    static const uint32_t tokens_list[] = {1, 2, 3, 4, 5, 9};
+    for (size_t d = 0; d < 2; d++) {
+        tally t = {0};
+        for (size_t c = 0; c < sizeof cols_list / sizeof *cols_list; c++)
+            for (size_t r = 0; r < sizeof rows_list / sizeof *rows_list; r++)
+                for (size_t k = 0; k < sizeof tokens_list / sizeof *tokens_list; k++)
+                    check_shape(pools, dtypes[d], rows_list[r], cols_list[c], tokens_list[k], false, &t);
+        report(dtypes[d] == COL_DTYPE_Q8_0 ? "q8_0 shapes" : "q4_0 shapes", &t);
+    }
+}
+
+/* Every batch size from 1 to 40 tokens on one shape (rows not a multiple of 8, three k-blocks). */
+static void test_token_counts(run *pools)
+{
+    for (size_t d = 0; d < 2; d++) {
+        tally t = {0};
+        for (uint32_t nt = 1; nt <= 40; nt++) check_shape(pools, dtypes[d], 21, 1568, nt, false, &t);
+        report(dtypes[d] == COL_DTYPE_Q8_0 ? "q8_0 1..40 tokens" : "q4_0 1..40 tokens", &t);
+    }
+}
+
+static void test_extremes(run *pools)
+{
+    static const uint64_t cols_list[] = {32, 96, 544};
+    static const uint32_t tokens_list[] = {1, 4, 7};
+    for (size_t d = 0; d < 2; d++) {
+        tally t = {0};
+        for (int rep = 0; rep < 4; rep++)
+            for (size_t c = 0; c < 3; c++)
+                for (size_t k = 0; k < 3; k++) check_shape(pools, dtypes[d], 19, cols_list[c], tokens_list[k], true, &t);
+        report(dtypes[d] == COL_DTYPE_Q8_0 ? "q8_0 extremes" : "q4_0 extremes", &t);
+        CHECK(t.nonfinite > 0); /* the special scales did reach outputs */
+    }
+}
+
+int main(void)
+{
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) { /* col_detect_isa's test */
+        fprintf(stderr, "no AVX2 here: nothing to test\n");
+        return TEST_REPORT();
+    }
+    run pools[3] = {avx2_pool(1, 40, 1568), avx2_pool(2, 40, 1568), avx2_pool(3, 40, 1568)};
+    for (int p = 0; p < 3; p++) {
+        CHECK(pools[p].pool != NULL);
+        if (!pools[p].pool) return TEST_REPORT();
+        CHECK(col_pool_isa(pools[p].pool) == COL_ISA_AVX2);
+    }
+    test_shapes(pools);
+    test_token_counts(pools);
+    test_extremes(pools);
+    for (int p = 0; p < 3; p++) {
+        col_pool_free(pools[p].pool);
+        free(pools[p].scratch);
+    }
+    return TEST_REPORT();
+}
