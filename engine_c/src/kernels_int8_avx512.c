@@ -16,7 +16,8 @@
  * Decode (one token) reads 16 rows where they lie, from 16 distant places of the thread's share
  * (one stream each), one 64-byte step of each row at a time: vpdpbusd gives each row 16 lane sums
  * (two q8_0 blocks or four q4_0 blocks), and a transpose tree of exact integer additions turns the
- * 16 rows' vectors into one vector of 16 row sums per block. The rows' scales come by gather.
+ * 16 rows' vectors into one vector of 16 row sums per block; the rows' scales are transposed
+ * likewise, 16 blocks at a time.
  */
 #include "kernels_internal.h"
 
@@ -221,14 +222,69 @@ COL_INLINE COL_T512 void quarter_sums(const __m512i *p, __m512i *u)
         u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(q1[2 * i], q1[2 * i + 1]), _mm512_unpackhi_epi64(q1[2 * i], q1[2 * i + 1]));
 }
 
-/* The rows' f16 scales of blocks b, b + 1 (a 4-byte read at scale b of every row, by offsets
- * `off` from `base`: lanes 0-7 from off_lo, 8-15 from off_hi) as f32 rows-in-lanes vectors. */
-COL_INLINE COL_T512 void scales2(const uint8_t *base, __m512i off_lo, __m512i off_hi, uint64_t b, __m512 *s0, __m512 *s1)
+/* One 64-byte step of 16 rows at base + off[l] + at against the token's activations xq (blocks
+ * b.., in_step of them: all four q4_0 or two q8_0 blocks of a step unless the row ends sooner,
+ * `full` when they are all there): v[k] receives block b + k's 16 row sums without corrections. */
+COL_INLINE COL_T512 void decode_step(const uint8_t *base, const int64_t *off, uint64_t at, const int8_t *xq, uint64_t b,
+                                     uint64_t in_step, int q4, int full, uint32_t ahead, __m512i *v)
 {
-    const __m512i g = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_i64gather_epi32(off_lo, (const void *)(base + 2 * b), 1)),
-                                         _mm512_i64gather_epi32(off_hi, (const void *)(base + 2 * b), 1), 1);
-    *s0 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-    *s1 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+    const __m512i low4 = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8((char)0x80);
+    const __mmask64 m = full ? ~(__mmask64)0 : (((__mmask64)1 << (in_step * (q4 ? 16 : 32))) - 1);
+    __m512i p[16], u[4];
+    if (q4) {
+        const __m512i xlo = full ? _mm512_loadu_si512((const void *)(xq + 32 * b)) : _mm512_maskz_loadu_epi8(m, xq + 32 * b);
+        const __m512i xhi = full ? _mm512_loadu_si512((const void *)(xq + 32 * b + 64))
+                                 : _mm512_maskz_loadu_epi8(m, xq + 32 * b + 16 * in_step);
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; l++) {
+            const uint8_t *pl = base + off[l] + at;
+            _mm_prefetch((const char *)(pl + ahead), _MM_HINT_T0);
+            const __m512i raw = full ? _mm512_loadu_si512((const void *)pl) : _mm512_maskz_loadu_epi8(m, pl);
+            p[l] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(raw, low4), xlo);
+            p[l] = _mm512_dpbusd_epi32(p[l], _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), xhi);
+        }
+        quarter_sums(p, u);
+        const __m512i t0 = _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i t1 = _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512i t2 = _mm512_shuffle_i32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i t3 = _mm512_shuffle_i32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2));
+        v[0] = _mm512_shuffle_i32x4(t0, t2, _MM_SHUFFLE(2, 0, 2, 0));
+        v[1] = _mm512_shuffle_i32x4(t0, t2, _MM_SHUFFLE(3, 1, 3, 1));
+        v[2] = _mm512_shuffle_i32x4(t1, t3, _MM_SHUFFLE(2, 0, 2, 0));
+        v[3] = _mm512_shuffle_i32x4(t1, t3, _MM_SHUFFLE(3, 1, 3, 1));
+    } else {
+        const __m512i xv = full ? _mm512_loadu_si512((const void *)(xq + 32 * b)) : _mm512_maskz_loadu_epi8(m, xq + 32 * b);
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; l++) {
+            const uint8_t *pl = base + off[l] + at;
+            _mm_prefetch((const char *)(pl + ahead), _MM_HINT_T0);
+            const __m512i raw = full ? _mm512_loadu_si512((const void *)pl) : _mm512_maskz_loadu_epi8(m, pl);
+            p[l] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(raw, bias), xv);
+        }
+        quarter_sums(p, u);
+        const __m512i w01 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                             _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+        const __m512i w23 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                             _mm512_shuffle_i32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+        v[0] = _mm512_shuffle_i32x4(w01, w23, _MM_SHUFFLE(2, 0, 2, 0));
+        v[1] = _mm512_shuffle_i32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+/* Blocks b .. b + 15's scales (those before nb) of the 16 rows at base + off[l], transposed to rows
+ * in lanes: sc[k] holds block b + k's. Not inlined: its 32 vectors beside a step's pushed the
+ * step's onto the stack. */
+static COL_T512 __attribute__((noinline)) void decode_scales(const uint8_t *base, const int64_t *off, uint64_t b,
+                                                             uint64_t nb, float (*sc)[16])
+{
+    const __mmask16 ms = nb - b >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nb - b)) - 1u);
+    __m512i v[16], o[16];
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; l++)
+        v[l] = _mm512_castps_si512(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(ms, base + off[l] + 2 * b)));
+    transpose16(v, o);
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) _mm512_store_si512((void *)sc[k], o[k]);
 }
 
 /* One token t against 16 rows at base + off[l] (l < 16); out[l] receives row l's output. */
@@ -240,59 +296,23 @@ COL_INLINE COL_T512 void decode16(const col_matvec_job *j, const uint8_t *qx, ui
     const int8_t *xq = (const int8_t *)xt;
     const float *dx = (const float *)(const void *)(xt + n);
     const int32_t *cb = (const int32_t *)(const void *)(xt + col_qrow_block_corrections(n));
-    const __m512i off_lo = _mm512_loadu_si512((const void *)off), off_hi = _mm512_loadu_si512((const void *)(off + 8));
-    const __m512i low4 = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8((char)0x80);
     const uint64_t per_step = q4 ? 4 : 2;
     __m512 acc = _mm512_setzero_ps();
+    __attribute__((aligned(64))) float sc[16][16]; /* sc[k]: the 16 rows' scales of block k of the current 16 */
     for (uint64_t b = 0; b < nb; b += per_step) {
+        if (b % 16 == 0) decode_scales(base, off, b, nb, sc);
         const uint64_t in_step = nb - b < per_step ? nb - b : per_step;
-        const __mmask64 m = in_step == per_step ? ~(__mmask64)0 : (((__mmask64)1 << (in_step * (q4 ? 16 : 32))) - 1);
         const uint64_t at = 2 * nb + b * (q4 ? 16 : 32); /* the step's payload in a row */
-        __m512i p[16], v[4];
-        if (q4) {
-            const __m512i xlo = _mm512_maskz_loadu_epi8(m, xq + 32 * b), xhi = _mm512_maskz_loadu_epi8(m, xq + 32 * b + 16 * in_step);
-#pragma GCC unroll 16
-            for (int l = 0; l < 16; l++) {
-                const uint8_t *pl = base + off[l] + at;
-                _mm_prefetch((const char *)(pl + ahead), _MM_HINT_T0);
-                const __m512i raw = _mm512_maskz_loadu_epi8(m, pl);
-                p[l] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(raw, low4), xlo);
-                p[l] = _mm512_dpbusd_epi32(p[l], _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), xhi);
-            }
-            __m512i u[4];
-            quarter_sums(p, u);
-            const __m512i t0 = _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0));
-            const __m512i t1 = _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2));
-            const __m512i t2 = _mm512_shuffle_i32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0));
-            const __m512i t3 = _mm512_shuffle_i32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2));
-            v[0] = _mm512_shuffle_i32x4(t0, t2, _MM_SHUFFLE(2, 0, 2, 0));
-            v[1] = _mm512_shuffle_i32x4(t0, t2, _MM_SHUFFLE(3, 1, 3, 1));
-            v[2] = _mm512_shuffle_i32x4(t1, t3, _MM_SHUFFLE(2, 0, 2, 0));
-            v[3] = _mm512_shuffle_i32x4(t1, t3, _MM_SHUFFLE(3, 1, 3, 1));
-        } else {
-            const __m512i xv = _mm512_maskz_loadu_epi8(m, xq + 32 * b);
-#pragma GCC unroll 16
-            for (int l = 0; l < 16; l++) {
-                const uint8_t *pl = base + off[l] + at;
-                _mm_prefetch((const char *)(pl + ahead), _MM_HINT_T0);
-                p[l] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, pl), bias), xv);
-            }
-            __m512i u[4];
-            quarter_sums(p, u);
-            const __m512i w01 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                                 _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
-            const __m512i w23 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                                 _mm512_shuffle_i32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
-            v[0] = _mm512_shuffle_i32x4(w01, w23, _MM_SHUFFLE(2, 0, 2, 0));
-            v[1] = _mm512_shuffle_i32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1));
-        }
-        __m512 s[4];
-        scales2(base, off_lo, off_hi, b, &s[0], &s[1]);
-        if (q4) scales2(base, off_lo, off_hi, b + 2, &s[2], &s[3]);
+        __m512i v[4];
+        if (in_step == per_step)
+            decode_step(base, off, at, xq, b, in_step, q4, 1, ahead, v);
+        else
+            decode_step(base, off, at, xq, b, in_step, q4, 0, ahead, v);
 #pragma GCC unroll 4
         for (uint64_t k = 0; k < in_step; k++) {
             const __m512i isum = _mm512_add_epi32(v[k], _mm512_set1_epi32(cb[b + k]));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s[k], _mm512_set1_ps(dx[b + k])), acc);
+            const __m512 dw = _mm512_load_ps(sc[(b + k) % 16]);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(dx[b + k])), acc);
         }
     }
     _mm512_storeu_ps(out, acc);
