@@ -37,8 +37,11 @@
 #ifndef COL_DECODE_ADJACENT
 #define COL_DECODE_ADJACENT 1 /* neighbouring rows per decode stream (16 / this streams) */
 #endif
+#ifndef COL_PACK_AHEAD
+#define COL_PACK_AHEAD 256 /* bytes ahead of its loads that packing prefetches each row */
+#endif
 #ifndef COL_PANEL_MIN_TOKENS
-#define COL_PANEL_MIN_TOKENS 2 /* fewer tokens run the decode kernel once per token */
+#define COL_PANEL_MIN_TOKENS 9 /* fewer tokens run the decode kernel once per token: packing costs more */
 #endif
 
 /* Bytes of one block of a panel: 16 f32 scales, then 8 (q8_0) or 4 (q4_0) vectors of payload. */
@@ -108,7 +111,10 @@ COL_INLINE COL_T512 void pack_panel(const col_weight *w, uint64_t pr, uint32_t n
         const uint64_t in_step = k1 - b < per_step ? k1 - b : per_step;
         const __mmask64 m = in_step == per_step ? ~(__mmask64)0 : (((__mmask64)1 << (in_step * bytes)) - 1);
 #pragma GCC unroll 16
-        for (int r = 0; r < 16; r++) v[r] = _mm512_maskz_loadu_epi8(m, row[r] + 2 * nb + b * bytes);
+        for (int r = 0; r < 16; r++) {
+            _mm_prefetch((const char *)(row[r] + 2 * nb + b * bytes + COL_PACK_AHEAD), _MM_HINT_T0);
+            v[r] = _mm512_maskz_loadu_epi8(m, row[r] + 2 * nb + b * bytes);
+        }
         transpose16(v, o);
         const int groups = q4 ? 4 : 8; /* 4-byte groups of a block */
         for (uint64_t c = 0; c < in_step * (uint64_t)groups; c++) {
@@ -318,15 +324,15 @@ COL_INLINE COL_T512 void decode16(const col_matvec_job *j, const uint8_t *qx, ui
     _mm512_storeu_ps(out, acc);
 }
 
-/* Rows [r0, r1) of one token t: whole tiles of 16 rows from 16 distant places of the share (one
- * memory stream each), then the rows left over in one tile. */
-static COL_T512 void rows_decode(const col_matvec_job *j, const uint8_t *qx, uint32_t t, uint64_t r0, uint64_t r1, int q4,
-                                 uint32_t ahead)
+/* Rows [r0, r1) of tokens [t0, t1): whole tiles of 16 rows from 16 distant places of the share (one
+ * memory stream each), then the rows left over in one tile; each tile for every token in turn, so
+ * a few tokens read its rows from L1 after the first. */
+static COL_T512 void rows_decode(const col_matvec_job *j, const uint8_t *qx, uint32_t t0, uint32_t t1, uint64_t r0,
+                                 uint64_t r1, int q4, uint32_t ahead)
 {
     const uint64_t rb = col_dtype_row_bytes(j->w.dtype, j->w.cols), rows = j->w.rows;
     const uint64_t n16 = (r1 - r0) / 16;
     const uint8_t *data = (const uint8_t *)j->w.data;
-    float *y = j->y + (uint64_t)t * rows;
     int64_t off[16];
     float out[16];
     /* lane l: row COL_DECODE_ADJACENT * i + l % COL_DECODE_ADJACENT of stream l / COL_DECODE_ADJACENT */
@@ -334,21 +340,25 @@ static COL_T512 void rows_decode(const col_matvec_job *j, const uint8_t *qx, uin
     uint64_t at[16];
     for (uint64_t l = 0; l < 16; l++) at[l] = l / P * P * n16 + l % P;
     for (int l = 0; l < 16; l++) off[l] = (int64_t)(at[l] * rb);
-    for (uint64_t i = 0; i < n16; i++) {
-        if (q4)
-            decode16(j, qx, t, data + (r0 + P * i) * rb, off, 1, ahead, out);
-        else
-            decode16(j, qx, t, data + (r0 + P * i) * rb, off, 0, ahead, out);
-        for (int l = 0; l < 16; l++) y[r0 + P * i + at[l]] = out[l];
-    }
+    for (uint64_t i = 0; i < n16; i++)
+        for (uint32_t t = t0; t < t1; t++) {
+            if (q4)
+                decode16(j, qx, t, data + (r0 + P * i) * rb, off, 1, ahead, out);
+            else
+                decode16(j, qx, t, data + (r0 + P * i) * rb, off, 0, ahead, out);
+            float *y = j->y + (uint64_t)t * rows;
+            for (int l = 0; l < 16; l++) y[r0 + P * i + at[l]] = out[l];
+        }
     const uint64_t rest = r0 + 16 * n16, nr = r1 - rest;
     if (nr == 0) return;
     for (uint64_t l = 0; l < 16; l++) off[l] = (int64_t)((l < nr ? l : nr - 1) * rb);
-    if (q4)
-        decode16(j, qx, t, data + rest * rb, off, 1, ahead, out);
-    else
-        decode16(j, qx, t, data + rest * rb, off, 0, ahead, out);
-    memcpy(y + rest, out, nr * sizeof *out);
+    for (uint32_t t = t0; t < t1; t++) {
+        if (q4)
+            decode16(j, qx, t, data + rest * rb, off, 1, ahead, out);
+        else
+            decode16(j, qx, t, data + rest * rb, off, 0, ahead, out);
+        memcpy(j->y + (uint64_t)t * rows + rest, out, nr * sizeof *out);
+    }
 }
 
 COL_T512 void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
@@ -359,7 +369,7 @@ COL_T512 void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, u
         rows_panels(j, qx, r0, r1, stage, q4);
         return;
     }
-    for (uint32_t t = 0; t < j->n_tokens; t++) rows_decode(j, qx, t, r0, r1, q4, ahead.q);
+    rows_decode(j, qx, 0, j->n_tokens, r0, r1, q4, ahead.q);
 }
 
 #endif
