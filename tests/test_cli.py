@@ -549,7 +549,7 @@ def _has_avx512_vnni() -> bool:
     return " avx512f" in flags and " avx512_vnni" in flags
 
 
-@pytest.mark.skipif(not _has_avx512_vnni(), reason="the probes and the prototype need AVX-512 VNNI")
+@pytest.mark.skipif(not _has_avx512_vnni(), reason="the probes need AVX-512 VNNI")
 def test_bench_products_ceilings_reports_each_rate() -> None:
     """bench_products --ceilings: one JSON line with the core's int8 and f32 multiply-add rates and
     the rate of each float order's instruction mix, all measured (positive)."""
@@ -560,31 +560,6 @@ def test_bench_products_ceilings_reports_each_rate() -> None:
     r = json.loads(out)
     for key in ("int8_vnni_gmacs", "f32_fma_gmacs", "q8_lane_order_gmacs", "q4_lane_order_gmacs", "block_order_gmacs"):
         assert r[key] > 0, key
-
-
-@pytest.mark.skipif(not _has_avx512_vnni(), reason="the prototype needs AVX-512 VNNI")
-@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
-def test_bench_block_order_prototype_computes_the_engines_product(dtype: str) -> None:
-    """bench_block_order: the block-order prototype (rows interleaved in 16-row panels) gives the
-    engine's product up to float order, on uneven token counts and a row count of several panels,
-    and both sides are timed."""
-    root = Path(__file__).resolve().parents[1]
-    subprocess.run(["make", "-s", "-C", str(root / "engine_c"), "build/bench_block_order"], check=True)
-    for tokens in ("1", "13", "30"):
-        out = subprocess.run([str(root / "engine_c" / "build" / "bench_block_order"), dtype, "48", "160", tokens,
-                              "--megabytes", "0", "--repeats", "2"], check=True, capture_output=True, text=True).stdout
-        r = json.loads(out)
-        assert r["dtype"] == dtype and r["tokens"] == int(tokens) and r["kernels"] == "avx512"
-        assert r["lane_order_s"] > 0 and r["block_order_s"] > 0
-        assert r["max_diff_of_max"] < 1e-5, r
-
-
-def test_bench_block_order_refuses_rows_that_fill_no_panel() -> None:
-    root = Path(__file__).resolve().parents[1]
-    subprocess.run(["make", "-s", "-C", str(root / "engine_c"), "build/bench_block_order"], check=True)
-    run = subprocess.run([str(root / "engine_c" / "build" / "bench_block_order"), "q8_0", "40", "64", "4"],
-                         capture_output=True, text=True)
-    assert run.returncode == 2 and "ROWS a multiple of 16" in run.stderr
 
 
 def test_bench_session_times_every_repeat_of_a_prefill_and_its_decode() -> None:

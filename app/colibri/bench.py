@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from colibri import compute
-from colibri.engine import Model, Session, measure_read_bandwidth
+from colibri.engine import ABI_VERSION, Model, Session, measure_read_bandwidth
 from colibri.fileformat import FLAG_TIED_EMBEDDINGS
 
 if TYPE_CHECKING:
@@ -198,6 +198,7 @@ class BenchResult:
     prefill_fraction_of_limit_range: tuple[float, float] | None = None
     baseline_rss_mb: float = 0.0  # of peak_rss_mb, the process before the model was opened (0: unknown)
     n_sessions: int = 1     # sessions alive during the runs (timed, traced, default numerics)
+    engine_abi: int = 0     # the engine's ABI version (since 13, q8_0/q4_0 products in block order)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -376,7 +377,8 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
                     prefill_cost_range=(min(pre_cost), max(pre_cost)),
                     decode_cost_range=(min(dec_cost), max(dec_cost)))
     return BenchResult(
-        file=path, kernels=session.kernels, numerics=session.numerics.spec, threads=threads, prompt_tokens=prompt, decode_tokens=n,
+        file=path, kernels=session.kernels, numerics=session.numerics.spec, engine_abi=ABI_VERSION, threads=threads,
+        prompt_tokens=prompt, decode_tokens=n,
         repeats=repeats, prefill_tok_s=prompt / pre, decode_tok_s=dec_tok_s,
         decode_ms_per_token=1000.0 * dec / n, weight_bytes_per_token=wb,
         kv_bytes_per_token=kv_bytes_per_token(model, prompt, n),
@@ -470,7 +472,7 @@ def format_result(r: BenchResult) -> str:
     return "\n".join([
         f"file                 {r.file}",
         f"kernels              {r.kernels}, {r.threads} thread(s)"
-        + ("" if r.numerics == "default" else f", numerics {r.numerics}"),
+        + ("" if r.numerics == "default" else f", numerics {r.numerics}") + f"; engine ABI {r.engine_abi}",
         f"prefill              {r.prefill_tok_s:9.1f} tok/s  ({r.prompt_tokens} tokens, the last position's logits, "
         f"median of {r.repeats}; repeats {_span(r.prefill_tok_s_range)})",
         f"decode               {r.decode_tok_s:9.1f} tok/s  {r.decode_ms_per_token:.2f} ms/token ({r.decode_tokens} tokens; "

@@ -48,7 +48,11 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 12
+ABI_VERSION = 13
+# The first ABI whose q8_0/q4_0 products are in block order (one fused multiply-add per block and
+# output, the same bits on every kernel path): runs recorded by an older engine on weights of those
+# dtypes cannot be reproduced bit for bit.
+BLOCK_ORDER_ABI = 13
 if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale build
     raise ImportError(
         f"colibri: compiled engine has ABI version {lib.col_abi_version()}, this Python package "

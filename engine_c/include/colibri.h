@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 12  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 13  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
@@ -47,7 +47,9 @@ extern "C" {
                                 col_hparams (attention_chunk_size) and col_routing_info; 10:
                                 interventions, col_session_truncate, layer stepping (col_trace_view
                                 grew; col_session_begin_embedding); 11: COL_REDUCTION_BF16_DOT; 12: the
-                                compute probe (col_arith, col_measure_compute) */
+                                compute probe (col_arith, col_measure_compute); 13: q8_0/q4_0 products
+                                in block order on every path (one fused multiply-add per block and
+                                output, docs/performance.md): their bits changed, no declaration did */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512

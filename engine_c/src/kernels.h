@@ -18,7 +18,8 @@ typedef struct col_pool col_pool;
 /* Instruction-set paths, chosen once per pool from CPUID (or COLIBRI_KERNELS=portable|avx2|avx512|amx,
  * which can only lower the choice). Every path computes every output element in one fixed order,
  * so a given path is bit-identical for any thread count; paths differ from each other in the
- * last bits (different lane order), never in the tested tolerance. */
+ * last bits (different lane order), never in the tested tolerance, except q8_0/q4_0 products,
+ * which AVX-512 computes with the portable path's bits (block order, col_dotq_blocks). */
 typedef enum col_isa {
     COL_ISA_PORTABLE = 0,
     COL_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C */
@@ -50,7 +51,7 @@ col_isa col_choose_isa(col_isa ceiling);
 /* Bytes of scratch a pool of n_threads needs for products within `limits` on path `isa`
  * (col_choose_isa): activations quantised for int8 weights or packed for AMX tiles, and
  * per-thread staging (AMX tiles; on AVX-512 the lane sums a group of batch tiles carries across
- * the column blocks of long rows). */
+ * the column blocks of long rows, or the panel of 16 rows a quantised batch packs). */
 uint64_t col_pool_scratch_size(col_isa isa, uint32_t n_threads, const col_pool_limits *limits);
 
 /* Create a pool of n_threads - 1 workers (the caller is the n-th) running path `isa` (from

@@ -370,7 +370,7 @@ COL_INLINE COL_T2 void rows_q(const col_matvec_job *j, const uint8_t *qx, uint64
         }
 }
 
-COL_T2 void col_rows_q_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead)
+COL_T2 void col_rows_int8_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead)
 {
     if (j->w.dtype == COL_DTYPE_Q4_0)
         rows_q(j, qx, r0, r1, ahead, 1);

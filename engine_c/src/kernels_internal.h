@@ -32,8 +32,26 @@ uint64_t col_qrow_bytes(uint64_t cols);
  * into `out` (col_qrow_bytes(cols) bytes), the same bytes on every path `isa`. */
 void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa isa, uint8_t *out);
 
-/* The q8_0/q4_0 row `row` (n elements) against the quantised activation row `qx`, blocks b0.. in
- * block order. */
+/* Where element j of block b sits among the int8 values of an activation row of nb blocks
+ * (col_quantize_row). q8_0 kernels read element order. q4_0 kernels read groups of four blocks as
+ * the four low halves then the four high halves, the order of the nibbles of 64 payload bytes (a
+ * last group of fewer blocks is arranged the same way with its own count). */
+static inline uint64_t col_xq_pos(uint32_t wdtype, uint64_t nb, uint64_t b, uint32_t j)
+{
+    if (wdtype != COL_DTYPE_Q4_0) return b * QK + j;
+    uint64_t g = b / 4, in_group = nb - g * 4 < 4 ? nb - g * 4 : 4, k = b % 4;
+    return g * 128 + (j < 16 ? k * 16 + j : in_group * 16 + k * 16 + (j - 16));
+}
+
+/* Byte offset, in an activation row of `cols`, of its nb int32 block corrections (-128 * the sum
+ * of block b's int8 values for q8_0 weights, -8 * that sum for q4_0). */
+uint64_t col_qrow_block_corrections(uint64_t cols);
+
+/* The q8_0/q4_0 row `row` (n elements) against the quantised activation row `qx`: with b0 = 0, the
+ * definition of a quantised product every path gives the bits of. In block order b = b0 .. n/32 - 1,
+ * acc = fmaf((float)isum_b, d_w[b] * d_x[b], acc) from acc = 0, isum_b the exact int32 sum of the
+ * block's 32 products w_q * x_q (q4_0: w_q = nibble - 8), d_w the row's f16 scale widened exactly,
+ * d_w * d_x one f32 multiply. */
 float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n, uint64_t b0);
 
 /* ---- bf16 dot products (numerics.c's COL_REDUCTION_BF16_DOT) ----------------------------------- */
@@ -124,7 +142,16 @@ void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, ui
 /* Rows [r0, r1) of job j (q8_0 or q4_0 weights), every token, against its activations qx
  * (col_quantize_row), with col_dotq_blocks's bits; `ahead`: the decode prefetch distance. Batches
  * take rows in tiles of COL_BATCH_ROWS_Q_AVX2 from r0. */
-void col_rows_q_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead);
+void col_rows_int8_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead);
+/* q8_0/q4_0 rows [r0, r1) of job j on AVX-512 VNNI, every token, in block order with rows in the
+ * lanes (kernels_int8_avx512.c): the bits of col_dotq_blocks. qx: the job's activations
+ * (col_quantize_row); `stage` (stage_bytes, 64-byte aligned, may be NULL) the thread's scratch, where
+ * batches pack 16-row panels when it holds col_int8_stage_bytes() (else every token runs the
+ * decode kernel, the same bits); ahead.q: the decode kernel's prefetch distance. */
+void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
+                          uint64_t stage_bytes, col_ahead ahead);
+uint64_t col_int8_stage_bytes(void);
+#define COL_PANEL_ROWS 16 /* rows of a batch's panel: a chunk of a quantised batch ends on a multiple */
 /* All n_q heads of h (AVX-512), or one head (AVX2), as col_attend_head. */
 void col_attend_group_avx512(const col_head_job *h, float *scores, float *out);
 void col_attend_head_avx2(const col_head_job *h, float *scores, float *out);

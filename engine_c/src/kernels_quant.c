@@ -4,12 +4,14 @@
  *
  * f16 and bf16 elements widen to f32 exactly. Quantised weights (q8_0, q4_0: a row's f16 scales,
  * then its payload, blocks of 32) are multiplied against the activations quantised per block of
- * 32 to int8 (d = max|x| / 127, rounded half to even), with exact integer block sums scaled by
- * d_w * d_x. The activations are quantised here once per product, in the order the weight dtype's
- * SIMD kernels read them and with the lane corrections those kernels need, so every path sees the
- * same integers; the AVX-512 version of a block's quantisation sits beside the scalar one because
- * the two must give the same bytes. col_dotq_blocks is the block arithmetic in block order: the
- * portable path's, and that of the blocks a SIMD tile leaves over.
+ * 32 to int8 (d = max|x| / 127, rounded half to even). A product is defined in block order: per
+ * output, acc = fmaf((float)isum_b, d_w[b] * d_x[b], acc) for b = 0, 1, .. with isum_b the exact
+ * int32 sum of the block's 32 products, so every path, tile shape, batch size and thread count
+ * gives the same bits by construction (docs/performance.md). The activations are quantised here
+ * once per product, in the order the weight dtype's SIMD kernels read them and with the
+ * corrections those kernels need, so every path sees the same integers; the AVX-512 version of a
+ * block's quantisation sits beside the scalar one because the two must give the same bytes.
+ * col_dotq_blocks is that definition in plain C: the portable path and the tests' reference.
  */
 #include "kernels_internal.h"
 
@@ -97,37 +99,29 @@ void col_load_row(const void *data, uint32_t dtype, uint64_t n, float *out)
 /* ---- activation quantisation (shared by every path, so every path sees the same integers) ---- */
 
 /* Layout of one quantised activation row of `cols` (nb = cols / 32 blocks), in bytes:
- * [cols] int8 values | [nb] f32 scales d_x | [cols / 4] int32 lane corrections.
- * The int8 values are in the order the weight dtype's SIMD kernels read them (xq_pos), and the
+ * [cols] int8 values | [nb] f32 scales d_x | [cols / 4] int32 lane corrections
+ * | [nb] int32 block corrections.
+ * The int8 values are in the order the weight dtype's SIMD kernels read them (col_xq_pos), and the
  * corrections turn VNNI's unsigned x signed products into signed ones: q8_0 kernels multiply
- * w + 128 (so lane L holds -128 * the sum of values 4L..4L+3), q4_0 kernels multiply the raw
- * nibble q = w + 8 (lane L of group G holds -8 * the sum of the 8 values its two products read). */
+ * w + 128, q4_0 kernels the raw nibble q = w + 8. The lane corrections serve the AVX2 lane-order
+ * tiles (lane L holds -128 * the sum of values 4L..4L+3 for q8_0; -8 * the sum of the 8 values its
+ * two products read for q4_0, lane L of group G); the block corrections (-128, or -8, times the
+ * sum of the block's 32 values) start each block sum of the AVX-512 block-order tiles. */
 uint64_t col_qrow_bytes(uint64_t cols)
 {
-    return cols / QK * (QK + 4 + 32);
-}
-
-/* Where element j of block b sits among the int8 values of an activation row of nb blocks. q8_0
- * kernels read element order. q4_0 kernels read groups of four blocks as the four low halves then
- * the four high halves, the order of the nibbles of 64 payload bytes (a last group of fewer
- * blocks is arranged the same way with its own count). */
-static uint64_t xq_pos(uint32_t wdtype, uint64_t nb, uint64_t b, uint32_t j)
-{
-    if (wdtype != COL_DTYPE_Q4_0) return b * QK + j;
-    uint64_t g = b / 4, in_group = nb - g * 4 < 4 ? nb - g * 4 : 4, k = b % 4;
-    return g * 128 + (j < 16 ? k * 16 + j : in_group * 16 + k * 16 + (j - 16));
+    return cols / QK * (QK + 4 + 32 + 4);
 }
 
 /* Store block b's 32 int8 values (element order) where the weight dtype's kernels read them
- * (the arrangement of xq_pos, a half block at a time). */
+ * (the arrangement of col_xq_pos, a half block at a time). */
 static void place_block(int8_t *q, uint32_t wdtype, uint64_t nb, uint64_t b, const int8_t *vals)
 {
     if (wdtype != COL_DTYPE_Q4_0) {
         memcpy(q + b * QK, vals, QK);
         return;
     }
-    memcpy(q + xq_pos(wdtype, nb, b, 0), vals, 16);
-    memcpy(q + xq_pos(wdtype, nb, b, 16), vals + 16, 16);
+    memcpy(q + col_xq_pos(wdtype, nb, b, 0), vals, 16);
+    memcpy(q + col_xq_pos(wdtype, nb, b, 16), vals + 16, 16);
 }
 
 /* One block of 32 activations to int8: d = max|x| / 127, q = x * (1/d) rounded half to even and
@@ -178,7 +172,7 @@ void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa is
     uint64_t nb = cols / QK;
     int8_t *q = (int8_t *)out, vals[QK];
     float *d = (float *)(out + cols);
-    int32_t *c = (int32_t *)(out + cols + nb * 4);
+    int32_t *c = (int32_t *)(out + cols + nb * 4), *cb = (int32_t *)(out + col_qrow_block_corrections(cols));
     for (uint64_t b = 0; b < nb; b++) {
 #if defined(__x86_64__)
         if (isa >= COL_ISA_AVX512)
@@ -187,6 +181,9 @@ void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa is
 #endif
             d[b] = quantize_block(x + b * QK, vals);
         place_block(q, wdtype, nb, b, vals);
+        int32_t sum = 0;
+        for (uint32_t j = 0; j < QK; j++) sum += vals[j];
+        cb[b] = (wdtype == COL_DTYPE_Q8_0 ? -128 : -8) * sum;
     }
     (void)isa;
     memset(c, 0, cols);
@@ -200,6 +197,11 @@ void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa is
                 c[g * 16 + l] = -8 * (lo[0] + lo[1] + lo[2] + lo[3] + hi[0] + hi[1] + hi[2] + hi[3]);
             }
     }
+}
+
+uint64_t col_qrow_block_corrections(uint64_t cols)
+{
+    return cols + cols / QK * 4 + cols;
 }
 
 /* ---- activations of bf16 dot products ------------------------------------------------------- */
@@ -251,17 +253,18 @@ void col_pack_bf16(const float *x, uint64_t n, col_isa isa, uint16_t *out)
 static int32_t block_isum(const uint8_t *payload, uint32_t dtype, const int8_t *xq, uint64_t nb, uint64_t b)
 {
     int32_t isum = 0;
-    for (uint32_t j = 0; j < QK; j++) isum += weight_q(payload, dtype, b, j) * xq[xq_pos(dtype, nb, b, j)];
+    for (uint32_t j = 0; j < QK; j++) isum += weight_q(payload, dtype, b, j) * xq[col_xq_pos(dtype, nb, b, j)];
     return isum;
 }
 
-/* Sum over blocks b0.. of isum * (d_w * d_x), in block order. */
 float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n, uint64_t b0)
 {
     uint64_t nb = n / QK;
     const float *d = (const float *)(qx + n);
     float acc = 0.0f;
-    for (uint64_t b = b0; b < nb; b++)
-        acc = fmaf((float)block_isum(row + 2 * nb, dtype, (const int8_t *)qx, nb, b), col_f16_to_f32(rd16u(row + 2 * b)) * d[b], acc);
+    for (uint64_t b = b0; b < nb; b++) {
+        const float scale = col_f16_to_f32(rd16u(row + 2 * b)) * d[b]; /* one f32 multiply */
+        acc = fmaf((float)block_isum(row + 2 * nb, dtype, (const int8_t *)qx, nb, b), scale, acc);
+    }
     return acc;
 }

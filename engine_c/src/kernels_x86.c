@@ -13,9 +13,8 @@
  * through memory); batch tiles take 6 (AVX-512) or 2 (AVX2) neighbouring rows x 4 tokens, so each
  * weight vector loaded feeds 4 tokens. Tiles only interleave independent accumulators, so neither
  * the tile shape, the batch size nor the thread count changes an output's bits: a prefill equals
- * the same tokens stepped. Quantised rows on AVX-512 run on exact int32 block sums (VNNI vpdpbusd
- * over 64 payload bytes a step) scaled into f32 lanes; on AVX2 they run in block order
- * (kernels_int8_avx2.c).
+ * the same tokens stepped. Quantised rows run in block order with rows in the lanes
+ * (kernels_int8_avx512.c, kernels_int8_avx2.c), the bits of col_dotq_blocks.
  *
  * The AVX-512 attention kernel runs up to four query heads of a KV head together, so each key and
  * value read serves all of them; exp16, a vector exp within 2 ulp of expf, serves its softmax and
@@ -307,94 +306,6 @@ COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, uint
                        ahead);
 }
 
-/* The quantised activations of token b of a tile (layout: col_qrow_bytes). */
-typedef struct qx_row {
-    const int8_t *q;
-    const float *d;
-    const int32_t *c;
-    const uint8_t *base;
-} qx_row;
-
-COL_INLINE qx_row qx_at(const uint8_t *qx, uint64_t n, uint32_t token)
-{
-    const uint8_t *base = qx + (uint64_t)token * col_qrow_bytes(n);
-    qx_row x = {(const int8_t *)base, (const float *)(base + n), (const int32_t *)(base + n + n / QK * 4), base};
-    return x;
-}
-
-/* A tile for q8_0/q4_0 weights, AVX-512 VNNI. One step reads 64 payload bytes of each row (two
- * q8_0 blocks or four q4_0 blocks), forms 16 int32 lane sums with vpdpbusd (lanes 8 per block for
- * q8_0, 4 for q4_0; the corrections of col_quantize_row start each sum), and adds them to the
- * accumulator scaled lane by lane by d_w * d_x of the lane's block. The scales of 16 blocks are
- * read and multiplied once per chunk of 16 blocks. Blocks left over after whole steps (a q8_0
- * row of an odd block count, q4_0 rows of nb % 4 != 0) are summed exactly like the portable path
- * and added after the vector part. */
-COL_INLINE COL_T512 void tile_q_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t step, int NR,
-                                       int NT, uint32_t t, int q4, uint32_t ahead)
-{
-    const col_weight *w = &j->w;
-    const uint64_t n = w->cols, nb = n / QK, rb = col_dtype_row_bytes(w->dtype, n);
-    const uint64_t per_step = q4 ? 4 : 2, n_steps = nb / per_step, steps_per_chunk = 16 / per_step;
-    const uint8_t *row[MAX_TILE_ROWS];
-    qx_row x[4];
-    __m512 acc[MAX_TILE];
-    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
-    for (int b = 0; b < NT; b++) x[b] = qx_at(qx, n, t + (uint32_t)b);
-#pragma GCC unroll 24
-    for (int k = 0; k < NR * NT; k++) acc[k] = _mm512_setzero_ps();
-    const __m512i low4 = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8((char)0x80);
-    /* lane -> block within the step: lane / 8 for q8_0, lane / 4 for q4_0 */
-    const __m512i lane_block = _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                 q4 ? 2 : 3);
-    next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, n_steps);
-    uint64_t s = 0;
-    for (uint64_t c = 0; s < n_steps; c++) {
-        uint64_t left = nb - 16 * c;
-        __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-        __m512 sc[MAX_TILE], xs[4];
-        for (int b = 0; b < NT; b++) xs[b] = _mm512_maskz_loadu_ps(m, x[b].d + 16 * c);
-#pragma GCC unroll 8
-        for (int a = 0; a < NR; a++) {
-            __m512 ws = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row[a] + 32 * c));
-            for (int b = 0; b < NT; b++) sc[a * NT + b] = _mm512_mul_ps(ws, xs[b]);
-        }
-        for (uint64_t k = 0; k < steps_per_chunk && s < n_steps; k++, s++) {
-            __m512i idx = _mm512_add_epi32(lane_block, _mm512_set1_epi32((int)(k * per_step)));
-            next_tile_step(&pf);
-#pragma GCC unroll 8
-            for (int a = 0; a < NR; a++) {
-                const uint8_t *payload = row[a] + 2 * nb + 64 * s;
-                if (NT == 1) _mm_prefetch((const char *)(payload + ahead), _MM_HINT_T0);
-                __m512i raw = _mm512_loadu_si512((const void *)payload), lo, hi = raw;
-                if (q4) {
-                    lo = _mm512_and_si512(raw, low4);
-                    hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-                } else {
-                    lo = _mm512_xor_si512(raw, bias); /* w + 128: vpdpbusd wants unsigned bytes */
-                }
-#pragma GCC unroll 4
-                for (int b = 0; b < NT; b++) {
-                    /* q4_0 batches: each row reloads the corrections from L1; hoisted into NT
-                     * registers by gcc, they pushed accumulators onto the stack */
-                    const int32_t *corr = x[b].c + 16 * s;
-                    if (q4 && NT > 1) __asm__("" : "+r"(corr));
-                    __m512i sum = _mm512_loadu_si512((const void *)corr);
-                    sum = _mm512_dpbusd_epi32(sum, lo, _mm512_loadu_si512((const void *)(x[b].q + (q4 ? 128 : 64) * s)));
-                    if (q4) sum = _mm512_dpbusd_epi32(sum, hi, _mm512_loadu_si512((const void *)(x[b].q + 128 * s + 64)));
-                    acc[a * NT + b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_permutexvar_ps(idx, sc[a * NT + b]),
-                                                      acc[a * NT + b]);
-                }
-            }
-        }
-    }
-    float sums[MAX_TILE];
-    hsum16_many(acc, NR * NT, sums);
-    for (int a = 0; a < NR; a++)
-        for (int b = 0; b < NT; b++)
-            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] =
-                sums[a * NT + b] + (n_steps * per_step < nb ? col_dotq_blocks(row[a], w->dtype, x[b].base, n, n_steps * per_step) : 0.0f);
-}
-
 /* Walk rows [r0, r1) x all tokens in tiles. One token: NRD rows at a time from NRD streams, then
  * the rows left over one by one. Batches: NRB neighbouring rows x 4 tokens (then 3, 2, 1), then
  * the rows left over in tiles of 4 and 2 rows (where NRB is larger) and one by one, since a chunk
@@ -443,7 +354,7 @@ COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r
     case COL_DTYPE_BF16: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
     case COL_DTYPE_Q8_0:
-    case COL_DTYPE_Q4_0: col_rows_q_avx2(j, qx, r0, r1, ahead.q); break;
+    case COL_DTYPE_Q4_0: col_rows_int8_avx2(j, qx, r0, r1, ahead.q); break;
     default: break;
     }
 }
@@ -571,12 +482,8 @@ COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64
 #define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_BF16, ahead.f)
     case COL_DTYPE_BF16: WALK_FLOAT_512(T, COL_DTYPE_BF16); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_q_avx512(j, qx, r, step, NR, NT, t, 0, ahead.q)
-    case COL_DTYPE_Q8_0: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_512); break;
-#undef T
-#define T(NR, NT, r, step, t) tile_q_avx512(j, qx, r, step, NR, NT, t, 1, ahead.q)
-    case COL_DTYPE_Q4_0: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_512); break;
-#undef T
+    case COL_DTYPE_Q8_0:
+    case COL_DTYPE_Q4_0: col_rows_int8_avx512(j, qx, r0, r1, carry, carry_bytes, ahead); break;
     default: break;
     }
 }

@@ -168,7 +168,7 @@ static uint64_t batch_tile_rows(const col_pool *pool, const col_matvec_job *j)
 #if defined(__x86_64__)
     if (dot_job(pool, j)) return pool->has_bf16_dot ? COL_BATCH_ROWS_512 : 1;
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) return col_amx_tile_rows(j->n_tokens, pool->x_bf16);
-    if (pool->isa >= COL_ISA_AVX512) return COL_BATCH_ROWS_512;
+    if (pool->isa >= COL_ISA_AVX512) return is_block_dtype(j->w.dtype) ? COL_PANEL_ROWS : COL_BATCH_ROWS_512;
     if (pool->isa == COL_ISA_AVX2) return is_block_dtype(j->w.dtype) ? COL_BATCH_ROWS_Q_AVX2 : COL_BATCH_ROWS_AVX2;
 #endif
     (void)pool;
@@ -319,13 +319,16 @@ static uint64_t act_bytes(col_isa isa, const col_pool_limits *l)
     return (bytes + 63) & ~(uint64_t)63; /* the staging after it is 64-byte aligned */
 }
 /* Per-thread staging: the AMX path's, and on AVX-512 (which the AMX path runs for other dtypes)
- * the carried lane sums of a group of tiles over long rows (rows_kblocked_avx512). */
+ * the carried lane sums of a group of tiles over long rows (rows_kblocked_avx512) or the panel a
+ * quantised batch packs (kernels_int8_avx512.c). */
 static uint64_t stage_bytes(col_isa isa, const col_pool_limits *l)
 {
     uint64_t amx = isa == COL_ISA_AMX ? (col_amx_stage_bytes(l->max_cols, l->max_tokens) + 63) & ~(uint64_t)63 : 0, carry = 0;
 #if defined(__x86_64__)
     if (isa >= COL_ISA_AVX512 && l->max_tokens > 1 && l->max_cols > COL_BATCH_KBLOCK)
         carry = COL_KBLOCK_TILES * col_kblock_carry_bytes(l->max_tokens);
+    if (isa >= COL_ISA_AVX512 && l->max_tokens > 1 && carry < col_int8_stage_bytes())
+        carry = col_int8_stage_bytes(); /* or the quantised batches' panels */
 #endif
     return amx > carry ? amx : carry;
 }

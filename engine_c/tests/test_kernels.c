@@ -268,6 +268,102 @@ static void test_float_order(const char *isa, unsigned lanes)
     pool_done(&pools[1]);
 }
 
+/* A q8_0/q4_0 row of raw bytes: payloads from the whole int8 range (q8_0's -128 included, which
+ * the converter never writes but a file may hold) and f16 scales drawn from `scales`. */
+static uint8_t *raw_quantised(uint32_t dtype, uint64_t rows, uint64_t cols, const uint16_t *scales, size_t n_scales)
+{
+    const uint64_t rb = col_dtype_row_bytes(dtype, cols), nb = cols / 32;
+    uint8_t *out = malloc(rows * rb + 64);
+    for (uint64_t r = 0; r < rows; r++) {
+        uint8_t *row = out + r * rb;
+        for (uint64_t b = 0; b < nb; b++) {
+            rng_state = rng_state * 1664525u + 1013904223u;
+            memcpy(row + 2 * b, &scales[(rng_state >> 8) % n_scales], 2);
+        }
+        for (uint64_t i = 2 * nb; i < rb; i++) {
+            rng_state = rng_state * 1664525u + 1013904223u;
+            row[i] = (uint8_t)(rng_state >> 16);
+            if ((rng_state >> 4) % 5 == 0) row[i] = 0x80; /* q8_0: -128; q4_0: nibbles 0 and 8 */
+        }
+    }
+    return out;
+}
+
+/* The AVX-512 quantised products give exactly the bits of the portable reference (col_dotq_blocks,
+ * the definition: block order, one fused multiply-add per block): q8_0 and q4_0, 1..40 tokens (the
+ * decode kernel, panels of 1..12 tokens a pass), rows that fill no panel or leave part of one,
+ * one block, an odd block count, a partial last q4_0 group, several k-blocks of a panel; scales
+ * subnormal, huge, zero, infinite and NaN; activations of the largest magnitude and all-zero blocks;
+ * on 1, 2 and 3 threads, with and without room for the panels, and each token stepped alone. */
+static void test_int8_definition(void)
+{
+    enum { MAX_T = 40, MAX_C = 2112 };
+    static const uint16_t plain[] = {0x2000, 0x2400, 0x1C00, 0x2A55, 0x3000};
+    static const uint16_t extreme[] = {0x2000, 0x0001, 0x03FF, 0x7BFF, 0x0000, 0x8400, 0x7C00, 0xFC00, 0x7E00, 0x2400};
+    run ref = pool_for("portable", 1, MAX_T, MAX_C);
+    run pools[4] = {pool_for("avx512", 1, MAX_T, MAX_C), pool_for("avx512", 2, MAX_T, MAX_C),
+                    pool_for("avx512", 3, MAX_T, MAX_C), {NULL, NULL}};
+    { /* scratch one line short: no staging, every token through the decode kernel */
+        col_allocator alloc;
+        col_allocator_or_default(NULL, &alloc);
+        col_pool_limits limits = {1, MAX_T * MAX_C, MAX_T, MAX_C};
+        setenv("COLIBRI_KERNELS", "avx512", 1);
+        const col_isa isa = col_choose_isa(COL_ISA_AMX);
+        const uint64_t bytes = col_pool_scratch_size(isa, 1, &limits) - 64;
+        CHECK(posix_memalign(&pools[3].scratch, 64, bytes) == 0);
+        pools[3].pool = col_pool_create(isa, 1, pools[3].scratch, bytes, &limits, &alloc);
+        unsetenv("COLIBRI_KERNELS");
+    }
+    CHECK(ref.pool && pools[0].pool && pools[1].pool && pools[2].pool && pools[3].pool);
+    if (!ref.pool || !pools[0].pool || !pools[1].pool || !pools[2].pool || !pools[3].pool) return;
+    CHECK(col_pool_isa(pools[0].pool) >= COL_ISA_AVX512);
+    static const uint64_t cols_list[] = {32, 64, 96, 160, 224, 1056, 2112};
+    static const uint64_t rows_list[] = {1, 5, 16, 17, 35, 64};
+    int bad = 0, bad_step = 0, checked = 0;
+    for (int dq = 0; dq < 2; dq++)
+        for (int ext = 0; ext < 2; ext++)
+            for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++)
+                for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
+                    for (uint32_t nt = 1; nt <= MAX_T; nt++) {
+                        const uint32_t dtype = dq ? COL_DTYPE_Q4_0 : COL_DTYPE_Q8_0;
+                        const uint64_t cols = cols_list[ci], rows = rows_list[ri];
+                        /* every token count on two shapes; a few elsewhere */
+                        if (!(ci == 3 || ci == 5) && nt != 1 && nt != 2 && nt != 13 && nt != 40) continue;
+                        if (ext && rows != 17 && rows != 35) continue;
+                        uint8_t *data = ext ? raw_quantised(dtype, rows, cols, extreme, sizeof extreme / sizeof *extreme)
+                                            : raw_quantised(dtype, rows, cols, plain, sizeof plain / sizeof *plain);
+                        float *x = malloc(nt * cols * sizeof *x), *want = malloc(nt * rows * sizeof *want);
+                        float *got = malloc(nt * rows * sizeof *got), *ystep = malloc(rows * sizeof *ystep);
+                        for (uint64_t i = 0; i < nt * cols; i++) {
+                            x[i] = frand();
+                            if (ext && i % 97 == 0) x[i] = i % 2 ? 3.4028235e38f : -3.4028235e38f;
+                            if (ext && (i / 32) % 7 == 3) x[i] = 0.0f; /* a block of zeros */
+                        }
+                        col_weight w = {data, dtype, rows, cols, 0};
+                        col_matvec_job rj = {w, x, want, nt};
+                        col_matmul_many(ref.pool, &rj, 1);
+                        for (int p = 0; p < 4; p++) {
+                            col_matvec_job jb = {w, x, got, nt};
+                            col_matmul_many(pools[p].pool, &jb, 1);
+                            bad += memcmp(want, got, nt * rows * sizeof *got) != 0;
+                            checked++;
+                        }
+                        for (uint32_t t = 0; t < nt; t++) {
+                            col_matvec_job step = {w, x + t * cols, ystep, 1};
+                            col_matmul_many(pools[2].pool, &step, 1);
+                            bad_step += memcmp(ystep, want + t * rows, rows * sizeof *ystep) != 0;
+                        }
+                        free(data), free(x), free(want), free(got), free(ystep);
+                    }
+    if (bad || bad_step)
+        fprintf(stderr, "int8 definition: %d of %d products differ from the portable reference, %d steps from it\n", bad,
+                checked, bad_step);
+    CHECK(bad == 0);
+    CHECK(bad_step == 0);
+    pool_done(&ref);
+    for (int p = 0; p < 4; p++) pool_done(&pools[p]);
+}
+
 /* col_load_range reads any part of a row in the stored layout (the numerics variants read long
  * rows 32 elements at a time). */
 static void test_load_range(void)
@@ -646,6 +742,8 @@ int main(void)
         test_path("avx512");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_float_order("avx512", 16);
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        test_int8_definition();
     if (__builtin_cpu_supports("avx512f")) test_swiglu_gate("avx512");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_round_bf16("avx512");

@@ -13,7 +13,7 @@ import pytest
 from colibri.debugging import Debugger, ExpertChosen, MarginBelow, RunSettings
 from colibri.debugging.session_file import (Autosaver, SavedSession, SessionFormatError,
                                             load_session, model_checksum, save_session)
-from colibri.engine import Model, best_kernels
+from colibri.engine import ABI_VERSION, BLOCK_ORDER_ABI, Model, best_kernels
 
 from dbg_helpers import PROMPT, drop_arrays, rewrite_session
 
@@ -63,6 +63,45 @@ def test_session_records_the_kernel_path_it_ran_on(model: Model, tmp_path: Path)
     assert best.kernels == best_kernels()
     other = dataclasses.replace(loaded, settings=dataclasses.replace(loaded.settings, kernels=None))
     assert (other.kernels_note() == "") == (best_kernels() == "portable")
+
+
+def _rewritten(path: Path, into: Path, edit) -> Path:  # type: ignore[no-untyped-def]
+    """A copy of the session file at `path` whose manifest `edit` (dict -> None) changed."""
+    import json
+
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    manifest = json.loads(members["manifest.json"])
+    edit(manifest)
+    members["manifest.json"] = json.dumps(manifest).encode()
+    with zipfile.ZipFile(into, "w") as z:
+        for n, data in members.items():
+            z.writestr(n, data)
+    return into
+
+
+def test_session_records_the_engine_abi(model: Model, tmp_path: Path) -> None:
+    """Quantised products changed bits at ABI 13 (block order), so a session says which engine
+    recorded it; one from an older engine still opens, and says what cannot be reproduced when
+    its model had q8_0/q4_0 weights or the file does not say."""
+    dbg = Debugger(model, RunSettings(PROMPT, 2))
+    dbg.run()
+    path = tmp_path / "now.colibri-session"
+    save_session(path, dbg)
+    loaded = load_session(path)
+    assert loaded.engine_abi == ABI_VERSION >= BLOCK_ORDER_ABI and loaded.engine_note() == ""
+    assert loaded.model["quantised"] is False  # the test model's weights are float
+
+    def older(manifest: dict) -> None:
+        del manifest["engine_abi"], manifest["model"]["quantised"]
+
+    old = load_session(_rewritten(path, tmp_path / "old.colibri-session", older))
+    assert old.engine_abi == 0 and old.record.equals(loaded.record)
+    assert "older than ABI 13" in old.engine_note() and "block order" in old.engine_note()
+    quantised = dataclasses.replace(old, model={**old.model, "quantised": True})
+    assert "its q8_0/q4_0 products" in quantised.engine_note()
+    floats = dataclasses.replace(old, model={**old.model, "quantised": False})
+    assert floats.engine_note() == ""  # float products did not change
 
 
 def test_a_kernel_path_the_machine_lacks_is_refused(model: Model,

@@ -79,23 +79,26 @@ class SavedSession:
     # stored as JSON so a session carries everything the user made.
     analyses: dict[str, Any] = field(default_factory=dict)
     kernels: str = ""              # the kernel path the run ran on ("" in older files)
+    engine_abi: int = 0            # the engine's ABI version (engine.ABI_VERSION; 0: before 13)
     # the last comparison of the run under its interventions with the run before them
     counterfactual: Counterfactual | None = None
 
     @classmethod
     def from_debugger(cls, dbg: Debugger, checksum: bool = True) -> SavedSession:
+        from colibri.engine import ABI_VERSION
         m, hp = dbg.model, dbg.model.hparams
         info = {"path": os.path.abspath(m.path), "size": int(m.size), "arch": m.arch,
                 "n_layers": hp.n_layers, "n_experts": hp.n_experts,
                 "n_experts_active": hp.n_experts_active, "vocab_size": hp.vocab_size,
                 "group_limits": [[g.n_groups, g.n_groups_kept, g.group_score]
                                  for g in group_limits(m)],
-                "sha256": model_checksum(m.path) if checksum else None}
+                "sha256": model_checksum(m.path) if checksum else None,
+                "quantised": any(t.dtype in ("q8_0", "q4_0") for t in m.tensors)}
         return cls(info, dbg.settings, dbg.record.snapshot(), list(dbg.generated), dbg.finished,
                    dbg.stop_reason, dbg.cursor, sorted(dbg.events.bookmarks),
                    BreakpointList(list(dbg.breakpoints)),
                    _jsonable(dbg.generation.rng_state), kernels=dbg.kernels,
-                   counterfactual=dbg.counterfactual)
+                   engine_abi=ABI_VERSION, counterfactual=dbg.counterfactual)
 
     def events(self) -> EventList:
         """The event list of the saved record, with its bookmarks."""
@@ -114,6 +117,7 @@ class SavedSession:
                 and self.cursor == other.cursor and self.bookmarks == other.bookmarks
                 and self.breakpoints == other.breakpoints and self.rng_state == other.rng_state
                 and self.analyses == other.analyses and self.kernels == other.kernels
+                and self.engine_abi == other.engine_abi
                 and _counterfactual_dict(self.counterfactual)
                 == _counterfactual_dict(other.counterfactual))
 
@@ -131,6 +135,18 @@ class SavedSession:
             return ""
         return (f"recorded on the {self.kernels} kernels; a new run here uses {here}, so "
                 f"near-tie routing can differ")
+
+    def engine_note(self) -> str:
+        """'' when this engine computes what the session's engine did; otherwise a sentence
+        saying what a new run can no longer reproduce: quantised products are in block order
+        since ABI 13 (BLOCK_ORDER_ABI), so their last bits differ from an older engine's."""
+        from colibri.engine import BLOCK_ORDER_ABI
+        if self.engine_abi >= BLOCK_ORDER_ABI or self.model.get("quantised") is False:
+            return ""
+        which = ("its q8_0/q4_0 products" if self.model.get("quantised")
+                 else "any q8_0/q4_0 products of its model")
+        return (f"recorded by an engine older than ABI {BLOCK_ORDER_ABI}; a new run computes "
+                f"{which} in block order, with other last bits, so near-tie routing can differ")
 
     def model_matches(self, path: str | os.PathLike[str]) -> bool:
         """The file at `path` is the model this session was recorded on (size and SHA-256)."""
@@ -168,6 +184,7 @@ def session_bytes(saved: SavedSession) -> bytes:
         "bookmarks": [int(b) for b in saved.bookmarks],
         "breakpoints": saved.breakpoints.to_list(), "rng_state": saved.rng_state,
         "analyses": _jsonable(saved.analyses), "kernels": saved.kernels,
+        "engine_abi": saved.engine_abi,
         "counterfactual": _counterfactual_dict(saved.counterfactual),
         "arrays": {name: {"file": f"arrays/{name}.npy", "dtype": a.dtype.str,
                           "shape": list(a.shape)} for name, a in arrays.items()},
@@ -249,6 +266,7 @@ def load_session(path: str | os.PathLike[str]) -> SavedSession:
         breakpoints=BreakpointList.from_list(manifest["breakpoints"]),
         rng_state=manifest["rng_state"], saved_at=manifest["saved_at"],
         analyses=dict(manifest.get("analyses") or {}), kernels=str(manifest.get("kernels") or ""),
+        engine_abi=int(manifest.get("engine_abi") or 0),
         counterfactual=Counterfactual.from_dict(manifest["counterfactual"])
         if manifest.get("counterfactual") else None)
 

@@ -509,6 +509,8 @@ class QtDebuggerPanel(QWidget):
         note = "" if self.model is None or same_model else " (recorded on a different model file)"
         if saved.kernels_note():
             note += f" ({saved.kernels_note()})"
+        if saved.engine_note():
+            note += f" ({saved.engine_note()})"
         self._set_status(f"viewing saved session {os.path.basename(path)}{note}; Run starts "
                          f"a new run")
         return saved

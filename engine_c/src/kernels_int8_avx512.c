@@ -1,0 +1,375 @@
+/*
+ * kernels_int8_avx512.c - q8_0 and q4_0 products on AVX-512 VNNI, in block order with rows in the
+ * lanes: 16 rows' outputs in one vector, so each block of every row adds its exact int32 block sum
+ * into its output with one fused multiply-add, acc = fma((float)isum, d_w * d_x, acc), which is
+ * col_dotq_blocks's definition (kernels_quant.c) lane by lane. No lane tree and no float reduction
+ * anywhere, so the decode and batch kernels, every tile and thread split give the same bits.
+ *
+ * Batches (several tokens) copy 16 neighbouring rows a k-block at a time into a panel in the
+ * thread's staging: per block the 16 rows' scales as f32, then the payload with one row's 4-byte
+ * group per lane (q8_0 as w + 128, the unsigned operand vpdpbusd wants; q4_0 as its raw bytes, the
+ * nibbles split in registers). Each token then takes a block in 8 vpdpbusd with broadcast 4-byte
+ * groups of its activations, the block sum starting from the block's correction (-128 or -8 times
+ * the sum of its activations, col_quantize_row), and every pass of COL_PANEL_TOKENS tokens over
+ * the panel reads it from L1. The partial sums of a panel live in y between k-blocks.
+ *
+ * Decode (one token) reads 16 rows where they lie, from 16 distant places of the thread's share
+ * (one stream each), one 64-byte step of each row at a time: vpdpbusd gives each row 16 lane sums
+ * (two q8_0 blocks or four q4_0 blocks), and a transpose tree of exact integer additions turns the
+ * 16 rows' vectors into one vector of 16 row sums per block; the rows' scales are transposed
+ * likewise, 16 blocks at a time.
+ */
+#include "kernels_internal.h"
+
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#if defined(__x86_64__)
+
+#ifndef COL_PANEL_KBLOCKS
+#define COL_PANEL_KBLOCKS 32 /* blocks of a panel's k-block: 18 KiB of q8_0, in L1 with 12 tokens' blocks */
+#endif
+#ifndef COL_PANEL_TOKENS
+#define COL_PANEL_TOKENS 12 /* tokens per pass over a panel: 12 accumulators beside 8 weight vectors */
+#endif
+#ifndef COL_DECODE_ADJACENT
+#define COL_DECODE_ADJACENT 1 /* neighbouring rows per decode stream (16 / this streams) */
+#endif
+#ifndef COL_PACK_AHEAD
+#define COL_PACK_AHEAD 256 /* bytes ahead of its loads that packing prefetches each row */
+#endif
+#ifndef COL_PANEL_MIN_TOKENS
+#define COL_PANEL_MIN_TOKENS 9 /* fewer tokens run the decode kernel once per token: packing costs more */
+#endif
+
+/* Bytes of one block of a panel: 16 f32 scales, then 8 (q8_0) or 4 (q4_0) vectors of payload. */
+static uint64_t panel_block_bytes(int q4)
+{
+    return 64 + (q4 ? 4 : 8) * 64;
+}
+
+uint64_t col_int8_stage_bytes(void)
+{
+    return COL_PANEL_KBLOCKS * panel_block_bytes(0);
+}
+
+/* ---- batches: panels --------------------------------------------------------------------------- */
+
+/* o[c], lane r = dword c of v[r]: a 16 x 16 transpose of 32-bit elements. */
+COL_INLINE COL_T512 void transpose16(const __m512i *v, __m512i *o)
+{
+    __m512i t[16], u[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+    /* u[4i + j], 128-bit quarter k: rows 4i .. 4i + 3 of dword 4k + j */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) { /* the quarters k of u[j], u[4 + j], u[8 + j], u[12 + j] */
+        const __m512i x0 = _mm512_shuffle_i32x4(u[j], u[4 + j], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i x1 = _mm512_shuffle_i32x4(u[j], u[4 + j], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512i x2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i x3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], _MM_SHUFFLE(3, 2, 3, 2));
+        o[j] = _mm512_shuffle_i32x4(x0, x2, _MM_SHUFFLE(2, 0, 2, 0));
+        o[4 + j] = _mm512_shuffle_i32x4(x0, x2, _MM_SHUFFLE(3, 1, 3, 1));
+        o[8 + j] = _mm512_shuffle_i32x4(x1, x3, _MM_SHUFFLE(2, 0, 2, 0));
+        o[12 + j] = _mm512_shuffle_i32x4(x1, x3, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+/* Blocks [k0, k1) of rows pr .. pr + nr - 1 (nr <= 16; lanes past nr repeat the last row) into the
+ * panel at `panel` (64-byte aligned): 64 bytes of each row at a time (two q8_0 blocks, four q4_0),
+ * transposed in registers; the scales 16 blocks at a time. */
+COL_INLINE COL_T512 void pack_panel(const col_weight *w, uint64_t pr, uint32_t nr, uint64_t k0, uint64_t k1, int q4,
+                                    uint8_t *panel)
+{
+    const uint64_t nb = w->cols / QK, rb = col_dtype_row_bytes(w->dtype, w->cols), pbb = panel_block_bytes(q4);
+    const uint8_t *row[16];
+    for (uint32_t r = 0; r < 16; r++) row[r] = (const uint8_t *)w->data + (pr + (r < nr ? r : nr - 1)) * rb;
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512i v[16], o[16];
+    for (uint64_t b = k0; b < k1; b += 16) {
+        const uint64_t in_chunk = k1 - b < 16 ? k1 - b : 16;
+        const __mmask16 m = (__mmask16)((1u << in_chunk) - 1u);
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) v[r] = _mm512_castps_si512(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row[r] + 2 * b)));
+        transpose16(v, o);
+        for (uint64_t c = 0; c < in_chunk; c++) _mm512_store_si512((void *)(panel + (b + c - k0) * pbb), o[c]);
+    }
+    const uint64_t per_step = q4 ? 4 : 2, bytes = q4 ? 16 : 32;
+    for (uint64_t b = k0; b < k1; b += per_step) {
+        const uint64_t in_step = k1 - b < per_step ? k1 - b : per_step;
+        const __mmask64 m = in_step == per_step ? ~(__mmask64)0 : (((__mmask64)1 << (in_step * bytes)) - 1);
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) {
+            _mm_prefetch((const char *)(row[r] + 2 * nb + b * bytes + COL_PACK_AHEAD), _MM_HINT_T0);
+            v[r] = _mm512_maskz_loadu_epi8(m, row[r] + 2 * nb + b * bytes);
+        }
+        transpose16(v, o);
+        const int groups = q4 ? 4 : 8; /* 4-byte groups of a block */
+        for (uint64_t c = 0; c < in_step * (uint64_t)groups; c++) {
+            uint8_t *dst = panel + (b + c / (uint64_t)groups - k0) * pbb + 64 + 64 * (c % (uint64_t)groups);
+            _mm512_store_si512((void *)dst, q4 ? o[c] : _mm512_xor_si512(o[c], bias));
+        }
+    }
+}
+
+COL_INLINE int32_t load4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Tokens t .. t + NT - 1 over blocks [k0, k1) of a panel (rows pr .. pr + nr - 1): the sums start
+ * at zero for k0 = 0, else from y, and go back to y. */
+COL_INLINE COL_T512 void panel_pass(const col_matvec_job *j, const uint8_t *qx, const uint8_t *panel, uint64_t pr,
+                                    uint32_t nr, uint64_t k0, uint64_t k1, uint32_t t, int NT, int q4)
+{
+    const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n), cbo = col_qrow_block_corrections(n);
+    const uint64_t pbb = panel_block_bytes(q4), rows = j->w.rows;
+    const __mmask16 m = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const uint8_t *x0 = qx + (uint64_t)t * qb;
+    float *y0 = j->y + (uint64_t)t * rows + pr;
+    __m512 acc[COL_PANEL_TOKENS];
+#pragma GCC unroll 12
+    for (int b = 0; b < NT; b++) acc[b] = k0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, y0 + (uint64_t)b * rows);
+    for (uint64_t k = k0; k < k1; k++) {
+        const uint8_t *blk = panel + (k - k0) * pbb;
+        __m512i wv[8];
+        if (q4) {
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; h++) {
+                const __m512i v = _mm512_load_si512((const void *)(blk + 64 + 64 * h));
+                wv[h] = _mm512_and_si512(v, low4);
+                wv[h + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) wv[g] = _mm512_load_si512((const void *)(blk + 64 + 64 * g));
+        }
+        const __m512 dw = _mm512_load_ps((const void *)blk);
+        /* where the block's low and high 16 values sit (col_xq_pos); one place for q8_0 */
+        const uint64_t lo = col_xq_pos(j->w.dtype, nb, k, 0), hi = col_xq_pos(j->w.dtype, nb, k, 16);
+        const uint8_t *xt = x0;
+#pragma GCC unroll 12
+        for (int b = 0; b < NT; b++, xt += qb) {
+            const int8_t *xq = (const int8_t *)xt;
+            __m512i isum = _mm512_set1_epi32(((const int32_t *)(const void *)(xt + cbo))[k]);
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                isum = _mm512_dpbusd_epi32(isum, wv[g], _mm512_set1_epi32(load4(xq + lo + 4 * g)));
+                isum = _mm512_dpbusd_epi32(isum, wv[g + 4], _mm512_set1_epi32(load4(xq + hi + 4 * g)));
+            }
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(((const float *)(const void *)(xt + n))[k]));
+            acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[b]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int b = 0; b < NT; b++) _mm512_mask_storeu_ps(y0 + (uint64_t)b * rows, m, acc[b]);
+}
+
+/* Every token over one panel's blocks [k0, k1), in passes of COL_PANEL_TOKENS. */
+COL_INLINE COL_T512 void panel_tokens(const col_matvec_job *j, const uint8_t *qx, const uint8_t *panel, uint64_t pr,
+                                      uint32_t nr, uint64_t k0, uint64_t k1, int q4)
+{
+    const uint32_t nt = j->n_tokens;
+    uint32_t t = 0;
+    for (; t + COL_PANEL_TOKENS <= nt; t += COL_PANEL_TOKENS) panel_pass(j, qx, panel, pr, nr, k0, k1, t, COL_PANEL_TOKENS, q4);
+    switch (nt - t) {
+#define PASS(c) \
+    case c: panel_pass(j, qx, panel, pr, nr, k0, k1, t, c, q4); break;
+        PASS(1) PASS(2) PASS(3) PASS(4) PASS(5) PASS(6) PASS(7) PASS(8) PASS(9) PASS(10) PASS(11)
+#undef PASS
+    default: break;
+    }
+}
+
+static COL_T512 void rows_panels(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
+                                 int q4)
+{
+    const uint64_t nb = j->w.cols / QK;
+    for (uint64_t pr = r0; pr < r1; pr += COL_PANEL_ROWS) {
+        const uint32_t nr = r1 - pr < COL_PANEL_ROWS ? (uint32_t)(r1 - pr) : COL_PANEL_ROWS;
+        for (uint64_t k0 = 0; k0 < nb; k0 += COL_PANEL_KBLOCKS) {
+            const uint64_t k1 = nb - k0 < COL_PANEL_KBLOCKS ? nb : k0 + COL_PANEL_KBLOCKS;
+            pack_panel(&j->w, pr, nr, k0, k1, q4, stage);
+            if (q4)
+                panel_tokens(j, qx, stage, pr, nr, k0, k1, 1);
+            else
+                panel_tokens(j, qx, stage, pr, nr, k0, k1, 0);
+        }
+    }
+}
+
+/* ---- decode: rows where they lie -------------------------------------------------------------- */
+
+/* p[l]: row l's 16 lane sums, 4 consecutive lanes to a 128-bit quarter. u[i]'s quarter k holds, in
+ * dword d, the sum of row 4i + d's four lanes of quarter k (exact: integer additions). */
+COL_INLINE COL_T512 void quarter_sums(const __m512i *p, __m512i *u)
+{
+    __m512i q1[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        q1[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2 * i], p[2 * i + 1]), _mm512_unpackhi_epi32(p[2 * i], p[2 * i + 1]));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(q1[2 * i], q1[2 * i + 1]), _mm512_unpackhi_epi64(q1[2 * i], q1[2 * i + 1]));
+}
+
+/* One 64-byte step of 16 rows at base + off[l] + at against the token's activations xq (blocks
+ * b.., in_step of them: all four q4_0 or two q8_0 blocks of a step unless the row ends sooner,
+ * `full` when they are all there): v[k] receives block b + k's 16 row sums without corrections. */
+COL_INLINE COL_T512 void decode_step(const uint8_t *base, const int64_t *off, uint64_t at, const int8_t *xq, uint64_t b,
+                                     uint64_t in_step, int q4, int full, uint32_t ahead, __m512i *v)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8((char)0x80);
+    const __mmask64 m = full ? ~(__mmask64)0 : (((__mmask64)1 << (in_step * (q4 ? 16 : 32))) - 1);
+    __m512i p[16], u[4];
+    if (q4) {
+        const __m512i xlo = full ? _mm512_loadu_si512((const void *)(xq + 32 * b)) : _mm512_maskz_loadu_epi8(m, xq + 32 * b);
+        const __m512i xhi = full ? _mm512_loadu_si512((const void *)(xq + 32 * b + 64))
+                                 : _mm512_maskz_loadu_epi8(m, xq + 32 * b + 16 * in_step);
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; l++) {
+            const uint8_t *pl = base + off[l] + at;
+            _mm_prefetch((const char *)(pl + ahead), _MM_HINT_T0);
+            const __m512i raw = full ? _mm512_loadu_si512((const void *)pl) : _mm512_maskz_loadu_epi8(m, pl);
+            p[l] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(raw, low4), xlo);
+            p[l] = _mm512_dpbusd_epi32(p[l], _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), xhi);
+        }
+        quarter_sums(p, u);
+        const __m512i t0 = _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i t1 = _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2));
+        const __m512i t2 = _mm512_shuffle_i32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512i t3 = _mm512_shuffle_i32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2));
+        v[0] = _mm512_shuffle_i32x4(t0, t2, _MM_SHUFFLE(2, 0, 2, 0));
+        v[1] = _mm512_shuffle_i32x4(t0, t2, _MM_SHUFFLE(3, 1, 3, 1));
+        v[2] = _mm512_shuffle_i32x4(t1, t3, _MM_SHUFFLE(2, 0, 2, 0));
+        v[3] = _mm512_shuffle_i32x4(t1, t3, _MM_SHUFFLE(3, 1, 3, 1));
+    } else {
+        const __m512i xv = full ? _mm512_loadu_si512((const void *)(xq + 32 * b)) : _mm512_maskz_loadu_epi8(m, xq + 32 * b);
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; l++) {
+            const uint8_t *pl = base + off[l] + at;
+            _mm_prefetch((const char *)(pl + ahead), _MM_HINT_T0);
+            const __m512i raw = full ? _mm512_loadu_si512((const void *)pl) : _mm512_maskz_loadu_epi8(m, pl);
+            p[l] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_xor_si512(raw, bias), xv);
+        }
+        quarter_sums(p, u);
+        const __m512i w01 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                             _mm512_shuffle_i32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+        const __m512i w23 = _mm512_add_epi32(_mm512_shuffle_i32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                             _mm512_shuffle_i32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+        v[0] = _mm512_shuffle_i32x4(w01, w23, _MM_SHUFFLE(2, 0, 2, 0));
+        v[1] = _mm512_shuffle_i32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+}
+
+/* Blocks b .. b + 15's scales (those before nb) of the 16 rows at base + off[l], transposed to rows
+ * in lanes: sc[k] holds block b + k's. Not inlined: its 32 vectors beside a step's pushed the
+ * step's onto the stack. */
+static COL_T512 __attribute__((noinline)) void decode_scales(const uint8_t *base, const int64_t *off, uint64_t b,
+                                                             uint64_t nb, float (*sc)[16])
+{
+    const __mmask16 ms = nb - b >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nb - b)) - 1u);
+    __m512i v[16], o[16];
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; l++)
+        v[l] = _mm512_castps_si512(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(ms, base + off[l] + 2 * b)));
+    transpose16(v, o);
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) _mm512_store_si512((void *)sc[k], o[k]);
+}
+
+/* One token t against 16 rows at base + off[l] (l < 16); out[l] receives row l's output. */
+COL_INLINE COL_T512 void decode16(const col_matvec_job *j, const uint8_t *qx, uint32_t t, const uint8_t *base,
+                                  const int64_t *off, int q4, uint32_t ahead, float *out)
+{
+    const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n);
+    const uint8_t *xt = qx + (uint64_t)t * qb;
+    const int8_t *xq = (const int8_t *)xt;
+    const float *dx = (const float *)(const void *)(xt + n);
+    const int32_t *cb = (const int32_t *)(const void *)(xt + col_qrow_block_corrections(n));
+    const uint64_t per_step = q4 ? 4 : 2;
+    __m512 acc = _mm512_setzero_ps();
+    __attribute__((aligned(64))) float sc[16][16]; /* sc[k]: the 16 rows' scales of block k of the current 16 */
+    for (uint64_t b = 0; b < nb; b += per_step) {
+        if (b % 16 == 0) decode_scales(base, off, b, nb, sc);
+        const uint64_t in_step = nb - b < per_step ? nb - b : per_step;
+        const uint64_t at = 2 * nb + b * (q4 ? 16 : 32); /* the step's payload in a row */
+        __m512i v[4];
+        if (in_step == per_step)
+            decode_step(base, off, at, xq, b, in_step, q4, 1, ahead, v);
+        else
+            decode_step(base, off, at, xq, b, in_step, q4, 0, ahead, v);
+#pragma GCC unroll 4
+        for (uint64_t k = 0; k < in_step; k++) {
+            const __m512i isum = _mm512_add_epi32(v[k], _mm512_set1_epi32(cb[b + k]));
+            const __m512 dw = _mm512_load_ps(sc[(b + k) % 16]);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(dx[b + k])), acc);
+        }
+    }
+    _mm512_storeu_ps(out, acc);
+}
+
+/* Rows [r0, r1) of tokens [t0, t1): whole tiles of 16 rows from 16 distant places of the share (one
+ * memory stream each), then the rows left over in one tile; each tile for every token in turn, so
+ * a few tokens read its rows from L1 after the first. */
+static COL_T512 void rows_decode(const col_matvec_job *j, const uint8_t *qx, uint32_t t0, uint32_t t1, uint64_t r0,
+                                 uint64_t r1, int q4, uint32_t ahead)
+{
+    const uint64_t rb = col_dtype_row_bytes(j->w.dtype, j->w.cols), rows = j->w.rows;
+    const uint64_t n16 = (r1 - r0) / 16;
+    const uint8_t *data = (const uint8_t *)j->w.data;
+    int64_t off[16];
+    float out[16];
+    /* lane l: row COL_DECODE_ADJACENT * i + l % COL_DECODE_ADJACENT of stream l / COL_DECODE_ADJACENT */
+    enum { P = COL_DECODE_ADJACENT };
+    uint64_t at[16];
+    for (uint64_t l = 0; l < 16; l++) at[l] = l / P * P * n16 + l % P;
+    for (int l = 0; l < 16; l++) off[l] = (int64_t)(at[l] * rb);
+    for (uint64_t i = 0; i < n16; i++)
+        for (uint32_t t = t0; t < t1; t++) {
+            if (q4)
+                decode16(j, qx, t, data + (r0 + P * i) * rb, off, 1, ahead, out);
+            else
+                decode16(j, qx, t, data + (r0 + P * i) * rb, off, 0, ahead, out);
+            float *y = j->y + (uint64_t)t * rows;
+            for (int l = 0; l < 16; l++) y[r0 + P * i + at[l]] = out[l];
+        }
+    const uint64_t rest = r0 + 16 * n16, nr = r1 - rest;
+    if (nr == 0) return;
+    for (uint64_t l = 0; l < 16; l++) off[l] = (int64_t)((l < nr ? l : nr - 1) * rb);
+    for (uint32_t t = t0; t < t1; t++) {
+        if (q4)
+            decode16(j, qx, t, data + rest * rb, off, 1, ahead, out);
+        else
+            decode16(j, qx, t, data + rest * rb, off, 0, ahead, out);
+        memcpy(j->y + (uint64_t)t * rows + rest, out, nr * sizeof *out);
+    }
+}
+
+COL_T512 void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
+                                   uint64_t stage_bytes, col_ahead ahead)
+{
+    const int q4 = j->w.dtype == COL_DTYPE_Q4_0;
+    if (j->n_tokens >= COL_PANEL_MIN_TOKENS && stage && stage_bytes >= col_int8_stage_bytes()) {
+        rows_panels(j, qx, r0, r1, stage, q4);
+        return;
+    }
+    rows_decode(j, qx, 0, j->n_tokens, r0, r1, q4, ahead.q);
+}
+
+#endif
