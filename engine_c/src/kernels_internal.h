@@ -47,12 +47,12 @@ static inline uint64_t col_xq_pos(uint32_t wdtype, uint64_t nb, uint64_t b, uint
  * of block b's int8 values for q8_0 weights, -8 * that sum for q4_0). */
 uint64_t col_qrow_block_corrections(uint64_t cols);
 
-/* The q8_0/q4_0 row `row` (n elements) against the quantised activation row `qx`: with b0 = 0, the
- * definition of a quantised product every path gives the bits of. In block order b = b0 .. n/32 - 1,
+/* The q8_0/q4_0 row `row` (n elements) against the quantised activation row `qx`: the definition
+ * of a quantised product every path gives the bits of. In block order b = 0 .. n/32 - 1,
  * acc = fmaf((float)isum_b, d_w[b] * d_x[b], acc) from acc = 0, isum_b the exact int32 sum of the
  * block's 32 products w_q * x_q (q4_0: w_q = nibble - 8), d_w the row's f16 scale widened exactly,
  * d_w * d_x one f32 multiply. */
-float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n, uint64_t b0);
+float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n);
 
 /* ---- bf16 dot products (numerics.c's COL_REDUCTION_BF16_DOT) ----------------------------------- */
 

@@ -44,7 +44,7 @@ void col_rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, 
     for (uint64_t r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + r * rb;
         for (uint32_t t = 0; t < j->n_tokens; t++)
-            j->y[(uint64_t)t * w->rows + r] = qx ? col_dotq_blocks(row, w->dtype, qx + t * qb, w->cols, 0)
+            j->y[(uint64_t)t * w->rows + r] = qx ? col_dotq_blocks(row, w->dtype, qx + t * qb, w->cols)
                                                  : dot_portable(row, w->dtype, j->x + (uint64_t)t * w->cols, w->cols);
     }
 }

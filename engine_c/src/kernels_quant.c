@@ -99,17 +99,14 @@ void col_load_row(const void *data, uint32_t dtype, uint64_t n, float *out)
 /* ---- activation quantisation (shared by every path, so every path sees the same integers) ---- */
 
 /* Layout of one quantised activation row of `cols` (nb = cols / 32 blocks), in bytes:
- * [cols] int8 values | [nb] f32 scales d_x | [cols / 4] int32 lane corrections
- * | [nb] int32 block corrections.
+ * [cols] int8 values | [nb] f32 scales d_x | [nb] int32 block corrections.
  * The int8 values are in the order the weight dtype's SIMD kernels read them (col_xq_pos), and the
- * corrections turn VNNI's unsigned x signed products into signed ones: q8_0 kernels multiply
- * w + 128, q4_0 kernels the raw nibble q = w + 8. The lane corrections serve the AVX2 lane-order
- * tiles (lane L holds -128 * the sum of values 4L..4L+3 for q8_0; -8 * the sum of the 8 values its
- * two products read for q4_0, lane L of group G); the block corrections (-128, or -8, times the
- * sum of the block's 32 values) start each block sum of the AVX-512 block-order tiles. */
+ * block corrections (-128, or -8, times the sum of the block's 32 values) turn VNNI's unsigned x
+ * signed products into signed ones: q8_0 kernels multiply w + 128, q4_0 kernels the raw nibble
+ * q = w + 8, and each block sum starts from its correction. */
 uint64_t col_qrow_bytes(uint64_t cols)
 {
-    return cols / QK * (QK + 4 + 32 + 4);
+    return cols / QK * (QK + 4 + 4);
 }
 
 /* Store block b's 32 int8 values (element order) where the weight dtype's kernels read them
@@ -172,7 +169,7 @@ void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa is
     uint64_t nb = cols / QK;
     int8_t *q = (int8_t *)out, vals[QK];
     float *d = (float *)(out + cols);
-    int32_t *c = (int32_t *)(out + cols + nb * 4), *cb = (int32_t *)(out + col_qrow_block_corrections(cols));
+    int32_t *cb = (int32_t *)(out + col_qrow_block_corrections(cols));
     for (uint64_t b = 0; b < nb; b++) {
 #if defined(__x86_64__)
         if (isa >= COL_ISA_AVX512)
@@ -186,22 +183,11 @@ void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa is
         cb[b] = (wdtype == COL_DTYPE_Q8_0 ? -128 : -8) * sum;
     }
     (void)isa;
-    memset(c, 0, cols);
-    if (wdtype == COL_DTYPE_Q8_0) {
-        for (uint64_t l = 0; l < cols / 4; l++)
-            c[l] = -128 * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
-    } else {
-        for (uint64_t g = 0; g < nb / 4; g++)
-            for (uint64_t l = 0; l < 16; l++) {
-                const int8_t *lo = q + g * 128 + 4 * l, *hi = lo + 64;
-                c[g * 16 + l] = -8 * (lo[0] + lo[1] + lo[2] + lo[3] + hi[0] + hi[1] + hi[2] + hi[3]);
-            }
-    }
 }
 
 uint64_t col_qrow_block_corrections(uint64_t cols)
 {
-    return cols + cols / QK * 4 + cols;
+    return cols + cols / QK * 4;
 }
 
 /* ---- activations of bf16 dot products ------------------------------------------------------- */
@@ -257,12 +243,12 @@ static int32_t block_isum(const uint8_t *payload, uint32_t dtype, const int8_t *
     return isum;
 }
 
-float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n, uint64_t b0)
+float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n)
 {
     uint64_t nb = n / QK;
     const float *d = (const float *)(qx + n);
     float acc = 0.0f;
-    for (uint64_t b = b0; b < nb; b++) {
+    for (uint64_t b = 0; b < nb; b++) {
         const float scale = col_f16_to_f32(rd16u(row + 2 * b)) * d[b]; /* one f32 multiply */
         acc = fmaf((float)block_isum(row + 2 * nb, dtype, (const int8_t *)qx, nb, b), scale, acc);
     }

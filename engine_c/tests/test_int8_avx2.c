@@ -161,7 +161,7 @@ static void check_shape(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols
         for (uint64_t r = 0; r < rows; r++) {
             const float def = definition(w + r * rb, dtype, x + k * cols, cols);
             want[k * rows + r] = def;
-            t->off_definition += !same(col_dotq_blocks(w + r * rb, dtype, qx, cols, 0), def);
+            t->off_definition += !same(col_dotq_blocks(w + r * rb, dtype, qx, cols), def);
             t->nonfinite += !isfinite(def);
         }
     }
