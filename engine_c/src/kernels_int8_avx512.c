@@ -16,8 +16,8 @@
  * Decode (one token) reads 16 rows where they lie, from 16 distant places of the thread's share
  * (one stream each), one 64-byte step of each row at a time: vpdpbusd gives each row 16 lane sums
  * (two q8_0 blocks or four q4_0 blocks), and a transpose tree of exact integer additions turns the
- * 16 rows' vectors into one vector of 16 row sums per block; the rows' scales are transposed
- * likewise, 16 blocks at a time.
+ * 16 rows' vectors into one vector of 16 row sums per block; the rows' scales come by one 32-bit
+ * gather a step (transposed 16 blocks at a time where the offsets exceed 32 bits).
  */
 #include "kernels_internal.h"
 
@@ -36,6 +36,9 @@
 #endif
 #ifndef COL_DECODE_ADJACENT
 #define COL_DECODE_ADJACENT 1 /* neighbouring rows per decode stream (16 / this streams) */
+#endif
+#ifndef COL_DECODE_GATHER_LIMIT
+#define COL_DECODE_GATHER_LIMIT INT32_MAX /* decode gathers scales below this byte offset (-D...=0 tests the transpose) */
 #endif
 #ifndef COL_PACK_AHEAD
 #define COL_PACK_AHEAD 256 /* bytes ahead of its loads that packing prefetches each row */
@@ -293,9 +296,20 @@ static COL_T512 __attribute__((noinline)) void decode_scales(const uint8_t *base
     for (int k = 0; k < 16; k++) _mm512_store_si512((void *)sc[k], o[k]);
 }
 
-/* One token t against 16 rows at base + off[l] (l < 16); out[l] receives row l's output. */
+/* Blocks b and b + 1's scales of the 16 rows at base + off32[l] as rows-in-lanes vectors, by one
+ * gather: on short rows a step costs less than a share of a 16-block transpose. Reads 4 bytes at 2b
+ * of each row, inside the row even for its last block. */
+COL_INLINE COL_T512 void scales2(const uint8_t *base, __m512i off32, uint64_t b, __m512 *s0, __m512 *s1)
+{
+    const __m512i g = _mm512_i32gather_epi32(off32, (const void *)(base + 2 * b), 1);
+    *s0 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
+    *s1 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+}
+
+/* One token t against 16 rows at base + off[l] (l < 16); out[l] receives row l's output. `gather`:
+ * the scales by scales2 each step instead of decode_scales every 16 blocks. */
 COL_INLINE COL_T512 void decode16(const col_matvec_job *j, const uint8_t *qx, uint32_t t, const uint8_t *base,
-                                  const int64_t *off, int q4, uint32_t ahead, float *out)
+                                  const int64_t *off, int q4, int gather, uint32_t ahead, float *out)
 {
     const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n);
     const uint8_t *xt = qx + (uint64_t)t * qb;
@@ -304,9 +318,12 @@ COL_INLINE COL_T512 void decode16(const col_matvec_job *j, const uint8_t *qx, ui
     const int32_t *cb = (const int32_t *)(const void *)(xt + col_qrow_block_corrections(n));
     const uint64_t per_step = q4 ? 4 : 2;
     __m512 acc = _mm512_setzero_ps();
+    const __m512i o32 = gather ? _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(_mm512_loadu_si512((const void *)off))),
+                                                    _mm512_cvtepi64_epi32(_mm512_loadu_si512((const void *)(off + 8))), 1)
+                               : _mm512_setzero_si512();
     __attribute__((aligned(64))) float sc[16][16]; /* sc[k]: the 16 rows' scales of block k of the current 16 */
     for (uint64_t b = 0; b < nb; b += per_step) {
-        if (b % 16 == 0) decode_scales(base, off, b, nb, sc);
+        if (!gather && b % 16 == 0) decode_scales(base, off, b, nb, sc);
         const uint64_t in_step = nb - b < per_step ? nb - b : per_step;
         const uint64_t at = 2 * nb + b * (q4 ? 16 : 32); /* the step's payload in a row */
         __m512i v[4];
@@ -314,14 +331,35 @@ COL_INLINE COL_T512 void decode16(const col_matvec_job *j, const uint8_t *qx, ui
             decode_step(base, off, at, xq, b, in_step, q4, 1, ahead, v);
         else
             decode_step(base, off, at, xq, b, in_step, q4, 0, ahead, v);
+        __m512 s[4];
+        if (gather) {
+            scales2(base, o32, b, &s[0], &s[1]);
+            if (q4) scales2(base, o32, b + 2, &s[2], &s[3]);
+        }
 #pragma GCC unroll 4
         for (uint64_t k = 0; k < in_step; k++) {
             const __m512i isum = _mm512_add_epi32(v[k], _mm512_set1_epi32(cb[b + k]));
-            const __m512 dw = _mm512_load_ps(sc[(b + k) % 16]);
+            const __m512 dw = gather ? s[k] : _mm512_load_ps(sc[(b + k) % 16]);
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(dx[b + k])), acc);
         }
     }
     _mm512_storeu_ps(out, acc);
+}
+
+/* decode16 with its constant arguments chosen from the weight's type and row length. */
+COL_INLINE COL_T512 void decode16_any(const col_matvec_job *j, const uint8_t *qx, uint32_t t, const uint8_t *base,
+                                      const int64_t *off, int q4, uint32_t ahead, float *out)
+{
+    /* the gather's offsets are 32-bit; off[15] is the farthest row */
+    const int gather = off[15] + 2 * (int64_t)(j->w.cols / QK) < COL_DECODE_GATHER_LIMIT;
+    if (q4 && gather)
+        decode16(j, qx, t, base, off, 1, 1, ahead, out);
+    else if (q4)
+        decode16(j, qx, t, base, off, 1, 0, ahead, out);
+    else if (gather)
+        decode16(j, qx, t, base, off, 0, 1, ahead, out);
+    else
+        decode16(j, qx, t, base, off, 0, 0, ahead, out);
 }
 
 /* Rows [r0, r1) of tokens [t0, t1): whole tiles of 16 rows from 16 distant places of the share (one
@@ -342,10 +380,7 @@ static COL_T512 void rows_decode(const col_matvec_job *j, const uint8_t *qx, uin
     for (int l = 0; l < 16; l++) off[l] = (int64_t)(at[l] * rb);
     for (uint64_t i = 0; i < n16; i++)
         for (uint32_t t = t0; t < t1; t++) {
-            if (q4)
-                decode16(j, qx, t, data + (r0 + P * i) * rb, off, 1, ahead, out);
-            else
-                decode16(j, qx, t, data + (r0 + P * i) * rb, off, 0, ahead, out);
+            decode16_any(j, qx, t, data + (r0 + P * i) * rb, off, q4, ahead, out);
             float *y = j->y + (uint64_t)t * rows;
             for (int l = 0; l < 16; l++) y[r0 + P * i + at[l]] = out[l];
         }
@@ -353,10 +388,7 @@ static COL_T512 void rows_decode(const col_matvec_job *j, const uint8_t *qx, uin
     if (nr == 0) return;
     for (uint64_t l = 0; l < 16; l++) off[l] = (int64_t)((l < nr ? l : nr - 1) * rb);
     for (uint32_t t = t0; t < t1; t++) {
-        if (q4)
-            decode16(j, qx, t, data + rest * rb, off, 1, ahead, out);
-        else
-            decode16(j, qx, t, data + rest * rb, off, 0, ahead, out);
+        decode16_any(j, qx, t, data + rest * rb, off, q4, ahead, out);
         memcpy(j->y + (uint64_t)t * rows + rest, out, nr * sizeof *out);
     }
 }
