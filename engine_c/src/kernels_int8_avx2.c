@@ -24,6 +24,7 @@
  * and the next panel's lines are fetched while the passes run.
  */
 #include "kernels_internal.h"
+#include "transpose_x86.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -37,29 +38,6 @@
 #define COL_Q_AVX2_PANEL_TOKENS 8
 #endif
 
-/* 8 x 8 transpose of 32-bit elements: v[k] lane r becomes v[r] lane k. */
-COL_INLINE COL_T2 void transpose8(__m256 *v)
-{
-    __m256 t[8], s[8];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-    }
-#pragma GCC unroll 2
-    for (int i = 0; i < 2; i++) {
-        s[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        v[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
-        v[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
-    }
-}
-
 /* The scales of blocks b0 .. b0 + 7 of 8 rows, lane r holding row r's: ws[k] for block b0 + k.
  * Reads 16 bytes from each row's scales, past its last scale into its payload when fewer than 8
  * blocks are left (lanes the caller does not use). */
@@ -67,7 +45,7 @@ COL_INLINE COL_T2 void row_scales(const uint8_t *const *p, uint64_t b0, __m256 *
 {
 #pragma GCC unroll 8
     for (int r = 0; r < LANES; r++) ws[r] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p[r] + 2 * b0)));
-    transpose8(ws);
+    col_transpose8(ws, ws);
 }
 
 /* Lane r of the result: the sum of v[r]'s 8 lanes (exact: integers). */
@@ -219,7 +197,7 @@ COL_INLINE COL_T2 void pack_panel(const uint8_t *const *p, uint64_t nb, uint64_t
             }
             v[r] = _mm256_castsi256_ps(w);
         }
-        transpose8(v);
+        col_transpose8(v, v);
         __m256i nsum = _mm256_setzero_si256(); /* q4_0: nibble sums per byte, at most 8 * 15 */
 #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {

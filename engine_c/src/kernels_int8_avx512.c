@@ -20,6 +20,7 @@
  * gather a step (transposed 16 blocks at a time where the offsets exceed 32 bits).
  */
 #include "kernels_internal.h"
+#include "transpose_x86.h"
 
 #include <string.h>
 #if defined(__x86_64__)
@@ -60,36 +61,6 @@ uint64_t col_int8_stage_bytes(void)
 
 /* ---- batches: panels --------------------------------------------------------------------------- */
 
-/* o[c], lane r = dword c of v[r]: a 16 x 16 transpose of 32-bit elements. */
-COL_INLINE COL_T512 void transpose16(const __m512i *v, __m512i *o)
-{
-    __m512i t[16], u[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-    }
-    /* u[4i + j], 128-bit quarter k: rows 4i .. 4i + 3 of dword 4k + j */
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) { /* the quarters k of u[j], u[4 + j], u[8 + j], u[12 + j] */
-        const __m512i x0 = _mm512_shuffle_i32x4(u[j], u[4 + j], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512i x1 = _mm512_shuffle_i32x4(u[j], u[4 + j], _MM_SHUFFLE(3, 2, 3, 2));
-        const __m512i x2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512i x3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], _MM_SHUFFLE(3, 2, 3, 2));
-        o[j] = _mm512_shuffle_i32x4(x0, x2, _MM_SHUFFLE(2, 0, 2, 0));
-        o[4 + j] = _mm512_shuffle_i32x4(x0, x2, _MM_SHUFFLE(3, 1, 3, 1));
-        o[8 + j] = _mm512_shuffle_i32x4(x1, x3, _MM_SHUFFLE(2, 0, 2, 0));
-        o[12 + j] = _mm512_shuffle_i32x4(x1, x3, _MM_SHUFFLE(3, 1, 3, 1));
-    }
-}
-
 /* Blocks [k0, k1) of rows pr .. pr + nr - 1 (nr <= 16; lanes past nr repeat the last row) into the
  * panel at `panel` (64-byte aligned): 64 bytes of each row at a time (two q8_0 blocks, four q4_0),
  * transposed in registers; the scales 16 blocks at a time. */
@@ -106,7 +77,7 @@ COL_INLINE COL_T512 void pack_panel(const col_weight *w, uint64_t pr, uint32_t n
         const __mmask16 m = (__mmask16)((1u << in_chunk) - 1u);
 #pragma GCC unroll 16
         for (int r = 0; r < 16; r++) v[r] = _mm512_castps_si512(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row[r] + 2 * b)));
-        transpose16(v, o);
+        col_transpose16(v, o);
         for (uint64_t c = 0; c < in_chunk; c++) _mm512_store_si512((void *)(panel + (b + c - k0) * pbb), o[c]);
     }
     const uint64_t per_step = q4 ? 4 : 2, bytes = q4 ? 16 : 32;
@@ -118,7 +89,7 @@ COL_INLINE COL_T512 void pack_panel(const col_weight *w, uint64_t pr, uint32_t n
             _mm_prefetch((const char *)(row[r] + 2 * nb + b * bytes + COL_PACK_AHEAD), _MM_HINT_T0);
             v[r] = _mm512_maskz_loadu_epi8(m, row[r] + 2 * nb + b * bytes);
         }
-        transpose16(v, o);
+        col_transpose16(v, o);
         const int groups = q4 ? 4 : 8; /* 4-byte groups of a block */
         for (uint64_t c = 0; c < in_step * (uint64_t)groups; c++) {
             uint8_t *dst = panel + (b + c / (uint64_t)groups - k0) * pbb + 64 + 64 * (c % (uint64_t)groups);
@@ -291,7 +262,7 @@ static COL_T512 __attribute__((noinline)) void decode_scales(const uint8_t *base
 #pragma GCC unroll 16
     for (int l = 0; l < 16; l++)
         v[l] = _mm512_castps_si512(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(ms, base + off[l] + 2 * b)));
-    transpose16(v, o);
+    col_transpose16(v, o);
 #pragma GCC unroll 16
     for (int k = 0; k < 16; k++) _mm512_store_si512((void *)sc[k], o[k]);
 }

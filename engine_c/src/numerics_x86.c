@@ -14,6 +14,7 @@
  */
 #include "kernels_internal.h"
 #include "numerics.h"
+#include "transpose_x86.h"
 
 #include <string.h>
 #if defined(__x86_64__)
@@ -32,36 +33,16 @@ COL_INLINE __mmask16 nx_lanes_below(uint64_t n) /* the first min(n, 16) lanes */
     return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
 }
 
-/* The 16 x 16 transpose: r[a] holds 16 values of row a, out[c] value c of each row (lane a). Pairs
- * of rows interleaved (unpack ps), then quads (unpack pd), then the 128-bit lanes gathered. */
+/* The 16 x 16 transpose (col_transpose16) of f32 rows: r[a] holds 16 values of row a, out[c] value
+ * c of each row (lane a). */
 COL_INLINE COL_T512 void transpose16(const __m512 *r, __m512 *out)
 {
-    __m512 a[16], b[16];
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) { /* 128-bit lane L: rows 2k, 2k+1 of values 4L + (0, 1) | (2, 3) */
-        a[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-        a[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-    }
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) { /* b[4k + e], 128-bit lane L: rows 4k..4k+3 of value 4L + e */
-        const __m512d a0 = _mm512_castps_pd(a[4 * k]), a1 = _mm512_castps_pd(a[4 * k + 1]);
-        const __m512d a2 = _mm512_castps_pd(a[4 * k + 2]), a3 = _mm512_castps_pd(a[4 * k + 3]);
-        b[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
-        b[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
-        b[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
-        b[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
-    }
-#pragma GCC unroll 4
-    for (int e = 0; e < 4; e++) { /* value 4L + e: 128-bit lane L of b[e], b[4 + e], b[8 + e], b[12 + e] */
-        const __m512 c01 = _mm512_shuffle_f32x4(b[e], b[4 + e], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512 c23 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], _MM_SHUFFLE(1, 0, 1, 0));
-        const __m512 d01 = _mm512_shuffle_f32x4(b[e], b[4 + e], _MM_SHUFFLE(3, 2, 3, 2));
-        const __m512 d23 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], _MM_SHUFFLE(3, 2, 3, 2));
-        out[e] = _mm512_shuffle_f32x4(c01, c23, _MM_SHUFFLE(2, 0, 2, 0));
-        out[4 + e] = _mm512_shuffle_f32x4(c01, c23, _MM_SHUFFLE(3, 1, 3, 1));
-        out[8 + e] = _mm512_shuffle_f32x4(d01, d23, _MM_SHUFFLE(2, 0, 2, 0));
-        out[12 + e] = _mm512_shuffle_f32x4(d01, d23, _MM_SHUFFLE(3, 1, 3, 1));
-    }
+    __m512i v[16];
+#pragma GCC unroll 16
+    for (int a = 0; a < 16; a++) v[a] = _mm512_castps_si512(r[a]);
+    col_transpose16(v, v);
+#pragma GCC unroll 16
+    for (int c = 0; c < 16; c++) out[c] = _mm512_castsi512_ps(v[c]);
 }
 
 /* Half h (columns [16 h, 16 h + 16)) of a q8_0 / q4_0 block of 32 at column i of a row, as f32:
@@ -202,31 +183,6 @@ static COL_T512 void fill_avx512(lanes_avx512 *g, uint64_t block)
 
 /* ---- AVX2: 8 rows, blocks of 16 columns ----------------------------------------------------- */
 
-/* The 8 x 8 transpose, as the 16 x 16 one with two 128-bit lanes. */
-COL_INLINE COL_T2 void transpose8(const __m256 *r, __m256 *out)
-{
-    __m256 a[8], b[8];
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        a[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-        a[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-    }
-#pragma GCC unroll 2
-    for (int k = 0; k < 2; k++) {
-        const __m256d a0 = _mm256_castps_pd(a[4 * k]), a1 = _mm256_castps_pd(a[4 * k + 1]);
-        const __m256d a2 = _mm256_castps_pd(a[4 * k + 2]), a3 = _mm256_castps_pd(a[4 * k + 3]);
-        b[4 * k] = _mm256_castpd_ps(_mm256_unpacklo_pd(a0, a2));
-        b[4 * k + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a0, a2));
-        b[4 * k + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(a1, a3));
-        b[4 * k + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(a1, a3));
-    }
-#pragma GCC unroll 4
-    for (int e = 0; e < 4; e++) {
-        out[e] = _mm256_permute2f128_ps(b[e], b[4 + e], 0x20);
-        out[4 + e] = _mm256_permute2f128_ps(b[e], b[4 + e], 0x31);
-    }
-}
-
 /* Columns [i + 8 h, i + 8 h + 8) of a q8_0 / q4_0 row, i a multiple of 16, as f32. */
 COL_INLINE COL_T2 __m256 quant_eighth8(const uint8_t *row, uint32_t dtype, uint64_t n, uint64_t i, int h)
 {
@@ -306,21 +262,21 @@ static COL_T2 void fill_avx2(lanes_avx2 *g, uint64_t block)
             for (int k = 0; k < 8; k++) col_load_range(row[k], g->dtype, n, i, n - i, buf[k]);
             for (int h = 0; h < 2; h++) {
                 for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(buf[k] + 8 * h);
-                transpose8(r, t);
+                col_transpose8(r, t);
                 for (int c = 0; c < 8; c++) g->col[8 * h + c].v[half] = t[c];
             }
         } else if (g->dtype == COL_DTYPE_F32) {
             for (int h = 0; h < 2; h++) {
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps((const float *)row[k] + i + 8 * h);
-                transpose8(r, t);
+                col_transpose8(r, t);
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++) g->col[8 * h + c].v[half] = t[c];
             }
         } else if (g->dtype == COL_DTYPE_F16 || g->dtype == COL_DTYPE_BF16) {
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps((const float *)((const uint16_t *)row[k] + i));
-            transpose8(r, t);
+            col_transpose8(r, t);
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) {
                 const __m256i p = _mm256_castps_si256(t[c]);
@@ -340,7 +296,7 @@ static COL_T2 void fill_avx2(lanes_avx2 *g, uint64_t block)
             for (int h = 0; h < 2; h++) {
 #pragma GCC unroll 8
                 for (int k = 0; k < 8; k++) r[k] = quant_eighth8(row[k], g->dtype, n, i, h);
-                transpose8(r, t);
+                col_transpose8(r, t);
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++) g->col[8 * h + c].v[half] = t[c];
             }
