@@ -102,7 +102,11 @@ col_isa col_detect_isa(void);
 #ifndef COL_BATCH_ROWS_512
 #define COL_BATCH_ROWS_512 6
 #endif
-#define COL_BATCH_ROWS_AVX2 2 /* rows per batch tile on AVX2 (16 ymm registers) */
+#ifndef COL_BATCH_ROWS_AVX2
+/* Rows per batch tile on AVX2: 3 rows x 4 tokens keep 12 accumulators, the 3 rows' weight vectors and
+ * a token vector in the 16 registers, 7 loads for 12 FMAs (2 x 4 made 6 for 8). */
+#define COL_BATCH_ROWS_AVX2 3
+#endif
 #define COL_BATCH_ROWS_Q_AVX2 8 /* q8_0/q4_0 on AVX2: a row per lane */
 #define COL_BATCH_KBLOCK 1024
 #define COL_KBLOCK_TOKENS 128 /* tokens walked together; a batch with more walks them in chunks */

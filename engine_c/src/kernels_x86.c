@@ -10,8 +10,9 @@
  * left to right over the row, reduced in a fixed order (lane i + i+8, then i + i+4, i + i+2, the
  * last two) by a transpose tree that makes exactly those additions for 16 (or 8) outputs at once,
  * then the scalar tail in order. Decode tiles take 8 distant rows of the thread's share (8 streams
- * through memory); batch tiles take 6 (AVX-512) or 2 (AVX2) neighbouring rows x 4 tokens, so each
- * weight vector loaded feeds 4 tokens. Tiles only interleave independent accumulators, so neither
+ * through memory); batch tiles take 6 (AVX-512) or 3 (AVX2) neighbouring rows x 4 tokens, so each
+ * weight vector loaded feeds 4 tokens (AVX2 walks them a block of rows at a time, rows_batch_avx2).
+ * Tiles only interleave independent accumulators, so neither
  * the tile shape, the batch size nor the thread count changes an output's bits: a prefill equals
  * the same tokens stepped. Quantised rows run in block order with rows in the lanes
  * (kernels_int8_avx512.c, kernels_int8_avx2.c), the bits of col_dotq_blocks.
@@ -185,6 +186,7 @@ static inline __attribute__((always_inline)) float tail(float s, const uint8_t *
  * neither the tile shape, the batch size nor the thread count changes a bit. */
 #define MAX_TILE_ROWS 8
 #define MAX_TILE 24 /* NR * NT */
+#define MAX_TILE_TOKENS 8
 
 /* A batch tile reads its rows from memory in its first token pass and from cache in the others,
  * and the hardware prefetcher does not run ahead from one tile's rows into the next. So each token
@@ -226,18 +228,18 @@ COL_INLINE void next_tile_step(next_tile_prefetch *pf)
 
 /* A tile for float weights: one vector accumulator per output, walked left to right. */
 COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
-                                   uint32_t dtype, uint32_t ahead)
+                                   uint32_t dtype, uint32_t ahead, next_tile_prefetch pf_in)
 {
     const col_weight *w = &j->w;
     uint64_t n = w->cols, rb = col_dtype_row_bytes(dtype, n), esize = dtype == COL_DTYPE_F32 ? 4 : 2;
     const uint8_t *row[MAX_TILE_ROWS];
-    const float *x[4];
+    const float *x[MAX_TILE_TOKENS];
     __m256 acc[MAX_TILE];
     for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
     for (int b = 0; b < NT; b++) x[b] = j->x + (uint64_t)(t + b) * n;
 #pragma GCC unroll 24
     for (int k = 0; k < NR * NT; k++) acc[k] = _mm256_setzero_ps();
-    next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, n / 8);
+    next_tile_prefetch pf = pf_in;
     uint64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         next_tile_step(&pf);
@@ -245,7 +247,7 @@ COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t
         for (int a = 0; a < NR; a++) {
             if (NT == 1) _mm_prefetch((const char *)(row[a] + i * esize + ahead), _MM_HINT_T0);
             __m256 wv = load8(row[a], dtype, i);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[b] + i), acc[a * NT + b]);
         }
     }
@@ -341,21 +343,90 @@ COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, uint
 #define COL_DECODE_STREAMS 8
 #endif
 
+/* Batches on AVX2. Tiles of COL_BATCH_ROWS_AVX2 neighbouring rows x COL_BATCH_TOKENS_AVX2 tokens,
+ * walked a block of rows at a time (about COL_ROWBLOCK_BYTES_AVX2 of weights, kept in L2): every
+ * token pass runs over the block's tiles before the next pass, so the pass's tokens stay in L1 and
+ * only the weights come from L2, where a tile walking all tokens before the next tile re-read every
+ * token's row from L2 for each tile. */
+#ifndef COL_BATCH_TOKENS_AVX2
+#define COL_BATCH_TOKENS_AVX2 4
+#endif
+#ifndef COL_ROWBLOCK_BYTES_AVX2
+#define COL_ROWBLOCK_BYTES_AVX2 (128 * 1024)
+#endif
+
+#define TILE_TOKENS_AVX2(NR, r, t, m, dtype, pf)                                                        \
+    do {                                                                                                 \
+        switch (m) {                                                                                     \
+        case 8: if (8 <= COL_BATCH_TOKENS_AVX2) tile_f_avx2(j, r, 1, NR, 8, t, dtype, ahead, pf); break; \
+        case 7: if (7 <= COL_BATCH_TOKENS_AVX2) tile_f_avx2(j, r, 1, NR, 7, t, dtype, ahead, pf); break; \
+        case 6: if (6 <= COL_BATCH_TOKENS_AVX2) tile_f_avx2(j, r, 1, NR, 6, t, dtype, ahead, pf); break; \
+        case 5: if (5 <= COL_BATCH_TOKENS_AVX2) tile_f_avx2(j, r, 1, NR, 5, t, dtype, ahead, pf); break; \
+        case 4: tile_f_avx2(j, r, 1, NR, 4, t, dtype, ahead, pf); break;                                  \
+        case 3: tile_f_avx2(j, r, 1, NR, 3, t, dtype, ahead, pf); break;                                  \
+        case 2: tile_f_avx2(j, r, 1, NR, 2, t, dtype, ahead, pf); break;                                  \
+        default: tile_f_avx2(j, r, 1, NR, 1, t, dtype, ahead, pf); break;                                 \
+        }                                                                                                \
+    } while (0)
+
+/* Rows [r0, r1) of a batch: blocks of rows of about COL_ROWBLOCK_BYTES_AVX2, equal to a tile; each
+ * tile pass of a block prefetches its share of the next block's bytes into L2 (one line per step at
+ * most), so the next block's first pass finds its weights there. */
+COL_INLINE COL_T2 void rows_batch_avx2(const col_matvec_job *j, uint64_t r0, uint64_t r1, uint32_t dtype, uint32_t ahead)
+{
+    enum { NR = COL_BATCH_ROWS_AVX2, NT = COL_BATCH_TOKENS_AVX2 };
+    const uint32_t nt = j->n_tokens, passes = (nt + NT - 1) / NT;
+    const uint64_t rb = col_dtype_row_bytes(dtype, j->w.cols);
+    const next_tile_prefetch none = {NULL, NULL};
+    uint64_t block = COL_ROWBLOCK_BYTES_AVX2 / rb;
+    block = block < NR ? NR : block;
+    const uint64_t n_blocks = (r1 - r0 + block - 1) / block;
+    block = ((r1 - r0 + n_blocks - 1) / n_blocks + NR - 1) / NR * NR;
+    for (uint64_t b0 = r0; b0 < r1; b0 += block) {
+        const uint64_t b1 = r1 - b0 < block ? r1 : b0 + block, tiles = (b1 - b0) / NR;
+        const uint64_t n1 = r1 - b1 < block ? r1 : b1 + block;
+        const char *next = (const char *)j->w.data + b1 * rb;
+        const uint64_t next_bytes = (n1 - b1) * rb, shares = passes * tiles;
+        for (uint32_t t = 0, p = 0; t < nt; t += NT, p++) {
+            const uint32_t m = nt - t < NT ? nt - t : NT;
+            uint64_t r = b0;
+            for (uint64_t q = (uint64_t)p * tiles; r + NR <= b1; r += NR, q++) {
+                next_tile_prefetch pf = {next + (next_bytes * q / shares & ~(uint64_t)63),
+                                         next + next_bytes * (q + 1) / shares};
+                TILE_TOKENS_AVX2(NR, r, t, m, dtype, pf);
+            }
+            if (NR > 2 && r + 2 <= b1) { TILE_TOKENS_AVX2(2, r, t, m, dtype, none); r += 2; }
+            for (; r < b1; r++) TILE_TOKENS_AVX2(1, r, t, m, dtype, none);
+        }
+    }
+}
+
 COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead)
 {
-    switch (j->w.dtype) {
-#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F32, ahead.f)
-    case COL_DTYPE_F32: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
+    const next_tile_prefetch none = {NULL, NULL};
+    const uint32_t dtype = j->w.dtype;
+    if (is_block_dtype(dtype)) {
+        col_rows_int8_avx2(j, qx, r0, r1, ahead.q);
+    } else if (j->n_tokens > 1) {
+        switch (dtype) {
+        case COL_DTYPE_F32: rows_batch_avx2(j, r0, r1, COL_DTYPE_F32, ahead.f); break;
+        case COL_DTYPE_F16: rows_batch_avx2(j, r0, r1, COL_DTYPE_F16, ahead.f); break;
+        case COL_DTYPE_BF16: rows_batch_avx2(j, r0, r1, COL_DTYPE_BF16, ahead.f); break;
+        default: break;
+        }
+    } else {
+        switch (dtype) {
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F32, ahead.f, none)
+        case COL_DTYPE_F32: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F16, ahead.f)
-    case COL_DTYPE_F16: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F16, ahead.f, none)
+        case COL_DTYPE_F16: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_BF16, ahead.f)
-    case COL_DTYPE_BF16: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_BF16, ahead.f, none)
+        case COL_DTYPE_BF16: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
-    case COL_DTYPE_Q8_0:
-    case COL_DTYPE_Q4_0: col_rows_int8_avx2(j, qx, r0, r1, ahead.q); break;
-    default: break;
+        default: break;
+        }
     }
 }
 

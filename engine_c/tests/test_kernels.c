@@ -225,8 +225,8 @@ static float vector_order(const float *w, const float *x, uint64_t cols, unsigne
     return s;
 }
 
-/* The float tiles of a vector path (decode's 8 distant rows; the batches' 6 x 4 on AVX-512, 2 x 4
- * on AVX2; the tiles left over; on AVX-512, long rows walked in column blocks with the lane sums
+/* The float tiles of a vector path (decode's 8 distant rows; the batches' 6 x 4 on AVX-512, 3 x 4
+ * on AVX2, walked in blocks of rows; the tiles left over; on AVX-512, long rows walked in column blocks with the lane sums
  * carried across, up to 8 tiles a block at a time, in chunks of 128 tokens) give every output
  * exactly the bits of that order, however many outputs share a tile's final sums. */
 static void test_float_order(const char *isa, unsigned lanes)
