@@ -40,6 +40,11 @@
 #ifndef COL_Q_AVX2_PANEL_TOKENS
 #define COL_Q_AVX2_PANEL_TOKENS 8
 #endif
+/* Rows of at most one k-block take panels from fewer tokens: a decode tile's set-up per 8 rows
+ * (scales, transposes) is spread over too few blocks there (1024 x 384, 4-6 tokens: 1.3-1.7x). */
+#ifndef COL_Q_AVX2_PANEL_TOKENS_SHORT
+#define COL_Q_AVX2_PANEL_TOKENS_SHORT 3
+#endif
 
 /* The scales of blocks b0 .. b0 + 7 of 8 rows, lane r holding row r's: ws[k] for block b0 + k.
  * Reads 16 bytes from each row's scales, past its last scale into its payload when fewer than 8
@@ -329,7 +334,8 @@ COL_INLINE COL_T2 void rows_q(const col_matvec_job *j, const uint8_t *qx, uint64
 {
     const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(j->w.dtype, n);
     const uint8_t *base = j->w.data;
-    if (j->n_tokens >= COL_Q_AVX2_PANEL_TOKENS) {
+    const uint32_t panel_from = n <= PANEL_KB * QK ? COL_Q_AVX2_PANEL_TOKENS_SHORT : COL_Q_AVX2_PANEL_TOKENS;
+    if (j->n_tokens >= panel_from) {
         for (uint64_t r = r0; r < r1; r += LANES) panel_rows(j, qx, r, r1 - r < LANES ? (int)(r1 - r) : LANES, q4);
         return;
     }
