@@ -31,11 +31,19 @@
 #include <string.h>
 
 #define LANES 8     /* rows per vector */
+/* An empty asm that v passes through: gcc otherwise reassociates a pass's chains of integer adds
+ * into trees, which keeps all of a block's products live at once and spills them to the stack. */
+#define KEEP_CHAIN(v) __asm__("" : "+x"(v))
 #define PANEL_KB 16 /* blocks per panel (a k-block): 4 KiB of q8_0 weights, in L1 with the tokens' blocks */
 /* Batches of fewer tokens run the decode tiles a token at a time: packing panels from memory cost
  * more than it saved below 6-8 tokens (bench_products, docs/performance.md). */
 #ifndef COL_Q_AVX2_PANEL_TOKENS
 #define COL_Q_AVX2_PANEL_TOKENS 8
+#endif
+/* Rows of at most one k-block take panels from fewer tokens: a decode tile's set-up per 8 rows
+ * (scales, transposes) is spread over too few blocks there (1024 x 384, 4-6 tokens: 1.3-1.7x). */
+#ifndef COL_Q_AVX2_PANEL_TOKENS_SHORT
+#define COL_Q_AVX2_PANEL_TOKENS_SHORT 3
 #endif
 
 /* The scales of blocks b0 .. b0 + 7 of 8 rows, lane r holding row r's: ws[k] for block b0 + k.
@@ -245,6 +253,7 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
                     int32_t x4;
                     memcpy(&x4, xq[b] + (g < 4 ? q4_low(b0 + k) + 4 * g : q4_high(nb, b0 + k) + 4 * (g - 4)), 4);
                     isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(_mm256_xor_si256(_mm256_set1_epi32(x4), bias), w));
+                    KEEP_CHAIN(isum[b]);
                 }
             }
 #pragma GCC unroll 4
@@ -261,6 +270,7 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
                     memcpy(&x4, xq[b] + QK * (b0 + k) + 4 * g, 4);
                     const __m256i prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(x4), w));
                     isum[b] = _mm256_add_epi32(isum[b], _mm256_madd_epi16(prod, ones));
+                    KEEP_CHAIN(isum[b]);
                 }
             }
         }
@@ -324,7 +334,8 @@ COL_INLINE COL_T2 void rows_q(const col_matvec_job *j, const uint8_t *qx, uint64
 {
     const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(j->w.dtype, n);
     const uint8_t *base = j->w.data;
-    if (j->n_tokens >= COL_Q_AVX2_PANEL_TOKENS) {
+    const uint32_t panel_from = n <= PANEL_KB * QK ? COL_Q_AVX2_PANEL_TOKENS_SHORT : COL_Q_AVX2_PANEL_TOKENS;
+    if (j->n_tokens >= panel_from) {
         for (uint64_t r = r0; r < r1; r += LANES) panel_rows(j, qx, r, r1 - r < LANES ? (int)(r1 - r) : LANES, q4);
         return;
     }
