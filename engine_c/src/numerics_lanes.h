@@ -124,24 +124,15 @@ static TGT void FN(blocked)(FN(lanes) *g, const float *const *x, uint32_t nt, in
         for (uint64_t i = lo; i < hi;) {
             const uint64_t b = i / BW, end = (b + 1) * BW < hi ? (b + 1) * BW : hi;
             if (b != g->block) FN(load)(g, b);
-            /* lane by lane, each lane's columns of the block in order: the same operations in the
-             * same order per lane sum, each sum loaded and stored once a block instead of once a
-             * column when lanes < BW */
-            const uint32_t cnt = (uint32_t)(end - i), span = cnt < lanes ? cnt : lanes;
-            for (uint32_t s = 0; s < span; s++) {
-                V *a = acc + (uint64_t)(l + s < lanes ? l + s : l + s - lanes) * m;
+            for (; i < end; i++) {
+                const V w = g->col[i % BW];
+                V *a = acc + (uint64_t)l * m;
                 for (uint32_t t = 0; t < m; t++) {
-                    V r = a[t];
-                    for (uint32_t c = s; c < cnt; c += lanes) {
-                        const VX xv = V_BCAST(x[t0 + t] + i + c);
-                        const V w = g->col[(i + c) % BW];
-                        r = fma ? V_FMA(w, xv, r) : V_ADD(r, V_MUL(w, xv));
-                    }
-                    a[t] = r;
+                    const VX xv = V_BCAST(x[t0 + t] + i);
+                    a[t] = fma ? V_FMA(w, xv, a[t]) : V_ADD(a[t], V_MUL(w, xv));
                 }
+                l = l + 1 == lanes ? 0 : l + 1;
             }
-            l = (uint32_t)((l + cnt) % lanes);
-            i = end;
         }
         for (uint32_t t = 0; t < m; t++) FN(tree)(acc + t, m, 0, lanes, &out[t0 + t]);
     }
