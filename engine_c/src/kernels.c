@@ -55,6 +55,10 @@ void col_attend_head(const col_pool *pool, const col_head_job *head, float *scor
         col_attend_group_avx512(head, scores, out);
         return;
     }
+    if (isa == COL_ISA_AVX2) {
+        col_attend_group_avx2(head, scores, out);
+        return;
+    }
 #endif
     (void)isa; /* only x86 has paths to choose from */
     for (uint32_t j = 0; j < head->n_q; j++) {
@@ -62,12 +66,6 @@ void col_attend_head(const col_pool *pool, const col_head_job *head, float *scor
         one.q = head->q + (uint64_t)j * head->d;
         one.n_q = 1;
         one.sinks = head->sinks ? head->sinks + j : NULL;
-#if defined(__x86_64__)
-        if (isa == COL_ISA_AVX2) {
-            col_attend_head_avx2(&one, scores, out + (uint64_t)j * head->d);
-            continue;
-        }
-#endif
         col_attend_head_portable(&one, scores, out + (uint64_t)j * head->d);
     }
 }
@@ -77,6 +75,10 @@ static void round_bf16_range(col_isa isa, float *v, uint64_t n)
 #if defined(__x86_64__)
     if (isa >= COL_ISA_AVX512) {
         col_round_bf16_avx512(v, n);
+        return;
+    }
+    if (isa == COL_ISA_AVX2) {
+        col_round_bf16_avx2(v, n);
         return;
     }
 #endif
@@ -105,6 +107,10 @@ static void swiglu_gate_range(col_isa isa, float *h1, const float *h3, uint64_t 
 #if defined(__x86_64__)
     if (isa >= COL_ISA_AVX512) {
         col_swiglu_gate_avx512(h1, h3, n);
+        return;
+    }
+    if (isa == COL_ISA_AVX2) {
+        col_swiglu_gate_avx2(h1, h3, n);
         return;
     }
 #endif

@@ -104,8 +104,9 @@ const char *col_isa_name(col_isa isa);
 
 /* The SwiGLU gate: h1[i] = silu(h1[i]) * h3[i] = h1[i] / (1 + exp(-h1[i])) * h3[i] for i < n.
  * On the pool's threads when n is large (pool may be NULL: the portable path). Each element's
- * result depends only on its inputs and the pool's path (AVX-512 and AMX pools use a vector exp
- * within 2 ulp of expf, the others expf), so a prefill block and a step give the same bits. */
+ * result depends only on its inputs and the pool's path (AVX2, AVX-512 and AMX pools use a vector
+ * exp within 2 ulp of expf, the portable path expf), so a prefill block and a step give the same
+ * bits. */
 void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n);
 
 /* v[i] rounded to the nearest bf16 in place (ties to even; Inf and NaN unchanged), for i < n; on

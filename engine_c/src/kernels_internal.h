@@ -156,11 +156,13 @@ void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r
                           uint64_t stage_bytes, col_ahead ahead);
 uint64_t col_int8_stage_bytes(void);
 #define COL_PANEL_ROWS 16 /* rows of a batch's panel: a chunk of a quantised batch ends on a multiple */
-/* All n_q heads of h (AVX-512), or one head (AVX2), as col_attend_head. */
+/* All n_q heads of h, as col_attend_head (scores: n_q * n_keys floats). */
 void col_attend_group_avx512(const col_head_job *h, float *scores, float *out);
-void col_attend_head_avx2(const col_head_job *h, float *scores, float *out);
+void col_attend_group_avx2(const col_head_job *h, float *scores, float *out);
 void col_swiglu_gate_avx512(float *h1, const float *h3, uint64_t n);
+void col_swiglu_gate_avx2(float *h1, const float *h3, uint64_t n);
 void col_round_bf16_avx512(float *v, uint64_t n);
+void col_round_bf16_avx2(float *v, uint64_t n);
 void col_round_f16_avx512(float *v, uint64_t n);
 void col_round_f16_avx2(float *v, uint64_t n);
 #endif

@@ -935,28 +935,263 @@ COL_T512 void col_attend_group_avx512(const col_head_job *h, float *scores, floa
     }
 }
 
-COL_INLINE COL_T2 float dot_head_avx2(const float *a, const float *b, uint32_t d)
+/* exp(x), 8 at a time, for the AVX2 SwiGLU gate and softmax: exp16's reduction and polynomial,
+ * then the scale 2^n in two exact halves (2^(n >> 1), then 2^(n - (n >> 1)), each a normal
+ * number), so the one rounding is the last multiply's and gives 0, subnormals and inf as vscalefps
+ * does. The clamp and a NaN as in exp16. */
+COL_INLINE COL_T2 __m256 exp8(__m256 x)
 {
-    __m256 acc = _mm256_setzero_ps();
-    uint32_t i = 0;
-    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum8(acc);
-    for (; i < d; i++) s += a[i] * b[i];
-    return s;
+    x = _mm256_min_ps(_mm256_set1_ps(150.0f), _mm256_max_ps(_mm256_set1_ps(-150.0f), x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i ni = _mm256_cvtps_epi32(n), bias = _mm256_set1_epi32(127);
+    const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23)));
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23)));
 }
 
-COL_T2 void col_attend_head_avx2(const col_head_job *h, float *scores, float *out)
+/* The first min(n, 8) lanes, as a maskload/maskstore mask. */
+COL_INLINE COL_T2 __m256i lanes_below8(uint64_t n)
 {
-    for (uint32_t t = 0; t < h->n_keys; t++) scores[t] = dot_head_avx2(h->q, h->k + (uint64_t)t * h->stride, h->d) * h->scale;
-    col_softmax_in_place(scores, h->n_keys, h->sinks);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n < 8 ? (int)n : 8), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* The query heads of one KV group (col_attend_head) on AVX2, in col_attend_group_avx512's three
+ * passes with half its registers, up to four heads at a time:
+ * - scores: each (head, key) product accumulates in one vector over the blocks of 8 of q and the
+ *   key (the last block masked); 8 such vectors (4 heads x 2 keys, 2 x 4 or 1 x 8) are summed by
+ *   hsum8x8, the same additions for every vector, so a score depends only on its query and key;
+ * - softmax per head in 8 lanes with exp8;
+ * - values: each (head, block of 8 dimensions) output has two chains, even and odd keys, added at
+ *   the end; 8 chains at once (4 heads x 1 block, 2 x 2 or 1 x 4).
+ * A head's result is a fixed function of its inputs, whatever its group or the prefetch. */
+COL_INLINE COL_T2 __m256 key_scores8(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *key,
+                                     uint32_t here, const int full)
+{
+    const uint32_t KC = 8 / HC;
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (uint32_t a = 0; a < 8; a++) acc[a] = _mm256_setzero_ps();
     uint32_t i = 0;
     for (; i + 8 <= h->d; i += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (uint32_t t = 0; t < h->n_keys; t++)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[t]), _mm256_loadu_ps(h->v + (uint64_t)t * h->stride + i), acc);
-        _mm256_storeu_ps(out + i, acc);
+        __m256 kb[8];
+#pragma GCC unroll 8
+        for (uint32_t k = 0; k < KC; k++)
+            kb[k] = full || k < here ? _mm256_loadu_ps(key + (uint64_t)k * h->stride + i) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (uint32_t j = 0; j < HC; j++) {
+            const __m256 qb = _mm256_loadu_ps(h->q + (uint64_t)(h0 + j) * h->d + i);
+#pragma GCC unroll 8
+            for (uint32_t k = 0; k < KC; k++) acc[j * KC + k] = _mm256_fmadd_ps(qb, kb[k], acc[j * KC + k]);
+        }
     }
-    for (; i < h->d; i++) out[i] = col_weighted_value(h, scores, i);
+    if (i < h->d) { /* the last, partial block: zeros past d */
+        const __m256i m = lanes_below8(h->d - i);
+        __m256 kb[8];
+#pragma GCC unroll 8
+        for (uint32_t k = 0; k < KC; k++)
+            kb[k] = full || k < here ? _mm256_maskload_ps(key + (uint64_t)k * h->stride + i, m) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (uint32_t j = 0; j < HC; j++) {
+            const __m256 qb = _mm256_maskload_ps(h->q + (uint64_t)(h0 + j) * h->d + i, m);
+#pragma GCC unroll 8
+            for (uint32_t k = 0; k < KC; k++) acc[j * KC + k] = _mm256_fmadd_ps(qb, kb[k], acc[j * KC + k]);
+        }
+    }
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* lane a: the sum of acc[a] */
+    return _mm256_mul_ps(_mm256_permutevar8x32_ps(hsum8x8(acc), order), _mm256_set1_ps(h->scale));
+}
+
+COL_INLINE COL_T2 void group_scores8(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores)
+{
+    const uint32_t KC = 8 / HC;
+    for (uint32_t t0 = 0; t0 < h->n_keys; t0 += KC) {
+        const uint32_t here = h->n_keys - t0 < KC ? h->n_keys - t0 : KC;
+        const float *key = h->k + (uint64_t)t0 * h->stride;
+        if (h->prefetch && t0 + h->prefetch < h->n_keys)
+            for (uint32_t k = 0; k < KC && t0 + h->prefetch + k < h->n_keys; k++)
+                for (uint32_t i = 0; i < h->d; i += 16)
+                    _mm_prefetch((const char *)(key + (uint64_t)(h->prefetch + k) * h->stride + i), _MM_HINT_T0);
+        const __m256 sc = here == KC ? key_scores8(h, h0, HC, key, KC, 1) : key_scores8(h, h0, HC, key, here, 0);
+        float *dst = scores + (uint64_t)h0 * h->n_keys + t0;
+        if (HC == 1) {
+            _mm256_maskstore_ps(dst, lanes_below8(here), sc);
+        } else if (HC == 2) {
+            const __m128i m4 = _mm256_castsi256_si128(lanes_below8(here));
+            _mm_maskstore_ps(dst, m4, _mm256_castps256_ps128(sc));
+            _mm_maskstore_ps(dst + h->n_keys, m4, _mm256_extractf128_ps(sc, 1));
+        } else {
+            float lanes[8];
+            _mm256_storeu_ps(lanes, sc);
+            for (uint32_t j = 0; j < 4; j++)
+                for (uint32_t k = 0; k < here; k++) dst[(uint64_t)j * h->n_keys + k] = lanes[j * 2 + k];
+        }
+    }
+}
+
+/* col_softmax_in_place in 8 lanes; the sink's exponential (the same exp8) joins the lane sum last. */
+static COL_T2 void softmax_avx2(float *scores, uint32_t n, const float *sink)
+{
+    __m256 max = _mm256_set1_ps(sink ? *sink : -INFINITY);
+    uint32_t t = 0;
+    for (; t + 8 <= n; t += 8) max = _mm256_max_ps(_mm256_loadu_ps(scores + t), max);
+    if (t < n) max = _mm256_max_ps(_mm256_blendv_ps(max, _mm256_maskload_ps(scores + t, lanes_below8(n - t)),
+                                                    _mm256_castsi256_ps(lanes_below8(n - t))), max);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(max), _mm256_extractf128_ps(max, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const __m256 top = _mm256_set1_ps(_mm_cvtss_f32(m4));
+    __m256 sum = _mm256_setzero_ps();
+    for (t = 0; t + 8 <= n; t += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), top));
+        sum = _mm256_add_ps(sum, e);
+        _mm256_storeu_ps(scores + t, e);
+    }
+    if (t < n) {
+        const __m256i m = lanes_below8(n - t);
+        __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(scores + t, m), top)), _mm256_castsi256_ps(m));
+        sum = _mm256_add_ps(sum, e);
+        _mm256_maskstore_ps(scores + t, m, e);
+    }
+    if (sink)
+        sum = _mm256_add_ps(sum, _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_set1_ps(*sink), top)),
+                                               _mm256_castsi256_ps(lanes_below8(1))));
+    const __m256 inv = _mm256_set1_ps(1.0f / hsum8(sum));
+    for (t = 0; t + 8 <= n; t += 8) _mm256_storeu_ps(scores + t, _mm256_mul_ps(_mm256_loadu_ps(scores + t), inv));
+    for (; t < n; t++) scores[t] *= _mm256_cvtss_f32(inv);
+}
+
+/* Outputs of heads h0 .. h0 + HC - 1 from their probabilities p + j * n_keys over the 4 / HC
+ * blocks of 8 dimensions from i0 (all inside d when `full`, a constant: plain loads). */
+COL_INLINE COL_T2 void values_pass8(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p, float *out,
+                                    uint32_t i0, const int full)
+{
+    const uint32_t BP = 4 / HC, n = h->n_keys;
+    __m256i m[4];
+    __m256 even[4], odd[4]; /* [j * BP + b] */
+#pragma GCC unroll 4
+    for (uint32_t b = 0; b < BP; b++)
+        m[b] = full || i0 + 8 * b < h->d ? lanes_below8(h->d - i0 - 8 * b) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (uint32_t a = 0; a < 4; a++) even[a] = odd[a] = _mm256_setzero_ps();
+#define COL_LOAD8(ptr, b) (full ? _mm256_loadu_ps(ptr) : _mm256_maskload_ps(ptr, m[b]))
+    const float *v = h->v + i0;
+    uint32_t t = 0;
+    for (; t + 2 <= n; t += 2) {
+        const float *v0 = v + (uint64_t)t * h->stride, *v1 = v0 + h->stride;
+        if (h->prefetch && t + h->prefetch + 1 < n)
+#pragma GCC unroll 4
+            for (uint32_t b = 0; b < BP; b += 2) {
+                _mm_prefetch((const char *)(v0 + (uint64_t)h->prefetch * h->stride + 8 * b), _MM_HINT_T0);
+                _mm_prefetch((const char *)(v1 + (uint64_t)h->prefetch * h->stride + 8 * b), _MM_HINT_T0);
+            }
+        __m256 x0[4], x1[4];
+#pragma GCC unroll 4
+        for (uint32_t b = 0; b < BP; b++) {
+            x0[b] = COL_LOAD8(v0 + 8 * b, b);
+            x1[b] = COL_LOAD8(v1 + 8 * b, b);
+        }
+#pragma GCC unroll 4
+        for (uint32_t j = 0; j < HC; j++) {
+            const __m256 p0 = _mm256_broadcast_ss(p + (uint64_t)j * n + t), p1 = _mm256_broadcast_ss(p + (uint64_t)j * n + t + 1);
+#pragma GCC unroll 4
+            for (uint32_t b = 0; b < BP; b++) {
+                even[j * BP + b] = _mm256_fmadd_ps(p0, x0[b], even[j * BP + b]);
+                odd[j * BP + b] = _mm256_fmadd_ps(p1, x1[b], odd[j * BP + b]);
+            }
+        }
+    }
+    if (t < n) {
+        const float *v0 = v + (uint64_t)t * h->stride;
+#pragma GCC unroll 4
+        for (uint32_t j = 0; j < HC; j++) {
+            const __m256 p0 = _mm256_broadcast_ss(p + (uint64_t)j * n + t);
+#pragma GCC unroll 4
+            for (uint32_t b = 0; b < BP; b++) even[j * BP + b] = _mm256_fmadd_ps(p0, COL_LOAD8(v0 + 8 * b, b), even[j * BP + b]);
+        }
+    }
+#undef COL_LOAD8
+#pragma GCC unroll 4
+    for (uint32_t j = 0; j < HC; j++)
+#pragma GCC unroll 4
+        for (uint32_t b = 0; b < BP; b++) {
+            float *dst = out + (uint64_t)(h0 + j) * h->d + i0 + 8 * b;
+            const __m256 sum = _mm256_add_ps(even[j * BP + b], odd[j * BP + b]);
+            if (full)
+                _mm256_storeu_ps(dst, sum);
+            else if (i0 + 8 * b < h->d)
+                _mm256_maskstore_ps(dst, m[b], sum);
+        }
+}
+
+COL_INLINE COL_T2 void group_values8(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p, float *out)
+{
+    const uint32_t span = 8 * (4 / HC);
+    uint32_t i0 = 0;
+    for (; i0 + span <= h->d; i0 += span) values_pass8(h, h0, HC, p, out, i0, 1);
+    if (i0 < h->d) values_pass8(h, h0, HC, p, out, i0, 0);
+}
+
+COL_INLINE COL_T2 void attend_heads8(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores, float *out)
+{
+    group_scores8(h, h0, HC, scores);
+    for (uint32_t j = 0; j < HC; j++)
+        softmax_avx2(scores + (uint64_t)(h0 + j) * h->n_keys, h->n_keys, h->sinks ? h->sinks + h0 + j : NULL);
+    group_values8(h, h0, HC, scores + (uint64_t)h0 * h->n_keys, out);
+}
+
+COL_T2 void col_attend_group_avx2(const col_head_job *h, float *scores, float *out)
+{
+    for (uint32_t h0 = 0; h0 < h->n_q;) {
+        const uint32_t left = h->n_q - h0;
+        if (left >= 4) {
+            attend_heads8(h, h0, 4, scores, out);
+            h0 += 4;
+        } else if (left >= 2) {
+            attend_heads8(h, h0, 2, scores, out);
+            h0 += 2;
+        } else {
+            attend_heads8(h, h0, 1, scores, out);
+            h0 += 1;
+        }
+    }
+}
+
+/* The SwiGLU gate as col_swiglu_gate_avx512's, 8 at a time with exp8 (the tail under a mask). */
+COL_T2 void col_swiglu_gate_avx2(float *h1, const float *h3, uint64_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (uint64_t i = 0; i < n; i += 8) {
+        const __m256i m = lanes_below8(n - i);
+        __m256 z = _mm256_maskload_ps(h1 + i, m), b = _mm256_maskload_ps(h3 + i, m);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), z));
+        _mm256_maskstore_ps(h1 + i, m, _mm256_mul_ps(_mm256_div_ps(z, _mm256_add_ps(one, e)), b));
+    }
+}
+
+/* col_round_bf16_avx512's rule in 8 lanes: the same bits as the portable rounding. */
+COL_T2 void col_round_bf16_avx2(float *v, uint64_t n)
+{
+    const __m256i exp_mask = _mm256_set1_epi32(0x7F800000), half = _mm256_set1_epi32(0x7FFF);
+    const __m256i one = _mm256_set1_epi32(1), keep = _mm256_set1_epi32((int)0xFFFF0000u);
+    for (uint64_t i = 0; i < n; i += 8) {
+        const __m256i m = lanes_below8(n - i);
+        __m256i b = _mm256_castps_si256(_mm256_maskload_ps(v + i, m));
+        __m256i r = _mm256_add_epi32(_mm256_add_epi32(b, half), _mm256_and_si256(_mm256_srli_epi32(b, 16), one));
+        r = _mm256_and_si256(r, keep);
+        __m256i special = _mm256_cmpeq_epi32(_mm256_and_si256(b, exp_mask), exp_mask);
+        _mm256_maskstore_ps(v + i, m, _mm256_castsi256_ps(_mm256_blendv_epi8(r, b, special)));
+    }
 }
 
 /* h1[i] = silu(h1[i]) * h3[i] = h1[i] / (1 + exp(-h1[i])) * h3[i], 16 at a time (a tail of

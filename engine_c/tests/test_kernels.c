@@ -744,7 +744,9 @@ int main(void)
         test_float_order("avx512", 16);
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_int8_definition();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_swiglu_gate("avx2");
     if (__builtin_cpu_supports("avx512f")) test_swiglu_gate("avx512");
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_round_bf16("avx2");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_round_bf16("avx512");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_round_f16("avx2");
