@@ -62,7 +62,7 @@ from colibri.convert import (
 )
 from colibri.errors import ColibriFormatError, ColibriIOError
 from colibri.families import architecture_from_config
-from colibri.families.common import check_limits
+from colibri.families.common import check_limits, mla_tensors
 from colibri.fileformat import (
     ARCH_DBRX, ARCH_GPT_OSS, ARCH_GRANITEMOE, ARCH_GRANITEMOESHARED, ARCH_LLAMA4, ARCH_MIXTRAL,
     ARCH_OLMOE, ARCH_PHIMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ATTENTION_MLA, DTYPE_BF16,
@@ -775,37 +775,24 @@ class _Importer:
 
 
 def _mla_attention(imp: _Importer, hp: HParams, src: str, dst: str) -> None:
-    """DeepSeek's latent attention. llama.cpp's converter splits kv_b_proj per head into
-    attn_k_b [nh, c, nope] (the key half, transposed) and attn_v_b [nh, vd, c], Colibri's own
-    layout; files made before that split hold kv_b_proj itself as attn_kv_b, split here."""
-    H, nh, ql, c = hp.d_model, hp.n_heads, hp.q_lora_rank, hp.kv_lora_rank
-    nope, r, vd = hp.qk_nope_head_dim, hp.qk_rope_head_dim, hp.v_head_dim or 0
-    bias = bool(hp.flags & FLAG_QKV_BIAS)
-    if ql:
-        imp.add(f"{dst}.attn_q_a", f"{src}.attn_q_a.weight", (ql, H))
-        if bias:
-            imp.add(f"{dst}.attn_q_a_bias", f"{src}.attn_q_a.bias", (ql,))
-        imp.add(f"{dst}.attn_q_a_norm", f"{src}.attn_q_a_norm.weight", (ql,))
-        imp.add(f"{dst}.attn_q_b", f"{src}.attn_q_b.weight", (nh * (nope + r), ql))
-    else:
-        imp.add(f"{dst}.attn_q", f"{src}.attn_q.weight", (nh * (nope + r), H))
-    imp.add(f"{dst}.attn_kv_a", f"{src}.attn_kv_a_mqa.weight", (c + r, H))
-    if bias:
-        imp.add(f"{dst}.attn_kv_a_bias", f"{src}.attn_kv_a_mqa.bias", (c + r,))
-    imp.add(f"{dst}.attn_kv_a_norm", f"{src}.attn_kv_a_norm.weight", (c,))
-    if f"{src}.attn_kv_b.weight" in imp.f and f"{src}.attn_k_b.weight" not in imp.f:
-        fused, per_head = (nh * (nope + vd), c), (nh, nope + vd, c)
-        imp.add(f"{dst}.attn_k_b", f"{src}.attn_kv_b.weight", (nh, c, nope),
-                rows=(slice(None), slice(0, nope)), source_shape=fused, view=per_head,
-                transpose=True)
-        imp.add(f"{dst}.attn_v_b", f"{src}.attn_kv_b.weight", (nh, vd, c),
-                rows=(slice(None), slice(nope, None)), source_shape=fused, view=per_head)
-    else:
-        imp.add(f"{dst}.attn_k_b", f"{src}.attn_k_b.weight", (nh, c, nope))
-        imp.add(f"{dst}.attn_v_b", f"{src}.attn_v_b.weight", (nh, vd, c))
-    imp.add(f"{dst}.attn_o", f"{src}.attn_output.weight", (H, nh * vd))
-    if hp.flags & FLAG_O_BIAS:
-        imp.add(f"{dst}.attn_o_bias", f"{src}.attn_output.bias", (H,))
+    """DeepSeek's latent attention, the tensors of `mla_tensors`. llama.cpp's converter splits
+    kv_b_proj per head into attn_k_b [nh, c, nope] (the key half, transposed) and attn_v_b
+    [nh, vd, c], Colibri's own layout; files made before that split hold kv_b_proj itself as
+    attn_kv_b, split here."""
+    nh, c, nope, vd = hp.n_heads, hp.kv_lora_rank, hp.qk_nope_head_dim, hp.v_head_dim or 0
+    for ours, _, theirs, shape in mla_tensors(hp):
+        if ours != "attn_kv_b":
+            imp.add(f"{dst}.{ours}", f"{src}.{theirs}", shape)
+        elif f"{src}.attn_kv_b.weight" in imp.f and f"{src}.attn_k_b.weight" not in imp.f:
+            per_head = (nh, nope + vd, c)
+            imp.add(f"{dst}.attn_k_b", f"{src}.{theirs}", (nh, c, nope),
+                    rows=(slice(None), slice(0, nope)), source_shape=shape, view=per_head,
+                    transpose=True)
+            imp.add(f"{dst}.attn_v_b", f"{src}.{theirs}", (nh, vd, c),
+                    rows=(slice(None), slice(nope, None)), source_shape=shape, view=per_head)
+        else:
+            imp.add(f"{dst}.attn_k_b", f"{src}.attn_k_b.weight", (nh, c, nope))
+            imp.add(f"{dst}.attn_v_b", f"{src}.attn_v_b.weight", (nh, vd, c))
 
 
 def _plan(f: GGUFFile, a: _Arch, dtype: int) -> tuple[list[TensorSpec], dict[str, list[str]]]:
