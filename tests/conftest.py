@@ -7,13 +7,14 @@ per distinct set of arguments and shared by the whole test session (treat them a
 Tensor names and shapes follow docs/format.md for each of the four architectures.
 
 For the Inspector's tests: `inspector_settings` (its settings in the test's own directory) and
-`window` (a shown MainWindow with those settings). They import Qt only when a test asks for them.
+`window` (a shown MainWindow with those settings), `debugger_panel` (a factory of debugger
+panels, shut down after the test). They import Qt only when a test asks for them.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ import pytest
 from tiny_models import TinyModel, make_tiny_model
 
 if TYPE_CHECKING:
+    from colibri.inspector.debugger import QtDebuggerPanel
     from colibri.inspector.main_window import MainWindow
 
 # Qt tests never need a display: without one, Qt would abort the whole run looking for it.
@@ -88,6 +90,27 @@ def inspector_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "settings"
     monkeypatch.setenv(ENV_SETTINGS, str(path))
     return path
+
+
+@pytest.fixture
+def debugger_panel(qtbot: Any) -> Iterator[Callable[..., QtDebuggerPanel]]:
+    """Factory: debugger_panel(model=None), a debugger panel on `model` (None: none yet) that
+    qtbot owns and that is shut down after the test. Ask for it after the fixture giving the
+    model, so the panel is shut down before the model is closed."""
+    from colibri.inspector.debugger import QtDebuggerPanel
+    made: list[QtDebuggerPanel] = []
+
+    def build(model: Any = None) -> QtDebuggerPanel:
+        p = QtDebuggerPanel()
+        qtbot.addWidget(p)
+        if model is not None:
+            p.set_model(model)
+        made.append(p)
+        return p
+
+    yield build
+    for p in reversed(made):
+        p.shutdown()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -575,6 +576,20 @@ def test_bench_session_times_every_repeat_of_a_prefill_and_its_decode() -> None:
     assert r["kernels"] == "portable" and (r["threads"], r["prompt"], r["decode"]) == (2, 12, 5)
     assert len(r["prefill_seconds"]) == len(r["decode_seconds"]) == 3
     assert all(s > 0 for s in r["prefill_seconds"] + r["decode_seconds"])
+
+
+def test_bench_session_warms_up_with_a_prompt_shorter_than_its_warm_steps() -> None:
+    """The warm-up steps reuse the prompt's tokens: a 1-token prompt ran them on the 3 ints past
+    its array ("token 32738 outside [0, 32000)" on the Mixtral-shaped bench model)."""
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(["make", "-s", "-C", str(root / "engine_c"), "build/bench_session"], check=True)
+    for prompt in ("1", "2", "3"):
+        run = subprocess.run([str(root / "engine_c" / "build" / "bench_session"),
+                              str(root / "resources" / "demo" / "demo.colibri"), "--prompt", prompt,
+                              "--decode", "6", "--repeats", "1", "--kernels", "portable"],
+                             capture_output=True, text=True, env={**os.environ, "MALLOC_PERTURB_": "165"})
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["prompt"] == int(prompt)
 
 
 def test_bench_session_names_an_unreadable_file() -> None:

@@ -435,6 +435,35 @@ def test_what_the_import_cannot_run_faithfully_is_refused_by_name(
     assert not (tmp_path / "m.colibri").exists()
 
 
+@pytest.mark.parametrize("family,prefix,keys", [
+    ("deepseek_v3", "deepseek2", {}),
+    ("gpt_oss", "gpt-oss", {"rope.scaling.type": ("yarn", _STR),
+                            "rope.scaling.factor": (4.0, _F32),
+                            "rope.scaling.original_context_length": (64, _U32)}),
+])
+def test_yarn_keys_are_read_alike_for_every_family(family: str, prefix: str,
+                                                   keys: dict[str, Any], tmp_path: Path) -> None:
+    """DeepSeek (through a transformers config) and GPT-OSS (straight to the header) read the
+    same YaRN keys: the attention factor is yarn_attn_factor, as llama.cpp's converters write
+    it (DeepSeek read attn_factor, LongRoPE's), and an extrapolation factor is refused alike."""
+    src = GGUFFile.open(str(FIXTURES / f"{family}-f32.gguf"))
+    keys = {f"{prefix}.{k}": v for k, v in keys.items()}
+    rewrite(src, tmp_path / "yarn.gguf", {}, {**keys,
+            f"{prefix}.rope.scaling.yarn_attn_factor": (1.25, _F32),
+            f"{prefix}.rope.scaling.yarn_beta_fast": (16.0, _F32),
+            f"{prefix}.rope.scaling.attn_factor": (3.0, _F32)})
+    convert_gguf(tmp_path / "yarn.gguf", tmp_path / "yarn.colibri")
+    with colibri.Model.open(tmp_path / "yarn.colibri") as m:
+        hp = m.hparams
+        assert (hp.rope_type, hp.rope_factor, hp.rope_original_max_context) == (
+            fileformat.ROPE_YARN, 4.0, 64)
+        assert (hp.rope_attn_factor, hp.rope_beta_fast, hp.rope_beta_slow) == (1.25, 16.0, 1.0)
+    rewrite(src, tmp_path / "ext.gguf", {}, {
+        **keys, f"{prefix}.rope.scaling.yarn_ext_factor": (0.5, _F32)})
+    with pytest.raises(ConversionError, match=rf"{prefix}.rope.scaling.yarn_ext_factor = 0.5"):
+        convert_gguf(tmp_path / "ext.gguf", tmp_path / "ext.colibri")
+
+
 def test_config_architectures_are_every_family_they_name() -> None:
     """Each family CONFIG_ARCHITECTURES reads through is a family of the fixtures, so each is
     proven by the tests above."""

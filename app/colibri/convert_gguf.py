@@ -62,7 +62,7 @@ from colibri.convert import (
 )
 from colibri.errors import ColibriFormatError, ColibriIOError
 from colibri.families import architecture_from_config
-from colibri.families.common import check_limits
+from colibri.families.common import check_limits, mla_tensors
 from colibri.fileformat import (
     ARCH_DBRX, ARCH_GPT_OSS, ARCH_GRANITEMOE, ARCH_GRANITEMOESHARED, ARCH_LLAMA4, ARCH_MIXTRAL,
     ARCH_OLMOE, ARCH_PHIMOE, ARCH_QWEN2_MOE, ARCH_QWEN3_MOE, ATTENTION_MLA, DTYPE_BF16,
@@ -308,13 +308,14 @@ def _hparams(f: GGUFFile, notes: list[str]) -> _Arch:
         rope_type, rope_factor = 1, m.number("rope.scaling.factor")
     elif scaling == "yarn" and arch == "gpt-oss":
         # transformers' GPT-OSS does not floor/ceil the correction range (ggml does)
-        rope_type, rope_factor = ROPE_YARN, m.number("rope.scaling.factor")
-        yarn = dict(rope_original_max_context=m.int("rope.scaling.original_context_length"),
-                    rope_beta_fast=m.number("rope.scaling.yarn_beta_fast", 32.0),
-                    rope_beta_slow=m.number("rope.scaling.yarn_beta_slow", 1.0),
+        params = _yarn_parameters(m, notes)
+        rope_type, rope_factor = ROPE_YARN, params["factor"]
+        yarn = dict(rope_original_max_context=params["original_max_position_embeddings"],
+                    rope_beta_fast=params.get("beta_fast", 32.0),
+                    rope_beta_slow=params.get("beta_slow", 1.0),
                     rope_truncate=0,
-                    rope_attn_factor=m.number("rope.scaling.yarn_attn_factor",
-                                              0.1 * float(np.log(rope_factor)) + 1.0))
+                    rope_attn_factor=params.get("attention_factor",
+                                                0.1 * float(np.log(rope_factor)) + 1.0))
     elif scaling not in ("none", None):
         raise ConversionError(f"{arch}.rope.scaling.type {scaling!r} not supported "
                               "(supported: none, linear; yarn for gpt-oss)")
@@ -486,6 +487,35 @@ def _routing_config(m: _Meta) -> dict[str, Any]:
             m.number("expert_weights_scale")}
 
 
+def _yarn_parameters(m: _Meta, notes: list[str]) -> dict[str, Any]:
+    """The one reader of the YaRN keys `rope.scaling.*`, as transformers' rope_parameters:
+    factor and original context always, beta_fast, beta_slow and attention_factor (llama.cpp's
+    converters write it as yarn_attn_factor; attn_factor is LongRoPE's) where the file has them,
+    mscale from yarn_log_multiplier; an extrapolation factor other than 1 is refused."""
+    params: dict[str, Any] = {
+        "rope_type": "yarn", "factor": m.number("rope.scaling.factor"),
+        "original_max_position_embeddings": m.int("rope.scaling.original_context_length")}
+    for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
+                      ("yarn_attn_factor", "attention_factor")):
+        if m.get(f"rope.scaling.{key}") is not None:
+            params[name] = m.number(f"rope.scaling.{key}")
+    ext = m.get("rope.scaling.yarn_ext_factor")
+    if ext is not None and ext != 1.0:
+        raise ConversionError(f"{m.arch}.rope.scaling.yarn_ext_factor = {ext!r}: "
+                              "transformers' YaRN has no extrapolation factor (1.0)")
+    log_mul = m.get("rope.scaling.yarn_log_multiplier")
+    if log_mul is not None:
+        # 0.1 * mscale_all_dim (llama.cpp's DeepSeek converter), divided back as llama.cpp
+        # does; mscale itself is not written: equal to it in every published model
+        mscale = float(np.float32(m.number("rope.scaling.yarn_log_multiplier"))
+                       / np.float32(0.1))
+        params.update(mscale=mscale, mscale_all_dim=mscale)
+        notes.append(f"YaRN mscale is not in the GGUF file: taken equal to mscale_all_dim "
+                     f"({mscale:g}, from rope.scaling.yarn_log_multiplier), as in the "
+                     "published DeepSeek models and as llama.cpp computes")
+    return params
+
+
 def _rope_parameters(m: _Meta, notes: list[str], yarn: bool = False) -> dict[str, Any]:
     """rope_parameters from `rope.freq_base` and `rope.scaling.*` (YaRN where `yarn`: the only
     family whose YaRN files are tested, DeepSeek's)."""
@@ -495,27 +525,7 @@ def _rope_parameters(m: _Meta, notes: list[str], yarn: bool = False) -> dict[str
     if scaling == "linear":
         params.update(rope_type="linear", factor=m.number("rope.scaling.factor"))
     elif scaling == "yarn" and yarn:
-        params.update(rope_type="yarn", factor=m.number("rope.scaling.factor"),
-                      original_max_position_embeddings=m.int(
-                          "rope.scaling.original_context_length"))
-        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
-                          ("attn_factor", "attention_factor")):
-            if m.get(f"rope.scaling.{key}") is not None:
-                params[name] = m.number(f"rope.scaling.{key}")
-        ext = m.get("rope.scaling.yarn_ext_factor")
-        if ext is not None and ext != 1.0:
-            raise ConversionError(f"{m.arch}.rope.scaling.yarn_ext_factor = {ext!r}: "
-                                  "transformers' YaRN has no extrapolation factor (1.0)")
-        log_mul = m.get("rope.scaling.yarn_log_multiplier")
-        if log_mul is not None:
-            # 0.1 * mscale_all_dim (llama.cpp's DeepSeek converter), divided back as llama.cpp
-            # does; mscale itself is not written: equal to it in every published model
-            mscale = float(np.float32(m.number("rope.scaling.yarn_log_multiplier"))
-                           / np.float32(0.1))
-            params.update(mscale=mscale, mscale_all_dim=mscale)
-            notes.append(f"YaRN mscale is not in the GGUF file: taken equal to mscale_all_dim "
-                         f"({mscale:g}, from rope.scaling.yarn_log_multiplier), as in the "
-                         "published DeepSeek models and as llama.cpp computes")
+        params.update(_yarn_parameters(m, notes))
     elif scaling not in ("none", None):
         raise ConversionError(f"{m.arch}.rope.scaling.type {scaling!r} not supported "
                               f"(supported: none, linear{', yarn' if yarn else ''})")
@@ -765,37 +775,24 @@ class _Importer:
 
 
 def _mla_attention(imp: _Importer, hp: HParams, src: str, dst: str) -> None:
-    """DeepSeek's latent attention. llama.cpp's converter splits kv_b_proj per head into
-    attn_k_b [nh, c, nope] (the key half, transposed) and attn_v_b [nh, vd, c], Colibri's own
-    layout; files made before that split hold kv_b_proj itself as attn_kv_b, split here."""
-    H, nh, ql, c = hp.d_model, hp.n_heads, hp.q_lora_rank, hp.kv_lora_rank
-    nope, r, vd = hp.qk_nope_head_dim, hp.qk_rope_head_dim, hp.v_head_dim or 0
-    bias = bool(hp.flags & FLAG_QKV_BIAS)
-    if ql:
-        imp.add(f"{dst}.attn_q_a", f"{src}.attn_q_a.weight", (ql, H))
-        if bias:
-            imp.add(f"{dst}.attn_q_a_bias", f"{src}.attn_q_a.bias", (ql,))
-        imp.add(f"{dst}.attn_q_a_norm", f"{src}.attn_q_a_norm.weight", (ql,))
-        imp.add(f"{dst}.attn_q_b", f"{src}.attn_q_b.weight", (nh * (nope + r), ql))
-    else:
-        imp.add(f"{dst}.attn_q", f"{src}.attn_q.weight", (nh * (nope + r), H))
-    imp.add(f"{dst}.attn_kv_a", f"{src}.attn_kv_a_mqa.weight", (c + r, H))
-    if bias:
-        imp.add(f"{dst}.attn_kv_a_bias", f"{src}.attn_kv_a_mqa.bias", (c + r,))
-    imp.add(f"{dst}.attn_kv_a_norm", f"{src}.attn_kv_a_norm.weight", (c,))
-    if f"{src}.attn_kv_b.weight" in imp.f and f"{src}.attn_k_b.weight" not in imp.f:
-        fused, per_head = (nh * (nope + vd), c), (nh, nope + vd, c)
-        imp.add(f"{dst}.attn_k_b", f"{src}.attn_kv_b.weight", (nh, c, nope),
-                rows=(slice(None), slice(0, nope)), source_shape=fused, view=per_head,
-                transpose=True)
-        imp.add(f"{dst}.attn_v_b", f"{src}.attn_kv_b.weight", (nh, vd, c),
-                rows=(slice(None), slice(nope, None)), source_shape=fused, view=per_head)
-    else:
-        imp.add(f"{dst}.attn_k_b", f"{src}.attn_k_b.weight", (nh, c, nope))
-        imp.add(f"{dst}.attn_v_b", f"{src}.attn_v_b.weight", (nh, vd, c))
-    imp.add(f"{dst}.attn_o", f"{src}.attn_output.weight", (H, nh * vd))
-    if hp.flags & FLAG_O_BIAS:
-        imp.add(f"{dst}.attn_o_bias", f"{src}.attn_output.bias", (H,))
+    """DeepSeek's latent attention, the tensors of `mla_tensors`. llama.cpp's converter splits
+    kv_b_proj per head into attn_k_b [nh, c, nope] (the key half, transposed) and attn_v_b
+    [nh, vd, c], Colibri's own layout; files made before that split hold kv_b_proj itself as
+    attn_kv_b, split here."""
+    nh, c, nope, vd = hp.n_heads, hp.kv_lora_rank, hp.qk_nope_head_dim, hp.v_head_dim or 0
+    for ours, _, theirs, shape in mla_tensors(hp):
+        if ours != "attn_kv_b":
+            imp.add(f"{dst}.{ours}", f"{src}.{theirs}", shape)
+        elif f"{src}.attn_kv_b.weight" in imp.f and f"{src}.attn_k_b.weight" not in imp.f:
+            per_head = (nh, nope + vd, c)
+            imp.add(f"{dst}.attn_k_b", f"{src}.{theirs}", (nh, c, nope),
+                    rows=(slice(None), slice(0, nope)), source_shape=shape, view=per_head,
+                    transpose=True)
+            imp.add(f"{dst}.attn_v_b", f"{src}.{theirs}", (nh, vd, c),
+                    rows=(slice(None), slice(nope, None)), source_shape=shape, view=per_head)
+        else:
+            imp.add(f"{dst}.attn_k_b", f"{src}.attn_k_b.weight", (nh, c, nope))
+            imp.add(f"{dst}.attn_v_b", f"{src}.attn_v_b.weight", (nh, vd, c))
 
 
 def _plan(f: GGUFFile, a: _Arch, dtype: int) -> tuple[list[TensorSpec], dict[str, list[str]]]:

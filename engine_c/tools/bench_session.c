@@ -101,7 +101,7 @@ int main(int argc, char **argv)
     /* warm: page the weights in and let the workers settle */
     if (col_session_prefill(session, tokens, (uint32_t)prompt, NULL, err, sizeof err) != COL_OK) goto failed;
     for (unsigned long i = 0; i < 4 && prompt + i < config.max_context; i++)
-        if (col_session_step(session, tokens[i], NULL, err, sizeof err) != COL_OK) goto failed;
+        if (col_session_step(session, tokens[i % prompt], NULL, err, sizeof err) != COL_OK) goto failed;
     for (unsigned long r = 0; r < repeats; r++) {
         if (col_session_reset(session) != COL_OK) { /* reset takes no message buffer */
             snprintf(err, sizeof err, "col_session_reset failed");

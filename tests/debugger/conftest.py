@@ -29,6 +29,13 @@ def moe3_path(tiny_model_path: Callable[..., Path]) -> Path:
 
 
 @pytest.fixture
+def moe3_model(moe3_path: Path) -> Model:
+    m = Model.open(moe3_path)
+    yield m
+    m.close()
+
+
+@pytest.fixture
 def model(model_path: Path) -> Model:
     m = Model.open(model_path)
     yield m

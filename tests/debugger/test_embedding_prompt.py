@@ -95,15 +95,9 @@ def test_rows_of_another_width_are_refused_before_a_run(model: Model) -> None:
 
 
 @pytest.fixture
-def panel(qtbot, model: Model):
+def panel(model: Model, debugger_panel):
     pytest.importorskip("pyqtgraph")
-    from colibri.inspector.debugger import QtDebuggerPanel
-
-    p = QtDebuggerPanel()
-    qtbot.addWidget(p)
-    p.set_model(model)
-    yield p
-    p.shutdown()
+    return debugger_panel(model)
 
 
 def test_the_run_form_runs_rows_from_a_npy_file(qtbot, panel, model: Model,

@@ -4,8 +4,6 @@ routing map and status show what the engine recorded."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("PySide6")
@@ -23,14 +21,8 @@ WAIT_MS = 20000
 
 
 @pytest.fixture
-def panel(qtbot, moe3_path: Path):
-    model = Model.open(moe3_path)
-    p = QtDebuggerPanel()
-    qtbot.addWidget(p)
-    p.set_model(model)
-    yield p
-    p.shutdown()
-    model.close()
+def panel(moe3_model: Model, debugger_panel) -> QtDebuggerPanel:
+    return debugger_panel(moe3_model)
 
 
 def test_the_form_needs_a_threshold_for_cached_routing(qtbot, panel: QtDebuggerPanel) -> None:

@@ -22,14 +22,11 @@ SPEC = "force:pos=3,layer=2,experts=5+6"
 
 
 @pytest.fixture
-def panel(qtbot, model: Model):
-    p = QtDebuggerPanel()
-    qtbot.addWidget(p)
-    p.set_model(model)
+def panel(model: Model, debugger_panel) -> QtDebuggerPanel:
+    p = debugger_panel(model)
     p.run_panel.prompt.setText(",".join(map(str, PROMPT)))
     p.run_panel.max_new.setValue(5)
-    yield p
-    p.shutdown()
+    return p
 
 
 def finished_run(qtbot, panel: QtDebuggerPanel) -> None:

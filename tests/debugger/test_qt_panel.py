@@ -41,13 +41,9 @@ def controller(qtbot):
 
 
 @pytest.fixture
-def panel(qtbot, model: Model):
+def panel(model: Model, debugger_panel) -> QtDebuggerPanel:
     """A debugger panel on the test model, shut down after the test."""
-    p = QtDebuggerPanel()
-    qtbot.addWidget(p)
-    p.set_model(model)
-    yield p
-    p.shutdown()
+    return debugger_panel(model)
 
 
 def test_worker_run_equals_headless_run(qtbot, controller: DebuggerController,
@@ -221,12 +217,8 @@ def test_run_panel_kernel_choice_reaches_the_session(qtbot, panel: QtDebuggerPan
 
 
 @pytest.fixture
-def v3_panel(qtbot, v3_model: Model):
-    p = QtDebuggerPanel()
-    qtbot.addWidget(p)
-    p.set_model(v3_model)
-    yield p
-    p.shutdown()
+def v3_panel(v3_model: Model, debugger_panel) -> QtDebuggerPanel:
+    return debugger_panel(v3_model)
 
 
 def test_bias_changed_breakpoint_from_the_form_and_the_rule_in_the_token_view(

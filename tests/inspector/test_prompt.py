@@ -25,11 +25,8 @@ def test_token_ids_are_read_only_from_an_id_list(text, ids):
 
 
 @pytest.fixture
-def panel(qtbot):
-    p = QtDebuggerPanel()
-    qtbot.addWidget(p)
-    yield p
-    p.shutdown()
+def panel(debugger_panel) -> QtDebuggerPanel:
+    return debugger_panel()
 
 
 def test_a_model_without_tokenizer_asks_for_token_ids(qtbot, panel, tiny_model_path):

@@ -424,28 +424,40 @@ def gqa_attention(p: Planner, a: Architecture, layer: int) -> None:
         p.single(f"{dst}.attn_k_norm", f"{src}.k_norm.weight", (kv_out,))
 
 
+def mla_tensors(hp: HParams) -> list[tuple[str, str, str, tuple[int, ...]]]:
+    """The latent-attention (MLA) tensors of a layer in the order they are written: Colibri's
+    name, Hugging Face's (under self_attn), GGUF's (under blk.N) and the shape. The "attn_kv_b"
+    entry is kv_b_proj [nh*(nope+vd), c], which each import splits per head into attn_k_b
+    [nh, c, nope] (the key half, transposed) and attn_v_b [nh, vd, c]."""
+    H, nh, ql, c = hp.d_model, hp.n_heads, hp.q_lora_rank, hp.kv_lora_rank
+    nope, r, vd = hp.qk_nope_head_dim, hp.qk_rope_head_dim, hp.v_head_dim or 0
+    bias = bool(hp.flags & FLAG_QKV_BIAS)
+    out: list[tuple[str, str, str, tuple[int, ...]]] = []
+    if ql:
+        out.append(("attn_q_a", "q_a_proj.weight", "attn_q_a.weight", (ql, H)))
+        if bias:
+            out.append(("attn_q_a_bias", "q_a_proj.bias", "attn_q_a.bias", (ql,)))
+        out += [("attn_q_a_norm", "q_a_layernorm.weight", "attn_q_a_norm.weight", (ql,)),
+                ("attn_q_b", "q_b_proj.weight", "attn_q_b.weight", (nh * (nope + r), ql))]
+    else:
+        out.append(("attn_q", "q_proj.weight", "attn_q.weight", (nh * (nope + r), H)))
+    out.append(("attn_kv_a", "kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight", (c + r, H)))
+    if bias:
+        out.append(("attn_kv_a_bias", "kv_a_proj_with_mqa.bias", "attn_kv_a_mqa.bias", (c + r,)))
+    out += [("attn_kv_a_norm", "kv_a_layernorm.weight", "attn_kv_a_norm.weight", (c,)),
+            ("attn_kv_b", "kv_b_proj.weight", "attn_kv_b.weight", (nh * (nope + vd), c)),
+            ("attn_o", "o_proj.weight", "attn_output.weight", (H, nh * vd))]
+    if hp.flags & FLAG_O_BIAS:
+        out.append(("attn_o_bias", "o_proj.bias", "attn_output.bias", (H,)))
+    return out
+
+
 def mla_attention(p: Planner, a: Architecture, layer: int) -> None:
-    """DeepSeek's latent attention (docs/format.md, "MLA"): kv_b_proj [nh*(nope+vd), c] is split
-    per head into attn_k_b [nh, c, nope] (the key half, transposed) and attn_v_b [nh, vd, c]."""
+    """DeepSeek's latent attention (docs/format.md, "MLA"), the tensors of `mla_tensors`."""
     hp = a.hp
     src, dst = f"model.layers.{layer}.self_attn", f"layers.{layer}"
-    H, nh, ql, c = hp.d_model, hp.n_heads, hp.q_lora_rank, hp.kv_lora_rank
-    nope, r, vd = hp.qk_nope_head_dim, hp.qk_rope_head_dim, hp.v_head_dim
+    nh, c, nope, vd = hp.n_heads, hp.kv_lora_rank, hp.qk_nope_head_dim, hp.v_head_dim
     assert vd is not None
-    bias = bool(hp.flags & FLAG_QKV_BIAS)
-    if ql:
-        p.single(f"{dst}.attn_q_a", f"{src}.q_a_proj.weight", (ql, H))
-        if bias:
-            p.single(f"{dst}.attn_q_a_bias", f"{src}.q_a_proj.bias", (ql,))
-        p.single(f"{dst}.attn_q_a_norm", f"{src}.q_a_layernorm.weight", (ql,))
-        p.single(f"{dst}.attn_q_b", f"{src}.q_b_proj.weight", (nh * (nope + r), ql))
-    else:
-        p.single(f"{dst}.attn_q", f"{src}.q_proj.weight", (nh * (nope + r), H))
-    p.single(f"{dst}.attn_kv_a", f"{src}.kv_a_proj_with_mqa.weight", (c + r, H))
-    if bias:
-        p.single(f"{dst}.attn_kv_a_bias", f"{src}.kv_a_proj_with_mqa.bias", (c + r,))
-    p.single(f"{dst}.attn_kv_a_norm", f"{src}.kv_a_layernorm.weight", (c,))
-    kv_b = (nh * (nope + vd), c)
 
     def key_half(w: np.ndarray) -> np.ndarray:
         per_head = w.reshape(nh, nope + vd, c)
@@ -453,11 +465,12 @@ def mla_attention(p: Planner, a: Architecture, layer: int) -> None:
 
     def value_half(w: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(w.reshape(nh, nope + vd, c)[:, nope:, :])
-    p.derived(f"{dst}.attn_k_b", (nh, c, nope), f"{src}.kv_b_proj.weight", kv_b, key_half)
-    p.derived(f"{dst}.attn_v_b", (nh, vd, c), f"{src}.kv_b_proj.weight", kv_b, value_half)
-    p.single(f"{dst}.attn_o", f"{src}.o_proj.weight", (H, nh * vd))
-    if hp.flags & FLAG_O_BIAS:
-        p.single(f"{dst}.attn_o_bias", f"{src}.o_proj.bias", (H,))
+    for ours, theirs, _, shape in mla_tensors(hp):
+        if ours == "attn_kv_b":
+            p.derived(f"{dst}.attn_k_b", (nh, c, nope), f"{src}.{theirs}", shape, key_half)
+            p.derived(f"{dst}.attn_v_b", (nh, vd, c), f"{src}.{theirs}", shape, value_half)
+        else:
+            p.single(f"{dst}.{ours}", f"{src}.{theirs}", shape)
 
 
 def dense_mlp(p: Planner, a: Architecture, layer: int, src: str | None = None) -> None:

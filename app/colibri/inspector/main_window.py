@@ -16,6 +16,7 @@ old one only once it is fully opened and validated.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -486,12 +487,23 @@ class FileView(DataCheckTab, QWidget):
 # The window
 
 
+def freeze_long_lived_objects() -> None:
+    """Collect, then move every object alive into the collector's permanent generation, as a
+    window is made: the modules live as long as the process, and a full collection that scans
+    them (about 100 000 objects, 80-110 ms of CPU here) runs on whichever thread allocates, often
+    the UI thread while a worker checksums a file. After this it scans only what was made since
+    (the window among it); the collect first frees the garbage a freeze would keep forever."""
+    gc.collect()
+    gc.freeze()
+
+
 class MainWindow(QMainWindow):
     """The application window (see the module docstring)."""
 
     sig_file_opened = Signal(str)
 
     def __init__(self, settings: QSettings | None = None) -> None:
+        freeze_long_lived_objects()
         super().__init__()
         self.setObjectName("mainWindow")
         self.setWindowTitle("Colibri Inspector")
