@@ -227,7 +227,11 @@ def test_the_readme_shows_what_the_tool_prints(capsys: Capture) -> None:
                            "cached", "--cache-threshold", "0.5", "--expert-cache", "4",
                            "--debug-routing")
     assert code == 0 and len(shown) == 4
-    assert all(l in out.splitlines() for l in shown), shown
+    # a near tie's margin (3.8e-06) is at the kernels' rounding: its digits differ by path (AVX2,
+    # AVX-512), so numbers below 1e-4 are compared as such, every other character exactly
+    noise = re.compile(r"\d(\.\d{1,3})?e-(0[5-9]|[1-9]\d)")
+    printed = {noise.sub("~", l) for l in out.splitlines()}
+    assert all(noise.sub("~", l) in printed for l in shown), shown
     _, plain, _ = run_cli(capsys, "run", DEMO, "--prompt", PROMPT, "-n", "16", "--expert-cache",
                           "4")
     assert "expert cache: 136 hits" in plain and "(plain top-k with the same cache: 136 hits, " \
