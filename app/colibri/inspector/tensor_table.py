@@ -25,7 +25,8 @@ from dataclasses import replace
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QAbstractItemModel, QItemSelectionModel, QModelIndex, Qt, Signal
+from PySide6.QtCore import (QAbstractItemModel, QByteArray, QItemSelectionModel, QModelIndex, Qt,
+                            Signal)
 from PySide6.QtGui import QBrush, QColor, QResizeEvent
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel,
                                QLineEdit, QStackedWidget, QTableView, QTreeView, QVBoxLayout,
@@ -44,16 +45,24 @@ COLUMNS = ("name", "dtype", "shape", "offset", "bytes", "check", "layer", "exper
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 ROW_ROLE = Qt.ItemDataRole.UserRole + 2          # the TensorRow of a leaf, None for a group
 FETCH_ROWS = 200                                 # rows handed to the view per fetchMore
-_FLAGS = Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
-_ROLES = frozenset(int(r) for r in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.ToolTipRole,
-                                    Qt.ItemDataRole.ForegroundRole,
-                                    Qt.ItemDataRole.TextAlignmentRole, SORT_ROLE, ROW_ROLE))
+# Roles and answers as plain ints: a paint asks about 2 000 times, and each enum member read
+# from Python costs a descriptor call.
+_DISPLAY = int(Qt.ItemDataRole.DisplayRole)
+_TOOLTIP = int(Qt.ItemDataRole.ToolTipRole)
+_FOREGROUND = int(Qt.ItemDataRole.ForegroundRole)
+_ALIGNMENT = int(Qt.ItemDataRole.TextAlignmentRole)
+_SORT = int(SORT_ROLE)
+_ROW = int(ROW_ROLE)
+_ALIGN_RIGHT = int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+_ROLES = frozenset((_DISPLAY, _TOOLTIP, _FOREGROUND, _ALIGNMENT, _SORT, _ROW))
+_ASKED_BY_CODE = frozenset((_TOOLTIP, _SORT, _ROW))   # roles no delegate asks when painting
+_CHECK_COLUMN = COLUMNS.index("check")
+_BYTES_COLUMN = COLUMNS.index("bytes")
+_RIGHT_ALIGNED = frozenset(COLUMNS.index(c) for c in ("layer", "expert", "offset", "bytes"))
 # The columns that can answer a role (all but these two roles: every column), so that a paint's
 # many asks for a colour or an alignment of other columns return before looking up their row.
 _ALL_COLUMNS = frozenset(range(len(COLUMNS)))
-_ROLE_COLUMNS = {int(Qt.ItemDataRole.ForegroundRole): frozenset({COLUMNS.index("check")}),
-                 int(Qt.ItemDataRole.TextAlignmentRole): frozenset(
-                     COLUMNS.index(c) for c in ("layer", "expert", "offset", "bytes"))}
+_ROLE_COLUMNS = {_FOREGROUND: frozenset({_CHECK_COLUMN}), _ALIGNMENT: _RIGHT_ALIGNED}
 CHECK_COLOURS = {"ok": QColor(40, 140, 60), "bad": QColor(200, 40, 40),
                  "unchecked": QColor(130, 130, 130)}
 
@@ -108,6 +117,10 @@ class TensorTableModel(QAbstractItemModel):
             return
         self._sort_column, self._sort_order = column, order
         self._arrange()
+
+    def sorting(self) -> tuple[int, Qt.SortOrder]:
+        """The column the rows are sorted by, and the order."""
+        return self._sort_column, self._sort_order
 
     def _arrange(self, rows: list[TensorRow] | None = None, grouping: str | None = None) -> None:
         """Filter, group and sort every row (plain Python over the list), then reset with the
@@ -193,11 +206,17 @@ class TensorTableModel(QAbstractItemModel):
     # -- QAbstractItemModel -----------------------------------------------------------------
 
     def index(self, row: int, column: int, parent: Index = QModelIndex()) -> QModelIndex:
-        if not self.hasIndex(row, column, parent):
+        # bounds checked here, not by hasIndex(), whose rowCount and columnCount would be two
+        # more calls into Python for each cell a paint draws
+        if row < 0 or not 0 <= column < len(COLUMNS):
             return QModelIndex()
         if not parent.isValid():
-            return self.createIndex(row, column, 0)
-        return self.createIndex(row, column, parent.row() + 1)
+            rows = self._loaded[0] if self._grouping == "none" else len(self._groups)
+            return self.createIndex(row, column, 0) if row < rows else QModelIndex()
+        g = self._children_of(parent)
+        if g is None or row >= self._loaded[g]:
+            return QModelIndex()
+        return self.createIndex(row, column, g + 1)
 
     def parent(self, index: Index = QModelIndex()) -> QModelIndex:  # type: ignore[override]
         if not index.isValid():
@@ -253,12 +272,33 @@ class TensorTableModel(QAbstractItemModel):
                 return COLUMNS[section]
         return None
 
-    def flags(self, index: Index) -> Qt.ItemFlag:
-        if not index.isValid():
-            return Qt.ItemFlag.NoItemFlags
-        return _FLAGS
+    def multiData(self, index: Index, roleDataSpan: Any) -> None:  # noqa: N802, N803 (Qt API)
+        """All the roles a delegate asks of one cell (seven) in one call into Python, answered
+        here for a tensor row: each data() would cost a call into Python and four into Qt."""
+        row = self.row_at(index)
+        if row is None:   # a group header, or invalid
+            for i in range(len(roleDataSpan)):
+                asked = roleDataSpan[i]
+                value = self.data(index, asked.role())
+                if value is not None:
+                    asked.setData(value)
+            return
+        col = index.column()
+        for i in range(len(roleDataSpan)):
+            asked = roleDataSpan[i]
+            role = asked.role()
+            if role == _DISPLAY:
+                asked.setData(self._display(row, COLUMNS[col]))
+            elif role == _ALIGNMENT and col in _RIGHT_ALIGNED:
+                asked.setData(_ALIGN_RIGHT)
+            elif role == _FOREGROUND and col == _CHECK_COLUMN:
+                asked.setData(QBrush(CHECK_COLOURS.get(self.check_of(row), QColor(0, 0, 0))))
+            elif role in _ASKED_BY_CODE:
+                value = self.data(index, role)
+                if value is not None:
+                    asked.setData(value)
 
-    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+    def data(self, index: Index, role: int = _DISPLAY) -> Any:
         if role not in _ROLES or not index.isValid():   # painting asks for every role
             return None
         col = index.column()
@@ -269,31 +309,27 @@ class TensorTableModel(QAbstractItemModel):
             if self._grouping == "none" or index.internalId() != 0:
                 return None
             label, rows = self._groups[index.row()]
-            if role == Qt.ItemDataRole.DisplayRole:
+            if role == _DISPLAY:
                 if col == 0:
                     return f"{label} ({len(rows)})"
-                if col == COLUMNS.index("bytes"):
+                if col == _BYTES_COLUMN:
                     return _fmt_bytes(sum(r.nbytes for r in rows))
                 return None
-            if role == SORT_ROLE:
+            if role == _SORT:
                 return index.row()
             return None
-        name = COLUMNS[col]
-        if role == Qt.ItemDataRole.DisplayRole:
-            return self._display(row, name)
-        if role == SORT_ROLE:
-            return self._sort_key(row, name)
-        if role == ROW_ROLE:
-            return row
-        if role == Qt.ItemDataRole.ToolTipRole:
-            return (f"{row.label}\n{row.dtype} {row.shape_text}\n"
-                    f"bytes [0x{row.offset:x}, 0x{row.offset + row.nbytes:x})")
-        if role == Qt.ItemDataRole.ForegroundRole and name == "check":
+        if role == _DISPLAY:
+            return self._display(row, COLUMNS[col])
+        if role == _ALIGNMENT:   # only the right-aligned columns get here
+            return _ALIGN_RIGHT
+        if role == _FOREGROUND:  # only the check column gets here
             return QBrush(CHECK_COLOURS.get(self.check_of(row), QColor(0, 0, 0)))
-        if role == Qt.ItemDataRole.TextAlignmentRole and name in ("layer", "expert", "offset",
-                                                                  "bytes"):
-            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        return None
+        if role == _SORT:
+            return self._sort_key(row, COLUMNS[col])
+        if role == _ROW:
+            return row
+        return (f"{row.label}\n{row.dtype} {row.shape_text}\n"      # the tooltip
+                f"bytes [0x{row.offset:x}, 0x{row.offset + row.nbytes:x})")
 
     def _display(self, row: TensorRow, name: str) -> str:
         if name == "name":
@@ -371,8 +407,8 @@ class QtTensorTable(QWidget):
         self.table_view.setWordWrap(False)
         self.tree_view = QTreeView(self)
         self.tree_view.setUniformRowHeights(True)
+        self._header_states: dict[QHeaderView, QByteArray] = {}
         for view in (self.table_view, self.tree_view):
-            view.setModel(self.table_model)
             view.setAlternatingRowColors(True)
             view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
             view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
@@ -380,15 +416,8 @@ class QtTensorTable(QWidget):
             header.setStretchLastSection(False)
             header.setSortIndicator(COLUMNS.index("offset"), Qt.SortOrder.AscendingOrder)
             view.setSortingEnabled(True)   # a header click calls TensorTableModel.sort
-            metrics = view.fontMetrics()
-            for column, sample in zip(COLUMNS, ("layers.00.moe_w1[7]", "bf16",
-                                                "[32, 1024, 4096]", "0x1fffff000",
-                                                "999,999,999", "unchecked", "layer", "expert",
-                                                "embedding")):
-                width = max(metrics.horizontalAdvance(sample), metrics.horizontalAdvance(column))
-                view.setColumnWidth(COLUMNS.index(column), width + 18)
-            view.selectionModel().currentRowChanged.connect(self._on_current)
             header.sortIndicatorChanged.connect(self._sorted)
+        self._hold_model(self.table_view)
         self._name_width = self.table_view.columnWidth(0)
         self.views = QStackedWidget(self)
         self.views.addWidget(self.table_view)
@@ -411,13 +440,54 @@ class QtTensorTable(QWidget):
         self._restoring = False
         self._update_count()
 
+    def _hold_model(self, view: QTableView | QTreeView) -> None:
+        """Make `view` the one view holding the model. A hidden QTreeView holding it still lays
+        out every top-level row after each reset and fetch (a call into Python for each), which
+        cost the shown table's paints half their budget; the column widths and order a user
+        set on either view are kept across the switch."""
+        if view.model() is self.table_model:
+            return
+        for other in (self.table_view, self.tree_view):
+            if other is not view and other.model() is self.table_model:
+                self._header_states[self._header(other)] = self._header(other).saveState()
+                selection = other.selectionModel()
+                other.setModel(None)   # type: ignore[arg-type]
+                selection.deleteLater()
+        header = self._header(view)
+        header.blockSignals(True)   # the saved state's sort is not the model's: no re-sort
+        try:
+            header.setSortIndicator(*self.table_model.sorting())
+            view.setModel(self.table_model)
+            state = self._header_states.get(header)
+            if state is None:
+                self._size_columns(view)
+                if view is self.tree_view:   # the table's were sized before _name_width was known
+                    self._fit_names(view)
+            else:
+                header.restoreState(state)
+            header.setSortIndicator(*self.table_model.sorting())
+        finally:
+            header.blockSignals(False)
+        view.selectionModel().currentRowChanged.connect(self._on_current)
+
+    @staticmethod
+    def _size_columns(view: QTableView | QTreeView) -> None:
+        metrics = view.fontMetrics()
+        for column, sample in zip(COLUMNS, ("layers.00.moe_w1[7]", "bf16", "[32, 1024, 4096]",
+                                            "0x1fffff000", "999,999,999", "unchecked", "layer",
+                                            "expert", "embedding")):
+            width = max(metrics.horizontalAdvance(sample), metrics.horizontalAdvance(column))
+            view.setColumnWidth(COLUMNS.index(column), width + 18)
+
     def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 (Qt API)
         """Names get the width the other columns leave (GGUF and Hugging Face names are long)."""
         super().resizeEvent(event)
-        for view in (self.table_view, self.tree_view):
-            others = sum(view.columnWidth(c) for c in range(1, len(COLUMNS)))
-            room = self.width() - others - view.verticalScrollBar().sizeHint().width() - 8
-            view.setColumnWidth(0, max(self._name_width, room))
+        self._fit_names(self.view)
+
+    def _fit_names(self, view: QTableView | QTreeView) -> None:
+        others = sum(view.columnWidth(c) for c in range(1, len(COLUMNS)))
+        room = self.width() - others - view.verticalScrollBar().sizeHint().width() - 8
+        view.setColumnWidth(0, max(self._name_width, room))
 
     @staticmethod
     def _header(view: QTableView | QTreeView) -> QHeaderView:
@@ -506,6 +576,7 @@ class QtTensorTable(QWidget):
 
     def _after_reset(self) -> None:
         grouped = self.table_model.grouping() != "none"
+        self._hold_model(self.view)
         self.views.setCurrentWidget(self.view)
         if grouped and (self.table_model.rowCount() <= 64 or self.table_model.pattern().strip()):
             self.tree_view.expandAll()
