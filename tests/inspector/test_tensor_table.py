@@ -8,6 +8,8 @@ import csv
 
 import pytest
 from PySide6.QtCore import QModelIndex, Qt
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QStyleOptionViewItem
 
 from colibri.engine import Model
 from colibri.inspection.tensors import rows_for
@@ -95,6 +97,39 @@ def test_check_status_is_shown(table):
              for r in range(table.table_model.rowCount())}
     assert texts["token_embd"] == "bad" and texts["output"] == "ok"
     assert texts["layers.0.attn_q"] == "unchecked"
+
+
+@pytest.mark.parametrize("grouping", ["none", "layer"])
+def test_cells_are_painted_as_the_model_answers(table, grouping):
+    """The view's delegate fills a cell without asking the model's roles; what it paints (text,
+    alignment, the check column's colour) is what data() answers for that cell."""
+    table.set_grouping(grouping)
+    table.set_check_status({"token_embd": "bad", "output": "ok"})
+    model, view = table.table_model, table.view
+    parents = [QModelIndex()] if grouping == "none" else [QModelIndex(), model.index(1, 0)]
+    delegate = view.itemDelegate()
+    for parent, row in ((p, r) for p in parents for r in range(model.rowCount(p))):
+        for col in range(len(COLUMNS)):
+            index = model.index(row, col, parent)
+            option = QStyleOptionViewItem()
+            delegate.initStyleOption(option, index)
+            assert option.text == (index.data() or "")
+            alignment = index.data(Qt.ItemDataRole.TextAlignmentRole)
+            if alignment is not None:
+                assert option.displayAlignment == Qt.AlignmentFlag(alignment)
+            brush = index.data(Qt.ItemDataRole.ForegroundRole)
+            if brush is not None:
+                assert option.palette.color(QPalette.ColorRole.Text) == brush.color()
+
+
+def test_column_widths_survive_a_change_of_grouping(table):
+    """Only the view shown holds the model; a width the user gave a column stays when the
+    grouping goes and comes back."""
+    table.header().resizeSection(COLUMNS.index("dtype"), 123)
+    table.set_grouping("layer")
+    assert table.view.model() is table.table_model
+    table.set_grouping("none")
+    assert table.header().sectionSize(COLUMNS.index("dtype")) == 123
 
 
 def test_export_csv_writes_the_shown_rows(table, tmp_path):
