@@ -11,10 +11,10 @@
  * saturate on q8_0's weights biased by 128, so:
  * - q8_0 multiplies |w| (unsigned, at most 128) by x with w's sign (vpsignb; |x| <= 127), pair sums
  *   at most 32512, widened to int32 by vpmaddwd with ones;
- * - q4_0 in batches multiplies x + 128 (unsigned; an xor of the broadcast group) by nibble - 8
- *   (signed, -8..7): pair sums at most 4080, so a block's 8 groups add in int16 (at most 32640)
- *   before one vpmaddwd; the bias comes back out as -128 * the row's sum of nibble - 8, computed
- *   once per panel. Decode multiplies the raw nibbles by x and subtracts 8 * the sum of x.
+ * - q4_0 multiplies the raw nibbles (unsigned, 0..15) by x: pair sums at most 3810, so a block's 8
+ *   groups add in int16 (at most 30480) before one vpmaddwd; the nibbles' bias of 8 leaves as
+ *   -8 * the sum of the token's block (batches: the block correction col_quantize_row stores;
+ *   decode: summed in the kernel).
  * Decode (one token, and batches of fewer than COL_Q_AVX2_PANEL_TOKENS, a token at a time) reads 8
  * distant rows of the thread's share as they are stored (8 streams through memory, prefetched
  * col_decode_ahead bytes ahead) and turns the 8 rows' lane sums of a block into one vector of
@@ -173,19 +173,17 @@ COL_INLINE COL_T2 void decode_q4(const uint8_t *const *p, uint64_t n, const uint
 /* ---- batches: panels of 8 neighbouring rows ------------------------------------------------ */
 
 /* A k-block of 8 rows: per block, 8 vectors whose lane r holds row r's group g of 4 bytes
- * (q8_0: w; q4_0: nibble - 8, groups 0-3 the low nibbles, 4-7 the high ones), the 8 rows' scales,
- * and for q4_0 -128 * each row's sum of nibble - 8 over the block. */
+ * (q8_0: w; q4_0: the nibbles, groups 0-3 the low ones, 4-7 the high ones), and the 8 rows'
+ * scales. */
 typedef struct panel {
     __m256i w[PANEL_KB][8];
     __m256 d[PANEL_KB];
-    __m256i corr[PANEL_KB];
 } panel;
 
 /* Pack blocks b0 .. b0 + kn - 1 of rows p[0..7]. */
 COL_INLINE COL_T2 void pack_panel(const uint8_t *const *p, uint64_t nb, uint64_t b0, uint64_t kn, int q4, panel *pn)
 {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8), ones8 = _mm256_set1_epi8(1);
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
     for (uint64_t k = 0; k < kn; k += 8) {
         __m256 ws[8];
         row_scales(p, b0 + k, ws);
@@ -206,17 +204,8 @@ COL_INLINE COL_T2 void pack_panel(const uint8_t *const *p, uint64_t nb, uint64_t
             v[r] = _mm256_castsi256_ps(w);
         }
         col_transpose8(v, v);
-        __m256i nsum = _mm256_setzero_si256(); /* q4_0: nibble sums per byte, at most 8 * 15 */
 #pragma GCC unroll 8
-        for (int g = 0; g < 8; g++) {
-            const __m256i w = _mm256_castps_si256(v[g]);
-            if (q4) nsum = _mm256_add_epi8(nsum, w);
-            pn->w[k][g] = q4 ? _mm256_sub_epi8(w, eight) : w;
-        }
-        /* -128 * sum(nibble - 8) = 32768 - 128 * sum(nibble) */
-        if (q4)
-            pn->corr[k] = _mm256_sub_epi32(_mm256_set1_epi32(32768),
-                                           _mm256_slli_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(nsum, ones8), ones), 7));
+        for (int g = 0; g < 8; g++) pn->w[k][g] = _mm256_castps_si256(v[g]);
     }
 }
 
@@ -226,10 +215,11 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
                                   uint64_t b0, uint64_t kn, uint32_t t, const int NT, const int q4)
 {
     const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n);
-    const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
+    const __m256i ones = _mm256_set1_epi16(1);
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     const int8_t *xq[4];
     const float *dx[4];
+    const int32_t *corr[4]; /* q4_0: -8 * the sum of each block's activations */
     float *y[4];
     __m256 acc[4];
 #pragma GCC unroll 4
@@ -237,6 +227,7 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
         const uint8_t *base = qx + (uint64_t)(t + (uint32_t)b) * qb;
         xq[b] = (const int8_t *)base;
         dx[b] = (const float *)(const void *)(base + n);
+        corr[b] = (const int32_t *)(const void *)(base + col_qrow_block_corrections(n));
         y[b] = j->y + (uint64_t)(t + (uint32_t)b) * j->w.rows + r;
         acc[b] = b0 == 0 ? _mm256_setzero_ps() : nr == LANES ? _mm256_loadu_ps(y[b]) : _mm256_maskload_ps(y[b], mask);
     }
@@ -252,12 +243,13 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
                 for (int b = 0; b < NT; b++) {
                     int32_t x4;
                     memcpy(&x4, xq[b] + (g < 4 ? q4_low(b0 + k) + 4 * g : q4_high(nb, b0 + k) + 4 * (g - 4)), 4);
-                    isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(_mm256_xor_si256(_mm256_set1_epi32(x4), bias), w));
+                    isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4)));
                     KEEP_CHAIN(isum[b]);
                 }
             }
 #pragma GCC unroll 4
-            for (int b = 0; b < NT; b++) isum[b] = _mm256_add_epi32(_mm256_madd_epi16(isum[b], ones), pn->corr[k]);
+            for (int b = 0; b < NT; b++)
+                isum[b] = _mm256_add_epi32(_mm256_madd_epi16(isum[b], ones), _mm256_set1_epi32(corr[b][b0 + k]));
         } else {
 #pragma GCC unroll 4
             for (int b = 0; b < NT; b++) isum[b] = _mm256_setzero_si256();

@@ -164,9 +164,9 @@ __attribute__((target("avx512f"))) static float quantize_block_avx512(const floa
 }
 
 /* The same with AVX2 (the same reasoning; no 32 -> 8 bit conversion, so two saturating packs,
- * exact after the clamp, and a lane reorder). A block with a NaN or an infinity takes the scalar
- * rules. */
-__attribute__((target("avx2"))) static float quantize_block_avx2(const float *xb, int8_t *vals)
+ * exact after the clamp, and a lane reorder): the 32 values in *vals (element order), their sum in
+ * *sum. A block with a NaN or an infinity takes the scalar rules. */
+__attribute__((target("avx2"))) static inline float quantize_block_avx2(const float *xb, __m256i *vals, int32_t *sum)
 {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     const __m256 inf = _mm256_set1_ps(INFINITY);
@@ -177,7 +177,15 @@ __attribute__((target("avx2"))) static float quantize_block_avx2(const float *xb
         special = _mm256_or_ps(special, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ)); /* NaN or inf */
         amax8 = _mm256_max_ps(amax8, a);
     }
-    if (_mm256_movemask_ps(special)) return quantize_block(xb, vals);
+    if (_mm256_movemask_ps(special)) {
+        int8_t v[QK];
+        const float d = quantize_block(xb, v);
+        int32_t s = 0;
+        for (int j = 0; j < QK; j++) s += v[j];
+        *vals = _mm256_loadu_si256((const __m256i *)(const void *)v);
+        *sum = s;
+        return d;
+    }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
@@ -189,13 +197,46 @@ __attribute__((target("avx2"))) static float quantize_block_avx2(const float *xb
         q[k] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(x[k], id)), bottom), top);
     /* per 128-bit lane: q0, q1, q2, q3 four each (the low lane elements 0-3, the high 4-7) */
     const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    _mm256_storeu_si256((__m256i *)vals, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    *vals = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    *sum = _mm_cvtsi128_si32(s4);
     return dx;
+}
+
+/* col_quantize_row on AVX2 (place_block's arrangement, the values stored from the register: a
+ * 16-byte reload of a 32-byte store stalled the loop), the blocks' sums from the vectors. */
+__attribute__((target("avx2"))) static void quantize_row_avx2(const float *x, uint64_t cols, uint32_t wdtype, uint8_t *out)
+{
+    const uint64_t nb = cols / QK;
+    int8_t *q = (int8_t *)out;
+    float *d = (float *)(out + cols);
+    int32_t *cb = (int32_t *)(out + col_qrow_block_corrections(cols));
+    for (uint64_t b = 0; b < nb; b++) {
+        int32_t sum;
+        __m256i v;
+        d[b] = quantize_block_avx2(x + b * QK, &v, &sum);
+        if (wdtype == COL_DTYPE_Q4_0) {
+            _mm_storeu_si128((__m128i *)(void *)(q + col_xq_pos(wdtype, nb, b, 0)), _mm256_castsi256_si128(v));
+            _mm_storeu_si128((__m128i *)(void *)(q + col_xq_pos(wdtype, nb, b, 16)), _mm256_extracti128_si256(v, 1));
+        } else {
+            _mm256_storeu_si256((__m256i *)(void *)(q + b * QK), v);
+        }
+        cb[b] = (wdtype == COL_DTYPE_Q8_0 ? -128 : -8) * sum;
+    }
 }
 #endif
 
 void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa isa, uint8_t *out)
 {
+#if defined(__x86_64__)
+    if (isa == COL_ISA_AVX2) {
+        quantize_row_avx2(x, cols, wdtype, out);
+        return;
+    }
+#endif
     uint64_t nb = cols / QK;
     int8_t *q = (int8_t *)out, vals[QK];
     float *d = (float *)(out + cols);
@@ -204,8 +245,6 @@ void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa is
 #if defined(__x86_64__)
         if (isa >= COL_ISA_AVX512)
             d[b] = quantize_block_avx512(x + b * QK, vals);
-        else if (isa == COL_ISA_AVX2)
-            d[b] = quantize_block_avx2(x + b * QK, vals);
         else
 #endif
             d[b] = quantize_block(x + b * QK, vals);
