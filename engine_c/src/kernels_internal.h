@@ -134,17 +134,10 @@ int col_has_avx512bf16(void);
 void col_rows_bf16dot_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1, col_ahead ahead);
 void col_rows_bf16dot_avx2(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1);
 
-/* Bytes of per-thread scratch for AVX2 float batches of at most max_cols columns: the f32 panel a
- * block of f16 or bf16 rows is widened into once for all its token passes. */
-uint64_t col_avx2_panel_bytes(uint64_t max_cols);
-
-/* Rows [r0, r1) of job j, every token, on AVX2 / AVX-512 (only where CPUID found them); `panel`
- * (panel_bytes, may be NULL; 32-byte aligned not required) is the thread's scratch for widened f16
- * and bf16 row blocks of a batch (col_avx2_panel_bytes; without it they are widened in every token
- * pass, the same bits), `carry` (carry_bytes, may be NULL) the thread's scratch for batches over long
- * rows, `ahead` the decode tiles' prefetch distances (col_decode_ahead). */
-void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *panel,
-                   uint64_t panel_bytes, col_ahead ahead);
+/* Rows [r0, r1) of job j, every token, on AVX2 / AVX-512 (only where CPUID found them); `carry`
+ * (carry_bytes, may be NULL) is the thread's scratch for batches over long rows, `ahead` the
+ * decode tiles' prefetch distances (col_decode_ahead). */
+void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead);
 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *carry,
                      uint64_t carry_bytes, col_ahead ahead);
 

@@ -226,19 +226,16 @@ COL_INLINE void next_tile_step(next_tile_prefetch *pf)
     }
 }
 
-/* A tile for float weights: one vector accumulator per output, walked left to right. Its rows are
- * read from `w0` (row r's bytes) on, rb bytes apart: the weights' own rows, or a block of them
- * widened to f32 (rows_batch_avx2), the same values. */
-COL_INLINE COL_T2 void tile_f_avx2_rows(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT,
-                                        uint32_t t, const uint8_t *w0, uint64_t rb, uint32_t dtype, uint32_t ahead,
-                                        next_tile_prefetch pf_in)
+/* A tile for float weights: one vector accumulator per output, walked left to right. */
+COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
+                                   uint32_t dtype, uint32_t ahead, next_tile_prefetch pf_in)
 {
     const col_weight *w = &j->w;
-    uint64_t n = w->cols, esize = dtype == COL_DTYPE_F32 ? 4 : 2;
+    uint64_t n = w->cols, rb = col_dtype_row_bytes(dtype, n), esize = dtype == COL_DTYPE_F32 ? 4 : 2;
     const uint8_t *row[MAX_TILE_ROWS];
     const float *x[MAX_TILE_TOKENS];
     __m256 acc[MAX_TILE];
-    for (int a = 0; a < NR; a++) row[a] = w0 + (uint64_t)a * step * rb;
+    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
     for (int b = 0; b < NT; b++) x[b] = j->x + (uint64_t)(t + b) * n;
 #pragma GCC unroll 24
     for (int k = 0; k < NR * NT; k++) acc[k] = _mm256_setzero_ps();
@@ -259,13 +256,6 @@ COL_INLINE COL_T2 void tile_f_avx2_rows(const col_matvec_job *j, uint64_t r, uin
     for (int a = 0; a < NR; a++)
         for (int b = 0; b < NT; b++)
             j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] = tail(sums[a * NT + b], row[a], dtype, x[b], i, n);
-}
-
-COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
-                                   uint32_t dtype, uint32_t ahead, next_tile_prefetch pf_in)
-{
-    const uint64_t rb = col_dtype_row_bytes(dtype, j->w.cols);
-    tile_f_avx2_rows(j, r, step, NR, NT, t, (const uint8_t *)j->w.data + r * rb, rb, dtype, ahead, pf_in);
 }
 
 /* Columns [k0, k1) of a tile (k0 a multiple of 16; rb the row bytes): the lane sums start at zero
@@ -365,123 +355,63 @@ COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, uint
 #define COL_ROWBLOCK_BYTES_AVX2 (128 * 1024)
 #endif
 
-#ifndef COL_PANEL_BYTES_AVX2
-#define COL_PANEL_BYTES_AVX2 (256 * 1024)
-#endif
-#ifndef COL_PANEL_PAD_AVX2
-#define COL_PANEL_PAD_AVX2 64
-#endif
-
-#define TILE_TOKENS_AVX2(NR, r, t, m, w0, rb, dtype, pf)                                                       \
-    do {                                                                                                        \
-        switch (m) {                                                                                            \
-        case 8: if (8 <= COL_BATCH_TOKENS_AVX2) tile_f_avx2_rows(j, r, 1, NR, 8, t, w0, rb, dtype, ahead, pf); break; \
-        case 7: if (7 <= COL_BATCH_TOKENS_AVX2) tile_f_avx2_rows(j, r, 1, NR, 7, t, w0, rb, dtype, ahead, pf); break; \
-        case 6: if (6 <= COL_BATCH_TOKENS_AVX2) tile_f_avx2_rows(j, r, 1, NR, 6, t, w0, rb, dtype, ahead, pf); break; \
-        case 5: if (5 <= COL_BATCH_TOKENS_AVX2) tile_f_avx2_rows(j, r, 1, NR, 5, t, w0, rb, dtype, ahead, pf); break; \
-        case 4: tile_f_avx2_rows(j, r, 1, NR, 4, t, w0, rb, dtype, ahead, pf); break;                                  \
-        case 3: tile_f_avx2_rows(j, r, 1, NR, 3, t, w0, rb, dtype, ahead, pf); break;                                  \
-        case 2: tile_f_avx2_rows(j, r, 1, NR, 2, t, w0, rb, dtype, ahead, pf); break;                                  \
-        default: tile_f_avx2_rows(j, r, 1, NR, 1, t, w0, rb, dtype, ahead, pf); break;                                 \
-        }                                                                                                       \
+#define TILE_TOKENS_AVX2(NR, r, t, m, dtype, pf)                                                        \
+    do {                                                                                                 \
+        switch (m) {                                                                                     \
+        case 8: if (8 <= COL_BATCH_TOKENS_AVX2) tile_f_avx2(j, r, 1, NR, 8, t, dtype, ahead, pf); break; \
+        case 7: if (7 <= COL_BATCH_TOKENS_AVX2) tile_f_avx2(j, r, 1, NR, 7, t, dtype, ahead, pf); break; \
+        case 6: if (6 <= COL_BATCH_TOKENS_AVX2) tile_f_avx2(j, r, 1, NR, 6, t, dtype, ahead, pf); break; \
+        case 5: if (5 <= COL_BATCH_TOKENS_AVX2) tile_f_avx2(j, r, 1, NR, 5, t, dtype, ahead, pf); break; \
+        case 4: tile_f_avx2(j, r, 1, NR, 4, t, dtype, ahead, pf); break;                                  \
+        case 3: tile_f_avx2(j, r, 1, NR, 3, t, dtype, ahead, pf); break;                                  \
+        case 2: tile_f_avx2(j, r, 1, NR, 2, t, dtype, ahead, pf); break;                                  \
+        default: tile_f_avx2(j, r, 1, NR, 1, t, dtype, ahead, pf); break;                                 \
+        }                                                                                                \
     } while (0)
-
-uint64_t col_avx2_panel_bytes(uint64_t max_cols)
-{
-    const uint64_t least = (uint64_t)COL_BATCH_ROWS_AVX2 * (4 * max_cols + COL_PANEL_PAD_AVX2);
-    return ((least > COL_PANEL_BYTES_AVX2 ? least : COL_PANEL_BYTES_AVX2) + 63) & ~(uint64_t)63;
-}
-
-/* Rows [r0, r1) of a block widened to f32 into `panel` ([r1 - r0][cols]), exactly (f16 and bf16 are
- * subsets of f32). */
-COL_INLINE COL_T2 void widen_rows_avx2(const col_matvec_job *j, uint64_t r0, uint64_t r1, uint32_t dtype, float *panel,
-                                        uint64_t stride)
-{
-    const uint64_t cols = j->w.cols, rb = col_dtype_row_bytes(dtype, cols);
-    for (uint64_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)j->w.data + r * rb;
-        float *dst = panel + (r - r0) * stride;
-        uint64_t i = 0;
-        for (; i + 8 <= cols; i += 8) _mm256_storeu_ps(dst + i, load8(row, dtype, i));
-        for (; i < cols; i++) dst[i] = col_load_elem(row, dtype, i);
-    }
-}
-
-/* A whole f32 batch tile, out of line: inlined into the block walk, GCC kept every token vector in
- * a register and spilled an accumulator to the stack, a store and reload in each step's chain. */
-static COL_T2 __attribute__((noinline)) void tile_f32_whole_avx2(const col_matvec_job *j, uint64_t r, uint32_t t,
-                                                                 const uint8_t *w0, uint64_t rb, next_tile_prefetch pf)
-{
-    tile_f_avx2_rows(j, r, 1, COL_BATCH_ROWS_AVX2, COL_BATCH_TOKENS_AVX2, t, w0, rb, COL_DTYPE_F32, 0, pf);
-}
-
-/* The token passes over rows [b0, b1) of a batch, read from `src` (row b0's bytes, rows srb apart,
- * of sdtype); each tile pass prefetches its share of the next block's next_bytes from `next`. */
-COL_INLINE COL_T2 void block_passes_avx2(const col_matvec_job *j, uint64_t b0, uint64_t b1, const uint8_t *src,
-                                         uint64_t srb, uint32_t sdtype, const char *next, uint64_t next_bytes,
-                                         uint32_t ahead)
-{
-    enum { NR = COL_BATCH_ROWS_AVX2, NT = COL_BATCH_TOKENS_AVX2 };
-    const uint32_t nt = j->n_tokens, passes = (nt + NT - 1) / NT;
-    const uint64_t tiles = (b1 - b0) / NR, shares = passes * tiles;
-    const next_tile_prefetch none = {NULL, NULL};
-    for (uint32_t t = 0, p = 0; t < nt; t += NT, p++) {
-        const uint32_t m = nt - t < NT ? nt - t : NT;
-        uint64_t r = b0;
-        for (uint64_t q = (uint64_t)p * tiles; r + NR <= b1; r += NR, q++) {
-            next_tile_prefetch pf = {next + (next_bytes * q / shares & ~(uint64_t)63),
-                                     next + next_bytes * (q + 1) / shares};
-            if (sdtype == COL_DTYPE_F32 && m == NT)
-                tile_f32_whole_avx2(j, r, t, src + (r - b0) * srb, srb, pf);
-            else
-                TILE_TOKENS_AVX2(NR, r, t, m, src + (r - b0) * srb, srb, sdtype, pf);
-        }
-        if (NR > 2 && r + 2 <= b1) { TILE_TOKENS_AVX2(2, r, t, m, src + (r - b0) * srb, srb, sdtype, none); r += 2; }
-        for (; r < b1; r++) TILE_TOKENS_AVX2(1, r, t, m, src + (r - b0) * srb, srb, sdtype, none);
-    }
-}
 
 /* Rows [r0, r1) of a batch: blocks of rows of about COL_ROWBLOCK_BYTES_AVX2, equal to a tile; each
  * tile pass of a block prefetches its share of the next block's bytes into L2 (one line per step at
- * most), so the next block's first pass finds its weights there. f16 and bf16 blocks are widened to
- * f32 once into `panel` (panel_bytes, the thread's scratch; may be NULL) and every token pass reads
- * them from there, where AVX2 (no bf16 or f16 products) would widen each weight again in every pass. */
-COL_INLINE COL_T2 void rows_batch_avx2(const col_matvec_job *j, uint64_t r0, uint64_t r1, uint32_t dtype, uint32_t ahead,
-                                       float *panel, uint64_t panel_bytes)
+ * most), so the next block's first pass finds its weights there. */
+COL_INLINE COL_T2 void rows_batch_avx2(const col_matvec_job *j, uint64_t r0, uint64_t r1, uint32_t dtype, uint32_t ahead)
 {
-    enum { NR = COL_BATCH_ROWS_AVX2 };
-    const uint64_t cols = j->w.cols, rb = col_dtype_row_bytes(dtype, cols), pb = 4 * cols + COL_PANEL_PAD_AVX2;
-    const int widen = dtype != COL_DTYPE_F32 && panel && panel_bytes >= NR * pb;
-    uint64_t block = widen ? panel_bytes / pb : COL_ROWBLOCK_BYTES_AVX2 / rb;
+    enum { NR = COL_BATCH_ROWS_AVX2, NT = COL_BATCH_TOKENS_AVX2 };
+    const uint32_t nt = j->n_tokens, passes = (nt + NT - 1) / NT;
+    const uint64_t rb = col_dtype_row_bytes(dtype, j->w.cols);
+    const next_tile_prefetch none = {NULL, NULL};
+    uint64_t block = COL_ROWBLOCK_BYTES_AVX2 / rb;
     block = block < NR ? NR : block;
     const uint64_t n_blocks = (r1 - r0 + block - 1) / block;
     block = ((r1 - r0 + n_blocks - 1) / n_blocks + NR - 1) / NR * NR;
-    if (widen && block * pb > panel_bytes) block -= NR; /* rounding up to whole tiles overshot the panel */
     for (uint64_t b0 = r0; b0 < r1; b0 += block) {
-        const uint64_t b1 = r1 - b0 < block ? r1 : b0 + block, n1 = r1 - b1 < block ? r1 : b1 + block;
+        const uint64_t b1 = r1 - b0 < block ? r1 : b0 + block, tiles = (b1 - b0) / NR;
+        const uint64_t n1 = r1 - b1 < block ? r1 : b1 + block;
         const char *next = (const char *)j->w.data + b1 * rb;
-        if (widen) {
-            widen_rows_avx2(j, b0, b1, dtype, panel, pb / 4);
-            block_passes_avx2(j, b0, b1, (const uint8_t *)panel, pb, COL_DTYPE_F32, next, (n1 - b1) * rb, ahead);
-        } else {
-            block_passes_avx2(j, b0, b1, (const uint8_t *)j->w.data + b0 * rb, rb, dtype, next, (n1 - b1) * rb, ahead);
+        const uint64_t next_bytes = (n1 - b1) * rb, shares = passes * tiles;
+        for (uint32_t t = 0, p = 0; t < nt; t += NT, p++) {
+            const uint32_t m = nt - t < NT ? nt - t : NT;
+            uint64_t r = b0;
+            for (uint64_t q = (uint64_t)p * tiles; r + NR <= b1; r += NR, q++) {
+                next_tile_prefetch pf = {next + (next_bytes * q / shares & ~(uint64_t)63),
+                                         next + next_bytes * (q + 1) / shares};
+                TILE_TOKENS_AVX2(NR, r, t, m, dtype, pf);
+            }
+            if (NR > 2 && r + 2 <= b1) { TILE_TOKENS_AVX2(2, r, t, m, dtype, none); r += 2; }
+            for (; r < b1; r++) TILE_TOKENS_AVX2(1, r, t, m, dtype, none);
         }
     }
 }
 
-COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *panel,
-                          uint64_t panel_bytes, col_ahead ahead)
+COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead)
 {
-    float *pf = (float *)(void *)panel;
     const next_tile_prefetch none = {NULL, NULL};
     const uint32_t dtype = j->w.dtype;
     if (is_block_dtype(dtype)) {
         col_rows_int8_avx2(j, qx, r0, r1, ahead.q);
     } else if (j->n_tokens > 1) {
         switch (dtype) {
-        case COL_DTYPE_F32: rows_batch_avx2(j, r0, r1, COL_DTYPE_F32, ahead.f, pf, panel_bytes); break;
-        case COL_DTYPE_F16: rows_batch_avx2(j, r0, r1, COL_DTYPE_F16, ahead.f, pf, panel_bytes); break;
-        case COL_DTYPE_BF16: rows_batch_avx2(j, r0, r1, COL_DTYPE_BF16, ahead.f, pf, panel_bytes); break;
+        case COL_DTYPE_F32: rows_batch_avx2(j, r0, r1, COL_DTYPE_F32, ahead.f); break;
+        case COL_DTYPE_F16: rows_batch_avx2(j, r0, r1, COL_DTYPE_F16, ahead.f); break;
+        case COL_DTYPE_BF16: rows_batch_avx2(j, r0, r1, COL_DTYPE_BF16, ahead.f); break;
         default: break;
         }
     } else {

@@ -139,8 +139,7 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
         return;
     }
     if (pool->isa == COL_ISA_AVX2) {
-        col_rows_avx2(j, act, r0, r1, pool->stage ? pool->stage + (uint64_t)t * pool->stage_bytes : NULL, pool->stage_bytes,
-                      pool->ahead);
+        col_rows_avx2(j, act, r0, r1, pool->ahead);
         return;
     }
 #endif
@@ -319,10 +318,9 @@ static uint64_t act_bytes(col_isa isa, const col_pool_limits *l)
     uint64_t bytes = isa == COL_ISA_AMX && amx > q ? amx : q;
     return (bytes + 63) & ~(uint64_t)63; /* the staging after it is 64-byte aligned */
 }
-/* Per-thread staging: the AMX path's, on AVX-512 (which the AMX path runs for other dtypes)
+/* Per-thread staging: the AMX path's, and on AVX-512 (which the AMX path runs for other dtypes)
  * the carried lane sums of a group of tiles over long rows (rows_kblocked_avx512) or the panel a
- * quantised batch packs (kernels_int8_avx512.c), and on AVX2 the f32 panel of a float batch's
- * widened row block (rows_batch_avx2). */
+ * quantised batch packs (kernels_int8_avx512.c). */
 static uint64_t stage_bytes(col_isa isa, const col_pool_limits *l)
 {
     uint64_t amx = isa == COL_ISA_AMX ? (col_amx_stage_bytes(l->max_cols, l->max_tokens) + 63) & ~(uint64_t)63 : 0, carry = 0;
@@ -331,8 +329,6 @@ static uint64_t stage_bytes(col_isa isa, const col_pool_limits *l)
         carry = COL_KBLOCK_TILES * col_kblock_carry_bytes(l->max_tokens);
     if (isa >= COL_ISA_AVX512 && l->max_tokens > 1 && carry < col_int8_stage_bytes())
         carry = col_int8_stage_bytes(); /* or the quantised batches' panels */
-    if (isa == COL_ISA_AVX2 && l->max_tokens > 1)
-        carry = col_avx2_panel_bytes(l->max_cols); /* widened f16/bf16 row blocks */
 #endif
     return amx > carry ? amx : carry;
 }
