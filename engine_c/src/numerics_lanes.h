@@ -110,11 +110,55 @@ static TGT void FN(tree)(const V *v, uint32_t stride, uint32_t lo, uint32_t hi, 
     *out = V_ADD(left, right);
 }
 
+/* One element into lane sum k (a constant after inlining). */
+COL_INLINE TGT void FN(blocked_step)(V *acc, uint32_t k, V w, VX xv, int fma)
+{
+    acc[k] = fma ? V_FMA(w, xv, acc[k]) : V_ADD(acc[k], V_MUL(w, xv));
+}
+
+/* dot_blocked for one token with L lanes (a constant after inlining) dividing BW. Element i goes to
+ * lane (i - lo) % L, held here in sum k = i % L, a constant in each unrolled block, so the sums
+ * stay in registers where the general loop below indexes them at run time, through memory; the
+ * sums are put back in lane order for the tree. The same operations on every lane. */
+COL_INLINE TGT void FN(blocked1)(FN(lanes) *g, const float *x, int fma, const uint32_t L, uint64_t lo, uint64_t hi,
+                                  V *out)
+{
+    V acc[BW], lane[BW];
+#pragma GCC unroll 32
+    for (uint32_t k = 0; k < L; k++) acc[k] = V_ZERO();
+    for (uint64_t i = lo; i < hi;) {
+        const uint64_t b = i / BW, end = (b + 1) * BW < hi ? (b + 1) * BW : hi;
+        if (b != g->block) FN(load)(g, b);
+        if (i == b * BW && end == i + BW) {
+#pragma GCC unroll 32
+            for (uint32_t c = 0; c < BW; c++) FN(blocked_step)(acc, c % L, g->col[c], V_BCAST(x + i + c), fma);
+            i = end;
+        } else {
+            for (; i < end; i++)
+#pragma GCC unroll 32
+                for (uint32_t k = 0; k < L; k++)
+                    if (i % L == k) FN(blocked_step)(acc, k, g->col[i % BW], V_BCAST(x + i), fma);
+        }
+    }
+#pragma GCC unroll 32
+    for (uint32_t k = 0; k < L; k++) lane[k] = acc[(k + lo) % L];
+    FN(tree)(lane, 1, 0, L, out);
+}
+
 /* dot_blocked: element i into lane (i - lo) % L, the L lane sums (unused lanes zero) added as a
- * pairwise tree. Tokens in passes of as many as NX_BLOCKED_ACC accumulators hold. */
+ * pairwise tree. Tokens in passes of as many as NX_BLOCKED_ACC accumulators hold; one token with
+ * 4, 8 or 16 lanes by blocked1. */
 static TGT void FN(blocked)(FN(lanes) *g, const float *const *x, uint32_t nt, int fma, uint32_t lanes, uint64_t lo,
                             uint64_t hi, V *out)
 {
+    if (nt == 1) {
+        switch (lanes) {
+        case 4: FN(blocked1)(g, x[0], fma, 4, lo, hi, out); return;
+        case 8: FN(blocked1)(g, x[0], fma, 8, lo, hi, out); return;
+        case 16: FN(blocked1)(g, x[0], fma, 16, lo, hi, out); return;
+        default: break;
+        }
+    }
     V acc[NX_BLOCKED_ACC];
     const uint32_t per = NX_BLOCKED_ACC / lanes < nt ? NX_BLOCKED_ACC / lanes : nt;
     for (uint32_t t0 = 0; t0 < nt; t0 += per) {
