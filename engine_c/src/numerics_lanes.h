@@ -79,11 +79,47 @@ static TGT void FN(seq)(FN(lanes) *g, const float *const *x, uint32_t nt, int fm
     }
 }
 
+/* One element into a running sum, as seq_nt adds it. */
+COL_INLINE TGT V FN(mac)(V a, V w, VX xv, int fma)
+{
+    return fma ? V_FMA(w, xv, a) : V_ADD(a, V_MUL(w, xv));
+}
+
+/* dot_pairwise for one token, the sums returned in registers. A range of two leaves within one
+ * block runs both leaves' chains side by side (each in order from zero, then left + right), where
+ * one leaf after the other waited on each addition's latency. */
+static TGT V FN(pairwise1)(FN(lanes) *g, const float *x, int fma, uint64_t lo, uint64_t hi)
+{
+    V a = V_ZERO();
+    if (hi - lo <= COL_PAIRWISE_LEAF) {
+        FN(seq_nt)(g, &x, 1, fma, lo, hi, &a);
+        return a;
+    }
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (hi - lo <= 2 * COL_PAIRWISE_LEAF && lo / BW == (hi - 1) / BW) {
+        if (lo / BW != g->block) FN(load)(g, lo / BW);
+        V b = V_ZERO();
+        const uint64_t nl = mid - lo, nr = hi - mid; /* nr = nl or nl + 1 */
+#pragma GCC unroll 8
+        for (uint64_t k = 0; k < COL_PAIRWISE_LEAF; k++) {
+            if (k < nl) a = FN(mac)(a, g->col[(lo + k) % BW], V_BCAST(x + lo + k), fma);
+            if (k < nr) b = FN(mac)(b, g->col[(mid + k) % BW], V_BCAST(x + mid + k), fma);
+        }
+        return V_ADD(a, b);
+    }
+    a = FN(pairwise1)(g, x, fma, lo, mid);
+    return V_ADD(a, FN(pairwise1)(g, x, fma, mid, hi));
+}
+
 /* dot_pairwise: ranges of at most COL_PAIRWISE_LEAF summed in order from zero, else the left
  * half's sum plus the right half's. */
 static TGT void FN(pairwise)(FN(lanes) *g, const float *const *x, uint32_t nt, int fma, uint64_t lo, uint64_t hi,
                              V *out)
 {
+    if (nt == 1) {
+        out[0] = FN(pairwise1)(g, x[0], fma, lo, hi);
+        return;
+    }
     if (hi - lo <= COL_PAIRWISE_LEAF) {
         for (uint32_t t = 0; t < nt; t++) out[t] = V_ZERO();
         FN(seq)(g, x, nt, fma, lo, hi, out);
