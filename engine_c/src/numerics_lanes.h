@@ -79,11 +79,47 @@ static TGT void FN(seq)(FN(lanes) *g, const float *const *x, uint32_t nt, int fm
     }
 }
 
+/* One element into a running sum, as seq_nt adds it. */
+COL_INLINE TGT V FN(mac)(V a, V w, VX xv, int fma)
+{
+    return fma ? V_FMA(w, xv, a) : V_ADD(a, V_MUL(w, xv));
+}
+
+/* dot_pairwise for one token, the sums returned in registers. A range of two leaves within one
+ * block runs both leaves' chains side by side (each in order from zero, then left + right), where
+ * one leaf after the other waited on each addition's latency. */
+static TGT V FN(pairwise1)(FN(lanes) *g, const float *x, int fma, uint64_t lo, uint64_t hi)
+{
+    V a = V_ZERO();
+    if (hi - lo <= COL_PAIRWISE_LEAF) {
+        FN(seq_nt)(g, &x, 1, fma, lo, hi, &a);
+        return a;
+    }
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (hi - lo <= 2 * COL_PAIRWISE_LEAF && lo / BW == (hi - 1) / BW) {
+        if (lo / BW != g->block) FN(load)(g, lo / BW);
+        V b = V_ZERO();
+        const uint64_t nl = mid - lo, nr = hi - mid; /* nr = nl or nl + 1 */
+#pragma GCC unroll 8
+        for (uint64_t k = 0; k < COL_PAIRWISE_LEAF; k++) {
+            if (k < nl) a = FN(mac)(a, g->col[(lo + k) % BW], V_BCAST(x + lo + k), fma);
+            if (k < nr) b = FN(mac)(b, g->col[(mid + k) % BW], V_BCAST(x + mid + k), fma);
+        }
+        return V_ADD(a, b);
+    }
+    a = FN(pairwise1)(g, x, fma, lo, mid);
+    return V_ADD(a, FN(pairwise1)(g, x, fma, mid, hi));
+}
+
 /* dot_pairwise: ranges of at most COL_PAIRWISE_LEAF summed in order from zero, else the left
  * half's sum plus the right half's. */
 static TGT void FN(pairwise)(FN(lanes) *g, const float *const *x, uint32_t nt, int fma, uint64_t lo, uint64_t hi,
                              V *out)
 {
+    if (nt == 1) {
+        out[0] = FN(pairwise1)(g, x[0], fma, lo, hi);
+        return;
+    }
     if (hi - lo <= COL_PAIRWISE_LEAF) {
         for (uint32_t t = 0; t < nt; t++) out[t] = V_ZERO();
         FN(seq)(g, x, nt, fma, lo, hi, out);
@@ -110,11 +146,55 @@ static TGT void FN(tree)(const V *v, uint32_t stride, uint32_t lo, uint32_t hi, 
     *out = V_ADD(left, right);
 }
 
+/* One element into lane sum k (a constant after inlining). */
+COL_INLINE TGT void FN(blocked_step)(V *acc, uint32_t k, V w, VX xv, int fma)
+{
+    acc[k] = fma ? V_FMA(w, xv, acc[k]) : V_ADD(acc[k], V_MUL(w, xv));
+}
+
+/* dot_blocked for one token with L lanes (a constant after inlining) dividing BW. Element i goes to
+ * lane (i - lo) % L, held here in sum k = i % L, a constant in each unrolled block, so the sums
+ * stay in registers where the general loop below indexes them at run time, through memory; the
+ * sums are put back in lane order for the tree. The same operations on every lane. */
+COL_INLINE TGT void FN(blocked1)(FN(lanes) *g, const float *x, int fma, const uint32_t L, uint64_t lo, uint64_t hi,
+                                  V *out)
+{
+    V acc[BW], lane[BW];
+#pragma GCC unroll 32
+    for (uint32_t k = 0; k < L; k++) acc[k] = V_ZERO();
+    for (uint64_t i = lo; i < hi;) {
+        const uint64_t b = i / BW, end = (b + 1) * BW < hi ? (b + 1) * BW : hi;
+        if (b != g->block) FN(load)(g, b);
+        if (i == b * BW && end == i + BW) {
+#pragma GCC unroll 32
+            for (uint32_t c = 0; c < BW; c++) FN(blocked_step)(acc, c % L, g->col[c], V_BCAST(x + i + c), fma);
+            i = end;
+        } else {
+            for (; i < end; i++)
+#pragma GCC unroll 32
+                for (uint32_t k = 0; k < L; k++)
+                    if (i % L == k) FN(blocked_step)(acc, k, g->col[i % BW], V_BCAST(x + i), fma);
+        }
+    }
+#pragma GCC unroll 32
+    for (uint32_t k = 0; k < L; k++) lane[k] = acc[(k + lo) % L];
+    FN(tree)(lane, 1, 0, L, out);
+}
+
 /* dot_blocked: element i into lane (i - lo) % L, the L lane sums (unused lanes zero) added as a
- * pairwise tree. Tokens in passes of as many as NX_BLOCKED_ACC accumulators hold. */
+ * pairwise tree. Tokens in passes of as many as NX_BLOCKED_ACC accumulators hold; one token with
+ * 4, 8 or 16 lanes by blocked1. */
 static TGT void FN(blocked)(FN(lanes) *g, const float *const *x, uint32_t nt, int fma, uint32_t lanes, uint64_t lo,
                             uint64_t hi, V *out)
 {
+    if (nt == 1) {
+        switch (lanes) {
+        case 4: FN(blocked1)(g, x[0], fma, 4, lo, hi, out); return;
+        case 8: FN(blocked1)(g, x[0], fma, 8, lo, hi, out); return;
+        case 16: FN(blocked1)(g, x[0], fma, 16, lo, hi, out); return;
+        default: break;
+        }
+    }
     V acc[NX_BLOCKED_ACC];
     const uint32_t per = NX_BLOCKED_ACC / lanes < nt ? NX_BLOCKED_ACC / lanes : nt;
     for (uint32_t t0 = 0; t0 < nt; t0 += per) {

@@ -225,47 +225,72 @@ static float vector_order(const float *w, const float *x, uint64_t cols, unsigne
     return s;
 }
 
+/* A pool on `isa` whose scratch is one line short of what it asks for: no per-thread staging. */
+static run pool_unstaged(const char *isa, uint32_t max_tokens, uint64_t max_cols)
+{
+    run r = {NULL, NULL};
+    col_allocator alloc;
+    col_allocator_or_default(NULL, &alloc);
+    col_pool_limits limits = {1, max_tokens * max_cols, max_tokens, max_cols};
+    setenv("COLIBRI_KERNELS", isa, 1);
+    const col_isa chosen = col_choose_isa(COL_ISA_AMX);
+    const uint64_t bytes = col_pool_scratch_size(chosen, 1, &limits) - 64;
+    if (posix_memalign(&r.scratch, 64, bytes) != 0) r.scratch = NULL;
+    if (r.scratch) r.pool = col_pool_create(chosen, 1, r.scratch, bytes, &limits, &alloc);
+    unsetenv("COLIBRI_KERNELS");
+    return r;
+}
+
 /* The float tiles of a vector path (decode's 8 distant rows; the batches' 6 x 4 on AVX-512, 3 x 4
- * on AVX2, walked in blocks of rows; the tiles left over; on AVX-512, long rows walked in column blocks with the lane sums
- * carried across, up to 8 tiles a block at a time, in chunks of 128 tokens) give every output
- * exactly the bits of that order, however many outputs share a tile's final sums. */
+ * on AVX2, walked in blocks of rows; the tiles left over; on AVX-512, long rows walked in column
+ * blocks with the lane sums carried across, up to 8 tiles a block at a time, in chunks of 128
+ * tokens) give every output exactly the bits of that order for f32, f16 and bf16 weights (the
+ * values they stand for), however many outputs share a tile's final sums, with and without room
+ * for the staging. */
 static void test_float_order(const char *isa, unsigned lanes)
 {
     enum { MAX_T = 130 };
     /* the second pool's scratch has no room for carried sums (sized for rows of 1000 columns):
-     * its long rows run as whole-row tiles, which must give the same bits */
-    run pools[2] = {pool_for(isa, 1, MAX_T, 2100), pool_for(isa, 1, MAX_T, 1000)};
-    CHECK(pools[0].pool != NULL && pools[1].pool != NULL);
-    if (!pools[0].pool || !pools[1].pool) return;
+     * its long rows run as whole-row tiles, which must give the same bits; the third has no
+     * staging at all */
+    run pools[3] = {pool_for(isa, 1, MAX_T, 2100), pool_for(isa, 1, MAX_T, 1000), pool_unstaged(isa, MAX_T, 2100)};
+    CHECK(pools[0].pool != NULL && pools[1].pool != NULL && pools[2].pool != NULL);
+    if (!pools[0].pool || !pools[1].pool || !pools[2].pool) return;
+    static const uint32_t kinds[] = {COL_DTYPE_F32, COL_DTYPE_F16, COL_DTYPE_BF16};
     static const uint64_t cols_list[] = {16, 17, 100, 1056, 2100};
     static const uint64_t rows_list[] = {1, 5, 11, 37, 100};
     static const uint32_t tokens_list[] = {1, 3, 4, 9, 17, 70, 130};
     int bad = 0, checked = 0;
-    for (size_t pi = 0; pi < 2; pi++)
-        for (size_t ci = pi == 0 ? 0 : 4; ci < 5; ci++)
-            for (size_t ri = 0; ri < 5; ri++)
-                for (size_t ti = 0; ti < 7; ti++) {
-                    uint64_t cols = cols_list[ci], rows = rows_list[ri];
-                    uint32_t nt = tokens_list[ti];
-                    if ((rows == 100 || nt == 130) && cols != 2100) continue; /* long rows: groups of tiles, token chunks */
-                    float *w = malloc(rows * cols * sizeof *w), *x = malloc(nt * cols * sizeof *x);
-                    float *y = calloc(nt * rows, sizeof *y);
-                    for (uint64_t i = 0; i < rows * cols; i++) w[i] = frand();
-                    for (uint64_t i = 0; i < nt * cols; i++) x[i] = frand() * (i % 7 == 0 ? 1e4f : 1.0f);
-                    col_matvec_job job = {{w, COL_DTYPE_F32, rows, cols, 0}, x, y, nt};
-                    col_matmul_many(pools[pi].pool, &job, 1);
-                    for (uint32_t t = 0; t < nt; t++)
-                        for (uint64_t r = 0; r < rows; r++) {
-                            float want = vector_order(w + r * cols, x + t * cols, cols, lanes), got = y[t * rows + r];
-                            bad += memcmp(&want, &got, sizeof want) != 0;
-                            checked++;
-                        }
-                    free(w), free(x), free(y);
-                }
-    if (bad) fprintf(stderr, "%s: %d of %d f32 outputs differ from the documented order\n", isa, bad, checked);
+    for (size_t ki = 0; ki < 3; ki++)
+        for (size_t pi = 0; pi < 3; pi++)
+            for (size_t ci = pi == 0 ? 0 : 4; ci < 5; ci++)
+                for (size_t ri = 0; ri < 5; ri++)
+                    for (size_t ti = 0; ti < 7; ti++) {
+                        const uint32_t dtype = kinds[ki];
+                        uint64_t cols = cols_list[ci], rows = rows_list[ri];
+                        uint32_t nt = tokens_list[ti];
+                        if ((rows == 100 || nt == 130) && cols != 2100) continue; /* long rows: groups of tiles, token chunks */
+                        if (dtype != COL_DTYPE_F32 && pi > 0 && nt < 9) continue; /* the other pools differ in batches */
+                        float *w = malloc(rows * cols * sizeof *w), *x = malloc(nt * cols * sizeof *x);
+                        float *y = calloc(nt * rows, sizeof *y);
+                        double *ws = malloc(rows * cols * sizeof *ws);
+                        for (uint64_t i = 0; i < rows * cols; i++) w[i] = frand();
+                        for (uint64_t i = 0; i < nt * cols; i++) x[i] = frand() * (i % 7 == 0 ? 1e4f : 1.0f);
+                        uint8_t *data = store(w, rows, cols, dtype, ws);
+                        for (uint64_t i = 0; i < rows * cols; i++) w[i] = (float)ws[i]; /* exact */
+                        col_matvec_job job = {{data, dtype, rows, cols, 0}, x, y, nt};
+                        col_matmul_many(pools[pi].pool, &job, 1);
+                        for (uint32_t t = 0; t < nt; t++)
+                            for (uint64_t r = 0; r < rows; r++) {
+                                float want = vector_order(w + r * cols, x + t * cols, cols, lanes), got = y[t * rows + r];
+                                bad += memcmp(&want, &got, sizeof want) != 0;
+                                checked++;
+                            }
+                        free(w), free(x), free(y), free(ws), free(data);
+                    }
+    if (bad) fprintf(stderr, "%s: %d of %d float outputs differ from the documented order\n", isa, bad, checked);
     CHECK(bad == 0);
-    pool_done(&pools[0]);
-    pool_done(&pools[1]);
+    for (int i = 0; i < 3; i++) pool_done(&pools[i]);
 }
 
 /* A q8_0/q4_0 row of raw bytes: payloads from the whole int8 range (q8_0's -128 included, which
