@@ -13,12 +13,13 @@
  *   at most 32512, widened to int32 by vpmaddwd with ones;
  * - q4_0 multiplies the raw nibbles (unsigned, 0..15) by x: pair sums at most 3810, so a block's 8
  *   groups add in int16 (at most 30480) before one vpmaddwd; the nibbles' bias of 8 leaves as
- *   -8 * the sum of the token's block (batches: the block correction col_quantize_row stores;
- *   decode: summed in the kernel).
+ *   -8 * the sum of the token's block, the block correction col_quantize_row stores (batches add
+ *   it per token and block, decode once per 8 rows).
  * Decode (one token, and batches of fewer than COL_Q_AVX2_PANEL_TOKENS, a token at a time) reads 8
  * distant rows of the thread's share as they are stored (8 streams through memory, prefetched
  * col_decode_ahead bytes ahead) and turns the 8 rows' lane sums of a block into one vector of
- * block sums with vphaddd. Larger batches pack 8 neighbouring rows a k-block at a time into a
+ * block sums with vphaddd (q8_0), or of two blocks' with vphaddw while they fit in int16 (q4_0).
+ * Larger batches pack 8 neighbouring rows a k-block at a time into a
  * panel on the stack (lane r holding row r's 4-byte group g of each block, the scales widened),
  * which all the tokens' passes then read, 4 tokens a pass; the outputs carry across k-blocks in y,
  * and the next panel's lines are fetched while the passes run.
@@ -62,16 +63,6 @@ COL_INLINE COL_T2 __m256i reduce8(const __m256i *v)
     const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
     const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
     return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
-}
-
-/* The same for vectors holding two blocks (lanes 0-3 and 4-7): *a gets the first's sums, *b the
- * second's. */
-COL_INLINE COL_T2 void reduce8_pair(const __m256i *v, __m256i *a, __m256i *b)
-{
-    const __m256i g0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    const __m256i g1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    *a = _mm256_permute2x128_si256(g0, g1, 0x20);
-    *b = _mm256_permute2x128_si256(g0, g1, 0x31);
 }
 
 /* acc = fma(isum, d_w * d_x, acc), lane by lane: the definition's step. */
@@ -123,48 +114,99 @@ COL_INLINE COL_T2 void decode_q8(const uint8_t *const *p, uint64_t n, const uint
     _mm256_storeu_ps(out, acc);
 }
 
-/* The same for q4_0: two blocks (32 payload bytes) at a time, a last odd block alone. */
+/* One q4_0 row's raw nibbles against the activations of two blocks (xlo: their low halves, xhi:
+ * their high ones; a lone block in the low 128 bits): 16 int16 sums of 2 low and 2 high products,
+ * lanes 0-7 the first block's, 8-15 the second's, each at most 2 * 2 * 15 * 127 = 7620 in size. */
+COL_INLINE COL_T2 __m256i q4_pairs(__m256i raw, __m256i xlo, __m256i xhi)
+{
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+    return _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+}
+
+/* q4_pairs of row p + at: its 32 bytes (two blocks), or 16 (one block) when `one`; the row
+ * prefetched `ahead` bytes on when `fetch`. */
+COL_INLINE COL_T2 __m256i q4_row(const uint8_t *p, uint64_t at, __m256i xlo, __m256i xhi, uint32_t ahead, int fetch,
+                                 int one)
+{
+    if (fetch) _mm_prefetch((const char *)(p + at + ahead), _MM_HINT_T0);
+    __m256i raw;
+    if (one)
+        raw = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(p + at)));
+    else
+        raw = _mm256_loadu_si256((const __m256i *)(const void *)(p + at));
+    __m256i v = q4_pairs(raw, xlo, xhi);
+    KEEP_CHAIN(v); /* a row's vector at a time, not all the products live at once */
+    return v;
+}
+
+/* Blocks b and b + 1 (b even) of the 8 rows p[0..7] + at (block b's payload bytes) against their
+ * activations' low and high halves: *first lane r gets row r's sum over block b, *second over
+ * b + 1 (only *first when `one`: block b alone, in the low 128 bits). Two rounds of vphaddw add 4
+ * of a row's int16 sums (at most 30480: exact), vpmaddwd the last 2 into int32, and a lane swap
+ * puts rows 0-3 beside rows 4-7. */
+COL_INLINE COL_T2 void q4_two(const uint8_t *const *p, uint64_t at, __m256i xlo, __m256i xhi, uint32_t ahead, int fetch,
+                              int one, __m256i *first, __m256i *second)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i h01 = q4_row(p[0], at, xlo, xhi, ahead, fetch, one);
+    h01 = _mm256_hadd_epi16(h01, q4_row(p[1], at, xlo, xhi, ahead, fetch, one));
+    __m256i h23 = q4_row(p[2], at, xlo, xhi, ahead, fetch, one);
+    h23 = _mm256_hadd_epi16(h23, q4_row(p[3], at, xlo, xhi, ahead, fetch, one));
+    const __m256i r03 = _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), ones);
+    __m256i h45 = q4_row(p[4], at, xlo, xhi, ahead, fetch, one);
+    h45 = _mm256_hadd_epi16(h45, q4_row(p[5], at, xlo, xhi, ahead, fetch, one));
+    __m256i h67 = q4_row(p[6], at, xlo, xhi, ahead, fetch, one);
+    h67 = _mm256_hadd_epi16(h67, q4_row(p[7], at, xlo, xhi, ahead, fetch, one));
+    const __m256i r47 = _mm256_madd_epi16(_mm256_hadd_epi16(h45, h67), ones);
+    *first = _mm256_permute2x128_si256(r03, r47, 0x20);
+    *second = _mm256_permute2x128_si256(r03, r47, 0x31);
+}
+
+/* The same for q4_0: two blocks (32 payload bytes) at a time, a last odd block alone. The raw
+ * nibbles (w + 8) are multiplied, and each block's sum starts from its correction (-8 * the sum of
+ * its activations, col_quantize_row), added once the 8 rows' sums are in lanes. A whole group of
+ * 8 blocks reads its activations at fixed places: blocks b0 .. b0 + 7 fill two groups of four. */
 COL_INLINE COL_T2 void decode_q4(const uint8_t *const *p, uint64_t n, const uint8_t *qx, uint32_t ahead, float *out)
 {
     const uint64_t nb = n / QK;
     const int8_t *xq = (const int8_t *)qx;
     const float *dx = (const float *)(const void *)(qx + n);
-    const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1), low4 = _mm256_set1_epi8(0x0F);
+    const int32_t *corr = (const int32_t *)(const void *)(qx + col_qrow_block_corrections(n));
     __m256 acc = _mm256_setzero_ps();
     for (uint64_t b0 = 0; b0 < nb; b0 += 8) {
         __m256 ws[8];
         row_scales(p, b0, ws);
         const uint64_t have = nb - b0 < 8 ? nb - b0 : 8;
-        for (uint64_t k = 0; k < have; k += 2) {
+        __m256i first, second;
+        if (have == 8) {
+            const int8_t *xg = xq + QK * b0; /* q4_low(b0) */
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const int8_t *xl = xg + 128 * (i / 2) + 32 * (i % 2);
+                const uint64_t b = b0 + 2 * (uint64_t)i;
+                q4_two(p, 2 * nb + 16 * b, _mm256_loadu_si256((const __m256i *)(const void *)xl),
+                       _mm256_loadu_si256((const __m256i *)(const void *)(xl + 64)), ahead, i % 2 == 0, 0, &first, &second);
+                acc = block_step(acc, _mm256_add_epi32(first, _mm256_set1_epi32(corr[b])), ws[2 * i], dx[b]);
+                acc = block_step(acc, _mm256_add_epi32(second, _mm256_set1_epi32(corr[b + 1])), ws[2 * i + 1], dx[b + 1]);
+            }
+            continue;
+        }
+        uint64_t k = 0;
+        for (; k + 2 <= have; k += 2) {
+            const uint64_t b = b0 + k; /* even: b and b + 1 share a group, their halves adjacent */
+            q4_two(p, 2 * nb + 16 * b, _mm256_loadu_si256((const __m256i *)(const void *)(xq + q4_low(b))),
+                   _mm256_loadu_si256((const __m256i *)(const void *)(xq + q4_high(nb, b))), ahead, !(k & 2), 0, &first,
+                   &second);
+            acc = block_step(acc, _mm256_add_epi32(first, _mm256_set1_epi32(corr[b])), ws[k], dx[b]);
+            acc = block_step(acc, _mm256_add_epi32(second, _mm256_set1_epi32(corr[b + 1])), ws[k + 1], dx[b + 1]);
+        }
+        if (k < have) {
             const uint64_t b = b0 + k;
-            const int pair = k + 1 < have;
-            __m256i xlo, xhi;
-            if (pair) { /* b is even: b and b + 1 share a group, their halves adjacent */
-                xlo = _mm256_loadu_si256((const __m256i *)(const void *)(xq + q4_low(b)));
-                xhi = _mm256_loadu_si256((const __m256i *)(const void *)(xq + q4_high(nb, b)));
-            } else {
-                xlo = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(xq + q4_low(b))));
-                xhi = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(xq + q4_high(nb, b))));
-            }
-            /* -8 * the sum of x, per lane of 4 low and 4 high values */
-            const __m256i xsum = _mm256_madd_epi16(
-                _mm256_add_epi16(_mm256_maddubs_epi16(ones8, xlo), _mm256_maddubs_epi16(ones8, xhi)), ones);
-            const __m256i corr = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(xsum, 3));
-            __m256i v[8];
-#pragma GCC unroll 8
-            for (int r = 0; r < LANES; r++) {
-                const uint8_t *payload = p[r] + 2 * nb + 16 * b;
-                _mm_prefetch((const char *)(payload + ahead), _MM_HINT_T0);
-                const __m256i raw = pair ? _mm256_loadu_si256((const __m256i *)(const void *)payload)
-                                         : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)payload));
-                const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-                const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
-                v[r] = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), corr);
-            }
-            __m256i first, second;
-            reduce8_pair(v, &first, &second);
-            acc = block_step(acc, first, ws[k], dx[b]);
-            if (pair) acc = block_step(acc, second, ws[k + 1], dx[b + 1]);
+            q4_two(p, 2 * nb + 16 * b, _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(xq + q4_low(b)))),
+                   _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(xq + q4_high(nb, b)))), ahead, 1, 1,
+                   &first, &second);
+            acc = block_step(acc, _mm256_add_epi32(first, _mm256_set1_epi32(corr[b])), ws[k], dx[b]);
         }
     }
     _mm256_storeu_ps(out, acc);
