@@ -5,6 +5,7 @@ CSV export, and rows fetched on demand."""
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 
 import pytest
 from PySide6.QtCore import QModelIndex, Qt
@@ -48,6 +49,20 @@ def test_sort_by_bytes_is_numeric(table):
 def test_default_order_is_file_offset(table):
     offsets = [r.offset for r in table.visible_rows()]
     assert offsets == sorted(offsets)
+
+
+@pytest.mark.parametrize("order", [Qt.SortOrder.AscendingOrder, Qt.SortOrder.DescendingOrder])
+def test_offset_order_runs_shard_by_shard(tiny_model_path, order):
+    """A checkpoint's rows sort by file (shard), then by offset in it, either way round."""
+    rows = rows_for(Model.open(tiny_model_path()))
+    sharded = [replace(r, shard=(7 * i) % 3) for i, r in enumerate(reversed(rows))]
+    model = TensorTableModel()
+    model.set_rows(sharded)
+    model.sort(COLUMNS.index("bytes"))
+    model.sort(COLUMNS.index("offset"), order)
+    expected = sorted(sharded, key=lambda r: (r.shard, r.offset),
+                      reverse=order == Qt.SortOrder.DescendingOrder)
+    assert model.shown_rows() == expected
 
 
 def test_filter_by_glob(table):

@@ -132,16 +132,22 @@ class TensorTableModel(QAbstractItemModel):
         if grouping is not None:
             self._grouping = grouping
         rows = T.filter_rows(self._rows, self._pattern) if self._pattern.strip() else self._rows
-        key = self._key_function(COLUMNS[self._sort_column])
         reverse = self._sort_order == Qt.SortOrder.DescendingOrder
         if self._grouping == "none":
             groups: list[T.Group] = [("", list(rows))]
         else:
             groups = T.group_rows(rows, self._grouping)
-        self._groups = [(label, sorted(members, key=key, reverse=reverse))
-                        for label, members in groups]
+        self._groups = [(label, self._in_order(members, reverse)) for label, members in groups]
         self._loaded = [min(FETCH_ROWS, len(members)) for _label, members in self._groups]
         self.endResetModel()
+
+    def _in_order(self, rows: list[TensorRow], reverse: bool) -> list[TensorRow]:
+        name = COLUMNS[self._sort_column]
+        if name == "offset":   # by shard, then offset: two passes of the stable sort with keys
+            # read in C; a key computed in Python per row took 1.4x (file order) to 1.9x as long
+            by_offset = sorted(rows, key=attrgetter("offset"), reverse=reverse)
+            return sorted(by_offset, key=attrgetter("shard"), reverse=reverse)
+        return sorted(rows, key=self._key_function(name), reverse=reverse)
 
     def set_check_status(self, status: dict[str, str]) -> None:
         self._status = dict(status)
