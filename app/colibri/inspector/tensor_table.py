@@ -283,8 +283,8 @@ class TensorTableModel(QAbstractItemModel):
         """What a tensor row's cell shows: its text, whether it is right-aligned and its text
         colour (None: the palette's); None for a group header or an invalid index."""
         if self._grouping == "none":   # the common case without row_at's checks
-            i = index.row()
-            if i >= self._loaded[0]:
+            i = index.row()   # -1 when invalid
+            if not 0 <= i < self._loaded[0]:
                 return None
             row = self._groups[0][1][i]
         else:
@@ -298,7 +298,7 @@ class TensorTableModel(QAbstractItemModel):
         return self._display(row, COLUMNS[col]), col in _RIGHT_ALIGNED, colour
 
     def data(self, index: Index, role: int = _DISPLAY) -> Any:
-        if role not in _ROLES or not index.isValid():   # painting asks for every role
+        if role not in _ROLES or not index.isValid():   # roles no cell answers
             return None
         col = index.column()
         if col not in _ROLE_COLUMNS.get(role, _ALL_COLUMNS):   # painting's most asked Nones
