@@ -143,6 +143,13 @@ static float quantize_block(const float *xb, int8_t *vals)
     return dx;
 }
 
+/* The block correction a row stores beside its values: the weights' bias (q8_0's 128 in the
+ * kernels that bias it, q4_0's nibble offset 8) times the block's sum of x, negated. */
+static inline int32_t block_correction(uint32_t wdtype, int32_t sum)
+{
+    return (wdtype == COL_DTYPE_Q8_0 ? -128 : -8) * sum;
+}
+
 #if defined(__x86_64__)
 /* The same with AVX-512: the maximum is exact in any order, the product is the same IEEE
  * multiply, and vcvtps2dq rounds half to even under the default MXCSR, so the bytes are
@@ -224,7 +231,7 @@ __attribute__((target("avx2"))) static void quantize_row_avx2(const float *x, ui
         } else {
             _mm256_storeu_si256((__m256i *)(void *)(q + b * QK), v);
         }
-        cb[b] = (wdtype == COL_DTYPE_Q8_0 ? -128 : -8) * sum;
+        cb[b] = block_correction(wdtype, sum);
     }
 }
 #endif
@@ -251,7 +258,7 @@ void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa is
         place_block(q, wdtype, nb, b, vals);
         int32_t sum = 0;
         for (uint32_t j = 0; j < QK; j++) sum += vals[j];
-        cb[b] = (wdtype == COL_DTYPE_Q8_0 ? -128 : -8) * sum;
+        cb[b] = block_correction(wdtype, sum);
     }
     (void)isa;
 }

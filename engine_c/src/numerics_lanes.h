@@ -149,7 +149,7 @@ static TGT void FN(tree)(const V *v, uint32_t stride, uint32_t lo, uint32_t hi, 
 /* One element into lane sum k (a constant after inlining). */
 COL_INLINE TGT void FN(blocked_step)(V *acc, uint32_t k, V w, VX xv, int fma)
 {
-    acc[k] = fma ? V_FMA(w, xv, acc[k]) : V_ADD(acc[k], V_MUL(w, xv));
+    acc[k] = FN(mac)(acc[k], w, xv, fma);
 }
 
 /* dot_blocked for one token with L lanes (a constant after inlining) dividing BW. Element i goes to
@@ -209,7 +209,7 @@ static TGT void FN(blocked)(FN(lanes) *g, const float *const *x, uint32_t nt, in
                 V *a = acc + (uint64_t)l * m;
                 for (uint32_t t = 0; t < m; t++) {
                     const VX xv = V_BCAST(x[t0 + t] + i);
-                    a[t] = fma ? V_FMA(w, xv, a[t]) : V_ADD(a[t], V_MUL(w, xv));
+                    a[t] = FN(mac)(a[t], w, xv, fma);
                 }
                 l = l + 1 == lanes ? 0 : l + 1;
             }
