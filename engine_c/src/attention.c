@@ -151,10 +151,12 @@ static void rms_heads(float *x, uint32_t n, uint32_t d, float eps)
     }
 }
 
-/* The per-position part before the scores: biases, q/k norms, clip, RoPE (unless the layer has
- * none), the layer's q/k L2 norm and query temperature, and k/v into the layer's cache at `pos`.
- * q [q_dim], k and v [kv_dim] are updated in place. */
-static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos, float *q, float *k, float *v)
+/* The per-position part before the scores: biases, q/k norms (their weights as f32, q_norm and
+ * k_norm, loaded by the caller), clip, RoPE (unless the layer has none), the layer's q/k L2 norm
+ * and query temperature, and k/v into the layer's cache at `pos`. q [q_dim], k and v [kv_dim]
+ * are updated in place; positions are independent of each other, so any thread may run any. */
+static void prepare_position(const col_session *s, uint32_t layer_index, uint32_t pos, float *q, float *k, float *v,
+                             const float *q_norm, const float *k_norm)
 {
     const col_model *m = s->model;
     const col_hparams *hp = &m->hp;
@@ -167,8 +169,8 @@ static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos,
     add_bias(v, layer->attn_v_bias, kv_dim);
 
     if (hp->flags & COL_FLAG_QK_NORM_FULL) {
-        col_rmsnorm(q, layer->attn_q_norm, hp->norm_eps, q_dim, q, s->norm_weight);
-        col_rmsnorm(k, layer->attn_k_norm, hp->norm_eps, kv_dim, k, s->norm_weight);
+        col_rmsnorm_loaded(q, q_norm, hp->norm_eps, q_dim, q);
+        col_rmsnorm_loaded(k, k_norm, hp->norm_eps, kv_dim, k);
     }
     if (hp->clip_qkv > 0.0f) {
         clamp_all(q, q_dim, hp->clip_qkv);
@@ -176,10 +178,8 @@ static void prepare_position(col_session *s, uint32_t layer_index, uint32_t pos,
         clamp_all(v, kv_dim, hp->clip_qkv);
     }
     if (hp->flags & COL_FLAG_QK_NORM_HEAD) {
-        for (uint32_t h = 0; h < nh; h++)
-            col_rmsnorm(q + (uint64_t)h * d, layer->attn_q_norm, hp->norm_eps, d, q + (uint64_t)h * d, s->norm_weight);
-        for (uint32_t h = 0; h < nkv; h++)
-            col_rmsnorm(k + (uint64_t)h * d, layer->attn_k_norm, hp->norm_eps, d, k + (uint64_t)h * d, s->norm_weight);
+        for (uint32_t h = 0; h < nh; h++) col_rmsnorm_loaded(q + (uint64_t)h * d, q_norm, hp->norm_eps, d, q + (uint64_t)h * d);
+        for (uint32_t h = 0; h < nkv; h++) col_rmsnorm_loaded(k + (uint64_t)h * d, k_norm, hp->norm_eps, d, k + (uint64_t)h * d);
     }
     const col_routing_info *route = layer->route;
     if (!route->no_rope) rope_apply(hp, q, k, pos, s->inv_freq);
@@ -262,16 +262,45 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     }
 }
 
+/* Positions [base + t0, base + t1) of a block prepared, as pool items. */
+typedef struct prepare_task {
+    const col_session *s;
+    uint32_t layer, base;
+    float *q, *k, *v;              /* [n][q_dim], [n][kv_dim], [n][kv_dim] */
+    const float *q_norm, *k_norm;  /* the q/k norms' weights as f32 (NULL without them) */
+} prepare_task;
+
+static void prepare_positions(void *ctx, uint32_t thread, uint64_t t0, uint64_t t1)
+{
+    const prepare_task *task = ctx;
+    const col_hparams *hp = &task->s->model->hp;
+    const uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    (void)thread;
+    for (uint64_t t = t0; t < t1; t++)
+        prepare_position(task->s, task->layer, task->base + (uint32_t)t, task->q + t * q_dim, task->k + t * kv_dim,
+                         task->v + t * kv_dim, task->q_norm, task->k_norm);
+}
+
 /* Attention of the n positions base.. whose q/k/v rows are in q, k, v (updated in place), into att.
  * Every position is prepared (and its k/v cached) before any head runs, so a position of a block
- * sees the earlier positions of the same block; the heads then run on the pool's threads. */
+ * sees the earlier positions of the same block; both run on the pool's threads. The q/k norms'
+ * weights are loaded once for the block, side by side in s->norm_weight. */
 static void attend_positions(col_session *s, uint32_t layer_index, uint32_t base, uint32_t n, float *q, float *k,
                              float *v, float *att)
 {
     const col_hparams *hp = &s->model->hp;
-    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim, kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
-    for (uint32_t t = 0; t < n; t++)
-        prepare_position(s, layer_index, base + t, q + t * q_dim, k + t * kv_dim, v + t * kv_dim);
+    const col_layer *layer = &s->model->layers[layer_index];
+    prepare_task prep = {s, layer_index, base, q, k, v, NULL, NULL};
+    if (hp->flags & (COL_FLAG_QK_NORM_FULL | COL_FLAG_QK_NORM_HEAD)) {
+        const int full = (hp->flags & COL_FLAG_QK_NORM_FULL) != 0;
+        const uint64_t nq = full ? (uint64_t)hp->n_heads * hp->head_dim : hp->head_dim;
+        const uint64_t nk = full ? (uint64_t)hp->n_kv_heads * hp->head_dim : hp->head_dim;
+        col_load_row(layer->attn_q_norm->data, layer->attn_q_norm->dtype, nq, s->norm_weight);
+        col_load_row(layer->attn_k_norm->data, layer->attn_k_norm->dtype, nk, s->norm_weight + nq);
+        prep.q_norm = s->norm_weight;
+        prep.k_norm = s->norm_weight + nq;
+    }
+    col_pool_run(s->pool, prepare_positions, &prep, n);
     heads_task task = heads_of(s, layer_index, base, n, q, att);
     col_pool_run(s->pool, run_heads, &task, (uint64_t)n * s->kv_heads * task.n_parts);
 }

@@ -13,8 +13,7 @@
 #include <math.h>
 #include <string.h>
 
-/* out = weight * (x / rms(x)), the weight already as f32. */
-static void rmsnorm_loaded(const float *x, const float *weight, float eps, uint64_t n, float *out)
+void col_rmsnorm_loaded(const float *x, const float *weight, float eps, uint64_t n, float *out)
 {
     float sum = 0.0f;
     for (uint64_t i = 0; i < n; i++) sum += x[i] * x[i];
@@ -26,7 +25,7 @@ void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n
                  float *w_scratch)
 {
     col_load_row(w->data, w->dtype, n, w_scratch);
-    rmsnorm_loaded(x, w_scratch, eps, n, out);
+    col_rmsnorm_loaded(x, w_scratch, eps, n, out);
 }
 
 /* out = weight * (x - mean) / sqrt(var + eps) (+ bias), nn.LayerNorm's math: the mean, then the
@@ -58,7 +57,7 @@ static void norm_rows(void *ctx, uint32_t thread, uint64_t r0, uint64_t r1)
         const float *x = task->x + r * task->n;
         float *out = task->out + r * task->n;
         if (task->kind == COL_NORM_KIND_RMS)
-            rmsnorm_loaded(x, task->weight, task->eps, task->n, out);
+            col_rmsnorm_loaded(x, task->weight, task->eps, task->n, out);
         else
             layernorm_loaded(x, task->weight, task->bias, task->eps, task->n, out);
     }
@@ -219,6 +218,63 @@ static void expert_activation(col_session *s, const col_layer *layer, uint64_t r
     }
 }
 
+/* A block's tokens between the routing and the products, or after them, as pool items: each
+ * token's rows copied to their places in the expert-grouped batch (scaled by their weights when
+ * the weights scale the inputs), or its routed outputs summed in its selection order, then the
+ * shared expert's output added. Each token's result is the same on any thread. */
+typedef struct tokens_task {
+    col_session *s;
+    uint32_t d_model, ks;
+    int weight_inputs;      /* Llama 4: the weights scale the experts' inputs */
+    int shared;             /* combine: a shared expert's output to add */
+    int shared_gate;        /* combine: scaled by sigmoid(s->shared_gate[t]) */
+} tokens_task;
+
+static void group_tokens(void *ctx, uint32_t thread, uint64_t t0, uint64_t t1)
+{
+    const tokens_task *c = ctx;
+    col_session *s = c->s;
+    const uint32_t d_model = c->d_model, ks = c->ks;
+    (void)thread;
+    for (uint64_t t = t0; t < t1; t++)
+        for (uint32_t slot = 0; slot < s->route_count[t]; slot++) {
+            float *dst = s->expert_x + (uint64_t)s->route_rows[t * ks + slot] * d_model;
+            const float *src = s->xn + t * d_model;
+            if (c->weight_inputs) {
+                float w = s->route_weights[t * ks + slot];
+                for (uint32_t i = 0; i < d_model; i++) dst[i] = src[i] * w;
+            } else {
+                memcpy(dst, src, d_model * sizeof(float));
+            }
+        }
+}
+
+static void combine_tokens(void *ctx, uint32_t thread, uint64_t t0, uint64_t t1)
+{
+    const tokens_task *c = ctx;
+    col_session *s = c->s;
+    const uint32_t d_model = c->d_model, ks = c->ks;
+    (void)thread;
+    for (uint64_t t = t0; t < t1; t++) {
+        float *acc = s->tmp + t * d_model;
+        for (uint32_t i = 0; i < d_model; i++) acc[i] = 0.0f;
+        for (uint32_t slot = 0; slot < s->route_count[t]; slot++) {
+            const float *out = s->expert_out + (uint64_t)s->route_rows[t * ks + slot] * d_model;
+            float weight = c->weight_inputs ? 1.0f : s->route_weights[t * ks + slot];
+            for (uint32_t i = 0; i < d_model; i++) acc[i] += weight * out[i];
+        }
+        if (!c->shared_gate) s->shared_gate[t] = NAN;
+        if (!c->shared) continue;
+        float scale = 1.0f;
+        if (c->shared_gate) {
+            scale = 1.0f / (1.0f + expf(-s->shared_gate[t]));
+            s->shared_gate[t] = scale;
+        }
+        const float *sh = s->shared_out + t * d_model;
+        for (uint32_t i = 0; i < d_model; i++) acc[i] += scale * sh[i];
+    }
+}
+
 /* The feed-forward block for n positions starting at s->position: reads s->xn [n][d_model],
  * writes s->tmp. Tokens are grouped by expert (count, prefix-sum offsets, one contiguous batch
  * per expert), each expert runs once as a matrix-matrix product over its tokens, and each
@@ -294,17 +350,10 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
     for (uint32_t t = 0; t < n; t++)
         for (uint32_t slot = 0; slot < s->route_count[t]; slot++) {
             uint32_t e = (uint32_t)run[t * ks + slot];
-            uint32_t row = s->expert_offset[e] + s->expert_count[e]++;
-            s->route_rows[t * ks + slot] = row;
-            float *dst = s->expert_x + (uint64_t)row * d_model;
-            const float *src = s->xn + (uint64_t)t * d_model;
-            if (weight_inputs) {
-                float w = s->route_weights[t * ks + slot];
-                for (uint32_t i = 0; i < d_model; i++) dst[i] = src[i] * w;
-            } else if (!alone) {
-                memcpy(dst, src, d_model * sizeof(float));
-            }
+            s->route_rows[t * ks + slot] = s->expert_offset[e] + s->expert_count[e]++;
         }
+    tokens_task tokens = {s, d_model, ks, weight_inputs, sff != 0, shared_gate};
+    if (!alone) col_pool_run(s->pool, group_tokens, &tokens, n);
     for (uint32_t e = 0; e < n_experts; e++) {
         if (!s->expert_count[e]) continue;
         uint64_t o = s->expert_offset[e];
@@ -330,31 +379,8 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         for (uint32_t e = 0; e < n_experts; e++)
             if (s->expert_count[e])
                 add_expert_bias(s->expert_out, layer->moe_w2_bias, e, s->expert_offset[e], s->expert_count[e], d_model);
-    for (uint32_t t = 0; t < n; t++) {
-        float *acc = s->tmp + (uint64_t)t * d_model;
-        for (uint32_t i = 0; i < d_model; i++) acc[i] = 0.0f;
-        for (uint32_t slot = 0; slot < s->route_count[t]; slot++) {
-            const float *out = s->expert_out + (uint64_t)s->route_rows[t * ks + slot] * d_model;
-            float weight = weight_inputs ? 1.0f : s->route_weights[t * ks + slot];
-            for (uint32_t i = 0; i < d_model; i++) acc[i] += weight * out[i];
-        }
-    }
     uint64_t t2 = phase_ns ? col_now_ns() : 0;
-
-    if (!shared_gate)
-        for (uint32_t t = 0; t < n; t++) s->shared_gate[t] = NAN;
-    if (sff) {
-        for (uint32_t t = 0; t < n; t++) {
-            float scale = 1.0f;
-            if (shared_gate) {
-                scale = 1.0f / (1.0f + expf(-s->shared_gate[t]));
-                s->shared_gate[t] = scale;
-            }
-            float *acc = s->tmp + (uint64_t)t * d_model;
-            const float *sh = s->shared_out + (uint64_t)t * d_model;
-            for (uint32_t i = 0; i < d_model; i++) acc[i] += scale * sh[i];
-        }
-    }
+    col_pool_run(s->pool, combine_tokens, &tokens, n);
     uint64_t t3 = phase_ns ? col_now_ns() : 0;
 
     if (s->trace_ids)

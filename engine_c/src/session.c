@@ -123,7 +123,7 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     BIND(att, B * q_dim, sizeof(float));
     BIND(scores, (uint64_t)c->n_threads * group * cap, sizeof(float)); /* per thread: a KV group's heads */
     BIND(tmp, B * hp->d_model, sizeof(float));
-    BIND(norm_weight, max_u32(max_u32(hp->d_model, (uint32_t)q_dim), max_u32(hp->kv_lora_rank, hp->q_lora_rank)),
+    BIND(norm_weight, max_u32(max_u32(hp->d_model, (uint32_t)(q_dim + kv_dim)), max_u32(hp->kv_lora_rank, hp->q_lora_rank)),
          sizeof(float));
     BIND(router_logits, B * n_e, sizeof(float));
     BIND(route_ids, B * k_slots, sizeof(int32_t));

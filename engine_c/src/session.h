@@ -50,7 +50,8 @@ struct col_session {
     float *att;                 /* [B][n_heads * head_dim] attention outputs before o-proj */
     float *scores;              /* [n_threads][att_group][capacity] attention scores of one KV group's heads */
     float *tmp;                 /* [B][d_model] a sublayer's outputs */
-    float *norm_weight;         /* [max(d_model, n_heads*head_dim, kv_lora_rank, q_lora_rank)] a norm's weights as f32 */
+    float *norm_weight;         /* [max(d_model, (n_heads + n_kv_heads) * head_dim, kv_lora_rank, q_lora_rank)]
+                                   a norm's weights as f32 (the q and k norms' side by side) */
     float *router_logits;       /* [B][n_experts] */
     int32_t *route_ids;         /* [B][k_slots] */
     float *route_weights;       /* [B][k_slots] */
@@ -151,6 +152,9 @@ void col_feed_forward(col_session *s, uint32_t layer, uint32_t n, uint64_t *phas
 /* rmsnorm: out = w * (x / sqrt(mean(x^2) + eps)), w stored in `w` (any dtype, n elements). */
 void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
                  float *w_scratch);
+/* The same with the weight [n] already as f32; x and out [n] may be the same array. Pure: safe
+ * on any thread. */
+void col_rmsnorm_loaded(const float *x, const float *weight, float eps, uint64_t n, float *out);
 /* The residual stream's norm (the model's norm_kind: RMSNorm, or LayerNorm with the bias `b`
  * when not NULL) of `rows` rows of d_model values (x and out [rows][d_model]) with the model's
  * eps, the weight loaded once and the rows split among the pool's threads; a row's result does
