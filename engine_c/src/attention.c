@@ -163,14 +163,15 @@ static void prepare_position(const col_session *s, uint32_t layer_index, uint32_
     const col_layer *layer = &m->layers[layer_index];
     uint32_t d = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads;
     uint64_t q_dim = (uint64_t)nh * d, kv_dim = (uint64_t)nkv * d;
+    const col_isa isa = col_pool_isa(s->pool);
 
     add_bias(q, layer->attn_q_bias, q_dim);
     add_bias(k, layer->attn_k_bias, kv_dim);
     add_bias(v, layer->attn_v_bias, kv_dim);
 
     if (hp->flags & COL_FLAG_QK_NORM_FULL) {
-        col_rmsnorm_loaded(q, q_norm, hp->norm_eps, q_dim, q);
-        col_rmsnorm_loaded(k, k_norm, hp->norm_eps, kv_dim, k);
+        col_rmsnorm_row(isa, q, q_norm, hp->norm_eps, q_dim, q);
+        col_rmsnorm_row(isa, k, k_norm, hp->norm_eps, kv_dim, k);
     }
     if (hp->clip_qkv > 0.0f) {
         clamp_all(q, q_dim, hp->clip_qkv);
@@ -178,8 +179,8 @@ static void prepare_position(const col_session *s, uint32_t layer_index, uint32_
         clamp_all(v, kv_dim, hp->clip_qkv);
     }
     if (hp->flags & COL_FLAG_QK_NORM_HEAD) {
-        for (uint32_t h = 0; h < nh; h++) col_rmsnorm_loaded(q + (uint64_t)h * d, q_norm, hp->norm_eps, d, q + (uint64_t)h * d);
-        for (uint32_t h = 0; h < nkv; h++) col_rmsnorm_loaded(k + (uint64_t)h * d, k_norm, hp->norm_eps, d, k + (uint64_t)h * d);
+        for (uint32_t h = 0; h < nh; h++) col_rmsnorm_row(isa, q + (uint64_t)h * d, q_norm, hp->norm_eps, d, q + (uint64_t)h * d);
+        for (uint32_t h = 0; h < nkv; h++) col_rmsnorm_row(isa, k + (uint64_t)h * d, k_norm, hp->norm_eps, d, k + (uint64_t)h * d);
     }
     const col_routing_info *route = layer->route;
     if (!route->no_rope) rope_apply(hp, q, k, pos, s->inv_freq);
@@ -402,11 +403,11 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
     for (uint32_t t = 0; t < n; t++) {
         float *kv = s->mla_kv + t * lat;
         add_bias(kv, layer->attn_kv_a_bias, lat);
-        col_rmsnorm(kv, layer->attn_kv_a_norm, eps, c, kv, s->norm_weight);
+        col_rmsnorm(col_pool_isa(s->pool), kv, layer->attn_kv_a_norm, eps, c, kv, s->norm_weight);
         if (ql) {
             float *qa = s->mla_qa + (uint64_t)t * ql;
             add_bias(qa, layer->attn_q_a_bias, ql);
-            col_rmsnorm(qa, layer->attn_q_a_norm, eps, ql, qa, s->norm_weight);
+            col_rmsnorm(col_pool_isa(s->pool), qa, layer->attn_q_a_norm, eps, ql, qa, s->norm_weight);
         }
     }
     /* a decode step whose up-projections run on the heads' threads: q_b and the query's RoPE too */

@@ -13,19 +13,11 @@
 #include <math.h>
 #include <string.h>
 
-void col_rmsnorm_loaded(const float *x, const float *weight, float eps, uint64_t n, float *out)
-{
-    float sum = 0.0f;
-    for (uint64_t i = 0; i < n; i++) sum += x[i] * x[i];
-    float inv = 1.0f / sqrtf(sum / (float)n + eps);
-    for (uint64_t i = 0; i < n; i++) out[i] = weight[i] * (x[i] * inv);
-}
-
-void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
+void col_rmsnorm(col_isa isa, const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
                  float *w_scratch)
 {
     col_load_row(w->data, w->dtype, n, w_scratch);
-    col_rmsnorm_loaded(x, w_scratch, eps, n, out);
+    col_rmsnorm_row(isa, x, w_scratch, eps, n, out);
 }
 
 /* out = weight * (x - mean) / sqrt(var + eps) (+ bias), nn.LayerNorm's math: the mean, then the
@@ -46,6 +38,7 @@ typedef struct norm_task {
     float eps;
     uint64_t n;
     uint32_t kind;  /* col_norm_kind */
+    col_isa isa;
     float *out;
 } norm_task;
 
@@ -57,7 +50,7 @@ static void norm_rows(void *ctx, uint32_t thread, uint64_t r0, uint64_t r1)
         const float *x = task->x + r * task->n;
         float *out = task->out + r * task->n;
         if (task->kind == COL_NORM_KIND_RMS)
-            col_rmsnorm_loaded(x, task->weight, task->eps, task->n, out);
+            col_rmsnorm_row(task->isa, x, task->weight, task->eps, task->n, out);
         else
             layernorm_loaded(x, task->weight, task->bias, task->eps, task->n, out);
     }
@@ -72,7 +65,7 @@ void col_norm_rows(col_session *s, const float *x, const col_tensor_info *w, con
     col_load_row(w->data, w->dtype, n, s->norm_weight);
     /* a bias is 1-D and so f32 (format.c checks) */
     norm_task task = {x, s->norm_weight, b ? (const float *)b->data : NULL, s->model->hp.norm_eps, n,
-                      s->model->hp.norm_kind, out};
+                      s->model->hp.norm_kind, col_pool_isa(s->pool), out};
     col_pool_run(s->pool, norm_rows, &task, rows);
 }
 

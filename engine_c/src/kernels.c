@@ -118,6 +118,18 @@ static void swiglu_gate_range(col_isa isa, float *h1, const float *h3, uint64_t 
     col_swiglu_gate_portable(h1, h3, n);
 }
 
+void col_rmsnorm_row(col_isa isa, const float *x, const float *w, float eps, uint64_t n, float *out)
+{
+#if defined(__x86_64__)
+    if (isa >= COL_ISA_AVX2) {
+        col_rmsnorm_row_avx2(x, w, eps, n, out);
+        return;
+    }
+#endif
+    (void)isa;
+    col_rmsnorm_row_portable(x, w, eps, n, out);
+}
+
 /* An element-wise kernel over v[0..n) (and w alongside, when it reads one), on the pool's threads
  * in pieces of COL_ELEMENTWISE_PIECE when n is large. An element's result does not depend on the
  * piece it falls in. */

@@ -109,6 +109,13 @@ const char *col_isa_name(col_isa isa);
  * bits. */
 void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n);
 
+/* RMSNorm of one row: out[i] = w[i] * (x[i] * inv) for i < n, inv = 1 / sqrtf(ss / n + eps), where
+ * ss, the sum of squares, has one order on every path: x[i] * x[i] (one f32 multiply) added to
+ * lane i % 16 from i = 0 up, then the 16 lanes by the products' tree (lane i + lane i+8, then
+ * i + i+4, then (0 + 2) + (1 + 3)). x and out [n] may be the same array; w [n] is f32. Pure: safe
+ * on any thread; isa only chooses the code (col_pool_isa), never the bits. */
+void col_rmsnorm_row(col_isa isa, const float *x, const float *w, float eps, uint64_t n, float *out);
+
 /* v[i] rounded to the nearest bf16 in place (ties to even; Inf and NaN unchanged), for i < n; on
  * the pool's threads when n is large (pool may be NULL). The same bits on every path. */
 void col_round_bf16(col_pool *pool, float *v, uint64_t n);

@@ -79,6 +79,7 @@ void col_rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, 
 void col_round_bf16_portable(float *v, uint64_t n);
 void col_round_f16_portable(float *v, uint64_t n);
 void col_swiglu_gate_portable(float *h1, const float *h3, uint64_t n);
+void col_rmsnorm_row_portable(const float *x, const float *w, float eps, uint64_t n, float *out);
 /* One head (n_q = 1) of col_attend_head, and the softmax and value sums the AVX2 head shares. */
 void col_attend_head_portable(const col_head_job *h, float *scores, float *out);
 void col_softmax_in_place(float *scores, uint32_t n, const float *sink);
@@ -161,6 +162,7 @@ void col_attend_group_avx512(const col_head_job *h, float *scores, float *out);
 void col_attend_group_avx2(const col_head_job *h, float *scores, float *out);
 void col_swiglu_gate_avx512(float *h1, const float *h3, uint64_t n);
 void col_swiglu_gate_avx2(float *h1, const float *h3, uint64_t n);
+void col_rmsnorm_row_avx2(const float *x, const float *w, float eps, uint64_t n, float *out);
 void col_round_bf16_avx512(float *v, uint64_t n);
 void col_round_bf16_avx2(float *v, uint64_t n);
 void col_round_f16_avx512(float *v, uint64_t n);

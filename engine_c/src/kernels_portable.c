@@ -136,6 +136,17 @@ void col_swiglu_gate_portable(float *h1, const float *h3, uint64_t n)
     for (uint64_t i = 0; i < n; i++) h1[i] = h1[i] / (1.0f + expf(-h1[i])) * h3[i];
 }
 
+/* col_rmsnorm_row's definition: the sum of squares in 16 lanes and the products' tree. */
+void col_rmsnorm_row_portable(const float *x, const float *w, float eps, uint64_t n, float *out)
+{
+    float lane[16] = {0}, s8[8], s4[4];
+    for (uint64_t i = 0; i < n; i++) lane[i % 16] += x[i] * x[i];
+    for (int i = 0; i < 8; i++) s8[i] = lane[i] + lane[i + 8];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    const float inv = 1.0f / sqrtf(((s4[0] + s4[2]) + (s4[1] + s4[3])) / (float)n + eps);
+    for (uint64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * inv);
+}
+
 /* ---- one attention head ------------------------------------------------------------------ */
 
 /* Softmax of n scores in place, in f32: subtract the maximum, exponentiate, divide by the sum;

@@ -149,12 +149,10 @@ void col_attention(col_session *s, uint32_t layer, uint32_t n);
  * combine timings. */
 void col_feed_forward(col_session *s, uint32_t layer, uint32_t n, uint64_t *phase_ns);
 
-/* rmsnorm: out = w * (x / sqrt(mean(x^2) + eps)), w stored in `w` (any dtype, n elements). */
-void col_rmsnorm(const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
+/* rmsnorm: out = w * (x / sqrt(mean(x^2) + eps)), w stored in `w` (any dtype, n elements), loaded
+ * into w_scratch [n] as f32 for col_rmsnorm_row (kernels.h, which defines the sum's order). */
+void col_rmsnorm(col_isa isa, const float *x, const col_tensor_info *w, float eps, uint64_t n, float *out,
                  float *w_scratch);
-/* The same with the weight [n] already as f32; x and out [n] may be the same array. Pure: safe
- * on any thread. */
-void col_rmsnorm_loaded(const float *x, const float *weight, float eps, uint64_t n, float *out);
 /* The residual stream's norm (the model's norm_kind: RMSNorm, or LayerNorm with the bias `b`
  * when not NULL) of `rows` rows of d_model values (x and out [rows][d_model]) with the model's
  * eps, the weight loaded once and the rows split among the pool's threads; a row's result does

@@ -518,6 +518,38 @@ static void test_amx_falls_back_when_scratch_is_short(void)
     free(scratch);
 }
 
+/* RMSNorm rows on one path: the bits of the definition written out here (16 lane sums of the
+ * squares, the products' tree), for every length 1..300 (every tail of 16) and long rows, with
+ * values of mixed magnitude, in place and out of place. */
+static void test_rmsnorm_row(col_isa isa)
+{
+    enum { N = 2100 };
+    float *x = malloc(N * sizeof *x), *w = malloc(N * sizeof *w), *out = malloc(N * sizeof *out),
+          *in_place = malloc(N * sizeof *in_place);
+    for (int i = 0; i < N; i++) {
+        x[i] = frand() * (i % 7 == 0 ? 300.0f : 1.0f);
+        w[i] = 1.0f + 0.5f * frand();
+    }
+    int wrong = 0;
+    for (uint64_t n = 1; n <= N; n = n < 300 ? n + 1 : n + 900) {
+        float lane[16] = {0}, s8[8], s4[4];
+        for (uint64_t i = 0; i < n; i++) lane[i % 16] += x[i] * x[i];
+        for (int i = 0; i < 8; i++) s8[i] = lane[i] + lane[i + 8];
+        for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+        const float inv = 1.0f / sqrtf(((s4[0] + s4[2]) + (s4[1] + s4[3])) / (float)n + 1e-6f);
+        col_rmsnorm_row(isa, x, w, 1e-6f, n, out);
+        memcpy(in_place, x, n * sizeof *x);
+        col_rmsnorm_row(isa, in_place, w, 1e-6f, n, in_place);
+        for (uint64_t i = 0; i < n; i++) {
+            const float want = w[i] * (x[i] * inv);
+            wrong += memcmp(&out[i], &want, sizeof want) != 0 || memcmp(&in_place[i], &want, sizeof want) != 0;
+        }
+    }
+    CHECK(wrong == 0);
+    if (wrong) fprintf(stderr, "rmsnorm rows %s: %d elements off the definition\n", col_isa_name(isa), wrong);
+    free(x), free(w), free(out), free(in_place);
+}
+
 /* The SwiGLU gate on one path: within 4 ulp of silu(a) * b computed in double precision over a
  * sweep of inputs (exp from underflow to overflow), the special values as the C library gives
  * them (0, infinities, NaN), every tail length, and the same bits on 1 and 3 threads when the
@@ -758,6 +790,7 @@ int main(void)
     test_round_bf16("portable");
     test_round_f16("portable");
     test_swiglu_gate("portable");
+    test_rmsnorm_row(COL_ISA_PORTABLE);
     test_attend_heads("portable");
 #if defined(__x86_64__)
     __builtin_cpu_init();
@@ -770,6 +803,7 @@ int main(void)
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_int8_definition();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_swiglu_gate("avx2");
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rmsnorm_row(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx512f")) test_swiglu_gate("avx512");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_round_bf16("avx2");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
