@@ -361,21 +361,22 @@ static void run_mla_decode(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
         float *q0 = s->mla_q + (uint64_t)h0 * (nope + r);
         if (hp->q_lora_rank) { /* the part's own rows of q_b: its heads' queries */
             col_matvec_job qb = {weight_rows(task->layer->attn_q_b, (uint64_t)h0 * (nope + r), (uint64_t)(h1 - h0) * (nope + r)),
-                                 s->mla_qa, q0, 1};
+                                 s->mla_qa, q0, 1, NULL};
             col_matmul_here(s->pool, &qb, 1, thread);
         }
         rope_rotate(q0 + nope, h1 - h0, nope + r, r, hp->rope_layout, task->cs, task->sn);
         col_matvec_job jobs[COL_HEAD_PART];
         for (uint32_t h = h0; h < h1; h++) {
             const float *q = s->mla_q + (uint64_t)h * (nope + r);
-            jobs[h - h0] = (col_matvec_job){col_weight_expert(task->layer->attn_k_b, h), q, s->mla_qatt + (uint64_t)h * lat, 1};
+            jobs[h - h0] = (col_matvec_job){col_weight_expert(task->layer->attn_k_b, h), q, s->mla_qatt + (uint64_t)h * lat, 1,
+                                            NULL};
             memcpy(s->mla_qatt + (uint64_t)h * lat + c, q + nope, r * sizeof(float));
         }
         col_matmul_here(s->pool, jobs, h1 - h0, thread);
         run_heads(&task->heads, thread, i, i + 1);
         for (uint32_t h = h0; h < h1; h++)
             jobs[h - h0] = (col_matvec_job){col_weight_expert(task->layer->attn_v_b, h), s->mla_att + (uint64_t)h * lat,
-                                            s->mla_o + (uint64_t)h * vd, 1};
+                                            s->mla_o + (uint64_t)h * vd, 1, NULL};
         col_matmul_here(s->pool, jobs, h1 - h0, thread);
     }
 }
@@ -397,8 +398,9 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
     const float eps = hp->latent_norm_eps;
 
     /* projections: the query (straight, or through its normalised low-rank pair) and the latent */
-    col_matvec_job proj[2] = {{col_weight_of(ql ? layer->attn_q_a : layer->attn_q), xn, ql ? s->mla_qa : s->mla_q, n},
-                              {col_weight_of(layer->attn_kv_a), xn, s->mla_kv, n}};
+    col_matvec_job proj[2] = {{col_weight_of(ql ? layer->attn_q_a : layer->attn_q), xn, ql ? s->mla_qa : s->mla_q, n,
+                               NULL},
+                              {col_weight_of(layer->attn_kv_a), xn, s->mla_kv, n, NULL}};
     col_matmul_many(s->pool, proj, 2);
     for (uint32_t t = 0; t < n; t++) {
         float *kv = s->mla_kv + t * lat;
@@ -415,7 +417,7 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
                      col_pool_runs_here(s->pool, layer->attn_v_b->dtype) &&
                      (!ql || col_pool_runs_here(s->pool, layer->attn_q_b->dtype));
     if (ql && !step) {
-        col_matvec_job qb = {col_weight_of(layer->attn_q_b), s->mla_qa, s->mla_q, n};
+        col_matvec_job qb = {col_weight_of(layer->attn_q_b), s->mla_qa, s->mla_q, n, NULL};
         col_matmul_many(s->pool, &qb, 1);
     }
     /* RoPE of each position's query heads and shared key part; the latent row into the cache */
@@ -438,7 +440,7 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
     } else {
         mla_up_heads(s, layer_index, n);
     }
-    col_matvec_job o = {col_weight_of(layer->attn_o), s->mla_o, out, n};
+    col_matvec_job o = {col_weight_of(layer->attn_o), s->mla_o, out, n, NULL};
     col_matmul_many(s->pool, &o, 1);
     for (uint32_t t = 0; t < n; t++) add_bias(out + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);
 }
@@ -456,7 +458,7 @@ static void mla_up_heads(col_session *s, uint32_t layer_index, uint32_t n)
     gather_heads(s->mla_q, qw, nh, nope + r, 0, nope, n, s->mla_heads);
     for (uint32_t h = 0; h < nh; h++)
         s->mla_jobs[h] = (col_matvec_job){col_weight_expert(layer->attn_k_b, h), s->mla_heads + (uint64_t)h * n * nope,
-                                          s->mla_lat + (uint64_t)h * n * c, n};
+                                          s->mla_lat + (uint64_t)h * n * c, n, NULL};
     col_matmul_many(s->pool, s->mla_jobs, nh);
     scatter_heads(s->mla_lat, nh, c, n, s->mla_qatt, aw, lat, 0);
     gather_heads(s->mla_q, qw, nh, nope + r, nope, r, n, s->mla_heads);
@@ -468,7 +470,7 @@ static void mla_up_heads(col_session *s, uint32_t layer_index, uint32_t n)
     gather_heads(s->mla_att, aw, nh, lat, 0, c, n, s->mla_lat);
     for (uint32_t h = 0; h < nh; h++)
         s->mla_jobs[h] = (col_matvec_job){col_weight_expert(layer->attn_v_b, h), s->mla_lat + (uint64_t)h * n * c,
-                                          s->mla_heads + (uint64_t)h * n * vd, n};
+                                          s->mla_heads + (uint64_t)h * n * vd, n, NULL};
     col_matmul_many(s->pool, s->mla_jobs, nh);
     scatter_heads(s->mla_heads, nh, vd, n, s->mla_o, (uint64_t)nh * vd, vd, 0);
 }
@@ -485,12 +487,12 @@ void col_attention(col_session *s, uint32_t layer_index, uint32_t n)
         return;
     }
     /* q, k and v in one kernel dispatch: their rows are split among the threads as one range */
-    col_matvec_job qkv[3] = {{col_weight_of(layer->attn_q), s->xn, s->q, n},
-                             {col_weight_of(layer->attn_k), s->xn, s->k, n},
-                             {col_weight_of(layer->attn_v), s->xn, s->v, n}};
+    col_matvec_job qkv[3] = {{col_weight_of(layer->attn_q), s->xn, s->q, n, NULL},
+                             {col_weight_of(layer->attn_k), s->xn, s->k, n, NULL},
+                             {col_weight_of(layer->attn_v), s->xn, s->v, n, NULL}};
     col_matmul_many(s->pool, qkv, 3);
     attend_positions(s, layer_index, s->position, n, s->q, s->k, s->v, s->att);
-    col_matvec_job o = {col_weight_of(layer->attn_o), s->att, s->tmp, n};
+    col_matvec_job o = {col_weight_of(layer->attn_o), s->att, s->tmp, n, NULL};
     col_matmul_many(s->pool, &o, 1);
     for (uint32_t t = 0; t < n; t++) add_bias(s->tmp + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);
 }

@@ -156,10 +156,10 @@ static void swiglu(col_session *s, const col_tensor_info *t1, const col_tensor_i
                    const float *x, uint32_t n, float *out)
 {
     col_weight w1 = col_weight_of(t1), w3 = col_weight_of(t3), w2 = col_weight_of(t2);
-    col_matvec_job up[2] = {{w1, x, s->h1, n}, {w3, x, s->h3, n}};
+    col_matvec_job up[2] = {{w1, x, s->h1, n, NULL}, {w3, x, s->h3, n, NULL}};
     col_matmul_many(s->pool, up, 2);
     col_swiglu_gate(s->pool, s->h1, s->h3, (uint64_t)n * w1.rows);
-    col_matvec_job down = {w2, s->h1, out, n};
+    col_matvec_job down = {w2, s->h1, out, n, NULL};
     col_matmul_many(s->pool, &down, 1);
 }
 
@@ -213,11 +213,14 @@ static void expert_activation(col_session *s, const col_layer *layer, uint64_t r
 
 /* A block's tokens between the routing and the products, or after them, as pool items: each
  * token's rows copied to their places in the expert-grouped batch (scaled by their weights when
- * the weights scale the inputs), or its routed outputs summed in its selection order, then the
- * shared expert's output added. Each token's result is the same on any thread. */
+ * the weights scale the inputs; or quantised once for the experts' products and the bytes
+ * copied), or its routed outputs summed in its selection order, then the shared expert's output
+ * added. Each token's result is the same on any thread. */
 typedef struct tokens_task {
     col_session *s;
     uint32_t d_model, ks;
+    uint32_t dtype;         /* group: the experts' up-projections' weights */
+    uint64_t qrow;          /* group: bytes of a quantised row (col_pool_qrow_bytes), 0 = copy f32 rows */
     int weight_inputs;      /* Llama 4: the weights scale the experts' inputs */
     int shared;             /* combine: a shared expert's output to add */
     int shared_gate;        /* combine: scaled by sigmoid(s->shared_gate[t]) */
@@ -229,7 +232,14 @@ static void group_tokens(void *ctx, uint32_t thread, uint64_t t0, uint64_t t1)
     col_session *s = c->s;
     const uint32_t d_model = c->d_model, ks = c->ks;
     (void)thread;
-    for (uint64_t t = t0; t < t1; t++)
+    for (uint64_t t = t0; t < t1; t++) {
+        if (c->qrow) {
+            uint8_t *rows = (uint8_t *)s->expert_x, *first = rows + s->route_rows[t * ks] * c->qrow;
+            if (s->route_count[t]) col_pool_quantize_row(s->pool, s->xn + t * d_model, d_model, c->dtype, first);
+            for (uint32_t slot = 1; slot < s->route_count[t]; slot++)
+                memcpy(rows + s->route_rows[t * ks + slot] * c->qrow, first, c->qrow);
+            continue;
+        }
         for (uint32_t slot = 0; slot < s->route_count[t]; slot++) {
             float *dst = s->expert_x + (uint64_t)s->route_rows[t * ks + slot] * d_model;
             const float *src = s->xn + t * d_model;
@@ -240,6 +250,7 @@ static void group_tokens(void *ctx, uint32_t thread, uint64_t t0, uint64_t t1)
                 memcpy(dst, src, d_model * sizeof(float));
             }
         }
+    }
 }
 
 static void combine_tokens(void *ctx, uint32_t thread, uint64_t t0, uint64_t t1)
@@ -292,13 +303,13 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
     const uint64_t sff = layer->shared_w1 ? layer->shared_w1->shape[0] : 0;
     uint32_t n_first = 0;
     if (sff) {
-        s->jobs[n_first++] = (col_matvec_job){col_weight_of(layer->shared_w1), s->xn, s->shared_h1, n};
-        s->jobs[n_first++] = (col_matvec_job){col_weight_of(layer->shared_w3), s->xn, s->shared_h3, n};
+        s->jobs[n_first++] = (col_matvec_job){col_weight_of(layer->shared_w1), s->xn, s->shared_h1, n, NULL};
+        s->jobs[n_first++] = (col_matvec_job){col_weight_of(layer->shared_w3), s->xn, s->shared_h3, n, NULL};
     }
-    s->jobs[n_first++] = (col_matvec_job){col_weight_of(layer->moe_gate), s->xn, s->router_logits, n};
+    s->jobs[n_first++] = (col_matvec_job){col_weight_of(layer->moe_gate), s->xn, s->router_logits, n, NULL};
     const int shared_gate = sff && layer->shared_gate;
     if (shared_gate)
-        s->jobs[n_first++] = (col_matvec_job){col_weight_of(layer->shared_gate), s->xn, s->shared_gate, n};
+        s->jobs[n_first++] = (col_matvec_job){col_weight_of(layer->shared_gate), s->xn, s->shared_gate, n, NULL};
     col_matmul_many(s->pool, s->jobs, n_first);
     for (uint32_t t = 0; t < n; t++) { /* the router bias, then the numerics variant's noise (no-op by default) */
         add_gate_bias(layer, s->router_logits + (uint64_t)t * n_experts, n_experts);
@@ -345,18 +356,26 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
             uint32_t e = (uint32_t)run[t * ks + slot];
             s->route_rows[t * ks + slot] = s->expert_offset[e] + s->expert_count[e]++;
         }
-    tokens_task tokens = {s, d_model, ks, weight_inputs, sff != 0, shared_gate};
+    /* Quantised experts read each token's row quantised once, its bytes copied to the token's
+     * rows of the batch (in expert_x's storage: at most 1.25 bytes an element), instead of its
+     * f32 row copied and each copy quantised. */
+    const uint32_t up_dtype = layer->moe_w1->dtype;
+    const uint64_t qrow = alone || weight_inputs || layer->moe_w3->dtype != up_dtype
+                              ? 0 : col_pool_qrow_bytes(s->pool, up_dtype, d_model);
+    tokens_task tokens = {s, d_model, ks, up_dtype, qrow, weight_inputs, sff != 0, shared_gate};
     if (!alone) col_pool_run(s->pool, group_tokens, &tokens, n);
     for (uint32_t e = 0; e < n_experts; e++) {
         if (!s->expert_count[e]) continue;
         uint64_t o = s->expert_offset[e];
-        const float *x = alone ? s->xn : s->expert_x + o * d_model;
-        s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w1, e), x, s->h1 + o * d_ff, s->expert_count[e]};
-        s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w3, e), x, s->h3 + o * d_ff, s->expert_count[e]};
+        const float *x = alone ? s->xn : qrow ? NULL : s->expert_x + o * d_model;
+        const uint8_t *xq = qrow ? (const uint8_t *)s->expert_x + o * qrow : NULL;
+        const uint32_t count = s->expert_count[e];
+        s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w1, e), x, s->h1 + o * d_ff, count, xq};
+        s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w3, e), x, s->h3 + o * d_ff, count, xq};
     }
     if (sff) {
         col_swiglu_gate(s->pool, s->shared_h1, s->shared_h3, (uint64_t)n * sff);
-        s->jobs[n_jobs++] = (col_matvec_job){col_weight_of(layer->shared_w2), s->shared_h1, s->shared_out, n};
+        s->jobs[n_jobs++] = (col_matvec_job){col_weight_of(layer->shared_w2), s->shared_h1, s->shared_out, n, NULL};
     }
     col_matmul_many(s->pool, s->jobs, n_jobs);
     expert_activation(s, layer, off, d_ff);
@@ -365,7 +384,7 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         if (!s->expert_count[e]) continue;
         uint64_t o = s->expert_offset[e];
         s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w2, e), s->h1 + o * d_ff,
-                                             s->expert_out + o * d_model, s->expert_count[e]};
+                                             s->expert_out + o * d_model, s->expert_count[e], NULL};
     }
     col_matmul_many(s->pool, s->jobs, n_jobs);
     if (layer->moe_w2_bias)

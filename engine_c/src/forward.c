@@ -119,7 +119,7 @@ void col_forward_head(col_session *s, const int32_t *tokens, uint32_t n, float *
     uint32_t first = logits ? 0 : n - 1, rows = n - first;
     col_norm_rows(s, s->x + (uint64_t)first * d_model, m->output_norm, m->output_norm_bias, rows, s->xn);
     float *out = logits ? logits : s->logits;
-    col_matvec_job head = {col_weight_of(m->output), s->xn, out, rows};
+    col_matvec_job head = {col_weight_of(m->output), s->xn, out, rows, NULL};
     col_matmul_many(s->pool, &head, 1);
     if (m->output_bias) {
         const float *b = (const float *)m->output_bias->data; /* 1-D, so f32 (format.c checks) */

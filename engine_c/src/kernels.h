@@ -28,12 +28,15 @@ typedef enum col_isa {
 } col_isa;
 
 /* One product of a batch: y[t][r] = dot(W[r, :], x[t]) for t < n_tokens, r < w.rows.
- * x: [n_tokens][w.cols] f32, y: [n_tokens][w.rows] f32. */
+ * x: [n_tokens][w.cols] f32, y: [n_tokens][w.rows] f32. xq (NULL unless col_pool_qrow_bytes says
+ * the pool quantises w's dtype): x already quantised, n_tokens rows of col_pool_qrow_bytes each
+ * (col_pool_quantize_row), which the pool then uses instead of quantising x (x may be NULL). */
 typedef struct col_matvec_job {
     col_weight w;
     const float *x;
     float *y;
     uint32_t n_tokens;
+    const uint8_t *xq;
 } col_matvec_job;
 
 /* What the products a pool runs can be at most: they size the pool's scratch. */
@@ -66,6 +69,15 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
 
 /* Join the workers and free. NULL is a no-op. */
 void col_pool_free(col_pool *pool);
+
+/* Bytes of one activation row of `cols` as the pool's products of `dtype` weights read it when the
+ * caller may quantise it itself (col_matvec_job.xq): q8_0/q4_0 weights on a pool without a
+ * numerics variant (whose products read x as it rounds it); 0 otherwise (pool may be NULL). */
+uint64_t col_pool_qrow_bytes(const col_pool *pool, uint32_t dtype, uint64_t cols);
+
+/* x [cols] quantised for the pool's products of `dtype` weights into out [col_pool_qrow_bytes]:
+ * the bytes the pool would make of x itself. Pure: safe on any thread. */
+void col_pool_quantize_row(const col_pool *pool, const float *x, uint64_t cols, uint32_t dtype, uint8_t *out);
 
 /* Work that is not a product, split over the pool: thread t (0 = the caller) runs
  * fn(ctx, t, i0, i1) on pieces [i0, i1) of items 0..N-1 it takes in turn, and col_pool_run returns

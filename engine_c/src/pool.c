@@ -463,8 +463,8 @@ static void prepare_items(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     uint64_t base = 0;
     for (uint32_t k = 0; k < c->n_jobs && base < i1; k++) {
         uint8_t *act = c->pool->act[k];
-        if (!act || (k > 0 && act == c->pool->act[k - 1])) continue; /* none, or the previous job's */
         const col_matvec_job *j = &c->jobs[k];
+        if (!act || j->xq || (k > 0 && act == c->pool->act[k - 1])) continue; /* none, the caller's, the previous job's */
         for (uint64_t i = i0 > base ? i0 : base; i < i1 && i < base + j->n_tokens; i++)
             prepare_token(c->pool, j, act, (uint32_t)(i - base));
         base += j->n_tokens;
@@ -507,9 +507,12 @@ static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, 
         const int dot = dot_job(pool, j), packs = dot && pool->isa >= COL_ISA_AVX2; /* portable reads x itself */
         const int amx = !dot && pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype);
         uint8_t *act = NULL;
-        if (packs || amx || is_block_dtype(j->w.dtype)) {
+        if (j->xq) {
+            assert(col_pool_qrow_bytes(pool, j->w.dtype, j->w.cols));
+            act = (uint8_t *)(uintptr_t)j->xq; /* quantised by the caller; the kernels only read it */
+        } else if (packs || amx || is_block_dtype(j->w.dtype)) {
             const col_matvec_job *prev = k > 0 ? &jobs[k - 1] : NULL;
-            if (prev && prev->x == j->x && prev->n_tokens == j->n_tokens && prev->w.cols == j->w.cols &&
+            if (prev && !prev->xq && prev->x == j->x && prev->n_tokens == j->n_tokens && prev->w.cols == j->w.cols &&
                 (dot ? dot_job(pool, prev) : amx ? !dot_job(pool, prev) && col_amx_handles(prev->w.dtype)
                                                  : prev->w.dtype == j->w.dtype) &&
                 pool->act[k - 1]) {
@@ -539,6 +542,16 @@ static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, 
     plan_chunks(pool, macs);
     atomic_store(&pool->next_chunk, 0);
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
+}
+
+uint64_t col_pool_qrow_bytes(const col_pool *pool, uint32_t dtype, uint64_t cols)
+{
+    return pool && !pool->numerics && is_block_dtype(dtype) ? col_qrow_bytes(cols) : 0;
+}
+
+void col_pool_quantize_row(const col_pool *pool, const float *x, uint64_t cols, uint32_t dtype, uint8_t *out)
+{
+    col_quantize_row(x, cols, dtype, pool->isa, out);
 }
 
 int col_pool_runs_here(const col_pool *pool, uint32_t dtype)

@@ -168,13 +168,13 @@ static void check_shape(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols
     const col_weight wt = {w, dtype, rows, cols, 0};
     for (int p = 0; p < 3; p++) {
         memset(y, 0xFF, nt * rows * sizeof *y);
-        col_matvec_job job = {wt, x, y, nt};
+        col_matvec_job job = {wt, x, y, nt, NULL};
         col_matmul_many(pools[p].pool, &job, 1);
         for (uint64_t i = 0; i < nt * rows; i++) t->off_avx2 += !same(y[i], want[i]);
         t->checked += (int)(nt * rows);
         if (p != 1 || nt == 1) continue;
         for (uint32_t k = 0; k < nt; k++) { /* the tokens stepped, on 2 threads */
-            col_matvec_job step = {wt, x + k * cols, ystep, 1};
+            col_matvec_job step = {wt, x + k * cols, ystep, 1, NULL};
             col_matmul_many(pools[p].pool, &step, 1);
             for (uint64_t r = 0; r < rows; r++) t->off_step += !same(ystep[r], y[k * rows + r]);
         }

@@ -174,7 +174,7 @@ static void test_path(const char *isa)
                     col_weight w = {data, dtype, rows, cols, 0};
                     float *y1 = calloc(nt * rows, sizeof *y1), *y3 = calloc(nt * rows, sizeof *y3);
                     float *ystep = calloc(rows, sizeof *ystep);
-                    col_matvec_job job1 = {w, x, y1, nt}, job3 = {w, x, y3, nt};
+                    col_matvec_job job1 = {w, x, y1, nt, NULL}, job3 = {w, x, y3, nt, NULL};
                     col_matmul_many(one.pool, &job1, 1);
                     col_matmul_many(three.pool, &job3, 1);
                     bool quantised = dtype == COL_DTYPE_Q8_0 || dtype == COL_DTYPE_Q4_0;
@@ -191,7 +191,7 @@ static void test_path(const char *isa)
                             }
                             if (fabs((double)y1[t * rows + r] - ref) > 1e-5 * mag + 1e-6) bad_ref++;
                         }
-                        col_matvec_job step = {w, x + t * cols, ystep, 1};
+                        col_matvec_job step = {w, x + t * cols, ystep, 1, NULL};
                         col_matmul_many(three.pool, &step, 1);
                         if (memcmp(ystep, y1 + t * rows, rows * sizeof *ystep) != 0) bad_batch++;
                     }
@@ -278,7 +278,7 @@ static void test_float_order(const char *isa, unsigned lanes)
                         for (uint64_t i = 0; i < nt * cols; i++) x[i] = frand() * (i % 7 == 0 ? 1e4f : 1.0f);
                         uint8_t *data = store(w, rows, cols, dtype, ws);
                         for (uint64_t i = 0; i < rows * cols; i++) w[i] = (float)ws[i]; /* exact */
-                        col_matvec_job job = {{data, dtype, rows, cols, 0}, x, y, nt};
+                        col_matvec_job job = {{data, dtype, rows, cols, 0}, x, y, nt, NULL};
                         col_matmul_many(pools[pi].pool, &job, 1);
                         for (uint32_t t = 0; t < nt; t++)
                             for (uint64_t r = 0; r < rows; r++) {
@@ -365,16 +365,16 @@ static void test_int8_definition(void)
                             if (ext && (i / 32) % 7 == 3) x[i] = 0.0f; /* a block of zeros */
                         }
                         col_weight w = {data, dtype, rows, cols, 0};
-                        col_matvec_job rj = {w, x, want, nt};
+                        col_matvec_job rj = {w, x, want, nt, NULL};
                         col_matmul_many(ref.pool, &rj, 1);
                         for (int p = 0; p < 4; p++) {
-                            col_matvec_job jb = {w, x, got, nt};
+                            col_matvec_job jb = {w, x, got, nt, NULL};
                             col_matmul_many(pools[p].pool, &jb, 1);
                             bad += memcmp(want, got, nt * rows * sizeof *got) != 0;
                             checked++;
                         }
                         for (uint32_t t = 0; t < nt; t++) {
-                            col_matvec_job step = {w, x + t * cols, ystep, 1};
+                            col_matvec_job step = {w, x + t * cols, ystep, 1, NULL};
                             col_matmul_many(pools[2].pool, &step, 1);
                             bad_step += memcmp(ystep, want + t * rows, rows * sizeof *ystep) != 0;
                         }
@@ -426,13 +426,13 @@ static void test_parallel_preparation(void)
     for (size_t d = 0; d < sizeof kinds / sizeof *kinds; d++) {
         uint8_t *data = store(wv, ROWS, COLS, kinds[d], ws);
         col_weight w = {data, kinds[d], ROWS, COLS, 0};
-        col_matvec_job a = {w, x, y1, NT}, b = {w, x, y3, NT};
+        col_matvec_job a = {w, x, y1, NT, NULL}, b = {w, x, y3, NT, NULL};
         col_matmul_many(one.pool, &a, 1);
         col_matmul_many(three.pool, &b, 1);
         CHECK(memcmp(y1, y3, sizeof(float) * NT * ROWS) == 0);
         int bad_step = 0;
         for (uint32_t t = 0; t < NT; t++) {
-            col_matvec_job step = {w, x + t * COLS, ystep, 1};
+            col_matvec_job step = {w, x + t * COLS, ystep, 1, NULL};
             col_matmul_many(three.pool, &step, 1);
             bad_step += memcmp(ystep, y3 + t * ROWS, sizeof ystep) != 0;
         }
@@ -476,13 +476,13 @@ static void test_amx_long_rows(void)
     for (int x_bf16 = 0; x_bf16 <= 1; x_bf16++) {
         for (uint64_t i = 0; i < NT * COLS; i++) x[i] = frand();
         if (x_bf16) col_round_bf16(one.pool, x, NT * COLS);
-        col_matvec_job a = {w, x, y1, NT}, b = {w, x, y3, NT};
+        col_matvec_job a = {w, x, y1, NT, NULL}, b = {w, x, y3, NT, NULL};
         col_matmul_kernels(one.pool, &a, 1, x_bf16);
         col_matmul_kernels(three.pool, &b, 1, x_bf16);
         CHECK(memcmp(y1, y3, sizeof(float) * NT * ROWS) == 0);
         int bad_step = 0;
         for (uint32_t t = 0; t < NT; t++) {
-            col_matvec_job step = {w, x + t * COLS, ystep, 1};
+            col_matvec_job step = {w, x + t * COLS, ystep, 1, NULL};
             col_matmul_kernels(three.pool, &step, 1, x_bf16);
             bad_step += memcmp(ystep, y3 + t * ROWS, sizeof ystep) != 0;
         }
@@ -758,14 +758,14 @@ static void test_amx_one_part(void)
                 col_weight w = {data, COL_DTYPE_BF16, rows, cols, 0};
                 float *y_three = malloc(nt * rows * sizeof(float)), *y_one = malloc(nt * rows * sizeof(float));
                 float *y_one3 = malloc(nt * rows * sizeof(float)), *ystep = malloc(rows * sizeof(float));
-                col_matvec_job a = {w, x, y_three, nt}, b = {w, x, y_one, nt}, c = {w, x, y_one3, nt};
+                col_matvec_job a = {w, x, y_three, nt, NULL}, b = {w, x, y_one, nt, NULL}, c = {w, x, y_one3, nt, NULL};
                 col_matmul_kernels(one.pool, &a, 1, 0);
                 col_matmul_kernels(one.pool, &b, 1, 1);
                 col_matmul_kernels(three.pool, &c, 1, 1);
                 differs += memcmp(y_three, y_one, nt * rows * sizeof(float)) != 0;
                 differs_threads += memcmp(y_one, y_one3, nt * rows * sizeof(float)) != 0;
                 for (uint32_t t = 0; t < nt; t++) {
-                    col_matvec_job step = {w, x + t * cols, ystep, 1};
+                    col_matvec_job step = {w, x + t * cols, ystep, 1, NULL};
                     col_matmul_kernels(three.pool, &step, 1, 1);
                     differs_step += memcmp(ystep, y_one + t * rows, rows * sizeof(float)) != 0;
                 }

@@ -78,7 +78,7 @@ static void test_reductions(void)
     /* x = 1, w = [1e8, 1, -1e8, 1] (exact sum 2): each order gives its own rounding */
     float w[4] = {1e8f, 1.0f, -1e8f, 1.0f}, x[4] = {1, 1, 1, 1}, y = -1;
     col_weight cw = {w, COL_DTYPE_F32, 1, 4, 0};
-    col_matvec_job job = {cw, x, &y, 1};
+    col_matvec_job job = {cw, x, &y, 1, NULL};
     col_numerics nx = {0};
     nx.reduction = COL_REDUCTION_SEQUENTIAL;
     col_numerics_matmul(&nx, NULL, &job, 1);
@@ -107,7 +107,7 @@ static void test_long_rows(void)
     float y = 0.0f, expect = 0.0f;
     for (int i = 0; i < N; i++) expect = fmaf(col_f16_to_f32(w[i]), x[i], expect);
     col_weight cw = {w, COL_DTYPE_F16, 1, N, 0};
-    col_matvec_job job = {cw, x, &y, 1};
+    col_matvec_job job = {cw, x, &y, 1, NULL};
     col_numerics nx = {0};
     nx.reduction = COL_REDUCTION_SEQUENTIAL;
     nx.fma = 1;
@@ -264,7 +264,7 @@ static void test_vector_loops_match_the_reference(void)
                     const uint32_t nt = tokens_list[t];
                     for (size_t v = 0; v < N_VARIANTS; v++) {
                         const col_numerics nx = numerics_of(&variants[v]);
-                        col_matvec_job job = {cw, x, ref, nt};
+                        col_matvec_job job = {cw, x, ref, nt, NULL};
                         col_numerics_matmul(&nx, NULL, &job, 1);
                         if (t == 0) memcpy(first[v], ref, rows * sizeof(float));
                         else if (v > 0 && !same_bits(first[v], first[0], rows)) orders_differ = 1;
@@ -282,7 +282,7 @@ static void test_vector_loops_match_the_reference(void)
                                                 (unsigned long long)cols, nt);
                                 }
                                 for (uint32_t s = 0; s < nt && k == 1; s++) { /* each token alone */
-                                    col_matvec_job step = {cw, x + (uint64_t)s * cols, one, 1};
+                                    col_matvec_job step = {cw, x + (uint64_t)s * cols, one, 1, NULL};
                                     col_numerics_matmul(&nx, pools[p][k].pool, &step, 1);
                                     if (!same_bits(one, ref + (uint64_t)s * rows, rows)) bad++;
                                 }
@@ -344,7 +344,7 @@ static void test_bf16_dot_products(void)
                                        : spread_value();
                 }
                 col_weight cw = {w, COL_DTYPE_BF16, rows, cols, 0};
-                col_matvec_job job = {cw, x, ref, nt};
+                col_matvec_job job = {cw, x, ref, nt, NULL};
                 col_numerics_matmul(&nx, NULL, &job, 1);
                 col_numerics plain = {0};
                 plain.reduction = COL_REDUCTION_SEQUENTIAL;
@@ -368,7 +368,7 @@ static void test_bf16_dot_products(void)
                             fprintf(stderr, "bf16 dot, %s on %d thread(s): %llu x %llu, %u tokens differ\n", paths[p],
                                     k ? 3 : 1, (unsigned long long)rows, (unsigned long long)cols, nt);
                         for (uint32_t s = 0; s < nt && k == 1; s++) {
-                            col_matvec_job step = {cw, x + (uint64_t)s * cols, one, 1};
+                            col_matvec_job step = {cw, x + (uint64_t)s * cols, one, 1, NULL};
                             col_numerics_matmul(&nx, pools[p][k].pool, &step, 1);
                             bad += !same_bits(one, ref + (uint64_t)s * rows, rows);
                         }
@@ -444,7 +444,7 @@ static void test_bf16_dot_rules_on_every_path(void)
     col_numerics nx = {0};
     nx.reduction = COL_REDUCTION_BF16_DOT;
     for (int c = 0; c < CASES; c++) {
-        col_matvec_job job = {{w + c * COLS, COL_DTYPE_BF16, 1, COLS, 0}, x + c * COLS, &want[c], 1};
+        col_matvec_job job = {{w + c * COLS, COL_DTYPE_BF16, 1, COLS, 0}, x + c * COLS, &want[c], 1, NULL};
         col_numerics_matmul(&nx, NULL, &job, 1);
         CHECK(want[c] == expect[c]);
     }
@@ -453,7 +453,7 @@ static void test_bf16_dot_rules_on_every_path(void)
         pool_run r = pool_on(paths[p], 1, 1, COLS);
         if (!r.pool) continue;
         for (int c = 0; c < CASES; c++) {
-            col_matvec_job job = {{w + c * COLS, COL_DTYPE_BF16, 1, COLS, 0}, x + c * COLS, &got[c], 1};
+            col_matvec_job job = {{w + c * COLS, COL_DTYPE_BF16, 1, COLS, 0}, x + c * COLS, &got[c], 1, NULL};
             col_numerics_matmul(&nx, r.pool, &job, 1);
             if (!same_bits(&got[c], &want[c], 1)) {
                 fprintf(stderr, "bf16 dot rule %d on %s: %a, the definition %a\n", c, paths[p], got[c], want[c]);
@@ -476,7 +476,7 @@ static void test_vector_loops_on_long_rows(void)
     int bad = 0;
     for (size_t v = 0; v < N_VARIANTS; v++) {
         const col_numerics nx = numerics_of(&variants[v]);
-        col_matvec_job job = {cw, x, ref, 1};
+        col_matvec_job job = {cw, x, ref, 1, NULL};
         col_numerics_matmul(&nx, NULL, &job, 1);
         for (int p = 0; p < 2; p++) {
             if (!pools[p].pool) continue;

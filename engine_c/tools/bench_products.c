@@ -267,7 +267,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (with_numerics) col_pool_set_numerics(pool, &nx);
-    col_matvec_job job = {{weights, dtype, rows, cols, 0}, x, y, (uint32_t)tokens};
+    col_matvec_job job = {{weights, dtype, rows, cols, 0}, x, y, (uint32_t)tokens, NULL};
     col_matmul_many(pool, &job, 1); /* warm the workers */
 
     printf("{\"dtype\": \"%s\", \"rows\": %llu, \"cols\": %llu, \"tokens\": %lu, \"threads\": %lu, "
