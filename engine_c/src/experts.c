@@ -258,14 +258,14 @@ static void combine_tokens(void *ctx, uint32_t thread, uint64_t t0, uint64_t t1)
     const tokens_task *c = ctx;
     col_session *s = c->s;
     const uint32_t d_model = c->d_model, ks = c->ks;
+    const col_isa isa = col_pool_isa(s->pool);
     (void)thread;
     for (uint64_t t = t0; t < t1; t++) {
         float *acc = s->tmp + t * d_model;
         for (uint32_t i = 0; i < d_model; i++) acc[i] = 0.0f;
         for (uint32_t slot = 0; slot < s->route_count[t]; slot++) {
             const float *out = s->expert_out + (uint64_t)s->route_rows[t * ks + slot] * d_model;
-            float weight = c->weight_inputs ? 1.0f : s->route_weights[t * ks + slot];
-            for (uint32_t i = 0; i < d_model; i++) acc[i] += weight * out[i];
+            col_add_scaled(isa, acc, c->weight_inputs ? 1.0f : s->route_weights[t * ks + slot], out, d_model);
         }
         if (!c->shared_gate) s->shared_gate[t] = NAN;
         if (!c->shared) continue;
@@ -274,8 +274,7 @@ static void combine_tokens(void *ctx, uint32_t thread, uint64_t t0, uint64_t t1)
             scale = 1.0f / (1.0f + expf(-s->shared_gate[t]));
             s->shared_gate[t] = scale;
         }
-        const float *sh = s->shared_out + t * d_model;
-        for (uint32_t i = 0; i < d_model; i++) acc[i] += scale * sh[i];
+        col_add_scaled(isa, acc, scale, s->shared_out + t * d_model, d_model);
     }
 }
 

@@ -29,14 +29,12 @@ static void input_row(const col_model *m, int32_t token, const float *embedding,
     col_load_row(row, embd->dtype, d_model, x);
 }
 
-/* x += block output, scaled first when the model says so (Granite's residual_multiplier). */
-static void add_residual(const col_hparams *hp, float *x, const float *out, uint64_t n)
+/* x += block output, scaled first when the model says so (Granite's residual_multiplier; times 1
+ * is exact otherwise). */
+static void add_residual(const col_session *s, float *x, const float *out, uint64_t n)
 {
-    if (hp->residual_scale == 0.0f) {
-        for (uint64_t i = 0; i < n; i++) x[i] += out[i];
-    } else {
-        for (uint64_t i = 0; i < n; i++) x[i] += out[i] * hp->residual_scale;
-    }
+    const float scale = s->model->hp.residual_scale;
+    col_add_scaled(col_pool_isa(s->pool), x, scale == 0.0f ? 1.0f : scale, out, n);
 }
 
 /* The residual stream of positions base..base+n-1 (rows of x) after `layer` into the capture
@@ -89,12 +87,12 @@ uint64_t col_forward_layer(col_session *s, uint32_t l, uint32_t n)
     uint64_t t0 = tracing ? col_now_ns() : 0;
     col_norm_rows(s, s->x, layer->attn_norm, layer->attn_norm_bias, n, s->xn);
     col_attention(s, l, n);
-    add_residual(hp, s->x, s->tmp, n_x);
+    add_residual(s, s->x, s->tmp, n_x);
     col_numerics_round(&s->numerics, s->pool, s->x, n_x);
     uint64_t t1 = tracing ? col_now_ns() : 0;
     col_norm_rows(s, s->x, layer->ffn_norm, layer->ffn_norm_bias, n, s->xn);
     col_feed_forward(s, l, n, tracing ? phase : NULL);
-    add_residual(hp, s->x, s->tmp, n_x);
+    add_residual(s, s->x, s->tmp, n_x);
     col_numerics_round(&s->numerics, s->pool, s->x, n_x);
     capture_layer(s, l, s->position, n, s->x);
     if (!tracing) return 0;

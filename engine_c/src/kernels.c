@@ -130,6 +130,18 @@ void col_rmsnorm_row(col_isa isa, const float *x, const float *w, float eps, uin
     col_rmsnorm_row_portable(x, w, eps, n, out);
 }
 
+void col_add_scaled(col_isa isa, float *acc, float w, const float *x, uint64_t n)
+{
+#if defined(__x86_64__)
+    if (isa >= COL_ISA_AVX2) {
+        col_add_scaled_avx2(acc, w, x, n);
+        return;
+    }
+#endif
+    (void)isa;
+    for (uint64_t i = 0; i < n; i++) acc[i] += w * x[i];
+}
+
 /* An element-wise kernel over v[0..n) (and w alongside, when it reads one), on the pool's threads
  * in pieces of COL_ELEMENTWISE_PIECE when n is large. An element's result does not depend on the
  * piece it falls in. */

@@ -128,6 +128,10 @@ void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n);
  * on any thread; isa only chooses the code (col_pool_isa), never the bits. */
 void col_rmsnorm_row(col_isa isa, const float *x, const float *w, float eps, uint64_t n, float *out);
 
+/* acc[i] += w * x[i] for i < n, the product rounded to f32 before the add (no fused multiply-add):
+ * the same bits on every path. acc and x [n] do not overlap. Pure: safe on any thread. */
+void col_add_scaled(col_isa isa, float *acc, float w, const float *x, uint64_t n);
+
 /* v[i] rounded to the nearest bf16 in place (ties to even; Inf and NaN unchanged), for i < n; on
  * the pool's threads when n is large (pool may be NULL). The same bits on every path. */
 void col_round_bf16(col_pool *pool, float *v, uint64_t n);

@@ -1204,6 +1204,19 @@ COL_T2 void col_rmsnorm_row_avx2(const float *x, const float *w, float eps, uint
     }
 }
 
+COL_T2 void col_add_scaled_avx2(float *acc, float w, const float *x, uint64_t n)
+{
+    const __m256 wv = _mm256_set1_ps(w);
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_mul_ps(wv, _mm256_loadu_ps(x + i))));
+    if (i < n) {
+        const __m256i m = lanes_below8(n - i);
+        const __m256 sum = _mm256_add_ps(_mm256_maskload_ps(acc + i, m), _mm256_mul_ps(wv, _mm256_maskload_ps(x + i, m)));
+        _mm256_maskstore_ps(acc + i, m, sum);
+    }
+}
+
 /* col_round_bf16_avx512's rule in 8 lanes: the same bits as the portable rounding. */
 COL_T2 void col_round_bf16_avx2(float *v, uint64_t n)
 {

@@ -550,6 +550,22 @@ static void test_rmsnorm_row(col_isa isa)
     free(x), free(w), free(out), free(in_place);
 }
 
+/* acc += w * x on one path: the portable loop's bits (a product, then a sum) for every tail. */
+static void test_add_scaled(col_isa isa)
+{
+    enum { N = 77 };
+    float x[N], acc[N], want[N];
+    int wrong = 0;
+    for (uint64_t n = 0; n <= N; n++) {
+        for (int i = 0; i < N; i++) acc[i] = want[i] = frand() * 3.0f, x[i] = frand();
+        const float w = frand() * 7.0f;
+        for (uint64_t i = 0; i < n; i++) want[i] += w * x[i];
+        col_add_scaled(isa, acc, w, x, n);
+        wrong += memcmp(acc, want, sizeof acc) != 0; /* and nothing past n written */
+    }
+    CHECK(wrong == 0);
+}
+
 /* The SwiGLU gate on one path: within 4 ulp of silu(a) * b computed in double precision over a
  * sweep of inputs (exp from underflow to overflow), the special values as the C library gives
  * them (0, infinities, NaN), every tail length, and the same bits on 1 and 3 threads when the
@@ -791,6 +807,7 @@ int main(void)
     test_round_f16("portable");
     test_swiglu_gate("portable");
     test_rmsnorm_row(COL_ISA_PORTABLE);
+    test_add_scaled(COL_ISA_PORTABLE);
     test_attend_heads("portable");
 #if defined(__x86_64__)
     __builtin_cpu_init();
@@ -804,6 +821,7 @@ int main(void)
         test_int8_definition();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_swiglu_gate("avx2");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rmsnorm_row(COL_ISA_AVX2);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_add_scaled(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx512f")) test_swiglu_gate("avx512");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_round_bf16("avx2");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
