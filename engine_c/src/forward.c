@@ -29,12 +29,28 @@ static void input_row(const col_model *m, int32_t token, const float *embedding,
     col_load_row(row, embd->dtype, d_model, x);
 }
 
-/* x += block output, scaled first when the model says so (Granite's residual_multiplier; times 1
- * is exact otherwise). */
-static void add_residual(const col_session *s, float *x, const float *out, uint64_t n)
+/* Rows of x [n][d_model] += the block's output rows, scaled first when the model says so (Granite's
+ * residual_multiplier; times 1 is exact otherwise), as pool items by row. */
+typedef struct residual_task {
+    const col_session *s;
+    float *x;
+    const float *out;
+} residual_task;
+
+static void residual_rows(void *ctx, uint32_t thread, uint64_t t0, uint64_t t1)
 {
-    const float scale = s->model->hp.residual_scale;
-    col_add_scaled(col_pool_isa(s->pool), x, scale == 0.0f ? 1.0f : scale, out, n);
+    const residual_task *r = ctx;
+    const uint64_t d = r->s->model->hp.d_model;
+    const float scale = r->s->model->hp.residual_scale;
+    (void)thread;
+    const float w = scale == 0.0f ? 1.0f : scale;
+    col_add_scaled(col_pool_isa(r->s->pool), r->x + t0 * d, w, r->out + t0 * d, (t1 - t0) * d);
+}
+
+static void add_residual(col_session *s, float *x, const float *out, uint32_t n)
+{
+    residual_task task = {s, x, out};
+    col_pool_run(s->pool, residual_rows, &task, n);
 }
 
 /* The residual stream of positions base..base+n-1 (rows of x) after `layer` into the capture
@@ -87,12 +103,12 @@ uint64_t col_forward_layer(col_session *s, uint32_t l, uint32_t n)
     uint64_t t0 = tracing ? col_now_ns() : 0;
     col_norm_rows(s, s->x, layer->attn_norm, layer->attn_norm_bias, n, s->xn);
     col_attention(s, l, n);
-    add_residual(s, s->x, s->tmp, n_x);
+    add_residual(s, s->x, s->tmp, n);
     col_numerics_round(&s->numerics, s->pool, s->x, n_x);
     uint64_t t1 = tracing ? col_now_ns() : 0;
     col_norm_rows(s, s->x, layer->ffn_norm, layer->ffn_norm_bias, n, s->xn);
     col_feed_forward(s, l, n, tracing ? phase : NULL);
-    add_residual(s, s->x, s->tmp, n_x);
+    add_residual(s, s->x, s->tmp, n);
     col_numerics_round(&s->numerics, s->pool, s->x, n_x);
     capture_layer(s, l, s->position, n, s->x);
     if (!tracing) return 0;
