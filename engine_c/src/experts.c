@@ -233,13 +233,13 @@ static void group_tokens(void *ctx, uint32_t thread, uint64_t t0, uint64_t t1)
     const uint32_t d_model = c->d_model, ks = c->ks;
     (void)thread;
     for (uint64_t t = t0; t < t1; t++) {
-        if (c->qrow) {
-            uint8_t *rows = (uint8_t *)s->expert_x, *first = rows + s->route_rows[t * ks] * c->qrow;
-            if (s->route_count[t]) col_pool_quantize_row(s->pool, s->xn + t * d_model, d_model, c->dtype, first);
+        if (c->qrow && s->route_count[t]) {
+            uint8_t *rows = (uint8_t *)s->expert_x, *first = rows + (uint64_t)s->route_rows[t * ks] * c->qrow;
+            col_pool_quantize_row(s->pool, s->xn + t * d_model, d_model, c->dtype, first);
             for (uint32_t slot = 1; slot < s->route_count[t]; slot++)
-                memcpy(rows + s->route_rows[t * ks + slot] * c->qrow, first, c->qrow);
-            continue;
+                memcpy(rows + (uint64_t)s->route_rows[t * ks + slot] * c->qrow, first, c->qrow);
         }
+        if (c->qrow) continue;
         for (uint32_t slot = 0; slot < s->route_count[t]; slot++) {
             float *dst = s->expert_x + (uint64_t)s->route_rows[t * ks + slot] * d_model;
             const float *src = s->xn + t * d_model;
