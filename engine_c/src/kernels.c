@@ -3,8 +3,9 @@
  *
  * The forward pass calls kernels.h and never names a path. This file chooses the path a pool runs
  * (CPUID, the session's ceiling, COLIBRI_KERNELS) and sends to it the calls that are not
- * products: the query heads of one KV head (col_attend_head) and the element-wise kernels (the
- * SwiGLU gate, bf16 and f16 rounding), split over the pool's threads when they are long. Products go
+ * products: the query heads of one KV head (col_attend_head), the row kernels a caller runs on its
+ * own thread (RMSNorm rows, scaled adds) and the element-wise kernels (the SwiGLU gate, bf16 and
+ * f16 rounding), split over the pool's threads when they are long. Products go
  * through the pool (pool.c), which hands each chunk to its path's row walker. The paths live
  * beside it: kernels_portable.c (plain C, everywhere), kernels_x86.c (AVX2 and AVX-512) and
  * kernels_amx.c (bf16 weights on AMX tiles); kernels_quant.c holds the element conversions and

@@ -5,7 +5,8 @@
  * An output is one accumulator walked left to right over its row (stored elements widened to f32,
  * or int8 blocks: kernels_quant.c). An attention head runs alone: its scores, an f32 softmax (the
  * maximum subtracted, expf, divided by the sum), then its weighted values; the AVX2 path reuses the
- * softmax and the value sums. The SwiGLU gate uses the C library's expf.
+ * softmax and the value sums. The SwiGLU gate uses the C library's expf. RMSNorm's loop is the
+ * definition of its sum's order (col_rmsnorm_row), which the AVX2 code gives too.
  */
 #include "kernels_internal.h"
 

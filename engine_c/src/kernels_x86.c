@@ -1,6 +1,7 @@
 /*
  * kernels_x86.c - the AVX2 and AVX-512 paths: products in register tiles, attention heads, the
- * SwiGLU gate and bf16 and f16 rounding.
+ * SwiGLU gate, bf16 and f16 rounding; and on AVX2 (for AVX-512 pools too) RMSNorm rows and scaled
+ * adds, which give the portable loops' bits.
  *
  * Compiled with function target attributes, not -march flags, so the file builds for any x86-64
  * (and elsewhere to the one function saying there is no SIMD path); the pool runs this code only
