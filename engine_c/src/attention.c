@@ -231,7 +231,7 @@ static heads_task heads_of(col_session *s, uint32_t layer, uint32_t base, uint32
 /* A step reads its layer's cache from memory (the weights read since the last step flushed it),
  * so its heads prefetch keys and values this many positions ahead; a prefill block's positions
  * find the cache warm from the block's earlier ones and do not prefetch. */
-#define COL_DECODE_KV_PREFETCH 64
+#define COL_DECODE_KV_PREFETCH 16
 
 static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
 {

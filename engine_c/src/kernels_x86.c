@@ -1023,6 +1023,13 @@ COL_INLINE COL_T2 void group_scores8(const col_head_job *h, uint32_t h0, const u
             for (uint32_t k = 0; k < KC && t0 + h->prefetch + k < h->n_keys; k++)
                 for (uint32_t i = 0; i < h->d; i += 16)
                     _mm_prefetch((const char *)(key + (uint64_t)(h->prefetch + k) * h->stride + i), _MM_HINT_T0);
+        /* the values of these keys, for the values pass after the softmax: it walks each row in
+         * strips of 8 dimensions, a line at a time from every row, where the key rows here are
+         * read whole and in order */
+        if (h->prefetch)
+            for (uint32_t k = 0; k < here; k++)
+                for (uint32_t i = 0; i < h->d; i += 16)
+                    _mm_prefetch((const char *)(h->v + (uint64_t)(t0 + k) * h->stride + i), _MM_HINT_T0);
         const __m256 sc = here == KC ? key_scores8(h, h0, HC, key, KC, 1) : key_scores8(h, h0, HC, key, here, 0);
         float *dst = scores + (uint64_t)h0 * h->n_keys + t0;
         if (HC == 1) {
