@@ -1038,11 +1038,20 @@ COL_INLINE COL_T2 void group_scores8(const col_head_job *h, uint32_t h0, const u
             const __m128i m4 = _mm256_castsi256_si128(lanes_below8(here));
             _mm_maskstore_ps(dst, m4, _mm256_castps256_ps128(sc));
             _mm_maskstore_ps(dst + h->n_keys, m4, _mm256_extractf128_ps(sc, 1));
-        } else {
-            float lanes[8];
-            _mm256_storeu_ps(lanes, sc);
-            for (uint32_t j = 0; j < 4; j++)
-                for (uint32_t k = 0; k < here; k++) dst[(uint64_t)j * h->n_keys + k] = lanes[j * 2 + k];
+        } else { /* head j's two scores are lanes 2j and 2j + 1 */
+            const __m128 lo = _mm256_castps256_ps128(sc), hi = _mm256_extractf128_ps(sc, 1);
+            const uint64_t n = h->n_keys;
+            if (here == 2) {
+                _mm_storel_pi((__m64 *)(void *)dst, lo);
+                _mm_storeh_pi((__m64 *)(void *)(dst + n), lo);
+                _mm_storel_pi((__m64 *)(void *)(dst + 2 * n), hi);
+                _mm_storeh_pi((__m64 *)(void *)(dst + 3 * n), hi);
+            } else {
+                _mm_store_ss(dst, lo);
+                _mm_store_ss(dst + n, _mm_movehl_ps(lo, lo));
+                _mm_store_ss(dst + 2 * n, hi);
+                _mm_store_ss(dst + 3 * n, _mm_movehl_ps(hi, hi));
+            }
         }
     }
 }
@@ -1079,23 +1088,32 @@ static COL_T2 void softmax_avx2(float *scores, uint32_t n, const float *sink)
     for (; t < n; t++) scores[t] *= _mm256_cvtss_f32(inv);
 }
 
-/* Outputs of heads h0 .. h0 + HC - 1 from their probabilities p + j * n_keys over the 4 / HC
- * blocks of 8 dimensions from i0 (all inside d when `full`, a constant: plain loads). */
+/* Keys [t0, t1) of the outputs of heads h0 .. h0 + HC - 1, from their probabilities
+ * p + j * n_keys, over the 4 / HC blocks of 8 dimensions from i0 (all inside d when `full`, a
+ * constant: plain loads). Each (head, dimension) keeps two chains, even and odd keys, in
+ * neighbouring lanes: the value rows of keys t and t + 1 are interleaved by dimension (unpacklo:
+ * dimensions 0, 1, 4, 5 of the block; unpackhi: 2, 3, 6, 7) and multiplied by the pair p[t],
+ * p[t + 1] in one broadcast; hadd adds each dimension's even and odd chain at the last key. The
+ * chains come from `carry` (8 vectors) unless t0 = 0, and go back to it unless t1 = n_keys, so
+ * the keys may be walked in chunks with the same operations. t0 is even. */
 COL_INLINE COL_T2 void values_pass8(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p, float *out,
-                                    uint32_t i0, const int full)
+                                    uint32_t i0, const int full, uint32_t t0, uint32_t t1, __m256 *carry)
 {
     const uint32_t BP = 4 / HC, n = h->n_keys;
     __m256i m[4];
-    __m256 even[4], odd[4]; /* [j * BP + b] */
+    __m256 lo[4], hi[4]; /* [j * BP + b]: even and odd chains of dimensions 0, 1, 4, 5 and 2, 3, 6, 7 */
 #pragma GCC unroll 4
     for (uint32_t b = 0; b < BP; b++)
         m[b] = full || i0 + 8 * b < h->d ? lanes_below8(h->d - i0 - 8 * b) : _mm256_setzero_si256();
 #pragma GCC unroll 4
-    for (uint32_t a = 0; a < 4; a++) even[a] = odd[a] = _mm256_setzero_ps();
+    for (uint32_t a = 0; a < 4; a++) {
+        lo[a] = t0 ? carry[2 * a] : _mm256_setzero_ps();
+        hi[a] = t0 ? carry[2 * a + 1] : _mm256_setzero_ps();
+    }
 #define COL_LOAD8(ptr, b) (full ? _mm256_loadu_ps(ptr) : _mm256_maskload_ps(ptr, m[b]))
     const float *v = h->v + i0;
-    uint32_t t = 0;
-    for (; t + 2 <= n; t += 2) {
+    uint32_t t = t0;
+    for (; t + 2 <= t1; t += 2) {
         const float *v0 = v + (uint64_t)t * h->stride, *v1 = v0 + h->stride;
         if (h->prefetch && t + h->prefetch + 1 < n)
 #pragma GCC unroll 4
@@ -1103,38 +1121,58 @@ COL_INLINE COL_T2 void values_pass8(const col_head_job *h, uint32_t h0, const ui
                 _mm_prefetch((const char *)(v0 + (uint64_t)h->prefetch * h->stride + 8 * b), _MM_HINT_T0);
                 _mm_prefetch((const char *)(v1 + (uint64_t)h->prefetch * h->stride + 8 * b), _MM_HINT_T0);
             }
-        __m256 x0[4], x1[4];
+        __m256 xl[4], xh[4];
 #pragma GCC unroll 4
         for (uint32_t b = 0; b < BP; b++) {
-            x0[b] = COL_LOAD8(v0 + 8 * b, b);
-            x1[b] = COL_LOAD8(v1 + 8 * b, b);
+            const __m256 x0 = COL_LOAD8(v0 + 8 * b, b), x1 = COL_LOAD8(v1 + 8 * b, b);
+            xl[b] = _mm256_unpacklo_ps(x0, x1);
+            xh[b] = _mm256_unpackhi_ps(x0, x1);
         }
 #pragma GCC unroll 4
         for (uint32_t j = 0; j < HC; j++) {
-            const __m256 p0 = _mm256_broadcast_ss(p + (uint64_t)j * n + t), p1 = _mm256_broadcast_ss(p + (uint64_t)j * n + t + 1);
+            const __m256 pp = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(const void *)(p + (uint64_t)j * n + t)));
 #pragma GCC unroll 4
             for (uint32_t b = 0; b < BP; b++) {
-                even[j * BP + b] = _mm256_fmadd_ps(p0, x0[b], even[j * BP + b]);
-                odd[j * BP + b] = _mm256_fmadd_ps(p1, x1[b], odd[j * BP + b]);
+                lo[j * BP + b] = _mm256_fmadd_ps(pp, xl[b], lo[j * BP + b]);
+                hi[j * BP + b] = _mm256_fmadd_ps(pp, xh[b], hi[j * BP + b]);
             }
         }
     }
-    if (t < n) {
+    if (t < t1) { /* the last key, an even one: its odd partner's probability and values are zeros,
+                   * which leave the odd chains as they are (a chain from +0 never holds -0) */
         const float *v0 = v + (uint64_t)t * h->stride;
+        __m256 xl[4], xh[4];
+#pragma GCC unroll 4
+        for (uint32_t b = 0; b < BP; b++) {
+            const __m256 x0 = COL_LOAD8(v0 + 8 * b, b);
+            xl[b] = _mm256_unpacklo_ps(x0, _mm256_setzero_ps());
+            xh[b] = _mm256_unpackhi_ps(x0, _mm256_setzero_ps());
+        }
 #pragma GCC unroll 4
         for (uint32_t j = 0; j < HC; j++) {
-            const __m256 p0 = _mm256_broadcast_ss(p + (uint64_t)j * n + t);
+            const __m256 pp = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(_mm_load_ss(p + (uint64_t)j * n + t))));
 #pragma GCC unroll 4
-            for (uint32_t b = 0; b < BP; b++) even[j * BP + b] = _mm256_fmadd_ps(p0, COL_LOAD8(v0 + 8 * b, b), even[j * BP + b]);
+            for (uint32_t b = 0; b < BP; b++) {
+                lo[j * BP + b] = _mm256_fmadd_ps(pp, xl[b], lo[j * BP + b]);
+                hi[j * BP + b] = _mm256_fmadd_ps(pp, xh[b], hi[j * BP + b]);
+            }
         }
     }
 #undef COL_LOAD8
+    if (t1 < n) {
+#pragma GCC unroll 4
+        for (uint32_t a = 0; a < 4; a++) {
+            carry[2 * a] = lo[a];
+            carry[2 * a + 1] = hi[a];
+        }
+        return;
+    }
 #pragma GCC unroll 4
     for (uint32_t j = 0; j < HC; j++)
 #pragma GCC unroll 4
         for (uint32_t b = 0; b < BP; b++) {
             float *dst = out + (uint64_t)(h0 + j) * h->d + i0 + 8 * b;
-            const __m256 sum = _mm256_add_ps(even[j * BP + b], odd[j * BP + b]);
+            const __m256 sum = _mm256_hadd_ps(lo[j * BP + b], hi[j * BP + b]); /* dimensions 0..7: even + odd */
             if (full)
                 _mm256_storeu_ps(dst, sum);
             else if (i0 + 8 * b < h->d)
@@ -1142,12 +1180,29 @@ COL_INLINE COL_T2 void values_pass8(const col_head_job *h, uint32_t h0, const ui
         }
 }
 
+/* Value rows are read in strips of 8 dimensions a pass, and rows of 128 floats lie 512 bytes
+ * apart, in 8 of L1's 64 sets: so the keys are walked in chunks whose strips of up to
+ * COL_VALUES_WINDOW dimensions (COL_VALUES_FLOATS in all) stay in L1 for all the passes over
+ * them, each pass's chains carried from chunk to chunk. */
+#ifndef COL_VALUES_FLOATS
+#define COL_VALUES_FLOATS 4096
+#endif
+#define COL_VALUES_WINDOW 128
+
 COL_INLINE COL_T2 void group_values8(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p, float *out)
 {
     const uint32_t span = 8 * (4 / HC);
-    uint32_t i0 = 0;
-    for (; i0 + span <= h->d; i0 += span) values_pass8(h, h0, HC, p, out, i0, 1);
-    if (i0 < h->d) values_pass8(h, h0, HC, p, out, i0, 0);
+    const uint32_t chunk = (COL_VALUES_FLOATS / (h->d < COL_VALUES_WINDOW ? h->d : COL_VALUES_WINDOW)) & ~1u; /* even */
+    __m256 carry[COL_VALUES_WINDOW / 8][8];
+    for (uint32_t w0 = 0; w0 < h->d; w0 += COL_VALUES_WINDOW) {
+        const uint32_t w1 = h->d - w0 < COL_VALUES_WINDOW ? h->d : w0 + COL_VALUES_WINDOW;
+        for (uint32_t t0 = 0; t0 < h->n_keys; t0 += chunk) {
+            const uint32_t t1 = h->n_keys - t0 < chunk ? h->n_keys : t0 + chunk;
+            uint32_t i0 = w0;
+            for (; i0 + span <= w1; i0 += span) values_pass8(h, h0, HC, p, out, i0, 1, t0, t1, carry[(i0 - w0) / span]);
+            if (i0 < w1) values_pass8(h, h0, HC, p, out, i0, 0, t0, t1, carry[(i0 - w0) / span]);
+        }
+    }
 }
 
 COL_INLINE COL_T2 void attend_heads8(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores, float *out)
