@@ -246,10 +246,11 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     const uint32_t mask = layer->route->attention;
     const float *sinks = layer->attn_sinks ? (const float *)layer->attn_sinks->data : NULL; /* f32 (format.c) */
     for (uint64_t i = i0; i < i1; i++) {
-        /* KV-head-major, so each thread's share holds early and late positions alike (a late
-         * position attends to more keys); the query heads of a KV head (or of a part) run
-         * together, so each key and value read from the cache serves all of them */
-        uint64_t n = task->n, t = i % n;
+        /* KV-head-major, positions in pairs of an early and a late one (0, n - 1, 1, n - 2, ...),
+         * so any run of items holds as many keys to attend as another of its length; the query
+         * heads of a KV head (or of a part) run together, so each key and value read from the
+         * cache serves all of them */
+        const uint64_t n = task->n, j = i % n, t = j % 2 ? n - 1 - j / 2 : j / 2;
         uint32_t g = (uint32_t)(i / n / task->n_parts), h0 = (uint32_t)(i / n % task->n_parts) * task->part;
         uint32_t n_q = group - h0 < task->part ? group - h0 : task->part;
         uint64_t at = t * q_dim + ((uint64_t)g * group + h0) * d;

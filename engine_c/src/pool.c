@@ -11,8 +11,8 @@
  * short last, each edge on a whole tile of the path; the threads take the chunks from a shared
  * counter and run each on the path's row walker. The activations a path reads prepared (int8
  * blocks, AMX packing) are prepared first, on the pool when the batch is large. Which thread
- * computes a row never changes its bits. col_pool_run's items are taken in pieces from a shared
- * counter the same way. A worker joins a batch through a gate the caller closes once it has run
+ * computes a row never changes its bits. col_pool_run's items are cut the same way, long pieces
+ * first and short ones last, and taken from the same counter. A worker joins a batch through a gate the caller closes once it has run
  * out of work to take, so the caller never waits for a worker that has not started (descheduled
  * on a busy machine, or still waking), only for chunks a worker has begun. The
  * pool's scratch (prepared activations, per-thread staging) is the session's, sized by
@@ -75,8 +75,6 @@ struct col_pool {
     col_pool_task task;
     void *task_ctx;
     uint64_t n_items;
-    uint64_t piece;                /* task items taken at a time */
-    _Atomic uint64_t next_item;    /* the next task item not yet taken */
     const col_matvec_job *jobs;
     uint32_t n_jobs;
     int x_bf16;                /* every activation of the batch is a bf16 value (col_matmul_kernels) */
@@ -86,8 +84,8 @@ struct col_pool {
     const void *walk_ctx;
     uint32_t walk_align;       /* rows a walker's chunk edges fall on */
     uint64_t total_work;       /* sum over jobs of rows * row_work */
-    uint32_t n_chunks;         /* products: pieces the threads take in turn */
-    uint64_t chunk_end[COL_MAX_CHUNKS]; /* work at which chunk c ends (it starts where c - 1 ends) */
+    uint32_t n_chunks;         /* pieces the threads take in turn (products' chunks, a task's items) */
+    uint64_t chunk_end[COL_MAX_CHUNKS]; /* work (or item) at which chunk c ends (it starts where c - 1 ends) */
     _Atomic uint32_t next_chunk;
     /* scratch (caller-owned): per-job prepared activations, per-thread AMX staging */
     uint32_t max_jobs;
@@ -202,15 +200,15 @@ static void run_chunk(const col_pool *pool, uint32_t t, uint32_t chunk)
     }
 }
 
-/* Cut a batch of `work` multiply-adds into chunks for the pool's n threads, guided: each chunk is
- * the work left divided by 2n, but at least COL_GUIDED_MIN_MACS (and a 32nd of the work, so there
- * are at most COL_MAX_CHUNKS; and at most an n-th of the work, so each thread gets one), so the
- * first chunks are long (their rows make long streams) and the last ones short, so neither thread
- * waits long for the other's last chunk. */
-static void plan_chunks(col_pool *pool, uint64_t work)
+/* Cut a batch of `work` (multiply-adds, or a task's items) into chunks for the pool's n threads,
+ * guided: each chunk is the work left divided by 2n, but at least `least_work` (and a 32nd of the
+ * work, so there are at most COL_MAX_CHUNKS; and at most an n-th of the work, so each thread gets
+ * one), so the first chunks are long (a product's rows make long streams) and the last ones short,
+ * so neither thread waits long for the other's last chunk. */
+static void plan_chunks(col_pool *pool, uint64_t work, uint64_t least_work)
 {
     const uint64_t n = pool->n_threads, least_by_work = work / (COL_MAX_CHUNKS / 2);
-    uint64_t least = least_by_work > COL_GUIDED_MIN_MACS ? least_by_work : COL_GUIDED_MIN_MACS;
+    uint64_t least = least_by_work > least_work ? least_by_work : least_work;
     if (least > (work + n - 1) / n) least = (work + n - 1) / n; /* a small product: one chunk per thread */
     uint64_t done = 0;
     uint32_t c = 0;
@@ -224,25 +222,30 @@ static void plan_chunks(col_pool *pool, uint64_t work)
     pool->n_chunks = c;
 }
 
-/* Thread `t` of `n`'s part of the current batch. Products are cut into chunks, and a task's items
- * into pieces, that the threads take in turn from a shared counter, so a thread that the memory
- * system (or the scheduler) serves more slowly for a while does less instead of holding the other
- * up at the end. Which thread computes a row or an item never changes its bits. */
+/* Chunk c of the current batch on thread t: a product's rows, or a task's items. */
+static void run_piece(const col_pool *pool, uint32_t t, uint32_t c)
+{
+    if (pool->task)
+        pool->task(pool->task_ctx, t, c ? pool->chunk_end[c - 1] : 0, pool->chunk_end[c]);
+    else
+        run_chunk(pool, t, c);
+}
+
+/* Thread `t` of `n`'s part of the current batch. Products and a task's items are cut into chunks
+ * that the threads take in turn from a shared counter, so a thread that the memory system (or the
+ * scheduler) serves more slowly for a while does less instead of holding the other up at the end.
+ * Which thread computes a row or an item never changes its bits. */
 static void run_share(col_pool *pool, uint32_t t, uint32_t n)
 {
-    if (pool->task) {
-        const uint64_t items = pool->n_items, piece = n == 1 ? items : pool->piece;
-        for (uint64_t i0; (i0 = n == 1 ? 0 : atomic_fetch_add(&pool->next_item, piece)) < items;) {
-            pool->task(pool->task_ctx, t, i0, items - i0 > piece ? i0 + piece : items);
-            if (n == 1) break;
-        }
+    if (n == 1 && pool->task) {
+        pool->task(pool->task_ctx, t, 0, pool->n_items);
         return;
     }
     if (n == 1) {
         for (uint32_t c = 0; c < pool->n_chunks; c++) run_chunk(pool, t, c);
         return;
     }
-    for (uint32_t c; (c = atomic_fetch_add(&pool->next_chunk, 1)) < pool->n_chunks;) run_chunk(pool, t, c);
+    for (uint32_t c; (c = atomic_fetch_add(&pool->next_chunk, 1)) < pool->n_chunks;) run_piece(pool, t, c);
 }
 
 /* One step of a spin-wait: pause, and after a while yield the core, because on an oversubscribed
@@ -372,7 +375,6 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
     }
     atomic_init(&pool->generation, 0);
     atomic_init(&pool->gate, 0);
-    atomic_init(&pool->next_item, 0);
     atomic_init(&pool->next_chunk, 0);
     atomic_init(&pool->n_sleeping, 0);
     atomic_init(&pool->stopping, 0);
@@ -539,7 +541,7 @@ static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, 
     pool->jobs = jobs;
     pool->n_jobs = n_jobs;
     pool->total_work = macs;
-    plan_chunks(pool, macs);
+    plan_chunks(pool, macs, COL_GUIDED_MIN_MACS);
     atomic_store(&pool->next_chunk, 0);
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
 }
@@ -604,7 +606,7 @@ void col_matmul_walk(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs
     pool->jobs = jobs;
     pool->n_jobs = n_jobs;
     pool->total_work = macs;
-    plan_chunks(pool, macs);
+    plan_chunks(pool, macs, COL_GUIDED_MIN_MACS);
     atomic_store(&pool->next_chunk, 0);
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
     pool->walk = NULL;
@@ -620,10 +622,8 @@ void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items)
     pool->task = fn;
     pool->task_ctx = ctx;
     pool->n_items = n_items;
-    /* a few pieces per thread: long enough that taking them costs nothing, short enough that a
-     * late thread leaves little for the other to wait on */
-    pool->piece = n_items / (4u * pool->n_threads) ? n_items / (4u * pool->n_threads) : 1;
-    atomic_store(&pool->next_item, 0);
+    plan_chunks(pool, n_items, 1);
+    atomic_store(&pool->next_chunk, 0);
     dispatch(pool, n_items >= pool->n_threads);
     pool->task = NULL;
 }
