@@ -41,7 +41,7 @@
 #ifndef COL_GUIDED_MIN_MACS
 #define COL_GUIDED_MIN_MACS (1u << 17)
 #endif
-#define COL_MAX_CHUNKS 64
+#define COL_MAX_CHUNKS 256
 /* Activations of a batch are prepared on the pool from this many elements (prepare_activations). */
 #define COL_PREPARE_PARALLEL_ELEMS (1u << 16)
 /* Spins of a worker waiting for the next product before it sleeps (~100 us). */
@@ -201,13 +201,14 @@ static void run_chunk(const col_pool *pool, uint32_t t, uint32_t chunk)
 }
 
 /* Cut a batch of `work` (multiply-adds, or a task's items) into chunks for the pool's n threads,
- * guided: each chunk is the work left divided by 2n, but at least `least_work` (and a 32nd of the
- * work, so there are at most COL_MAX_CHUNKS; and at most an n-th of the work, so each thread gets
- * one), so the first chunks are long (a product's rows make long streams) and the last ones short,
- * so neither thread waits long for the other's last chunk. */
+ * guided: each chunk is the work left divided by 2n, but at least `least_work` and a
+ * COL_MAX_CHUNKS-th of the work (and at most an n-th of it, so each thread gets one), so the
+ * first chunks are long (a product's rows make long streams) and the last ones short, so neither
+ * thread waits long for the other's last chunk. Up to 128 threads the chunks stop shrinking before
+ * COL_MAX_CHUNKS of them (about 20 for 2 threads). */
 static void plan_chunks(col_pool *pool, uint64_t work, uint64_t least_work)
 {
-    const uint64_t n = pool->n_threads, least_by_work = work / (COL_MAX_CHUNKS / 2);
+    const uint64_t n = pool->n_threads, least_by_work = work / COL_MAX_CHUNKS;
     uint64_t least = least_by_work > least_work ? least_by_work : least_work;
     if (least > (work + n - 1) / n) least = (work + n - 1) / n; /* a small product: one chunk per thread */
     uint64_t done = 0;
