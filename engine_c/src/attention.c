@@ -77,25 +77,22 @@ void col_rope_init(const col_hparams *hp, const float *freq_factors, float *inv_
 }
 
 /* Rotate the first rotary_dim values of each of n vectors (stride apart) in place by the angles
- * whose cosines and sines are c and s [rotary_dim / 2], pairing dims as the layout says. */
-static void rope_rotate(float *vec, uint32_t n, uint64_t stride, uint32_t rotary_dim, uint32_t layout, const float *c,
-                        const float *s)
+ * whose cosines and sines are c and s [rotary_dim / 2], pairing dims as the layout says; `isa`
+ * chooses the code, never the bits. */
+static void rope_rotate(col_isa isa, float *vec, uint32_t n, uint64_t stride, uint32_t rotary_dim, uint32_t layout,
+                        const float *c, const float *s)
 {
     uint32_t half = rotary_dim / 2;
     for (uint32_t h = 0; h < n; h++) {
         float *v = vec + (uint64_t)h * stride;
-        if (layout == COL_ROPE_INTERLEAVED) {
-            for (uint32_t i = 0; i < half; i++) {
-                float x1 = v[2 * i], x2 = v[2 * i + 1];
-                v[2 * i] = x1 * c[i] - x2 * s[i];
-                v[2 * i + 1] = x2 * c[i] + x1 * s[i];
-            }
-        } else {
-            for (uint32_t i = 0; i < half; i++) {
-                float x1 = v[i], x2 = v[i + half];
-                v[i] = x1 * c[i] - x2 * s[i];
-                v[i + half] = x2 * c[i] + x1 * s[i];
-            }
+        if (layout != COL_ROPE_INTERLEAVED) {
+            col_rotate_half(isa, v, half, c, s);
+            continue;
+        }
+        for (uint32_t i = 0; i < half; i++) {
+            float x1 = v[2 * i], x2 = v[2 * i + 1];
+            v[2 * i] = x1 * c[i] - x2 * s[i];
+            v[2 * i + 1] = x2 * c[i] + x1 * s[i];
         }
     }
 }
@@ -113,12 +110,12 @@ static void rope_angles(const col_hparams *hp, uint32_t position, const float *i
 
 /* RoPE of q [n_heads] and k [n_kv_heads] at `position`, with the cosines and sines computed once
  * for both, before the heads' loops rather than inside them. */
-static void rope_apply(const col_hparams *hp, float *q, float *k, uint32_t position, const float *inv_freq)
+static void rope_apply(col_isa isa, const col_hparams *hp, float *q, float *k, uint32_t position, const float *inv_freq)
 {
     float c[COL_MAX_HEAD_DIM / 2], s[COL_MAX_HEAD_DIM / 2];
     rope_angles(hp, position, inv_freq, c, s);
-    rope_rotate(q, hp->n_heads, hp->head_dim, hp->rotary_dim, hp->rope_layout, c, s);
-    rope_rotate(k, hp->n_kv_heads, hp->head_dim, hp->rotary_dim, hp->rope_layout, c, s);
+    rope_rotate(isa, q, hp->n_heads, hp->head_dim, hp->rotary_dim, hp->rope_layout, c, s);
+    rope_rotate(isa, k, hp->n_kv_heads, hp->head_dim, hp->rotary_dim, hp->rope_layout, c, s);
 }
 
 static void add_bias(float *y, const col_tensor_info *bias, uint64_t n)
@@ -183,7 +180,7 @@ static void prepare_position(const col_session *s, uint32_t layer_index, uint32_
         for (uint32_t h = 0; h < nkv; h++) col_rmsnorm_row(isa, k + (uint64_t)h * d, k_norm, hp->norm_eps, d, k + (uint64_t)h * d);
     }
     const col_routing_info *route = layer->route;
-    if (!route->no_rope) rope_apply(hp, q, k, pos, s->inv_freq);
+    if (!route->no_rope) rope_apply(isa, hp, q, k, pos, s->inv_freq);
     if (route->qk_l2_norm) {
         rms_heads(q, nh, d, hp->norm_eps);
         rms_heads(k, nkv, d, hp->norm_eps);
@@ -365,7 +362,7 @@ static void run_mla_decode(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
                                  s->mla_qa, q0, 1, NULL};
             col_matmul_here(s->pool, &qb, 1, thread);
         }
-        rope_rotate(q0 + nope, h1 - h0, nope + r, r, hp->rope_layout, task->cs, task->sn);
+        rope_rotate(col_pool_isa(s->pool), q0 + nope, h1 - h0, nope + r, r, hp->rope_layout, task->cs, task->sn);
         col_matvec_job jobs[COL_HEAD_PART];
         for (uint32_t h = h0; h < h1; h++) {
             const float *q = s->mla_q + (uint64_t)h * (nope + r);
@@ -427,8 +424,8 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
         uint32_t pos = s->position + t;
         rope_angles(hp, pos, s->inv_freq, cs, sn);
         float *q = s->mla_q + t * qw, *kv = s->mla_kv + t * lat;
-        if (!step) rope_rotate(q + nope, nh, nope + r, r, hp->rope_layout, cs, sn);
-        rope_rotate(kv + c, 1, lat, r, hp->rope_layout, cs, sn);
+        if (!step) rope_rotate(col_pool_isa(s->pool), q + nope, nh, nope + r, r, hp->rope_layout, cs, sn);
+        rope_rotate(col_pool_isa(s->pool), kv + c, 1, lat, r, hp->rope_layout, cs, sn);
         memcpy(kv_rows(s, s->k_cache, layer_index, 0) + (uint64_t)pos * lat, kv, lat * sizeof(float));
     }
     if (step) {

@@ -143,6 +143,22 @@ void col_add_scaled(col_isa isa, float *acc, float w, const float *x, uint64_t n
     for (uint64_t i = 0; i < n; i++) acc[i] += w * x[i];
 }
 
+void col_rotate_half(col_isa isa, float *v, uint32_t half, const float *c, const float *s)
+{
+#if defined(__x86_64__)
+    if (isa >= COL_ISA_AVX2) {
+        col_rotate_half_avx2(v, half, c, s);
+        return;
+    }
+#endif
+    (void)isa;
+    for (uint32_t i = 0; i < half; i++) {
+        float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * c[i] - x2 * s[i];
+        v[i + half] = x2 * c[i] + x1 * s[i];
+    }
+}
+
 /* An element-wise kernel over v[0..n) (and w alongside, when it reads one), on the pool's threads
  * in pieces of COL_ELEMENTWISE_PIECE when n is large. An element's result does not depend on the
  * piece it falls in. */

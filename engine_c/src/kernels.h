@@ -132,6 +132,12 @@ void col_rmsnorm_row(col_isa isa, const float *x, const float *w, float eps, uin
  * the same bits on every path. acc and x [n] do not overlap. Pure: safe on any thread. */
 void col_add_scaled(col_isa isa, float *acc, float w, const float *x, uint64_t n);
 
+/* RoPE's rotation of one vector whose dimensions pair as halves (rotate_half), in place:
+ * v[i] = v[i] * c[i] - v[i + half] * s[i] and v[i + half] = v[i + half] * c[i] + v[i] * s[i] for
+ * i < half, each product rounded to f32 before the add: the same bits on every path. v [2 * half];
+ * c and s [half]. Pure: safe on any thread. */
+void col_rotate_half(col_isa isa, float *v, uint32_t half, const float *c, const float *s);
+
 /* v[i] rounded to the nearest bf16 in place (ties to even; Inf and NaN unchanged), for i < n; on
  * the pool's threads when n is large (pool may be NULL). The same bits on every path. */
 void col_round_bf16(col_pool *pool, float *v, uint64_t n);

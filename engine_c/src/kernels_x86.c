@@ -1289,6 +1289,23 @@ COL_T2 void col_add_scaled_avx2(float *acc, float w, const float *x, uint64_t n)
     }
 }
 
+COL_T2 void col_rotate_half_avx2(float *v, uint32_t half, const float *c, const float *s)
+{
+    float *hi = v + half;
+    uint32_t i = 0;
+    for (; i + 8 <= half; i += 8) {
+        const __m256 x1 = _mm256_loadu_ps(v + i), x2 = _mm256_loadu_ps(hi + i);
+        const __m256 ci = _mm256_loadu_ps(c + i), si = _mm256_loadu_ps(s + i);
+        _mm256_storeu_ps(v + i, _mm256_sub_ps(_mm256_mul_ps(x1, ci), _mm256_mul_ps(x2, si)));
+        _mm256_storeu_ps(hi + i, _mm256_add_ps(_mm256_mul_ps(x2, ci), _mm256_mul_ps(x1, si)));
+    }
+    for (; i < half; i++) {
+        const float x1 = v[i], x2 = hi[i];
+        v[i] = x1 * c[i] - x2 * s[i];
+        hi[i] = x2 * c[i] + x1 * s[i];
+    }
+}
+
 /* col_round_bf16_avx512's rule in 8 lanes: the same bits as the portable rounding. */
 COL_T2 void col_round_bf16_avx2(float *v, uint64_t n)
 {

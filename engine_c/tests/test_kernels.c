@@ -566,6 +566,27 @@ static void test_add_scaled(col_isa isa)
     CHECK(wrong == 0);
 }
 
+/* RoPE's rotate_half on one path: the portable loop's bits (two products, then a difference or a
+ * sum) for every half length, and nothing past 2 * half written. */
+static void test_rotate_half(col_isa isa)
+{
+    enum { HALF = 70 };
+    float v[2 * HALF + 1], want[2 * HALF + 1], c[HALF], s[HALF];
+    int wrong = 0;
+    for (uint32_t half = 0; half <= HALF; half++) {
+        for (int i = 0; i < 2 * HALF + 1; i++) v[i] = want[i] = frand() * 4.0f;
+        for (int i = 0; i < HALF; i++) c[i] = frand(), s[i] = frand();
+        for (uint32_t i = 0; i < half; i++) {
+            float x1 = want[i], x2 = want[i + half];
+            want[i] = x1 * c[i] - x2 * s[i];
+            want[i + half] = x2 * c[i] + x1 * s[i];
+        }
+        col_rotate_half(isa, v, half, c, s);
+        wrong += memcmp(v, want, sizeof v) != 0;
+    }
+    CHECK(wrong == 0);
+}
+
 /* The SwiGLU gate on one path: within 4 ulp of silu(a) * b computed in double precision over a
  * sweep of inputs (exp from underflow to overflow), the special values as the C library gives
  * them (0, infinities, NaN), every tail length, and the same bits on 1 and 3 threads when the
@@ -808,6 +829,7 @@ int main(void)
     test_swiglu_gate("portable");
     test_rmsnorm_row(COL_ISA_PORTABLE);
     test_add_scaled(COL_ISA_PORTABLE);
+    test_rotate_half(COL_ISA_PORTABLE);
     test_attend_heads("portable");
 #if defined(__x86_64__)
     __builtin_cpu_init();
@@ -822,6 +844,7 @@ int main(void)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_swiglu_gate("avx2");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rmsnorm_row(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_add_scaled(COL_ISA_AVX2);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rotate_half(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx512f")) test_swiglu_gate("avx512");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_round_bf16("avx2");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
