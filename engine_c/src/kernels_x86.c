@@ -1181,18 +1181,17 @@ COL_INLINE COL_T2 void values_pass8(const col_head_job *h, uint32_t h0, const ui
 }
 
 /* Value rows are read in strips of 8 dimensions a pass, and rows of 128 floats lie 512 bytes
- * apart, in 8 of L1's 64 sets: so the keys are walked in chunks whose strips of up to
- * COL_VALUES_WINDOW dimensions (COL_VALUES_FLOATS in all) stay in L1 for all the passes over
- * them, each pass's chains carried from chunk to chunk. */
-#ifndef COL_VALUES_FLOATS
-#define COL_VALUES_FLOATS 4096
-#endif
+ * apart, in 8 of L1's 64 sets (64 rows' lines at most): so with rows that long the keys are walked
+ * in chunks of COL_VALUES_KEYS, whose strips of COL_VALUES_WINDOW dimensions stay in L1 for all
+ * the passes over them, each pass's chains carried from chunk to chunk. Shorter rows spread over
+ * more sets, and a prefill block's 128 keys ran faster unchunked at head_dim 64. */
+#define COL_VALUES_KEYS 32
 #define COL_VALUES_WINDOW 128
 
 COL_INLINE COL_T2 void group_values8(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p, float *out)
 {
     const uint32_t span = 8 * (4 / HC);
-    const uint32_t chunk = (COL_VALUES_FLOATS / (h->d < COL_VALUES_WINDOW ? h->d : COL_VALUES_WINDOW)) & ~1u; /* even */
+    const uint32_t chunk = h->d >= COL_VALUES_WINDOW ? COL_VALUES_KEYS : h->n_keys + 1; /* one chunk: all the keys */
     __m256 carry[COL_VALUES_WINDOW / 8][8];
     for (uint32_t w0 = 0; w0 < h->d; w0 += COL_VALUES_WINDOW) {
         const uint32_t w1 = h->d - w0 < COL_VALUES_WINDOW ? h->d : w0 + COL_VALUES_WINDOW;

@@ -42,9 +42,15 @@
 #define COL_GUIDED_MIN_MACS (1u << 17)
 #endif
 #define COL_MAX_CHUNKS 256
+/* The least chunk as a part of the batch: a 256th when some product has several tokens (a
+ * prefill's, whose last chunks then end within about 0.1 ms of each other), a 32nd for single
+ * tokens (a decode step's, whose chunks' rows make the decode tiles' streams). */
+#define COL_GUIDED_PARTS_BATCH COL_MAX_CHUNKS
+#define COL_GUIDED_PARTS_STEP 32
 /* Activations of a batch are prepared on the pool from this many elements (prepare_activations). */
 #define COL_PREPARE_PARALLEL_ELEMS (1u << 16)
-/* Spins of a worker waiting for the next product before it sleeps (~100 us). */
+/* Spins of a worker waiting for the next product before it sleeps: 2000 pauses (about 50 us on a
+ * Zen 3), then sched_yield (about 10 ms in all when no other thread wants the core). */
 #define COL_SPIN_LIMIT 20000u
 /* The gate's bit the caller sets when the batch takes no more workers; the bits below it count
  * the workers inside. */
@@ -155,6 +161,14 @@ static uint64_t row_work(const col_matvec_job *j)
     return j->w.cols * j->n_tokens;
 }
 
+/* The parts plan_chunks cuts a batch of products into at the least (COL_GUIDED_PARTS_*). */
+static uint64_t guided_parts(const col_matvec_job *jobs, uint32_t n_jobs)
+{
+    for (uint32_t k = 0; k < n_jobs; k++)
+        if (jobs[k].n_tokens > 1) return COL_GUIDED_PARTS_BATCH;
+    return COL_GUIDED_PARTS_STEP;
+}
+
 /* Rows per tile of a batch (more than one token) on the pool's path: a chunk of a batch starts and
  * ends on a multiple of it, so that no chunk ends in a short tile, which does less with each
  * weight or token vector it loads (a vector tile of one row loads 4 token vectors per 4
@@ -201,14 +215,14 @@ static void run_chunk(const col_pool *pool, uint32_t t, uint32_t chunk)
 }
 
 /* Cut a batch of `work` (multiply-adds, or a task's items) into chunks for the pool's n threads,
- * guided: each chunk is the work left divided by 2n, but at least `least_work` and a
- * COL_MAX_CHUNKS-th of the work (and at most an n-th of it, so each thread gets one), so the
- * first chunks are long (a product's rows make long streams) and the last ones short, so neither
- * thread waits long for the other's last chunk. Up to 128 threads the chunks stop shrinking before
- * COL_MAX_CHUNKS of them (about 20 for 2 threads). */
-static void plan_chunks(col_pool *pool, uint64_t work, uint64_t least_work)
+ * guided: each chunk is the work left divided by 2n, but at least `least_work` and a `parts`-th
+ * of the work (and at most an n-th of it, so each thread gets one), so the first chunks are long
+ * (a product's rows make long streams) and the last ones short, so neither thread waits long for
+ * the other's last chunk. Up to 128 threads the chunks stop shrinking before COL_MAX_CHUNKS of
+ * them (about 20 for 2 threads and 256 parts). */
+static void plan_chunks(col_pool *pool, uint64_t work, uint64_t least_work, uint64_t parts)
 {
-    const uint64_t n = pool->n_threads, least_by_work = work / COL_MAX_CHUNKS;
+    const uint64_t n = pool->n_threads, least_by_work = work / parts;
     uint64_t least = least_by_work > least_work ? least_by_work : least_work;
     if (least > (work + n - 1) / n) least = (work + n - 1) / n; /* a small product: one chunk per thread */
     uint64_t done = 0;
@@ -542,7 +556,7 @@ static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, 
     pool->jobs = jobs;
     pool->n_jobs = n_jobs;
     pool->total_work = macs;
-    plan_chunks(pool, macs, COL_GUIDED_MIN_MACS);
+    plan_chunks(pool, macs, COL_GUIDED_MIN_MACS, guided_parts(jobs, n_jobs));
     atomic_store(&pool->next_chunk, 0);
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
 }
@@ -607,7 +621,7 @@ void col_matmul_walk(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs
     pool->jobs = jobs;
     pool->n_jobs = n_jobs;
     pool->total_work = macs;
-    plan_chunks(pool, macs, COL_GUIDED_MIN_MACS);
+    plan_chunks(pool, macs, COL_GUIDED_MIN_MACS, guided_parts(jobs, n_jobs));
     atomic_store(&pool->next_chunk, 0);
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
     pool->walk = NULL;
@@ -623,7 +637,7 @@ void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items)
     pool->task = fn;
     pool->task_ctx = ctx;
     pool->n_items = n_items;
-    plan_chunks(pool, n_items, 1);
+    plan_chunks(pool, n_items, 1, COL_GUIDED_PARTS_BATCH);
     atomic_store(&pool->next_chunk, 0);
     dispatch(pool, n_items >= pool->n_threads);
     pool->task = NULL;
