@@ -12,11 +12,11 @@
  * counter and run each on the path's row walker. The activations a path reads prepared (int8
  * blocks, AMX packing) are prepared first, on the pool when the batch is large. Which thread
  * computes a row never changes its bits. col_pool_run's items are cut the same way, long pieces
- * first and short ones last, and taken from the same counter. A worker joins a batch through a gate the caller closes once it has run
- * out of work to take, so the caller never waits for a worker that has not started (descheduled
- * on a busy machine, or still waking), only for chunks a worker has begun. The
- * pool's scratch (prepared activations, per-thread staging) is the session's, sized by
- * col_pool_scratch_size; the pool allocates only its own bookkeeping.
+ * first and short ones last, and taken from the same counter. A worker joins a batch through a
+ * gate the caller closes once it has run out of work to take, so the caller never waits for a
+ * worker that has not started (descheduled on a busy machine, or still waking), only for chunks a
+ * worker has begun. The pool's scratch (prepared activations, per-thread staging) is the
+ * session's, sized by col_pool_scratch_size; the pool allocates only its own bookkeeping.
  */
 #include "kernels_amx.h"
 #include "kernels_internal.h"
