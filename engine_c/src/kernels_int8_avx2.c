@@ -23,6 +23,8 @@
  * panel on the stack (lane r holding row r's 4-byte group g of each block, the scales widened),
  * which all the tokens' passes then read, 4 tokens a pass; the outputs carry across k-blocks in y,
  * and the next panel's lines are fetched while the passes run.
+ * Weights stored in that panel order (col_rows_int8_panels_avx2) need no packing: batches pass over
+ * the stored panel, and decode reads 4 distant panels at once with the rows already in the lanes.
  */
 #include "kernels_internal.h"
 #include "transpose_x86.h"
@@ -43,8 +45,8 @@
 #endif
 /* Rows of at most one k-block take panels from fewer tokens: a decode tile's set-up per 8 rows
  * (scales, transposes) is spread over too few blocks there (1024 x 384, 4-6 tokens: 1.3-1.7x). */
-/* Weights stored in panels: batches of fewer tokens run the decode kernel a token at a time (2
- * tokens' passes over one panel stream measured 0.87-0.94x of it, 3 tokens' 1.11-1.27x). */
+/* Weights stored in panels: batches of fewer tokens run the decode kernel a token at a time (one
+ * panel stream is too few misses in flight for passes of 2 tokens; from 3 they gain). */
 #ifndef COL_Q_AVX2_STORED_TOKENS
 #define COL_Q_AVX2_STORED_TOKENS 3
 #endif
