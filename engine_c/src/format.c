@@ -79,7 +79,7 @@ uint32_t col_dtype_size(uint32_t dtype)
 /* Bytes of one quantised block of 32 elements (f16 scale + payload), 0 for element dtypes. */
 static uint32_t block_bytes(uint32_t dtype)
 {
-    return dtype == COL_DTYPE_Q8_0 || dtype == 7 ? 34 : dtype == COL_DTYPE_Q4_0 || dtype == 8 ? 18 : 0;
+    return dtype == COL_DTYPE_Q8_0 ? 34 : dtype == COL_DTYPE_Q4_0 ? 18 : 0;
 }
 
 uint64_t col_dtype_row_bytes(uint32_t dtype, uint64_t n)
@@ -1985,36 +1985,6 @@ static int32_t build_model(model_ext *x, const layout *L, col_problem *problem)
     }
     if (tied)
         m->output = m->token_embd;
-#ifdef COL_REPACK_PANELS
-    for (uint32_t i = 0; i < L->n_tensors; i++) {
-        col_tensor_info *t = &m->tensors[i];
-        if ((t->dtype != COL_DTYPE_Q8_0 && t->dtype != COL_DTYPE_Q4_0) || t == m->token_embd || t->ndim < 2 || t->ndim > 3)
-            continue;
-        const uint64_t rows = t->shape[t->ndim - 2], cols = t->shape[t->ndim - 1], n_mat = t->ndim == 3 ? t->shape[0] : 1;
-        if (rows % 8) continue;
-        const int q4 = t->dtype == COL_DTYPE_Q4_0;
-        const uint64_t nb = cols / 32, pb = q4 ? 16 : 32, rb = nb * (2 + pb);
-        uint8_t *out = col_alloc_zeroed(&m->alloc, t->nbytes, 1);
-        if (!out) return COL_ERR_NOMEM;
-        for (uint64_t e = 0; e < n_mat; e++) {
-            const uint8_t *w = (const uint8_t *)t->data + e * rows * rb;
-            uint8_t *o = out + e * rows * rb;
-            for (uint64_t p = 0; p < rows / 8; p++) {
-                uint8_t *panel = o + 8 * p * rb, *payload = panel + 16 * nb;
-                for (uint64_t r = 0; r < 8; r++) {
-                    const uint8_t *row = w + (8 * p + r) * rb;
-                    for (uint64_t b = 0; b < nb; b++) {
-                        memcpy(panel + 16 * b + 2 * r, row + 2 * b, 2);
-                        for (uint64_t g = 0; g < pb / 4; g++)
-                            memcpy(payload + 8 * pb * b + 32 * g + 4 * r, row + 2 * nb + pb * b + 4 * g, 4);
-                    }
-                }
-            }
-        }
-        t->data = out;
-        t->dtype = q4 ? 8u : 7u;
-    }
-#endif
     m->tokenizer = L->tok_size ? L->d + L->tok_off : NULL;
     m->tokenizer_size = L->tok_size;
     m->metadata = L->meta_size ? L->d + L->meta_off : NULL;

@@ -18,20 +18,9 @@ static inline uint16_t rd16u(const uint8_t *p)
     return (uint16_t)(p[0] | (p[1] << 8));
 }
 
-/* EXPERIMENT (COL_REPACK_PANELS): 7 and 8 = q8_0 / q4_0 repacked into 8-row panels at open. */
-#define COL_DTYPE_Q8_0X8 7u
-#define COL_DTYPE_Q4_0X8 8u
-static inline int is_panel_dtype(uint32_t dtype)
-{
-    return dtype == COL_DTYPE_Q8_0X8 || dtype == COL_DTYPE_Q4_0X8;
-}
-static inline uint32_t block_kind(uint32_t dtype)
-{
-    return dtype == COL_DTYPE_Q8_0X8 ? COL_DTYPE_Q8_0 : dtype == COL_DTYPE_Q4_0X8 ? COL_DTYPE_Q4_0 : dtype;
-}
 static inline int is_block_dtype(uint32_t dtype)
 {
-    return dtype == COL_DTYPE_Q8_0 || dtype == COL_DTYPE_Q4_0 || is_panel_dtype(dtype);
+    return dtype == COL_DTYPE_Q8_0 || dtype == COL_DTYPE_Q4_0;
 }
 
 /* ---- kernels_quant.c: int8 blocks ----------------------------------------------------------- */

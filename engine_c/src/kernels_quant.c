@@ -238,7 +238,6 @@ __attribute__((target("avx2"))) static void quantize_row_avx2(const float *x, ui
 
 void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa isa, uint8_t *out)
 {
-    wdtype = block_kind(wdtype);
 #if defined(__x86_64__)
     if (isa == COL_ISA_AVX2) {
         quantize_row_avx2(x, cols, wdtype, out);

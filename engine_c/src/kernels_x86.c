@@ -406,9 +406,7 @@ COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r
 {
     const next_tile_prefetch none = {NULL, NULL};
     const uint32_t dtype = j->w.dtype;
-    if (is_panel_dtype(dtype)) {
-        col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q);
-    } else if (is_block_dtype(dtype)) {
+    if (is_block_dtype(dtype)) {
         col_rows_int8_avx2(j, qx, r0, r1, ahead.q);
     } else if (j->n_tokens > 1) {
         switch (dtype) {

@@ -164,7 +164,7 @@ static uint64_t row_work(const col_matvec_job *j)
  * Decode tiles take distant rows and need no such edge. */
 static uint64_t batch_tile_rows(const col_pool *pool, const col_matvec_job *j)
 {
-    if (j->n_tokens == 1) return is_panel_dtype(j->w.dtype) ? 8 : 1;
+    if (j->n_tokens == 1) return 1;
 #if defined(__x86_64__)
     if (dot_job(pool, j)) return pool->has_bf16_dot ? COL_BATCH_ROWS_512 : 1;
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) return col_amx_tile_rows(j->n_tokens, pool->x_bf16);
