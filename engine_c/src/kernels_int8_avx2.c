@@ -370,7 +370,7 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
 
 /* ---- weights stored in 8-row panels ---------------------------------------------------------- */
 
-#define STORED_KB 32 /* blocks a batch's passes share from L1: 8 KiB of q8_0 panel payload */
+#define STORED_KB 128 /* blocks a batch's passes share from L1/L2: whole rows up to 4096 columns */
 #define STORED_STREAMS 4 /* panels a decode reads at once, from 4 distant parts of the share */
 
 /* The block sums of stored block k of a panel (w0: its payload) against one token (xq: its int8

@@ -257,7 +257,8 @@ static uint8_t *as_panels(const uint8_t *w, uint64_t rows, uint64_t cols, uint32
     return out;
 }
 
-/* One shape from panels against the definition: the whole matrix at once and in two shares. */
+/* One shape from panels against the definition: the whole matrix at once and in two shares.
+ * Rows of more than 128 blocks take two k-blocks (the outputs carried between them). */
 static void check_stored(uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t)
 {
     uint8_t *w = weights(rows, cols, dtype, extreme), *wp = as_panels(w, rows, cols, dtype);
@@ -295,6 +296,7 @@ static void test_stored_panels(void)
                 for (size_t k = 0; k < sizeof tokens_list / sizeof *tokens_list; k++)
                     check_stored(dtypes[d], rows_list[r], cols_list[c], tokens_list[k], false, &t);
         for (uint32_t nt = 1; nt <= 40; nt++) check_stored(dtypes[d], 24, 1568, nt, false, &t);
+        for (uint32_t nt = 1; nt <= 9; nt += 4) check_stored(dtypes[d], 16, 4384, nt, false, &t); /* two k-blocks */
         int nonfinite = t.nonfinite;
         for (int rep = 0; rep < 4; rep++)
             for (uint32_t nt = 1; nt <= 7; nt += 3) check_stored(dtypes[d], 40, 544, nt, true, &t);
