@@ -258,6 +258,19 @@ COL_INLINE COL_T2 void pack_panel(const uint8_t *const *p, uint64_t nb, uint64_t
     }
 }
 
+/* Where token t of a batch's passes reads its activations (qx, rows of qb bytes; xq: int8 values,
+ * dx: scales, corr: block corrections) and writes the 8 outputs from row r (y). */
+COL_INLINE COL_T2 void pass_token(const col_matvec_job *j, const uint8_t *qx, uint64_t qb, uint64_t r, uint32_t t,
+                           const int8_t **xq, const float **dx, const int32_t **corr, float **y)
+{
+    const uint64_t n = j->w.cols;
+    const uint8_t *base = qx + (uint64_t)t * qb;
+    *xq = (const int8_t *)base;
+    *dx = (const float *)(const void *)(base + n);
+    *corr = (const int32_t *)(const void *)(base + col_qrow_block_corrections(n));
+    *y = j->y + (uint64_t)t * j->w.rows + r;
+}
+
 /* Tokens t .. t + NT - 1 over a panel's kn blocks (b0..): lanes of y[token][r .. r + 7] (nr of
  * them exist) carried in from the k-blocks before (none when b0 = 0) and out to the next. */
 COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, const panel *pn, uint64_t r, int nr,
@@ -273,11 +286,7 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
     __m256 acc[4];
 #pragma GCC unroll 4
     for (int b = 0; b < NT; b++) {
-        const uint8_t *base = qx + (uint64_t)(t + (uint32_t)b) * qb;
-        xq[b] = (const int8_t *)base;
-        dx[b] = (const float *)(const void *)(base + n);
-        corr[b] = (const int32_t *)(const void *)(base + col_qrow_block_corrections(n));
-        y[b] = j->y + (uint64_t)(t + (uint32_t)b) * j->w.rows + r;
+        pass_token(j, qx, qb, r, t + (uint32_t)b, &xq[b], &dx[b], &corr[b], &y[b]);
         acc[b] = b0 == 0 ? _mm256_setzero_ps() : nr == LANES ? _mm256_loadu_ps(y[b]) : _mm256_maskload_ps(y[b], mask);
     }
     for (uint64_t k = 0; k < kn; k++) {
@@ -444,11 +453,7 @@ COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, u
     __m256 acc[4];
 #pragma GCC unroll 4
     for (int b = 0; b < NT; b++) {
-        const uint8_t *base = qx + (uint64_t)(t + (uint32_t)b) * qb;
-        xq[b] = (const int8_t *)base;
-        dx[b] = (const float *)(const void *)(base + n);
-        corr[b] = (const int32_t *)(const void *)(base + col_qrow_block_corrections(n));
-        y[b] = j->y + (uint64_t)(t + (uint32_t)b) * j->w.rows + r;
+        pass_token(j, qx, qb, r, t + (uint32_t)b, &xq[b], &dx[b], &corr[b], &y[b]);
         acc[b] = b0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y[b]);
     }
     for (uint64_t k = b0; k < b0 + kn; k++) {

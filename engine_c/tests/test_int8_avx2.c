@@ -194,6 +194,18 @@ static void report(const char *what, const tally *t)
 
 static const uint32_t dtypes[] = {COL_DTYPE_Q8_0, COL_DTYPE_Q4_0};
 
+typedef void (*shape_check)(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t);
+
+/* Check every combination of the lists' columns, rows and token counts, for one dtype. */
+static void over_shapes(run *pools, uint32_t dtype, const uint64_t *cols, size_t n_cols, const uint64_t *rows,
+                        size_t n_rows, const uint32_t *tokens, size_t n_tokens, shape_check check, tally *t)
+{
+    for (size_t c = 0; c < n_cols; c++)
+        for (size_t r = 0; r < n_rows; r++)
+            for (size_t k = 0; k < n_tokens; k++) check(pools, dtype, rows[r], cols[c], tokens[k], false, t);
+}
+#define COUNT(a) (sizeof(a) / sizeof *(a))
+
 /* Rows around the 8 lanes and the threads' shares, columns of one block to several k-blocks
  * (16 blocks each) with partial groups of four (q4_0) and of eight scales, a few token counts. */
 static void test_shapes(run *pools)
@@ -203,10 +215,8 @@ static void test_shapes(run *pools)
     static const uint32_t tokens_list[] = {1, 2, 3, 4, 5, 9};
     for (size_t d = 0; d < 2; d++) {
         tally t = {0};
-        for (size_t c = 0; c < sizeof cols_list / sizeof *cols_list; c++)
-            for (size_t r = 0; r < sizeof rows_list / sizeof *rows_list; r++)
-                for (size_t k = 0; k < sizeof tokens_list / sizeof *tokens_list; k++)
-                    check_shape(pools, dtypes[d], rows_list[r], cols_list[c], tokens_list[k], false, &t);
+        over_shapes(pools, dtypes[d], cols_list, COUNT(cols_list), rows_list, COUNT(rows_list), tokens_list,
+                    COUNT(tokens_list), check_shape, &t);
         report(dtypes[d] == COL_DTYPE_Q8_0 ? "q8_0 shapes" : "q4_0 shapes", &t);
     }
 }
@@ -259,8 +269,9 @@ static uint8_t *as_panels(const uint8_t *w, uint64_t rows, uint64_t cols, uint32
 
 /* One shape from panels against the definition: the whole matrix at once and in two shares.
  * Rows of more than 128 blocks take two k-blocks (the outputs carried between them). */
-static void check_stored(uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t)
+static void check_stored(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t)
 {
+    (void)pools; /* the kernel itself, by shares as a pool would cut them */
     uint8_t *w = weights(rows, cols, dtype, extreme), *wp = as_panels(w, rows, cols, dtype);
     float *x = activations(nt, cols, extreme);
     float *y = malloc(nt * rows * sizeof *y);
@@ -291,15 +302,13 @@ static void test_stored_panels(void)
     static const uint32_t tokens_list[] = {1, 2, 3, 4, 5, 9};
     for (size_t d = 0; d < 2; d++) {
         tally t = {0};
-        for (size_t c = 0; c < sizeof cols_list / sizeof *cols_list; c++)
-            for (size_t r = 0; r < sizeof rows_list / sizeof *rows_list; r++)
-                for (size_t k = 0; k < sizeof tokens_list / sizeof *tokens_list; k++)
-                    check_stored(dtypes[d], rows_list[r], cols_list[c], tokens_list[k], false, &t);
-        for (uint32_t nt = 1; nt <= 40; nt++) check_stored(dtypes[d], 24, 1568, nt, false, &t);
-        for (uint32_t nt = 1; nt <= 9; nt += 4) check_stored(dtypes[d], 16, 4384, nt, false, &t); /* two k-blocks */
+        over_shapes(NULL, dtypes[d], cols_list, COUNT(cols_list), rows_list, COUNT(rows_list), tokens_list,
+                    COUNT(tokens_list), check_stored, &t);
+        for (uint32_t nt = 1; nt <= 40; nt++) check_stored(NULL, dtypes[d], 24, 1568, nt, false, &t);
+        for (uint32_t nt = 1; nt <= 9; nt += 4) check_stored(NULL, dtypes[d], 16, 4384, nt, false, &t); /* two k-blocks */
         int nonfinite = t.nonfinite;
         for (int rep = 0; rep < 4; rep++)
-            for (uint32_t nt = 1; nt <= 7; nt += 3) check_stored(dtypes[d], 40, 544, nt, true, &t);
+            for (uint32_t nt = 1; nt <= 7; nt += 3) check_stored(NULL, dtypes[d], 40, 544, nt, true, &t);
         report(dtypes[d] == COL_DTYPE_Q8_0 ? "q8_0 stored panels" : "q4_0 stored panels", &t);
         CHECK(t.nonfinite > nonfinite); /* the special scales did reach outputs */
     }
