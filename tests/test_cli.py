@@ -638,6 +638,25 @@ def test_bench_builds_tool_gives_one_build_its_own_compiler_flags(capsys: Captur
     assert "A = worktree -DCOL_DECODE_STREAMS=4, B = worktree" in capsys.readouterr().out
 
 
+def test_bench_builds_tool_runs_b_on_its_own_file(capsys: Capture, tmp_path: Path) -> None:
+    """--b-file: B times another file of the same model (e.g. its weights in another layout),
+    A the positional one, and the header names B's file."""
+    import importlib.util
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_builds", root / "tools" / "bench_builds.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    demo = root / "resources" / "demo" / "demo.colibri"
+    other = tmp_path / "other-layout.colibri"
+    shutil.copyfile(demo, other)
+    assert module.main([str(demo), "--a", "worktree", "--b", "worktree", "--b-file", str(other),
+                        "-p", "8", "-n", "4", "--turns", "2", "-r", "1"]) == 0
+    assert "B = worktree on other-layout.colibri" in capsys.readouterr().out
+
+
 def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
         tmp_path: Path, capsys: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
     """tools/bench_vs_llamacpp.py on a tiny Qwen3-MoE checkpoint: Colibri's converter and

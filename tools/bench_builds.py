@@ -15,12 +15,13 @@ and the median and quartiles of the per-pair ratios B / A (above 1: B is faster)
 
     python tools/bench_builds.py FILE [--a HEAD] [--b worktree] [-p 128] [-n 32] [-t 2] [--turns 8] [-r 3]
                                  [--numerics default|dot-bf16]
-                                 [--python] [--a-cflags=FLAGS] [--b-cflags=FLAGS]
+                                 [--python] [--a-cflags=FLAGS] [--b-cflags=FLAGS] [--b-file FILE]
 
 --a-cflags / --b-cflags add compiler flags to one build's engine, so one revision can be measured
 against itself with another value of a compile-time constant (`--a HEAD --b HEAD
 --b-cflags=-DCOL_PREFETCH_AHEAD=2048`; with the `=`, since the flags start with a dash), which is
-how the decision table's "tried" values are measured.
+how the decision table's "tried" values are measured. --b-file runs B on another file of the same
+model (the same weights in another layout, e.g. q8_0 rows against 8-row panels), A on FILE.
 """
 
 from __future__ import annotations
@@ -82,9 +83,9 @@ def build_package(revision: str, into: Path, cflags: str = "") -> Path:
     return into / "app"
 
 
-def turn_package(app: Path, args: argparse.Namespace) -> tuple[float, float]:
-    """One `colibri bench` process of the package at `app`: its median prefill and decode tok/s."""
-    command = [sys.executable, "-m", "colibri.cli", "bench", args.file, "-p", str(args.p), "-n",
+def turn_package(app: Path, file: str, args: argparse.Namespace) -> tuple[float, float]:
+    """One `colibri bench` process of the package at `app` on `file`: its median prefill and decode tok/s."""
+    command = [sys.executable, "-m", "colibri.cli", "bench", file, "-p", str(args.p), "-n",
                str(args.n), "-t", str(args.threads), "-r", str(args.repeats), "--probe-mb", "64",
                "--no-trace-check", "--json"]
     if args.kernels != "best":
@@ -97,9 +98,9 @@ def turn_package(app: Path, args: argparse.Namespace) -> tuple[float, float]:
     return r["prefill_tok_s"], r["decode_tok_s"]
 
 
-def turn(binary: Path, args: argparse.Namespace) -> tuple[float, float]:
-    """One process of `binary`: the median prefill tokens/s and decode tokens/s of its repeats."""
-    out = subprocess.run([str(binary), args.file, "--prompt", str(args.p), "--decode", str(args.n),
+def turn(binary: Path, file: str, args: argparse.Namespace) -> tuple[float, float]:
+    """One process of `binary` on `file`: the median prefill tokens/s and decode tokens/s of its repeats."""
+    out = subprocess.run([str(binary), file, "--prompt", str(args.p), "--decode", str(args.n),
                           "--threads", str(args.threads), "--repeats", str(args.repeats),
                           "--kernels", args.kernels, "--numerics", args.numerics], check=True, capture_output=True, text=True).stdout
     r = json.loads(out)
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="build whole packages and time their `colibri bench` (the Python layer too)")
     ap.add_argument("--a-cflags", default="", metavar="FLAGS", help="compiler flags added to A's engine (--a-cflags=-DNAME=VALUE)")
     ap.add_argument("--b-cflags", default="", metavar="FLAGS", help="compiler flags added to B's engine (--b-cflags=-DNAME=VALUE)")
+    ap.add_argument("--b-file", default=None, metavar="FILE",
+                    help="the model file B runs (default: the same file as A)")
     args = ap.parse_args(argv)
     if args.p < 1 or args.n < 1 or args.turns < 1 or args.repeats < 1:
         ap.error("-p, -n, --turns and -r must be at least 1")
@@ -141,13 +144,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_builds: building failed: {' '.join(map(str, exc.cmd))}", file=sys.stderr)
             return 1
         runs: dict[str, list[tuple[float, float]]] = {"a": [], "b": []}
+        files = {"a": args.file, "b": args.b_file or args.file}
         for i in range(args.turns):
             for name in ("a", "b") if i % 2 == 0 else ("b", "a"):
-                runs[name].append(run(binaries[name], args))
+                runs[name].append(run(binaries[name], files[name], args))
 
     print(f"{Path(args.file).name}: {args.p}-token prefill and {args.n} decoded tokens, {args.threads} thread(s), "
           f"{args.turns} turns of {args.repeats} repeats; A = {args.a}{' ' + args.a_cflags if args.a_cflags else ''}, "
           f"B = {args.b}{' ' + args.b_cflags if args.b_cflags else ''}"
+          + (f" on {Path(args.b_file).name}" if args.b_file else "")
           + (" (colibri bench of each package)" if args.python else ""))
     for index, label in ((0, "prefill"), (1, "decode ")):
         a = [r[index] for r in runs["a"]]

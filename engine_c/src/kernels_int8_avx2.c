@@ -23,6 +23,8 @@
  * panel on the stack (lane r holding row r's 4-byte group g of each block, the scales widened),
  * which all the tokens' passes then read, 4 tokens a pass; the outputs carry across k-blocks in y,
  * and the next panel's lines are fetched while the passes run.
+ * Weights stored in that panel order (col_rows_int8_panels_avx2) need no packing: batches pass over
+ * the stored panel, and decode reads 4 distant panels at once with the rows already in the lanes.
  */
 #include "kernels_internal.h"
 #include "transpose_x86.h"
@@ -43,6 +45,11 @@
 #endif
 /* Rows of at most one k-block take panels from fewer tokens: a decode tile's set-up per 8 rows
  * (scales, transposes) is spread over too few blocks there (1024 x 384, 4-6 tokens: 1.3-1.7x). */
+/* Weights stored in panels: batches of fewer tokens run the decode kernel a token at a time (one
+ * panel stream is too few misses in flight for passes of 2 tokens; from 3 they gain). */
+#ifndef COL_Q_AVX2_STORED_TOKENS
+#define COL_Q_AVX2_STORED_TOKENS 3
+#endif
 #ifndef COL_Q_AVX2_PANEL_TOKENS_SHORT
 #define COL_Q_AVX2_PANEL_TOKENS_SHORT 3
 #endif
@@ -251,6 +258,19 @@ COL_INLINE COL_T2 void pack_panel(const uint8_t *const *p, uint64_t nb, uint64_t
     }
 }
 
+/* Where token t of a batch's passes reads its activations (qx, rows of qb bytes; xq: int8 values,
+ * dx: scales, corr: block corrections) and writes the 8 outputs from row r (y). */
+COL_INLINE COL_T2 void pass_token(const col_matvec_job *j, const uint8_t *qx, uint64_t qb, uint64_t r, uint32_t t,
+                           const int8_t **xq, const float **dx, const int32_t **corr, float **y)
+{
+    const uint64_t n = j->w.cols;
+    const uint8_t *base = qx + (uint64_t)t * qb;
+    *xq = (const int8_t *)base;
+    *dx = (const float *)(const void *)(base + n);
+    *corr = (const int32_t *)(const void *)(base + col_qrow_block_corrections(n));
+    *y = j->y + (uint64_t)t * j->w.rows + r;
+}
+
 /* Tokens t .. t + NT - 1 over a panel's kn blocks (b0..): lanes of y[token][r .. r + 7] (nr of
  * them exist) carried in from the k-blocks before (none when b0 = 0) and out to the next. */
 COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, const panel *pn, uint64_t r, int nr,
@@ -266,11 +286,7 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
     __m256 acc[4];
 #pragma GCC unroll 4
     for (int b = 0; b < NT; b++) {
-        const uint8_t *base = qx + (uint64_t)(t + (uint32_t)b) * qb;
-        xq[b] = (const int8_t *)base;
-        dx[b] = (const float *)(const void *)(base + n);
-        corr[b] = (const int32_t *)(const void *)(base + col_qrow_block_corrections(n));
-        y[b] = j->y + (uint64_t)(t + (uint32_t)b) * j->w.rows + r;
+        pass_token(j, qx, qb, r, t + (uint32_t)b, &xq[b], &dx[b], &corr[b], &y[b]);
         acc[b] = b0 == 0 ? _mm256_setzero_ps() : nr == LANES ? _mm256_loadu_ps(y[b]) : _mm256_maskload_ps(y[b], mask);
     }
     for (uint64_t k = 0; k < kn; k++) {
@@ -359,6 +375,175 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
         default: break;
         }
     }
+}
+
+/* ---- weights stored in 8-row panels ---------------------------------------------------------- */
+
+#define STORED_KB 128 /* blocks a batch's passes share from L1/L2: whole rows up to 4096 columns */
+#define STORED_STREAMS 4 /* panels a decode reads at once, from 4 distant parts of the share */
+
+/* The block sums of stored block k of a panel (w0: its payload) against one token (xq: its int8
+ * values, corr: q4_0's block corrections): lane r row r's exact int32 sum. */
+COL_INLINE COL_T2 __m256i stored_block(const uint8_t *w0, const int8_t *xq, const int32_t *corr, uint64_t nb, uint64_t k,
+                                       const int q4)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i isum = _mm256_setzero_si256();
+    if (q4) {
+        const __m256i low4 = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; g++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g));
+            int32_t xl, xh;
+            memcpy(&xl, xq + q4_low(k) + 4 * g, 4);
+            memcpy(&xh, xq + q4_high(nb, k) + 4 * g, 4);
+            isum = _mm256_add_epi16(isum, _mm256_maddubs_epi16(_mm256_and_si256(raw, low4), _mm256_set1_epi32(xl)));
+            isum = _mm256_add_epi16(isum, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+                                                               _mm256_set1_epi32(xh)));
+        }
+        return _mm256_add_epi32(_mm256_madd_epi16(isum, ones), _mm256_set1_epi32(corr[k]));
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g));
+        int32_t x4;
+        memcpy(&x4, xq + QK * k + 4 * g, 4);
+        const __m256i prod = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(_mm256_set1_epi32(x4), w));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(prod, ones));
+    }
+    return isum;
+}
+
+/* Decode: the NP stored panels at rows pr[0..NP-1] against the one token of qx, into y[pr[p]..]. */
+COL_INLINE COL_T2 void stored_decode(const col_matvec_job *j, const uint8_t *qx, const uint64_t *pr, const int NP,
+                                     float *y, uint32_t ahead, const int q4)
+{
+    const uint64_t n = j->w.cols, nb = n / QK, rb = col_dtype_row_bytes(j->w.dtype, n), bb = q4 ? 128 : 256;
+    const int8_t *xq = (const int8_t *)qx;
+    const float *dx = (const float *)(const void *)(qx + n);
+    const int32_t *corr = (const int32_t *)(const void *)(qx + col_qrow_block_corrections(n));
+    const uint8_t *sc[STORED_STREAMS];
+    __m256 acc[STORED_STREAMS];
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; p++) sc[p] = (const uint8_t *)j->w.data + pr[p] * rb, acc[p] = _mm256_setzero_ps();
+    for (uint64_t k = 0; k < nb; k++)
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            const uint8_t *w0 = sc[p] + 16 * nb + bb * k;
+            for (uint64_t at = 0; at < bb; at += 64) _mm_prefetch((const char *)(w0 + at + ahead), _MM_HINT_T0);
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc[p] + 16 * k)));
+            acc[p] = block_step(acc[p], stored_block(w0, xq, corr, nb, k, q4), d, dx[k]);
+        }
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; p++) _mm256_storeu_ps(y + pr[p], acc[p]);
+}
+
+/* Batches: tokens t .. t + NT - 1 over blocks b0 .. b0 + kn - 1 of the stored panel at row r, the
+ * outputs carried in y between k-blocks as panel_pass does. */
+COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t b0, uint64_t kn,
+                                   uint32_t t, const int NT, const int q4)
+{
+    const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n), bb = q4 ? 128 : 256;
+    const uint8_t *sc = (const uint8_t *)j->w.data + r * col_dtype_row_bytes(j->w.dtype, n), *pay = sc + 16 * nb;
+    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+    const int8_t *xq[4];
+    const float *dx[4];
+    const int32_t *corr[4];
+    float *y[4];
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int b = 0; b < NT; b++) {
+        pass_token(j, qx, qb, r, t + (uint32_t)b, &xq[b], &dx[b], &corr[b], &y[b]);
+        acc[b] = b0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y[b]);
+    }
+    for (uint64_t k = b0; k < b0 + kn; k++) {
+        const uint8_t *w0 = pay + bb * k;
+        __m256i isum[4];
+#pragma GCC unroll 4
+        for (int b = 0; b < NT; b++) isum[b] = _mm256_setzero_si256();
+        if (q4) {
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g));
+                const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+#pragma GCC unroll 4
+                for (int b = 0; b < NT; b++) {
+                    int32_t xl, xh;
+                    memcpy(&xl, xq[b] + q4_low(k) + 4 * g, 4);
+                    memcpy(&xh, xq[b] + q4_high(nb, k) + 4 * g, 4);
+                    isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+                    isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+                    KEEP_CHAIN(isum[b]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int b = 0; b < NT; b++)
+                isum[b] = _mm256_add_epi32(_mm256_madd_epi16(isum[b], ones), _mm256_set1_epi32(corr[b][k]));
+        } else {
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g)), aw = _mm256_abs_epi8(w);
+#pragma GCC unroll 4
+                for (int b = 0; b < NT; b++) {
+                    int32_t x4;
+                    memcpy(&x4, xq[b] + QK * k + 4 * g, 4);
+                    const __m256i prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(x4), w));
+                    isum[b] = _mm256_add_epi32(isum[b], _mm256_madd_epi16(prod, ones));
+                    KEEP_CHAIN(isum[b]);
+                }
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc + 16 * k)));
+#pragma GCC unroll 4
+        for (int b = 0; b < NT; b++) acc[b] = block_step(acc[b], isum[b], d, dx[b][k]);
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < NT; b++) _mm256_storeu_ps(y[b], acc[b]);
+}
+
+COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
+                                   const int q4)
+{
+    const uint64_t nb = j->w.cols / QK, qb = col_qrow_bytes(j->w.cols);
+    const uint32_t nt = j->n_tokens;
+    if (nt < COL_Q_AVX2_STORED_TOKENS) {
+        /* a token at a time; tile i takes panel i of each of the share's STORED_STREAMS parts */
+        const uint64_t np = (r1 - r0) / LANES, q = np / STORED_STREAMS;
+        uint64_t pr[STORED_STREAMS];
+        for (uint32_t t = 0; t < nt; t++) {
+            float *y = j->y + (uint64_t)t * j->w.rows;
+            for (uint64_t i = 0; i < q; i++) {
+                for (int s = 0; s < STORED_STREAMS; s++) pr[s] = r0 + LANES * (i + (uint64_t)s * q);
+                stored_decode(j, qx + t * qb, pr, STORED_STREAMS, y, ahead, q4);
+            }
+            for (uint64_t p = q * STORED_STREAMS; p < np; p++) {
+                pr[0] = r0 + LANES * p;
+                stored_decode(j, qx + t * qb, pr, 1, y, ahead, q4);
+            }
+        }
+        return;
+    }
+    for (uint64_t r = r0; r < r1; r += LANES)
+        for (uint64_t b0 = 0; b0 < nb; b0 += STORED_KB) {
+            const uint64_t kn = nb - b0 < STORED_KB ? nb - b0 : STORED_KB;
+            uint32_t t = 0;
+            for (; t + 4 <= nt; t += 4) stored_pass(j, qx, r, b0, kn, t, 4, q4);
+            switch (nt - t) {
+            case 3: stored_pass(j, qx, r, b0, kn, t, 3, q4); break;
+            case 2: stored_pass(j, qx, r, b0, kn, t, 2, q4); break;
+            case 1: stored_pass(j, qx, r, b0, kn, t, 1, q4); break;
+            default: break;
+            }
+        }
+}
+
+COL_T2 void col_rows_int8_panels_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1,
+                                      uint32_t ahead)
+{
+    if (j->w.dtype == COL_DTYPE_Q4_0)
+        stored_rows(j, qx, r0, r1, ahead, 1);
+    else
+        stored_rows(j, qx, r0, r1, ahead, 0);
 }
 
 /* ---- the walk ------------------------------------------------------------------------------- */

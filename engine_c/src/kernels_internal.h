@@ -148,6 +148,14 @@ void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, ui
  * (col_quantize_row), with col_dotq_blocks's bits; `ahead`: the decode prefetch distance. Batches
  * take rows in tiles of COL_BATCH_ROWS_Q_AVX2 from r0. */
 void col_rows_int8_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead);
+/* The same products from weights stored in panels of 8 rows (j->w.dtype q8_0 or q4_0 says the
+ * blocks; j->w.rows % 8 == 0, r0 and r1 multiples of 8), the same bits. Panel p (rows 8p .. 8p + 7,
+ * at byte 8p * col_dtype_row_bytes) holds first the nb = cols / 32 blocks' scales, 8 f16 per block
+ * (row r's at 16b + 2r), then per block the payload with lane r of each 32-byte vector holding row
+ * r's 4-byte group g: q8_0 8 vectors (g = 0..7: elements 4g .. 4g + 3), q4_0 4 vectors of the
+ * stored bytes (g = 0..3: low nibbles elements 4g .., high nibbles 16 + 4g ..). A panel has its 8
+ * rows' bytes: a matrix's size is that of its rows. */
+void col_rows_int8_panels_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead);
 /* q8_0/q4_0 rows [r0, r1) of job j on AVX-512 VNNI, every token, in block order with rows in the
  * lanes (kernels_int8_avx512.c): the bits of col_dotq_blocks. qx: the job's activations
  * (col_quantize_row); `stage` (stage_bytes, 64-byte aligned, may be NULL) the thread's scratch, where

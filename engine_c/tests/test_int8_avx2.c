@@ -194,6 +194,18 @@ static void report(const char *what, const tally *t)
 
 static const uint32_t dtypes[] = {COL_DTYPE_Q8_0, COL_DTYPE_Q4_0};
 
+typedef void (*shape_check)(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t);
+
+/* Check every combination of the lists' columns, rows and token counts, for one dtype. */
+static void over_shapes(run *pools, uint32_t dtype, const uint64_t *cols, size_t n_cols, const uint64_t *rows,
+                        size_t n_rows, const uint32_t *tokens, size_t n_tokens, shape_check check, tally *t)
+{
+    for (size_t c = 0; c < n_cols; c++)
+        for (size_t r = 0; r < n_rows; r++)
+            for (size_t k = 0; k < n_tokens; k++) check(pools, dtype, rows[r], cols[c], tokens[k], false, t);
+}
+#define COUNT(a) (sizeof(a) / sizeof *(a))
+
 /* Rows around the 8 lanes and the threads' shares, columns of one block to several k-blocks
  * (16 blocks each) with partial groups of four (q4_0) and of eight scales, a few token counts. */
 static void test_shapes(run *pools)
@@ -203,10 +215,8 @@ static void test_shapes(run *pools)
     static const uint32_t tokens_list[] = {1, 2, 3, 4, 5, 9};
     for (size_t d = 0; d < 2; d++) {
         tally t = {0};
-        for (size_t c = 0; c < sizeof cols_list / sizeof *cols_list; c++)
-            for (size_t r = 0; r < sizeof rows_list / sizeof *rows_list; r++)
-                for (size_t k = 0; k < sizeof tokens_list / sizeof *tokens_list; k++)
-                    check_shape(pools, dtypes[d], rows_list[r], cols_list[c], tokens_list[k], false, &t);
+        over_shapes(pools, dtypes[d], cols_list, COUNT(cols_list), rows_list, COUNT(rows_list), tokens_list,
+                    COUNT(tokens_list), check_shape, &t);
         report(dtypes[d] == COL_DTYPE_Q8_0 ? "q8_0 shapes" : "q4_0 shapes", &t);
     }
 }
@@ -234,6 +244,76 @@ static void test_extremes(run *pools)
         CHECK(t.nonfinite > 0); /* the special scales did reach outputs */
     }
 }
+
+/* ---- weights stored in 8-row panels (col_rows_int8_panels_avx2) ------------------------------ */
+#if defined(__x86_64__)
+
+/* The rows of w as panels, from the layout kernels_internal.h states: per 8 rows, the blocks' 8
+ * scales each, then per block 4-byte group g of row r at 32g + 4r. */
+static uint8_t *as_panels(const uint8_t *w, uint64_t rows, uint64_t cols, uint32_t dtype)
+{
+    const uint64_t nb = cols / 32, rb = col_dtype_row_bytes(dtype, cols), pb = dtype == COL_DTYPE_Q8_0 ? 32 : 16;
+    uint8_t *out = malloc(rows * rb);
+    for (uint64_t p = 0; p < rows / 8; p++) {
+        uint8_t *panel = out + 8 * p * rb, *payload = panel + 16 * nb;
+        for (uint64_t r = 0; r < 8; r++) {
+            const uint8_t *row = w + (8 * p + r) * rb;
+            for (uint64_t b = 0; b < nb; b++) {
+                memcpy(panel + 16 * b + 2 * r, row + 2 * b, 2);
+                for (uint64_t g = 0; g < pb / 4; g++) memcpy(payload + 8 * pb * b + 32 * g + 4 * r, row + 2 * nb + pb * b + 4 * g, 4);
+            }
+        }
+    }
+    return out;
+}
+
+/* One shape from panels against the definition: the whole matrix at once and in two shares.
+ * Rows of more than 128 blocks take two k-blocks (the outputs carried between them). */
+static void check_stored(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t)
+{
+    (void)pools; /* the kernel itself, by shares as a pool would cut them */
+    uint8_t *w = weights(rows, cols, dtype, extreme), *wp = as_panels(w, rows, cols, dtype);
+    float *x = activations(nt, cols, extreme);
+    float *y = malloc(nt * rows * sizeof *y);
+    const uint64_t qb = col_qrow_bytes(cols), rb = col_dtype_row_bytes(dtype, cols);
+    uint8_t *qx = malloc(nt * qb);
+    for (uint32_t k = 0; k < nt; k++) col_quantize_row(x + k * cols, cols, dtype, COL_ISA_AVX2, qx + k * qb);
+    const col_matvec_job job = {{wp, dtype, rows, cols, 0}, x, y, nt, NULL};
+    for (int split = 0; split < 2; split++) {
+        memset(y, 0xFF, nt * rows * sizeof *y);
+        const uint64_t mid = split ? rows / 16 * 8 : rows;
+        col_rows_int8_panels_avx2(&job, qx, 0, mid, 256);
+        if (mid < rows) col_rows_int8_panels_avx2(&job, qx, mid, rows, 256);
+        for (uint32_t k = 0; k < nt; k++)
+            for (uint64_t r = 0; r < rows; r++) {
+                const float def = definition(w + r * rb, dtype, x + k * cols, cols);
+                t->off_avx2 += !same(y[k * rows + r], def);
+                t->nonfinite += !isfinite(def);
+                t->checked++;
+            }
+    }
+    free(w), free(wp), free(x), free(y), free(qx);
+}
+
+static void test_stored_panels(void)
+{
+    static const uint64_t cols_list[] = {32, 64, 96, 224, 1056, 2080};
+    static const uint64_t rows_list[] = {8, 16, 24, 40, 72};
+    static const uint32_t tokens_list[] = {1, 2, 3, 4, 5, 9};
+    for (size_t d = 0; d < 2; d++) {
+        tally t = {0};
+        over_shapes(NULL, dtypes[d], cols_list, COUNT(cols_list), rows_list, COUNT(rows_list), tokens_list,
+                    COUNT(tokens_list), check_stored, &t);
+        for (uint32_t nt = 1; nt <= 40; nt++) check_stored(NULL, dtypes[d], 24, 1568, nt, false, &t);
+        for (uint32_t nt = 1; nt <= 9; nt += 4) check_stored(NULL, dtypes[d], 16, 4384, nt, false, &t); /* two k-blocks */
+        int nonfinite = t.nonfinite;
+        for (int rep = 0; rep < 4; rep++)
+            for (uint32_t nt = 1; nt <= 7; nt += 3) check_stored(NULL, dtypes[d], 40, 544, nt, true, &t);
+        report(dtypes[d] == COL_DTYPE_Q8_0 ? "q8_0 stored panels" : "q4_0 stored panels", &t);
+        CHECK(t.nonfinite > nonfinite); /* the special scales did reach outputs */
+    }
+}
+#endif
 
 /* The AVX2 activation quantisation writes the portable one's bytes: values in the dtype's order,
  * scales and block corrections; random, extreme and NaN blocks. */
@@ -276,6 +356,9 @@ int main(void)
     test_shapes(pools);
     test_token_counts(pools);
     test_extremes(pools);
+#if defined(__x86_64__)
+    test_stored_panels();
+#endif
     for (int p = 0; p < 3; p++) {
         col_pool_free(pools[p].pool);
         free(pools[p].scratch);
