@@ -123,8 +123,7 @@ void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n);
 
 /* RMSNorm of one row: out[i] = w[i] * (x[i] * inv) for i < n, inv = 1 / sqrtf(ss / n + eps), where
  * ss, the sum of squares, has one order on every path: x[i] * x[i] (one f32 multiply) added to
- * lane i % 16 from i = 0 up, then the 16 lanes by the products' tree (lane i + lane i+8, then
- * i + i+4, then (0 + 2) + (1 + 3)). x and out [n] may be the same array; w [n] is f32. Pure: safe
+ * one f32 sum from i = 0 up. x and out [n] may be the same array; w [n] is f32. Pure: safe
  * on any thread; isa only chooses the code (col_pool_isa), never the bits. */
 void col_rmsnorm_row(col_isa isa, const float *x, const float *w, float eps, uint64_t n, float *out);
 

@@ -10,6 +10,7 @@
 #define COLIBRI_KERNELS_INTERNAL_H
 
 #include "kernels.h"
+#include <math.h>
 
 #define QK 32 /* elements per quantised block */
 
@@ -79,6 +80,15 @@ void col_rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, 
 void col_round_bf16_portable(float *v, uint64_t n);
 void col_round_f16_portable(float *v, uint64_t n);
 void col_swiglu_gate_portable(float *h1, const float *h3, uint64_t n);
+/* RMSNorm's 1 / sqrtf(ss / n + eps), ss the sum of squares as one chain of adds from element 0 up
+ * (each square rounded to f32 first): the order every path keeps, so files compute what they did
+ * before the norm was vectorised (tests/test_format_v1.py). */
+static inline float col_rmsnorm_inv(const float *x, float eps, uint64_t n)
+{
+    float ss = 0.0f;
+    for (uint64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    return 1.0f / sqrtf(ss / (float)n + eps);
+}
 void col_rmsnorm_row_portable(const float *x, const float *w, float eps, uint64_t n, float *out);
 /* One head (n_q = 1) of col_attend_head, and the softmax and value sums the AVX2 head shares. */
 void col_attend_head_portable(const col_head_job *h, float *scores, float *out);

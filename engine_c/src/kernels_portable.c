@@ -5,8 +5,8 @@
  * An output is one accumulator walked left to right over its row (stored elements widened to f32,
  * or int8 blocks: kernels_quant.c). An attention head runs alone: its scores, an f32 softmax (the
  * maximum subtracted, expf, divided by the sum), then its weighted values; the AVX2 path reuses the
- * softmax and the value sums. The SwiGLU gate uses the C library's expf. RMSNorm's loop is the
- * definition of its sum's order (col_rmsnorm_row), which the AVX2 code gives too.
+ * softmax and the value sums. The SwiGLU gate uses the C library's expf. RMSNorm's sum of squares
+ * is one chain on every path (col_rmsnorm_inv); the AVX2 code vectorises only the scaling.
  */
 #include "kernels_internal.h"
 
@@ -137,14 +137,10 @@ void col_swiglu_gate_portable(float *h1, const float *h3, uint64_t n)
     for (uint64_t i = 0; i < n; i++) h1[i] = h1[i] / (1.0f + expf(-h1[i])) * h3[i];
 }
 
-/* col_rmsnorm_row's definition: the sum of squares in 16 lanes and the products' tree. */
+/* col_rmsnorm_row's definition: the sum of squares as one chain of adds, from element 0 up. */
 void col_rmsnorm_row_portable(const float *x, const float *w, float eps, uint64_t n, float *out)
 {
-    float lane[16] = {0}, s8[8], s4[4];
-    for (uint64_t i = 0; i < n; i++) lane[i % 16] += x[i] * x[i];
-    for (int i = 0; i < 8; i++) s8[i] = lane[i] + lane[i + 8];
-    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
-    const float inv = 1.0f / sqrtf(((s4[0] + s4[2]) + (s4[1] + s4[3])) / (float)n + eps);
+    const float inv = col_rmsnorm_inv(x, eps, n);
     for (uint64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * inv);
 }
 

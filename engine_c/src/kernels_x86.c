@@ -1248,25 +1248,12 @@ COL_T2 void col_swiglu_gate_avx2(float *h1, const float *h3, uint64_t n)
     }
 }
 
-/* col_rmsnorm_row: lanes 0-7 and 8-15 of the sum of squares in two vectors (a masked tail adds
- * +0 to the lanes past n, which leaves them as they were), then hsum8 of their sum: the tree. */
+/* col_rmsnorm_row: the sum's one chain as the definition (col_rmsnorm_inv), the scaling in 8 lanes. */
 COL_T2 void col_rmsnorm_row_avx2(const float *x, const float *w, float eps, uint64_t n, float *out)
 {
-    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    const __m256 inv = _mm256_set1_ps(col_rmsnorm_inv(x, eps, n));
     uint64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
-        lo = _mm256_add_ps(lo, _mm256_mul_ps(a, a));
-        hi = _mm256_add_ps(hi, _mm256_mul_ps(b, b));
-    }
-    if (i < n) {
-        const __m256 a = _mm256_maskload_ps(x + i, lanes_below8(n - i));
-        const __m256 b = _mm256_maskload_ps(x + i + 8, lanes_below8(n - i > 8 ? n - i - 8 : 0));
-        lo = _mm256_add_ps(lo, _mm256_mul_ps(a, a));
-        hi = _mm256_add_ps(hi, _mm256_mul_ps(b, b));
-    }
-    const __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum8(_mm256_add_ps(lo, hi)) / (float)n + eps));
-    for (i = 0; i + 8 <= n; i += 8)
+    for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), inv)));
     if (i < n) { /* only the tail masked: a masked store costs a dozen cycles on Zen 3 */
         const __m256i m = lanes_below8(n - i);

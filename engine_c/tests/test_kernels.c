@@ -518,8 +518,8 @@ static void test_amx_falls_back_when_scratch_is_short(void)
     free(scratch);
 }
 
-/* RMSNorm rows on one path: the bits of the definition written out here (16 lane sums of the
- * squares, the products' tree), for every length 1..300 (every tail of 16) and long rows, with
+/* RMSNorm rows on one path: the bits of the definition written out here (the squares summed in
+ * one chain from element 0 up), for every length 1..300 (every tail of 16) and long rows, with
  * values of mixed magnitude, in place and out of place. */
 static void test_rmsnorm_row(col_isa isa)
 {
@@ -532,11 +532,9 @@ static void test_rmsnorm_row(col_isa isa)
     }
     int wrong = 0;
     for (uint64_t n = 1; n <= N; n = n < 300 ? n + 1 : n + 900) {
-        float lane[16] = {0}, s8[8], s4[4];
-        for (uint64_t i = 0; i < n; i++) lane[i % 16] += x[i] * x[i];
-        for (int i = 0; i < 8; i++) s8[i] = lane[i] + lane[i + 8];
-        for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
-        const float inv = 1.0f / sqrtf(((s4[0] + s4[2]) + (s4[1] + s4[3])) / (float)n + 1e-6f);
+        float ss = 0.0f;
+        for (uint64_t i = 0; i < n; i++) ss += x[i] * x[i];
+        const float inv = 1.0f / sqrtf(ss / (float)n + 1e-6f);
         col_rmsnorm_row(isa, x, w, 1e-6f, n, out);
         memcpy(in_place, x, n * sizeof *x);
         col_rmsnorm_row(isa, in_place, w, 1e-6f, n, in_place);
