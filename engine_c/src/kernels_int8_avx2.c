@@ -43,13 +43,13 @@
 #ifndef COL_Q_AVX2_PANEL_TOKENS
 #define COL_Q_AVX2_PANEL_TOKENS 8
 #endif
-/* Rows of at most one k-block take panels from fewer tokens: a decode tile's set-up per 8 rows
- * (scales, transposes) is spread over too few blocks there (1024 x 384, 4-6 tokens: 1.3-1.7x). */
 /* Weights stored in panels: batches of fewer tokens run the decode kernel a token at a time (one
  * panel stream is too few misses in flight for passes of 2 tokens; from 3 they gain). */
 #ifndef COL_Q_AVX2_STORED_TOKENS
 #define COL_Q_AVX2_STORED_TOKENS 3
 #endif
+/* Rows of at most one k-block take panels from fewer tokens: a decode tile's set-up per 8 rows
+ * (scales, transposes) is spread over too few blocks there (1024 x 384, 4-6 tokens: 1.3-1.7x). */
 #ifndef COL_Q_AVX2_PANEL_TOKENS_SHORT
 #define COL_Q_AVX2_PANEL_TOKENS_SHORT 3
 #endif
