@@ -60,6 +60,15 @@ COL_INLINE COL_T2 float hsum8(__m256 v)
 /* hsum8 of 8 vectors at once, bit for bit (the same additions in the same order, by a transpose
  * tree as in hsum16x16 below), out[k] = hsum8(acc[k]) for k < n (a constant after inlining, at
  * most 24): the end of every AVX2 tile, whose accumulators then stay in registers. */
+/* Two adjacent floats (any alignment) repeated across the vector; memcpy, because
+ * _mm256_broadcast_sd dereferences a double pointer and the pair is only 4-byte aligned. */
+COL_INLINE COL_T2 __m256 broadcast_pair(const float *p)
+{
+    double d;
+    memcpy(&d, p, sizeof d);
+    return _mm256_castpd_ps(_mm256_set1_pd(d));
+}
+
 COL_INLINE COL_T2 __m256 hsum8x8(const __m256 *v)
 {
     __m256 s4[4], s2[2];
@@ -1130,7 +1139,7 @@ COL_INLINE COL_T2 void values_pass8(const col_head_job *h, uint32_t h0, const ui
         }
 #pragma GCC unroll 4
         for (uint32_t j = 0; j < HC; j++) {
-            const __m256 pp = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(const void *)(p + (uint64_t)j * n + t)));
+            const __m256 pp = broadcast_pair(p + (uint64_t)j * n + t);
 #pragma GCC unroll 4
             for (uint32_t b = 0; b < BP; b++) {
                 lo[j * BP + b] = _mm256_fmadd_ps(pp, xl[b], lo[j * BP + b]);
