@@ -151,6 +151,37 @@ def test_round_trip_of_a_stack(q: int, bound: float) -> None:
     assert np.array_equal(ff.dequantize(stored.reshape(-1), q, x.shape), back)
 
 
+def test_panel_layout_byte_by_byte() -> None:
+    # 8 rows of 2 blocks whose every byte says where it came from: byte j of row r is 16 r + j
+    # (mod 256), so each panel position can be checked against the row and byte it must hold.
+    rb = ff.row_bytes(ff.DTYPE_Q8_0, 64)  # 4 bytes of scales, 64 int8
+    rows = ((16 * np.arange(8)[:, None] + np.arange(rb)[None, :]) % 256).astype(np.uint8)
+    panel = ff.to_panels(rows, ff.DTYPE_Q8_0, 64)
+    assert panel.shape == (8 * rb,)
+    for b in range(2):
+        for r in range(8):  # scales: block-major, row-minor
+            assert panel[16 * b + 2 * r: 16 * b + 2 * r + 2].tolist() == rows[r, 2 * b: 2 * b + 2].tolist()
+        for g in range(8):  # payload: vector (b, g), lane r = row r's group g of block b
+            for r in range(8):
+                at = 32 + 256 * b + 32 * g + 4 * r
+                src = 4 + 32 * b + 4 * g
+                assert panel[at: at + 4].tolist() == rows[r, src: src + 4].tolist()
+
+
+@pytest.mark.parametrize("q", [ff.DTYPE_Q8_0, ff.DTYPE_Q4_0])
+def test_panels_hold_the_rows(q: int) -> None:
+    # An [E, rows, n] stack in panels: the same bytes rearranged, back to the same rows, and
+    # dequantised through the panel dtype to the same values as the rows.
+    x = np.random.default_rng(2).standard_normal((3, 16, 96)).astype(np.float32)
+    rows = ff.quantize(x, q)
+    panels = ff.to_panels(rows, q, 96)
+    assert panels.size == rows.size and sorted(panels.tolist()) == sorted(rows.reshape(-1).tolist())
+    assert np.array_equal(ff.from_panels(panels, q, 96), rows.reshape(-1, rows.shape[-1]))
+    assert np.array_equal(ff.dequantize(panels, ff.PANEL_OF[q], x.shape), ff.dequantize(rows, q, x.shape))
+    with pytest.raises(ValueError, match="whole panels"):
+        ff.from_panels(panels[: panels.size // 16 * 3], q, 96)
+
+
 @pytest.mark.parametrize("quant", ["q8", "q4"])
 def test_validator_accepts_quantised_files(tmp_path: Path, quant: str) -> None:
     path = make_model(tmp_path, "mixtral", "bf16", quant, "all")

@@ -44,10 +44,19 @@ DTYPE_SIZES = {DTYPE_F32: 4, DTYPE_F16: 2, DTYPE_BF16: 2}
 # Block-quantised dtypes: rows are cut into blocks of 32 elements; a row stores the f16 scales of
 # all its blocks first, then all its quantised elements (docs/format.md, "Quantised rows"). A row of
 # n elements still takes n / 32 * BLOCK_BYTES[dtype] bytes, and rows stay back to back.
-QUANT_NAMES = {DTYPE_Q8_0: "q8_0", DTYPE_Q4_0: "q4_0"}
-QUANT_BY_NAME = {"q8": DTYPE_Q8_0, "q8_0": DTYPE_Q8_0, "q4": DTYPE_Q4_0, "q4_0": DTYPE_Q4_0}
+# The same blocks stored in panels of 8 rows, the order the AVX2 kernels read (docs/format.md,
+# "Quantised panels"): a panel holds its 8 rows' bytes, so sizes are those of the row dtypes.
+DTYPE_Q8_0X8, DTYPE_Q4_0X8 = 7, 8
+PANEL_ROWS = 8
+PANEL_OF = {DTYPE_Q8_0: DTYPE_Q8_0X8, DTYPE_Q4_0: DTYPE_Q4_0X8}
+ROWS_OF = {panel: rows for rows, panel in PANEL_OF.items()}
+QUANT_NAMES = {DTYPE_Q8_0: "q8_0", DTYPE_Q4_0: "q4_0", DTYPE_Q8_0X8: "q8_0x8", DTYPE_Q4_0X8: "q4_0x8"}
+QUANT_BY_NAME = {"q8": DTYPE_Q8_0, "q8_0": DTYPE_Q8_0, "q4": DTYPE_Q4_0, "q4_0": DTYPE_Q4_0,
+                 "q8_0x8": DTYPE_Q8_0X8, "q4_0x8": DTYPE_Q4_0X8}
 BLOCK_ELEMS = 32
-BLOCK_BYTES = {DTYPE_Q8_0: 34, DTYPE_Q4_0: 18}
+BLOCK_BYTES = {DTYPE_Q8_0: 34, DTYPE_Q4_0: 18, DTYPE_Q8_0X8: 34, DTYPE_Q4_0X8: 18}
+# 4-byte groups of one block's payload: q8_0 32 int8, q4_0 16 bytes of nibbles
+_PANEL_GROUPS = {DTYPE_Q8_0: 8, DTYPE_Q4_0: 4}
 
 
 def row_bytes(dtype: int, n: int) -> int:
@@ -111,6 +120,43 @@ def quantize(values: np.ndarray, dtype: int) -> np.ndarray:
     return out.reshape(*shape[:-1], row_bytes(dtype, n))
 
 
+def _panel_split(data: np.ndarray, dtype: int, n: int) -> tuple[np.ndarray, int, int]:
+    """data as [panels, 8, row bytes] or [panels, 8 row bytes] (a copy-free view when contiguous),
+    with nb and the groups per block of the row dtype `dtype`."""
+    nb = n // BLOCK_ELEMS
+    rb = row_bytes(dtype, n)
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    if raw.size % (PANEL_ROWS * rb):
+        raise ValueError(f"{raw.size} bytes are not whole panels of {PANEL_ROWS} rows of {rb} bytes")
+    return raw.reshape(-1, PANEL_ROWS * rb), nb, _PANEL_GROUPS[dtype]
+
+
+def to_panels(rows: np.ndarray, dtype: int, n: int) -> np.ndarray:
+    """Stored q8_0/q4_0 rows of n elements (dtype 5 or 6; any array shape holding whole groups of
+    8 rows back to back) -> the same bytes in panels (dtype 7 or 8), as a flat uint8 array.
+
+    Panel p holds rows 8p .. 8p + 7: first the scales, 16 bytes per block b (row r's f16 at
+    16 b + 2 r), then per block the payload as 32-byte vectors whose lane r (bytes 4 r .. 4 r + 3)
+    is row r's 4-byte group g of that block, g in order (q8_0 8 vectors, q4_0 4)."""
+    flat, nb, groups = _panel_split(rows, dtype, n)
+    x = flat.reshape(-1, PANEL_ROWS, row_bytes(dtype, n))
+    scales = x[:, :, :2 * nb].reshape(-1, PANEL_ROWS, nb, 2).transpose(0, 2, 1, 3)
+    payload = x[:, :, 2 * nb:].reshape(-1, PANEL_ROWS, nb, groups, 4).transpose(0, 2, 3, 1, 4)
+    out = np.concatenate([scales.reshape(len(x), -1), payload.reshape(len(x), -1)], axis=1)
+    return out.reshape(-1)
+
+
+def from_panels(panels: np.ndarray, dtype: int, n: int) -> np.ndarray:
+    """Inverse of to_panels: stored panels (dtype 7 or 8 data; `dtype` is the row dtype 5 or 6)
+    -> the rows they hold, as uint8 [rows, row_bytes(dtype, n)]."""
+    flat, nb, groups = _panel_split(panels, dtype, n)
+    scales = flat[:, :16 * nb].reshape(-1, nb, PANEL_ROWS, 2).transpose(0, 2, 1, 3)
+    payload = flat[:, 16 * nb:].reshape(-1, nb, groups, PANEL_ROWS, 4).transpose(0, 3, 1, 2, 4)
+    rows = np.concatenate([scales.reshape(len(flat), PANEL_ROWS, -1),
+                           payload.reshape(len(flat), PANEL_ROWS, -1)], axis=2)
+    return rows.reshape(-1, row_bytes(dtype, n))
+
+
 def dequantize(data: np.ndarray, dtype: int, shape: Sequence[int]) -> np.ndarray:
     """Inverse of quantize: the float32 values [shape] that stored rows stand for. `data` holds
     whole rows back to back (any array shape, e.g. one row, [rows, row bytes] or a stacked
@@ -118,6 +164,9 @@ def dequantize(data: np.ndarray, dtype: int, shape: Sequence[int]) -> np.ndarray
     if dtype not in BLOCK_BYTES:
         raise ValueError(f"not a block dtype: {dtype}")
     shape = tuple(int(s) for s in shape)
+    if dtype in ROWS_OF:  # panels hold whole groups of 8 rows: data must too
+        dtype = ROWS_OF[dtype]
+        data = from_panels(data, dtype, shape[-1])
     n = shape[-1]
     if n % BLOCK_ELEMS:
         raise ValueError(f"{n} elements is not a whole number of blocks of {BLOCK_ELEMS}")
