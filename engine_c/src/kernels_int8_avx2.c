@@ -540,7 +540,7 @@ COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, u
 COL_T2 void col_rows_int8_panels_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1,
                                       uint32_t ahead)
 {
-    if (j->w.dtype == COL_DTYPE_Q4_0)
+    if (col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0)
         stored_rows(j, qx, r0, r1, ahead, 1);
     else
         stored_rows(j, qx, r0, r1, ahead, 0);
