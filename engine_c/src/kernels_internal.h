@@ -19,14 +19,6 @@ static inline uint16_t rd16u(const uint8_t *p)
     return (uint16_t)(p[0] | (p[1] << 8));
 }
 
-/* q8_0x8 / q4_0x8: the blocks of q8_0 / q4_0 stored in panels of 8 rows (docs/format.md); a
- * chunk of such weights starts and ends on a whole panel on every path. */
-#define COL_STORED_PANEL_ROWS 8
-static inline int is_panel_dtype(uint32_t dtype)
-{
-    return dtype == COL_DTYPE_Q8_0X8 || dtype == COL_DTYPE_Q4_0X8;
-}
-
 /* The row dtype whose blocks a quantised dtype holds (q8_0 for q8_0 and q8_0x8, likewise q4_0):
  * what the activations' quantisation and the product's definition depend on. Others unchanged. */
 static inline uint32_t col_block_kind(uint32_t dtype)
