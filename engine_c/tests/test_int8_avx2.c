@@ -155,26 +155,13 @@ typedef struct tally {
     int checked, off_definition, off_portable, off_avx2, off_step, nonfinite;
 } tally;
 
-/* One shape on pools of 1, 2 and 3 threads: every output against the definition and the portable
- * reference, and each token of the batch against that token alone. */
-static void check_shape(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t)
+/* The product of weights wt and nt tokens x through pools[0 .. n_pools) against want, and on
+ * pools[1] each token of a batch stepped alone against its output in the batch. */
+static void check_pools(run *pools, int n_pools, col_weight wt, const float *x, uint32_t nt, const float *want, tally *t)
 {
-    uint8_t *w = weights(rows, cols, dtype, extreme);
-    float *x = activations(nt, cols, extreme);
-    float *want = malloc(nt * rows * sizeof *want), *y = malloc(nt * rows * sizeof *y), *ystep = malloc(rows * sizeof *ystep);
-    uint8_t *qx = malloc(col_qrow_bytes(cols));
-    const uint64_t rb = col_dtype_row_bytes(dtype, cols);
-    for (uint32_t k = 0; k < nt; k++) {
-        col_quantize_row(x + k * cols, cols, dtype, COL_ISA_PORTABLE, qx);
-        for (uint64_t r = 0; r < rows; r++) {
-            const float def = definition(w + r * rb, dtype, x + k * cols, cols);
-            want[k * rows + r] = def;
-            t->off_definition += !same(col_dotq_blocks(w + r * rb, dtype, qx, cols), def);
-            t->nonfinite += !isfinite(def);
-        }
-    }
-    const col_weight wt = {w, dtype, rows, cols, 0};
-    for (int p = 0; p < 3; p++) {
+    const uint64_t rows = wt.rows, cols = wt.cols;
+    float *y = malloc(nt * rows * sizeof *y), *ystep = malloc(rows * sizeof *ystep);
+    for (int p = 0; p < n_pools; p++) {
         memset(y, 0xFF, nt * rows * sizeof *y);
         col_matvec_job job = {wt, x, y, nt, NULL};
         col_matmul_many(pools[p].pool, &job, 1);
@@ -187,7 +174,30 @@ static void check_shape(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols
             for (uint64_t r = 0; r < rows; r++) t->off_step += !same(ystep[r], y[k * rows + r]);
         }
     }
-    free(w), free(x), free(want), free(y), free(ystep), free(qx);
+    free(y), free(ystep);
+}
+
+/* One shape on pools of 1, 2 and 3 threads: every output against the definition and the portable
+ * reference, and each token of the batch against that token alone. */
+static void check_shape(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t)
+{
+    uint8_t *w = weights(rows, cols, dtype, extreme);
+    float *x = activations(nt, cols, extreme);
+    float *want = malloc(nt * rows * sizeof *want);
+    uint8_t *qx = malloc(col_qrow_bytes(cols));
+    const uint64_t rb = col_dtype_row_bytes(dtype, cols);
+    for (uint32_t k = 0; k < nt; k++) {
+        col_quantize_row(x + k * cols, cols, dtype, COL_ISA_PORTABLE, qx);
+        for (uint64_t r = 0; r < rows; r++) {
+            const float def = definition(w + r * rb, dtype, x + k * cols, cols);
+            want[k * rows + r] = def;
+            t->off_definition += !same(col_dotq_blocks(w + r * rb, dtype, qx, cols), def);
+            t->nonfinite += !isfinite(def);
+        }
+    }
+    const col_weight wt = {w, dtype, rows, cols, 0};
+    check_pools(pools, 3, wt, x, nt, want, t);
+    free(w), free(x), free(want), free(qx);
 }
 
 static void report(const char *what, const tally *t)
@@ -284,7 +294,7 @@ static void check_stored(run *pools, uint32_t dtype, uint64_t rows, uint64_t col
     const uint32_t panels = dtype == COL_DTYPE_Q8_0 ? COL_DTYPE_Q8_0X8 : COL_DTYPE_Q4_0X8;
     uint8_t *w = weights(rows, cols, dtype, extreme), *wp = as_panels(w, rows, cols, dtype);
     float *x = activations(nt, cols, extreme);
-    float *want = malloc(nt * rows * sizeof *want), *y = malloc(nt * rows * sizeof *y), *ystep = malloc(rows * sizeof *ystep);
+    float *want = malloc(nt * rows * sizeof *want), *y = malloc(nt * rows * sizeof *y);
     const uint64_t qb = col_qrow_bytes(cols), rb = col_dtype_row_bytes(dtype, cols);
     uint8_t *qx = malloc(nt * qb);
     for (uint32_t k = 0; k < nt; k++) {
@@ -306,19 +316,8 @@ static void check_stored(run *pools, uint32_t dtype, uint64_t rows, uint64_t col
         for (uint64_t i = 0; i < nt * rows; i++) t->off_avx2 += !same(y[i], want[i]);
         t->checked += (int)(nt * rows);
     }
-    for (int p = 0; pools && p < N_STORED_POOLS; p++) {
-        memset(y, 0xFF, nt * rows * sizeof *y);
-        col_matmul_many(pools[p].pool, &job, 1);
-        for (uint64_t i = 0; i < nt * rows; i++) t->off_avx2 += !same(y[i], want[i]);
-        t->checked += (int)(nt * rows);
-        if (p != 1 || nt == 1) continue;
-        for (uint32_t k = 0; k < nt; k++) { /* the tokens stepped, on 2 threads */
-            col_matvec_job step = {wt, x + k * cols, ystep, 1, NULL};
-            col_matmul_many(pools[p].pool, &step, 1);
-            for (uint64_t r = 0; r < rows; r++) t->off_step += !same(ystep[r], y[k * rows + r]);
-        }
-    }
-    free(w), free(wp), free(x), free(want), free(y), free(ystep), free(qx);
+    if (pools) check_pools(pools, N_STORED_POOLS, wt, x, nt, want, t);
+    free(w), free(wp), free(x), free(want), free(y), free(qx);
 }
 
 static void test_stored_panels(run *pools)
