@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from colibri.engine import Model, measure_compute
+from colibri.engine import BLOCK_DTYPE_NAMES, Model, measure_compute
 from colibri.fileformat import FLAG_TIED_EMBEDDINGS, LAYER_CHUNKED, LAYER_SLIDING
 
 _EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
@@ -88,7 +88,7 @@ def colibri_arithmetic(kernels: str, dot_bf16: bool) -> Callable[[str], str | No
     """The arithmetic Colibri's kernel path `kernels` multiplies each dtype's weights with (None:
     not probed: bf16 on the AMX tiles)."""
     def arithmetic(kind: str) -> str | None:
-        if kind in ("q8_0", "q4_0"):
+        if kind in BLOCK_DTYPE_NAMES:
             return "int8 dot"
         if kind == "bf16":
             if dot_bf16:
@@ -102,7 +102,7 @@ def llamacpp_arithmetic(kind: str) -> str | None:
     """The arithmetic llama.cpp and ik_llama.cpp multiply each dtype's weights with on a CPU with
     AVX512-BF16: bf16 rows by bf16 dot products (the activations rounded to bf16), q8_0 and q4_0
     by int8 dot products against q8 activations, the rest in f32."""
-    if kind in ("q8_0", "q4_0"):
+    if kind in BLOCK_DTYPE_NAMES:
         return "int8 dot"
     return "bf16 dot" if kind == "bf16" else "f32 FMA"
 
