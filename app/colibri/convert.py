@@ -46,7 +46,7 @@ from colibri.fileformat import (
 from colibri.formats import safetensors_file
 from colibri.formats.common import TensorEntry
 from colibri.formats.safetensors_file import Checkpoint
-from colibri.values import LAYOUTS, QUANTIZE_TENSORS, HParams
+from colibri.values import DEFAULT_LAYOUT, LAYOUTS, QUANTIZE_TENSORS, HParams
 
 CONVERTER_VERSION = "2"
 
@@ -465,7 +465,7 @@ def apply_layout(specs: list[TensorSpec], layout: str) -> list[TensorSpec]:
 
 def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dtype: str = "f32",
             progress: Callable[[int, int], None] | None = None, quantize: str | None = None,
-            quantize_tensors: str = "experts", layout: str = "panels") -> list[str]:
+            quantize_tensors: str = "experts", layout: str = DEFAULT_LAYOUT) -> list[str]:
     """Convert the Hugging Face checkpoint in `hf_dir` to a `.colibri` file at `out_path`;
     returns warnings about the file written (one sentence each), e.g. that it has no tokenizer.
 

@@ -77,7 +77,7 @@ from colibri.fileformat import (
 )
 from colibri.formats.gguf_file import GGUFFile
 from colibri.formats.gguf_tokenizer import TokenizerError, tokenizer_json
-from colibri.values import HParams
+from colibri.values import DEFAULT_LAYOUT, HParams
 
 # general.architecture -> (family, Colibri arch code, renormalise top-k by default)
 ARCHITECTURES: dict[str, tuple[str, int, bool]] = {
@@ -898,7 +898,7 @@ def _plan(f: GGUFFile, a: _Arch, dtype: int) -> tuple[list[TensorSpec], dict[str
 def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
                  dtype: str = "f32", progress: Callable[[int, int], None] | None = None,
                  quantize: str | None = None, quantize_tensors: str = "experts",
-                 layout: str = "panels") -> list[str]:
+                 layout: str = DEFAULT_LAYOUT) -> list[str]:
     """Import the GGUF file at `path` as a `.colibri` file at `out_path` (atomically; nothing is
     left behind on failure). `dtype` stores tensors of types other than F32/F16/BF16/Q8_0/Q4_0;
     `quantize` then works as in `convert.convert` on the float tensors, and `layout` stores the

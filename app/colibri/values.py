@@ -46,6 +46,7 @@ QUANTIZE_TENSORS: tuple[str, ...] = ("experts", "ffn", "all", "llama.cpp")
 # row) or "panels" (q8_0x8/q4_0x8, the same blocks in panels of 8 rows, the order the AVX2
 # kernels read; docs/format.md)
 LAYOUTS: tuple[str, ...] = ("rows", "panels")
+DEFAULT_LAYOUT = "panels"
 
 # How the next token is chosen from a position's logits (colibri.generation)
 DecodingName = Literal["greedy", "sample"]

@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from colibri.cli.common import EXIT_OK, error, fail
-from colibri.values import LAYOUTS, QUANTIZE_TENSORS
+from colibri.values import DEFAULT_LAYOUT, LAYOUTS, QUANTIZE_TENSORS
 
 
 def _progress_line(done: int, total: int) -> None:
@@ -83,10 +83,10 @@ def add_commands(sub: Any) -> None:
                         "all: + attention and LM head; llama.cpp: llama-quantize's Q8_0/Q4_0 "
                         "recipe (every matrix, embeddings included; LM head q8_0; attn_k/v q8_0 "
                         "with 8 experts). The router is never quantised")
-    p.add_argument("--layout", choices=LAYOUTS, default="panels",
-                   help="how q8_0/q4_0 matrices are stored: panels (default): in panels of 8 "
-                        "rows, the order the AVX2 kernels read, faster for prompts and batches "
-                        "(the LM head and embeddings stay rows); rows: row after row, as files "
-                        "written before panels (dtypes q8_0x8/q4_0x8 vs q8_0/q4_0, the same "
-                        "bytes and values)")
+    p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
+                   help="how q8_0/q4_0 matrices are stored (default %(default)s): panels: in "
+                        "panels of 8 rows (dtypes q8_0x8/q4_0x8), the order the AVX2 kernels "
+                        "read, faster for prompts and batches (the LM head and embeddings stay "
+                        "rows); rows: row after row, as files before panels. The same bytes "
+                        "and values either way")
     p.set_defaults(func=cmd_convert)
