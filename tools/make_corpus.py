@@ -217,17 +217,36 @@ class Base:
         return bytearray(self.image)
 
 
+def panels_hparams() -> HParams:
+    """The base model widened so every matrix has rows % 8 == 0 and columns % 32 == 0."""
+    return replace(base_hparams(), d_model=32, head_dim=16, d_ff_expert=32, d_ff_dense=32)
+
+
+def as_panels(arrays: list[tuple[str, np.ndarray, int]]) -> list[ff.TensorSpec]:
+    """Every matrix but the router quantised to q8_0 and stored in 8-row panels (q8_0x8)."""
+    specs = []
+    for name, v, dtype in arrays:
+        if v.ndim == 1 or name.endswith("moe_gate"):
+            specs += ff.tensor_specs_from_arrays([(name, v, dtype)])
+            continue
+        stored = ff.to_panels(ff.quantize(v, ff.DTYPE_Q8_0), ff.DTYPE_Q8_0, v.shape[-1])
+        specs.append(ff.TensorSpec(name, ff.DTYPE_Q8_0X8, v.shape, lambda s=stored: s))
+    return specs
+
+
 def build_base(extra: bool = False, version: int = ff.FORMAT_VERSION, v3: bool = False,
                extra_bias: bool = False, gpt_oss: bool = False, llama4: bool = False,
-               phi: bool = False) -> Base:
+               phi: bool = False, panels: bool = False) -> Base:
     """The base file; `v3`: the DeepSeek-V3-style one; `extra_bias`: with a correction bias that
     its routing entry does not name; `gpt_oss`: the GPT-OSS-style one; `llama4`: the
     Llama-4-style one; `phi`: with PhiMoE's biased LayerNorms and LM head, and its LongRoPE
-    (frequency factors [head_dim / 2], cos and sin times 1.2)."""
+    (frequency factors [head_dim / 2], cos and sin times 1.2); `panels`: the base widened
+    (panels_hparams) with its matrices in q8_0x8."""
     hp = (llama4_hparams() if llama4 else v3_hparams() if v3 or extra_bias or gpt_oss
-          else phi_hparams() if phi else base_hparams())
-    specs = ff.tensor_specs_from_arrays(base_arrays(hp, extra, correction_bias=v3 or extra_bias,
-                                                    gpt_oss=gpt_oss, shared=llama4))
+          else phi_hparams() if phi else panels_hparams() if panels else base_hparams())
+    arrays = base_arrays(hp, extra, correction_bias=v3 or extra_bias, gpt_oss=gpt_oss,
+                         shared=llama4)
+    specs = as_panels(arrays) if panels else ff.tensor_specs_from_arrays(arrays)
     rules = ([V3_RULE, None] if v3 else [ff.RouteRule(), None] if extra_bias else
              [GPT_OSS_RULE, None] if gpt_oss else [LLAMA4_RULE, None] if llama4 else None)
     attention = GPT_OSS_ATTENTION if gpt_oss else LLAMA4_ATTENTION if llama4 else None
@@ -345,8 +364,8 @@ def corpus_entries() -> list[Entry]:
         "(transposed?)", "token_embd stored [d_model, vocab]", edited(b, transpose),
         tensor="token_embd")
     add("dtype_unknown.colibri", "COL_ERR_DTYPE", b.entry("layers.0.attn_k") + T_DTYPE,
-        "unknown dtype 7", "a dtype code no engine knows",
-        edited(b, lambda im: put(im, b.entry("layers.0.attn_k") + T_DTYPE, "<I", 7)),
+        "unknown dtype 9", "a dtype code no engine knows",
+        edited(b, lambda im: put(im, b.entry("layers.0.attn_k") + T_DTYPE, "<I", 9)),
         tensor="layers.0.attn_k")
 
     def norm_f16(im: bytearray) -> None:
@@ -464,6 +483,39 @@ def corpus_entries() -> list[Entry]:
     add("output_bias_shape.colibri", "COL_ERR_SHAPE", phi.entry("output_bias") + T_NDIM,
         "shape [1, 16], expected [16]", "the LM-head bias stored as a [1, V] row",
         edited(phi, bias_as_row), tensor="output_bias")
+
+    # -- quantised panels (dtype 7 q8_0x8): the base widened to H = 32, every matrix but the
+    # router in 8-row panels; attn_q [32, 32] has one block a row, 34-byte rows, 272-byte panels
+    pn = build_base(panels=True)
+    add("valid_panels.colibri", "COL_OK", 0, "", "the base widened (hidden 32), every matrix but "
+        "the router stored as q8_0 in 8-row panels (q8_0x8)", bytes(pn.image), checksums=True,
+        nan_check=True)
+    add("panel_rows.colibri", "COL_ERR_SHAPE", pn.entry("layers.0.attn_k") + T_SHAPE,
+        "12 rows, a panel dtype needs a multiple of 8", "a q8_0x8 matrix of 12 rows (half a panel "
+        "short)", edited(pn, lambda im: put(im, pn.entry("layers.0.attn_k") + T_SHAPE, "<Q", 12)),
+        tensor="layers.0.attn_k")
+
+    def panel_vector(im: bytearray) -> None:
+        put(im, pn.entry("output_norm") + T_DTYPE, "<I", ff.DTYPE_Q8_0X8)
+        put(im, pn.entry("output_norm") + T_NBYTES, "<Q", 34)
+    add("panel_vector.colibri", "COL_ERR_SHAPE", pn.entry("output_norm") + T_NDIM,
+        "a panel dtype needs a matrix", "a 1-D tensor in a panel dtype",
+        edited(pn, panel_vector), tensor="output_norm")
+    add("panel_nbytes.colibri", "COL_ERR_SIZE_MISMATCH", pn.entry("layers.0.attn_q") + T_NBYTES,
+        "nbytes 816 != 32 blocks of 32 * 34 bytes", "a q8_0x8 matrix one panel short in nbytes",
+        edited(pn, lambda im: put(im, pn.entry("layers.0.attn_q") + T_NBYTES, "<Q", 3 * 272)),
+        tensor="layers.0.attn_q")
+
+    def panel_nan(im: bytearray) -> None:
+        start, n = pn.data("layers.0.attn_q"), 32 * 34
+        put(im, start + 272 + 2 * 3, "<H", 0x7C00)  # row 11: panel 1, lane 3 of block 0's scales
+        put(im, start + 11 * 34, "<H", 0x7C00)  # where row 11's scale would be in rows: payload
+        put(im, pn.entry("layers.0.attn_q") + T_CRC, "<I",
+            zlib.crc32(bytes(im[start:start + n])) & 0xFFFFFFFF)
+    add("panel_nonfinite.colibri", "COL_ERR_NONFINITE", pn.data("layers.0.attn_q") + 278,
+        "1 NaN/Inf values, first at the scale of row 11, block 0", "an infinite f16 scale in a "
+        "q8_0x8 panel (and its bit pattern in a payload byte pair, which is no scale)",
+        edited(pn, panel_nan), tensor="layers.0.attn_q", checksums=True, nan_check=True)
 
     # -- version 2's routing rule (the DeepSeek-V3-style base: 4 experts, top-2, 2 groups)
     v3 = build_base(v3=True)

@@ -9,7 +9,7 @@ k / n_experts of each stacked expert tensor, the LM head once for the last posit
 per token), and the attention heads' scores and weighted values over the keys each position sees.
 Which instruction makes them depends on the weight's dtype and the engine's numerics: f32, f16
 and exact bf16 weights (activations kept f32) multiply with f32 FMA, `dot-bf16` (and llama.cpp's
-bf16) with bf16 pair dot products, q8_0 and q4_0 (rows or panels) with int8 dot products; the heads with f32 FMA.
+bf16) with bf16 pair dot products, q8_0 and q4_0 with int8 dot products; the heads with f32 FMA.
 The limit is P over the time the arithmetic takes at the probed rates: no kernel can beat it.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from colibri.engine import Model, measure_compute
-from colibri.fileformat import FLAG_TIED_EMBEDDINGS, LAYER_CHUNKED, LAYER_SLIDING, rows_dtype_name
+from colibri.engine import BLOCK_DTYPE_NAMES, Model, measure_compute
+from colibri.fileformat import FLAG_TIED_EMBEDDINGS, LAYER_CHUNKED, LAYER_SLIDING
 
 _EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
 HEADS = "heads"  # the attention heads' products (f32, whatever the weights' dtype)
@@ -88,7 +88,7 @@ def colibri_arithmetic(kernels: str, dot_bf16: bool) -> Callable[[str], str | No
     """The arithmetic Colibri's kernel path `kernels` multiplies each dtype's weights with (None:
     not probed: bf16 on the AMX tiles)."""
     def arithmetic(kind: str) -> str | None:
-        if rows_dtype_name(kind) in ("q8_0", "q4_0"):  # rows or panels: the same int8 dots
+        if kind in BLOCK_DTYPE_NAMES:
             return "int8 dot"
         if kind == "bf16":
             if dot_bf16:
@@ -102,7 +102,7 @@ def llamacpp_arithmetic(kind: str) -> str | None:
     """The arithmetic llama.cpp and ik_llama.cpp multiply each dtype's weights with on a CPU with
     AVX512-BF16: bf16 rows by bf16 dot products (the activations rounded to bf16), q8_0 and q4_0
     by int8 dot products against q8 activations, the rest in f32."""
-    if kind in ("q8_0", "q4_0"):
+    if kind in BLOCK_DTYPE_NAMES:
         return "int8 dot"
     return "bf16 dot" if kind == "bf16" else "f32 FMA"
 

@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 13
+ABI_VERSION = 14
 # The first ABI whose q8_0/q4_0 products are in block order (one fused multiply-add per block and
 # output, the same bits on every kernel path): runs recorded by an older engine on weights of those
 # dtypes cannot be reproduced bit for bit.
@@ -60,9 +60,12 @@ if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale b
 
 DTYPE_NAMES: dict[int, str] = {lib.COL_DTYPE_F32: "f32", lib.COL_DTYPE_F16: "f16",
                                lib.COL_DTYPE_BF16: "bf16", lib.COL_DTYPE_Q8_0: "q8_0",
-                               lib.COL_DTYPE_Q4_0: "q4_0"}
-# Block-quantised dtypes (blocks of 32 per row, docs/format.md): raw views are uint8 [..., row bytes].
-BLOCK_DTYPES = (lib.COL_DTYPE_Q8_0, lib.COL_DTYPE_Q4_0)
+                               lib.COL_DTYPE_Q4_0: "q4_0", lib.COL_DTYPE_Q8_0X8: "q8_0x8",
+                               lib.COL_DTYPE_Q4_0X8: "q4_0x8"}
+# Block-quantised dtypes (blocks of 32 per row, docs/format.md; the x8 ones in 8-row panels): raw
+# views are uint8 [..., row bytes] (a panel's bytes span its 8 rows).
+BLOCK_DTYPES = (lib.COL_DTYPE_Q8_0, lib.COL_DTYPE_Q4_0, lib.COL_DTYPE_Q8_0X8, lib.COL_DTYPE_Q4_0X8)
+BLOCK_DTYPE_NAMES = tuple(DTYPE_NAMES[d] for d in BLOCK_DTYPES)
 # bf16 has no numpy dtype: its views are uint16 bit patterns (see Model.tensor_f32).
 NUMPY_DTYPES: dict[int, type[np.generic]] = {lib.COL_DTYPE_F32: np.float32,
                                              lib.COL_DTYPE_F16: np.float16,
@@ -622,7 +625,7 @@ class Model:
         """A float32 copy of a tensor's values, whatever its storage dtype (bf16 widened exactly)."""
         data = self.tensor(name)
         info = self.tensor_info(name)
-        if info.dtype in ("q8_0", "q4_0"):
+        if info.dtype in BLOCK_DTYPE_NAMES:
             from colibri.fileformat import QUANT_BY_NAME, dequantize
             return dequantize(data, QUANT_BY_NAME[info.dtype], info.shape)
         if info.dtype == "bf16":

@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 13  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 14  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
@@ -49,7 +49,8 @@ extern "C" {
                                 grew; col_session_begin_embedding); 11: COL_REDUCTION_BF16_DOT; 12: the
                                 compute probe (col_arith, col_measure_compute); 13: q8_0/q4_0 products
                                 in block order on every path (one fused multiply-add per block and
-                                output, docs/performance.md): their bits changed, no declaration did */
+                                output, docs/performance.md): their bits changed, no declaration did;
+                                14: the panel dtypes COL_DTYPE_Q8_0X8 and COL_DTYPE_Q4_0X8 */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -116,7 +117,12 @@ typedef enum col_dtype {
     /* 3 and 4 were q8_0/q4_0 with each block's scale beside its payload (files converted before
      * 2026-11-29); they are refused with COL_ERR_DTYPE and a request to convert again. */
     COL_DTYPE_Q8_0 = 5,            /* blocks of 32 along a row: a row holds its f16 scales, then 32 int8 per block (34 bytes per block) */
-    COL_DTYPE_Q4_0 = 6             /* blocks of 32: f16 scales, then 16 bytes of nibbles per block, (q-8)*scale (18 bytes per block) */
+    COL_DTYPE_Q4_0 = 6,            /* blocks of 32: f16 scales, then 16 bytes of nibbles per block, (q-8)*scale (18 bytes per block) */
+    /* (since ABI 14) the blocks of q8_0 / q4_0, the same sizes and products, in panels of 8 rows (a
+     * tensor's rows % 8 == 0): per panel the 8 rows' scales block by block, then per block their
+     * 4-byte groups interleaved (docs/format.md "Quantised panels"), the order the AVX2 kernels read */
+    COL_DTYPE_Q8_0X8 = 7,
+    COL_DTYPE_Q4_0X8 = 8
 } col_dtype;
 
 /* The family a file was converted from: a label for people and tools. The engine runs what the
@@ -530,7 +536,8 @@ const char *col_status_name(int32_t status);
 uint32_t col_dtype_size(uint32_t dtype);
 
 /* Bytes of `n` consecutive elements of `dtype` (one row): n * element size, or for the block
- * dtypes (q8_0, q4_0) n / 32 * block size. 0 for an unknown dtype or n not a multiple of 32 for a
+ * dtypes (q8_0, q4_0 and their panels q8_0x8, q4_0x8, whose panel of 8 rows takes 8 rows' bytes)
+ * n / 32 * block size. 0 for an unknown dtype or n not a multiple of 32 for a
  * block dtype. Thread safe. */
 uint64_t col_dtype_row_bytes(uint32_t dtype, uint64_t n);
 

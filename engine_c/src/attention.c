@@ -15,6 +15,7 @@
  */
 #include "session.h"
 
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -338,9 +339,11 @@ typedef struct mla_decode_task {
 } mla_decode_task;
 
 /* Rows [first, first + n) of a 2-D weight: by the kernels' contract a row's bits do not depend on
- * the rows computed with it. */
+ * the rows computed with it. Float weights only (col_pool_runs_here), so never rows cut out of a
+ * panel of 8. */
 static col_weight weight_rows(const col_tensor_info *t, uint64_t first, uint64_t n)
 {
+    assert(col_dtype_size(t->dtype) != 0);
     col_weight w = col_weight_of(t);
     w.data = (const uint8_t *)w.data + first * col_dtype_row_bytes(w.dtype, w.cols);
     w.rows = n;

@@ -76,10 +76,12 @@ uint32_t col_dtype_size(uint32_t dtype)
     }
 }
 
-/* Bytes of one quantised block of 32 elements (f16 scale + payload), 0 for element dtypes. */
+/* Bytes of one quantised block of 32 elements (f16 scale + payload), 0 for element dtypes; a
+ * panel dtype's blocks are its row dtype's, rearranged. */
 static uint32_t block_bytes(uint32_t dtype)
 {
-    return dtype == COL_DTYPE_Q8_0 ? 34 : dtype == COL_DTYPE_Q4_0 ? 18 : 0;
+    if (dtype == COL_DTYPE_Q8_0 || dtype == COL_DTYPE_Q8_0X8) return 34;
+    return dtype == COL_DTYPE_Q4_0 || dtype == COL_DTYPE_Q4_0X8 ? 18 : 0;
 }
 
 uint64_t col_dtype_row_bytes(uint32_t dtype, uint64_t n)
@@ -436,6 +438,19 @@ static bool check_entry(const layout *L, uint32_t i, sink *s, col_tensor_info *o
                 ERR(s, COL_ERR_SHAPE, eo + T_SHAPE + 8 * (uint64_t)(out->ndim - 1), nm,
                     "tensor '%s': rows of %" PRIu64 " elements, a block dtype needs a multiple of 32",
                     nm, out->shape[out->ndim - 1]);
+        }
+        if (is_panel_dtype(out->dtype) && (out->ndim < 2 || out->ndim > 3)) {
+            ok = false;
+            if (s)
+                ERR(s, COL_ERR_SHAPE, eo + T_NDIM, nm,
+                    "tensor '%s': ndim %" PRIu32 ", a panel dtype needs a matrix [rows, n] or a stack [E, rows, n]",
+                    nm, out->ndim);
+        } else if (is_panel_dtype(out->dtype) && out->shape[out->ndim - 2] % COL_STORED_PANEL_ROWS) {
+            ok = false;
+            if (s)
+                ERR(s, COL_ERR_SHAPE, eo + T_SHAPE + 8 * (uint64_t)(out->ndim - 2), nm,
+                    "tensor '%s': %" PRIu64 " rows, a panel dtype needs a multiple of %d", nm,
+                    out->shape[out->ndim - 2], COL_STORED_PANEL_ROWS);
         }
     }
     if (dsize == 0) {
@@ -1516,6 +1531,14 @@ static void check_architecture(const layout *L, sink *s)
 
 /* ---- Data checks ----------------------------------------------------------------------------- */
 
+/* Byte offset, in a quantised tensor's data, of its k-th stored scale (rows: k / nb's row, its
+ * block k % nb; panels: a panel's 8 * nb scales come first, so in storage order the k-th of them). */
+static uint64_t scale_offset(uint32_t dtype, uint64_t rb, uint64_t nb, uint64_t k)
+{
+    if (is_panel_dtype(dtype)) return COL_STORED_PANEL_ROWS * rb * (k / (COL_STORED_PANEL_ROWS * nb)) + 2 * (k % (COL_STORED_PANEL_ROWS * nb));
+    return rb * (k / nb) + 2 * (k % nb);
+}
+
 static void check_data(const col_tensor_info *t, uint32_t flags, sink *s)
 {
     if (flags & COL_CHECK_CHECKSUMS) {
@@ -1538,7 +1561,7 @@ static void check_data(const col_tensor_info *t, uint32_t flags, sink *s)
         for (uint64_t k = 0; k < n; k++) {
             bool bad;
             if (blocks)
-                bad = rb && (rd16(p + rb * (k / nb) + 2 * (k % nb)) & 0x7C00u) == 0x7C00u;
+                bad = rb && (rd16(p + scale_offset(t->dtype, rb, nb, k)) & 0x7C00u) == 0x7C00u;
             else if (t->dtype == COL_DTYPE_F32)
                 bad = (rd32(p + 4 * k) & 0x7F800000u) == 0x7F800000u;
             else if (t->dtype == COL_DTYPE_F16)
@@ -1548,10 +1571,17 @@ static void check_data(const col_tensor_info *t, uint32_t flags, sink *s)
             if (bad && n_bad++ == 0)
                 first = k;
         }
-        if (n_bad)
-            ERR(s, COL_ERR_NONFINITE, t->offset + (blocks ? rb * (first / nb) + 2 * (first % nb) : first * es), t->name,
+        if (n_bad && is_panel_dtype(t->dtype)) { /* the k-th scale of a panel is row 8p + k % 8's of block k / 8 */
+            const uint64_t in_panel = first % (COL_STORED_PANEL_ROWS * nb);
+            ERR(s, COL_ERR_NONFINITE, t->offset + scale_offset(t->dtype, rb, nb, first), t->name,
+                "tensor '%s': %" PRIu64 " NaN/Inf values, first at the scale of row %" PRIu64 ", block %" PRIu64
+                " (stored in 8-row panels)", t->name, n_bad,
+                first / (COL_STORED_PANEL_ROWS * nb) * COL_STORED_PANEL_ROWS + in_panel % COL_STORED_PANEL_ROWS, in_panel / COL_STORED_PANEL_ROWS);
+        } else if (n_bad) {
+            ERR(s, COL_ERR_NONFINITE, t->offset + (blocks ? scale_offset(t->dtype, rb, nb, first) : first * es), t->name,
                 "tensor '%s': %" PRIu64 " NaN/Inf values, first at %s %" PRIu64, t->name,
                 n_bad, blocks ? "the scale of block" : "element", first);
+        }
     }
 }
 

@@ -25,8 +25,7 @@ static void input_row(const col_model *m, int32_t token, const float *embedding,
         return;
     }
     const col_tensor_info *embd = m->token_embd;
-    const uint8_t *row = (const uint8_t *)embd->data + (uint64_t)token * col_dtype_row_bytes(embd->dtype, d_model);
-    col_load_row(row, embd->dtype, d_model, x);
+    col_load_matrix_range(embd->data, embd->dtype, d_model, (uint64_t)token, 0, d_model, x);
 }
 
 /* Rows of x [n][d_model] += the block's output rows, scaled first when the model says so (Granite's

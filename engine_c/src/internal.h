@@ -16,6 +16,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* q8_0x8 / q4_0x8: the blocks of q8_0 / q4_0 stored in panels of COL_STORED_PANEL_ROWS rows
+ * (docs/format.md "Quantised panels"); the validator requires whole panels, and a chunk of a
+ * product of such weights starts and ends on one. */
+#define COL_STORED_PANEL_ROWS 8
+static inline int is_panel_dtype(uint32_t dtype)
+{
+    return dtype == COL_DTYPE_Q8_0X8 || dtype == COL_DTYPE_Q4_0X8;
+}
+
 /* A 2-D (or stacked 3-D) weight as the kernels see it: rows of `cols` elements of `dtype`.
  * For a stacked expert tensor [E][rows][cols], `data` points at expert 0 and
  * `expert_stride` is the byte distance between experts. */

@@ -157,8 +157,14 @@ float col_load_elem(const void *data, uint32_t dtype, uint64_t i);
  * start of a row of exactly n elements, since its scales precede its payload). */
 void col_load_row(const void *data, uint32_t dtype, uint64_t n, float *out);
 
-/* out[0..count) = elements [first, first + count) of the stored row `row` of `cols` elements. */
+/* out[0..count) = elements [first, first + count) of the stored row `row` of `cols` elements (a
+ * row dtype: not q8_0x8 / q4_0x8, whose rows are spread over their panel). */
 void col_load_range(const void *row, uint32_t dtype, uint64_t cols, uint64_t first, uint64_t count, float *out);
+
+/* out[0..count) = elements [first, first + count) of row r of the stored matrix `matrix` (rows of
+ * `cols` elements, any dtype; a panel dtype's row gathered from its panel of 8 rows). Exact. */
+void col_load_matrix_range(const void *matrix, uint32_t dtype, uint64_t cols, uint64_t r, uint64_t first,
+                           uint64_t count, float *out);
 
 /* Every job of the batch in one dispatch: the rows of all jobs are split among the threads as
  * one range (pool may be NULL: single-threaded portable path, float weights only, since int8

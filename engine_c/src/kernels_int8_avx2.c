@@ -258,6 +258,29 @@ COL_INLINE COL_T2 void pack_panel(const uint8_t *const *p, uint64_t nb, uint64_t
     }
 }
 
+/* q8_0: one block of 8 rows in the lanes (w0: its 8 vectors of 32 bytes, lane r of vector g row r's
+ * elements 4g .. 4g + 3, as packed and stored panels hold them) against NT tokens (x[b]: token b's
+ * 32 int8 values of the block): isum[b] lane r = row r's exact int32 sum, as |w| x (x with w's
+ * sign), vpmaddubsw's unsigned x signed. */
+COL_INLINE COL_T2 void q8_panel_sums(const uint8_t *w0, const int8_t *const *x, const int NT, __m256i *isum)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+    for (int b = 0; b < NT; b++) isum[b] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g)), aw = _mm256_abs_epi8(w);
+#pragma GCC unroll 4
+        for (int b = 0; b < NT; b++) {
+            int32_t x4;
+            memcpy(&x4, x[b] + 4 * g, 4);
+            const __m256i prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(x4), w));
+            isum[b] = _mm256_add_epi32(isum[b], _mm256_madd_epi16(prod, ones));
+            KEEP_CHAIN(isum[b]);
+        }
+    }
+}
+
 /* Where token t of a batch's passes reads its activations (qx, rows of qb bytes; xq: int8 values,
  * dx: scales, corr: block corrections) and writes the 8 outputs from row r (y). */
 COL_INLINE COL_T2 void pass_token(const col_matvec_job *j, const uint8_t *qx, uint64_t qb, uint64_t r, uint32_t t,
@@ -309,20 +332,10 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
             for (int b = 0; b < NT; b++)
                 isum[b] = _mm256_add_epi32(_mm256_madd_epi16(isum[b], ones), _mm256_set1_epi32(corr[b][b0 + k]));
         } else {
+            const int8_t *x[4];
 #pragma GCC unroll 4
-            for (int b = 0; b < NT; b++) isum[b] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int g = 0; g < 8; g++) {
-                const __m256i w = _mm256_load_si256(&pn->w[k][g]), aw = _mm256_abs_epi8(w);
-#pragma GCC unroll 4
-                for (int b = 0; b < NT; b++) {
-                    int32_t x4;
-                    memcpy(&x4, xq[b] + QK * (b0 + k) + 4 * g, 4);
-                    const __m256i prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(x4), w));
-                    isum[b] = _mm256_add_epi32(isum[b], _mm256_madd_epi16(prod, ones));
-                    KEEP_CHAIN(isum[b]);
-                }
-            }
+            for (int b = 0; b < NT; b++) x[b] = xq[b] + QK * (b0 + k);
+            q8_panel_sums((const uint8_t *)pn->w[k], x, NT, isum);
         }
 #pragma GCC unroll 4
         for (int b = 0; b < NT; b++) acc[b] = block_step(acc[b], isum[b], pn->d[k], dx[b][b0 + k]);
@@ -382,34 +395,45 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
 #define STORED_KB 128 /* blocks a batch's passes share from L1/L2: whole rows up to 4096 columns */
 #define STORED_STREAMS 4 /* panels a decode reads at once, from 4 distant parts of the share */
 
+/* q4_0: block k of a stored panel (w0: its 4 vectors of stored bytes, lane r of vector g row r's
+ * bytes 4g .. 4g + 3: the low nibbles of elements 4g .., the high ones of 16 + 4g ..) against NT
+ * tokens (xq[b]: token b's int8 values, corr[b] its block corrections): isum[b] lane r = row r's
+ * exact int32 sum, the raw nibbles x x in int16 (at most 30 480) plus the block's correction. */
+COL_INLINE COL_T2 void q4_stored_sums(const uint8_t *w0, const int8_t *const *xq, const int32_t *const *corr, uint64_t nb,
+                                      uint64_t k, const int NT, __m256i *isum)
+{
+    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+    for (int b = 0; b < NT; b++) isum[b] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g));
+        const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+#pragma GCC unroll 4
+        for (int b = 0; b < NT; b++) {
+            int32_t xl, xh;
+            memcpy(&xl, xq[b] + q4_low(k) + 4 * g, 4);
+            memcpy(&xh, xq[b] + q4_high(nb, k) + 4 * g, 4);
+            isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+            isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+            KEEP_CHAIN(isum[b]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < NT; b++) isum[b] = _mm256_add_epi32(_mm256_madd_epi16(isum[b], ones), _mm256_set1_epi32(corr[b][k]));
+}
+
 /* The block sums of stored block k of a panel (w0: its payload) against one token (xq: its int8
  * values, corr: q4_0's block corrections): lane r row r's exact int32 sum. */
 COL_INLINE COL_T2 __m256i stored_block(const uint8_t *w0, const int8_t *xq, const int32_t *corr, uint64_t nb, uint64_t k,
                                        const int q4)
 {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i isum = _mm256_setzero_si256();
+    __m256i isum;
     if (q4) {
-        const __m256i low4 = _mm256_set1_epi8(0x0F);
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; g++) {
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g));
-            int32_t xl, xh;
-            memcpy(&xl, xq + q4_low(k) + 4 * g, 4);
-            memcpy(&xh, xq + q4_high(nb, k) + 4 * g, 4);
-            isum = _mm256_add_epi16(isum, _mm256_maddubs_epi16(_mm256_and_si256(raw, low4), _mm256_set1_epi32(xl)));
-            isum = _mm256_add_epi16(isum, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
-                                                               _mm256_set1_epi32(xh)));
-        }
-        return _mm256_add_epi32(_mm256_madd_epi16(isum, ones), _mm256_set1_epi32(corr[k]));
-    }
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; g++) {
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g));
-        int32_t x4;
-        memcpy(&x4, xq + QK * k + 4 * g, 4);
-        const __m256i prod = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(_mm256_set1_epi32(x4), w));
-        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(prod, ones));
+        q4_stored_sums(w0, &xq, &corr, nb, k, 1, &isum);
+    } else {
+        const int8_t *x = xq + QK * k;
+        q8_panel_sums(w0, &x, 1, &isum);
     }
     return isum;
 }
@@ -445,7 +469,6 @@ COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, u
 {
     const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n), bb = q4 ? 128 : 256;
     const uint8_t *sc = (const uint8_t *)j->w.data + r * col_dtype_row_bytes(j->w.dtype, n), *pay = sc + 16 * nb;
-    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
     const int8_t *xq[4];
     const float *dx[4];
     const int32_t *corr[4];
@@ -459,39 +482,13 @@ COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, u
     for (uint64_t k = b0; k < b0 + kn; k++) {
         const uint8_t *w0 = pay + bb * k;
         __m256i isum[4];
-#pragma GCC unroll 4
-        for (int b = 0; b < NT; b++) isum[b] = _mm256_setzero_si256();
         if (q4) {
-#pragma GCC unroll 4
-            for (int g = 0; g < 4; g++) {
-                const __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g));
-                const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-#pragma GCC unroll 4
-                for (int b = 0; b < NT; b++) {
-                    int32_t xl, xh;
-                    memcpy(&xl, xq[b] + q4_low(k) + 4 * g, 4);
-                    memcpy(&xh, xq[b] + q4_high(nb, k) + 4 * g, 4);
-                    isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
-                    isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
-                    KEEP_CHAIN(isum[b]);
-                }
-            }
-#pragma GCC unroll 4
-            for (int b = 0; b < NT; b++)
-                isum[b] = _mm256_add_epi32(_mm256_madd_epi16(isum[b], ones), _mm256_set1_epi32(corr[b][k]));
+            q4_stored_sums(w0, xq, corr, nb, k, NT, isum);
         } else {
-#pragma GCC unroll 8
-            for (int g = 0; g < 8; g++) {
-                const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g)), aw = _mm256_abs_epi8(w);
+            const int8_t *x[4];
 #pragma GCC unroll 4
-                for (int b = 0; b < NT; b++) {
-                    int32_t x4;
-                    memcpy(&x4, xq[b] + QK * k + 4 * g, 4);
-                    const __m256i prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(x4), w));
-                    isum[b] = _mm256_add_epi32(isum[b], _mm256_madd_epi16(prod, ones));
-                    KEEP_CHAIN(isum[b]);
-                }
-            }
+            for (int b = 0; b < NT; b++) x[b] = xq[b] + QK * k;
+            q8_panel_sums(w0, x, NT, isum);
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc + 16 * k)));
 #pragma GCC unroll 4
@@ -540,7 +537,7 @@ COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, u
 COL_T2 void col_rows_int8_panels_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1,
                                       uint32_t ahead)
 {
-    if (j->w.dtype == COL_DTYPE_Q4_0)
+    if (col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0)
         stored_rows(j, qx, r0, r1, ahead, 1);
     else
         stored_rows(j, qx, r0, r1, ahead, 0);

@@ -19,9 +19,18 @@ static inline uint16_t rd16u(const uint8_t *p)
     return (uint16_t)(p[0] | (p[1] << 8));
 }
 
+/* The row dtype whose blocks a quantised dtype holds (q8_0 for q8_0 and q8_0x8, likewise q4_0):
+ * what the activations' quantisation and the product's definition depend on. Others unchanged. */
+static inline uint32_t col_block_kind(uint32_t dtype)
+{
+    return dtype == COL_DTYPE_Q8_0X8 ? COL_DTYPE_Q8_0 : dtype == COL_DTYPE_Q4_0X8 ? COL_DTYPE_Q4_0 : dtype;
+}
+
+/* Quantised weights, in rows or in panels: products against int8 activations. */
 static inline int is_block_dtype(uint32_t dtype)
 {
-    return dtype == COL_DTYPE_Q8_0 || dtype == COL_DTYPE_Q4_0;
+    const uint32_t kind = col_block_kind(dtype);
+    return kind == COL_DTYPE_Q8_0 || kind == COL_DTYPE_Q4_0;
 }
 
 /* ---- kernels_quant.c: int8 blocks ----------------------------------------------------------- */
@@ -54,6 +63,10 @@ uint64_t col_qrow_block_corrections(uint64_t cols);
  * block's 32 products w_q * x_q (q4_0: w_q = nibble - 8), d_w the row's f16 scale widened exactly,
  * d_w * d_x one f32 multiply. */
 float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n);
+/* The same product for row r of a quantised matrix `matrix` of n columns, stored in rows or in
+ * panels (q8_0x8, q4_0x8: the row's blocks gathered from its panel): the same bits as its row in
+ * row order. */
+float col_dotq_stored(const uint8_t *matrix, uint32_t dtype, uint64_t r, const uint8_t *qx, uint64_t n);
 
 /* ---- bf16 dot products (numerics.c's COL_REDUCTION_BF16_DOT) ----------------------------------- */
 

@@ -43,9 +43,9 @@ void col_rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, 
     const col_weight *w = &j->w;
     uint64_t rb = col_dtype_row_bytes(w->dtype, w->cols), qb = col_qrow_bytes(w->cols);
     for (uint64_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + r * rb;
+        const uint8_t *row = (const uint8_t *)w->data + r * rb; /* float rows */
         for (uint32_t t = 0; t < j->n_tokens; t++)
-            j->y[(uint64_t)t * w->rows + r] = qx ? col_dotq_blocks(row, w->dtype, qx + t * qb, w->cols)
+            j->y[(uint64_t)t * w->rows + r] = qx ? col_dotq_stored(w->data, w->dtype, r, qx + t * qb, w->cols)
                                                  : dot_portable(row, w->dtype, j->x + (uint64_t)t * w->cols, w->cols);
     }
 }

@@ -68,24 +68,65 @@ float col_load_elem(const void *data, uint32_t dtype, uint64_t i)
     }
 }
 
-/* Quantised rows (docs/format.md): nb = cols / 32 f16 scales, then the payload. q8_0: one int8
- * per element in element order. q4_0: 16 bytes per block, byte j holding element j (low nibble)
- * and element j + 16 (high nibble), value q - 8. */
-static int32_t weight_q(const uint8_t *payload, uint32_t dtype, uint64_t b, uint32_t j)
+/* Block b of row r of a quantised matrix (docs/format.md), nb blocks a row: where its f16 scale
+ * sits and the stored byte of its element j (q8_0: the int8 itself; q4_0: element j in the low
+ * nibble when j < 16, else element j - 16's byte's high nibble). Rows: a row's nb scales, then
+ * its payload (q8_0 32 bytes a block in element order, q4_0 16). Panels of 8 rows: the panel's
+ * scales block by block (row r % 8's at 2 (r % 8)), then per block each row's 4-byte groups in
+ * the lanes of 32-byte vectors. */
+typedef struct stored_block {
+    const uint8_t *scale;
+    const uint8_t *payload; /* byte 0 of the block in row r: groups of 4 bytes `step` apart */
+    uint64_t step;
+} stored_block;
+
+static stored_block block_at(const uint8_t *m, uint32_t dtype, uint64_t nb, uint64_t r, uint64_t b)
 {
-    if (dtype == COL_DTYPE_Q8_0) return (int8_t)payload[b * QK + j];
-    uint8_t byte = payload[b * 16 + (j & 15u)];
+    const int q4 = col_block_kind(dtype) == COL_DTYPE_Q4_0;
+    const uint64_t pb = q4 ? 16 : QK, rb = nb * (2 + pb);
+    stored_block s;
+    if (is_panel_dtype(dtype)) {
+        const uint8_t *panel = m + r / COL_STORED_PANEL_ROWS * COL_STORED_PANEL_ROWS * rb;
+        const uint64_t lane = r % COL_STORED_PANEL_ROWS;
+        s.scale = panel + 2 * (COL_STORED_PANEL_ROWS * b + lane);
+        s.payload = panel + 2 * COL_STORED_PANEL_ROWS * nb + COL_STORED_PANEL_ROWS * pb * b + 4 * lane;
+        s.step = 4 * COL_STORED_PANEL_ROWS;
+    } else {
+        s.scale = m + r * rb + 2 * b;
+        s.payload = m + r * rb + 2 * nb + pb * b;
+        s.step = 4;
+    }
+    return s;
+}
+
+/* Element j of a block as stored: its quantised value (q4_0: nibble - 8). */
+static int32_t weight_q(const stored_block *s, uint32_t dtype, uint32_t j)
+{
+    const uint32_t k = col_block_kind(dtype) == COL_DTYPE_Q8_0 ? j : j & 15u; /* the stored byte */
+    const uint8_t byte = s->payload[k / 4 * s->step + k % 4];
+    if (col_block_kind(dtype) == COL_DTYPE_Q8_0) return (int8_t)byte;
     return (int32_t)(j < 16 ? byte & 0x0F : byte >> 4) - 8;
+}
+
+void col_load_matrix_range(const void *matrix, uint32_t dtype, uint64_t cols, uint64_t r, uint64_t first,
+                           uint64_t count, float *out)
+{
+    if (!is_block_dtype(dtype)) {
+        col_load_range((const uint8_t *)matrix + r * col_dtype_row_bytes(dtype, cols), dtype, cols, first, count, out);
+        return;
+    }
+    for (uint64_t i = first; i < first + count; i++) {
+        const stored_block s = block_at(matrix, dtype, cols / QK, r, i / QK);
+        out[i - first] = col_f16_to_f32(rd16u(s.scale)) * (float)weight_q(&s, dtype, (uint32_t)(i % QK));
+    }
 }
 
 void col_load_range(const void *row, uint32_t dtype, uint64_t cols, uint64_t first, uint64_t count, float *out)
 {
     if (dtype == COL_DTYPE_F32) {
         memcpy(out, (const float *)row + first, count * sizeof(float));
-    } else if (dtype == COL_DTYPE_Q8_0 || dtype == COL_DTYPE_Q4_0) {
-        const uint8_t *p = row, *payload = p + 2 * (cols / QK);
-        for (uint64_t i = first; i < first + count; i++)
-            out[i - first] = col_f16_to_f32(rd16u(p + 2 * (i / QK))) * (float)weight_q(payload, dtype, i / QK, (uint32_t)(i % QK));
+    } else if (is_block_dtype(dtype)) {
+        col_load_matrix_range(row, dtype, cols, 0, first, count, out);
     } else {
         for (uint64_t i = first; i < first + count; i++) out[i - first] = col_load_elem(row, dtype, i);
     }
@@ -238,6 +279,7 @@ __attribute__((target("avx2"))) static void quantize_row_avx2(const float *x, ui
 
 void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa isa, uint8_t *out)
 {
+    wdtype = col_block_kind(wdtype); /* panels read the activations of their blocks' row dtype */
 #if defined(__x86_64__)
     if (isa == COL_ISA_AVX2) {
         quantize_row_avx2(x, cols, wdtype, out);
@@ -313,22 +355,28 @@ void col_pack_bf16(const float *x, uint64_t n, col_isa isa, uint16_t *out)
     }
 }
 
-/* Exact integer dot product of weight block b with its activation block. */
-static int32_t block_isum(const uint8_t *payload, uint32_t dtype, const int8_t *xq, uint64_t nb, uint64_t b)
+/* Exact integer dot product of a stored weight block (block b) with its activation block. */
+static int32_t block_isum(const stored_block *s, uint32_t dtype, const int8_t *xq, uint64_t nb, uint64_t b)
 {
     int32_t isum = 0;
-    for (uint32_t j = 0; j < QK; j++) isum += weight_q(payload, dtype, b, j) * xq[col_xq_pos(dtype, nb, b, j)];
+    for (uint32_t j = 0; j < QK; j++) isum += weight_q(s, dtype, j) * xq[col_xq_pos(col_block_kind(dtype), nb, b, j)];
     return isum;
 }
 
-float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n)
+float col_dotq_stored(const uint8_t *matrix, uint32_t dtype, uint64_t r, const uint8_t *qx, uint64_t n)
 {
     uint64_t nb = n / QK;
     const float *d = (const float *)(qx + n);
     float acc = 0.0f;
     for (uint64_t b = 0; b < nb; b++) {
-        const float scale = col_f16_to_f32(rd16u(row + 2 * b)) * d[b]; /* one f32 multiply */
-        acc = fmaf((float)block_isum(row + 2 * nb, dtype, (const int8_t *)qx, nb, b), scale, acc);
+        const stored_block s = block_at(matrix, dtype, nb, r, b);
+        const float scale = col_f16_to_f32(rd16u(s.scale)) * d[b]; /* one f32 multiply */
+        acc = fmaf((float)block_isum(&s, dtype, (const int8_t *)qx, nb, b), scale, acc);
     }
     return acc;
+}
+
+float col_dotq_blocks(const uint8_t *row, uint32_t dtype, const uint8_t *qx, uint64_t n)
+{
+    return col_dotq_stored(row, dtype, 0, qx, n);
 }

@@ -415,7 +415,9 @@ COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r
 {
     const next_tile_prefetch none = {NULL, NULL};
     const uint32_t dtype = j->w.dtype;
-    if (is_block_dtype(dtype)) {
+    if (is_panel_dtype(dtype)) {
+        col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q);
+    } else if (is_block_dtype(dtype)) {
         col_rows_int8_avx2(j, qx, r0, r1, ahead.q);
     } else if (j->n_tokens > 1) {
         switch (dtype) {
@@ -565,6 +567,10 @@ COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64
 #undef T
     case COL_DTYPE_Q8_0:
     case COL_DTYPE_Q4_0: col_rows_int8_avx512(j, qx, r0, r1, carry, carry_bytes, ahead); break;
+    /* stored panels: the AVX2 kernel, which reads them as stored (the same bits; not run on the
+     * Zen 3 this was written on, tested where AVX-512 runs) */
+    case COL_DTYPE_Q8_0X8:
+    case COL_DTYPE_Q4_0X8: col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q); break;
     default: break;
     }
 }

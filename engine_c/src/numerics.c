@@ -34,7 +34,7 @@
  */
 #include "numerics.h"
 
-#include "kernels.h"
+#include "kernels_internal.h"
 
 #include <math.h>
 #include <string.h>
@@ -147,8 +147,9 @@ void col_numerics_perturb(const col_numerics *nx, float *logits, uint32_t n, uin
 #define COL_ROW_BUFFER 16384u
 typedef struct row_reader {
     const float *full;    /* the converted row, or NULL */
-    const uint8_t *data;
+    const uint8_t *data;  /* the matrix */
     uint32_t dtype;
+    uint64_t row;         /* of the matrix */
     uint64_t n;
     uint64_t block;       /* index of the cached block, UINT64_MAX for none */
     float buf[32];
@@ -160,7 +161,7 @@ static float row_at(row_reader *r, uint64_t i)
     uint64_t b = i / 32;
     if (b != r->block) {
         uint64_t first = b * 32, count = r->n - first < 32 ? r->n - first : 32;
-        col_load_range(r->data, r->dtype, r->n, first, count, r->buf);
+        col_load_matrix_range(r->data, r->dtype, r->n, r->row, first, count, r->buf);
         r->block = b;
     }
     return r->buf[i % 32];
@@ -230,15 +231,15 @@ static void reference_rows(const col_numerics *nx, const col_matvec_job *j, uint
 {
     row_reader r;
     float row_f32[COL_ROW_BUFFER]; /* 64 KiB of stack: no allocation on the token path */
-    const uint64_t rb = col_dtype_row_bytes(j->w.dtype, j->w.cols);
     for (uint64_t row = r0; row < r1; row++) {
-        r.data = (const uint8_t *)j->w.data + row * rb;
+        r.data = j->w.data;
         r.dtype = j->w.dtype;
+        r.row = row;
         r.n = j->w.cols;
         r.block = UINT64_MAX;
         r.full = NULL;
         if (r.n <= COL_ROW_BUFFER) {
-            col_load_row(r.data, r.dtype, r.n, row_f32);
+            col_load_matrix_range(r.data, r.dtype, r.n, row, 0, r.n, row_f32);
             r.full = row_f32;
         }
         for (uint32_t t = 0; t < j->n_tokens; t++)
@@ -247,7 +248,8 @@ static void reference_rows(const col_numerics *nx, const col_matvec_job *j, uint
 }
 
 /* A variant's products on the pool (col_matmul_walk): the path's vector loops, which give the
- * reference's bits, or the reference itself on the portable path. */
+ * reference's bits, or the reference itself on the portable path and for weights stored in panels
+ * (q8_0x8, q4_0x8: the vector loops read rows as stored in rows). */
 typedef struct variant_walk {
     const col_numerics *nx;
     col_isa isa;
@@ -257,6 +259,10 @@ static void variant_rows(const void *ctx, const col_matvec_job *j, uint64_t r0, 
 {
     const variant_walk *v = ctx;
 #if defined(__x86_64__)
+    if (is_panel_dtype(j->w.dtype)) {
+        reference_rows(v->nx, j, r0, r1);
+        return;
+    }
     if (v->isa >= COL_ISA_AVX512) {
         col_numerics_rows_avx512(v->nx, j, r0, r1);
         return;

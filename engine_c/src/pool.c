@@ -173,10 +173,11 @@ static uint64_t guided_parts(const col_matvec_job *jobs, uint32_t n_jobs)
  * ends on a multiple of it, so that no chunk ends in a short tile, which does less with each
  * weight or token vector it loads (a vector tile of one row loads 4 token vectors per 4
  * multiply-adds instead of 10 per 24; an AMX block of a few rows costs the tile multiplies of 32).
- * Decode tiles take distant rows and need no such edge. */
+ * Decode tiles take distant rows and need no such edge, except that a chunk of weights stored in
+ * panels takes whole panels on every path. */
 static uint64_t batch_tile_rows(const col_pool *pool, const col_matvec_job *j)
 {
-    if (j->n_tokens == 1) return 1;
+    if (j->n_tokens == 1) return is_panel_dtype(j->w.dtype) ? COL_STORED_PANEL_ROWS : 1;
 #if defined(__x86_64__)
     if (dot_job(pool, j)) return pool->has_bf16_dot ? COL_BATCH_ROWS_512 : 1;
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) return col_amx_tile_rows(j->n_tokens, pool->x_bf16);
@@ -184,7 +185,7 @@ static uint64_t batch_tile_rows(const col_pool *pool, const col_matvec_job *j)
     if (pool->isa == COL_ISA_AVX2) return is_block_dtype(j->w.dtype) ? COL_BATCH_ROWS_Q_AVX2 : COL_BATCH_ROWS_AVX2;
 #endif
     (void)pool;
-    return 1;
+    return is_panel_dtype(j->w.dtype) ? COL_STORED_PANEL_ROWS : 1;
 }
 
 /* The first row of job j whose work starts at or after `g` (the batch's work, rows laid end to

@@ -223,12 +223,19 @@ static uint32_t tensor_list(const cfg *c, tspec *t)
     return n;
 }
 
+/* Quantised dtypes (rows and panels alike): blocks of 32 elements, f16 scale + payload. */
+static uint64_t block_size(uint32_t dtype)
+{
+    return dtype == COL_DTYPE_Q8_0 || dtype == COL_DTYPE_Q8_0X8 ? 34 : 18;
+}
+
 static uint64_t tensor_bytes(const tspec *t)
 {
-    uint64_t n = col_dtype_size(t->dtype);
+    const uint32_t es = col_dtype_size(t->dtype);
+    uint64_t n = 1;
     for (uint32_t k = 0; k < t->ndim; k++)
         n *= t->shape[k];
-    return n;
+    return es ? n * es : n / 32 * block_size(t->dtype); /* block dtypes: blocks of 32 along a row */
 }
 
 /* Recompute header_crc32 and tables_crc32 from the (possibly edited) header, as the Python
@@ -252,6 +259,11 @@ static void refresh(image *im)
 
 static void fill_data(uint8_t *p, const tspec *t, uint32_t salt)
 {
+    if (col_dtype_size(t->dtype) == 0) { /* block dtypes: every 16-bit pair a finite f16 (< 0x4000) */
+        for (uint64_t k = 0; k < tensor_bytes(t); k++)
+            p[k] = (uint8_t)(((uint32_t)(k * 2654435761u) ^ salt) & 0x3F);
+        return;
+    }
     uint64_t n = tensor_bytes(t) / col_dtype_size(t->dtype);
     for (uint64_t k = 0; k < n; k++) {
         uint32_t h = (uint32_t)(k * 2654435761u) ^ salt;
@@ -769,7 +781,7 @@ static void test_tensor_entries(void)
 
     im = build_mixtral();
     e = entry(&im, "layers.0.moe_w1");
-    put32(im.d + e + 0x40, 7);
+    put32(im.d + e + 0x40, 9);
     refresh(&im);
     expect("bad dtype", &im, 0, COL_ERR_DTYPE, e + 0x40, "layers.0.moe_w1");
     free(im.d);
@@ -802,6 +814,94 @@ static void test_tensor_entries(void)
     memcpy(im.d + e, "layers.0.attn_q", 15);
     refresh(&im);
     expect("duplicate", &im, 0, COL_ERR_NAME, e, "layers.0.attn_q");
+    free(im.d);
+}
+
+/* ---- Quantised panels (dtypes 7 and 8) ------------------------------------------------------- */
+
+/* Every matrix in panels: H = 32, Q = 32 (2 heads of 16), KV = 16, V = 16, I = 32, so each has
+ * rows % 8 == 0 and columns % 32 == 0. */
+static cfg panels_cfg(uint32_t dtype)
+{
+    cfg c = mixtral_cfg();
+    c.d_model = 32;
+    c.head_dim = 16;
+    c.d_ff_expert = 32;
+    c.dtype = dtype;
+    return c;
+}
+
+static void test_panels_valid(void)
+{
+    for (uint32_t dt = COL_DTYPE_Q8_0X8; dt <= COL_DTYPE_Q4_0X8; dt++) {
+        cfg c = panels_cfg(dt);
+        image im = build(&c);
+        expect("panels", &im, COL_CHECK_CHECKSUMS | COL_CHECK_NONFINITE, COL_OK, 0, "");
+        col_model *m = NULL;
+        col_problem p;
+        char path[] = "/tmp/test_format_panelsXXXXXX";
+        int fd = mkstemp(path);
+        CHECK(fd >= 0 && write(fd, im.d, im.size) == (ssize_t)im.size);
+        close(fd);
+        CHECK(col_model_open(path, &m, &p) == COL_OK && m != NULL);
+        col_model_close(m);
+        unlink(path);
+        free(im.d);
+    }
+}
+
+static void test_panels_problems(void)
+{
+    /* rows not a multiple of 8: a vocabulary of 12 gives token_embd [12, 32] */
+    cfg c = panels_cfg(COL_DTYPE_Q8_0X8);
+    c.vocab = 12;
+    image im = build(&c);
+    expect("panel rows", &im, 0, COL_ERR_SHAPE, entry(&im, "token_embd") + 0x48, "token_embd");
+    free(im.d);
+
+    /* a stack's rows are its second dimension: experts' w2 [4, 32, 32] told it has 36 rows */
+    c = panels_cfg(COL_DTYPE_Q4_0X8);
+    im = build(&c);
+    uint64_t e = entry(&im, "layers.0.moe_w2");
+    put64(im.d + e + 0x50, 36);
+    refresh(&im);
+    expect("panel stack rows", &im, 0, COL_ERR_SHAPE, e + 0x50, "layers.0.moe_w2");
+    free(im.d);
+
+    /* a vector in a panel dtype: attn_norm [32] as q8_0x8 (34 bytes) */
+    im = build(&c);
+    e = entry(&im, "layers.0.attn_norm");
+    put32(im.d + e + 0x40, COL_DTYPE_Q8_0X8);
+    put64(im.d + e + 0x70, 34);
+    refresh(&im);
+    expect("panel vector", &im, 0, COL_ERR_SHAPE, e + 0x44, "layers.0.attn_norm");
+    free(im.d);
+
+    /* nbytes are the row dtype's: attn_q [32, 32] q4_0x8 is 32 * 18 bytes, not one panel less */
+    im = build(&c);
+    e = entry(&im, "layers.0.attn_q");
+    put64(im.d + e + 0x70, 24 * 18);
+    refresh(&im);
+    expect("panel nbytes", &im, 0, COL_ERR_SIZE_MISMATCH, e + 0x70, "layers.0.attn_q");
+    free(im.d);
+
+    /* a non-finite scale is found where the panel keeps it: attn_q [32, 32] q8_0x8 (one block a
+     * row, 34-byte rows), row 11 = panel 1 (at 8 * 34), lane 3 (scale at 2 * 3); row 11's bytes in
+     * row order (11 * 34) hold a payload byte of panel 1 instead, which must not be read as one */
+    c = panels_cfg(COL_DTYPE_Q8_0X8);
+    im = build(&c);
+    e = entry(&im, "layers.0.attn_q");
+    const uint64_t off = get64(im.d + e + 0x68), at = off + 8 * 34 + 2 * 3;
+    im.d[at] = 0x00, im.d[at + 1] = 0x7C; /* f16 +Inf */
+    im.d[off + 11 * 34] = 0x00, im.d[off + 11 * 34 + 1] = 0x7C; /* an int8 payload pair: not a scale */
+    put32(im.d + e + 0x78, col_crc32(0, im.d + off, (size_t)get64(im.d + e + 0x70)));
+    refresh(&im);
+    expect("panel nan off", &im, COL_CHECK_CHECKSUMS, COL_OK, 0, "");
+    expect("panel nan", &im, COL_CHECK_NONFINITE, COL_ERR_NONFINITE, at, "layers.0.attn_q");
+    col_problem p[4];
+    uint32_t n = 0;
+    col_validate_buffer(im.d, im.size, COL_CHECK_NONFINITE, p, 4, &n);
+    CHECK(n == 1 && strstr(p[0].message, "1 NaN/Inf values, first at the scale of row 11, block 0") != NULL);
     free(im.d);
 }
 
@@ -1442,6 +1542,8 @@ static void test_misc(void)
     CHECK(col_status_name(-1) != NULL && col_status_name(1000) != NULL);
     CHECK(col_dtype_size(COL_DTYPE_F32) == 4 && col_dtype_size(COL_DTYPE_BF16) == 2 &&
           col_dtype_size(3) == 0);
+    CHECK(col_dtype_row_bytes(COL_DTYPE_Q8_0X8, 64) == 68 && col_dtype_row_bytes(COL_DTYPE_Q4_0X8, 64) == 36 &&
+          col_dtype_row_bytes(COL_DTYPE_Q4_0X8, 48) == 0 && col_dtype_size(COL_DTYPE_Q8_0X8) == 0);
 }
 
 int main(void)
@@ -1457,6 +1559,8 @@ int main(void)
     test_sections();
     test_tensor_entries();
     test_architecture();
+    test_panels_valid();
+    test_panels_problems();
     test_many_tensors();
     test_header_fields();
     test_v2_valid();

@@ -117,15 +117,18 @@ static float *activations(uint32_t nt, uint64_t cols, bool extreme)
 
 /* ---- the AVX2 path ------------------------------------------------------------------------ */
 
+#define N_STORED_POOLS 5 /* AVX2 on 1, 2 and 3 threads, portable on 2, the CPU's best path on 2 */
+
 typedef struct run {
     col_pool *pool;
     void *scratch;
 } run;
 
-static run avx2_pool(uint32_t threads, uint32_t max_tokens, uint64_t max_cols)
+/* A pool on path `kernels` (COLIBRI_KERNELS; NULL: the best this CPU has). */
+static run pool_on(const char *kernels, uint32_t threads, uint32_t max_tokens, uint64_t max_cols)
 {
     run r = {NULL, NULL};
-    setenv("COLIBRI_KERNELS", "avx2", 1);
+    if (kernels) setenv("COLIBRI_KERNELS", kernels, 1);
     col_allocator alloc;
     col_allocator_or_default(NULL, &alloc);
     col_pool_limits limits = {1, max_tokens * max_cols, max_tokens, max_cols};
@@ -135,6 +138,11 @@ static run avx2_pool(uint32_t threads, uint32_t max_tokens, uint64_t max_cols)
     r.pool = col_pool_create(isa, threads, r.scratch, bytes, &limits, &alloc);
     unsetenv("COLIBRI_KERNELS");
     return r;
+}
+
+static run avx2_pool(uint32_t threads, uint32_t max_tokens, uint64_t max_cols)
+{
+    return pool_on("avx2", threads, max_tokens, max_cols);
 }
 
 /* Equal bits, or both NaN. */
@@ -147,26 +155,13 @@ typedef struct tally {
     int checked, off_definition, off_portable, off_avx2, off_step, nonfinite;
 } tally;
 
-/* One shape on pools of 1, 2 and 3 threads: every output against the definition and the portable
- * reference, and each token of the batch against that token alone. */
-static void check_shape(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t)
+/* The product of weights wt and nt tokens x through pools[0 .. n_pools) against want, and on
+ * pools[1] each token of a batch stepped alone against its output in the batch. */
+static void check_pools(run *pools, int n_pools, col_weight wt, const float *x, uint32_t nt, const float *want, tally *t)
 {
-    uint8_t *w = weights(rows, cols, dtype, extreme);
-    float *x = activations(nt, cols, extreme);
-    float *want = malloc(nt * rows * sizeof *want), *y = malloc(nt * rows * sizeof *y), *ystep = malloc(rows * sizeof *ystep);
-    uint8_t *qx = malloc(col_qrow_bytes(cols));
-    const uint64_t rb = col_dtype_row_bytes(dtype, cols);
-    for (uint32_t k = 0; k < nt; k++) {
-        col_quantize_row(x + k * cols, cols, dtype, COL_ISA_PORTABLE, qx);
-        for (uint64_t r = 0; r < rows; r++) {
-            const float def = definition(w + r * rb, dtype, x + k * cols, cols);
-            want[k * rows + r] = def;
-            t->off_definition += !same(col_dotq_blocks(w + r * rb, dtype, qx, cols), def);
-            t->nonfinite += !isfinite(def);
-        }
-    }
-    const col_weight wt = {w, dtype, rows, cols, 0};
-    for (int p = 0; p < 3; p++) {
+    const uint64_t rows = wt.rows, cols = wt.cols;
+    float *y = malloc(nt * rows * sizeof *y), *ystep = malloc(rows * sizeof *ystep);
+    for (int p = 0; p < n_pools; p++) {
         memset(y, 0xFF, nt * rows * sizeof *y);
         col_matvec_job job = {wt, x, y, nt, NULL};
         col_matmul_many(pools[p].pool, &job, 1);
@@ -179,7 +174,30 @@ static void check_shape(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols
             for (uint64_t r = 0; r < rows; r++) t->off_step += !same(ystep[r], y[k * rows + r]);
         }
     }
-    free(w), free(x), free(want), free(y), free(ystep), free(qx);
+    free(y), free(ystep);
+}
+
+/* One shape on pools of 1, 2 and 3 threads: every output against the definition and the portable
+ * reference, and each token of the batch against that token alone. */
+static void check_shape(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t)
+{
+    uint8_t *w = weights(rows, cols, dtype, extreme);
+    float *x = activations(nt, cols, extreme);
+    float *want = malloc(nt * rows * sizeof *want);
+    uint8_t *qx = malloc(col_qrow_bytes(cols));
+    const uint64_t rb = col_dtype_row_bytes(dtype, cols);
+    for (uint32_t k = 0; k < nt; k++) {
+        col_quantize_row(x + k * cols, cols, dtype, COL_ISA_PORTABLE, qx);
+        for (uint64_t r = 0; r < rows; r++) {
+            const float def = definition(w + r * rb, dtype, x + k * cols, cols);
+            want[k * rows + r] = def;
+            t->off_definition += !same(col_dotq_blocks(w + r * rb, dtype, qx, cols), def);
+            t->nonfinite += !isfinite(def);
+        }
+    }
+    const col_weight wt = {w, dtype, rows, cols, 0};
+    check_pools(pools, 3, wt, x, nt, want, t);
+    free(w), free(x), free(want), free(qx);
 }
 
 static void report(const char *what, const tally *t)
@@ -267,48 +285,55 @@ static uint8_t *as_panels(const uint8_t *w, uint64_t rows, uint64_t cols, uint32
     return out;
 }
 
-/* One shape from panels against the definition: the whole matrix at once and in two shares.
- * Rows of more than 128 blocks take two k-blocks (the outputs carried between them). */
+/* One shape from panels (dtype q8_0x8 / q4_0x8) against the definition of its rows: the portable
+ * reference row by row, the AVX2 kernel on the whole matrix at once and in two shares, and the
+ * product through every pool, each token of a batch also stepped alone. Rows of more than 128
+ * blocks take two k-blocks (the outputs carried between them). */
 static void check_stored(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t)
 {
-    (void)pools; /* the kernel itself, by shares as a pool would cut them */
+    const uint32_t panels = dtype == COL_DTYPE_Q8_0 ? COL_DTYPE_Q8_0X8 : COL_DTYPE_Q4_0X8;
     uint8_t *w = weights(rows, cols, dtype, extreme), *wp = as_panels(w, rows, cols, dtype);
     float *x = activations(nt, cols, extreme);
-    float *y = malloc(nt * rows * sizeof *y);
+    float *want = malloc(nt * rows * sizeof *want), *y = malloc(nt * rows * sizeof *y);
     const uint64_t qb = col_qrow_bytes(cols), rb = col_dtype_row_bytes(dtype, cols);
     uint8_t *qx = malloc(nt * qb);
-    for (uint32_t k = 0; k < nt; k++) col_quantize_row(x + k * cols, cols, dtype, COL_ISA_AVX2, qx + k * qb);
-    const col_matvec_job job = {{wp, dtype, rows, cols, 0}, x, y, nt, NULL};
-    for (int split = 0; split < 2; split++) {
+    for (uint32_t k = 0; k < nt; k++) {
+        col_quantize_row(x + k * cols, cols, panels, COL_ISA_AVX2, qx + k * qb);
+        for (uint64_t r = 0; r < rows; r++) {
+            const float def = definition(w + r * rb, dtype, x + k * cols, cols);
+            want[k * rows + r] = def;
+            t->off_definition += !same(col_dotq_stored(wp, panels, r, qx + k * qb, cols), def);
+            t->nonfinite += !isfinite(def);
+        }
+    }
+    const col_weight wt = {wp, panels, rows, cols, 0};
+    const col_matvec_job job = {wt, x, y, nt, NULL};
+    for (int split = 0; split < 2; split++) { /* the kernel itself, by shares as a pool would cut them */
         memset(y, 0xFF, nt * rows * sizeof *y);
         const uint64_t mid = split ? rows / 16 * 8 : rows;
         col_rows_int8_panels_avx2(&job, qx, 0, mid, 256);
         if (mid < rows) col_rows_int8_panels_avx2(&job, qx, mid, rows, 256);
-        for (uint32_t k = 0; k < nt; k++)
-            for (uint64_t r = 0; r < rows; r++) {
-                const float def = definition(w + r * rb, dtype, x + k * cols, cols);
-                t->off_avx2 += !same(y[k * rows + r], def);
-                t->nonfinite += !isfinite(def);
-                t->checked++;
-            }
+        for (uint64_t i = 0; i < nt * rows; i++) t->off_avx2 += !same(y[i], want[i]);
+        t->checked += (int)(nt * rows);
     }
-    free(w), free(wp), free(x), free(y), free(qx);
+    if (pools) check_pools(pools, N_STORED_POOLS, wt, x, nt, want, t);
+    free(w), free(wp), free(x), free(want), free(y), free(qx);
 }
 
-static void test_stored_panels(void)
+static void test_stored_panels(run *pools)
 {
     static const uint64_t cols_list[] = {32, 64, 96, 224, 1056, 2080};
     static const uint64_t rows_list[] = {8, 16, 24, 40, 72};
     static const uint32_t tokens_list[] = {1, 2, 3, 4, 5, 9};
     for (size_t d = 0; d < 2; d++) {
         tally t = {0};
-        over_shapes(NULL, dtypes[d], cols_list, COUNT(cols_list), rows_list, COUNT(rows_list), tokens_list,
+        over_shapes(pools, dtypes[d], cols_list, COUNT(cols_list), rows_list, COUNT(rows_list), tokens_list,
                     COUNT(tokens_list), check_stored, &t);
-        for (uint32_t nt = 1; nt <= 40; nt++) check_stored(NULL, dtypes[d], 24, 1568, nt, false, &t);
+        for (uint32_t nt = 1; nt <= 40; nt++) check_stored(pools, dtypes[d], 24, 1568, nt, false, &t);
         for (uint32_t nt = 1; nt <= 9; nt += 4) check_stored(NULL, dtypes[d], 16, 4384, nt, false, &t); /* two k-blocks */
         int nonfinite = t.nonfinite;
         for (int rep = 0; rep < 4; rep++)
-            for (uint32_t nt = 1; nt <= 7; nt += 3) check_stored(NULL, dtypes[d], 40, 544, nt, true, &t);
+            for (uint32_t nt = 1; nt <= 7; nt += 3) check_stored(pools, dtypes[d], 40, 544, nt, true, &t);
         report(dtypes[d] == COL_DTYPE_Q8_0 ? "q8_0 stored panels" : "q4_0 stored panels", &t);
         CHECK(t.nonfinite > nonfinite); /* the special scales did reach outputs */
     }
@@ -346,20 +371,21 @@ int main(void)
         fprintf(stderr, "no AVX2 here: nothing to test\n");
         return TEST_REPORT();
     }
-    run pools[3] = {avx2_pool(1, 40, 1568), avx2_pool(2, 40, 1568), avx2_pool(3, 40, 1568)};
-    for (int p = 0; p < 3; p++) {
+    run pools[N_STORED_POOLS] = {avx2_pool(1, 40, 1568), avx2_pool(2, 40, 1568), avx2_pool(3, 40, 1568),
+                                 pool_on("portable", 2, 40, 1568), pool_on(NULL, 2, 40, 1568)};
+    for (int p = 0; p < N_STORED_POOLS; p++) {
         CHECK(pools[p].pool != NULL);
         if (!pools[p].pool) return TEST_REPORT();
-        CHECK(col_pool_isa(pools[p].pool) == COL_ISA_AVX2);
+        CHECK(col_pool_isa(pools[p].pool) == (p == 3 ? COL_ISA_PORTABLE : p < 3 ? COL_ISA_AVX2 : col_choose_isa(COL_ISA_AMX)));
     }
     test_quantized_rows();
     test_shapes(pools);
     test_token_counts(pools);
     test_extremes(pools);
 #if defined(__x86_64__)
-    test_stored_panels();
+    test_stored_panels(pools);
 #endif
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < N_STORED_POOLS; p++) {
         col_pool_free(pools[p].pool);
         free(pools[p].scratch);
     }

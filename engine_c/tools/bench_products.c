@@ -33,7 +33,7 @@ static int parse_dtype(const char *s, uint32_t *dtype)
 {
     static const struct { const char *name; uint32_t dtype; } names[] = {
         {"f32", COL_DTYPE_F32}, {"f16", COL_DTYPE_F16}, {"bf16", COL_DTYPE_BF16},
-        {"q8_0", COL_DTYPE_Q8_0}, {"q4_0", COL_DTYPE_Q4_0}};
+        {"q8_0", COL_DTYPE_Q8_0}, {"q4_0", COL_DTYPE_Q4_0}, {"q8_0x8", COL_DTYPE_Q8_0X8}, {"q4_0x8", COL_DTYPE_Q4_0X8}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(s, names[i].name) == 0) {
             *dtype = names[i].dtype;
@@ -53,8 +53,15 @@ static int parse_isa(const char *s, col_isa *isa)
     return 0;
 }
 
-/* One row of `cols` random weights in `dtype`. Quantised rows: scales of 1/64 (so products stay
- * finite), then random payload bytes. */
+#define QUANT_SCALE 0x2400 /* 1/64 in f16: quantised products stay finite */
+
+static int is_panels(uint32_t dtype)
+{
+    return dtype == COL_DTYPE_Q8_0X8 || dtype == COL_DTYPE_Q4_0X8;
+}
+
+/* One row of `cols` random weights in `dtype`. Quantised rows: scales of 1/64, then random payload
+ * bytes (panels: random bytes, their scales set by fill_panel_scales). */
 static void fill_row(uint8_t *row, uint32_t dtype, uint64_t cols, uint64_t *state)
 {
     if (dtype == COL_DTYPE_F32) {
@@ -72,13 +79,22 @@ static void fill_row(uint8_t *row, uint32_t dtype, uint64_t cols, uint64_t *stat
         }
     } else {
         const uint64_t nb = cols / 32, payload = col_dtype_row_bytes(dtype, cols) - 2 * nb;
-        const uint16_t scale = 0x2400; /* 1/64 in f16 */
+        const uint16_t scale = QUANT_SCALE;
         for (uint64_t b = 0; b < nb; b++) memcpy(row + 2 * b, &scale, 2);
         for (uint64_t i = 0; i < payload; i++) {
             noise(state);
             row[2 * nb + i] = (uint8_t)(*state >> 33);
         }
     }
+}
+
+/* The scales of a matrix stored in 8-row panels: each panel's first 8 * nb f16 (docs/format.md). */
+static void fill_panel_scales(uint8_t *matrix, uint32_t dtype, uint64_t rows, uint64_t cols)
+{
+    const uint16_t scale = QUANT_SCALE;
+    const uint64_t panel = 8 * col_dtype_row_bytes(dtype, cols);
+    for (uint64_t p = 0; p < rows / 8; p++)
+        for (uint64_t k = 0; k < 8 * (cols / 32); k++) memcpy(matrix + p * panel + 2 * k, &scale, 2);
 }
 
 /* A reduction variant's spec (seq, pairwise, blockedL, dot-bf16; +fma; +splitS) into nx; 0 if it
@@ -196,7 +212,8 @@ static int usage(void)
     fputs("usage: bench_products DTYPE ROWS COLS TOKENS [--threads T] [--megabytes M] [--repeats R]\n"
           "                      [--kernels portable|avx2|avx512|amx] [--numerics SPEC]\n"
           "       bench_products --ceilings\n"
-          "  DTYPE: f32 f16 bf16 q8_0 q4_0 (q8_0/q4_0: COLS a multiple of 32)\n",
+          "  DTYPE: f32 f16 bf16 q8_0 q4_0 q8_0x8 q4_0x8 (quantised: COLS a multiple of 32; the\n"
+          "         panels q8_0x8/q4_0x8: ROWS a multiple of 8)\n",
           stderr);
     return 2;
 }
@@ -217,7 +234,8 @@ int main(int argc, char **argv)
     if (!parse_dtype(argv[1], &dtype) || rows == 0 || cols == 0 || tokens == 0 || tokens > 65536 ||
         rows > (1u << 24) || cols > (1u << 24))
         return usage();
-    if ((dtype == COL_DTYPE_Q8_0 || dtype == COL_DTYPE_Q4_0) && cols % 32 != 0) return usage();
+    if (col_dtype_size(dtype) == 0 && cols % 32 != 0) return usage();
+    if (is_panels(dtype) && rows % 8 != 0) return usage();
     for (int i = 5; i < argc; i += 2) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return usage();
@@ -251,6 +269,7 @@ int main(int argc, char **argv)
     }
     uint64_t state = 42;
     for (uint64_t r = 0; r < rows; r++) fill_row(weights + r * row_bytes, dtype, cols, &state);
+    if (is_panels(dtype)) fill_panel_scales(weights, dtype, rows, cols);
     for (uint64_t c = 1; c < copies; c++) memcpy(weights + c * matrix_stride, weights, matrix);
     for (uint64_t i = 0; i < tokens * cols; i++) x[i] = noise(&state);
 

@@ -1,0 +1,87 @@
+"""Quantised weights stored in 8-row panels (dtypes 7 q8_0x8 and 8 q4_0x8): a panel copy of a
+row file holds the same blocks, so the engine must compute exactly what it computes from the rows:
+the same logits and routing bit for bit, in prefill and decode, on 1 and 2 threads, for experts
+only and for every quantised matrix (attention, embeddings and the LM head too), and under a
+numerics variant; its values read through the binding are the rows' values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri.engine import Model, Session
+from quant_models import make_model
+
+TOKENS = [int(t) for t in np.random.default_rng(7).integers(0, 256, size=12)]
+
+
+def _files(tmp_path: Path, quant: str, which: str) -> tuple[Path, Path]:
+    rows = make_model(tmp_path, "mixtral", "f32", quant, which)
+    panels = make_model(tmp_path, "mixtral", "f32", quant, which, layout="panels")
+    return rows, panels
+
+
+def _prefill(path: Path, threads: int, numerics: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    with Model.open(path) as m:
+        s = Session(m, threads=threads, max_context=64, numerics=numerics)
+        logits = s.prefill(TOKENS)
+        return logits, s.trace.expert_ids.copy()
+
+
+def _stepped(path: Path, threads: int) -> np.ndarray:
+    with Model.open(path) as m:
+        s = Session(m, threads=threads, max_context=64)
+        return np.stack([s.step(t) for t in TOKENS])
+
+
+@pytest.mark.parametrize("which", ["experts", "all"])
+@pytest.mark.parametrize("quant", ["q8", "q4"])
+def test_panel_file_stores_panel_dtypes(tmp_path: Path, quant: str, which: str) -> None:
+    _, panels = _files(tmp_path, quant, which)
+    with Model.open(panels) as m:
+        dtypes = {t.name: t.dtype for t in m.tensors}
+    assert dtypes["layers.0.moe_w1"] == f"{quant}_0x8"
+    assert dtypes["output"] == (f"{quant}_0x8" if which == "all" else "f32")
+
+
+@pytest.mark.parametrize("which", ["experts", "all"])
+@pytest.mark.parametrize("quant", ["q8", "q4"])
+def test_panel_values_read_through_the_binding_are_the_rows_values(tmp_path: Path, quant: str,
+                                                                   which: str) -> None:
+    rows, panels = _files(tmp_path, quant, which)
+    with Model.open(rows) as a, Model.open(panels) as b:
+        for t in a.tensors:
+            assert np.array_equal(a.tensor_f32(t.name), b.tensor_f32(t.name)), t.name
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("which", ["experts", "all"])
+@pytest.mark.parametrize("quant", ["q8", "q4"])
+def test_panel_prefill_is_bit_identical_to_rows(tmp_path: Path, quant: str, which: str,
+                                                threads: int) -> None:
+    rows, panels = _files(tmp_path, quant, which)
+    (la, ra), (lb, rb) = _prefill(rows, threads), _prefill(panels, threads)
+    assert np.array_equal(la, lb)
+    assert np.array_equal(ra, rb)
+
+
+@pytest.mark.parametrize("which", ["experts", "all"])
+@pytest.mark.parametrize("quant", ["q8", "q4"])
+def test_panel_decode_is_bit_identical_to_rows_and_to_prefill(tmp_path: Path, quant: str,
+                                                              which: str) -> None:
+    rows, panels = _files(tmp_path, quant, which)
+    stepped = _stepped(panels, threads=2)
+    assert np.array_equal(stepped, _stepped(rows, threads=2))
+    assert np.array_equal(stepped, _prefill(panels, threads=1)[0])
+
+
+@pytest.mark.parametrize("quant", ["q8", "q4"])
+def test_panel_numerics_variant_is_bit_identical_to_rows(tmp_path: Path, quant: str) -> None:
+    rows, panels = _files(tmp_path, quant, "all")
+    for threads in (1, 2):
+        (la, ra), (lb, rb) = (_prefill(rows, threads, "blocked8+fma+split2"),
+                              _prefill(panels, threads, "blocked8+fma+split2"))
+        assert np.array_equal(la, lb)
+        assert np.array_equal(ra, rb)
