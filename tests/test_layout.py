@@ -163,13 +163,13 @@ def test_diff_tolerance_of_panels_is_that_of_their_rows() -> None:
 def test_stats_of_a_panel_copy_are_the_row_files(tmp_path: Path, quant: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Statistics, histogram, heatmap and the expert comparison read panel tensors as the rows
-    they hold: equal on a row file and its panel copy, also in chunks of one panel."""
+    they hold: equal on a row file and its panel copy; in chunks of one panel too (to rounding:
+    the chunks' moments merge in another order)."""
     from colibri.inspection import stats as S
 
     rows = make_model(tmp_path, quant=quant, which="all")
     panels = tmp_path / "panels.colibri"
     relayout(rows, panels, "panels")
-    monkeypatch.setattr(S, "CHUNK_ELEMENTS", 1)
     with Model.open(rows) as a, Model.open(panels) as b:
         assert b.tensor_info("layers.0.moe_w1").dtype == ff.QUANT_NAMES[ff.PANEL_OF[
             ff.QUANT_BY_NAME[quant]]]
@@ -178,4 +178,14 @@ def test_stats_of_a_panel_copy_are_the_row_files(tmp_path: Path, quant: str,
             y = S.analyse_tensor(b, name, expert, max_cells=16)
             assert x.stats == y.stats and np.array_equal(x.histogram.counts, y.histogram.counts)
             assert np.array_equal(x.heatmap.cells, y.heatmap.cells)
+            monkeypatch.setattr(S, "CHUNK_ELEMENTS", 1)
+            z = S.analyse_tensor(b, name, expert, max_cells=16)
+            monkeypatch.undo()
+            for field in ("count", "finite_count", "nan_count", "zero_count", "min", "max"):
+                assert getattr(z.stats, field) == getattr(x.stats, field), field
+            for field in ("mean", "std", "norm"):
+                assert getattr(z.stats, field) == pytest.approx(getattr(x.stats, field),
+                                                                rel=1e-12), field
+            assert np.array_equal(z.histogram.counts, x.histogram.counts)
+            np.testing.assert_allclose(z.heatmap.cells, x.heatmap.cells, rtol=1e-12)
         assert S.compare_experts(a, 1).table() == S.compare_experts(b, 1).table()
