@@ -96,6 +96,7 @@ def test_a_panel_tensor_shows_its_dtype_and_the_values_of_its_rows(values, qtbot
     shows the values of the rows its panels hold: those of the row file it was laid out from."""
     from quant_models import make_model
 
+    from colibri.inspection.hexsource import regions_for
     from colibri.inspection.tensors import rows_for
     from colibri.relayout import relayout
 
@@ -103,7 +104,10 @@ def test_a_panel_tensor_shows_its_dtype_and_the_values_of_its_rows(values, qtbot
     relayout(rows, tmp_path / "panels.colibri", "panels")
     model = Model.open(tmp_path / "panels.colibri")
     shown = {r.label: r.dtype for r in rows_for(model) if r.label == "layers.0.moe_w1"}
-    assert shown == {"layers.0.moe_w1": "q8_0x8"}
+    assert shown == {"layers.0.moe_w1": "q8_0x8"}          # the tensor table's row
+    hex_label = next(r.label for r in regions_for(model) if r.kind == "tensor"
+                     and r.start == model.tensor_info("layers.0.moe_w1").offset)
+    assert hex_label == "layers.0.moe_w1 q8_0x8 [8x96x128]"  # the hexdump's region
     values.set_model(model)
     with qtbot.waitSignal(values.sig_tensor_shown, timeout=TIMEOUT_MS):
         values.show_tensor("layers.0.moe_w1", expert=3)
