@@ -304,11 +304,11 @@ class FakeConversionError(Exception):
 
 def fake_converter(fail: bool, warnings: tuple[str, ...] = ()) -> types.ModuleType:
     module = types.ModuleType("colibri.convert")
-    calls: list[tuple[str, str, str]] = []
+    calls: list[tuple[str, str, str, str]] = []
 
-    def convert(hf_dir: str, out_path: str, dtype: str = "f32",
-                progress: object = None) -> list[str]:
-        calls.append((str(hf_dir), str(out_path), dtype))
+    def convert(hf_dir: str, out_path: str, dtype: str = "f32", progress: object = None,
+                layout: str = "panels") -> list[str]:
+        calls.append((str(hf_dir), str(out_path), dtype, layout))
         if fail:
             raise FakeConversionError("config.json: unsupported model_type 'llama'")
         return list(warnings)
@@ -330,7 +330,10 @@ def test_convert_passes_arguments(capsys: Capture, monkeypatch: pytest.MonkeyPat
     module = fake_converter(fail=False)
     install(monkeypatch, module)
     code, _, _ = run_cli(capsys, "convert", "hf", "out.colibri", "--dtype", "bf16")
-    assert (code, module.calls) == (0, [("hf", "out.colibri", "bf16")])  # type: ignore[attr-defined]
+    code2, _, _ = run_cli(capsys, "convert", "hf", "out.colibri", "--layout", "rows")
+    assert (code, code2) == (0, 0)
+    assert module.calls == [("hf", "out.colibri", "bf16", "panels"),  # type: ignore[attr-defined]
+                            ("hf", "out.colibri", "f32", "rows")]
 
 
 def test_convert_prints_the_converters_warnings(capsys: Capture,

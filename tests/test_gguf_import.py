@@ -184,15 +184,17 @@ def gguf_name(name: str, source: GGUFFile, hp: Any) -> tuple[str, slice]:
 def test_quantised_imports_keep_llama_cpps_blocks(family: str, qtype: str,
                                                   imported: Any) -> None:
     """Every Q8_0/Q4_0 tensor is repacked, not requantised: its values are exactly the gguf
-    package's dequantisation of llama.cpp's blocks, and its bytes are llama.cpp's reference
-    quantiser (the gguf package's) on the same f32 weights, rearranged scales-first. Colibri's
-    own quantiser gives the same bytes (docs/format.md: llama.cpp's arithmetic)."""
+    package's dequantisation of llama.cpp's blocks, and its rows (those its panels hold, for the
+    tensors the default layout puts in panels) are llama.cpp's reference quantiser (the gguf
+    package's) on the same f32 weights, rearranged scales-first. Colibri's own quantiser gives
+    the same bytes (docs/format.md: llama.cpp's arithmetic)."""
     source = GGUFFile.open(str(FIXTURES / f"{family}-{qtype}.gguf"))
+    code = fileformat.QUANT_BY_NAME[qtype]
     with colibri.Model.open(imported(family, qtype)) as m, \
             colibri.Model.open(imported(family, "f32")) as full:
         repacked = 0
         for t in m.tensors:
-            if t.dtype != qtype:
+            if fileformat.rows_dtype_name(t.dtype) != qtype:
                 continue
             repacked += 1
             name, rows = gguf_name(t.name, source, m.hparams)
@@ -206,10 +208,13 @@ def test_quantised_imports_keep_llama_cpps_blocks(family: str, qtype: str,
             llama = gguf.quants.quantize(weights.reshape(-1, t.shape[-1]),
                                          gguf.GGMLQuantizationType[qtype.upper()])
             got = np.asarray(m.tensor(t.name))
+            if t.dtype != qtype:  # panels: the rows they hold
+                got = fileformat.from_panels(got, code, t.shape[-1]).reshape(
+                    *t.shape[:-1], fileformat.row_bytes(code, t.shape[-1]))
             np.testing.assert_array_equal(
                 repack_blocks(llama, 34 if qtype == "q8_0" else 18).reshape(got.shape), got,
                 err_msg=t.name)
-            own = fileformat.quantize(weights, fileformat.QUANT_BY_NAME[qtype])
+            own = fileformat.quantize(weights, code)
             np.testing.assert_array_equal(own, got, err_msg=t.name)
         assert repacked >= 3 * m.hparams.n_layers  # at least every expert tensor
 
@@ -370,7 +375,7 @@ def test_an_older_deepseek_file_with_attn_kv_b_is_split_per_head(qtype: str, imp
                   "deepseek2.attention.value_length_mla": None,
                   "deepseek2.attention.key_length": (nope + rope, u32),
                   "deepseek2.attention.value_length": (vd, u32)})
-    notes = convert_gguf(tmp_path / "old.gguf", tmp_path / "old.colibri")
+    notes = convert_gguf(tmp_path / "old.gguf", tmp_path / "old.colibri", layout="rows")
     with colibri.Model.open(tmp_path / "old.colibri") as old, \
             colibri.Model.open(imported("deepseek_v3", "f32")) as new:
         assert old.hparams == new.hparams

@@ -298,7 +298,7 @@ def test_converter_quantize_experts_only(tmp_path: Path) -> None:
     hf = hr.save(hr.build(variant), tmp_path / "hf")
     cfg_ok = all(n % 32 == 0 for n in (variant.config["hidden_size"],))
     out = tmp_path / "q8.colibri"
-    convert(hf, out, "bf16", quantize="q8")
+    convert(hf, out, "bf16", quantize="q8", layout="rows")  # the recipe; test_layout: panels
     with Model.open(out) as m:
         dtypes = {t.name.rsplit(".", 1)[-1]: t.dtype for t in m.tensors}
         assert dtypes["moe_gate"] == "f32" and dtypes["attn_q"] == "bf16"
@@ -323,7 +323,7 @@ def test_converter_llama_cpp_recipe(tmp_path: Path, experts: int, tied: bool) ->
         base.config, num_local_experts=experts, tie_word_embeddings=tied))
     hf = hr.save(hr.build(variant), tmp_path / "hf")
     out = tmp_path / "q4.colibri"
-    convert(hf, out, "bf16", quantize="q4", quantize_tensors="llama.cpp")
+    convert(hf, out, "bf16", quantize="q4", quantize_tensors="llama.cpp", layout="rows")
     kv = "q8_0" if experts == 8 else "q4_0"
     expected = {"token_embd": "q8_0" if tied else "q4_0", "output": "q8_0", "moe_gate": "f32",
                 "attn_q": "q4_0", "attn_k": kv, "attn_v": kv, "attn_o": "q4_0",
@@ -338,7 +338,7 @@ def test_converter_llama_cpp_recipe(tmp_path: Path, experts: int, tied: bool) ->
 def test_requantised_copy_matches_the_converters_blocks(tmp_path: Path) -> None:
     """`convert_weights(..., quantize=)` (tools/quant_accuracy.py --requantize, for models that
     exist only as .colibri files, like the demo) stores exactly the converter's blocks for the
-    expert matrices and f32 elsewhere."""
+    expert matrices (in panels, the default layout) and f32 elsewhere."""
     from colibri.jitter.weights import convert_weights
 
     src = make_model(tmp_path, "mixtral", "f32")
@@ -349,7 +349,7 @@ def test_requantised_copy_matches_the_converters_blocks(tmp_path: Path) -> None:
     with Model.open(out) as a, Model.open(direct) as b:
         assert validate_bytes(out.read_bytes(), checksums=True, nan_check=True) == []
         for info in a.tensors:
-            expected = "q4_0" if info.name.rsplit(".", 1)[-1] in ("moe_w1", "moe_w2", "moe_w3") else "f32"
+            expected = "q4_0x8" if info.name.rsplit(".", 1)[-1] in ("moe_w1", "moe_w2", "moe_w3") else "f32"
             assert info.dtype == expected, info.name
         w1 = "layers.1.moe_w1"
         assert np.array_equal(a.tensor_f32(w1), b.tensor_f32(w1))

@@ -5,7 +5,9 @@ tool, benchmarked in alternating turns on the same machine with the same threads
 For each bench model (tools/bench_models.py: the Mixtral-shaped 0.64 B and the Qwen3-MoE-shaped
 0.71 B; their Hugging Face checkpoints are made once and reused) and each precision:
   * Colibri's converter writes the .colibri file: bf16, or bf16 quantised with
-    `--quantize q8|q4 --quantize-tensors llama.cpp` (llama-quantize's recipe; docs/converter.md);
+    `--quantize q8|q4 --quantize-tensors llama.cpp` (llama-quantize's recipe; docs/converter.md),
+    its blocks in the converter's default layout (panels of 8 rows; a file made before panels
+    is reused as it is: `colibri convert OLD.colibri NEW.colibri` re-lays it out);
   * llama.cpp's convert_hf_to_gguf.py writes a bf16 GGUF and llama-quantize makes Q8_0 and Q4_0
     from it, Q4_0 with `--output-tensor-type q8_0` (llama.cpp's Q4_0 gives the LM head q6_K,
     which Colibri lacks; both engines then read the same type for every tensor). The GGUF

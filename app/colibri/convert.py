@@ -39,19 +39,20 @@ from colibri.families import common
 from colibri.families.common import ConversionError
 from colibri.fileformat import (
     BLOCK_BYTES, BLOCK_ELEMS, DTYPE_BF16, DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32,
-    FLAG_TIED_EMBEDDINGS, QUANT_BY_NAME,
-    TensorSpec, plan_file, quantize as quantize_blocks, storage_to_f32, to_storage,
+    FLAG_TIED_EMBEDDINGS, PANEL_OF, PANEL_ROWS, QUANT_BY_NAME, ROWS_OF,
+    TensorSpec, plan_file, quantize as quantize_blocks, storage_to_f32, to_panels, to_storage,
     write_colibri,
 )
 from colibri.formats import safetensors_file
 from colibri.formats.common import TensorEntry
 from colibri.formats.safetensors_file import Checkpoint
-from colibri.values import QUANTIZE_TENSORS, HParams
+from colibri.values import DEFAULT_LAYOUT, LAYOUTS, QUANTIZE_TENSORS, HParams
 
 CONVERTER_VERSION = "2"
 
-__all__ = ["CONVERTER_VERSION", "FAMILIES", "QUANTIZE_SETS", "SUPPORTED_MODEL_TYPES",
-           "ConversionError", "apply_quantize", "architecture_from_config", "convert",
+__all__ = ["CONVERTER_VERSION", "FAMILIES", "LAYOUTS", "QUANTIZE_SETS",
+           "SUPPORTED_MODEL_TYPES", "ConversionError", "apply_layout", "apply_quantize",
+           "architecture_from_config", "check_layout", "convert", "layout_target",
            "read_safetensors_header", "to_storage_checked"]
 
 # ---------------------------------------------------------------------------------------------
@@ -418,9 +419,53 @@ def apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: s
     return out
 
 
+# Kept in rows in the panel layout: decode reads the LM head with 1 token, where panels measured
+# 0.92-0.95x of rows, and the embeddings are read a row at a time (and are the LM head when tied).
+ROWS_ONLY = ("output", "token_embd")
+
+
+def check_layout(layout: str) -> None:
+    """Raise ConversionError unless `layout` is one of LAYOUTS."""
+    if layout not in LAYOUTS:
+        raise ConversionError(f"layout {layout!r} not supported (supported: "
+                              f"{', '.join(LAYOUTS)})")
+
+
+def layout_target(name: str, shape: tuple[int, ...], dtype: int, layout: str) -> int:
+    """The dtype the tensor `name` of `shape`, stored as `dtype`, gets in `layout`: "rows" turns
+    a panel dtype into its row dtype; "panels" stores q8_0/q4_0 matrices [rows, n] and stacks
+    [E, rows, n] with rows % 8 == 0 (n % 32 == 0 already) as q8_0x8/q4_0x8, except ROWS_ONLY.
+    Every other tensor keeps `dtype`. The one place that decides which tensors are panels."""
+    check_layout(layout)
+    rows = ROWS_OF.get(dtype, dtype)
+    if (layout == "panels" and rows in PANEL_OF and len(shape) in (2, 3)
+            and shape[-2] % PANEL_ROWS == 0 and name.rsplit(".", 1)[-1] not in ROWS_ONLY):
+        return PANEL_OF[rows]
+    return rows
+
+
+def _in_panels(spec: TensorSpec, panel_dtype: int) -> TensorSpec:
+    """The same tensor, its stored q8_0/q4_0 rows rearranged into panels (the same bytes)."""
+    inner, rows = spec.load, ROWS_OF[panel_dtype]
+
+    def load() -> np.ndarray:
+        return to_panels(inner(), rows, spec.shape[-1])
+    return TensorSpec(spec.name, panel_dtype, spec.shape, load)
+
+
+def apply_layout(specs: list[TensorSpec], layout: str) -> list[TensorSpec]:
+    """`specs` with their q8_0/q4_0 tensors stored in `layout` (layout_target decides which);
+    the converters' specs hold rows, so "rows" changes nothing."""
+    out = []
+    for spec in specs:
+        to = layout_target(spec.name, spec.shape, spec.dtype, layout)
+        out.append(_in_panels(spec, to) if to in ROWS_OF and to != spec.dtype else spec)
+    return out
+
+
 def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dtype: str = "f32",
             progress: Callable[[int, int], None] | None = None, quantize: str | None = None,
-            quantize_tensors: str = "experts") -> list[str]:
+            quantize_tensors: str = "experts", layout: str = DEFAULT_LAYOUT) -> list[str]:
     """Convert the Hugging Face checkpoint in `hf_dir` to a `.colibri` file at `out_path`;
     returns warnings about the file written (one sentence each), e.g. that it has no tokenizer.
 
@@ -431,7 +476,8 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
     dense MLPs; "all" adds attention and the LM head; "llama.cpp" is llama-quantize's Q8_0/Q4_0
     recipe, see llama_quantize_type) as q8_0/q4_0 blocks quantised from their `dtype` values;
     matrices whose rows are not a multiple of 32 stay in `dtype` (noted in the
-    metadata). Raises ConversionError for an unsupported or inconsistent checkpoint; nothing is
+    metadata). `layout` ("panels", the default, or "rows") is how those blocks are stored
+    (layout_target). Raises ConversionError for an unsupported or inconsistent checkpoint; nothing is
     written unless every check passes, and on any failure no file is left at `out_path` (an
     existing file there is left untouched)."""
     hf_dir, out_path = os.fspath(hf_dir), os.fspath(out_path)
@@ -455,7 +501,7 @@ def convert(hf_dir: str | os.PathLike[str], out_path: str | os.PathLike[str], dt
 
     tensors = _open_checkpoint(hf_dir)
     specs = _plan_tensors(tensors, arch, family, DTYPE_BY_NAME[dtype])
-    specs = apply_quantize(specs, quantize, quantize_tensors, arch.hp, notes)
+    specs = apply_layout(apply_quantize(specs, quantize, quantize_tensors, arch.hp, notes), layout)
 
     tokenizer = b""
     warnings = []

@@ -39,8 +39,9 @@ split into q, k and v rows; DeepSeek's attn_k_b / attn_v_b are Colibri's layout 
 files' attn_kv_b is split per head here).
 
 Storage: F32, F16 and BF16 tensors are kept as they are; Q8_0 and Q4_0 tensors are repacked
-into Colibri's rows of the same blocks (scales first, docs/format.md), so every value is the
-one llama.cpp computes; any other type (K-quants, IQ types, Q5_0, ...) is dequantised with the
+into Colibri's rows of the same blocks (scales first, docs/format.md), and by default further into
+panels of 8 rows (`layout`, convert.layout_target), so every value is the one llama.cpp
+computes; any other type (K-quants, IQ types, Q5_0, ...) is dequantised with the
 `gguf` package and stored in `dtype`, with a note in the metadata. Norms, biases and the router
 are f32 in every `.colibri` file, so F16/BF16 ones widen exactly. The tokenizer becomes the
 file's tokenizer.json (`formats.gguf_tokenizer`).
@@ -58,7 +59,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from colibri.convert import (
-    CONVERTER_VERSION, ConversionError, apply_quantize, to_storage_checked,
+    CONVERTER_VERSION, ConversionError, apply_layout, apply_quantize, to_storage_checked,
 )
 from colibri.errors import ColibriFormatError, ColibriIOError
 from colibri.families import architecture_from_config
@@ -76,7 +77,7 @@ from colibri.fileformat import (
 )
 from colibri.formats.gguf_file import GGUFFile
 from colibri.formats.gguf_tokenizer import TokenizerError, tokenizer_json
-from colibri.values import HParams
+from colibri.values import DEFAULT_LAYOUT, HParams
 
 # general.architecture -> (family, Colibri arch code, renormalise top-k by default)
 ARCHITECTURES: dict[str, tuple[str, int, bool]] = {
@@ -896,11 +897,13 @@ def _plan(f: GGUFFile, a: _Arch, dtype: int) -> tuple[list[TensorSpec], dict[str
 
 def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
                  dtype: str = "f32", progress: Callable[[int, int], None] | None = None,
-                 quantize: str | None = None, quantize_tensors: str = "experts") -> list[str]:
+                 quantize: str | None = None, quantize_tensors: str = "experts",
+                 layout: str = DEFAULT_LAYOUT) -> list[str]:
     """Import the GGUF file at `path` as a `.colibri` file at `out_path` (atomically; nothing is
     left behind on failure). `dtype` stores tensors of types other than F32/F16/BF16/Q8_0/Q4_0;
-    `quantize` then works as in `convert.convert` on the float tensors. Returns the notes
-    written to the metadata. Raises ConversionError."""
+    `quantize` then works as in `convert.convert` on the float tensors, and `layout` stores the
+    q8_0/q4_0 tensors (Q8_0/Q4_0 ones included) as there. Returns the notes written to the
+    metadata. Raises ConversionError."""
     path, out_path = os.fspath(path), os.fspath(out_path)
     if dtype not in DTYPE_BY_NAME:
         raise ConversionError(f"dtype {dtype!r} not supported (supported: "
@@ -917,7 +920,7 @@ def convert_gguf(path: str | os.PathLike[str], out_path: str | os.PathLike[str],
         notes.append(f"{len(names)} {qname} tensor(s) dequantised to {dtype} (Colibri stores "
                      f"f32, f16, bf16, q8_0 and q4_0): {', '.join(names[:8])}"
                      + (" ..." if len(names) > 8 else ""))
-    specs = apply_quantize(specs, quantize, quantize_tensors, hp, notes)
+    specs = apply_layout(apply_quantize(specs, quantize, quantize_tensors, hp, notes), layout)
     try:
         tokenizer = tokenizer_json(f, notes)
     except TokenizerError as exc:

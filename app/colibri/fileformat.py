@@ -59,6 +59,13 @@ BLOCK_BYTES = {DTYPE_Q8_0: 34, DTYPE_Q4_0: 18, DTYPE_Q8_0X8: 34, DTYPE_Q4_0X8: 1
 _PANEL_GROUPS = {DTYPE_Q8_0: 8, DTYPE_Q4_0: 4}
 
 
+def rows_dtype_name(name: str) -> str:
+    """The name of the row dtype whose blocks a panel dtype holds ('q8_0x8' -> 'q8_0', the same
+    values); any other dtype name as it is."""
+    code = QUANT_BY_NAME.get(name)
+    return QUANT_NAMES[ROWS_OF[code]] if code in ROWS_OF else name
+
+
 def row_bytes(dtype: int, n: int) -> int:
     """Bytes of n consecutive elements of `dtype` (n % 32 == 0 for a block dtype)."""
     if dtype in BLOCK_BYTES:

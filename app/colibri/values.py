@@ -42,6 +42,11 @@ KERNEL_PATHS: tuple[str, ...] = ("portable", "avx2", "avx512", "amx")
 # Which matrices `colibri convert --quantize` stores as blocks (colibri.convert.QUANTIZE_SETS, and
 # "llama.cpp": llama-quantize's own recipe, colibri.convert.llama_quantize_type)
 QUANTIZE_TENSORS: tuple[str, ...] = ("experts", "ffn", "all", "llama.cpp")
+# How quantised matrices are stored (colibri.convert.layout_target): "rows" (q8_0/q4_0, row after
+# row) or "panels" (q8_0x8/q4_0x8, the same blocks in panels of 8 rows, the order the AVX2
+# kernels read; docs/format.md)
+LAYOUTS: tuple[str, ...] = ("rows", "panels")
+DEFAULT_LAYOUT = "panels"
 
 # How the next token is chosen from a position's logits (colibri.generation)
 DecodingName = Literal["greedy", "sample"]

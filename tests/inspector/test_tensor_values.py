@@ -91,6 +91,35 @@ def test_export_png_and_csv(values, qtbot, tiny_model, tmp_path):
     assert rows[0] == ["statistic", "value"] and rows[1][0] == "count"
 
 
+def test_a_panel_tensor_shows_its_dtype_and_the_values_of_its_rows(values, qtbot, tmp_path):
+    """A q8_0x8 stack (docs/format.md, "Quantised panels") is listed under its own dtype and
+    shows the values of the rows its panels hold: those of the row file it was laid out from."""
+    from quant_models import make_model
+
+    from colibri.inspection.hexsource import regions_for
+    from colibri.inspection.tensors import rows_for
+    from colibri.relayout import relayout
+
+    rows = make_model(tmp_path, quant="q8")
+    relayout(rows, tmp_path / "panels.colibri", "panels")
+    model = Model.open(tmp_path / "panels.colibri")
+    shown = {r.label: r.dtype for r in rows_for(model) if r.label == "layers.0.moe_w1"}
+    assert shown == {"layers.0.moe_w1": "q8_0x8"}          # the tensor table's row
+    hex_label = next(r.label for r in regions_for(model) if r.kind == "tensor"
+                     and r.start == model.tensor_info("layers.0.moe_w1").offset)
+    assert hex_label == "layers.0.moe_w1 q8_0x8 [8x96x128]"  # the hexdump's region
+    values.set_model(model)
+    with qtbot.waitSignal(values.sig_tensor_shown, timeout=TIMEOUT_MS):
+        values.show_tensor("layers.0.moe_w1", expert=3)
+    assert "q8_0x8" in values.title.text()
+    ref = Model.open(rows).tensor_f32("layers.0.moe_w1")[3].astype(np.float64)
+    assert values.stat_value("count") == ref.size
+    assert values.stat_value("min") == ref.min() and values.stat_value("max") == ref.max()
+    assert values.stat_value("std") == pytest.approx(ref.std(), rel=1e-9)
+    heat = S.analyse_tensor(Model.open(rows), "layers.0.moe_w1", 3).heatmap.cells
+    np.testing.assert_array_equal(values.heatmap_image.image, heat)
+
+
 def test_dense_layer_is_refused(values, tiny_model):
     values.set_model(Model.open(tiny_model(dense_layers=(0,)).path))
     with pytest.raises(ValueError):

@@ -30,6 +30,7 @@ from colibri.debugging.breakpoints import BreakpointList
 from colibri.debugging.counterfactual import Counterfactual
 from colibri.debugging.events import EventList
 from colibri.debugging.run import LATER_ARRAYS, PHASES, RECORD_ARRAYS, Debugger, RoutingRecord
+from colibri.fileformat import QUANT_NAMES
 from colibri.files import atomic_write
 from colibri.margins import GroupLimit, group_limits
 from colibri.values import RunSettings
@@ -93,7 +94,7 @@ class SavedSession:
                 "group_limits": [[g.n_groups, g.n_groups_kept, g.group_score]
                                  for g in group_limits(m)],
                 "sha256": model_checksum(m.path) if checksum else None,
-                "quantised": any(t.dtype in ("q8_0", "q4_0") for t in m.tensors)}
+                "quantised": any(t.dtype in QUANT_NAMES.values() for t in m.tensors)}
         return cls(info, dbg.settings, dbg.record.snapshot(), list(dbg.generated), dbg.finished,
                    dbg.stop_reason, dbg.cursor, sorted(dbg.events.bookmarks),
                    BreakpointList(list(dbg.breakpoints)),

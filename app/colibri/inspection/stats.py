@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from colibri import fileformat as ff
 from colibri.values import (CancelFlag, Cancelled, Progress, check_cancelled, never_cancelled,
                             no_progress)
 
@@ -54,16 +55,21 @@ HISTOGRAM_BINS = 100
 HEATMAP_MAX = 512
 
 
-BLOCK_DTYPES = ("q8_0", "q4_0")
+BLOCK_DTYPES = tuple(ff.QUANT_NAMES.values())
 EXPERT_MATRICES = ("moe_w1", "moe_w2", "moe_w3")
+
+
+def rows_multiple(dtype: str) -> int:
+    """The rows a chunk of a tensor of `dtype` must come in: a panel dtype's (q8_0x8, q4_0x8)
+    rows are decoded from whole panels of 8, whose bytes are those 8 rows' bytes in the view."""
+    return ff.PANEL_ROWS if ff.QUANT_BY_NAME.get(dtype) in ff.ROWS_OF else 1
 
 
 def to_float32(chunk: np.ndarray, dtype: str) -> np.ndarray:
     """A chunk of a `.colibri` tensor's stored values as float32: f32 as is, f16 widened, bf16
-    bits shifted, and block-quantised rows (q8_0/q4_0: uint8 [rows, row bytes]) dequantised per
-    row."""
+    bits shifted, and block-quantised rows (q8_0/q4_0: uint8 [rows, row bytes]; q8_0x8/q4_0x8:
+    whole panels, [8 k rows, row bytes]) dequantised per row."""
     if dtype in BLOCK_DTYPES:
-        from colibri import fileformat as ff
         code = ff.QUANT_BY_NAME[dtype]
         rows = chunk.reshape(-1, chunk.shape[-1]) if chunk.ndim else chunk.reshape(1, -1)
         n_cols = rows.shape[-1] // ff.BLOCK_BYTES[code] * ff.BLOCK_ELEMS
@@ -166,16 +172,18 @@ class _Matrix:
     name: str
     stored: np.ndarray     # [rows, stored row] (row bytes for block types)
     shape: tuple[int, int]  # [rows, columns] of the values
+    rows_multiple: int = 1  # chunks of `stored` are whole groups of this many rows (panels: 8)
 
 
 def tensor_matrix(store: TensorStore, name: str, expert: int | None = None,
                   rows: tuple[int, int] | None = None) -> _Matrix:
     """The zero-copy stored view of a tensor (or of one expert's slice of a stacked tensor, or
     rows [start, stop) of it) as a 2-D matrix: 1-D tensors are one row, N-D ones
-    [prod(shape[:-1]), shape[-1]]."""
+    [prod(shape[:-1]), shape[-1]]. A panel tensor's rows are cut on whole panels only."""
     info = store.tensor_info(name)
     shape = tuple(info.shape)
     view = store.tensor(name)
+    multiple = rows_multiple(info.dtype)
     if expert is not None:
         if len(shape) < 2 or not 0 <= expert < shape[0]:
             raise ValueError(f"expert {expert} outside tensor {name!r} of shape {shape}")
@@ -183,8 +191,11 @@ def tensor_matrix(store: TensorStore, name: str, expert: int | None = None,
     columns = shape[-1] if shape else 1
     view = view.reshape(-1, view.shape[-1] if view.ndim else 1)
     if rows is not None:
+        if rows[0] % multiple or rows[1] % multiple:
+            raise ValueError(f"rows {rows} of {info.dtype} tensor {name!r} are not whole panels "
+                             f"of {multiple}")
         view = view[rows[0]:rows[1]]
-    return _Matrix(name, view, (view.shape[0], columns))
+    return _Matrix(name, view, (view.shape[0], columns), multiple)
 
 
 def _row_chunks(matrix: np.ndarray, rows_multiple: int = 1) -> Iterator[tuple[int, np.ndarray]]:
@@ -275,7 +286,7 @@ class _Accumulator:
 def _matrix_stats(m: _Matrix, decode: Any, progress: Progress, cancelled: CancelFlag,
                   done: int, total: int) -> TensorStats:
     acc = _Accumulator()
-    for _start, rows in _row_chunks(m.stored):
+    for _start, rows in _row_chunks(m.stored, m.rows_multiple):
         check_cancelled(cancelled)
         acc.add(decode(rows))
         progress(done + acc.count, total, f"statistics of {m.name}")
@@ -389,7 +400,7 @@ def analyse_tensor(source: TensorStore | Model, name: str, expert: int | None = 
     counts = np.zeros(bins, dtype=np.int64)
     heat = _HeatmapAccumulator(m.shape, max_cells) if len(shape) >= 2 else None
     done = size
-    block_rows = heat.br if heat is not None else 1
+    block_rows = math.lcm(heat.br if heat is not None else 1, m.rows_multiple)
     for start, rows in _row_chunks(m.stored, block_rows):
         check_cancelled(cancelled)
         values = store.decode(name, rows)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from colibri.fileformat import rows_dtype_name
 from colibri.margins import GroupLimit, group_limits, selection_margins
 from colibri.values import CancelFlag, Progress, check_cancelled, never_cancelled, no_progress
 
@@ -67,6 +68,7 @@ def default_tolerance(file_dtype: str, checkpoint_dtype: str, reference_dtype: s
     storing its weights in `checkpoint_dtype`, against a reference computing in
     `reference_dtype`."""
     tol = ROUNDED["bf16"] if reference_dtype == "bf16" else EXACT
+    file_dtype = rows_dtype_name(file_dtype)  # panels hold the values of their rows
     if file_dtype not in ("f32", checkpoint_dtype):   # the conversion rounded the weights
         tol = max(tol, ROUNDED.get(file_dtype, ROUNDED["q4_0"]))
     return tol
