@@ -14,8 +14,9 @@
  * computes a row never changes its bits. col_pool_run's items are cut the same way, long pieces
  * first and short ones last, and taken from the same counter. A worker joins a batch through a
  * gate the caller closes once it has run out of work to take, so the caller never waits for a
- * worker that has not started (descheduled on a busy machine, or still waking), only for chunks a
- * worker has begun. The pool's scratch (prepared activations, per-thread staging) is the
+ * worker that has not started (descheduled on a busy machine, or still waking), only for the
+ * sub-piece of a chunk a worker is running: a thread out of chunks takes the sub-pieces of begun
+ * chunks no one has taken yet. The pool's scratch (prepared activations, per-thread staging) is the
  * session's, sized by col_pool_scratch_size; the pool allocates only its own bookkeeping.
  */
 #include "kernels_amx.h"
@@ -47,6 +48,12 @@
  * tokens (a decode step's, whose chunks' rows make the decode tiles' streams). */
 #define COL_GUIDED_PARTS_BATCH COL_MAX_CHUNKS
 #define COL_GUIDED_PARTS_STEP 32
+/* A chunk is run as up to this many sub-pieces (none under the batch's least chunk), taken from the
+ * chunk's own counter, so a thread out of chunks takes over the rest of one a preempted thread
+ * began (run_share). 1: chunks whole. */
+#ifndef COL_CHUNK_PARTS
+#define COL_CHUNK_PARTS 4
+#endif
 /* Activations of a batch are prepared on the pool from this many elements (prepare_activations). */
 #define COL_PREPARE_PARALLEL_ELEMS (1u << 16)
 /* Spins of a worker waiting for the next product before it sleeps: 2000 pauses (about 50 us on a
@@ -93,6 +100,8 @@ struct col_pool {
     uint32_t n_chunks;         /* pieces the threads take in turn (products' chunks, a task's items) */
     uint64_t chunk_end[COL_MAX_CHUNKS]; /* work (or item) at which chunk c ends (it starts where c - 1 ends) */
     _Atomic uint32_t next_chunk;
+    uint64_t least_chunk;      /* the least chunk plan_chunks cut, the least sub-piece */
+    _Atomic uint16_t next_part[COL_MAX_CHUNKS]; /* chunk c's sub-pieces taken so far (<= parts + threads) */
     /* scratch (caller-owned): per-job prepared activations, per-thread AMX staging */
     uint32_t max_jobs;
     uint64_t act_capacity;         /* bytes at act_buf */
@@ -198,11 +207,11 @@ static uint64_t chunk_edge(const col_matvec_job *j, uint64_t g, uint64_t base, u
     return r >= j->w.rows ? j->w.rows : r - r % align;
 }
 
-/* Chunk c of a batch of products: the rows whose work starts in [chunk_end[c - 1], chunk_end[c])
- * of the batch's work, rows laid end to end, each edge moved down to a whole batch tile. */
-static void run_chunk(const col_pool *pool, uint32_t t, uint32_t chunk)
+/* The rows of a batch of products whose work starts in [g0, g1) of the batch's work, rows laid end
+ * to end, each edge moved down to a whole batch tile. */
+static void run_work(const col_pool *pool, uint32_t t, uint64_t g0, uint64_t g1)
 {
-    uint64_t g0 = chunk ? pool->chunk_end[chunk - 1] : 0, g1 = pool->chunk_end[chunk], base = 0;
+    uint64_t base = 0;
     for (uint32_t k = 0; k < pool->n_jobs && base < g1; k++) {
         const col_matvec_job *j = &pool->jobs[k];
         const uint64_t align = pool->walk ? pool->walk_align : batch_tile_rows(pool, j);
@@ -220,7 +229,8 @@ static void run_chunk(const col_pool *pool, uint32_t t, uint32_t chunk)
  * of the work (and at most an n-th of it, so each thread gets one), so the first chunks are long
  * (a product's rows make long streams) and the last ones short, so neither thread waits long for
  * the other's last chunk. Up to 128 threads the chunks stop shrinking before COL_MAX_CHUNKS of
- * them (about 20 for 2 threads and 256 parts). */
+ * them (about 20 for 2 threads and 256 parts). Each chunk is run as up to COL_CHUNK_PARTS
+ * sub-pieces of at least the least chunk. */
 static void plan_chunks(col_pool *pool, uint64_t work, uint64_t least_work, uint64_t parts)
 {
     const uint64_t n = pool->n_threads, least_by_work = work / parts;
@@ -236,15 +246,31 @@ static void plan_chunks(col_pool *pool, uint64_t work, uint64_t least_work, uint
     }
     if (done < work || c == 0) pool->chunk_end[c++] = work;
     pool->n_chunks = c;
+    pool->least_chunk = least ? least : 1; /* 0 only for an empty batch */
+    for (uint32_t k = 0; k < c; k++) atomic_store_explicit(&pool->next_part[k], 0, memory_order_relaxed); /* published by the generation */
 }
 
-/* Chunk c of the current batch on thread t: a product's rows, or a task's items. */
-static void run_piece(const col_pool *pool, uint32_t t, uint32_t c)
+/* The sub-pieces chunk c of the current batch is run as: up to COL_CHUNK_PARTS, none under the
+ * least chunk. */
+static uint32_t chunk_parts(const col_pool *pool, uint32_t c)
 {
-    if (pool->task)
-        pool->task(pool->task_ctx, t, c ? pool->chunk_end[c - 1] : 0, pool->chunk_end[c]);
-    else
-        run_chunk(pool, t, c);
+    const uint64_t cut = (pool->chunk_end[c] - (c ? pool->chunk_end[c - 1] : 0)) / pool->least_chunk;
+    return cut < 1 ? 1 : cut > COL_CHUNK_PARTS ? COL_CHUNK_PARTS : (uint32_t)cut;
+}
+
+/* The sub-pieces of chunk c no thread has taken yet, on thread t, each taken by exactly one
+ * thread: a product's rows, or a task's items, [g0, g1) of the chunk cut in equal parts of work. */
+static void run_piece(col_pool *pool, uint32_t t, uint32_t c)
+{
+    const uint64_t start = c ? pool->chunk_end[c - 1] : 0, size = pool->chunk_end[c] - start;
+    const uint32_t n = chunk_parts(pool, c);
+    for (uint32_t p; (p = atomic_fetch_add(&pool->next_part[c], 1)) < n;) {
+        const uint64_t g0 = start + size * p / n, g1 = start + size * (p + 1) / n;
+        if (pool->task)
+            pool->task(pool->task_ctx, t, g0, g1);
+        else
+            run_work(pool, t, g0, g1);
+    }
 }
 
 /* Thread `t` of `n`'s part of the current batch. Products and a task's items are cut into chunks
@@ -258,10 +284,13 @@ static void run_share(col_pool *pool, uint32_t t, uint32_t n)
         return;
     }
     if (n == 1) {
-        for (uint32_t c = 0; c < pool->n_chunks; c++) run_chunk(pool, t, c);
+        for (uint32_t c = 0; c < pool->n_chunks; c++) run_work(pool, t, c ? pool->chunk_end[c - 1] : 0, pool->chunk_end[c]);
         return;
     }
     for (uint32_t c; (c = atomic_fetch_add(&pool->next_chunk, 1)) < pool->n_chunks;) run_piece(pool, t, c);
+    /* out of chunks: the sub-pieces left of those other threads began (one may be preempted) */
+    for (uint32_t c = 0; c < pool->n_chunks; c++)
+        if (atomic_load_explicit(&pool->next_part[c], memory_order_relaxed) < chunk_parts(pool, c)) run_piece(pool, t, c);
 }
 
 /* One step of a spin-wait: pause, and after a while yield the core, because on an oversubscribed

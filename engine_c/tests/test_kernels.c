@@ -14,10 +14,12 @@
 #include "kernels.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static uint32_t rng_state = 12345u;
 static float frand(void) /* uniform in [-1, 1) */
@@ -444,6 +446,45 @@ static void test_parallel_preparation(void)
     pool_done(&three);
 }
 
+/* A task's items counted as they run; a worker stalls in its first piece, as if preempted. */
+typedef struct count_task {
+    _Atomic uint32_t *runs; /* [n] */
+    _Atomic uint32_t stalled;
+} count_task;
+
+static void count_items(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
+{
+    count_task *c = ctx;
+    if (thread != 0 && atomic_fetch_add(&c->stalled, 1) == 0) {
+        const struct timespec stall = {0, 3000000};
+        nanosleep(&stall, NULL);
+    }
+    for (uint64_t i = i0; i < i1; i++) atomic_fetch_add(&c->runs[i], 1);
+}
+
+/* col_pool_run runs every item exactly once while a worker stalls inside a piece it began (the
+ * other threads take over the rest of its chunk), for item counts from one to a thousand. */
+static void test_pool_run_items_once(void)
+{
+    enum { MAX_N = 1000 };
+    run three = pool_for("portable", 3, 1, 32);
+    CHECK(three.pool != NULL);
+    if (!three.pool) return;
+    _Atomic uint32_t *runs = malloc(MAX_N * sizeof *runs);
+    static const uint64_t counts[] = {1, 2, 3, 7, 64, 300, MAX_N};
+    int wrong = 0;
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        for (uint64_t i = 0; i < MAX_N; i++) atomic_init(&runs[i], 0);
+        count_task c = {runs, 0};
+        col_pool_run(three.pool, count_items, &c, counts[k]);
+        for (uint64_t i = 0; i < MAX_N; i++) wrong += atomic_load(&runs[i]) != (i < counts[k] ? 1u : 0u);
+    }
+    CHECK(wrong == 0);
+    if (wrong) fprintf(stderr, "pool run: %d items not run exactly once\n", wrong);
+    free(runs);
+    pool_done(&three);
+}
+
 /* AMX pools of 1 and 3 threads for products within (max_t, max_c): 1 when both run AMX; 0 (with a
  * note, or a failed CHECK when a pool could not be made) otherwise, nothing left to free. */
 static int amx_pools(const char *test, uint32_t max_t, uint64_t max_c, run *one, run *three)
@@ -821,6 +862,7 @@ int main(void)
     test_load_range();
     test_amx_falls_back_when_scratch_is_short();
     test_parallel_preparation();
+    test_pool_run_items_once();
     test_path("portable");
     test_round_bf16("portable");
     test_round_f16("portable");
