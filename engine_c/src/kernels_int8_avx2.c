@@ -455,14 +455,18 @@ COL_INLINE COL_T2 void stored_decode(const col_matvec_job *j, const uint8_t *qx,
 #pragma GCC unroll 4
     for (int p = 0; p < NP; p++)
         for (uint64_t at = 0; at < 16 * nb; at += 64) _mm_prefetch((const char *)(sc[p] + at), _MM_HINT_T0);
-    for (uint64_t k = 0; k < nb; k++)
+    for (uint64_t k = 0; k < nb; k++) {
+        /* every panel's lines asked for before any block's arithmetic: the misses of all the
+         * streams then fit in the window at once */
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++)
+            for (uint64_t at = 0; at < bb; at += 64) _mm_prefetch((const char *)(sc[p] + 16 * nb + bb * k + at + ahead), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) {
-            const uint8_t *w0 = sc[p] + 16 * nb + bb * k;
-            for (uint64_t at = 0; at < bb; at += 64) _mm_prefetch((const char *)(w0 + at + ahead), _MM_HINT_T0);
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc[p] + 16 * k)));
-            acc[p] = block_step(acc[p], stored_block(w0, xq, corr, nb, k, q4), d, dx[k]);
+            acc[p] = block_step(acc[p], stored_block(sc[p] + 16 * nb + bb * k, xq, corr, nb, k, q4), d, dx[k]);
         }
+    }
 #pragma GCC unroll 4
     for (int p = 0; p < NP; p++) _mm256_storeu_ps(y + pr[p], acc[p]);
 }
