@@ -446,10 +446,11 @@ COL_INLINE COL_T2 void stored_decode(const col_matvec_job *j, const uint8_t *qx,
     const int8_t *xq = (const int8_t *)qx;
     const float *dx = (const float *)(const void *)(qx + n);
     const int32_t *corr = (const int32_t *)(const void *)(qx + col_qrow_block_corrections(n));
-    const uint8_t *sc[STORED_STREAMS];
+    const uint8_t *sc[STORED_STREAMS], *pay[STORED_STREAMS]; /* each panel's scales, its payload */
     __m256 acc[STORED_STREAMS];
 #pragma GCC unroll 4
-    for (int p = 0; p < NP; p++) sc[p] = (const uint8_t *)j->w.data + pr[p] * rb, acc[p] = _mm256_setzero_ps();
+    for (int p = 0; p < NP; p++)
+        sc[p] = (const uint8_t *)j->w.data + pr[p] * rb, pay[p] = sc[p] + 16 * nb, acc[p] = _mm256_setzero_ps();
     /* each panel's scales (16 bytes a block, before its payload) asked for at once: read a line per
      * 4 blocks, they would make a second, slow stream per panel */
 #pragma GCC unroll 4
@@ -460,11 +461,12 @@ COL_INLINE COL_T2 void stored_decode(const col_matvec_job *j, const uint8_t *qx,
          * streams then fit in the window at once */
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++)
-            for (uint64_t at = 0; at < bb; at += 64) _mm_prefetch((const char *)(sc[p] + 16 * nb + bb * k + at + ahead), _MM_HINT_T0);
+#pragma GCC unroll 4
+            for (uint64_t at = 0; at < bb; at += 64) _mm_prefetch((const char *)(pay[p] + bb * k + at + ahead), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) {
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc[p] + 16 * k)));
-            acc[p] = block_step(acc[p], stored_block(sc[p] + 16 * nb + bb * k, xq, corr, nb, k, q4), d, dx[k]);
+            acc[p] = block_step(acc[p], stored_block(pay[p] + bb * k, xq, corr, nb, k, q4), d, dx[k]);
         }
     }
 #pragma GCC unroll 4
