@@ -419,9 +419,9 @@ def apply_quantize(specs: list[TensorSpec], quantize_dtype: str | None, which: s
     return out
 
 
-# Kept in rows in the panel layout: decode reads the LM head with 1 token, where panels measured
-# 0.92-0.95x of rows, and the embeddings are read a row at a time (and are the LM head when tied).
-ROWS_ONLY = ("output", "token_embd")
+# Kept in rows in the panel layout: the embeddings are read a row at a time (a row of a panel is
+# spread over all its lines), and so is a head tied to them.
+ROWS_ONLY = ("token_embd",)
 
 
 def check_layout(layout: str) -> None:

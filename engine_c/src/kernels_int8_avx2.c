@@ -446,18 +446,29 @@ COL_INLINE COL_T2 void stored_decode(const col_matvec_job *j, const uint8_t *qx,
     const int8_t *xq = (const int8_t *)qx;
     const float *dx = (const float *)(const void *)(qx + n);
     const int32_t *corr = (const int32_t *)(const void *)(qx + col_qrow_block_corrections(n));
-    const uint8_t *sc[STORED_STREAMS];
+    const uint8_t *sc[STORED_STREAMS], *pay[STORED_STREAMS]; /* each panel's scales, its payload */
     __m256 acc[STORED_STREAMS];
 #pragma GCC unroll 4
-    for (int p = 0; p < NP; p++) sc[p] = (const uint8_t *)j->w.data + pr[p] * rb, acc[p] = _mm256_setzero_ps();
-    for (uint64_t k = 0; k < nb; k++)
+    for (int p = 0; p < NP; p++)
+        sc[p] = (const uint8_t *)j->w.data + pr[p] * rb, pay[p] = sc[p] + 16 * nb, acc[p] = _mm256_setzero_ps();
+    /* each panel's scales (16 bytes a block, before its payload) asked for at once: read a line per
+     * 4 blocks, they would make a second, slow stream per panel */
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; p++)
+        for (uint64_t at = 0; at < 16 * nb; at += 64) _mm_prefetch((const char *)(sc[p] + at), _MM_HINT_T0);
+    for (uint64_t k = 0; k < nb; k++) {
+        /* every panel's lines asked for before any block's arithmetic: the misses of all the
+         * streams then fit in the window at once */
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++)
+#pragma GCC unroll 4
+            for (uint64_t at = 0; at < bb; at += 64) _mm_prefetch((const char *)(pay[p] + bb * k + at + ahead), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) {
-            const uint8_t *w0 = sc[p] + 16 * nb + bb * k;
-            for (uint64_t at = 0; at < bb; at += 64) _mm_prefetch((const char *)(w0 + at + ahead), _MM_HINT_T0);
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc[p] + 16 * k)));
-            acc[p] = block_step(acc[p], stored_block(w0, xq, corr, nb, k, q4), d, dx[k]);
+            acc[p] = block_step(acc[p], stored_block(pay[p] + bb * k, xq, corr, nb, k, q4), d, dx[k]);
         }
+    }
 #pragma GCC unroll 4
     for (int p = 0; p < NP; p++) _mm256_storeu_ps(y + pr[p], acc[p]);
 }
@@ -504,18 +515,27 @@ COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, u
     const uint64_t nb = j->w.cols / QK, qb = col_qrow_bytes(j->w.cols);
     const uint32_t nt = j->n_tokens;
     if (nt < COL_Q_AVX2_STORED_TOKENS) {
-        /* a token at a time; tile i takes panel i of each of the share's STORED_STREAMS parts */
-        const uint64_t np = (r1 - r0) / LANES, q = np / STORED_STREAMS;
-        uint64_t pr[STORED_STREAMS];
+        /* a token at a time; the share cut into STORED_STREAMS parts of whole panels as even as they
+         * can be, tile i takes panel i of each part that has one (the parts' last tile may be short) */
+        const uint64_t np = (r1 - r0) / LANES;
+        uint64_t from[STORED_STREAMS + 1], pr[STORED_STREAMS];
+        for (int s = 0; s <= STORED_STREAMS; s++) from[s] = np * (uint64_t)s / STORED_STREAMS;
         for (uint32_t t = 0; t < nt; t++) {
             float *y = j->y + (uint64_t)t * j->w.rows;
-            for (uint64_t i = 0; i < q; i++) {
-                for (int s = 0; s < STORED_STREAMS; s++) pr[s] = r0 + LANES * (i + (uint64_t)s * q);
-                stored_decode(j, qx + t * qb, pr, STORED_STREAMS, y, ahead, q4);
-            }
-            for (uint64_t p = q * STORED_STREAMS; p < np; p++) {
-                pr[0] = r0 + LANES * p;
-                stored_decode(j, qx + t * qb, pr, 1, y, ahead, q4);
+            for (uint64_t i = 0;; i++) {
+                int tile = 0;
+                for (int s = 0; s < STORED_STREAMS; s++)
+                    if (from[s] + i < from[s + 1]) pr[tile++] = r0 + LANES * (from[s] + i);
+                if (tile == STORED_STREAMS)
+                    stored_decode(j, qx + t * qb, pr, STORED_STREAMS, y, ahead, q4);
+                else if (tile == 3)
+                    stored_decode(j, qx + t * qb, pr, 3, y, ahead, q4);
+                else if (tile == 2)
+                    stored_decode(j, qx + t * qb, pr, 2, y, ahead, q4);
+                else if (tile == 1)
+                    stored_decode(j, qx + t * qb, pr, 1, y, ahead, q4);
+                else
+                    break;
             }
         }
         return;
