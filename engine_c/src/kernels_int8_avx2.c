@@ -34,9 +34,6 @@
 #include <string.h>
 
 #define LANES 8     /* rows per vector */
-#ifndef COL_Q8_INT16
-#define COL_Q8_INT16 1 /* experiment: 0 today's, 1 pairs, 2 vpmovsxbw */
-#endif
 /* An empty asm that v passes through: gcc otherwise reassociates a pass's chains of integer adds
  * into trees, which keeps all of a block's products live at once and spills them to the stack. */
 #define KEEP_CHAIN(v) __asm__("" : "+x"(v))
@@ -395,9 +392,7 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
 
 /* ---- weights stored in 8-row panels ---------------------------------------------------------- */
 
-#ifndef STORED_KB
 #define STORED_KB 128 /* blocks a batch's passes share from L1/L2: whole rows up to 4096 columns */
-#endif
 #define STORED_STREAMS 4 /* panels a decode reads at once, from 4 distant parts of the share */
 
 /* q4_0: block k of a stored panel (w0: its 4 vectors of stored bytes, lane r of vector g row r's
@@ -467,136 +462,6 @@ COL_INLINE COL_T2 void stored_decode(const col_matvec_job *j, const uint8_t *qx,
     for (int p = 0; p < NP; p++) _mm256_storeu_ps(y + pr[p], acc[p]);
 }
 
-/* q8_0 activations widened to int16 for q8_pair_sums: per block 64 bytes, first the pairs
- * (x[4g], x[4g + 2]) of groups g = 0..7, then the pairs (x[4g + 1], x[4g + 3]). */
-#define WIDE_KB 64 /* blocks of a pass's tokens widened at a time */
-#ifndef WIDE_PAD
-#define WIDE_PAD 32
-#endif
-#define WIDE_STRIDE (WIDE_KB * QK + WIDE_PAD) /* int16 between tokens' copies, off 4 KiB */
-COL_INLINE COL_T2 void widen_q8(const int8_t *xq, uint64_t kn, int16_t *out)
-{
-    for (uint64_t k = 0; k < kn; k++) {
-#if COL_Q8_INT16 == 2
-        _mm256_store_si256((__m256i *)(void *)(out + 32 * k), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(xq + QK * k))));
-        _mm256_store_si256((__m256i *)(void *)(out + 32 * k + 16), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(xq + QK * k + 16))));
-#else
-        const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(xq + QK * k));
-        _mm256_store_si256((__m256i *)(void *)(out + 32 * k), _mm256_srai_epi16(_mm256_slli_epi16(x, 8), 8));
-        _mm256_store_si256((__m256i *)(void *)(out + 32 * k + 16), _mm256_srai_epi16(x, 8));
-#endif
-    }
-}
-
-/* q8_0 by int16 products: block k of a stored panel (w0, as q8_panel_sums reads it) against NT
- * tokens' widened blocks (x[b], widen_q8's 32 int16): isum[b] lane r = row r's exact int32 sum.
- * Each group's w splits into its even and odd bytes as int16 pairs (shifts, not multiplies), so a
- * token's group costs two vpmaddwd and two vpaddd, where vpsignb + vpmaddubsw + vpmaddwd took three
- * multiply-class operations. */
-COL_INLINE COL_T2 void q8_pair_sums(const uint8_t *w0, const int16_t *const *x, const int NT, __m256i *isum)
-{
-    __m256i even[4], odd[4];
-#pragma GCC unroll 4
-    for (int b = 0; b < NT; b++) even[b] = odd[b] = _mm256_setzero_si256();
-#if COL_Q8_INT16 == 2
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; g++) {
-        const __m256i w03 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(w0 + 32 * g)));
-        const __m256i w47 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(w0 + 32 * g + 16)));
-#pragma GCC unroll 4
-        for (int b = 0; b < NT; b++) {
-            int64_t x4;
-            memcpy(&x4, x[b] + 4 * g, 8);
-            const __m256i xv = _mm256_set1_epi64x(x4);
-            even[b] = _mm256_add_epi32(even[b], _mm256_madd_epi16(w03, xv));
-            odd[b] = _mm256_add_epi32(odd[b], _mm256_madd_epi16(w47, xv));
-            KEEP_CHAIN(even[b]);
-            KEEP_CHAIN(odd[b]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int b = 0; b < NT; b++) isum[b] = _mm256_permute4x64_epi64(_mm256_hadd_epi32(even[b], odd[b]), 0xD8);
-    return;
-#endif
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; g++) {
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g));
-        const __m256i we = _mm256_srai_epi16(_mm256_slli_epi16(w, 8), 8), wo = _mm256_srai_epi16(w, 8);
-#pragma GCC unroll 4
-        for (int b = 0; b < NT; b++) {
-            int32_t xe, xo;
-            memcpy(&xe, x[b] + 2 * g, 4);
-            memcpy(&xo, x[b] + 16 + 2 * g, 4);
-            even[b] = _mm256_add_epi32(even[b], _mm256_madd_epi16(we, _mm256_set1_epi32(xe)));
-            odd[b] = _mm256_add_epi32(odd[b], _mm256_madd_epi16(wo, _mm256_set1_epi32(xo)));
-            KEEP_CHAIN(even[b]);
-            KEEP_CHAIN(odd[b]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int b = 0; b < NT; b++) isum[b] = _mm256_add_epi32(even[b], odd[b]);
-}
-
-/* q8_0 batches: tokens t .. t + NT - 1 (wide[b]: token b's blocks b0 .. widened) over blocks
- * b0 .. b0 + kn - 1 of the stored panel at row r, the outputs carried in y between k-blocks. */
-COL_INLINE COL_T2 void stored_pass_q8(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t b0, uint64_t kn,
-                                      uint32_t t, const int NT, const int16_t *wide)
-{
-    const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n);
-    const uint8_t *sc = (const uint8_t *)j->w.data + r * col_dtype_row_bytes(j->w.dtype, n), *pay = sc + 16 * nb;
-    const int8_t *xq[4];
-    const float *dx[4];
-    const int32_t *corr[4];
-    float *y[4];
-    __m256 acc[4];
-#pragma GCC unroll 4
-    for (int b = 0; b < NT; b++) {
-        pass_token(j, qx, qb, r, t + (uint32_t)b, &xq[b], &dx[b], &corr[b], &y[b]);
-        acc[b] = b0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y[b]);
-    }
-    for (uint64_t k = 0; k < kn; k++) {
-        const int16_t *x[4];
-#pragma GCC unroll 4
-        for (int b = 0; b < NT; b++) x[b] = wide + (uint64_t)b * WIDE_STRIDE + k * QK;
-        __m256i isum[4];
-        q8_pair_sums(pay + 256 * (b0 + k), x, NT, isum);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc + 16 * (b0 + k))));
-#pragma GCC unroll 4
-        for (int b = 0; b < NT; b++) acc[b] = block_step(acc[b], isum[b], d, dx[b][b0 + k]);
-    }
-#pragma GCC unroll 4
-    for (int b = 0; b < NT; b++) _mm256_storeu_ps(y[b], acc[b]);
-}
-
-#ifndef COL_Q8_WIDE_PANELS
-#define COL_Q8_WIDE_PANELS 8
-#endif
-/* q8_0 batches over rows r0 .. r1: groups of COL_Q8_WIDE_PANELS panels, a k-block at a time; each
- * pass's tokens widened once for all the group's panels. */
-COL_INLINE COL_T2 void stored_rows_q8(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1)
-{
-    const uint64_t nb = j->w.cols / QK, qb = col_qrow_bytes(j->w.cols);
-    const uint32_t nt = j->n_tokens;
-    int16_t wide[4 * WIDE_STRIDE] __attribute__((aligned(32)));
-    for (uint64_t g0 = r0; g0 < r1; g0 += LANES * COL_Q8_WIDE_PANELS) {
-        const uint64_t g1 = r1 - g0 < LANES * COL_Q8_WIDE_PANELS ? r1 : g0 + LANES * COL_Q8_WIDE_PANELS;
-        for (uint64_t b0 = 0; b0 < nb; b0 += WIDE_KB) {
-            const uint64_t kn = nb - b0 < WIDE_KB ? nb - b0 : WIDE_KB;
-            for (uint32_t t = 0; t < nt; t += 4) {
-                const uint32_t m = nt - t < 4 ? nt - t : 4;
-                for (uint32_t b = 0; b < m; b++)
-                    widen_q8((const int8_t *)(qx + (uint64_t)(t + b) * qb) + QK * b0, kn, wide + (uint64_t)b * WIDE_STRIDE);
-                for (uint64_t r = g0; r < g1; r += LANES) switch (m) {
-                    case 4: stored_pass_q8(j, qx, r, b0, kn, t, 4, wide); break;
-                    case 3: stored_pass_q8(j, qx, r, b0, kn, t, 3, wide); break;
-                    case 2: stored_pass_q8(j, qx, r, b0, kn, t, 2, wide); break;
-                    default: stored_pass_q8(j, qx, r, b0, kn, t, 1, wide); break;
-                    }
-            }
-        }
-    }
-}
-
 /* Batches: tokens t .. t + NT - 1 over blocks b0 .. b0 + kn - 1 of the stored panel at row r, the
  * outputs carried in y between k-blocks as panel_pass does. */
 COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t b0, uint64_t kn,
@@ -655,12 +520,6 @@ COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, u
         }
         return;
     }
-#if COL_Q8_INT16
-    if (!q4) {
-        stored_rows_q8(j, qx, r0, r1);
-        return;
-    }
-#endif
     for (uint64_t r = r0; r < r1; r += LANES)
         for (uint64_t b0 = 0; b0 < nb; b0 += STORED_KB) {
             const uint64_t kn = nb - b0 < STORED_KB ? nb - b0 : STORED_KB;
