@@ -265,12 +265,12 @@ COL_INLINE COL_T2 void pack_panel(const uint8_t *const *p, uint64_t nb, uint64_t
 COL_INLINE COL_T2 void q8_panel_sums(const uint8_t *w0, const int8_t *const *x, const int NT, __m256i *isum)
 {
     const __m256i ones = _mm256_set1_epi16(1);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int b = 0; b < NT; b++) isum[b] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int g = 0; g < 8; g++) {
         const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g)), aw = _mm256_abs_epi8(w);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int b = 0; b < NT; b++) {
             int32_t x4;
             memcpy(&x4, x[b] + 4 * g, 4);
@@ -394,6 +394,10 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
 
 #define STORED_KB 128 /* blocks a batch's passes share from L1/L2: whole rows up to 4096 columns */
 #define STORED_STREAMS 4 /* panels a decode reads at once, from 4 distant parts of the share */
+/* Tokens a batch pass over a stored panel takes: 6 tokens' block sums and outputs and a group's
+ * weight vectors fill AVX2's 16 registers, and each group's loads (and q8_0's vpabsb, q4_0's
+ * nibble split) serve 6 tokens. */
+#define STORED_PASS_TOKENS 6
 
 /* q4_0: block k of a stored panel (w0: its 4 vectors of stored bytes, lane r of vector g row r's
  * bytes 4g .. 4g + 3: the low nibbles of elements 4g .., the high ones of 16 + 4g ..) against NT
@@ -403,13 +407,13 @@ COL_INLINE COL_T2 void q4_stored_sums(const uint8_t *w0, const int8_t *const *xq
                                       uint64_t k, const int NT, __m256i *isum)
 {
     const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int b = 0; b < NT; b++) isum[b] = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int g = 0; g < 4; g++) {
         const __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g));
         const __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int b = 0; b < NT; b++) {
             int32_t xl, xh;
             memcpy(&xl, xq[b] + q4_low(k) + 4 * g, 4);
@@ -419,7 +423,7 @@ COL_INLINE COL_T2 void q4_stored_sums(const uint8_t *w0, const int8_t *const *xq
             KEEP_CHAIN(isum[b]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int b = 0; b < NT; b++) isum[b] = _mm256_add_epi32(_mm256_madd_epi16(isum[b], ones), _mm256_set1_epi32(corr[b][k]));
 }
 
@@ -480,32 +484,32 @@ COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, u
 {
     const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n), bb = q4 ? 128 : 256;
     const uint8_t *sc = (const uint8_t *)j->w.data + r * col_dtype_row_bytes(j->w.dtype, n), *pay = sc + 16 * nb;
-    const int8_t *xq[4];
-    const float *dx[4];
-    const int32_t *corr[4];
-    float *y[4];
-    __m256 acc[4];
-#pragma GCC unroll 4
+    const int8_t *xq[STORED_PASS_TOKENS];
+    const float *dx[STORED_PASS_TOKENS];
+    const int32_t *corr[STORED_PASS_TOKENS];
+    float *y[STORED_PASS_TOKENS];
+    __m256 acc[STORED_PASS_TOKENS];
+#pragma GCC unroll 8
     for (int b = 0; b < NT; b++) {
         pass_token(j, qx, qb, r, t + (uint32_t)b, &xq[b], &dx[b], &corr[b], &y[b]);
         acc[b] = b0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y[b]);
     }
     for (uint64_t k = b0; k < b0 + kn; k++) {
         const uint8_t *w0 = pay + bb * k;
-        __m256i isum[4];
+        __m256i isum[STORED_PASS_TOKENS];
         if (q4) {
             q4_stored_sums(w0, xq, corr, nb, k, NT, isum);
         } else {
-            const int8_t *x[4];
-#pragma GCC unroll 4
+            const int8_t *x[STORED_PASS_TOKENS];
+#pragma GCC unroll 8
             for (int b = 0; b < NT; b++) x[b] = xq[b] + QK * k;
             q8_panel_sums(w0, x, NT, isum);
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc + 16 * k)));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int b = 0; b < NT; b++) acc[b] = block_step(acc[b], isum[b], d, dx[b][k]);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int b = 0; b < NT; b++) _mm256_storeu_ps(y[b], acc[b]);
 }
 
@@ -544,8 +548,10 @@ COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, u
         for (uint64_t b0 = 0; b0 < nb; b0 += STORED_KB) {
             const uint64_t kn = nb - b0 < STORED_KB ? nb - b0 : STORED_KB;
             uint32_t t = 0;
-            for (; t + 4 <= nt; t += 4) stored_pass(j, qx, r, b0, kn, t, 4, q4);
+            for (; t + STORED_PASS_TOKENS <= nt; t += STORED_PASS_TOKENS) stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS, q4);
             switch (nt - t) {
+            case 5: stored_pass(j, qx, r, b0, kn, t, 5, q4); break;
+            case 4: stored_pass(j, qx, r, b0, kn, t, 4, q4); break;
             case 3: stored_pass(j, qx, r, b0, kn, t, 3, q4); break;
             case 2: stored_pass(j, qx, r, b0, kn, t, 2, q4); break;
             case 1: stored_pass(j, qx, r, b0, kn, t, 1, q4); break;

@@ -230,7 +230,7 @@ static void test_shapes(run *pools)
 {
     static const uint64_t cols_list[] = {32, 64, 96, 224, 544, 1056};
     static const uint64_t rows_list[] = {1, 3, 7, 8, 9, 17, 37};
-    static const uint32_t tokens_list[] = {1, 2, 3, 4, 5, 9};
+    static const uint32_t tokens_list[] = {1, 2, 3, 4, 5, 6, 7, 9, 13};
     for (size_t d = 0; d < 2; d++) {
         tally t = {0};
         over_shapes(pools, dtypes[d], cols_list, COUNT(cols_list), rows_list, COUNT(rows_list), tokens_list,
@@ -324,13 +324,15 @@ static void test_stored_panels(run *pools)
 {
     static const uint64_t cols_list[] = {32, 64, 96, 224, 1056, 2080};
     static const uint64_t rows_list[] = {8, 16, 24, 40, 72};
-    static const uint32_t tokens_list[] = {1, 2, 3, 4, 5, 9};
+    static const uint32_t tokens_list[] = {1, 2, 3, 4, 5, 6, 7, 9, 13};
     for (size_t d = 0; d < 2; d++) {
         tally t = {0};
         over_shapes(pools, dtypes[d], cols_list, COUNT(cols_list), rows_list, COUNT(rows_list), tokens_list,
                     COUNT(tokens_list), check_stored, &t);
         for (uint32_t nt = 1; nt <= 40; nt++) check_stored(pools, dtypes[d], 24, 1568, nt, false, &t);
         for (uint32_t nt = 1; nt <= 9; nt += 4) check_stored(NULL, dtypes[d], 16, 4384, nt, false, &t); /* two k-blocks */
+        for (uint32_t nt = 5; nt <= 13; nt += 4) /* 128 blocks: one whole k-block; 129: one block past it */
+            check_stored(NULL, dtypes[d], 8, 4096, nt, false, &t), check_stored(NULL, dtypes[d], 8, 4128, nt, false, &t);
         int nonfinite = t.nonfinite;
         for (int rep = 0; rep < 4; rep++)
             for (uint32_t nt = 1; nt <= 7; nt += 3) check_stored(pools, dtypes[d], 40, 544, nt, true, &t);

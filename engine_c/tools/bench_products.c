@@ -19,7 +19,9 @@
  * Prints this core's multiply-add ceilings instead, one JSON line (G multiply-adds/s of one
  * thread): int8 VNNI vpdpbusd (64 per instruction), f32 FMA (16), and the int8 rate of the
  * instruction mix a batch tile needs in each float order (probe_mix), each over 8-12 independent
- * chains so latency does not bound them.
+ * chains so latency does not bound them. On AVX2 without AVX-512 VNNI: vpmaddwd alone (16 per
+ * instruction), and the int8 rate of a q8_0 pass's work per token and 4-byte group in the forms
+ * its operations could take (probe_q8_avx2).
  */
 #include "internal.h"
 #include "kernels.h"
@@ -189,11 +191,112 @@ __attribute__((target("avx512f,avx512vnni,fma"))) static double probe_mix(int DP
     return (double)iters * PROBE_CHAINS * DP * 64 / dt * 1e-9;
 }
 
+#define PROBE_CHAINS_AVX2 8 /* AVX2's 16 registers */
+
+/* Seconds for PROBE_ITERS rounds of PROBE_CHAINS_AVX2 independent chains of vpmaddwd. */
+__attribute__((target("avx2"))) static double probe_maddwd(int32_t *sink)
+{
+    __m256i acc[PROBE_CHAINS_AVX2], b = _mm256_set1_epi16(-5);
+    for (int c = 0; c < PROBE_CHAINS_AVX2; c++) acc[c] = _mm256_set1_epi32(c);
+    const double t0 = now_s();
+    for (uint64_t i = 0; i < PROBE_ITERS; i++) {
+#pragma GCC unroll 8
+        for (int c = 0; c < PROBE_CHAINS_AVX2; c++) acc[c] = _mm256_madd_epi16(acc[c], b);
+        __asm__ volatile("" : "+x"(b));
+    }
+    const double dt = now_s() - t0;
+    for (int c = 1; c < PROBE_CHAINS_AVX2; c++) acc[0] = _mm256_add_epi32(acc[0], acc[c]);
+    *sink += _mm256_extract_epi32(acc[0], 0);
+    return dt;
+}
+
+/* One block of a q8_0 pass on AVX2, 8 rows in the lanes (w: the block's 8 vectors of 4-byte groups,
+ * lane r row r's) against 4 tokens (x: their 32 activations each, widened to int16 for forms 1
+ * and 2), repeated from L1; G int8 multiply-adds/s. FORM 0: the kernels' vpsignb + vpmaddubsw +
+ * vpmaddwd + vpaddd per token and group (vpabsb per group); 1: int16 pairs, the group's even and
+ * odd bytes by shifts, then two vpbroadcastd + two vpmaddwd + two vpaddd; 2: vpmovsxbw of rows
+ * 0-3 and 4-7, one vpbroadcastq + two vpmaddwd + two vpaddd, vphaddd + vpermq per block. */
+__attribute__((target("avx2"))) static double probe_q8_avx2(const int FORM, int32_t *sink)
+{
+    static int8_t w_mem[256] __attribute__((aligned(64)));
+    static int16_t x_mem[4][32] __attribute__((aligned(64)));
+    for (int i = 0; i < 256; i++) w_mem[i] = (int8_t)(i * 37);
+    for (int i = 0; i < 128; i++) x_mem[i / 32][i % 32] = (int16_t)(i * 13 % 255 - 127);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i total = _mm256_setzero_si256();
+    const uint64_t blocks = PROBE_ITERS / 8;
+    const double t0 = now_s();
+    for (uint64_t i = 0; i < blocks; i++) {
+        const int8_t *w = w_mem;
+        const int16_t *x = &x_mem[0][0];
+        __asm__ volatile("" : "+r"(w), "+r"(x)); /* reloaded every block, as a pass's are */
+        __m256i lo[4], hi[4];
+        for (int b = 0; b < 4; b++) lo[b] = hi[b] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            const __m256i wg = _mm256_loadu_si256((const __m256i *)(const void *)(w + 32 * g));
+            __m256i a, c;
+            if (FORM == 0) {
+                a = _mm256_abs_epi8(wg), c = wg;
+            } else if (FORM == 1) {
+                a = _mm256_srai_epi16(_mm256_slli_epi16(wg, 8), 8), c = _mm256_srai_epi16(wg, 8);
+            } else {
+                a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(w + 32 * g)));
+                c = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(w + 32 * g + 16)));
+            }
+#pragma GCC unroll 4
+            for (int b = 0; b < 4; b++) {
+                const int16_t *xb = x + 32 * b;
+                if (FORM == 0) {
+                    int32_t x4; /* the int8 values' bytes, as a pass broadcasts them */
+                    memcpy(&x4, (const int8_t *)(const void *)xb + 4 * g, 4);
+                    const __m256i prod = _mm256_maddubs_epi16(a, _mm256_sign_epi8(_mm256_set1_epi32(x4), c));
+                    lo[b] = _mm256_add_epi32(lo[b], _mm256_madd_epi16(prod, ones));
+                } else if (FORM == 1) {
+                    int32_t xe, xo;
+                    memcpy(&xe, xb + 2 * g, 4);
+                    memcpy(&xo, xb + 16 + 2 * g, 4);
+                    lo[b] = _mm256_add_epi32(lo[b], _mm256_madd_epi16(a, _mm256_set1_epi32(xe)));
+                    hi[b] = _mm256_add_epi32(hi[b], _mm256_madd_epi16(c, _mm256_set1_epi32(xo)));
+                } else {
+                    int64_t x4;
+                    memcpy(&x4, xb + 4 * g, 8);
+                    const __m256i xv = _mm256_set1_epi64x(x4);
+                    lo[b] = _mm256_add_epi32(lo[b], _mm256_madd_epi16(a, xv));
+                    hi[b] = _mm256_add_epi32(hi[b], _mm256_madd_epi16(c, xv));
+                }
+                if (FORM == 0)
+                    __asm__ volatile("" : "+x"(lo[b]));
+                else
+                    __asm__ volatile("" : "+x"(lo[b]), "+x"(hi[b]));
+            }
+        }
+        for (int b = 0; b < 4; b++) {
+            __m256i isum = lo[b];
+            if (FORM == 1) isum = _mm256_add_epi32(lo[b], hi[b]);
+            if (FORM == 2) isum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[b], hi[b]), 0xD8);
+            total = _mm256_xor_si256(total, isum);
+        }
+    }
+    const double dt = now_s() - t0;
+    *sink += _mm256_extract_epi32(total, 0);
+    return (double)blocks * 4 * 256 / dt * 1e-9;
+}
+
 static int print_ceilings(void)
 {
     if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512vnni")) {
-        fputs("bench_products: --ceilings needs AVX-512 VNNI\n", stderr);
-        return 1;
+        if (!__builtin_cpu_supports("avx2")) {
+            fputs("bench_products: --ceilings needs AVX-512 VNNI or AVX2\n", stderr);
+            return 1;
+        }
+        int32_t sink = 0;
+        const double maddwd = (double)PROBE_ITERS * PROBE_CHAINS_AVX2 * 16 / probe_maddwd(&sink) * 1e-9;
+        const double sign = probe_q8_avx2(0, &sink), pairs = probe_q8_avx2(1, &sink), movsx = probe_q8_avx2(2, &sink);
+        printf("{\"vpmaddwd_gmacs\": %.1f, \"q8_avx2_sign_gmacs\": %.1f, \"q8_avx2_int16_pairs_gmacs\": %.1f, "
+               "\"q8_avx2_int16_movsx_gmacs\": %.1f, \"sink\": %d}\n",
+               maddwd, sign, pairs, movsx, sink);
+        return 0;
     }
     int32_t isink = 0;
     float fsink = 0.0f;
