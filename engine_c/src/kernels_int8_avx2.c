@@ -395,9 +395,10 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
 #define STORED_KB 128 /* blocks a batch's passes share from L1/L2: whole rows up to 4096 columns */
 #define STORED_STREAMS 4 /* panels a decode reads at once, from 4 distant parts of the share */
 /* Tokens a batch pass over a stored panel takes: 6 tokens' block sums and outputs and a group's
- * weight vectors fill AVX2's 16 registers, and each group's loads (and q8_0's vpabsb, q4_0's
- * nibble split) serve 6 tokens. */
+ * weight vectors fill AVX2's 16 registers, and each group's loads and q8_0's vpabsb serve 6
+ * tokens; q4_0 passes keep 4 (6 lost 2-8 % of a Qwen3-MoE-shaped q4 prefill). */
 #define STORED_PASS_TOKENS 6
+#define STORED_PASS_TOKENS_Q4 4
 
 /* q4_0: block k of a stored panel (w0: its 4 vectors of stored bytes, lane r of vector g row r's
  * bytes 4g .. 4g + 3: the low nibbles of elements 4g .., the high ones of 16 + 4g ..) against NT
@@ -513,42 +514,64 @@ COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, u
     for (int b = 0; b < NT; b++) _mm256_storeu_ps(y[b], acc[b]);
 }
 
+/* A token at a time: the share cut into STORED_STREAMS parts of whole panels as even as they can
+ * be, tile i takes panel i of each part that has one (the parts' last tile may be short). */
+COL_INLINE COL_T2 void one_token_tiles(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
+                                       const int q4)
+{
+    const uint64_t qb = col_qrow_bytes(j->w.cols), np = (r1 - r0) / LANES;
+    uint64_t from[STORED_STREAMS + 1], pr[STORED_STREAMS];
+    for (int s = 0; s <= STORED_STREAMS; s++) from[s] = np * (uint64_t)s / STORED_STREAMS;
+    for (uint32_t t = 0; t < j->n_tokens; t++) {
+        float *y = j->y + (uint64_t)t * j->w.rows;
+        for (uint64_t i = 0;; i++) {
+            int tile = 0;
+            for (int s = 0; s < STORED_STREAMS; s++)
+                if (from[s] + i < from[s + 1]) pr[tile++] = r0 + LANES * (from[s] + i);
+            if (tile == STORED_STREAMS)
+                stored_decode(j, qx + t * qb, pr, STORED_STREAMS, y, ahead, q4);
+            else if (tile == 3)
+                stored_decode(j, qx + t * qb, pr, 3, y, ahead, q4);
+            else if (tile == 2)
+                stored_decode(j, qx + t * qb, pr, 2, y, ahead, q4);
+            else if (tile == 1)
+                stored_decode(j, qx + t * qb, pr, 1, y, ahead, q4);
+            else
+                break;
+        }
+    }
+}
+
+/* Out of line: in one function with the batch passes, gcc compiled these tiles worse (decode
+ * 0.89-0.94x beside the 6-token passes). */
+static COL_T2 __attribute__((noinline)) void stored_rows_one_token(const col_matvec_job *j, const uint8_t *qx, uint64_t r0,
+                                                                   uint64_t r1, uint32_t ahead, const int q4)
+{
+    if (q4)
+        one_token_tiles(j, qx, r0, r1, ahead, 1);
+    else
+        one_token_tiles(j, qx, r0, r1, ahead, 0);
+}
+
 COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
                                    const int q4)
 {
-    const uint64_t nb = j->w.cols / QK, qb = col_qrow_bytes(j->w.cols);
+    const uint64_t nb = j->w.cols / QK;
     const uint32_t nt = j->n_tokens;
     if (nt < COL_Q_AVX2_STORED_TOKENS) {
-        /* a token at a time; the share cut into STORED_STREAMS parts of whole panels as even as they
-         * can be, tile i takes panel i of each part that has one (the parts' last tile may be short) */
-        const uint64_t np = (r1 - r0) / LANES;
-        uint64_t from[STORED_STREAMS + 1], pr[STORED_STREAMS];
-        for (int s = 0; s <= STORED_STREAMS; s++) from[s] = np * (uint64_t)s / STORED_STREAMS;
-        for (uint32_t t = 0; t < nt; t++) {
-            float *y = j->y + (uint64_t)t * j->w.rows;
-            for (uint64_t i = 0;; i++) {
-                int tile = 0;
-                for (int s = 0; s < STORED_STREAMS; s++)
-                    if (from[s] + i < from[s + 1]) pr[tile++] = r0 + LANES * (from[s] + i);
-                if (tile == STORED_STREAMS)
-                    stored_decode(j, qx + t * qb, pr, STORED_STREAMS, y, ahead, q4);
-                else if (tile == 3)
-                    stored_decode(j, qx + t * qb, pr, 3, y, ahead, q4);
-                else if (tile == 2)
-                    stored_decode(j, qx + t * qb, pr, 2, y, ahead, q4);
-                else if (tile == 1)
-                    stored_decode(j, qx + t * qb, pr, 1, y, ahead, q4);
-                else
-                    break;
-            }
-        }
+        stored_rows_one_token(j, qx, r0, r1, ahead, q4);
         return;
     }
     for (uint64_t r = r0; r < r1; r += LANES)
         for (uint64_t b0 = 0; b0 < nb; b0 += STORED_KB) {
             const uint64_t kn = nb - b0 < STORED_KB ? nb - b0 : STORED_KB;
             uint32_t t = 0;
-            for (; t + STORED_PASS_TOKENS <= nt; t += STORED_PASS_TOKENS) stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS, q4);
+            if (q4)
+                for (; t + STORED_PASS_TOKENS_Q4 <= nt; t += STORED_PASS_TOKENS_Q4)
+                    stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS_Q4, q4);
+            else
+                for (; t + STORED_PASS_TOKENS <= nt; t += STORED_PASS_TOKENS)
+                    stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS, q4);
             switch (nt - t) {
             case 5: stored_pass(j, qx, r, b0, kn, t, 5, q4); break;
             case 4: stored_pass(j, qx, r, b0, kn, t, 4, q4); break;
