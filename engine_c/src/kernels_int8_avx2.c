@@ -396,7 +396,7 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
 #define STORED_STREAMS 4 /* panels a decode reads at once, from 4 distant parts of the share */
 /* Tokens a batch pass over a stored panel takes: 6 tokens' block sums and outputs and a group's
  * weight vectors fill AVX2's 16 registers, and each group's loads and q8_0's vpabsb serve 6
- * tokens; q4_0 passes keep 4 (6 lost 2-8 % of a Qwen3-MoE-shaped q4 prefill). */
+ * tokens; q4_0 passes keep 4, which measured faster on experts of ~16 tokens. */
 #define STORED_PASS_TOKENS 6
 #define STORED_PASS_TOKENS_Q4 4
 
@@ -542,8 +542,8 @@ COL_INLINE COL_T2 void one_token_tiles(const col_matvec_job *j, const uint8_t *q
     }
 }
 
-/* Out of line: in one function with the batch passes, gcc compiled these tiles worse (decode
- * 0.89-0.94x beside the 6-token passes). */
+/* Out of line: in one function with the batch passes, gcc allocated these tiles' registers worse
+ * (docs/performance.md, the stored passes' decision row). */
 static COL_T2 __attribute__((noinline)) void stored_rows_one_token(const col_matvec_job *j, const uint8_t *qx, uint64_t r0,
                                                                    uint64_t r1, uint32_t ahead, const int q4)
 {
