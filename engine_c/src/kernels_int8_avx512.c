@@ -98,6 +98,34 @@ COL_INLINE COL_T512 void pack_panel(const col_weight *w, uint64_t pr, uint32_t n
     }
 }
 
+/* The same panel from weights stored in 8-row panels (COL_DTYPE_Q8_0X8/Q4_0X8): lanes 0-7 from the
+ * stored panel at row pr, 8-15 from the one after it (nr > 8) or again from the first. A stored
+ * panel already holds each row's 4-byte group g of a block in lane order, so a block is 8 (q8_0)
+ * or 4 (q4_0) pairs of 32-byte loads, and its scales two rows of 8 f16. */
+COL_INLINE COL_T512 void pack_stored_panel(const col_weight *w, uint64_t pr, uint32_t nr, uint64_t k0, uint64_t k1, int q4,
+                                           uint8_t *panel)
+{
+    const uint64_t nb = w->cols / QK, rb = col_dtype_row_bytes(w->dtype, w->cols), pbb = panel_block_bytes(q4);
+    const uint64_t bb = q4 ? 128 : 256; /* payload bytes of a stored panel's block */
+    const uint8_t *first = (const uint8_t *)w->data + pr * rb, *second = nr > 8 ? first + 8 * rb : first;
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    for (uint64_t k = k0; k < k1; k++) {
+        uint8_t *dst = panel + (k - k0) * pbb;
+        const __m128i s0 = _mm_loadu_si128((const __m128i *)(const void *)(first + 16 * k));
+        const __m128i s1 = _mm_loadu_si128((const __m128i *)(const void *)(second + 16 * k));
+        _mm512_store_ps((void *)dst, _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(s0), s1, 1)));
+        const uint8_t *p0 = first + 16 * nb + bb * k, *p1 = second + 16 * nb + bb * k;
+        _mm_prefetch((const char *)(p0 + COL_PACK_AHEAD), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p1 + COL_PACK_AHEAD), _MM_HINT_T0);
+        for (uint64_t g = 0; g < bb / 32; g++) {
+            const __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)(p0 + 32 * g));
+            const __m256i hi = _mm256_loadu_si256((const __m256i *)(const void *)(p1 + 32 * g));
+            const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            _mm512_store_si512((void *)(dst + 64 + 64 * g), q4 ? v : _mm512_xor_si512(v, bias));
+        }
+    }
+}
+
 COL_INLINE int32_t load4(const int8_t *p)
 {
     int32_t v;
@@ -135,7 +163,7 @@ COL_INLINE COL_T512 void panel_pass(const col_matvec_job *j, const uint8_t *qx, 
         }
         const __m512 dw = _mm512_load_ps((const void *)blk);
         /* where the block's low and high 16 values sit (col_xq_pos); one place for q8_0 */
-        const uint64_t lo = col_xq_pos(j->w.dtype, nb, k, 0), hi = col_xq_pos(j->w.dtype, nb, k, 16);
+        const uint64_t lo = col_xq_pos(col_block_kind(j->w.dtype), nb, k, 0), hi = col_xq_pos(col_block_kind(j->w.dtype), nb, k, 16);
         const uint8_t *xt = x0;
 #pragma GCC unroll 12
         for (int b = 0; b < NT; b++, xt += qb) {
@@ -171,14 +199,17 @@ COL_INLINE COL_T512 void panel_tokens(const col_matvec_job *j, const uint8_t *qx
 }
 
 static COL_T512 void rows_panels(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
-                                 int q4)
+                                 int q4, int stored)
 {
     const uint64_t nb = j->w.cols / QK;
     for (uint64_t pr = r0; pr < r1; pr += COL_PANEL_ROWS) {
         const uint32_t nr = r1 - pr < COL_PANEL_ROWS ? (uint32_t)(r1 - pr) : COL_PANEL_ROWS;
         for (uint64_t k0 = 0; k0 < nb; k0 += COL_PANEL_KBLOCKS) {
             const uint64_t k1 = nb - k0 < COL_PANEL_KBLOCKS ? nb : k0 + COL_PANEL_KBLOCKS;
-            pack_panel(&j->w, pr, nr, k0, k1, q4, stage);
+            if (stored)
+                pack_stored_panel(&j->w, pr, nr, k0, k1, q4, stage);
+            else
+                pack_panel(&j->w, pr, nr, k0, k1, q4, stage);
             if (q4)
                 panel_tokens(j, qx, stage, pr, nr, k0, k1, 1);
             else
@@ -367,12 +398,17 @@ static COL_T512 void rows_decode(const col_matvec_job *j, const uint8_t *qx, uin
 COL_T512 void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
                                    uint64_t stage_bytes, col_ahead ahead)
 {
-    const int q4 = j->w.dtype == COL_DTYPE_Q4_0;
+    const int q4 = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0;
+    const int stored = is_panel_dtype(j->w.dtype);
     if (j->n_tokens >= COL_PANEL_MIN_TOKENS && stage && stage_bytes >= col_int8_stage_bytes()) {
-        rows_panels(j, qx, r0, r1, stage, q4);
+        rows_panels(j, qx, r0, r1, stage, q4, stored);
         return;
     }
-    rows_decode(j, qx, 0, j->n_tokens, r0, r1, q4, ahead.q);
+    /* fewer tokens from stored panels: the AVX2 kernel, which reads them where they lie */
+    if (stored)
+        col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q);
+    else
+        rows_decode(j, qx, 0, j->n_tokens, r0, r1, q4, ahead.q);
 }
 
 #endif

@@ -566,11 +566,9 @@ COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64
     case COL_DTYPE_BF16: WALK_FLOAT_512(T, COL_DTYPE_BF16); break;
 #undef T
     case COL_DTYPE_Q8_0:
-    case COL_DTYPE_Q4_0: col_rows_int8_avx512(j, qx, r0, r1, carry, carry_bytes, ahead); break;
-    /* stored panels: the AVX2 kernel, which reads them as stored (the same bits; not run on the
-     * Zen 3 this was written on, tested where AVX-512 runs) */
+    case COL_DTYPE_Q4_0:
     case COL_DTYPE_Q8_0X8:
-    case COL_DTYPE_Q4_0X8: col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q); break;
+    case COL_DTYPE_Q4_0X8: col_rows_int8_avx512(j, qx, r0, r1, carry, carry_bytes, ahead); break;
     default: break;
     }
 }
