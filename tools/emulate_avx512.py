@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""The AVX-512 int8 products checked on a CPU without AVX-512: an emulated Sapphire Rapids runs
-them and compares every output's bits with the definition.
+"""The AVX-512 kernels that promise exact bits, checked on a CPU without AVX-512: an emulated
+Sapphire Rapids runs them and compares every output's bits with the portable definition.
 
-The engine's AVX-512 VNNI kernels (kernels_int8_avx512.c, and the dispatch in kernels_x86.c) run
-only where the CPU has AVX-512; on an AVX2 machine the test suite cannot reach them. This tool
-builds engine_c/tests/emu_int8_avx512.c with the engine's sources as a freestanding static program
-(no C library, no threads: the products and the portable definition, col_dotq_stored, in one
+The engine's AVX-512 kernels run only where the CPU has AVX-512; on an AVX2 machine the test suite
+cannot reach them. This tool builds engine_c/tests/emu_avx512.c with the engine's sources as a
+freestanding static program (no C library, no threads: a kernel and its definition in one
 process) and runs it on BochsCPU, Bochs's x86 interpreter as a library (PyPI `bochscpu-python`),
-case by case: q8_0, q4_0 and their 8-row panels; row counts around 16 (the AVX-512 lanes) and 8
-(a panel); 17, 32 and 137 blocks of columns; 1 to 40 tokens (decode, the decode kernel a token at
-a time, and the packed batch passes); both entry points. Any output whose bits differ, a fault or
-a run that does not reach its end fails the case. It checks bits, not speed.
+case by case:
+  * int8: q8_0, q4_0 and their 8-row panels (VNNI, kernels_int8_avx512.c and the dispatch in
+    kernels_x86.c) against col_dotq_stored; rows around 16 (the lanes) and 8 (a panel); 17, 32 and
+    137 blocks of columns; 1 to 40 tokens (decode, and the packed batch passes); both entry points;
+  * numerics: every jitter-lab variant's AVX-512 loops (seq, pairwise, blocked L, with fma and
+    split partial sums) on f32, f16, bf16, q8_0 and q4_0 rows against the reference loops;
+  * bf16dot: vdpbf16ps (AVX512-BF16) against col_rows_bf16dot_portable, whole and partial blocks.
+Any output whose bits differ, a fault or a run that does not reach its end fails the case. It
+checks bits, not speed; the AVX-512 float kernels of the default path (whose bits differ from the
+portable path's by design) and AMX are not covered.
 
 bochscpu-python 0.4.0's wheel (pinned by sha256) is fetched with pip into a cache outside the
 repository (~/.cache/colibri/bochscpu-0.4.0) and changed there in two ways, both checked byte by
@@ -22,7 +27,7 @@ byte first:
   * it was linked against glibc 2.38 and asks for __isoc23_strtoull and __isoc23_sscanf, which
     older C libraries lack: a small shared library of the two (built here with cc) is loaded first.
 
-    python tools/emulate_avx512.py [--quick] [--case DTYPE:ROWS:COLS:TOKENS[:ENTRY]] [-v]
+    python tools/emulate_avx512.py [--quick] [--case KIND:DTYPE:ROWS:COLS:TOKENS[:ENTRY]] [-v]
 
 tests/test_emulated_avx512.py runs the whole set (about a minute) in the suite. Needs cc (gcc or clang),
 nm and pip (the first run downloads 2 MB from PyPI).
@@ -71,7 +76,16 @@ int __isoc23_sscanf(const char *s, const char *format, ...)
     return n;
 }
 """
-DTYPES = ("q8_0", "q4_0", "q8_0x8", "q4_0x8")
+DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q8_0x8", "q4_0x8")
+KINDS = {"int8": 0, "numerics": 1, "bf16dot": 2}
+REDUCTIONS = {"seq": 1, "pairwise": 2, "blocked": 3}
+# the variants tests/test_numerics.c checks natively: (reduction, lanes, fma, split)
+VARIANTS = {"seq": (1, 0, 0, 0), "seq+fma": (1, 0, 1, 0), "pairwise": (2, 0, 0, 0), "pairwise+fma": (2, 0, 1, 0),
+            "blocked1": (3, 1, 0, 0), "blocked3": (3, 3, 0, 0), "blocked4": (3, 4, 0, 0), "blocked8+fma": (3, 8, 1, 0),
+            "blocked16": (3, 16, 0, 0), "blocked32+fma": (3, 32, 1, 0), "blocked100": (3, 100, 0, 0),
+            "blocked256+fma": (3, 256, 1, 0), "seq+split2": (1, 0, 0, 2), "seq+split4": (1, 0, 0, 4),
+            "pairwise+split3": (2, 0, 0, 3), "blocked8+fma+split4": (3, 8, 1, 4), "blocked16+split7": (3, 16, 0, 7),
+            "seq+split256": (1, 0, 0, 256)}
 ENTRIES = {"dispatch": 0, "int8": 1}
 PAGE = 4096
 STACK_TOP, STACK_PAGES = 0x7FFF0000, 64
@@ -136,7 +150,7 @@ def ensure_emulator() -> Path:
 
 
 def build_program(out: Path) -> Path:
-    """emu_int8_avx512.c and the engine's sources, freestanding and static, into `out`."""
+    """emu_avx512.c and the engine's sources, freestanding and static, into `out`."""
     cc = os.environ.get("CC", "cc")
     flags = ["-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Werror",
              "-ffreestanding", "-fno-stack-protector", "-fno-pic", "-fno-pie", "-ffp-contract=off",
@@ -145,7 +159,7 @@ def build_program(out: Path) -> Path:
              # this Bochs raises #UD on a gather whose index is zmm16-31 (EVEX.V' set): keep
              # the compiler off those registers
              *[f"-ffixed-xmm{i}" for i in range(16, 32)]]
-    sources = [ENGINE / "tests" / "emu_int8_avx512.c", *sorted((ENGINE / "src").glob("*.c"))]
+    sources = [ENGINE / "tests" / "emu_avx512.c", *sorted((ENGINE / "src").glob("*.c"))]
     objects = []
     for source in sources:
         obj = out.parent / (source.stem + ".o")
@@ -154,7 +168,7 @@ def build_program(out: Path) -> Path:
     # Only the products' code is reached; what it never calls (the C library, threads) stays
     # unresolved, and a call to it would fault in the emulator, failing the case.
     subprocess.run([cc, "-nostdlib", "-static", "-no-pie", "-o", str(out), *objects, "-Wl,-e,_start",
-                    "-Wl,--gc-sections", "-Wl,--unresolved-symbols=ignore-all"], check=True)
+                    "-Wl,--gc-sections", "-Wl,--unresolved-symbols=ignore-all", "-lgcc"], check=True)
     return out
 
 
@@ -167,15 +181,21 @@ def dtype_numbers() -> dict[str, int]:
 
 @dataclass
 class Case:
+    kind: str
     dtype: str
     rows: int
     cols: int
     tokens: int
-    entry: str = "dispatch"
+    entry: str = "dispatch"  # int8: "dispatch" or "int8"; numerics: the variant's name
     seed: int = 1
 
     def __str__(self) -> str:
-        return f"{self.dtype} {self.rows} x {self.cols}, {self.tokens} token(s), {self.entry}"
+        return f"{self.kind} {self.dtype} {self.rows} x {self.cols}, {self.tokens} token(s), {self.entry}"
+
+    def fields(self, dtypes: dict[str, int]) -> tuple[int, ...]:
+        variant = VARIANTS[self.entry] if self.kind == "numerics" else (0, 0, 0, 0)
+        entry = ENTRIES.get(self.entry, 0)
+        return (KINDS[self.kind], dtypes[self.dtype], self.rows, self.cols, self.tokens, self.seed, entry, *variant)
 
 
 class Machine:
@@ -266,8 +286,7 @@ class Machine:
         return stop
 
     def run_case(self, case: Case, dtypes: dict[str, int]) -> tuple[bool, str]:
-        fields = (dtypes[case.dtype], case.rows, case.cols, case.tokens, case.seed, ENTRIES[case.entry])
-        self.write(self.symbols["emu_case"], struct.pack("<6Q", *fields))
+        self.write(self.symbols["emu_case"], struct.pack("<11Q", *case.fields(dtypes)))
         self.write(self.symbols["emu_result"], bytes(32))
         began = time.time()
         stop = self.run()
@@ -287,22 +306,33 @@ def cases(quick: bool) -> list[Case]:
     for dtype in ("q8_0", "q4_0", "q8_0x8", "q4_0x8"):
         for rows, cols in shapes:
             for nt in tokens:
-                out.append(Case(dtype, rows, cols, nt))
-    out += [Case("q8_0", 40, 1024, 13, "int8"), Case("q4_0", 40, 544, 9, "int8")]
+                out.append(Case("int8", dtype, rows, cols, nt))
+    out += [Case("int8", "q8_0", 40, 1024, 13, "int8"), Case("int8", "q4_0", 40, 544, 9, "int8")]
+    variants = list(VARIANTS) if not quick else ["seq", "pairwise+fma", "blocked8+fma", "blocked100", "seq+split4"]
+    for dtype in ("f32", "f16", "bf16", "q8_0", "q4_0"):
+        for rows, cols, nt in ((37, 1056, 5), (7, 96, 1)) if dtype in ("q8_0", "q4_0") else ((37, 100, 5), (16, 1056, 1)):
+            for variant in variants:
+                out.append(Case("numerics", dtype, rows, cols, nt, variant))
+    for cols in ((7, 32, 45, 100, 1056) if not quick else (45, 1056)):
+        for rows, nt in ((7, 1), (37, 5), (37, 9)):
+            out.append(Case("bf16dot", "bf16", rows, cols, nt))
     return out
 
 
 def parse_case(text: str) -> Case:
     parts = text.split(":")
-    if len(parts) not in (4, 5) or parts[0] not in DTYPES or (len(parts) == 5 and parts[4] not in ENTRIES):
-        raise argparse.ArgumentTypeError(f"{text}: DTYPE:ROWS:COLS:TOKENS[:dispatch|int8]")
-    return Case(parts[0], int(parts[1]), int(parts[2]), int(parts[3]), *(parts[4:]))
+    if len(parts) not in (5, 6) or parts[0] not in KINDS or parts[1] not in DTYPES:
+        raise argparse.ArgumentTypeError(f"{text}: KIND:DTYPE:ROWS:COLS:TOKENS[:ENTRY]")
+    entry = parts[5] if len(parts) == 6 else ("seq" if parts[0] == "numerics" else "dispatch")
+    if entry not in ENTRIES and entry not in VARIANTS:
+        raise argparse.ArgumentTypeError(f"{text}: unknown entry or variant {entry}")
+    return Case(parts[0], parts[1], int(parts[2]), int(parts[3]), int(parts[4]), entry)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer shapes and token counts")
-    ap.add_argument("--case", type=parse_case, action="append", default=[], metavar="DTYPE:ROWS:COLS:TOKENS[:ENTRY]")
+    ap.add_argument("--case", type=parse_case, action="append", default=[], metavar="KIND:DTYPE:ROWS:COLS:TOKENS[:ENTRY]")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every case, not only failures")
     args = ap.parse_args(argv)
     site = ensure_emulator()
@@ -313,13 +343,15 @@ def main(argv: list[str] | None = None) -> int:
         failed = 0
         todo = args.case or cases(args.quick)
         for case in todo:
-            if case.rows > 80 or case.cols > 4384 or case.tokens > 40 or case.cols % 32:
+            if case.rows > 80 or case.cols > 4384 or case.tokens > 40:
                 raise SystemExit(f"{case}: beyond the program's buffers (80 rows, 4384 columns, 40 tokens)")
+            if case.dtype.startswith("q") and case.cols % 32 or case.dtype.endswith("x8") and case.rows % 8:
+                raise SystemExit(f"{case}: quantised rows hold whole blocks of 32, panels whole 8 rows")
             ok, detail = machine.run_case(case, dtypes)
             failed += not ok
             if args.verbose or not ok:
                 print(f"{'ok  ' if ok else 'FAIL'} {case}: {detail}", flush=True)
-        print(f"{len(todo) - failed} of {len(todo)} cases gave the definition's bits on the emulated AVX-512 CPU")
+        print(f"{len(todo) - failed} of {len(todo)} cases gave the definitions' bits on the emulated AVX-512 CPU")
     return 1 if failed else 0
 
 
