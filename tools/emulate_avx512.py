@@ -12,10 +12,13 @@ case by case:
     137 blocks of columns; 1 to 40 tokens (decode, and the packed batch passes); both entry points;
   * numerics: every jitter-lab variant's AVX-512 loops (seq, pairwise, blocked L, with fma and
     split partial sums) on f32, f16, bf16, q8_0 and q4_0 rows against the reference loops;
-  * bf16dot: vdpbf16ps (AVX512-BF16) against col_rows_bf16dot_portable, whole and partial blocks.
-Any output whose bits differ, a fault or a run that does not reach its end fails the case. It
-checks bits, not speed; the AVX-512 float kernels of the default path (whose bits differ from the
-portable path's by design) and AMX are not covered.
+  * bf16dot: vdpbf16ps (AVX512-BF16) against col_rows_bf16dot_portable, whole and partial blocks;
+  * float: the default path's f32, f16 and bf16 tiles, whose bits differ from the portable path's
+    by design: a batch against its tokens one at a time (bits), and against col_rows_portable
+    within 2^-16 of the largest output.
+Any output whose bits differ (or, for float, lies too far), a fault or a run that does not reach
+its end fails the case. It checks bits, not speed; AMX is not covered (Bochs's Sapphire Rapids
+reports no AMX).
 
 bochscpu-python 0.4.0's wheel (pinned by sha256) is fetched with pip into a cache outside the
 repository (~/.cache/colibri/bochscpu-0.4.0) and changed there in two ways, both checked byte by
@@ -77,7 +80,7 @@ int __isoc23_sscanf(const char *s, const char *format, ...)
 }
 """
 DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q8_0x8", "q4_0x8")
-KINDS = {"int8": 0, "numerics": 1, "bf16dot": 2}
+KINDS = {"int8": 0, "numerics": 1, "bf16dot": 2, "float": 3}
 REDUCTIONS = {"seq": 1, "pairwise": 2, "blocked": 3}
 # the variants tests/test_numerics.c checks natively: (reduction, lanes, fma, split)
 VARIANTS = {"seq": (1, 0, 0, 0), "seq+fma": (1, 0, 1, 0), "pairwise": (2, 0, 0, 0), "pairwise+fma": (2, 0, 1, 0),
@@ -296,6 +299,7 @@ class Machine:
             return False, f"stopped by exception {stop.get('vector')} at {stop.get('rip', 0):#x} before its end ({took:.1f} s)"
         if outputs != case.rows * case.tokens or nonzero == 0 or differ:
             return False, f"{differ} of {outputs} outputs differ from the definition ({nonzero} not zero)"
+
         return True, f"{outputs} outputs, bits equal ({took:.1f} s)"
 
 
@@ -316,6 +320,9 @@ def cases(quick: bool) -> list[Case]:
     for cols in ((7, 32, 45, 100, 1056) if not quick else (45, 1056)):
         for rows, nt in ((7, 1), (37, 5), (37, 9)):
             out.append(Case("bf16dot", "bf16", rows, cols, nt))
+    for dtype in ("f32", "f16", "bf16"):
+        for rows, cols, nt in ((37, 100, 1), (37, 100, 9), (80, 4384, 13)) if not quick else ((37, 100, 9),):
+            out.append(Case("float", dtype, rows, cols, nt))
     return out
 
 
