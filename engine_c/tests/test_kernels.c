@@ -485,40 +485,6 @@ static void test_pool_run_items_once(void)
     pool_done(&three);
 }
 
-/* Fetch-ahead hints (col_pool_fetch_ahead) change nothing a pool runs: hints of more ranges than a
- * pool keeps, of none, replaced while the workers fetch, and a batch right after each, whose items
- * each run once; a pool of one thread and a NULL pool ignore them; a pool is freed mid-fetch. */
-static void test_fetch_ahead(void)
-{
-    enum { BYTES = 8 << 20, N = 300 };
-    run three = pool_for("portable", 3, 1, 32), one = pool_for("portable", 1, 1, 32);
-    CHECK(three.pool != NULL && one.pool != NULL);
-    char *data = malloc(BYTES);
-    _Atomic uint32_t *runs = malloc(N * sizeof *runs);
-    if (!three.pool || !one.pool || !data || !runs) return;
-    memset(data, 1, BYTES);
-    col_fetch_range ranges[40];
-    for (int i = 0; i < 40; i++) ranges[i] = (col_fetch_range){data + (uint64_t)i * (BYTES / 40), BYTES / 40};
-    int wrong = 0;
-    for (uint32_t round = 0; round < 50; round++) {
-        col_pool_fetch_ahead(three.pool, ranges, round % 3 == 0 ? 40 : round % 3 == 1 ? 1 : 0);
-        if (round % 5 == 0) col_pool_fetch_ahead(three.pool, ranges + 7, 3); /* replaced at once */
-        col_pool_fetch_ahead(one.pool, ranges, 2);
-        col_pool_fetch_ahead(NULL, ranges, 2);
-        for (uint64_t i = 0; i < N; i++) atomic_init(&runs[i], 0);
-        count_task c = {runs, 1}; /* no stall */
-        col_pool_run(three.pool, count_items, &c, N);
-        for (uint64_t i = 0; i < N; i++) wrong += atomic_load(&runs[i]) != 1u;
-    }
-    CHECK(wrong == 0);
-    if (wrong) fprintf(stderr, "fetch ahead: %d items not run exactly once\n", wrong);
-    col_pool_fetch_ahead(three.pool, ranges, 40);
-    pool_done(&three); /* the workers may still be fetching */
-    pool_done(&one);
-    free(runs);
-    free(data);
-}
-
 /* AMX pools of 1 and 3 threads for products within (max_t, max_c): 1 when both run AMX; 0 (with a
  * note, or a failed CHECK when a pool could not be made) otherwise, nothing left to free. */
 static int amx_pools(const char *test, uint32_t max_t, uint64_t max_c, run *one, run *three)
@@ -921,7 +887,6 @@ int main(void)
     test_amx_falls_back_when_scratch_is_short();
     test_parallel_preparation();
     test_pool_run_items_once();
-    test_fetch_ahead();
     test_path("portable");
     test_round_bf16("portable");
     test_round_f16("portable");
