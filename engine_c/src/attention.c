@@ -305,27 +305,6 @@ static void attend_positions(col_session *s, uint32_t layer_index, uint32_t base
     col_pool_run(s->pool, run_heads, &task, (uint64_t)n * s->kv_heads * task.n_parts);
 }
 
-/* A decode step's hint (col_pool_fetch_ahead) while the position is prepared: the layer's cached
- * keys and values the heads read (the positions before `pos` in their window), then the
- * o-projection's weights `o`. */
-static void fetch_cache(col_session *s, uint32_t layer_index, uint32_t pos, col_weight o)
-{
-    const col_hparams *hp = &s->model->hp;
-    const uint32_t mask = s->model->layers[layer_index].route->attention;
-    uint32_t first = 0;
-    if (mask == COL_LAYER_SLIDING && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
-    if (mask == COL_LAYER_CHUNKED) first = pos - pos % hp->attention_chunk_size;
-    col_fetch_range r[32];
-    uint32_t n = 0;
-    const uint64_t d = s->att_dim, bytes = (uint64_t)(pos - first) * d * sizeof(float);
-    for (uint32_t g = 0; g < s->kv_heads && n + 3 <= 32; g++) {
-        r[n++] = (col_fetch_range){kv_rows(s, s->k_cache, layer_index, g) + first * d, bytes};
-        r[n++] = (col_fetch_range){kv_rows(s, s->v_cache, layer_index, g) + first * d, bytes};
-    }
-    r[n++] = col_weight_range(o);
-    col_pool_fetch_ahead(s->pool, r, n);
-}
-
 /* ---- multi-head latent attention (docs/format.md, "MLA") --------------------------------- */
 
 static void mla_up_heads(col_session *s, uint32_t layer_index, uint32_t n);
@@ -513,13 +492,8 @@ void col_attention(col_session *s, uint32_t layer_index, uint32_t n)
                              {col_weight_of(layer->attn_k), s->xn, s->k, n, NULL},
                              {col_weight_of(layer->attn_v), s->xn, s->v, n, NULL}};
     col_matmul_many(s->pool, qkv, 3);
-    col_matvec_job o = {col_weight_of(layer->attn_o), s->att, s->tmp, n, NULL};
-    if (n == 1) fetch_cache(s, layer_index, s->position, o.w);
     attend_positions(s, layer_index, s->position, n, s->q, s->k, s->v, s->att);
-    if (n == 1) {
-        col_fetch_range r = col_weight_range(o.w);
-        col_pool_fetch_ahead(s->pool, &r, 1);
-    }
+    col_matvec_job o = {col_weight_of(layer->attn_o), s->att, s->tmp, n, NULL};
     col_matmul_many(s->pool, &o, 1);
     for (uint32_t t = 0; t < n; t++) add_bias(s->tmp + (uint64_t)t * hp->d_model, layer->attn_o_bias, hp->d_model);
 }

@@ -151,36 +151,16 @@ static void trace_decision(col_session *s, const col_layer *layer, uint32_t posi
     s->trace_hidden_norm[row] = sqrtf(norm);
 }
 
-/* A decode step's hint (col_pool_fetch_ahead) of the routed experts' weights in `t` [E, rows, cols]
- * (and `t3`'s, when not NULL): the experts its slots run. */
-static void fetch_experts(col_session *s, const col_tensor_info *t, const col_tensor_info *t3, const int32_t *run,
-                          uint32_t count)
-{
-    col_fetch_range r[32];
-    uint32_t n = 0;
-    for (uint32_t slot = 0; slot < count && n + 2 <= 32; slot++) {
-        r[n++] = col_weight_range(col_weight_expert(t, (uint32_t)run[slot]));
-        if (t3) r[n++] = col_weight_range(col_weight_expert(t3, (uint32_t)run[slot]));
-    }
-    col_pool_fetch_ahead(s->pool, r, n);
-}
-
-/* out[t] = w2 . (silu(w1 . x[t]) * (w3 . x[t])) for t < n, as matrix-matrix products; layer_index
- * is the layer's, for a decode step's hints. */
-static void swiglu(col_session *s, uint32_t layer_index, const col_tensor_info *t1, const col_tensor_info *t3,
-                   const col_tensor_info *t2, const float *x, uint32_t n, float *out)
+/* out[t] = w2 . (silu(w1 . x[t]) * (w3 . x[t])) for t < n, as matrix-matrix products. */
+static void swiglu(col_session *s, const col_tensor_info *t1, const col_tensor_info *t3, const col_tensor_info *t2,
+                   const float *x, uint32_t n, float *out)
 {
     col_weight w1 = col_weight_of(t1), w3 = col_weight_of(t3), w2 = col_weight_of(t2);
     col_matvec_job up[2] = {{w1, x, s->h1, n, NULL}, {w3, x, s->h3, n, NULL}};
     col_matmul_many(s->pool, up, 2);
-    if (n == 1) {
-        col_fetch_range r = col_weight_range(w2);
-        col_pool_fetch_ahead(s->pool, &r, 1);
-    }
     col_swiglu_gate(s->pool, s->h1, s->h3, (uint64_t)n * w1.rows);
     col_matvec_job down = {w2, s->h1, out, n, NULL};
     col_matmul_many(s->pool, &down, 1);
-    if (n == 1) col_fetch_layer_start(s, layer_index + 1);
 }
 
 /* Rows [o, o + count) of h [rows][width] belong to expert e: each gets row e of `bias` [E][width]
@@ -312,7 +292,7 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
     const col_layer *layer = &m->layers[layer_index];
     uint32_t d_model = hp->d_model, n_experts = hp->n_experts, ks = s->k_slots;
     if (layer->kind != COL_LAYER_MOE) {
-        swiglu(s, layer_index, layer->mlp_w1, layer->mlp_w3, layer->mlp_w2, s->xn, n, s->tmp);
+        swiglu(s, layer->mlp_w1, layer->mlp_w3, layer->mlp_w2, s->xn, n, s->tmp);
         return;
     }
     uint64_t t0 = phase_ns ? col_now_ns() : 0;
@@ -356,7 +336,6 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         }
     }
     uint64_t t1 = phase_ns ? col_now_ns() : 0;
-    if (n == 1) fetch_experts(s, layer->moe_w1, layer->moe_w3, run, s->route_count[0]);
 
     /* counting sort of the (token, slot) pairs by expert */
     uint32_t n_jobs = 0, off = 0;
@@ -398,7 +377,6 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         s->jobs[n_jobs++] = (col_matvec_job){col_weight_of(layer->shared_w2), s->shared_h1, s->shared_out, n, NULL};
     }
     col_matmul_many(s->pool, s->jobs, n_jobs);
-    if (n == 1) fetch_experts(s, layer->moe_w2, NULL, run, s->route_count[0]);
     expert_activation(s, layer, off, d_ff);
     n_jobs = 0;
     for (uint32_t e = 0; e < n_experts; e++) {
@@ -412,7 +390,6 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
         for (uint32_t e = 0; e < n_experts; e++)
             if (s->expert_count[e])
                 add_expert_bias(s->expert_out, layer->moe_w2_bias, e, s->expert_offset[e], s->expert_count[e], d_model);
-    if (n == 1) col_fetch_layer_start(s, layer_index + 1);
     uint64_t t2 = phase_ns ? col_now_ns() : 0;
     col_pool_run(s->pool, combine_tokens, &tokens, n);
     uint64_t t3 = phase_ns ? col_now_ns() : 0;

@@ -91,42 +91,6 @@ uint64_t col_forward_embed(col_session *s, const int32_t *tokens, const float *e
     return s->trace_ids ? col_now_ns() - start : 0;
 }
 
-void col_fetch_layer_start(col_session *s, uint32_t l)
-{
-    const col_model *m = s->model;
-    col_fetch_range r[3];
-    uint32_t n = 0;
-    if (l == m->hp.n_layers) {
-        r[n++] = col_weight_range(col_weight_of(m->output));
-    } else if (m->hp.attention != COL_ATTENTION_MLA) {
-        const col_layer *layer = &m->layers[l];
-        r[n++] = col_weight_range(col_weight_of(layer->attn_q));
-        r[n++] = col_weight_range(col_weight_of(layer->attn_k));
-        r[n++] = col_weight_range(col_weight_of(layer->attn_v));
-    }
-    col_pool_fetch_ahead(s->pool, r, n);
-}
-
-/* A decode step's hint of the feed-forward block's first products: the router (and a shared
- * expert's up-projections and gate), or a dense layer's up-projections. */
-static void fetch_feed_forward(col_session *s, const col_layer *layer)
-{
-    col_fetch_range r[4];
-    uint32_t n = 0;
-    if (layer->kind != COL_LAYER_MOE) {
-        r[n++] = col_weight_range(col_weight_of(layer->mlp_w1));
-        r[n++] = col_weight_range(col_weight_of(layer->mlp_w3));
-    } else {
-        r[n++] = col_weight_range(col_weight_of(layer->moe_gate));
-        if (layer->shared_w1) {
-            r[n++] = col_weight_range(col_weight_of(layer->shared_w1));
-            r[n++] = col_weight_range(col_weight_of(layer->shared_w3));
-        }
-        if (layer->shared_w1 && layer->shared_gate) r[n++] = col_weight_range(col_weight_of(layer->shared_gate));
-    }
-    col_pool_fetch_ahead(s->pool, r, n);
-}
-
 uint64_t col_forward_layer(col_session *s, uint32_t l, uint32_t n)
 {
     const col_model *m = s->model;
@@ -136,12 +100,8 @@ uint64_t col_forward_layer(col_session *s, uint32_t l, uint32_t n)
     int tracing = s->trace_ids != NULL;
     uint64_t phase[COL_PHASE_COUNT] = {0};
     uint64_t t0 = tracing ? col_now_ns() : 0;
-    /* a decode step's serial steps between products leave a worker idle: it fetches the next
-     * product's weights meanwhile (the end of the layer before hints this layer's start) */
-    if (n == 1 && l == 0) col_fetch_layer_start(s, 0);
     col_norm_rows(s, s->x, layer->attn_norm, layer->attn_norm_bias, n, s->xn);
     col_attention(s, l, n);
-    if (n == 1) fetch_feed_forward(s, layer);
     add_residual(s, s->x, s->tmp, n);
     col_numerics_round(&s->numerics, s->pool, s->x, n_x);
     uint64_t t1 = tracing ? col_now_ns() : 0;

@@ -236,12 +236,6 @@ col_weight col_weight_of(const col_tensor_info *t)
     return w;
 }
 
-col_fetch_range col_weight_range(col_weight w)
-{
-    col_fetch_range r = {w.data, w.rows * col_dtype_row_bytes(w.dtype, w.cols)};
-    return r;
-}
-
 col_weight col_weight_expert(const col_tensor_info *t, uint32_t e)
 {
     uint64_t stride = t->shape[1] * col_dtype_row_bytes(t->dtype, t->shape[2]);

@@ -86,17 +86,6 @@ void col_pool_quantize_row(const col_pool *pool, const float *x, uint64_t cols, 
 typedef void (*col_pool_task)(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1);
 void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items);
 
-/* Memory the caller is about to read (the next products' weights, the attention's cached keys and
- * values), for the pool's idle workers to fetch into cache while the caller runs the serial steps
- * between two batches; a hint, with no effect on any result. The ranges (at most 32 are kept) are
- * copied; a later call replaces them, and a worker leaves them for a new batch. Caller thread only;
- * pool may be NULL. */
-typedef struct col_fetch_range {
-    const void *data;
-    uint64_t bytes;
-} col_fetch_range;
-void col_pool_fetch_ahead(col_pool *pool, const col_fetch_range *ranges, uint32_t n);
-
 /* The query heads of one KV group at one position: for each head j < n_q, with its query
  * q + j * d, out[j * d .. (j + 1) * d) = sum_t p[t] * v[t], p = softmax(scale * q.k[t]) over n_keys
  * cached keys k[t] = k + t * stride (values likewise), in f32 on the pool's kernel path. With
@@ -230,8 +219,5 @@ col_weight col_weight_of(const col_tensor_info *t);
 
 /* Weight view of expert `e` of a stacked 3-D tensor [E, rows, cols]. */
 col_weight col_weight_expert(const col_tensor_info *t, uint32_t e);
-
-/* The stored bytes of a weight view, as a range to fetch ahead (col_pool_fetch_ahead). */
-col_fetch_range col_weight_range(col_weight w);
 
 #endif /* COLIBRI_KERNELS_H */

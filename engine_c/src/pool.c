@@ -59,11 +59,6 @@
 /* Spins of a worker waiting for the next product before it sleeps: 2000 pauses (about 50 us on a
  * Zen 3), then sched_yield (about 10 ms in all when no other thread wants the core). */
 #define COL_SPIN_LIMIT 20000u
-/* Byte ranges a fetch-ahead hint holds at most (col_pool_fetch_ahead), and the lines an idle worker
- * asks for between two looks at the generation counter, so a new batch waits for it at most that
- * long. */
-#define COL_FETCH_RANGES 32
-#define COL_FETCH_LINES_PER_LOOK 16
 /* The gate's bit the caller sets when the batch takes no more workers; the bits below it count
  * the workers inside. */
 #define COL_GATE_CLOSED (1ull << 31)
@@ -89,11 +84,6 @@ struct col_pool {
     _Atomic uint64_t gate;         /* the batch's generation << 32 | COL_GATE_CLOSED | workers inside */
     _Atomic uint32_t n_sleeping;   /* workers blocked on work_ready */
     _Atomic int stopping;
-    /* the fetch-ahead hint (col_pool_fetch_ahead): a seqlock, odd while the caller writes it */
-    _Atomic uint64_t fetch_seq;
-    _Atomic uint32_t fetch_n;
-    _Atomic(const char *) fetch_at[COL_FETCH_RANGES];
-    _Atomic uint64_t fetch_bytes[COL_FETCH_RANGES];
     /* the current batch, written before generation is bumped: products, or a task */
     col_pool_task task;
     void *task_ctx;
@@ -327,48 +317,15 @@ static int enter_batch(col_pool *pool, uint64_t g)
     }
 }
 
-/* An idle worker's fetch of the caller's latest hint (col_pool_fetch_ahead), if it has not fetched
- * it yet: every line of its ranges asked for in order, until a new batch (generation past `seen`)
- * or a new hint comes. *done: the hint's sequence number once taken. Returns whether it took one. */
-static int fetch_hint(col_pool *pool, uint64_t seen, uint64_t *done)
-{
-    const uint64_t seq = atomic_load_explicit(&pool->fetch_seq, memory_order_acquire);
-    if (seq == *done || (seq & 1)) return 0;
-    const char *at[COL_FETCH_RANGES];
-    uint64_t bytes[COL_FETCH_RANGES];
-    uint32_t n = atomic_load_explicit(&pool->fetch_n, memory_order_relaxed);
-    n = n < COL_FETCH_RANGES ? n : COL_FETCH_RANGES;
-    for (uint32_t i = 0; i < n; i++) {
-        at[i] = atomic_load_explicit(&pool->fetch_at[i], memory_order_relaxed);
-        bytes[i] = atomic_load_explicit(&pool->fetch_bytes[i], memory_order_relaxed);
-    }
-    atomic_thread_fence(memory_order_acquire);
-    if (atomic_load_explicit(&pool->fetch_seq, memory_order_relaxed) != seq) return 0; /* rewritten meanwhile */
-    *done = seq;
-    uint32_t lines = 0;
-    for (uint32_t i = 0; i < n; i++)
-        for (uint64_t off = 0; off < bytes[i]; off += 64) {
-            if (++lines % COL_FETCH_LINES_PER_LOOK == 0 &&
-                (atomic_load_explicit(&pool->generation, memory_order_relaxed) != seen ||
-                 atomic_load_explicit(&pool->fetch_seq, memory_order_relaxed) != seq))
-                return 1;
-#if defined(__x86_64__)
-            _mm_prefetch(at[i] + off, _MM_HINT_T0);
-#endif
-        }
-    return 1;
-}
-
 static void *worker_main(void *p)
 {
     worker_arg arg = *(worker_arg *)p;
     col_pool *pool = arg.pool;
-    uint64_t seen = 0, fetched = 0;
+    uint64_t seen = 0;
     for (;;) {
         uint32_t spins = 0;
         uint64_t g;
         while ((g = atomic_load(&pool->generation)) == seen && !atomic_load(&pool->stopping)) {
-            if (fetch_hint(pool, seen, &fetched)) continue;
             if (++spins < COL_SPIN_LIMIT) {
                 cpu_relax(spins);
                 continue;
@@ -466,12 +423,6 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
     atomic_init(&pool->next_chunk, 0);
     atomic_init(&pool->n_sleeping, 0);
     atomic_init(&pool->stopping, 0);
-    atomic_init(&pool->fetch_seq, 0);
-    atomic_init(&pool->fetch_n, 0);
-    for (uint32_t i = 0; i < COL_FETCH_RANGES; i++) {
-        atomic_init(&pool->fetch_at[i], NULL);
-        atomic_init(&pool->fetch_bytes[i], 0);
-    }
     if (pthread_mutex_init(&pool->mutex, NULL) != 0) {
         col_dealloc(alloc, pool);
         return NULL;
@@ -720,21 +671,6 @@ void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items)
     atomic_store(&pool->next_chunk, 0);
     dispatch(pool, n_items >= pool->n_threads);
     pool->task = NULL;
-}
-
-void col_pool_fetch_ahead(col_pool *pool, const col_fetch_range *ranges, uint32_t n)
-{
-    if (!pool || pool->n_threads == 1 || pool->n_started + 1 < pool->n_threads) return;
-    n = n < COL_FETCH_RANGES ? n : COL_FETCH_RANGES;
-    const uint64_t seq = atomic_load_explicit(&pool->fetch_seq, memory_order_relaxed);
-    atomic_store_explicit(&pool->fetch_seq, seq + 1, memory_order_relaxed); /* odd: being written */
-    atomic_thread_fence(memory_order_release);
-    for (uint32_t i = 0; i < n; i++) {
-        atomic_store_explicit(&pool->fetch_at[i], (const char *)ranges[i].data, memory_order_relaxed);
-        atomic_store_explicit(&pool->fetch_bytes[i], ranges[i].bytes, memory_order_relaxed);
-    }
-    atomic_store_explicit(&pool->fetch_n, n, memory_order_relaxed);
-    atomic_store_explicit(&pool->fetch_seq, seq + 2, memory_order_release);
 }
 
 uint32_t col_pool_threads(const col_pool *pool)

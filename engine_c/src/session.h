@@ -174,9 +174,6 @@ void col_forward(col_session *s, const int32_t *tokens, const float *embeddings,
  * (`elapsed_ns`: the time of the pieces before it), and s->position += n. */
 uint64_t col_forward_embed(col_session *s, const int32_t *tokens, const float *embeddings, uint32_t n);
 uint64_t col_forward_layer(col_session *s, uint32_t l, uint32_t n);
-/* A decode step's hint to the pool (col_pool_fetch_ahead) of the weights layer l reads first (its
- * q/k/v products), or the LM head's when l is n_layers. */
-void col_fetch_layer_start(col_session *s, uint32_t l);
 void col_forward_head(col_session *s, const int32_t *tokens, uint32_t n, float *logits, uint64_t elapsed_ns);
 
 /* intervene.c: the interventions of one decision at (position, layer), before the rule runs:
