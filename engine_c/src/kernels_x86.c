@@ -1057,10 +1057,7 @@ COL_INLINE COL_T2 void group_scores8_parts(const col_head_job *h, uint32_t h0, c
 COL_INLINE COL_T2 void group_scores8(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores)
 {
     const uint32_t KC = 8 / HC;
-#ifndef COL_HEADS_PARTS
-#define COL_HEADS_PARTS 1
-#endif
-    if (COL_HEADS_PARTS && h->prefetch) {
+    if (h->prefetch) { /* a decode step's keys come from memory */
         group_scores8_parts(h, h0, HC, scores);
         return;
     }
