@@ -127,11 +127,6 @@ void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n);
  * on any thread; isa only chooses the code (col_pool_isa), never the bits. */
 void col_rmsnorm_row(col_isa isa, const float *x, const float *w, float eps, uint64_t n, float *out);
 
-/* col_rmsnorm_row of each of `rows` rows of x [rows][n] in place, all with the weight w [n]: the
- * same bits, several rows' sums carried at once (each sum is one chain of adds, so a lone row
- * waits on its adds' latency). */
-void col_rmsnorm_rows(col_isa isa, float *x, const float *w, float eps, uint32_t rows, uint64_t n);
-
 /* acc[i] += w * x[i] for i < n, the product rounded to f32 before the add (no fused multiply-add):
  * the same bits on every path. acc and x [n] do not overlap. Pure: safe on any thread. */
 void col_add_scaled(col_isa isa, float *acc, float w, const float *x, uint64_t n);

@@ -23,7 +23,6 @@
  * the SwiGLU gate. AVX2 runs the heads one at a time with the portable softmax.
  */
 #include "kernels_internal.h"
-#include "transpose_x86.h"
 
 #include <math.h>
 #include <string.h>
@@ -1305,40 +1304,6 @@ COL_T2 void col_rmsnorm_row_avx2(const float *x, const float *w, float eps, uint
         const __m256i m = lanes_below8(n - i);
         const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(x + i, m), inv);
         _mm256_maskstore_ps(out + i, m, _mm256_mul_ps(_mm256_maskload_ps(w + i, m), v));
-    }
-}
-
-/* col_rmsnorm_rows: 8 rows' sums of squares in the 8 lanes of one vector, each lane the one chain
- * of its row (8 elements of each row transposed into 8 vectors, added in element order), inv in
- * lanes by the same IEEE operations as col_rmsnorm_inv's, then each row scaled as
- * col_rmsnorm_row_avx2 scales it. A last group of fewer rows repeats its last row in the spare
- * lanes and drops them. */
-COL_T2 void col_rmsnorm_rows_avx2(float *x, const float *w, float eps, uint32_t rows, uint64_t n)
-{
-    for (uint32_t r0 = 0; r0 < rows; r0 += 8) {
-        const uint32_t here = rows - r0 < 8 ? rows - r0 : 8;
-        const float *row[8];
-        for (uint32_t a = 0; a < 8; a++) row[a] = x + (uint64_t)(r0 + (a < here ? a : here - 1)) * n;
-        __m256 ss = _mm256_setzero_ps();
-        for (uint64_t i = 0; i < n; i += 8) {
-            __m256 v[8];
-#pragma GCC unroll 8
-            for (int a = 0; a < 8; a++) v[a] = _mm256_loadu_ps(row[a] + i);
-            col_transpose8(v, v);
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) ss = _mm256_add_ps(ss, _mm256_mul_ps(v[k], v[k]));
-        }
-        const __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.0f),
-                                         _mm256_sqrt_ps(_mm256_add_ps(_mm256_div_ps(ss, _mm256_set1_ps((float)n)),
-                                                                      _mm256_set1_ps(eps))));
-        float invs[8];
-        _mm256_storeu_ps(invs, inv);
-        for (uint32_t a = 0; a < here; a++) {
-            float *xr = x + (uint64_t)(r0 + a) * n;
-            const __m256 s = _mm256_set1_ps(invs[a]);
-            for (uint64_t i = 0; i < n; i += 8)
-                _mm256_storeu_ps(xr + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), s)));
-        }
     }
 }
 

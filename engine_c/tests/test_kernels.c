@@ -589,30 +589,6 @@ static void test_rmsnorm_row(col_isa isa)
     free(x), free(w), free(out), free(in_place);
 }
 
-/* Several rows normalised together (col_rmsnorm_rows, the q/k head norms): each row the bits of
- * col_rmsnorm_row on it, for 1..20 rows (one and more groups of 8, and every short last group)
- * and lengths 8..264 in steps of 8 (the multi-row path's) and 12 (a length it hands back). */
-static void test_rmsnorm_rows(col_isa isa)
-{
-    enum { ROWS = 20, N = 264 };
-    float *x = malloc(ROWS * N * sizeof *x), *w = malloc(N * sizeof *w), *want = malloc(ROWS * N * sizeof *want),
-          *got = malloc(ROWS * N * sizeof *got);
-    for (int i = 0; i < ROWS * N; i++) x[i] = frand() * (i % 7 == 0 ? 300.0f : 1.0f);
-    for (int i = 0; i < N; i++) w[i] = 1.0f + 0.5f * frand();
-    int wrong = 0;
-    for (uint32_t rows = 1; rows <= ROWS; rows++)
-        for (uint64_t n = 8; n <= N; n += 8) {
-            const uint64_t len = n == 16 ? 12 : n; /* not a multiple of 8: the row-by-row loop */
-            for (uint32_t r = 0; r < rows; r++) col_rmsnorm_row(isa, x + r * len, w, 1e-6f, len, want + r * len);
-            memcpy(got, x, rows * len * sizeof *x);
-            col_rmsnorm_rows(isa, got, w, 1e-6f, rows, len);
-            wrong += memcmp(got, want, rows * len * sizeof *got) != 0;
-        }
-    CHECK(wrong == 0);
-    if (wrong) fprintf(stderr, "rmsnorm of several rows %s: %d cases off col_rmsnorm_row\n", col_isa_name(isa), wrong);
-    free(x), free(w), free(want), free(got);
-}
-
 /* acc += w * x on one path: the portable loop's bits (a product, then a sum) for every tail. */
 static void test_add_scaled(col_isa isa)
 {
@@ -892,7 +868,6 @@ int main(void)
     test_round_f16("portable");
     test_swiglu_gate("portable");
     test_rmsnorm_row(COL_ISA_PORTABLE);
-    test_rmsnorm_rows(COL_ISA_PORTABLE);
     test_add_scaled(COL_ISA_PORTABLE);
     test_rotate_half(COL_ISA_PORTABLE);
     test_attend_heads("portable");
@@ -908,7 +883,6 @@ int main(void)
         test_int8_definition();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_swiglu_gate("avx2");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rmsnorm_row(COL_ISA_AVX2);
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rmsnorm_rows(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_add_scaled(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rotate_half(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx512f")) test_swiglu_gate("avx512");
