@@ -990,7 +990,7 @@ COL_INLINE COL_T2 __m256i lanes_below8(uint64_t n)
  *   the end; 8 chains at once (4 heads x 1 block, 2 x 2 or 1 x 4).
  * A head's result is a fixed function of its inputs, whatever its group or the prefetch. */
 COL_INLINE COL_T2 __m256 key_scores8(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *key,
-                                     uint32_t here, const int full)
+                                     uint64_t step, uint32_t here, const int full)
 {
     const uint32_t KC = 8 / HC;
     __m256 acc[8];
@@ -1001,7 +1001,7 @@ COL_INLINE COL_T2 __m256 key_scores8(const col_head_job *h, uint32_t h0, const u
         __m256 kb[8];
 #pragma GCC unroll 8
         for (uint32_t k = 0; k < KC; k++)
-            kb[k] = full || k < here ? _mm256_loadu_ps(key + (uint64_t)k * h->stride + i) : _mm256_setzero_ps();
+            kb[k] = full || k < here ? _mm256_loadu_ps(key + (uint64_t)k * step + i) : _mm256_setzero_ps();
 #pragma GCC unroll 4
         for (uint32_t j = 0; j < HC; j++) {
             const __m256 qb = _mm256_loadu_ps(h->q + (uint64_t)(h0 + j) * h->d + i);
@@ -1014,7 +1014,7 @@ COL_INLINE COL_T2 __m256 key_scores8(const col_head_job *h, uint32_t h0, const u
         __m256 kb[8];
 #pragma GCC unroll 8
         for (uint32_t k = 0; k < KC; k++)
-            kb[k] = full || k < here ? _mm256_maskload_ps(key + (uint64_t)k * h->stride + i, m) : _mm256_setzero_ps();
+            kb[k] = full || k < here ? _mm256_maskload_ps(key + (uint64_t)k * step + i, m) : _mm256_setzero_ps();
 #pragma GCC unroll 4
         for (uint32_t j = 0; j < HC; j++) {
             const __m256 qb = _mm256_maskload_ps(h->q + (uint64_t)(h0 + j) * h->d + i, m);
@@ -1026,9 +1026,38 @@ COL_INLINE COL_T2 __m256 key_scores8(const col_head_job *h, uint32_t h0, const u
     return _mm256_mul_ps(_mm256_permutevar8x32_ps(hsum8x8(acc), order), _mm256_set1_ps(h->scale));
 }
 
+/* A decode step's scores (keys read from memory): the keys cut into KC parts, step i scoring key i
+ * of each part, so one thread reads KC streams of keys (and fetches KC of values) at once where
+ * neighbouring keys made one; each score is the same sums (key_scores8 lane by lane). */
+COL_INLINE COL_T2 void group_scores8_parts(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores)
+{
+    const uint32_t KC = 8 / HC, n = h->n_keys, part = (n + KC - 1) / KC;
+    for (uint32_t i = 0; i < part; i++) {
+        const uint32_t here = (n - i + part - 1) / part < KC ? (n - i + part - 1) / part : KC; /* parts with a key i */
+#pragma GCC unroll 8
+        for (uint32_t k = 0; k < here; k++) {
+            const uint64_t t = (uint64_t)k * part + i;
+            if (t + h->prefetch < (uint64_t)(k + 1) * part && t + h->prefetch < n)
+                for (uint32_t c = 0; c < h->d; c += 16)
+                    _mm_prefetch((const char *)(h->k + (t + h->prefetch) * h->stride + c), _MM_HINT_T0);
+            for (uint32_t c = 0; c < h->d; c += 16) _mm_prefetch((const char *)(h->v + t * h->stride + c), _MM_HINT_T0);
+        }
+        const float *key = h->k + (uint64_t)i * h->stride;
+        const uint64_t step = (uint64_t)part * h->stride;
+        float sc[8];
+        _mm256_storeu_ps(sc, here == KC ? key_scores8(h, h0, HC, key, step, KC, 1) : key_scores8(h, h0, HC, key, step, here, 0));
+        for (uint32_t j = 0; j < HC; j++)
+            for (uint32_t k = 0; k < here; k++) scores[(uint64_t)(h0 + j) * n + (uint64_t)k * part + i] = sc[j * KC + k];
+    }
+}
+
 COL_INLINE COL_T2 void group_scores8(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores)
 {
     const uint32_t KC = 8 / HC;
+    if (h->prefetch) { /* a decode step's keys come from memory */
+        group_scores8_parts(h, h0, HC, scores);
+        return;
+    }
     for (uint32_t t0 = 0; t0 < h->n_keys; t0 += KC) {
         const uint32_t here = h->n_keys - t0 < KC ? h->n_keys - t0 : KC;
         const float *key = h->k + (uint64_t)t0 * h->stride;
@@ -1043,7 +1072,8 @@ COL_INLINE COL_T2 void group_scores8(const col_head_job *h, uint32_t h0, const u
             for (uint32_t k = 0; k < here; k++)
                 for (uint32_t i = 0; i < h->d; i += 16)
                     _mm_prefetch((const char *)(h->v + (uint64_t)(t0 + k) * h->stride + i), _MM_HINT_T0);
-        const __m256 sc = here == KC ? key_scores8(h, h0, HC, key, KC, 1) : key_scores8(h, h0, HC, key, here, 0);
+        const __m256 sc = here == KC ? key_scores8(h, h0, HC, key, h->stride, KC, 1)
+                                     : key_scores8(h, h0, HC, key, h->stride, here, 0);
         float *dst = scores + (uint64_t)h0 * h->n_keys + t0;
         if (HC == 1) {
             _mm256_maskstore_ps(dst, lanes_below8(here), sc);

@@ -38,9 +38,10 @@
 #endif
 /* Products are cut into chunks of decreasing size (plan_chunks), each of at least
  * COL_GUIDED_MIN_MACS multiply-adds (a chunk's rows are read as up to 8 streams, which need some
- * length to pay off) and at most COL_MAX_CHUNKS of them. */
+ * length to pay off: a decode step's products of a few hundred KiB each were cut into sub-pieces
+ * whose streams were a few panels long) and at most COL_MAX_CHUNKS of them. */
 #ifndef COL_GUIDED_MIN_MACS
-#define COL_GUIDED_MIN_MACS (1u << 17)
+#define COL_GUIDED_MIN_MACS (1u << 19)
 #endif
 #define COL_MAX_CHUNKS 256
 /* The least chunk as a part of the batch: a 256th when some product has several tokens (a
