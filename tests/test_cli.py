@@ -705,8 +705,14 @@ def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
         for engine, speeds in row["engines"].items():
             assert speeds["prefill_tok_s"]["median"] > 0 and speeds["decode_tok_s"]["median"] > 0
             assert 0 < speeds["fraction_of_limit"]["median"]
-            # prefill against the same-run compute probe of the arithmetic the engine uses
-            if row is q8 or engine == "colibri" or has_bf16_dot:
+            # prefill against the same-run compute probe of the arithmetic the engine uses;
+            # bf16 on the AMX tiles has no probe, llama.cpp's bf16 needs AVX512-BF16's
+            on_amx_tiles = row is bf16 and engine == "colibri" and {
+                run["kernels"] for run in row["runs"][engine]} == {"amx"}
+            needs_bf16_dot = row is bf16 and engine != "colibri"
+            if on_amx_tiles:
+                assert "prefill_of_compute" not in speeds
+            elif has_bf16_dot or not needs_bf16_dot:
                 assert 0 < speeds["prefill_of_compute"]["median"]
         assert row["ratios"]["llama.cpp"]["decode_tok_s"]["median"] > 0
         assert all(run["load"] >= 0 for runs in row["runs"].values() for run in runs)
@@ -718,6 +724,36 @@ def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
     text = capsys.readouterr().out
     assert "| tiny-hf | q8 | llama.cpp |" in text
     assert "| tiny-hf | bf16 | colibri dot-bf16 |" in text and "| tiny-hf | bf16 | dot-bf16 | " in text
+
+
+def test_bench_vs_llamacpp_turns_llama_cpp_repacking_off_where_it_faults(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A llama-bench that dies by a signal with its weight repacking on (llama.cpp 0.3.36's AMX
+    kernels do on some Xeons) is run with `--repack 0` from then on; one that runs keeps the
+    arguments it was given, and an explicit --repack is never overridden."""
+    import importlib.util
+    import types
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_vs_llamacpp",
+                                                  root / "tools" / "bench_vs_llamacpp.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    faulting = tmp_path / "faulting-llama-bench"
+    faulting.write_text('#!/bin/sh\ncase "$*" in *"--repack 0"*) echo "[]";; *) kill -SEGV $$;; esac\n')
+    faulting.chmod(0o755)
+    working = tmp_path / "working-llama-bench"
+    working.write_text('#!/bin/sh\necho "[]"\n')
+    working.chmod(0o755)
+    cells = [types.SimpleNamespace(gguf_file=tmp_path / "a.gguf"),
+             types.SimpleNamespace(gguf_file=tmp_path / "b.gguf")]
+
+    assert module.llama_cpp_arguments(faulting, cells, []) == ["--repack", "0"]
+    assert module.llama_cpp_arguments(faulting, cells, ["-fa", "1"]) == ["-fa", "1", "--repack", "0"]
+    assert module.llama_cpp_arguments(working, cells, ["-fa", "1"]) == ["-fa", "1"]
+    assert module.llama_cpp_arguments(faulting, cells, ["--repack", "1"]) == ["--repack", "1"]
 
 
 def test_bench_peak_memory_leaves_out_the_probe_and_names_the_mapped_file() -> None:

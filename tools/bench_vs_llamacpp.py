@@ -35,7 +35,7 @@ differ by more than 5 % (not like for like). `--json` prints everything, every r
     python tools/bench_vs_llamacpp.py --ik /work/ext/ik_llama.cpp/build/bin/llama-bench \\
         [--models mixtral,qwen3] [--checkpoint HF_DIR ...] [--precisions bf16,q8,q4] [--turns 5]
         [-p 128] [-n 64] [-t 2] [-r 3] [--work /work/bench-models] [--max-load L] [--json]
-        [--numerics dot-bf16] [--save REPORT.json]
+        [--numerics dot-bf16] [--llama-cpp-arg=ARG ...] [--save REPORT.json]
     python tools/bench_vs_llamacpp.py --from-json REPORT.json   # the tables of a saved report
 
 Needs the test and fixtures extras (`pip install -e .[test,fixtures]`: torch and transformers
@@ -248,6 +248,24 @@ def run_llama_bench(binary: Path, cell: Cell, args: argparse.Namespace, extra: l
     return _median(pp[0]["samples_ts"]), _median(tg[0]["samples_ts"]), build
 
 
+def llama_cpp_arguments(binary: Path, cells: list[Cell], chosen: list[str]) -> list[str]:
+    """llama.cpp's extra llama-bench arguments: `chosen`, or, when a short run on each GGUF dies
+    by a signal with llama.cpp's weight repacking on (its AMX kernels fault on some CPUs: seen
+    with SIGSEGV/SIGILL in tinygemm_kernel_amx), `--repack 0` for every run, said in the log
+    and the report, so that the comparison still runs and is labelled."""
+    if "--repack" in chosen:
+        return chosen
+    for gguf in dict.fromkeys(cell.gguf_file for cell in cells):
+        run = subprocess.run([str(binary), "-m", str(gguf), "-p", "8", "-n", "1", "-r", "1",
+                              "-t", "1", "-o", "json", *chosen], capture_output=True,
+                             timeout=RUN_TIMEOUT, check=False)
+        if run.returncode < 0:
+            log(f"llama-bench died by signal {-run.returncode} on {gguf.name} with its weight "
+                "repacking on: every llama.cpp run uses --repack 0")
+            return [*chosen, "--repack", "0"]
+    return chosen
+
+
 def probe(args: argparse.Namespace) -> float:
     from colibri.engine import measure_read_bandwidth
 
@@ -371,6 +389,7 @@ def format_report(report: dict[str, Any]) -> str:
           if report.get("compute_probe") else []),
         f"llama.cpp: llama-cpp-python {report['llama_cpp']['version']} sdist, build "
         f"{report['llama_cpp']['build']}"
+        + (f" ({' '.join(report['llama_cpp']['args'])})" if report["llama_cpp"].get("args") else "")
         + (f"; ik_llama.cpp build {report['ik_llama_cpp']['build']} (-rtr 1)"
            if "ik_llama.cpp" in engines else ""),
         "",
@@ -440,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--numerics", action="append", default=[], metavar="SPEC",
                     help="also run Colibri in this numerics mode (repeatable; e.g. dot-bf16), "
                          "on the cells whose file has bf16 weights")
+    ap.add_argument("--llama-cpp-arg", action="append", default=[], metavar="ARG",
+                    help="an argument added to llama.cpp's llama-bench runs (repeatable), e.g. "
+                         "--llama-cpp-arg=--repack --llama-cpp-arg=0 where its AMX repacking faults")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--save", type=Path, default=None, metavar="FILE",
                     help="write the --json report to FILE after every turn (for --from-json)")
@@ -472,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("no model to compare: give --models or --checkpoint")
     cells = [c for name, hf in checkpoints for c in prepare(name, hf, precisions, args.work,
                                                              quantize, args.p)]
+    args.llama_cpp_arg = llama_cpp_arguments(llama_bench, cells, args.llama_cpp_arg)
     for cell in cells:
         cell.runs = {e: [] for e in engines if runs_on(e, cell)}
         log(f"{cell.name}: {cell.bytes_per_token['colibri'] / 1e6:.1f} MB per token (Colibri), "
@@ -494,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                               "all": [{how: (rate or 0.0) / 1e9 for how, rate in c.items()}
                                       for c in computes]},
             "llama_cpp": {"version": llamacpp.VERSION, "build": builds.get("llama.cpp", "?"),
-                          "bench": str(llama_bench)},
+                          "bench": str(llama_bench), "args": args.llama_cpp_arg},
             **({"ik_llama_cpp": {"build": builds.get("ik_llama.cpp", "?"),
                                  "bench": str(args.ik)}} if args.ik is not None else {}),
             "rows": summarise(cells, engines),
@@ -517,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
                     prefill, decode, kernels = run_colibri(cell, args, numerics_of(engine))
                 else:
                     binary = llama_bench if engine == "llama.cpp" else args.ik
-                    extra = ["-rtr", "1"] if engine == "ik_llama.cpp" else []
+                    extra = ["-rtr", "1"] if engine == "ik_llama.cpp" else args.llama_cpp_arg
                     prefill, decode, builds[engine] = run_llama_bench(binary, cell, args, extra)
                 probes.append(probe(args))
                 computes.append(compute_probe(args))
@@ -532,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
                                           "fraction_of_limit": fraction, "probe_gb_s": limit / 1e9,
                                           "prefill_limit_tok_s": prefill_limit,
                                           "prefill_of_compute": of_compute,
+                                          "kernels": kernels,
                                           "seconds": time.monotonic() - started,
                                           "load": run_load})
                 log(f"turn {turn + 1}/{args.turns} {cell.name} {engine}: prefill {prefill:.1f}"
