@@ -62,4 +62,34 @@ uint64_t col_amx_stage_bytes(uint64_t max_cols, uint32_t max_tokens);
 void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t stage_bytes,
                   uint64_t r0, uint64_t r1);
 
+/* ---- q8_0 and q4_0 batches on AMX-INT8 ------------------------------------------------------------
+ * Arithmetic: a block's exact int32 sum of weight x activation bytes (TDPBSSD, signed x signed:
+ * q8_0 values as stored, q4_0 nibbles minus 8, against the activations col_quantize_row made),
+ * then acc = fma((float)isum, d_w * d_x, acc) block by block in order from 0: col_dotq_blocks's
+ * definition, so the bits of every other path, whatever the rows, tokens or threads. */
+
+/* Batches of at least this many tokens run on the tiles, fewer (decode) stay on the AVX-512 and
+ * AVX2 kernels: below it the tiles' floor, staging the weights, costs more than the vector
+ * kernels' products (q8_0x8 2816 x 1024: even at 3 tokens, 0.63x the time at 4; q4_0x8: even at 6). */
+#ifndef COL_AMX_INT8_MIN_TOKENS_Q8
+#define COL_AMX_INT8_MIN_TOKENS_Q8 4
+#endif
+#ifndef COL_AMX_INT8_MIN_TOKENS_Q4
+#define COL_AMX_INT8_MIN_TOKENS_Q4 6
+#endif
+
+/* Bytes of per-thread staging col_amx_int8_rows needs for rows of `cols` (64-byte aligned use);
+ * col_amx_stage_bytes covers it for max_cols. */
+uint64_t col_amx_int8_stage_bytes(uint64_t cols);
+
+/* 1 when job j (q8_0, q4_0, q8_0x8 or q4_0x8 weights) runs on AMX-INT8 tiles on a pool whose path
+ * is AMX: enough tokens, `stage_bytes` of staging a thread, and a CPU with AMX-INT8. Thread-safe. */
+int col_amx_int8_runs(const col_matvec_job *j, uint64_t stage_bytes);
+
+/* y[t][r] for rows [r0, r1) and every token of j, from its activations qx (col_quantize_row, one
+ * row per token). r0 a multiple of 16 (COL_PANEL_ROWS), r1 too or the matrix's end; `stage`: this
+ * thread's staging (col_amx_int8_stage_bytes, 64-byte aligned). Loads its tile configuration and
+ * releases the tiles on return. Only when col_amx_enable() returned 1 and col_amx_int8_runs(j). */
+void col_amx_int8_rows(const col_matvec_job *j, const uint8_t *qx, uint8_t *stage, uint64_t r0, uint64_t r1);
+
 #endif /* COLIBRI_KERNELS_AMX_H */
