@@ -540,7 +540,9 @@ static int has_amx_int8(void)
 
 int col_amx_int8_runs(const col_matvec_job *j, uint64_t stage_bytes)
 {
-    const uint32_t least = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0 ? COL_AMX_INT8_MIN_TOKENS_Q4 : COL_AMX_INT8_MIN_TOKENS_Q8;
+    const uint32_t least = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0 ? COL_AMX_INT8_MIN_TOKENS_Q4
+                         : is_panel_dtype(j->w.dtype)                   ? COL_AMX_INT8_MIN_TOKENS_Q8
+                                                                        : COL_AMX_INT8_MIN_TOKENS_Q8_ROWS;
     return is_block_dtype(j->w.dtype) && j->n_tokens >= least &&
            stage_bytes >= col_amx_int8_stage_bytes(j->w.cols) && has_amx_int8();
 }

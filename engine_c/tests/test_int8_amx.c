@@ -256,7 +256,7 @@ static void test_shapes(bool stored)
     static const uint64_t cols_list[] = {32, 96, 224, 1056, 4160};
     static const uint64_t panel_rows[] = {8, 16, 24, 40, 72};
     static const uint64_t row_rows[] = {1, 5, 16, 17, 35};
-    static const uint32_t tokens_list[] = {COL_AMX_INT8_MIN_TOKENS_Q8, COL_AMX_INT8_MIN_TOKENS_Q4, 15, 16, 17, 33, 70};
+    static const uint32_t tokens_list[] = {COL_AMX_INT8_MIN_TOKENS_Q8, COL_AMX_INT8_MIN_TOKENS_Q4, COL_AMX_INT8_MIN_TOKENS_Q8_ROWS, 15, 16, 17, 33, 70};
     for (size_t d = 0; d < 2; d++) {
         tally t = {0};
         for (size_t c = 0; c < COUNT(cols_list); c++)
