@@ -1,6 +1,7 @@
 /*
- * kernels_amx.c - bf16-weight products on AMX tiles (see kernels_amx.h for the arithmetic and the
- * determinism argument).
+ * kernels_amx.c - bf16-weight products and q8_0/q4_0 batches on AMX tiles (see kernels_amx.h for
+ * the arithmetic and the determinism argument). The q8_0/q4_0 section, at the end, is described
+ * there.
  *
  * One tile multiply (TDPBF16PS) adds A[16 x 32] . B[32 x 16] into C[16 x 16] in f32, with bf16
  * inputs taken as pairs along the 32. Here A is 16 weight rows x 32 columns as stored; B holds the
@@ -520,7 +521,25 @@ void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, ui
     rows_amx(j, layout_of(x_bf16), packed, stage, stage_bytes, r0, r1);
 }
 
-/* ---- q8_0 and q4_0 on AMX-INT8 ---------------------------------------------------------------- */
+/* ---- q8_0 and q4_0 on AMX-INT8 ----------------------------------------------------------------
+ *
+ * One tile multiply (TDPBSSD) adds A[16 x 32] . B[32 x 16] int8 into C[16 x 16] int32, 4 bytes a
+ * column along the 32. K = 32 is one block (each block has its own scales, so no multiply spans
+ * two): A is 16 tokens' activations of the block, straight from their quantised rows (q4_0, whose
+ * rows keep a block's low and high 16 values apart: two multiplies of K = 16); B is 16 weight
+ * rows' block, 4-byte group g of row n at row g, column n: a stored q8_0x8 panel's block holds
+ * exactly that for 8 rows, so two panels side by side make the tile, copied per 32 rows into the
+ * thread's staging with the scales as f32 (q4_0: the nibbles minus 8; rows: gathered).
+ *
+ * A unit is 32 tokens x 32 rows, 2 x 2 tiles a block (two token groups, two 16-row panels); a
+ * batch's last tokens make a unit of one or two shorter groups (tiles configured as tall). Each
+ * block's four C tiles go to memory and the vector code adds them to the unit's accumulators,
+ * (float)isum times d_w * d_x, AMX_I8_LAG blocks behind the tile unit; its loads of a block's
+ * sums come before the next tile stores in program order (a load behind a store to the same
+ * address mod 4 KiB waits for it, and each block's four tiles cover all 4 KiB). The next unit's
+ * weights are prefetched into L2 a slice per block. The tile stores and that addition (a convert,
+ * a multiply and an FMA per 16 outputs per block) bound the unit, not the tile multiplies.
+ */
 
 #define COL_AMX_I8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,amx-tile,amx-int8")))
 

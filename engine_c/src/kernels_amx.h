@@ -1,7 +1,8 @@
 /*
- * kernels_amx.h - products over bf16 weights on Intel AMX tiles, for the kernel layer (pool.c,
- * kernels.c) only. The forward pass never sees this: the pool picks it for bf16 weights when the CPU has
- * AMX-BF16 and the OS grants this process the tile state.
+ * kernels_amx.h - products on Intel AMX tiles, for the kernel layer (pool.c, kernels.c) only: bf16
+ * weights (AMX-BF16), and batches of q8_0/q4_0 weights (AMX-INT8, the last section). The forward
+ * pass never sees this: the pool picks it when the CPU has the tiles and the OS grants this process
+ * the tile state.
  *
  * Arithmetic: each activation x is split into three bf16 parts, x = hi + mid + lo, each rounded to
  * nearest from what the earlier parts left (24 significant bits, all an f32 has). A product of a
@@ -18,7 +19,8 @@
  * Determinism: an output (row r, token t) is one tile element, accumulated block of 32 columns by
  * block in order, then its three activation parts summed as (hi + mid) + lo. Which rows share a
  * tile, which tokens share the activation tile and which thread runs it change nothing, so
- * batches equal steps and any thread count gives the same bits.
+ * batches equal steps and any thread count gives the same bits. (q8_0/q4_0: the definition's bits,
+ * below.)
  */
 #ifndef COLIBRI_KERNELS_AMX_H
 #define COLIBRI_KERNELS_AMX_H
@@ -30,7 +32,7 @@
  * asking again is harmless). 0 otherwise, and on every other system. Thread-safe. */
 int col_amx_enable(void);
 
-/* Weight dtypes the AMX path computes (bf16). */
+/* Weight dtypes the AMX path computes with bf16 tiles (bf16); q8_0/q4_0: col_amx_int8_runs. */
 int col_amx_handles(uint32_t dtype);
 
 /* Bytes of the packed activations of n_tokens x cols (col_amx_pack), including the 64 bytes past
@@ -64,9 +66,10 @@ void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, ui
 
 /* ---- q8_0 and q4_0 batches on AMX-INT8 ------------------------------------------------------------
  * Arithmetic: a block's exact int32 sum of weight x activation bytes (TDPBSSD, signed x signed:
- * q8_0 values as stored, q4_0 nibbles minus 8, against the activations col_quantize_row made),
- * then acc = fma((float)isum, d_w * d_x, acc) block by block in order from 0: col_dotq_blocks's
- * definition, so the bits of every other path, whatever the rows, tokens or threads. */
+ * q8_0 values as stored, q4_0 nibbles minus 8, against the activations col_quantize_row made; the
+ * sum is exact whatever adds it), then acc = fma((float)isum, d_w * d_x, acc) block by block in
+ * order from 0: col_dotq_blocks's definition, so the bits of every other path, whatever the rows,
+ * tokens or threads (decode, which stays on the vector kernels, included). */
 
 /* Batches of at least this many tokens run on the tiles, fewer (decode) stay on the AVX-512 and
  * AVX2 kernels: below it the tiles' floor, staging the weights, costs more than the vector
