@@ -54,7 +54,8 @@ void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, int x_bf16, 
 uint64_t col_amx_tile_rows(uint32_t n_tokens, int x_bf16);
 
 /* Bytes of per-thread staging for products of at most max_cols columns and max_tokens tokens
- * (64-byte aligned use): tiles of rows staged, or the C tiles saved between chunks of long rows. */
+ * (64-byte aligned use): tiles of rows staged, or the C tiles saved between chunks of long rows;
+ * at least col_amx_int8_stage_bytes(max_cols). */
 uint64_t col_amx_stage_bytes(uint64_t max_cols, uint32_t max_tokens);
 
 /* y[t][r] for rows [r0, r1) and every token of j (see col_matvec_job), from activations packed by
