@@ -8,8 +8,9 @@
  * f16 rounding), split over the pool's threads when they are long. Products go
  * through the pool (pool.c), which hands each chunk to its path's row walker. The paths live
  * beside it: kernels_portable.c (plain C, everywhere), kernels_x86.c (AVX2 and AVX-512) and
- * kernels_amx.c (bf16 weights on AMX tiles); kernels_quant.c holds the element conversions and
- * the int8 activation blocks they all share, kernels_internal.h what they declare to each other.
+ * kernels_amx.c (bf16 weights and q8_0/q4_0 batches on AMX tiles); kernels_quant.c holds the
+ * element conversions and the int8 activation blocks they all share, kernels_internal.h what they
+ * declare to each other.
  */
 #include "kernels_amx.h"
 #include "kernels_internal.h"

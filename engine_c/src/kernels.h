@@ -24,7 +24,7 @@ typedef enum col_isa {
     COL_ISA_PORTABLE = 0,
     COL_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C */
     COL_ISA_AVX512 = 2,     /* AVX-512 F/BW/VL + VNNI (int8 dot products of quantised blocks) */
-    COL_ISA_AMX = 3         /* AVX-512, and AMX tiles for bf16 weights (kernels_amx.h) */
+    COL_ISA_AMX = 3         /* AVX-512, and AMX tiles for bf16 weights and q8_0/q4_0 batches (kernels_amx.h) */
 } col_isa;
 
 /* One product of a batch: y[t][r] = dot(W[r, :], x[t]) for t < n_tokens, r < w.rows.

@@ -1,6 +1,7 @@
 /*
- * kernels_amx.c - bf16-weight products on AMX tiles (see kernels_amx.h for the arithmetic and the
- * determinism argument).
+ * kernels_amx.c - bf16-weight products and q8_0/q4_0 batches on AMX tiles (see kernels_amx.h for
+ * the arithmetic and the determinism argument). The q8_0/q4_0 section, at the end, is described
+ * there.
  *
  * One tile multiply (TDPBF16PS) adds A[16 x 32] . B[32 x 16] into C[16 x 16] in f32, with bf16
  * inputs taken as pairs along the 32. Here A is 16 weight rows x 32 columns as stored; B holds the
@@ -24,7 +25,9 @@
 #define _DEFAULT_SOURCE /* syscall(), for arch_prctl */
 #endif
 #include "kernels_amx.h"
+#include "kernels_internal.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 #define KB 32           /* weight columns per block: one 64-byte tile row of bf16 */
@@ -95,7 +98,28 @@ uint64_t col_amx_stage_bytes(uint64_t max_cols, uint32_t max_tokens)
 {
     const uint64_t staged = 2 * blocks(max_cols) * TILE_BYTES; /* two row groups */
     const uint64_t saved_c = CHUNK_ROW_BLOCKS * chunk_carry_bytes(max_tokens, layout_of(0)); /* three parts: most groups */
-    return blocks(max_cols) > CHUNK_BLOCKS && saved_c > staged ? saved_c : staged;
+    uint64_t bytes = blocks(max_cols) > CHUNK_BLOCKS && saved_c > staged ? saved_c : staged;
+    return bytes > col_amx_int8_stage_bytes(max_cols) ? bytes : col_amx_int8_stage_bytes(max_cols);
+}
+
+/* q8_0/q4_0 on AMX-INT8: bytes of one staged block of 16 weight rows (16 f32 scales, then 512
+ * bytes of B tiles), and how far ahead of its loads the staging prefetches a stored panel. */
+#define AMX_I8_BLOCK 576
+#define AMX_I8_AHEAD 256
+/* Blocks between a block's tile multiplies and the vector code that adds its sums: the sums of 3
+ * blocks wait in memory, so the tile unit runs that far ahead (1 block: 0.78x the speed of 3, 2:
+ * 0.96x, 4: 0.97x; q8_0x8 2816 x 1024, 128 tokens). */
+#define AMX_I8_LAG 3
+/* q8_0x8 batches of up to this many tokens load the weights' tiles straight from the stored panels
+ * (8 rows a tile, twice the tile multiplies of staged 16-row tiles, no staging): thread CPU time
+ * against staging, 2816 x 1024: 0.73x at 16 tokens, 0.94x at 32, 1.01x at 48, 1.06x at 64. */
+#ifndef AMX_I8_DIRECT_TOKENS
+#define AMX_I8_DIRECT_TOKENS 32
+#endif
+
+uint64_t col_amx_int8_stage_bytes(uint64_t cols)
+{
+    return 2 * (cols / QK) * AMX_I8_BLOCK + 32 * 32 * sizeof(float);
 }
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -503,6 +527,357 @@ void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, ui
     rows_amx(j, layout_of(x_bf16), packed, stage, stage_bytes, r0, r1);
 }
 
+/* ---- q8_0 and q4_0 on AMX-INT8 ----------------------------------------------------------------
+ *
+ * One tile multiply (TDPBSSD) adds A[16 x 32] . B[32 x 16] int8 into C[16 x 16] int32, 4 bytes a
+ * column along the 32. K = 32 is one block (each block has its own scales, so no multiply spans
+ * two): A is 16 tokens' activations of the block, straight from their quantised rows (q4_0, whose
+ * rows keep a block's low and high 16 values apart: two multiplies of K = 16); B is 16 weight
+ * rows' block, 4-byte group g of row n at row g, column n: a stored q8_0x8 panel's block holds
+ * exactly that for 8 rows, so two panels side by side make the tile, copied per 32 rows into the
+ * thread's staging with the scales as f32 (q4_0: the nibbles minus 8; rows: gathered).
+ *
+ * A unit is 32 tokens x 32 rows, 2 x 2 tiles a block (two token groups, two 16-row panels); a
+ * batch's last tokens make a unit of one or two shorter groups (tiles configured as tall). Each
+ * block's four C tiles go to memory and the vector code adds them to the unit's accumulators,
+ * (float)isum times d_w * d_x, AMX_I8_LAG blocks behind the tile unit; its loads of a block's
+ * sums come before the next tile stores in program order (a load behind a store to the same
+ * address mod 4 KiB waits for it, and each block's four tiles cover all 4 KiB). The next unit's
+ * weights are prefetched into L2 a slice per block. The tile stores and that addition (a convert,
+ * a multiply and an FMA per 16 outputs per block) bound the unit, not the tile multiplies.
+ *
+ * q8_0x8 batches of up to AMX_I8_DIRECT_TOKENS tokens skip the staging, a floor that few tokens do
+ * not pay back: their B tiles are the stored panels' blocks as they lie (8 rows x 32 bytes), so
+ * a unit is 32 tokens x 16 rows, and a token group's two C tiles (8 columns each) are stored side
+ * by side as one 16-row image, the same addition after it.
+ */
+
+#define COL_AMX_I8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,amx-tile,amx-int8")))
+
+/* AMX-INT8 (TDPBSSD) beside the tile state col_amx_enable asked for: CPUID leaf 7 EDX bit 25.
+ * Asked once; a race only asks twice. */
+static int has_amx_int8(void)
+{
+    static _Atomic int known = -1;
+    int v = atomic_load_explicit(&known, memory_order_relaxed);
+    if (v < 0) {
+        unsigned a, b, c, d;
+        v = __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 25) & 1) && ((d >> 24) & 1);
+        atomic_store_explicit(&known, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+int col_amx_int8_runs(const col_matvec_job *j, uint64_t stage_bytes)
+{
+    const uint32_t least = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0 ? COL_AMX_INT8_MIN_TOKENS_Q4
+                         : is_panel_dtype(j->w.dtype)                   ? COL_AMX_INT8_MIN_TOKENS_Q8
+                                                                        : COL_AMX_INT8_MIN_TOKENS_Q8_ROWS;
+    return is_block_dtype(j->w.dtype) && j->n_tokens >= least &&
+           stage_bytes >= col_amx_int8_stage_bytes(j->w.cols) && has_amx_int8();
+}
+
+/* Blocks [0, nb) of weight rows pr .. pr + nr - 1 (nr <= 16; lanes past nr repeat row pr) staged
+ * as AMX_I8_BLOCK bytes a block: the 16 rows' scales as f32, then the B tile(s): row g holds each
+ * weight row's 4-byte group g in its lane (a column of the tile). q8_0: 8 rows of the int8 values;
+ * q4_0: 4 rows of the low nibbles minus 8, then 4 of the high ones, as int8. From stored panels
+ * two 32-byte loads make a tile row; from rows, a 32-bit gather over the 16 rows. */
+static COL_AMX_I8 void stage_int8(const col_weight *w, uint64_t pr, uint32_t nr, uint8_t *stage)
+{
+    const int q4 = col_block_kind(w->dtype) == COL_DTYPE_Q4_0, groups = q4 ? 4 : 8;
+    const uint64_t nb = w->cols / QK, rb = col_dtype_row_bytes(w->dtype, w->cols);
+    const uint8_t *first = (const uint8_t *)w->data + pr * rb;
+    const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+    if (is_panel_dtype(w->dtype)) {
+        const uint8_t *second = nr > COL_STORED_PANEL_ROWS ? first + COL_STORED_PANEL_ROWS * rb : first;
+        const uint64_t bb = q4 ? 128 : 256; /* payload bytes of a stored panel's block */
+        for (uint64_t k = 0; k < nb; k++) {
+            uint8_t *dst = stage + k * AMX_I8_BLOCK;
+            const __m128i s0 = _mm_loadu_si128((const __m128i *)(const void *)(first + 16 * k));
+            const __m128i s1 = _mm_loadu_si128((const __m128i *)(const void *)(second + 16 * k));
+            _mm512_store_ps((void *)dst, _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(s0), s1, 1)));
+            const uint8_t *p0 = first + 16 * nb + bb * k, *p1 = second + 16 * nb + bb * k;
+            _mm_prefetch((const char *)(p0 + AMX_I8_AHEAD), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p1 + AMX_I8_AHEAD), _MM_HINT_T0);
+            for (int g = 0; g < groups; g++) {
+                const __m256i lo = _mm256_loadu_si256((const __m256i *)(const void *)(p0 + 32 * g));
+                const __m256i hi = _mm256_loadu_si256((const __m256i *)(const void *)(p1 + 32 * g));
+                const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                if (!q4) {
+                    _mm512_store_si512((void *)(dst + 64 + 64 * g), v);
+                    continue;
+                }
+                _mm512_store_si512((void *)(dst + 64 + 64 * g), _mm512_sub_epi8(_mm512_and_si512(v, low4), eight));
+                _mm512_store_si512((void *)(dst + 320 + 64 * g),
+                                   _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), eight));
+            }
+        }
+        return;
+    }
+    int32_t off[16];
+    for (uint32_t r = 0; r < 16; r++) off[r] = (int32_t)((r < nr ? r : 0) * rb);
+    const __m512i offs = _mm512_loadu_si512((const void *)off);
+    const uint64_t pb = q4 ? 16 : QK; /* payload bytes of a row's block */
+    for (uint64_t k = 0; k < nb; k++) {
+        uint8_t *dst = stage + k * AMX_I8_BLOCK;
+        /* 4 bytes at the scale: inside the row even for the last block (its payload follows) */
+        const __m512i s = _mm512_i32gather_epi32(offs, (const void *)(first + 2 * k), 1);
+        _mm512_store_ps((void *)dst, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(s)));
+        for (int g = 0; g < groups; g++) {
+            const __m512i v = _mm512_i32gather_epi32(offs, (const void *)(first + 2 * nb + pb * k + 4 * (uint64_t)g), 1);
+            if (!q4) {
+                _mm512_store_si512((void *)(dst + 64 + 64 * g), v);
+                continue;
+            }
+            _mm512_store_si512((void *)(dst + 64 + 64 * g), _mm512_sub_epi8(_mm512_and_si512(v, low4), eight));
+            _mm512_store_si512((void *)(dst + 320 + 64 * g), _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), eight));
+        }
+    }
+}
+
+/* Accumulators of a unit (32 tokens x 32 rows, f32) in the thread's staging after the two panels. */
+#define UNIT_ACC(stage, nb) ((float *)(void *)((stage) + 2 * (nb) * AMX_I8_BLOCK))
+
+/* The int32 sums of one block of m tokens x 16 rows (at c, 16 a token) into their accumulators
+ * (acc, 32 floats a token), the definition's step: acc = fma((float)isum, d_w * d_x, acc), d_w * d_x
+ * one multiply. */
+COL_AMX_INLINE COL_AMX_I8 void add_block(const int32_t *c, const uint8_t *panel, const uint8_t *xq, uint64_t qb,
+                                         uint64_t cols, uint64_t k, uint32_t m, float *acc)
+{
+    const __m512 dw = _mm512_load_ps((const void *)(panel + k * AMX_I8_BLOCK));
+    for (uint32_t t = 0; t < m; t++) {
+        const float dx = ((const float *)(const void *)(xq + t * qb + cols))[k];
+        const __m512 isum = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + 16 * t)));
+        _mm512_store_ps(acc + 32 * t, _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(dx)), _mm512_load_ps(acc + 32 * t)));
+    }
+}
+
+/* Palette 1 for a unit of token groups of m0 and m1 tokens (m1 0: one group). Tiles 0 and 1 the
+ * groups' activations of a block (q8_0: 32 bytes a token; q4_0: 16, its low or its high values),
+ * 2 and 3 the two panels' weights (q8_0: 8 x 64 bytes; q4_0: 4 x 64, low or high nibbles), 4..7 the
+ * sums: group 0 x panel 0, group 0 x panel 1, group 1 x panel 0, group 1 x panel 1. */
+static tile_config int8_config(int q4, uint32_t m0, uint32_t m1)
+{
+    tile_config c = config;
+    const uint8_t m[8] = {(uint8_t)m0, (uint8_t)(m1 ? m1 : m0), q4 ? 4 : 8, q4 ? 4 : 8, (uint8_t)m0, (uint8_t)m0,
+                          (uint8_t)(m1 ? m1 : m0), (uint8_t)(m1 ? m1 : m0)};
+    for (int t = 0; t < 8; t++) c.rows[t] = m[t];
+    c.colsb[0] = c.colsb[1] = q4 ? 16 : 32;
+    return c;
+}
+
+/* The next unit's weights, fetched into L2 a slice per block while this unit computes, so its
+ * staging does not wait for memory (a batch of few tokens spends as long reading weights as
+ * multiplying them). */
+typedef struct ahead {
+    const char *next;
+    uint64_t lines, done, per_block;
+} ahead;
+
+/* One unit: tokens t0 .. t0 + m0 + m1 - 1 (groups of m0 and m1 <= 16 tokens, the tiles configured
+ * by int8_config(q4, m0, m1)) against rows pr .. pr + nr - 1 (nr <= 32: panel 0 the first 16, panel
+ * 1 the rest), every block in order. The tile unit's sums of block k are added AMX_I8_LAG blocks
+ * later, while later blocks' multiplies run. */
+COL_AMX_INLINE COL_AMX_I8 void int8_unit(const col_matvec_job *j, const uint8_t *qx, uint8_t *stage, int q4,
+                                         uint32_t t0, uint32_t m0, uint32_t m1, uint64_t pr, uint32_t nr, ahead *pf)
+{
+    const uint64_t cols = j->w.cols, nb = cols / QK, qb = col_qrow_bytes(cols), kind = col_block_kind(j->w.dtype);
+    const uint8_t *x0 = qx + t0 * qb, *x1 = x0 + 16 * qb, *p0 = stage, *p1 = stage + nb * AMX_I8_BLOCK;
+    const int two_b = nr > 16, two_a = m1 > 0;
+    float *acc = UNIT_ACC(stage, nb);
+    int32_t c[AMX_I8_LAG + 1][4][16 * 16] __attribute__((aligned(64)));
+    memset(acc, 0, 32 * 32 * sizeof *acc);
+    for (uint64_t k = 0; k < nb + AMX_I8_LAG; k++) {
+        if (k < nb) {
+            const uint64_t lo = col_xq_pos(kind, nb, k, 0), w = k * AMX_I8_BLOCK + 64;
+            _tile_zero(4);
+            _tile_zero(5);
+            _tile_zero(6);
+            _tile_zero(7);
+            for (int half = 0; half <= q4; half++) { /* q4_0: the low values, then the high ones */
+                const uint64_t at = half ? col_xq_pos(kind, nb, k, 16) : lo, wb = w + (uint64_t)half * 256;
+                _tile_loadd(0, x0 + at, (long)qb);
+                _tile_loadd(2, p0 + wb, 64);
+                if (two_a) _tile_loadd(1, x1 + at, (long)qb);
+                if (two_b) _tile_loadd(3, p1 + wb, 64);
+                _tile_dpbssd(4, 0, 2);
+                if (two_b) _tile_dpbssd(5, 0, 3);
+                if (two_a) _tile_dpbssd(6, 1, 2);
+                if (two_a && two_b) _tile_dpbssd(7, 1, 3);
+            }
+        }
+        for (uint64_t end = pf->done + pf->per_block; pf->done < end && pf->done < pf->lines; pf->done++)
+            _mm_prefetch(pf->next + pf->done * 64, _MM_HINT_T1);
+        if (k >= AMX_I8_LAG) { /* the previous block's sums */
+            const uint64_t kp = k - AMX_I8_LAG;
+            const int32_t(*cp)[16 * 16] = c[kp % (AMX_I8_LAG + 1)];
+            add_block(cp[0], p0, x0, qb, cols, kp, m0, acc);
+            if (two_b) add_block(cp[1], p1, x0, qb, cols, kp, m0, acc + 16);
+            if (two_a) add_block(cp[2], p0, x1, qb, cols, kp, m1, acc + 16 * 32);
+            if (two_a && two_b) add_block(cp[3], p1, x1, qb, cols, kp, m1, acc + 16 * 32 + 16);
+        }
+        if (k < nb) { /* after the loads above: a load behind a tile store to the same offset mod 4 KiB waits for it */
+            int32_t(*cs)[16 * 16] = c[k % (AMX_I8_LAG + 1)];
+            _tile_stored(4, cs[0], 64);
+            if (two_b) _tile_stored(5, cs[1], 64);
+            if (two_a) _tile_stored(6, cs[2], 64);
+            if (two_a && two_b) _tile_stored(7, cs[3], 64);
+        }
+    }
+    const __mmask32 mask = nr >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << nr) - 1u);
+    for (uint32_t t = 0; t < m0 + m1; t++) {
+        float *y = j->y + (uint64_t)(t0 + t) * j->w.rows + pr;
+        _mm512_mask_storeu_ps(y, (__mmask16)mask, _mm512_load_ps(acc + 32 * t));
+        _mm512_mask_storeu_ps(y + 16, (__mmask16)(mask >> 16), _mm512_load_ps(acc + 32 * t + 16));
+    }
+}
+
+static COL_AMX_I8 void int8_full_unit(const col_matvec_job *j, const uint8_t *qx, uint8_t *stage, int q4, uint32_t t0,
+                                      uint64_t pr, uint32_t nr, ahead *pf)
+{
+    int8_unit(j, qx, stage, q4, t0, 16, 16, pr, nr, pf);
+}
+
+/* ---- q8_0x8: the weights straight from the stored panels ---- */
+
+/* Palette 1 for direct units of token groups of m0 and m1 tokens: tiles 0 and 1 the groups'
+ * activations (m x 32 bytes), 2 and 3 two stored panels' blocks as they lie (8 x 32 bytes: 8 rows),
+ * 4..7 the sums (m x 8 int32): group 0 x panel 0, group 0 x panel 1, group 1 x panel 0, group 1 x
+ * panel 1. */
+static tile_config direct_config(uint32_t m0, uint32_t m1)
+{
+    tile_config c = config;
+    const uint8_t m1r = (uint8_t)(m1 ? m1 : m0);
+    const uint8_t r[8] = {(uint8_t)m0, m1r, 8, 8, (uint8_t)m0, (uint8_t)m0, m1r, m1r};
+    for (int t = 0; t < 8; t++) c.rows[t] = r[t], c.colsb[t] = 32;
+    return c;
+}
+
+/* One block's sums of m tokens x 16 rows (at c, 16 a token) into acc (16 floats a token). */
+COL_AMX_INLINE COL_AMX_I8 void add_block16(const int32_t *c, const float *dw16, const uint8_t *xq, uint64_t qb,
+                                           uint64_t cols, uint64_t k, uint32_t m, float *acc)
+{
+    const __m512 dw = _mm512_load_ps(dw16);
+    for (uint32_t t = 0; t < m; t++) {
+        const float dx = ((const float *)(const void *)(xq + t * qb + cols))[k];
+        const __m512 isum = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + 16 * t)));
+        _mm512_store_ps(acc + 16 * t, _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(dx)), _mm512_load_ps(acc + 16 * t)));
+    }
+}
+
+/* Tokens t0 .. t0 + m0 + m1 - 1 against the 16 rows of two stored panels (second: the first again
+ * at the matrix's end), B tiles loaded where the panels lie; the C tiles of a token group are
+ * stored side by side (8 columns each, rows 64 bytes apart) as one 16-row image. dws: the 16 rows'
+ * scales as f32, 16 a block. */
+COL_AMX_INLINE COL_AMX_I8 void direct_unit(const col_matvec_job *j, const uint8_t *qx, const float *dws, uint32_t t0,
+                                           uint32_t m0, uint32_t m1, uint64_t pr, uint32_t nr, ahead *pf)
+{
+    const uint64_t cols = j->w.cols, nb = cols / QK, qb = col_qrow_bytes(cols), rb = col_dtype_row_bytes(j->w.dtype, cols);
+    const uint8_t *x0 = qx + t0 * qb, *x1 = x0 + 16 * qb;
+    const uint8_t *b0 = (const uint8_t *)j->w.data + pr * rb, *b1 = nr > 8 ? b0 + 8 * rb : b0;
+    const uint8_t *w0 = b0 + 16 * nb, *w1 = b1 + 16 * nb;
+    const int two_a = m1 > 0;
+    float acc[32 * 16] __attribute__((aligned(64)));
+    int32_t c[AMX_I8_LAG + 1][2][16 * 16] __attribute__((aligned(64)));
+    memset(acc, 0, sizeof acc);
+    for (uint64_t k = 0; k < nb + AMX_I8_LAG; k++) {
+        if (k < nb) {
+            _tile_zero(4);
+            _tile_zero(5);
+            _tile_zero(6);
+            _tile_zero(7);
+            _tile_loadd(0, x0 + QK * k, (long)qb);
+            _tile_loadd(2, w0 + 256 * k, 32);
+            if (two_a) _tile_loadd(1, x1 + QK * k, (long)qb);
+            _tile_loadd(3, w1 + 256 * k, 32);
+            _tile_dpbssd(4, 0, 2);
+            _tile_dpbssd(5, 0, 3);
+            if (two_a) _tile_dpbssd(6, 1, 2);
+            if (two_a) _tile_dpbssd(7, 1, 3);
+        }
+        for (uint64_t end = pf->done + pf->per_block; pf->done < end && pf->done < pf->lines; pf->done++)
+            _mm_prefetch(pf->next + pf->done * 64, _MM_HINT_T1);
+        if (k >= AMX_I8_LAG) {
+            const uint64_t kp = k - AMX_I8_LAG;
+            add_block16(c[kp % (AMX_I8_LAG + 1)][0], dws + 16 * kp, x0, qb, cols, kp, m0, acc);
+            if (two_a) add_block16(c[kp % (AMX_I8_LAG + 1)][1], dws + 16 * kp, x1, qb, cols, kp, m1, acc + 16 * 16);
+        }
+        if (k < nb) {
+            int32_t(*cs)[16 * 16] = c[k % (AMX_I8_LAG + 1)];
+            _tile_stored(4, cs[0], 64);
+            _tile_stored(5, cs[0] + 8, 64);
+            if (two_a) _tile_stored(6, cs[1], 64);
+            if (two_a) _tile_stored(7, cs[1] + 8, 64);
+        }
+    }
+    const __mmask16 mask = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1u);
+    for (uint32_t t = 0; t < m0 + m1; t++) _mm512_mask_storeu_ps(j->y + (uint64_t)(t0 + t) * j->w.rows + pr, mask, _mm512_load_ps(acc + 16 * t));
+}
+
+static COL_AMX_I8 void direct_full_unit(const col_matvec_job *j, const uint8_t *qx, const float *dws, uint32_t t0,
+                                        uint64_t pr, uint32_t nr, ahead *pf)
+{
+    direct_unit(j, qx, dws, t0, 16, 16, pr, nr, pf);
+}
+
+static COL_AMX_I8 void direct_rows(const col_matvec_job *j, const uint8_t *qx, uint8_t *stage, uint64_t r0, uint64_t r1)
+{
+    const uint64_t nb = j->w.cols / QK, rb = col_dtype_row_bytes(j->w.dtype, j->w.cols);
+    const uint32_t nt = j->n_tokens, full = nt / 32, rest = nt % 32;
+    const uint32_t m0 = rest > 16 ? 16 : rest, m1 = rest > 16 ? rest - 16 : 0;
+    const tile_config cf = direct_config(16, 16), cr = direct_config(m0 ? m0 : 16, m1);
+    const uint64_t steps = (full + (rest > 0)) * nb;
+    float *dws = (float *)(void *)stage;
+    int loaded = -1;
+    for (uint64_t pr = r0; pr < r1; pr += 16) {
+        const uint32_t nr = r1 - pr < 16 ? (uint32_t)(r1 - pr) : 16;
+        const uint64_t next_rows = r1 - pr - nr < 16 ? r1 - pr - nr : 16, lines = next_rows * rb / 64;
+        ahead pf = {(const char *)j->w.data + (pr + nr) * rb, lines, 0, (lines + steps - 1) / steps};
+        const uint8_t *b0 = (const uint8_t *)j->w.data + pr * rb, *b1 = nr > 8 ? b0 + 8 * rb : b0;
+        for (uint64_t k = 0; k < nb; k++) {
+            const __m128i s0 = _mm_loadu_si128((const __m128i *)(const void *)(b0 + 16 * k));
+            const __m128i s1 = _mm_loadu_si128((const __m128i *)(const void *)(b1 + 16 * k));
+            _mm512_store_ps(dws + 16 * k, _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(s0), s1, 1)));
+        }
+        if (full && loaded != 0) _tile_loadconfig(&cf), loaded = 0;
+        for (uint32_t g = 0; g < full; g++) direct_full_unit(j, qx, dws, 32 * g, pr, nr, &pf);
+        if (rest) {
+            if (loaded != 1) _tile_loadconfig(&cr), loaded = 1;
+            direct_unit(j, qx, dws, 32 * full, m0, m1, pr, nr, &pf);
+        }
+    }
+    _tile_release();
+}
+
+COL_AMX_I8 void col_amx_int8_rows(const col_matvec_job *j, const uint8_t *qx, uint8_t *stage, uint64_t r0, uint64_t r1)
+{
+    const int q4 = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0;
+    if (j->w.dtype == COL_DTYPE_Q8_0X8 && j->n_tokens <= AMX_I8_DIRECT_TOKENS) {
+        direct_rows(j, qx, stage, r0, r1);
+        return;
+    }
+    const uint64_t nb = j->w.cols / QK;
+    const uint32_t nt = j->n_tokens, full = nt / 32, rest = nt % 32;
+    const uint32_t m0 = rest > 16 ? 16 : rest, m1 = rest > 16 ? rest - 16 : 0;
+    const tile_config cf = int8_config(q4, 16, 16), cr = int8_config(q4, m0 ? m0 : 16, m1);
+    const uint64_t rb = col_dtype_row_bytes(j->w.dtype, j->w.cols), steps = (full + (rest > 0)) * (nb + 1);
+    int loaded = -1; /* 0: cf, 1: cr */
+    for (uint64_t pr = r0; pr < r1; pr += 32) {
+        const uint32_t nr = r1 - pr < 32 ? (uint32_t)(r1 - pr) : 32;
+        const uint64_t next_rows = r1 - pr - nr < 32 ? r1 - pr - nr : 32, lines = next_rows * rb / 64;
+        ahead pf = {(const char *)j->w.data + (pr + nr) * rb, lines, 0, (lines + steps - 1) / steps};
+        stage_int8(&j->w, pr, nr < 16 ? nr : 16, stage);
+        if (nr > 16) stage_int8(&j->w, pr + 16, nr - 16, stage + nb * AMX_I8_BLOCK);
+        if (full && loaded != 0) _tile_loadconfig(&cf), loaded = 0;
+        for (uint32_t g = 0; g < full; g++) int8_full_unit(j, qx, stage, q4, 32 * g, pr, nr, &pf);
+        if (rest) {
+            if (loaded != 1) _tile_loadconfig(&cr), loaded = 1;
+            int8_unit(j, qx, stage, q4, 32 * full, m0, m1, pr, nr, &pf);
+        }
+    }
+    _tile_release();
+}
+
 #else /* no AMX on this system */
 
 int col_amx_enable(void)
@@ -526,6 +901,17 @@ void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, ui
                   uint64_t r0, uint64_t r1)
 {
     (void)j, (void)x_bf16, (void)packed, (void)stage, (void)stage_bytes, (void)r0, (void)r1;
+}
+
+int col_amx_int8_runs(const col_matvec_job *j, uint64_t stage_bytes)
+{
+    (void)j, (void)stage_bytes;
+    return 0;
+}
+
+void col_amx_int8_rows(const col_matvec_job *j, const uint8_t *qx, uint8_t *stage, uint64_t r0, uint64_t r1)
+{
+    (void)j, (void)qx, (void)stage, (void)r0, (void)r1;
 }
 
 #endif

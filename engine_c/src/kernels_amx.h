@@ -1,7 +1,8 @@
 /*
- * kernels_amx.h - products over bf16 weights on Intel AMX tiles, for the kernel layer (pool.c,
- * kernels.c) only. The forward pass never sees this: the pool picks it for bf16 weights when the CPU has
- * AMX-BF16 and the OS grants this process the tile state.
+ * kernels_amx.h - products on Intel AMX tiles, for the kernel layer (pool.c, kernels.c) only: bf16
+ * weights (AMX-BF16), and batches of q8_0/q4_0 weights (AMX-INT8, the last section). The forward
+ * pass never sees this: the pool picks it when the CPU has the tiles and the OS grants this process
+ * the tile state.
  *
  * Arithmetic: each activation x is split into three bf16 parts, x = hi + mid + lo, each rounded to
  * nearest from what the earlier parts left (24 significant bits, all an f32 has). A product of a
@@ -18,7 +19,8 @@
  * Determinism: an output (row r, token t) is one tile element, accumulated block of 32 columns by
  * block in order, then its three activation parts summed as (hi + mid) + lo. Which rows share a
  * tile, which tokens share the activation tile and which thread runs it change nothing, so
- * batches equal steps and any thread count gives the same bits.
+ * batches equal steps and any thread count gives the same bits. (q8_0/q4_0: the definition's bits,
+ * below.)
  */
 #ifndef COLIBRI_KERNELS_AMX_H
 #define COLIBRI_KERNELS_AMX_H
@@ -30,7 +32,7 @@
  * asking again is harmless). 0 otherwise, and on every other system. Thread-safe. */
 int col_amx_enable(void);
 
-/* Weight dtypes the AMX path computes (bf16). */
+/* Weight dtypes the AMX path computes with bf16 tiles (bf16); q8_0/q4_0: col_amx_int8_runs. */
 int col_amx_handles(uint32_t dtype);
 
 /* Bytes of the packed activations of n_tokens x cols (col_amx_pack), including the 64 bytes past
@@ -52,7 +54,8 @@ void col_amx_pack(const float *x, uint32_t n_tokens, uint64_t cols, int x_bf16, 
 uint64_t col_amx_tile_rows(uint32_t n_tokens, int x_bf16);
 
 /* Bytes of per-thread staging for products of at most max_cols columns and max_tokens tokens
- * (64-byte aligned use): tiles of rows staged, or the C tiles saved between chunks of long rows. */
+ * (64-byte aligned use): tiles of rows staged, or the C tiles saved between chunks of long rows;
+ * at least col_amx_int8_stage_bytes(max_cols). */
 uint64_t col_amx_stage_bytes(uint64_t max_cols, uint32_t max_tokens);
 
 /* y[t][r] for rows [r0, r1) and every token of j (see col_matvec_job), from activations packed by
@@ -61,5 +64,42 @@ uint64_t col_amx_stage_bytes(uint64_t max_cols, uint32_t max_tokens);
  * col_amx_enable() returned 1 and col_amx_handles(j->w.dtype). */
 void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, uint8_t *stage, uint64_t stage_bytes,
                   uint64_t r0, uint64_t r1);
+
+/* ---- q8_0 and q4_0 batches on AMX-INT8 ------------------------------------------------------------
+ * Arithmetic: a block's exact int32 sum of weight x activation bytes (TDPBSSD, signed x signed:
+ * q8_0 values as stored, q4_0 nibbles minus 8, against the activations col_quantize_row made; the
+ * sum is exact whatever adds it), then acc = fma((float)isum, d_w * d_x, acc) block by block in
+ * order from 0: col_dotq_blocks's definition, so the bits of every other path, whatever the rows,
+ * tokens or threads (decode, which stays on the vector kernels, included). */
+
+/* Batches of at least this many tokens run on the tiles, fewer (decode) stay on the AVX-512 and
+ * AVX2 kernels: below it the tiles' floor, staging the weights, costs more than the vector
+ * kernels' products. Thread CPU time of a 2816 x 1024 product against the AVX-512 path's: q8_0x8
+ * (tiles straight from the panels) 1.78x at 2 tokens, 0.43x at 4 (384 x 1024: 0.81x, 0.88x at 3,
+ * 0.75x at 4: 4 kept); q4_0x8 1.24x at 4, 0.95x at 6; q8_0 rows (a 32-bit gather per 4-byte
+ * group: a 16 x 16 transpose staged them no faster) 1.65x at 4, 0.86x at 8. */
+#ifndef COL_AMX_INT8_MIN_TOKENS_Q8
+#define COL_AMX_INT8_MIN_TOKENS_Q8 4
+#endif
+#ifndef COL_AMX_INT8_MIN_TOKENS_Q8_ROWS
+#define COL_AMX_INT8_MIN_TOKENS_Q8_ROWS 8
+#endif
+#ifndef COL_AMX_INT8_MIN_TOKENS_Q4
+#define COL_AMX_INT8_MIN_TOKENS_Q4 6
+#endif
+
+/* Bytes of per-thread staging col_amx_int8_rows needs for rows of `cols` (64-byte aligned use);
+ * col_amx_stage_bytes covers it for max_cols. */
+uint64_t col_amx_int8_stage_bytes(uint64_t cols);
+
+/* 1 when job j (q8_0, q4_0, q8_0x8 or q4_0x8 weights) runs on AMX-INT8 tiles on a pool whose path
+ * is AMX: enough tokens, `stage_bytes` of staging a thread, and a CPU with AMX-INT8. Thread-safe. */
+int col_amx_int8_runs(const col_matvec_job *j, uint64_t stage_bytes);
+
+/* y[t][r] for rows [r0, r1) and every token of j, from its activations qx (col_quantize_row, one
+ * row per token). r0 a multiple of 16 (COL_PANEL_ROWS), r1 too or the matrix's end; `stage`: this
+ * thread's staging (col_amx_int8_stage_bytes, 64-byte aligned). Loads its tile configuration and
+ * releases the tiles on return. Only when col_amx_enable() returned 1 and col_amx_int8_runs(j). */
+void col_amx_int8_rows(const col_matvec_job *j, const uint8_t *qx, uint8_t *stage, uint64_t r0, uint64_t r1);
 
 #endif /* COLIBRI_KERNELS_AMX_H */

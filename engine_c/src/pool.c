@@ -147,6 +147,10 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
         col_amx_rows(j, pool->x_bf16, act, pool->stage + (uint64_t)t * pool->stage_bytes, pool->stage_bytes, r0, r1);
         return;
     }
+    if (pool->isa == COL_ISA_AMX && col_amx_int8_runs(j, pool->stage_bytes)) {
+        col_amx_int8_rows(j, act, pool->stage + (uint64_t)t * pool->stage_bytes, r0, r1);
+        return;
+    }
     if (pool->isa >= COL_ISA_AVX512) {
         col_rows_avx512(j, act, r0, r1, pool->stage ? pool->stage + (uint64_t)t * pool->stage_bytes : NULL, pool->stage_bytes,
                         pool->ahead);

@@ -1,0 +1,337 @@
+/* test_int8_amx.c - q8_0 and q4_0 batches on AMX-INT8 tiles (kernels_amx.c) give the bits of the
+ * block-order definition: the definition written out here (as test_int8_avx2.c writes it), the
+ * portable reference and the AVX-512 path (COLIBRI_KERNELS=avx512) agree with the AMX pools on 1, 2
+ * and 3 threads and with the kernel called directly over shares of rows, for weights in rows and
+ * in stored 8-row panels: rows not a multiple of 16 (a last panel of 8; rows of any count), token
+ * counts around the 16 of a tile (a last group of 1..15 tokens), one block, an odd block count, a
+ * partial last q4_0 group, long rows; extreme scales and activations; several experts' products of
+ * different token counts in one batch; and each token of a batch stepped alone. Skips where the
+ * CPU or the OS gives no AMX-INT8. */
+#include "harness.h"
+#include "kernels_amx.h"
+#include "kernels_internal.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t rng_state = 2024u;
+static uint32_t rnd(void)
+{
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return rng_state >> 8;
+}
+static float frand(void) /* uniform in [-1, 1) */
+{
+    return (float)(rnd() & 0xFFFFFF) / (float)0x800000 - 1.0f;
+}
+
+/* ---- the definition ------------------------------------------------------------------------ */
+
+static int32_t stored_q(const uint8_t *row, uint32_t dtype, uint64_t nb, uint64_t i)
+{
+    const uint8_t *payload = row + 2 * nb;
+    if (dtype == COL_DTYPE_Q8_0) return (int8_t)payload[i];
+    const uint8_t byte = payload[i / 32 * 16 + i % 16];
+    return (int32_t)(i % 32 < 16 ? byte & 0x0F : byte >> 4) - 8;
+}
+
+static float definition(const uint8_t *row, uint32_t dtype, const float *x, uint64_t cols)
+{
+    const uint64_t nb = cols / 32;
+    float acc = 0.0f;
+    for (uint64_t b = 0; b < nb; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[32 * b + j]) > amax) amax = fabsf(x[32 * b + j]);
+        const float dx = amax / 127.0f, id = dx > 0.0f ? 1.0f / dx : 0.0f;
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++) {
+            const float v = x[32 * b + j] * id;
+            const int32_t q = v != v ? -127 : v >= 127.0f ? 127 : v <= -127.0f ? -127 : (int32_t)nearbyintf(v);
+            isum += stored_q(row, dtype, nb, 32 * b + (uint64_t)j) * q;
+        }
+        uint16_t h;
+        memcpy(&h, row + 2 * b, 2);
+        acc = fmaf((float)isum, col_f16_to_f32(h) * dx, acc);
+    }
+    return acc;
+}
+
+/* ---- inputs ---------------------------------------------------------------------------------- */
+
+/* f16 scales: normal ones of 2^-10 .. 2^-4, and with `extreme` also the special values. */
+static uint16_t scale_bits(bool extreme)
+{
+    static const uint16_t special[] = {0x0001, 0x03FF, 0x7BFF, 0xFBFF, 0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7C01};
+    if (extreme && rnd() % 3 == 0) return special[rnd() % (sizeof special / sizeof *special)];
+    return (uint16_t)(0x1400 + rnd() % 0x1400) | (uint16_t)(rnd() % 2 ? 0x8000 : 0);
+}
+
+static uint8_t *weights(uint64_t rows, uint64_t cols, uint32_t dtype, bool extreme)
+{
+    const uint64_t nb = cols / 32, rb = col_dtype_row_bytes(dtype, cols), pb = dtype == COL_DTYPE_Q8_0 ? 32 : 16;
+    uint8_t *out = malloc(rows * rb);
+    for (uint64_t r = 0; r < rows; r++) {
+        uint8_t *row = out + r * rb;
+        for (uint64_t b = 0; b < nb; b++) {
+            const uint16_t h = scale_bits(extreme);
+            memcpy(row + 2 * b, &h, 2);
+            uint8_t *payload = row + 2 * nb + pb * b;
+            /* extreme blocks: q8_0 all -128 or all 127, q4_0 all 0 (-8) or all 15 (7), or zero */
+            const uint32_t kind = extreme ? rnd() % 4 : 3;
+            for (uint64_t i = 0; i < pb; i++)
+                payload[i] = kind == 0 ? (dtype == COL_DTYPE_Q8_0 ? 0x80 : 0x00)
+                           : kind == 1 ? (dtype == COL_DTYPE_Q8_0 ? 0x7F : 0xFF)
+                           : kind == 2 ? (dtype == COL_DTYPE_Q8_0 ? 0x00 : 0x88)
+                                       : (uint8_t)rnd();
+        }
+    }
+    return out;
+}
+
+static float *activations(uint32_t nt, uint64_t cols, bool extreme)
+{
+    float *x = malloc(nt * cols * sizeof *x);
+    for (uint64_t b = 0; b < nt * cols / 32; b++) {
+        /* extreme blocks: all +max or all -max (q = +-127), zero, huge, or one Inf among random */
+        const uint32_t kind = extreme ? rnd() % 6 : 5;
+        for (int j = 0; j < 32; j++) {
+            float v = frand();
+            if (kind == 0) v = 3.0e38f;
+            if (kind == 1) v = -3.0e38f;
+            if (kind == 2) v = 0.0f;
+            if (kind == 3) v *= 1.0e37f;
+            if (kind == 4 && j == 7) v = rnd() % 2 ? INFINITY : -INFINITY;
+            x[32 * b + (uint64_t)j] = v;
+        }
+    }
+    return x;
+}
+
+/* ---- weights stored in 8-row panels ----------------------------------------------------------- */
+
+/* The rows of w as panels, from the layout kernels_internal.h states: per 8 rows, the blocks' 8
+ * scales each, then per block 4-byte group g of row r at 32g + 4r. */
+static uint8_t *as_panels(const uint8_t *w, uint64_t rows, uint64_t cols, uint32_t dtype)
+{
+    const uint64_t nb = cols / 32, rb = col_dtype_row_bytes(dtype, cols), pb = dtype == COL_DTYPE_Q8_0 ? 32 : 16;
+    uint8_t *out = malloc(rows * rb);
+    for (uint64_t p = 0; p < rows / 8; p++) {
+        uint8_t *panel = out + 8 * p * rb, *payload = panel + 16 * nb;
+        for (uint64_t r = 0; r < 8; r++) {
+            const uint8_t *row = w + (8 * p + r) * rb;
+            for (uint64_t b = 0; b < nb; b++) {
+                memcpy(panel + 16 * b + 2 * r, row + 2 * b, 2);
+                for (uint64_t g = 0; g < pb / 4; g++) memcpy(payload + 8 * pb * b + 32 * g + 4 * r, row + 2 * nb + pb * b + 4 * g, 4);
+            }
+        }
+    }
+    return out;
+}
+
+/* ---- the AMX path ----------------------------------------------------------------------------- */
+
+typedef struct run {
+    col_pool *pool;
+    void *scratch;
+} run;
+
+/* A pool on path `kernels` (COLIBRI_KERNELS) for products within (max_jobs, max_tokens, max_cols). */
+static run pool_on(const char *kernels, uint32_t threads, uint32_t max_jobs, uint32_t max_tokens, uint64_t max_cols)
+{
+    run r = {NULL, NULL};
+    setenv("COLIBRI_KERNELS", kernels, 1);
+    col_allocator alloc;
+    col_allocator_or_default(NULL, &alloc);
+    col_pool_limits limits = {max_jobs, (uint64_t)max_jobs * max_tokens * max_cols, max_tokens, max_cols};
+    const col_isa isa = col_choose_isa(COL_ISA_AMX);
+    const uint64_t bytes = col_pool_scratch_size(isa, threads, &limits);
+    if (posix_memalign(&r.scratch, 64, bytes) != 0) r.scratch = NULL;
+    r.pool = col_pool_create(isa, threads, r.scratch, bytes, &limits, &alloc);
+    unsetenv("COLIBRI_KERNELS");
+    return r;
+}
+
+static void pool_done(run *r)
+{
+    col_pool_free(r->pool);
+    free(r->scratch);
+}
+
+/* Equal bits, or both NaN. */
+static bool same(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b);
+}
+
+typedef struct tally {
+    int checked, off_definition, off_portable, off_avx512, off_amx, off_kernel, off_step, nonfinite;
+} tally;
+
+enum { N_POOLS = 5, MAX_T = 70, MAX_C = 4160, MAX_JOBS = 4 };
+static run pools[N_POOLS]; /* portable, AVX-512, AMX on 1, 2 and 3 threads */
+
+/* The product of `wt` and nt tokens x through every pool and through the AMX kernel called directly
+ * (the whole matrix, then in two shares of a multiple of 16 rows), each against want; the AMX pool
+ * of 2 threads also steps every token alone. */
+static void check_product(col_weight wt, const float *x, uint32_t nt, const float *want, tally *t)
+{
+    const uint64_t rows = wt.rows, cols = wt.cols, qb = col_qrow_bytes(cols);
+    float *y = malloc(nt * rows * sizeof *y), *ystep = malloc(rows * sizeof *ystep);
+    for (int p = 0; p < N_POOLS; p++) {
+        memset(y, 0xFF, nt * rows * sizeof *y);
+        col_matvec_job job = {wt, x, y, nt, NULL};
+        col_matmul_many(pools[p].pool, &job, 1);
+        int *off = p == 0 ? &t->off_portable : p == 1 ? &t->off_avx512 : &t->off_amx;
+        for (uint64_t i = 0; i < nt * rows; i++) *off += !same(y[i], want[i]);
+        t->checked += (int)(nt * rows);
+    }
+    for (uint32_t k = 0; k < nt; k++) { /* each token stepped alone */
+        col_matvec_job step = {wt, x + k * cols, ystep, 1, NULL};
+        col_matmul_many(pools[3].pool, &step, 1);
+        for (uint64_t r = 0; r < rows; r++) t->off_step += !same(ystep[r], want[k * rows + r]);
+    }
+    uint8_t *qx = malloc(nt * qb), *stage = aligned_alloc(64, (col_amx_int8_stage_bytes(cols) + 63) / 64 * 64);
+    for (uint32_t k = 0; k < nt; k++) col_quantize_row(x + k * cols, cols, wt.dtype, COL_ISA_AVX512, qx + k * qb);
+    const col_matvec_job job = {wt, x, y, nt, NULL};
+    for (int split = 0; split < 2; split++) {
+        memset(y, 0xFF, nt * rows * sizeof *y);
+        const uint64_t mid = split ? rows / 32 * 16 : rows;
+        col_amx_int8_rows(&job, qx, stage, 0, mid);
+        if (mid < rows) col_amx_int8_rows(&job, qx, stage, mid, rows);
+        for (uint64_t i = 0; i < nt * rows; i++) t->off_kernel += !same(y[i], want[i]);
+    }
+    free(y), free(ystep), free(qx), free(stage);
+}
+
+/* One shape, weights in rows (q8_0, q4_0) or panels (q8_0x8, q4_0x8), against the definition of
+ * its rows (checked against the portable reference first). */
+static void check_shape(uint32_t dtype, bool stored, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t)
+{
+    uint8_t *w = weights(rows, cols, dtype, extreme), *wp = stored ? as_panels(w, rows, cols, dtype) : NULL;
+    const uint32_t kind = stored ? (dtype == COL_DTYPE_Q8_0 ? COL_DTYPE_Q8_0X8 : COL_DTYPE_Q4_0X8) : dtype;
+    float *x = activations(nt, cols, extreme), *want = malloc(nt * rows * sizeof *want);
+    const uint64_t rb = col_dtype_row_bytes(dtype, cols);
+    uint8_t *qx = malloc(col_qrow_bytes(cols));
+    for (uint32_t k = 0; k < nt; k++) {
+        col_quantize_row(x + k * cols, cols, kind, COL_ISA_PORTABLE, qx);
+        for (uint64_t r = 0; r < rows; r++) {
+            const float def = definition(w + r * rb, dtype, x + k * cols, cols);
+            want[k * rows + r] = def;
+            t->off_definition += !same(col_dotq_stored(stored ? wp : w, kind, r, qx, cols), def);
+            t->nonfinite += !isfinite(def);
+        }
+    }
+    const col_weight wt = {stored ? wp : w, kind, rows, cols, 0};
+    check_product(wt, x, nt, want, t);
+    free(w), free(wp), free(x), free(want), free(qx);
+}
+
+static void report(const char *what, const tally *t)
+{
+    fprintf(stderr,
+            "%s: %d outputs (%d not finite); off the definition: portable %d %d, avx512 %d, amx pools %d, amx kernel %d; "
+            "step != batch %d\n",
+            what, t->checked, t->nonfinite, t->off_definition, t->off_portable, t->off_avx512, t->off_amx, t->off_kernel,
+            t->off_step);
+    CHECK(t->checked > 0);
+    CHECK(t->off_definition == 0);
+    CHECK(t->off_portable == 0);
+    CHECK(t->off_avx512 == 0);
+    CHECK(t->off_amx == 0);
+    CHECK(t->off_kernel == 0);
+    CHECK(t->off_step == 0);
+}
+
+static const uint32_t dtypes[] = {COL_DTYPE_Q8_0, COL_DTYPE_Q4_0};
+#define COUNT(a) (sizeof(a) / sizeof *(a))
+
+/* Rows in panels and around the 16 of a tile, columns of one block to long rows, with partial
+ * q4_0 groups; token counts around the tile's 16 and the smallest batch the tiles take. */
+static void test_shapes(bool stored)
+{
+    static const uint64_t cols_list[] = {32, 96, 224, 1056, 4160};
+    static const uint64_t panel_rows[] = {8, 16, 24, 40, 72};
+    static const uint64_t row_rows[] = {1, 5, 16, 17, 35};
+    static const uint32_t tokens_list[] = {COL_AMX_INT8_MIN_TOKENS_Q8, COL_AMX_INT8_MIN_TOKENS_Q4, COL_AMX_INT8_MIN_TOKENS_Q8_ROWS, 15, 16, 17, 33, 70};
+    for (size_t d = 0; d < 2; d++) {
+        tally t = {0};
+        for (size_t c = 0; c < COUNT(cols_list); c++)
+            for (size_t r = 0; r < COUNT(panel_rows); r++)
+                for (size_t k = 0; k < COUNT(tokens_list); k++) {
+                    if (cols_list[c] > 1056 && tokens_list[k] != 33) continue; /* long rows: one count */
+                    check_shape(dtypes[d], stored, stored ? panel_rows[r] : row_rows[r], cols_list[c], tokens_list[k], false, &t);
+                }
+        for (uint32_t nt = 1; nt <= 40; nt++) check_shape(dtypes[d], stored, 24, 544, nt, false, &t); /* every count */
+        report(stored ? (d ? "q4_0x8 shapes" : "q8_0x8 shapes") : (d ? "q4_0 shapes" : "q8_0 shapes"), &t);
+    }
+}
+
+/* Extreme blocks and scales (q8_0 -128 and 127 against +-127, q4_0 nibbles 0 and 15, Inf and NaN
+ * scales, huge and infinite activations): the special values reach the outputs, with the same bits. */
+static void test_extremes(bool stored)
+{
+    for (size_t d = 0; d < 2; d++) {
+        tally t = {0};
+        for (int rep = 0; rep < 4; rep++)
+            for (uint32_t nt = 16; nt <= 21; nt += 5) check_shape(dtypes[d], stored, 40, 544, nt, true, &t);
+        report(stored ? (d ? "q4_0x8 extremes" : "q8_0x8 extremes") : (d ? "q4_0 extremes" : "q8_0 extremes"), &t);
+        CHECK(t.nonfinite > 0);
+    }
+}
+
+/* Experts stacked in one tensor, several products of different token counts in one batch (a
+ * prefill block's experts: some on the tiles, some on the AVX-512 kernels): every output the bits
+ * of the same product computed alone on the portable path. */
+static void test_experts_batch(void)
+{
+    enum { E = MAX_JOBS, ROWS = 40, COLS = 1056 };
+    static const uint32_t tokens[E] = {3, 16, 21, 40};
+    for (size_t d = 0; d < 2; d++) {
+        const uint64_t rb = col_dtype_row_bytes(dtypes[d], COLS);
+        uint8_t *w = weights(E * ROWS, COLS, dtypes[d], false), *wp = as_panels(w, E * ROWS, COLS, dtypes[d]);
+        const uint32_t kind = dtypes[d] == COL_DTYPE_Q8_0 ? COL_DTYPE_Q8_0X8 : COL_DTYPE_Q4_0X8;
+        float *x = activations(40 + E, COLS, false), *y[E], *want[E]; /* job e: tokens e .. */
+        col_matvec_job jobs[E], ref[E];
+        for (int e = 0; e < E; e++) {
+            const col_weight we = {wp + e * ROWS * rb, kind, ROWS, COLS, 0};
+            y[e] = malloc(tokens[e] * ROWS * sizeof(float)), want[e] = malloc(tokens[e] * ROWS * sizeof(float));
+            jobs[e] = (col_matvec_job){we, x + e * COLS, y[e], tokens[e], NULL};
+            ref[e] = (col_matvec_job){we, x + e * COLS, want[e], tokens[e], NULL};
+            col_matmul_many(pools[0].pool, &ref[e], 1);
+        }
+        int bad = 0;
+        for (int p = 2; p < N_POOLS; p++) {
+            col_matmul_many(pools[p].pool, jobs, E);
+            for (int e = 0; e < E; e++) bad += memcmp(y[e], want[e], tokens[e] * ROWS * sizeof(float)) != 0;
+        }
+        CHECK(bad == 0);
+        for (int e = 0; e < E; e++) free(y[e]), free(want[e]);
+        free(w), free(wp), free(x);
+    }
+}
+
+int main(void)
+{
+    pools[0] = pool_on("portable", 2, MAX_JOBS, MAX_T, MAX_C);
+    pools[1] = pool_on("avx512", 2, MAX_JOBS, MAX_T, MAX_C);
+    for (uint32_t n = 1; n <= 3; n++) pools[1 + n] = pool_on("amx", n, MAX_JOBS, MAX_T, MAX_C);
+    for (int p = 0; p < N_POOLS; p++) CHECK(pools[p].pool != NULL);
+    uint8_t probe[64] = {0};
+    const col_matvec_job any = {{probe, COL_DTYPE_Q8_0X8, 8, 32, 0}, NULL, NULL, COL_AMX_INT8_MIN_TOKENS_Q8, NULL};
+    if (pools[2].pool && col_pool_isa(pools[2].pool) == COL_ISA_AMX && col_pool_isa(pools[1].pool) == COL_ISA_AVX512 &&
+        col_amx_int8_runs(&any, col_amx_int8_stage_bytes(32))) {
+        test_shapes(true);
+        test_shapes(false);
+        test_extremes(true);
+        test_extremes(false);
+        test_experts_batch();
+    } else {
+        fprintf(stderr, "no AMX-INT8 here: nothing to test\n");
+    }
+    for (int p = 0; p < N_POOLS; p++) pool_done(&pools[p]);
+    return TEST_REPORT();
+}
