@@ -47,6 +47,9 @@
 #ifndef COL_PANEL_MIN_TOKENS
 #define COL_PANEL_MIN_TOKENS 9 /* fewer tokens run the decode kernel once per token: packing costs more */
 #endif
+#ifndef COL_STORED_MIN_TOKENS
+#define COL_STORED_MIN_TOKENS 6 /* the same for stored panels, whose copy into the staging panel costs less */
+#endif
 
 /* Bytes of one block of a panel: 16 f32 scales, then 8 (q8_0) or 4 (q4_0) vectors of payload. */
 static uint64_t panel_block_bytes(int q4)
@@ -537,7 +540,7 @@ COL_T512 void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, u
 {
     const int q4 = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0;
     const int stored = is_panel_dtype(j->w.dtype);
-    if (j->n_tokens >= COL_PANEL_MIN_TOKENS && stage && stage_bytes >= col_int8_stage_bytes()) {
+    if (j->n_tokens >= (stored ? COL_STORED_MIN_TOKENS : COL_PANEL_MIN_TOKENS) && stage && stage_bytes >= col_int8_stage_bytes()) {
         rows_panels(j, qx, r0, r1, stage, q4, stored);
         return;
     }
