@@ -18,6 +18,13 @@
  * (two q8_0 blocks or four q4_0 blocks), and a transpose tree of exact integer additions turns the
  * 16 rows' vectors into one vector of 16 row sums per block; the rows' scales come by one 32-bit
  * gather a step (transposed 16 blocks at a time where the offsets exceed 32 bits).
+ *
+ * Weights stored in 8-row panels (q8_0x8/q4_0x8) are read where they lie: batches of
+ * COL_STORED_MIN_TOKENS or more copy two stored panels into the staging panel, and fewer tokens
+ * run one-token tiles of 4 distant panels, a token at a time. There a 64-byte load holds two
+ * 4-byte groups of the panel's 8 rows, vpdpbusd takes it against the token's two groups placed to
+ * match (one vpermd each, shared by the tile's panels), and two panels' even and odd groups' sums,
+ * added by 256-bit halves, make one vector of 16 row sums per block: no transposes at all.
  */
 #include "kernels_internal.h"
 #include "transpose_x86.h"
@@ -526,7 +533,9 @@ COL_INLINE COL_T512 void stored_tokens(const col_matvec_job *j, const uint8_t *q
             if (tile == 0) break;
             switch (tile) {
 #define TILE(c) \
-    case c: stored_tile(j, x, pr, c < S ? c : S, y, ahead, q4); break;
+    case c: \
+        if (c <= S) stored_tile(j, x, pr, c <= S ? c : S, y, ahead, q4); /* no code for tiles past S */ \
+        break;
                 TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8)
 #undef TILE
             default: break;
