@@ -411,7 +411,7 @@ static uint8_t *raw_panels(uint32_t dtype, uint64_t rows, uint64_t cols, const u
 }
 
 /* The AVX-512 kernel over stored panels gives the definition's bits (col_dotq_stored) for 1..9
- * tokens: 1 to 9 panels (tiles of 1..4 distant panels, a last odd one in 8 lanes), one block, an
+ * tokens: 1 to 9 panels (tiles of 1..8 distant panels, a last odd one in 8 lanes), one block, an
  * odd block count, a partial last q4_0 group, long rows; extreme scales and activations; called
  * on the whole matrix and on two shares, with and without staging, and through AVX-512 pools of
  * 1 and 3 threads, each token also stepped alone. */
@@ -421,7 +421,7 @@ static void test_int8_stored_panels_avx512(void)
     static const uint16_t plain[] = {0x2000, 0x2400, 0x1C00, 0x2A55, 0x3000};
     static const uint16_t extreme[] = {0x2000, 0x0001, 0x03FF, 0x7BFF, 0x0000, 0x8400, 0x7C00, 0xFC00, 0x7E00, 0x2400};
     static const uint64_t cols_list[] = {32, 64, 96, 160, 1056, 4128};
-    static const uint64_t rows_list[] = {8, 16, 24, 40, 56, 72};
+    static const uint64_t rows_list[] = {8, 16, 24, 32, 40, 48, 56, 72};
     static const uint32_t tokens_list[] = {1, 2, 3, 5, 8, 9, 13};
     run pools[2] = {pool_for("avx512", 1, MAX_T, MAX_C), pool_for("avx512", 3, MAX_T, MAX_C)};
     CHECK(pools[0].pool && pools[1].pool);
