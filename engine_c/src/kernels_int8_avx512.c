@@ -21,7 +21,7 @@
  *
  * Weights stored in 8-row panels (q8_0x8/q4_0x8) are read where they lie: batches of
  * COL_STORED_MIN_TOKENS or more copy two stored panels into the staging panel, and fewer tokens
- * run one-token tiles of 8 distant panels, a token at a time. There a 64-byte load holds two
+ * run one-token tiles of 4 distant panels, a token at a time. There a 64-byte load holds two
  * 4-byte groups of the panel's 8 rows, vpdpbusd takes it against the token's two groups placed to
  * match (one vpermd each, shared by the tile's panels), and two panels' even and odd groups' sums,
  * added by 256-bit halves, make one vector of 16 row sums per block: no transposes at all.
@@ -408,10 +408,10 @@ static COL_T512 void rows_decode(const col_matvec_job *j, const uint8_t *qx, uin
 /* ---- decode: weights stored in 8-row panels -------------------------------------------------- */
 
 #ifndef COL_STORED_STREAMS_512
-#define COL_STORED_STREAMS_512 8 /* panels a one-token tile reads at once, from distant parts of the share */
+#define COL_STORED_STREAMS_512 4 /* panels a one-token tile reads at once, from distant parts of the share */
 #endif
 #ifndef COL_STORED_AHEAD_MAX
-#define COL_STORED_AHEAD_MAX 1024 /* bytes a tile prefetches each panel ahead, at most (8 streams: 8 KiB in flight) */
+#define COL_STORED_AHEAD_MAX 1024 /* bytes a tile prefetches each panel ahead, at most (Intel's 2 KiB for q8_0/q4_0 rows measured slower here) */
 #endif
 
 /* Activations of block k placed to match a 64-byte load of a stored panel, which holds the 8 rows'
