@@ -8,8 +8,9 @@ freestanding static program (no C library, no threads: a kernel and its definiti
 process) and runs it on BochsCPU, Bochs's x86 interpreter as a library (PyPI `bochscpu-python`),
 case by case:
   * int8: q8_0, q4_0 and their 8-row panels (VNNI, kernels_int8_avx512.c and the dispatch in
-    kernels_x86.c) against col_dotq_stored; rows around 16 (the lanes) and 8 (a panel); 17, 32 and
-    137 blocks of columns; 1 to 40 tokens (decode, and the packed batch passes); both entry points;
+    kernels_x86.c) against col_dotq_stored; rows around 16 (the lanes) and 8 (a panel), 1 and 7
+    panels; 1, 3, 5, 17, 32 and 137 blocks of columns; 1 to 40 tokens (decode, the stored panels'
+    one-token tiles, and the packed batch passes); both entry points;
   * numerics: every jitter-lab variant's AVX-512 loops (seq, pairwise, blocked L, with fma and
     split partial sums) on f32, f16, bf16, q8_0 and q4_0 rows against the reference loops;
   * bf16dot: vdpbf16ps (AVX512-BF16) against col_rows_bf16dot_portable, whole and partial blocks;
@@ -312,6 +313,10 @@ def cases(quick: bool) -> list[Case]:
             for nt in tokens:
                 out.append(Case("int8", dtype, rows, cols, nt))
     out += [Case("int8", "q8_0", 40, 1024, 13, "int8"), Case("int8", "q4_0", 40, 544, 9, "int8")]
+    # the stored panels' one-token kernel: one panel (a lone 8-lane tile) and 7 (tiles of 2 and 1),
+    # one block, three (a partial q4_0 group), five
+    out += [Case("int8", "q4_0x8", 8, 96, 1), Case("int8", "q8_0x8", 8, 96, 3, "int8"),
+            Case("int8", "q8_0x8", 56, 160, 1), Case("int8", "q4_0x8", 56, 32, 5, "int8")]
     variants = list(VARIANTS) if not quick else ["seq", "pairwise+fma", "blocked8+fma", "blocked100", "seq+split4"]
     for dtype in ("f32", "f16", "bf16", "q8_0", "q4_0"):
         for rows, cols, nt in ((37, 1056, 5), (7, 96, 1)) if dtype in ("q8_0", "q4_0") else ((37, 100, 5), (16, 1056, 1)):

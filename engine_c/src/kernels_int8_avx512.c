@@ -18,6 +18,14 @@
  * (two q8_0 blocks or four q4_0 blocks), and a transpose tree of exact integer additions turns the
  * 16 rows' vectors into one vector of 16 row sums per block; the rows' scales come by one 32-bit
  * gather a step (transposed 16 blocks at a time where the offsets exceed 32 bits).
+ *
+ * Weights stored in 8-row panels (q8_0x8/q4_0x8) are read where they lie: batches of
+ * COL_STORED_MIN_TOKENS or more copy two stored panels into the staging panel, and fewer tokens
+ * (q8_0 from one, q4_0 from two; a q4_0 decode keeps the AVX2 tiles) run one-token tiles of 4
+ * distant panels, a token at a time. There a 64-byte load holds two 4-byte groups of the panel's 8
+ * rows, vpdpbusd takes it against the token's two groups placed to match (one vpermd each, shared
+ * by the tile's panels), and two panels' even and odd groups' sums, added by 256-bit halves, make
+ * one vector of 16 row sums per block: no transposes at all.
  */
 #include "kernels_internal.h"
 #include "transpose_x86.h"
@@ -46,6 +54,9 @@
 #endif
 #ifndef COL_PANEL_MIN_TOKENS
 #define COL_PANEL_MIN_TOKENS 9 /* fewer tokens run the decode kernel once per token: packing costs more */
+#endif
+#ifndef COL_STORED_MIN_TOKENS
+#define COL_STORED_MIN_TOKENS 6 /* the same for stored panels, whose copy into the staging panel costs less */
 #endif
 
 /* Bytes of one block of a panel: 16 f32 scales, then 8 (q8_0) or 4 (q4_0) vectors of payload. */
@@ -395,18 +406,166 @@ static COL_T512 void rows_decode(const col_matvec_job *j, const uint8_t *qx, uin
     }
 }
 
+/* ---- decode: weights stored in 8-row panels -------------------------------------------------- */
+
+#ifndef COL_STORED_STREAMS_512
+#define COL_STORED_STREAMS_512 4 /* panels a one-token tile reads at once, from distant parts of the share */
+#endif
+#ifndef COL_STORED_AHEAD_MAX
+#define COL_STORED_AHEAD_MAX 1024 /* bytes a tile prefetches each panel ahead, at most (Intel's 2 KiB for q8_0/q4_0 rows measured slower here) */
+#endif
+
+/* Activations of block k placed to match a 64-byte load of a stored panel, which holds the 8 rows'
+ * 4-byte groups g (lanes 0-7) and g + 1 (lanes 8-15): q8_0 x[i] lanes 0-7 the token's group 2i of
+ * the block, lanes 8-15 group 2i + 1; q4_0 x[0..1] likewise from the block's low half (the low
+ * nibbles' elements), x[2..3] from its high half. */
+COL_INLINE COL_T512 void stored_x(const int8_t *xq, uint64_t nb, uint64_t k, int q4, __m512i *x)
+{
+    const __m512i two = _mm512_set1_epi32(2);
+    const __m512i i0 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), i1 = _mm512_add_epi32(i0, two);
+    if (q4) {
+        const uint8_t *lo = (const uint8_t *)xq + col_xq_pos(COL_DTYPE_Q4_0, nb, k, 0);
+        const uint8_t *hi = (const uint8_t *)xq + col_xq_pos(COL_DTYPE_Q4_0, nb, k, 16);
+        const __m512i l = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)lo));
+        const __m512i h = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(const void *)hi));
+        x[0] = _mm512_permutexvar_epi32(i0, l), x[1] = _mm512_permutexvar_epi32(i1, l);
+        x[2] = _mm512_permutexvar_epi32(i0, h), x[3] = _mm512_permutexvar_epi32(i1, h);
+    } else {
+        const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(xq + QK * k)));
+        const __m512i i2 = _mm512_add_epi32(i1, two), i3 = _mm512_add_epi32(i2, two);
+        x[0] = _mm512_permutexvar_epi32(i0, v), x[1] = _mm512_permutexvar_epi32(i1, v);
+        x[2] = _mm512_permutexvar_epi32(i2, v), x[3] = _mm512_permutexvar_epi32(i3, v);
+    }
+}
+
+/* One stored block (pay: its 256 or 128 payload bytes) against stored_x's vectors: lane r < 8 row
+ * r's exact sum over the block's even groups, lane 8 + r over its odd ones, without the block's
+ * correction (q8_0 read as w + 128, q4_0 as the raw nibbles). */
+COL_INLINE COL_T512 __m512i stored_sums(const uint8_t *pay, const __m512i *x, int q4)
+{
+    __m512i s = _mm512_setzero_si512();
+    if (q4) {
+        const __m512i low4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i raw = _mm512_loadu_si512((const void *)(pay + 64 * h));
+            s = _mm512_dpbusd_epi32(s, _mm512_and_si512(raw, low4), x[h]);
+            s = _mm512_dpbusd_epi32(s, _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), x[2 + h]);
+        }
+    } else {
+        const __m512i bias = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            s = _mm512_dpbusd_epi32(s, _mm512_xor_si512(_mm512_loadu_si512((const void *)(pay + 64 * i)), bias), x[i]);
+    }
+    return s;
+}
+
+/* One token (qx: its activations) against the NP stored panels at rows pr[0..NP-1], into
+ * y[pr[p] ..]: panels 2i and 2i + 1 share one vector of 16 outputs (their even and odd groups'
+ * sums added by 256-bit halves), a last odd panel runs in 8 lanes. As the AVX2 tiles: every
+ * panel's scales asked for at the start, every panel's next lines before any block's arithmetic. */
+COL_INLINE COL_T512 void stored_tile(const col_matvec_job *j, const uint8_t *qx, const uint64_t *pr, const int NP, float *y,
+                                     uint32_t ahead, const int q4)
+{
+    const uint64_t n = j->w.cols, nb = n / QK, rb = col_dtype_row_bytes(j->w.dtype, n), bb = q4 ? 128 : 256;
+    const int8_t *xq = (const int8_t *)qx;
+    const float *dx = (const float *)(const void *)(qx + n);
+    const int32_t *corr = (const int32_t *)(const void *)(qx + col_qrow_block_corrections(n));
+    const uint8_t *sc[COL_STORED_STREAMS_512], *pay[COL_STORED_STREAMS_512]; /* each panel's scales, its payload */
+    __m512 acc[COL_STORED_STREAMS_512 / 2 + 1];
+    __m256 odd = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; p++) sc[p] = (const uint8_t *)j->w.data + pr[p] * rb, pay[p] = sc[p] + 16 * nb;
+#pragma GCC unroll 8
+    for (int p = 0; p < NP / 2; p++) acc[p] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; p++)
+        for (uint64_t at = 0; at < 16 * nb; at += 64) _mm_prefetch((const char *)(sc[p] + at), _MM_HINT_T0);
+    for (uint64_t k = 0; k < nb; k++) {
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; p++)
+#pragma GCC unroll 4
+            for (uint64_t at = 0; at < bb; at += 64) _mm_prefetch((const char *)(pay[p] + bb * k + at + ahead), _MM_HINT_T0);
+        __m512i x[4];
+        stored_x(xq, nb, k, q4, x);
+        const __m512i ck = _mm512_set1_epi32(corr[k]);
+        const __m512 dk = _mm512_set1_ps(dx[k]);
+#pragma GCC unroll 8
+        for (int p = 0; p < NP / 2; p++) {
+            const __m512i a = stored_sums(pay[2 * p] + bb * k, x, q4), b = stored_sums(pay[2 * p + 1] + bb * k, x, q4);
+            const __m512i halves = _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                                                    _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+            const __m128i sa = _mm_loadu_si128((const __m128i *)(const void *)(sc[2 * p] + 16 * k));
+            const __m128i sb = _mm_loadu_si128((const __m128i *)(const void *)(sc[2 * p + 1] + 16 * k));
+            const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(sa), sb, 1));
+            acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(halves, ck)), _mm512_mul_ps(dw, dk), acc[p]);
+        }
+        if (NP % 2) {
+            const __m512i a = stored_sums(pay[NP - 1] + bb * k, x, q4);
+            const __m256i isum = _mm256_add_epi32(_mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1)),
+                                                  _mm512_castsi512_si256(ck));
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc[NP - 1] + 16 * k)));
+            odd = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm512_castps512_ps256(dk)), odd);
+        }
+    }
+#pragma GCC unroll 8
+    for (int p = 0; p < NP / 2; p++) {
+        _mm256_storeu_ps(y + pr[2 * p], _mm512_castps512_ps256(acc[p]));
+        _mm256_storeu_ps(y + pr[2 * p + 1], _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p]), 1)));
+    }
+    if (NP % 2) _mm256_storeu_ps(y + pr[NP - 1], odd);
+}
+
+/* Rows [r0, r1) (whole panels) of every token, a token at a time: the share cut into
+ * COL_STORED_STREAMS_512 parts of whole panels as even as they can be, tile i takes panel i of each
+ * part that has one (the parts' last tile may be short). */
+COL_INLINE COL_T512 void stored_tokens(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
+                                       const int q4)
+{
+    enum { S = COL_STORED_STREAMS_512 };
+    const uint64_t qb = col_qrow_bytes(j->w.cols), np = (r1 - r0) / 8;
+    uint64_t from[S + 1], pr[S];
+    for (int s = 0; s <= S; s++) from[s] = np * (uint64_t)s / S;
+    for (uint32_t t = 0; t < j->n_tokens; t++) {
+        float *y = j->y + (uint64_t)t * j->w.rows;
+        const uint8_t *x = qx + t * qb;
+        for (uint64_t i = 0;; i++) {
+            int tile = 0;
+            for (int s = 0; s < S; s++)
+                if (from[s] + i < from[s + 1]) pr[tile++] = r0 + 8 * (from[s] + i);
+            if (tile == 0) break;
+            switch (tile) {
+#define TILE(c) \
+    case c: \
+        if (c <= S) stored_tile(j, x, pr, c <= S ? c : S, y, ahead, q4); /* no code for tiles past S */ \
+        break;
+                TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8)
+#undef TILE
+            default: break;
+            }
+        }
+    }
+}
+
 COL_T512 void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
                                    uint64_t stage_bytes, col_ahead ahead)
 {
     const int q4 = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0;
     const int stored = is_panel_dtype(j->w.dtype);
-    if (j->n_tokens >= COL_PANEL_MIN_TOKENS && stage && stage_bytes >= col_int8_stage_bytes()) {
+    if (j->n_tokens >= (stored ? COL_STORED_MIN_TOKENS : COL_PANEL_MIN_TOKENS) && stage && stage_bytes >= col_int8_stage_bytes()) {
         rows_panels(j, qx, r0, r1, stage, q4, stored);
         return;
     }
-    /* fewer tokens from stored panels: the AVX2 kernel, which reads them where they lie */
-    if (stored)
+    const uint32_t stored_ahead = ahead.q < COL_STORED_AHEAD_MAX ? ahead.q : COL_STORED_AHEAD_MAX;
+    /* q4_0 decode: the AVX2 stored tiles (int16 sums, 256-bit) measured 1.02-1.05x these in whole
+     * decodes, where q8_0 gained; from 2 tokens these are ahead */
+    if (stored && q4 && j->n_tokens == 1)
         col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q);
+    else if (stored && q4)
+        stored_tokens(j, qx, r0, r1, stored_ahead, 1);
+    else if (stored)
+        stored_tokens(j, qx, r0, r1, stored_ahead, 0);
     else
         rows_decode(j, qx, 0, j->n_tokens, r0, r1, q4, ahead.q);
 }

@@ -11,7 +11,7 @@
  * Then: one thread and three threads give the same bits, and a batch of tokens gives the same
  * bits as the tokens one at a time (prefill equals stepping). */
 #include "harness.h"
-#include "kernels.h"
+#include "kernels_internal.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -389,6 +389,101 @@ static void test_int8_definition(void)
     CHECK(bad_step == 0);
     pool_done(&ref);
     for (int p = 0; p < 4; p++) pool_done(&pools[p]);
+}
+
+/* q8_0x8/q4_0x8 weights as raw bytes (payloads from the whole byte range, -128 included) whose
+ * panels' scales are drawn from `scales`: panels hold their rows' blocks in another order, so any
+ * bytes are a matrix the definition (col_dotq_stored) reads. */
+static uint8_t *raw_panels(uint32_t dtype, uint64_t rows, uint64_t cols, const uint16_t *scales, size_t n_scales)
+{
+    const uint64_t rb = col_dtype_row_bytes(dtype, cols), nb = cols / 32;
+    uint8_t *out = malloc(rows * rb + 64);
+    for (uint64_t i = 0; i < rows * rb; i++) {
+        rng_state = rng_state * 1664525u + 1013904223u;
+        out[i] = (rng_state >> 4) % 5 == 0 ? 0x80 : (uint8_t)(rng_state >> 16);
+    }
+    for (uint64_t p = 0; p < rows / 8; p++)
+        for (uint64_t i = 0; i < 8 * nb; i++) { /* a panel's scales: 8 per block, ahead of its payload */
+            rng_state = rng_state * 1664525u + 1013904223u;
+            memcpy(out + 8 * p * rb + 2 * i, &scales[(rng_state >> 8) % n_scales], 2);
+        }
+    return out;
+}
+
+/* The AVX-512 kernel over stored panels gives the definition's bits (col_dotq_stored) for 1..9
+ * tokens: 1 to 9 panels (tiles of 1..8 distant panels, a last odd one in 8 lanes), one block, an
+ * odd block count, a partial last q4_0 group, long rows; extreme scales and activations; called
+ * on the whole matrix and on two shares, with and without staging, and through AVX-512 pools of
+ * 1 and 3 threads, each token also stepped alone. */
+static void test_int8_stored_panels_avx512(void)
+{
+    enum { MAX_T = 13, MAX_C = 4128 };
+    static const uint16_t plain[] = {0x2000, 0x2400, 0x1C00, 0x2A55, 0x3000};
+    static const uint16_t extreme[] = {0x2000, 0x0001, 0x03FF, 0x7BFF, 0x0000, 0x8400, 0x7C00, 0xFC00, 0x7E00, 0x2400};
+    static const uint64_t cols_list[] = {32, 64, 96, 160, 1056, 4128};
+    static const uint64_t rows_list[] = {8, 16, 24, 32, 40, 48, 56, 72};
+    static const uint32_t tokens_list[] = {1, 2, 3, 5, 8, 9, 13};
+    run pools[2] = {pool_for("avx512", 1, MAX_T, MAX_C), pool_for("avx512", 3, MAX_T, MAX_C)};
+    CHECK(pools[0].pool && pools[1].pool);
+    if (!pools[0].pool || !pools[1].pool) return;
+    uint8_t *stage = NULL;
+    CHECK(posix_memalign((void **)&stage, 64, col_int8_stage_bytes()) == 0);
+    const col_ahead ahead = col_decode_ahead();
+    int bad = 0, checked = 0;
+    for (int dq = 0; dq < 2; dq++)
+        for (int ext = 0; ext < 2; ext++)
+            for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++)
+                for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
+                    for (size_t ti = 0; ti < sizeof tokens_list / sizeof *tokens_list; ti++) {
+                        const uint32_t dtype = dq ? COL_DTYPE_Q4_0X8 : COL_DTYPE_Q8_0X8, nt = tokens_list[ti];
+                        const uint64_t cols = cols_list[ci], rows = rows_list[ri], qb = col_qrow_bytes(cols);
+                        if (ext && rows != 24 && rows != 40) continue;
+                        if (cols == 4128 && nt > 2) continue;
+                        uint8_t *data = ext ? raw_panels(dtype, rows, cols, extreme, sizeof extreme / sizeof *extreme)
+                                            : raw_panels(dtype, rows, cols, plain, sizeof plain / sizeof *plain);
+                        float *x = malloc(nt * cols * sizeof *x), *want = malloc(nt * rows * sizeof *want);
+                        float *got = malloc(nt * rows * sizeof *got);
+                        uint8_t *qx = malloc(nt * qb);
+                        for (uint64_t i = 0; i < nt * cols; i++) {
+                            x[i] = frand();
+                            if (ext && i % 97 == 0) x[i] = i % 2 ? 3.4028235e38f : -3.4028235e38f;
+                            if (ext && (i / 32) % 7 == 3) x[i] = 0.0f; /* a block of zeros */
+                        }
+                        for (uint32_t t = 0; t < nt; t++) {
+                            col_quantize_row(x + t * cols, cols, dtype, COL_ISA_PORTABLE, qx + t * qb);
+                            for (uint64_t r = 0; r < rows; r++) want[t * rows + r] = col_dotq_stored(data, dtype, r, qx + t * qb, cols);
+                        }
+                        const col_weight w = {data, dtype, rows, cols, 0};
+                        const col_matvec_job job = {w, x, got, nt, NULL};
+                        for (int split = 0; split < 2; split++)
+                            for (int staged = 0; staged < 2; staged++) {
+                                memset(got, 0xFF, nt * rows * sizeof *got);
+                                const uint64_t mid = split ? rows / 16 * 8 : rows;
+                                uint8_t *st = staged ? stage : NULL;
+                                const uint64_t sb = staged ? col_int8_stage_bytes() : 0;
+                                col_rows_int8_avx512(&job, qx, 0, mid, st, sb, ahead);
+                                if (mid < rows) col_rows_int8_avx512(&job, qx, mid, rows, st, sb, ahead);
+                                bad += memcmp(want, got, nt * rows * sizeof *got) != 0;
+                                checked++;
+                            }
+                        for (int p = 0; p < 2; p++) {
+                            col_matvec_job jb = {w, x, got, nt, NULL};
+                            col_matmul_many(pools[p].pool, &jb, 1);
+                            bad += memcmp(want, got, nt * rows * sizeof *got) != 0;
+                            for (uint32_t t = 0; t < nt; t++) {
+                                col_matvec_job step = {w, x + t * cols, got, 1, NULL};
+                                col_matmul_many(pools[p].pool, &step, 1);
+                                bad += memcmp(want + t * rows, got, rows * sizeof *got) != 0;
+                            }
+                            checked += 1 + (int)nt;
+                        }
+                        free(data), free(x), free(want), free(got), free(qx);
+                    }
+    if (bad) fprintf(stderr, "int8 stored panels: %d of %d products differ from the definition\n", bad, checked);
+    CHECK(bad == 0);
+    CHECK(checked > 1000);
+    free(stage);
+    for (int p = 0; p < 2; p++) pool_done(&pools[p]);
 }
 
 /* col_load_range reads any part of a row in the stored layout (the numerics variants read long
@@ -881,6 +976,8 @@ int main(void)
         test_float_order("avx512", 16);
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_int8_definition();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        test_int8_stored_panels_avx512();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_swiglu_gate("avx2");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rmsnorm_row(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_add_scaled(COL_ISA_AVX2);

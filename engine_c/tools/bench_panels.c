@@ -1,8 +1,11 @@
 /*
- * bench_panels.c - q8_0/q4_0 products on AVX2 from rows as stored today against the same weights
- * stored in 8-row panels (col_rows_int8_panels_avx2), in turns, from memory.
+ * bench_panels.c - q8_0/q4_0 products from rows as stored today against the same weights stored in
+ * 8-row panels, in turns, from memory: on AVX2 (col_rows_int8_avx2 against
+ * col_rows_int8_panels_avx2; the default), on AVX-512 (`--pair avx512`: col_rows_int8_avx512 on
+ * either layout), or the panels alone on both paths (`--pair stored`: AVX2's kernel as "rows",
+ * AVX-512's as "panels").
  *
- *   bench_panels q8_0|q4_0 ROWS COLS TOKENS [--threads T] [--turns N] [--megabytes M]
+ *   bench_panels q8_0|q4_0 ROWS COLS TOKENS [--threads T] [--turns N] [--megabytes M] [--pair avx2|avx512|stored]
  *
  * ROWS % 8 == 0, COLS % 32 == 0. The weights are copies of one random matrix, at least M MiB (256)
  * in each layout, multiplied in turn on T threads (each a contiguous share of the panels, a
@@ -49,12 +52,28 @@ typedef struct shared {
     col_matvec_job job;
     uint32_t ahead;
     int threads;
+    int pair; /* 0 avx2, 1 avx512, 2 stored */
 } shared;
 
 typedef struct worker {
     shared *s;
     int id;
 } worker;
+
+/* One share of the product on the kernel that `pair` names for `layout` (0 "rows", 1 "panels"). */
+static void run(int pair, int layout, col_matvec_job *job, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
+                uint32_t ahead)
+{
+    const uint32_t rows_dtype = col_block_kind(job->w.dtype), panel_dtype = rows_dtype == COL_DTYPE_Q8_0 ? COL_DTYPE_Q8_0X8 : COL_DTYPE_Q4_0X8;
+    job->w.dtype = layout || pair == 2 ? panel_dtype : rows_dtype;
+    const col_ahead a = {ahead, ahead};
+    if (pair == 0 || (pair == 2 && layout == 0)) {
+        if (is_panel_dtype(job->w.dtype)) col_rows_int8_panels_avx2(job, qx, r0, r1, ahead);
+        else col_rows_int8_avx2(job, qx, r0, r1, ahead);
+    } else {
+        col_rows_int8_avx512(job, qx, r0, r1, stage, stage ? col_int8_stage_bytes() : 0, a);
+    }
+}
 
 static void *work(void *arg)
 {
@@ -63,15 +82,19 @@ static void *work(void *arg)
     const uint64_t panels = s->job.w.rows / 8;
     const uint64_t r0 = 8 * (panels * (uint64_t)me->id / (uint64_t)s->threads);
     const uint64_t r1 = 8 * (panels * (uint64_t)(me->id + 1) / (uint64_t)s->threads);
+    uint8_t *stage = NULL;
+    if (s->pair && posix_memalign((void **)&stage, 64, col_int8_stage_bytes()) != 0) return NULL;
     for (;;) {
         pthread_barrier_wait(&s->start);
         const int layout = s->layout;
-        if (layout < 0) return NULL;
+        if (layout < 0) {
+            free(stage);
+            return NULL;
+        }
         col_matvec_job job = s->job;
         for (uint64_t c = 0; c < s->copies; c++) {
-            job.w.data = s->w[layout] + c * s->stride;
-            if (layout) col_rows_int8_panels_avx2(&job, s->qx, r0, r1, s->ahead);
-            else col_rows_int8_avx2(&job, s->qx, r0, r1, s->ahead);
+            job.w.data = s->w[s->pair == 2 ? 1 : layout] + c * s->stride;
+            run(s->pair, layout, &job, s->qx, r0, r1, stage, s->ahead);
             pthread_barrier_wait(&s->each);
         }
         pthread_barrier_wait(&s->start);
@@ -86,8 +109,8 @@ static int by_value(const void *a, const void *b)
 
 static int usage(void)
 {
-    fputs("usage: bench_panels q8_0|q4_0 ROWS COLS TOKENS [--threads T] [--turns N] [--megabytes M]\n"
-          "  ROWS a multiple of 8, COLS of 32; an AVX2 CPU\n", stderr);
+    fputs("usage: bench_panels q8_0|q4_0 ROWS COLS TOKENS [--threads T] [--turns N] [--megabytes M] [--pair avx2|avx512|stored]\n"
+          "  ROWS a multiple of 8, COLS of 32; an AVX2 CPU (AVX-512 VNNI for the avx512 and stored pairs)\n", stderr);
     return 2;
 }
 
@@ -99,8 +122,14 @@ int main(int argc, char **argv)
     const uint64_t rows = strtoull(argv[2], NULL, 10), cols = strtoull(argv[3], NULL, 10);
     const unsigned long tokens = strtoul(argv[4], NULL, 10);
     unsigned long threads = 1, turns = 6, megabytes = 256;
+    int pair = 0;
     for (int i = 5; i < argc; i += 2) {
         if (i + 1 >= argc) return usage();
+        if (strcmp(argv[i], "--pair") == 0) {
+            pair = strcmp(argv[i + 1], "avx2") == 0 ? 0 : strcmp(argv[i + 1], "avx512") == 0 ? 1 : strcmp(argv[i + 1], "stored") == 0 ? 2 : -1;
+            if (pair < 0) return usage();
+            continue;
+        }
         const unsigned long v = strtoul(argv[i + 1], NULL, 10);
         if (strcmp(argv[i], "--threads") == 0) threads = v;
         else if (strcmp(argv[i], "--turns") == 0) turns = v;
@@ -110,8 +139,8 @@ int main(int argc, char **argv)
     if (rows == 0 || rows % 8 || rows > (1u << 24) || cols == 0 || cols % 32 || cols > (1u << 24) || tokens == 0 ||
         tokens > 4096 || threads < 1 || threads > MAX_THREADS || turns < 1 || turns > MAX_TURNS || megabytes > (1u << 16))
         return usage();
-    if (col_choose_isa(COL_ISA_AVX2) != COL_ISA_AVX2) {
-        fputs("bench_panels: needs AVX2, FMA and F16C\n", stderr);
+    if (col_choose_isa(COL_ISA_AVX2) != COL_ISA_AVX2 || (pair && col_choose_isa(COL_ISA_AVX512) < COL_ISA_AVX512)) {
+        fputs(pair ? "bench_panels: needs AVX-512 VNNI\n" : "bench_panels: needs AVX2, FMA and F16C\n", stderr);
         return 1;
     }
 
@@ -147,14 +176,16 @@ int main(int argc, char **argv)
     for (uint64_t t = 0; t < tokens; t++) col_quantize_row(x + t * cols, cols, dtype, COL_ISA_AVX2, qx + t * qb);
 
     shared s = {.copies = copies, .stride = stride, .w = {wr, wp}, .qx = qx, .ahead = col_decode_ahead().q,
-                .threads = (int)threads};
+                .threads = (int)threads, .pair = pair};
     s.job = (col_matvec_job){{wr, dtype, rows, cols, 0}, x, y, (uint32_t)tokens, NULL};
     float *want = malloc(tokens * rows * sizeof *want);
     if (!want) return 1;
-    col_rows_int8_avx2(&s.job, qx, 0, rows, s.ahead);
+    col_matvec_job check = s.job;
+    check.w.data = pair == 2 ? wp : wr;
+    run(pair, 0, &check, qx, 0, rows, NULL, s.ahead);
     memcpy(want, y, tokens * rows * sizeof *y);
-    s.job.w.data = wp;
-    col_rows_int8_panels_avx2(&s.job, qx, 0, rows, s.ahead);
+    check.w.data = wp;
+    run(pair, 1, &check, qx, 0, rows, NULL, s.ahead);
     if (memcmp(want, y, tokens * rows * sizeof *y) != 0) {
         fputs("bench_panels: the panels' outputs differ from the rows'\n", stderr);
         return 1;
