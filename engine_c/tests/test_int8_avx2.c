@@ -2,17 +2,19 @@
  * of the block-order definition, forced with COLIBRI_KERNELS=avx2 so they run on any AVX2 CPU,
  * AVX-512 ones included.
  *
- * The definition is written out here from docs/format.md's layouts, independently of the engine:
- * per token, the activations quantised per block of 32 (d_x = max|x| / 127, q = x / d_x rounded
- * half to even, clamped to +-127, a NaN product to -127), then per output over the blocks in
- * order acc = fmaf((float)isum, d_w * d_x, acc), isum the block's exact integer sum. The portable
- * reference (col_dotq_blocks) must give the same bits, and the AVX2 path every one of them: decode
- * (1 token) and batches of 2..40 tokens, row counts around the 8 lanes of a vector, one block and
- * several k-blocks of columns, on 1, 2 and 3 threads, so a prefill equals its tokens stepped.
- * Extreme blocks too: q8_0 weights of -128 and 127 against x of +-127 (vpmaddubsw's limits),
- * q4_0 nibbles 0 and 15, zero blocks, huge and infinite activations, subnormal, huge, zero, Inf and
- * NaN f16 scales: an Inf or NaN reaches the same outputs (a NaN's payload is not compared). */
+ * The definition is written out in int8_cases.h from docs/format.md's layouts, independently of the
+ * engine: per token, the activations quantised per block of 32 (d_x = max|x| / 127, q = x / d_x
+ * rounded half to even, clamped to +-127, a NaN product to -127), then per output over the blocks
+ * in order acc = fmaf((float)isum, d_w * d_x, acc), isum the block's exact integer sum. The
+ * portable reference (col_dotq_blocks) must give the same bits, and the AVX2 path every one of
+ * them: decode (1 token) and batches of 2..40 tokens, row counts around the 8 lanes of a vector,
+ * one block and several k-blocks of columns, on 1, 2 and 3 threads, so a prefill equals its tokens
+ * stepped. Extreme blocks too: q8_0 weights of -128 and 127 against x of +-127 (vpmaddubsw's
+ * limits), q4_0 nibbles 0 and 15, zero blocks, huge and infinite activations, subnormal, huge,
+ * zero, Inf and NaN f16 scales: an Inf or NaN reaches the same outputs (a NaN's payload is not
+ * compared). */
 #include "harness.h"
+#include "int8_cases.h"
 #include "kernels_internal.h"
 
 #include <math.h>
@@ -20,100 +22,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-static uint32_t rng_state = 2024u;
-static uint32_t rnd(void)
-{
-    rng_state = rng_state * 1664525u + 1013904223u;
-    return rng_state >> 8;
-}
-static float frand(void) /* uniform in [-1, 1) */
-{
-    return (float)(rnd() & 0xFFFFFF) / (float)0x800000 - 1.0f;
-}
-
-/* ---- the definition ------------------------------------------------------------------------ */
-
-static int32_t stored_q(const uint8_t *row, uint32_t dtype, uint64_t nb, uint64_t i)
-{
-    const uint8_t *payload = row + 2 * nb;
-    if (dtype == COL_DTYPE_Q8_0) return (int8_t)payload[i];
-    const uint8_t byte = payload[i / 32 * 16 + i % 16];
-    return (int32_t)(i % 32 < 16 ? byte & 0x0F : byte >> 4) - 8;
-}
-
-static float definition(const uint8_t *row, uint32_t dtype, const float *x, uint64_t cols)
-{
-    const uint64_t nb = cols / 32;
-    float acc = 0.0f;
-    for (uint64_t b = 0; b < nb; b++) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++)
-            if (fabsf(x[32 * b + j]) > amax) amax = fabsf(x[32 * b + j]);
-        const float dx = amax / 127.0f, id = dx > 0.0f ? 1.0f / dx : 0.0f;
-        int32_t isum = 0;
-        for (int j = 0; j < 32; j++) {
-            const float v = x[32 * b + j] * id;
-            const int32_t q = v != v ? -127 : v >= 127.0f ? 127 : v <= -127.0f ? -127 : (int32_t)nearbyintf(v);
-            isum += stored_q(row, dtype, nb, 32 * b + (uint64_t)j) * q;
-        }
-        uint16_t h;
-        memcpy(&h, row + 2 * b, 2);
-        acc = fmaf((float)isum, col_f16_to_f32(h) * dx, acc);
-    }
-    return acc;
-}
-
-/* ---- inputs ---------------------------------------------------------------------------------- */
-
-/* f16 scales: normal ones of 2^-10 .. 2^-4, and with `extreme` also the special values. */
-static uint16_t scale_bits(bool extreme)
-{
-    static const uint16_t special[] = {0x0001, 0x03FF, 0x7BFF, 0xFBFF, 0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x7C01};
-    if (extreme && rnd() % 3 == 0) return special[rnd() % (sizeof special / sizeof *special)];
-    return (uint16_t)(0x1400 + rnd() % 0x1400) | (uint16_t)(rnd() % 2 ? 0x8000 : 0);
-}
-
-static uint8_t *weights(uint64_t rows, uint64_t cols, uint32_t dtype, bool extreme)
-{
-    const uint64_t nb = cols / 32, rb = col_dtype_row_bytes(dtype, cols), pb = dtype == COL_DTYPE_Q8_0 ? 32 : 16;
-    uint8_t *out = malloc(rows * rb);
-    for (uint64_t r = 0; r < rows; r++) {
-        uint8_t *row = out + r * rb;
-        for (uint64_t b = 0; b < nb; b++) {
-            const uint16_t h = scale_bits(extreme);
-            memcpy(row + 2 * b, &h, 2);
-            uint8_t *payload = row + 2 * nb + pb * b;
-            /* extreme blocks: q8_0 all -128 or all 127, q4_0 all 0 (-8) or all 15 (7), or zero */
-            const uint32_t kind = extreme ? rnd() % 4 : 3;
-            for (uint64_t i = 0; i < pb; i++)
-                payload[i] = kind == 0 ? (dtype == COL_DTYPE_Q8_0 ? 0x80 : 0x00)
-                           : kind == 1 ? (dtype == COL_DTYPE_Q8_0 ? 0x7F : 0xFF)
-                           : kind == 2 ? (dtype == COL_DTYPE_Q8_0 ? 0x00 : 0x88)
-                                       : (uint8_t)rnd();
-        }
-    }
-    return out;
-}
-
-static float *activations(uint32_t nt, uint64_t cols, bool extreme)
-{
-    float *x = malloc(nt * cols * sizeof *x);
-    for (uint64_t b = 0; b < nt * cols / 32; b++) {
-        /* extreme blocks: all +max or all -max (q = +-127), zero, huge, or one Inf among random */
-        const uint32_t kind = extreme ? rnd() % 6 : 5;
-        for (int j = 0; j < 32; j++) {
-            float v = frand();
-            if (kind == 0) v = 3.0e38f;
-            if (kind == 1) v = -3.0e38f;
-            if (kind == 2) v = 0.0f;
-            if (kind == 3) v *= 1.0e37f;
-            if (kind == 4 && j == 7) v = rnd() % 2 ? INFINITY : -INFINITY;
-            x[32 * b + (uint64_t)j] = v;
-        }
-    }
-    return x;
-}
 
 /* ---- the AVX2 path ------------------------------------------------------------------------ */
 
@@ -265,25 +173,6 @@ static void test_extremes(run *pools)
 
 /* ---- weights stored in 8-row panels (col_rows_int8_panels_avx2) ------------------------------ */
 #if defined(__x86_64__)
-
-/* The rows of w as panels, from the layout kernels_internal.h states: per 8 rows, the blocks' 8
- * scales each, then per block 4-byte group g of row r at 32g + 4r. */
-static uint8_t *as_panels(const uint8_t *w, uint64_t rows, uint64_t cols, uint32_t dtype)
-{
-    const uint64_t nb = cols / 32, rb = col_dtype_row_bytes(dtype, cols), pb = dtype == COL_DTYPE_Q8_0 ? 32 : 16;
-    uint8_t *out = malloc(rows * rb);
-    for (uint64_t p = 0; p < rows / 8; p++) {
-        uint8_t *panel = out + 8 * p * rb, *payload = panel + 16 * nb;
-        for (uint64_t r = 0; r < 8; r++) {
-            const uint8_t *row = w + (8 * p + r) * rb;
-            for (uint64_t b = 0; b < nb; b++) {
-                memcpy(panel + 16 * b + 2 * r, row + 2 * b, 2);
-                for (uint64_t g = 0; g < pb / 4; g++) memcpy(payload + 8 * pb * b + 32 * g + 4 * r, row + 2 * nb + pb * b + 4 * g, 4);
-            }
-        }
-    }
-    return out;
-}
 
 /* One shape from panels (dtype q8_0x8 / q4_0x8) against the definition of its rows: the portable
  * reference row by row, the AVX2 kernel on the whole matrix at once and in two shares, and the
