@@ -107,12 +107,12 @@ uint64_t col_amx_stage_bytes(uint64_t max_cols, uint32_t max_tokens)
 #define AMX_I8_BLOCK 576
 #define AMX_I8_AHEAD 256
 /* Blocks between a block's tile multiplies and the vector code that adds its sums: the sums of 3
- * blocks wait in memory, so the tile unit runs that far ahead (1 block: 0.78x the speed of 3, 2:
- * 0.96x, 4: 0.97x; q8_0x8 2816 x 1024, 128 tokens). */
+ * blocks wait in memory, so the tile unit runs that far ahead (performance.md, "AMX-INT8 sums'
+ * lag"). */
 #define AMX_I8_LAG 3
 /* q8_0x8 batches of up to this many tokens load the weights' tiles straight from the stored panels
- * (8 rows a tile, twice the tile multiplies of staged 16-row tiles, no staging): thread CPU time
- * against staging, 2816 x 1024: 0.73x at 16 tokens, 0.94x at 32, 1.01x at 48, 1.06x at 64. */
+ * (8 rows a tile, twice the tile multiplies of staged 16-row tiles, no staging): short batches
+ * do not pay the staging back (performance.md, "AMX-INT8 direct tiles"). */
 #ifndef AMX_I8_DIRECT_TOKENS
 #define AMX_I8_DIRECT_TOKENS 32
 #endif

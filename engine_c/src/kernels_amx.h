@@ -74,10 +74,7 @@ void col_amx_rows(const col_matvec_job *j, int x_bf16, const uint8_t *packed, ui
 
 /* Batches of at least this many tokens run on the tiles, fewer (decode) stay on the AVX-512 and
  * AVX2 kernels: below it the tiles' floor, staging the weights, costs more than the vector
- * kernels' products. Thread CPU time of a 2816 x 1024 product against the AVX-512 path's: q8_0x8
- * (tiles straight from the panels) 1.78x at 2 tokens, 0.43x at 4 (384 x 1024: 0.81x, 0.88x at 3,
- * 0.75x at 4: 4 kept); q4_0x8 1.24x at 4, 0.95x at 6; q8_0 rows (a 32-bit gather per 4-byte
- * group: a 16 x 16 transpose staged them no faster) 1.65x at 4, 0.86x at 8. */
+ * kernels' products (measured per dtype: performance.md, "AMX-INT8 token floors"). */
 #ifndef COL_AMX_INT8_MIN_TOKENS_Q8
 #define COL_AMX_INT8_MIN_TOKENS_Q8 4
 #endif

@@ -558,8 +558,8 @@ COL_T512 void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, u
         return;
     }
     const uint32_t stored_ahead = ahead.q < COL_STORED_AHEAD_MAX ? ahead.q : COL_STORED_AHEAD_MAX;
-    /* q4_0 decode: the AVX2 stored tiles (int16 sums, 256-bit) measured 1.02-1.05x these in whole
-     * decodes, where q8_0 gained; from 2 tokens these are ahead */
+    /* q4_0 decode keeps the AVX2 stored tiles (int16 sums, 256-bit), faster in whole decodes;
+     * from 2 tokens these are ahead (performance.md, "q4_0 decode from stored panels") */
     if (stored && q4 && j->n_tokens == 1)
         col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q);
     else if (stored && q4)
