@@ -352,6 +352,32 @@ static COL_AMX_T void run_group(const col_matvec_job *j, amx_layout l, const row
     store_outputs(j, l, g, 0, c);
 }
 
+/* Decode's groups of whole rows of whole blocks, rows [r0, r0 + DECODE_ROWS q): group i takes rows
+ * r0 + i + kq (k < DECODE_ROWS), so DECODE_ROWS streams each read front to back over the groups.
+ * run_group's operations in a loop of their own: run_group's, which also stages rows, branched on
+ * its cases and reloaded the group's base and stride every block, and decoded 1.04x slower
+ * (performance.md, "AMX decode loop"). */
+static COL_AMX_T void run_decode(const col_matvec_job *j, amx_layout l, uint64_t r0, uint64_t q, const uint8_t *packed)
+{
+    const uint32_t nt = 1;
+    const uint64_t n_blocks = blocks(j->w.cols), rb = col_dtype_row_bytes(j->w.dtype, j->w.cols);
+    const long stride = (long)(q * rb);
+    float c[ROWS * 16] __attribute__((aligned(64)));
+    for (uint64_t i = 0; i < q; i++) {
+        const uint8_t *a = (const uint8_t *)j->w.data + (r0 + i) * rb;
+        _tile_zero(4);
+        for (uint64_t kb = 0; kb < n_blocks; kb++, a += 64) {
+            _tile_loadd(1, B_TILE(0, kb), B_STRIDE);
+            for (uint32_t r = 0; r < DECODE_ROWS; r++) _mm_prefetch((const char *)a + r * stride + PREFETCH_AHEAD, _MM_HINT_T0);
+            _tile_loadd(0, a, stride);
+            _tile_dpbf16ps(4, 0, 1);
+        }
+        _tile_stored(4, c, 64);
+        const row_group g = {NULL, 0, r0 + i, q, DECODE_ROWS};
+        store_outputs(j, l, &g, 0, c);
+    }
+}
+
 /* Up to 32 neighbouring rows (two row groups) against a batch of two or more token groups: each
  * pair of token groups runs over the rows with 2 x 2 C tiles. 32 whole rows are loaded straight
  * from the weights (staging them as contiguous tiles first costs more than it saves); fewer
@@ -496,9 +522,18 @@ static COL_AMX_T void rows_amx(const col_matvec_job *j, amx_layout l, const uint
                 r += nb * 2 * ROWS;
             }
         for (; r < r1; r += 2 * ROWS) run_rows_batch(j, l, r, r1 - r < 2 * ROWS ? r1 - r : 2 * ROWS, packed, stage);
+    } else if (j->n_tokens == 1 && j->w.cols % KB == 0 && r1 - r0 >= DECODE_ROWS) {
+        /* one token: DECODE_ROWS distant rows per tile (as many streams through memory), then the
+         * rows left over, staged */
+        const uint64_t q = (r1 - r0) / DECODE_ROWS, left = (r1 - r0) % DECODE_ROWS;
+        run_decode(j, l, r0, q, packed);
+        if (left) {
+            row_group g = {data + (r1 - left) * rb, rb, r1 - left, 1, (uint32_t)left};
+            run_group(j, l, &g, packed, stage);
+        }
     } else {
-        /* one token: DECODE_ROWS distant rows per tile (as many streams through memory); a few
-         * tokens: 16 neighbours */
+        /* one token (partial blocks, or fewer than DECODE_ROWS rows): DECODE_ROWS distant rows per
+         * tile; a few tokens: 16 neighbours */
         const uint32_t tile_rows = j->n_tokens == 1 ? DECODE_ROWS : ROWS;
         const uint64_t q = j->n_tokens == 1 ? (r1 - r0) / tile_rows : 1;
         const uint64_t n_full = j->n_tokens == 1 ? q : (r1 - r0) / ROWS;

@@ -631,6 +631,47 @@ static void test_amx_long_rows(void)
     pool_done(&three);
 }
 
+/* AMX decode walks a thread's rows as groups of 8 rows from 8 streams (run_decode), the rows left
+ * over apart: bf16 products of 203 and 1000 rows (25 rows a stream and 3 left over, 125 and none,
+ * on one thread; other splits on three) stepped one token at a time give a batch's bits on 1 and 3
+ * threads, with three activation parts and with one. */
+static void test_amx_decode_streams(void)
+{
+    enum { NT = 6, COLS = 1024, MAX_ROWS = 1000 };
+    static const uint64_t row_counts[] = {203, MAX_ROWS};
+    run one, three;
+    if (!amx_pools("amx decode streams", NT, COLS, &one, &three)) return;
+    float *wv = malloc(MAX_ROWS * COLS * sizeof *wv), *x = malloc(NT * COLS * sizeof *x);
+    double *ws = malloc(MAX_ROWS * COLS * sizeof *ws);
+    float *y = malloc(NT * MAX_ROWS * sizeof *y), *y1 = malloc(MAX_ROWS * sizeof *y1), *y3 = malloc(MAX_ROWS * sizeof *y3);
+    for (uint64_t i = 0; i < MAX_ROWS * COLS; i++) wv[i] = frand();
+    int bad = 0;
+    for (size_t ri = 0; ri < sizeof row_counts / sizeof *row_counts; ri++) {
+        const uint64_t rows = row_counts[ri];
+        uint8_t *data = store(wv, rows, COLS, COL_DTYPE_BF16, ws);
+        col_weight w = {data, COL_DTYPE_BF16, rows, COLS, 0};
+        for (int x_bf16 = 0; x_bf16 <= 1; x_bf16++) {
+            for (uint64_t i = 0; i < NT * COLS; i++) x[i] = frand();
+            if (x_bf16) col_round_bf16(one.pool, x, NT * COLS);
+            col_matvec_job batch = {w, x, y, NT, NULL};
+            col_matmul_kernels(one.pool, &batch, 1, x_bf16);
+            for (uint32_t t = 0; t < NT; t++) {
+                col_matvec_job s1 = {w, x + t * COLS, y1, 1, NULL}, s3 = {w, x + t * COLS, y3, 1, NULL};
+                col_matmul_kernels(one.pool, &s1, 1, x_bf16);
+                col_matmul_kernels(three.pool, &s3, 1, x_bf16);
+                bad += memcmp(y1, y + t * rows, rows * sizeof *y1) != 0;
+                bad += memcmp(y3, y + t * rows, rows * sizeof *y3) != 0;
+            }
+        }
+        free(data);
+    }
+    if (bad) fprintf(stderr, "amx decode streams: %d steps differ from the batch\n", bad);
+    CHECK(bad == 0);
+    free(wv), free(x), free(ws), free(y), free(y1), free(y3);
+    pool_done(&one);
+    pool_done(&three);
+}
+
 /* A pool given scratch sized for the vector paths, on a machine that would choose AMX, runs
  * AVX-512 instead of overrunning it (the session sizes its scratch before creating the pool; the
  * choice could change in between, e.g. with COLIBRI_KERNELS). */
@@ -994,6 +1035,7 @@ int main(void)
     test_path("amx");
     test_amx_one_part();
     test_amx_long_rows();
+    test_amx_decode_streams();
 #endif
     return TEST_REPORT();
 }
