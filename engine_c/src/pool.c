@@ -36,13 +36,12 @@
 #ifndef COL_PARALLEL_MIN_MACS
 #define COL_PARALLEL_MIN_MACS (1u << 14)
 #endif
-/* Products are cut into chunks of decreasing size (plan_chunks), each reading at least
- * COL_GUIDED_MIN_BYTES of weights (a chunk's rows are read as up to 8 streams, which need some
- * length to pay off, while a batch's last chunk is what one thread may wait for at its end: bytes,
- * not multiply-adds, since a bf16 multiply-add reads 3.6 times a q4_0 one's) and at most
- * COL_MAX_CHUNKS of them. */
-#ifndef COL_GUIDED_MIN_BYTES
-#define COL_GUIDED_MIN_BYTES (1u << 18)
+/* Products are cut into chunks of decreasing size (plan_chunks), each of at least
+ * COL_GUIDED_MIN_MACS multiply-adds (a chunk's rows are read as up to 8 streams, which need some
+ * length to pay off: a decode step's products of a few hundred KiB each were cut into sub-pieces
+ * whose streams were a few panels long) and at most COL_MAX_CHUNKS of them. */
+#ifndef COL_GUIDED_MIN_MACS
+#define COL_GUIDED_MIN_MACS (1u << 19)
 #endif
 #define COL_MAX_CHUNKS 256
 /* The least chunk as a part of the batch: a 256th when some product has several tokens (a
@@ -174,15 +173,6 @@ static void dispatch(col_pool *pool, int worth_sharing);
 static uint64_t row_work(const col_matvec_job *j)
 {
     return j->w.cols * j->n_tokens;
-}
-
-/* The multiply-adds of a batch of `macs` that read COL_GUIDED_MIN_BYTES of its weights, on average
- * over its products: plan_chunks's least chunk. */
-static uint64_t least_macs(const col_matvec_job *jobs, uint32_t n_jobs, uint64_t macs)
-{
-    uint64_t bytes = 0;
-    for (uint32_t k = 0; k < n_jobs; k++) bytes += jobs[k].w.rows * col_dtype_row_bytes(jobs[k].w.dtype, jobs[k].w.cols);
-    return bytes ? (macs / bytes) * COL_GUIDED_MIN_BYTES + macs % bytes * COL_GUIDED_MIN_BYTES / bytes : macs;
 }
 
 /* The parts plan_chunks cuts a batch of products into at the least (COL_GUIDED_PARTS_*). */
@@ -601,7 +591,7 @@ static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, 
     pool->jobs = jobs;
     pool->n_jobs = n_jobs;
     pool->total_work = macs;
-    plan_chunks(pool, macs, least_macs(jobs, n_jobs, macs), guided_parts(jobs, n_jobs));
+    plan_chunks(pool, macs, COL_GUIDED_MIN_MACS, guided_parts(jobs, n_jobs));
     atomic_store(&pool->next_chunk, 0);
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
 }
@@ -666,7 +656,7 @@ void col_matmul_walk(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs
     pool->jobs = jobs;
     pool->n_jobs = n_jobs;
     pool->total_work = macs;
-    plan_chunks(pool, macs, least_macs(jobs, n_jobs, macs), guided_parts(jobs, n_jobs));
+    plan_chunks(pool, macs, COL_GUIDED_MIN_MACS, guided_parts(jobs, n_jobs));
     atomic_store(&pool->next_chunk, 0);
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
     pool->walk = NULL;
