@@ -154,6 +154,9 @@ int col_amx_enable(void)
 
 #define COL_AMX_T __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
 #define COL_AMX_INLINE static inline __attribute__((always_inline))
+/* GCC's _tile_loadd does not tell the compiler that it reads memory, so stores a tile load reads
+ * (the staging) end in this barrier: inlined, they could otherwise be moved after the load. */
+#define TILE_SOURCES_WRITTEN() __asm__ volatile("" ::: "memory")
 
 /* Palette 1, all eight tiles 16 rows x 64 bytes. One row group (run_group): tile 0 the weights
  * (A), 1 the activations (B), 4 the sums (C). Two row groups against two token groups
@@ -272,6 +275,7 @@ static COL_AMX_T void stage_block(const row_group *g, uint64_t cols, uint64_t kb
         }
         _mm512_store_si512((void *)(dst + r * 64), v);
     }
+    TILE_SOURCES_WRITTEN();
 }
 
 /* Where the activation tile of token group g, block kb starts, and its row stride. */
@@ -647,6 +651,7 @@ static COL_AMX_I8 void stage_int8(const col_weight *w, uint64_t pr, uint32_t nr,
                                    _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), eight));
             }
         }
+        TILE_SOURCES_WRITTEN();
         return;
     }
     int32_t off[16];
@@ -668,6 +673,7 @@ static COL_AMX_I8 void stage_int8(const col_weight *w, uint64_t pr, uint32_t nr,
             _mm512_store_si512((void *)(dst + 320 + 64 * g), _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), eight));
         }
     }
+    TILE_SOURCES_WRITTEN();
 }
 
 /* Accumulators of a unit (32 tokens x 32 rows, f32) in the thread's staging after the two panels. */
