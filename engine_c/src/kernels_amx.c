@@ -359,8 +359,8 @@ static COL_AMX_T void run_group(const col_matvec_job *j, amx_layout l, const row
 /* Decode's groups of whole rows of whole blocks, rows [r0, r0 + DECODE_ROWS q): group i takes rows
  * r0 + i + kq (k < DECODE_ROWS), so DECODE_ROWS streams each read front to back over the groups.
  * run_group's operations in a loop of their own: run_group's, which also stages rows, branched on
- * its cases and reloaded the group's base and stride every block, and decoded 1.04x slower
- * (performance.md, "AMX decode loop"). */
+ * its cases and reloaded the group's base and stride every block (performance.md, "AMX decode
+ * loop"). */
 static COL_AMX_T void run_decode(const col_matvec_job *j, amx_layout l, uint64_t r0, uint64_t q, const uint8_t *packed)
 {
     const uint32_t nt = 1;
