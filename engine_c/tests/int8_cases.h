@@ -131,4 +131,39 @@ static inline uint8_t *as_panels(const uint8_t *w, uint64_t rows, uint64_t cols,
     return out;
 }
 
+/* A pool and its scratch, made on one kernel path. */
+typedef struct run {
+    col_pool *pool;
+    void *scratch;
+} run;
+
+/* A pool on path `kernels` (COLIBRI_KERNELS; NULL: the best this CPU has) for products within
+ * (max_jobs, max_tokens, max_cols). */
+static inline run pool_on(const char *kernels, uint32_t threads, uint32_t max_jobs, uint32_t max_tokens, uint64_t max_cols)
+{
+    run r = {NULL, NULL};
+    if (kernels) setenv("COLIBRI_KERNELS", kernels, 1);
+    col_allocator alloc;
+    col_allocator_or_default(NULL, &alloc);
+    col_pool_limits limits = {max_jobs, (uint64_t)max_jobs * max_tokens * max_cols, max_tokens, max_cols};
+    const col_isa isa = col_choose_isa(COL_ISA_AMX);
+    const uint64_t bytes = col_pool_scratch_size(isa, threads, &limits);
+    if (posix_memalign(&r.scratch, 64, bytes) != 0) r.scratch = NULL;
+    r.pool = col_pool_create(isa, threads, r.scratch, bytes, &limits, &alloc);
+    unsetenv("COLIBRI_KERNELS");
+    return r;
+}
+
+static inline void pool_done(run *r)
+{
+    col_pool_free(r->pool);
+    free(r->scratch);
+}
+
+/* Equal bits, or both NaN. */
+static inline bool same(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b);
+}
+
 #endif

@@ -20,39 +20,6 @@
 
 /* ---- the AMX path ----------------------------------------------------------------------------- */
 
-typedef struct run {
-    col_pool *pool;
-    void *scratch;
-} run;
-
-/* A pool on path `kernels` (COLIBRI_KERNELS) for products within (max_jobs, max_tokens, max_cols). */
-static run pool_on(const char *kernels, uint32_t threads, uint32_t max_jobs, uint32_t max_tokens, uint64_t max_cols)
-{
-    run r = {NULL, NULL};
-    setenv("COLIBRI_KERNELS", kernels, 1);
-    col_allocator alloc;
-    col_allocator_or_default(NULL, &alloc);
-    col_pool_limits limits = {max_jobs, (uint64_t)max_jobs * max_tokens * max_cols, max_tokens, max_cols};
-    const col_isa isa = col_choose_isa(COL_ISA_AMX);
-    const uint64_t bytes = col_pool_scratch_size(isa, threads, &limits);
-    if (posix_memalign(&r.scratch, 64, bytes) != 0) r.scratch = NULL;
-    r.pool = col_pool_create(isa, threads, r.scratch, bytes, &limits, &alloc);
-    unsetenv("COLIBRI_KERNELS");
-    return r;
-}
-
-static void pool_done(run *r)
-{
-    col_pool_free(r->pool);
-    free(r->scratch);
-}
-
-/* Equal bits, or both NaN. */
-static bool same(float a, float b)
-{
-    return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b);
-}
-
 typedef struct tally {
     int checked, off_definition, off_portable, off_avx512, off_amx, off_kernel, off_step, nonfinite;
 } tally;
