@@ -10,6 +10,7 @@ import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -480,16 +481,28 @@ def test_bench_times_a_variant_against_the_default_in_turns(capsys: Capture) -> 
     assert re.search(r"^prefill, default .* tok/s .*the variant takes [0-9.]+x its time", text, re.M)
 
 
-def test_bench_kernels_tool_compares_two_paths_in_one_process(capsys: Capture) -> None:
-    """tools/bench_kernels.py: one session per path, alternating repeats, paired ratios."""
+def _tool(name: str) -> Any:
+    """tools/NAME.py as a module (registered while it loads: its dataclasses look their module
+    up by name)."""
     import importlib.util
 
-    from colibri.engine import best_kernels
-    tool = Path(__file__).resolve().parents[1] / "tools" / "bench_kernels.py"
-    spec = importlib.util.spec_from_file_location("bench_kernels", tool)
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+def test_bench_kernels_tool_compares_two_paths_in_one_process(capsys: Capture) -> None:
+    """tools/bench_kernels.py: one session per path, alternating repeats, paired ratios."""
+    from colibri.engine import best_kernels
+
+    module = _tool("bench_kernels")
     demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
     assert module.main([str(demo), "--a", "portable", "--b", best_kernels(), "-p", "4", "-n", "2",
                         "-t", "1", "-r", "2"]) == 0
@@ -501,8 +514,6 @@ def test_bench_compare_tool_runs_both_engines_on_one_model(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     """tools/bench_compare.py: transformers and Colibri take turns on the same tiny Mixtral; the
     per-turn ratios are printed for prefill and decode."""
-    import importlib.util
-
     pytest.importorskip("torch")
     hf_reference = pytest.importorskip("hf_reference")
     from colibri.convert import convert
@@ -510,11 +521,7 @@ def test_bench_compare_tool_runs_both_engines_on_one_model(tmp_path: Path,
     hf_dir = hf_reference.save(hf_reference.build(hf_reference.VARIANTS[0]), tmp_path / "hf")
     out = tmp_path / "tiny.colibri"
     convert(hf_dir, out, dtype="bf16")
-    tool = Path(__file__).resolve().parents[1] / "tools" / "bench_compare.py"
-    spec = importlib.util.spec_from_file_location("bench_compare", tool)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _tool("bench_compare")
     assert module.main([str(hf_dir), str(out), "--dtype", "bf16", "--numerics", "act-bf16", "-p", "8",
                         "-n", "2", "-t", "1", "-r", "2"]) == 0
     text = capsys.readouterr().out
@@ -528,15 +535,10 @@ def test_bench_compare_tool_runs_both_engines_on_one_model(tmp_path: Path,
 def test_bench_products_tool_compares_one_product_with_torch(capsys: pytest.CaptureFixture[str]) -> None:
     """tools/bench_products.py: Colibri's bench_products and torch take turns on each shape and
     token count; one line per product with both rates and the per-turn ratio."""
-    import importlib.util
-
     pytest.importorskip("torch")
     root = Path(__file__).resolve().parents[1]
     subprocess.run(["make", "-s", "-C", str(root / "engine_c"), "build/bench_products"], check=True)
-    spec = importlib.util.spec_from_file_location("bench_products", root / "tools" / "bench_products.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _tool("bench_products")
     assert module.main(["--shapes", "64x96", "--tokens", "1,6", "-t", "1", "-r", "2", "--megabytes", "1"]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if "tokens" in x and "ratio" in x]
     assert len(lines) == 2 and "    1 tokens" in lines[0] and "    6 tokens" in lines[1]
@@ -606,13 +608,8 @@ def test_bench_session_names_an_unreadable_file() -> None:
 def test_bench_builds_tool_runs_two_builds_in_turns(capsys: Capture) -> None:
     """tools/bench_builds.py: builds the engine twice (here the working tree both times, which
     needs no git history), runs the two in turns and prints both rates and the paired ratio."""
-    import importlib.util
-
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("bench_builds", root / "tools" / "bench_builds.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _tool("bench_builds")
     assert module.main([str(root / "resources" / "demo" / "demo.colibri"), "--a", "worktree", "--b", "worktree",
                         "-p", "8", "-n", "4", "--turns", "2", "-r", "1"]) == 0
     text = capsys.readouterr().out
@@ -625,13 +622,8 @@ def test_bench_builds_tool_runs_two_builds_in_turns(capsys: Capture) -> None:
 def test_bench_builds_tool_gives_one_build_its_own_compiler_flags(capsys: Capture) -> None:
     """--b-cflags reaches B's compiler and only B's: a constant B cannot compile stops the run
     with the build's command named, and the same flags on A are named in the header of a run."""
-    import importlib.util
-
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("bench_builds", root / "tools" / "bench_builds.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _tool("bench_builds")
     demo = str(root / "resources" / "demo" / "demo.colibri")
     assert module.main([demo, "--a", "worktree", "--b", "worktree", "--b-cflags=-DCOL_DECODE_STREAMS=nonsense",
                         "-p", "8", "-n", "4", "--turns", "1", "-r", "1"]) == 1
@@ -644,14 +636,10 @@ def test_bench_builds_tool_gives_one_build_its_own_compiler_flags(capsys: Captur
 def test_bench_builds_tool_runs_b_on_its_own_file(capsys: Capture, tmp_path: Path) -> None:
     """--b-file: B times another file of the same model (e.g. its weights in another layout),
     A the positional one, and the header names B's file."""
-    import importlib.util
     import shutil
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("bench_builds", root / "tools" / "bench_builds.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _tool("bench_builds")
     demo = root / "resources" / "demo" / "demo.colibri"
     other = tmp_path / "other-layout.colibri"
     shutil.copyfile(demo, other)
@@ -661,13 +649,11 @@ def test_bench_builds_tool_runs_b_on_its_own_file(capsys: Capture, tmp_path: Pat
 
 
 def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
-        tmp_path: Path, capsys: Capture, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, capsys: Capture) -> None:
     """tools/bench_vs_llamacpp.py on a tiny Qwen3-MoE checkpoint: Colibri's converter and
     llama.cpp's (with a tokenizer trained for it) make q8 files of equal bytes per token, both
     engines run in turns, and the report has their speeds, fractions of the limit and ratios.
     Needs llama.cpp's tools already built by tools/llamacpp.py (never built here)."""
-    import importlib.util
-
     pytest.importorskip("torch")
     hf_reference = pytest.importorskip("hf_reference")
     root = Path(__file__).resolve().parents[1]
@@ -680,12 +666,7 @@ def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
         pytest.skip("llama.cpp's tools are not built (python tools/llamacpp.py build)")
     variant = hf_reference.Variant("tiny", "qwen3_moe", make_gguf_fixtures.CONFIGS["qwen3_moe"])
     hf = hf_reference.save(hf_reference.build(variant), tmp_path / "tiny-hf")
-    spec = importlib.util.spec_from_file_location("bench_vs_llamacpp",
-                                                  root / "tools" / "bench_vs_llamacpp.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up
-    spec.loader.exec_module(module)
+    module = _tool("bench_vs_llamacpp")
     assert module.main(["--models", "", "--checkpoint", str(hf), "--precisions", "bf16,q8",
                         "--turns", "1", "-r", "1", "-p", "8", "-n", "4", "-t", "1",
                         "--probe-mb", "64", "--work", str(tmp_path), "--json",
@@ -726,21 +707,13 @@ def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
     assert "| tiny-hf | bf16 | colibri dot-bf16 |" in text and "| tiny-hf | bf16 | dot-bf16 | " in text
 
 
-def test_bench_vs_llamacpp_turns_llama_cpp_repacking_off_where_it_faults(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_vs_llamacpp_turns_llama_cpp_repacking_off_where_it_faults(tmp_path: Path) -> None:
     """A llama-bench that dies by a signal with its weight repacking on (llama.cpp 0.3.36's AMX
     kernels do on some Xeons) is run with `--repack 0` from then on; one that runs keeps the
     arguments it was given, and an explicit --repack is never overridden."""
-    import importlib.util
     import types
 
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("bench_vs_llamacpp",
-                                                  root / "tools" / "bench_vs_llamacpp.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
+    module = _tool("bench_vs_llamacpp")
     faulting = tmp_path / "faulting-llama-bench"
     faulting.write_text('#!/bin/sh\ncase "$*" in *"--repack 0"*) echo "[]";; *) kill -SEGV $$;; esac\n')
     faulting.chmod(0o755)
@@ -754,6 +727,23 @@ def test_bench_vs_llamacpp_turns_llama_cpp_repacking_off_where_it_faults(
     assert module.llama_cpp_arguments(faulting, cells, ["-fa", "1"]) == ["-fa", "1", "--repack", "0"]
     assert module.llama_cpp_arguments(working, cells, ["-fa", "1"]) == ["-fa", "1"]
     assert module.llama_cpp_arguments(faulting, cells, ["--repack", "1"]) == ["--repack", "1"]
+
+
+def test_bench_vs_llamacpp_keeps_colibri_to_the_kernel_path_asked_for() -> None:
+    """`--kernels PATH` runs Colibri's bench on that path even where the machine has a better one
+    (how an AMX machine shows where a CPU without AMX stands); without it, on the best path."""
+    import argparse
+
+    from colibri.engine import best_kernels
+
+    module = _tool("bench_vs_llamacpp")
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    cell = module.Cell("demo", "bf16", demo, demo, {}, {})
+    args = argparse.Namespace(p=4, n=2, threads=1, repeats=1, kernels="portable")
+    prefill, decode, kernels = module.run_colibri(cell, args, None)
+    assert kernels == "portable" and prefill > 0 and decode > 0
+    args.kernels = None
+    assert module.run_colibri(cell, args, None)[2] == best_kernels()
 
 
 def test_bench_peak_memory_leaves_out_the_probe_and_names_the_mapped_file() -> None:

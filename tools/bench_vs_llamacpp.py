@@ -19,7 +19,8 @@ and ik_llama.cpp's `llama-bench -rtr 1` (its run-time repacking), each a fresh p
 bandwidth probe (colibri.engine.measure_read_bandwidth, same threads) and the compute probe
 (colibri.compute: f32 FMA, bf16 and int8 dot products) between every two runs. `--numerics SPEC`
 (repeatable, e.g. dot-bf16) adds Colibri in that numerics mode as one more engine, on the cells
-whose file has bf16 weights; the default rows stay exact.
+whose file has bf16 weights; the default rows stay exact. `--kernels PATH` keeps Colibri to a
+path below the machine's best (avx512 on an AMX Xeon stands in for a CPU without AMX).
 
 It prints, per model and precision: each engine's prefill and decode tok/s (medians over
 turns), the bytes of weights it reads per decoded token (Colibri from its tensor table, GGUF from
@@ -35,7 +36,7 @@ differ by more than 5 % (not like for like). `--json` prints everything, every r
     python tools/bench_vs_llamacpp.py --ik /work/ext/ik_llama.cpp/build/bin/llama-bench \\
         [--models mixtral,qwen3] [--checkpoint HF_DIR ...] [--precisions bf16,q8,q4] [--turns 5]
         [-p 128] [-n 64] [-t 2] [-r 3] [--work /work/bench-models] [--max-load L] [--json]
-        [--numerics dot-bf16] [--llama-cpp-arg=ARG ...] [--save REPORT.json]
+        [--numerics dot-bf16] [--kernels avx512] [--llama-cpp-arg=ARG ...] [--save REPORT.json]
     python tools/bench_vs_llamacpp.py --from-json REPORT.json   # the tables of a saved report
 
 Needs the test and fixtures extras (`pip install -e .[test,fixtures]`: torch and transformers
@@ -226,6 +227,8 @@ def run_colibri(cell: Cell, args: argparse.Namespace, numerics: str | None
                "-r", str(args.repeats), "--probe-mb", "64", "--no-trace-check", "--json"]
     if numerics is not None:
         command += ["--numerics", numerics]
+    if args.kernels is not None:
+        command += ["--kernels", args.kernels]
     out = subprocess.run(command, check=True, capture_output=True, text=True,
                          timeout=RUN_TIMEOUT).stdout
     r = json.loads(out)
@@ -378,7 +381,10 @@ def format_report(report: dict[str, Any]) -> str:
         f"CPU: {cpu['model']}, {cpu['cores']} cores; flags: {' '.join(cpu['flags'])}"
         + (f"; lacks: {' '.join(cpu['lacks'])}" if cpu["lacks"] else ""),
         f"-p {report['prompt']} -n {report['decode']} -t {report['threads']}, {report['turns']} "
-        f"turns of {report['repeats']} repeats per run; load average (1 min) "
+        f"turns of {report['repeats']} repeats per run"
+        + (f"; Colibri limited to its {report['colibri_kernels']} kernels"
+           if report.get("colibri_kernels") else "")
+        + "; load average (1 min) "
         f"{_load_range(report)}",
         f"read bandwidth probe ({report['threads']} threads, between every two runs): best "
         f"{report['probe_gb_s']['best']:.1f} GB/s, median {report['probe_gb_s']['median']:.1f}, "
@@ -459,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--numerics", action="append", default=[], metavar="SPEC",
                     help="also run Colibri in this numerics mode (repeatable; e.g. dot-bf16), "
                          "on the cells whose file has bf16 weights")
+    ap.add_argument("--kernels", default=None, choices=("portable", "avx2", "avx512", "amx"),
+                    help="the most capable kernel path Colibri may use (default: the best this "
+                         "machine has), e.g. avx512 on an AMX machine to see where a CPU without "
+                         "AMX would stand; the peers run as built")
     ap.add_argument("--llama-cpp-arg", action="append", default=[], metavar="ARG",
                     help="an argument added to llama.cpp's llama-bench runs (repeatable), e.g. "
                          "--llama-cpp-arg=--repack --llama-cpp-arg=0 where its AMX repacking faults")
@@ -507,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(turns: int) -> dict[str, Any]:
         return {
-            "cpu": cpu_description(), "engines": engines, "prompt": args.p, "decode": args.n,
+            "cpu": cpu_description(), "engines": engines, "colibri_kernels": args.kernels,
+            "prompt": args.p, "decode": args.n,
             "threads": args.threads, "turns": turns, "repeats": args.repeats,
             "load": load + [os.getloadavg()[0]],
             "probe_gb_s": {"best": max(probes) / 1e9, "median": statistics.median(probes) / 1e9,
