@@ -25,6 +25,10 @@
  * and the next panel's lines are fetched while the passes run.
  * Weights stored in that panel order (col_rows_int8_panels_avx2) need no packing: batches pass over
  * the stored panel, and decode reads 4 distant panels at once with the rows already in the lanes.
+ * On CPUs with AVX-VNNI (`vnni`), batch passes make each 4-byte group's products and their int32
+ * sum with one vpdpbusd instead of vpmaddubsw, vpmaddwd and an add: the same exact integers, so the
+ * same bits. Decode keeps the three instructions: memory bounds it, and a token's chain of
+ * vpdpbusd (5 cycles each) would be its critical path.
  */
 #include "kernels_internal.h"
 #include "transpose_x86.h"
@@ -37,6 +41,14 @@
 /* An empty asm that v passes through: gcc otherwise reassociates a pass's chains of integer adds
  * into trees, which keeps all of a block's products live at once and spills them to the stack. */
 #define KEEP_CHAIN(v) __asm__("" : "+x"(v))
+/* acc + the products of u's unsigned and s's signed bytes, four to an int32 lane (AVX-VNNI's
+ * vpdpbusd, VEX-encoded). In asm so that the always-inline code that calls it under `vnni` still
+ * compiles for AVX2 alone; callers without AVX-VNNI never reach it. */
+COL_INLINE COL_T2 __m256i vnni_dot(__m256i acc, __m256i u, __m256i s)
+{
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+    return acc;
+}
 #define PANEL_KB 16 /* blocks per panel (a k-block): 4 KiB of q8_0 weights, in L1 with the tokens' blocks */
 /* Batches of fewer tokens run the decode tiles a token at a time: packing panels from memory cost
  * more than it saved below 6-8 tokens (bench_products, docs/performance.md). */
@@ -261,8 +273,9 @@ COL_INLINE COL_T2 void pack_panel(const uint8_t *const *p, uint64_t nb, uint64_t
 /* q8_0: one block of 8 rows in the lanes (w0: its 8 vectors of 32 bytes, lane r of vector g row r's
  * elements 4g .. 4g + 3, as packed and stored panels hold them) against NT tokens (x[b]: token b's
  * 32 int8 values of the block): isum[b] lane r = row r's exact int32 sum, as |w| x (x with w's
- * sign), vpmaddubsw's unsigned x signed. */
-COL_INLINE COL_T2 void q8_panel_sums(const uint8_t *w0, const int8_t *const *x, const int NT, __m256i *isum)
+ * sign), vpmaddubsw's or vpdpbusd's (`vnni`) unsigned x signed. */
+COL_INLINE COL_T2 void q8_panel_sums(const uint8_t *w0, const int8_t *const *x, const int NT, __m256i *isum,
+                                     const int vnni)
 {
     const __m256i ones = _mm256_set1_epi16(1);
 #pragma GCC unroll 8
@@ -274,9 +287,13 @@ COL_INLINE COL_T2 void q8_panel_sums(const uint8_t *w0, const int8_t *const *x, 
         for (int b = 0; b < NT; b++) {
             int32_t x4;
             memcpy(&x4, x[b] + 4 * g, 4);
-            const __m256i prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(x4), w));
-            isum[b] = _mm256_add_epi32(isum[b], _mm256_madd_epi16(prod, ones));
-            KEEP_CHAIN(isum[b]);
+            const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(x4), w);
+            if (vnni) {
+                isum[b] = vnni_dot(isum[b], aw, sx);
+            } else {
+                isum[b] = _mm256_add_epi32(isum[b], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+                KEEP_CHAIN(isum[b]);
+            }
         }
     }
 }
@@ -297,7 +314,7 @@ COL_INLINE COL_T2 void pass_token(const col_matvec_job *j, const uint8_t *qx, ui
 /* Tokens t .. t + NT - 1 over a panel's kn blocks (b0..): lanes of y[token][r .. r + 7] (nr of
  * them exist) carried in from the k-blocks before (none when b0 = 0) and out to the next. */
 COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, const panel *pn, uint64_t r, int nr,
-                                  uint64_t b0, uint64_t kn, uint32_t t, const int NT, const int q4)
+                                  uint64_t b0, uint64_t kn, uint32_t t, const int NT, const int q4, const int vnni)
 {
     const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n);
     const __m256i ones = _mm256_set1_epi16(1);
@@ -324,18 +341,23 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
                 for (int b = 0; b < NT; b++) {
                     int32_t x4;
                     memcpy(&x4, xq[b] + (g < 4 ? q4_low(b0 + k) + 4 * g : q4_high(nb, b0 + k) + 4 * (g - 4)), 4);
-                    isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4)));
-                    KEEP_CHAIN(isum[b]);
+                    if (vnni) {
+                        isum[b] = vnni_dot(isum[b], w, _mm256_set1_epi32(x4));
+                    } else {
+                        isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(w, _mm256_set1_epi32(x4)));
+                        KEEP_CHAIN(isum[b]);
+                    }
                 }
             }
 #pragma GCC unroll 4
             for (int b = 0; b < NT; b++)
-                isum[b] = _mm256_add_epi32(_mm256_madd_epi16(isum[b], ones), _mm256_set1_epi32(corr[b][b0 + k]));
+                isum[b] = _mm256_add_epi32(vnni ? isum[b] : _mm256_madd_epi16(isum[b], ones),
+                                           _mm256_set1_epi32(corr[b][b0 + k]));
         } else {
             const int8_t *x[4];
 #pragma GCC unroll 4
             for (int b = 0; b < NT; b++) x[b] = xq[b] + QK * (b0 + k);
-            q8_panel_sums((const uint8_t *)pn->w[k], x, NT, isum);
+            q8_panel_sums((const uint8_t *)pn->w[k], x, NT, isum, vnni);
         }
 #pragma GCC unroll 4
         for (int b = 0; b < NT; b++) acc[b] = block_step(acc[b], isum[b], pn->d[k], dx[b][b0 + k]);
@@ -368,7 +390,8 @@ COL_INLINE void prefetch_next_panel(const col_matvec_job *j, uint64_t r, uint64_
 }
 
 /* Rows r .. r + nr - 1 (nr <= 8), every token, a k-block at a time. */
-COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, uint64_t r, int nr, const int q4)
+COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, uint64_t r, int nr, const int q4,
+                                  const int vnni)
 {
     const uint64_t n = j->w.cols, nb = n / QK, rb = col_dtype_row_bytes(j->w.dtype, n);
     const uint32_t nt = j->n_tokens;
@@ -380,11 +403,11 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
         pack_panel(p, nb, b0, kn, q4, &pn);
         prefetch_next_panel(j, r, rb, b0, q4 ? 16 : QK);
         uint32_t t = 0;
-        for (; t + 4 <= nt; t += 4) panel_pass(j, qx, &pn, r, nr, b0, kn, t, 4, q4);
+        for (; t + 4 <= nt; t += 4) panel_pass(j, qx, &pn, r, nr, b0, kn, t, 4, q4, vnni);
         switch (nt - t) {
-        case 3: panel_pass(j, qx, &pn, r, nr, b0, kn, t, 3, q4); break;
-        case 2: panel_pass(j, qx, &pn, r, nr, b0, kn, t, 2, q4); break;
-        case 1: panel_pass(j, qx, &pn, r, nr, b0, kn, t, 1, q4); break;
+        case 3: panel_pass(j, qx, &pn, r, nr, b0, kn, t, 3, q4, vnni); break;
+        case 2: panel_pass(j, qx, &pn, r, nr, b0, kn, t, 2, q4, vnni); break;
+        case 1: panel_pass(j, qx, &pn, r, nr, b0, kn, t, 1, q4, vnni); break;
         default: break;
         }
     }
@@ -403,9 +426,10 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
 /* q4_0: block k of a stored panel (w0: its 4 vectors of stored bytes, lane r of vector g row r's
  * bytes 4g .. 4g + 3: the low nibbles of elements 4g .., the high ones of 16 + 4g ..) against NT
  * tokens (xq[b]: token b's int8 values, corr[b] its block corrections): isum[b] lane r = row r's
- * exact int32 sum, the raw nibbles x x in int16 (at most 30 480) plus the block's correction. */
+ * exact int32 sum, the raw nibbles x x in int16 (at most 30 480; in int32 with `vnni`) plus the
+ * block's correction. */
 COL_INLINE COL_T2 void q4_stored_sums(const uint8_t *w0, const int8_t *const *xq, const int32_t *const *corr, uint64_t nb,
-                                      uint64_t k, const int NT, __m256i *isum)
+                                      uint64_t k, const int NT, __m256i *isum, const int vnni)
 {
     const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 8
@@ -419,13 +443,18 @@ COL_INLINE COL_T2 void q4_stored_sums(const uint8_t *w0, const int8_t *const *xq
             int32_t xl, xh;
             memcpy(&xl, xq[b] + q4_low(k) + 4 * g, 4);
             memcpy(&xh, xq[b] + q4_high(nb, k) + 4 * g, 4);
-            isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
-            isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
-            KEEP_CHAIN(isum[b]);
+            if (vnni) {
+                isum[b] = vnni_dot(vnni_dot(isum[b], lo, _mm256_set1_epi32(xl)), hi, _mm256_set1_epi32(xh));
+            } else {
+                isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
+                isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
+                KEEP_CHAIN(isum[b]);
+            }
         }
     }
 #pragma GCC unroll 8
-    for (int b = 0; b < NT; b++) isum[b] = _mm256_add_epi32(_mm256_madd_epi16(isum[b], ones), _mm256_set1_epi32(corr[b][k]));
+    for (int b = 0; b < NT; b++)
+        isum[b] = _mm256_add_epi32(vnni ? isum[b] : _mm256_madd_epi16(isum[b], ones), _mm256_set1_epi32(corr[b][k]));
 }
 
 /* The block sums of stored block k of a panel (w0: its payload) against one token (xq: its int8
@@ -435,10 +464,10 @@ COL_INLINE COL_T2 __m256i stored_block(const uint8_t *w0, const int8_t *xq, cons
 {
     __m256i isum;
     if (q4) {
-        q4_stored_sums(w0, &xq, &corr, nb, k, 1, &isum);
+        q4_stored_sums(w0, &xq, &corr, nb, k, 1, &isum, 0);
     } else {
         const int8_t *x = xq + QK * k;
-        q8_panel_sums(w0, &x, 1, &isum);
+        q8_panel_sums(w0, &x, 1, &isum, 0);
     }
     return isum;
 }
@@ -481,7 +510,7 @@ COL_INLINE COL_T2 void stored_decode(const col_matvec_job *j, const uint8_t *qx,
 /* Batches: tokens t .. t + NT - 1 over blocks b0 .. b0 + kn - 1 of the stored panel at row r, the
  * outputs carried in y between k-blocks as panel_pass does. */
 COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t b0, uint64_t kn,
-                                   uint32_t t, const int NT, const int q4)
+                                   uint32_t t, const int NT, const int q4, const int vnni)
 {
     const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n), bb = q4 ? 128 : 256;
     const uint8_t *sc = (const uint8_t *)j->w.data + r * col_dtype_row_bytes(j->w.dtype, n), *pay = sc + 16 * nb;
@@ -499,12 +528,12 @@ COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, u
         const uint8_t *w0 = pay + bb * k;
         __m256i isum[STORED_PASS_TOKENS];
         if (q4) {
-            q4_stored_sums(w0, xq, corr, nb, k, NT, isum);
+            q4_stored_sums(w0, xq, corr, nb, k, NT, isum, vnni);
         } else {
             const int8_t *x[STORED_PASS_TOKENS];
 #pragma GCC unroll 8
             for (int b = 0; b < NT; b++) x[b] = xq[b] + QK * k;
-            q8_panel_sums(w0, x, NT, isum);
+            q8_panel_sums(w0, x, NT, isum, vnni);
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc + 16 * k)));
 #pragma GCC unroll 8
@@ -554,7 +583,7 @@ static COL_T2 __attribute__((noinline)) void stored_rows_one_token(const col_mat
 }
 
 COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
-                                   const int q4)
+                                   const int q4, const int vnni)
 {
     const uint64_t nb = j->w.cols / QK;
     const uint32_t nt = j->n_tokens;
@@ -568,40 +597,51 @@ COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, u
             uint32_t t = 0;
             if (q4)
                 for (; t + STORED_PASS_TOKENS_Q4 <= nt; t += STORED_PASS_TOKENS_Q4)
-                    stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS_Q4, q4);
+                    stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS_Q4, q4, vnni);
             else
                 for (; t + STORED_PASS_TOKENS <= nt; t += STORED_PASS_TOKENS)
-                    stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS, q4);
+                    stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS, q4, vnni);
             switch (nt - t) {
-            case 5: stored_pass(j, qx, r, b0, kn, t, 5, q4); break;
-            case 4: stored_pass(j, qx, r, b0, kn, t, 4, q4); break;
-            case 3: stored_pass(j, qx, r, b0, kn, t, 3, q4); break;
-            case 2: stored_pass(j, qx, r, b0, kn, t, 2, q4); break;
-            case 1: stored_pass(j, qx, r, b0, kn, t, 1, q4); break;
+            case 5: stored_pass(j, qx, r, b0, kn, t, 5, q4, vnni); break;
+            case 4: stored_pass(j, qx, r, b0, kn, t, 4, q4, vnni); break;
+            case 3: stored_pass(j, qx, r, b0, kn, t, 3, q4, vnni); break;
+            case 2: stored_pass(j, qx, r, b0, kn, t, 2, q4, vnni); break;
+            case 1: stored_pass(j, qx, r, b0, kn, t, 1, q4, vnni); break;
             default: break;
             }
         }
 }
 
 COL_T2 void col_rows_int8_panels_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1,
-                                      uint32_t ahead)
+                                      uint32_t ahead, int vnni)
 {
-    if (col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0)
-        stored_rows(j, qx, r0, r1, ahead, 1);
+    const int q4 = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0;
+    if (vnni && q4)
+        stored_rows(j, qx, r0, r1, ahead, 1, 1);
+    else if (vnni)
+        stored_rows(j, qx, r0, r1, ahead, 0, 1);
+    else if (q4)
+        stored_rows(j, qx, r0, r1, ahead, 1, 0);
     else
-        stored_rows(j, qx, r0, r1, ahead, 0);
+        stored_rows(j, qx, r0, r1, ahead, 0, 0);
 }
 
 /* ---- the walk ------------------------------------------------------------------------------- */
 
 COL_INLINE COL_T2 void rows_q(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
-                              const int q4)
+                              const int q4, int vnni)
 {
     const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(j->w.dtype, n);
     const uint8_t *base = j->w.data;
     const uint32_t panel_from = n <= PANEL_KB * QK ? COL_Q_AVX2_PANEL_TOKENS_SHORT : COL_Q_AVX2_PANEL_TOKENS;
     if (j->n_tokens >= panel_from) {
-        for (uint64_t r = r0; r < r1; r += LANES) panel_rows(j, qx, r, r1 - r < LANES ? (int)(r1 - r) : LANES, q4);
+        for (uint64_t r = r0; r < r1; r += LANES) {
+            const int nr = r1 - r < LANES ? (int)(r1 - r) : LANES;
+            if (vnni)
+                panel_rows(j, qx, r, nr, q4, 1);
+            else
+                panel_rows(j, qx, r, nr, q4, 0);
+        }
         return;
     }
     /* decode tiles, a token at a time (a few tokens' batch re-reads the rows from cache): tile i
@@ -624,11 +664,12 @@ COL_INLINE COL_T2 void rows_q(const col_matvec_job *j, const uint8_t *qx, uint64
         }
 }
 
-COL_T2 void col_rows_int8_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead)
+COL_T2 void col_rows_int8_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
+                               int vnni)
 {
     if (j->w.dtype == COL_DTYPE_Q4_0)
-        rows_q(j, qx, r0, r1, ahead, 1);
+        rows_q(j, qx, r0, r1, ahead, 1, vnni);
     else
-        rows_q(j, qx, r0, r1, ahead, 0);
+        rows_q(j, qx, r0, r1, ahead, 0, vnni);
 }
 #endif

@@ -561,7 +561,7 @@ COL_T512 void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, u
     /* q4_0 decode keeps the AVX2 stored tiles (int16 sums, 256-bit), faster in whole decodes;
      * from 2 tokens these are ahead (performance.md, "q4_0 decode from stored panels") */
     if (stored && q4 && j->n_tokens == 1)
-        col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q);
+        col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q, 0); /* one token: vpdpbusd is not used */
     else if (stored && q4)
         stored_tokens(j, qx, r0, r1, stored_ahead, 1);
     else if (stored)

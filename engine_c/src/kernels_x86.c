@@ -27,6 +27,7 @@
 #include <math.h>
 #include <string.h>
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -411,14 +412,14 @@ COL_INLINE COL_T2 void rows_batch_avx2(const col_matvec_job *j, uint64_t r0, uin
     }
 }
 
-COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead)
+COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead, int vnni)
 {
     const next_tile_prefetch none = {NULL, NULL};
     const uint32_t dtype = j->w.dtype;
     if (is_panel_dtype(dtype)) {
-        col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q);
+        col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q, vnni);
     } else if (is_block_dtype(dtype)) {
-        col_rows_int8_avx2(j, qx, r0, r1, ahead.q);
+        col_rows_int8_avx2(j, qx, r0, r1, ahead.q, vnni);
     } else if (j->n_tokens > 1) {
         switch (dtype) {
         case COL_DTYPE_F32: rows_batch_avx2(j, r0, r1, COL_DTYPE_F32, ahead.f); break;
@@ -675,6 +676,14 @@ int col_has_avx512bf16(void)
 {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16");
+}
+
+int col_has_avx_vnni(void)
+{
+    unsigned a, b, c, d;
+    __builtin_cpu_init();
+    /* CPUID leaf 7, sub-leaf 1: EAX bit 4 (clang 14's __builtin_cpu_supports does not know it) */
+    return __builtin_cpu_supports("avx2") && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
 }
 
 /* vdpbf16ps's DAZ and FTZ: a value whose exponent field is zero becomes the zero of its sign. */

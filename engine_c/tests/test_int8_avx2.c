@@ -58,27 +58,51 @@ static void check_pools(run *pools, int n_pools, col_weight wt, const float *x, 
     free(y), free(ystep);
 }
 
-/* One shape on pools of 1, 2 and 3 threads: every output against the definition and the portable
- * reference, and each token of the batch against that token alone. */
+/* The AVX2 kernel itself (kernel: col_rows_int8_avx2 or col_rows_int8_panels_avx2) on the whole
+ * matrix and in two shares as a pool would cut them, with vpmaddubsw and, where the CPU has
+ * AVX-VNNI, with vpdpbusd: every output against want. */
+#if defined(__x86_64__)
+typedef void (*avx2_kernel)(const col_matvec_job *, const uint8_t *, uint64_t, uint64_t, uint32_t, int);
+static void check_kernel(avx2_kernel kernel, const col_matvec_job *job, const uint8_t *qx, const float *want, tally *t)
+{
+    const uint64_t rows = job->w.rows, n = job->n_tokens * rows;
+    for (int vnni = 0; vnni <= col_has_avx_vnni(); vnni++)
+        for (int split = 0; split < 2; split++) {
+            memset(job->y, 0xFF, n * sizeof *job->y);
+            const uint64_t mid = split ? rows / 16 * 8 : rows;
+            kernel(job, qx, 0, mid, 256, vnni);
+            if (mid < rows) kernel(job, qx, mid, rows, 256, vnni);
+            for (uint64_t i = 0; i < n; i++) t->off_avx2 += !same(job->y[i], want[i]);
+            t->checked += (int)n;
+        }
+}
+#endif
+
+/* One shape on pools of 1, 2 and 3 threads and through the kernel itself: every output against
+ * the definition and the portable reference, and each token of the batch against that token alone. */
 static void check_shape(run *pools, uint32_t dtype, uint64_t rows, uint64_t cols, uint32_t nt, bool extreme, tally *t)
 {
     uint8_t *w = weights(rows, cols, dtype, extreme);
     float *x = activations(nt, cols, extreme);
-    float *want = malloc(nt * rows * sizeof *want);
-    uint8_t *qx = malloc(col_qrow_bytes(cols));
-    const uint64_t rb = col_dtype_row_bytes(dtype, cols);
+    float *want = malloc(nt * rows * sizeof *want), *y = malloc(nt * rows * sizeof *y);
+    const uint64_t qb = col_qrow_bytes(cols), rb = col_dtype_row_bytes(dtype, cols);
+    uint8_t *qx = malloc(nt * qb);
     for (uint32_t k = 0; k < nt; k++) {
-        col_quantize_row(x + k * cols, cols, dtype, COL_ISA_PORTABLE, qx);
+        col_quantize_row(x + k * cols, cols, dtype, COL_ISA_PORTABLE, qx + k * qb);
         for (uint64_t r = 0; r < rows; r++) {
             const float def = definition(w + r * rb, dtype, x + k * cols, cols);
             want[k * rows + r] = def;
-            t->off_definition += !same(col_dotq_blocks(w + r * rb, dtype, qx, cols), def);
+            t->off_definition += !same(col_dotq_blocks(w + r * rb, dtype, qx + k * qb, cols), def);
             t->nonfinite += !isfinite(def);
         }
     }
     const col_weight wt = {w, dtype, rows, cols, 0};
+    const col_matvec_job job = {wt, x, y, nt, NULL};
+#if defined(__x86_64__)
+    check_kernel(col_rows_int8_avx2, &job, qx, want, t);
+#endif
     check_pools(pools, 3, wt, x, nt, want, t);
-    free(w), free(x), free(want), free(qx);
+    free(w), free(x), free(want), free(y), free(qx);
 }
 
 static void report(const char *what, const tally *t)
@@ -170,14 +194,7 @@ static void check_stored(run *pools, uint32_t dtype, uint64_t rows, uint64_t col
     }
     const col_weight wt = {wp, panels, rows, cols, 0};
     const col_matvec_job job = {wt, x, y, nt, NULL};
-    for (int split = 0; split < 2; split++) { /* the kernel itself, by shares as a pool would cut them */
-        memset(y, 0xFF, nt * rows * sizeof *y);
-        const uint64_t mid = split ? rows / 16 * 8 : rows;
-        col_rows_int8_panels_avx2(&job, qx, 0, mid, 256);
-        if (mid < rows) col_rows_int8_panels_avx2(&job, qx, mid, rows, 256);
-        for (uint64_t i = 0; i < nt * rows; i++) t->off_avx2 += !same(y[i], want[i]);
-        t->checked += (int)(nt * rows);
-    }
+    check_kernel(col_rows_int8_panels_avx2, &job, qx, want, t);
     if (pools) check_pools(pools, N_STORED_POOLS, wt, x, nt, want, t);
     free(w), free(wp), free(x), free(want), free(y), free(qx);
 }

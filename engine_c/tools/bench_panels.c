@@ -68,8 +68,8 @@ static void run(int pair, int layout, col_matvec_job *job, const uint8_t *qx, ui
     job->w.dtype = layout || pair == 2 ? panel_dtype : rows_dtype;
     const col_ahead a = {ahead, ahead};
     if (pair == 0 || (pair == 2 && layout == 0)) {
-        if (is_panel_dtype(job->w.dtype)) col_rows_int8_panels_avx2(job, qx, r0, r1, ahead);
-        else col_rows_int8_avx2(job, qx, r0, r1, ahead);
+        if (is_panel_dtype(job->w.dtype)) col_rows_int8_panels_avx2(job, qx, r0, r1, ahead, col_has_avx_vnni());
+        else col_rows_int8_avx2(job, qx, r0, r1, ahead, col_has_avx_vnni());
     } else {
         col_rows_int8_avx512(job, qx, r0, r1, stage, stage ? col_int8_stage_bytes() : 0, a);
     }
