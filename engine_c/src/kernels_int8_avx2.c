@@ -272,25 +272,27 @@ COL_INLINE COL_T2 void pack_panel(const uint8_t *const *p, uint64_t nb, uint64_t
 
 /* q8_0: one block of 8 rows in the lanes (w0: its 8 vectors of 32 bytes, lane r of vector g row r's
  * elements 4g .. 4g + 3, as packed and stored panels hold them) against NT tokens (x[b]: token b's
- * 32 int8 values of the block): isum[b] lane r = row r's exact int32 sum, as |w| x (x with w's
- * sign), vpmaddubsw's or vpdpbusd's (`vnni`) unsigned x signed. */
-COL_INLINE COL_T2 void q8_panel_sums(const uint8_t *w0, const int8_t *const *x, const int NT, __m256i *isum,
-                                     const int vnni)
+ * 32 int8 values of the block, corr[b]: its block correction, -128 x their sum): isum[b] lane r =
+ * row r's exact int32 sum, as |w| x (x with w's sign) by vpmaddubsw, or with `vnni` as (w + 128) x
+ * by vpdpbusd from the correction, which leaves each token one instruction a group. */
+COL_INLINE COL_T2 void q8_panel_sums(const uint8_t *w0, const int8_t *const *x, const int32_t *corr, const int NT,
+                                     __m256i *isum, const int vnni)
 {
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
 #pragma GCC unroll 8
-    for (int b = 0; b < NT; b++) isum[b] = _mm256_setzero_si256();
+    for (int b = 0; b < NT; b++) isum[b] = vnni ? _mm256_set1_epi32(corr[b]) : _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int g = 0; g < 8; g++) {
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g)), aw = _mm256_abs_epi8(w);
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g));
+        const __m256i aw = vnni ? _mm256_xor_si256(w, bias) : _mm256_abs_epi8(w);
 #pragma GCC unroll 8
         for (int b = 0; b < NT; b++) {
             int32_t x4;
             memcpy(&x4, x[b] + 4 * g, 4);
-            const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(x4), w);
             if (vnni) {
-                isum[b] = vnni_dot(isum[b], aw, sx);
+                isum[b] = vnni_dot(isum[b], aw, _mm256_set1_epi32(x4));
             } else {
+                const __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(x4), w);
                 isum[b] = _mm256_add_epi32(isum[b], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
                 KEEP_CHAIN(isum[b]);
             }
@@ -355,9 +357,10 @@ COL_INLINE COL_T2 void panel_pass(const col_matvec_job *j, const uint8_t *qx, co
                                            _mm256_set1_epi32(corr[b][b0 + k]));
         } else {
             const int8_t *x[4];
+            int32_t ck[4];
 #pragma GCC unroll 4
-            for (int b = 0; b < NT; b++) x[b] = xq[b] + QK * (b0 + k);
-            q8_panel_sums((const uint8_t *)pn->w[k], x, NT, isum, vnni);
+            for (int b = 0; b < NT; b++) x[b] = xq[b] + QK * (b0 + k), ck[b] = corr[b][b0 + k];
+            q8_panel_sums((const uint8_t *)pn->w[k], x, ck, NT, isum, vnni);
         }
 #pragma GCC unroll 4
         for (int b = 0; b < NT; b++) acc[b] = block_step(acc[b], isum[b], pn->d[k], dx[b][b0 + k]);
@@ -467,7 +470,7 @@ COL_INLINE COL_T2 __m256i stored_block(const uint8_t *w0, const int8_t *xq, cons
         q4_stored_sums(w0, &xq, &corr, nb, k, 1, &isum, 0);
     } else {
         const int8_t *x = xq + QK * k;
-        q8_panel_sums(w0, &x, 1, &isum, 0);
+        q8_panel_sums(w0, &x, corr + k, 1, &isum, 0);
     }
     return isum;
 }
@@ -531,9 +534,10 @@ COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, u
             q4_stored_sums(w0, xq, corr, nb, k, NT, isum, vnni);
         } else {
             const int8_t *x[STORED_PASS_TOKENS];
+            int32_t ck[STORED_PASS_TOKENS];
 #pragma GCC unroll 8
-            for (int b = 0; b < NT; b++) x[b] = xq[b] + QK * k;
-            q8_panel_sums(w0, x, NT, isum, vnni);
+            for (int b = 0; b < NT; b++) x[b] = xq[b] + QK * k, ck[b] = corr[b][k];
+            q8_panel_sums(w0, x, ck, NT, isum, vnni);
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc + 16 * k)));
 #pragma GCC unroll 8
