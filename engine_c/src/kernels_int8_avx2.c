@@ -463,21 +463,21 @@ COL_INLINE COL_T2 void q4_stored_sums(const uint8_t *w0, const int8_t *const *xq
 /* The block sums of stored block k of a panel (w0: its payload) against one token (xq: its int8
  * values, corr: q4_0's block corrections): lane r row r's exact int32 sum. */
 COL_INLINE COL_T2 __m256i stored_block(const uint8_t *w0, const int8_t *xq, const int32_t *corr, uint64_t nb, uint64_t k,
-                                       const int q4)
+                                       const int q4, const int vnni)
 {
     __m256i isum;
     if (q4) {
         q4_stored_sums(w0, &xq, &corr, nb, k, 1, &isum, 0);
     } else {
         const int8_t *x = xq + QK * k;
-        q8_panel_sums(w0, &x, corr + k, 1, &isum, 0);
+        q8_panel_sums(w0, &x, corr + k, 1, &isum, vnni);
     }
     return isum;
 }
 
 /* Decode: the NP stored panels at rows pr[0..NP-1] against the one token of qx, into y[pr[p]..]. */
 COL_INLINE COL_T2 void stored_decode(const col_matvec_job *j, const uint8_t *qx, const uint64_t *pr, const int NP,
-                                     float *y, uint32_t ahead, const int q4)
+                                     float *y, uint32_t ahead, const int q4, const int vnni)
 {
     const uint64_t n = j->w.cols, nb = n / QK, rb = col_dtype_row_bytes(j->w.dtype, n), bb = q4 ? 128 : 256;
     const int8_t *xq = (const int8_t *)qx;
@@ -503,7 +503,7 @@ COL_INLINE COL_T2 void stored_decode(const col_matvec_job *j, const uint8_t *qx,
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) {
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc[p] + 16 * k)));
-            acc[p] = block_step(acc[p], stored_block(pay[p] + bb * k, xq, corr, nb, k, q4), d, dx[k]);
+            acc[p] = block_step(acc[p], stored_block(pay[p] + bb * k, xq, corr, nb, k, q4, vnni), d, dx[k]);
         }
     }
 #pragma GCC unroll 4
@@ -550,7 +550,7 @@ COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, u
 /* A token at a time: the share cut into STORED_STREAMS parts of whole panels as even as they can
  * be, tile i takes panel i of each part that has one (the parts' last tile may be short). */
 COL_INLINE COL_T2 void one_token_tiles(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
-                                       const int q4)
+                                       const int q4, const int vnni)
 {
     const uint64_t qb = col_qrow_bytes(j->w.cols), np = (r1 - r0) / LANES;
     uint64_t from[STORED_STREAMS + 1], pr[STORED_STREAMS];
@@ -562,13 +562,13 @@ COL_INLINE COL_T2 void one_token_tiles(const col_matvec_job *j, const uint8_t *q
             for (int s = 0; s < STORED_STREAMS; s++)
                 if (from[s] + i < from[s + 1]) pr[tile++] = r0 + LANES * (from[s] + i);
             if (tile == STORED_STREAMS)
-                stored_decode(j, qx + t * qb, pr, STORED_STREAMS, y, ahead, q4);
+                stored_decode(j, qx + t * qb, pr, STORED_STREAMS, y, ahead, q4, vnni);
             else if (tile == 3)
-                stored_decode(j, qx + t * qb, pr, 3, y, ahead, q4);
+                stored_decode(j, qx + t * qb, pr, 3, y, ahead, q4, vnni);
             else if (tile == 2)
-                stored_decode(j, qx + t * qb, pr, 2, y, ahead, q4);
+                stored_decode(j, qx + t * qb, pr, 2, y, ahead, q4, vnni);
             else if (tile == 1)
-                stored_decode(j, qx + t * qb, pr, 1, y, ahead, q4);
+                stored_decode(j, qx + t * qb, pr, 1, y, ahead, q4, vnni);
             else
                 break;
         }
@@ -578,12 +578,14 @@ COL_INLINE COL_T2 void one_token_tiles(const col_matvec_job *j, const uint8_t *q
 /* Out of line: in one function with the batch passes, gcc allocated these tiles' registers worse
  * (docs/performance.md, the stored passes' decision row). */
 static COL_T2 __attribute__((noinline)) void stored_rows_one_token(const col_matvec_job *j, const uint8_t *qx, uint64_t r0,
-                                                                   uint64_t r1, uint32_t ahead, const int q4)
+                                                                   uint64_t r1, uint32_t ahead, const int q4, int vnni)
 {
     if (q4)
-        one_token_tiles(j, qx, r0, r1, ahead, 1);
+        one_token_tiles(j, qx, r0, r1, ahead, 1, 0);
+    else if (vnni)
+        one_token_tiles(j, qx, r0, r1, ahead, 0, 1);
     else
-        one_token_tiles(j, qx, r0, r1, ahead, 0);
+        one_token_tiles(j, qx, r0, r1, ahead, 0, 0);
 }
 
 COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
@@ -592,7 +594,7 @@ COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, u
     const uint64_t nb = j->w.cols / QK;
     const uint32_t nt = j->n_tokens;
     if (nt < COL_Q_AVX2_STORED_TOKENS) {
-        stored_rows_one_token(j, qx, r0, r1, ahead, q4);
+        stored_rows_one_token(j, qx, r0, r1, ahead, q4, vnni);
         return;
     }
     for (uint64_t r = r0; r < r1; r += LANES)
