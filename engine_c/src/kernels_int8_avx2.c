@@ -435,8 +435,9 @@ COL_INLINE COL_T2 void q4_stored_sums(const uint8_t *w0, const int8_t *const *xq
                                       uint64_t k, const int NT, __m256i *isum, const int vnni)
 {
     const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+    __m256i high = _mm256_setzero_si256(); /* one token by vpdpbusd: the high nibbles' own chain */
 #pragma GCC unroll 8
-    for (int b = 0; b < NT; b++) isum[b] = _mm256_setzero_si256();
+    for (int b = 0; b < NT; b++) isum[b] = vnni ? _mm256_set1_epi32(corr[b][k]) : _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int g = 0; g < 4; g++) {
         const __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(w0 + 32 * g));
@@ -446,7 +447,10 @@ COL_INLINE COL_T2 void q4_stored_sums(const uint8_t *w0, const int8_t *const *xq
             int32_t xl, xh;
             memcpy(&xl, xq[b] + q4_low(k) + 4 * g, 4);
             memcpy(&xh, xq[b] + q4_high(nb, k) + 4 * g, 4);
-            if (vnni) {
+            if (vnni && NT == 1) {
+                isum[b] = vnni_dot(isum[b], lo, _mm256_set1_epi32(xl));
+                high = vnni_dot(high, hi, _mm256_set1_epi32(xh));
+            } else if (vnni) {
                 isum[b] = vnni_dot(vnni_dot(isum[b], lo, _mm256_set1_epi32(xl)), hi, _mm256_set1_epi32(xh));
             } else {
                 isum[b] = _mm256_add_epi16(isum[b], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
@@ -455,9 +459,11 @@ COL_INLINE COL_T2 void q4_stored_sums(const uint8_t *w0, const int8_t *const *xq
             }
         }
     }
+    if (vnni && NT == 1)
+        isum[0] = _mm256_add_epi32(isum[0], high);
+    else if (!vnni)
 #pragma GCC unroll 8
-    for (int b = 0; b < NT; b++)
-        isum[b] = _mm256_add_epi32(vnni ? isum[b] : _mm256_madd_epi16(isum[b], ones), _mm256_set1_epi32(corr[b][k]));
+        for (int b = 0; b < NT; b++) isum[b] = _mm256_add_epi32(_mm256_madd_epi16(isum[b], ones), _mm256_set1_epi32(corr[b][k]));
 }
 
 /* The block sums of stored block k of a panel (w0: its payload) against one token (xq: its int8
@@ -580,7 +586,9 @@ COL_INLINE COL_T2 void one_token_tiles(const col_matvec_job *j, const uint8_t *q
 static COL_T2 __attribute__((noinline)) void stored_rows_one_token(const col_matvec_job *j, const uint8_t *qx, uint64_t r0,
                                                                    uint64_t r1, uint32_t ahead, const int q4, int vnni)
 {
-    if (q4)
+    if (q4 && vnni)
+        one_token_tiles(j, qx, r0, r1, ahead, 1, 1);
+    else if (q4)
         one_token_tiles(j, qx, r0, r1, ahead, 1, 0);
     else if (vnni)
         one_token_tiles(j, qx, r0, r1, ahead, 0, 1);
