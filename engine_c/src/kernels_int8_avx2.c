@@ -25,10 +25,9 @@
  * and the next panel's lines are fetched while the passes run.
  * Weights stored in that panel order (col_rows_int8_panels_avx2) need no packing: batches pass over
  * the stored panel, and decode reads 4 distant panels at once with the rows already in the lanes.
- * On CPUs with AVX-VNNI (`vnni`), batch passes make each 4-byte group's products and their int32
- * sum with one vpdpbusd instead of vpmaddubsw, vpmaddwd and an add: the same exact integers, so the
- * same bits. Decode keeps the three instructions: memory bounds it, and a token's chain of
- * vpdpbusd (5 cycles each) would be its critical path.
+ * On CPUs with AVX-VNNI (`vnni`) each 4-byte group's products and their int32 sum are one
+ * vpdpbusd, as on AVX-512: q8_0 read as w + 128 and q4_0's nibbles as they are, each block sum
+ * started from the block's correction. The same exact integers, so the same bits.
  */
 #include "kernels_internal.h"
 #include "transpose_x86.h"
