@@ -742,6 +742,8 @@ def test_bench_vs_llamacpp_keeps_colibri_to_the_kernel_path_asked_for() -> None:
     args = argparse.Namespace(p=4, n=2, threads=1, repeats=1, kernels="portable")
     prefill, decode, kernels = module.run_colibri(cell, args, None)
     assert kernels == "portable" and prefill > 0 and decode > 0
+    # the compute limits are that path's: the portable path has no vector instruction to probe
+    assert set(module.compute_probe(args).values()) == {None}
     args.kernels = None
     assert module.run_colibri(cell, args, None)[2] == best_kernels()
 

@@ -279,7 +279,7 @@ def compute_probe(args: argparse.Namespace) -> dict[str, float | None]:
     from colibri import compute
     from colibri.engine import ARITHMETIC
 
-    return compute.probe(list(ARITHMETIC), args.threads)
+    return compute.probe(list(ARITHMETIC), args.threads, args.kernels)  # Colibri's path's rates
 
 
 def compute_limit(cell: Cell, engine: str, kernels: str | None,
@@ -389,8 +389,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"read bandwidth probe ({report['threads']} threads, between every two runs): best "
         f"{report['probe_gb_s']['best']:.1f} GB/s, median {report['probe_gb_s']['median']:.1f}, "
         f"lowest {report['probe_gb_s']['lowest']:.1f}",
-        *([f"compute probe ({report['threads']} threads, between every two runs), best G "
-           "multiply-adds/s: " + ", ".join(f"{how} {rate:.1f}" for how, rate in
+        *([f"compute probe ({report['threads']} threads, between every two runs"
+           + (f", on the {report['colibri_kernels']} path" if report.get("colibri_kernels") else "")
+           + "), best G multiply-adds/s: " + ", ".join(f"{how} {rate:.1f}" for how, rate in
                                             report["compute_probe"]["best"].items() if rate)]
           if report.get("compute_probe") else []),
         f"llama.cpp: llama-cpp-python {report['llama_cpp']['version']} sdist, build "
