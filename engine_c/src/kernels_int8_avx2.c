@@ -424,6 +424,7 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
  * tokens; q4_0 passes keep 4, which measured faster on experts of ~16 tokens. */
 #define STORED_PASS_TOKENS 6
 #define STORED_PASS_TOKENS_Q4 4
+#define STORED_PASS_TOKENS_Q4_VNNI 5 /* no int16 sums to hold: one more token's registers */
 
 /* q4_0: block k of a stored panel (w0: its 4 vectors of stored bytes, lane r of vector g row r's
  * bytes 4g .. 4g + 3: the low nibbles of elements 4g .., the high ones of 16 + 4g ..) against NT
@@ -608,7 +609,10 @@ COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, u
         for (uint64_t b0 = 0; b0 < nb; b0 += STORED_KB) {
             const uint64_t kn = nb - b0 < STORED_KB ? nb - b0 : STORED_KB;
             uint32_t t = 0;
-            if (q4)
+            if (q4 && vnni)
+                for (; t + STORED_PASS_TOKENS_Q4_VNNI <= nt; t += STORED_PASS_TOKENS_Q4_VNNI)
+                    stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS_Q4_VNNI, q4, vnni);
+            else if (q4)
                 for (; t + STORED_PASS_TOKENS_Q4 <= nt; t += STORED_PASS_TOKENS_Q4)
                     stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS_Q4, q4, vnni);
             else
