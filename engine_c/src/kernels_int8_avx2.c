@@ -596,28 +596,18 @@ static COL_T2 __attribute__((noinline)) void stored_rows_one_token(const col_mat
         one_token_tiles(j, qx, r0, r1, ahead, 0, 0);
 }
 
-COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
-                                   const int q4, const int vnni)
+/* Batch passes over the stored panels of rows [r0, r1), every token. */
+COL_INLINE COL_T2 void stored_batch(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, const int q4,
+                                    const int vnni)
 {
     const uint64_t nb = j->w.cols / QK;
     const uint32_t nt = j->n_tokens;
-    if (nt < COL_Q_AVX2_STORED_TOKENS) {
-        stored_rows_one_token(j, qx, r0, r1, ahead, q4, vnni);
-        return;
-    }
+    const int pass = q4 ? (vnni ? STORED_PASS_TOKENS_Q4_VNNI : STORED_PASS_TOKENS_Q4) : STORED_PASS_TOKENS;
     for (uint64_t r = r0; r < r1; r += LANES)
         for (uint64_t b0 = 0; b0 < nb; b0 += STORED_KB) {
             const uint64_t kn = nb - b0 < STORED_KB ? nb - b0 : STORED_KB;
             uint32_t t = 0;
-            if (q4 && vnni)
-                for (; t + STORED_PASS_TOKENS_Q4_VNNI <= nt; t += STORED_PASS_TOKENS_Q4_VNNI)
-                    stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS_Q4_VNNI, q4, vnni);
-            else if (q4)
-                for (; t + STORED_PASS_TOKENS_Q4 <= nt; t += STORED_PASS_TOKENS_Q4)
-                    stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS_Q4, q4, vnni);
-            else
-                for (; t + STORED_PASS_TOKENS <= nt; t += STORED_PASS_TOKENS)
-                    stored_pass(j, qx, r, b0, kn, t, STORED_PASS_TOKENS, q4, vnni);
+            for (; t + (uint32_t)pass <= nt; t += (uint32_t)pass) stored_pass(j, qx, r, b0, kn, t, pass, q4, vnni);
             switch (nt - t) {
             case 5: stored_pass(j, qx, r, b0, kn, t, 5, q4, vnni); break;
             case 4: stored_pass(j, qx, r, b0, kn, t, 4, q4, vnni); break;
@@ -629,18 +619,24 @@ COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, u
         }
 }
 
+COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
+                                   const int q4, int vnni)
+{
+    if (j->n_tokens < COL_Q_AVX2_STORED_TOKENS)
+        stored_rows_one_token(j, qx, r0, r1, ahead, q4, vnni);
+    else if (vnni)
+        stored_batch(j, qx, r0, r1, q4, 1);
+    else
+        stored_batch(j, qx, r0, r1, q4, 0);
+}
+
 COL_T2 void col_rows_int8_panels_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1,
                                       uint32_t ahead, int vnni)
 {
-    const int q4 = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0;
-    if (vnni && q4)
-        stored_rows(j, qx, r0, r1, ahead, 1, 1);
-    else if (vnni)
-        stored_rows(j, qx, r0, r1, ahead, 0, 1);
-    else if (q4)
-        stored_rows(j, qx, r0, r1, ahead, 1, 0);
+    if (col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0)
+        stored_rows(j, qx, r0, r1, ahead, 1, vnni);
     else
-        stored_rows(j, qx, r0, r1, ahead, 0, 0);
+        stored_rows(j, qx, r0, r1, ahead, 0, vnni);
 }
 
 /* ---- the walk ------------------------------------------------------------------------------- */
