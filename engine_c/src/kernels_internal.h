@@ -150,7 +150,8 @@ col_ahead col_decode_ahead(void);
 
 /* 1 when the CPU has AVX512-BF16 (vdpbf16ps), which the AVX-512 path then uses for bf16 dot products. */
 int col_has_avx512bf16(void);
-/* 1 when the CPU has AVX-VNNI (VEX vpdpbusd), which the AVX2 path's quantised batches then use. */
+/* 1 when the CPU has AVX-VNNI (VEX vpdpbusd), which the AVX2 path's q8_0/q4_0 products then use.
+ * Asks CPUID (slow in a VM): call it once per pool, not per product. */
 int col_has_avx_vnni(void);
 
 /* Rows [r0, r1) of job j (bf16 weights), every token, by bf16 dot products with the bits of
@@ -180,7 +181,7 @@ void col_rows_int8_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0,
  * (row r's at 16b + 2r), then per block the payload with lane r of each 32-byte vector holding row
  * r's 4-byte group g: q8_0 8 vectors (g = 0..7: elements 4g .. 4g + 3), q4_0 4 vectors of the
  * stored bytes (g = 0..3: low nibbles elements 4g .., high nibbles 16 + 4g ..). A panel has its 8
- * rows' bytes: a matrix's size is that of its rows. */
+ * rows' bytes: a matrix's size is that of its rows. `vnni`: decode and batches by vpdpbusd. */
 void col_rows_int8_panels_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
                                int vnni);
 /* q8_0/q4_0 rows [r0, r1) of job j on AVX-512 VNNI, every token, in block order with rows in the

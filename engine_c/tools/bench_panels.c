@@ -51,6 +51,7 @@ typedef struct shared {
     const uint8_t *qx;
     col_matvec_job job;
     uint32_t ahead;
+    int vnni; /* the AVX2 kernels on AVX-VNNI (col_has_avx_vnni) */
     int threads;
     int pair; /* 0 avx2, 1 avx512, 2 stored */
 } shared;
@@ -62,14 +63,14 @@ typedef struct worker {
 
 /* One share of the product on the kernel that `pair` names for `layout` (0 "rows", 1 "panels"). */
 static void run(int pair, int layout, col_matvec_job *job, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
-                uint32_t ahead)
+                uint32_t ahead, int vnni)
 {
     const uint32_t rows_dtype = col_block_kind(job->w.dtype), panel_dtype = rows_dtype == COL_DTYPE_Q8_0 ? COL_DTYPE_Q8_0X8 : COL_DTYPE_Q4_0X8;
     job->w.dtype = layout || pair == 2 ? panel_dtype : rows_dtype;
     const col_ahead a = {ahead, ahead};
     if (pair == 0 || (pair == 2 && layout == 0)) {
-        if (is_panel_dtype(job->w.dtype)) col_rows_int8_panels_avx2(job, qx, r0, r1, ahead, col_has_avx_vnni());
-        else col_rows_int8_avx2(job, qx, r0, r1, ahead, col_has_avx_vnni());
+        if (is_panel_dtype(job->w.dtype)) col_rows_int8_panels_avx2(job, qx, r0, r1, ahead, vnni);
+        else col_rows_int8_avx2(job, qx, r0, r1, ahead, vnni);
     } else {
         col_rows_int8_avx512(job, qx, r0, r1, stage, stage ? col_int8_stage_bytes() : 0, a);
     }
@@ -94,7 +95,7 @@ static void *work(void *arg)
         col_matvec_job job = s->job;
         for (uint64_t c = 0; c < s->copies; c++) {
             job.w.data = s->w[s->pair == 2 ? 1 : layout] + c * s->stride;
-            run(s->pair, layout, &job, s->qx, r0, r1, stage, s->ahead);
+            run(s->pair, layout, &job, s->qx, r0, r1, stage, s->ahead, s->vnni);
             pthread_barrier_wait(&s->each);
         }
         pthread_barrier_wait(&s->start);
@@ -176,16 +177,16 @@ int main(int argc, char **argv)
     for (uint64_t t = 0; t < tokens; t++) col_quantize_row(x + t * cols, cols, dtype, COL_ISA_AVX2, qx + t * qb);
 
     shared s = {.copies = copies, .stride = stride, .w = {wr, wp}, .qx = qx, .ahead = col_decode_ahead().q,
-                .threads = (int)threads, .pair = pair};
+                .vnni = col_has_avx_vnni(), .threads = (int)threads, .pair = pair};
     s.job = (col_matvec_job){{wr, dtype, rows, cols, 0}, x, y, (uint32_t)tokens, NULL};
     float *want = malloc(tokens * rows * sizeof *want);
     if (!want) return 1;
     col_matvec_job check = s.job;
     check.w.data = pair == 2 ? wp : wr;
-    run(pair, 0, &check, qx, 0, rows, NULL, s.ahead);
+    run(pair, 0, &check, qx, 0, rows, NULL, s.ahead, s.vnni);
     memcpy(want, y, tokens * rows * sizeof *y);
     check.w.data = wp;
-    run(pair, 1, &check, qx, 0, rows, NULL, s.ahead);
+    run(pair, 1, &check, qx, 0, rows, NULL, s.ahead, s.vnni);
     if (memcmp(want, y, tokens * rows * sizeof *y) != 0) {
         fputs("bench_panels: the panels' outputs differ from the rows'\n", stderr);
         return 1;
