@@ -646,7 +646,7 @@ def test_values_restated_from_the_header_match_the_engine() -> None:
     assert {getattr(lib, f"COL_ARCH_{name.upper()}"): name for name in ARCH_NAMES.values()} == (
         ARCH_NAMES)
     assert [getattr(lib, f"COL_ROUTING_{name.upper()}") for name in ROUTING_MODES] == [0, 1, 2, 3, 4]
-    assert [getattr(lib, f"COL_KERNELS_{name.upper()}") for name in VALUE_PATHS] == [1, 2, 3, 4]
+    assert [getattr(lib, f"COL_KERNELS_{name.upper()}") for name in VALUE_PATHS] == [1, 2, 3, 4, 5]
     assert VALUE_PATHS == KERNEL_PATHS
 
 

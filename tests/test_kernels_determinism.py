@@ -106,7 +106,7 @@ def test_kernel_paths_agree(tmp_path: Path, quant: str | None) -> None:
     """Each path (forced with COLIBRI_KERNELS) is self-consistent, and all agree to rounding."""
     path = make_model(tmp_path, "mixtral", "bf16", quant)
     out = {}
-    for isa in ("portable", "avx2", "avx512", "amx"):
+    for isa in ("portable", "avx2", "avx512f", "avx512", "amx"):
         npy = tmp_path / f"{isa}.npy"
         env = dict(os.environ, COLIBRI_KERNELS=isa)
         done = subprocess.run([sys.executable, "-c", _PATHS_SCRIPT.format(tokens=TOKENS), str(path),
@@ -115,3 +115,23 @@ def test_kernel_paths_agree(tmp_path: Path, quant: str | None) -> None:
     ref = out["portable"]
     for name, logits in out.items():
         assert np.allclose(logits, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max()), name
+
+
+@pytest.mark.parametrize("quant", [None, "q8", "q4"])
+def test_avx512_without_vnni_computes_avx512s_bits(tmp_path: Path, quant: str | None) -> None:
+    """The path of AVX-512 CPUs without VNNI (Skylake-SP/X: AVX-512's float kernels, AVX2's int8
+    ones) gives the AVX-512 path's logits bit for bit, in prefill and in steps."""
+    from colibri.engine import best_kernels
+
+    if best_kernels() not in ("avx512", "amx"):
+        pytest.skip("needs a CPU with AVX-512 VNNI to compare the two paths")
+    path = make_model(tmp_path, "mixtral", "bf16", quant)
+    tokens = [int(t) for t in np.random.default_rng(5).integers(0, 256, 40)]
+    logits = {}
+    with Model.open(path) as model:
+        for kernels in ("avx512f", "avx512"):
+            with Session(model, threads=2, max_context=48, kernels=kernels) as s:
+                assert s.kernels == kernels
+                prefill = s.prefill(tokens[:-4])
+                logits[kernels] = np.concatenate([prefill, np.stack([s.step(t) for t in tokens[-4:]])])
+    assert logits["avx512f"].tobytes() == logits["avx512"].tobytes()

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-p", type=int, default=128, help="prompt tokens")
     ap.add_argument("-n", type=int, default=32, help="decoded tokens after each prefill")
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--kernels", default="best", choices=("best", "portable", "avx2", "avx512", "amx"))
+    ap.add_argument("--kernels", default="best", choices=("best", "portable", "avx2", "avx512f", "avx512", "amx"))
     ap.add_argument("--numerics", default="default", choices=("default", "dot-bf16"),
                     help="the numerics both builds run (dot-bf16: bf16 weights by bf16 dot products)")
     ap.add_argument("--turns", type=int, default=8, help="turns of each build (processes)")

@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--numerics", action="append", default=[], metavar="SPEC",
                     help="also run Colibri in this numerics mode (repeatable; e.g. dot-bf16), "
                          "on the cells whose file has bf16 weights")
-    ap.add_argument("--kernels", default=None, choices=("portable", "avx2", "avx512", "amx"),
+    ap.add_argument("--kernels", default=None, choices=("portable", "avx2", "avx512f", "avx512", "amx"),
                     help="the most capable kernel path Colibri may use (default: the best this "
                          "machine has), e.g. avx512 on an AMX machine to see where a CPU without "
                          "AMX would stand; the peers run as built")

@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 # The first ABI whose q8_0/q4_0 products are in block order (one fused multiply-add per block and
 # output, the same bits on every kernel path): runs recorded by an older engine on weights of those
 # dtypes cannot be reproduced bit for bit.
@@ -1100,7 +1100,7 @@ class Session:
 
     @property
     def kernels(self) -> str:
-        """The kernel path this session runs: 'portable', 'avx2', 'avx512' or 'amx' (from CPUID and,
+        """The kernel path this session runs: 'portable', 'avx2', 'avx512f', 'avx512' or 'amx' (from CPUID and,
         for 'amx', the OS granting the tile state; the environment variable COLIBRI_KERNELS can
         lower it)."""
         return ffi.string(lib.col_session_kernels(self._live())).decode()

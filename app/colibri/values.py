@@ -36,8 +36,8 @@ ARCH_NAMES: dict[int, str] = {1: "mixtral", 2: "qwen2_moe", 3: "qwen3_moe", 4: "
 RoutingName = Literal["topk", "stable", "soft", "gumbel", "cached"]
 ROUTING_MODES: tuple[RoutingName, ...] = ("topk", "stable", "soft", "gumbel", "cached")
 
-# col_kernels 1..4, least to most capable (0 = the best the machine has: None in Python)
-KERNEL_PATHS: tuple[str, ...] = ("portable", "avx2", "avx512", "amx")
+# col_kernels 1..5, least to most capable (0 = the best the machine has: None in Python)
+KERNEL_PATHS: tuple[str, ...] = ("portable", "avx2", "avx512f", "avx512", "amx")
 
 # Which matrices `colibri convert --quantize` stores as blocks (colibri.convert.QUANTIZE_SETS, and
 # "llama.cpp": llama-quantize's own recipe, colibri.convert.llama_quantize_type)

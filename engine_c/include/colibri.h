@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 14  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 15  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
@@ -50,7 +50,9 @@ extern "C" {
                                 compute probe (col_arith, col_measure_compute); 13: q8_0/q4_0 products
                                 in block order on every path (one fused multiply-add per block and
                                 output, docs/performance.md): their bits changed, no declaration did;
-                                14: the panel dtypes COL_DTYPE_Q8_0X8 and COL_DTYPE_Q4_0X8 */
+                                14: the panel dtypes COL_DTYPE_Q8_0X8 and COL_DTYPE_Q4_0X8; 15:
+                                COL_KERNELS_AVX512F, between AVX2 and AVX-512 (the later values
+                                moved up one: a ceiling orders the paths) */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -420,8 +422,10 @@ typedef enum col_kernels {
     COL_KERNELS_BEST = 0,      /* the best this machine has */
     COL_KERNELS_PORTABLE = 1,  /* plain C */
     COL_KERNELS_AVX2 = 2,      /* AVX2 + FMA + F16C */
-    COL_KERNELS_AVX512 = 3,    /* AVX-512 F/BW/VL + VNNI */
-    COL_KERNELS_AMX = 4        /* AVX-512, and AMX tiles for bf16 weights (Linux) */
+    COL_KERNELS_AVX512F = 3,   /* AVX-512 F/BW/VL without VNNI (Skylake-SP/X): AVX-512 for floats, AVX2 for
+                                * q8_0/q4_0 (since ABI 15) */
+    COL_KERNELS_AVX512 = 4,    /* AVX-512 F/BW/VL + VNNI */
+    COL_KERNELS_AMX = 5        /* AVX-512, and AMX tiles for bf16 weights (Linux) */
 } col_kernels;
 
 /* Timing phases recorded per (position, layer). */
@@ -694,7 +698,7 @@ typedef enum col_arith {
  * bad argument, or on thread failure. Thread safe; for benchmarks, like the bandwidth probe. */
 double col_measure_compute(uint32_t arith, uint32_t kernels, uint32_t n_threads, uint32_t repeats);
 
-/* Name of the kernel path the session runs ("portable", "avx2", "avx512", "amx"); static storage. */
+/* Name of the kernel path the session runs ("portable", "avx2", "avx512f", "avx512", "amx"); static storage. */
 const char *col_session_kernels(const col_session *session);
 
 /* The col_kernels value of the path a session with kernels = COL_KERNELS_BEST would run on this

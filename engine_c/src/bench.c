@@ -242,11 +242,10 @@ __attribute__((target("avx2"))) static float maddubs_avx2(void)
 static uint64_t compute_width(uint32_t arith, col_isa isa)
 {
     __builtin_cpu_init();
-    const int wide = isa >= COL_ISA_AVX512;
     switch (arith) {
-    case COL_ARITH_F32_FMA: return wide ? 16 : isa == COL_ISA_AVX2 ? 8 : 0;
-    case COL_ARITH_BF16_DOT: return wide && __builtin_cpu_supports("avx512bf16") ? 32 : 0;
-    case COL_ARITH_INT8_DOT: return wide ? 64 : isa == COL_ISA_AVX2 ? 32 : 0;
+    case COL_ARITH_F32_FMA: return isa >= COL_ISA_AVX512F ? 16 : isa == COL_ISA_AVX2 ? 8 : 0;
+    case COL_ARITH_BF16_DOT: return isa >= COL_ISA_AVX512 && __builtin_cpu_supports("avx512bf16") ? 32 : 0;
+    case COL_ARITH_INT8_DOT: return isa >= COL_ISA_AVX512 ? 64 : isa >= COL_ISA_AVX2 ? 32 : 0;
     default: return 0;
     }
 }
@@ -254,12 +253,15 @@ static uint64_t compute_width(uint32_t arith, col_isa isa)
 static void *compute_main(void *arg)
 {
     compute_share *sh = arg;
-    const int wide = sh->isa >= COL_ISA_AVX512;
     const uint64_t rounds = (uint64_t)COMPUTE_STEPS * COMPUTE_CHAINS;
     switch (sh->arith) {
-    case COL_ARITH_F32_FMA: sh->sink = wide ? fma_avx512() : fma_avx2(); break;
+    case COL_ARITH_F32_FMA: sh->sink = sh->isa >= COL_ISA_AVX512F ? fma_avx512() : fma_avx2(); break;
     case COL_ARITH_BF16_DOT: sh->sink = dpbf16_avx512(); break;
-    default: sh->sink = wide ? dpbusd_avx512() : col_has_avx_vnni() ? dpbusd_avx2() : maddubs_avx2(); break;
+    default: /* the instructions the path's int8 kernels use (col_isa_int8; AVX-VNNI only on the AVX2 pools) */
+        sh->sink = sh->isa >= COL_ISA_AVX512               ? dpbusd_avx512()
+                 : sh->isa == COL_ISA_AVX2 && col_has_avx_vnni() ? dpbusd_avx2()
+                                                          : maddubs_avx2();
+        break;
     }
     sh->macs = rounds * compute_width(sh->arith, sh->isa);
     return NULL;

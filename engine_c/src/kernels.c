@@ -27,6 +27,7 @@ const char *col_isa_name(col_isa isa)
 {
     switch (isa) {
     case COL_ISA_AVX2: return "avx2";
+    case COL_ISA_AVX512F: return "avx512f";
     case COL_ISA_AVX512: return "avx512";
     case COL_ISA_AMX: return "amx";
     default: return "portable";
@@ -42,6 +43,7 @@ col_isa col_choose_isa(col_isa ceiling)
     if (env) { /* can only lower the choice: a forced path the CPU lacks would crash */
         col_isa want = strcmp(env, "portable") == 0 ? COL_ISA_PORTABLE
                      : strcmp(env, "avx2") == 0     ? COL_ISA_AVX2
+                     : strcmp(env, "avx512f") == 0  ? COL_ISA_AVX512F
                      : strcmp(env, "avx512") == 0   ? COL_ISA_AVX512
                                                     : COL_ISA_AMX;
         if (want < isa) isa = want;
@@ -53,7 +55,7 @@ void col_attend_head(const col_pool *pool, const col_head_job *head, float *scor
 {
     const col_isa isa = col_pool_isa(pool);
 #if defined(__x86_64__)
-    if (isa >= COL_ISA_AVX512) {
+    if (isa >= COL_ISA_AVX512F) {
         col_attend_group_avx512(head, scores, out);
         return;
     }
@@ -75,7 +77,7 @@ void col_attend_head(const col_pool *pool, const col_head_job *head, float *scor
 static void round_bf16_range(col_isa isa, float *v, uint64_t n)
 {
 #if defined(__x86_64__)
-    if (isa >= COL_ISA_AVX512) {
+    if (isa >= COL_ISA_AVX512F) {
         col_round_bf16_avx512(v, n);
         return;
     }
@@ -91,7 +93,7 @@ static void round_bf16_range(col_isa isa, float *v, uint64_t n)
 static void round_f16_range(col_isa isa, float *v, uint64_t n)
 {
 #if defined(__x86_64__)
-    if (isa >= COL_ISA_AVX512) {
+    if (isa >= COL_ISA_AVX512F) {
         col_round_f16_avx512(v, n);
         return;
     }
@@ -107,7 +109,7 @@ static void round_f16_range(col_isa isa, float *v, uint64_t n)
 static void swiglu_gate_range(col_isa isa, float *h1, const float *h3, uint64_t n)
 {
 #if defined(__x86_64__)
-    if (isa >= COL_ISA_AVX512) {
+    if (isa >= COL_ISA_AVX512F) {
         col_swiglu_gate_avx512(h1, h3, n);
         return;
     }

@@ -15,7 +15,7 @@
 
 typedef struct col_pool col_pool;
 
-/* Instruction-set paths, chosen once per pool from CPUID (or COLIBRI_KERNELS=portable|avx2|avx512|amx,
+/* Instruction-set paths, chosen once per pool from CPUID (or COLIBRI_KERNELS=portable|avx2|avx512f|avx512|amx,
  * which can only lower the choice). Every path computes every output element in one fixed order,
  * so a given path is bit-identical for any thread count; paths differ from each other in the
  * last bits (different lane order), never in the tested tolerance, except q8_0/q4_0 products,
@@ -23,9 +23,18 @@ typedef struct col_pool col_pool;
 typedef enum col_isa {
     COL_ISA_PORTABLE = 0,
     COL_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C */
-    COL_ISA_AVX512 = 2,     /* AVX-512 F/BW/VL + VNNI (int8 dot products of quantised blocks) */
-    COL_ISA_AMX = 3         /* AVX-512, and AMX tiles for bf16 weights and q8_0/q4_0 batches (kernels_amx.h) */
+    COL_ISA_AVX512F = 2,    /* AVX-512 F/BW/VL without VNNI (Skylake-SP/X): AVX-512's float kernels, and the
+                             * AVX2 path's q8_0/q4_0 products without any vpdpbusd (col_isa_int8) */
+    COL_ISA_AVX512 = 3,     /* AVX-512 F/BW/VL + VNNI (int8 dot products of quantised blocks) */
+    COL_ISA_AMX = 4         /* AVX-512, and AMX tiles for bf16 weights and q8_0/q4_0 batches (kernels_amx.h) */
 } col_isa;
+
+/* The path whose kernels run q8_0/q4_0 products (and quantise their activations) on `isa`:
+ * AVX-512 without VNNI runs them on AVX2's (same bits on every path). */
+static inline col_isa col_isa_int8(col_isa isa)
+{
+    return isa == COL_ISA_AVX512F ? COL_ISA_AVX2 : isa;
+}
 
 /* One product of a batch: y[t][r] = dot(W[r, :], x[t]) for t < n_tokens, r < w.rows.
  * x: [n_tokens][w.cols] f32, y: [n_tokens][w.rows] f32. xq (NULL unless col_pool_qrow_bytes says

@@ -75,7 +75,7 @@ uint64_t col_int8_stage_bytes(void)
 /* Blocks [k0, k1) of rows pr .. pr + nr - 1 (nr <= 16; lanes past nr repeat the last row) into the
  * panel at `panel` (64-byte aligned): 64 bytes of each row at a time (two q8_0 blocks, four q4_0),
  * transposed in registers; the scales 16 blocks at a time. */
-COL_INLINE COL_T512 void pack_panel(const col_weight *w, uint64_t pr, uint32_t nr, uint64_t k0, uint64_t k1, int q4,
+COL_INLINE COL_T512Q void pack_panel(const col_weight *w, uint64_t pr, uint32_t nr, uint64_t k0, uint64_t k1, int q4,
                                     uint8_t *panel)
 {
     const uint64_t nb = w->cols / QK, rb = col_dtype_row_bytes(w->dtype, w->cols), pbb = panel_block_bytes(q4);
@@ -113,7 +113,7 @@ COL_INLINE COL_T512 void pack_panel(const col_weight *w, uint64_t pr, uint32_t n
  * stored panel at row pr, 8-15 from the one after it (nr > 8) or again from the first. A stored
  * panel already holds each row's 4-byte group g of a block in lane order, so a block is 8 (q8_0)
  * or 4 (q4_0) pairs of 32-byte loads, and its scales two rows of 8 f16. */
-COL_INLINE COL_T512 void pack_stored_panel(const col_weight *w, uint64_t pr, uint32_t nr, uint64_t k0, uint64_t k1, int q4,
+COL_INLINE COL_T512Q void pack_stored_panel(const col_weight *w, uint64_t pr, uint32_t nr, uint64_t k0, uint64_t k1, int q4,
                                            uint8_t *panel)
 {
     const uint64_t nb = w->cols / QK, rb = col_dtype_row_bytes(w->dtype, w->cols), pbb = panel_block_bytes(q4);
@@ -146,7 +146,7 @@ COL_INLINE int32_t load4(const int8_t *p)
 
 /* Tokens t .. t + NT - 1 over blocks [k0, k1) of a panel (rows pr .. pr + nr - 1): the sums start
  * at zero for k0 = 0, else from y, and go back to y. */
-COL_INLINE COL_T512 void panel_pass(const col_matvec_job *j, const uint8_t *qx, const uint8_t *panel, uint64_t pr,
+COL_INLINE COL_T512Q void panel_pass(const col_matvec_job *j, const uint8_t *qx, const uint8_t *panel, uint64_t pr,
                                     uint32_t nr, uint64_t k0, uint64_t k1, uint32_t t, int NT, int q4)
 {
     const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n), cbo = col_qrow_block_corrections(n);
@@ -194,7 +194,7 @@ COL_INLINE COL_T512 void panel_pass(const col_matvec_job *j, const uint8_t *qx, 
 }
 
 /* Every token over one panel's blocks [k0, k1), in passes of COL_PANEL_TOKENS. */
-COL_INLINE COL_T512 void panel_tokens(const col_matvec_job *j, const uint8_t *qx, const uint8_t *panel, uint64_t pr,
+COL_INLINE COL_T512Q void panel_tokens(const col_matvec_job *j, const uint8_t *qx, const uint8_t *panel, uint64_t pr,
                                       uint32_t nr, uint64_t k0, uint64_t k1, int q4)
 {
     const uint32_t nt = j->n_tokens;
@@ -209,7 +209,7 @@ COL_INLINE COL_T512 void panel_tokens(const col_matvec_job *j, const uint8_t *qx
     }
 }
 
-static COL_T512 void rows_panels(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
+static COL_T512Q void rows_panels(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
                                  int q4, int stored)
 {
     const uint64_t nb = j->w.cols / QK;
@@ -233,7 +233,7 @@ static COL_T512 void rows_panels(const col_matvec_job *j, const uint8_t *qx, uin
 
 /* p[l]: row l's 16 lane sums, 4 consecutive lanes to a 128-bit quarter. u[i]'s quarter k holds, in
  * dword d, the sum of row 4i + d's four lanes of quarter k (exact: integer additions). */
-COL_INLINE COL_T512 void quarter_sums(const __m512i *p, __m512i *u)
+COL_INLINE COL_T512Q void quarter_sums(const __m512i *p, __m512i *u)
 {
     __m512i q1[8];
 #pragma GCC unroll 8
@@ -247,7 +247,7 @@ COL_INLINE COL_T512 void quarter_sums(const __m512i *p, __m512i *u)
 /* One 64-byte step of 16 rows at base + off[l] + at against the token's activations xq (blocks
  * b.., in_step of them: all four q4_0 or two q8_0 blocks of a step unless the row ends sooner,
  * `full` when they are all there): v[k] receives block b + k's 16 row sums without corrections. */
-COL_INLINE COL_T512 void decode_step(const uint8_t *base, const int64_t *off, uint64_t at, const int8_t *xq, uint64_t b,
+COL_INLINE COL_T512Q void decode_step(const uint8_t *base, const int64_t *off, uint64_t at, const int8_t *xq, uint64_t b,
                                      uint64_t in_step, int q4, int full, uint32_t ahead, __m512i *v)
 {
     const __m512i low4 = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8((char)0x80);
@@ -296,7 +296,7 @@ COL_INLINE COL_T512 void decode_step(const uint8_t *base, const int64_t *off, ui
 /* Blocks b .. b + 15's scales (those before nb) of the 16 rows at base + off[l], transposed to rows
  * in lanes: sc[k] holds block b + k's. Not inlined: its 32 vectors beside a step's pushed the
  * step's onto the stack. */
-static COL_T512 __attribute__((noinline)) void decode_scales(const uint8_t *base, const int64_t *off, uint64_t b,
+static COL_T512Q __attribute__((noinline)) void decode_scales(const uint8_t *base, const int64_t *off, uint64_t b,
                                                              uint64_t nb, float (*sc)[16])
 {
     const __mmask16 ms = nb - b >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nb - b)) - 1u);
@@ -312,7 +312,7 @@ static COL_T512 __attribute__((noinline)) void decode_scales(const uint8_t *base
 /* Blocks b and b + 1's scales of the 16 rows at base + off32[l] as rows-in-lanes vectors, by one
  * gather: on short rows a step costs less than a share of a 16-block transpose. Reads 4 bytes at 2b
  * of each row, inside the row even for its last block. */
-COL_INLINE COL_T512 void scales2(const uint8_t *base, __m512i off32, uint64_t b, __m512 *s0, __m512 *s1)
+COL_INLINE COL_T512Q void scales2(const uint8_t *base, __m512i off32, uint64_t b, __m512 *s0, __m512 *s1)
 {
     const __m512i g = _mm512_i32gather_epi32(off32, (const void *)(base + 2 * b), 1);
     *s0 = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
@@ -321,7 +321,7 @@ COL_INLINE COL_T512 void scales2(const uint8_t *base, __m512i off32, uint64_t b,
 
 /* One token t against 16 rows at base + off[l] (l < 16); out[l] receives row l's output. `gather`:
  * the scales by scales2 each step instead of decode_scales every 16 blocks. */
-COL_INLINE COL_T512 void decode16(const col_matvec_job *j, const uint8_t *qx, uint32_t t, const uint8_t *base,
+COL_INLINE COL_T512Q void decode16(const col_matvec_job *j, const uint8_t *qx, uint32_t t, const uint8_t *base,
                                   const int64_t *off, int q4, int gather, uint32_t ahead, float *out)
 {
     const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n);
@@ -360,7 +360,7 @@ COL_INLINE COL_T512 void decode16(const col_matvec_job *j, const uint8_t *qx, ui
 }
 
 /* decode16 with its constant arguments chosen from the weight's type and row length. */
-COL_INLINE COL_T512 void decode16_any(const col_matvec_job *j, const uint8_t *qx, uint32_t t, const uint8_t *base,
+COL_INLINE COL_T512Q void decode16_any(const col_matvec_job *j, const uint8_t *qx, uint32_t t, const uint8_t *base,
                                       const int64_t *off, int q4, uint32_t ahead, float *out)
 {
     /* the gather's offsets are 32-bit; off[15] is the farthest row */
@@ -378,7 +378,7 @@ COL_INLINE COL_T512 void decode16_any(const col_matvec_job *j, const uint8_t *qx
 /* Rows [r0, r1) of tokens [t0, t1): whole tiles of 16 rows from 16 distant places of the share (one
  * memory stream each), then the rows left over in one tile; each tile for every token in turn, so
  * a few tokens read its rows from L1 after the first. */
-static COL_T512 void rows_decode(const col_matvec_job *j, const uint8_t *qx, uint32_t t0, uint32_t t1, uint64_t r0,
+static COL_T512Q void rows_decode(const col_matvec_job *j, const uint8_t *qx, uint32_t t0, uint32_t t1, uint64_t r0,
                                  uint64_t r1, int q4, uint32_t ahead)
 {
     const uint64_t rb = col_dtype_row_bytes(j->w.dtype, j->w.cols), rows = j->w.rows;
@@ -419,7 +419,7 @@ static COL_T512 void rows_decode(const col_matvec_job *j, const uint8_t *qx, uin
  * 4-byte groups g (lanes 0-7) and g + 1 (lanes 8-15): q8_0 x[i] lanes 0-7 the token's group 2i of
  * the block, lanes 8-15 group 2i + 1; q4_0 x[0..1] likewise from the block's low half (the low
  * nibbles' elements), x[2..3] from its high half. */
-COL_INLINE COL_T512 void stored_x(const int8_t *xq, uint64_t nb, uint64_t k, int q4, __m512i *x)
+COL_INLINE COL_T512Q void stored_x(const int8_t *xq, uint64_t nb, uint64_t k, int q4, __m512i *x)
 {
     const __m512i two = _mm512_set1_epi32(2);
     const __m512i i0 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), i1 = _mm512_add_epi32(i0, two);
@@ -441,7 +441,7 @@ COL_INLINE COL_T512 void stored_x(const int8_t *xq, uint64_t nb, uint64_t k, int
 /* One stored block (pay: its 256 or 128 payload bytes) against stored_x's vectors: lane r < 8 row
  * r's exact sum over the block's even groups, lane 8 + r over its odd ones, without the block's
  * correction (q8_0 read as w + 128, q4_0 as the raw nibbles). */
-COL_INLINE COL_T512 __m512i stored_sums(const uint8_t *pay, const __m512i *x, int q4)
+COL_INLINE COL_T512Q __m512i stored_sums(const uint8_t *pay, const __m512i *x, int q4)
 {
     __m512i s = _mm512_setzero_si512();
     if (q4) {
@@ -465,7 +465,7 @@ COL_INLINE COL_T512 __m512i stored_sums(const uint8_t *pay, const __m512i *x, in
  * y[pr[p] ..]: panels 2i and 2i + 1 share one vector of 16 outputs (their even and odd groups'
  * sums added by 256-bit halves), a last odd panel runs in 8 lanes. As the AVX2 tiles: every
  * panel's scales asked for at the start, every panel's next lines before any block's arithmetic. */
-COL_INLINE COL_T512 void stored_tile(const col_matvec_job *j, const uint8_t *qx, const uint64_t *pr, const int NP, float *y,
+COL_INLINE COL_T512Q void stored_tile(const col_matvec_job *j, const uint8_t *qx, const uint64_t *pr, const int NP, float *y,
                                      uint32_t ahead, const int q4)
 {
     const uint64_t n = j->w.cols, nb = n / QK, rb = col_dtype_row_bytes(j->w.dtype, n), bb = q4 ? 128 : 256;
@@ -520,7 +520,7 @@ COL_INLINE COL_T512 void stored_tile(const col_matvec_job *j, const uint8_t *qx,
 /* Rows [r0, r1) (whole panels) of every token, a token at a time: the share cut into
  * COL_STORED_STREAMS_512 parts of whole panels as even as they can be, tile i takes panel i of each
  * part that has one (the parts' last tile may be short). */
-COL_INLINE COL_T512 void stored_tokens(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
+COL_INLINE COL_T512Q void stored_tokens(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
                                        const int q4)
 {
     enum { S = COL_STORED_STREAMS_512 };
@@ -548,7 +548,7 @@ COL_INLINE COL_T512 void stored_tokens(const col_matvec_job *j, const uint8_t *q
     }
 }
 
-COL_T512 void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
+COL_T512Q void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
                                    uint64_t stage_bytes, col_ahead ahead)
 {
     const int q4 = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0;

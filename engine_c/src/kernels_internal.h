@@ -117,7 +117,9 @@ col_isa col_detect_isa(void);
 /* What the x86 paths' functions are compiled for (function attributes, so the build flags stay
  * portable); the pool runs them only where CPUID found the instructions. */
 #define COL_T2 __attribute__((target("avx2,fma,f16c")))
-#define COL_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define COL_T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+/* AVX-512's int8 kernels (kernels_int8_avx512.c): only pools with VNNI run them (col_isa_int8). */
+#define COL_T512Q __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define COL_INLINE static inline __attribute__((always_inline))
 
 /* Neighbouring rows per batch tile on AVX-512, for every weight dtype: 6 rows x 4 tokens keep 24

@@ -280,6 +280,7 @@ __attribute__((target("avx2"))) static void quantize_row_avx2(const float *x, ui
 void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa isa, uint8_t *out)
 {
     wdtype = col_block_kind(wdtype); /* panels read the activations of their blocks' row dtype */
+    isa = col_isa_int8(isa);
 #if defined(__x86_64__)
     if (isa == COL_ISA_AVX2) {
         quantize_row_avx2(x, cols, wdtype, out);
@@ -342,7 +343,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void pack_bf16_avx51
 void col_pack_bf16(const float *x, uint64_t n, col_isa isa, uint16_t *out)
 {
 #if defined(__x86_64__)
-    if (isa >= COL_ISA_AVX512) {
+    if (isa >= COL_ISA_AVX512F) {
         pack_bf16_avx512(x, n, out);
         return;
     }

@@ -1427,9 +1427,8 @@ col_isa col_detect_isa(void)
 {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return COL_ISA_AVX512;
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return __builtin_cpu_supports("avx512vnni") ? COL_ISA_AVX512 : COL_ISA_AVX512F;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return COL_ISA_AVX2;
     return COL_ISA_PORTABLE;
 }

@@ -263,7 +263,7 @@ static void variant_rows(const void *ctx, const col_matvec_job *j, uint64_t r0, 
         reference_rows(v->nx, j, r0, r1);
         return;
     }
-    if (v->isa >= COL_ISA_AVX512) {
+    if (v->isa >= COL_ISA_AVX512F) {
         col_numerics_rows_avx512(v->nx, j, r0, r1);
         return;
     }
@@ -278,7 +278,7 @@ static void variant_rows(const void *ctx, const col_matvec_job *j, uint64_t r0, 
 static uint32_t variant_align(col_isa isa)
 {
 #if defined(__x86_64__)
-    if (isa >= COL_ISA_AVX512) return COL_NUMERICS_ROWS_AVX512;
+    if (isa >= COL_ISA_AVX512F) return COL_NUMERICS_ROWS_AVX512;
     if (isa == COL_ISA_AVX2) return COL_NUMERICS_ROWS_AVX2;
 #endif
     (void)isa;

@@ -118,6 +118,12 @@ struct col_pool {
 };
 
 
+/* The path whose row kernels run products of `dtype` on this pool (col_isa_int8). */
+static col_isa row_isa(const col_pool *pool, uint32_t dtype)
+{
+    return is_block_dtype(dtype) ? col_isa_int8(pool->isa) : pool->isa;
+}
+
 /* Whether job j of the current batch runs as bf16 dot products. */
 static int dot_job(const col_pool *pool, const col_matvec_job *j)
 {
@@ -152,12 +158,13 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
         col_amx_int8_rows(j, act, pool->stage + (uint64_t)t * pool->stage_bytes, r0, r1);
         return;
     }
-    if (pool->isa >= COL_ISA_AVX512) {
+    const col_isa isa = row_isa(pool, j->w.dtype);
+    if (isa >= COL_ISA_AVX512F) {
         col_rows_avx512(j, act, r0, r1, pool->stage ? pool->stage + (uint64_t)t * pool->stage_bytes : NULL, pool->stage_bytes,
                         pool->ahead);
         return;
     }
-    if (pool->isa == COL_ISA_AVX2) {
+    if (isa == COL_ISA_AVX2) {
         col_rows_avx2(j, act, r0, r1, pool->ahead, pool->has_avx_vnni);
         return;
     }
@@ -196,8 +203,9 @@ static uint64_t batch_tile_rows(const col_pool *pool, const col_matvec_job *j)
 #if defined(__x86_64__)
     if (dot_job(pool, j)) return pool->has_bf16_dot ? COL_BATCH_ROWS_512 : 1;
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) return col_amx_tile_rows(j->n_tokens, pool->x_bf16);
-    if (pool->isa >= COL_ISA_AVX512) return is_block_dtype(j->w.dtype) ? COL_PANEL_ROWS : COL_BATCH_ROWS_512;
-    if (pool->isa == COL_ISA_AVX2) return is_block_dtype(j->w.dtype) ? COL_BATCH_ROWS_Q_AVX2 : COL_BATCH_ROWS_AVX2;
+    const col_isa isa = row_isa(pool, j->w.dtype);
+    if (isa >= COL_ISA_AVX512F) return is_block_dtype(j->w.dtype) ? COL_PANEL_ROWS : COL_BATCH_ROWS_512;
+    if (isa == COL_ISA_AVX2) return is_block_dtype(j->w.dtype) ? COL_BATCH_ROWS_Q_AVX2 : COL_BATCH_ROWS_AVX2;
 #endif
     (void)pool;
     return is_panel_dtype(j->w.dtype) ? COL_STORED_PANEL_ROWS : 1;
@@ -373,13 +381,13 @@ static uint64_t act_bytes(col_isa isa, const col_pool_limits *l)
     return (bytes + 63) & ~(uint64_t)63; /* the staging after it is 64-byte aligned */
 }
 /* Per-thread staging: the AMX path's, and on AVX-512 (which the AMX path runs for other dtypes)
- * the carried lane sums of a group of tiles over long rows (rows_kblocked_avx512) or the panel a
- * quantised batch packs (kernels_int8_avx512.c). */
+ * the carried lane sums of a group of tiles over long rows (rows_kblocked_avx512) or, with VNNI,
+ * the panel a quantised batch packs (kernels_int8_avx512.c). */
 static uint64_t stage_bytes(col_isa isa, const col_pool_limits *l)
 {
     uint64_t amx = isa == COL_ISA_AMX ? (col_amx_stage_bytes(l->max_cols, l->max_tokens) + 63) & ~(uint64_t)63 : 0, carry = 0;
 #if defined(__x86_64__)
-    if (isa >= COL_ISA_AVX512 && l->max_tokens > 1 && l->max_cols > COL_BATCH_KBLOCK)
+    if (isa >= COL_ISA_AVX512F && l->max_tokens > 1 && l->max_cols > COL_BATCH_KBLOCK)
         carry = COL_KBLOCK_TILES * col_kblock_carry_bytes(l->max_tokens);
     if (isa >= COL_ISA_AVX512 && l->max_tokens > 1 && carry < col_int8_stage_bytes())
         carry = col_int8_stage_bytes(); /* or the quantised batches' panels */

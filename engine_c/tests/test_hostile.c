@@ -353,7 +353,7 @@ static void test_session_config_ranges(void)
     c = small_config(); c.trace = 2;
     expect_refused(m, c, "trace must be 0 or 1");
     c = small_config(); c.kernels = COL_KERNELS_AMX + 1;
-    expect_refused(m, c, "unknown kernel path 5");
+    expect_refused(m, c, "unknown kernel path 6");
 
     /* the numerics fields */
     c = small_config(); c.reduction = COL_REDUCTION_BF16_DOT + 1;

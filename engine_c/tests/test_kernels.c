@@ -227,6 +227,46 @@ static float vector_order(const float *w, const float *x, uint64_t cols, unsigne
     return s;
 }
 
+/* AVX-512 without VNNI (Skylake-SP/X) runs AVX-512's float kernels and AVX2's q8_0/q4_0 ones: every
+ * product has the bits of the AVX-512 path (q8_0/q4_0 the same on every path), and float ones differ
+ * from AVX2's somewhere (lane order), so they did not run on AVX2. Needs a CPU with VNNI to compare. */
+static void test_avx512f_bits(void)
+{
+    enum { NT = 17, ROWS = 37, COLS = 1056 };
+    run f = pool_for("avx512f", 2, NT, COLS), v = pool_for("avx512", 2, NT, COLS), a = pool_for("avx2", 2, NT, COLS);
+    CHECK(f.pool && v.pool && a.pool);
+    if (!f.pool || !v.pool || !a.pool) return;
+    CHECK(strcmp(col_isa_name(col_pool_isa(f.pool)), "avx512f") == 0);
+    int off_avx512 = 0, float_like_avx2 = 0;
+    for (size_t di = 0; di < sizeof dtypes / sizeof *dtypes; di++)
+        for (uint32_t nt = 1; nt <= NT; nt += NT - 1) {
+            const uint32_t dtype = dtypes[di];
+            float *wv = malloc(ROWS * COLS * sizeof *wv), *x = malloc(nt * COLS * sizeof *x);
+            double *ws = malloc(ROWS * COLS * sizeof *ws);
+            for (uint64_t i = 0; i < ROWS * COLS; i++) wv[i] = frand();
+            for (uint64_t i = 0; i < nt * COLS; i++) x[i] = frand();
+            uint8_t *data = store(wv, ROWS, COLS, dtype, ws);
+            col_weight w = {data, dtype, ROWS, COLS, 0};
+            float *y[3];
+            const run *pools[3] = {&f, &v, &a};
+            for (int p = 0; p < 3; p++) {
+                y[p] = calloc(nt * ROWS, sizeof *y[p]);
+                col_matvec_job job = {w, x, y[p], nt, NULL};
+                col_matmul_many(pools[p]->pool, &job, 1);
+            }
+            if (memcmp(y[0], y[1], nt * ROWS * sizeof *y[0]) != 0) off_avx512++;
+            if (dtype == COL_DTYPE_F32 && memcmp(y[0], y[2], nt * ROWS * sizeof *y[0]) == 0) float_like_avx2++;
+            for (int p = 0; p < 3; p++) free(y[p]);
+            free(wv), free(x), free(ws), free(data);
+        }
+    if (off_avx512 || float_like_avx2)
+        fprintf(stderr, "avx512f: %d products off the avx512 path's bits, %d f32 products with the avx2 path's\n",
+                off_avx512, float_like_avx2);
+    CHECK(off_avx512 == 0);
+    CHECK(float_like_avx2 == 0);
+    pool_done(&f), pool_done(&v), pool_done(&a);
+}
+
 /* A pool on `isa` whose scratch is one line short of what it asks for: no per-thread staging. */
 static run pool_unstaged(const char *isa, uint32_t max_tokens, uint64_t max_cols)
 {
@@ -1011,8 +1051,18 @@ int main(void)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_path("avx2");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_float_order("avx2", 8);
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+        test_path("avx512f");
+        test_float_order("avx512f", 16);
+        test_swiglu_gate("avx512f");
+        test_round_bf16("avx512f");
+        test_round_f16("avx512f");
+        test_attend_heads("avx512f");
+    }
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_path("avx512");
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        test_avx512f_bits();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_float_order("avx512", 16);
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))

@@ -2,7 +2,7 @@
  * bench_products.c - time one weight product of a prefill, the way the engine runs it.
  *
  *   bench_products DTYPE ROWS COLS TOKENS [--threads T] [--megabytes M] [--repeats R]
- *                  [--kernels portable|avx2|avx512|amx] [--numerics SPEC]
+ *                  [--kernels portable|avx2|avx512f|avx512|amx] [--numerics SPEC]
  *
  * Multiplies TOKENS activation rows by a ROWS x COLS weight matrix of DTYPE (f32, f16, bf16,
  * q8_0, q4_0) on a pool of T threads (col_matmul_many, one product per call). The weights are
@@ -46,8 +46,8 @@ static int parse_dtype(const char *s, uint32_t *dtype)
 
 static int parse_isa(const char *s, col_isa *isa)
 {
-    static const char *names[] = {"portable", "avx2", "avx512", "amx"};
-    for (int i = 0; i < 4; i++)
+    static const char *names[] = {"portable", "avx2", "avx512f", "avx512", "amx"};
+    for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (strcmp(s, names[i]) == 0) {
             *isa = (col_isa)i;
             return 1;
@@ -313,7 +313,7 @@ static int print_ceilings(void)
 static int usage(void)
 {
     fputs("usage: bench_products DTYPE ROWS COLS TOKENS [--threads T] [--megabytes M] [--repeats R]\n"
-          "                      [--kernels portable|avx2|avx512|amx] [--numerics SPEC]\n"
+          "                      [--kernels portable|avx2|avx512f|avx512|amx] [--numerics SPEC]\n"
           "       bench_products --ceilings\n"
           "  DTYPE: f32 f16 bf16 q8_0 q4_0 q8_0x8 q4_0x8 (quantised: COLS a multiple of 32; the\n"
           "         panels q8_0x8/q4_0x8: ROWS a multiple of 8)\n",

@@ -3,7 +3,7 @@
  * API only, so that one source builds against any revision's libcolibri.a.
  *
  *   bench_session FILE [--prompt P] [--decode N] [--threads T] [--repeats R]
- *                 [--kernels best|portable|avx2|avx512|amx] [--numerics default|dot-bf16]
+ *                 [--kernels best|portable|avx2|avx512f|avx512|amx] [--numerics default|dot-bf16]
  *
  * Each repeat resets the session, prefills P tokens (the last position's logits only, as
  * `colibri bench` does) and steps N tokens more; a prefill and a few steps before the repeats page
@@ -20,8 +20,8 @@
 
 static int parse_kernels(const char *s, uint32_t *kernels)
 {
-    static const char *names[] = {"best", "portable", "avx2", "avx512", "amx"}; /* col_kernels order */
-    for (uint32_t i = 0; i < 5; i++)
+    static const char *names[] = {"best", "portable", "avx2", "avx512f", "avx512", "amx"}; /* col_kernels order */
+    for (uint32_t i = 0; i < sizeof names / sizeof *names; i++)
         if (strcmp(s, names[i]) == 0) {
             *kernels = i;
             return 1;
@@ -32,7 +32,7 @@ static int parse_kernels(const char *s, uint32_t *kernels)
 static int usage(void)
 {
     fputs("usage: bench_session FILE [--prompt P] [--decode N] [--threads T] [--repeats R]\n"
-          "                     [--kernels best|portable|avx2|avx512|amx] [--numerics default|dot-bf16]\n",
+          "                     [--kernels best|portable|avx2|avx512f|avx512|amx] [--numerics default|dot-bf16]\n",
           stderr);
     return 2;
 }

@@ -82,17 +82,31 @@ def test_variant_specs_round_trip() -> None:
 
 
 def test_kernel_path_variants_follow_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default list adds every kernel path below the best one; a path above it is refused,
-    and the best one itself is the baseline."""
+    """The default list adds every kernel path below the best one (but avx512f, with AVX-512's
+    bits, below AVX-512); a path above it is refused, and the best one itself is the baseline."""
     best = best_kernels()
     below = [v.name for v in parse_variants(None) if v.kernels is not None]
-    assert below == [f"k-{p}" for p in KERNEL_PATHS[:KERNEL_PATHS.index(best)]]
+    assert below == [f"k-{p}" for p in KERNEL_PATHS[:KERNEL_PATHS.index(best)]
+                     if not (p == "avx512f" and best in ("avx512", "amx"))]
     monkeypatch.setenv("COLIBRI_KERNELS", "portable")  # as on a machine with no SIMD path
     assert best_kernels() == "portable"
     assert not any(v.kernels for v in parse_variants(None))
     with pytest.raises(NumericsError, match="no avx2 kernels"):
         parse_variants("k-avx2")
     assert [v.name for v in parse_variants("k-portable,k-portable+seq")] == ["seq"]
+
+
+def test_avx512_without_vnni_is_a_variant_only_below_its_own_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """avx512f computes AVX-512's bits, so an AVX-512 baseline lists no k-avx512f (it could
+    not differ), and on a CPU whose best is avx512f the lab compares it with the paths below."""
+    if best_kernels() not in ("avx512", "amx"):
+        pytest.skip("needs a CPU with AVX-512 VNNI")
+    names = [v.name for v in parse_variants(None) if v.kernels is not None]
+    assert "k-avx512" in names or best_kernels() == "avx512"
+    assert "k-avx512f" not in names
+    assert [v.name for v in parse_variants("k-avx512f")] == ["k-avx512f"]  # asked for, it runs
+    monkeypatch.setenv("COLIBRI_KERNELS", "avx512f")  # as on Skylake-SP
+    assert [v.name for v in parse_variants(None) if v.kernels is not None] == ["k-portable", "k-avx2"]
 
 
 def test_kernel_path_variant_runs_that_path(tiny_model_path: Callable[..., Path]) -> None:

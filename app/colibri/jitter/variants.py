@@ -2,7 +2,7 @@
 checkpoint converted to another weight precision, or another of this machine's kernel paths.
 
 Spec strings extend colibri.numerics' with a weight component, `w-f32`, `w-f16`, `w-bf16`
-(e.g. `w-bf16`, `w-f16+blocked8`), and a kernel component, `k-portable`, `k-avx2`, `k-avx512`,
+(e.g. `w-bf16`, `w-f16+blocked8`), and a kernel component, `k-portable`, `k-avx2`, `k-avx512f`, `k-avx512`,
 `k-amx`: the engine's real kernels on that path, as a machine without the better ones would run
 them (the baseline runs the best path this machine has). Lists are comma-separated.
 """
@@ -29,10 +29,18 @@ DEFAULT_VARIANTS = (
 )
 
 
+# Paths with another path's bits in every product, left out of the default list: `avx512f` (AVX-512
+# without VNNI) computes exactly as `avx512` (tested in tests/test_kernels_determinism.py).
+SAME_BITS_AS = {"avx512f": "avx512"}
+
+
 def machine_kernel_variants() -> tuple[str, ...]:
-    """`k-<path>` for every kernel path this machine runs below its best one (the baseline's)."""
+    """`k-<path>` for every kernel path this machine runs below its best one (the baseline's),
+    except a path whose bits another one listed or the baseline already has."""
     from colibri.engine import best_kernels   # here: the CLI's parser reads this module
-    return tuple(f"k-{p}" for p in KERNEL_PATHS[:KERNEL_PATHS.index(best_kernels())])
+    below = KERNEL_PATHS[:KERNEL_PATHS.index(best_kernels())]
+    return tuple(f"k-{p}" for p in below
+                 if SAME_BITS_AS.get(p) not in (*below, best_kernels()))
 
 
 @dataclass(frozen=True)
