@@ -425,6 +425,14 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
 #define STORED_PASS_TOKENS 6
 #define STORED_PASS_TOKENS_Q4 4
 #define STORED_PASS_TOKENS_Q4_VNNI 5 /* no int16 sums to hold: one more token's registers */
+/* Passes on AVX-512 without VNNI (two panels a zmm): 12 tokens' sums and outputs fill the 32 registers */
+#define STORED_PASS_MAX_512 12
+#ifndef STORED_PASS_TOKENS_512
+#define STORED_PASS_TOKENS_512 12
+#endif
+#ifndef STORED_PASS_TOKENS_Q4_512
+#define STORED_PASS_TOKENS_Q4_512 12
+#endif
 
 /* q4_0: block k of a stored panel (w0: its 4 vectors of stored bytes, lane r of vector g row r's
  * bytes 4g .. 4g + 3: the low nibbles of elements 4g .., the high ones of 16 + 4g ..) against NT
@@ -619,6 +627,120 @@ COL_INLINE COL_T2 void stored_batch(const col_matvec_job *j, const uint8_t *qx, 
         }
 }
 
+/* The 32 bytes at `at` of two panels' payloads, the first in the low half. */
+COL_INLINE COL_T512 __m512i two_panels(const uint8_t *pay0, const uint8_t *pay1, uint64_t at)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(pay0 + at))),
+                              _mm256_loadu_si256((const __m256i *)(const void *)(pay1 + at)), 1);
+}
+
+/* AVX-512 without VNNI (col_int8_form COL_INT8_MADDUBS_512): tokens t .. t + NT - 1 over blocks
+ * b0 .. b0 + kn - 1 of the two stored panels at rows r and r + 8, one in each half of a zmm, as
+ * stored_pass does for one (q8_0: x negated where w < 0 by a mask, AVX-512 having no vpsignb;
+ * q4_0: the nibbles' int16 sums, then the block's correction), so each group's loads and their
+ * vpabsb / nibble masks serve NT tokens and every instruction 16 rows. */
+COL_INLINE COL_T512 void stored_pass_512(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t b0, uint64_t kn,
+                                         uint32_t t, const int NT, const int q4)
+{
+    const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n), rb = col_dtype_row_bytes(j->w.dtype, n);
+    const uint64_t bb = q4 ? 128 : 256;
+    const uint8_t *sc0 = (const uint8_t *)j->w.data + r * rb, *sc1 = sc0 + LANES * rb;
+    const uint8_t *pay0 = sc0 + 16 * nb, *pay1 = sc1 + 16 * nb;
+    const __m512i ones = _mm512_set1_epi16(1), zero = _mm512_setzero_si512(), low4 = _mm512_set1_epi8(0x0F);
+    const int8_t *xq[STORED_PASS_MAX_512];
+    const float *dx[STORED_PASS_MAX_512];
+    const int32_t *corr[STORED_PASS_MAX_512];
+    float *y[STORED_PASS_MAX_512];
+    __m512 acc[STORED_PASS_MAX_512];
+#pragma GCC unroll 12
+    for (int b = 0; b < NT; b++) {
+        pass_token(j, qx, qb, r, t + (uint32_t)b, &xq[b], &dx[b], &corr[b], &y[b]);
+        acc[b] = b0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(y[b]);
+    }
+    for (uint64_t k = b0; k < b0 + kn; k++) {
+        __m512i isum[STORED_PASS_MAX_512];
+#pragma GCC unroll 12
+        for (int b = 0; b < NT; b++) isum[b] = _mm512_setzero_si512();
+        if (q4) {
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; g++) {
+                const __m512i w = two_panels(pay0, pay1, bb * k + 32 * g);
+                const __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+#pragma GCC unroll 12
+                for (int b = 0; b < NT; b++) {
+                    int32_t xl, xh;
+                    memcpy(&xl, xq[b] + q4_low(k) + 4 * g, 4);
+                    memcpy(&xh, xq[b] + q4_high(nb, k) + 4 * g, 4);
+                    isum[b] = _mm512_add_epi16(isum[b], _mm512_maddubs_epi16(lo, _mm512_set1_epi32(xl)));
+                    isum[b] = _mm512_add_epi16(isum[b], _mm512_maddubs_epi16(hi, _mm512_set1_epi32(xh)));
+                    KEEP_CHAIN(isum[b]);
+                }
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const __m512i w = two_panels(pay0, pay1, bb * k + 32 * g);
+                const __m512i aw = _mm512_abs_epi8(w);
+                const __mmask64 negative = _mm512_movepi8_mask(w);
+#pragma GCC unroll 12
+                for (int b = 0; b < NT; b++) {
+                    int32_t x4;
+                    memcpy(&x4, xq[b] + QK * k + 4 * g, 4);
+                    const __m512i bx = _mm512_set1_epi32(x4), sx = _mm512_mask_sub_epi8(bx, negative, zero, bx);
+                    isum[b] = _mm512_add_epi32(isum[b], _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), ones));
+                    KEEP_CHAIN(isum[b]);
+                }
+            }
+        }
+        if (q4)
+#pragma GCC unroll 12
+            for (int b = 0; b < NT; b++)
+                isum[b] = _mm512_add_epi32(_mm512_madd_epi16(isum[b], ones), _mm512_set1_epi32(corr[b][k]));
+        const __m512 d = _mm512_cvtph_ps(_mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(sc0 + 16 * k))),
+            _mm_loadu_si128((const __m128i *)(const void *)(sc1 + 16 * k)), 1));
+#pragma GCC unroll 12
+        for (int b = 0; b < NT; b++)
+            acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[b]), _mm512_mul_ps(d, _mm512_set1_ps(dx[b][k])), acc[b]);
+    }
+#pragma GCC unroll 12
+    for (int b = 0; b < NT; b++) _mm512_storeu_ps(y[b], acc[b]);
+}
+
+/* Batch passes over the stored panels of rows [r0, r1) on AVX-512 without VNNI: two panels a pass
+ * (stored_pass_512), a last odd panel by stored_batch. */
+COL_INLINE COL_T512 void stored_batch_512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, const int q4)
+{
+    const uint64_t nb = j->w.cols / QK;
+    const uint32_t nt = j->n_tokens, pass = q4 ? STORED_PASS_TOKENS_Q4_512 : STORED_PASS_TOKENS_512;
+    uint64_t r = r0;
+    for (; r + 2 * LANES <= r1; r += 2 * LANES)
+        for (uint64_t b0 = 0; b0 < nb; b0 += STORED_KB) {
+            const uint64_t kn = nb - b0 < STORED_KB ? nb - b0 : STORED_KB;
+            uint32_t t = 0;
+            for (; t + pass <= nt; t += pass) stored_pass_512(j, qx, r, b0, kn, t, (int)pass, q4);
+            switch (nt - t) {
+#define LEFT(N) case N: stored_pass_512(j, qx, r, b0, kn, t, N, q4); break;
+                LEFT(11) LEFT(10) LEFT(9) LEFT(8) LEFT(7) LEFT(6) LEFT(5) LEFT(4) LEFT(3) LEFT(2) LEFT(1)
+#undef LEFT
+            default: break;
+            }
+        }
+    if (r < r1) stored_batch(j, qx, r, r1, q4, 0);
+}
+
+static COL_T512 __attribute__((noinline)) void stored_batch_q8_512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0,
+                                                                   uint64_t r1)
+{
+    stored_batch_512(j, qx, r0, r1, 0);
+}
+
+static COL_T512 __attribute__((noinline)) void stored_batch_q4_512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0,
+                                                                   uint64_t r1)
+{
+    stored_batch_512(j, qx, r0, r1, 1);
+}
+
 COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
                                    const int q4, int vnni)
 {
@@ -631,9 +753,16 @@ COL_INLINE COL_T2 void stored_rows(const col_matvec_job *j, const uint8_t *qx, u
 }
 
 COL_T2 void col_rows_int8_panels_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1,
-                                      uint32_t ahead, int vnni)
+                                      uint32_t ahead, int form)
 {
-    if (col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0)
+    const int vnni = form == COL_INT8_AVX_VNNI;
+    const int q4 = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0;
+    if (form == COL_INT8_MADDUBS_512 && j->n_tokens >= COL_Q_AVX2_STORED_TOKENS) {
+        if (q4)
+            stored_batch_q4_512(j, qx, r0, r1);
+        else
+            stored_batch_q8_512(j, qx, r0, r1);
+    } else if (col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0)
         stored_rows(j, qx, r0, r1, ahead, 1, vnni);
     else
         stored_rows(j, qx, r0, r1, ahead, 0, vnni);
@@ -678,8 +807,9 @@ COL_INLINE COL_T2 void rows_q(const col_matvec_job *j, const uint8_t *qx, uint64
 }
 
 COL_T2 void col_rows_int8_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
-                               int vnni)
+                               int form)
 {
+    const int vnni = form == COL_INT8_AVX_VNNI;
     if (j->w.dtype == COL_DTYPE_Q4_0)
         rows_q(j, qx, r0, r1, ahead, 1, vnni);
     else

@@ -163,29 +163,37 @@ int col_has_avx_vnni(void);
 void col_rows_bf16dot_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1, col_ahead ahead);
 void col_rows_bf16dot_avx2(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1);
 
+/* The instructions the AVX2 path's q8_0/q4_0 kernels form block sums with (the same exact sums). */
+typedef enum col_int8_form {
+    COL_INT8_MADDUBS = 0,     /* vpsignb + vpmaddubsw + vpmaddwd (AVX2) */
+    COL_INT8_AVX_VNNI = 1,    /* vpdpbusd on 256 bits, only where col_has_avx_vnni */
+    COL_INT8_MADDUBS_512 = 2  /* AVX-512 F/BW/VL without VNNI (the avx512f path): q8_0 batches over stored
+                               * panels take two panels a zmm, the rest as COL_INT8_MADDUBS */
+} col_int8_form;
+
 /* Rows [r0, r1) of job j, every token, on AVX2 / AVX-512 (only where CPUID found them); `carry`
  * (carry_bytes, may be NULL) is the thread's scratch for batches over long rows, `ahead` the
- * decode tiles' prefetch distances (col_decode_ahead), `vnni` 1 only where col_has_avx_vnni. */
-void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead, int vnni);
+ * decode tiles' prefetch distances (col_decode_ahead), `form` a col_int8_form the CPU has. */
+void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead, int form);
 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *carry,
                      uint64_t carry_bytes, col_ahead ahead);
 
 /* ---- kernels_int8_avx2.c: q8_0/q4_0 on AVX2 -------------------------------------------------- */
 
 /* Rows [r0, r1) of job j (q8_0 or q4_0 weights), every token, against its activations qx
- * (col_quantize_row), with col_dotq_blocks's bits; `ahead`: the decode prefetch distance; `vnni`:
- * batches by AVX-VNNI's vpdpbusd (the same bits; 1 only where col_has_avx_vnni). Batches take rows
- * in tiles of COL_BATCH_ROWS_Q_AVX2 from r0. */
-void col_rows_int8_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead, int vnni);
+ * (col_quantize_row), with col_dotq_blocks's bits; `ahead`: the decode prefetch distance; `form`: a
+ * col_int8_form the CPU has (the same bits in each). Batches take rows in tiles of
+ * COL_BATCH_ROWS_Q_AVX2 from r0. */
+void col_rows_int8_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead, int form);
 /* The same products from weights stored in panels of 8 rows (j->w.dtype q8_0 or q4_0 says the
  * blocks; j->w.rows % 8 == 0, r0 and r1 multiples of 8), the same bits. Panel p (rows 8p .. 8p + 7,
  * at byte 8p * col_dtype_row_bytes) holds first the nb = cols / 32 blocks' scales, 8 f16 per block
  * (row r's at 16b + 2r), then per block the payload with lane r of each 32-byte vector holding row
  * r's 4-byte group g: q8_0 8 vectors (g = 0..7: elements 4g .. 4g + 3), q4_0 4 vectors of the
  * stored bytes (g = 0..3: low nibbles elements 4g .., high nibbles 16 + 4g ..). A panel has its 8
- * rows' bytes: a matrix's size is that of its rows. `vnni`: decode and batches by vpdpbusd. */
+ * rows' bytes: a matrix's size is that of its rows. `form`: a col_int8_form the CPU has. */
 void col_rows_int8_panels_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
-                               int vnni);
+                               int form);
 /* q8_0/q4_0 rows [r0, r1) of job j on AVX-512 VNNI, every token, in block order with rows in the
  * lanes (kernels_int8_avx512.c): the bits of col_dotq_blocks. qx: the job's activations
  * (col_quantize_row); `stage` (stage_bytes, 64-byte aligned, may be NULL) the thread's scratch, where

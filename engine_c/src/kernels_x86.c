@@ -412,14 +412,14 @@ COL_INLINE COL_T2 void rows_batch_avx2(const col_matvec_job *j, uint64_t r0, uin
     }
 }
 
-COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead, int vnni)
+COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead, int form)
 {
     const next_tile_prefetch none = {NULL, NULL};
     const uint32_t dtype = j->w.dtype;
     if (is_panel_dtype(dtype)) {
-        col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q, vnni);
+        col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q, form);
     } else if (is_block_dtype(dtype)) {
-        col_rows_int8_avx2(j, qx, r0, r1, ahead.q, vnni);
+        col_rows_int8_avx2(j, qx, r0, r1, ahead.q, form);
     } else if (j->n_tokens > 1) {
         switch (dtype) {
         case COL_DTYPE_F32: rows_batch_avx2(j, r0, r1, COL_DTYPE_F32, ahead.f); break;

@@ -94,7 +94,7 @@ struct col_pool {
     int x_bf16;                /* every activation of the batch is a bf16 value (col_matmul_kernels) */
     int bf16_dot;              /* bf16 weights by bf16 dot products (col_matmul_bf16_dot) */
     int has_bf16_dot;          /* the path has vdpbf16ps (AVX512-BF16) */
-    int has_avx_vnni;          /* the AVX2 path has vpdpbusd (AVX-VNNI) */
+    int int8_form;             /* col_int8_form of the AVX2 path's q8_0/q4_0 kernels */
     col_rows_walker walk;      /* products: run by this instead of the path's kernels (col_matmul_walk) */
     const void *walk_ctx;
     uint32_t walk_align;       /* rows a walker's chunk edges fall on */
@@ -165,7 +165,7 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
         return;
     }
     if (isa == COL_ISA_AVX2) {
-        col_rows_avx2(j, act, r0, r1, pool->ahead, pool->has_avx_vnni);
+        col_rows_avx2(j, act, r0, r1, pool->ahead, pool->int8_form);
         return;
     }
 #endif
@@ -422,7 +422,9 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
 #if defined(__x86_64__)
     pool->ahead = col_decode_ahead();
     pool->has_bf16_dot = pool->isa >= COL_ISA_AVX512 && col_has_avx512bf16();
-    pool->has_avx_vnni = pool->isa == COL_ISA_AVX2 && col_has_avx_vnni();
+    pool->int8_form = pool->isa == COL_ISA_AVX512F                  ? COL_INT8_MADDUBS_512
+                    : pool->isa == COL_ISA_AVX2 && col_has_avx_vnni() ? COL_INT8_AVX_VNNI
+                                                                      : COL_INT8_MADDUBS;
 #endif
     if (scratch) {
         pool->act = scratch;

@@ -59,19 +59,23 @@ static void check_pools(run *pools, int n_pools, col_weight wt, const float *x, 
 }
 
 /* The AVX2 kernel itself (kernel: col_rows_int8_avx2 or col_rows_int8_panels_avx2) on the whole
- * matrix and in two shares as a pool would cut them, with vpmaddubsw and, where the CPU has
- * AVX-VNNI, with vpdpbusd: every output against want. */
+ * matrix and in two shares as a pool would cut them, in every col_int8_form the CPU has
+ * (vpmaddubsw; vpdpbusd where it has AVX-VNNI; two panels a zmm where it has AVX-512 F/BW/VL):
+ * every output against want. */
 #if defined(__x86_64__)
 typedef void (*avx2_kernel)(const col_matvec_job *, const uint8_t *, uint64_t, uint64_t, uint32_t, int);
 static void check_kernel(avx2_kernel kernel, const col_matvec_job *job, const uint8_t *qx, const float *want, tally *t)
 {
     const uint64_t rows = job->w.rows, n = job->n_tokens * rows;
-    for (int vnni = 0; vnni <= col_has_avx_vnni(); vnni++)
-        for (int split = 0; split < 2; split++) {
+    const int has[] = {1, col_has_avx_vnni(),
+                       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512vl")};
+    for (int form = COL_INT8_MADDUBS; form <= COL_INT8_MADDUBS_512; form++)
+        for (int split = 0; split < 2 && has[form]; split++) {
             memset(job->y, 0xFF, n * sizeof *job->y);
             const uint64_t mid = split ? rows / 16 * 8 : rows;
-            kernel(job, qx, 0, mid, 256, vnni);
-            if (mid < rows) kernel(job, qx, mid, rows, 256, vnni);
+            kernel(job, qx, 0, mid, 256, form);
+            if (mid < rows) kernel(job, qx, mid, rows, 256, form);
             for (uint64_t i = 0; i < n; i++) t->off_avx2 += !same(job->y[i], want[i]);
             t->checked += (int)n;
         }
