@@ -205,6 +205,8 @@ static uint64_t batch_tile_rows(const col_pool *pool, const col_matvec_job *j)
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) return col_amx_tile_rows(j->n_tokens, pool->x_bf16);
     const col_isa isa = row_isa(pool, j->w.dtype);
     if (isa >= COL_ISA_AVX512F) return is_block_dtype(j->w.dtype) ? COL_PANEL_ROWS : COL_BATCH_ROWS_512;
+    if (isa == COL_ISA_AVX2 && pool->int8_form == COL_INT8_MADDUBS_512 && is_panel_dtype(j->w.dtype))
+        return 2 * COL_STORED_PANEL_ROWS; /* two panels a zmm pass */
     if (isa == COL_ISA_AVX2) return is_block_dtype(j->w.dtype) ? COL_BATCH_ROWS_Q_AVX2 : COL_BATCH_ROWS_AVX2;
 #endif
     (void)pool;
