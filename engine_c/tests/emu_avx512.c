@@ -1,12 +1,13 @@
 /* emu_avx512.c - the AVX-512 kernels against their definitions, built freestanding (no libc, no
  * threads, no system calls) so that tools/emulate_avx512.py can run it on an emulated AVX-512 VNNI
- * + BF16 CPU where the machine has none.
+ * + BF16 CPU where the machine has none, or on one without VNNI (Cannon Lake) for the avx512f path.
  *
  * The emulator writes one case into `emu_case` before it starts the program at _start; the program
  * fills random weights and activations, runs the AVX-512 path and the portable definition, compares
  * every output's bits, writes its counts to `emu_result` and stops at a hlt. Kinds of case:
  * - int8: q8_0/q4_0 products (and their 8-row panels) through col_rows_avx512, the dispatch a pool's
- *   AVX-512 threads call, or col_rows_int8_avx512, against col_dotq_stored;
+ *   AVX-512 threads call, or col_rows_int8_avx512, or (entry avx512f) the AVX2 kernels in the form
+ *   the avx512f path runs them, against col_dotq_stored;
  * - numerics: a jitter-lab variant's loops (col_numerics_rows_avx512) against its reference loops
  *   (col_numerics_matmul without a pool), every stored dtype of rows;
  * - bf16dot: bf16 dot products with vdpbf16ps (col_rows_bf16dot_avx512) against
@@ -64,7 +65,7 @@ float fabsf(float x)
 #define MAX_TOKENS 40
 
 enum { KIND_INT8 = 0, KIND_NUMERICS = 1, KIND_BF16DOT = 2, KIND_FLOAT = 3 };
-enum { ENTRY_DISPATCH = 0, ENTRY_INT8 = 1 };
+enum { ENTRY_DISPATCH = 0, ENTRY_INT8 = 1, ENTRY_AVX512F = 2 };
 
 /* Written by the emulator before the run: kind, dtype, rows, cols, tokens, seed, entry (int8), and
  * the variant (numerics): reduction, lanes, fma, split. */
@@ -136,8 +137,11 @@ static void run_case(void)
     const col_ahead ahead = {1024, 1024};
     emu_result[0] = 0;
     if (kind == KIND_INT8) {
-        for (uint32_t t = 0; t < nt; t++) col_quantize_row(x + t * cols, cols, dtype, COL_ISA_AVX512, qx + t * qb);
-        if (emu_case[6] == ENTRY_INT8)
+        const col_isa isa = emu_case[6] == ENTRY_AVX512F ? COL_ISA_AVX512F : COL_ISA_AVX512;
+        for (uint32_t t = 0; t < nt; t++) col_quantize_row(x + t * cols, cols, dtype, isa, qx + t * qb);
+        if (emu_case[6] == ENTRY_AVX512F) /* what an avx512f pool's threads call (pool.c job_rows) */
+            col_rows_avx2(&job, qx, 0, rows, ahead, COL_INT8_MADDUBS_512);
+        else if (emu_case[6] == ENTRY_INT8)
             col_rows_int8_avx512(&job, qx, 0, rows, stage, sizeof stage, ahead);
         else
             col_rows_avx512(&job, qx, 0, rows, stage, sizeof stage, ahead);
