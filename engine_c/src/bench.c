@@ -222,20 +222,47 @@ __attribute__((target("avx2,avxvnni"))) static float dpbusd_avx2(void)
 }
 
 /* AVX2's int8 block sum, as its kernels form it: 32 byte products summed in pairs to 16 bits,
- * then in pairs to 32 bits, then added: 32 multiply-adds per three instructions. */
+ * then in pairs to 32 bits, then added: 32 multiply-adds per three instructions. The bytes are
+ * loaded anew each time, as the kernels broadcast a token's group: from constant operands the
+ * compiler lifted the products out of the loop, and the probe timed the additions. */
 __attribute__((target("avx2"))) static float maddubs_avx2(void)
 {
     __m256i acc[COMPUTE_CHAINS];
-    const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+    static const int8_t bytes[32] = {3, 5, 7, 9};
+    const __m256i b = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
     for (int c = 0; c < COMPUTE_CHAINS; c++) acc[c] = _mm256_set1_epi32(c);
     for (uint32_t i = 0; i < COMPUTE_STEPS; i++)
 #pragma GCC unroll 12
-        for (int c = 0; c < COMPUTE_CHAINS; c++)
+        for (int c = 0; c < COMPUTE_CHAINS; c++) {
+            const int8_t *at = bytes;
+            __asm__ volatile("" : "+r"(at)); /* a new address for all the compiler knows: a new load */
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(const void *)at);
             acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+        }
     for (int c = 1; c < COMPUTE_CHAINS; c++) acc[0] = _mm256_add_epi32(acc[0], acc[c]);
     int32_t out[8];
     _mm256_storeu_si256((__m256i *)out, acc[0]);
     return (float)out[0];
+}
+
+/* The same on 512 bits (AVX512BW), as the avx512f path's batch passes form q8_0/q4_0 block sums:
+ * 64 multiply-adds per three instructions. */
+__attribute__((target("avx512f,avx512bw"))) static float maddubs_avx512(void)
+{
+    __m512i acc[COMPUTE_CHAINS];
+    static const int8_t bytes[64] = {3, 5, 7, 9};
+    const __m512i b = _mm512_set1_epi8(-2), ones = _mm512_set1_epi16(1);
+    for (int c = 0; c < COMPUTE_CHAINS; c++) acc[c] = _mm512_set1_epi32(c);
+    for (uint32_t i = 0; i < COMPUTE_STEPS; i++)
+#pragma GCC unroll 12
+        for (int c = 0; c < COMPUTE_CHAINS; c++) {
+            const int8_t *at = bytes;
+            __asm__ volatile("" : "+r"(at));
+            const __m512i a = _mm512_loadu_si512((const void *)at);
+            acc[c] = _mm512_add_epi32(acc[c], _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), ones));
+        }
+    for (int c = 1; c < COMPUTE_CHAINS; c++) acc[0] = _mm512_add_epi32(acc[0], acc[c]);
+    return (float)_mm512_reduce_add_epi32(acc[0]);
 }
 
 /* Multiply-adds per instruction of `arith` on path `isa` (0: the path has no instruction for it). */
@@ -245,7 +272,7 @@ static uint64_t compute_width(uint32_t arith, col_isa isa)
     switch (arith) {
     case COL_ARITH_F32_FMA: return isa >= COL_ISA_AVX512F ? 16 : isa == COL_ISA_AVX2 ? 8 : 0;
     case COL_ARITH_BF16_DOT: return isa >= COL_ISA_AVX512 && __builtin_cpu_supports("avx512bf16") ? 32 : 0;
-    case COL_ARITH_INT8_DOT: return isa >= COL_ISA_AVX512 ? 64 : isa >= COL_ISA_AVX2 ? 32 : 0;
+    case COL_ARITH_INT8_DOT: return isa >= COL_ISA_AVX512F ? 64 : isa == COL_ISA_AVX2 ? 32 : 0;
     default: return 0;
     }
 }
@@ -258,9 +285,10 @@ static void *compute_main(void *arg)
     case COL_ARITH_F32_FMA: sh->sink = sh->isa >= COL_ISA_AVX512F ? fma_avx512() : fma_avx2(); break;
     case COL_ARITH_BF16_DOT: sh->sink = dpbf16_avx512(); break;
     default: /* the instructions the path's int8 kernels use (col_isa_int8; AVX-VNNI only on the AVX2 pools) */
-        sh->sink = sh->isa >= COL_ISA_AVX512               ? dpbusd_avx512()
+        sh->sink = sh->isa >= COL_ISA_AVX512                 ? dpbusd_avx512()
+                 : sh->isa == COL_ISA_AVX512F                ? maddubs_avx512()
                  : sh->isa == COL_ISA_AVX2 && col_has_avx_vnni() ? dpbusd_avx2()
-                                                          : maddubs_avx2();
+                                                              : maddubs_avx2();
         break;
     }
     sh->macs = rounds * compute_width(sh->arith, sh->isa);
