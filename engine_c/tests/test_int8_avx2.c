@@ -25,7 +25,9 @@
 
 /* ---- the AVX2 path ------------------------------------------------------------------------ */
 
-#define N_STORED_POOLS 5 /* AVX2 on 1, 2 and 3 threads, portable on 2, the CPU's best path on 2 */
+/* AVX2 on 1, 2 and 3 threads, portable on 2, the CPU's best path on 2, and avx512f on 3 (AVX-512
+ * without VNNI: batches two panels a zmm, chunks on pairs of panels; AVX2 where the CPU lacks it) */
+#define N_STORED_POOLS 6
 
 static run avx2_pool(uint32_t threads, uint32_t max_tokens, uint64_t max_cols)
 {
@@ -257,11 +259,14 @@ int main(void)
         return TEST_REPORT();
     }
     run pools[N_STORED_POOLS] = {avx2_pool(1, 40, 1568), avx2_pool(2, 40, 1568), avx2_pool(3, 40, 1568),
-                                 pool_on("portable", 2, 1, 40, 1568), pool_on(NULL, 2, 1, 40, 1568)};
+                                 pool_on("portable", 2, 1, 40, 1568), pool_on(NULL, 2, 1, 40, 1568),
+                                 pool_on("avx512f", 3, 1, 40, 1568)};
     for (int p = 0; p < N_STORED_POOLS; p++) {
         CHECK(pools[p].pool != NULL);
         if (!pools[p].pool) return TEST_REPORT();
-        CHECK(col_pool_isa(pools[p].pool) == (p == 3 ? COL_ISA_PORTABLE : p < 3 ? COL_ISA_AVX2 : col_choose_isa(COL_ISA_AMX)));
+        CHECK(col_pool_isa(pools[p].pool) == (p == 3 ? COL_ISA_PORTABLE : p < 3 ? COL_ISA_AVX2
+                                              : p == 5                       ? col_choose_isa(COL_ISA_AVX512F)
+                                                                             : col_choose_isa(COL_ISA_AMX)));
     }
     test_quantized_rows();
     test_shapes(pools);
