@@ -108,7 +108,7 @@ def test_amx_int8_prefill_is_bit_identical_to_avx512(tmp_path: Path, quant: str,
     tokens (experts seeing from a few to over 32 tokens, so tiles of full and partial token groups)
     gives the AVX-512 path's logits and routing bit for bit (every other product of this f32-based
     file runs the same AVX-512 code on both paths), on 1 and 3 threads, and equals its tokens
-    stepped one at a time."""
+    stepped one at a time; so does the avx512f path (AVX2's int8 kernels, two panels a zmm)."""
     from colibri.engine import best_kernels
 
     if best_kernels() != "amx":
@@ -117,7 +117,7 @@ def test_amx_int8_prefill_is_bit_identical_to_avx512(tmp_path: Path, quant: str,
     tokens = [int(t) for t in np.random.default_rng(11).integers(0, 256, size=70)]
     out = {}
     with Model.open(path) as m:
-        for kernels in ("avx512", "amx"):
+        for kernels in ("avx512f", "avx512", "amx"):
             for threads in (1, 3):
                 s = Session(m, threads=threads, max_context=80, kernels=kernels)
                 out[kernels, threads] = (s.prefill(tokens), s.trace.expert_ids.copy())
