@@ -757,12 +757,12 @@ COL_T2 void col_rows_int8_panels_avx2(const col_matvec_job *j, const uint8_t *qx
 {
     const int vnni = form == COL_INT8_AVX_VNNI;
     const int q4 = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0;
-    if (form == COL_INT8_MADDUBS_512 && j->n_tokens >= COL_Q_AVX2_STORED_TOKENS) {
-        if (q4)
-            stored_batch_q4_512(j, qx, r0, r1);
-        else
-            stored_batch_q8_512(j, qx, r0, r1);
-    } else if (col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0)
+    const int wide = form == COL_INT8_MADDUBS_512 && j->n_tokens >= COL_Q_AVX2_STORED_TOKENS;
+    if (wide && q4)
+        stored_batch_q4_512(j, qx, r0, r1);
+    else if (wide)
+        stored_batch_q8_512(j, qx, r0, r1);
+    else if (q4)
         stored_rows(j, qx, r0, r1, ahead, 1, vnni);
     else
         stored_rows(j, qx, r0, r1, ahead, 0, vnni);
