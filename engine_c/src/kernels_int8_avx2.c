@@ -24,7 +24,8 @@
  * which all the tokens' passes then read, 4 tokens a pass; the outputs carry across k-blocks in y,
  * and the next panel's lines are fetched while the passes run.
  * Weights stored in that panel order (col_rows_int8_panels_avx2) need no packing: batches pass over
- * the stored panel, and decode reads 4 distant panels at once with the rows already in the lanes.
+ * the stored panel (the first pass asking for the next one's lines, into L2), and decode reads 4
+ * distant panels at once with the rows already in the lanes.
  * On CPUs with AVX-VNNI (`vnni`) each 4-byte group's products and their int32 sum are one
  * vpdpbusd, as on AVX-512: q8_0 read as w + 128 and q4_0's nibbles as they are, each block sum
  * started from the block's correction. The same exact integers, so the same bits.
@@ -434,6 +435,47 @@ COL_INLINE COL_T2 void panel_rows(const col_matvec_job *j, const uint8_t *qx, ui
 #define STORED_PASS_TOKENS_Q4_512 12
 #endif
 
+/* Where the chunk a batch's passes read after this one lies (its first stored panel's scales and
+ * payload from its first block, kn blocks in each of `panels` panels `stride` bytes apart; kn = 0 for
+ * none): the first pass over a chunk asks for those lines, spread over its own blocks, so that they
+ * come from memory while this chunk is computed. */
+typedef struct {
+    const uint8_t *sc, *pay;
+    uint64_t kn, stride;
+    int panels;
+} stored_next;
+
+/* Block i's share (of kn, this chunk's blocks) of the next chunk's lines. */
+COL_INLINE void prefetch_stored(const stored_next *nx, uint64_t i, uint64_t kn, uint64_t bb)
+{
+    const uint64_t per = (nx->kn + kn - 1) / kn;
+    for (uint64_t b = i * per; b < (i + 1) * per && b < nx->kn; b++)
+        for (int p = 0; p < nx->panels; p++) {
+            const uint64_t off = nx->stride * (uint64_t)p;
+            for (uint64_t at = 0; at < bb; at += 64) _mm_prefetch((const char *)(nx->pay + off + bb * b + at), _MM_HINT_T1);
+            if (b % 4 == 0) _mm_prefetch((const char *)(nx->sc + off + 16 * b), _MM_HINT_T1);
+        }
+}
+
+/* The chunk after blocks b0 .. b0 + kn - 1 of the `panels` stored panels from row r: the next k-block
+ * of these panels, else the first of the next `panels` panels if all lie in [r, r1). */
+COL_INLINE stored_next next_stored(const col_matvec_job *j, uint64_t r, uint64_t r1, uint64_t b0, uint64_t kn, int panels)
+{
+    const uint64_t nb = j->w.cols / QK, rb = col_dtype_row_bytes(j->w.dtype, j->w.cols);
+    const uint64_t bb = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0 ? 128 : 256;
+    stored_next nx = {0, 0, 0, LANES * rb, panels};
+    if (b0 + kn < nb)
+        b0 += kn;
+    else if (r + 2 * (uint64_t)panels * LANES <= r1)
+        r += (uint64_t)panels * LANES, b0 = 0;
+    else
+        return nx;
+    nx.sc = (const uint8_t *)j->w.data + r * rb + 16 * b0;
+    nx.pay = (const uint8_t *)j->w.data + r * rb + 16 * nb + bb * b0;
+    nx.kn = nb - b0 < STORED_KB ? nb - b0 : STORED_KB;
+    return nx;
+}
+
 /* q4_0: block k of a stored panel (w0: its 4 vectors of stored bytes, lane r of vector g row r's
  * bytes 4g .. 4g + 3: the low nibbles of elements 4g .., the high ones of 16 + 4g ..) against NT
  * tokens (xq[b]: token b's int8 values, corr[b] its block corrections): isum[b] lane r = row r's
@@ -527,7 +569,7 @@ COL_INLINE COL_T2 void stored_decode(const col_matvec_job *j, const uint8_t *qx,
 /* Batches: tokens t .. t + NT - 1 over blocks b0 .. b0 + kn - 1 of the stored panel at row r, the
  * outputs carried in y between k-blocks as panel_pass does. */
 COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t b0, uint64_t kn,
-                                   uint32_t t, const int NT, const int q4, const int vnni)
+                                   uint32_t t, const int NT, const stored_next *nx, const int q4, const int vnni)
 {
     const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n), bb = q4 ? 128 : 256;
     const uint8_t *sc = (const uint8_t *)j->w.data + r * col_dtype_row_bytes(j->w.dtype, n), *pay = sc + 16 * nb;
@@ -543,6 +585,7 @@ COL_INLINE COL_T2 void stored_pass(const col_matvec_job *j, const uint8_t *qx, u
     }
     for (uint64_t k = b0; k < b0 + kn; k++) {
         const uint8_t *w0 = pay + bb * k;
+        if (t == 0) prefetch_stored(nx, k - b0, kn, bb);
         __m256i isum[STORED_PASS_TOKENS];
         if (q4) {
             q4_stored_sums(w0, xq, corr, nb, k, NT, isum, vnni);
@@ -614,14 +657,15 @@ COL_INLINE COL_T2 void stored_batch(const col_matvec_job *j, const uint8_t *qx, 
     for (uint64_t r = r0; r < r1; r += LANES)
         for (uint64_t b0 = 0; b0 < nb; b0 += STORED_KB) {
             const uint64_t kn = nb - b0 < STORED_KB ? nb - b0 : STORED_KB;
+            const stored_next nx = next_stored(j, r, r1, b0, kn, 1);
             uint32_t t = 0;
-            for (; t + (uint32_t)pass <= nt; t += (uint32_t)pass) stored_pass(j, qx, r, b0, kn, t, pass, q4, vnni);
+            for (; t + (uint32_t)pass <= nt; t += (uint32_t)pass) stored_pass(j, qx, r, b0, kn, t, pass, &nx, q4, vnni);
             switch (nt - t) {
-            case 5: stored_pass(j, qx, r, b0, kn, t, 5, q4, vnni); break;
-            case 4: stored_pass(j, qx, r, b0, kn, t, 4, q4, vnni); break;
-            case 3: stored_pass(j, qx, r, b0, kn, t, 3, q4, vnni); break;
-            case 2: stored_pass(j, qx, r, b0, kn, t, 2, q4, vnni); break;
-            case 1: stored_pass(j, qx, r, b0, kn, t, 1, q4, vnni); break;
+            case 5: stored_pass(j, qx, r, b0, kn, t, 5, &nx, q4, vnni); break;
+            case 4: stored_pass(j, qx, r, b0, kn, t, 4, &nx, q4, vnni); break;
+            case 3: stored_pass(j, qx, r, b0, kn, t, 3, &nx, q4, vnni); break;
+            case 2: stored_pass(j, qx, r, b0, kn, t, 2, &nx, q4, vnni); break;
+            case 1: stored_pass(j, qx, r, b0, kn, t, 1, &nx, q4, vnni); break;
             default: break;
             }
         }
@@ -640,7 +684,7 @@ COL_INLINE COL_T512 __m512i two_panels(const uint8_t *pay0, const uint8_t *pay1,
  * q4_0: the nibbles' int16 sums, then the block's correction), so each group's loads and their
  * vpabsb / nibble masks serve NT tokens and every instruction 16 rows. */
 COL_INLINE COL_T512 void stored_pass_512(const col_matvec_job *j, const uint8_t *qx, uint64_t r, uint64_t b0, uint64_t kn,
-                                         uint32_t t, const int NT, const int q4)
+                                         uint32_t t, const int NT, const stored_next *nx, const int q4)
 {
     const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n), rb = col_dtype_row_bytes(j->w.dtype, n);
     const uint64_t bb = q4 ? 128 : 256;
@@ -658,6 +702,7 @@ COL_INLINE COL_T512 void stored_pass_512(const col_matvec_job *j, const uint8_t 
         acc[b] = b0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(y[b]);
     }
     for (uint64_t k = b0; k < b0 + kn; k++) {
+        if (t == 0) prefetch_stored(nx, k - b0, kn, bb);
         __m512i isum[STORED_PASS_MAX_512];
 #pragma GCC unroll 12
         for (int b = 0; b < NT; b++) isum[b] = _mm512_setzero_si512();
@@ -717,10 +762,11 @@ COL_INLINE COL_T512 void stored_batch_512(const col_matvec_job *j, const uint8_t
     for (; r + 2 * LANES <= r1; r += 2 * LANES)
         for (uint64_t b0 = 0; b0 < nb; b0 += STORED_KB) {
             const uint64_t kn = nb - b0 < STORED_KB ? nb - b0 : STORED_KB;
+            const stored_next nx = next_stored(j, r, r1, b0, kn, 2);
             uint32_t t = 0;
-            for (; t + pass <= nt; t += pass) stored_pass_512(j, qx, r, b0, kn, t, (int)pass, q4);
+            for (; t + pass <= nt; t += pass) stored_pass_512(j, qx, r, b0, kn, t, (int)pass, &nx, q4);
             switch (nt - t) {
-#define LEFT(N) case N: stored_pass_512(j, qx, r, b0, kn, t, N, q4); break;
+#define LEFT(N) case N: stored_pass_512(j, qx, r, b0, kn, t, N, &nx, q4); break;
                 LEFT(11) LEFT(10) LEFT(9) LEFT(8) LEFT(7) LEFT(6) LEFT(5) LEFT(4) LEFT(3) LEFT(2) LEFT(1)
 #undef LEFT
             default: break;
