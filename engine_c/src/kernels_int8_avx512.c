@@ -137,6 +137,52 @@ COL_INLINE COL_T512Q void pack_stored_panel(const col_weight *w, uint64_t pr, ui
     }
 }
 
+/* The lines of the chunk a batch packs after this one (blocks k0 .. k0 + kn - 1 of `rows` streams:
+ * a row's, or a stored panel's, scales at base + s_step * k and payload at base + p_off + p_step * k;
+ * kn = 0 for none). The first pass over a chunk asks for them, spread over its own blocks, so that
+ * they come from memory while this chunk is computed. */
+typedef struct {
+    const uint8_t *base[COL_PANEL_ROWS];
+    uint64_t k0, kn, s_step, p_off, p_step;
+    uint32_t rows;
+} next_chunk;
+
+/* The chunk after the one of rows pr .. pr + nr - 1 ending at block k1, in [pr, r1). */
+static next_chunk chunk_after(const col_weight *w, uint64_t pr, uint32_t nr, uint64_t k1, uint64_t r1, int stored)
+{
+    const uint64_t nb = w->cols / QK, rb = col_dtype_row_bytes(w->dtype, w->cols);
+    const int q4 = col_block_kind(w->dtype) == COL_DTYPE_Q4_0;
+    next_chunk nx = {{0}, 0, 0, stored ? 16 : 2, 2 * nb, stored ? (q4 ? 128 : 256) : (q4 ? 16 : 32), 0};
+    if (stored) nx.p_off = 16 * nb;
+    if (k1 < nb) {
+        nx.k0 = k1;
+    } else if (pr + nr < r1) {
+        pr += nr, nx.k0 = 0;
+        nr = r1 - pr < COL_PANEL_ROWS ? (uint32_t)(r1 - pr) : COL_PANEL_ROWS;
+    } else {
+        return nx;
+    }
+    nx.kn = nb - nx.k0 < COL_PANEL_KBLOCKS ? nb - nx.k0 : COL_PANEL_KBLOCKS;
+    nx.rows = stored ? (nr > COL_STORED_PANEL_ROWS ? 2 : 1) : nr;
+    for (uint32_t r = 0; r < nx.rows; r++) nx.base[r] = (const uint8_t *)w->data + (pr + (stored ? 8 * r : r)) * rb;
+    return nx;
+}
+
+/* Block i's share (of kn, this chunk's blocks) of the next chunk's lines. */
+COL_INLINE void prefetch_chunk(const next_chunk *nx, uint64_t i, uint64_t kn)
+{
+    const uint64_t per = (nx->kn + kn - 1) / kn;
+    for (uint64_t k = nx->k0 + i * per; k < nx->k0 + (i + 1) * per && k < nx->k0 + nx->kn; k++)
+        for (uint32_t r = 0; r < nx->rows; r++) {
+            const uint8_t *pay = nx->base[r] + nx->p_off + nx->p_step * k;
+            if (nx->p_step >= 64)
+                for (uint64_t at = 0; at < nx->p_step; at += 64) _mm_prefetch((const char *)(pay + at), _MM_HINT_T1);
+            else if ((nx->p_step * k) % 64 < nx->p_step)
+                _mm_prefetch((const char *)pay, _MM_HINT_T1);
+            if ((nx->s_step * k) % 64 < nx->s_step) _mm_prefetch((const char *)(nx->base[r] + nx->s_step * k), _MM_HINT_T1);
+        }
+}
+
 COL_INLINE int32_t load4(const int8_t *p)
 {
     int32_t v;
@@ -147,7 +193,7 @@ COL_INLINE int32_t load4(const int8_t *p)
 /* Tokens t .. t + NT - 1 over blocks [k0, k1) of a panel (rows pr .. pr + nr - 1): the sums start
  * at zero for k0 = 0, else from y, and go back to y. */
 COL_INLINE COL_T512Q void panel_pass(const col_matvec_job *j, const uint8_t *qx, const uint8_t *panel, uint64_t pr,
-                                    uint32_t nr, uint64_t k0, uint64_t k1, uint32_t t, int NT, int q4)
+                                    uint32_t nr, uint64_t k0, uint64_t k1, uint32_t t, int NT, const next_chunk *nx, int q4)
 {
     const uint64_t n = j->w.cols, nb = n / QK, qb = col_qrow_bytes(n), cbo = col_qrow_block_corrections(n);
     const uint64_t pbb = panel_block_bytes(q4), rows = j->w.rows;
@@ -160,6 +206,7 @@ COL_INLINE COL_T512Q void panel_pass(const col_matvec_job *j, const uint8_t *qx,
     for (int b = 0; b < NT; b++) acc[b] = k0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, y0 + (uint64_t)b * rows);
     for (uint64_t k = k0; k < k1; k++) {
         const uint8_t *blk = panel + (k - k0) * pbb;
+        if (t == 0) prefetch_chunk(nx, k - k0, k1 - k0);
         __m512i wv[8];
         if (q4) {
 #pragma GCC unroll 4
@@ -195,14 +242,14 @@ COL_INLINE COL_T512Q void panel_pass(const col_matvec_job *j, const uint8_t *qx,
 
 /* Every token over one panel's blocks [k0, k1), in passes of COL_PANEL_TOKENS. */
 COL_INLINE COL_T512Q void panel_tokens(const col_matvec_job *j, const uint8_t *qx, const uint8_t *panel, uint64_t pr,
-                                      uint32_t nr, uint64_t k0, uint64_t k1, int q4)
+                                      uint32_t nr, uint64_t k0, uint64_t k1, const next_chunk *nx, int q4)
 {
     const uint32_t nt = j->n_tokens;
     uint32_t t = 0;
-    for (; t + COL_PANEL_TOKENS <= nt; t += COL_PANEL_TOKENS) panel_pass(j, qx, panel, pr, nr, k0, k1, t, COL_PANEL_TOKENS, q4);
+    for (; t + COL_PANEL_TOKENS <= nt; t += COL_PANEL_TOKENS) panel_pass(j, qx, panel, pr, nr, k0, k1, t, COL_PANEL_TOKENS, nx, q4);
     switch (nt - t) {
 #define PASS(c) \
-    case c: panel_pass(j, qx, panel, pr, nr, k0, k1, t, c, q4); break;
+    case c: panel_pass(j, qx, panel, pr, nr, k0, k1, t, c, nx, q4); break;
         PASS(1) PASS(2) PASS(3) PASS(4) PASS(5) PASS(6) PASS(7) PASS(8) PASS(9) PASS(10) PASS(11)
 #undef PASS
     default: break;
@@ -221,10 +268,11 @@ static COL_T512Q void rows_panels(const col_matvec_job *j, const uint8_t *qx, ui
                 pack_stored_panel(&j->w, pr, nr, k0, k1, q4, stage);
             else
                 pack_panel(&j->w, pr, nr, k0, k1, q4, stage);
+            const next_chunk nx = chunk_after(&j->w, pr, nr, k1, r1, stored);
             if (q4)
-                panel_tokens(j, qx, stage, pr, nr, k0, k1, 1);
+                panel_tokens(j, qx, stage, pr, nr, k0, k1, &nx, 1);
             else
-                panel_tokens(j, qx, stage, pr, nr, k0, k1, 0);
+                panel_tokens(j, qx, stage, pr, nr, k0, k1, &nx, 0);
         }
     }
 }
