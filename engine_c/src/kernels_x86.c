@@ -201,37 +201,37 @@ static inline __attribute__((always_inline)) float tail(float s, const uint8_t *
 
 /* A batch tile reads its rows from memory in its first token pass and from cache in the others,
  * and the hardware prefetcher does not run ahead from one tile's rows into the next. So each token
- * pass of a tile (tokens [t, t + NT) of n_tokens) prefetches its share of the next tile's bytes
- * into L2, one line per step of the k loop, and the next tile's first pass finds its rows there.
- * At most one line per step: where a pass's share is more (fewer than 24 tokens for an f32 tile of
- * 6 rows), nothing is prefetched, since more prefetches compete with the tile's own loads.
- * Prefetches change no bits. */
+ * pass of a tile (tokens [t, t + NT) of n_tokens, a tile's only pass too) prefetches its share of
+ * the next tile's bytes into L2, spread over the steps of its k loop, and the next tile's first
+ * pass finds its rows there: as many lines a step as cover the share, at most NEXT_TILE_MAX_LINES
+ * (an f32 tile of 6 rows in one pass asks for the first two thirds). Prefetches change no bits. */
 typedef struct next_tile_prefetch {
     const char *at, *end;
+    uint64_t per; /* lines a step */
 } next_tile_prefetch;
+#define NEXT_TILE_MAX_LINES 4
 
-/* The slice of the next tile's bytes for the pass over tokens [t, t + NT) of a tile: none for
- * decode (one token, distant rows), a tile's only pass, the last tile, or where the slice is more
- * than a line per step. */
+/* The slice of the next tile's bytes for the pass over tokens [t, t + NT) of a tile and its lines
+ * a step: none for decode (one token, distant rows, prefetched ahead) or the last tile. */
 COL_INLINE next_tile_prefetch next_tile_slice(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT,
                                               uint32_t t, uint64_t rb, uint64_t steps)
 {
-    next_tile_prefetch pf = {NULL, NULL};
-    const uint64_t units = j->n_tokens;
-    if (NT == 1 || (uint64_t)NT == units || step != 1 || r + 2 * (uint64_t)NR > j->w.rows) return pf;
-    const uint64_t tile = (uint64_t)NR * rb;
+    next_tile_prefetch pf = {NULL, NULL, 0};
+    if ((NT == 1 && j->n_tokens == 1) || step != 1 || r + 2 * (uint64_t)NR > j->w.rows) return pf;
+    const uint64_t units = j->n_tokens, tile = (uint64_t)NR * rb;
     const char *next = (const char *)j->w.data + (r + (uint64_t)NR) * rb;
     pf.at = next + (tile * t / units & ~(uint64_t)63);
     pf.end = next + tile * (t + (uint64_t)NT) / units;
-    uint64_t lines = (uint64_t)(pf.end - pf.at + 63) / 64;
-    if (lines > steps) pf.at = pf.end;
+    const uint64_t lines = (uint64_t)(pf.end - pf.at + 63) / 64;
+    pf.per = (lines + steps - 1) / steps;
+    if (pf.per > NEXT_TILE_MAX_LINES) pf.per = NEXT_TILE_MAX_LINES;
     return pf;
 }
 
-/* One step of the k loop: the slice's next line, if any is left. */
+/* One step of the k loop: the slice's next `per` lines, those that are left. */
 COL_INLINE void next_tile_step(next_tile_prefetch *pf)
 {
-    if (pf->at < pf->end) {
+    for (uint64_t l = 0; l < pf->per && pf->at < pf->end; l++) {
         _mm_prefetch(pf->at, _MM_HINT_T1);
         pf->at += 64;
     }
@@ -388,7 +388,7 @@ COL_INLINE COL_T2 void rows_batch_avx2(const col_matvec_job *j, uint64_t r0, uin
     enum { NR = COL_BATCH_ROWS_AVX2, NT = COL_BATCH_TOKENS_AVX2 };
     const uint32_t nt = j->n_tokens, passes = (nt + NT - 1) / NT;
     const uint64_t rb = col_dtype_row_bytes(dtype, j->w.cols);
-    const next_tile_prefetch none = {NULL, NULL};
+    const next_tile_prefetch none = {NULL, NULL, 0};
     uint64_t block = COL_ROWBLOCK_BYTES_AVX2 / rb;
     block = block < NR ? NR : block;
     const uint64_t n_blocks = (r1 - r0 + block - 1) / block;
@@ -403,7 +403,7 @@ COL_INLINE COL_T2 void rows_batch_avx2(const col_matvec_job *j, uint64_t r0, uin
             uint64_t r = b0;
             for (uint64_t q = (uint64_t)p * tiles; r + NR <= b1; r += NR, q++) {
                 next_tile_prefetch pf = {next + (next_bytes * q / shares & ~(uint64_t)63),
-                                         next + next_bytes * (q + 1) / shares};
+                                         next + next_bytes * (q + 1) / shares, 1};
                 TILE_TOKENS_AVX2(NR, r, t, m, dtype, pf);
             }
             if (NR > 2 && r + 2 <= b1) { TILE_TOKENS_AVX2(2, r, t, m, dtype, none); r += 2; }
@@ -414,7 +414,7 @@ COL_INLINE COL_T2 void rows_batch_avx2(const col_matvec_job *j, uint64_t r0, uin
 
 COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead, int form)
 {
-    const next_tile_prefetch none = {NULL, NULL};
+    const next_tile_prefetch none = {NULL, NULL, 0};
     const uint32_t dtype = j->w.dtype;
     if (is_panel_dtype(dtype)) {
         col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q, form);
@@ -468,7 +468,7 @@ uint64_t col_kblock_carry_bytes(uint32_t n_tokens)
 COL_INLINE next_tile_prefetch next_block_slice(const col_matvec_job *j, uint64_t rn, int NR, uint64_t k0, uint64_t k1,
                                                uint32_t p, uint32_t P, uint64_t rb, uint64_t esize, uint64_t steps)
 {
-    next_tile_prefetch pf = {NULL, NULL};
+    next_tile_prefetch pf = {NULL, NULL, 0};
     if (P < (uint32_t)NR || rn + (uint64_t)NR > j->w.rows) return pf;
     const uint32_t seg = p * (uint32_t)NR / P;
     const uint32_t q0 = (seg * P + (uint32_t)NR - 1) / (uint32_t)NR, q1 = ((seg + 1) * P + (uint32_t)NR - 1) / (uint32_t)NR;
@@ -476,6 +476,7 @@ COL_INLINE next_tile_prefetch next_block_slice(const col_matvec_job *j, uint64_t
     const char *base = (const char *)j->w.data + (rn + seg) * rb + k0 * esize;
     pf.at = base + (bytes * (p - q0) / (q1 - q0) & ~(uint64_t)63);
     pf.end = base + bytes * (p + 1 - q0) / (q1 - q0);
+    pf.per = 1;
     if ((uint64_t)(pf.end - pf.at + 63) / 64 > steps) pf.at = pf.end;
     return pf;
 }
@@ -578,42 +579,6 @@ COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64
 
 #define COL_TBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,avx2,fma,f16c")))
 
-/* The next tile's bytes for the pass over tokens [t, t + NT) of a bf16 dot-product batch tile,
- * and how many lines of it each step of the k loop prefetches: as many as cover the slice (at
- * most DP_PREFETCH_MAX a step), where the float tiles' one line a step leaves a tile of few token
- * passes to wait on memory (a tile's rows are half the bytes of f32 ones). */
-#ifndef DP_PREFETCH_MAX
-#define DP_PREFETCH_MAX 4
-#endif
-typedef struct dp_prefetch {
-    const char *at, *end;
-    uint64_t per_step;
-} dp_prefetch;
-
-COL_INLINE dp_prefetch dp_prefetch_slice(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT,
-                                         uint32_t t, uint64_t rb, uint64_t steps)
-{
-    dp_prefetch pf = {NULL, NULL, 0};
-    if (NT == 1 && j->n_tokens == 1) return pf; /* decode: distant rows, prefetched ahead */
-    if (step != 1 || r + 2 * (uint64_t)NR > j->w.rows) return pf;
-    const uint64_t units = j->n_tokens, tile = (uint64_t)NR * rb;
-    const char *next = (const char *)j->w.data + (r + (uint64_t)NR) * rb;
-    pf.at = next + (tile * t / units & ~(uint64_t)63);
-    pf.end = next + tile * (t + (uint64_t)NT) / units;
-    const uint64_t lines = (uint64_t)(pf.end - pf.at + 63) / 64;
-    pf.per_step = (lines + steps - 1) / steps;
-    if (pf.per_step > DP_PREFETCH_MAX) pf.per_step = DP_PREFETCH_MAX;
-    return pf;
-}
-
-COL_INLINE void dp_prefetch_step(dp_prefetch *pf)
-{
-    for (uint64_t i = 0; i < pf->per_step && pf->at < pf->end; i++) {
-        _mm_prefetch(pf->at, _MM_HINT_T1);
-        pf->at += 64;
-    }
-}
-
 /* A tile of bf16 dot products: per step 32 columns of each row (one 64-byte load) against the
  * tokens' packed activations, vdpbf16ps adding each lane's odd then even product (a last, partial
  * step under a mask: zero pairs); the 16 lane sums reduced by the kernels' tree. Decode tiles take
@@ -629,10 +594,10 @@ COL_INLINE COL_TBF16 void tile_dp_avx512(const col_matvec_job *j, const uint16_t
     for (int b = 0; b < NT; b++) x[b] = xp + (uint64_t)(t + b) * n;
 #pragma GCC unroll 24
     for (int k = 0; k < NR * NT; k++) acc[k] = _mm512_setzero_ps();
-    dp_prefetch pf = dp_prefetch_slice(j, r, step, NR, NT, t, rb, steps);
+    next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, steps);
     uint64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        dp_prefetch_step(&pf);
+        next_tile_step(&pf);
         __m512i xv[4];
 #pragma GCC unroll 4
         for (int b = 0; b < NT; b++) xv[b] = _mm512_loadu_si512((const void *)(x[b] + i));
