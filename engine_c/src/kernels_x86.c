@@ -212,12 +212,13 @@ typedef struct next_tile_prefetch {
 #define NEXT_TILE_MAX_LINES 4
 
 /* The slice of the next tile's bytes for the pass over tokens [t, t + NT) of a tile and its lines
- * a step: none for decode (one token, distant rows, prefetched ahead) or the last tile. */
+ * a step: none for decode (one token, distant rows, prefetched ahead), rows shorter than a step,
+ * or the last tile. */
 COL_INLINE next_tile_prefetch next_tile_slice(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT,
                                               uint32_t t, uint64_t rb, uint64_t steps)
 {
     next_tile_prefetch pf = {NULL, NULL, 0};
-    if ((NT == 1 && j->n_tokens == 1) || step != 1 || r + 2 * (uint64_t)NR > j->w.rows) return pf;
+    if ((NT == 1 && j->n_tokens == 1) || step != 1 || steps == 0 || r + 2 * (uint64_t)NR > j->w.rows) return pf;
     const uint64_t units = j->n_tokens, tile = (uint64_t)NR * rb;
     const char *next = (const char *)j->w.data + (r + (uint64_t)NR) * rb;
     pf.at = next + (tile * t / units & ~(uint64_t)63);
