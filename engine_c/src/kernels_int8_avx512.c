@@ -164,7 +164,7 @@ static next_chunk chunk_after(const col_weight *w, uint64_t pr, uint32_t nr, uin
     }
     nx.kn = nb - nx.k0 < COL_PANEL_KBLOCKS ? nb - nx.k0 : COL_PANEL_KBLOCKS;
     nx.rows = stored ? (nr > COL_STORED_PANEL_ROWS ? 2 : 1) : nr;
-    for (uint32_t r = 0; r < nx.rows; r++) nx.base[r] = (const uint8_t *)w->data + (pr + (stored ? 8 * r : r)) * rb;
+    for (uint32_t r = 0; r < nx.rows; r++) nx.base[r] = (const uint8_t *)w->data + (pr + (stored ? COL_STORED_PANEL_ROWS * r : r)) * rb;
     return nx;
 }
 
