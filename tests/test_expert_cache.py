@@ -155,7 +155,7 @@ def test_prefill_equals_stepping_and_threads_do_not_matter(rule_model: Model) ->
 
 
 def test_a_block_boundary_carries_the_state() -> None:
-    """A prefill longer than one engine block (128 positions) of the demo model is the same as
+    """A prefill longer than one engine block (256 positions) of the demo model is the same as
     stepping."""
     tokens = [int(t) for t in np.random.default_rng(5).integers(0, 4096, 300)]
     with Model.open(DEMO) as model:

@@ -136,8 +136,11 @@ struct col_session {
     float *capture_own;
 };
 
-/* Positions processed together by prefill (matrix-matrix products over the block). */
-#define COL_BATCH 128
+/* Positions processed together by prefill (matrix-matrix products over the block): each block reads
+ * the experts' weights once, so a longer prompt's blocks re-read them less often. */
+#ifndef COL_BATCH
+#define COL_BATCH 256
+#endif
 
 /* attention.c: RoPE tables, then self-attention of the n positions from s->position for
  * `layer`: reads s->xn [n][d_model], writes s->tmp (the attention block's outputs, o-proj and
