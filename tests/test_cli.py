@@ -729,6 +729,40 @@ def test_bench_vs_llamacpp_turns_llama_cpp_repacking_off_where_it_faults(tmp_pat
     assert module.llama_cpp_arguments(faulting, cells, ["--repack", "1"]) == ["--repack", "1"]
 
 
+def test_bench_vs_llamacpp_times_the_peers_decode_after_the_prompt(tmp_path: Path) -> None:
+    """Colibri's decode follows its prefill and reads the prompt's KV cache, so the peers' decode
+    is timed after the prompt as well: llama.cpp at depth P (its prefill at depth 0), ik_llama.cpp
+    by its tg-after-pp test; `--peer-decode empty` keeps llama-bench's plain tg."""
+    import argparse
+
+    module = _tool("bench_vs_llamacpp")
+    rows = [  # what each llama-bench prints for -p 16 and its decode arguments below, -o json
+        {"n_prompt": 16, "n_gen": 0, "n_depth": 0, "samples_ts": [300.0]},
+        {"n_prompt": 0, "n_gen": 4, "n_depth": 0, "samples_ts": [90.0]},
+        {"n_prompt": 16, "n_gen": 0, "n_depth": 16, "samples_ts": [280.0]},
+        {"n_prompt": 0, "n_gen": 4, "n_depth": 16, "samples_ts": [80.0]},
+    ]
+    ik_rows = [{"n_prompt": 16, "n_gen": 0, "samples_ts": [400.0]},
+               {"n_prompt": 16, "n_gen": 4, "samples_ts": [70.0]}]
+    bench = tmp_path / "llama-bench"
+    bench.write_text("#!/bin/sh\necho \"$*\" > \"$0.args\"\ncat \"$0.json\"\n")
+    bench.chmod(0o755)
+    cell = module.Cell("tiny", "q8", tmp_path / "a.colibri", tmp_path / "a.gguf", {}, {})
+    args = argparse.Namespace(p=16, n=4, threads=1, repeats=1, peer_decode="after-prompt")
+
+    def run(engine: str, json_rows: list[dict[str, object]]) -> tuple[float, float, str]:
+        (tmp_path / "llama-bench.json").write_text(json.dumps(json_rows))
+        return module.run_llama_bench(bench, engine, cell, args, [])
+
+    assert run("llama.cpp", rows)[:2] == (300.0, 80.0)
+    assert "-n 4 -d 0,16" in (tmp_path / "llama-bench.args").read_text()
+    assert run("ik_llama.cpp", ik_rows)[:2] == (400.0, 70.0)
+    assert "-n 0 -gp 16,4" in (tmp_path / "llama-bench.args").read_text()
+    args.peer_decode = "empty"
+    assert run("llama.cpp", rows[:2])[:2] == (300.0, 90.0)
+    assert " -d " not in (tmp_path / "llama-bench.args").read_text()
+
+
 def test_bench_vs_llamacpp_keeps_colibri_to_the_kernel_path_asked_for() -> None:
     """`--kernels PATH` runs Colibri's bench on that path even where the machine has a better one
     (how an AMX machine shows where a CPU without AMX stands); without it, on the best path."""

@@ -15,7 +15,8 @@ For each bench model (tools/bench_models.py: the Mixtral-shaped 0.64 B and the Q
     staging directory (tools/make_gguf_fixtures.py's), the vocabulary padded to the model's.
 Then, turn after turn, every (model, precision) runs `colibri bench`, llama.cpp's `llama-bench`
 and ik_llama.cpp's `llama-bench -rtr 1` (its run-time repacking), each a fresh process with
-`-p 128 -n 64 -t 2` by default, in an order that rotates from turn to turn, with the read
+`-p 128 -n 64 -t 2` by default (the peers' decode after the prompt, as Colibri's follows its
+prefill: `--peer-decode`), in an order that rotates from turn to turn, with the read
 bandwidth probe (colibri.engine.measure_read_bandwidth, same threads) and the compute probe
 (colibri.compute: f32 FMA, bf16 and int8 dot products) between every two runs. `--numerics SPEC`
 (repeatable, e.g. dot-bf16) adds Colibri in that numerics mode as one more engine, on the cells
@@ -235,16 +236,44 @@ def run_colibri(cell: Cell, args: argparse.Namespace, numerics: str | None
     return r["prefill_tok_s"], r["decode_tok_s"], r["kernels"]
 
 
-def run_llama_bench(binary: Path, cell: Cell, args: argparse.Namespace, extra: list[str]
-                    ) -> tuple[float, float, str]:
+def decode_arguments(engine: str, prompt: int, n: int, after_prompt: bool) -> list[str]:
+    """llama-bench's arguments for its decode test: `-n N` decodes from an empty cache; after
+    the prompt (as Colibri's decode follows its prefill, reading the prompt's KV cache) llama.cpp
+    decodes at a depth (`-d 0,P`: its pp stays at depth 0) and ik_llama.cpp, which has no
+    depth, runs its tg-after-pp test (`-gp P,N`, timing only the decode)."""
+    if not after_prompt:
+        return ["-n", str(n)]
+    if engine == "ik_llama.cpp":
+        return ["-n", "0", "-gp", f"{prompt},{n}"]
+    return ["-n", str(n), "-d", f"0,{prompt}"]
+
+
+def pick_tests(tests: list[dict[str, Any]], prompt: int, after_prompt: bool
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The prefill test (at depth 0) and the decode test (from an empty cache, or after the
+    prompt: llama.cpp's at depth P, ik_llama.cpp's tg-after-pp) among llama-bench's JSON rows."""
+    def is_decode(t: dict[str, Any]) -> bool:
+        if t["n_gen"] == 0:
+            return False
+        if not after_prompt:
+            return t["n_prompt"] == 0 and not t.get("n_depth")
+        return (t["n_prompt"] == 0 and t.get("n_depth") == prompt) or (
+            t["n_prompt"] == prompt and not t.get("n_depth"))
+    pp = [t for t in tests if t["n_prompt"] > 0 and t["n_gen"] == 0 and not t.get("n_depth")]
+    return pp, [t for t in tests if is_decode(t)]
+
+
+def run_llama_bench(binary: Path, engine: str, cell: Cell, args: argparse.Namespace,
+                    extra: list[str]) -> tuple[float, float, str]:
     """One llama-bench process: the median of its --repeats samples of pp and tg, and its build."""
-    command = [str(binary), "-m", str(cell.gguf_file), "-p", str(args.p), "-n", str(args.n),
+    after_prompt = args.peer_decode == "after-prompt"
+    command = [str(binary), "-m", str(cell.gguf_file), "-p", str(args.p),
+               *decode_arguments(engine, args.p, args.n, after_prompt),
                "-t", str(args.threads), "-r", str(args.repeats), "-o", "json", *extra]
     out = subprocess.run(command, check=True, capture_output=True, text=True,
                          timeout=RUN_TIMEOUT).stdout
     tests = json.loads(out)
-    pp = [t for t in tests if t["n_prompt"] > 0 and t["n_gen"] == 0]
-    tg = [t for t in tests if t["n_prompt"] == 0 and t["n_gen"] > 0]
+    pp, tg = pick_tests(tests, args.p, after_prompt)
     if len(pp) != 1 or len(tg) != 1:
         raise RuntimeError(f"{binary}: expected one pp and one tg test, got {len(tests)} tests")
     build = f"{tests[0].get('build_commit', '?')} ({tests[0].get('build_number', '?')})"
@@ -386,6 +415,9 @@ def format_report(report: dict[str, Any]) -> str:
            if report.get("colibri_kernels") else "")
         + "; load average (1 min) "
         f"{_load_range(report)}",
+        "decode: Colibri's after its prefill; the peers' "
+        + ("after the prompt as well (llama.cpp -d, ik_llama.cpp -gp)"
+           if report.get("peer_decode") == "after-prompt" else "from an empty cache (llama-bench's tg)"),
         f"read bandwidth probe ({report['threads']} threads, between every two runs): best "
         f"{report['probe_gb_s']['best']:.1f} GB/s, median {report['probe_gb_s']['median']:.1f}, "
         f"lowest {report['probe_gb_s']['lowest']:.1f}",
@@ -473,6 +505,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-cpp-arg", action="append", default=[], metavar="ARG",
                     help="an argument added to llama.cpp's llama-bench runs (repeatable), e.g. "
                          "--llama-cpp-arg=--repack --llama-cpp-arg=0 where its AMX repacking faults")
+    ap.add_argument("--peer-decode", default="after-prompt", choices=("after-prompt", "empty"),
+                    help="where llama.cpp's and ik_llama.cpp's decode starts: after the prompt "
+                         "(default; like Colibri's, which follows its prefill and reads the "
+                         "prompt's KV cache) or from an empty cache (llama-bench's plain tg, as "
+                         "the reports before 2026-12-04 ran)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--save", type=Path, default=None, metavar="FILE",
                     help="write the --json report to FILE after every turn (for --from-json)")
@@ -519,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     def report(turns: int) -> dict[str, Any]:
         return {
             "cpu": cpu_description(), "engines": engines, "colibri_kernels": args.kernels,
-            "prompt": args.p, "decode": args.n,
+            "prompt": args.p, "decode": args.n, "peer_decode": args.peer_decode,
             "threads": args.threads, "turns": turns, "repeats": args.repeats,
             "load": load + [os.getloadavg()[0]],
             "probe_gb_s": {"best": max(probes) / 1e9, "median": statistics.median(probes) / 1e9,
@@ -553,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     binary = llama_bench if engine == "llama.cpp" else args.ik
                     extra = ["-rtr", "1"] if engine == "ik_llama.cpp" else args.llama_cpp_arg
-                    prefill, decode, builds[engine] = run_llama_bench(binary, cell, args, extra)
+                    prefill, decode, builds[engine] = run_llama_bench(binary, engine, cell, args,
+                                                                      extra)
                 probes.append(probe(args))
                 computes.append(compute_probe(args))
                 limit = max(probes[-2], probes[-1])
