@@ -162,9 +162,11 @@ COL_INLINE COL_T512 void hsum16_many(const __m512 *acc, int n, float *out)
 COL_INLINE COL_T2 __m256 load8(const uint8_t *row, uint32_t dtype, uint64_t i)
 {
     if (dtype == COL_DTYPE_F32) return _mm256_loadu_ps((const float *)row + i);
-    if (dtype == COL_DTYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
-    /* bf16 into f32's high halves: one in-lane byte shuffle of the broadcast load */
-    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+    if (dtype == COL_DTYPE_F16) return _mm256_cvtph_ps(h);
+    /* bf16 into f32's high halves by one in-lane shuffle of h in both halves: vpmovzxwd + vpslld
+     * were two vector operations, and on Zen 1 they bounded bf16 decode (docs/performance.md) */
+    const __m256i both = _mm256_broadcastsi128_si256(h);
     const __m256i high = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,
                                           -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
     return _mm256_castsi256_ps(_mm256_shuffle_epi8(both, high));
