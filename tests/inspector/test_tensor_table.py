@@ -8,8 +8,8 @@ import csv
 from dataclasses import replace
 
 import pytest
-from PySide6.QtCore import QModelIndex, Qt
-from PySide6.QtGui import QPalette
+from PySide6.QtCore import QModelIndex, QSize, Qt
+from PySide6.QtGui import QColor, QImage, QPainter, QPalette
 from PySide6.QtWidgets import QStyleOptionViewItem
 
 from colibri.engine import Model
@@ -135,6 +135,80 @@ def test_cells_are_painted_as_the_model_answers(table, grouping):
             brush = index.data(Qt.ItemDataRole.ForegroundRole)
             if brush is not None:
                 assert option.palette.color(QPalette.ColorRole.Text) == brush.color()
+
+
+class _RecordingPainter(QPainter):
+    """A painter on an image that records each text drawn: (x, y, text, pen colour)."""
+
+    def __init__(self, size: QSize) -> None:
+        self.image = QImage(size, QImage.Format.Format_ARGB32)
+        super().__init__(self.image)
+        self.texts: list[tuple[int, int, str, QColor]] = []
+
+    def drawText(self, x, y, text):  # noqa: N802 (Qt API)
+        self.texts.append((x, y, text, self.pen().color()))
+        super().drawText(x, y, text)
+
+
+def _painted_rows(table) -> dict[int, list[tuple[int, int, str, QColor]]]:
+    """What the flat table paints for a screenful, by row: the texts left to right."""
+    view = table.view
+    painter = _RecordingPainter(view.viewport().size())
+    try:
+        view.paint_rows(painter, view.viewport().rect())
+    finally:
+        painter.end()
+    rows: dict[int, list[tuple[int, int, str, QColor]]] = {}
+    for x, y, text, colour in painter.texts:
+        rows.setdefault(view.rowAt(y), []).append((x, y, text, colour))
+    return {r: sorted(texts, key=lambda t: t[0]) for r, texts in rows.items()}
+
+
+def test_flat_rows_are_painted_as_the_model_answers(qtbot, table):
+    """The flat table paints its rows itself; each row shows, column by column, the text data()
+    answers, inside its column and right-aligned where the model says, the check column in its
+    colour."""
+    table.resize(1600, 400)
+    qtbot.waitUntil(lambda: table.header().sectionViewportPosition(len(COLUMNS) - 1)
+                    + table.header().sectionSize(len(COLUMNS) - 1) < table.view.width())
+    table.set_check_status({"token_embd": "bad", "output": "ok"})
+    model, view, header = table.table_model, table.view, table.header()
+    painted = _painted_rows(table)
+    assert len(painted) == view.rowAt(view.viewport().height() - 1) + 1 > 5
+    for row, texts in painted.items():
+        assert len(texts) == len(COLUMNS)
+        for col, (x, _y, text, colour) in enumerate(texts):
+            index = model.index(row, col)
+            left, width = header.sectionViewportPosition(col), header.sectionSize(col)
+            text_width = view.fontMetrics().horizontalAdvance(text)
+            assert text == index.data() and left <= x and x + text_width <= left + width
+            if index.data(Qt.ItemDataRole.TextAlignmentRole) is not None:   # right-aligned
+                assert left + width - (x + text_width) < 6
+            brush = index.data(Qt.ItemDataRole.ForegroundRole)
+            if brush is not None:
+                assert colour == brush.color()
+
+
+def test_a_long_name_is_elided_to_its_column(table):
+    table.header().resizeSection(0, 60)
+    name, *_ = _painted_rows(table)[0][0][2:]
+    assert name.endswith("…") and table.view.fontMetrics().horizontalAdvance(name) <= 60
+
+
+def test_the_selected_row_is_highlighted(table):
+    table.select_tensor("output")
+    view = table.view
+    row = view.currentIndex().row()
+    image = view.viewport().grab().toImage()
+    palette = view.palette()
+    y = view.rowViewportPosition(row) + 1
+    assert image.pixelColor(1, y) == palette.color(QPalette.ColorRole.Highlight)
+    other = row - 1
+    expected = palette.color(QPalette.ColorRole.AlternateBase if other % 2
+                             else QPalette.ColorRole.Base)
+    assert image.pixelColor(1, view.rowViewportPosition(other) + 1) == expected
+    assert {c.rgba() for _x, _y, _t, c in _painted_rows(table)[row]} == {
+        palette.color(QPalette.ColorRole.HighlightedText).rgba()}
 
 
 def test_column_widths_survive_a_change_of_grouping(table):
