@@ -102,14 +102,13 @@ def inspector_first_view(path: Path, settle: bool = True
     os.environ.setdefault("COLIBRI_INSPECTOR_SETTINGS", tempfile.mkdtemp())
     from PySide6.QtWidgets import QApplication
 
-    from colibri.inspector.app import settle_heap
     from colibri.inspector.foreign_view import QtForeignFileView
-    from colibri.inspector.main_window import MainWindow
+    from colibri.inspector.main_window import MainWindow, freeze_long_lived_objects
     app = QApplication.instance() or QApplication([])
     window = MainWindow()
     window.persist = False
     if settle:
-        settle_heap()   # as colibri-inspector does once its window is built
+        freeze_long_lived_objects()   # as colibri-inspector does once its window is built
     window.resize(1600, 900)
     window.show()
     app.processEvents()

@@ -10,7 +10,6 @@ to a PNG once loaded and exits: tests and the README's pictures use it.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import signal
 import socket
@@ -27,7 +26,7 @@ from colibri.inspector.display import startup_problem
 from colibri.inspector.examples import prepare, settle, wait_while
 from colibri.inspector.foreign_view import QtForeignFileView
 from colibri.inspector.export import save_png
-from colibri.inspector.main_window import VIEW_NAMES, MainWindow
+from colibri.inspector.main_window import VIEW_NAMES, MainWindow, freeze_long_lived_objects
 
 SCREENSHOT_SIZE = (1280, 800)
 
@@ -74,23 +73,13 @@ def demo_missing_message() -> str:
             "Open a .colibri file with File > Open (Ctrl+O) or drop one on this window.")
 
 
-def settle_heap() -> None:
-    """Collect start-up's garbage, then leave what remains (modules, classes, the window: they
-    live as long as the process) out of every later full collection. Opening a checkpoint of
-    20 000 tensors makes Python walk every tracked object several times, on whichever thread
-    allocates; a walk of the 85 000 start-up objects took 50 ms on the two-core test machine.
-    Called before any file opens, so no file's objects are frozen with them."""
-    gc.collect()
-    gc.freeze()
-
-
 def build_window(files: Sequence[str], view: str | None = None,
                  persist: bool = True) -> MainWindow:
     """A MainWindow with `files` open (the demo model when empty, or the empty state).
     `persist` False leaves the settings untouched (screenshots)."""
     window = MainWindow()
     window.persist = persist
-    settle_heap()
+    freeze_long_lived_objects()   # the window's objects live as long as the process too
     paths = list(files)
     if not paths:
         demo = resources.demo_model_path()

@@ -489,10 +489,12 @@ class FileView(DataCheckTab, QWidget):
 
 def freeze_long_lived_objects() -> None:
     """Collect, then move every object alive into the collector's permanent generation, as a
-    window is made: the modules live as long as the process, and a full collection that scans
-    them (about 100 000 objects, 80-110 ms of CPU here) runs on whichever thread allocates, often
-    the UI thread while a worker checksums a file. After this it scans only what was made since
-    (the window among it); the collect first frees the garbage a freeze would keep forever."""
+    window is made and again once colibri-inspector has built it: the modules and the window
+    live as long as the process, and a full collection that scans them (about 100 000 objects,
+    80-110 ms of CPU here) runs on whichever thread allocates, often the UI thread while a worker
+    checksums a file or a checkpoint of 20 000 tensors opens. After this it scans only what was
+    made since; the collect first frees the garbage a freeze would keep forever. Called before
+    any file opens, so no file's objects are frozen with them."""
     gc.collect()
     gc.freeze()
 
