@@ -14,7 +14,8 @@ from PySide6.QtWidgets import QStyleOptionViewItem
 
 from colibri.engine import Model
 from colibri.inspection.tensors import rows_for
-from colibri.inspector.tensor_table import COLUMNS, QtTensorTable, TensorTableModel
+from colibri.inspector.tensor_table import (COLUMNS, EXPAND_ALL_ROWS, QtTensorTable,
+                                            TensorTableModel)
 
 
 @pytest.fixture
@@ -209,6 +210,69 @@ def test_the_selected_row_is_highlighted(table):
     assert image.pixelColor(1, view.rowViewportPosition(other) + 1) == expected
     assert {c.rgba() for _x, _y, _t, c in _painted_rows(table)[row]} == {
         palette.color(QPalette.ColorRole.HighlightedText).rgba()}
+
+
+def test_grouped_rows_are_painted_as_the_model_answers(qtbot, table):
+    """Grouped, each tensor's row shows what data() answers, its name indented as the tree
+    indents it; a group's row is left to the stock paint."""
+    table.resize(1600, 400)
+    table.set_grouping("layer")
+    view, model = table.view, table.table_model
+    qtbot.waitUntil(lambda: view.header().sectionViewportPosition(len(COLUMNS) - 1)
+                    + view.header().sectionSize(len(COLUMNS) - 1) < view.width())
+    group = model.index(1, 0)
+    assert view.isExpanded(group)
+    for index in (model.index(r, 0, group) for r in range(model.rowCount(group))):
+        painter = _RecordingPainter(view.viewport().size())
+        option = QStyleOptionViewItem()
+        option.rect = view.visualRect(index).adjusted(-view.visualRect(index).x(), 0, 0, 0)
+        try:
+            view.drawRow(painter, option, index)
+        finally:
+            painter.end()
+        texts = sorted(painter.texts, key=lambda t: t[0])
+        assert [t[2] for t in texts] == [model.index(index.row(), c, group).data()
+                                         for c in range(len(COLUMNS))]
+        assert texts[0][0] >= view.visualRect(index).x()   # past the indentation
+    header_painter = _RecordingPainter(view.viewport().size())
+    option = QStyleOptionViewItem()
+    option.rect = view.visualRect(group)
+    try:
+        view.drawRow(header_painter, option, group)
+    finally:
+        header_painter.end()
+    assert header_painter.texts == []
+
+
+def test_grouping_many_rows_expands_only_the_groups_that_were(qtbot, tiny_model_path):
+    """Past EXPAND_ALL_ROWS rows the groups start collapsed (the tree lays out every row of an
+    expanded group); a group the user expanded stays expanded through a sort."""
+    rows = rows_for(Model.open(tiny_model_path("qwen2_moe")))
+    many = [replace(r, name=f"{r.name}.{i}") for i in range(EXPAND_ALL_ROWS // len(rows) + 1)
+            for r in rows]
+    table = QtTensorTable()
+    qtbot.addWidget(table)
+    table.set_rows(many)
+    table.set_grouping("layer")
+    model, view = table.table_model, table.view
+    assert model.shown_count() > EXPAND_ALL_ROWS
+    assert not any(view.isExpanded(model.index(g, 0)) for g in range(model.rowCount()))
+    view.expand(model.index(1, 0))
+    label = model.group_labels()[1]
+    view.sortByColumn(COLUMNS.index("bytes"), Qt.SortOrder.DescendingOrder)
+    expanded = [lab for g, lab in enumerate(model.group_labels())
+                if view.isExpanded(model.index(g, 0))]
+    assert expanded == [label]
+
+
+@pytest.mark.parametrize("grouping", ["none", "layer"])
+def test_the_selected_row_stays_selected_through_a_sort(table, grouping):
+    table.set_grouping(grouping)
+    assert table.select_tensor("layers.1.attn_k")
+    table.view.sortByColumn(COLUMNS.index("bytes"), Qt.SortOrder.DescendingOrder)
+    assert table.selected_row().name == "layers.1.attn_k"
+    index = table.view.currentIndex()
+    assert table.view.selectionModel().isRowSelected(index.row(), index.parent())
 
 
 def test_column_widths_survive_a_change_of_grouping(table):

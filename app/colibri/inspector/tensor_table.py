@@ -8,16 +8,18 @@ as numbers) in plain Python over the row list, then hands them to the view in ch
 checkpoint of 20 000 tensors costs one chunk when it opens and the rest as the user scrolls. A
 sort proxy would call back into Python for every comparison: 4 s for 19 200 rows on this
 machine. With a grouping ('layer' or 'expert') it becomes a two-level tree whose top rows are
-the groups, each group's rows fetched the same way; a group stays while any of its rows
-matches. `QtTensorTable` puts a filter line edit and a grouping combo over the rows and
+the groups, each group's rows fetched the same way (in chunks of `FETCH_GROUP_ROWS`); a
+group stays while any of its rows matches, and groups start expanded only when they hold at
+most `EXPAND_ALL_ROWS` rows (a sort or a filter keeps those the user expanded). `QtTensorTable` puts a filter line edit and a grouping combo over the rows and
 reports the selected tensor as `sig_tensor_selected(name)` and its byte range (an expert's
 slice when the row is one) as `sig_range_selected(offset, nbytes)`. Flat rows are shown by a
 QTableView, which lays out no row (measured on 20 000 rows: a fetch at the end 9 ms of UI
 thread, a sort 19 ms, where a QTreeView took 40 and 37 ms, growing with the rows fetched);
 groups by a QTreeView. Only the view shown holds the model. A paint of the table is most of
-what the UI thread does while a user scrolls or sorts, so the flat table paints its rows
-itself, one call into the model per row (`_FlatTableView`: 7 ms a screenful at 2 GHz where the
-stock paint took 22), and the tree's delegate fills a cell from one call (`_CellDelegate`).
+what the UI thread does while a user scrolls or sorts, so both views paint their tensor rows
+themselves, one call into the model per row (`_RowPainter`: a screenful 7 ms at 2 GHz where
+the stock paint took 22, and 18 ms for the tree where it took 34); the tree's group rows, and
+any size hint, go through the delegate, which fills a cell from one call (`_CellDelegate`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ COLUMNS = ("name", "dtype", "shape", "offset", "bytes", "check", "layer", "exper
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 ROW_ROLE = Qt.ItemDataRole.UserRole + 2          # the TensorRow of a leaf, None for a group
 FETCH_ROWS = 200                                 # rows handed to the view per fetchMore
+# ... and a group's rows: the tree fetches a chunk each time it lays out an expanded group, and
+# lays out every row fetched (about 65 us a row at 2 GHz; with chunks of 200 an expand took 800)
+FETCH_GROUP_ROWS = 50
+EXPAND_ALL_ROWS = 512   # rows up to which grouping shows every group expanded
 # Roles as plain ints: each enum member read from Python costs a descriptor call.
 _DISPLAY = int(Qt.ItemDataRole.DisplayRole)
 _TOOLTIP = int(Qt.ItemDataRole.ToolTipRole)
@@ -144,7 +150,7 @@ class TensorTableModel(QAbstractItemModel):
         else:
             groups = T.group_rows(rows, self._grouping)
         self._groups = [(label, self._in_order(members, reverse)) for label, members in groups]
-        self._loaded = [min(FETCH_ROWS, len(members)) for _label, members in self._groups]
+        self._loaded = [min(self._chunk(), len(members)) for _label, members in self._groups]
         self.endResetModel()
 
     def _in_order(self, rows: list[TensorRow], reverse: bool) -> list[TensorRow]:
@@ -207,6 +213,13 @@ class TensorTableModel(QAbstractItemModel):
         """Every row the table shows (filtered and sorted), fetched by the view or not."""
         return [r for _label, rows in self._groups for r in rows]
 
+    def shown_count(self) -> int:
+        return sum(len(rows) for _label, rows in self._groups)
+
+    def group_labels(self) -> list[str]:
+        """The groups' labels in display order (one empty label when flat)."""
+        return [label for label, _rows in self._groups]
+
     def leaf_rows(self) -> list[TensorRow]:
         """Every row given, as `set_rows` received them (expert groups: every slice)."""
         if self._grouping == "expert":
@@ -262,6 +275,9 @@ class TensorTableModel(QAbstractItemModel):
         g = self._children_of(parent)
         return g is not None and bool(self._groups[g][1])
 
+    def _chunk(self) -> int:
+        return FETCH_ROWS if self._grouping == "none" else FETCH_GROUP_ROWS
+
     def canFetchMore(self, parent: Index) -> bool:
         g = self._children_of(parent)
         return g is not None and self._loaded[g] < len(self._groups[g][1])
@@ -271,7 +287,7 @@ class TensorTableModel(QAbstractItemModel):
         if g is None:
             return
         loaded, total = self._loaded[g], len(self._groups[g][1])
-        more = min(FETCH_ROWS, total - loaded)
+        more = min(self._chunk(), total - loaded)
         if more <= 0:
             return
         self.beginInsertRows(parent, loaded, loaded + more - 1)
@@ -300,13 +316,11 @@ class TensorTableModel(QAbstractItemModel):
             row = found
         return self._cell_of(row, index.column())
 
-    def flat_cells(self, i: int, columns: list[int]) -> list[Cell] | None:
-        """What `columns` of flat row `i` show (each as `cell` answers); None when the rows are
-        grouped or row `i` is not loaded."""
-        if self._grouping != "none" or not 0 <= i < self._loaded[0]:
-            return None
-        row = self._groups[0][1][i]
-        return [self._cell_of(row, col) for col in columns]
+    def row_cells(self, index: Index, columns: list[int]) -> list[Cell] | None:
+        """What `columns` of `index`'s row show (each as `cell` answers); None for a group
+        header or an invalid index."""
+        row = self.row_at(index)
+        return None if row is None else [self._cell_of(row, col) for col in columns]
 
     def _cell_of(self, row: TensorRow, col: int) -> Cell:
         colour = (CHECK_COLOURS.get(self.check_of(row), QColor(0, 0, 0))
@@ -421,22 +435,105 @@ class _CellDelegate(QStyledItemDelegate):
             option.palette = palette
 
 
-class _FlatTableView(QTableView):
-    """The flat rows' view; it paints its rows itself, a row at a time. The stock paint calls
-    into Python twice for each cell (the model's `index`, the delegate) and has the style lay
-    out each cell's text: about 30 ms of UI thread for a screenful at 2 GHz, four times this
-    paint's. What it paints is what `TensorTableModel.cell` answers, as the delegate shows it:
-    the text elided to its column, right-aligned where the model says, in the check's colour
-    unless selected; rows alternate as the palette says. It draws no grid (the table shows
-    none) and leaves the grouped model, and any other, to the stock paint."""
+class _RowPainter:
+    """Paints a view's tensor rows a row at a time, as `TensorTableModel.row_cells` answers them
+    and the delegate would show them: each column's text elided to fit at the style's text
+    margin, right-aligned where the model says, in the check's colour unless the row is
+    selected; the row's background alternating or highlighted. The stock paint calls into
+    Python twice for each cell (the model's `index`, the delegate) and has the style lay out
+    each cell's text: a screenful of the flat table took 21.5 ms of UI thread on a 2 GHz Zen 1,
+    this 7.3 ms (docs/formats.md). `begin` reads what a paint needs once; `row` paints one row.
+    No grid is drawn (the views show none)."""
 
     WIDTHS_KEPT = 50_000
+
+    def __init__(self, view: QTableView | QTreeView) -> None:
+        self._view = view
+        self._widths: dict[str, int] = {}   # text -> its width in the view's font
+        self._elided: dict[tuple[str, int], tuple[str, int]] = {}   # (text, room) -> fitted
+        self._widths_font = QFont()
+        self.columns: list[int] = []        # the columns a paint crosses, and their spans
+        self._spans: list[tuple[int, int]] = []
+
+    def begin(self, area: QRect) -> bool:
+        """Read what a paint of `area` (viewport coordinates) needs; False when no column
+        crosses it."""
+        view = self._view
+        header = view.horizontalHeader() if isinstance(view, QTableView) else view.header()
+        self.columns, self._spans = [], []
+        for col in range(header.count()):
+            x, width = header.sectionViewportPosition(col), header.sectionSize(col)
+            if width > 0 and not header.isSectionHidden(col) and x < area.right() + 1 \
+                    and x + width > area.left():
+                self.columns.append(col)
+                self._spans.append((x, width))
+        if not self.columns:
+            return False
+        self._left = min(x for x, _w in self._spans)
+        self._width = max(x + w for x, w in self._spans) - self._left
+        palette = view.palette()
+        self._text = palette.color(QPalette.ColorRole.Text)
+        self._highlight = palette.brush(QPalette.ColorRole.Highlight)
+        self._highlighted_text = palette.color(QPalette.ColorRole.HighlightedText)
+        self._alternate = palette.brush(QPalette.ColorRole.AlternateBase)
+        self._metrics = view.fontMetrics()
+        # the style's own margin (QCommonStyle's for an item view's text)
+        self._margin = view.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None,
+                                                view) + 1
+        if view.font() != self._widths_font or len(self._widths) + len(self._elided) > \
+                self.WIDTHS_KEPT:
+            self._widths, self._elided, self._widths_font = {}, {}, QFont(view.font())
+        return True
+
+    def row(self, painter: QPainter, y: int, height: int, cells: list[Cell], selected: bool,
+            alternate: bool, indent: int = 0) -> None:
+        """Paint one row of `cells` (those of `columns`) at `y`; the first column's text starts
+        `indent` pixels further in (a tree's indentation)."""
+        if selected:
+            painter.fillRect(self._left, y, self._width, height, self._highlight)
+        elif alternate:
+            painter.fillRect(self._left, y, self._width, height, self._alternate)
+        metrics, margin, widths = self._metrics, self._margin, self._widths
+        baseline = y + (height - metrics.height()) // 2 + metrics.ascent()
+        for col, (x, width), (text, right_aligned, colour) in zip(self.columns, self._spans,
+                                                                  cells):
+            if col == 0 and indent:
+                x, width = x + indent, width - indent
+            room = width - 2 * margin
+            text_width = widths.get(text)
+            if text_width is None:
+                text_width = widths[text] = metrics.horizontalAdvance(text)
+            if text_width > room:
+                elided = self._elided.get((text, room))
+                if elided is None:
+                    short = metrics.elidedText(text, Qt.TextElideMode.ElideRight, max(room, 0))
+                    elided = self._elided[text, room] = (short, metrics.horizontalAdvance(short))
+                text, text_width = elided
+            painter.setPen(self._highlighted_text if selected
+                           else colour if colour is not None else self._text)
+            offset = width - margin - text_width if right_aligned else margin
+            painter.drawText(x + offset, baseline, text)
+
+    def focus(self, painter: QPainter, index: QModelIndex, selected: bool) -> None:
+        """The focus frame around `index`'s cell."""
+        view = self._view
+        option = QStyleOptionFocusRect()
+        option.initFrom(view)
+        option.rect = view.visualRect(index)
+        option.backgroundColor = view.palette().color(
+            QPalette.ColorRole.Highlight if selected else QPalette.ColorRole.Base)
+        view.style().drawPrimitive(QStyle.PrimitiveElement.PE_FrameFocusRect, option, painter,
+                                   view)
+
+
+class _FlatTableView(QTableView):
+    """The flat rows' view: it paints its rows itself (`_RowPainter`), and leaves any other
+    model to the stock paint."""
 
     def __init__(self, model: TensorTableModel, parent: QWidget) -> None:
         super().__init__(parent)
         self._rows_model = model
-        self._widths: dict[str, int] = {}   # text -> its width in the view's font
-        self._widths_font = QFont()
+        self._painter = _RowPainter(self)
 
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 (Qt API)
         if self.model() is not self._rows_model or self._rows_model.grouping() != "none":
@@ -451,64 +548,24 @@ class _FlatTableView(QTableView):
     def paint_rows(self, painter: QPainter, area: QRect) -> None:
         """Paint the rows crossing `area` (viewport coordinates) with `painter`."""
         first = self.rowAt(area.top())
-        if first < 0:
+        if first < 0 or not self._painter.begin(area):
             return
         last = self.rowAt(area.bottom())
         if last < 0:
             last = self._rows_model.rowCount() - 1
-        header = self.horizontalHeader()
-        columns, spans = [], []
-        for col in range(header.count()):
-            x, width = header.sectionViewportPosition(col), header.sectionSize(col)
-            if width > 0 and not header.isSectionHidden(col) and x < area.right() + 1 \
-                    and x + width > area.left():
-                columns.append(col)
-                spans.append((x, width))
-        if not columns:
-            return
-        left = min(x for x, _w in spans)
-        row_width = max(x + w for x, w in spans) - left
-        palette, metrics = self.palette(), self.fontMetrics()
-        text_colour = palette.color(QPalette.ColorRole.Text)
-        highlight = palette.brush(QPalette.ColorRole.Highlight)
-        highlighted_text = palette.color(QPalette.ColorRole.HighlightedText)
-        alternate = (palette.brush(QPalette.ColorRole.AlternateBase)
-                     if self.alternatingRowColors() else None)
-        widths = self._text_widths()
-        # the style's own margin (QCommonStyle's for an item view's text)
-        margin = self.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, self) + 1
-        height = self.rowHeight(first)
-        baseline = (height - metrics.height()) // 2 + metrics.ascent()
+        model, alternating = self._rows_model, self.alternatingRowColors()
         selected = self._selected_rows(first, last)
+        height = self.rowHeight(first)
         y = self.rowViewportPosition(first)
         for i in range(first, last + 1):
-            cells = self._rows_model.flat_cells(i, columns)
+            cells = model.row_cells(model.index(i, 0), self._painter.columns)
             if cells is None:
                 break
-            if i in selected:
-                painter.fillRect(left, y, row_width, height, highlight)
-            elif alternate is not None and i & 1:
-                painter.fillRect(left, y, row_width, height, alternate)
-            for (x, width), (text, right_aligned, colour) in zip(spans, cells):
-                room = width - 2 * margin
-                text_width = widths.get(text)
-                if text_width is None:
-                    text_width = widths[text] = metrics.horizontalAdvance(text)
-                if text_width > room:
-                    text = metrics.elidedText(text, Qt.TextElideMode.ElideRight, max(room, 0))
-                    text_width = metrics.horizontalAdvance(text)
-                painter.setPen(highlighted_text if i in selected
-                               else colour if colour is not None else text_colour)
-                offset = width - margin - text_width if right_aligned else margin
-                painter.drawText(x + offset, y + baseline, text)
+            self._painter.row(painter, y, height, cells, i in selected, alternating and i & 1 == 1)
             y += height
-        self._paint_focus(painter, first, last, selected)
-
-    def _text_widths(self) -> dict[str, int]:
-        """The cache of text widths, emptied when the font changes or it grows too big."""
-        if self.font() != self._widths_font or len(self._widths) > self.WIDTHS_KEPT:
-            self._widths, self._widths_font = {}, QFont(self.font())
-        return self._widths
+        current = self.currentIndex()
+        if self.hasFocus() and current.isValid() and first <= current.row() <= last:
+            self._painter.focus(painter, current, current.row() in selected)
 
     def _selected_rows(self, first: int, last: int) -> set[int]:
         selection = self.selectionModel()
@@ -517,17 +574,70 @@ class _FlatTableView(QTableView):
         return {i for r in selection.selection()
                 for i in range(max(r.top(), first), min(r.bottom(), last) + 1)}
 
-    def _paint_focus(self, painter: QPainter, first: int, last: int, selected: set[int]) -> None:
-        current = self.currentIndex()
-        if not self.hasFocus() or not current.isValid() or not first <= current.row() <= last:
+
+class _GroupTreeView(QTreeView):
+    """The grouped rows' view: it paints each tensor row itself (`_RowPainter`), the groups'
+    rows the stock way."""
+
+    def __init__(self, model: TensorTableModel, parent: QWidget) -> None:
+        super().__init__(parent)
+        self._rows_model = model
+        self._painter = _RowPainter(self)
+        self._in_paint = False   # begun for this paint: drawRow's calls share one begin
+        self._begun = False
+        self._expanded: set[str] = set()   # labels of the groups expanded before a reset
+
+    def remember_groups(self, keep: bool) -> None:
+        """Before the model resets: note which groups are expanded (none when not `keep`)."""
+        grouped = self.model() is self._rows_model and self._rows_model.grouping() != "none"
+        self._expanded = {label for g, label in enumerate(self._rows_model.group_labels())
+                          if self.isExpanded(self._rows_model.index(g, 0))} \
+            if keep and grouped else set()
+
+    def expand_groups(self) -> None:
+        """Every group expanded when they hold few rows, else those noted before the reset
+        (a sort or a filter keeps them): the tree lays out each row of an expanded group, a call
+        into Python per row, 270 ms for the 20 groups of a 20 000-tensor checkpoint at 2 GHz."""
+        expanded, self._expanded = self._expanded, set()
+        if self._rows_model.shown_count() <= EXPAND_ALL_ROWS:
+            self.expandAll()
             return
-        option = QStyleOptionFocusRect()
-        option.initFrom(self)
-        option.rect = self.visualRect(current)
-        option.backgroundColor = self.palette().color(
-            QPalette.ColorRole.Highlight if current.row() in selected else QPalette.ColorRole.Base)
-        self.style().drawPrimitive(QStyle.PrimitiveElement.PE_FrameFocusRect, option, painter,
-                                   self)
+        for g, label in enumerate(self._rows_model.group_labels()):
+            if label in expanded:
+                self.expand(self._rows_model.index(g, 0))
+
+    def reset(self) -> None:
+        super().reset()   # forgets which rows were expanded
+        if self.model() is self._rows_model and self._rows_model.grouping() != "none":
+            self.expand_groups()
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 (Qt API)
+        self._begun = self._painter.begin(event.rect())
+        self._in_paint = True
+        try:
+            super().paintEvent(event)
+        finally:
+            self._in_paint = False
+
+    def drawRow(self, painter: QPainter, option: QStyleOptionViewItem,  # noqa: N802 (Qt API)
+                index: QModelIndex) -> None:
+        """Paint `index`'s row: a tensor's by `_RowPainter`, a group's the stock way."""
+        begun = self._begun if self._in_paint else self._painter.begin(self.viewport().rect())
+        cells = (self._rows_model.row_cells(index, self._painter.columns)
+                 if begun and self.model() is self._rows_model else None)
+        if cells is None:   # a group's row, or not ours to paint
+            super().drawRow(painter, option, index)
+            return
+        selection = self.selectionModel()
+        selected = selection is not None and selection.isSelected(index)
+        alternate = bool(option.features & QStyleOptionViewItem.ViewItemFeature.Alternate)
+        indent = self.indentation() * (2 if self.rootIsDecorated() else 1)
+        y, height = option.rect.y(), option.rect.height()
+        self._painter.row(painter, y, height, cells, selected, alternate, indent)
+        current = self.currentIndex()
+        if self.hasFocus() and current.row() == index.row() and \
+                current.parent() == index.parent():
+            self._painter.focus(painter, current, selected)
 
 
 class QtTensorTable(QWidget):
@@ -556,7 +666,7 @@ class QtTensorTable(QWidget):
             self.table_view.fontMetrics().height() + 6)
         self.table_view.setShowGrid(False)
         self.table_view.setWordWrap(False)
-        self.tree_view = QTreeView(self)
+        self.tree_view = _GroupTreeView(self.table_model, self)
         self.tree_view.setUniformRowHeights(True)
         self._header_states: dict[QHeaderView, QByteArray] = {}
         self._delegate = _CellDelegate(self.table_model, self)
@@ -570,6 +680,13 @@ class QtTensorTable(QWidget):
             header.setSortIndicator(COLUMNS.index("offset"), Qt.SortOrder.AscendingOrder)
             view.setSortingEnabled(True)   # a header click calls TensorTableModel.sort
             header.sortIndicatorChanged.connect(self._sorted)
+        # A sort resets the model: keep the selected row selected (_hold_model puts the slot
+        # after the view's).
+        self.table_model.modelAboutToBeReset.connect(self._remember_current)
+        self.table_model.modelReset.connect(self._after_reset)
+        self._current: TensorRow | None = None
+        self._keep_current = True
+        self._restoring = False
         self._hold_model(self.table_view)
         self._name_width = self.table_view.columnWidth(0)
         self.views = QStackedWidget(self)
@@ -585,12 +702,6 @@ class QtTensorTable(QWidget):
         layout.addWidget(self.views, 1)
         self.filter_edit.textChanged.connect(self._on_filter)
         self.group_combo.currentIndexChanged.connect(self._on_grouping)
-        # A sort resets the model: keep the selected row selected.
-        self.table_model.modelAboutToBeReset.connect(self._remember_current)
-        self.table_model.modelReset.connect(self._after_reset)
-        self._current: TensorRow | None = None
-        self._keep_current = True
-        self._restoring = False
         self._update_count()
 
     def _hold_model(self, view: QTableView | QTreeView) -> None:
@@ -621,6 +732,11 @@ class QtTensorTable(QWidget):
             header.setSortIndicator(*self.table_model.sorting())
         finally:
             header.blockSignals(False)
+        if view is self.tree_view:
+            self.tree_view.expand_groups()
+        # after the view's own: its reset forgets the current row and the selection
+        self.table_model.modelReset.disconnect(self._after_reset)
+        self.table_model.modelReset.connect(self._after_reset)
         view.selectionModel().currentRowChanged.connect(self._on_current)
 
     @staticmethod
@@ -717,6 +833,7 @@ class QtTensorTable(QWidget):
 
     def _remember_current(self) -> None:
         self._current = self.selected_row() if self._keep_current else None
+        self.tree_view.remember_groups(self._keep_current)
 
     def _sorted(self, column: int, order: Qt.SortOrder) -> None:
         """Both views' headers show the model's sort (the hidden one's too)."""
@@ -728,11 +845,8 @@ class QtTensorTable(QWidget):
                 header.blockSignals(False)
 
     def _after_reset(self) -> None:
-        grouped = self.table_model.grouping() != "none"
         self._hold_model(self.view)
         self.views.setCurrentWidget(self.view)
-        if grouped and (self.table_model.rowCount() <= 64 or self.table_model.pattern().strip()):
-            self.tree_view.expandAll()
         self._update_count()
         current, self._current = self._current, None
         if current is not None:
@@ -762,10 +876,10 @@ class QtTensorTable(QWidget):
 
     def _update_count(self) -> None:
         total = self.table_model.total_count()
-        shown = len(self.visible_rows()) if self.table_model.pattern().strip() else total
+        shown = self.table_model.shown_count() if self.table_model.pattern().strip() else total
         self.count_label.setText(f"{shown} / {total} tensors" if shown != total
                                  else f"{total} tensors")
 
 
-__all__ = ["COLUMNS", "FETCH_ROWS", "QtTensorTable", "ROW_ROLE", "SORT_ROLE",
-           "TensorTableModel"]
+__all__ = ["COLUMNS", "EXPAND_ALL_ROWS", "FETCH_GROUP_ROWS", "FETCH_ROWS", "QtTensorTable",
+           "ROW_ROLE", "SORT_ROLE", "TensorTableModel"]
