@@ -454,6 +454,7 @@ class _RowPainter:
         self._widths_font = QFont()
         self.columns: list[int] = []        # the columns a paint crosses, and their spans
         self._spans: list[tuple[int, int]] = []
+        self._first = 0
 
     def begin(self, area: QRect) -> bool:
         """Read what a paint of `area` (viewport coordinates) needs; False when no column
@@ -469,6 +470,7 @@ class _RowPainter:
                 self._spans.append((x, width))
         if not self.columns:
             return False
+        self._first = header.logicalIndex(0)   # the column a tree indents
         self._left = min(x for x, _w in self._spans)
         self._width = max(x + w for x, w in self._spans) - self._left
         palette = view.palette()
@@ -487,8 +489,8 @@ class _RowPainter:
 
     def row(self, painter: QPainter, y: int, height: int, cells: list[Cell], selected: bool,
             alternate: bool, indent: int = 0) -> None:
-        """Paint one row of `cells` (those of `columns`) at `y`; the first column's text starts
-        `indent` pixels further in (a tree's indentation)."""
+        """Paint one row of `cells` (those of `columns`) at `y`; the text of the column shown
+        first starts `indent` pixels further in (a tree's indentation)."""
         if selected:
             painter.fillRect(self._left, y, self._width, height, self._highlight)
         elif alternate:
@@ -497,7 +499,7 @@ class _RowPainter:
         baseline = y + (height - metrics.height()) // 2 + metrics.ascent()
         for col, (x, width), (text, right_aligned, colour) in zip(self.columns, self._spans,
                                                                   cells):
-            if col == 0 and indent:
+            if col == self._first and indent:
                 x, width = x + indent, width - indent
             room = width - 2 * margin
             text_width = widths.get(text)
