@@ -17,9 +17,9 @@ QTableView, which lays out no row (measured on 20 000 rows: a fetch at the end 9
 thread, a sort 19 ms, where a QTreeView took 40 and 37 ms, growing with the rows fetched);
 groups by a QTreeView. Only the view shown holds the model. A paint of the table is most of
 what the UI thread does while a user scrolls or sorts, so both views paint their tensor rows
-themselves, one call into the model per row (`_RowPainter`: a screenful 7 ms at 2 GHz where
-the stock paint took 22, and 18 ms for the tree where it took 34); the tree's group rows, and
-any size hint, go through the delegate, which fills a cell from one call (`_CellDelegate`).
+themselves, one call into the model per row (`_RowPainter`; docs/formats.md has the figures);
+the tree's group rows, and any size hint, go through the delegate, which fills a cell from one
+call (`_CellDelegate`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 ROW_ROLE = Qt.ItemDataRole.UserRole + 2          # the TensorRow of a leaf, None for a group
 FETCH_ROWS = 200                                 # rows handed to the view per fetchMore
 # ... and a group's rows: the tree fetches a chunk each time it lays out an expanded group, and
-# lays out every row fetched (about 65 us a row at 2 GHz; with chunks of 200 an expand took 800)
+# lays out every row fetched, a call into Python each (docs/formats.md)
 FETCH_GROUP_ROWS = 50
 EXPAND_ALL_ROWS = 512   # rows up to which grouping shows every group expanded
 # Roles as plain ints: each enum member read from Python costs a descriptor call.
@@ -441,9 +441,8 @@ class _RowPainter:
     margin, right-aligned where the model says, in the check's colour unless the row is
     selected; the row's background alternating or highlighted. The stock paint calls into
     Python twice for each cell (the model's `index`, the delegate) and has the style lay out
-    each cell's text: a screenful of the flat table took 21.5 ms of UI thread on a 2 GHz Zen 1,
-    this 7.3 ms (docs/formats.md). `begin` reads what a paint needs once; `row` paints one row.
-    No grid is drawn (the views show none)."""
+    each cell's text, about three times this paint's cost (docs/formats.md). `begin` reads what
+    a paint needs once; `row` paints one row. No grid is drawn (the views show none)."""
 
     WIDTHS_KEPT = 50_000
 
@@ -599,7 +598,7 @@ class _GroupTreeView(QTreeView):
     def expand_groups(self) -> None:
         """Every group expanded when they hold few rows, else those noted before the reset
         (a sort or a filter keeps them): the tree lays out each row of an expanded group, a call
-        into Python per row, 270 ms for the 20 groups of a 20 000-tensor checkpoint at 2 GHz."""
+        into Python per row (docs/formats.md)."""
         expanded, self._expanded = self._expanded, set()
         if self._rows_model.shown_count() <= EXPAND_ALL_ROWS:
             self.expandAll()
