@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import fnmatch
 
 import numpy as np
+import pytest
 
 from colibri.engine import Model
 from colibri.inspection.tensors import (export_csv, expert_slices, filter_rows, group_by_expert,
-                                        group_by_layer, rows_for, tensor_kind)
+                                        group_by_layer, name_matches, rows_for, tensor_kind)
 
 
 def test_rows_follow_the_file_table(tiny_model_path):
@@ -53,6 +55,19 @@ def test_filter_by_substring_glob_layer_and_dtype(tiny_model_path):
     assert all(r.layer == 1 for r in filter_rows(rows, layer=1))
     assert all(r.dtype == "f32" for r in filter_rows(rows, dtype="f32"))
     assert filter_rows(rows, dtype="f32") and filter_rows(rows, dtype="f16")
+
+
+@pytest.mark.parametrize("pattern", ["*.t1*", "*WEIGHT", "model.*", "*t1?.weight", "*[12].w*",
+                                     "*", "**t1*", "?odel*", "layers.1", "T1"])
+def test_a_name_pattern_matches_as_fnmatch_does_ignoring_case(pattern):
+    """Globs match as fnmatch does, substrings anywhere, both whatever the case (the matcher
+    compiles them to searches, not fnmatch's calls)."""
+    names = [f"model.layers.{i % 3}.t{i}.weight" for i in range(300)] + ["token_embd", "", "T1"]
+    glob = any(ch in pattern for ch in "*?[")
+    for name in names:
+        expected = (fnmatch.fnmatchcase(name.lower(), pattern.lower()) if glob
+                    else pattern.lower() in name.lower())
+        assert name_matches(name, pattern) == expected, (name, pattern)
 
 
 def test_group_by_layer(tiny_model_path):

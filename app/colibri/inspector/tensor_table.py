@@ -101,6 +101,7 @@ class TensorTableModel(QAbstractItemModel):
         self._sort_column = COLUMNS.index("offset")
         self._sort_order = Qt.SortOrder.AscendingOrder
         self._status: dict[str, str] = {}
+        self._group_bytes: dict[int, int] = {}   # a group's bytes, by its row
 
     # -- content ----------------------------------------------------------------------------
 
@@ -151,6 +152,7 @@ class TensorTableModel(QAbstractItemModel):
             groups = T.group_rows(rows, self._grouping)
         self._groups = [(label, self._in_order(members, reverse)) for label, members in groups]
         self._loaded = [min(self._chunk(), len(members)) for _label, members in self._groups]
+        self._group_bytes: dict[int, int] = {}
         self.endResetModel()
 
     def _in_order(self, rows: list[TensorRow], reverse: bool) -> list[TensorRow]:
@@ -341,8 +343,11 @@ class TensorTableModel(QAbstractItemModel):
             if role == _DISPLAY:
                 if col == 0:
                     return f"{label} ({len(rows)})"
-                if col == _BYTES_COLUMN:
-                    return _fmt_bytes(sum(r.nbytes for r in rows))
+                if col == _BYTES_COLUMN:   # summed once an arrangement: a paint asks again
+                    total = self._group_bytes.get(index.row())
+                    if total is None:
+                        total = self._group_bytes[index.row()] = sum(r.nbytes for r in rows)
+                    return _fmt_bytes(total)
                 return None
             if role == _SORT:
                 return index.row()
