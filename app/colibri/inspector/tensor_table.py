@@ -306,17 +306,8 @@ class TensorTableModel(QAbstractItemModel):
     def cell(self, index: Index) -> Cell | None:
         """What a tensor row's cell shows: its text, whether it is right-aligned and its text
         colour (None: the palette's); None for a group header or an invalid index."""
-        if self._grouping == "none":   # the common case without row_at's checks
-            i = index.row()   # -1 when invalid
-            if not 0 <= i < self._loaded[0]:
-                return None
-            row = self._groups[0][1][i]
-        else:
-            found = self.row_at(index)
-            if found is None:
-                return None
-            row = found
-        return self._cell_of(row, index.column())
+        row = self.row_at(index)
+        return None if row is None else self._cell_of(row, index.column())
 
     def row_cells(self, index: Index, columns: list[int]) -> list[Cell] | None:
         """What `columns` of `index`'s row show (each as `cell` answers); None for a group
