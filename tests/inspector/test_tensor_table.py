@@ -8,13 +8,14 @@ import csv
 from dataclasses import replace
 
 import pytest
-from PySide6.QtCore import QModelIndex, QSize, Qt
+from PySide6.QtCore import QModelIndex, QPoint, QSize, Qt
 from PySide6.QtGui import QColor, QImage, QPainter, QPalette
-from PySide6.QtWidgets import QStyleOptionViewItem
+from PySide6.QtWidgets import QStyleOptionViewItem, QTreeView
 
 from colibri.engine import Model
 from colibri.inspection.tensors import rows_for
-from colibri.inspector.tensor_table import (COLUMNS, EXPAND_ALL_ROWS, QtTensorTable,
+from colibri.inspection.tensors import group_rows, name_matcher
+from colibri.inspector.tensor_table import (COLUMNS, EXPAND_ALL_ROWS, SORT_ROLE, QtTensorTable,
                                             TensorTableModel)
 
 
@@ -64,6 +65,45 @@ def test_offset_order_runs_shard_by_shard(tiny_model_path, order):
     expected = sorted(sharded, key=lambda r: (r.shard, r.offset),
                       reverse=order == Qt.SortOrder.DescendingOrder)
     assert model.shown_rows() == expected
+
+
+@pytest.mark.parametrize("grouping", ["none", "layer", "expert"])
+def test_each_arrangement_is_a_plain_filter_group_and_sort(tiny_model_path, grouping):
+    """However filters, sorts and check results follow one another (rows sorted once a column
+    are reused), each group shows its rows (as grouping every row gives them) that the filter
+    keeps, ordered by the sort column's key, ties in file order."""
+    rows = rows_for(Model.open(tiny_model_path()))
+    model = TensorTableModel()
+    model.set_rows(rows, grouping)
+    position = {(r.name, r.expert): i for g in (rows, model.leaf_rows()) for i, r in enumerate(g)}
+    for step, pattern in enumerate(("", "moe", "layers.1.*", "")):
+        model.set_pattern(pattern)
+        model.set_check_status({r.name: ("ok", "bad")[(i + step) % 2] for i, r in enumerate(rows)})
+        for col in range(len(COLUMNS)):
+            for order in (Qt.SortOrder.AscendingOrder, Qt.SortOrder.DescendingOrder):
+                model.sort(col, order)
+                kept = {r.name for r in rows if name_matcher(pattern)(r.label)}
+                expected = {label: {(r.name, r.expert) for r in members if r.name in kept}
+                            for label, members in group_rows(rows, grouping)}
+                if grouping != "none":
+                    assert model.group_labels() == [
+                        label for label, _members in group_rows(rows, grouping) if expected[label]]
+                for g, label in enumerate(model.group_labels()):
+                    parent = QModelIndex() if grouping == "none" else model.index(g, 0)
+                    while model.canFetchMore(parent):
+                        model.fetchMore(parent)
+                    shown = [model.index(i, col, parent) for i in range(model.rowCount(parent))]
+                    assert {(r.name, r.expert) for r in map(model.row_at, shown)} == \
+                        expected[label]
+                    keys = [(i.data(SORT_ROLE), position[model.row_at(i).name,
+                                                           model.row_at(i).expert]) for i in shown]
+                    descending = order == Qt.SortOrder.DescendingOrder
+                    assert keys == sorted(keys, key=lambda k: (_negated(k[0]) if descending
+                                                               else k[0], k[1]))
+
+
+def _negated(key):
+    return -key if isinstance(key, int) else tuple(-ord(c) for c in key) + (1,)
 
 
 def test_filter_by_glob(table):
@@ -177,8 +217,9 @@ def test_flat_rows_are_painted_as_the_model_answers(qtbot, table):
     painted = _painted_rows(table)
     assert len(painted) == view.rowAt(view.viewport().height() - 1) + 1 > 5
     for row, texts in painted.items():
-        assert len(texts) == len(COLUMNS)
-        for col, (x, _y, text, colour) in enumerate(texts):
+        shown = [c for c in range(len(COLUMNS)) if model.index(row, c).data()]   # "" not drawn
+        assert len(texts) == len(shown)
+        for col, (x, _y, text, colour) in zip(shown, texts):
             index = model.index(row, col)
             left, width = header.sectionViewportPosition(col), header.sectionSize(col)
             text_width = view.fontMetrics().horizontalAdvance(text)
@@ -213,35 +254,91 @@ def test_the_selected_row_is_highlighted(table):
 
 
 def test_grouped_rows_are_painted_as_the_model_answers(qtbot, table):
-    """Grouped, each tensor's row shows what data() answers, its name indented as the tree
-    indents it; a group's row is left to the stock paint."""
+    """Grouped, each row shown paints what data() answers, column by column: a tensor's name
+    indented under its group, a group's label past its branch indicator."""
     table.resize(1600, 400)
     table.set_grouping("layer")
     view, model = table.view, table.table_model
     qtbot.waitUntil(lambda: view.header().sectionViewportPosition(len(COLUMNS) - 1)
                     + view.header().sectionSize(len(COLUMNS) - 1) < view.width())
-    group = model.index(1, 0)
-    assert view.isExpanded(group)
-    for index in (model.index(r, 0, group) for r in range(model.rowCount(group))):
-        painter = _RecordingPainter(view.viewport().size())
-        option = QStyleOptionViewItem()
-        option.rect = view.visualRect(index).adjusted(-view.visualRect(index).x(), 0, 0, 0)
-        try:
-            view.drawRow(painter, option, index)
-        finally:
-            painter.end()
-        texts = sorted(painter.texts, key=lambda t: t[0])
-        assert [t[2] for t in texts] == [model.index(index.row(), c, group).data()
-                                         for c in range(len(COLUMNS))]
-        assert texts[0][0] >= view.visualRect(index).x()   # past the indentation
-    header_painter = _RecordingPainter(view.viewport().size())
-    option = QStyleOptionViewItem()
-    option.rect = view.visualRect(group)
+    assert view.isExpanded(model.index(1, 0))
+    painter = _RecordingPainter(view.viewport().size())
     try:
-        view.drawRow(header_painter, option, group)
+        view.paint_rows(painter, view.viewport().rect())
     finally:
-        header_painter.end()
-    assert header_painter.texts == []
+        painter.end()
+    rows: dict[tuple[int, int], list[tuple[int, int, str, QColor]]] = {}
+    for x, y, text, colour in painter.texts:
+        index = view.indexAt(QPoint(x, y))
+        rows.setdefault((index.internalId(), index.row()), []).append((x, y, text, colour))
+    assert len(rows) >= view.viewport().height() // view.visualRect(model.index(0, 0)).height() \
+        > 10   # every row shown
+    for (gid, row), texts in rows.items():
+        index = model.index(row, 0, QModelIndex() if gid == 0 else model.index(gid - 1, 0))
+        texts.sort(key=lambda t: t[0])
+        assert [t[2] for t in texts] == [index.siblingAtColumn(c).data()
+                                         for c in range(len(COLUMNS))
+                                         if index.siblingAtColumn(c).data()]
+        depth = 1 if gid == 0 else 2
+        assert texts[0][0] >= view.indentation() * depth   # past the indentation
+
+
+def _stock_tree_like(view: QTreeView) -> QTreeView:
+    """A plain QTreeView showing what `view` shows: its model, delegate, columns, expanded
+    groups, current row and size."""
+    stock = QTreeView()
+    stock.setModel(view.model())
+    stock.setItemDelegate(view.itemDelegate())
+    for setting in ("alternatingRowColors", "uniformRowHeights", "selectionBehavior",
+                    "selectionMode", "indentation", "rootIsDecorated"):
+        getter = getattr(view, setting)
+        getattr(stock, "set" + setting[0].upper() + setting[1:])(getter())
+    stock.header().restoreState(view.header().saveState())
+    model = view.model()
+    for g in range(model.rowCount()):
+        stock.setExpanded(model.index(g, 0), view.isExpanded(model.index(g, 0)))
+    stock.setCurrentIndex(view.currentIndex())
+    stock.resize(view.size())
+    return stock
+
+
+@pytest.mark.parametrize("current, scrolled", [("tensor", 0), ("group", 0), ("tensor", 3)])
+def test_the_grouped_tree_paints_as_the_stock_tree_does(qtbot, table, current, scrolled):
+    """The tree's own paint of tensor and group rows gives the stock tree's pixels (with the
+    same delegate's cells) in every left-aligned column, scrolled or not: alternating
+    backgrounds by the row's place, branch indicators, the selected row and its focus frame,
+    the indented names, the check's colour. Right-aligned columns differ in the anti-aliasing of a text the stock
+    places at a fractional pixel, and the stock elides a group's bytes a few pixels early."""
+    table.resize(1600, 400)
+    table.set_grouping("layer")
+    view, model = table.view, table.table_model
+    header = view.header()
+    qtbot.waitUntil(lambda: header.sectionViewportPosition(len(COLUMNS) - 1)
+                    + header.sectionSize(len(COLUMNS) - 1) < view.width())
+    view.collapse(model.index(0, 0))   # a closed group above an open one
+    view.setCurrentIndex(model.index(2, 0, model.index(1, 0)) if current == "tensor"
+                         else model.index(1, 0))
+    view.setFocus()
+    qtbot.waitUntil(lambda: view.hasFocus() or view.viewport().hasFocus())
+    view.verticalScrollBar().setValue(scrolled)   # rows scrolled away above: 3 (odd, so the
+    ours = view.viewport().grab().toImage()       # alternation is the rows' place, not y)
+    stock_view = _stock_tree_like(view)
+    qtbot.addWidget(stock_view)
+    stock_view.show()
+    stock_view.verticalScrollBar().setValue(scrolled)
+    stock_view.setFocus()
+    qtbot.waitUntil(lambda: stock_view.hasFocus() or stock_view.viewport().hasFocus())
+    stock = stock_view.viewport().grab().toImage()
+    assert stock.size() == ours.size()
+    tensor = model.index(0, 0, model.index(1, 0))
+    left_aligned = [(header.sectionViewportPosition(c),
+                     header.sectionViewportPosition(c) + header.sectionSize(c))
+                    for c in range(len(COLUMNS))
+                    if tensor.siblingAtColumn(c).data(Qt.ItemDataRole.TextAlignmentRole) is None]
+    assert len(left_aligned) == 5
+    differing = [(x, y) for left, right in left_aligned for x in range(left, right)
+                 for y in range(ours.height()) if ours.pixel(x, y) != stock.pixel(x, y)]
+    assert differing == []
 
 
 def test_grouping_many_rows_expands_only_the_groups_that_were(qtbot, tiny_model_path):

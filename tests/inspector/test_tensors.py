@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from colibri.engine import Model
-from colibri.inspection.tensors import (export_csv, expert_slices, filter_rows, group_by_expert,
-                                        group_by_layer, name_matches, rows_for, tensor_kind)
+from colibri.inspection.tensors import (RowLabels, TensorRow, export_csv, expert_slices,
+                                        filter_rows, group_by_expert, group_by_layer,
+                                        name_matcher, name_matches, rows_for, stable_order,
+                                        tensor_kind)
 
 
 def test_rows_follow_the_file_table(tiny_model_path):
@@ -68,6 +70,31 @@ def test_a_name_pattern_matches_as_fnmatch_does_ignoring_case(pattern):
         expected = (fnmatch.fnmatchcase(name.lower(), pattern.lower()) if glob
                     else pattern.lower() in name.lower())
         assert name_matches(name, pattern) == expected, (name, pattern)
+
+
+@pytest.mark.parametrize("pattern", ["*.t1*", "*WEIGHT", "model.*", "*t1?.weight", "T1", "*",
+                                     "layers.1", "*ÄRGER*", "  t1 "])
+@pytest.mark.parametrize("odd_name", ["MODEL.t1.bias", "model.Ärger.t1"])
+def test_row_labels_keep_what_filter_rows_keeps(pattern, odd_name):
+    """A table's labels, read once (lower-cased where all are ASCII), keep the rows the name
+    matcher keeps, in order, with and without a label outside ASCII."""
+    names = [f"model.layers.{i % 3}.t{i}.weight" for i in range(300)] + ["token_embd", odd_name]
+    rows = [TensorRow(name=n, index=i, layer=None, expert=None, kind="mlp", dtype="f32",
+                      shape=(1,), offset=4 * i, nbytes=4, crc32=0) for i, n in enumerate(names)]
+    matches = name_matcher(pattern)
+    assert RowLabels(rows).matching(pattern) == [r for r in rows if matches(r.label)]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_stable_order_orders_as_sorted_does(reverse):
+    """Integer keys sorted by numpy and any keys sorted by Python give sorted()'s order, ties
+    in their given order either way round."""
+    ints = [(7 * i) % 13 for i in range(200)]
+    assert stable_order(np.array(ints, dtype=np.int64), reverse) == sorted(
+        range(len(ints)), key=ints.__getitem__, reverse=reverse)
+    words = [f"w{k}" for k in ints]
+    assert stable_order(words, reverse) == sorted(range(len(words)), key=words.__getitem__,
+                                                  reverse=reverse)
 
 
 def test_group_by_layer(tiny_model_path):

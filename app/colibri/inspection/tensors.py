@@ -8,19 +8,24 @@ expert splits each into E virtual rows, each with the byte range of that expert'
 slice, which is exactly what the engine reads when it dispatches that expert. The router
 `moe_gate` [E, H] is split the same way (row e is expert e's gate row).
 
-`filter_rows` matches a substring, or a glob when the pattern holds `*?[`; `export_csv` writes
-through a temporary file and a rename, so a crash never leaves half a CSV.
+`filter_rows` matches a substring, or a glob when the pattern holds `*?[` (`RowLabels` does the
+same for a table filtering the same rows at each keystroke); `export_csv` writes through a
+temporary file and a rename, so a crash never leaves half a CSV.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
+import operator
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from itertools import compress, repeat
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from colibri.files import atomic_write_csv
 
@@ -155,6 +160,53 @@ def name_matcher(pattern: str) -> Callable[[str], object]:
     return re.compile(re.escape(pattern), re.IGNORECASE).search
 
 
+def _substring_of(pattern: str) -> str | None:
+    """The substring `pattern` asks for, when it asks for one: no glob characters, or only
+    stars around text that has none (`*.t1*`); else None."""
+    pattern = pattern.strip()
+    if not any(ch in pattern for ch in "*?["):
+        return pattern or None
+    inner = pattern.strip("*")
+    starred = pattern.startswith("*") and pattern.endswith("*")
+    return inner if starred and inner and not any(ch in inner for ch in "*?[") else None
+
+
+class RowLabels:
+    """Rows and their labels, read once, for filtering the same rows by name again and again
+    (a table at each keystroke): each label is tested in C, and a substring, where pattern and
+    labels are ASCII, against labels lower-cased once (a case-insensitive regular expression
+    takes about four times as long). Matches exactly what `filter_rows` keeps."""
+
+    def __init__(self, rows: Sequence[TensorRow]) -> None:
+        self.rows = list(rows)
+        self._labels: list[str] | None = None   # read at the first filtering, not before
+        self._lower: list[str] | None = None
+
+    def matching(self, pattern: str) -> list[TensorRow]:
+        """The rows whose label matches `pattern` (as `name_matcher`), in their order."""
+        return list(compress(self.rows, self.mask(pattern)))
+
+    def mask(self, pattern: str) -> list[bool]:
+        """For each row, in order, whether its label matches `pattern`."""
+        if self._labels is None:
+            self._labels = [r.label for r in self.rows]
+            if all(map(str.isascii, self._labels)):
+                self._lower = [label.lower() for label in self._labels]
+        substring = _substring_of(pattern)
+        if substring is not None and substring.isascii() and self._lower is not None:
+            return list(map(operator.contains, self._lower, repeat(substring.lower())))
+        return list(map(bool, map(name_matcher(pattern), self._labels)))
+
+
+def stable_order(keys: Sequence[Any] | np.ndarray, reverse: bool = False) -> list[int]:
+    """The positions of `keys` in ascending order (descending where `reverse`), equal keys in
+    their given order either way, as `sorted` orders them. Integer keys given as an int64
+    array are sorted by numpy, which leaves reading the keys out of the rows the only cost."""
+    if isinstance(keys, np.ndarray):
+        return np.argsort(-keys if reverse else keys, kind="stable").tolist()
+    return sorted(range(len(keys)), key=keys.__getitem__, reverse=reverse)
+
+
 def name_matches(name: str, pattern: str) -> bool:
     """Case-insensitive substring match, or a glob (fnmatch) when `pattern` has `*`, `?` or `[`."""
     return bool(name_matcher(pattern)(name))
@@ -163,8 +215,7 @@ def name_matches(name: str, pattern: str) -> bool:
 def filter_rows(rows: Iterable[TensorRow], pattern: str = "", layer: int | None = None,
                 dtype: str | None = None, kind: str | None = None) -> list[TensorRow]:
     """Rows whose label matches `pattern` and whose layer / dtype / kind equal the given ones."""
-    matches = name_matcher(pattern)
-    kept = [r for r in rows if matches(r.label)]
+    kept = RowLabels(list(rows)).matching(pattern) if pattern.strip() else list(rows)
     if layer is not None:
         kept = [r for r in kept if r.layer == layer]
     if dtype is not None:
@@ -179,18 +230,21 @@ def filter_rows(rows: Iterable[TensorRow], pattern: str = "", layer: int | None 
 Group = tuple[str, list[TensorRow]]
 
 
-def group_by_layer(rows: Sequence[TensorRow]) -> list[Group]:
-    """'global (before layers)' (token_embd), 'layer 0', 'layer 1', ..., 'global (after layers)'
-    (output_norm, output), each keeping file order."""
+def group_by_layer(rows: Sequence[TensorRow], shown: Iterable[int] | None = None) -> list[Group]:
+    """'global (before layers)' (rows without a layer that come before the first with one, as
+    `rows` are given: token_embd), 'layer 0', 'layer 1', ..., 'global (after layers)'
+    (output_norm, output). Each group lists the rows at positions `shown`, in that order (a
+    filter's rows in a sort's order; default: every row as given), so which group a row is in
+    depends on neither."""
+    first_layered = next((i for i, r in enumerate(rows) if r.layer is not None), len(rows))
     before: list[TensorRow] = []
     after: list[TensorRow] = []
     layers: dict[int, list[TensorRow]] = {}
-    seen_layer = False
-    for r in rows:
+    for i in range(len(rows)) if shown is None else shown:
+        r = rows[i]
         if r.layer is None:
-            (after if seen_layer else before).append(r)
+            (before if i < first_layered else after).append(r)
         else:
-            seen_layer = True
             layers.setdefault(r.layer, []).append(r)
     groups: list[Group] = []
     if before:
@@ -259,7 +313,7 @@ def element_count(shape: Sequence[int]) -> int:
     return math.prod(shape) if shape else 0
 
 
-__all__ = ["CHECK_STATES", "CSV_COLUMNS", "GROUPINGS", "Group", "KINDS", "TensorRow",
+__all__ = ["CHECK_STATES", "CSV_COLUMNS", "GROUPINGS", "Group", "KINDS", "RowLabels", "TensorRow",
            "element_count", "export_csv", "expert_slices", "filter_rows", "group_by_expert",
            "group_by_layer", "group_rows", "name_matcher", "name_matches", "rows_for",
-           "tensor_kind", "tensor_layer", "with_check_status", "write_csv_atomic"]
+           "stable_order", "tensor_kind", "tensor_layer", "with_check_status", "write_csv_atomic"]

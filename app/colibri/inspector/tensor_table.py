@@ -16,22 +16,25 @@ slice when the row is one) as `sig_range_selected(offset, nbytes)`. Flat rows ar
 QTableView, which lays out no row (measured on 20 000 rows: a fetch at the end 9 ms of UI
 thread, a sort 19 ms, where a QTreeView took 40 and 37 ms, growing with the rows fetched);
 groups by a QTreeView. Only the view shown holds the model. A paint of the table is most of
-what the UI thread does while a user scrolls or sorts, so both views paint their tensor rows
+what the UI thread does while a user scrolls or sorts, so both views paint their rows
 themselves, one call into the model per row (`_RowPainter`; docs/formats.md has the figures);
-the tree's group rows, and any size hint, go through the delegate, which fills a cell from one
-call (`_CellDelegate`).
+a size hint goes through the delegate, which fills a cell from one call (`_CellDelegate`). The
+model sorts all rows once a column and keeps the order, so a filter or a regrouping sorts
+nothing.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
+from itertools import compress
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import (QAbstractItemModel, QByteArray, QItemSelectionModel, QModelIndex, QRect,
-                            Qt, Signal)
+import numpy as np
+from PySide6.QtCore import (QAbstractItemModel, QByteArray, QItemSelectionModel, QModelIndex,
+                            QPoint, QRect, Qt, Signal)
 from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPaintEvent, QPalette, QResizeEvent
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QHBoxLayout, QHeaderView, QLabel,
                                QLineEdit, QStackedWidget, QStyle, QStyledItemDelegate,
@@ -68,6 +71,7 @@ _ROLES = frozenset((_DISPLAY, _TOOLTIP, _FOREGROUND, _ALIGNMENT, _SORT, _ROW))
 _CHECK_COLUMN = COLUMNS.index("check")
 _BYTES_COLUMN = COLUMNS.index("bytes")
 _RIGHT_ALIGNED = frozenset(COLUMNS.index(c) for c in ("layer", "expert", "offset", "bytes"))
+_NUMERIC_COLUMNS = frozenset(("layer", "expert", "shape", "offset", "bytes"))   # int sort keys
 # The columns that can answer a role (all but these two roles: every column), so that asks for
 # a colour or an alignment of other columns return before looking up their row.
 _ALL_COLUMNS = frozenset(range(len(COLUMNS)))
@@ -82,6 +86,15 @@ Cell = tuple[str, bool, QColor | None]
 
 def _fmt_bytes(n: int) -> str:
     return f"{n:,}"
+
+
+def _int64s(values: Iterable[int], count: int) -> np.ndarray:
+    return np.fromiter(values, dtype=np.int64, count=count)
+
+
+def _check_grouping(grouping: str | None) -> None:
+    if grouping is not None and grouping not in T.GROUPINGS:
+        raise ValueError(f"unknown grouping {grouping!r}")
 
 
 class TensorTableModel(QAbstractItemModel):
@@ -102,16 +115,21 @@ class TensorTableModel(QAbstractItemModel):
         self._sort_order = Qt.SortOrder.AscendingOrder
         self._status: dict[str, str] = {}
         self._group_bytes: dict[int, int] = {}   # a group's bytes, by its row
+        self._labels = T.RowLabels([])           # the rows' labels, read once for filtering
+        self._orders: dict[tuple[int, bool], list[int]] = {}   # see _order
 
     # -- content ----------------------------------------------------------------------------
 
     def set_rows(self, rows: list[TensorRow], grouping: str | None = None) -> None:
-        if grouping is not None and grouping not in T.GROUPINGS:
-            raise ValueError(f"unknown grouping {grouping!r}")
-        self._arrange(list(rows), grouping)
+        _check_grouping(grouping)
+        self._labels = T.RowLabels(rows)
+        self._rows = self._labels.rows
+        self._orders = {}
+        self._arrange(grouping)
 
     def set_grouping(self, grouping: str) -> None:
-        self.set_rows(self._rows, grouping)
+        _check_grouping(grouping)
+        self._arrange(grouping)
 
     def grouping(self) -> str:
         return self._grouping
@@ -136,36 +154,59 @@ class TensorTableModel(QAbstractItemModel):
         """The column the rows are sorted by, and the order."""
         return self._sort_column, self._sort_order
 
-    def _arrange(self, rows: list[TensorRow] | None = None, grouping: str | None = None) -> None:
-        """Filter, group and sort every row (plain Python over the list), then reset with the
-        first chunk of each group loaded; `rows` and `grouping` replace the current ones."""
+    def _arrange(self, grouping: str | None = None) -> None:
+        """Filter, sort and group every row, then reset with the first chunk of each group
+        loaded; `grouping` replaces the current one."""
         self.beginResetModel()   # views still see the old arrangement until here
-        if rows is not None:
-            self._rows = rows
         if grouping is not None:
             self._grouping = grouping
-        rows = T.filter_rows(self._rows, self._pattern) if self._pattern.strip() else self._rows
         reverse = self._sort_order == Qt.SortOrder.DescendingOrder
-        if self._grouping == "none":
-            groups: list[T.Group] = [("", list(rows))]
-        else:
-            groups = T.group_rows(rows, self._grouping)
-        self._groups = [(label, self._in_order(members, reverse)) for label, members in groups]
+        filtered = bool(self._pattern.strip())
+        if self._grouping == "expert":   # an expert's slices sort by their own byte ranges
+            rows = self._labels.matching(self._pattern) if filtered else self._rows
+            groups = [(label, self._in_order(members, reverse))
+                      for label, members in T.group_rows(rows, "expert")]
+        else:   # all rows sorted once a column: a stable sort orders any subset the same way
+            shown = self._order(reverse)
+            if filtered:
+                mask = self._labels.mask(self._pattern)
+                shown = list(compress(shown, map(mask.__getitem__, shown)))
+            groups = [("", list(map(self._rows.__getitem__, shown)))] \
+                if self._grouping == "none" else T.group_by_layer(self._rows, shown)
+        self._groups = groups
         self._loaded = [min(self._chunk(), len(members)) for _label, members in self._groups]
         self._group_bytes: dict[int, int] = {}
         self.endResetModel()
 
+    def _order(self, reverse: bool) -> list[int]:
+        """The positions of all rows in the sort's order, kept for each column and direction
+        (a filter or a regrouping sorts nothing again)."""
+        key = (self._sort_column, reverse)
+        order = self._orders.get(key)
+        if order is None:
+            order = self._orders[key] = self._positions_in_order(self._rows, reverse)
+        return order
+
     def _in_order(self, rows: list[TensorRow], reverse: bool) -> list[TensorRow]:
+        return list(map(rows.__getitem__, self._positions_in_order(rows, reverse)))
+
+    def _positions_in_order(self, rows: list[TensorRow], reverse: bool) -> list[int]:
+        """The positions of `rows` sorted by the sort column (stable: ties keep their order)."""
         name = COLUMNS[self._sort_column]
-        if name == "offset":   # by shard, then offset: two passes of the stable sort with keys
-            # read in C; a key computed in Python per row took 1.4x (file order) to 1.9x as long
-            by_offset = sorted(rows, key=attrgetter("offset"), reverse=reverse)
-            return sorted(by_offset, key=attrgetter("shard"), reverse=reverse)
-        return sorted(rows, key=self._key_function(name), reverse=reverse)
+        if name not in _NUMERIC_COLUMNS:
+            return T.stable_order(list(map(self._key_function(name), rows)), reverse)
+        if name == "offset":   # file order across a checkpoint's shards: by shard, then offset
+            keys = _int64s(map(attrgetter("shard"), rows), len(rows)) << 56 | \
+                _int64s(map(attrgetter("offset"), rows), len(rows))
+        else:
+            keys = _int64s(map(self._key_function(name), rows), len(rows))
+        return T.stable_order(keys, reverse)
 
     def set_check_status(self, status: dict[str, str]) -> None:
         self._status = dict(status)
-        col = COLUMNS.index("check")
+        self._orders = {key: order for key, order in self._orders.items()
+                        if key[0] != _CHECK_COLUMN}
+        col = _CHECK_COLUMN
         for g, loaded in enumerate(self._loaded):
             if loaded:
                 parent = QModelIndex() if self._grouping == "none" else self.index(g, 0)
@@ -315,6 +356,28 @@ class TensorTableModel(QAbstractItemModel):
         row = self.row_at(index)
         return None if row is None else [self._cell_of(row, col) for col in columns]
 
+    def group_cells(self, index: Index, columns: list[int]) -> list[Cell] | None:
+        """What `columns` of a group header's row show (as `row_cells` answers, left-aligned
+        in the palette's colour); None for any other index."""
+        if not self._is_group(index):
+            return None
+        return [(self._group_text(index.row(), col), False, None) for col in columns]
+
+    def _is_group(self, index: Index) -> bool:
+        return index.isValid() and self._grouping != "none" and index.internalId() == 0 \
+            and index.row() < len(self._groups)
+
+    def _group_text(self, group: int, col: int) -> str:
+        label, rows = self._groups[group]
+        if col == 0:
+            return f"{label} ({len(rows)})"
+        if col == _BYTES_COLUMN:   # summed once an arrangement: a paint asks again
+            total = self._group_bytes.get(group)
+            if total is None:
+                total = self._group_bytes[group] = sum(map(attrgetter("nbytes"), rows))
+            return _fmt_bytes(total)
+        return ""
+
     def _cell_of(self, row: TensorRow, col: int) -> Cell:
         colour = (CHECK_COLOURS.get(self.check_of(row), QColor(0, 0, 0))
                   if col == _CHECK_COLUMN else None)
@@ -328,18 +391,10 @@ class TensorTableModel(QAbstractItemModel):
             return None
         row = self.row_at(index)
         if row is None:  # a group header
-            if self._grouping == "none" or index.internalId() != 0:
+            if not self._is_group(index):
                 return None
-            label, rows = self._groups[index.row()]
             if role == _DISPLAY:
-                if col == 0:
-                    return f"{label} ({len(rows)})"
-                if col == _BYTES_COLUMN:   # summed once an arrangement: a paint asks again
-                    total = self._group_bytes.get(index.row())
-                    if total is None:
-                        total = self._group_bytes[index.row()] = sum(r.nbytes for r in rows)
-                    return _fmt_bytes(total)
-                return None
+                return self._group_text(index.row(), col) or None
             if role == _SORT:
                 return index.row()
             return None
@@ -395,8 +450,8 @@ class TensorTableModel(QAbstractItemModel):
             return expert
         if name == "shape":
             return lambda r: T.element_count(r.shape)
-        if name == "offset":   # file order across a checkpoint's shards, as one int: a tuple key
-            return lambda r: (r.shard << 56) | r.offset   # sorted 20 000 rows 2.6x slower
+        if name == "offset":   # file order across a checkpoint's shards, as one int
+            return lambda r: (r.shard << 56) | r.offset
         if name == "bytes":
             return attrgetter("nbytes")
         if name == "check":
@@ -444,8 +499,9 @@ class _RowPainter:
 
     def __init__(self, view: QTableView | QTreeView) -> None:
         self._view = view
-        self._widths: dict[str, int] = {}   # text -> its width in the view's font
-        self._elided: dict[tuple[str, int], tuple[str, int]] = {}   # (text, room) -> fitted
+        self._widths: dict[str, int] = {}   # right-aligned text -> its width in the view's font
+        self._elided: dict[tuple[str, int], str] = {}         # (left-aligned text, room) -> shown
+        self._elided_right: dict[tuple[str, int], str] = {}   # (right-aligned text, room) -> shown
         self._widths_font = QFont()
         self.columns: list[int] = []        # the columns a paint crosses, and their spans
         self._spans: list[tuple[int, int]] = []
@@ -479,7 +535,8 @@ class _RowPainter:
                                                 view) + 1
         if view.font() != self._widths_font or len(self._widths) + len(self._elided) > \
                 self.WIDTHS_KEPT:
-            self._widths, self._elided, self._widths_font = {}, {}, QFont(view.font())
+            self._widths, self._elided, self._elided_right = {}, {}, {}
+            self._widths_font = QFont(view.font())
         return True
 
     def row(self, painter: QPainter, y: int, height: int, cells: list[Cell], selected: bool,
@@ -490,37 +547,62 @@ class _RowPainter:
             painter.fillRect(self._left, y, self._width, height, self._highlight)
         elif alternate:
             painter.fillRect(self._left, y, self._width, height, self._alternate)
-        metrics, margin, widths = self._metrics, self._margin, self._widths
+        metrics, margin = self._metrics, self._margin
         baseline = y + (height - metrics.height()) // 2 + metrics.ascent()
         for col, (x, width), (text, right_aligned, colour) in zip(self.columns, self._spans,
                                                                   cells):
+            if not text:
+                continue
             if col == self._first and indent:
                 x, width = x + indent, width - indent
             room = width - 2 * margin
-            text_width = widths.get(text)
-            if text_width is None:
-                text_width = widths[text] = metrics.horizontalAdvance(text)
-            if text_width > room:
-                elided = self._elided.get((text, room))
-                if elided is None:
-                    short = metrics.elidedText(text, Qt.TextElideMode.ElideRight, max(room, 0))
-                    elided = self._elided[text, room] = (short, metrics.horizontalAdvance(short))
-                text, text_width = elided
+            if right_aligned:   # placed by its width
+                text, text_width = self._fitted_right(text, room)
+                offset = width - margin - text_width
+            else:   # one elision call for a text not seen before, none to measure it
+                key = (text, room)
+                fitted = self._elided.get(key)
+                if fitted is None:
+                    fitted = self._elided[key] = metrics.elidedText(
+                        text, Qt.TextElideMode.ElideRight, max(room, 0))
+                text, offset = fitted, margin
             painter.setPen(self._highlighted_text if selected
                            else colour if colour is not None else self._text)
-            offset = width - margin - text_width if right_aligned else margin
             painter.drawText(x + offset, baseline, text)
+
+    def _fitted_right(self, text: str, room: int) -> tuple[str, int]:
+        """`text` elided to `room` pixels, and its width."""
+        text_width = self._widths.get(text)
+        if text_width is None:
+            text_width = self._widths[text] = self._metrics.horizontalAdvance(text)
+        if text_width <= room:
+            return text, text_width
+        short = self._elided_right.get((text, room))
+        if short is None:
+            short = self._elided_right[text, room] = self._metrics.elidedText(
+                text, Qt.TextElideMode.ElideRight, max(room, 0))
+        short_width = self._widths.get(short)
+        if short_width is None:
+            short_width = self._widths[short] = self._metrics.horizontalAdvance(short)
+        return short, short_width
 
     def focus(self, painter: QPainter, index: QModelIndex, selected: bool) -> None:
         """The focus frame around `index`'s cell."""
         view = self._view
         option = QStyleOptionFocusRect()
         option.initFrom(view)
+        option.state |= QStyle.StateFlag.State_KeyboardFocusChange
         option.rect = view.visualRect(index)
         option.backgroundColor = view.palette().color(
             QPalette.ColorRole.Highlight if selected else QPalette.ColorRole.Base)
         view.style().drawPrimitive(QStyle.PrimitiveElement.PE_FrameFocusRect, option, painter,
                                    view)
+
+
+def _has_focus(view: QAbstractItemView) -> bool:
+    """Whether `view` shows its current cell's focus frame: the stock views ask the view and
+    its viewport, either of which holds the focus."""
+    return view.hasFocus() or view.viewport().hasFocus()
 
 
 class _FlatTableView(QTableView):
@@ -561,7 +643,7 @@ class _FlatTableView(QTableView):
             self._painter.row(painter, y, height, cells, i in selected, alternating and i & 1 == 1)
             y += height
         current = self.currentIndex()
-        if self.hasFocus() and current.isValid() and first <= current.row() <= last:
+        if _has_focus(self) and current.isValid() and first <= current.row() <= last:
             self._painter.focus(painter, current, current.row() in selected)
 
     def _selected_rows(self, first: int, last: int) -> set[int]:
@@ -573,15 +655,13 @@ class _FlatTableView(QTableView):
 
 
 class _GroupTreeView(QTreeView):
-    """The grouped rows' view: it paints each tensor row itself (`_RowPainter`), the groups'
-    rows the stock way."""
+    """The grouped rows' view: it paints its rows itself (`_RowPainter`), and leaves any other
+    model to the stock paint."""
 
     def __init__(self, model: TensorTableModel, parent: QWidget) -> None:
         super().__init__(parent)
         self._rows_model = model
         self._painter = _RowPainter(self)
-        self._in_paint = False   # begun for this paint: drawRow's calls share one begin
-        self._begun = False
         self._expanded: set[str] = set()   # labels of the groups expanded before a reset
 
     def remember_groups(self, keep: bool) -> None:
@@ -609,32 +689,77 @@ class _GroupTreeView(QTreeView):
             self.expand_groups()
 
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 (Qt API)
-        self._begun = self._painter.begin(event.rect())
-        self._in_paint = True
-        try:
+        if self.model() is not self._rows_model or self._rows_model.grouping() == "none":
             super().paintEvent(event)
-        finally:
-            self._in_paint = False
-
-    def drawRow(self, painter: QPainter, option: QStyleOptionViewItem,  # noqa: N802 (Qt API)
-                index: QModelIndex) -> None:
-        """Paint `index`'s row: a tensor's by `_RowPainter`, a group's the stock way."""
-        begun = self._begun if self._in_paint else self._painter.begin(self.viewport().rect())
-        cells = (self._rows_model.row_cells(index, self._painter.columns)
-                 if begun and self.model() is self._rows_model else None)
-        if cells is None:   # a group's row, or not ours to paint
-            super().drawRow(painter, option, index)
             return
+        self.executeDelayedItemsLayout()   # as the stock paint does first
+        painter = QPainter(self.viewport())
+        try:
+            self.paint_rows(painter, event.rect())
+        finally:
+            painter.end()
+
+    def paint_rows(self, painter: QPainter, area: QRect) -> None:
+        """Paint the rows crossing `area` (viewport coordinates) with `painter`: tensor rows
+        indented under their group, a group's row with its branch indicator. One pass down the
+        rows shown, as the stock tree's paint, but without its call into Python per row."""
+        if not self._painter.begin(area):
+            return
+        model, columns, header = self._rows_model, self._painter.columns, self.header()
+        index = self.indexAt(QPoint(header.sectionViewportPosition(columns[0]), area.top()))
+        if not index.isValid():
+            return
+        index = index.siblingAtColumn(0)
+        column_x = header.sectionViewportPosition(header.logicalIndex(0))
+        rect = self.visualRect(index)
+        y, height = rect.y(), rect.height()
+        alternating = self.alternatingRowColors()
+        place = (y + self.verticalOffset()) // max(height, 1)   # the row's place among those shown
+        indentation = self.indentation()
+        decorated = 1 if self.rootIsDecorated() else 0
         selection = self.selectionModel()
-        selected = selection is not None and selection.isSelected(index)
-        alternate = bool(option.features & QStyleOptionViewItem.ViewItemFeature.Alternate)
-        indent = self.indentation() * (2 if self.rootIsDecorated() else 1)
-        y, height = option.rect.y(), option.rect.height()
-        self._painter.row(painter, y, height, cells, selected, alternate, indent)
         current = self.currentIndex()
-        if self.hasFocus() and current.row() == index.row() and \
-                current.parent() == index.parent():
-            self._painter.focus(painter, current, selected)
+        focus = _has_focus(self) and current.isValid()
+        while index.isValid() and y <= area.bottom():
+            cells = model.row_cells(index, columns)
+            group = cells is None
+            if group:
+                cells = model.group_cells(index, columns)
+                if cells is None:
+                    break
+            selected = selection is not None and selection.isSelected(index)
+            depth = (0 if group else 1) + decorated
+            self._painter.row(painter, y, height, cells, selected, alternating and place & 1 == 1,
+                              indentation * depth)
+            if group and decorated:
+                self._draw_branch(painter, QRect(column_x, y, indentation, height), index)
+            if focus and current.row() == index.row() and \
+                    current.internalId() == index.internalId():
+                self._painter.focus(painter, current, selected)
+            index = self.indexBelow(index)
+            y += height
+            place += 1
+
+    def _draw_branch(self, painter: QPainter, rect: QRect, group: QModelIndex) -> None:
+        """A group row's branch indicator, in the state the stock tree gives it (its
+        drawBranches reads the row from the stock paint's pass, so it cannot be called from
+        this one)."""
+        option = QStyleOptionViewItem()
+        self.initViewItemOption(option)
+        state = QStyle.StateFlag.State_Item
+        if self.isEnabled():
+            state |= QStyle.StateFlag.State_Enabled
+        if self.hasFocus():
+            state |= QStyle.StateFlag.State_Active
+        if group.row() + 1 < self._rows_model.rowCount():
+            state |= QStyle.StateFlag.State_Sibling
+        if self._rows_model.hasChildren(group):
+            state |= QStyle.StateFlag.State_Children
+        if self.isExpanded(group):
+            state |= QStyle.StateFlag.State_Open
+        option.rect, option.state = rect, state
+        self.style().drawPrimitive(QStyle.PrimitiveElement.PE_IndicatorBranch, option, painter,
+                                   self)
 
 
 class QtTensorTable(QWidget):
