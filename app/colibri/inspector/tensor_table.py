@@ -174,7 +174,10 @@ class TensorTableModel(QAbstractItemModel):
             groups = [("", list(map(self._rows.__getitem__, shown)))] \
                 if self._grouping == "none" else T.group_by_layer(self._rows, shown)
         self._groups = groups
-        self._loaded = [min(self._chunk(), len(members)) for _label, members in self._groups]
+        # flat, the first chunk; grouped, none: the tree's layout fetches a chunk of each
+        # expanded group itself, and rows loaded before it would be laid out too
+        first = self._chunk() if self._grouping == "none" else 0
+        self._loaded = [min(first, len(members)) for _label, members in self._groups]
         self._group_bytes: dict[int, int] = {}
         self.endResetModel()
 
