@@ -155,8 +155,8 @@ class TensorTableModel(QAbstractItemModel):
         return self._sort_column, self._sort_order
 
     def _arrange(self, grouping: str | None = None) -> None:
-        """Filter, sort and group every row, then reset with the first chunk of each group
-        loaded; `grouping` replaces the current one."""
+        """Filter, sort and group every row, then reset (flat, with the first chunk loaded);
+        `grouping` replaces the current one."""
         self.beginResetModel()   # views still see the old arrangement until here
         if grouping is not None:
             self._grouping = grouping
