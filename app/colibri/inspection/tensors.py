@@ -174,10 +174,10 @@ def _substring_of(pattern: str) -> str | None:
 class RowLabels:
     """Rows and their labels, read once, for filtering the same rows by name again and again
     (a table at each keystroke): each label is tested in C, and a substring, where pattern and
-    labels are ASCII, against labels lower-cased once (a case-insensitive regular expression
-    takes about four times as long). Matches exactly what `filter_rows` keeps."""
+    labels are ASCII, against labels lower-cased once rather than by a case-insensitive regular
+    expression (docs/formats.md). Matches exactly what `name_matcher` matches."""
 
-    def __init__(self, rows: Sequence[TensorRow]) -> None:
+    def __init__(self, rows: Iterable[TensorRow]) -> None:
         self.rows = list(rows)
         self._labels: list[str] | None = None   # read at the first filtering, not before
         self._lower: list[str] | None = None
@@ -215,7 +215,7 @@ def name_matches(name: str, pattern: str) -> bool:
 def filter_rows(rows: Iterable[TensorRow], pattern: str = "", layer: int | None = None,
                 dtype: str | None = None, kind: str | None = None) -> list[TensorRow]:
     """Rows whose label matches `pattern` and whose layer / dtype / kind equal the given ones."""
-    kept = RowLabels(list(rows)).matching(pattern) if pattern.strip() else list(rows)
+    kept = RowLabels(rows).matching(pattern) if pattern.strip() else list(rows)
     if layer is not None:
         kept = [r for r in kept if r.layer == layer]
     if dtype is not None:
