@@ -75,7 +75,7 @@ def test_a_name_pattern_matches_as_fnmatch_does_ignoring_case(pattern):
 @pytest.mark.parametrize("pattern", ["*.t1*", "*WEIGHT", "model.*", "*t1?.weight", "T1", "*",
                                      "layers.1", "*ÄRGER*", "  t1 "])
 @pytest.mark.parametrize("odd_name", ["MODEL.t1.bias", "model.Ärger.t1"])
-def test_row_labels_keep_what_filter_rows_keeps(pattern, odd_name):
+def test_row_labels_match_as_the_name_matcher_does(pattern, odd_name):
     """A table's labels, read once (lower-cased where all are ASCII), keep the rows the name
     matcher keeps, in order, with and without a label outside ASCII."""
     names = [f"model.layers.{i % 3}.t{i}.weight" for i in range(300)] + ["token_embd", odd_name]
