@@ -178,7 +178,7 @@ class TensorTableModel(QAbstractItemModel):
         # expanded group itself, and rows loaded before it would be laid out too
         first = self._chunk() if self._grouping == "none" else 0
         self._loaded = [min(first, len(members)) for _label, members in self._groups]
-        self._group_bytes: dict[int, int] = {}
+        self._group_bytes = {}
         self.endResetModel()
 
     def _order(self, reverse: bool) -> list[int]:
