@@ -208,10 +208,14 @@ enum { R_LAYER = 0x00, R_KIND = 0x04, R_GATE = 0x08, R_GATE_BIAS = 0x0C, R_TOPK 
 #define MAX_LAYERS 1024u
 #define MAX_TENSORS 1048576u
 #define MAX_HEADER_SIZE 65536u
-/* Beyond this many tensors the all-pairs duplicate-name check would cost too much time without
- * a heap; duplicates among the names the architecture uses are still caught by the bitset of
- * step 8, and only duplicated unknown names go unreported. */
+/* Beyond this many tensors the check of every name for duplicates would need more than a
+ * stack-sized hash table (the validator allocates nothing); duplicates among the names the
+ * architecture uses are still caught by the bitset of step 8, and only duplicated unknown names
+ * go unreported. */
 #define DUP_CHECK_ALL_MAX 4096u
+#define DUP_CHECK_SLOTS (2u * DUP_CHECK_ALL_MAX)   /* a power of two; 16 KiB of uint16 indices */
+#define DUP_SLOT_EMPTY 0xFFFFu
+_Static_assert(DUP_CHECK_ALL_MAX < DUP_SLOT_EMPTY, "a table index must fit a slot below the empty mark");
 
 /* The fixed header and routing entry of a format version (2 for 2, else version 1's). */
 static uint32_t header_size_of(uint32_t version) { return version == 2 ? COL_HEADER_SIZE_V2 : COL_HEADER_SIZE; }
@@ -1114,6 +1118,18 @@ static void check_sections(layout *L, sink *s)
     }
 }
 
+/* A hash of a whole 64-byte name field, eight bytes at a time (valid names are NUL-padded, so
+ * equal fields are equal names); the final mix spreads every byte into the low bits. */
+static uint32_t name_hash(const uint8_t *field)
+{
+    uint64_t h = 0xcbf29ce484222325u;
+    for (size_t k = 0; k < COL_TENSOR_NAME_MAX; k += 8)
+        h = (h ^ rd64(field + k)) * 0x100000001b3u;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9u;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
 /* Step 6: every entry, then order/overlap, then duplicate names. */
 static void check_tensor_table(const layout *L, sink *s)
 {
@@ -1136,20 +1152,29 @@ static void check_tensor_table(const layout *L, sink *s)
     }
     if (L->n_tensors > DUP_CHECK_ALL_MAX)
         return;
-    for (uint32_t i = 1; i < L->n_tensors; i++) {
+    /* Open addressing over the entries' indices, at most half full: linear time for any table
+     * within the cap, and no worse than comparing every pair when hostile names collide. */
+    uint16_t slots[DUP_CHECK_SLOTS];
+    memset(slots, 0xFF, sizeof slots);
+    for (uint32_t i = 0; i < L->n_tensors; i++) {
         const uint8_t *a = L->d + L->table_off + (uint64_t)i * COL_TENSOR_ENTRY_SIZE;
         if (!a[0] || memchr(a, 0, COL_TENSOR_NAME_MAX) == NULL)
             continue;
-        for (uint32_t j = 0; j < i; j++) {
+        uint32_t at = name_hash(a) & (DUP_CHECK_SLOTS - 1);
+        for (; slots[at] != DUP_SLOT_EMPTY; at = (at + 1) & (DUP_CHECK_SLOTS - 1)) {
+            uint32_t j = slots[at];
             const uint8_t *b = L->d + L->table_off + (uint64_t)j * COL_TENSOR_ENTRY_SIZE;
-            if (memcmp(a, b, COL_TENSOR_NAME_MAX) == 0) {
-                char nm[COL_TENSOR_NAME_MAX];
-                printable_name(a, nm);
-                ERR(s, COL_ERR_NAME, L->table_off + (uint64_t)i * COL_TENSOR_ENTRY_SIZE, nm,
-                    "tensor %" PRIu32 ": name '%s' duplicates tensor %" PRIu32, i, nm, j);
+            if (memcmp(a, b, COL_TENSOR_NAME_MAX) == 0)
                 break;
-            }
         }
+        if (slots[at] == DUP_SLOT_EMPTY) {
+            slots[at] = (uint16_t)i;
+            continue;
+        }
+        char nm[COL_TENSOR_NAME_MAX];
+        printable_name(a, nm);
+        ERR(s, COL_ERR_NAME, L->table_off + (uint64_t)i * COL_TENSOR_ENTRY_SIZE, nm,
+            "tensor %" PRIu32 ": name '%s' duplicates tensor %" PRIu32, i, nm, (uint32_t)slots[at]);
     }
 }
 

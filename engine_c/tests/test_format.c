@@ -962,17 +962,39 @@ static void test_architecture(void)
     free(im.d);
 }
 
-/* Above 4096 tensors the all-pairs duplicate check is off; duplicates of the architecture's names
+/* Above 4096 tensors the check of every name for duplicates is off; duplicates of the architecture's names
  * are still caught (by the bitset of step 8). */
 static void test_many_tensors(void)
 {
-    /* the largest table that still gets the all-pairs check (must stay fast) */
+    /* the largest table that still gets every name checked for duplicates */
     cfg c4 = mixtral_cfg();
     c4.n_extra = 4096 - 13;
     image big = build(&c4);
     CHECK(big.n_tensors == 4096);
     uint32_t nb = 0;
     CHECK(col_validate_buffer(big.d, big.size, 0, NULL, 0, &nb) == COL_OK && nb == 4083);
+    /* two later copies of an unknown name: each an error at its own entry naming the first */
+    uint64_t first = entry(&big, "extra.7");
+    uint64_t copies[2] = {entry(&big, "extra.4000"), entry(&big, "extra.4082")};
+    for (int k = 0; k < 2; k++) {
+        memset(big.d + copies[k], 0, 64);
+        memcpy(big.d + copies[k], "extra.7", 7);
+    }
+    refresh(&big);
+    char want[96];
+    snprintf(want, sizeof want, "tensor %u: name 'extra.7' duplicates tensor %u",
+             (unsigned)((copies[0] - big.table_off) / 128), (unsigned)((first - big.table_off) / 128));
+    col_problem *found = malloc(4096 * sizeof *found);
+    CHECK(col_validate_buffer(big.d, big.size, 0, found, 4096, &nb) == COL_ERR_NAME && nb == 4085);
+    uint32_t n_dup = 0;
+    for (uint32_t i = 0; i < nb; i++)
+        if (found[i].code == COL_ERR_NAME) {
+            CHECK(n_dup < 2 && found[i].offset == copies[n_dup]);
+            CHECK(n_dup > 0 || strcmp(found[i].message, want) == 0);
+            n_dup++;
+        }
+    CHECK(n_dup == 2);
+    free(found);
     free(big.d);
 
     cfg c = mixtral_cfg();
