@@ -80,6 +80,15 @@ LAYER_KINDS: dict[int, str] = {lib.COL_LAYER_DENSE: "dense", lib.COL_LAYER_MOE: 
 _ERRLEN = 512
 _FIRST_PROBLEMS = 64
 _OPEN_PROBLEMS = 256   # findings room of Model.open's one pass (more: a second pass, with room)
+# col_problem as numpy sees it, laid out from the compiled struct itself
+_PROBLEM_FIELDS = dict(ffi.typeof("col_problem").fields)
+_PROBLEM_DTYPE = np.dtype({
+    "names": ["code", "severity", "offset", "tensor", "message"],
+    "formats": ["<i4", "<i4", "<u8", f"S{_PROBLEM_FIELDS['tensor'].type.length}",
+                f"S{_PROBLEM_FIELDS['message'].type.length}"],
+    "offsets": [_PROBLEM_FIELDS[name].offset
+                for name in ("code", "severity", "offset", "tensor", "message")],
+    "itemsize": ffi.sizeof("col_problem")})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,15 +136,27 @@ class Problem:
     message: str
 
     @classmethod
-    def from_c(cls, p: Any) -> Problem:
-        severity: Literal["error", "warning"] = (
-            "warning" if p.severity == lib.COL_SEVERITY_WARNING else "error")
-        tensor, message = _text(p.tensor), _text(p.message)
-        # the engine's message names its tensor for callers that get only the text; here the
-        # tensor is a field of its own, shown beside the message
-        message = message.removeprefix(f"tensor '{tensor}': ") if tensor else message
-        return cls(int(p.code), errors.status_name(int(p.code)), severity, int(p.offset),
-                   tensor, message)
+    def list_from_c(cls, problems: Any, count: int) -> list[Problem]:
+        """The first `count` findings of a C col_problem array, read in bulk (a corrupt file can
+        have tens of thousands)."""
+        if count == 0:
+            return []
+        rows = np.frombuffer(ffi.buffer(problems, count * _PROBLEM_DTYPE.itemsize),
+                             dtype=_PROBLEM_DTYPE)
+        warning, name_of = lib.COL_SEVERITY_WARNING, errors.status_name
+        result = []
+        for code, severity, offset, raw_tensor, raw_message in zip(
+                rows["code"].tolist(), rows["severity"].tolist(), rows["offset"].tolist(),
+                rows["tensor"].tolist(), rows["message"].tolist()):
+            tensor = raw_tensor.partition(b"\0")[0].decode("utf-8", errors="replace")
+            message = raw_message.partition(b"\0")[0].decode("utf-8", errors="replace")
+            # the engine's message names its tensor for callers that get only the text; here the
+            # tensor is a field of its own, shown beside the message
+            if tensor:
+                message = message.removeprefix(f"tensor '{tensor}': ")
+            result.append(cls(code, name_of(code), "warning" if severity == warning else "error",
+                              offset, tensor, message))
+        return result
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -352,7 +373,7 @@ def _collect(call: Any) -> tuple[int, list[Problem]]:
         status = int(call(buf, capacity, count))
         n = int(count[0])
         if n <= capacity:
-            return status, [Problem.from_c(buf[i]) for i in range(n)]
+            return status, Problem.list_from_c(buf, n)
         capacity = n
 
 
@@ -464,7 +485,7 @@ class Model:
                 break
             lib.col_model_close(out[0])  # more findings than room (rare): again, room for all
             capacity = int(count[0])
-        problems = [Problem.from_c(buf[i]) for i in range(int(count[0]))]
+        problems = Problem.list_from_c(buf, int(count[0]))
         if status != errors.COL_OK:
             first = next((p for p in problems if p.severity == "error"), None)
             errors.raise_for_status(status, first.message if first else "",

@@ -16,6 +16,7 @@ to `COL_STATUS_<n>` without it, so `colibri.errors` is importable before the eng
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
@@ -38,6 +39,7 @@ _FORMAT_CODES = frozenset(range(COL_ERR_TRUNCATED, COL_ERR_ROUTING + 1)) | {COL_
 _VALUE_CODES = frozenset({COL_ERR_INVALID_ARG, COL_ERR_CONTEXT_FULL, COL_ERR_BAD_TOKEN})
 
 
+@functools.cache
 def status_name(code: int) -> str:
     """`"COL_ERR_SHAPE"` for 15; taken from the engine's enum, `COL_STATUS_<n>` if unknown."""
     try:
