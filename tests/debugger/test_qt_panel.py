@@ -4,15 +4,12 @@ the event loop stays live during a run, and the composite panel's navigation and
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("PySide6")
 pytest.importorskip("pyqtgraph")
-
-from PySide6.QtCore import QTimer  # noqa: E402
 
 from colibri.debugging import AtPosition, Debugger, RunSettings  # noqa: E402
 from colibri.debugging.trace_export import check_trace_events  # noqa: E402
@@ -21,6 +18,7 @@ from colibri.inspector.debugger import DebuggerController, QtDebuggerPanel  # no
 from colibri.inspector.debugger.views import EventTableModel  # noqa: E402
 
 from dbg_helpers import PROMPT  # noqa: E402
+from ui_probe import GapProbe, assert_never_blocked  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -60,17 +58,16 @@ def test_worker_run_equals_headless_run(qtbot, controller: DebuggerController,
     assert list(snap.generated) == ref.generated
 
 
-def test_ui_stays_live_and_pause_resume_is_exact(qtbot, model: Model) -> None:
-    c = DebuggerController(step_delay_s=0.02)  # slow motion: about 0.3 s for the whole run
+def _paused_and_resumed_run(model: Model, qtbot) -> GapProbe:
+    """Run 12 positions in slow motion (about 0.3 s), pausing at the first live update and
+    resuming; the run must end equal to a headless one. Returns the UI thread's GapProbe."""
+    c = DebuggerController(step_delay_s=0.02)
     try:
         settings = RunSettings(PROMPT, 12)
         with qtbot.waitSignal(c.sig_started, timeout=WAIT_MS):
             c.start(model, settings)
-        ticks: list[float] = []
-        timer = QTimer()
-        timer.setInterval(10)
-        timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
-        timer.start()
+        probe = GapProbe()
+        probe.start()
         # pause as soon as the first live update arrives
         c.sig_position_done.connect(lambda _s: c.pause())
         with qtbot.waitSignal(c.sig_run_finished, timeout=WAIT_MS) as blocker:
@@ -81,14 +78,19 @@ def test_ui_stays_live_and_pause_resume_is_exact(qtbot, model: Model) -> None:
         c.sig_position_done.disconnect()
         with qtbot.waitSignal(c.sig_run_finished, timeout=WAIT_MS) as blocker:
             c.run()
-        timer.stop()
+        probe.stop()
         snap = blocker.args[0]
         assert snap.result.reason == "finished"
         assert snap.record.equals(_headless(model, settings).record, timings=False)
-        gaps = [b - a for a, b in zip(ticks, ticks[1:])]
-        assert len(ticks) > 10 and max(gaps) < 0.1, f"UI thread blocked for {max(gaps):.3f} s"
+        return probe
     finally:
         c.shutdown()
+
+
+def test_ui_stays_live_and_pause_resume_is_exact(qtbot, model: Model) -> None:
+    probe = _paused_and_resumed_run(model, qtbot)
+    assert probe.ticks > 10
+    assert_never_blocked(probe, lambda: _paused_and_resumed_run(model, qtbot))
 
 
 def test_stop_a_paused_run_keeps_everything(qtbot, controller: DebuggerController,
