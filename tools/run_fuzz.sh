@@ -29,7 +29,7 @@ for target in "${targets[@]}"; do
     echo "[fuzz] $target for ${seconds}s (log: $log)" >&2
     case "$target" in
         format)
-            make -s -C engine_c fuzz >/dev/null
+            make -s -j"$(nproc)" -C engine_c fuzz >/dev/null
             engine_c/build-fuzz/fuzz_format -max_total_time="$seconds" -max_len=65536 \
                 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
                 -artifact_prefix="$OUT/artifacts/format-" \
