@@ -471,6 +471,26 @@ def test_validate_grows_problem_buffer(tiny_image: BuildImage, write_image: Writ
     assert len(warnings) == n_tensors
 
 
+def test_data_checks_read_the_tensors_once_however_many_findings(tiny_image: BuildImage) -> None:
+    from colibri import engine
+    from colibri._colibri_cffi import ffi, lib
+    image = tiny_image(n_layers=8)
+    n_tensors = rename_every_tensor(image)  # a warning a tensor: more than the first pass's room
+    image[-1] ^= 0x01                       # and a checksum finding
+    data = ffi.from_buffer("uint8_t[]", image)
+    passes: list[int] = []
+
+    def validate_buffer(flags: int, problems: object, room: int, count: object) -> int:
+        passes.append(flags)
+        return int(lib.col_validate_buffer(data, len(image), flags, problems, room, count))
+
+    status, problems = engine._collect_checked(validate_buffer, lib.COL_CHECK_CHECKSUMS, image)
+    assert passes.count(lib.COL_CHECK_CHECKSUMS) == 1
+    assert status != lib.COL_OK and len(problems) > n_tensors
+    assert [p.code_name for p in problems].count("COL_ERR_CHECKSUM") == 1
+    assert problems == validate_bytes(image, checksums=True)
+
+
 def test_validate_unknown_tensor_is_warning(tiny_image: BuildImage, write_image: WriteImage) -> None:
     image = tiny_image("qwen2_moe")
     rename_output(image)  # and mark the embeddings tied

@@ -79,6 +79,11 @@ LAYER_KINDS: dict[int, str] = {lib.COL_LAYER_DENSE: "dense", lib.COL_LAYER_MOE: 
 
 _ERRLEN = 512
 _FIRST_PROBLEMS = 64
+_DATA_CHECK_ROOM = 1 << 15  # tensors whose data findings the one data-checks pass has room for
+_HEADER_READ = 4096         # bytes read for the header's tensor_count (the fixed header is smaller)
+# statuses of a validation that could not read the file (or its caller's arguments): raised
+_UNREADABLE = frozenset({errors.COL_ERR_IO, errors.COL_ERR_NOMEM, errors.COL_ERR_INVALID_ARG,
+                         errors.COL_ERR_FILE_CHANGED})
 _OPEN_PROBLEMS = 256   # findings room of Model.open's one pass (more: a second pass, with room)
 # col_problem as numpy sees it, laid out from the compiled struct itself
 _PROBLEM_FIELDS = dict(ffi.typeof("col_problem").fields)
@@ -363,10 +368,9 @@ class Trace:
 # Validation
 
 
-def _collect(call: Any) -> tuple[int, list[Problem]]:
-    """Run `call(problems, max_problems, n_problems_ptr)`; call again with a buffer big enough for
-    every finding when the first one overflowed."""
-    capacity = _FIRST_PROBLEMS
+def _collect(call: Any, capacity: int = _FIRST_PROBLEMS) -> tuple[int, list[Problem]]:
+    """Run `call(problems, max_problems, n_problems_ptr)` with room for `capacity` findings; call
+    again with a buffer big enough for every finding when the first one overflowed."""
     count = ffi.new("uint32_t *")
     while True:
         buf = ffi.new("col_problem[]", capacity)
@@ -377,14 +381,29 @@ def _collect(call: Any) -> tuple[int, list[Problem]]:
         capacity = n
 
 
+def _collect_checked(call: Any, flags: int, head: Any) -> tuple[int, list[Problem]]:
+    """Run `call(check_flags, problems, max_problems, n_problems_ptr)`, a whole-file validation,
+    so that its data checks (`flags`: they read every tensor) run once however many findings there
+    are: the structural checks alone (which read no tensor data) run first, and their count plus
+    the data checks' most (two a tensor of the header's `head` bytes' tensor_count) size the room
+    of the one pass with data checks."""
+    if not flags:
+        return _collect(lambda buf, cap, n: call(0, buf, cap, n))
+    status, structural = _collect(lambda buf, cap, n: call(0, buf, cap, n))
+    if status in _UNREADABLE:
+        return status, structural
+    declared = next((f.value for f in header_fields(head) if f.name == "tensor_count" and f.present), 0)
+    room = len(structural) + 2 * min(int(declared), _DATA_CHECK_ROOM)
+    return _collect(lambda buf, cap, n: call(flags, buf, cap, n), max(room, _FIRST_PROBLEMS))
+
+
 def _check_flags(checksums: bool, nan_check: bool) -> int:
     return (lib.COL_CHECK_CHECKSUMS if checksums else 0) | (
         lib.COL_CHECK_NONFINITE if nan_check else 0)
 
 
 def _validation_result(status: int, problems: list[Problem]) -> list[Problem]:
-    if status in (errors.COL_ERR_IO, errors.COL_ERR_NOMEM, errors.COL_ERR_INVALID_ARG,
-                  errors.COL_ERR_FILE_CHANGED):
+    if status in _UNREADABLE:
         first = problems[0].message if problems else ""
         errors.raise_for_status(status, first)
     return problems
@@ -395,8 +414,16 @@ def validate(path: str | os.PathLike[str], checksums: bool = False,
     """Every problem of the file at `path` (errors and warnings; [] for a clean file). The
     optional data checks read every tensor. Raises ColibriIOError when the file cannot be read."""
     raw = _check_path(path)
-    flags = _check_flags(checksums, nan_check)
-    status, problems = _collect(lambda buf, cap, n: lib.col_validate_file(raw, flags, buf, cap, n))
+    head = b""
+    if checksums or nan_check:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(_HEADER_READ)
+        except OSError:
+            pass  # the engine's own open says why
+    status, problems = _collect_checked(
+        lambda flags, buf, cap, n: lib.col_validate_file(raw, flags, buf, cap, n),
+        _check_flags(checksums, nan_check), head)
     return _validation_result(status, problems)
 
 
@@ -405,8 +432,9 @@ def validate_bytes(data: bytes | bytearray | memoryview | np.ndarray, checksums:
     """Like `validate`, for a file image held in memory (any contiguous buffer)."""
     buf = ffi.from_buffer("uint8_t[]", data)
     size = len(ffi.buffer(buf))
-    flags = _check_flags(checksums, nan_check)
-    status, problems = _collect(lambda p, cap, n: lib.col_validate_buffer(buf, size, flags, p, cap, n))
+    status, problems = _collect_checked(
+        lambda flags, p, cap, n: lib.col_validate_buffer(buf, size, flags, p, cap, n),
+        _check_flags(checksums, nan_check), data)
     return _validation_result(status, problems)
 
 
