@@ -224,6 +224,25 @@ COL_INLINE COL_T2 v16 v16_fma(v16 a, __m256 x, v16 c)
     return r;
 }
 
+/* Four columns of the 8 x 8 transpose of 32-bit elements of 8 rows, read at byte `at` (16 bytes of
+ * each): lane k of out[c] element c of row k. Each 128-bit half is loaded beside the half it pairs
+ * with (rows k and k + 4), so that in-lane shuffles finish it: col_transpose8's vperm2f128 are 8
+ * micro-ops each on Zen 1, and four columns at a time stay in registers. */
+COL_INLINE COL_T2 void transpose4_rows(const uint8_t *const *row, uint64_t at, __m256 *out)
+{
+    __m256 v[4], t[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps((const float *)(const void *)(row[k] + at))),
+                                    _mm_loadu_ps((const float *)(const void *)(row[k + 4] + at)), 1);
+    t[0] = _mm256_unpacklo_ps(v[0], v[1]), t[1] = _mm256_unpackhi_ps(v[0], v[1]);
+    t[2] = _mm256_unpacklo_ps(v[2], v[3]), t[3] = _mm256_unpackhi_ps(v[2], v[3]);
+    out[0] = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t[0]), _mm256_castps_pd(t[2])));
+    out[1] = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t[0]), _mm256_castps_pd(t[2])));
+    out[2] = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t[1]), _mm256_castps_pd(t[3])));
+    out[3] = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t[1]), _mm256_castps_pd(t[3])));
+}
+
 typedef struct lanes_avx2 lanes_avx2;
 static COL_T2 void fill_avx2(lanes_avx2 *g, uint64_t block);
 static COL_T2 void store_avx2(float *y, v16 v, uint32_t n)
@@ -266,29 +285,37 @@ static COL_T2 void fill_avx2(lanes_avx2 *g, uint64_t block)
                 for (int c = 0; c < 8; c++) g->col[8 * h + c].v[half] = t[c];
             }
         } else if (g->dtype == COL_DTYPE_F32) {
-            for (int h = 0; h < 2; h++) {
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps((const float *)row[k] + i + 8 * h);
-                col_transpose8(r, t);
-#pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) g->col[8 * h + c].v[half] = t[c];
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+                transpose4_rows(row, 4 * i + 16 * (uint64_t)q, t);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) g->col[4 * q + c].v[half] = t[c];
             }
-        } else if (g->dtype == COL_DTYPE_F16 || g->dtype == COL_DTYPE_BF16) {
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps((const float *)((const uint16_t *)row[k] + i));
-            col_transpose8(r, t);
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) {
-                const __m256i p = _mm256_castps_si256(t[c]);
-                if (g->dtype == COL_DTYPE_BF16) {
-                    g->col[2 * c].v[half] = _mm256_castsi256_ps(_mm256_slli_epi32(p, 16));
-                    g->col[2 * c + 1].v[half] = _mm256_castsi256_ps(_mm256_and_si256(p, _mm256_set1_epi32((int)0xFFFF0000u)));
-                } else { /* the halves packed to 8 x 16 bits (values < 2^16: no saturation), widened */
-                    const __m256i lo = _mm256_and_si256(p, _mm256_set1_epi32(0xFFFF)), hi = _mm256_srli_epi32(p, 16);
-                    const __m256i lo16 = _mm256_packus_epi32(lo, lo), hi16 = _mm256_packus_epi32(hi, hi);
-                    g->col[2 * c].v[half] =
+        } else if (g->dtype == COL_DTYPE_BF16) { /* 16-bit rows as pairs: 32-bit elements transposed, then split */
+            const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
+#pragma GCC unroll 2
+            for (int q = 0; q < 2; q++) {
+                transpose4_rows(row, 2 * i + 16 * (uint64_t)q, t);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    const __m256i p = _mm256_castps_si256(t[c]);
+                    g->col[8 * q + 2 * c].v[half] = _mm256_castsi256_ps(_mm256_slli_epi32(p, 16));
+                    g->col[8 * q + 2 * c + 1].v[half] = _mm256_castsi256_ps(_mm256_and_si256(p, high));
+                }
+            }
+        } else if (g->dtype == COL_DTYPE_F16) { /* the halves packed to 8 x 16 bits (values < 2^16: no saturation), widened */
+            const __m256i low = _mm256_set1_epi32(0xFFFF);
+#pragma GCC unroll 2
+            for (int q = 0; q < 2; q++) {
+                transpose4_rows(row, 2 * i + 16 * (uint64_t)q, t);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    const __m256i p = _mm256_castps_si256(t[c]);
+                    const __m256i lo16 = _mm256_packus_epi32(_mm256_and_si256(p, low), _mm256_and_si256(p, low));
+                    const __m256i hi16 = _mm256_packus_epi32(_mm256_srli_epi32(p, 16), _mm256_srli_epi32(p, 16));
+                    g->col[8 * q + 2 * c].v[half] =
                         _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(lo16), _mm256_extracti128_si256(lo16, 1)));
-                    g->col[2 * c + 1].v[half] =
+                    g->col[8 * q + 2 * c + 1].v[half] =
                         _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(hi16), _mm256_extracti128_si256(hi16, 1)));
                 }
             }
