@@ -49,6 +49,7 @@ COL_INLINE TGT void FN(seq_nt)(FN(lanes) *g, const float *const *x, const uint32
                                 uint64_t hi, V *acc)
 {
     V a[NX_TOKENS]; /* local, so the compiler need not reload them around the stores to g->col */
+#pragma GCC unroll 4
     for (uint32_t t = 0; t < NT; t++) a[t] = acc[t];
     for (uint64_t i = lo; i < hi;) {
         const uint64_t b = i / BW, end = (b + 1) * BW < hi ? (b + 1) * BW : hi;
@@ -56,15 +57,18 @@ COL_INLINE TGT void FN(seq_nt)(FN(lanes) *g, const float *const *x, const uint32
         if (fma) {
             for (; i < end; i++) {
                 const V w = g->col[i % BW];
+#pragma GCC unroll 4
                 for (uint32_t t = 0; t < NT; t++) a[t] = V_FMA(w, V_BCAST(x[t] + i), a[t]);
             }
         } else {
             for (; i < end; i++) {
                 const V w = g->col[i % BW];
+#pragma GCC unroll 4
                 for (uint32_t t = 0; t < NT; t++) a[t] = V_ADD(a[t], V_MUL(w, V_BCAST(x[t] + i)));
             }
         }
     }
+#pragma GCC unroll 4
     for (uint32_t t = 0; t < NT; t++) acc[t] = a[t];
 }
 
