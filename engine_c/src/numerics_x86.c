@@ -266,6 +266,34 @@ static COL_T2 void store_avx2(float *y, v16 v, uint32_t n)
 #define V_BCAST(p) _mm256_broadcast_ss(p)
 #include "numerics_lanes.h"
 
+/* Columns [i, i + 16) of 8 of the group's 16-bit rows (`row`, lanes 8 half ..) into the group's
+ * columns: rows as pairs, their 32-bit elements transposed, then each pair split and widened
+ * (bf16 by shifts; f16 packed to 8 x 16 bits, values < 2^16 so no saturation, then F16C). */
+COL_INLINE COL_T2 void fill_pairs16(lanes_avx2 *g, const uint8_t *const *row, uint64_t i, int half, const int bf16)
+{
+    const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u), low = _mm256_set1_epi32(0xFFFF);
+    __m256 t[4];
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; q++) {
+        transpose4_rows(row, 2 * i + 16 * (uint64_t)q, t);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m256i p = _mm256_castps_si256(t[c]);
+            if (bf16) {
+                g->col[8 * q + 2 * c].v[half] = _mm256_castsi256_ps(_mm256_slli_epi32(p, 16));
+                g->col[8 * q + 2 * c + 1].v[half] = _mm256_castsi256_ps(_mm256_and_si256(p, high));
+            } else {
+                const __m256i lo16 = _mm256_packus_epi32(_mm256_and_si256(p, low), _mm256_and_si256(p, low));
+                const __m256i hi16 = _mm256_packus_epi32(_mm256_srli_epi32(p, 16), _mm256_srli_epi32(p, 16));
+                g->col[8 * q + 2 * c].v[half] =
+                    _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(lo16), _mm256_extracti128_si256(lo16, 1)));
+                g->col[8 * q + 2 * c + 1].v[half] =
+                    _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(hi16), _mm256_extracti128_si256(hi16, 1)));
+            }
+        }
+    }
+}
+
 /* Columns [16 block, 16 block + 16) of the 16 rows, as two halves of 8 rows, 16-bit rows as pairs
  * as on AVX-512. A float row's last, partial block is widened by col_load_range (exact, as the
  * reference does). */
@@ -291,34 +319,10 @@ static COL_T2 void fill_avx2(lanes_avx2 *g, uint64_t block)
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) g->col[4 * q + c].v[half] = t[c];
             }
-        } else if (g->dtype == COL_DTYPE_BF16) { /* 16-bit rows as pairs: 32-bit elements transposed, then split */
-            const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
-#pragma GCC unroll 2
-            for (int q = 0; q < 2; q++) {
-                transpose4_rows(row, 2 * i + 16 * (uint64_t)q, t);
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    const __m256i p = _mm256_castps_si256(t[c]);
-                    g->col[8 * q + 2 * c].v[half] = _mm256_castsi256_ps(_mm256_slli_epi32(p, 16));
-                    g->col[8 * q + 2 * c + 1].v[half] = _mm256_castsi256_ps(_mm256_and_si256(p, high));
-                }
-            }
-        } else if (g->dtype == COL_DTYPE_F16) { /* the halves packed to 8 x 16 bits (values < 2^16: no saturation), widened */
-            const __m256i low = _mm256_set1_epi32(0xFFFF);
-#pragma GCC unroll 2
-            for (int q = 0; q < 2; q++) {
-                transpose4_rows(row, 2 * i + 16 * (uint64_t)q, t);
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    const __m256i p = _mm256_castps_si256(t[c]);
-                    const __m256i lo16 = _mm256_packus_epi32(_mm256_and_si256(p, low), _mm256_and_si256(p, low));
-                    const __m256i hi16 = _mm256_packus_epi32(_mm256_srli_epi32(p, 16), _mm256_srli_epi32(p, 16));
-                    g->col[8 * q + 2 * c].v[half] =
-                        _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(lo16), _mm256_extracti128_si256(lo16, 1)));
-                    g->col[8 * q + 2 * c + 1].v[half] =
-                        _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(hi16), _mm256_extracti128_si256(hi16, 1)));
-                }
-            }
+        } else if (g->dtype == COL_DTYPE_BF16) {
+            fill_pairs16(g, row, i, half, 1);
+        } else if (g->dtype == COL_DTYPE_F16) {
+            fill_pairs16(g, row, i, half, 0);
         } else {
             for (int h = 0; h < 2; h++) {
 #pragma GCC unroll 8
