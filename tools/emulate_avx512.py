@@ -12,7 +12,8 @@ case by case:
     panels; 1, 3, 5, 17, 32 and 137 blocks of columns; 1 to 40 tokens (decode, the stored panels'
     one-token tiles, and the packed batch passes); both entry points;
   * numerics: every jitter-lab variant's AVX-512 loops (seq, pairwise, blocked L, with fma and
-    split partial sums) on f32, f16, bf16, q8_0 and q4_0 rows against the reference loops;
+    split partial sums) on f32, f16, bf16, q8_0 and q4_0 rows and q8_0/q4_0 8-row panels against
+    the reference loops;
   * bf16dot: vdpbf16ps (AVX512-BF16) against col_rows_bf16dot_portable, whole and partial blocks;
   * float: the default path's f32, f16 and bf16 tiles, whose bits differ from the portable path's
     by design: a batch against its tokens one at a time (bits), and against col_rows_portable
@@ -334,10 +335,15 @@ def cases(quick: bool) -> list[Case]:
     # one block, three (a partial q4_0 group), five
     out += [Case("int8", "q4_0x8", 8, 96, 1), Case("int8", "q8_0x8", 8, 96, 3, "int8"),
             Case("int8", "q8_0x8", 56, 160, 1), Case("int8", "q4_0x8", 56, 32, 5, "int8")]
-    variants = list(VARIANTS) if not quick else ["seq", "pairwise+fma", "blocked8+fma", "blocked100", "seq+split4"]
-    for dtype in ("f32", "f16", "bf16", "q8_0", "q4_0"):
-        for rows, cols, nt in ((37, 1056, 5), (7, 96, 1)) if dtype in ("q8_0", "q4_0") else ((37, 100, 5), (16, 1056, 1)):
-            for variant in variants:
+    few = ["seq", "pairwise+fma", "blocked8+fma", "blocked100", "seq+split4"]
+    variants = list(VARIANTS) if not quick else few
+    numerics_shapes = {"q8_0": ((37, 1056, 5), (7, 96, 1)), "q4_0": ((37, 1056, 5), (7, 96, 1)),
+                       # panels: a group of two halves (40 rows: 32, then 8 with 24 missing), one panel
+                       "q8_0x8": ((40, 1056, 5), (8, 96, 1)), "q4_0x8": ((40, 1056, 5), (8, 96, 1))}
+    for dtype in ("f32", "f16", "bf16", "q8_0", "q4_0", "q8_0x8", "q4_0x8"):
+        for rows, cols, nt in numerics_shapes.get(dtype, ((37, 100, 5), (16, 1056, 1))):
+            # the panels' own code is their fill; the reductions after it are every dtype's
+            for variant in variants if dtype in ("f32", "f16", "bf16", "q8_0", "q4_0") else few:
                 out.append(Case("numerics", dtype, rows, cols, nt, variant))
     for cols in ((7, 32, 45, 100, 1056) if not quick else (45, 1056)):
         for rows, nt in ((7, 1), (37, 5), (37, 9)):
@@ -359,9 +365,9 @@ def cannonlake_cases(quick: bool) -> list[Case]:
     for dtype in ("f32", "f16", "bf16"):
         for rows, cols, nt in ((37, 100, 1), (37, 100, 9), (80, 4384, 13)) if not quick else ((37, 100, 9),):
             out.append(Case("float", dtype, rows, cols, nt))
-    for dtype in ("bf16", "q8_0"):
+    for dtype in ("bf16", "q8_0", "q4_0x8"):
         for variant in ("seq", "blocked8+fma", "pairwise+split3"):
-            out.append(Case("numerics", dtype, 37, 1056, 5, variant))
+            out.append(Case("numerics", dtype, 40 if dtype == "q4_0x8" else 37, 1056, 5, variant))
     out += [Case("int8", "q8_0x8", 16, 1024, 13, "dispatch", faults=True),
             Case("int8", "q4_0", 16, 544, 9, "int8", faults=True)]
     return out

@@ -248,8 +248,7 @@ static void reference_rows(const col_numerics *nx, const col_matvec_job *j, uint
 }
 
 /* A variant's products on the pool (col_matmul_walk): the path's vector loops, which give the
- * reference's bits, or the reference itself on the portable path and for weights stored in panels
- * (q8_0x8, q4_0x8: the vector loops read rows as stored in rows). */
+ * reference's bits, or the reference itself on the portable path. */
 typedef struct variant_walk {
     const col_numerics *nx;
     col_isa isa;
@@ -259,10 +258,6 @@ static void variant_rows(const void *ctx, const col_matvec_job *j, uint64_t r0, 
 {
     const variant_walk *v = ctx;
 #if defined(__x86_64__)
-    if (is_panel_dtype(j->w.dtype)) {
-        reference_rows(v->nx, j, r0, r1);
-        return;
-    }
     if (v->isa >= COL_ISA_AVX512F) {
         col_numerics_rows_avx512(v->nx, j, r0, r1);
         return;

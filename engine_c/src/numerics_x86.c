@@ -8,9 +8,10 @@
  * rows (16 on AVX-512, 8 on AVX2) is read W columns at a time, each W x W block of weights widened
  * to f32 (as col_load_range does: exact) and transposed in registers, so that column i is one
  * vector holding w[r][i] of the W rows; the reference's operations then run on W rows at once
- * (numerics_lanes.h), one IEEE operation per lane. So a variant's outputs have the same bits on
- * every path, for any thread count and batch, and a lab run costs a few times the default's
- * instead of the scalar loops' 30-75 times.
+ * (numerics_lanes.h), one IEEE operation per lane. Weights stored in 8-row panels (q8_0x8,
+ * q4_0x8) need no transpose: a panel keeps its rows in the lanes already. So a variant's outputs
+ * have the same bits on every path, for any thread count and batch, and a lab run costs a few
+ * times the default's instead of the scalar loops' 30-75 times.
  */
 #include "kernels_internal.h"
 #include "numerics.h"
@@ -60,6 +61,15 @@ COL_INLINE COL_T512 __m512 quant_half16(const uint8_t *row, uint32_t dtype, uint
         q = _mm512_sub_epi32(q, _mm512_set1_epi32(8));
     }
     return _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
+}
+
+/* Quantised block k (columns [32 k, 32 k + 32)) of two 8-row q8_0x8 / q4_0x8 panels (docs/format.md)
+ * into the group's columns, lanes 16 half ..: the first panel's rows in lanes 0-7, the second's in
+ * 8-15, each column a shift or two of a group's vector (scale * q, exact, as on AVX2: fill_groups8). */
+COL_INLINE COL_T512 __m512i panel_pair(const uint8_t *first, const uint8_t *second, uint64_t at)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(first + at))),
+                              _mm256_loadu_si256((const __m256i *)(const void *)(second + at)), 1);
 }
 
 /* A group's 32 rows are two vectors, so that a reduction's chain of dependent additions has a
@@ -155,6 +165,40 @@ static COL_T512 void fill_avx512(lanes_avx512 *g, uint64_t block)
             }
             break;
         }
+        case COL_DTYPE_Q8_0X8:
+        case COL_DTYPE_Q4_0X8: {
+            const int q4 = g->dtype == COL_DTYPE_Q4_0X8;
+            const uint8_t *p0 = row[0], *p1 = row[8];
+            const uint64_t nb = n / QK, at = 16 * nb + (q4 ? 128 : 256) * block;
+            const __m512 d = _mm512_cvtph_ps(_mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(p0 + 16 * block))),
+                _mm_loadu_si128((const __m128i *)(const void *)(p1 + 16 * block)), 1));
+            if (q4) {
+                const __m512i low4 = _mm512_set1_epi32(0x0F), eight = _mm512_set1_epi32(8);
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++) {
+                    const __m512i v = panel_pair(p0, p1, at + 32 * (uint64_t)q);
+#pragma GCC unroll 4
+                    for (int b = 0; b < 4; b++) {
+                        const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(v, 8 * b), low4), eight);
+                        const __m512i hi = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(v, 8 * b + 4), low4), eight);
+                        g->col[4 * q + b].v[half] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(lo));
+                        g->col[16 + 4 * q + b].v[half] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(hi));
+                    }
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int q = 0; q < 8; q++) {
+                    const __m512i v = panel_pair(p0, p1, at + 32 * (uint64_t)q);
+#pragma GCC unroll 4
+                    for (int b = 0; b < 4; b++) {
+                        const __m512i w = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * b), 24);
+                        g->col[4 * q + b].v[half] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(w));
+                    }
+                }
+            }
+            break;
+        }
         default: /* q8_0 / q4_0: a block of 32 columns is one quantised block */
             for (int h = 0; h < 2; h++) {
 #pragma GCC unroll 16
@@ -182,22 +226,6 @@ static COL_T512 void fill_avx512(lanes_avx512 *g, uint64_t block)
 #undef V_BCAST
 
 /* ---- AVX2: 8 rows, blocks of 16 columns ----------------------------------------------------- */
-
-/* Columns [i + 8 h, i + 8 h + 8) of a q8_0 / q4_0 row, i a multiple of 16, as f32. */
-COL_INLINE COL_T2 __m256 quant_eighth8(const uint8_t *row, uint32_t dtype, uint64_t n, uint64_t i, int h)
-{
-    const uint64_t nb = n / QK, b = i / QK;
-    const __m256 d = _mm256_set1_ps(_cvtsh_ss(rd16u(row + 2 * b)));
-    __m256i q;
-    if (dtype == COL_DTYPE_Q8_0) {
-        q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + 2 * nb + i + 8 * (uint64_t)h)));
-    } else {
-        q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(row + 2 * nb + 16 * b + 8 * (uint64_t)h)));
-        q = i % QK ? _mm256_srli_epi32(q, 4) : _mm256_and_si256(q, _mm256_set1_epi32(0x0F));
-        q = _mm256_sub_epi32(q, _mm256_set1_epi32(8));
-    }
-    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
-}
 
 /* 16 rows as two vectors, for the same reason as v32. */
 typedef struct v16 {
@@ -294,6 +322,65 @@ COL_INLINE COL_T2 void fill_pairs16(lanes_avx2 *g, const uint8_t *const *row, ui
     }
 }
 
+/* A vpshufb control that moves byte b of each 32-bit lane to the lane's top byte, zeroing the rest. */
+COL_INLINE COL_T2 __m256i top_byte(int b)
+{
+    return _mm256_add_epi32(_mm256_set1_epi32((int)((uint32_t)b << 24 | 0x808080u)),
+                            _mm256_setr_epi32(0, 4 << 24, 8 << 24, 12 << 24, 0, 4 << 24, 8 << 24, 12 << 24));
+}
+
+/* Columns [i, i + 16) (half of quantised block i / 32) of 8 q8_0 / q4_0 rows into the group's
+ * columns, lanes 8 half .., from the rows' 4-byte groups of those columns: lane r of grp[c] row r's
+ * bytes 4c .. 4c + 3 of them (q8_0: elements i + 4c ..; q4_0: the block's bytes 4c .., whose low
+ * nibbles are elements 4c .. and high ones 16 + 4c ..), d the rows' scales of the block. A column
+ * is a group's byte moved to the top of each lane: q * 2^24 (q4_0: (nibble - 8) * 2^24 or 2^28),
+ * which times the scale * 2^-24 (2^-28) is scale * q as col_load_matrix_range computes it (both
+ * exact). No shifts: Zen 1 has one pipe for them. */
+COL_INLINE COL_T2 void fill_groups8(lanes_avx2 *g, const __m256i *grp, __m256 d, int half, const int q4, const int high)
+{
+    const __m256 dq = _mm256_mul_ps(d, _mm256_set1_ps(q4 && high ? 0x1p-28f : 0x1p-24f));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+#pragma GCC unroll 4
+        for (int b = 0; b < 4; b++) {
+            __m256i w = _mm256_shuffle_epi8(grp[c], top_byte(b));
+            if (q4 && high) /* n << 28 with its top bit flipped: (n - 8) << 28 as a signed lane */
+                w = _mm256_xor_si256(_mm256_and_si256(w, _mm256_set1_epi32((int)0xF0000000u)),
+                                     _mm256_set1_epi32((int)0x80000000u));
+            else if (q4)
+                w = _mm256_sub_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x0F000000)), _mm256_set1_epi32(0x08000000));
+            g->col[4 * c + b].v[half] = _mm256_mul_ps(dq, _mm256_cvtepi32_ps(w));
+        }
+}
+
+/* The same from 8 rows stored as q8_0x8 / q4_0x8 panels (docs/format.md, `panel` the 8 rows'),
+ * whose blocks keep each 4-byte group of the 8 rows in the lanes of one vector already; or from 8
+ * rows stored as rows, their groups transposed (transpose4_rows). */
+COL_INLINE COL_T2 void fill_quant8(lanes_avx2 *g, const uint8_t *const *row, uint64_t i, int half, const int q4,
+                                   const int high)
+{
+    const uint64_t nb = g->n / QK, k = i / QK;
+    __m256i grp[4];
+    __m256 d;
+    if (is_panel_dtype(g->dtype)) {
+        const uint8_t *payload = row[0] + 16 * nb + (q4 ? 128 : 256) * k;
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            grp[c] = _mm256_loadu_si256((const __m256i *)(const void *)(payload + 32 * (q4 || !high ? c : 4 + c)));
+        d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(row[0] + 16 * k)));
+    } else {
+        __m256 t[4];
+        transpose4_rows(row, 2 * nb + (q4 ? 16 * k : i), t);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) grp[c] = _mm256_castps_si256(t[c]);
+        d = _mm256_cvtph_ps(_mm_setr_epi16((short)rd16u(row[0] + 2 * k), (short)rd16u(row[1] + 2 * k),
+                                           (short)rd16u(row[2] + 2 * k), (short)rd16u(row[3] + 2 * k),
+                                           (short)rd16u(row[4] + 2 * k), (short)rd16u(row[5] + 2 * k),
+                                           (short)rd16u(row[6] + 2 * k), (short)rd16u(row[7] + 2 * k)));
+    }
+    fill_groups8(g, grp, d, half, q4, high);
+}
+
 /* Columns [16 block, 16 block + 16) of the 16 rows, as two halves of 8 rows, 16-bit rows as pairs
  * as on AVX-512. A float row's last, partial block is widened by col_load_range (exact, as the
  * reference does). */
@@ -323,14 +410,16 @@ static COL_T2 void fill_avx2(lanes_avx2 *g, uint64_t block)
             fill_pairs16(g, row, i, half, 1);
         } else if (g->dtype == COL_DTYPE_F16) {
             fill_pairs16(g, row, i, half, 0);
-        } else {
-            for (int h = 0; h < 2; h++) {
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) r[k] = quant_eighth8(row[k], g->dtype, n, i, h);
-                col_transpose8(r, t);
-#pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) g->col[8 * h + c].v[half] = t[c];
-            }
+        } else { /* q8_0 / q4_0, as rows or panels: 16 columns are half a quantised block */
+            const int q4 = col_block_kind(g->dtype) == COL_DTYPE_Q4_0, high = i % QK != 0;
+            if (q4 && high)
+                fill_quant8(g, row, i, half, 1, 1);
+            else if (q4)
+                fill_quant8(g, row, i, half, 1, 0);
+            else if (high)
+                fill_quant8(g, row, i, half, 0, 1);
+            else
+                fill_quant8(g, row, i, half, 0, 0);
         }
     }
     g->block = block;

@@ -9,7 +9,7 @@
  *   AVX-512 threads call, or col_rows_int8_avx512, or (entry avx512f) the AVX2 kernels in the form
  *   the avx512f path runs them, against col_dotq_stored;
  * - numerics: a jitter-lab variant's loops (col_numerics_rows_avx512) against its reference loops
- *   (col_numerics_matmul without a pool), every stored dtype of rows;
+ *   (col_numerics_matmul without a pool), every stored dtype of rows and of 8-row panels;
  * - bf16dot: bf16 dot products with vdpbf16ps (col_rows_bf16dot_avx512) against
  *   col_rows_bf16dot_portable;
  * - float: f32, f16 and bf16 products of the default path (col_rows_avx512), whose bits differ from

@@ -131,11 +131,24 @@ static float spread_value(void)
     return ldexpf(v, (int)(next_u32() % 13) - 6);
 }
 
-/* `rows` x `cols` random weights of `dtype` in the format's row layout. */
+/* `rows` x `cols` random weights of `dtype` in the format's layout: rows, or 8-row panels (each
+ * panel's scales first, block by block, then its payload: random bytes either way). */
 static uint8_t *random_weights(uint32_t dtype, uint64_t rows, uint64_t cols)
 {
     const uint64_t rb = col_dtype_row_bytes(dtype, cols), nb = cols / 32;
     uint8_t *w = malloc(rows * rb + 64);
+    if (dtype == COL_DTYPE_Q8_0X8 || dtype == COL_DTYPE_Q4_0X8) {
+        for (uint64_t p = 0; p < rows / 8; p++) {
+            uint8_t *panel = w + p * 8 * rb;
+            for (uint64_t k = 0; k < 8 * nb; k++) { /* f16 2^-8 .. 2^-4, some negative, some subnormal */
+                uint16_t d = (uint16_t)(k % 11 == 4 ? 1u + next_u32() % 0x3FFu : 0x1C00u + next_u32() % 0x1000u);
+                if (k % 7 == 2) d |= 0x8000u;
+                memcpy(panel + 2 * k, &d, 2);
+            }
+            for (uint64_t i = 16 * nb; i < 8 * rb; i++) panel[i] = (uint8_t)(next_u32() >> 13);
+        }
+        return w;
+    }
     for (uint64_t r = 0; r < rows; r++) {
         uint8_t *row = w + r * rb;
         if (dtype == COL_DTYPE_F32) {
@@ -237,10 +250,11 @@ static int same_bits(const float *a, const float *b, uint64_t n)
  * orders round differently, which the check that the variants disagree with each other confirms. */
 static void test_vector_loops_match_the_reference(void)
 {
-    enum { MAX_T = 9, MAX_C = 1056 };
-    static const uint32_t dtypes[] = {COL_DTYPE_F32, COL_DTYPE_F16, COL_DTYPE_BF16, COL_DTYPE_Q8_0, COL_DTYPE_Q4_0};
+    enum { MAX_T = 9, MAX_C = 1056, MAX_R = 40 };
+    static const uint32_t dtypes[] = {COL_DTYPE_F32,  COL_DTYPE_F16,    COL_DTYPE_BF16,
+                                      COL_DTYPE_Q8_0, COL_DTYPE_Q4_0, COL_DTYPE_Q8_0X8, COL_DTYPE_Q4_0X8};
     static const uint64_t cols_list[] = {17, 32, 100, 1056};
-    static const uint64_t rows_list[] = {1, 7, 16, 37};
+    static const uint64_t rows_list[] = {1, 7, 16, 37, 40}; /* panels: 16 and 40 */
     static const uint32_t tokens_list[] = {1, 5, 9};
     static const char *paths[] = {"avx2", "avx512"};
     pool_run pools[2][2];
@@ -249,7 +263,7 @@ static void test_vector_loops_match_the_reference(void)
         pools[p][1] = pool_on(paths[p], 3, MAX_T, MAX_C);
         if (!pools[p][0].pool) fprintf(stderr, "numerics %s: not on this CPU, not checked\n", paths[p]);
     }
-    static float x[MAX_T * MAX_C], ref[MAX_T * 37], got[MAX_T * 37], one[37], first[N_VARIANTS][MAX_T * 37];
+    static float x[MAX_T * MAX_C], ref[MAX_T * MAX_R], got[MAX_T * MAX_R], one[MAX_R], first[N_VARIANTS][MAX_T * MAX_R];
     int bad = 0, checked = 0, orders_differ = 0;
     for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
         for (size_t c = 0; c < sizeof cols_list / sizeof cols_list[0]; c++) {
@@ -257,6 +271,7 @@ static void test_vector_loops_match_the_reference(void)
             if (dtypes[d] >= COL_DTYPE_Q8_0 && cols % 32) continue;
             for (size_t rr = 0; rr < sizeof rows_list / sizeof rows_list[0]; rr++) {
                 const uint64_t rows = rows_list[rr];
+                if ((dtypes[d] == COL_DTYPE_Q8_0X8 || dtypes[d] == COL_DTYPE_Q4_0X8) && rows % 8) continue;
                 uint8_t *w = random_weights(dtypes[d], rows, cols);
                 for (uint64_t i = 0; i < MAX_T * cols; i++) x[i] = spread_value();
                 col_weight cw = {w, dtypes[d], rows, cols, 0};
