@@ -63,9 +63,9 @@ COL_INLINE COL_T512 __m512 quant_half16(const uint8_t *row, uint32_t dtype, uint
     return _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
 }
 
-/* Quantised block k (columns [32 k, 32 k + 32)) of two 8-row q8_0x8 / q4_0x8 panels (docs/format.md)
- * into the group's columns, lanes 16 half ..: the first panel's rows in lanes 0-7, the second's in
- * 8-15, each column a shift or two of a group's vector (scale * q, exact, as on AVX2: fill_groups8). */
+/* The 32 bytes at `at` of two 8-row q8_0x8 / q4_0x8 panels (docs/format.md) as one vector: a 4-byte
+ * group of the first panel's rows in lanes 0-7, of the second's in 8-15. fill_avx512 takes each
+ * column of a block from it by a shift or two (scale * q, exact, as fill_groups8 on AVX2). */
 COL_INLINE COL_T512 __m512i panel_pair(const uint8_t *first, const uint8_t *second, uint64_t at)
 {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(first + at))),
