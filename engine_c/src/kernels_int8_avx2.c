@@ -17,7 +17,7 @@
  *   it per token and block, decode once per 8 rows).
  * Decode (one token, and batches of fewer than COL_Q_AVX2_PANEL_TOKENS, a token at a time) reads 8
  * distant rows of the thread's share as they are stored (8 streams through memory, prefetched
- * col_decode_ahead bytes ahead) and turns the 8 rows' lane sums of a block into one vector of
+ * col_decode_tuning_here's bytes ahead) and turns the 8 rows' lane sums of a block into one vector of
  * block sums with vphaddd (q8_0), or of two blocks' with vphaddw while they fit in int16 (q4_0).
  * Larger batches pack 8 neighbouring rows a k-block at a time into a
  * panel on the stack (lane r holding row r's 4-byte group g of each block, the scales widened),

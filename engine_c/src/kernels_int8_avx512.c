@@ -21,7 +21,7 @@
  *
  * Weights stored in 8-row panels (q8_0x8/q4_0x8) are read where they lie: batches of
  * COL_STORED_MIN_TOKENS or more copy two stored panels into the staging panel, and fewer tokens
- * (q8_0 from one, q4_0 from two; a q4_0 decode keeps the AVX2 tiles) run one-token tiles of 4
+ * (q8_0 from one, q4_0 from one or two as col_decode_tuning says) run one-token tiles of 4
  * distant panels, a token at a time. There a 64-byte load holds two 4-byte groups of the panel's 8
  * rows, vpdpbusd takes it against the token's two groups placed to match (one vpermd each, shared
  * by the tile's panels), and two panels' even and odd groups' sums, added by 256-bit halves, make
@@ -597,7 +597,7 @@ COL_INLINE COL_T512Q void stored_tokens(const col_matvec_job *j, const uint8_t *
 }
 
 COL_T512Q void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
-                                   uint64_t stage_bytes, col_ahead ahead)
+                                   uint64_t stage_bytes, col_decode_tuning tune)
 {
     const int q4 = col_block_kind(j->w.dtype) == COL_DTYPE_Q4_0;
     const int stored = is_panel_dtype(j->w.dtype);
@@ -605,17 +605,18 @@ COL_T512Q void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, 
         rows_panels(j, qx, r0, r1, stage, q4, stored);
         return;
     }
-    const uint32_t stored_ahead = ahead.q < COL_STORED_AHEAD_MAX ? ahead.q : COL_STORED_AHEAD_MAX;
-    /* q4_0 decode keeps the AVX2 stored tiles (int16 sums, 256-bit), faster in whole decodes;
-     * from 2 tokens these are ahead (performance.md, "q4_0 decode from stored panels") */
-    if (stored && q4 && j->n_tokens == 1)
-        col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q, 0); /* one token: vpdpbusd is not used */
+    const uint32_t stored_ahead = tune.q < COL_STORED_AHEAD_MAX ? tune.q : COL_STORED_AHEAD_MAX;
+    /* one token of q4_0 takes the tile the CPU decodes faster with (int16 sums in 256-bit vectors on
+     * Intel, these tiles on AMD); from 2 tokens these are ahead (performance.md, "q4_0 decode from
+     * stored panels") */
+    if (stored && q4 && j->n_tokens == 1 && !tune.q4_zmm)
+        col_rows_int8_panels_avx2(j, qx, r0, r1, tune.q, 0); /* one token: vpdpbusd is not used */
     else if (stored && q4)
         stored_tokens(j, qx, r0, r1, stored_ahead, 1);
     else if (stored)
         stored_tokens(j, qx, r0, r1, stored_ahead, 0);
     else
-        rows_decode(j, qx, 0, j->n_tokens, r0, r1, q4, ahead.q);
+        rows_decode(j, qx, 0, j->n_tokens, r0, r1, q4, tune.q);
 }
 
 #endif

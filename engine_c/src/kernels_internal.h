@@ -141,14 +141,16 @@ col_isa col_detect_isa(void);
 /* Bytes of carried lane sums one batch tile over long rows needs for n_tokens (per-thread staging). */
 uint64_t col_kblock_carry_bytes(uint32_t n_tokens);
 
-/* Bytes ahead of its loads that a decode tile prefetches each row: float rows (f) and q8_0/q4_0
- * payloads (q). */
-typedef struct col_ahead {
+/* How the decode tiles run on this CPU: the bytes ahead of its loads that a tile prefetches each
+ * row, float rows (f) and q8_0/q4_0 payloads (q); and whether one token of q4_0 panels takes the
+ * AVX-512 tile (q4_zmm, 1) or the AVX2 one (0). Both give the same bits. */
+typedef struct col_decode_tuning {
     uint32_t f, q;
-} col_ahead;
+    int q4_zmm;
+} col_decode_tuning;
 
 /* The distances for this machine's CPU (measured per vendor; kernels_x86.c). */
-col_ahead col_decode_ahead(void);
+col_decode_tuning col_decode_tuning_here(void);
 
 /* 1 when the CPU has AVX512-BF16 (vdpbf16ps), which the AVX-512 path then uses for bf16 dot products. */
 int col_has_avx512bf16(void);
@@ -160,7 +162,7 @@ int col_has_avx_vnni(void);
  * col_dot_bf16_portable; xp: the job's activations packed by col_pack_bf16, [n_tokens][cols]. With
  * vdpbf16ps in register tiles (AVX512-BF16, where col_has_avx512bf16), or its arithmetic in AVX2
  * (row by row). */
-void col_rows_bf16dot_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1, col_ahead ahead);
+void col_rows_bf16dot_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1, col_decode_tuning tune);
 void col_rows_bf16dot_avx2(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1);
 
 /* The instructions the AVX2 path's q8_0/q4_0 kernels form block sums with (the same exact sums). */
@@ -172,11 +174,11 @@ typedef enum col_int8_form {
 } col_int8_form;
 
 /* Rows [r0, r1) of job j, every token, on AVX2 / AVX-512 (only where CPUID found them); `carry`
- * (carry_bytes, may be NULL) is the thread's scratch for batches over long rows, `ahead` the
- * decode tiles' prefetch distances (col_decode_ahead), `form` a col_int8_form the CPU has. */
-void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead, int form);
+ * (carry_bytes, may be NULL) is the thread's scratch for batches over long rows, `tune` the
+ * decode tiles' tuning (col_decode_tuning_here), `form` a col_int8_form the CPU has. */
+void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_decode_tuning tune, int form);
 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *carry,
-                     uint64_t carry_bytes, col_ahead ahead);
+                     uint64_t carry_bytes, col_decode_tuning tune);
 
 /* ---- kernels_int8_avx2.c: q8_0/q4_0 on AVX2 -------------------------------------------------- */
 
@@ -198,9 +200,10 @@ void col_rows_int8_panels_avx2(const col_matvec_job *j, const uint8_t *qx, uint6
  * lanes (kernels_int8_avx512.c): the bits of col_dotq_blocks. qx: the job's activations
  * (col_quantize_row); `stage` (stage_bytes, 64-byte aligned, may be NULL) the thread's scratch, where
  * batches pack 16-row panels when it holds col_int8_stage_bytes() (else every token runs the
- * decode kernel, the same bits); ahead.q: the decode kernel's prefetch distance. */
+ * decode kernel, the same bits); tune: the decode tiles' tuning (its q4_zmm picks
+ * the tile for one token of q4_0 panels). */
 void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
-                          uint64_t stage_bytes, col_ahead ahead);
+                          uint64_t stage_bytes, col_decode_tuning tune);
 uint64_t col_int8_stage_bytes(void);
 #define COL_PANEL_ROWS 16 /* rows of a batch's panel: a chunk of a quantised batch ends on a multiple */
 /* All n_q heads of h, as col_attend_head (scores: n_q * n_keys floats). */

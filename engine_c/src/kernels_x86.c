@@ -31,8 +31,8 @@
 #include <immintrin.h>
 #endif
 
-/* Bytes ahead of a decode tile's weight loads that it prefetches each row (col_decode_ahead): the
- * best distance is the machine's. On Intel (Emerald Rapids) 1 KiB for float rows and 2 KiB for
+/* Bytes ahead of a decode tile's weight loads that it prefetches each row (col_decode_tuning_here):
+ * the best distance is the machine's. On Intel (Emerald Rapids) 1 KiB for float rows and 2 KiB for
  * q8_0/q4_0 payloads, whose arithmetic per byte leaves the prefetch more time; on AMD (Zen 4) 256
  * bytes for both, where those distances made decode products 1.04-1.34x slower. */
 #ifndef COL_PREFETCH_AHEAD
@@ -43,6 +43,9 @@
 #endif
 #ifndef COL_PREFETCH_AHEAD_AMD
 #define COL_PREFETCH_AHEAD_AMD 256
+#endif
+#ifndef COL_Q4_ZMM_DECODE_AMD
+#define COL_Q4_ZMM_DECODE_AMD 1 /* col_decode_tuning.q4_zmm on AMD */
 #endif
 
 /* ---- x86 SIMD paths ---------------------------------------------------------------------- */
@@ -418,30 +421,30 @@ COL_INLINE COL_T2 void rows_batch_avx2(const col_matvec_job *j, uint64_t r0, uin
     }
 }
 
-COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_ahead ahead, int form)
+COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_decode_tuning tune, int form)
 {
     const next_tile_prefetch none = {NULL, NULL, 0};
     const uint32_t dtype = j->w.dtype;
     if (is_panel_dtype(dtype)) {
-        col_rows_int8_panels_avx2(j, qx, r0, r1, ahead.q, form);
+        col_rows_int8_panels_avx2(j, qx, r0, r1, tune.q, form);
     } else if (is_block_dtype(dtype)) {
-        col_rows_int8_avx2(j, qx, r0, r1, ahead.q, form);
+        col_rows_int8_avx2(j, qx, r0, r1, tune.q, form);
     } else if (j->n_tokens > 1) {
         switch (dtype) {
-        case COL_DTYPE_F32: rows_batch_avx2(j, r0, r1, COL_DTYPE_F32, ahead.f); break;
-        case COL_DTYPE_F16: rows_batch_avx2(j, r0, r1, COL_DTYPE_F16, ahead.f); break;
-        case COL_DTYPE_BF16: rows_batch_avx2(j, r0, r1, COL_DTYPE_BF16, ahead.f); break;
+        case COL_DTYPE_F32: rows_batch_avx2(j, r0, r1, COL_DTYPE_F32, tune.f); break;
+        case COL_DTYPE_F16: rows_batch_avx2(j, r0, r1, COL_DTYPE_F16, tune.f); break;
+        case COL_DTYPE_BF16: rows_batch_avx2(j, r0, r1, COL_DTYPE_BF16, tune.f); break;
         default: break;
         }
     } else {
         switch (dtype) {
-#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F32, ahead.f, none)
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F32, tune.f, none)
         case COL_DTYPE_F32: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F16, ahead.f, none)
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_F16, tune.f, none)
         case COL_DTYPE_F16: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_BF16, ahead.f, none)
+#define T(NR, NT, r, step, t) tile_f_avx2(j, r, step, NR, NT, t, COL_DTYPE_BF16, tune.f, none)
         case COL_DTYPE_BF16: WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_AVX2); break;
 #undef T
         default: break;
@@ -561,22 +564,22 @@ static COL_T512 __attribute__((noinline)) uint64_t rows_kblocked_avx512(const co
 /* Rows [r0, r1) of job j on AVX-512; `carry` (carry_bytes, may be NULL) is the thread's scratch
  * for batches over long rows. */
 COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *carry,
-                             uint64_t carry_bytes, col_ahead ahead)
+                             uint64_t carry_bytes, col_decode_tuning tune)
 {
     switch (j->w.dtype) {
-#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F32, ahead.f)
+#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F32, tune.f)
     case COL_DTYPE_F32: WALK_FLOAT_512(T, COL_DTYPE_F32); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F16, ahead.f)
+#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F16, tune.f)
     case COL_DTYPE_F16: WALK_FLOAT_512(T, COL_DTYPE_F16); break;
 #undef T
-#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_BF16, ahead.f)
+#define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_BF16, tune.f)
     case COL_DTYPE_BF16: WALK_FLOAT_512(T, COL_DTYPE_BF16); break;
 #undef T
     case COL_DTYPE_Q8_0:
     case COL_DTYPE_Q4_0:
     case COL_DTYPE_Q8_0X8:
-    case COL_DTYPE_Q4_0X8: col_rows_int8_avx512(j, qx, r0, r1, carry, carry_bytes, ahead); break;
+    case COL_DTYPE_Q4_0X8: col_rows_int8_avx512(j, qx, r0, r1, carry, carry_bytes, tune); break;
     default: break;
     }
 }
@@ -636,9 +639,9 @@ COL_INLINE COL_TBF16 void tile_dp_avx512(const col_matvec_job *j, const uint16_t
 }
 
 COL_TBF16 void col_rows_bf16dot_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1,
-                                       col_ahead ahead)
+                                       col_decode_tuning tune)
 {
-#define T(NR, NT, r, step, t) tile_dp_avx512(j, xp, r, step, NR, NT, t, ahead.f)
+#define T(NR, NT, r, step, t) tile_dp_avx512(j, xp, r, step, NR, NT, t, tune.f)
     WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_512);
 #undef T
 }
@@ -1387,11 +1390,13 @@ COL_T2 void col_round_f16_avx2(float *v, uint64_t n)
     if (i < n) col_round_f16_portable(v + i, n - i);
 }
 
-col_ahead col_decode_ahead(void)
+/* One token of q4_0 panels on AVX-512: the zmm tile on AMD (Zen 4 decodes faster with it), the
+ * AVX2 tile elsewhere (Intel's Emerald Rapids measured it ahead). performance.md has the figures. */
+col_decode_tuning col_decode_tuning_here(void)
 {
     __builtin_cpu_init();
-    if (__builtin_cpu_is("amd")) return (col_ahead){COL_PREFETCH_AHEAD_AMD, COL_PREFETCH_AHEAD_AMD};
-    return (col_ahead){COL_PREFETCH_AHEAD, COL_PREFETCH_AHEAD_Q};
+    if (__builtin_cpu_is("amd")) return (col_decode_tuning){COL_PREFETCH_AHEAD_AMD, COL_PREFETCH_AHEAD_AMD, COL_Q4_ZMM_DECODE_AMD};
+    return (col_decode_tuning){COL_PREFETCH_AHEAD, COL_PREFETCH_AHEAD_Q, 0};
 }
 
 col_isa col_detect_isa(void)

@@ -113,7 +113,7 @@ struct col_pool {
     uint64_t stage_bytes;
     const col_numerics *numerics;  /* a session's numerics variant (numerics.c), NULL = none */
 #if defined(__x86_64__)
-    col_ahead ahead;               /* the decode tiles' prefetch distances on this CPU */
+    col_decode_tuning tune;        /* the decode tiles' tuning on this CPU */
 #endif
 };
 
@@ -138,7 +138,7 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
     if (dot_job(pool, j)) {
 #if defined(__x86_64__)
         if (pool->has_bf16_dot) {
-            col_rows_bf16dot_avx512(j, (const uint16_t *)(const void *)act, r0, r1, pool->ahead);
+            col_rows_bf16dot_avx512(j, (const uint16_t *)(const void *)act, r0, r1, pool->tune);
             return;
         }
         if (pool->isa >= COL_ISA_AVX2) {
@@ -161,11 +161,11 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
     const col_isa isa = row_isa(pool, j->w.dtype);
     if (isa >= COL_ISA_AVX512F) {
         col_rows_avx512(j, act, r0, r1, pool->stage ? pool->stage + (uint64_t)t * pool->stage_bytes : NULL, pool->stage_bytes,
-                        pool->ahead);
+                        pool->tune);
         return;
     }
     if (isa == COL_ISA_AVX2) {
-        col_rows_avx2(j, act, r0, r1, pool->ahead, pool->int8_form);
+        col_rows_avx2(j, act, r0, r1, pool->tune, pool->int8_form);
         return;
     }
 #endif
@@ -422,7 +422,7 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
         pool->isa = COL_ISA_AVX512; /* no room to pack activations: the vector path needs none */
     pool->max_jobs = limits->max_jobs;
 #if defined(__x86_64__)
-    pool->ahead = col_decode_ahead();
+    pool->tune = col_decode_tuning_here();
     pool->has_bf16_dot = pool->isa >= COL_ISA_AVX512 && col_has_avx512bf16();
     pool->int8_form = pool->isa == COL_ISA_AVX512F                  ? COL_INT8_MADDUBS_512
                     : pool->isa == COL_ISA_AVX2 && col_has_avx_vnni() ? COL_INT8_AVX_VNNI

@@ -134,19 +134,32 @@ static void run_case(void)
     fill_weights(dtype, rows, cols);
     for (uint64_t i = 0; i < nt * cols; i++) x[i] = kind == KIND_INT8 ? (float)((int32_t)(rnd() % 20001u) - 10000) / 8192.0f : spread();
     const col_matvec_job job = {{weights, dtype, rows, cols, 0}, x, y, nt, NULL};
-    const col_ahead ahead = {1024, 1024};
+    const col_decode_tuning tune = {1024, 1024, 0};
     emu_result[0] = 0;
     if (kind == KIND_INT8) {
         const col_isa isa = emu_case[6] == ENTRY_AVX512F ? COL_ISA_AVX512F : COL_ISA_AVX512;
         for (uint32_t t = 0; t < nt; t++) col_quantize_row(x + t * cols, cols, dtype, isa, qx + t * qb);
         if (emu_case[6] == ENTRY_AVX512F) /* what an avx512f pool's threads call (pool.c job_rows) */
-            col_rows_avx2(&job, qx, 0, rows, ahead, COL_INT8_MADDUBS_512);
+            col_rows_avx2(&job, qx, 0, rows, tune, COL_INT8_MADDUBS_512);
         else if (emu_case[6] == ENTRY_INT8)
-            col_rows_int8_avx512(&job, qx, 0, rows, stage, sizeof stage, ahead);
+            col_rows_int8_avx512(&job, qx, 0, rows, stage, sizeof stage, tune);
         else
-            col_rows_avx512(&job, qx, 0, rows, stage, sizeof stage, ahead);
+            col_rows_avx512(&job, qx, 0, rows, stage, sizeof stage, tune);
         for (uint32_t t = 0; t < nt; t++)
             for (uint64_t r = 0; r < rows; r++) want[t * rows + r] = col_dotq_stored(weights, dtype, r, qx + t * qb, cols);
+        if (dtype == COL_DTYPE_Q4_0X8 && nt == 1 && emu_case[6] != ENTRY_AVX512F) {
+            /* the other tile a CPU may take for one token of q4_0 panels (col_decode_tuning.q4_zmm) */
+            const col_matvec_job zmm_job = {job.w, x, portable, nt, NULL};
+            col_decode_tuning zmm = tune;
+            zmm.q4_zmm = 1;
+            col_rows_int8_avx512(&zmm_job, qx, 0, rows, stage, sizeof stage, zmm);
+            for (uint64_t r = 0; r < rows; r++) {
+                uint32_t a, b;
+                memcpy(&a, &portable[r], 4);
+                memcpy(&b, &want[r], 4);
+                emu_result[0] += a != b;
+            }
+        }
     } else if (kind == KIND_NUMERICS) {
         col_numerics nx = {0};
         nx.reduction = (uint32_t)emu_case[7];
@@ -158,10 +171,10 @@ static void run_case(void)
         col_numerics_matmul(&nx, NULL, &reference, 1);
         col_numerics_rows_avx512(&nx, &job, 0, rows);
     } else if (kind == KIND_FLOAT) {
-        col_rows_avx512(&job, NULL, 0, rows, stage, sizeof stage, ahead);
+        col_rows_avx512(&job, NULL, 0, rows, stage, sizeof stage, tune);
         for (uint32_t t = 0; t < nt; t++) {
             const col_matvec_job step = {job.w, x + t * cols, want + t * rows, 1, NULL};
-            col_rows_avx512(&step, NULL, 0, rows, stage, sizeof stage, ahead);
+            col_rows_avx512(&step, NULL, 0, rows, stage, sizeof stage, tune);
         }
         col_matvec_job reference = job;
         reference.y = portable;
@@ -173,7 +186,7 @@ static void run_case(void)
         emu_result[0] = far; /* added to the batch's bit differences from stepping below */
     } else {
         for (uint32_t t = 0; t < nt; t++) col_pack_bf16(x + t * cols, cols, COL_ISA_AVX512, xp + t * cols);
-        col_rows_bf16dot_avx512(&job, xp, 0, rows, ahead);
+        col_rows_bf16dot_avx512(&job, xp, 0, rows, tune);
         col_matvec_job reference = job;
         reference.y = want;
         col_rows_bf16dot_portable(&reference, 0, rows);

@@ -468,7 +468,6 @@ static void test_int8_stored_panels_avx512(void)
     if (!pools[0].pool || !pools[1].pool) return;
     uint8_t *stage = NULL;
     CHECK(posix_memalign((void **)&stage, 64, col_int8_stage_bytes()) == 0);
-    const col_ahead ahead = col_decode_ahead();
     int bad = 0, checked = 0;
     for (int dq = 0; dq < 2; dq++)
         for (int ext = 0; ext < 2; ext++)
@@ -496,16 +495,19 @@ static void test_int8_stored_panels_avx512(void)
                         const col_weight w = {data, dtype, rows, cols, 0};
                         const col_matvec_job job = {w, x, got, nt, NULL};
                         for (int split = 0; split < 2; split++)
-                            for (int staged = 0; staged < 2; staged++) {
-                                memset(got, 0xFF, nt * rows * sizeof *got);
-                                const uint64_t mid = split ? rows / 16 * 8 : rows;
-                                uint8_t *st = staged ? stage : NULL;
-                                const uint64_t sb = staged ? col_int8_stage_bytes() : 0;
-                                col_rows_int8_avx512(&job, qx, 0, mid, st, sb, ahead);
-                                if (mid < rows) col_rows_int8_avx512(&job, qx, mid, rows, st, sb, ahead);
-                                bad += memcmp(want, got, nt * rows * sizeof *got) != 0;
-                                checked++;
-                            }
+                            for (int staged = 0; staged < 2; staged++)
+                                for (int zmm = 0; zmm < 2; zmm++) { /* either tile for one token of q4_0 */
+                                    col_decode_tuning tune = col_decode_tuning_here();
+                                    tune.q4_zmm = zmm;
+                                    memset(got, 0xFF, nt * rows * sizeof *got);
+                                    const uint64_t mid = split ? rows / 16 * 8 : rows;
+                                    uint8_t *st = staged ? stage : NULL;
+                                    const uint64_t sb = staged ? col_int8_stage_bytes() : 0;
+                                    col_rows_int8_avx512(&job, qx, 0, mid, st, sb, tune);
+                                    if (mid < rows) col_rows_int8_avx512(&job, qx, mid, rows, st, sb, tune);
+                                    bad += memcmp(want, got, nt * rows * sizeof *got) != 0;
+                                    checked++;
+                                }
                         for (int p = 0; p < 2; p++) {
                             col_matvec_job jb = {w, x, got, nt, NULL};
                             col_matmul_many(pools[p].pool, &jb, 1);

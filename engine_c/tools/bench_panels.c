@@ -67,7 +67,7 @@ static void run(int pair, int layout, col_matvec_job *job, const uint8_t *qx, ui
 {
     const uint32_t rows_dtype = col_block_kind(job->w.dtype), panel_dtype = rows_dtype == COL_DTYPE_Q8_0 ? COL_DTYPE_Q8_0X8 : COL_DTYPE_Q4_0X8;
     job->w.dtype = layout || pair == 2 ? panel_dtype : rows_dtype;
-    const col_ahead a = {ahead, ahead};
+    const col_decode_tuning a = {ahead, ahead, 1}; /* AVX-512's own tiles, q4_0 one-token too */
     if (pair == 0 || (pair == 2 && layout == 0)) {
         if (is_panel_dtype(job->w.dtype)) col_rows_int8_panels_avx2(job, qx, r0, r1, ahead, vnni);
         else col_rows_int8_avx2(job, qx, r0, r1, ahead, vnni);
@@ -176,7 +176,7 @@ int main(int argc, char **argv)
     for (uint64_t i = 0; i < tokens * cols; i++) x[i] = noise(&state);
     for (uint64_t t = 0; t < tokens; t++) col_quantize_row(x + t * cols, cols, dtype, COL_ISA_AVX2, qx + t * qb);
 
-    shared s = {.copies = copies, .stride = stride, .w = {wr, wp}, .qx = qx, .ahead = col_decode_ahead().q,
+    shared s = {.copies = copies, .stride = stride, .w = {wr, wp}, .qx = qx, .ahead = col_decode_tuning_here().q,
                 .vnni = col_has_avx_vnni(), .threads = (int)threads, .pair = pair};
     s.job = (col_matvec_job){{wr, dtype, rows, cols, 0}, x, y, (uint32_t)tokens, NULL};
     float *want = malloc(tokens * rows * sizeof *want);
