@@ -459,9 +459,6 @@ static COL_T512Q void rows_decode(const col_matvec_job *j, const uint8_t *qx, ui
 #ifndef COL_STORED_STREAMS_512
 #define COL_STORED_STREAMS_512 4 /* panels a one-token tile reads at once, from distant parts of the share */
 #endif
-#ifndef COL_STORED_AHEAD_MAX
-#define COL_STORED_AHEAD_MAX 1024 /* bytes a tile prefetches each panel ahead, at most (Intel's 2 KiB for q8_0/q4_0 rows measured slower here) */
-#endif
 
 /* Activations of block k placed to match a 64-byte load of a stored panel, which holds the 8 rows'
  * 4-byte groups g (lanes 0-7) and g + 1 (lanes 8-15): q8_0 x[i] lanes 0-7 the token's group 2i of
@@ -531,10 +528,11 @@ COL_INLINE COL_T512Q void stored_tile(const col_matvec_job *j, const uint8_t *qx
     for (int p = 0; p < NP; p++)
         for (uint64_t at = 0; at < 16 * nb; at += 64) _mm_prefetch((const char *)(sc[p] + at), _MM_HINT_T0);
     for (uint64_t k = 0; k < nb; k++) {
+        if (ahead)
 #pragma GCC unroll 8
-        for (int p = 0; p < NP; p++)
+            for (int p = 0; p < NP; p++)
 #pragma GCC unroll 4
-            for (uint64_t at = 0; at < bb; at += 64) _mm_prefetch((const char *)(pay[p] + bb * k + at + ahead), _MM_HINT_T0);
+                for (uint64_t at = 0; at < bb; at += 64) _mm_prefetch((const char *)(pay[p] + bb * k + at + ahead), _MM_HINT_T0);
         __m512i x[4];
         stored_x(xq, nb, k, q4, x);
         const __m512i ck = _mm512_set1_epi32(corr[k]);
@@ -605,16 +603,15 @@ COL_T512Q void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, 
         rows_panels(j, qx, r0, r1, stage, q4, stored);
         return;
     }
-    const uint32_t stored_ahead = tune.q < COL_STORED_AHEAD_MAX ? tune.q : COL_STORED_AHEAD_MAX;
     /* one token of q4_0 takes the tile the CPU decodes faster with (int16 sums in 256-bit vectors on
      * Intel, these tiles on AMD); from 2 tokens these are ahead (performance.md, "q4_0 decode from
      * stored panels") */
     if (stored && q4 && j->n_tokens == 1 && !tune.q4_zmm)
         col_rows_int8_panels_avx2(j, qx, r0, r1, tune.q, 0); /* one token: vpdpbusd is not used */
     else if (stored && q4)
-        stored_tokens(j, qx, r0, r1, stored_ahead, 1);
+        stored_tokens(j, qx, r0, r1, tune.stored, 1);
     else if (stored)
-        stored_tokens(j, qx, r0, r1, stored_ahead, 0);
+        stored_tokens(j, qx, r0, r1, tune.stored, 0);
     else
         rows_decode(j, qx, 0, j->n_tokens, r0, r1, q4, tune.q);
 }

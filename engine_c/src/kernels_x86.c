@@ -44,6 +44,12 @@
 #ifndef COL_PREFETCH_AHEAD_AMD
 #define COL_PREFETCH_AHEAD_AMD 256
 #endif
+#ifndef COL_STORED_AHEAD
+#define COL_STORED_AHEAD 1024 /* the AVX-512 stored-panel tiles on Intel (its 2 KiB for rows measured slower there) */
+#endif
+#ifndef COL_STORED_AHEAD_AMD
+#define COL_STORED_AHEAD_AMD 0 /* Zen 4's hardware prefetchers alone read the stored panels faster */
+#endif
 #ifndef COL_Q4_ZMM_DECODE_AMD
 #define COL_Q4_ZMM_DECODE_AMD 1 /* col_decode_tuning.q4_zmm on AMD */
 #endif
@@ -1390,13 +1396,15 @@ COL_T2 void col_round_f16_avx2(float *v, uint64_t n)
     if (i < n) col_round_f16_portable(v + i, n - i);
 }
 
-/* One token of q4_0 panels on AVX-512: the zmm tile on AMD (Zen 4 decodes faster with it), the
- * AVX2 tile elsewhere (Intel's Emerald Rapids measured it ahead). performance.md has the figures. */
+/* By vendor, as measured (performance.md): on AMD (Zen 4) the AVX-512 stored-panel tiles without
+ * software prefetch and one token of q4_0 panels on them; on Intel (Emerald Rapids) 1 KiB ahead and
+ * the AVX2 tile for that token. */
 col_decode_tuning col_decode_tuning_here(void)
 {
     __builtin_cpu_init();
-    if (__builtin_cpu_is("amd")) return (col_decode_tuning){COL_PREFETCH_AHEAD_AMD, COL_PREFETCH_AHEAD_AMD, COL_Q4_ZMM_DECODE_AMD};
-    return (col_decode_tuning){COL_PREFETCH_AHEAD, COL_PREFETCH_AHEAD_Q, 0};
+    if (__builtin_cpu_is("amd"))
+        return (col_decode_tuning){COL_PREFETCH_AHEAD_AMD, COL_PREFETCH_AHEAD_AMD, COL_STORED_AHEAD_AMD, COL_Q4_ZMM_DECODE_AMD};
+    return (col_decode_tuning){COL_PREFETCH_AHEAD, COL_PREFETCH_AHEAD_Q, COL_STORED_AHEAD, 0};
 }
 
 col_isa col_detect_isa(void)

@@ -67,7 +67,8 @@ static void run(int pair, int layout, col_matvec_job *job, const uint8_t *qx, ui
 {
     const uint32_t rows_dtype = col_block_kind(job->w.dtype), panel_dtype = rows_dtype == COL_DTYPE_Q8_0 ? COL_DTYPE_Q8_0X8 : COL_DTYPE_Q4_0X8;
     job->w.dtype = layout || pair == 2 ? panel_dtype : rows_dtype;
-    const col_decode_tuning a = {ahead, ahead, 1}; /* AVX-512's own tiles, q4_0 one-token too */
+    col_decode_tuning a = col_decode_tuning_here();
+    a.q4_zmm = 1; /* AVX-512's own tiles, for one token of q4_0 too */
     if (pair == 0 || (pair == 2 && layout == 0)) {
         if (is_panel_dtype(job->w.dtype)) col_rows_int8_panels_avx2(job, qx, r0, r1, ahead, vnni);
         else col_rows_int8_avx2(job, qx, r0, r1, ahead, vnni);
