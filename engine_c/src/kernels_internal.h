@@ -150,7 +150,7 @@ typedef struct col_decode_tuning {
     int q4_zmm;
 } col_decode_tuning;
 
-/* The distances for this machine's CPU (measured per vendor; kernels_x86.c). */
+/* The tuning for this machine's CPU (measured per vendor; kernels_x86.c). */
 col_decode_tuning col_decode_tuning_here(void);
 
 /* 1 when the CPU has AVX512-BF16 (vdpbf16ps), which the AVX-512 path then uses for bf16 dot products. */
