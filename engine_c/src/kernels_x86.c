@@ -50,6 +50,9 @@
 #ifndef COL_STORED_AHEAD_AMD
 #define COL_STORED_AHEAD_AMD 0 /* Zen 4's hardware prefetchers alone read the stored panels faster */
 #endif
+#ifndef COL_FLOAT_STREAMS_AMD
+#define COL_FLOAT_STREAMS_AMD 4 /* col_decode_tuning.f_streams on AMD */
+#endif
 #ifndef COL_Q4_ZMM_DECODE_AMD
 #define COL_Q4_ZMM_DECODE_AMD 1 /* col_decode_tuning.q4_zmm on AMD */
 #endif
@@ -338,13 +341,17 @@ COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, uint
  * the rows left over one by one. Batches: NRB neighbouring rows x 4 tokens (then 3, 2, 1), then
  * the rows left over in tiles of 4 and 2 rows (where NRB is larger) and one by one, since a chunk
  * can end anywhere. TILE(NR, NT, r, step, t) must expand to a call with literal NR and NT. */
+#define WALK_DECODE(TILE, NRD)                                                       \
+    do {                                                                             \
+        uint64_t q_ = (r1 - r0) / (NRD);                                             \
+        for (uint64_t i_ = 0; i_ < q_; i_++) TILE(NRD, 1, r0 + i_, q_, 0);          \
+        for (uint64_t r_ = r0 + q_ * (NRD); r_ < r1; r_++) TILE(1, 1, r_, 1, 0);     \
+    } while (0)
 #define WALK_TILES(TILE, NRD, NRB)                                                   \
     do {                                                                             \
         uint32_t nt_ = j->n_tokens;                                                  \
         if (nt_ == 1) {                                                              \
-            uint64_t q_ = (r1 - r0) / (NRD);                                         \
-            for (uint64_t i_ = 0; i_ < q_; i_++) TILE(NRD, 1, r0 + i_, q_, 0);      \
-            for (uint64_t r_ = r0 + q_ * (NRD); r_ < r1; r_++) TILE(1, 1, r_, 1, 0); \
+            WALK_DECODE(TILE, NRD);                                                  \
         } else {                                                                     \
             uint64_t r_ = r0;                                                        \
             for (; r_ + (NRB) <= r1; r_ += (NRB)) WALK_TOKENS(TILE, NRB, r_);        \
@@ -564,7 +571,10 @@ static COL_T512 __attribute__((noinline)) uint64_t rows_kblocked_avx512(const co
     do {                                                                                            \
         if (j->n_tokens > 1 && j->w.cols > COL_BATCH_KBLOCK)                                        \
             r0 = rows_kblocked_avx512(j, r0, r1, dtype, carry, carry_bytes);                        \
-        WALK_TILES(TILE, COL_DECODE_STREAMS, COL_BATCH_ROWS_512);                                    \
+        if (j->n_tokens == 1 && tune.f_streams == 4)                                                \
+            WALK_DECODE(TILE, 4);                                                                   \
+        else                                                                                        \
+            WALK_TILES(TILE, COL_DECODE_STREAMS, COL_BATCH_ROWS_512);                                \
     } while (0)
 
 /* Rows [r0, r1) of job j on AVX-512; `carry` (carry_bytes, may be NULL) is the thread's scratch
@@ -1396,15 +1406,16 @@ COL_T2 void col_round_f16_avx2(float *v, uint64_t n)
     if (i < n) col_round_f16_portable(v + i, n - i);
 }
 
-/* By vendor, as measured (performance.md): on AMD (Zen 4) the AVX-512 stored-panel tiles without
- * software prefetch and one token of q4_0 panels on them; on Intel (Emerald Rapids) 1 KiB ahead and
- * the AVX2 tile for that token. */
+/* By vendor, as measured (performance.md): on AMD (Zen 4) AVX-512 float decode tiles of 4 rows,
+ * the stored-panel tiles without software prefetch and one token of q4_0 panels on them; on Intel
+ * (Emerald Rapids) tiles of 8 rows, 1 KiB ahead and the AVX2 tile for that token. */
 col_decode_tuning col_decode_tuning_here(void)
 {
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd"))
-        return (col_decode_tuning){COL_PREFETCH_AHEAD_AMD, COL_PREFETCH_AHEAD_AMD, COL_STORED_AHEAD_AMD, COL_Q4_ZMM_DECODE_AMD};
-    return (col_decode_tuning){COL_PREFETCH_AHEAD, COL_PREFETCH_AHEAD_Q, COL_STORED_AHEAD, 0};
+        return (col_decode_tuning){COL_PREFETCH_AHEAD_AMD, COL_PREFETCH_AHEAD_AMD, COL_STORED_AHEAD_AMD,
+                                   COL_FLOAT_STREAMS_AMD, COL_Q4_ZMM_DECODE_AMD};
+    return (col_decode_tuning){COL_PREFETCH_AHEAD, COL_PREFETCH_AHEAD_Q, COL_STORED_AHEAD, COL_DECODE_STREAMS, 0};
 }
 
 col_isa col_detect_isa(void)

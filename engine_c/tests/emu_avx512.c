@@ -134,7 +134,7 @@ static void run_case(void)
     fill_weights(dtype, rows, cols);
     for (uint64_t i = 0; i < nt * cols; i++) x[i] = kind == KIND_INT8 ? (float)((int32_t)(rnd() % 20001u) - 10000) / 8192.0f : spread();
     const col_matvec_job job = {{weights, dtype, rows, cols, 0}, x, y, nt, NULL};
-    const col_decode_tuning tune = {1024, 1024, 1024, 0};
+    const col_decode_tuning tune = {1024, 1024, 1024, 8, 0};
     emu_result[0] = 0;
     if (kind == KIND_INT8) {
         const col_isa isa = emu_case[6] == ENTRY_AVX512F ? COL_ISA_AVX512F : COL_ISA_AVX512;
@@ -174,7 +174,9 @@ static void run_case(void)
         col_rows_avx512(&job, NULL, 0, rows, stage, sizeof stage, tune);
         for (uint32_t t = 0; t < nt; t++) {
             const col_matvec_job step = {job.w, x + t * cols, want + t * rows, 1, NULL};
-            col_rows_avx512(&step, NULL, 0, rows, stage, sizeof stage, tune);
+            col_decode_tuning step_tune = tune;
+            step_tune.f_streams = t % 2 ? 4 : 8; /* both tile heights a CPU may decode with */
+            col_rows_avx512(&step, NULL, 0, rows, stage, sizeof stage, step_tune);
         }
         col_matvec_job reference = job;
         reference.y = portable;
