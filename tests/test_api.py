@@ -188,6 +188,30 @@ def test_tensor_view_cannot_be_made_writable(tiny_model_path: BuildPath) -> None
             view.flags.writeable = True
 
 
+def mapping_flags(path: Path) -> list[str]:
+    """The VmFlags of this process's mapping of `path` (/proc/self/smaps), [] if it has none."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    inside = False
+    for line in lines:
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5 and not fields[0].endswith(":"):
+            inside = len(fields) >= 6 and fields[5] == str(path)
+        elif inside and line.startswith("VmFlags:"):
+            return fields[1:]
+    return []
+
+
+@pytest.mark.skipif(not Path("/sys/kernel/mm/transparent_hugepage").exists(),
+                    reason="a Linux kernel with transparent huge pages")
+def test_model_mapping_asks_for_huge_pages(tiny_model_path: BuildPath) -> None:
+    """The engine's mapping of the file carries the huge-page hint (smaps flag `hg`), so the pages
+    a first read brings in through it are 2 MiB ones and decode's weight streams miss the TLB
+    once per 2 MiB."""
+    path = tiny_model_path().resolve()
+    with Model.open(path):
+        assert "hg" in mapping_flags(path)
+
+
 def test_tensor_f32_widens_bf16_exactly(tiny_model: BuildModel) -> None:
     tm = tiny_model("mixtral", "bf16")
     with Model.open(tm.path) as model:
