@@ -807,6 +807,62 @@ def test_bench_peak_memory_leaves_out_the_probe_and_names_the_mapped_file() -> N
     assert "before the model was opened" in line
 
 
+def uncached_copy(source: Path, target: Path) -> Path:
+    """`source` copied to `target`, then its pages dropped from the page cache (they are clean once
+    synced), so the next reader brings them in again."""
+    target.write_bytes(source.read_bytes())
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return target
+
+
+def pmd_mapped_bytes(path: Path) -> int:
+    """Bytes of this process's mappings of `path` mapped 2 MiB at a time (smaps FilePmdMapped)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and not fields[0].endswith(":"):
+            inside = len(fields) >= 6 and fields[5] == str(path)
+        elif inside and fields and fields[0] == "FilePmdMapped:":
+            total += int(fields[1]) * 1024
+    return total
+
+
+def hinted_mappings_get_huge_pages(tmp_path: Path) -> bool:
+    """Whether this kernel and file system map a file read in through a mapping that asks for
+    huge pages 2 MiB at a time (Python's own mapping of an 8 MiB file)."""
+    import mmap
+    if not hasattr(mmap, "MADV_HUGEPAGE") or not Path("/proc/self/smaps").exists():
+        return False
+    probe = tmp_path / "probe.bin"
+    probe.write_bytes(os.urandom(8 << 20))
+    probe = uncached_copy(probe, tmp_path / "probe-uncached.bin")
+    with open(probe, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        m.madvise(mmap.MADV_HUGEPAGE)
+        sum(m[i] for i in range(0, len(m), 4096))
+        return pmd_mapped_bytes(probe.resolve()) > 0
+
+
+def test_bench_reports_a_file_read_in_through_its_mapping_in_2_mib_pages(tmp_path: Path) -> None:
+    """The engine's mapping asks for huge pages: a model file out of the page cache comes back in
+    2 MiB pages, and `colibri bench` reports that share of the mapped file's resident pages."""
+    if not hinted_mappings_get_huge_pages(tmp_path):
+        pytest.skip("this kernel or file system maps no file 2 MiB at a time")
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    model = uncached_copy(demo, tmp_path / "demo.colibri")
+    run = subprocess.run([sys.executable, "-c", "import sys; from colibri.cli import main; "
+                          "sys.exit(main(sys.argv[1:]))", "bench", str(model), "-p", "8", "-n", "4",
+                          "-r", "1", "--probe-mb", "64", "--no-trace-check", "--json"],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr
+    r = json.loads(run.stdout)
+    assert 0 < r["mapped_huge_mb"] <= r["mapped_rss_mb"]
+
+
 def test_bench_peak_memory_beyond_the_interpreter_is_the_sessions() -> None:
     """What `colibri bench` adds to the process's resident set beyond the interpreter and the
     mapped file is the engine's sessions (their memory estimate) and a few MiB of thread stacks
