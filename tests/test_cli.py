@@ -774,8 +774,10 @@ def test_bench_vs_llamacpp_keeps_colibri_to_the_kernel_path_asked_for() -> None:
     demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
     cell = module.Cell("demo", "bf16", demo, demo, {}, {})
     args = argparse.Namespace(p=4, n=2, threads=1, repeats=1, kernels="portable")
-    prefill, decode, kernels = module.run_colibri(cell, args, None)
+    prefill, decode, kernels, huge = module.run_colibri(cell, args, None)
     assert kernels == "portable" and prefill > 0 and decode > 0
+    # the share of the file's resident pages in 2 MiB pages, where smaps says
+    assert (huge is None) is (not Path("/proc/self/smaps").exists()) and (huge is None or 0 <= huge <= 1)
     # the compute limits are that path's: the portable path has no vector instruction to probe
     assert set(module.compute_probe(args).values()) == {None}
     args.kernels = None
