@@ -169,11 +169,17 @@ def _living(group: int) -> list[str]:
     return [line for line in ps.stdout.splitlines() if "Z" not in line.split()[1]]
 
 
+def _interruptible() -> None:
+    """In the child before exec: Ctrl+C as a terminal delivers it, even where this test run
+    inherited SIGINT ignored (a job started in the background by a non-interactive shell)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(out: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen([*COLIBRI, "profile", str(DEMO), "--dataset", str(CORPUS), "--out",
                              str(out), *CLI_SETTINGS, "--workers", "1", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd=ROOT)
+                            start_new_session=True, cwd=ROOT, preexec_fn=_interruptible)
 
 
 def _wait_for_shards(proc: subprocess.Popen[str], out: Path, n: int) -> None:
