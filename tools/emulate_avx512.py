@@ -346,7 +346,7 @@ def cases(quick: bool) -> list[Case]:
             for variant in variants if dtype in ("f32", "f16", "bf16", "q8_0", "q4_0") else few:
                 out.append(Case("numerics", dtype, rows, cols, nt, variant))
     for cols in ((7, 32, 45, 100, 1056) if not quick else (45, 1056)):
-        for rows, nt in ((7, 1), (37, 5), (37, 9)):
+        for rows, nt in ((7, 1), (37, 1), (37, 5), (37, 9)):
             out.append(Case("bf16dot", "bf16", rows, cols, nt))
     for dtype in ("f32", "f16", "bf16"):
         for rows, cols, nt in ((37, 100, 1), (37, 100, 9), (80, 4384, 13)) if not quick else ((37, 100, 9),):

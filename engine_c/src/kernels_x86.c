@@ -658,7 +658,10 @@ COL_TBF16 void col_rows_bf16dot_avx512(const col_matvec_job *j, const uint16_t *
                                        col_decode_tuning tune)
 {
 #define T(NR, NT, r, step, t) tile_dp_avx512(j, xp, r, step, NR, NT, t, tune.f)
-    WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_512);
+    if (j->n_tokens == 1 && tune.f_streams == 4)
+        WALK_DECODE(T, 4);
+    else
+        WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_512);
 #undef T
 }
 

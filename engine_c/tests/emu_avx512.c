@@ -192,6 +192,19 @@ static void run_case(void)
         col_matvec_job reference = job;
         reference.y = want;
         col_rows_bf16dot_portable(&reference, 0, rows);
+        if (nt == 1) {
+            /* the other tile height a CPU may decode one token with (col_decode_tuning.f_streams) */
+            const col_matvec_job step = {job.w, x, portable, 1, NULL};
+            col_decode_tuning four = tune;
+            four.f_streams = 4;
+            col_rows_bf16dot_avx512(&step, xp, 0, rows, four);
+            for (uint64_t r = 0; r < rows; r++) {
+                uint32_t a, b;
+                memcpy(&a, &portable[r], 4);
+                memcpy(&b, &want[r], 4);
+                emu_result[0] += a != b;
+            }
+        }
     }
     uint64_t differ = 0, nonzero = 0;
     for (uint64_t i = 0; i < nt * rows; i++) {
