@@ -565,16 +565,22 @@ static COL_T512 __attribute__((noinline)) uint64_t rows_kblocked_avx512(const co
     return r0;
 }
 
+/* WALK_TILES on AVX-512, the decode tiles as tall as the CPU's tuning says (tune.f_streams). */
+#define WALK_TILES_512(TILE)                                                                        \
+    do {                                                                                            \
+        if (j->n_tokens == 1 && tune.f_streams == 4)                                                \
+            WALK_DECODE(TILE, 4);                                                                   \
+        else                                                                                        \
+            WALK_TILES(TILE, COL_DECODE_STREAMS, COL_BATCH_ROWS_512);                               \
+    } while (0)
+
 /* Float weights on AVX-512: batches over long rows in column blocks (rows_kblocked_avx512) for
  * whole 6-row tiles, everything else (decode, short rows, the rows left over) by WALK_TILES. */
 #define WALK_FLOAT_512(TILE, dtype)                                                                 \
     do {                                                                                            \
         if (j->n_tokens > 1 && j->w.cols > COL_BATCH_KBLOCK)                                        \
             r0 = rows_kblocked_avx512(j, r0, r1, dtype, carry, carry_bytes);                        \
-        if (j->n_tokens == 1 && tune.f_streams == 4)                                                \
-            WALK_DECODE(TILE, 4);                                                                   \
-        else                                                                                        \
-            WALK_TILES(TILE, COL_DECODE_STREAMS, COL_BATCH_ROWS_512);                                \
+        WALK_TILES_512(TILE);                                                                       \
     } while (0)
 
 /* Rows [r0, r1) of job j on AVX-512; `carry` (carry_bytes, may be NULL) is the thread's scratch
@@ -658,10 +664,7 @@ COL_TBF16 void col_rows_bf16dot_avx512(const col_matvec_job *j, const uint16_t *
                                        col_decode_tuning tune)
 {
 #define T(NR, NT, r, step, t) tile_dp_avx512(j, xp, r, step, NR, NT, t, tune.f)
-    if (j->n_tokens == 1 && tune.f_streams == 4)
-        WALK_DECODE(T, 4);
-    else
-        WALK_TILES(T, COL_DECODE_STREAMS, COL_BATCH_ROWS_512);
+    WALK_TILES_512(T);
 #undef T
 }
 
