@@ -154,20 +154,80 @@ COL_INLINE COL_T512 __m512 hsum16x16(const __m512 *v)
                          _mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* out[k] = hsum16(acc[k]) for k < n (n a constant after inlining, at most 32): the end of every
- * AVX-512 tile. One tree per 16 outputs, every index a constant, so the accumulators stay in
- * registers (a loop of horizontal sums kept them in a stack array). */
+/* hsum16x16 of 8 vectors (the same bits: a vector's lanes only ever meet each other): half the
+ * shuffles. Lane 4L holds the sum of v[L], lane 4L + 1 that of v[4 + L]. */
+COL_INLINE COL_T512 __m512 hsum16x8(const __m512 *v)
+{
+    __m512 s8[4], s4[2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        s8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++)
+        s4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s8[2 * i], s8[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(s8[2 * i], s8[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(s4[0]), _mm512_castps_pd(s4[1]));
+    const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(s4[0]), _mm512_castps_pd(s4[1]));
+    const __m512 s2 = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    return _mm512_add_ps(_mm512_shuffle_ps(s2, s2, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(s2, s2, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The sums of v[0 .. count) in lanes 0 .. count - 1 (count a constant after inlining, at most 16;
+ * the lanes past it hold sums of whatever v holds there), by one tree: hsum16x8 up to 8. The
+ * vectors go into the tree in the order its result lanes come out in, so no permutation (whose
+ * index vector held a register across the tiles' loops and made gcc spill there). */
+COL_INLINE COL_T512 __m512 hsum16_in_order(const __m512 *v, int count)
+{
+    __m512 w[16];
+    if (count > 8) {
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) w[k] = v[k % 4 * 4 + k / 4]; /* lane 4L + q sums w[4q + L] */
+        return hsum16x16(w);
+    }
+#pragma GCC unroll 4
+    for (int l = 0; l < 4; l++) { /* lanes 4L, 4L + 1 sum w[L], w[4 + L] */
+        w[l] = v[2 * l];
+        w[4 + l] = v[2 * l + 1];
+    }
+    return _mm512_maskz_compress_ps(0x3333, hsum16x8(w));
+}
+
+/* out[k] = hsum16(acc[k]) for k < n (n a constant after inlining, at most 32): the end of a tile
+ * whose outputs are not neighbours (decode's distant rows). One tree per 16 outputs, every index a
+ * constant, so the accumulators stay in registers (a loop of horizontal sums kept them in a stack
+ * array). */
 COL_INLINE COL_T512 void hsum16_many(const __m512 *acc, int n, float *out)
 {
-    static const int32_t natural[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
-    const __m512i order = _mm512_loadu_si512((const void *)natural);
 #pragma GCC unroll 2
     for (int k0 = 0; k0 < n; k0 += 16) {
         __m512 v[16];
 #pragma GCC unroll 16
         for (int k = 0; k < 16; k++) v[k] = k0 + k < n ? acc[k0 + k] : _mm512_setzero_ps();
-        __m512 sums = _mm512_permutexvar_ps(order, hsum16x16(v));
-        _mm512_mask_storeu_ps(out + k0, lanes_below((uint64_t)(n - k0)), sums);
+        _mm512_mask_storeu_ps(out + k0, lanes_below((uint64_t)(n - k0)), hsum16_in_order(v, n - k0 < 16 ? n - k0 : 16));
+    }
+}
+
+/* The end of a tile of NR neighbouring rows x NT tokens (acc[a * NT + b]): the sums go straight
+ * into y, token b's NR rows at y + b * ystride, under masks, instead of through a stack array and
+ * one scalar store per output. Outputs taken token-major, so a token's rows are neighbouring lanes. */
+COL_INLINE COL_T512 void hsum16_store_rows(const __m512 *acc, int NR, int NT, float *y, uint64_t ystride)
+{
+    const int n = NR * NT;
+#pragma GCC unroll 2
+    for (int k0 = 0; k0 < n; k0 += 16) {
+        __m512 v[16];
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) v[k] = k0 + k < n ? acc[(k0 + k) % NR * NT + (k0 + k) / NR] : _mm512_setzero_ps();
+        const __m512 sums = hsum16_in_order(v, n - k0 < 16 ? n - k0 : 16);
+#pragma GCC unroll 8
+        for (int b = 0; b < NT; b++) {
+            const int lo = b * NR - k0, hi = lo + NR; /* token b's lanes, before clipping to 0 .. 15 */
+            if (hi <= 0 || lo >= 16) continue;
+            const uint32_t mask = (hi >= 16 ? 0xFFFFu : (1u << hi) - 1u) & ~(lo <= 0 ? 0u : (1u << lo) - 1u);
+            /* lane l is output k0 + l: row k0 + l - b * NR of token b; masked lanes are not touched */
+            _mm512_mask_storeu_ps(y + ((int64_t)b * (int64_t)ystride + k0 - b * NR), (__mmask16)mask, sums);
+        }
     }
 }
 
@@ -320,6 +380,10 @@ COL_INLINE COL_T512 void tile_f_avx512_cols(const col_matvec_job *j, uint64_t r,
     if (k1 < n && carry) {
 #pragma GCC unroll 24
         for (int k = 0; k < NR * NT; k++) carry[k] = acc[k];
+        return;
+    }
+    if (step == 1 && i == n) {
+        hsum16_store_rows(acc, NR, NT, j->y + (uint64_t)t * w->rows + r, w->rows);
         return;
     }
     float sums[MAX_TILE];
@@ -653,6 +717,10 @@ COL_INLINE COL_TBF16 void tile_dp_avx512(const col_matvec_job *j, const uint16_t
 #pragma GCC unroll 4
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm512_dpbf16_ps(acc[a * NT + b], (__m512bh)wv, (__m512bh)xv[b]);
         }
+    }
+    if (step == 1) {
+        hsum16_store_rows(acc, NR, NT, j->y + (uint64_t)t * j->w.rows + r, j->w.rows);
+        return;
     }
     float sums[MAX_TILE];
     hsum16_many(acc, NR * NT, sums);
