@@ -70,9 +70,6 @@ COL_INLINE COL_T2 float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* hsum8 of 8 vectors at once, bit for bit (the same additions in the same order, by a transpose
- * tree as in hsum16x16 below), out[k] = hsum8(acc[k]) for k < n (a constant after inlining, at
- * most 24): the end of every AVX2 tile, whose accumulators then stay in registers. */
 /* Two adjacent floats (any alignment) repeated across the vector; memcpy, because
  * _mm256_broadcast_sd dereferences a double pointer and the pair is only 4-byte aligned. */
 COL_INLINE COL_T2 __m256 broadcast_pair(const float *p)
@@ -99,6 +96,11 @@ COL_INLINE COL_T2 __m256 hsum8x8(const __m256 *v)
                          _mm256_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* hsum8 of 8 vectors at once, bit for bit (the same additions in the same order, by a transpose
+ * tree as in hsum16x16 below), out[k] = hsum8(acc[k]) for k < n (a constant after inlining, at
+ * most 24): the end of every AVX2 tile, whose accumulators then stay in registers. out has room
+ * for n rounded up to 8: whole vectors are stored, since a masked store (vmaskmovps) is slow on
+ * AMD and the outputs' scalar reloads then wait for it. */
 COL_INLINE COL_T2 void hsum8_many(const __m256 *acc, int n, float *out)
 {
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -108,8 +110,7 @@ COL_INLINE COL_T2 void hsum8_many(const __m256 *acc, int n, float *out)
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) v[k] = k0 + k < n ? acc[k0 + k] : _mm256_setzero_ps();
         __m256 sums = _mm256_permutevar8x32_ps(hsum8x8(v), order);
-        _mm256_maskstore_ps(out + k0, _mm256_cmpgt_epi32(_mm256_set1_epi32(n - k0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-                            sums);
+        _mm256_storeu_ps(out + k0, sums);
     }
 }
 
@@ -340,7 +341,7 @@ COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[b] + i), acc[a * NT + b]);
         }
     }
-    float sums[MAX_TILE];
+    float sums[(MAX_TILE + 7) / 8 * 8];
     hsum8_many(acc, NR * NT, sums);
     for (int a = 0; a < NR; a++)
         for (int b = 0; b < NT; b++)
