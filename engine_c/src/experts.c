@@ -355,9 +355,10 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
             uint32_t e = (uint32_t)run[t * ks + slot];
             s->route_rows[t * ks + slot] = s->expert_offset[e] + s->expert_count[e]++;
         }
-    /* Quantised experts read each token's row quantised once, its bytes copied to the token's
-     * rows of the batch (in expert_x's storage: at most 1.25 bytes an element), instead of its
-     * f32 row copied and each copy quantised. */
+    /* Quantised experts (and bf16 experts under bf16 dot products) read each token's row
+     * quantised (packed) once, its bytes copied to the token's rows of the batch (in expert_x's
+     * storage: at most 2 bytes an element), instead of its f32 row copied and each copy
+     * quantised. */
     const uint32_t up_dtype = layer->moe_w1->dtype;
     const uint64_t qrow = alone || weight_inputs || layer->moe_w3->dtype != up_dtype
                               ? 0 : col_pool_qrow_bytes(s->pool, up_dtype, d_model);

@@ -81,11 +81,13 @@ void col_pool_free(col_pool *pool);
 
 /* Bytes of one activation row of `cols` as the pool's products of `dtype` weights read it when the
  * caller may quantise it itself (col_matvec_job.xq): q8_0/q4_0 weights on a pool without a
- * numerics variant (whose products read x as it rounds it); 0 otherwise (pool may be NULL). */
+ * numerics variant (whose products read x as it rounds it), and bf16 weights on a vector path
+ * under a numerics variant that packs them (col_numerics_packs_bf16: bf16 dot products); 0
+ * otherwise (pool may be NULL). */
 uint64_t col_pool_qrow_bytes(const col_pool *pool, uint32_t dtype, uint64_t cols);
 
-/* x [cols] quantised for the pool's products of `dtype` weights into out [col_pool_qrow_bytes]:
- * the bytes the pool would make of x itself. Pure: safe on any thread. */
+/* x [cols] quantised (or packed to bf16) for the pool's products of `dtype` weights into out
+ * [col_pool_qrow_bytes]: the bytes the pool would make of x itself. Pure: safe on any thread. */
 void col_pool_quantize_row(const col_pool *pool, const float *x, uint64_t cols, uint32_t dtype, uint8_t *out);
 
 /* Work that is not a product, split over the pool: thread t (0 = the caller) runs

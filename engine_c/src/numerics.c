@@ -78,6 +78,12 @@ int col_numerics_hooks_products(const col_numerics *nx)
     return nx->reduction != COL_REDUCTION_DEFAULT || nx->activation != COL_ACTIVATION_F32;
 }
 
+int col_numerics_packs_bf16(const col_numerics *nx)
+{
+    return nx && nx->reduction == COL_REDUCTION_BF16_DOT &&
+           (nx->activation == COL_ACTIVATION_F32 || nx->activation == COL_ACTIVATION_BF16);
+}
+
 /* ---- rounding to bf16 / f16 -------------------------------------------------------------- */
 
 void col_numerics_round(const col_numerics *nx, struct col_pool *pool, float *v, uint64_t n)
@@ -284,8 +290,8 @@ void col_numerics_matmul(const col_numerics *nx, col_pool *pool, const col_matve
 {
     /* inputs: session scratch activations, rounded where they are stored (idempotent, so an
      * input shared by two jobs is unaffected by the second rounding) */
-    for (uint32_t k = 0; k < n_jobs; k++)
-        col_numerics_round(nx, pool, (float *)(uintptr_t)jobs[k].x, (uint64_t)jobs[k].n_tokens * jobs[k].w.cols);
+    for (uint32_t k = 0; k < n_jobs; k++) /* a job given packed rows (xq) has no f32 input */
+        if (jobs[k].x) col_numerics_round(nx, pool, (float *)(uintptr_t)jobs[k].x, (uint64_t)jobs[k].n_tokens * jobs[k].w.cols);
     if (nx->reduction == COL_REDUCTION_DEFAULT) {
         col_matmul_kernels(pool, jobs, n_jobs, nx->activation == COL_ACTIVATION_BF16);
     } else if (nx->reduction == COL_REDUCTION_BF16_DOT) {

@@ -44,6 +44,11 @@ col_numerics col_numerics_of(const col_session_config *c);
  * rounded activations); 0 when the kernels run unchanged. */
 int col_numerics_hooks_products(const col_numerics *nx);
 
+/* 1 when bf16 weights' products under nx read their activations packed to bf16 by col_pack_bf16
+ * and nothing else (the dot-bf16 reduction, activations f32 or rounded to bf16: packing a rounded
+ * value gives the same bits), so a caller may pack a row once for many products; nx may be NULL. */
+int col_numerics_packs_bf16(const col_numerics *nx);
+
 /* Every job of the batch under numerics `nx`: inputs rounded in place to the activation
  * precision (they are session scratch, never the mapping), the products by the variant's
  * reduction (or by col_matmul_kernels on `pool` for DEFAULT), outputs rounded. */

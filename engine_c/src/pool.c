@@ -612,12 +612,18 @@ static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, 
 
 uint64_t col_pool_qrow_bytes(const col_pool *pool, uint32_t dtype, uint64_t cols)
 {
-    return pool && !pool->numerics && is_block_dtype(dtype) ? col_qrow_bytes(cols) : 0;
+    if (!pool) return 0;
+    if (dtype == COL_DTYPE_BF16) /* bf16 dot products' packed rows; the portable loop reads x itself */
+        return pool->isa >= COL_ISA_AVX2 && col_numerics_packs_bf16(pool->numerics) ? 2 * cols : 0;
+    return !pool->numerics && is_block_dtype(dtype) ? col_qrow_bytes(cols) : 0;
 }
 
 void col_pool_quantize_row(const col_pool *pool, const float *x, uint64_t cols, uint32_t dtype, uint8_t *out)
 {
-    col_quantize_row(x, cols, dtype, pool->isa, out);
+    if (dtype == COL_DTYPE_BF16)
+        col_pack_bf16(x, cols, pool->isa, (uint16_t *)(void *)out);
+    else
+        col_quantize_row(x, cols, dtype, pool->isa, out);
 }
 
 int col_pool_runs_here(const col_pool *pool, uint32_t dtype)
