@@ -69,7 +69,8 @@ struct col_session {
     uint32_t *expert_offset;    /* [n_experts] */
     float *shared_gate;         /* [B] shared-expert gate */
     float *expert_x;            /* [B * k_slots][d_model] expert inputs grouped by expert (or, for quantised
-                                   experts, the same rows quantised: col_pool_qrow_bytes each) */
+                                   experts and bf16 ones under bf16 dot products, the same rows
+                                   quantised or packed: col_pool_qrow_bytes each) */
     float *h1;                  /* [B * max(k_slots * d_ff_expert, d_ff_dense, d_ff_shared)] */
     float *h3;                  /* same */
     float *expert_out;          /* [B * k_slots][d_model] expert outputs, grouped as expert_x */
