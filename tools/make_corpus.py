@@ -364,8 +364,8 @@ def corpus_entries() -> list[Entry]:
         "(transposed?)", "token_embd stored [d_model, vocab]", edited(b, transpose),
         tensor="token_embd")
     add("dtype_unknown.colibri", "COL_ERR_DTYPE", b.entry("layers.0.attn_k") + T_DTYPE,
-        "unknown dtype 9", "a dtype code no engine knows",
-        edited(b, lambda im: put(im, b.entry("layers.0.attn_k") + T_DTYPE, "<I", 9)),
+        "unknown dtype 10", "a dtype code no engine knows",
+        edited(b, lambda im: put(im, b.entry("layers.0.attn_k") + T_DTYPE, "<I", 10)),
         tensor="layers.0.attn_k")
 
     def norm_f16(im: bytearray) -> None:

@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 15
+ABI_VERSION = 16
 # The first ABI whose q8_0/q4_0 products are in block order (one fused multiply-add per block and
 # output, the same bits on every kernel path): runs recorded by an older engine on weights of those
 # dtypes cannot be reproduced bit for bit.
@@ -61,7 +61,7 @@ if lib.col_abi_version() != ABI_VERSION:  # pragma: no cover - only on a stale b
 DTYPE_NAMES: dict[int, str] = {lib.COL_DTYPE_F32: "f32", lib.COL_DTYPE_F16: "f16",
                                lib.COL_DTYPE_BF16: "bf16", lib.COL_DTYPE_Q8_0: "q8_0",
                                lib.COL_DTYPE_Q4_0: "q4_0", lib.COL_DTYPE_Q8_0X8: "q8_0x8",
-                               lib.COL_DTYPE_Q4_0X8: "q4_0x8"}
+                               lib.COL_DTYPE_Q4_0X8: "q4_0x8", lib.COL_DTYPE_BF16X16: "bf16x16"}
 # Block-quantised dtypes (blocks of 32 per row, docs/format.md; the x8 ones in 8-row panels): raw
 # views are uint8 [..., row bytes] (a panel's bytes span its 8 rows).
 BLOCK_DTYPES = (lib.COL_DTYPE_Q8_0, lib.COL_DTYPE_Q4_0, lib.COL_DTYPE_Q8_0X8, lib.COL_DTYPE_Q4_0X8)
@@ -69,7 +69,8 @@ BLOCK_DTYPE_NAMES = tuple(DTYPE_NAMES[d] for d in BLOCK_DTYPES)
 # bf16 has no numpy dtype: its views are uint16 bit patterns (see Model.tensor_f32).
 NUMPY_DTYPES: dict[int, type[np.generic]] = {lib.COL_DTYPE_F32: np.float32,
                                              lib.COL_DTYPE_F16: np.float16,
-                                             lib.COL_DTYPE_BF16: np.uint16}
+                                             lib.COL_DTYPE_BF16: np.uint16,
+                                             lib.COL_DTYPE_BF16X16: np.uint16}
 _ROUTING_CODES: dict[str, int] = {name: getattr(lib, f"COL_ROUTING_{name.upper()}")
                                   for name in ROUTING_MODES}
 FIELD_KINDS: dict[int, str] = {lib.COL_FIELD_BYTES: "bytes", lib.COL_FIELD_U32: "u32",
@@ -660,7 +661,8 @@ class Model:
 
     def tensor(self, name: str) -> np.ndarray:
         """Zero-copy, read-only view of a tensor's data in the mapping, in its storage dtype:
-        float32, float16, or uint16 bit patterns for bf16 (use `tensor_f32` for values)."""
+        float32, float16, or uint16 bit patterns for bf16 (bf16x16: in its panels' order, shaped
+        as the tensor; use `tensor_f32` for values)."""
         info = self.tensor_info(name)
         c_info = ffi.new("col_tensor_info *")
         errors.raise_for_status(lib.col_model_tensor(self.handle, info.index, c_info))
@@ -677,7 +679,10 @@ class Model:
         if info.dtype in BLOCK_DTYPE_NAMES:
             from colibri.fileformat import QUANT_BY_NAME, dequantize
             return dequantize(data, QUANT_BY_NAME[info.dtype], info.shape)
-        if info.dtype == "bf16":
+        if info.dtype == "bf16x16":
+            from colibri.fileformat import bf16_from_panels
+            data = bf16_from_panels(data, info.shape[-1]).reshape(info.shape)
+        if info.dtype in ("bf16", "bf16x16"):
             return (data.astype(np.uint32) << 16).view(np.float32)
         return data.astype(np.float32)
 

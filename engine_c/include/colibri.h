@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 15  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 16  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
@@ -52,7 +52,8 @@ extern "C" {
                                 output, docs/performance.md): their bits changed, no declaration did;
                                 14: the panel dtypes COL_DTYPE_Q8_0X8 and COL_DTYPE_Q4_0X8; 15:
                                 COL_KERNELS_AVX512F, between AVX2 and AVX-512 (the later values
-                                moved up one: a ceiling orders the paths) */
+                                moved up one: a ceiling orders the paths); 16: the panel dtype
+                                COL_DTYPE_BF16X16 */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -124,7 +125,11 @@ typedef enum col_dtype {
      * tensor's rows % 8 == 0): per panel the 8 rows' scales block by block, then per block their
      * 4-byte groups interleaved (docs/format.md "Quantised panels"), the order the AVX2 kernels read */
     COL_DTYPE_Q8_0X8 = 7,
-    COL_DTYPE_Q4_0X8 = 8
+    COL_DTYPE_Q4_0X8 = 8,
+    /* (since ABI 16) bf16 in panels of 16 rows (a tensor's rows % 16 == 0, columns even): per
+     * panel, for each pair of columns 2q, 2q + 1, the 16 rows' pairs side by side (64 bytes), so
+     * one vector holds a pair of 16 rows (docs/format.md "bf16 panels"); the same bytes as bf16 */
+    COL_DTYPE_BF16X16 = 9
 } col_dtype;
 
 /* The family a file was converted from: a label for people and tools. The engine runs what the

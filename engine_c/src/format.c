@@ -75,6 +75,7 @@ uint32_t col_dtype_size(uint32_t dtype)
     case COL_DTYPE_F32: return 4;
     case COL_DTYPE_F16: return 2;
     case COL_DTYPE_BF16: return 2;
+    case COL_DTYPE_BF16X16: return 2;
     default: return 0; /* also the block dtypes: they have no per-element size */
     }
 }
@@ -446,19 +447,26 @@ static bool check_entry(const layout *L, uint32_t i, sink *s, col_tensor_info *o
                     "tensor '%s': rows of %" PRIu64 " elements, a block dtype needs a multiple of 32",
                     nm, out->shape[out->ndim - 1]);
         }
-        if (is_panel_dtype(out->dtype) && (out->ndim < 2 || out->ndim > 3)) {
-            ok = false;
-            if (s)
-                ERR(s, COL_ERR_SHAPE, eo + T_NDIM, nm,
-                    "tensor '%s': ndim %" PRIu32 ", a panel dtype needs a matrix [rows, n] or a stack [E, rows, n]",
-                    nm, out->ndim);
-        } else if (is_panel_dtype(out->dtype) && out->shape[out->ndim - 2] % COL_STORED_PANEL_ROWS) {
-            ok = false;
-            if (s)
-                ERR(s, COL_ERR_SHAPE, eo + T_SHAPE + 8 * (uint64_t)(out->ndim - 2), nm,
-                    "tensor '%s': %" PRIu64 " rows, a panel dtype needs a multiple of %d", nm,
-                    out->shape[out->ndim - 2], COL_STORED_PANEL_ROWS);
-        }
+    }
+    const uint32_t panel_rows = col_panel_rows(out->dtype);
+    if (panel_rows && (out->ndim < 2 || out->ndim > 3)) {
+        ok = false;
+        if (s)
+            ERR(s, COL_ERR_SHAPE, eo + T_NDIM, nm,
+                "tensor '%s': ndim %" PRIu32 ", a panel dtype needs a matrix [rows, n] or a stack [E, rows, n]",
+                nm, out->ndim);
+    } else if (panel_rows && out->shape[out->ndim - 2] % panel_rows) {
+        ok = false;
+        if (s)
+            ERR(s, COL_ERR_SHAPE, eo + T_SHAPE + 8 * (uint64_t)(out->ndim - 2), nm,
+                "tensor '%s': %" PRIu64 " rows, a panel dtype needs a multiple of %" PRIu32, nm,
+                out->shape[out->ndim - 2], panel_rows);
+    } else if (is_bf16_panel(out->dtype) && out->shape[out->ndim - 1] % 2) {
+        ok = false;
+        if (s)
+            ERR(s, COL_ERR_SHAPE, eo + T_SHAPE + 8 * (uint64_t)(out->ndim - 1), nm,
+                "tensor '%s': rows of %" PRIu64 " elements, bf16x16 stores columns in pairs and needs an even count",
+                nm, out->shape[out->ndim - 1]);
     }
     if (dsize == 0) {
         ok = false;
@@ -1605,6 +1613,13 @@ static void check_data(const col_tensor_info *t, uint32_t flags, sink *s)
                 "tensor '%s': %" PRIu64 " NaN/Inf values, first at the scale of row %" PRIu64 ", block %" PRIu64
                 " (stored in 8-row panels)", t->name, n_bad,
                 first / (COL_STORED_PANEL_ROWS * nb) * COL_STORED_PANEL_ROWS + in_panel % COL_STORED_PANEL_ROWS, in_panel / COL_STORED_PANEL_ROWS);
+        } else if (n_bad && is_bf16_panel(t->dtype) && cols) { /* element k of a panel's pairs, in row and column */
+            const uint64_t in_panel = first % (COL_BF16_PANEL_ROWS * cols), pair = in_panel / (2 * COL_BF16_PANEL_ROWS);
+            ERR(s, COL_ERR_NONFINITE, t->offset + first * es, t->name,
+                "tensor '%s': %" PRIu64 " NaN/Inf values, first at row %" PRIu64 ", column %" PRIu64
+                " (stored in 16-row panels)", t->name, n_bad,
+                first / (COL_BF16_PANEL_ROWS * cols) * COL_BF16_PANEL_ROWS + in_panel % (2 * COL_BF16_PANEL_ROWS) / 2,
+                2 * pair + in_panel % 2);
         } else if (n_bad) {
             ERR(s, COL_ERR_NONFINITE, t->offset + (blocks ? scale_offset(t->dtype, rb, nb, first) : first * es), t->name,
                 "tensor '%s': %" PRIu64 " NaN/Inf values, first at %s %" PRIu64, t->name,

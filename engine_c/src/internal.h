@@ -25,6 +25,20 @@ static inline int is_panel_dtype(uint32_t dtype)
     return dtype == COL_DTYPE_Q8_0X8 || dtype == COL_DTYPE_Q4_0X8;
 }
 
+/* bf16x16: bf16 in panels of COL_BF16_PANEL_ROWS rows, each pair of columns of the panel's rows
+ * in one 64-byte line (docs/format.md "bf16 panels"). */
+#define COL_BF16_PANEL_ROWS 16
+static inline int is_bf16_panel(uint32_t dtype)
+{
+    return dtype == COL_DTYPE_BF16X16;
+}
+
+/* Rows of a panel of `dtype` (8 for q8_0x8/q4_0x8, 16 for bf16x16), 0 for a row dtype. */
+static inline uint32_t col_panel_rows(uint32_t dtype)
+{
+    return is_panel_dtype(dtype) ? COL_STORED_PANEL_ROWS : is_bf16_panel(dtype) ? COL_BF16_PANEL_ROWS : 0;
+}
+
 /* A 2-D (or stacked 3-D) weight as the kernels see it: rows of `cols` elements of `dtype`.
  * For a stacked expert tensor [E][rows][cols], `data` points at expert 0 and
  * `expert_stride` is the byte distance between experts. */

@@ -83,6 +83,11 @@ void col_pack_bf16(const float *x, uint64_t n, col_isa isa, uint16_t *out);
  * computes. The 16 sums are then added as the vector tiles' tree (lane i + lane i+8, ...). */
 float col_dot_bf16_portable(const uint16_t *w, const float *x, uint64_t n);
 
+/* Row `lane` of a bf16x16 panel (panel: its first element; n even) against x as bf16 dot products:
+ * one chain over the row's pairs in order, each pair the lane step col_dot_bf16_portable makes
+ * (odd product, then even, subnormals flushed), with no lane tree: one vdpbf16ps lane per row. */
+float col_dot_bf16_panel_portable(const uint16_t *panel, uint64_t lane, const float *x, uint64_t n);
+
 /* Rows [r0, r1) of job j (bf16 weights), every token, by col_dot_bf16_portable. */
 void col_rows_bf16dot_portable(const col_matvec_job *j, uint64_t r0, uint64_t r1);
 

@@ -38,9 +38,28 @@ static float dot_portable(const void *row, uint32_t dtype, const float *x, uint6
     return acc;
 }
 
+/* Row `lane` of a bf16x16 panel (docs/format.md) against x: one chain over the row in column order,
+ * each step a fused multiply-add, the bits every path gives (theirs keep the panel's rows in lanes). */
+static float dot_panel_portable(const uint16_t *panel, uint64_t lane, const float *x, uint64_t n)
+{
+    float acc = 0.0f;
+    for (uint64_t i = 0; i < n; i++)
+        acc = fmaf(col_bf16_to_f32(panel[i / 2 * 2 * COL_BF16_PANEL_ROWS + 2 * lane + i % 2]), x[i], acc);
+    return acc;
+}
+
 void col_rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1)
 {
     const col_weight *w = &j->w;
+    if (is_bf16_panel(w->dtype)) {
+        for (uint64_t r = r0; r < r1; r++) {
+            const uint16_t *panel = (const uint16_t *)w->data + r / COL_BF16_PANEL_ROWS * COL_BF16_PANEL_ROWS * w->cols;
+            for (uint32_t t = 0; t < j->n_tokens; t++)
+                j->y[(uint64_t)t * w->rows + r] =
+                    dot_panel_portable(panel, r % COL_BF16_PANEL_ROWS, j->x + (uint64_t)t * w->cols, w->cols);
+        }
+        return;
+    }
     uint64_t rb = col_dtype_row_bytes(w->dtype, w->cols), qb = col_qrow_bytes(w->cols);
     for (uint64_t r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + r * rb; /* float rows */
@@ -85,9 +104,30 @@ float col_dot_bf16_portable(const uint16_t *w, const float *x, uint64_t n)
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+float col_dot_bf16_panel_portable(const uint16_t *panel, uint64_t lane, const float *x, uint64_t n)
+{
+    float acc = 0.0f;
+    for (uint64_t k = 0; k < n; k += 2)
+        for (uint32_t e = 2; e-- > 0;) { /* the odd element, then the even one */
+            uint16_t xb = 0;
+            col_pack_bf16(x + k + e, 1, COL_ISA_PORTABLE, &xb);
+            acc = flush_subnormal(fmaf(bf16_daz(panel[k * COL_BF16_PANEL_ROWS + 2 * lane + e]), bf16_daz(xb), acc));
+        }
+    return acc;
+}
+
 void col_rows_bf16dot_portable(const col_matvec_job *j, uint64_t r0, uint64_t r1)
 {
     const col_weight *w = &j->w;
+    if (is_bf16_panel(w->dtype)) {
+        for (uint64_t r = r0; r < r1; r++) {
+            const uint16_t *panel = (const uint16_t *)w->data + r / COL_BF16_PANEL_ROWS * COL_BF16_PANEL_ROWS * w->cols;
+            for (uint32_t t = 0; t < j->n_tokens; t++)
+                j->y[(uint64_t)t * w->rows + r] =
+                    col_dot_bf16_panel_portable(panel, r % COL_BF16_PANEL_ROWS, j->x + (uint64_t)t * w->cols, w->cols);
+        }
+        return;
+    }
     for (uint64_t r = r0; r < r1; r++) {
         const uint16_t *row = (const uint16_t *)w->data + r * w->cols;
         for (uint32_t t = 0; t < j->n_tokens; t++)

@@ -111,6 +111,13 @@ static int32_t weight_q(const stored_block *s, uint32_t dtype, uint32_t j)
 void col_load_matrix_range(const void *matrix, uint32_t dtype, uint64_t cols, uint64_t r, uint64_t first,
                            uint64_t count, float *out)
 {
+    if (is_bf16_panel(dtype)) { /* row r's pairs, 64 bytes apart in its panel */
+        const uint16_t *panel = (const uint16_t *)matrix + r / COL_BF16_PANEL_ROWS * COL_BF16_PANEL_ROWS * cols;
+        const uint64_t lane = r % COL_BF16_PANEL_ROWS;
+        for (uint64_t i = first; i < first + count; i++)
+            out[i - first] = col_bf16_to_f32(panel[i / 2 * 2 * COL_BF16_PANEL_ROWS + 2 * lane + i % 2]);
+        return;
+    }
     if (!is_block_dtype(dtype)) {
         col_load_range((const uint8_t *)matrix + r * col_dtype_row_bytes(dtype, cols), dtype, cols, first, count, out);
         return;

@@ -499,11 +499,105 @@ COL_INLINE COL_T2 void rows_batch_avx2(const col_matvec_job *j, uint64_t r0, uin
     }
 }
 
+
+/* ---- bf16 panels (bf16x16, docs/format.md "bf16 panels") ------------------------------------ */
+
+/* A panel keeps a pair of columns of its 16 rows in one 64-byte line, so a vector holds one pair of
+ * 16 rows: tiles take NP panels x NT tokens with a row in each lane, and an output is one chain
+ * over its row in column order, with no lane tree at its end. Decode tiles (one token) take NP
+ * panels far apart in the thread's share (NP streams through memory), batch tiles neighbouring
+ * ones, so each line loaded feeds NT tokens. */
+#define PANEL_TILE_MAX 4
+
+/* The panel tiles of rows [r0, r1) (whole panels): TILE(NP, NT, r, step, t), NPD panels for decode
+ * and NPB x NTB for batches, the rest in smaller tiles. */
+#define WALK_PANELS(TILE, NPD, NPB, NTB)                                                            \
+    do {                                                                                            \
+        const uint64_t P_ = COL_BF16_PANEL_ROWS, panels_ = (r1 - r0) / P_;                         \
+        if (j->n_tokens == 1) {                                                                     \
+            const uint64_t per_ = panels_ / (NPD);                                                  \
+            for (uint64_t i_ = 0; i_ < per_; i_++) TILE(NPD, 1, r0 + i_ * P_, per_ * P_, 0);        \
+            for (uint64_t r_ = r0 + per_ * (NPD) * P_; r_ < r1; r_ += P_) TILE(1, 1, r_, P_, 0);   \
+        } else {                                                                                    \
+            uint64_t r_ = r0;                                                                       \
+            for (; r_ + (NPB) * P_ <= r1; r_ += (NPB) * P_) WALK_PANEL_TOKENS(TILE, NPB, NTB, r_);  \
+            if ((NPB) > 2 && r_ + 2 * P_ <= r1) {                                                   \
+                WALK_PANEL_TOKENS(TILE, 2, NTB, r_);                                                \
+                r_ += 2 * P_;                                                                       \
+            }                                                                                       \
+            for (; r_ < r1; r_ += P_) WALK_PANEL_TOKENS(TILE, 1, NTB, r_);                          \
+        }                                                                                           \
+    } while (0)
+#define WALK_PANEL_TOKENS(TILE, NP, NTB, r)                                                         \
+    do {                                                                                            \
+        const uint32_t nt_ = j->n_tokens;                                                           \
+        uint32_t t_ = 0;                                                                            \
+        for (; t_ + (NTB) <= nt_; t_ += (NTB)) TILE(NP, NTB, r, COL_BF16_PANEL_ROWS, t_);           \
+        switch (nt_ - t_) {                                                                         \
+        case 7: TILE(NP, 7, r, COL_BF16_PANEL_ROWS, t_); break;                                     \
+        case 6: TILE(NP, 6, r, COL_BF16_PANEL_ROWS, t_); break;                                     \
+        case 5: TILE(NP, 5, r, COL_BF16_PANEL_ROWS, t_); break;                                     \
+        case 4: TILE(NP, 4, r, COL_BF16_PANEL_ROWS, t_); break;                                     \
+        case 3: TILE(NP, 3, r, COL_BF16_PANEL_ROWS, t_); break;                                     \
+        case 2: TILE(NP, 2, r, COL_BF16_PANEL_ROWS, t_); break;                                     \
+        case 1: TILE(NP, 1, r, COL_BF16_PANEL_ROWS, t_); break;                                     \
+        default: break;                                                                             \
+        }                                                                                           \
+    } while (0)
+
+/* bf16 panels on AVX2: a panel's pair of 16 rows is two vectors (rows 0-7, 8-15). Exact: as the
+ * AVX-512 tile, the same chain and so the same bits. */
+COL_INLINE COL_T2 void tile_panel_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t step, int NP, int NT, uint32_t t,
+                                         uint32_t ahead)
+{
+    const uint64_t n = j->w.cols;
+    const uint16_t *panel[PANEL_TILE_MAX];
+    const float *x[MAX_TILE_TOKENS];
+    __m256 acc[2 * PANEL_TILE_MAX * 4];
+    for (int a = 0; a < NP; a++) panel[a] = (const uint16_t *)j->w.data + (r + (uint64_t)a * step) * n;
+    for (int b = 0; b < NT; b++) x[b] = j->x + (uint64_t)(t + b) * n;
+#pragma GCC unroll 16
+    for (int k = 0; k < 2 * NP * NT; k++) acc[k] = _mm256_setzero_ps();
+    const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
+    for (uint64_t i = 0; i < n; i += 2) {
+        __m256 even[2 * PANEL_TILE_MAX], odd[2 * PANEL_TILE_MAX];
+#pragma GCC unroll 4
+        for (int a = 0; a < NP; a++) {
+            const uint16_t *line = panel[a] + COL_BF16_PANEL_ROWS * i;
+            if (NT == 1) _mm_prefetch((const char *)line + ahead, _MM_HINT_T0);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(line + 16 * h));
+                even[2 * a + h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+                odd[2 * a + h] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+            }
+        }
+#pragma GCC unroll 4
+        for (int b = 0; b < NT; b++) {
+            const __m256 x0 = _mm256_set1_ps(x[b][i]), x1 = _mm256_set1_ps(x[b][i + 1]);
+#pragma GCC unroll 8
+            for (int h = 0; h < 2 * NP; h++) {
+                acc[h * NT + b] = _mm256_fmadd_ps(even[h], x0, acc[h * NT + b]);
+                acc[h * NT + b] = _mm256_fmadd_ps(odd[h], x1, acc[h * NT + b]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < NT; b++)
+#pragma GCC unroll 8
+        for (int h = 0; h < 2 * NP; h++)
+            _mm256_storeu_ps(j->y + (uint64_t)(t + b) * j->w.rows + r + (uint64_t)(h / 2) * step + 8 * (h % 2), acc[h * NT + b]);
+}
+
 COL_T2 void col_rows_avx2(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, col_decode_tuning tune, int form)
 {
     const next_tile_prefetch none = {NULL, NULL, 0};
     const uint32_t dtype = j->w.dtype;
-    if (is_panel_dtype(dtype)) {
+    if (is_bf16_panel(dtype)) {
+#define T(NP, NT, r, step, t) tile_panel_f_avx2(j, r, step, NP, NT, t, tune.f)
+        WALK_PANELS(T, 2, 1, 4);
+#undef T
+    } else if (is_panel_dtype(dtype)) {
         col_rows_int8_panels_avx2(j, qx, r0, r1, tune.q, form);
     } else if (is_block_dtype(dtype)) {
         col_rows_int8_avx2(j, qx, r0, r1, tune.q, form);
@@ -648,6 +742,55 @@ static COL_T512 __attribute__((noinline)) uint64_t rows_kblocked_avx512(const co
         WALK_TILES_512(TILE);                                                                       \
     } while (0)
 
+/* bf16 panels on AVX-512, exact: the pair split into its even and odd columns' f32 (a bf16 is an f32's high half), then
+ * per token two fused multiply-adds with its two values broadcast, the even column's first. */
+COL_INLINE COL_T512 void tile_panel_f_avx512(const col_matvec_job *j, uint64_t r, uint64_t step, int NP, int NT,
+                                             uint32_t t, uint32_t ahead)
+{
+    const uint64_t n = j->w.cols;
+    const uint16_t *panel[PANEL_TILE_MAX];
+    const float *x[MAX_TILE_TOKENS];
+    __m512 acc[MAX_TILE];
+    for (int a = 0; a < NP; a++) panel[a] = (const uint16_t *)j->w.data + (r + (uint64_t)a * step) * n;
+    for (int b = 0; b < NT; b++) x[b] = j->x + (uint64_t)(t + b) * n;
+#pragma GCC unroll 24
+    for (int k = 0; k < NP * NT; k++) acc[k] = _mm512_setzero_ps();
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (uint64_t i = 0; i < n; i += 2) {
+        __m512 even[PANEL_TILE_MAX], odd[PANEL_TILE_MAX];
+#pragma GCC unroll 4
+        for (int a = 0; a < NP; a++) {
+            const uint16_t *line = panel[a] + COL_BF16_PANEL_ROWS * i;
+            if (NT == 1) _mm_prefetch((const char *)line + ahead, _MM_HINT_T0);
+            const __m512i v = _mm512_loadu_si512((const void *)line);
+            even[a] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            odd[a] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+        }
+#pragma GCC unroll 8
+        for (int b = 0; b < NT; b++) {
+            const __m512 x0 = _mm512_set1_ps(x[b][i]), x1 = _mm512_set1_ps(x[b][i + 1]);
+#pragma GCC unroll 4
+            for (int a = 0; a < NP; a++) {
+                acc[a * NT + b] = _mm512_fmadd_ps(even[a], x0, acc[a * NT + b]);
+                acc[a * NT + b] = _mm512_fmadd_ps(odd[a], x1, acc[a * NT + b]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int b = 0; b < NT; b++)
+#pragma GCC unroll 4
+        for (int a = 0; a < NP; a++)
+            _mm512_storeu_ps(j->y + (uint64_t)(t + b) * j->w.rows + r + (uint64_t)a * step, acc[a * NT + b]);
+}
+
+/* bf16x16 rows [r0, r1) (whole panels) of job j, exact. */
+static COL_T512 void rows_panels_f_avx512(const col_matvec_job *j, uint64_t r0, uint64_t r1, col_decode_tuning tune)
+{
+#define T(NP, NT, r, step, t) tile_panel_f_avx512(j, r, step, NP, NT, t, tune.f)
+    WALK_PANELS(T, 4, 3, 6);
+#undef T
+}
+
 /* Rows [r0, r1) of job j on AVX-512; `carry` (carry_bytes, may be NULL) is the thread's scratch
  * for batches over long rows. */
 COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *carry,
@@ -663,6 +806,7 @@ COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64
 #define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_BF16, tune.f)
     case COL_DTYPE_BF16: WALK_FLOAT_512(T, COL_DTYPE_BF16); break;
 #undef T
+    case COL_DTYPE_BF16X16: rows_panels_f_avx512(j, r0, r1, tune); break;
     case COL_DTYPE_Q8_0:
     case COL_DTYPE_Q4_0:
     case COL_DTYPE_Q8_0X8:
@@ -729,9 +873,51 @@ COL_INLINE COL_TBF16 void tile_dp_avx512(const col_matvec_job *j, const uint16_t
         for (int b = 0; b < NT; b++) j->y[(uint64_t)(t + b) * j->w.rows + r + (uint64_t)a * step] = sums[a * NT + b];
 }
 
+/* bf16 dot products over panels: per pair of columns one load a panel, and per token its pair of
+ * activations broadcast (one 32-bit lane) into one vdpbf16ps, whose lanes are the panel's rows:
+ * each output the chain col_dot_bf16_panel_portable defines. */
+COL_INLINE COL_TBF16 void tile_panel_dp_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r, uint64_t step,
+                                               int NP, int NT, uint32_t t, uint32_t ahead)
+{
+    const uint64_t n = j->w.cols;
+    const uint16_t *panel[PANEL_TILE_MAX];
+    const uint32_t *x[MAX_TILE_TOKENS];
+    __m512 acc[MAX_TILE];
+    for (int a = 0; a < NP; a++) panel[a] = (const uint16_t *)j->w.data + (r + (uint64_t)a * step) * n;
+    for (int b = 0; b < NT; b++) x[b] = (const uint32_t *)(const void *)(xp + (uint64_t)(t + b) * n);
+#pragma GCC unroll 24
+    for (int k = 0; k < NP * NT; k++) acc[k] = _mm512_setzero_ps();
+    for (uint64_t q = 0; q < n / 2; q++) {
+        __m512i w[PANEL_TILE_MAX];
+#pragma GCC unroll 4
+        for (int a = 0; a < NP; a++) {
+            const uint16_t *line = panel[a] + 2 * COL_BF16_PANEL_ROWS * q;
+            if (NT == 1) _mm_prefetch((const char *)line + ahead, _MM_HINT_T0);
+            w[a] = _mm512_loadu_si512((const void *)line);
+        }
+#pragma GCC unroll 8
+        for (int b = 0; b < NT; b++) {
+            const __m512i xv = _mm512_set1_epi32((int)x[b][q]);
+#pragma GCC unroll 4
+            for (int a = 0; a < NP; a++) acc[a * NT + b] = _mm512_dpbf16_ps(acc[a * NT + b], (__m512bh)w[a], (__m512bh)xv);
+        }
+    }
+#pragma GCC unroll 8
+    for (int b = 0; b < NT; b++)
+#pragma GCC unroll 4
+        for (int a = 0; a < NP; a++)
+            _mm512_storeu_ps(j->y + (uint64_t)(t + b) * j->w.rows + r + (uint64_t)a * step, acc[a * NT + b]);
+}
+
 COL_TBF16 void col_rows_bf16dot_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1,
                                        col_decode_tuning tune)
 {
+    if (is_bf16_panel(j->w.dtype)) {
+#define T(NP, NT, r, step, t) tile_panel_dp_avx512(j, xp, r, step, NP, NT, t, tune.f)
+        WALK_PANELS(T, 4, 3, 8);
+#undef T
+        return;
+    }
 #define T(NR, NT, r, step, t) tile_dp_avx512(j, xp, r, step, NR, NT, t, tune.f)
     WALK_TILES_512(T);
 #undef T
@@ -775,9 +961,47 @@ COL_INLINE COL_T2 __m256 dp8(__m256 acc, __m256i w, __m256i x)
     return flush8(_mm256_fmadd_ps(w_even, x_even, acc));
 }
 
+/* bf16 dot products over panels on AVX2, NP panels x NT tokens: dp8 with a panel's rows in the
+ * lanes and the token's pair broadcast, the chain col_dot_bf16_panel_portable defines. */
+COL_INLINE COL_T2 void tile_panel_dp_avx2(const col_matvec_job *j, const uint16_t *xp, uint64_t r, uint64_t step, int NP,
+                                          int NT, uint32_t t)
+{
+    const uint64_t n = j->w.cols;
+    const uint16_t *panel[PANEL_TILE_MAX];
+    const uint32_t *x[MAX_TILE_TOKENS];
+    __m256 acc[2 * PANEL_TILE_MAX * 4];
+    for (int a = 0; a < NP; a++) panel[a] = (const uint16_t *)j->w.data + (r + (uint64_t)a * step) * n;
+    for (int b = 0; b < NT; b++) x[b] = (const uint32_t *)(const void *)(xp + (uint64_t)(t + b) * n);
+#pragma GCC unroll 16
+    for (int k = 0; k < 2 * NP * NT; k++) acc[k] = _mm256_setzero_ps();
+    for (uint64_t q = 0; q < n / 2; q++) {
+        __m256i w[2 * PANEL_TILE_MAX];
+#pragma GCC unroll 8
+        for (int h = 0; h < 2 * NP; h++)
+            w[h] = _mm256_loadu_si256((const __m256i *)(const void *)(panel[h / 2] + 2 * COL_BF16_PANEL_ROWS * q + 16 * (h % 2)));
+#pragma GCC unroll 4
+        for (int b = 0; b < NT; b++) {
+            const __m256i xv = _mm256_set1_epi32((int)x[b][q]);
+#pragma GCC unroll 8
+            for (int h = 0; h < 2 * NP; h++) acc[h * NT + b] = dp8(acc[h * NT + b], w[h], xv);
+        }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < NT; b++)
+#pragma GCC unroll 8
+        for (int h = 0; h < 2 * NP; h++)
+            _mm256_storeu_ps(j->y + (uint64_t)(t + b) * j->w.rows + r + (uint64_t)(h / 2) * step + 8 * (h % 2), acc[h * NT + b]);
+}
+
 COL_T2 void col_rows_bf16dot_avx2(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1)
 {
     const uint64_t n = j->w.cols;
+    if (is_bf16_panel(j->w.dtype)) {
+#define T(NP, NT, r, step, t) tile_panel_dp_avx2(j, xp, r, step, NP, NT, t)
+        WALK_PANELS(T, 2, 1, 4);
+#undef T
+        return;
+    }
     for (uint64_t r = r0; r < r1; r++) {
         const uint16_t *row = (const uint16_t *)j->w.data + r * n;
         for (uint32_t t = 0; t < j->n_tokens; t++) {

@@ -298,7 +298,10 @@ void col_numerics_matmul(const col_numerics *nx, col_pool *pool, const col_matve
         col_matmul_bf16_dot(pool, jobs, n_jobs);
     } else {
         const variant_walk walk = {nx, col_pool_isa(pool)};
-        col_matmul_walk(pool, jobs, n_jobs, variant_rows, &walk, variant_align(walk.isa));
+        uint32_t align = variant_align(walk.isa);
+        for (uint32_t k = 0; k < n_jobs; k++) /* a group of the vector loops takes whole panels */
+            if (is_bf16_panel(jobs[k].w.dtype) && align < COL_BF16_PANEL_ROWS) align = COL_BF16_PANEL_ROWS;
+        col_matmul_walk(pool, jobs, n_jobs, variant_rows, &walk, align);
     }
     for (uint32_t k = 0; k < n_jobs; k++)
         col_numerics_round(nx, pool, jobs[k].y, (uint64_t)jobs[k].n_tokens * jobs[k].w.rows);

@@ -24,7 +24,7 @@
 /* The rows of a group and the block of their columns at hand. */
 typedef struct FN(lanes) {
     const uint8_t *row[W]; /* the group's rows; a missing row repeats the first (its lanes are dropped);
-                            * for the panel dtypes each row's panel (whose 8 rows share it) */
+                            * for the panel dtypes each row's panel (whose 8 or 16 rows share it) */
     uint32_t dtype;
     uint64_t n;            /* columns of a row */
     uint64_t block;        /* the block of BW columns in col[], UINT64_MAX for none */
@@ -255,7 +255,8 @@ TGT void FN(col_numerics_rows)(const col_numerics *nx, const col_matvec_job *j, 
         const uint32_t nr = r1 - r < W ? (uint32_t)(r1 - r) : W;
         for (uint32_t a = 0; a < W; a++) {
             const uint64_t at = r + (a < nr ? a : 0), panel = at / COL_STORED_PANEL_ROWS * COL_STORED_PANEL_ROWS;
-            g.row[a] = (const uint8_t *)j->w.data + (is_panel_dtype(g.dtype) ? panel : at) * rb;
+            const uint64_t panel16 = at / COL_BF16_PANEL_ROWS * COL_BF16_PANEL_ROWS;
+            g.row[a] = (const uint8_t *)j->w.data + (is_panel_dtype(g.dtype) ? panel : is_bf16_panel(g.dtype) ? panel16 : at) * rb;
         }
         const uint64_t next_rows = r + W >= j->w.rows ? 0 : j->w.rows - (r + W) < W ? j->w.rows - (r + W) : W;
         g.next = (const char *)j->w.data + (r + W) * rb;

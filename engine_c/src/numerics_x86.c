@@ -129,6 +129,17 @@ static COL_T512 void fill_avx512(lanes_avx512 *g, uint64_t block)
     __m512 r[16], t[16];
     for (int half = 0; half < 2; half++) {
         const uint8_t *const *row = g->row + 16 * half;
+        if (is_bf16_panel(g->dtype)) { /* a half is a panel: a line holds a pair of its 16 rows */
+            const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+#pragma GCC unroll 16
+            for (uint64_t q = 0; q < 16; q++) {
+                const __m512i v = i + 2 * q < n ? _mm512_loadu_si512((const void *)(row[0] + 64 * (i / 2 + q)))
+                                                : _mm512_setzero_si512();
+                g->col[2 * q].v[half] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+                g->col[2 * q + 1].v[half] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+            }
+            continue;
+        }
         switch (g->dtype) {
         case COL_DTYPE_F32:
             for (int h = 0; h < 2 && 16 * (uint64_t)h < left; h++) {
@@ -390,6 +401,18 @@ static COL_T2 void fill_avx2(lanes_avx2 *g, uint64_t block)
     __m256 r[8], t[8];
     for (int half = 0; half < 2; half++) {
         const uint8_t *const *row = g->row + 8 * half;
+        if (is_bf16_panel(g->dtype)) { /* the group is a panel: a half is 32 bytes of each line */
+            const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
+#pragma GCC unroll 8
+            for (uint64_t q = 0; q < 8; q++) {
+                const __m256i v = i + 2 * q < n
+                                      ? _mm256_loadu_si256((const __m256i *)(const void *)(row[0] + 64 * (i / 2 + q) + 32 * half))
+                                      : _mm256_setzero_si256();
+                g->col[2 * q].v[half] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+                g->col[2 * q + 1].v[half] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+            }
+            continue;
+        }
         if (i + 16 > n) {
             float buf[8][16];
             memset(buf, 0, sizeof buf);

@@ -781,7 +781,7 @@ static void test_tensor_entries(void)
 
     im = build_mixtral();
     e = entry(&im, "layers.0.moe_w1");
-    put32(im.d + e + 0x40, 9);
+    put32(im.d + e + 0x40, 10); /* the first dtype after COL_DTYPE_BF16X16 */
     refresh(&im);
     expect("bad dtype", &im, 0, COL_ERR_DTYPE, e + 0x40, "layers.0.moe_w1");
     free(im.d);
@@ -902,6 +902,47 @@ static void test_panels_problems(void)
     uint32_t n = 0;
     col_validate_buffer(im.d, im.size, COL_CHECK_NONFINITE, p, 4, &n);
     CHECK(n == 1 && strstr(p[0].message, "1 NaN/Inf values, first at the scale of row 11, block 0") != NULL);
+    free(im.d);
+}
+
+/* ---- bf16 panels (dtype 9) ------------------------------------------------------------------- */
+
+static void test_bf16_panels(void)
+{
+    /* every matrix of panels_cfg's shapes has rows % 16 == 0 (a vocabulary of 16) */
+    cfg c = panels_cfg(COL_DTYPE_BF16X16);
+    image im = build(&c);
+    expect("bf16 panels", &im, COL_CHECK_CHECKSUMS | COL_CHECK_NONFINITE, COL_OK, 0, "");
+    free(im.d);
+
+    /* rows not a multiple of 16: a vocabulary of 24 gives token_embd [24, 32] */
+    c.vocab = 24;
+    im = build(&c);
+    expect("bf16 panel rows", &im, 0, COL_ERR_SHAPE, entry(&im, "token_embd") + 0x48, "token_embd");
+    free(im.d);
+
+    /* columns in pairs: attn_q [32, 32] told it has 31 columns */
+    c = panels_cfg(COL_DTYPE_BF16X16);
+    im = build(&c);
+    uint64_t e = entry(&im, "layers.0.attn_q");
+    put64(im.d + e + 0x50, 31);
+    refresh(&im);
+    expect("bf16 panel columns", &im, 0, COL_ERR_SHAPE, e + 0x50, "layers.0.attn_q");
+    free(im.d);
+
+    /* a NaN is named by its row and column: attn_q [32, 32], row 17 (panel 1, lane 1), column 3
+     * (pair 1, its odd element) is element 16 * 32 + 32 * 1 + 2 * 1 + 1 in storage order */
+    im = build(&c);
+    e = entry(&im, "layers.0.attn_q");
+    const uint64_t off = get64(im.d + e + 0x68), at = off + 2 * (16 * 32 + 32 + 2 + 1);
+    im.d[at] = 0xC0, im.d[at + 1] = 0x7F; /* bf16 NaN */
+    put32(im.d + e + 0x78, col_crc32(0, im.d + off, (size_t)get64(im.d + e + 0x70)));
+    refresh(&im);
+    expect("bf16 panel nan", &im, COL_CHECK_NONFINITE, COL_ERR_NONFINITE, at, "layers.0.attn_q");
+    col_problem p[4];
+    uint32_t n = 0;
+    col_validate_buffer(im.d, im.size, COL_CHECK_NONFINITE, p, 4, &n);
+    CHECK(n == 1 && strstr(p[0].message, "1 NaN/Inf values, first at row 17, column 3 (stored in 16-row panels)") != NULL);
     free(im.d);
 }
 
@@ -1583,6 +1624,7 @@ int main(void)
     test_architecture();
     test_panels_valid();
     test_panels_problems();
+    test_bf16_panels();
     test_many_tensors();
     test_header_fields();
     test_v2_valid();

@@ -528,6 +528,95 @@ static void test_int8_stored_panels_avx512(void)
     for (int p = 0; p < 2; p++) pool_done(&pools[p]);
 }
 
+/* bf16x16 (docs/format.md "bf16 panels"), written here from the documented layout: rows in panels
+ * of 16, each pair of columns of a panel's rows in one 64-byte line. */
+static uint16_t *bf16_panels(const uint16_t *rows_bf16, uint64_t rows, uint64_t cols)
+{
+    uint16_t *out = calloc(rows * cols + 32, sizeof *out);
+    for (uint64_t r = 0; r < rows; r++)
+        for (uint64_t c = 0; c < cols; c++)
+            out[r / 16 * 16 * cols + c / 2 * 32 + 2 * (r % 16) + c % 2] = rows_bf16[r * cols + c];
+    return out;
+}
+
+/* vdpbf16ps's view of a bf16 (subnormals read as zero) and of a sum (subnormals flushed). */
+static float dp_in(uint16_t h)
+{
+    return col_bf16_to_f32((h & 0x7F80u) == 0 ? (uint16_t)(h & 0x8000u) : h);
+}
+static float dp_out(float v)
+{
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    if ((b & 0x7F800000u) == 0) b &= 0x80000000u;
+    memcpy(&v, &b, sizeof v);
+    return v;
+}
+
+/* On one path: exact products over bf16 panels are one fused multiply-add chain per output over
+ * its row in column order, and bf16 dot products one chain of vdpbf16ps lane steps (odd product,
+ * then even) with the activations rounded to bf16; bit for bit, on 1 and 3 threads, a batch equal
+ * to its tokens one at a time. */
+static void test_bf16_panels(const char *isa)
+{
+    enum { MAX_T = 17, MAX_C = 1056 };
+    static const uint64_t cols_list[] = {2, 30, 64, 100, 1056};
+    static const uint64_t rows_list[] = {16, 32, 48, 64, 80, 112};
+    static const uint32_t tokens_list[] = {1, 2, 3, 5, 8, 9, 17};
+    run pools[2] = {pool_for(isa, 1, MAX_T, MAX_C), pool_for(isa, 3, MAX_T, MAX_C)};
+    CHECK(pools[0].pool && pools[1].pool);
+    if (!pools[0].pool || !pools[1].pool) return;
+    int bad = 0, checked = 0;
+    for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++)
+        for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
+            for (size_t ti = 0; ti < sizeof tokens_list / sizeof *tokens_list; ti++) {
+                const uint64_t cols = cols_list[ci], rows = rows_list[ri];
+                const uint32_t nt = tokens_list[ti];
+                uint16_t *w16 = malloc(rows * cols * sizeof *w16);
+                for (uint64_t i = 0; i < rows * cols; i++) w16[i] = f32_to_bf16(frand() * (i % 53 == 0 ? 1e-38f : 1.0f));
+                uint16_t *panels = bf16_panels(w16, rows, cols);
+                float *x = malloc(nt * cols * sizeof *x), *want = malloc(nt * rows * sizeof *want);
+                float *want_dp = malloc(nt * rows * sizeof *want_dp), *got = malloc(nt * rows * sizeof *got);
+                float *row = malloc(cols * sizeof *row);
+                for (uint64_t i = 0; i < nt * cols; i++) x[i] = frand();
+                for (uint64_t r = 0; r < rows; r++) {
+                    col_load_matrix_range(panels, COL_DTYPE_BF16X16, cols, r, 0, cols, row);
+                    for (uint64_t c = 0; c < cols; c++) bad += row[c] != col_bf16_to_f32(w16[r * cols + c]);
+                    for (uint32_t t = 0; t < nt; t++) {
+                        float acc = 0.0f, dp = 0.0f;
+                        for (uint64_t c = 0; c < cols; c++) acc = fmaf(col_bf16_to_f32(w16[r * cols + c]), x[t * cols + c], acc);
+                        for (uint64_t c = 0; c < cols; c += 2)
+                            for (int e = 1; e >= 0; e--)
+                                dp = dp_out(fmaf(dp_in(w16[r * cols + c + e]), dp_in(f32_to_bf16(x[t * cols + c + e])), dp));
+                        want[t * rows + r] = acc;
+                        want_dp[t * rows + r] = dp;
+                    }
+                }
+                const col_weight w = {panels, COL_DTYPE_BF16X16, rows, cols, 0};
+                for (int p = 0; p < 2; p++)
+                    for (int dot = 0; dot < 2; dot++) {
+                        const float *expect = dot ? want_dp : want;
+                        col_matvec_job jb = {w, x, got, nt, NULL};
+                        memset(got, 0xFF, nt * rows * sizeof *got);
+                        if (dot) col_matmul_bf16_dot(pools[p].pool, &jb, 1);
+                        else col_matmul_many(pools[p].pool, &jb, 1);
+                        bad += memcmp(expect, got, nt * rows * sizeof *got) != 0;
+                        for (uint32_t t = 0; t < nt; t++) {
+                            col_matvec_job step = {w, x + t * cols, got, 1, NULL};
+                            if (dot) col_matmul_bf16_dot(pools[p].pool, &step, 1);
+                            else col_matmul_many(pools[p].pool, &step, 1);
+                            bad += memcmp(expect + t * rows, got, rows * sizeof *got) != 0;
+                        }
+                        checked += 1 + (int)nt;
+                    }
+                free(w16), free(panels), free(x), free(want), free(want_dp), free(got), free(row);
+            }
+    if (bad) fprintf(stderr, "bf16 panels (%s): %d of %d products differ from the definition\n", isa, bad, checked);
+    CHECK(bad == 0);
+    CHECK(checked > 1000);
+    for (int p = 0; p < 2; p++) pool_done(&pools[p]);
+}
+
 /* col_load_range reads any part of a row in the stored layout (the numerics variants read long
  * rows 32 elements at a time). */
 static void test_load_range(void)
@@ -1042,6 +1131,7 @@ int main(void)
     test_parallel_preparation();
     test_pool_run_items_once();
     test_path("portable");
+    test_bf16_panels("portable");
     test_round_bf16("portable");
     test_round_f16("portable");
     test_swiglu_gate("portable");
@@ -1052,9 +1142,11 @@ int main(void)
 #if defined(__x86_64__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_path("avx2");
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_bf16_panels("avx2");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_float_order("avx2", 8);
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
         test_path("avx512f");
+        test_bf16_panels("avx512f");
         test_float_order("avx512f", 16);
         test_swiglu_gate("avx512f");
         test_round_bf16("avx512f");
@@ -1063,6 +1155,8 @@ int main(void)
     }
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_path("avx512");
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        test_bf16_panels("avx512");
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_avx512f_bits();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
@@ -1085,6 +1179,7 @@ int main(void)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_attend_heads("avx2");
     if (__builtin_cpu_supports("avx512f")) test_attend_heads("avx512");
     test_path("amx");
+    test_bf16_panels("amx");
     test_amx_one_part();
     test_amx_long_rows();
     test_amx_decode_streams();

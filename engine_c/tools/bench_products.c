@@ -35,7 +35,8 @@ static int parse_dtype(const char *s, uint32_t *dtype)
 {
     static const struct { const char *name; uint32_t dtype; } names[] = {
         {"f32", COL_DTYPE_F32}, {"f16", COL_DTYPE_F16}, {"bf16", COL_DTYPE_BF16},
-        {"q8_0", COL_DTYPE_Q8_0}, {"q4_0", COL_DTYPE_Q4_0}, {"q8_0x8", COL_DTYPE_Q8_0X8}, {"q4_0x8", COL_DTYPE_Q4_0X8}};
+        {"q8_0", COL_DTYPE_Q8_0}, {"q4_0", COL_DTYPE_Q4_0}, {"q8_0x8", COL_DTYPE_Q8_0X8}, {"q4_0x8", COL_DTYPE_Q4_0X8},
+        {"bf16x16", COL_DTYPE_BF16X16}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(s, names[i].name) == 0) {
             *dtype = names[i].dtype;
@@ -71,8 +72,8 @@ static void fill_row(uint8_t *row, uint32_t dtype, uint64_t cols, uint64_t *stat
             float v = noise(state);
             memcpy(row + 4 * i, &v, 4);
         }
-    } else if (dtype == COL_DTYPE_F16 || dtype == COL_DTYPE_BF16) {
-        for (uint64_t i = 0; i < cols; i++) {
+    } else if (dtype == COL_DTYPE_F16 || dtype == COL_DTYPE_BF16 || dtype == COL_DTYPE_BF16X16) {
+        for (uint64_t i = 0; i < cols; i++) { /* bf16x16: any 16-bit values in any layout */
             /* f16 0x3xxx and bf16 0x3Exx/0xBExx: ordinary values near 0.1-1 in magnitude */
             uint16_t v = dtype == COL_DTYPE_F16 ? (uint16_t)(0x3000u | ((*state >> 20) & 0x8FFFu))
                                                 : (uint16_t)(0x3E00u | ((*state >> 20) & 0x80FFu));

@@ -347,6 +347,7 @@ static const char *dtype_name(uint32_t dtype)
     case COL_DTYPE_Q4_0: return "q4_0";
     case COL_DTYPE_Q8_0X8: return "q8_0x8";
     case COL_DTYPE_Q4_0X8: return "q4_0x8";
+    case COL_DTYPE_BF16X16: return "bf16x16";
     default: return "?";
     }
 }
