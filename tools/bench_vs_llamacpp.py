@@ -127,15 +127,16 @@ def _atomic(out: Path, make: Any) -> Path:
     return out
 
 
-def colibri_file(hf: Path, out: Path, precision: str) -> Path:
+def colibri_file(hf: Path, out: Path, precision: str, layout: str) -> Path:
     from colibri.convert import LLAMA_CPP_RECIPE, convert
 
     def make(tmp: Path) -> None:
         log(f"converting {out.name} (Colibri's converter)")
         if precision == "bf16":
-            convert(hf, tmp, "bf16")
+            convert(hf, tmp, "bf16", layout=layout)
         else:
-            convert(hf, tmp, "bf16", quantize=precision, quantize_tensors=LLAMA_CPP_RECIPE)
+            convert(hf, tmp, "bf16", quantize=precision, quantize_tensors=LLAMA_CPP_RECIPE,
+                    layout=layout)
     return _atomic(out, make)
 
 
@@ -175,8 +176,9 @@ def gguf_quantised(source: Path, out: Path, precision: str, quantize: Path) -> P
 
 
 def prepare(name: str, hf: Path, precisions: list[str], work: Path, quantize: Path,
-            prompt: int) -> list[Cell]:
-    """The cells of one checkpoint: both engines' files (made in `work` once, then reused)."""
+            prompt: int, layout: str) -> list[Cell]:
+    """The cells of one checkpoint: both engines' files (made in `work` once, then reused;
+    Colibri's in `layout`)."""
     from colibri.bench import gguf_weight_bytes_per_token, weight_bytes_per_token
     from colibri.compute import prefill_macs
     from colibri.engine import Model
@@ -186,7 +188,9 @@ def prepare(name: str, hf: Path, precisions: list[str], work: Path, quantize: Pa
     cells = []
     for precision in precisions:
         suffix = "bf16" if precision == "bf16" else f"{precision}-llama.cpp"
-        ours = colibri_file(hf, work / f"{name}-{suffix}.colibri", precision)
+        if precision == "bf16" and layout == "bf16-panels":
+            suffix = "bf16x16"
+        ours = colibri_file(hf, work / f"{name}-{suffix}.colibri", precision, layout)
         theirs = bf16 if precision == "bf16" else gguf_quantised(
             bf16, work / f"{name}-{GGUF_SUFFIX[precision]}.gguf", precision, quantize)
         with Model.open(ours) as m:
@@ -216,7 +220,7 @@ def numerics_of(engine: str) -> str | None:
 
 def runs_on(engine: str, cell: Cell) -> bool:
     """A numerics mode runs only where it changes something: on files with bf16 weights."""
-    return numerics_of(engine) is None or "bf16" in cell.macs
+    return numerics_of(engine) is None or "bf16" in cell.macs or "bf16x16" in cell.macs
 
 
 def run_colibri(cell: Cell, args: argparse.Namespace, numerics: str | None
@@ -490,6 +494,7 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from colibri.values import DEFAULT_LAYOUT, LAYOUTS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ik", type=Path, default=None, metavar="LLAMA_BENCH",
                     help="ik_llama.cpp's llama-bench (built from its sources; run with -rtr 1)")
@@ -513,6 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-wait", type=float, default=1800.0, metavar="SECONDS",
                     help="--max-load's waits in all, after which runs start whatever the load "
                          "(default 1800)")
+    ap.add_argument("--layout", default=DEFAULT_LAYOUT, choices=LAYOUTS,
+                    help="how Colibri's files store their matrices (colibri convert --layout; "
+                         "default %(default)s): bf16-panels stores the bf16 cells' matrices in "
+                         "16-row panels (their own files, NAME-bf16x16.colibri)")
     ap.add_argument("--numerics", action="append", default=[], metavar="SPEC",
                     help="also run Colibri in this numerics mode (repeatable; e.g. dot-bf16), "
                          "on the cells whose file has bf16 weights")
@@ -559,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     if not checkpoints:
         ap.error("no model to compare: give --models or --checkpoint")
     cells = [c for name, hf in checkpoints for c in prepare(name, hf, precisions, args.work,
-                                                             quantize, args.p)]
+                                                             quantize, args.p, args.layout)]
     args.llama_cpp_arg = llama_cpp_arguments(llama_bench, cells, args.llama_cpp_arg)
     for cell in cells:
         cell.runs = {e: [] for e in engines if runs_on(e, cell)}

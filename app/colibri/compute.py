@@ -86,14 +86,14 @@ def attended_keys(model: Model, first: int, n: int) -> int:
 
 def colibri_arithmetic(kernels: str, dot_bf16: bool) -> Callable[[str], str | None]:
     """The arithmetic Colibri's kernel path `kernels` multiplies each dtype's weights with (None:
-    not probed: bf16 on the AMX tiles)."""
+    not probed: bf16 rows on the AMX tiles; bf16x16 panels run the vector kernels there)."""
     def arithmetic(kind: str) -> str | None:
         if kind in BLOCK_DTYPE_NAMES:
             return "int8 dot"
-        if kind == "bf16":
+        if kind in ("bf16", "bf16x16"):
             if dot_bf16:
                 return "bf16 dot"
-            return None if kernels == "amx" else "f32 FMA"
+            return None if kernels == "amx" and kind == "bf16" else "f32 FMA"
         return "f32 FMA"
     return arithmetic
 
@@ -104,7 +104,7 @@ def llamacpp_arithmetic(kind: str) -> str | None:
     by int8 dot products against q8 activations, the rest in f32."""
     if kind in BLOCK_DTYPE_NAMES:
         return "int8 dot"
-    return "bf16 dot" if kind == "bf16" else "f32 FMA"
+    return "bf16 dot" if kind in ("bf16", "bf16x16") else "f32 FMA"
 
 
 def arithmetic_macs(macs: Mapping[str, float],

@@ -38,10 +38,10 @@ from colibri.families import (FAMILIES, SUPPORTED_MODEL_TYPES, Architecture, Fam
 from colibri.families import common
 from colibri.families.common import ConversionError
 from colibri.fileformat import (
-    BLOCK_BYTES, BLOCK_ELEMS, DTYPE_BF16, DTYPE_BY_NAME, DTYPE_F16, DTYPE_F32,
-    FLAG_TIED_EMBEDDINGS, PANEL_OF, PANEL_ROWS, QUANT_BY_NAME, ROWS_OF,
-    TensorSpec, plan_file, quantize as quantize_blocks, storage_to_f32, to_panels, to_storage,
-    write_colibri,
+    BF16_PANEL_ROWS, BLOCK_BYTES, BLOCK_ELEMS, DTYPE_BF16, DTYPE_BF16X16, DTYPE_BY_NAME, DTYPE_F16,
+    DTYPE_F32, FLAG_TIED_EMBEDDINGS, PANEL_OF, PANEL_ROWS, QUANT_BY_NAME, ROWS_OF,
+    TensorSpec, bf16_to_panels, plan_file, quantize as quantize_blocks, storage_to_f32, to_panels,
+    to_storage, write_colibri,
 )
 from colibri.formats import safetensors_file
 from colibri.formats.common import TensorEntry
@@ -434,32 +434,40 @@ def check_layout(layout: str) -> None:
 def layout_target(name: str, shape: tuple[int, ...], dtype: int, layout: str) -> int:
     """The dtype the tensor `name` of `shape`, stored as `dtype`, gets in `layout`: "rows" turns
     a panel dtype into its row dtype; "panels" stores q8_0/q4_0 matrices [rows, n] and stacks
-    [E, rows, n] with rows % 8 == 0 (n % 32 == 0 already) as q8_0x8/q4_0x8, except ROWS_ONLY.
+    [E, rows, n] with rows % 8 == 0 (n % 32 == 0 already) as q8_0x8/q4_0x8, except ROWS_ONLY;
+    "bf16-panels" does that and stores bf16 ones with rows % 16 == 0 and n even as bf16x16.
     Every other tensor keeps `dtype`. The one place that decides which tensors are panels."""
     check_layout(layout)
-    rows = ROWS_OF.get(dtype, dtype)
-    if (layout == "panels" and rows in PANEL_OF and len(shape) in (2, 3)
-            and shape[-2] % PANEL_ROWS == 0 and name.rsplit(".", 1)[-1] not in ROWS_ONLY):
+    rows = DTYPE_BF16 if dtype == DTYPE_BF16X16 else ROWS_OF.get(dtype, dtype)
+    if len(shape) not in (2, 3) or name.rsplit(".", 1)[-1] in ROWS_ONLY or layout == "rows":
+        return rows
+    if rows in PANEL_OF and shape[-2] % PANEL_ROWS == 0:
         return PANEL_OF[rows]
+    if (layout == "bf16-panels" and rows == DTYPE_BF16 and shape[-2] % BF16_PANEL_ROWS == 0
+            and shape[-1] % 2 == 0):
+        return DTYPE_BF16X16
     return rows
 
 
 def _in_panels(spec: TensorSpec, panel_dtype: int) -> TensorSpec:
-    """The same tensor, its stored q8_0/q4_0 rows rearranged into panels (the same bytes)."""
-    inner, rows = spec.load, ROWS_OF[panel_dtype]
+    """The same tensor, its stored q8_0/q4_0 or bf16 rows rearranged into panels (the same bytes)."""
+    inner = spec.load
 
     def load() -> np.ndarray:
-        return to_panels(inner(), rows, spec.shape[-1])
+        if panel_dtype == DTYPE_BF16X16:
+            return bf16_to_panels(inner(), spec.shape[-1]).reshape(spec.shape)
+        return to_panels(inner(), ROWS_OF[panel_dtype], spec.shape[-1])
     return TensorSpec(spec.name, panel_dtype, spec.shape, load)
 
 
 def apply_layout(specs: list[TensorSpec], layout: str) -> list[TensorSpec]:
-    """`specs` with their q8_0/q4_0 tensors stored in `layout` (layout_target decides which);
-    the converters' specs hold rows, so "rows" changes nothing."""
+    """`specs` with their q8_0/q4_0 (and bf16) tensors stored in `layout` (layout_target decides
+    which); the converters' specs hold rows, so "rows" changes nothing."""
     out = []
     for spec in specs:
         to = layout_target(spec.name, spec.shape, spec.dtype, layout)
-        out.append(_in_panels(spec, to) if to in ROWS_OF and to != spec.dtype else spec)
+        panel = to in ROWS_OF or to == DTYPE_BF16X16
+        out.append(_in_panels(spec, to) if panel and to != spec.dtype else spec)
     return out
 
 

@@ -1,5 +1,5 @@
-"""Re-laying out a `.colibri` file: its quantised tensors rewritten in rows or in panels of 8 rows
-(docs/format.md, "Quantised panels"), without going back to the checkpoint.
+"""Re-laying out a `.colibri` file: its quantised (and bf16) tensors rewritten in rows or in panels
+(docs/format.md, "Quantised panels", "bf16 panels"), without going back to the checkpoint.
 
 The two layouts hold the same blocks in the same number of bytes, so every tensor keeps its
 offset and size: the copy is the source file byte for byte except the rearranged tensors' data
@@ -28,9 +28,17 @@ _ENTRY_DTYPE, _ENTRY_CRC = ff.TENSOR_NAME_MAX, 0x78
 _COPY_CHUNK = 64 << 20
 
 
+# The dtypes a layout rearranges, by the names the engine reports.
+_LAID_OUT = {**ff.QUANT_BY_NAME, **{name: code for code, name in ff.BF16_NAMES.items()}}
+
+
 def _rearranged(data: np.ndarray, dtype: int, to: int, n: int) -> np.ndarray:
     """A tensor's stored bytes of `dtype` in the layout of `to` (one a row dtype, the other its
     panel dtype)."""
+    if to == ff.DTYPE_BF16X16:
+        return ff.bf16_to_panels(data, n)
+    if dtype == ff.DTYPE_BF16X16:
+        return ff.bf16_from_panels(data, n).reshape(-1)
     if to in ff.ROWS_OF:
         return ff.to_panels(data, ff.ROWS_OF[to], n)
     return ff.from_panels(data, to, n).reshape(-1)
@@ -38,8 +46,8 @@ def _rearranged(data: np.ndarray, dtype: int, to: int, n: int) -> np.ndarray:
 
 def relayout(src: str | os.PathLike[str], out_path: str | os.PathLike[str], layout: str,
              progress: Callable[[int, int], None] | None = None) -> list[str]:
-    """Write the `.colibri` file `src` to `out_path` with its quantised tensors in `layout`
-    ("rows" or "panels", as layout_target decides per tensor); returns the names of the tensors
+    """Write the `.colibri` file `src` to `out_path` with its quantised and bf16 tensors in
+    `layout` (one of LAYOUTS, as layout_target decides per tensor); returns the names of the tensors
     rearranged. `out_path` may be `src`. Raises ConversionError for a file the engine refuses or
     a rearranged tensor whose data does not match its table CRC; nothing is left at `out_path`
     on failure (an existing file there is left untouched)."""
@@ -59,7 +67,7 @@ def relayout(src: str | os.PathLike[str], out_path: str | os.PathLike[str], layo
         head = bytearray(image[:data_offset])  # header, routing and table: patched, written last
         changes = []
         for info in sorted(model.tensors, key=lambda t: t.offset):
-            dtype = ff.QUANT_BY_NAME.get(info.dtype)
+            dtype = _LAID_OUT.get(info.dtype)
             to = layout_target(info.name, info.shape, dtype, layout) if dtype else None
             if to is not None and to != dtype:
                 changes.append((info, dtype, to))

@@ -42,10 +42,11 @@ KERNEL_PATHS: tuple[str, ...] = ("portable", "avx2", "avx512f", "avx512", "amx")
 # Which matrices `colibri convert --quantize` stores as blocks (colibri.convert.QUANTIZE_SETS, and
 # "llama.cpp": llama-quantize's own recipe, colibri.convert.llama_quantize_type)
 QUANTIZE_TENSORS: tuple[str, ...] = ("experts", "ffn", "all", "llama.cpp")
-# How quantised matrices are stored (colibri.convert.layout_target): "rows" (q8_0/q4_0, row after
-# row) or "panels" (q8_0x8/q4_0x8, the same blocks in panels of 8 rows, the order the AVX2
-# kernels read; docs/format.md)
-LAYOUTS: tuple[str, ...] = ("rows", "panels")
+# How matrices are stored (colibri.convert.layout_target): "rows" (row after row), "panels"
+# (q8_0/q4_0 as q8_0x8/q4_0x8, the same blocks in panels of 8 rows, the order the AVX2 kernels
+# read; bf16 in rows) or "bf16-panels" (those, and bf16 as bf16x16, panels of 16 rows whose
+# pairs of columns the vector kernels read a row a lane; docs/format.md)
+LAYOUTS: tuple[str, ...] = ("rows", "panels", "bf16-panels")
 DEFAULT_LAYOUT = "panels"
 
 # How the next token is chosen from a position's logits (colibri.generation)

@@ -91,27 +91,31 @@ def test_export_png_and_csv(values, qtbot, tiny_model, tmp_path):
     assert rows[0] == ["statistic", "value"] and rows[1][0] == "count"
 
 
-def test_a_panel_tensor_shows_its_dtype_and_the_values_of_its_rows(values, qtbot, tmp_path):
-    """A q8_0x8 stack (docs/format.md, "Quantised panels") is listed under its own dtype and
-    shows the values of the rows its panels hold: those of the row file it was laid out from."""
+@pytest.mark.parametrize("dtype,layout,panel", [("q8", "panels", "q8_0x8"),
+                                                ("bf16", "bf16-panels", "bf16x16")])
+def test_a_panel_tensor_shows_its_dtype_and_the_values_of_its_rows(values, qtbot, tmp_path, dtype,
+                                                                   layout, panel):
+    """A q8_0x8 or bf16x16 stack (docs/format.md, "Quantised panels", "bf16 panels") is listed
+    under its own dtype and shows the values of the rows its panels hold: those of the row file
+    it was laid out from."""
     from quant_models import make_model
 
     from colibri.inspection.hexsource import regions_for
     from colibri.inspection.tensors import rows_for
     from colibri.relayout import relayout
 
-    rows = make_model(tmp_path, quant="q8")
-    relayout(rows, tmp_path / "panels.colibri", "panels")
+    rows = make_model(tmp_path, quant="q8") if dtype == "q8" else make_model(tmp_path, dtype="bf16")
+    relayout(rows, tmp_path / "panels.colibri", layout)
     model = Model.open(tmp_path / "panels.colibri")
     shown = {r.label: r.dtype for r in rows_for(model) if r.label == "layers.0.moe_w1"}
-    assert shown == {"layers.0.moe_w1": "q8_0x8"}          # the tensor table's row
+    assert shown == {"layers.0.moe_w1": panel}          # the tensor table's row
     hex_label = next(r.label for r in regions_for(model) if r.kind == "tensor"
                      and r.start == model.tensor_info("layers.0.moe_w1").offset)
-    assert hex_label == "layers.0.moe_w1 q8_0x8 [8x96x128]"  # the hexdump's region
+    assert hex_label == f"layers.0.moe_w1 {panel} [8x96x128]"  # the hexdump's region
     values.set_model(model)
     with qtbot.waitSignal(values.sig_tensor_shown, timeout=TIMEOUT_MS):
         values.show_tensor("layers.0.moe_w1", expert=3)
-    assert "q8_0x8" in values.title.text()
+    assert panel in values.title.text()
     ref = Model.open(rows).tensor_f32("layers.0.moe_w1")[3].astype(np.float64)
     assert values.stat_value("count") == ref.size
     assert values.stat_value("min") == ref.min() and values.stat_value("max") == ref.max()

@@ -1,6 +1,6 @@
 """`colibri convert`: a Hugging Face checkpoint (colibri.convert), a GGUF file
-(colibri.convert_gguf) or a .colibri file (colibri.relayout: its quantised tensors re-laid out),
-chosen by the content, to a .colibri file."""
+(colibri.convert_gguf) or a .colibri file (colibri.relayout: its quantised and bf16 tensors re-laid
+out), chosen by the content, to a .colibri file."""
 
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("convert", help="convert a Hugging Face MoE checkpoint or a GGUF file "
                                        "to .colibri, or re-lay out a .colibri file")
     p.add_argument("hf_dir", metavar="HF_DIR|MODEL.gguf|MODEL.colibri",
-                   help="a .colibri file is rewritten with its quantised tensors in --layout "
-                        "(same values; OUT may be the same path)")
+                   help="a .colibri file is rewritten with its quantised and bf16 tensors in "
+                        "--layout (same values; OUT may be the same path)")
     p.add_argument("out", metavar="OUT.colibri")
     p.add_argument("--dtype", choices=("f32", "f16", "bf16"), default=None,
                    help="storage dtype of the matrices (default f32; norms and routers stay "
@@ -84,9 +84,11 @@ def add_commands(sub: Any) -> None:
                         "recipe (every matrix, embeddings included; LM head q8_0; attn_k/v q8_0 "
                         "with 8 experts). The router is never quantised")
     p.add_argument("--layout", choices=LAYOUTS, default=DEFAULT_LAYOUT,
-                   help="how q8_0/q4_0 matrices are stored (default %(default)s): panels: in "
+                   help="how matrices are stored (default %(default)s): panels: q8_0/q4_0 in "
                         "panels of 8 rows (dtypes q8_0x8/q4_0x8), the order the AVX2 kernels "
-                        "read, faster for prompts and batches (the LM head and embeddings stay "
-                        "rows); rows: row after row, as files before panels. The same bytes "
-                        "and values either way")
+                        "read, faster for prompts and batches (embeddings stay rows); "
+                        "bf16-panels: those, and bf16 in panels of 16 rows (bf16x16), faster "
+                        "prompts on CPUs without AMX (exact results differ in the last bits: "
+                        "each output is one chain over its row); rows: row after row, as files "
+                        "before panels. The same bytes and values every way")
     p.set_defaults(func=cmd_convert)

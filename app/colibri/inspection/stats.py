@@ -60,14 +60,16 @@ EXPERT_MATRICES = ("moe_w1", "moe_w2", "moe_w3")
 
 
 def rows_multiple(dtype: str) -> int:
-    """The rows a chunk of a tensor of `dtype` must come in: a panel dtype's (q8_0x8, q4_0x8)
-    rows are decoded from whole panels of 8, whose bytes are those 8 rows' bytes in the view."""
+    """The rows a chunk of a tensor of `dtype` must come in: a panel dtype's rows are decoded from
+    whole panels (q8_0x8, q4_0x8: of 8; bf16x16: of 16), whose bytes are those rows' in the view."""
+    if dtype == ff.BF16_NAMES[ff.DTYPE_BF16X16]:
+        return ff.BF16_PANEL_ROWS
     return ff.PANEL_ROWS if ff.QUANT_BY_NAME.get(dtype) in ff.ROWS_OF else 1
 
 
 def to_float32(chunk: np.ndarray, dtype: str) -> np.ndarray:
     """A chunk of a `.colibri` tensor's stored values as float32: f32 as is, f16 widened, bf16
-    bits shifted, and block-quantised rows (q8_0/q4_0: uint8 [rows, row bytes]; q8_0x8/q4_0x8:
+    bits shifted (bf16x16: whole panels, put back in rows), and block-quantised rows (q8_0/q4_0: uint8 [rows, row bytes]; q8_0x8/q4_0x8:
     whole panels, [8 k rows, row bytes]) dequantised per row."""
     if dtype in BLOCK_DTYPES:
         code = ff.QUANT_BY_NAME[dtype]
@@ -75,7 +77,9 @@ def to_float32(chunk: np.ndarray, dtype: str) -> np.ndarray:
         n_cols = rows.shape[-1] // ff.BLOCK_BYTES[code] * ff.BLOCK_ELEMS
         values = ff.dequantize(rows, code, (rows.shape[0], n_cols))
         return values.reshape(*chunk.shape[:-1], n_cols) if chunk.ndim > 1 else values.reshape(-1)
-    if dtype == "bf16":
+    if dtype == ff.BF16_NAMES[ff.DTYPE_BF16X16]:  # whole panels: their rows, then as bf16
+        chunk = ff.bf16_from_panels(chunk, chunk.shape[-1]).reshape(chunk.shape)
+    if dtype in ff.BF16_NAMES.values():
         return (chunk.astype(np.uint32) << 16).view(np.float32)
     if chunk.dtype == np.float32:
         return chunk

@@ -32,7 +32,7 @@ from colibri.files import atomic_write_csv
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.engine import Model
 
-DTYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2}
+DTYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "bf16x16": 2}
 CHECK_STATES = ("ok", "bad", "unchecked")
 KINDS = ("embedding", "attention", "norm", "router", "experts", "shared", "mlp", "output")
 CSV_COLUMNS = ("name", "layer", "expert", "kind", "dtype", "shape", "offset", "nbytes", "crc32",
