@@ -211,7 +211,8 @@ void col_matmul_walk(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs
 
 /* col_matmul_kernels with the bf16 weights multiplied by bf16 dot products (numerics.c's
  * COL_REDUCTION_BF16_DOT): the activations rounded to bf16 for the product, pairs added per lane as
- * vdpbf16ps adds them (col_dot_bf16_portable defines the bits), on the AVX512-BF16 instruction
+ * vdpbf16ps adds them (col_dot_bf16_portable defines the bits; over bf16x16 panels one chain a row,
+ * col_dot_bf16_panel_portable), on the AVX512-BF16 instruction
  * where the CPU has it and in AVX2 or plain C with the same bits elsewhere, never on AMX tiles;
  * other weights as col_matmul_kernels(..., 0). Bit-identical for any thread count and batch. */
 void col_matmul_bf16_dot(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs);

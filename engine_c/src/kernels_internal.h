@@ -88,7 +88,8 @@ float col_dot_bf16_portable(const uint16_t *w, const float *x, uint64_t n);
  * (odd product, then even, subnormals flushed), with no lane tree: one vdpbf16ps lane per row. */
 float col_dot_bf16_panel_portable(const uint16_t *panel, uint64_t lane, const float *x, uint64_t n);
 
-/* Rows [r0, r1) of job j (bf16 weights), every token, by col_dot_bf16_portable. */
+/* Rows [r0, r1) of job j (bf16 weights), every token, by col_dot_bf16_portable (bf16x16: by
+ * col_dot_bf16_panel_portable). */
 void col_rows_bf16dot_portable(const col_matvec_job *j, uint64_t r0, uint64_t r1);
 
 /* ---- kernels_portable.c: the portable path ---------------------------------------------------- */

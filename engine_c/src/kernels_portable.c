@@ -48,16 +48,23 @@ static float dot_panel_portable(const uint16_t *panel, uint64_t lane, const floa
     return acc;
 }
 
+/* Rows [r0, r1) of job j over bf16x16 panels, every token, each output by `dot`. */
+static void rows_of_panels(const col_matvec_job *j, uint64_t r0, uint64_t r1,
+                           float (*dot)(const uint16_t *panel, uint64_t lane, const float *x, uint64_t n))
+{
+    const col_weight *w = &j->w;
+    for (uint64_t r = r0; r < r1; r++) {
+        const uint16_t *panel = (const uint16_t *)w->data + r / COL_BF16_PANEL_ROWS * COL_BF16_PANEL_ROWS * w->cols;
+        for (uint32_t t = 0; t < j->n_tokens; t++)
+            j->y[(uint64_t)t * w->rows + r] = dot(panel, r % COL_BF16_PANEL_ROWS, j->x + (uint64_t)t * w->cols, w->cols);
+    }
+}
+
 void col_rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1)
 {
     const col_weight *w = &j->w;
     if (is_bf16_panel(w->dtype)) {
-        for (uint64_t r = r0; r < r1; r++) {
-            const uint16_t *panel = (const uint16_t *)w->data + r / COL_BF16_PANEL_ROWS * COL_BF16_PANEL_ROWS * w->cols;
-            for (uint32_t t = 0; t < j->n_tokens; t++)
-                j->y[(uint64_t)t * w->rows + r] =
-                    dot_panel_portable(panel, r % COL_BF16_PANEL_ROWS, j->x + (uint64_t)t * w->cols, w->cols);
-        }
+        rows_of_panels(j, r0, r1, dot_panel_portable);
         return;
     }
     uint64_t rb = col_dtype_row_bytes(w->dtype, w->cols), qb = col_qrow_bytes(w->cols);
@@ -120,12 +127,7 @@ void col_rows_bf16dot_portable(const col_matvec_job *j, uint64_t r0, uint64_t r1
 {
     const col_weight *w = &j->w;
     if (is_bf16_panel(w->dtype)) {
-        for (uint64_t r = r0; r < r1; r++) {
-            const uint16_t *panel = (const uint16_t *)w->data + r / COL_BF16_PANEL_ROWS * COL_BF16_PANEL_ROWS * w->cols;
-            for (uint32_t t = 0; t < j->n_tokens; t++)
-                j->y[(uint64_t)t * w->rows + r] =
-                    col_dot_bf16_panel_portable(panel, r % COL_BF16_PANEL_ROWS, j->x + (uint64_t)t * w->cols, w->cols);
-        }
+        rows_of_panels(j, r0, r1, col_dot_bf16_panel_portable);
         return;
     }
     for (uint64_t r = r0; r < r1; r++) {
