@@ -14,10 +14,11 @@ case by case:
   * numerics: every jitter-lab variant's AVX-512 loops (seq, pairwise, blocked L, with fma and
     split partial sums) on f32, f16, bf16, q8_0 and q4_0 rows and q8_0/q4_0 8-row panels against
     the reference loops;
-  * bf16dot: vdpbf16ps (AVX512-BF16) against col_rows_bf16dot_portable, whole and partial blocks;
+  * bf16dot: vdpbf16ps (AVX512-BF16) against col_rows_bf16dot_portable, whole and partial blocks,
+    bf16 rows and bf16x16 panels;
   * float: the default path's f32, f16 and bf16 tiles, whose bits differ from the portable path's
-    by design: a batch against its tokens one at a time (bits), and against col_rows_portable
-    within 2^-16 of the largest output.
+    by design (bf16x16's do not: both are one fused chain a row), a batch against its tokens one
+    at a time (bits), and against col_rows_portable within 2^-16 of the largest output.
 Any output whose bits differ (or, for float, lies too far), a fault or a run that does not reach
 its end fails the case. It checks bits, not speed; AMX is not covered (Bochs's Sapphire Rapids
 reports no AMX).
@@ -88,7 +89,7 @@ int __isoc23_sscanf(const char *s, const char *format, ...)
     return n;
 }
 """
-DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q8_0x8", "q4_0x8")
+DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q8_0x8", "q4_0x8", "bf16x16")
 KINDS = {"int8": 0, "numerics": 1, "bf16dot": 2, "float": 3}
 REDUCTIONS = {"seq": 1, "pairwise": 2, "blocked": 3}
 # the variants tests/test_numerics.c checks natively: (reduction, lanes, fma, split)
@@ -348,6 +349,13 @@ def cases(quick: bool) -> list[Case]:
     for cols in ((7, 32, 45, 100, 1056) if not quick else (45, 1056)):
         for rows, nt in ((7, 1), (37, 1), (37, 5), (37, 9)):
             out.append(Case("bf16dot", "bf16", rows, cols, nt))
+    # bf16x16 panels: one panel, tiles of 3 and the 2 left over (80 rows), 4 decode streams and 1
+    for rows, cols, nt in ((16, 2, 3), (48, 100, 1), (80, 30, 17), (80, 1056, 9)):
+        out.append(Case("bf16dot", "bf16x16", rows, cols, nt))
+        out.append(Case("float", "bf16x16", rows, cols, nt))
+    for rows, cols, nt in ((48, 1056, 5), (16, 96, 1)):
+        for variant in few:
+            out.append(Case("numerics", "bf16x16", rows, cols, nt, variant))
     for dtype in ("f32", "f16", "bf16"):
         for rows, cols, nt in ((37, 100, 1), (37, 100, 9), (80, 4384, 13)) if not quick else ((37, 100, 9),):
             out.append(Case("float", dtype, rows, cols, nt))
@@ -365,6 +373,7 @@ def cannonlake_cases(quick: bool) -> list[Case]:
     for dtype in ("f32", "f16", "bf16"):
         for rows, cols, nt in ((37, 100, 1), (37, 100, 9), (80, 4384, 13)) if not quick else ((37, 100, 9),):
             out.append(Case("float", dtype, rows, cols, nt))
+    out += [Case("float", "bf16x16", 80, 1056, 9), Case("float", "bf16x16", 48, 100, 1)]
     for dtype in ("bf16", "q8_0", "q4_0x8"):
         for variant in ("seq", "blocked8+fma", "pairwise+split3"):
             out.append(Case("numerics", dtype, 40 if dtype == "q4_0x8" else 37, 1056, 5, variant))

@@ -11,7 +11,7 @@
  * - numerics: a jitter-lab variant's loops (col_numerics_rows_avx512) against its reference loops
  *   (col_numerics_matmul without a pool), every stored dtype of rows and of 8-row panels;
  * - bf16dot: bf16 dot products with vdpbf16ps (col_rows_bf16dot_avx512) against
- *   col_rows_bf16dot_portable;
+ *   col_rows_bf16dot_portable, on bf16 rows and bf16x16 panels;
  * - float: f32, f16 and bf16 products of the default path (col_rows_avx512), whose bits differ from
  *   the portable path's by design (another order of the sums): a batch must give the bits of its
  *   tokens run one at a time, and every output must lie within 2^-16 of the largest output's size
@@ -115,7 +115,7 @@ static void fill_weights(uint32_t dtype, uint64_t rows, uint64_t cols)
             if (dtype == COL_DTYPE_F32) {
                 const float v = spread();
                 memcpy(at + 4 * i, &v, 4);
-            } else if (dtype == COL_DTYPE_F16 || dtype == COL_DTYPE_BF16) {
+            } else if (dtype == COL_DTYPE_F16 || dtype == COL_DTYPE_BF16 || dtype == COL_DTYPE_BF16X16) {
                 uint16_t v = dtype == COL_DTYPE_F16 ? (uint16_t)(0x0C00u + rnd() % 0x3C00u) : (uint16_t)(0x3980u + rnd() % 0x0800u);
                 v |= (uint16_t)(rnd() & 0x8000u);
                 memcpy(at + 2 * i, &v, 2);
