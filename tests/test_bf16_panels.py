@@ -44,7 +44,8 @@ def test_layout_target_puts_bf16_matrices_of_whole_panels_in_bf16x16() -> None:
     assert layout_target("layers.0.attn_k", (32, 127), bf16, "bf16-panels") == bf16  # odd columns
     assert layout_target("token_embd", (256, 128), bf16, "bf16-panels") == bf16
     assert layout_target("layers.0.attn_q", (128, 128), ff.DTYPE_F32, "bf16-panels") == ff.DTYPE_F32
-    assert layout_target("layers.0.moe_w1", (8, 96, 128), ff.DTYPE_Q8_0, "bf16-panels") == ff.DTYPE_Q8_0X8
+    q8, q8x8 = ff.DTYPE_Q8_0, ff.DTYPE_Q8_0X8
+    assert layout_target("layers.0.moe_w1", (8, 96, 128), q8, "bf16-panels") == q8x8
     assert layout_target("layers.0.moe_w1", (8, 96, 128), p16, "panels") == bf16
     assert layout_target("layers.0.moe_w1", (8, 96, 128), p16, "rows") == bf16
 

@@ -450,7 +450,8 @@ def layout_target(name: str, shape: tuple[int, ...], dtype: int, layout: str) ->
 
 
 def _in_panels(spec: TensorSpec, panel_dtype: int) -> TensorSpec:
-    """The same tensor, its stored q8_0/q4_0 or bf16 rows rearranged into panels (the same bytes)."""
+    """The same tensor, its stored q8_0/q4_0 or bf16 rows rearranged into panels (the same
+    bytes)."""
     inner = spec.load
 
     def load() -> np.ndarray:

@@ -38,9 +38,10 @@ NO_TENSOR = 0xFFFFFFFF
 
 DTYPE_F32, DTYPE_F16, DTYPE_BF16 = 0, 1, 2
 DTYPE_Q8_0, DTYPE_Q4_0 = 5, 6  # 3 and 4 (the old interleaved blocks) are retired
+DTYPE_BF16X16 = 9  # bf16 in panels of 16 rows (below)
 DTYPE_NAMES = {DTYPE_F32: "f32", DTYPE_F16: "f16", DTYPE_BF16: "bf16"}
 DTYPE_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
-DTYPE_SIZES = {DTYPE_F32: 4, DTYPE_F16: 2, DTYPE_BF16: 2, 9: 2}  # 9: DTYPE_BF16X16 (below)
+DTYPE_SIZES = {DTYPE_F32: 4, DTYPE_F16: 2, DTYPE_BF16: 2, DTYPE_BF16X16: 2}
 # Block-quantised dtypes: rows are cut into blocks of 32 elements; a row stores the f16 scales of
 # all its blocks first, then all its quantised elements (docs/format.md, "Quantised rows"). A row of
 # n elements still takes n / 32 * BLOCK_BYTES[dtype] bytes, and rows stay back to back.
@@ -53,9 +54,9 @@ ROWS_OF = {panel: rows for rows, panel in PANEL_OF.items()}
 QUANT_NAMES = {DTYPE_Q8_0: "q8_0", DTYPE_Q4_0: "q4_0", DTYPE_Q8_0X8: "q8_0x8", DTYPE_Q4_0X8: "q4_0x8"}
 QUANT_BY_NAME = {"q8": DTYPE_Q8_0, "q8_0": DTYPE_Q8_0, "q4": DTYPE_Q4_0, "q4_0": DTYPE_Q4_0,
                  "q8_0x8": DTYPE_Q8_0X8, "q4_0x8": DTYPE_Q4_0X8}
-# bf16 stored in panels of 16 rows, each pair of columns of a panel's rows in one 64-byte line
-# (docs/format.md, "bf16 panels"): the same bytes as the rows, in the order the vector kernels read.
-DTYPE_BF16X16 = 9
+# bf16 stored in panels of 16 rows (DTYPE_BF16X16), each pair of columns of a panel's rows in one
+# 64-byte line (docs/format.md, "bf16 panels"): the rows' bytes in the order the vector kernels
+# read.
 BF16_PANEL_ROWS = 16
 BF16_NAMES = {DTYPE_BF16: "bf16", DTYPE_BF16X16: "bf16x16"}
 BLOCK_ELEMS = 32
@@ -179,8 +180,8 @@ def bf16_to_panels(rows: np.ndarray, n: int) -> np.ndarray:
     elements 32 q + 2 r and 32 q + 2 r + 1."""
     flat = np.ascontiguousarray(rows).view(np.uint16).reshape(-1)
     if n % 2 or flat.size % (BF16_PANEL_ROWS * n):
-        raise ValueError(f"{flat.size} values are not whole panels of {BF16_PANEL_ROWS} rows of {n} "
-                         "(an even count)")
+        raise ValueError(f"{flat.size} values are not whole panels of {BF16_PANEL_ROWS} rows "
+                         f"of {n} (an even count)")
     return flat.reshape(-1, BF16_PANEL_ROWS, n // 2, 2).transpose(0, 2, 1, 3).reshape(-1)
 
 
@@ -188,8 +189,8 @@ def bf16_from_panels(panels: np.ndarray, n: int) -> np.ndarray:
     """Inverse of bf16_to_panels: bf16x16 data -> the rows it holds, uint16 [rows, n]."""
     flat = np.ascontiguousarray(panels).view(np.uint16).reshape(-1)
     if n % 2 or flat.size % (BF16_PANEL_ROWS * n):
-        raise ValueError(f"{flat.size} values are not whole panels of {BF16_PANEL_ROWS} rows of {n} "
-                         "(an even count)")
+        raise ValueError(f"{flat.size} values are not whole panels of {BF16_PANEL_ROWS} rows "
+                         f"of {n} (an even count)")
     return flat.reshape(-1, n // 2, BF16_PANEL_ROWS, 2).transpose(0, 2, 1, 3).reshape(-1, n)
 
 

@@ -69,8 +69,9 @@ def rows_multiple(dtype: str) -> int:
 
 def to_float32(chunk: np.ndarray, dtype: str) -> np.ndarray:
     """A chunk of a `.colibri` tensor's stored values as float32: f32 as is, f16 widened, bf16
-    bits shifted (bf16x16: whole panels, put back in rows), and block-quantised rows (q8_0/q4_0: uint8 [rows, row bytes]; q8_0x8/q4_0x8:
-    whole panels, [8 k rows, row bytes]) dequantised per row."""
+    bits shifted (bf16x16: whole panels, put back in rows), and block-quantised rows (q8_0/q4_0:
+    uint8 [rows, row bytes]; q8_0x8/q4_0x8: whole panels, [8 k rows, row bytes]) dequantised per
+    row."""
     if dtype in BLOCK_DTYPES:
         code = ff.QUANT_BY_NAME[dtype]
         rows = chunk.reshape(-1, chunk.shape[-1]) if chunk.ndim else chunk.reshape(1, -1)
