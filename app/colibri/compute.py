@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from colibri.engine import BLOCK_DTYPE_NAMES, Model, measure_compute
+from colibri.fileformat import BF16_NAMES
 from colibri.fileformat import FLAG_TIED_EMBEDDINGS, LAYER_CHUNKED, LAYER_SLIDING
 
 _EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
@@ -90,7 +91,7 @@ def colibri_arithmetic(kernels: str, dot_bf16: bool) -> Callable[[str], str | No
     def arithmetic(kind: str) -> str | None:
         if kind in BLOCK_DTYPE_NAMES:
             return "int8 dot"
-        if kind in ("bf16", "bf16x16"):
+        if kind in BF16_NAMES.values():
             if dot_bf16:
                 return "bf16 dot"
             return None if kernels == "amx" and kind == "bf16" else "f32 FMA"
@@ -104,7 +105,7 @@ def llamacpp_arithmetic(kind: str) -> str | None:
     by int8 dot products against q8 activations, the rest in f32."""
     if kind in BLOCK_DTYPE_NAMES:
         return "int8 dot"
-    return "bf16 dot" if kind in ("bf16", "bf16x16") else "f32 FMA"
+    return "bf16 dot" if kind in BF16_NAMES.values() else "f32 FMA"
 
 
 def arithmetic_macs(macs: Mapping[str, float],

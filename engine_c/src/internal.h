@@ -33,6 +33,12 @@ static inline int is_bf16_panel(uint32_t dtype)
     return dtype == COL_DTYPE_BF16X16;
 }
 
+/* Whether `dtype` holds bf16 values, in rows or in panels (what bf16 dot products multiply). */
+static inline int holds_bf16(uint32_t dtype)
+{
+    return dtype == COL_DTYPE_BF16 || is_bf16_panel(dtype);
+}
+
 /* Rows of a panel of `dtype` (8 for q8_0x8/q4_0x8, 16 for bf16x16), 0 for a row dtype. */
 static inline uint32_t col_panel_rows(uint32_t dtype)
 {

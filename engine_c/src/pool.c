@@ -127,7 +127,7 @@ static col_isa row_isa(const col_pool *pool, uint32_t dtype)
 /* Whether job j of the current batch runs as bf16 dot products. */
 static int dot_job(const col_pool *pool, const col_matvec_job *j)
 {
-    return pool->bf16_dot && (j->w.dtype == COL_DTYPE_BF16 || is_bf16_panel(j->w.dtype));
+    return pool->bf16_dot && holds_bf16(j->w.dtype);
 }
 
 /* Rows [r0, r1) of job j on thread t; `act` is the job's prepared activations (quantised for int8
@@ -557,7 +557,7 @@ static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, 
     if (!pool) { /* single-threaded portable path; float weights only (no scratch for int8 rows) */
         for (uint32_t k = 0; k < n_jobs; k++) {
             assert(!is_block_dtype(jobs[k].w.dtype));
-            if (bf16_dot && (jobs[k].w.dtype == COL_DTYPE_BF16 || is_bf16_panel(jobs[k].w.dtype)))
+            if (bf16_dot && holds_bf16(jobs[k].w.dtype))
                 col_rows_bf16dot_portable(&jobs[k], 0, jobs[k].w.rows);
             else if (!is_block_dtype(jobs[k].w.dtype))
                 col_rows_portable(&jobs[k], NULL, 0, jobs[k].w.rows);
@@ -614,14 +614,14 @@ static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, 
 uint64_t col_pool_qrow_bytes(const col_pool *pool, uint32_t dtype, uint64_t cols)
 {
     if (!pool) return 0;
-    if (dtype == COL_DTYPE_BF16 || is_bf16_panel(dtype)) /* bf16 dot products' packed rows; the portable loop reads x itself */
+    if (holds_bf16(dtype)) /* bf16 dot products' packed rows; the portable loop reads x itself */
         return pool->isa >= COL_ISA_AVX2 && col_numerics_packs_bf16(pool->numerics) ? 2 * cols : 0;
     return !pool->numerics && is_block_dtype(dtype) ? col_qrow_bytes(cols) : 0;
 }
 
 void col_pool_quantize_row(const col_pool *pool, const float *x, uint64_t cols, uint32_t dtype, uint8_t *out)
 {
-    if (dtype == COL_DTYPE_BF16 || is_bf16_panel(dtype))
+    if (holds_bf16(dtype))
         col_pack_bf16(x, cols, pool->isa, (uint16_t *)(void *)out);
     else
         col_quantize_row(x, cols, dtype, pool->isa, out);
