@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from colibri.engine import BLOCK_DTYPE_NAMES, Model, measure_compute
-from colibri.fileformat import BF16_NAMES
-from colibri.fileformat import FLAG_TIED_EMBEDDINGS, LAYER_CHUNKED, LAYER_SLIDING
+from colibri.fileformat import BF16_NAMES, FLAG_TIED_EMBEDDINGS, LAYER_CHUNKED, LAYER_SLIDING
 
 _EXPERT_MATS = ("moe_w1", "moe_w2", "moe_w3")
 HEADS = "heads"  # the attention heads' products (f32, whatever the weights' dtype)
