@@ -1110,32 +1110,52 @@ COL_INLINE COL_T512 __m512 key_scores(const col_head_job *h, uint32_t h0, const 
     return _mm512_mul_ps(sum16x16(acc), _mm512_set1_ps(h->scale));
 }
 
+/* A decode step's values pass walks its keys in chunks of this many bytes of rows (an even number
+ * of rows): each strip of dimensions walks a chunk before the next strip does, so the chunk is read
+ * from memory once, and while a chunk's strips run, the next chunk's rows are fetched into L2 a
+ * few lines a step; the first chunk is fetched while the scores pass reads its last keys. The
+ * strips' chains wait in memory between chunks, so the sums are the same. */
+#define COL_VALUES_CHUNK_BYTES (64u << 10)
+#define COL_VALUES_MAX_STRIPS 8
+
+COL_INLINE uint32_t values_chunk_rows(const col_head_job *h)
+{
+    const uint64_t rows = COL_VALUES_CHUNK_BYTES / (h->stride * sizeof(float)) & ~(uint64_t)1;
+    return rows < 2 ? 2 : rows > h->n_keys ? h->n_keys : (uint32_t)rows;
+}
+
 /* Scores of heads h0 .. h0 + HC - 1 (HC = 1, 2 or 4) against every key, 16 / HC keys per tree;
  * head j's scores go to scores + j * n_keys. */
-COL_INLINE COL_T512 void group_scores(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores)
+COL_INLINE COL_T512 void group_scores(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores,
+                                      const int decode)
 {
-    const uint32_t KC = 16 / HC;
-    for (uint32_t t0 = 0; t0 < h->n_keys; t0 += KC) {
-        const uint32_t here = h->n_keys - t0 < KC ? h->n_keys - t0 : KC;
+    const uint32_t KC = 16 / HC, n = h->n_keys;
+    const uint32_t warm = decode ? values_chunk_rows(h) : 0;
+    for (uint32_t t0 = 0; t0 < n; t0 += KC) {
+        const uint32_t here = n - t0 < KC ? n - t0 : KC;
         const float *key = h->k + (uint64_t)t0 * h->stride;
-        if (h->prefetch && t0 + h->prefetch < h->n_keys) /* the lines of the keys that far ahead */
-            for (uint32_t k = 0; k < KC && t0 + h->prefetch + k < h->n_keys; k++)
+        if (decode && t0 + h->prefetch < n) /* the lines of the keys that far ahead */
+            for (uint32_t k = 0; k < KC && t0 + h->prefetch + k < n; k++)
                 for (uint32_t i = 0; i < h->d; i += 16)
                     _mm_prefetch((const char *)(key + (uint64_t)(h->prefetch + k) * h->stride + i), _MM_HINT_T0);
+        for (uint32_t k = 0; decode && k < here; k++) /* the values' first chunk beside the last `warm` keys */
+            if (t0 + k + warm >= n)
+                for (uint32_t i = 0; i < h->d; i += 16)
+                    _mm_prefetch((const char *)(h->v + (uint64_t)(t0 + k + warm - n) * h->stride + i), _MM_HINT_T1);
         const __m512 sc = here == KC ? key_scores(h, h0, HC, key, KC, 1) : key_scores(h, h0, HC, key, here, 0);
-        float *dst = scores + (uint64_t)h0 * h->n_keys + t0;
+        float *dst = scores + (uint64_t)h0 * n + t0;
         if (HC == 1) {
             _mm512_mask_storeu_ps(dst, lanes_below(here), sc);
         } else if (HC == 2) {
             const __mmask8 m8 = (__mmask8)lanes_below(here);
             _mm256_mask_storeu_ps(dst, m8, _mm512_castps512_ps256(sc));
-            _mm256_mask_storeu_ps(dst + h->n_keys, m8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sc), 1)));
+            _mm256_mask_storeu_ps(dst + n, m8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sc), 1)));
         } else {
             const __mmask8 m4 = (__mmask8)lanes_below(here);
             _mm_mask_storeu_ps(dst, m4, _mm512_castps512_ps128(sc));
-            _mm_mask_storeu_ps(dst + h->n_keys, m4, _mm512_extractf32x4_ps(sc, 1));
-            _mm_mask_storeu_ps(dst + 2 * (uint64_t)h->n_keys, m4, _mm512_extractf32x4_ps(sc, 2));
-            _mm_mask_storeu_ps(dst + 3 * (uint64_t)h->n_keys, m4, _mm512_extractf32x4_ps(sc, 3));
+            _mm_mask_storeu_ps(dst + n, m4, _mm512_extractf32x4_ps(sc, 1));
+            _mm_mask_storeu_ps(dst + 2 * (uint64_t)n, m4, _mm512_extractf32x4_ps(sc, 2));
+            _mm_mask_storeu_ps(dst + 3 * (uint64_t)n, m4, _mm512_extractf32x4_ps(sc, 3));
         }
     }
 }
@@ -1164,28 +1184,36 @@ static COL_T512 void softmax_avx512(float *scores, uint32_t n, const float *sink
 }
 
 /* Outputs of heads h0 .. h0 + HC - 1 from their probabilities p + j * n_keys, 8 / HC blocks of 16
- * dimensions per pass. */
-COL_INLINE COL_T512 void group_values(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p,
-                                      float *out)
+ * dimensions per strip: keys [t0, t1) of each strip, its chains started from zero when `first`
+ * and from carry[strip] otherwise, and written out when `last` (t1 = n_keys) or left in carry.
+ * Rows [pf0, pf1) of the values are fetched into L2 meanwhile, spread over the range's steps. */
+COL_INLINE COL_T512 void group_values_range(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p,
+                                            uint32_t t0, uint32_t t1, int first, int last, uint32_t pf0, uint32_t pf1,
+                                            __m512 (*carry)[32], float *out)
 {
-    const uint32_t BP = 8 / HC, n = h->n_keys;
-    for (uint32_t i0 = 0; i0 < h->d; i0 += 16 * BP) {
+    const uint32_t BP = 8 / HC, n = h->n_keys, strips = (h->d + 16 * BP - 1) / (16 * BP);
+    const uint32_t row_lines = (h->d + 15) / 16, steps = strips * ((t1 - t0 + 1) / 2);
+    const uint64_t pf_lines = (uint64_t)(pf1 - pf0) * row_lines;
+    const uint32_t per_step = steps ? (uint32_t)((pf_lines + steps - 1) / steps) : 0;
+    uint32_t pf_row = pf0, pf_line = 0;
+    for (uint32_t i0 = 0, strip = 0; i0 < h->d; i0 += 16 * BP, strip++) {
         __mmask16 m[8];
         __m512 even[16], odd[16]; /* [j * BP + b] */
 #pragma GCC unroll 8
         for (uint32_t b = 0; b < BP; b++) m[b] = i0 + 16 * b < h->d ? lanes_below(h->d - i0 - 16 * b) : 0;
 #pragma GCC unroll 16
-        for (uint32_t a = 0; a < 16; a++) even[a] = odd[a] = _mm512_setzero_ps();
+        for (uint32_t a = 0; a < 16; a++) {
+            even[a] = first ? _mm512_setzero_ps() : carry[strip][a];
+            odd[a] = first ? _mm512_setzero_ps() : carry[strip][16 + a];
+        }
         const float *v = h->v + i0;
-        uint32_t t = 0;
-        for (; t + 2 <= n; t += 2) {
+        uint32_t t = t0;
+        for (; t + 2 <= t1; t += 2) {
             const float *v0 = v + (uint64_t)t * h->stride, *v1 = v0 + h->stride;
-            if (h->prefetch && t + h->prefetch + 1 < n)
-#pragma GCC unroll 8
-                for (uint32_t b = 0; b < BP; b++) {
-                    _mm_prefetch((const char *)(v0 + (uint64_t)h->prefetch * h->stride + 16 * b), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(v1 + (uint64_t)h->prefetch * h->stride + 16 * b), _MM_HINT_T0);
-                }
+            for (uint32_t q = 0; q < per_step && pf_row < pf1; q++) {
+                _mm_prefetch((const char *)(h->v + (uint64_t)pf_row * h->stride + 16 * pf_line), _MM_HINT_T1);
+                if (++pf_line == row_lines) pf_line = 0, pf_row++;
+            }
             __m512 x0[8], x1[8];
 #pragma GCC unroll 8
             for (uint32_t b = 0; b < BP; b++) {
@@ -1202,7 +1230,7 @@ COL_INLINE COL_T512 void group_values(const col_head_job *h, uint32_t h0, const 
                 }
             }
         }
-        if (t < n) {
+        if (t < t1) { /* only the last range can end on an odd key */
             const float *v0 = v + (uint64_t)t * h->stride;
 #pragma GCC unroll 4
             for (uint32_t j = 0; j < HC; j++) {
@@ -1211,6 +1239,14 @@ COL_INLINE COL_T512 void group_values(const col_head_job *h, uint32_t h0, const 
                 for (uint32_t b = 0; b < BP; b++)
                     even[j * BP + b] = _mm512_fmadd_ps(p0, _mm512_maskz_loadu_ps(m[b], v0 + 16 * b), even[j * BP + b]);
             }
+        }
+        if (!last) {
+#pragma GCC unroll 16
+            for (uint32_t a = 0; a < 16; a++) {
+                carry[strip][a] = even[a];
+                carry[strip][16 + a] = odd[a];
+            }
+            continue;
         }
 #pragma GCC unroll 4
         for (uint32_t j = 0; j < HC; j++)
@@ -1222,29 +1258,61 @@ COL_INLINE COL_T512 void group_values(const col_head_job *h, uint32_t h0, const 
     }
 }
 
-COL_INLINE COL_T512 void attend_heads(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores, float *out)
+/* Outputs of heads h0 .. h0 + HC - 1 from their probabilities p + j * n_keys: in one range, or,
+ * for a decode step's values (from memory), in chunks (COL_VALUES_CHUNK_BYTES). */
+COL_INLINE COL_T512 void group_values(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p,
+                                      float *out, const int decode)
 {
-    group_scores(h, h0, HC, scores);
-    for (uint32_t j = 0; j < HC; j++)
-        softmax_avx512(scores + (uint64_t)(h0 + j) * h->n_keys, h->n_keys, h->sinks ? h->sinks + h0 + j : NULL);
-    group_values(h, h0, HC, scores + (uint64_t)h0 * h->n_keys, out);
+    const uint32_t n = h->n_keys, strips = (h->d + 16 * (8 / HC) - 1) / (16 * (8 / HC));
+    if (!decode) {
+        group_values_range(h, h0, HC, p, 0, n, 1, 1, 0, 0, NULL, out);
+        return;
+    }
+    const uint32_t rows = values_chunk_rows(h);
+    if (rows == n || strips > COL_VALUES_MAX_STRIPS) { /* one range; the rows past the first chunk fetched during it */
+        group_values_range(h, h0, HC, p, 0, n, 1, 1, rows, n, NULL, out);
+        return;
+    }
+    __m512 carry[COL_VALUES_MAX_STRIPS][32];
+    for (uint32_t t0 = 0; t0 < n; t0 += rows) {
+        const uint32_t t1 = n - t0 > rows ? t0 + rows : n, next = n - t1 > rows ? t1 + rows : n;
+        group_values_range(h, h0, HC, p, t0, t1, t0 == 0, t1 == n, t1, next, carry, out);
+    }
 }
 
-COL_T512 void col_attend_group_avx512(const col_head_job *h, float *scores, float *out)
+/* `decode` (a constant): h->prefetch is set, so the job's cache comes from memory. */
+COL_INLINE COL_T512 void attend_heads(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores, float *out,
+                                      const int decode)
+{
+    group_scores(h, h0, HC, scores, decode);
+    for (uint32_t j = 0; j < HC; j++)
+        softmax_avx512(scores + (uint64_t)(h0 + j) * h->n_keys, h->n_keys, h->sinks ? h->sinks + h0 + j : NULL);
+    group_values(h, h0, HC, scores + (uint64_t)h0 * h->n_keys, out, decode);
+}
+
+COL_INLINE COL_T512 void attend_group(const col_head_job *h, float *scores, float *out, const int decode)
 {
     for (uint32_t h0 = 0; h0 < h->n_q;) {
         const uint32_t left = h->n_q - h0;
         if (left >= 4) {
-            attend_heads(h, h0, 4, scores, out);
+            attend_heads(h, h0, 4, scores, out, decode);
             h0 += 4;
         } else if (left >= 2) {
-            attend_heads(h, h0, 2, scores, out);
+            attend_heads(h, h0, 2, scores, out, decode);
             h0 += 2;
         } else {
-            attend_heads(h, h0, 1, scores, out);
+            attend_heads(h, h0, 1, scores, out, decode);
             h0 += 1;
         }
     }
+}
+
+COL_T512 void col_attend_group_avx512(const col_head_job *h, float *scores, float *out)
+{
+    if (h->prefetch)
+        attend_group(h, scores, out, 1);
+    else
+        attend_group(h, scores, out, 0);
 }
 
 /* exp(x), 8 at a time, for the AVX2 SwiGLU gate and softmax: exp16's reduction and polynomial,

@@ -949,23 +949,25 @@ static void test_swiglu_gate(const char *isa)
 }
 
 /* The query heads of a KV group on one path, against a double-precision softmax(q.K * scale) . V
- * per head: head dimensions with and without a partial block of 16 (17, 64, 80, 128, 200), key
- * counts around the groups of keys the AVX-512 scores use (1..35, 100), keys spaced by a stride
- * as in the cache, 1..5 or 8 heads per group, without and with a sink logit per head (GPT-OSS:
- * in the softmax, its probability dropped). Every head's output is also the same, bit for bit,
- * as that head run alone without prefetching (a head's result must not depend on its group or
- * on the prefetch distance). */
+ * per head: head dimensions with and without a partial block of 16 (17, 64, 80, 128, 200, and
+ * 288: more strips of dimensions than AVX-512 carries from chunk to chunk of a step's values), key
+ * counts around the groups of keys the AVX-512 scores use (1..35) and 101 (a step's values in
+ * chunks of 28 rows on AVX-512, the last odd), keys spaced by a stride as in the cache, 1..5 or 8
+ * heads per group, without and with a sink logit per head (GPT-OSS: in the softmax, its
+ * probability dropped). Every head's output is also the same, bit for bit, as that head run alone
+ * without prefetching (a head's result must not depend on its group or on the prefetch distance,
+ * which makes it a step's). */
 static void test_attend_heads(const char *isa)
 {
     run r = pool_for(isa, 1, 1, 32);
     CHECK(r.pool != NULL);
     if (!r.pool) return;
-    enum { MAX_KEYS = 100, MAX_D = 200, MAX_Q = 8, STRIDE = 2 * MAX_D + 3 };
+    enum { MAX_KEYS = 101, MAX_D = 288, MAX_Q = 8, STRIDE = 2 * MAX_D + 3 };
     float *k = malloc(MAX_KEYS * STRIDE * sizeof *k), *v = malloc(MAX_KEYS * STRIDE * sizeof *v), q[MAX_Q * MAX_D],
           *scores = malloc(MAX_Q * MAX_KEYS * sizeof *scores), out[MAX_Q * MAX_D], alone[MAX_D], sinks[MAX_Q];
     for (int i = 0; i < MAX_KEYS * STRIDE; i++) k[i] = 2.0f * frand(), v[i] = frand();
     for (int h = 0; h < MAX_Q; h++) sinks[h] = 4.0f * frand();
-    const uint32_t dims[] = {17, 64, 80, 128, 200}, groups[] = {1, 2, 3, 4, 5, 8};
+    const uint32_t dims[] = {17, 64, 80, 128, 200, 288}, groups[] = {1, 2, 3, 4, 5, 8};
     int bad = 0, grouped_differs = 0;
     for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
         uint32_t d = dims[di];
