@@ -113,7 +113,7 @@ typedef struct col_head_job {
     uint32_t d;
     float scale;
     uint32_t n_q;      /* query heads sharing k and v (>= 1) */
-    uint32_t prefetch; /* positions ahead to prefetch k and v from (0: none); no effect on results */
+    uint32_t prefetch; /* a decode step: positions ahead to prefetch k (and v) from (0: none); no effect on results */
     const float *sinks; /* [n_q] each head's sink logit; NULL: none */
 } col_head_job;
 void col_attend_head(const col_pool *pool, const col_head_job *head, float *scores, float *out);

@@ -1060,7 +1060,7 @@ COL_INLINE COL_T512 __m512 exp16(__m512 x)
  * - values: each (head, block of 16 dimensions) output has two chains, even and odd keys, added at
  *   the end; 16 chains run at once (4 heads x 2 blocks, 2 x 4 or 1 x 8).
  * A job whose cache comes from memory (decode: the step's weights have flushed it) asks for the
- * lines of the keys and values `prefetch` positions ahead. The tree's loops are unrolled and a full
+ * lines of the keys `prefetch` positions ahead and for its values a chunk ahead (group_values). The tree's loops are unrolled and a full
  * set of keys loads without per-key masks (key_scores), so the 16 accumulators stay in registers.
  * The result is a fixed function of a head's inputs, so a step and a prefill block agree bit for
  * bit. */
@@ -1186,10 +1186,11 @@ static COL_T512 void softmax_avx512(float *scores, uint32_t n, const float *sink
 /* Outputs of heads h0 .. h0 + HC - 1 from their probabilities p + j * n_keys, 8 / HC blocks of 16
  * dimensions per strip: keys [t0, t1) of each strip, its chains started from zero when `first`
  * and from carry[strip] otherwise, and written out when `last` (t1 = n_keys) or left in carry.
- * Rows [pf0, pf1) of the values are fetched into L2 meanwhile, spread over the range's steps. */
+ * Rows [pf0, pf1) of the values are fetched into L2 meanwhile, spread over the range's steps;
+ * with `ahead`, each strip also asks for its own lines that many rows ahead. */
 COL_INLINE COL_T512 void group_values_range(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p,
-                                            uint32_t t0, uint32_t t1, int first, int last, uint32_t pf0, uint32_t pf1,
-                                            __m512 (*carry)[32], float *out)
+                                            uint32_t t0, uint32_t t1, int first, int last, uint32_t ahead,
+                                            uint32_t pf0, uint32_t pf1, __m512 (*carry)[32], float *out)
 {
     const uint32_t BP = 8 / HC, n = h->n_keys, strips = (h->d + 16 * BP - 1) / (16 * BP);
     const uint32_t row_lines = (h->d + 15) / 16, steps = strips * ((t1 - t0 + 1) / 2);
@@ -1210,6 +1211,12 @@ COL_INLINE COL_T512 void group_values_range(const col_head_job *h, uint32_t h0, 
         uint32_t t = t0;
         for (; t + 2 <= t1; t += 2) {
             const float *v0 = v + (uint64_t)t * h->stride, *v1 = v0 + h->stride;
+            if (ahead && t + ahead + 1 < n)
+#pragma GCC unroll 8
+                for (uint32_t b = 0; b < BP; b++) {
+                    _mm_prefetch((const char *)(v0 + (uint64_t)ahead * h->stride + 16 * b), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(v1 + (uint64_t)ahead * h->stride + 16 * b), _MM_HINT_T0);
+                }
             for (uint32_t q = 0; q < per_step && pf_row < pf1; q++) {
                 _mm_prefetch((const char *)(h->v + (uint64_t)pf_row * h->stride + 16 * pf_line), _MM_HINT_T1);
                 if (++pf_line == row_lines) pf_line = 0, pf_row++;
@@ -1265,18 +1272,18 @@ COL_INLINE COL_T512 void group_values(const col_head_job *h, uint32_t h0, const 
 {
     const uint32_t n = h->n_keys, strips = (h->d + 16 * (8 / HC) - 1) / (16 * (8 / HC));
     if (!decode) {
-        group_values_range(h, h0, HC, p, 0, n, 1, 1, 0, 0, NULL, out);
+        group_values_range(h, h0, HC, p, 0, n, 1, 1, 0, 0, 0, NULL, out);
+        return;
+    }
+    if (strips > COL_VALUES_MAX_STRIPS) { /* too many chains to carry (latent attention's rows): one range */
+        group_values_range(h, h0, HC, p, 0, n, 1, 1, h->prefetch, 0, 0, NULL, out);
         return;
     }
     const uint32_t rows = values_chunk_rows(h);
-    if (rows == n || strips > COL_VALUES_MAX_STRIPS) { /* one range; the rows past the first chunk fetched during it */
-        group_values_range(h, h0, HC, p, 0, n, 1, 1, rows, n, NULL, out);
-        return;
-    }
     __m512 carry[COL_VALUES_MAX_STRIPS][32];
     for (uint32_t t0 = 0; t0 < n; t0 += rows) {
         const uint32_t t1 = n - t0 > rows ? t0 + rows : n, next = n - t1 > rows ? t1 + rows : n;
-        group_values_range(h, h0, HC, p, t0, t1, t0 == 0, t1 == n, t1, next, carry, out);
+        group_values_range(h, h0, HC, p, t0, t1, t0 == 0, t1 == n, 0, t1, next, carry, out);
     }
 }
 
