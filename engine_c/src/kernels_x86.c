@@ -1088,7 +1088,7 @@ COL_INLINE COL_T512 __m512 sum16x16(__m512 *a)
  * first `here` exist (all of them when `full`, a constant, is set: the loads then need no per-key
  * mask), scaled, in lane j * KC + k. */
 COL_INLINE COL_T512 __m512 key_scores(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *key,
-                                      uint32_t here, const int full)
+                                      uint64_t step, uint32_t here, const int full)
 {
     const uint32_t KC = 16 / HC;
     __m512 acc[16];
@@ -1099,7 +1099,7 @@ COL_INLINE COL_T512 __m512 key_scores(const col_head_job *h, uint32_t h0, const 
         __m512 kb[16];
 #pragma GCC unroll 16
         for (uint32_t k = 0; k < KC; k++) /* a missing key loads nothing (mask 0) */
-            kb[k] = _mm512_maskz_loadu_ps(full || k < here ? m : 0, key + (uint64_t)k * h->stride + i);
+            kb[k] = _mm512_maskz_loadu_ps(full || k < here ? m : 0, key + (uint64_t)k * step + i);
 #pragma GCC unroll 4
         for (uint32_t j = 0; j < HC; j++) {
             const __m512 qb = _mm512_maskz_loadu_ps(m, h->q + (uint64_t)(h0 + j) * h->d + i);
@@ -1124,6 +1124,40 @@ COL_INLINE uint32_t values_chunk_rows(const col_head_job *h)
     return rows < 2 ? 2 : rows > h->n_keys ? h->n_keys : (uint32_t)rows;
 }
 
+/* A decode step's scores over few keys (from memory, at most COL_SCORES_PARTS_BYTES of them): the
+ * keys cut into KC parts, step i scoring key i of each part, so one thread reads KC streams of
+ * keys at once where neighbouring keys made one and waited on memory; each score is the same sums
+ * (a tree's lanes only ever meet each other). The values' first chunk is fetched into L2 across
+ * the last steps. More keys stream faster in one run, the hardware prefetchers ahead of it. */
+#ifndef COL_SCORES_PARTS_BYTES
+#define COL_SCORES_PARTS_BYTES (96u << 10)
+#endif
+COL_INLINE COL_T512 void group_scores_parts(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores)
+{
+    const uint32_t KC = 16 / HC, n = h->n_keys, part = (n + KC - 1) / KC;
+    const uint32_t row_lines = (h->d + 15) / 16, warm = values_chunk_rows(h);
+    const uint64_t warm_lines = (uint64_t)(warm < n ? warm : n) * row_lines;
+    const uint32_t late = (warm + KC - 1) / KC < part ? (warm + KC - 1) / KC : part; /* the steps that fetch them */
+    uint64_t fetched = 0;
+    for (uint32_t i = 0; i < part; i++) {
+        const uint32_t here = (n - i + part - 1) / part < KC ? (n - i + part - 1) / part : KC; /* parts with a key i */
+        for (uint32_t k = 0; k < here; k++) {
+            const uint64_t t = (uint64_t)k * part + i;
+            if (t + h->prefetch < (uint64_t)(k + 1) * part && t + h->prefetch < n)
+                for (uint32_t c = 0; c < h->d; c += 16)
+                    _mm_prefetch((const char *)(h->k + (t + h->prefetch) * h->stride + c), _MM_HINT_T0);
+        }
+        for (const uint64_t upto = i + late < part ? 0 : warm_lines * (i + late + 1 - part) / late; fetched < upto; fetched++)
+            _mm_prefetch((const char *)(h->v + fetched / row_lines * h->stride + 16 * (fetched % row_lines)), _MM_HINT_T1);
+        const float *key = h->k + (uint64_t)i * h->stride;
+        const uint64_t step = (uint64_t)part * h->stride;
+        float sc[16];
+        _mm512_storeu_ps(sc, here == KC ? key_scores(h, h0, HC, key, step, KC, 1) : key_scores(h, h0, HC, key, step, here, 0));
+        for (uint32_t j = 0; j < HC; j++)
+            for (uint32_t k = 0; k < here; k++) scores[(uint64_t)(h0 + j) * n + (uint64_t)k * part + i] = sc[j * KC + k];
+    }
+}
+
 /* Scores of heads h0 .. h0 + HC - 1 (HC = 1, 2 or 4) against every key, 16 / HC keys per tree;
  * head j's scores go to scores + j * n_keys. */
 COL_INLINE COL_T512 void group_scores(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores,
@@ -1142,7 +1176,8 @@ COL_INLINE COL_T512 void group_scores(const col_head_job *h, uint32_t h0, const 
             if (t0 + k + warm >= n)
                 for (uint32_t i = 0; i < h->d; i += 16)
                     _mm_prefetch((const char *)(h->v + (uint64_t)(t0 + k + warm - n) * h->stride + i), _MM_HINT_T1);
-        const __m512 sc = here == KC ? key_scores(h, h0, HC, key, KC, 1) : key_scores(h, h0, HC, key, here, 0);
+        const __m512 sc = here == KC ? key_scores(h, h0, HC, key, h->stride, KC, 1)
+                                     : key_scores(h, h0, HC, key, h->stride, here, 0);
         float *dst = scores + (uint64_t)h0 * n + t0;
         if (HC == 1) {
             _mm512_mask_storeu_ps(dst, lanes_below(here), sc);
@@ -1291,7 +1326,10 @@ COL_INLINE COL_T512 void group_values(const col_head_job *h, uint32_t h0, const 
 COL_INLINE COL_T512 void attend_heads(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores, float *out,
                                       const int decode)
 {
-    group_scores(h, h0, HC, scores, decode);
+    if (decode && (uint64_t)h->n_keys * h->d * sizeof(float) <= COL_SCORES_PARTS_BYTES)
+        group_scores_parts(h, h0, HC, scores);
+    else
+        group_scores(h, h0, HC, scores, decode);
     for (uint32_t j = 0; j < HC; j++)
         softmax_avx512(scores + (uint64_t)(h0 + j) * h->n_keys, h->n_keys, h->sinks ? h->sinks + h0 + j : NULL);
     group_values(h, h0, HC, scores + (uint64_t)h0 * h->n_keys, out, decode);
