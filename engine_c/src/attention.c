@@ -177,8 +177,8 @@ static void prepare_position(const col_session *s, uint32_t layer_index, uint32_
         clamp_all(v, kv_dim, hp->clip_qkv);
     }
     if (hp->flags & COL_FLAG_QK_NORM_HEAD) {
-        for (uint32_t h = 0; h < nh; h++) col_rmsnorm_row(isa, q + (uint64_t)h * d, q_norm, hp->norm_eps, d, q + (uint64_t)h * d);
-        for (uint32_t h = 0; h < nkv; h++) col_rmsnorm_row(isa, k + (uint64_t)h * d, k_norm, hp->norm_eps, d, k + (uint64_t)h * d);
+        col_rmsnorm_rows(isa, q, q_norm, hp->norm_eps, d, nh, q);
+        col_rmsnorm_rows(isa, k, k_norm, hp->norm_eps, d, nkv, k);
     }
     const col_routing_info *route = layer->route;
     if (!route->no_rope) rope_apply(isa, hp, q, k, pos, s->inv_freq);

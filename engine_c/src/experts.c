@@ -46,14 +46,13 @@ static void norm_rows(void *ctx, uint32_t thread, uint64_t r0, uint64_t r1)
 {
     const norm_task *task = ctx;
     (void)thread;
-    for (uint64_t r = r0; r < r1; r++) {
-        const float *x = task->x + r * task->n;
-        float *out = task->out + r * task->n;
-        if (task->kind == COL_NORM_KIND_RMS)
-            col_rmsnorm_row(task->isa, x, task->weight, task->eps, task->n, out);
-        else
-            layernorm_loaded(x, task->weight, task->bias, task->eps, task->n, out);
+    if (task->kind == COL_NORM_KIND_RMS) {
+        col_rmsnorm_rows(task->isa, task->x + r0 * task->n, task->weight, task->eps, task->n, (uint32_t)(r1 - r0),
+                         task->out + r0 * task->n);
+        return;
     }
+    for (uint64_t r = r0; r < r1; r++)
+        layernorm_loaded(task->x + r * task->n, task->weight, task->bias, task->eps, task->n, task->out + r * task->n);
 }
 
 /* A block's rows normalised on the pool, the weight loaded once, so the other thread does not

@@ -134,6 +134,18 @@ void col_rmsnorm_row(col_isa isa, const float *x, const float *w, float eps, uin
     col_rmsnorm_row_portable(x, w, eps, n, out);
 }
 
+void col_rmsnorm_rows(col_isa isa, const float *x, const float *w, float eps, uint64_t n, uint32_t rows, float *out)
+{
+#if defined(__x86_64__)
+    if (isa >= COL_ISA_AVX2) {
+        col_rmsnorm_rows_avx2(x, w, eps, n, rows, out);
+        return;
+    }
+#endif
+    (void)isa;
+    for (uint32_t r = 0; r < rows; r++) col_rmsnorm_row_portable(x + (uint64_t)r * n, w, eps, n, out + (uint64_t)r * n);
+}
+
 void col_add_scaled(col_isa isa, float *acc, float w, const float *x, uint64_t n)
 {
 #if defined(__x86_64__)

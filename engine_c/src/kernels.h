@@ -138,6 +138,12 @@ void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n);
  * on any thread; isa only chooses the code (col_pool_isa), never the bits. */
 void col_rmsnorm_row(col_isa isa, const float *x, const float *w, float eps, uint64_t n, float *out);
 
+/* RMSNorm of `rows` rows of one weight: row r of x [rows][n] into row r of out [rows][n] (out may
+ * be x; otherwise they do not overlap), each with col_rmsnorm_row's bits. On AVX2 and AVX-512
+ * pools up to 8 rows share a vector, each lane its row's chain of squares. Pure: safe on any
+ * thread. */
+void col_rmsnorm_rows(col_isa isa, const float *x, const float *w, float eps, uint64_t n, uint32_t rows, float *out);
+
 /* acc[i] += w * x[i] for i < n, the product rounded to f32 before the add (no fused multiply-add):
  * the same bits on every path. acc and x [n] do not overlap. Pure: safe on any thread. */
 void col_add_scaled(col_isa isa, float *acc, float w, const float *x, uint64_t n);

@@ -23,6 +23,7 @@
  * the SwiGLU gate. AVX2 runs the heads one at a time with the portable softmax.
  */
 #include "kernels_internal.h"
+#include "transpose_x86.h"
 
 #include <math.h>
 #include <string.h>
@@ -1702,18 +1703,71 @@ COL_T2 void col_swiglu_gate_avx2(float *h1, const float *h3, uint64_t n)
     }
 }
 
-/* col_rmsnorm_row: the sum's one chain as the definition (col_rmsnorm_inv), the scaling in 8 lanes. */
-COL_T2 void col_rmsnorm_row_avx2(const float *x, const float *w, float eps, uint64_t n, float *out)
+/* RMSNorm's scaling: out[i] = w[i] * (x[i] * inv) in 8 lanes, only the tail masked (a masked
+ * store costs a dozen cycles on Zen 3). */
+COL_INLINE COL_T2 void rmsnorm_scale(const float *x, const float *w, float inv_f, uint64_t n, float *out)
 {
-    const __m256 inv = _mm256_set1_ps(col_rmsnorm_inv(x, eps, n));
+    const __m256 inv = _mm256_set1_ps(inv_f);
     uint64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), inv)));
-    if (i < n) { /* only the tail masked: a masked store costs a dozen cycles on Zen 3 */
+    if (i < n) {
         const __m256i m = lanes_below8(n - i);
         const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(x + i, m), inv);
         _mm256_maskstore_ps(out + i, m, _mm256_mul_ps(_mm256_maskload_ps(w + i, m), v));
     }
+}
+
+/* col_rmsnorm_row: the sum's one chain as the definition (col_rmsnorm_inv), the scaling in 8 lanes. */
+COL_T2 void col_rmsnorm_row_avx2(const float *x, const float *w, float eps, uint64_t n, float *out)
+{
+    rmsnorm_scale(x, w, col_rmsnorm_inv(x, eps, n), n, out);
+}
+
+/* col_rmsnorm_inv of the rows x + j * n, j < m (1..8), in lane j (lanes from m up repeat row
+ * m - 1): per block of 8 elements the 8 rows' squares are transposed, so lane j adds its row's
+ * squares one after the other, the chain of col_rmsnorm_inv; the last block's rows masked. */
+COL_INLINE COL_T2 __m256 rmsnorm_inv_lanes(const float *x, uint64_t n, uint32_t m, float eps)
+{
+    const float *row[8];
+    for (uint32_t j = 0; j < 8; j++) row[j] = x + (uint64_t)(j < m ? j : m - 1) * n;
+    __m256 ss = _mm256_setzero_ps(), sq[8];
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            const __m256 v = _mm256_loadu_ps(row[j] + i);
+            sq[j] = _mm256_mul_ps(v, v);
+        }
+        col_transpose8(sq, sq);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) ss = _mm256_add_ps(ss, sq[c]);
+    }
+    if (i < n) {
+        const __m256i mask = lanes_below8(n - i);
+        for (int j = 0; j < 8; j++) {
+            const __m256 v = _mm256_maskload_ps(row[j] + i, mask);
+            sq[j] = _mm256_mul_ps(v, v);
+        }
+        col_transpose8(sq, sq);
+        for (uint64_t c = 0; c < n - i; c++) ss = _mm256_add_ps(ss, sq[c]);
+    }
+    const __m256 mean = _mm256_add_ps(_mm256_div_ps(ss, _mm256_set1_ps((float)n)), _mm256_set1_ps(eps));
+    return _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_sqrt_ps(mean));
+}
+
+/* col_rmsnorm_rows: up to 8 rows at a time in the lanes of one sum (rmsnorm_inv_lanes); a last
+ * single row by col_rmsnorm_row_avx2. */
+COL_T2 void col_rmsnorm_rows_avx2(const float *x, const float *w, float eps, uint64_t n, uint32_t rows, float *out)
+{
+    uint32_t r = 0;
+    for (; r + 1 < rows; r += 8) {
+        const uint32_t m = rows - r < 8 ? rows - r : 8;
+        float inv[8];
+        _mm256_storeu_ps(inv, rmsnorm_inv_lanes(x + (uint64_t)r * n, n, m, eps));
+        for (uint32_t j = 0; j < m; j++) rmsnorm_scale(x + (uint64_t)(r + j) * n, w, inv[j], n, out + (uint64_t)(r + j) * n);
+    }
+    if (r < rows) col_rmsnorm_row_avx2(x + (uint64_t)r * n, w, eps, n, out + (uint64_t)r * n);
 }
 
 COL_T2 void col_add_scaled_avx2(float *acc, float w, const float *x, uint64_t n)

@@ -856,6 +856,57 @@ static void test_rmsnorm_row(col_isa isa)
     free(x), free(w), free(out), free(in_place);
 }
 
+/* Same bits, or both NaN (a NaN's payload may follow either operand of an add). */
+static int same_float(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b));
+}
+
+/* RMSNorm of several rows at once on one path: each row the bits of the definition (as
+ * test_rmsnorm_row), for 1..19 rows (whole and partial groups of 8 lanes), lengths with every tail
+ * of 8 and Qwen3's head of 128, in place and out of place; values of mixed magnitude, and rows
+ * whose squares overflow, are subnormal, zero or NaN. */
+static void test_rmsnorm_rows(col_isa isa)
+{
+    enum { ROWS = 19, MAXN = 1031 };
+    static const uint64_t lengths[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 64, 127, 128, 129, 1024, 1031};
+    float *x = malloc(ROWS * MAXN * sizeof *x), *w = malloc(MAXN * sizeof *w), *out = malloc(ROWS * MAXN * sizeof *out),
+          *in_place = malloc(ROWS * MAXN * sizeof *in_place);
+    for (int i = 0; i < MAXN; i++) w[i] = 1.0f + 0.5f * frand();
+    int wrong = 0;
+    for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+        const uint64_t n = lengths[li];
+        for (uint64_t r = 0; r < ROWS; r++)
+            for (uint64_t i = 0; i < n; i++) {
+                float v = frand() * (i % 7 == 0 ? 300.0f : 1.0f);
+                if (r == 3) v *= 1e20f;                       /* squares overflow to inf */
+                if (r == 5) v *= 1e-30f;                      /* squares underflow */
+                if (r == 6) v = 0.0f;                         /* a sum of zero: eps alone */
+                if (r == 9 && i == n / 2) v = NAN;
+                if (r == 10 && i == n - 1) v = 1e19f;         /* the last square alone overflows */
+                x[r * n + i] = v;
+            }
+        for (uint32_t rows = 1; rows <= ROWS; rows++) {
+            col_rmsnorm_rows(isa, x, w, 1e-6f, n, rows, out);
+            memcpy(in_place, x, rows * n * sizeof *x);
+            col_rmsnorm_rows(isa, in_place, w, 1e-6f, n, rows, in_place);
+            for (uint64_t r = 0; r < rows; r++) {
+                const float *xr = x + r * n;
+                float ss = 0.0f;
+                for (uint64_t i = 0; i < n; i++) ss += xr[i] * xr[i];
+                const float inv = 1.0f / sqrtf(ss / (float)n + 1e-6f);
+                for (uint64_t i = 0; i < n; i++) {
+                    const float want = w[i] * (xr[i] * inv);
+                    wrong += !same_float(out[r * n + i], want) || !same_float(in_place[r * n + i], want);
+                }
+            }
+        }
+    }
+    CHECK(wrong == 0);
+    if (wrong) fprintf(stderr, "rmsnorm of several rows %s: %d elements off the definition\n", col_isa_name(isa), wrong);
+    free(x), free(w), free(out), free(in_place);
+}
+
 /* acc += w * x on one path: the portable loop's bits (a product, then a sum) for every tail. */
 static void test_add_scaled(col_isa isa)
 {
@@ -1138,6 +1189,7 @@ int main(void)
     test_round_f16("portable");
     test_swiglu_gate("portable");
     test_rmsnorm_row(COL_ISA_PORTABLE);
+    test_rmsnorm_rows(COL_ISA_PORTABLE);
     test_add_scaled(COL_ISA_PORTABLE);
     test_rotate_half(COL_ISA_PORTABLE);
     test_attend_heads("portable");
@@ -1169,6 +1221,7 @@ int main(void)
         test_int8_stored_panels_avx512();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_swiglu_gate("avx2");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rmsnorm_row(COL_ISA_AVX2);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rmsnorm_rows(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_add_scaled(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rotate_half(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx512f")) test_swiglu_gate("avx512");
