@@ -1125,6 +1125,26 @@ COL_INLINE uint32_t values_chunk_rows(const col_head_job *h)
     return rows < 2 ? 2 : rows > h->n_keys ? h->n_keys : (uint32_t)rows;
 }
 
+/* A decode step's scores in parts (the keys cut into KC parts of `part`, step i scoring key i of
+ * each of the first `here` parts): step i asks for each part's key `prefetch` keys ahead of it
+ * (within the part), and stores its scores, head j's of part k in lane j * KC + k of sc. */
+COL_INLINE void part_keys_ahead(const col_head_job *h, uint32_t part, uint32_t i, uint32_t here)
+{
+    for (uint32_t k = 0; k < here; k++) {
+        const uint64_t t = (uint64_t)k * part + i;
+        if (t + h->prefetch < (uint64_t)(k + 1) * part && t + h->prefetch < h->n_keys)
+            for (uint32_t c = 0; c < h->d; c += 16)
+                _mm_prefetch((const char *)(h->k + (t + h->prefetch) * h->stride + c), _MM_HINT_T0);
+    }
+}
+
+COL_INLINE void part_scores_store(const float *sc, uint32_t h0, uint32_t HC, uint32_t KC, uint32_t n, uint32_t part,
+                                  uint32_t i, uint32_t here, float *scores)
+{
+    for (uint32_t j = 0; j < HC; j++)
+        for (uint32_t k = 0; k < here; k++) scores[(uint64_t)(h0 + j) * n + (uint64_t)k * part + i] = sc[j * KC + k];
+}
+
 /* A decode step's scores over few keys (from memory, at most COL_SCORES_PARTS_BYTES of them): the
  * keys cut into KC parts, step i scoring key i of each part, so one thread reads KC streams of
  * keys at once where neighbouring keys made one and waited on memory; each score is the same sums
@@ -1142,20 +1162,14 @@ COL_INLINE COL_T512 void group_scores_parts(const col_head_job *h, uint32_t h0, 
     uint64_t fetched = 0;
     for (uint32_t i = 0; i < part; i++) {
         const uint32_t here = (n - i + part - 1) / part < KC ? (n - i + part - 1) / part : KC; /* parts with a key i */
-        for (uint32_t k = 0; k < here; k++) {
-            const uint64_t t = (uint64_t)k * part + i;
-            if (t + h->prefetch < (uint64_t)(k + 1) * part && t + h->prefetch < n)
-                for (uint32_t c = 0; c < h->d; c += 16)
-                    _mm_prefetch((const char *)(h->k + (t + h->prefetch) * h->stride + c), _MM_HINT_T0);
-        }
+        part_keys_ahead(h, part, i, here);
         for (const uint64_t upto = i + late < part ? 0 : warm_lines * (i + late + 1 - part) / late; fetched < upto; fetched++)
             _mm_prefetch((const char *)(h->v + fetched / row_lines * h->stride + 16 * (fetched % row_lines)), _MM_HINT_T1);
         const float *key = h->k + (uint64_t)i * h->stride;
         const uint64_t step = (uint64_t)part * h->stride;
         float sc[16];
         _mm512_storeu_ps(sc, here == KC ? key_scores(h, h0, HC, key, step, KC, 1) : key_scores(h, h0, HC, key, step, here, 0));
-        for (uint32_t j = 0; j < HC; j++)
-            for (uint32_t k = 0; k < here; k++) scores[(uint64_t)(h0 + j) * n + (uint64_t)k * part + i] = sc[j * KC + k];
+        part_scores_store(sc, h0, HC, KC, n, part, i, here, scores);
     }
 }
 
@@ -1446,20 +1460,15 @@ COL_INLINE COL_T2 void group_scores8_parts(const col_head_job *h, uint32_t h0, c
     const uint32_t KC = 8 / HC, n = h->n_keys, part = (n + KC - 1) / KC;
     for (uint32_t i = 0; i < part; i++) {
         const uint32_t here = (n - i + part - 1) / part < KC ? (n - i + part - 1) / part : KC; /* parts with a key i */
-#pragma GCC unroll 8
-        for (uint32_t k = 0; k < here; k++) {
-            const uint64_t t = (uint64_t)k * part + i;
-            if (t + h->prefetch < (uint64_t)(k + 1) * part && t + h->prefetch < n)
-                for (uint32_t c = 0; c < h->d; c += 16)
-                    _mm_prefetch((const char *)(h->k + (t + h->prefetch) * h->stride + c), _MM_HINT_T0);
-            for (uint32_t c = 0; c < h->d; c += 16) _mm_prefetch((const char *)(h->v + t * h->stride + c), _MM_HINT_T0);
-        }
+        part_keys_ahead(h, part, i, here);
+        for (uint32_t k = 0; k < here; k++) /* the values of these keys, for the values pass's strips */
+            for (uint32_t c = 0; c < h->d; c += 16)
+                _mm_prefetch((const char *)(h->v + ((uint64_t)k * part + i) * h->stride + c), _MM_HINT_T0);
         const float *key = h->k + (uint64_t)i * h->stride;
         const uint64_t step = (uint64_t)part * h->stride;
         float sc[8];
         _mm256_storeu_ps(sc, here == KC ? key_scores8(h, h0, HC, key, step, KC, 1) : key_scores8(h, h0, HC, key, step, here, 0));
-        for (uint32_t j = 0; j < HC; j++)
-            for (uint32_t k = 0; k < here; k++) scores[(uint64_t)(h0 + j) * n + (uint64_t)k * part + i] = sc[j * KC + k];
+        part_scores_store(sc, h0, HC, KC, n, part, i, here, scores);
     }
 }
 
