@@ -66,6 +66,24 @@ def test_bit_identical_for_threads_1_to_4(converted: dict, name: str, dtype: str
 
 
 @pytest.mark.parametrize("name", FAMILY_VARIANTS)
+def test_a_kv_cache_of_halves_is_its_own_deterministic_computation(converted: dict, name: str) -> None:
+    """`kv-f16` caches keys and values (or MLA's latent rows) as halves: every family's attention
+    (sliding, chunked, sinks, latent) reads them, 1 and 3 threads and a prefill and its steps
+    agree bit for bit, and the logits move by the rounding, not more."""
+    path = converted[(name, "bf16")]
+    exact = np.frombuffer(_run(path, 1)[0], dtype=np.float32)
+    halves = _run(path, 1, numerics="kv-f16")
+    assert _run(path, 3, numerics="kv-f16") == halves
+    logits = np.frombuffer(halves[0], dtype=np.float32)
+    assert logits.tobytes() != exact.tobytes()
+    assert np.abs(logits - exact).max() < 0.02 * np.abs(exact).max()
+    with Model.open(path) as model:
+        block = Session(model, threads=2, max_context=32, numerics="kv-f16").prefill(TOKENS)
+        stepper = Session(model, threads=2, max_context=32, numerics="kv-f16")
+        assert block.tobytes() == np.stack([stepper.step(t) for t in TOKENS]).tobytes()
+
+
+@pytest.mark.parametrize("name", FAMILY_VARIANTS)
 def test_prefill_equals_stepping(converted: dict, name: str) -> None:
     with Model.open(converted[(name, "bf16")]) as model:
         a = Session(model, threads=2, max_context=32)

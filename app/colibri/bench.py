@@ -116,16 +116,16 @@ def gguf_weight_bytes_per_token(f: GGUFFile) -> int:
     return total
 
 
-def kv_bytes_per_token(model: Model, first: int, n: int) -> int:
+def kv_bytes_per_token(model: Model, first: int, n: int, element_bytes: int = 4) -> int:
     """Bytes of KV cache the steps at positions first..first+n-1 read, on average: every layer's
-    keys and values (f32) of the positions it attends to (all before it and itself, the sliding
+    keys and values (`element_bytes` each: 4 for f32, 2 for the `kv-f16` numerics) of the positions it attends to (all before it and itself, the sliding
     window of a sliding layer, or the chunk so far of a chunked one); with latent attention
     (MLA) one row of kv_lora_rank + qk_rope_head_dim per position serves as keys and values. Not
     counted in the limit, which is about weights, but at long contexts it is what the attention
     heads wait on."""
     hp = model.hparams
     row = ((hp.kv_lora_rank + hp.qk_rope_head_dim) if hp.attention == 1
-           else 2 * hp.n_kv_heads * hp.head_dim) * 4
+           else 2 * hp.n_kv_heads * hp.head_dim) * element_bytes
     return row * compute.attended_keys(model, first, n) // n
 
 
@@ -393,7 +393,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         prompt_tokens=prompt, decode_tokens=n,
         repeats=repeats, prefill_tok_s=prompt / pre, decode_tok_s=dec_tok_s,
         decode_ms_per_token=1000.0 * dec / n, weight_bytes_per_token=wb,
-        kv_bytes_per_token=kv_bytes_per_token(model, prompt, n),
+        kv_bytes_per_token=kv_bytes_per_token(model, prompt, n, 2 if session.numerics.kv == "f16" else 4),
         effective_gb_s=wb * dec_tok_s / 1e9, probe_gb_s=bw / 1e9, limit_tok_s=limit,
         fraction_of_limit=statistics.median(fractions), trace_on_decode_tok_s=traced_tok_s,
         prefill_tok_s_range=(prompt / max(prefill_s), prompt / min(prefill_s)),

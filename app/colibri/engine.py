@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 16
+ABI_VERSION = 17
 # The first ABI whose q8_0/q4_0 products are in block order (one fused multiply-add per block and
 # output, the same bits on every kernel path): runs recorded by an older engine on weights of those
 # dtypes cannot be reproduced bit for bit.

@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 16  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 17  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
@@ -53,7 +53,8 @@ extern "C" {
                                 14: the panel dtypes COL_DTYPE_Q8_0X8 and COL_DTYPE_Q4_0X8; 15:
                                 COL_KERNELS_AVX512F, between AVX2 and AVX-512 (the later values
                                 moved up one: a ceiling orders the paths); 16: the panel dtype
-                                COL_DTYPE_BF16X16 */
+                                COL_DTYPE_BF16X16; 17: col_session_config.kv_precision (the KV cache
+                                in f16) */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -420,6 +421,15 @@ typedef enum col_activation_precision {
     COL_ACTIVATION_F16 = 2
 } col_activation_precision;
 
+/* Precision of the KV cache's keys and values (col_session_config.kv_precision, since ABI 17):
+ * F16 rounds each key and value to IEEE half (round to nearest even, as F16C converts; beyond
+ * +-65504 to infinity) when it is cached and stores it in 2 bytes, so the heads read half the
+ * bytes (llama.cpp's default cache type); the heads compute on the rounded values in f32. */
+typedef enum col_kv_precision {
+    COL_KV_F32 = 0,
+    COL_KV_F16 = 1
+} col_kv_precision;
+
 /* Kernel paths (col_session_config.kernels): the most capable one a session may use. The paths
  * compute the same products and differ in the last bits (lane order; the AMX path's tile
  * accumulation), each bit-identical for any thread count and between prefill and stepping. */
@@ -474,6 +484,7 @@ typedef struct col_session_config {
      * n_experts. */
     double cache_threshold;
     uint32_t expert_cache;
+    uint32_t kv_precision;         /* col_kv_precision (since ABI 17); a numerics choice, 0 = f32 */
 } col_session_config;
 
 /* Pointers into session memory; valid until the session is freed. Arrays are row-major and

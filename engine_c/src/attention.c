@@ -132,9 +132,19 @@ static void clamp_all(float *v, uint64_t n, float c)
 
 /* The cached rows of KV head g in a layer. Head-major (session.h), so a head's keys and values
  * are each one contiguous stream (position-major, a head's rows 1 KiB apart crowded a few L1 sets). */
-static float *kv_rows(const col_session *s, float *cache, uint32_t layer_index, uint32_t g)
+static uint8_t *kv_rows(const col_session *s, void *cache, uint32_t layer_index, uint32_t g)
 {
-    return cache + ((uint64_t)layer_index * s->kv_heads + g) * s->capacity * s->att_dim;
+    return (uint8_t *)cache + ((uint64_t)layer_index * s->kv_heads + g) * s->capacity * s->att_dim * s->kv_bytes;
+}
+
+/* Position `pos`'s row of n values into rows (kv_rows), in the cache's precision. */
+static void kv_store(const col_session *s, uint8_t *rows, uint32_t pos, const float *x, uint64_t n)
+{
+    uint8_t *at = rows + (uint64_t)pos * n * s->kv_bytes;
+    if (s->kv_bytes == sizeof(uint16_t))
+        col_f16_row(col_pool_isa(s->pool), x, n, (uint16_t *)(void *)at);
+    else
+        memcpy(at, x, n * sizeof(float));
 }
 
 /* Each of n heads of d values (x [n][d]) divided by its RMS, eps inside the root: Llama 4's
@@ -192,8 +202,8 @@ static void prepare_position(const col_session *s, uint32_t layer_index, uint32_
     }
 
     for (uint32_t g = 0; g < nkv; g++) {
-        memcpy(kv_rows(s, s->k_cache, layer_index, g) + (uint64_t)pos * d, k + (uint64_t)g * d, d * sizeof(float));
-        memcpy(kv_rows(s, s->v_cache, layer_index, g) + (uint64_t)pos * d, v + (uint64_t)g * d, d * sizeof(float));
+        kv_store(s, kv_rows(s, s->k_cache, layer_index, g), pos, k + (uint64_t)g * d, d);
+        kv_store(s, kv_rows(s, s->v_cache, layer_index, g), pos, v + (uint64_t)g * d, d);
     }
 }
 
@@ -255,9 +265,17 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
         uint32_t pos = task->base + (uint32_t)t, first = 0;
         if (mask == COL_LAYER_SLIDING && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
         if (mask == COL_LAYER_CHUNKED) first = pos - pos % hp->attention_chunk_size;
-        col_head_job job = {task->q + at, kv_rows(s, s->k_cache, task->layer, g) + first * d,
-                            kv_rows(s, s->v_cache, task->layer, g) + first * d, d, pos + 1 - first, (uint32_t)d, scale,
-                            n_q, n == 1 ? COL_DECODE_KV_PREFETCH : 0, sinks ? sinks + (uint64_t)g * group + h0 : NULL};
+        col_head_job job = {task->q + at,
+                            kv_rows(s, s->k_cache, task->layer, g) + first * d * s->kv_bytes,
+                            kv_rows(s, s->v_cache, task->layer, g) + first * d * s->kv_bytes,
+                            s->kv_bytes == sizeof(uint16_t),
+                            d,
+                            pos + 1 - first,
+                            (uint32_t)d,
+                            scale,
+                            n_q,
+                            n == 1 ? COL_DECODE_KV_PREFETCH : 0,
+                            sinks ? sinks + (uint64_t)g * group + h0 : NULL};
         col_attend_head(s->pool, &job, scores, task->att + at);
     }
 }
@@ -429,7 +447,7 @@ static void mla_attention(col_session *s, uint32_t layer_index, uint32_t n, cons
         float *q = s->mla_q + t * qw, *kv = s->mla_kv + t * lat;
         if (!step) rope_rotate(col_pool_isa(s->pool), q + nope, nh, nope + r, r, hp->rope_layout, cs, sn);
         rope_rotate(col_pool_isa(s->pool), kv + c, 1, lat, r, hp->rope_layout, cs, sn);
-        memcpy(kv_rows(s, s->k_cache, layer_index, 0) + (uint64_t)pos * lat, kv, lat * sizeof(float));
+        kv_store(s, kv_rows(s, s->k_cache, layer_index, 0), pos, kv, lat);
     }
     if (step) {
         mla_decode_task task = {heads_of(s, layer_index, s->position, 1, s->mla_qatt, s->mla_att), layer, cs, sn};

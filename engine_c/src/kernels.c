@@ -106,6 +106,22 @@ static void round_f16_range(col_isa isa, float *v, uint64_t n)
     col_round_f16_portable(v, n);
 }
 
+void col_f16_row(col_isa isa, const float *x, uint64_t n, uint16_t *out)
+{
+#if defined(__x86_64__)
+    if (isa >= COL_ISA_AVX512F) {
+        col_f16_row_avx512(x, n, out);
+        return;
+    }
+    if (isa == COL_ISA_AVX2) {
+        col_f16_row_avx2(x, n, out);
+        return;
+    }
+#endif
+    (void)isa;
+    col_f16_row_portable(x, n, out);
+}
+
 static void swiglu_gate_range(col_isa isa, float *h1, const float *h3, uint64_t n)
 {
 #if defined(__x86_64__)

@@ -106,9 +106,10 @@ void col_pool_run(col_pool *pool, col_pool_task fn, void *ctx, uint64_t n_items)
  * on n_q, the thread count or the position of the call), so a step equals a prefill block. */
 typedef struct col_head_job {
     const float *q;
-    const float *k;
-    const float *v;
-    uint64_t stride;   /* floats between consecutive positions of k and v */
+    const void *k;     /* f32, or IEEE half when kv_f16 (widened exactly: the heads compute in f32) */
+    const void *v;
+    uint32_t kv_f16;   /* 1: k and v hold halves (col_session_config.kv_precision) */
+    uint64_t stride;   /* elements between consecutive positions of k and v */
     uint32_t n_keys;
     uint32_t d;
     float scale;
@@ -162,6 +163,10 @@ void col_round_bf16(col_pool *pool, float *v, uint64_t n);
  * subnormal halves kept; Inf unchanged; NaN to the quiet NaN of its sign), as f32, for i < n; on
  * the pool's threads when n is large (pool may be NULL). The same bits on every path. */
 void col_round_f16(col_pool *pool, float *v, uint64_t n);
+
+/* out[i] = the IEEE half nearest x[i] (round to nearest even, Inf past the largest, a NaN the
+ * quiet NaN of its sign): col_round_f16's values as bits, on any path. Pure. */
+void col_f16_row(col_isa isa, const float *x, uint64_t n, uint16_t *out);
 
 /* Scalar conversions of stored elements to f32. */
 float col_f16_to_f32(uint16_t h);

@@ -98,6 +98,7 @@ void col_rows_bf16dot_portable(const col_matvec_job *j, uint64_t r0, uint64_t r1
 void col_rows_portable(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1);
 void col_round_bf16_portable(float *v, uint64_t n);
 void col_round_f16_portable(float *v, uint64_t n);
+void col_f16_row_portable(const float *x, uint64_t n, uint16_t *out);
 void col_swiglu_gate_portable(float *h1, const float *h3, uint64_t n);
 /* RMSNorm's 1 / sqrtf(ss / n + eps), ss the sum of squares as one chain of adds from element 0 up
  * (each square rounded to f32 first): the order every path keeps, so files compute what they did
@@ -228,6 +229,8 @@ void col_round_bf16_avx512(float *v, uint64_t n);
 void col_round_bf16_avx2(float *v, uint64_t n);
 void col_round_f16_avx512(float *v, uint64_t n);
 void col_round_f16_avx2(float *v, uint64_t n);
+void col_f16_row_avx512(const float *x, uint64_t n, uint16_t *out);
+void col_f16_row_avx2(const float *x, uint64_t n, uint16_t *out);
 #endif
 
 #endif /* COLIBRI_KERNELS_INTERNAL_H */

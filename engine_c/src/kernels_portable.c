@@ -173,6 +173,11 @@ void col_round_f16_portable(float *v, uint64_t n)
     for (uint64_t i = 0; i < n; i++) v[i] = col_f16_to_f32(f32_to_f16_bits(v[i]));
 }
 
+void col_f16_row_portable(const float *x, uint64_t n, uint16_t *out)
+{
+    for (uint64_t i = 0; i < n; i++) out[i] = f32_to_f16_bits(x[i]);
+}
+
 /* h1[i] = silu(h1[i]) * h3[i] with the C library's expf. */
 void col_swiglu_gate_portable(float *h1, const float *h3, uint64_t n)
 {
@@ -204,19 +209,25 @@ void col_softmax_in_place(float *scores, uint32_t n, const float *sink)
     for (uint32_t t = 0; t < n; t++) scores[t] *= inv;
 }
 
+/* Element `at` of a cached row, as f32 (a half widens exactly). */
+static float kv_elem(const col_head_job *h, const void *base, uint64_t at)
+{
+    return h->kv_f16 ? col_f16_to_f32(((const uint16_t *)base)[at]) : ((const float *)base)[at];
+}
+
 float col_weighted_value(const col_head_job *h, const float *p, uint32_t i)
 {
     float acc = 0.0f;
-    for (uint32_t t = 0; t < h->n_keys; t++) acc += p[t] * h->v[(uint64_t)t * h->stride + i];
+    for (uint32_t t = 0; t < h->n_keys; t++) acc += p[t] * kv_elem(h, h->v, (uint64_t)t * h->stride + i);
     return acc;
 }
 
 void col_attend_head_portable(const col_head_job *h, float *scores, float *out)
 {
     for (uint32_t t = 0; t < h->n_keys; t++) {
-        const float *kt = h->k + (uint64_t)t * h->stride;
+        const uint64_t row = (uint64_t)t * h->stride;
         float dot = 0.0f;
-        for (uint32_t i = 0; i < h->d; i++) dot += h->q[i] * kt[i];
+        for (uint32_t i = 0; i < h->d; i++) dot += h->q[i] * kv_elem(h, h->k, row + i);
         scores[t] = dot * h->scale;
     }
     col_softmax_in_place(scores, h->n_keys, h->sinks);

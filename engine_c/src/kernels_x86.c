@@ -1085,11 +1085,31 @@ COL_INLINE COL_T512 __m512 sum16x16(__m512 *a)
                          _mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* A head job's cached rows (col_head_job.kv_f16, a constant here: f16 when set): the address of
+ * element `at` from `base`, a row's lines asked for with `hint`, and 16 elements from `at` under
+ * mask m as f32 (a half widens exactly, so the sums are those of the rounded values in f32). */
+COL_INLINE const char *kv_at(const void *base, uint64_t at, const int f16)
+{
+    return (const char *)base + at * (f16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+#define COL_KV_PREFETCH_ROW(row, d, f16, hint)                                                  \
+    do {                                                                                          \
+        for (uint64_t b_ = 0; b_ < (uint64_t)(d) * ((f16) ? 2u : 4u); b_ += 64)                 \
+            _mm_prefetch((row) + b_, (hint));                                                     \
+    } while (0)
+
+COL_INLINE COL_T512 __m512 kv_load16(const void *base, uint64_t at, __mmask16 m, const int f16)
+{
+    if (f16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)base + at));
+    return _mm512_maskz_loadu_ps(m, (const float *)base + at);
+}
+
 /* The scores of heads h0 .. h0 + HC - 1 against the KC = 16 / HC keys from `key`, of which the
  * first `here` exist (all of them when `full`, a constant, is set: the loads then need no per-key
  * mask), scaled, in lane j * KC + k. */
-COL_INLINE COL_T512 __m512 key_scores(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *key,
-                                      uint64_t step, uint32_t here, const int full)
+COL_INLINE COL_T512 __m512 key_scores(const col_head_job *h, uint32_t h0, const uint32_t HC, const void *key,
+                                      uint64_t step, uint32_t here, const int full, const int f16)
 {
     const uint32_t KC = 16 / HC;
     __m512 acc[16];
@@ -1100,7 +1120,7 @@ COL_INLINE COL_T512 __m512 key_scores(const col_head_job *h, uint32_t h0, const 
         __m512 kb[16];
 #pragma GCC unroll 16
         for (uint32_t k = 0; k < KC; k++) /* a missing key loads nothing (mask 0) */
-            kb[k] = _mm512_maskz_loadu_ps(full || k < here ? m : 0, key + (uint64_t)k * step + i);
+            kb[k] = kv_load16(key, (uint64_t)k * step + i, full || k < here ? m : 0, f16);
 #pragma GCC unroll 4
         for (uint32_t j = 0; j < HC; j++) {
             const __m512 qb = _mm512_maskz_loadu_ps(m, h->q + (uint64_t)(h0 + j) * h->d + i);
@@ -1121,20 +1141,19 @@ COL_INLINE COL_T512 __m512 key_scores(const col_head_job *h, uint32_t h0, const 
 
 COL_INLINE uint32_t values_chunk_rows(const col_head_job *h)
 {
-    const uint64_t rows = COL_VALUES_CHUNK_BYTES / (h->stride * sizeof(float)) & ~(uint64_t)1;
+    const uint64_t rows = COL_VALUES_CHUNK_BYTES / (h->stride * (h->kv_f16 ? 2u : 4u)) & ~(uint64_t)1;
     return rows < 2 ? 2 : rows > h->n_keys ? h->n_keys : (uint32_t)rows;
 }
 
 /* A decode step's scores in parts (the keys cut into KC parts of `part`, step i scoring key i of
  * each of the first `here` parts): step i asks for each part's key `prefetch` keys ahead of it
  * (within the part), and stores its scores, head j's of part k in lane j * KC + k of sc. */
-COL_INLINE void part_keys_ahead(const col_head_job *h, uint32_t part, uint32_t i, uint32_t here)
+COL_INLINE void part_keys_ahead(const col_head_job *h, uint32_t part, uint32_t i, uint32_t here, const int f16)
 {
     for (uint32_t k = 0; k < here; k++) {
         const uint64_t t = (uint64_t)k * part + i;
         if (t + h->prefetch < (uint64_t)(k + 1) * part && t + h->prefetch < h->n_keys)
-            for (uint32_t c = 0; c < h->d; c += 16)
-                _mm_prefetch((const char *)(h->k + (t + h->prefetch) * h->stride + c), _MM_HINT_T0);
+            COL_KV_PREFETCH_ROW(kv_at(h->k, (t + h->prefetch) * h->stride, f16), h->d, f16, _MM_HINT_T0);
     }
 }
 
@@ -1153,22 +1172,24 @@ COL_INLINE void part_scores_store(const float *sc, uint32_t h0, uint32_t HC, uin
 #ifndef COL_SCORES_PARTS_BYTES
 #define COL_SCORES_PARTS_BYTES (96u << 10)
 #endif
-COL_INLINE COL_T512 void group_scores_parts(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores)
+COL_INLINE COL_T512 void group_scores_parts(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores,
+                                            const int f16)
 {
     const uint32_t KC = 16 / HC, n = h->n_keys, part = (n + KC - 1) / KC;
-    const uint32_t row_lines = (h->d + 15) / 16, warm = values_chunk_rows(h);
+    const uint32_t row_lines = (h->d * (f16 ? 2u : 4u) + 63) / 64, warm = values_chunk_rows(h);
     const uint64_t warm_lines = (uint64_t)(warm < n ? warm : n) * row_lines;
     const uint32_t late = (warm + KC - 1) / KC < part ? (warm + KC - 1) / KC : part; /* the steps that fetch them */
     uint64_t fetched = 0;
     for (uint32_t i = 0; i < part; i++) {
         const uint32_t here = (n - i + part - 1) / part < KC ? (n - i + part - 1) / part : KC; /* parts with a key i */
-        part_keys_ahead(h, part, i, here);
+        part_keys_ahead(h, part, i, here, f16);
         for (const uint64_t upto = i + late < part ? 0 : warm_lines * (i + late + 1 - part) / late; fetched < upto; fetched++)
-            _mm_prefetch((const char *)(h->v + fetched / row_lines * h->stride + 16 * (fetched % row_lines)), _MM_HINT_T1);
-        const float *key = h->k + (uint64_t)i * h->stride;
+            _mm_prefetch(kv_at(h->v, fetched / row_lines * h->stride, f16) + 64 * (fetched % row_lines), _MM_HINT_T1);
+        const void *key = kv_at(h->k, (uint64_t)i * h->stride, f16);
         const uint64_t step = (uint64_t)part * h->stride;
         float sc[16];
-        _mm512_storeu_ps(sc, here == KC ? key_scores(h, h0, HC, key, step, KC, 1) : key_scores(h, h0, HC, key, step, here, 0));
+        _mm512_storeu_ps(sc, here == KC ? key_scores(h, h0, HC, key, step, KC, 1, f16)
+                                        : key_scores(h, h0, HC, key, step, here, 0, f16));
         part_scores_store(sc, h0, HC, KC, n, part, i, here, scores);
     }
 }
@@ -1176,23 +1197,21 @@ COL_INLINE COL_T512 void group_scores_parts(const col_head_job *h, uint32_t h0, 
 /* Scores of heads h0 .. h0 + HC - 1 (HC = 1, 2 or 4) against every key, 16 / HC keys per tree;
  * head j's scores go to scores + j * n_keys. */
 COL_INLINE COL_T512 void group_scores(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores,
-                                      const int decode)
+                                      const int decode, const int f16)
 {
     const uint32_t KC = 16 / HC, n = h->n_keys;
     const uint32_t warm = decode ? values_chunk_rows(h) : 0;
     for (uint32_t t0 = 0; t0 < n; t0 += KC) {
         const uint32_t here = n - t0 < KC ? n - t0 : KC;
-        const float *key = h->k + (uint64_t)t0 * h->stride;
+        const void *key = kv_at(h->k, (uint64_t)t0 * h->stride, f16);
         if (decode && t0 + h->prefetch < n) /* the lines of the keys that far ahead */
             for (uint32_t k = 0; k < KC && t0 + h->prefetch + k < n; k++)
-                for (uint32_t i = 0; i < h->d; i += 16)
-                    _mm_prefetch((const char *)(key + (uint64_t)(h->prefetch + k) * h->stride + i), _MM_HINT_T0);
+                COL_KV_PREFETCH_ROW(kv_at(h->k, (uint64_t)(t0 + h->prefetch + k) * h->stride, f16), h->d, f16, _MM_HINT_T0);
         for (uint32_t k = 0; decode && k < here; k++) /* the values' first chunk beside the last `warm` keys */
             if (t0 + k + warm >= n)
-                for (uint32_t i = 0; i < h->d; i += 16)
-                    _mm_prefetch((const char *)(h->v + (uint64_t)(t0 + k + warm - n) * h->stride + i), _MM_HINT_T1);
-        const __m512 sc = here == KC ? key_scores(h, h0, HC, key, h->stride, KC, 1)
-                                     : key_scores(h, h0, HC, key, h->stride, here, 0);
+                COL_KV_PREFETCH_ROW(kv_at(h->v, (uint64_t)(t0 + k + warm - n) * h->stride, f16), h->d, f16, _MM_HINT_T1);
+        const __m512 sc = here == KC ? key_scores(h, h0, HC, key, h->stride, KC, 1, f16)
+                                     : key_scores(h, h0, HC, key, h->stride, here, 0, f16);
         float *dst = scores + (uint64_t)h0 * n + t0;
         if (HC == 1) {
             _mm512_mask_storeu_ps(dst, lanes_below(here), sc);
@@ -1240,10 +1259,10 @@ static COL_T512 void softmax_avx512(float *scores, uint32_t n, const float *sink
  * with `ahead`, each strip also asks for its own lines that many rows ahead. */
 COL_INLINE COL_T512 void group_values_range(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p,
                                             uint32_t t0, uint32_t t1, int first, int last, uint32_t ahead,
-                                            uint32_t pf0, uint32_t pf1, __m512 (*carry)[32], float *out)
+                                            uint32_t pf0, uint32_t pf1, __m512 (*carry)[32], float *out, const int f16)
 {
     const uint32_t BP = 8 / HC, n = h->n_keys, strips = (h->d + 16 * BP - 1) / (16 * BP);
-    const uint32_t row_lines = (h->d + 15) / 16, steps = strips * ((t1 - t0 + 1) / 2);
+    const uint32_t row_lines = (h->d * (f16 ? 2u : 4u) + 63) / 64, steps = strips * ((t1 - t0 + 1) / 2);
     const uint64_t pf_lines = (uint64_t)(pf1 - pf0) * row_lines;
     const uint32_t per_step = steps ? (uint32_t)((pf_lines + steps - 1) / steps) : 0;
     uint32_t pf_row = pf0, pf_line = 0;
@@ -1257,25 +1276,24 @@ COL_INLINE COL_T512 void group_values_range(const col_head_job *h, uint32_t h0, 
             even[a] = first ? _mm512_setzero_ps() : carry[strip][a];
             odd[a] = first ? _mm512_setzero_ps() : carry[strip][16 + a];
         }
-        const float *v = h->v + i0;
         uint32_t t = t0;
         for (; t + 2 <= t1; t += 2) {
-            const float *v0 = v + (uint64_t)t * h->stride, *v1 = v0 + h->stride;
+            const uint64_t r0 = (uint64_t)t * h->stride + i0, r1 = r0 + h->stride;
             if (ahead && t + ahead + 1 < n)
 #pragma GCC unroll 8
-                for (uint32_t b = 0; b < BP; b++) {
-                    _mm_prefetch((const char *)(v0 + (uint64_t)ahead * h->stride + 16 * b), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(v1 + (uint64_t)ahead * h->stride + 16 * b), _MM_HINT_T0);
+                for (uint32_t b = 0; b < BP; b += f16 ? 2 : 1) { /* a line holds 32 halves */
+                    _mm_prefetch(kv_at(h->v, r0 + (uint64_t)ahead * h->stride + 16 * b, f16), _MM_HINT_T0);
+                    _mm_prefetch(kv_at(h->v, r1 + (uint64_t)ahead * h->stride + 16 * b, f16), _MM_HINT_T0);
                 }
             for (uint32_t q = 0; q < per_step && pf_row < pf1; q++) {
-                _mm_prefetch((const char *)(h->v + (uint64_t)pf_row * h->stride + 16 * pf_line), _MM_HINT_T1);
+                _mm_prefetch(kv_at(h->v, (uint64_t)pf_row * h->stride, f16) + 64 * pf_line, _MM_HINT_T1);
                 if (++pf_line == row_lines) pf_line = 0, pf_row++;
             }
             __m512 x0[8], x1[8];
 #pragma GCC unroll 8
             for (uint32_t b = 0; b < BP; b++) {
-                x0[b] = _mm512_maskz_loadu_ps(m[b], v0 + 16 * b);
-                x1[b] = _mm512_maskz_loadu_ps(m[b], v1 + 16 * b);
+                x0[b] = kv_load16(h->v, r0 + 16 * b, m[b], f16);
+                x1[b] = kv_load16(h->v, r1 + 16 * b, m[b], f16);
             }
 #pragma GCC unroll 4
             for (uint32_t j = 0; j < HC; j++) {
@@ -1288,13 +1306,13 @@ COL_INLINE COL_T512 void group_values_range(const col_head_job *h, uint32_t h0, 
             }
         }
         if (t < t1) { /* only the last range can end on an odd key */
-            const float *v0 = v + (uint64_t)t * h->stride;
+            const uint64_t r0 = (uint64_t)t * h->stride + i0;
 #pragma GCC unroll 4
             for (uint32_t j = 0; j < HC; j++) {
                 const __m512 p0 = _mm512_set1_ps(p[(uint64_t)j * n + t]);
 #pragma GCC unroll 8
                 for (uint32_t b = 0; b < BP; b++)
-                    even[j * BP + b] = _mm512_fmadd_ps(p0, _mm512_maskz_loadu_ps(m[b], v0 + 16 * b), even[j * BP + b]);
+                    even[j * BP + b] = _mm512_fmadd_ps(p0, kv_load16(h->v, r0 + 16 * b, m[b], f16), even[j * BP + b]);
             }
         }
         if (!last) {
@@ -1318,50 +1336,50 @@ COL_INLINE COL_T512 void group_values_range(const col_head_job *h, uint32_t h0, 
 /* Outputs of heads h0 .. h0 + HC - 1 from their probabilities p + j * n_keys: in one range, or,
  * for a decode step's values (from memory), in chunks (COL_VALUES_CHUNK_BYTES). */
 COL_INLINE COL_T512 void group_values(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p,
-                                      float *out, const int decode)
+                                      float *out, const int decode, const int f16)
 {
     const uint32_t n = h->n_keys, strips = (h->d + 16 * (8 / HC) - 1) / (16 * (8 / HC));
     if (!decode) {
-        group_values_range(h, h0, HC, p, 0, n, 1, 1, 0, 0, 0, NULL, out);
+        group_values_range(h, h0, HC, p, 0, n, 1, 1, 0, 0, 0, NULL, out, f16);
         return;
     }
     if (strips > COL_VALUES_MAX_STRIPS) { /* too many chains to carry (latent attention's rows): one range */
-        group_values_range(h, h0, HC, p, 0, n, 1, 1, h->prefetch, 0, 0, NULL, out);
+        group_values_range(h, h0, HC, p, 0, n, 1, 1, h->prefetch, 0, 0, NULL, out, f16);
         return;
     }
     const uint32_t rows = values_chunk_rows(h);
     __m512 carry[COL_VALUES_MAX_STRIPS][32];
     for (uint32_t t0 = 0; t0 < n; t0 += rows) {
         const uint32_t t1 = n - t0 > rows ? t0 + rows : n, next = n - t1 > rows ? t1 + rows : n;
-        group_values_range(h, h0, HC, p, t0, t1, t0 == 0, t1 == n, 0, t1, next, carry, out);
+        group_values_range(h, h0, HC, p, t0, t1, t0 == 0, t1 == n, 0, t1, next, carry, out, f16);
     }
 }
 
 /* `decode` (a constant): h->prefetch is set, so the job's cache comes from memory. */
 COL_INLINE COL_T512 void attend_heads(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores, float *out,
-                                      const int decode)
+                                      const int decode, const int f16)
 {
-    if (decode && (uint64_t)h->n_keys * h->d * sizeof(float) <= COL_SCORES_PARTS_BYTES)
-        group_scores_parts(h, h0, HC, scores);
+    if (decode && (uint64_t)h->n_keys * h->d * (f16 ? 2u : 4u) <= COL_SCORES_PARTS_BYTES)
+        group_scores_parts(h, h0, HC, scores, f16);
     else
-        group_scores(h, h0, HC, scores, decode);
+        group_scores(h, h0, HC, scores, decode, f16);
     for (uint32_t j = 0; j < HC; j++)
         softmax_avx512(scores + (uint64_t)(h0 + j) * h->n_keys, h->n_keys, h->sinks ? h->sinks + h0 + j : NULL);
-    group_values(h, h0, HC, scores + (uint64_t)h0 * h->n_keys, out, decode);
+    group_values(h, h0, HC, scores + (uint64_t)h0 * h->n_keys, out, decode, f16);
 }
 
-COL_INLINE COL_T512 void attend_group(const col_head_job *h, float *scores, float *out, const int decode)
+COL_INLINE COL_T512 void attend_group(const col_head_job *h, float *scores, float *out, const int decode, const int f16)
 {
     for (uint32_t h0 = 0; h0 < h->n_q;) {
         const uint32_t left = h->n_q - h0;
         if (left >= 4) {
-            attend_heads(h, h0, 4, scores, out, decode);
+            attend_heads(h, h0, 4, scores, out, decode, f16);
             h0 += 4;
         } else if (left >= 2) {
-            attend_heads(h, h0, 2, scores, out, decode);
+            attend_heads(h, h0, 2, scores, out, decode, f16);
             h0 += 2;
         } else {
-            attend_heads(h, h0, 1, scores, out, decode);
+            attend_heads(h, h0, 1, scores, out, decode, f16);
             h0 += 1;
         }
     }
@@ -1369,10 +1387,16 @@ COL_INLINE COL_T512 void attend_group(const col_head_job *h, float *scores, floa
 
 COL_T512 void col_attend_group_avx512(const col_head_job *h, float *scores, float *out)
 {
-    if (h->prefetch)
-        attend_group(h, scores, out, 1);
-    else
-        attend_group(h, scores, out, 0);
+    if (h->kv_f16) {
+        if (h->prefetch)
+            attend_group(h, scores, out, 1, 1);
+        else
+            attend_group(h, scores, out, 0, 1);
+    } else if (h->prefetch) {
+        attend_group(h, scores, out, 1, 0);
+    } else {
+        attend_group(h, scores, out, 0, 0);
+    }
 }
 
 /* exp(x), 8 at a time, for the AVX2 SwiGLU gate and softmax: exp16's reduction and polynomial,
@@ -1415,8 +1439,25 @@ COL_INLINE COL_T2 __m256i lanes_below8(uint64_t n)
  * - values: each (head, block of 8 dimensions) output has two chains, even and odd keys, added at
  *   the end; 8 chains at once (4 heads x 1 block, 2 x 2 or 1 x 4).
  * A head's result is a fixed function of its inputs, whatever its group or the prefetch. */
-COL_INLINE COL_T2 __m256 key_scores8(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *key,
-                                     uint64_t step, uint32_t here, const int full)
+COL_INLINE COL_T2 __m256 kv_load8(const void *base, uint64_t at, const int f16)
+{
+    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)base + at)));
+    return _mm256_loadu_ps((const float *)base + at);
+}
+
+/* The first `count` (< 8) of the 8 elements from `at` (m: their lanes), zeros after them. */
+COL_INLINE COL_T2 __m256 kv_load8_part(const void *base, uint64_t at, uint32_t count, __m256i m, const int f16)
+{
+    if (f16) {
+        uint16_t part[8] = {0};
+        memcpy(part, (const uint16_t *)base + at, count * sizeof(uint16_t));
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)part));
+    }
+    return _mm256_maskload_ps((const float *)base + at, m);
+}
+
+COL_INLINE COL_T2 __m256 key_scores8(const col_head_job *h, uint32_t h0, const uint32_t HC, const void *key,
+                                     uint64_t step, uint32_t here, const int full, const int f16)
 {
     const uint32_t KC = 8 / HC;
     __m256 acc[8];
@@ -1427,7 +1468,7 @@ COL_INLINE COL_T2 __m256 key_scores8(const col_head_job *h, uint32_t h0, const u
         __m256 kb[8];
 #pragma GCC unroll 8
         for (uint32_t k = 0; k < KC; k++)
-            kb[k] = full || k < here ? _mm256_loadu_ps(key + (uint64_t)k * step + i) : _mm256_setzero_ps();
+            kb[k] = full || k < here ? kv_load8(key, (uint64_t)k * step + i, f16) : _mm256_setzero_ps();
 #pragma GCC unroll 4
         for (uint32_t j = 0; j < HC; j++) {
             const __m256 qb = _mm256_loadu_ps(h->q + (uint64_t)(h0 + j) * h->d + i);
@@ -1440,7 +1481,7 @@ COL_INLINE COL_T2 __m256 key_scores8(const col_head_job *h, uint32_t h0, const u
         __m256 kb[8];
 #pragma GCC unroll 8
         for (uint32_t k = 0; k < KC; k++)
-            kb[k] = full || k < here ? _mm256_maskload_ps(key + (uint64_t)k * step + i, m) : _mm256_setzero_ps();
+            kb[k] = full || k < here ? kv_load8_part(key, (uint64_t)k * step + i, h->d - i, m, f16) : _mm256_setzero_ps();
 #pragma GCC unroll 4
         for (uint32_t j = 0; j < HC; j++) {
             const __m256 qb = _mm256_maskload_ps(h->q + (uint64_t)(h0 + j) * h->d + i, m);
@@ -1455,46 +1496,36 @@ COL_INLINE COL_T2 __m256 key_scores8(const col_head_job *h, uint32_t h0, const u
 /* A decode step's scores (keys read from memory): the keys cut into KC parts, step i scoring key i
  * of each part, so one thread reads KC streams of keys (and fetches KC of values) at once where
  * neighbouring keys made one; each score is the same sums (key_scores8 lane by lane). */
-COL_INLINE COL_T2 void group_scores8_parts(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores)
+COL_INLINE COL_T2 void group_scores8_parts(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores,
+                                           const int f16)
 {
     const uint32_t KC = 8 / HC, n = h->n_keys, part = (n + KC - 1) / KC;
     for (uint32_t i = 0; i < part; i++) {
         const uint32_t here = (n - i + part - 1) / part < KC ? (n - i + part - 1) / part : KC; /* parts with a key i */
-        part_keys_ahead(h, part, i, here);
+        part_keys_ahead(h, part, i, here, f16);
         for (uint32_t k = 0; k < here; k++) /* the values of these keys, for the values pass's strips */
-            for (uint32_t c = 0; c < h->d; c += 16)
-                _mm_prefetch((const char *)(h->v + ((uint64_t)k * part + i) * h->stride + c), _MM_HINT_T0);
-        const float *key = h->k + (uint64_t)i * h->stride;
+            COL_KV_PREFETCH_ROW(kv_at(h->v, ((uint64_t)k * part + i) * h->stride, f16), h->d, f16, _MM_HINT_T0);
+        const void *key = kv_at(h->k, (uint64_t)i * h->stride, f16);
         const uint64_t step = (uint64_t)part * h->stride;
         float sc[8];
-        _mm256_storeu_ps(sc, here == KC ? key_scores8(h, h0, HC, key, step, KC, 1) : key_scores8(h, h0, HC, key, step, here, 0));
+        _mm256_storeu_ps(sc, here == KC ? key_scores8(h, h0, HC, key, step, KC, 1, f16)
+                                        : key_scores8(h, h0, HC, key, step, here, 0, f16));
         part_scores_store(sc, h0, HC, KC, n, part, i, here, scores);
     }
 }
 
-COL_INLINE COL_T2 void group_scores8(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores)
+COL_INLINE COL_T2 void group_scores8(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores, const int f16)
 {
     const uint32_t KC = 8 / HC;
     if (h->prefetch) { /* a decode step's keys come from memory */
-        group_scores8_parts(h, h0, HC, scores);
+        group_scores8_parts(h, h0, HC, scores, f16);
         return;
     }
     for (uint32_t t0 = 0; t0 < h->n_keys; t0 += KC) {
         const uint32_t here = h->n_keys - t0 < KC ? h->n_keys - t0 : KC;
-        const float *key = h->k + (uint64_t)t0 * h->stride;
-        if (h->prefetch && t0 + h->prefetch < h->n_keys)
-            for (uint32_t k = 0; k < KC && t0 + h->prefetch + k < h->n_keys; k++)
-                for (uint32_t i = 0; i < h->d; i += 16)
-                    _mm_prefetch((const char *)(key + (uint64_t)(h->prefetch + k) * h->stride + i), _MM_HINT_T0);
-        /* the values of these keys, for the values pass after the softmax: it walks each row in
-         * strips of 8 dimensions, a line at a time from every row, where the key rows here are
-         * read whole and in order */
-        if (h->prefetch)
-            for (uint32_t k = 0; k < here; k++)
-                for (uint32_t i = 0; i < h->d; i += 16)
-                    _mm_prefetch((const char *)(h->v + (uint64_t)(t0 + k) * h->stride + i), _MM_HINT_T0);
-        const __m256 sc = here == KC ? key_scores8(h, h0, HC, key, h->stride, KC, 1)
-                                     : key_scores8(h, h0, HC, key, h->stride, here, 0);
+        const void *key = kv_at(h->k, (uint64_t)t0 * h->stride, f16);
+        const __m256 sc = here == KC ? key_scores8(h, h0, HC, key, h->stride, KC, 1, f16)
+                                     : key_scores8(h, h0, HC, key, h->stride, here, 0, f16);
         float *dst = scores + (uint64_t)h0 * h->n_keys + t0;
         if (HC == 1) {
             _mm256_maskstore_ps(dst, lanes_below8(here), sc);
@@ -1561,7 +1592,7 @@ static COL_T2 void softmax_avx2(float *scores, uint32_t n, const float *sink)
  * chains come from `carry` (8 vectors) unless t0 = 0, and go back to it unless t1 = n_keys, so
  * the keys may be walked in chunks with the same operations. t0 is even. */
 COL_INLINE COL_T2 void values_pass8(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p, float *out,
-                                    uint32_t i0, const int full, uint32_t t0, uint32_t t1, __m256 *carry)
+                                    uint32_t i0, const int full, uint32_t t0, uint32_t t1, __m256 *carry, const int f16)
 {
     const uint32_t BP = 4 / HC, n = h->n_keys;
     __m256i m[4];
@@ -1574,21 +1605,23 @@ COL_INLINE COL_T2 void values_pass8(const col_head_job *h, uint32_t h0, const ui
         lo[a] = t0 ? carry[2 * a] : _mm256_setzero_ps();
         hi[a] = t0 ? carry[2 * a + 1] : _mm256_setzero_ps();
     }
-#define COL_LOAD8(ptr, b) (full ? _mm256_loadu_ps(ptr) : _mm256_maskload_ps(ptr, m[b]))
-    const float *v = h->v + i0;
+#define COL_LOAD8(at, b)                                                                                  \
+    (full ? kv_load8(h->v, at, f16)                                                                       \
+          : i0 + 8 * (b) < h->d ? kv_load8_part(h->v, at, h->d - i0 - 8 * (b) < 8 ? h->d - i0 - 8 * (b) : 8, m[b], f16) \
+                                : _mm256_setzero_ps())
     uint32_t t = t0;
     for (; t + 2 <= t1; t += 2) {
-        const float *v0 = v + (uint64_t)t * h->stride, *v1 = v0 + h->stride;
+        const uint64_t r0 = (uint64_t)t * h->stride + i0, r1 = r0 + h->stride;
         if (h->prefetch && t + h->prefetch + 1 < n)
 #pragma GCC unroll 4
-            for (uint32_t b = 0; b < BP; b += 2) {
-                _mm_prefetch((const char *)(v0 + (uint64_t)h->prefetch * h->stride + 8 * b), _MM_HINT_T0);
-                _mm_prefetch((const char *)(v1 + (uint64_t)h->prefetch * h->stride + 8 * b), _MM_HINT_T0);
+            for (uint32_t b = 0; b < BP; b += f16 ? 4 : 2) { /* a line: 16 floats, 32 halves */
+                _mm_prefetch(kv_at(h->v, r0 + (uint64_t)h->prefetch * h->stride + 8 * b, f16), _MM_HINT_T0);
+                _mm_prefetch(kv_at(h->v, r1 + (uint64_t)h->prefetch * h->stride + 8 * b, f16), _MM_HINT_T0);
             }
         __m256 xl[4], xh[4];
 #pragma GCC unroll 4
         for (uint32_t b = 0; b < BP; b++) {
-            const __m256 x0 = COL_LOAD8(v0 + 8 * b, b), x1 = COL_LOAD8(v1 + 8 * b, b);
+            const __m256 x0 = COL_LOAD8(r0 + 8 * b, b), x1 = COL_LOAD8(r1 + 8 * b, b);
             xl[b] = _mm256_unpacklo_ps(x0, x1);
             xh[b] = _mm256_unpackhi_ps(x0, x1);
         }
@@ -1604,11 +1637,11 @@ COL_INLINE COL_T2 void values_pass8(const col_head_job *h, uint32_t h0, const ui
     }
     if (t < t1) { /* the last key, an even one: its odd partner's probability and values are zeros,
                    * which leave the odd chains as they are (a chain from +0 never holds -0) */
-        const float *v0 = v + (uint64_t)t * h->stride;
+        const uint64_t r0 = (uint64_t)t * h->stride + i0;
         __m256 xl[4], xh[4];
 #pragma GCC unroll 4
         for (uint32_t b = 0; b < BP; b++) {
-            const __m256 x0 = COL_LOAD8(v0 + 8 * b, b);
+            const __m256 x0 = COL_LOAD8(r0 + 8 * b, b);
             xl[b] = _mm256_unpacklo_ps(x0, _mm256_setzero_ps());
             xh[b] = _mm256_unpackhi_ps(x0, _mm256_setzero_ps());
         }
@@ -1652,7 +1685,8 @@ COL_INLINE COL_T2 void values_pass8(const col_head_job *h, uint32_t h0, const ui
 #define COL_VALUES_KEYS 32
 #define COL_VALUES_WINDOW 128
 
-COL_INLINE COL_T2 void group_values8(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p, float *out)
+COL_INLINE COL_T2 void group_values8(const col_head_job *h, uint32_t h0, const uint32_t HC, const float *p, float *out,
+                                     const int f16)
 {
     const uint32_t span = 8 * (4 / HC);
     const uint32_t chunk = h->d >= COL_VALUES_WINDOW ? COL_VALUES_KEYS : h->n_keys + 1; /* one chunk: all the keys */
@@ -1662,35 +1696,44 @@ COL_INLINE COL_T2 void group_values8(const col_head_job *h, uint32_t h0, const u
         for (uint32_t t0 = 0; t0 < h->n_keys; t0 += chunk) {
             const uint32_t t1 = h->n_keys - t0 < chunk ? h->n_keys : t0 + chunk;
             uint32_t i0 = w0;
-            for (; i0 + span <= w1; i0 += span) values_pass8(h, h0, HC, p, out, i0, 1, t0, t1, carry[(i0 - w0) / span]);
-            if (i0 < w1) values_pass8(h, h0, HC, p, out, i0, 0, t0, t1, carry[(i0 - w0) / span]);
+            for (; i0 + span <= w1; i0 += span) values_pass8(h, h0, HC, p, out, i0, 1, t0, t1, carry[(i0 - w0) / span], f16);
+            if (i0 < w1) values_pass8(h, h0, HC, p, out, i0, 0, t0, t1, carry[(i0 - w0) / span], f16);
         }
     }
 }
 
-COL_INLINE COL_T2 void attend_heads8(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores, float *out)
+COL_INLINE COL_T2 void attend_heads8(const col_head_job *h, uint32_t h0, const uint32_t HC, float *scores, float *out,
+                                     const int f16)
 {
-    group_scores8(h, h0, HC, scores);
+    group_scores8(h, h0, HC, scores, f16);
     for (uint32_t j = 0; j < HC; j++)
         softmax_avx2(scores + (uint64_t)(h0 + j) * h->n_keys, h->n_keys, h->sinks ? h->sinks + h0 + j : NULL);
-    group_values8(h, h0, HC, scores + (uint64_t)h0 * h->n_keys, out);
+    group_values8(h, h0, HC, scores + (uint64_t)h0 * h->n_keys, out, f16);
 }
 
-COL_T2 void col_attend_group_avx2(const col_head_job *h, float *scores, float *out)
+COL_INLINE COL_T2 void attend_group8(const col_head_job *h, float *scores, float *out, const int f16)
 {
     for (uint32_t h0 = 0; h0 < h->n_q;) {
         const uint32_t left = h->n_q - h0;
         if (left >= 4) {
-            attend_heads8(h, h0, 4, scores, out);
+            attend_heads8(h, h0, 4, scores, out, f16);
             h0 += 4;
         } else if (left >= 2) {
-            attend_heads8(h, h0, 2, scores, out);
+            attend_heads8(h, h0, 2, scores, out, f16);
             h0 += 2;
         } else {
-            attend_heads8(h, h0, 1, scores, out);
+            attend_heads8(h, h0, 1, scores, out, f16);
             h0 += 1;
         }
     }
+}
+
+COL_T2 void col_attend_group_avx2(const col_head_job *h, float *scores, float *out)
+{
+    if (h->kv_f16)
+        attend_group8(h, scores, out, 1);
+    else
+        attend_group8(h, scores, out, 0);
 }
 
 /* The SwiGLU gate of 8 values z (h1) and b (h3): z / (1 + exp8(-z)) * b. */
@@ -1879,6 +1922,35 @@ COL_T2 void col_round_f16_avx2(float *v, uint64_t n)
         _mm256_storeu_ps(v + i, _mm256_blendv_ps(r, nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
     }
     if (i < n) col_round_f16_portable(v + i, n - i);
+}
+
+/* col_f16_row by F16C, a NaN made the quiet NaN of its sign as col_round_f16_avx512 does. */
+COL_T512 void col_f16_row_avx512(const float *x, uint64_t n, uint16_t *out)
+{
+    const __m256i quiet = _mm256_set1_epi16(0x7E00), sign = _mm256_set1_epi16((short)0x8000);
+    for (uint64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i nan = _mm256_or_si256(_mm256_and_si256(h, sign), quiet);
+        h = _mm256_mask_blend_epi16(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), h, nan);
+        _mm256_mask_storeu_epi16(out + i, m, h);
+    }
+}
+
+COL_T2 void col_f16_row_avx2(const float *x, uint64_t n, uint16_t *out)
+{
+    const __m128i quiet = _mm_set1_epi16(0x7E00), sign = _mm_set1_epi16((short)0x8000);
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m128i nan = _mm_or_si128(_mm_and_si128(h, sign), quiet);
+        const __m256i unord = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        const __m128i wide = _mm_packs_epi32(_mm256_castsi256_si128(unord), _mm256_extracti128_si256(unord, 1));
+        _mm_storeu_si128((__m128i *)(void *)(out + i), _mm_blendv_epi8(h, nan, wide));
+    }
+    if (i < n) col_f16_row_portable(x + i, n - i, out + i);
 }
 
 /* By vendor, as measured (performance.md): on AMD (Zen 4) AVX-512 float decode tiles of 4 rows,

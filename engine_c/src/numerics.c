@@ -60,6 +60,8 @@ int32_t col_numerics_check(const col_session_config *c, char *err, size_t errlen
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "split %u outside 0..%u", c->split, COL_MAX_SPLIT);
     if (c->activation > COL_ACTIVATION_F16)
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "unknown activation precision %u", c->activation);
+    if (c->kv_precision > COL_KV_F16)
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "unknown KV cache precision %u", c->kv_precision);
     if (c->router_noise_ulps > COL_MAX_NOISE_ULPS)
         return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "router_noise_ulps %u above %u", c->router_noise_ulps,
                              COL_MAX_NOISE_ULPS);

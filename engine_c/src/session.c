@@ -111,8 +111,9 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
         uint64_t at_ = reserve(&cur, (count), (size));           \
         if (s && base) s->field = (void *)(base + at_);          \
     } while (0)
-    BIND(k_cache, (uint64_t)hp->n_layers * cap * cache_row, sizeof(float));
-    BIND(v_cache, mla ? 0 : (uint64_t)hp->n_layers * cap * kv_dim, sizeof(float)); /* MLA: k_cache */
+    const uint64_t kv_bytes = c->kv_precision == COL_KV_F16 ? sizeof(uint16_t) : sizeof(float);
+    BIND(k_cache, (uint64_t)hp->n_layers * cap * cache_row, kv_bytes);
+    BIND(v_cache, mla ? 0 : (uint64_t)hp->n_layers * cap * kv_dim, kv_bytes); /* MLA: k_cache */
     BIND(inv_freq, hp->rotary_dim / 2 + 1, sizeof(float));
     uint64_t B = COL_BATCH, gff = max_u32((uint32_t)(k_slots * hp->d_ff_expert), max_u32(hp->d_ff_dense, hp->d_ff_shared));
     BIND(x, B * hp->d_model, sizeof(float));
@@ -270,6 +271,7 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     s->kv_heads = is_mla(hp) ? 1 : hp->n_kv_heads;
     s->att_dim = is_mla(hp) ? hp->kv_lora_rank + hp->qk_rope_head_dim : hp->head_dim;
     s->att_group = hp->n_heads / s->kv_heads;
+    s->kv_bytes = config->kv_precision == COL_KV_F16 ? sizeof(uint16_t) : sizeof(float);
     const col_isa isa = session_isa(config);
     s->kernel_scratch_bytes = kernel_scratch_bytes(model, config, isa);
     s->arena_size = plan_arena(model, config, s->kernel_scratch_bytes, NULL, NULL);

@@ -32,10 +32,12 @@ struct col_session {
      * as value (v_cache == k_cache). */
     uint32_t kv_heads, att_dim, att_group;
 
-    /* KV cache: [n_layers][kv_heads][capacity][att_dim], head-major so that the heads read
-     * each KV head's keys and values as one contiguous stream (attention.c, kv_rows) */
-    float *k_cache;
-    float *v_cache;
+    /* KV cache: [n_layers][kv_heads][capacity][att_dim] elements of kv_bytes (4: f32, 2: f16 by
+     * col_session_config.kv_precision), head-major so that the heads read each KV head's keys
+     * and values as one contiguous stream (attention.c, kv_rows) */
+    void *k_cache;
+    void *v_cache;
+    uint32_t kv_bytes;
 
     /* RoPE inverse frequencies [rotary_dim / 2] */
     float *inv_freq;

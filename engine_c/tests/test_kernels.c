@@ -1007,19 +1007,25 @@ static void test_swiglu_gate(const char *isa)
  * heads per group, without and with a sink logit per head (GPT-OSS: in the softmax, its
  * probability dropped). Every head's output is also the same, bit for bit, as that head run alone
  * without prefetching (a head's result must not depend on its group or on the prefetch distance,
- * which makes it a step's). */
+ * which makes it a step's). A cache of halves (kv_f16) gives the bits of the same job over f32
+ * rows holding the halves' values, step and block alike. */
 static void test_attend_heads(const char *isa)
 {
     run r = pool_for(isa, 1, 1, 32);
     CHECK(r.pool != NULL);
     if (!r.pool) return;
-    enum { MAX_KEYS = 101, MAX_D = 288, MAX_Q = 8, STRIDE = 2 * MAX_D + 3 };
-    float *k = malloc(MAX_KEYS * STRIDE * sizeof *k), *v = malloc(MAX_KEYS * STRIDE * sizeof *v), q[MAX_Q * MAX_D],
+    enum { MAX_KEYS = 101, MAX_D = 288, MAX_Q = 8, STRIDE = 2 * MAX_D + 3, CELLS = MAX_KEYS * STRIDE };
+    float *k = malloc(CELLS * sizeof *k), *v = malloc(CELLS * sizeof *v), q[MAX_Q * MAX_D],
           *scores = malloc(MAX_Q * MAX_KEYS * sizeof *scores), out[MAX_Q * MAX_D], alone[MAX_D], sinks[MAX_Q];
-    for (int i = 0; i < MAX_KEYS * STRIDE; i++) k[i] = 2.0f * frand(), v[i] = frand();
+    float *k_wide = malloc(CELLS * sizeof *k_wide), *v_wide = malloc(CELLS * sizeof *v_wide), halves_out[MAX_Q * MAX_D];
+    uint16_t *k_half = malloc(CELLS * sizeof *k_half), *v_half = malloc(CELLS * sizeof *v_half);
+    for (int i = 0; i < CELLS; i++) k[i] = 2.0f * frand(), v[i] = frand();
     for (int h = 0; h < MAX_Q; h++) sinks[h] = 4.0f * frand();
+    col_f16_row(col_pool_isa(r.pool), k, CELLS, k_half);
+    col_f16_row(col_pool_isa(r.pool), v, CELLS, v_half);
+    for (int i = 0; i < CELLS; i++) k_wide[i] = col_f16_to_f32(k_half[i]), v_wide[i] = col_f16_to_f32(v_half[i]);
     const uint32_t dims[] = {17, 64, 80, 128, 200, 288}, groups[] = {1, 2, 3, 4, 5, 8};
-    int bad = 0, grouped_differs = 0;
+    int bad = 0, grouped_differs = 0, halves_differ = 0;
     for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
         uint32_t d = dims[di];
         for (uint32_t i = 0; i < MAX_Q * d; i++) q[i] = frand();
@@ -1027,10 +1033,22 @@ static void test_attend_heads(const char *isa)
             uint32_t nq = groups[gi];
             for (int sunk = 0; sunk < 2; sunk++) for (uint32_t n = 1; n <= MAX_KEYS; n = n < 35 ? n + 1 : MAX_KEYS) {
                 const float *sink = sunk ? sinks : NULL;
-                col_head_job job = {q, k, v, STRIDE, n, d, 0.125f, nq, 7, sink}; /* prefetching changes nothing */
+                /* prefetching changes nothing */
+                col_head_job job = {.q = q, .k = k, .v = v, .stride = STRIDE, .n_keys = n, .d = d, .scale = 0.125f,
+                                    .n_q = nq, .prefetch = 7, .sinks = sink};
                 col_attend_head(r.pool, &job, scores, out);
+                for (int step = 0; step < 2; step++) {
+                    col_head_job wide = job, half = job;
+                    wide.k = k_wide, wide.v = v_wide, half.k = k_half, half.v = v_half, half.kv_f16 = 1;
+                    wide.prefetch = half.prefetch = step ? 7 : 0;
+                    float wide_out[MAX_Q * MAX_D];
+                    col_attend_head(r.pool, &wide, scores, wide_out);
+                    col_attend_head(r.pool, &half, scores, halves_out);
+                    halves_differ += memcmp(wide_out, halves_out, nq * d * sizeof *wide_out) != 0;
+                }
                 for (uint32_t h = 0; h < nq; h++) {
-                    col_head_job one = {q + h * d, k, v, STRIDE, n, d, 0.125f, 1, 0, sink ? sink + h : NULL};
+                    col_head_job one = {.q = q + h * d, .k = k, .v = v, .stride = STRIDE, .n_keys = n, .d = d,
+                                        .scale = 0.125f, .n_q = 1, .sinks = sink ? sink + h : NULL};
                     col_attend_head(r.pool, &one, scores, alone);
                     grouped_differs += memcmp(alone, out + h * d, d * sizeof *alone) != 0;
                     double p[MAX_KEYS], max = sink ? sink[h] : -INFINITY, sum = 0.0;
@@ -1054,8 +1072,11 @@ static void test_attend_heads(const char *isa)
     }
     CHECK(bad == 0);
     CHECK(grouped_differs == 0);
-    if (bad || grouped_differs) fprintf(stderr, "attend heads %s: %d outputs off, %d grouped heads differ\n", isa, bad, grouped_differs);
-    free(k), free(v), free(scores);
+    CHECK(halves_differ == 0);
+    if (bad || grouped_differs || halves_differ)
+        fprintf(stderr, "attend heads %s: %d outputs off, %d grouped heads differ, %d half caches differ\n", isa, bad,
+                grouped_differs, halves_differ);
+    free(k), free(v), free(scores), free(k_wide), free(v_wide), free(k_half), free(v_half);
     pool_done(&r);
 }
 
@@ -1120,9 +1141,17 @@ static void test_round_f16(const char *isa)
         for (size_t k = 0; k < sizeof special / sizeof *special; k++) v[k] = special[k];
         memcpy(want, v, n * sizeof *v);
         col_round_f16(NULL, want, n);
+        uint16_t *halves = malloc(n * sizeof *halves); /* the same values as bits (the KV cache's) */
+        col_f16_row(col_pool_isa(r.pool), v, n, halves);
+        int halves_wrong = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            const float back = col_f16_to_f32(halves[i]);
+            halves_wrong += memcmp(&back, &want[i], sizeof back) != 0;
+        }
+        CHECK(halves_wrong == 0);
         col_round_f16(r.pool, v, n);
         CHECK(memcmp(v, want, n * sizeof *v) == 0);
-        free(v), free(want);
+        free(v), free(want), free(halves);
     }
     pool_done(&r);
 }

@@ -73,7 +73,8 @@ def _topk_run(selection: np.ndarray, k: int) -> Run:
 def test_variant_specs_round_trip() -> None:
     for spec in ("seq", "seq+fma", "pairwise", "blocked8+fma", "seq+split4", "act-bf16",
                  "noise3@9", "w-f16", "w-bf16+blocked16", "k-portable", "w-bf16+k-avx2",
-                 "k-avx512+act-bf16", "dot-bf16", "w-bf16+dot-bf16+act-bf16"):
+                 "k-avx512+act-bf16", "dot-bf16", "w-bf16+dot-bf16+act-bf16", "kv-f16",
+                 "dot-bf16+kv-f16"):
         v = Variant.parse(spec)
         assert Variant.parse(v.name) == v
     assert Variant.parse("split4").numerics.reduction == "sequential"
@@ -121,6 +122,16 @@ def test_kernel_path_variant_runs_that_path(tiny_model_path: Callable[..., Path]
     assert JitterReport.from_dict(json.loads(report_json(report))).kernels == best_kernels()
 
 
+def test_a_kv_cache_of_halves_takes_half_the_cache_bytes(tiny_model_path: Callable[..., Path]
+                                                         ) -> None:
+    with Model.open(tiny_model_path()) as m:
+        hp = m.hparams
+        exact = Session.memory_estimate(m, max_context=64)
+        halves = Session.memory_estimate(m, max_context=64, numerics="kv-f16")
+    cache = hp.n_layers * 64 * 2 * hp.n_kv_heads * hp.head_dim * 4  # keys and values, f32
+    assert abs((exact - halves) - cache // 2) < 2 * 64  # the two buffers' 64-byte alignment
+
+
 def test_bad_numerics_are_refused(tiny_model_path: Callable[..., Path]) -> None:
     with Model.open(tiny_model_path()) as m:
         with pytest.raises(ColibriValueError):
@@ -131,6 +142,8 @@ def test_bad_numerics_are_refused(tiny_model_path: Callable[..., Path]) -> None:
             Session(m, numerics="bogus")
         with pytest.raises(ColibriValueError, match="fma and split do not apply"):
             Session(m, numerics="dot-bf16+fma")
+        with pytest.raises(ColibriValueError, match="KV cache precision"):
+            Session(m, numerics={"kv": "f8"})
 
 
 # ---- the exact tie --------------------------------------------------------------------------
@@ -223,7 +236,7 @@ def test_variants_are_real_deterministic_computations(tiny_model_path: Callable[
     path = tiny_model_path("qwen2_moe", n_layers=3, n_experts=8, top_k=2, dense_layers=(1,))
     tokens = list(range(3, 23))
     base = _run(path, tokens)
-    for spec in ("seq", "blocked8+fma", "seq+split4", "act-bf16"):
+    for spec in ("seq", "blocked8+fma", "seq+split4", "act-bf16", "kv-f16"):
         one = _run(path, tokens, numerics=spec)
         four = _run(path, tokens, numerics=spec, threads=4)
         assert one[0].tobytes() == four[0].tobytes()
@@ -248,7 +261,8 @@ def test_variants_are_thread_and_batch_invariant_on_every_path(tmp_path: Path, k
         pytest.skip(f"this machine runs no {kernels} kernels")
     path = make_wide_model(tmp_path, dtype="bf16")
     tokens = list(range(3, 30))
-    for spec in ("seq", "pairwise+fma", "blocked8+fma+split4", "blocked3+split2", "dot-bf16"):
+    for spec in ("seq", "pairwise+fma", "blocked8+fma+split4", "blocked3+split2", "dot-bf16",
+                 "kv-f16"):
         one = _run(path, tokens, numerics=spec, kernels=kernels)
         three = _run(path, tokens, numerics=spec, kernels=kernels, threads=3)
         for x, y in zip(one, three):

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from colibri.jitter.remedies import RemedyReport
 
 VARIANT_HELP = ("comma-separated variants; each joins components with '+': seq, pairwise, "
-                "blockedL (L lanes), fma, splitS, act-bf16, act-f16, w-f32, w-f16, w-bf16, "
+                "blockedL (L lanes), fma, splitS, act-bf16, act-f16, kv-f16, w-f32, w-f16, w-bf16, "
                 "noiseN[@seed] (router logits +-N ULPs), k-portable, k-avx2, k-avx512f, k-avx512, k-amx (the "
                 "engine's kernels on that path of this machine). Default: "
                 + ",".join(DEFAULT_VARIANTS) + " and a k- variant for every kernel path of this "

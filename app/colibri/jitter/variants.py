@@ -17,13 +17,13 @@ from colibri.values import KERNEL_PATHS
 WEIGHT_DTYPES = ("f32", "f16", "bf16")
 
 # The default list: every reduction shape (sequential, pairwise, the SIMD widths 4/8/16/32 with
-# and without FMA), thread splits, activation and weight precisions, and router-logit noise.
+# and without FMA), thread splits, activation, KV cache and weight precisions, and router-logit noise.
 DEFAULT_VARIANTS = (
     "seq", "seq+fma", "pairwise", "pairwise+fma",
     "blocked4", "blocked8", "blocked16", "blocked32",
     "blocked4+fma", "blocked8+fma", "blocked16+fma", "blocked32+fma",
     "seq+split2", "seq+split4", "blocked8+fma+split4",
-    "dot-bf16", "act-bf16", "act-f16",
+    "dot-bf16", "act-bf16", "act-f16", "kv-f16",
     "w-f32", "w-f16", "w-bf16",
     "noise1", "noise2", "noise4",
 )
