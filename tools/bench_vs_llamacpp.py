@@ -19,8 +19,9 @@ and ik_llama.cpp's `llama-bench -rtr 1` (its run-time repacking), each a fresh p
 prefill: `--peer-decode`), in an order that rotates from turn to turn, with the read
 bandwidth probe (colibri.engine.measure_read_bandwidth, same threads) and the compute probe
 (colibri.compute: f32 FMA, bf16 and int8 dot products) between every two runs. `--numerics SPEC`
-(repeatable, e.g. dot-bf16) adds Colibri in that numerics mode as one more engine, on the cells
-whose file has bf16 weights; the default rows stay exact. `--kernels PATH` keeps Colibri to a
+(repeatable, e.g. dot-bf16, kv-f16) adds Colibri in that numerics mode as one more engine (dot-bf16
+on the cells whose file has bf16 weights, kv-f16 on every cell: the peers' default KV cache is
+f16); the default rows stay exact. `--kernels PATH` keeps Colibri to a
 path below the machine's best (avx512 on an AMX Xeon stands in for a CPU without AMX).
 
 It prints, per model and precision: each engine's prefill and decode tok/s (medians over
@@ -219,8 +220,12 @@ def numerics_of(engine: str) -> str | None:
 
 
 def runs_on(engine: str, cell: Cell) -> bool:
-    """A numerics mode runs only where it changes something: on files with bf16 weights."""
-    return numerics_of(engine) is None or "bf16" in cell.macs or "bf16x16" in cell.macs
+    """A numerics mode runs only where it changes something: `dot-bf16` on files with bf16
+    weights; `kv-f16` (the KV cache in halves) on every file."""
+    spec = numerics_of(engine)
+    if spec is None or "dot-bf16" not in spec.split("+"):
+        return True
+    return "bf16" in cell.macs or "bf16x16" in cell.macs
 
 
 def run_colibri(cell: Cell, args: argparse.Namespace, numerics: str | None
@@ -325,7 +330,7 @@ def compute_limit(cell: Cell, engine: str, kernels: str | None,
     from colibri import compute
 
     how = (compute.llamacpp_arithmetic if not engine.startswith("colibri") else
-           compute.colibri_arithmetic(kernels or "avx512", numerics_of(engine) == "dot-bf16"))
+           compute.colibri_arithmetic(kernels or "avx512", "dot-bf16" in (numerics_of(engine) or "").split("+")))
     return compute.limit_tok_s(compute.arithmetic_macs(cell.macs, how), rates)
 
 
