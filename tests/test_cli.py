@@ -395,10 +395,32 @@ def test_bench_json_states_decode_against_the_same_run_probe(capsys: Capture) ->
     assert r["limit_tok_s"] == pytest.approx(r["probe_gb_s"] * 1e9 / per_token)
     assert r["effective_gb_s"] == pytest.approx(per_token * r["decode_tok_s"] / 1e9)
     assert 0 < r["fraction_of_limit"]
-    # the traced run's phases: every weight byte of a token is counted in exactly one part
+    # the traced run's phases: every weight byte of a token is counted in exactly one part, the
+    # KV cache in attention's
     assert set(r["phases"]) == {"attention", "feed-forward", "outside layers"}
-    assert sum(p["mb"] for p in r["phases"].values()) * 1e6 == pytest.approx(per_token)
+    assert sum(p["mb"] for p in r["phases"].values()) * 1e6 == pytest.approx(
+        per_token + r["kv_bytes_per_token"])
     assert all(p["ms"] > 0 and p["gb_s"] > 0 for p in r["phases"].values())
+
+
+def test_bench_of_a_kv_cache_of_halves_counts_half_the_cache(capsys: Capture) -> None:
+    """`--numerics kv-f16`: the KV bytes a step reads and the session's memory are the exact
+    run's less half its cache; the variant is timed against the exact default."""
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    runs = {}
+    for spec in ("default", "kv-f16"):
+        assert main(["bench", str(demo), "-p", "8", "-n", "4", "-r", "1", "-t", "1",
+                     "--probe-mb", "64", "--numerics", spec, "--json"]) == 0
+        runs[spec] = json.loads(capsys.readouterr().out)
+    exact, halves = runs["default"], runs["kv-f16"]
+    assert halves["numerics"] == "kv-f16"
+    assert halves["kv_bytes_per_token"] * 2 == exact["kv_bytes_per_token"]
+    from colibri.engine import Model
+    with Model.open(demo) as m:
+        hp = m.hparams
+    cache = 2 * hp.n_layers * hp.n_kv_heads * hp.head_dim * 4 * (8 + 4 + 8)  # the bench's context
+    assert abs(exact["session_bytes"] - halves["session_bytes"] - cache // 2) < 2 * 64
+    assert halves["default_decode_tok_s"] > 0
 
 
 def test_bench_states_the_spread_of_its_repeats(capsys: Capture) -> None:

@@ -129,10 +129,12 @@ def kv_bytes_per_token(model: Model, first: int, n: int, element_bytes: int = 4)
     return row * compute.attended_keys(model, first, n) // n
 
 
-def phase_breakdown(model: Model, session: Session, first: int, n: int) -> dict[str, dict[str, float]]:
+def phase_breakdown(model: Model, session: Session, first: int, n: int, kv_bytes: int = 0
+                    ) -> dict[str, dict[str, float]]:
     """Median milliseconds per decoded token of each part of the step (from the trace's phase
-    timings of positions first..first+n-1) and the weight bandwidth each part reached: a part
-    well below the others is where a step loses time to something other than reading weights."""
+    timings of positions first..first+n-1) and the bandwidth each part reached over the bytes
+    it reads, its weights and, for attention, `kv_bytes` of KV cache a token: a part well below
+    the others is where a step loses time to something other than reading memory."""
     trace = session.trace
     assert trace is not None
     phases = trace.phase_ns[first:first + n].astype(np.float64) / 1e6  # [n, layers, phase]
@@ -142,6 +144,7 @@ def phase_breakdown(model: Model, session: Session, first: int, n: int) -> dict[
           "feed-forward": float(np.median(per_token[:, 1] + per_token[:, 2] + per_token[:, 3])),
           "outside layers": float(np.median(token_ms - per_token[:, 4]))}
     nbytes = phase_bytes(model)
+    nbytes["attention"] += kv_bytes
     return {part: {"ms": ms[part], "mb": nbytes[part] / 1e6,
                    "gb_s": nbytes[part] / (ms[part] * 1e6) if ms[part] > 0 else float("nan")}
             for part in ms}
@@ -324,6 +327,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     default_decode_s: list[float] = []
     phase_runs: list[dict[str, dict[str, float]]] = []
     memory = PeakMemory(path)
+    kv_bytes = kv_bytes_per_token(model, prompt, n, 2 if session.numerics.kv == "f16" else 4)
     macs = compute.arithmetic_macs(compute.prefill_macs(model, prompt), compute.colibri_arithmetic(
         session.kernels, "dot-bf16" in session.numerics.spec.split("+")))
     arithmetics = sorted(macs) if macs else []
@@ -343,7 +347,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         assert traced is not None
         traced.reset()
         traced_s.append(traced.generate(tokens, n + 1, eos=None).decode_ns / 1e9)
-        phase_runs.append(phase_breakdown(model, traced, prompt, n))
+        phase_runs.append(phase_breakdown(model, traced, prompt, n, kv_bytes))
 
     def default_run() -> None:  # the same work under the default numerics
         assert default is not None
@@ -393,7 +397,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         prompt_tokens=prompt, decode_tokens=n,
         repeats=repeats, prefill_tok_s=prompt / pre, decode_tok_s=dec_tok_s,
         decode_ms_per_token=1000.0 * dec / n, weight_bytes_per_token=wb,
-        kv_bytes_per_token=kv_bytes_per_token(model, prompt, n, 2 if session.numerics.kv == "f16" else 4),
+        kv_bytes_per_token=kv_bytes,
         effective_gb_s=wb * dec_tok_s / 1e9, probe_gb_s=bw / 1e9, limit_tok_s=limit,
         fraction_of_limit=statistics.median(fractions), trace_on_decode_tok_s=traced_tok_s,
         prefill_tok_s_range=(prompt / max(prefill_s), prompt / min(prefill_s)),
@@ -405,7 +409,8 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         baseline_rss_mb=baseline / 2**20,
         peak_rss_excludes_probe=memory.resettable, probe_mb=probe_bytes / 2**20,
         model_bytes=sum(t.nbytes for t in model.tensors), cache_bytes=last_level_cache_bytes(),
-        session_bytes=Session.memory_estimate(model, threads=threads, max_context=ctx, trace=False),
+        session_bytes=Session.memory_estimate(model, threads=threads, max_context=ctx, trace=False,
+                                              numerics=numerics),
         n_sessions=1 + (traced is not None) + (default is not None),
         phases={part: {key: statistics.median(run[part][key] for run in phase_runs)
                        for key in ("ms", "mb", "gb_s")} for part in phase_runs[0]} if phase_runs else {},
@@ -518,4 +523,5 @@ def format_result(r: BenchResult) -> str:
         *huge_page_lines(r),
         *(f"  {part:18s} {v['ms']:8.2f} ms/token  {v['mb']:8.1f} MB  {v['gb_s']:6.1f} GB/s  (traced run)"
           for part, v in r.phases.items()),
+        *(["  (attention's bytes: its weights and the KV cache)"] if r.phases else []),
     ])
