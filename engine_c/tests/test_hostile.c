@@ -374,6 +374,8 @@ static void test_session_config_ranges(void)
     expect_refused(m, c, "split 257 outside 0..256");
     c = small_config(); c.activation = COL_ACTIVATION_F16 + 1;
     expect_refused(m, c, "unknown activation precision");
+    c = small_config(); c.kv_precision = COL_KV_F16 + 1;
+    expect_refused(m, c, "unknown KV cache precision");
     c = small_config(); c.router_noise_ulps = (1u << 22) + 1;
     expect_refused(m, c, "router_noise_ulps");
 
