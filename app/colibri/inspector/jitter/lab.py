@@ -107,8 +107,8 @@ class QtJitterLab(QWidget):
         self.generate.setRange(0, 4096)
         self.generate.setValue(16)
         self.variants = QLineEdit(self)
-        self.variants.setPlaceholderText("default list (seq, pairwise, blocked4..32 +-fma, split, "
-                                         "act-bf16/f16, w-f32/f16/bf16, noise1/2/4)")
+        self.variants.setPlaceholderText("default list (seq, pairwise, blocked4..32 +-fma, split, dot-bf16, "
+                                         "act-bf16/f16, kv-f16, w-f32/f16/bf16, noise1/2/4)")
         self.variants.setToolTip("comma-separated variants; each joins components with '+' "
                                  "(docs/jitter.md); empty: the default list")
         self.eps = QLineEdit(self)
