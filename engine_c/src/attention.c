@@ -265,17 +265,17 @@ static void run_heads(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
         uint32_t pos = task->base + (uint32_t)t, first = 0;
         if (mask == COL_LAYER_SLIDING && pos + 1 > hp->sliding_window) first = pos + 1 - hp->sliding_window;
         if (mask == COL_LAYER_CHUNKED) first = pos - pos % hp->attention_chunk_size;
-        col_head_job job = {task->q + at,
-                            kv_rows(s, s->k_cache, task->layer, g) + first * d * s->kv_bytes,
-                            kv_rows(s, s->v_cache, task->layer, g) + first * d * s->kv_bytes,
-                            s->kv_bytes == sizeof(uint16_t),
-                            d,
-                            pos + 1 - first,
-                            (uint32_t)d,
-                            scale,
-                            n_q,
-                            n == 1 ? COL_DECODE_KV_PREFETCH : 0,
-                            sinks ? sinks + (uint64_t)g * group + h0 : NULL};
+        col_head_job job = {.q = task->q + at,
+                            .k = kv_rows(s, s->k_cache, task->layer, g) + first * d * s->kv_bytes,
+                            .v = kv_rows(s, s->v_cache, task->layer, g) + first * d * s->kv_bytes,
+                            .kv_f16 = s->kv_bytes == sizeof(uint16_t),
+                            .stride = d,
+                            .n_keys = pos + 1 - first,
+                            .d = (uint32_t)d,
+                            .scale = scale,
+                            .n_q = n_q,
+                            .prefetch = n == 1 ? COL_DECODE_KV_PREFETCH : 0,
+                            .sinks = sinks ? sinks + (uint64_t)g * group + h0 : NULL};
         col_attend_head(s->pool, &job, scores, task->att + at);
     }
 }

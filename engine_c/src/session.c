@@ -90,6 +90,12 @@ static uint64_t reserve(uint64_t *cursor, uint64_t count, uint64_t size)
     return at;
 }
 
+/* Bytes of a cached key or value element (col_session_config.kv_precision). */
+static uint32_t kv_element_bytes(const col_session_config *c)
+{
+    return c->kv_precision == COL_KV_F16 ? sizeof(uint16_t) : sizeof(float);
+}
+
 /* Walk every session buffer. With base == NULL only sizes are computed. Returns the total. */
 static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint64_t scratch_bytes, col_session *s,
                            uint8_t *base)
@@ -111,9 +117,8 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
         uint64_t at_ = reserve(&cur, (count), (size));           \
         if (s && base) s->field = (void *)(base + at_);          \
     } while (0)
-    const uint64_t kv_bytes = c->kv_precision == COL_KV_F16 ? sizeof(uint16_t) : sizeof(float);
-    BIND(k_cache, (uint64_t)hp->n_layers * cap * cache_row, kv_bytes);
-    BIND(v_cache, mla ? 0 : (uint64_t)hp->n_layers * cap * kv_dim, kv_bytes); /* MLA: k_cache */
+    BIND(k_cache, (uint64_t)hp->n_layers * cap * cache_row, kv_element_bytes(c));
+    BIND(v_cache, mla ? 0 : (uint64_t)hp->n_layers * cap * kv_dim, kv_element_bytes(c)); /* MLA: k_cache */
     BIND(inv_freq, hp->rotary_dim / 2 + 1, sizeof(float));
     uint64_t B = COL_BATCH, gff = max_u32((uint32_t)(k_slots * hp->d_ff_expert), max_u32(hp->d_ff_dense, hp->d_ff_shared));
     BIND(x, B * hp->d_model, sizeof(float));
@@ -271,7 +276,7 @@ int32_t col_session_create_ex(const col_model *model, const col_session_config *
     s->kv_heads = is_mla(hp) ? 1 : hp->n_kv_heads;
     s->att_dim = is_mla(hp) ? hp->kv_lora_rank + hp->qk_rope_head_dim : hp->head_dim;
     s->att_group = hp->n_heads / s->kv_heads;
-    s->kv_bytes = config->kv_precision == COL_KV_F16 ? sizeof(uint16_t) : sizeof(float);
+    s->kv_bytes = kv_element_bytes(config);
     const col_isa isa = session_isa(config);
     s->kernel_scratch_bytes = kernel_scratch_bytes(model, config, isa);
     s->arena_size = plan_arena(model, config, s->kernel_scratch_bytes, NULL, NULL);
