@@ -14,7 +14,7 @@ machine whose speed drifts by 10 % from minute to minute. Prints, per build, the
 and the median and quartiles of the per-pair ratios B / A (above 1: B is faster).
 
     python tools/bench_builds.py FILE [--a HEAD] [--b worktree] [-p 128] [-n 32] [-t 2] [--turns 8] [-r 3]
-                                 [--numerics default|dot-bf16]
+                                 [--numerics default|dot-bf16|kv-f16|dot-bf16+kv-f16]
                                  [--python] [--a-cflags=FLAGS] [--b-cflags=FLAGS] [--b-file FILE]
 
 --a-cflags / --b-cflags add compiler flags to one build's engine, so one revision can be measured
@@ -121,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=32, help="decoded tokens after each prefill")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--kernels", default="best", choices=("best", "portable", "avx2", "avx512f", "avx512", "amx"))
-    ap.add_argument("--numerics", default="default", choices=("default", "dot-bf16"),
-                    help="the numerics both builds run (dot-bf16: bf16 weights by bf16 dot products)")
+    ap.add_argument("--numerics", default="default", choices=("default", "dot-bf16", "kv-f16", "dot-bf16+kv-f16"),
+                    help="the numerics both builds run (dot-bf16: bf16 weights by bf16 dot products; kv-f16: "
+                         "the KV cache in halves, ABI 17 on)")
     ap.add_argument("--turns", type=int, default=8, help="turns of each build (processes)")
     ap.add_argument("-r", "--repeats", type=int, default=3, help="prefills (and decodes) per turn")
     ap.add_argument("--python", action="store_true",

@@ -3,7 +3,7 @@
  * API only, so that one source builds against any revision's libcolibri.a.
  *
  *   bench_session FILE [--prompt P] [--decode N] [--threads T] [--repeats R]
- *                 [--kernels best|portable|avx2|avx512f|avx512|amx] [--numerics default|dot-bf16]
+ *                 [--kernels best|portable|avx2|avx512f|avx512|amx] [--numerics default|dot-bf16|kv-f16|dot-bf16+kv-f16]
  *
  * Each repeat resets the session, prefills P tokens (the last position's logits only, as
  * `colibri bench` does) and steps N tokens more; a prefill and a few steps before the repeats page
@@ -32,7 +32,7 @@ static int parse_kernels(const char *s, uint32_t *kernels)
 static int usage(void)
 {
     fputs("usage: bench_session FILE [--prompt P] [--decode N] [--threads T] [--repeats R]\n"
-          "                     [--kernels best|portable|avx2|avx512f|avx512|amx] [--numerics default|dot-bf16]\n",
+          "                     [--kernels best|portable|avx2|avx512f|avx512|amx] [--numerics default|dot-bf16|kv-f16|dot-bf16+kv-f16]\n",
           stderr);
     return 2;
 }
@@ -48,7 +48,7 @@ int main(int argc, char **argv)
 {
     if (argc < 2) return usage();
     unsigned long prompt = 128, decode = 32, threads = 1, repeats = 5;
-    uint32_t kernels = COL_KERNELS_BEST, reduction = 0;
+    uint32_t kernels = COL_KERNELS_BEST, reduction = 0, kv_f16 = 0;
     for (int i = 2; i < argc; i += 2) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return usage();
@@ -61,8 +61,9 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--numerics") == 0) {
             /* 4: COL_REDUCTION_BF16_DOT, spelled as its value so this builds against libraries
              * older than ABI 11, which refuse it when the session is made */
-            if (strcmp(v, "dot-bf16") == 0) reduction = 4;
-            else if (strcmp(v, "default") != 0) return usage();
+            if (strcmp(v, "dot-bf16") == 0 || strcmp(v, "dot-bf16+kv-f16") == 0) reduction = 4;
+            if (strcmp(v, "kv-f16") == 0 || strcmp(v, "dot-bf16+kv-f16") == 0) kv_f16 = 1;
+            if (!reduction && !kv_f16 && strcmp(v, "default") != 0) return usage();
         } else
             return usage();
     }
@@ -84,6 +85,14 @@ int main(int argc, char **argv)
     config.max_context = (uint32_t)(prompt + decode + 1);
     config.kernels = kernels;
     config.reduction = reduction;
+#if COL_ABI_VERSION >= 17 /* the KV cache in halves */
+    config.kv_precision = kv_f16;
+#else
+    if (kv_f16) {
+        fputs("bench_session: this library has no KV cache in halves (ABI < 17)\n", stderr);
+        return 2;
+    }
+#endif
     col_session *session = NULL;
     char err[256] = "";
     int32_t *tokens = malloc(prompt * sizeof *tokens);
