@@ -231,7 +231,8 @@ def add_numerics(p: argparse.ArgumentParser, more: str = "") -> None:
     p.add_argument("--numerics", type=numerics_spec, default=None, metavar="SPEC",
                    help="numerics variant (colibri.numerics spec; default: exact), e.g. dot-bf16: "
                         "bf16 weights by bf16 dot products, faster on CPUs with AVX512-BF16 and "
-                        "no AMX" + more)
+                        "no AMX; kv-f16: the KV cache in halves, half its bytes and memory at long "
+                        "contexts" + more)
 
 
 def numerics_spec(text: str) -> str:
