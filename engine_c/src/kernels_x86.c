@@ -1061,8 +1061,10 @@ COL_INLINE COL_T512 __m512 exp16(__m512 x)
  * - values: each (head, block of 16 dimensions) output has two chains, even and odd keys, added at
  *   the end; 16 chains run at once (4 heads x 2 blocks, 2 x 4 or 1 x 8).
  * A job whose cache comes from memory (decode: the step's weights have flushed it) asks for the
- * lines of the keys `prefetch` positions ahead and for its values a chunk ahead (group_values). The tree's loops are unrolled and a full
- * set of keys loads without per-key masks (key_scores), so the 16 accumulators stay in registers.
+ * lines of the keys `prefetch` positions ahead into L2 (into L1, the misses in flight were capped
+ * by L1's fill buffers) and for its values a chunk ahead (group_values). The tree's loops are
+ * unrolled and a full set of keys loads without per-key masks (key_scores), so the 16
+ * accumulators stay in registers.
  * The result is a fixed function of a head's inputs, so a step and a prefill block agree bit for
  * bit. */
 COL_INLINE COL_T512 __m512 sum16x16(__m512 *a)
@@ -1153,7 +1155,7 @@ COL_INLINE void part_keys_ahead(const col_head_job *h, uint32_t part, uint32_t i
     for (uint32_t k = 0; k < here; k++) {
         const uint64_t t = (uint64_t)k * part + i;
         if (t + h->prefetch < (uint64_t)(k + 1) * part && t + h->prefetch < h->n_keys)
-            COL_KV_PREFETCH_ROW(kv_at(h->k, (t + h->prefetch) * h->stride, f16), h->d, f16, _MM_HINT_T0);
+            COL_KV_PREFETCH_ROW(kv_at(h->k, (t + h->prefetch) * h->stride, f16), h->d, f16, _MM_HINT_T1);
     }
 }
 
@@ -1206,7 +1208,7 @@ COL_INLINE COL_T512 void group_scores(const col_head_job *h, uint32_t h0, const 
         const void *key = kv_at(h->k, (uint64_t)t0 * h->stride, f16);
         if (decode && t0 + h->prefetch < n) /* the lines of the keys that far ahead */
             for (uint32_t k = 0; k < KC && t0 + h->prefetch + k < n; k++)
-                COL_KV_PREFETCH_ROW(kv_at(h->k, (uint64_t)(t0 + h->prefetch + k) * h->stride, f16), h->d, f16, _MM_HINT_T0);
+                COL_KV_PREFETCH_ROW(kv_at(h->k, (uint64_t)(t0 + h->prefetch + k) * h->stride, f16), h->d, f16, _MM_HINT_T1);
         for (uint32_t k = 0; decode && k < here; k++) /* the values' first chunk beside the last `warm` keys */
             if (t0 + k + warm >= n)
                 COL_KV_PREFETCH_ROW(kv_at(h->v, (uint64_t)(t0 + k + warm - n) * h->stride, f16), h->d, f16, _MM_HINT_T1);
