@@ -441,6 +441,28 @@ def test_bench_states_the_spread_of_its_repeats(capsys: Capture) -> None:
     assert re.search(r"^of the limit .*; repeats [0-9.]+-[0-9.]+%\)$", text, re.M)
 
 
+def test_bench_states_how_the_decode_split_over_the_threads(capsys: Capture) -> None:
+    """On two threads `colibri bench` gives each thread's share of the decode's multiply-adds (the
+    engine's own counts), the workers' share in the repeats and the batches a token hands to every
+    thread, so a run whose worker the machine starved says so; on one thread it gives none."""
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    args = ["bench", str(demo), "-p", "8", "-n", "4", "-r", "2", "--probe-mb", "16", "--no-trace-check"]
+    assert main([*args, "-t", "2", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    caller, worker = r["decode_thread_shares"]
+    assert caller + worker == pytest.approx(1.0)
+    lo, hi = r["decode_worker_share_range"]
+    assert 0 <= lo <= worker <= hi <= 1  # a worker the machine does not run leaves its share at 0
+    assert r["decode_batches_per_token"] > 0 and 0 <= r["decode_batches_entered"] <= 1
+    assert main([*args, "-t", "2"]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^threads' work +[0-9.]+ / [0-9.]+ %  \(of the decode's multiply-adds", text, re.M)
+    assert re.search(r"^shared batches +[0-9.]+ a token  \(handed to every thread; the workers entered "
+                     r"[0-9.]+ %\)$", text, re.M)
+    assert main([*args, "-t", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["decode_thread_shares"] is None
+
+
 def test_bench_runs_the_kernel_path_asked_for(capsys: Capture) -> None:
     demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
     assert main(["bench", str(demo), "-p", "4", "-n", "2", "-r", "1", "--probe-mb", "16",

@@ -24,6 +24,11 @@ them with, and the compute probe's multiply-adds per second for each (same threa
 repeats like the bandwidth probe): the prefill limit is what the prefill would reach at those
 rates, and the fraction of it is the median over repeats, each against the better probe beside it.
 
+On more than one thread the report also gives how the decode's weight products split over the
+threads, from the engine's own counts (Session.thread_stats): each thread's share of the
+multiply-adds, and how many of the batches handed to every thread the workers entered. A repeat
+whose worker the machine ran late shows there, beside its low fraction of the limit.
+
 Memory: the peak RSS is measured over the runs only (Linux: the peak is reset after each probe
 through /proc/self/clear_refs and read before the next), so the probe's buffer (`--probe-mb`,
 1 GiB by default, larger than any cache) is not counted. The peak is split into what the process
@@ -47,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from colibri import compute
-from colibri.engine import ABI_VERSION, Model, Session, measure_read_bandwidth
+from colibri.engine import ABI_VERSION, Model, Session, ThreadStats, measure_read_bandwidth
 from colibri.fileformat import FLAG_TIED_EMBEDDINGS
 
 if TYPE_CHECKING:
@@ -207,6 +212,15 @@ class BenchResult:
     # of mapped_rss_mb, the pages mapped 2 MiB at a time (Linux smaps FilePmdMapped; None where
     # unknown): decode streams them with a TLB entry per 2 MiB instead of per 4 KiB
     mapped_huge_mb: float | None = None
+    # how the decode's weight products split over the threads (Session.thread_stats; None on one
+    # thread): each thread's share of the multiply-adds, the calling thread first (median over
+    # repeats), the workers' share together in the repeats (lowest and highest), the batches a
+    # decoded token hands to every thread, and the share of them the workers entered (the lowest
+    # worker's, median over repeats): a worker the machine runs late leaves its work to the caller
+    decode_thread_shares: tuple[float, ...] | None = None
+    decode_worker_share_range: tuple[float, float] | None = None
+    decode_batches_per_token: float | None = None
+    decode_batches_entered: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -302,6 +316,16 @@ class PeakMemory:
         return total, huge
 
 
+def thread_split(before: list[ThreadStats], after: list[ThreadStats]) -> tuple[list[float], int, float]:
+    """Between two readings of Session.thread_stats: each thread's share of the multiply-adds,
+    the batches handed to every thread, and the share of them the least present worker entered."""
+    macs = [a.multiply_adds - b.multiply_adds for a, b in zip(after, before)]
+    batches = [a.batches - b.batches for a, b in zip(after, before)]
+    total = sum(macs)
+    entered = min(batches[1:]) / batches[0] if batches[0] else 1.0
+    return [m / total if total else 0.0 for m in macs], batches[0], entered
+
+
 def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repeats: int = 3,
               probe_bytes: int = 1 << 30, trace_check: bool = True,
               kernels: str | None = None, numerics: str | None = None) -> BenchResult:
@@ -337,11 +361,21 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     traced = Session(model, threads=threads, max_context=ctx, trace=True, kernels=kernels,
                      numerics=numerics) if trace_check else None
     # prompt, then n steps: the prompt's positions and n decoded ones (eos ignored)
+    splits: list[tuple[list[float], int, float]] = []
+
     def untraced_run() -> None:
         session.reset()
-        generation = session.generate(tokens, n + 1, eos=None)
+        after_prompt: list[list[ThreadStats]] = []
+
+        def mark(_generation: Any, position: int) -> None:  # the counts the decode starts from
+            if position == prompt - 1:
+                after_prompt.append(session.thread_stats())
+
+        generation = session.generate(tokens, n + 1, eos=None, on_position=mark)
         prefill_s.append(generation.prefill_ns / 1e9)
         decode_s.append(generation.decode_ns / 1e9)
+        if threads > 1 and after_prompt:
+            splits.append(thread_split(after_prompt[0], session.thread_stats()))
 
     def traced_run() -> None:  # same prompt and positions: only tracing differs
         assert traced is not None
@@ -392,6 +426,15 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
                     prefill_cost=statistics.median(pre_cost), decode_cost=statistics.median(dec_cost),
                     prefill_cost_range=(min(pre_cost), max(pre_cost)),
                     decode_cost_range=(min(dec_cost), max(dec_cost)))
+    split: dict[str, Any] = {}
+    if splits:
+        workers = [sum(shares[1:]) for shares, _, _ in splits]
+        split = dict(
+            decode_thread_shares=tuple(statistics.median(shares[t] for shares, _, _ in splits)
+                                       for t in range(len(splits[0][0]))),
+            decode_worker_share_range=(min(workers), max(workers)),
+            decode_batches_per_token=statistics.median(batches for _, batches, _ in splits) / n,
+            decode_batches_entered=statistics.median(entered for _, _, entered in splits))
     return BenchResult(
         file=path, kernels=session.kernels, numerics=session.numerics.spec, engine_abi=ABI_VERSION, threads=threads,
         prompt_tokens=prompt, decode_tokens=n,
@@ -415,7 +458,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         phases={part: {key: statistics.median(run[part][key] for run in phase_runs)
                        for key in ("ms", "mb", "gb_s")} for part in phase_runs[0]} if phase_runs else {},
         prefill_macs_per_token=macs, compute_probe=best_rates if pre_limit else None,
-        prefill_limit_tok_s=pre_limit,
+        prefill_limit_tok_s=pre_limit, **split,
         prefill_fraction_of_limit=statistics.median(pre_fractions) if pre_fractions else None,
         prefill_fraction_of_limit_range=(min(pre_fractions), max(pre_fractions)) if pre_fractions else None,
         **cost)
@@ -496,6 +539,18 @@ def compute_lines(r: BenchResult) -> list[str]:
     return lines
 
 
+def thread_lines(r: BenchResult) -> list[str]:
+    """How the decode's products split over the threads (none on one thread)."""
+    if not r.decode_thread_shares or r.decode_worker_share_range is None \
+            or r.decode_batches_per_token is None or r.decode_batches_entered is None:
+        return []
+    shares = " / ".join(f"{100 * share:.1f}" for share in r.decode_thread_shares)
+    return [f"threads' work        {shares} %  (of the decode's multiply-adds, calling thread first, median; "
+            f"the workers' {_span(r.decode_worker_share_range, 100.0)} % in the repeats)",
+            f"shared batches       {r.decode_batches_per_token:9.1f} a token  (handed to every thread; the workers "
+            f"entered {100 * r.decode_batches_entered:.1f} %)"]
+
+
 def format_result(r: BenchResult) -> str:
     note = limit_note(r)
     return "\n".join([
@@ -516,6 +571,7 @@ def format_result(r: BenchResult) -> str:
         f"of the limit         {100 * r.fraction_of_limit:9.1f}%  (median over repeats, each against "
         f"the better probe beside it; repeats {_span(r.fraction_of_limit_range, 100.0)}%)",
         *([f"                     {note}"] if note else []),
+        *thread_lines(r),
         *compute_lines(r),
         f"decode, trace on     {r.trace_on_decode_tok_s:9.1f} tok/s  (cost {100 * r.trace_cost:+.1f}%)",
         f"session memory       {r.session_bytes / 2**20:9.2f} MiB (estimate, beyond the mapped weights)",

@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 17
+ABI_VERSION = 18
 # The first ABI whose q8_0/q4_0 products are in block order (one fused multiply-add per block and
 # output, the same bits on every kernel path): runs recorded by an older engine on weights of those
 # dtypes cannot be reproduced bit for bit.
@@ -284,6 +284,16 @@ class CacheStats:
         """hits / lookups; NaN before any lookup."""
         lookups = self.hits + self.misses
         return self.hits / lookups if lookups else float("nan")
+
+
+@dataclass(frozen=True)
+class ThreadStats:
+    """What one thread of a session did since creation or the last reset (col_thread_stats):
+    the multiply-adds of the weight products' rows it ran, and the batches handed to every thread
+    that it entered (the calling thread enters each; a worker the machine runs late misses some)."""
+
+    multiply_adds: int
+    batches: int
 
 
 @dataclass(frozen=True)
@@ -1178,6 +1188,20 @@ class Session:
         return CacheStats(int(out.expert_cache), int(out.resident), int(out.hits),
                           int(out.misses), int(out.decisions), int(out.kept))
 
+    def thread_stats(self) -> list[ThreadStats]:
+        """Each thread's counts since creation or the last reset, the calling thread's first
+        (col_session_thread_stats): their multiply-adds sum to the session's weight products'
+        (not the attention heads'), and their split is how much of the work each thread got."""
+        handle = self._live()
+        self._acquire()
+        try:
+            n = int(lib.col_session_thread_stats(handle, ffi.NULL, 0))
+            out = ffi.new("col_thread_stats[]", n)
+            lib.col_session_thread_stats(handle, out, n)
+        finally:
+            self._busy.release()
+        return [ThreadStats(int(t.multiply_adds), int(t.batches)) for t in out]
+
     def capture_into(self, buffer: np.ndarray | None, first_position: int = 0) -> None:
         """Capture the hidden state after each layer into `buffer` (float32, C-contiguous,
         writable, [rows, n_layers, d_model]) from now on: row r receives position
@@ -1284,7 +1308,7 @@ class Session:
 
 
 __all__ = ["KERNEL_PATHS", "CacheStats", "ColibriError", "HParams", "HeaderField", "Model",
-           "Problem", "RoutingInfo", "Section", "Session", "TensorInfo", "Trace", "best_kernels",
+           "Problem", "RoutingInfo", "Section", "Session", "TensorInfo", "ThreadStats", "Trace", "best_kernels",
            "check_embeddings", "header_fields", "validate", "validate_bytes"]
 
 

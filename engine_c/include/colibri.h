@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 17  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 18  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
@@ -54,7 +54,7 @@ extern "C" {
                                 COL_KERNELS_AVX512F, between AVX2 and AVX-512 (the later values
                                 moved up one: a ceiling orders the paths); 16: the panel dtype
                                 COL_DTYPE_BF16X16; 17: col_session_config.kv_precision (the KV cache
-                                in f16) */
+                                in f16); 18: col_thread_stats, col_session_thread_stats */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -543,6 +543,13 @@ typedef struct col_cache_stats {
     uint64_t kept;                 /* cached routing: decisions that kept the previous position's set */
 } col_cache_stats;
 
+/* What one thread of a session did since creation or the last reset (col_session_thread_stats). */
+typedef struct col_thread_stats {
+    uint64_t multiply_adds; /* of the weight products' rows it ran (a row of k columns for n tokens: k * n) */
+    uint64_t batches;       /* batches of work handed to every thread that it entered (the calling
+                               thread enters each; a worker the machine did not run in time misses some) */
+} col_thread_stats;
+
 typedef struct col_model col_model;
 typedef struct col_session col_session;
 
@@ -685,6 +692,14 @@ uint32_t col_session_position(const col_session *session);
  * decisions cached routing kept. Counted whether or not the trace is on; a session with neither
  * cached routing nor an expert cache counts nothing (all 0). COL_ERR_INVALID_ARG for a NULL argument or an index out of range. Owner thread. */
 int32_t col_session_cache_stats(const col_session *session, int32_t moe_index, col_cache_stats *out);
+
+/* Each thread's counts since creation or the last col_session_reset: out[0] the calling thread's,
+ * out[i] worker i's, for i < min(capacity, threads); returns the session's threads (0 for a NULL
+ * session; out may be NULL when capacity is 0). Their multiply-adds sum to those of the weight
+ * products the session ran (not the attention heads'); how they split shows how much of the work
+ * the workers got, which a machine that runs them late moves to the calling thread. Counted
+ * whether or not the trace is on. Owner thread, between calls. */
+uint32_t col_session_thread_stats(const col_session *session, col_thread_stats *out, uint32_t capacity);
 
 /* Fill *out with pointers to the trace (zero-copy). All counts are 0 and pointers NULL when
  * tracing is off. */

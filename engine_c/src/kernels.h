@@ -122,6 +122,12 @@ void col_attend_head(const col_pool *pool, const col_head_job *head, float *scor
 /* Threads of the pool including the caller (1 for NULL). */
 uint32_t col_pool_threads(const col_pool *pool);
 
+/* Thread t's counts since the pool's creation or the last col_pool_clear_stats (t 0 = the caller;
+ * zeros for a NULL pool or t out of range): the products' multiply-adds it ran, and the batches
+ * handed to every thread that it entered. Read and clear between batches, on the calling thread. */
+void col_pool_thread_stats(const col_pool *pool, uint32_t t, col_thread_stats *out);
+void col_pool_clear_stats(col_pool *pool);
+
 /* The path this pool runs ("portable", "avx2", "avx512", "amx"). */
 col_isa col_pool_isa(const col_pool *pool);
 const char *col_isa_name(col_isa isa);

@@ -72,6 +72,13 @@ typedef struct worker_arg {
     uint32_t index;           /* 1..n_threads-1; the caller is 0 */
 } worker_arg;
 
+/* A thread's counts, each written only by its own thread; 128 bytes apart, so no two threads'
+ * counts share a cache line wherever the array starts. */
+typedef struct thread_counts {
+    col_thread_stats stats;
+    uint8_t pad[128 - sizeof(col_thread_stats)];
+} thread_counts;
+
 struct col_pool {
     uint32_t n_threads;
     col_isa isa;
@@ -115,6 +122,7 @@ struct col_pool {
 #if defined(__x86_64__)
     col_decode_tuning tune;        /* the decode tiles' tuning on this CPU */
 #endif
+    thread_counts *counts;         /* [n_threads]: what each thread did (col_pool_thread_stats) */
 };
 
 
@@ -228,6 +236,7 @@ static uint64_t chunk_edge(const col_matvec_job *j, uint64_t g, uint64_t base, u
  * to end, each edge moved down to a whole batch tile. */
 static void run_work(const col_pool *pool, uint32_t t, uint64_t g0, uint64_t g1)
 {
+    pool->counts[t].stats.multiply_adds += g1 - g0;
     uint64_t base = 0;
     for (uint32_t k = 0; k < pool->n_jobs && base < g1; k++) {
         const col_matvec_job *j = &pool->jobs[k];
@@ -358,6 +367,7 @@ static void *worker_main(void *p)
         if (atomic_load(&pool->stopping)) break;
         seen = g;
         if (!enter_batch(pool, g)) continue;
+        pool->counts[arg.index].stats.batches++;
         run_share(pool, arg.index, pool->n_threads);
         atomic_fetch_sub(&pool->gate, 1);
     }
@@ -448,6 +458,11 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
         return NULL;
     }
     pthread_cond_init(&pool->work_ready, NULL);
+    pool->counts = col_alloc_zeroed(alloc, n_threads, sizeof *pool->counts);
+    if (!pool->counts) {
+        col_pool_free(pool);
+        return NULL;
+    }
     if (n_threads > 1) {
         pool->threads = col_alloc_zeroed(alloc, n_threads - 1, sizeof *pool->threads);
         pool->args = col_alloc_zeroed(alloc, n_threads - 1, sizeof *pool->args);
@@ -480,9 +495,21 @@ void col_pool_free(col_pool *pool)
     const col_allocator alloc = pool->alloc;
     col_dealloc(&alloc, pool->threads);
     col_dealloc(&alloc, pool->args);
+    col_dealloc(&alloc, pool->counts);
     pthread_cond_destroy(&pool->work_ready);
     pthread_mutex_destroy(&pool->mutex);
     col_dealloc(&alloc, pool);
+}
+
+void col_pool_thread_stats(const col_pool *pool, uint32_t t, col_thread_stats *out)
+{
+    *out = pool && t < pool->n_threads ? pool->counts[t].stats : (col_thread_stats){0, 0};
+}
+
+void col_pool_clear_stats(col_pool *pool)
+{
+    if (!pool) return;
+    for (uint32_t t = 0; t < pool->n_threads; t++) pool->counts[t].stats = (col_thread_stats){0, 0};
 }
 
 col_isa col_pool_isa(const col_pool *pool)
@@ -641,6 +668,7 @@ void col_matmul_here(const col_pool *pool, const col_matvec_job *jobs, uint32_t 
     for (uint32_t k = 0; k < n_jobs; k++) {
         assert(col_pool_runs_here(pool, jobs[k].w.dtype));
         job_rows(pool, &jobs[k], NULL, thread, 0, jobs[k].w.rows);
+        pool->counts[thread].stats.multiply_adds += jobs[k].w.rows * row_work(&jobs[k]);
     }
 }
 
@@ -712,6 +740,7 @@ static void dispatch(col_pool *pool, int worth_sharing)
         run_share(pool, 0, 1);
         return;
     }
+    pool->counts[0].stats.batches++;
     const uint64_t g = atomic_load(&pool->generation) + 1;
     atomic_store(&pool->gate, (g & 0xFFFFFFFFu) << 32);
     atomic_store(&pool->generation, g);

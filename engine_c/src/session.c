@@ -326,6 +326,7 @@ int32_t col_session_reset(col_session *session)
     session->position = 0;
     session->layers_done = COL_NO_LAYER;
     col_cache_clear(&session->cache);
+    col_pool_clear_stats(session->pool);
     return COL_OK;
 }
 
@@ -604,6 +605,14 @@ int32_t col_session_cache_stats(const col_session *session, int32_t moe_index, c
         out->kept += layer->kept;
     }
     return COL_OK;
+}
+
+uint32_t col_session_thread_stats(const col_session *session, col_thread_stats *out, uint32_t capacity)
+{
+    if (!session) return 0;
+    const uint32_t threads = col_pool_threads(session->pool);
+    for (uint32_t t = 0; out && t < capacity && t < threads; t++) col_pool_thread_stats(session->pool, t, &out[t]);
+    return threads;
 }
 
 int32_t col_session_capture(col_session *session, float *buffer, uint32_t first_position, uint32_t n_rows, char *err,
