@@ -9,6 +9,7 @@
  */
 #include "colibri.h"
 #include "harness.h"
+#include "corpus.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -16,18 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static char valid_path[512];
-
-static bool find_valid(void)
-{
-    const char *dirs[] = {"../tests/corpus", "tests/corpus"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(valid_path, sizeof valid_path, "%s/valid.colibri", dirs[i]);
-        if (access(valid_path, R_OK) == 0) return true;
-    }
-    return false;
-}
 
 static col_session_config config(uint32_t threads, uint32_t capture)
 {
@@ -148,11 +137,7 @@ static void test_bad_arguments(const col_model *m)
 
 int main(void)
 {
-    CHECK(find_valid());
-    if (!find_valid()) return TEST_REPORT();
-    col_model *m = NULL;
-    col_problem p;
-    CHECK(col_model_open(valid_path, &m, &p) == COL_OK);
+    col_model *m = open_valid();
     if (!m) return TEST_REPORT();
     col_hparams hp;
     CHECK(col_model_hparams(m, &hp) == COL_OK);

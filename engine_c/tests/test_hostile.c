@@ -12,6 +12,7 @@
  */
 #include "colibri.h"
 #include "harness.h"
+#include "corpus.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -52,19 +53,6 @@ static void counting_free(void *user, void *p)
 }
 
 /* ---- Files ----------------------------------------------------------------------------------- */
-
-static char valid_path[512];
-
-static bool find_valid(void)
-{
-    const char *dirs[] = {"../tests/corpus", "tests/corpus"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(valid_path, sizeof valid_path, "%s/valid.colibri", dirs[i]);
-        if (access(valid_path, R_OK) == 0)
-            return true;
-    }
-    return false;
-}
 
 /* Copy the valid file to a private temporary path (the tests truncate it). */
 static void copy_valid(char *out, size_t n, const char *tag)

@@ -9,35 +9,28 @@
  */
 #include "colibri.h"
 #include "harness.h"
+#include "corpus.h"
 
-#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
-
-static char valid_path[512];
-
-static bool find_valid(void)
-{
-    const char *dirs[] = {"../tests/corpus", "tests/corpus"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(valid_path, sizeof valid_path, "%s/valid.colibri", dirs[i]);
-        if (access(valid_path, R_OK) == 0) return true;
-    }
-    return false;
-}
 
 enum { N_TOKENS = 5, MAX_THREADS = 3 };
 static const int32_t tokens[N_TOKENS] = {1, 4, 2, 7, 3};
 
-/* A session of `threads` after a prefill of the tokens and one step: the threads' counts into out,
- * their multiply-adds summed. */
-static uint64_t run_and_count(const col_model *m, uint32_t threads, col_thread_stats *out)
+static col_session_config config(uint32_t threads)
 {
     col_session_config c;
     memset(&c, 0, sizeof c);
     c.n_threads = threads;
     c.max_context = 8;
+    return c;
+}
+
+/* A session of `threads` after a prefill of the tokens and one step: the threads' counts into out,
+ * their multiply-adds summed. */
+static uint64_t run_and_count(const col_model *m, uint32_t threads, col_thread_stats *out)
+{
+    col_session_config c = config(threads);
     char err[256];
     col_session *s = NULL;
     CHECK(col_session_create(m, &c, &s, err, sizeof err) == COL_OK);
@@ -72,10 +65,7 @@ static void test_bad_arguments(const col_model *m)
 {
     col_thread_stats out[1];
     CHECK(col_session_thread_stats(NULL, out, 1) == 0);
-    col_session_config c;
-    memset(&c, 0, sizeof c);
-    c.n_threads = 2;
-    c.max_context = 8;
+    col_session_config c = config(2);
     char err[256];
     col_session *s = NULL;
     CHECK(col_session_create(m, &c, &s, err, sizeof err) == COL_OK);
@@ -86,11 +76,7 @@ static void test_bad_arguments(const col_model *m)
 
 int main(void)
 {
-    CHECK(find_valid());
-    if (!find_valid()) return TEST_REPORT();
-    col_model *m = NULL;
-    col_problem p;
-    CHECK(col_model_open(valid_path, &m, &p) == COL_OK);
+    col_model *m = open_valid();
     if (!m) return TEST_REPORT();
     test_same_work_on_any_threads(m);
     test_bad_arguments(m);
