@@ -741,6 +741,7 @@ def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
                 assert 0 < speeds["prefill_of_compute"]["median"]
         assert row["ratios"]["llama.cpp"]["decode_tok_s"]["median"] > 0
         assert all(run["load"] >= 0 for runs in row["runs"].values() for run in runs)
+        assert all(run["worker_share"] is None for run in row["runs"]["colibri"])  # one thread: no workers
     assert bf16["ratios"]["colibri dot-bf16/llama.cpp"]["prefill_tok_s"]["median"] > 0
     assert report["compute_probe"]["best"]["f32 FMA"] > 0 and report["compute_probe"]["best"]["int8 dot"] > 0
     report_file = tmp_path / "report.json"
@@ -818,14 +819,16 @@ def test_bench_vs_llamacpp_keeps_colibri_to_the_kernel_path_asked_for() -> None:
     demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
     cell = module.Cell("demo", "bf16", demo, demo, {}, {})
     args = argparse.Namespace(p=4, n=2, threads=1, repeats=1, kernels="portable")
-    prefill, decode, kernels, huge = module.run_colibri(cell, args, None)
-    assert kernels == "portable" and prefill > 0 and decode > 0
+    prefill, decode, kernels, huge, workers = module.run_colibri(cell, args, None)
+    assert kernels == "portable" and prefill > 0 and decode > 0 and workers is None  # one thread
     # the share of the file's resident pages in 2 MiB pages, where smaps says
     assert (huge is None) is (not Path("/proc/self/smaps").exists()) and (huge is None or 0 <= huge <= 1)
     # the compute limits are that path's: the portable path has no vector instruction to probe
     assert set(module.compute_probe(args).values()) == {None}
-    args.kernels = None
-    assert module.run_colibri(cell, args, None)[2] == best_kernels()
+    args.kernels, args.threads = None, 2
+    _, _, kernels, _, workers = module.run_colibri(cell, args, None)
+    assert kernels == best_kernels()
+    assert workers is not None and 0 <= workers <= 1  # the worker's share of the decode's multiply-adds
 
 
 def test_bench_peak_memory_leaves_out_the_probe_and_names_the_mapped_file() -> None:

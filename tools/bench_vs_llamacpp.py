@@ -229,11 +229,12 @@ def runs_on(engine: str, cell: Cell) -> bool:
 
 
 def run_colibri(cell: Cell, args: argparse.Namespace, numerics: str | None
-                ) -> tuple[float, float, str, float | None]:
+                ) -> tuple[float, float, str, float | None, float | None]:
     """One `colibri bench` process (its own probe kept small: the script's probe is the one
-    that counts); its median prefill and decode tok/s over --repeats, its kernel path, and the
+    that counts); its median prefill and decode tok/s over --repeats, its kernel path, the
     share of the mapped file's resident pages in 2 MiB pages (None where unknown), which moves
-    its decode by a few % (performance.md, "the mapping's page size")."""
+    its decode by a few % (performance.md, "the mapping's page size"), and the workers' share
+    of the decode's multiply-adds (None on one thread), low when the machine ran them late."""
     command = [sys.executable, "-m", "colibri.cli", "bench", str(cell.colibri_file),
                "-p", str(args.p), "-n", str(args.n), "-t", str(args.threads),
                "-r", str(args.repeats), "--probe-mb", "64", "--no-trace-check", "--json"]
@@ -245,8 +246,10 @@ def run_colibri(cell: Cell, args: argparse.Namespace, numerics: str | None
                          timeout=RUN_TIMEOUT).stdout
     r = json.loads(out)
     huge, resident = r.get("mapped_huge_mb"), r["mapped_rss_mb"]
+    shares = r.get("decode_thread_shares")
     return (r["prefill_tok_s"], r["decode_tok_s"], r["kernels"],
-            huge / resident if huge is not None and resident > 0 else None)
+            huge / resident if huge is not None and resident > 0 else None,
+            sum(shares[1:]) if shares else None)
 
 
 def decode_arguments(engine: str, prompt: int, n: int, after_prompt: bool) -> list[str]:
@@ -386,9 +389,10 @@ def summarise(cells: list[Cell], engines: list[str]) -> list[dict[str, Any]]:
                       "quartiles": quartiles([r[key] for r in runs])}
                 for key in ("prefill_tok_s", "decode_tok_s", "fraction_of_limit",
                             "prefill_of_compute") if all(r.get(key) for r in runs)}
-            shares = [r["huge_page_share"] for r in runs if r.get("huge_page_share") is not None]
-            if shares:
-                row["engines"][engine]["huge_page_share"] = {"lowest": min(shares), "highest": max(shares)}
+            for key in ("huge_page_share", "worker_share"):
+                shares = [r[key] for r in runs if r.get(key) is not None]
+                if shares:
+                    row["engines"][engine][key] = {"lowest": min(shares), "highest": max(shares)}
         ours = [e for e in engines if e.startswith("colibri") and cell.runs.get(e)]
         theirs = [e for e in engines if not e.startswith("colibri")]
         for mine in ours:
@@ -492,6 +496,12 @@ def format_report(report: dict[str, Any]) -> str:
     if huge:
         lines += ["", "Colibri's files, share of their resident pages mapped 2 MiB at a time "
                   "(over turns): " + ", ".join(huge)]
+    workers = [f"{row['model']} {row['precision']} {_share(e['worker_share'])}"
+               for row in report["rows"] for name, e in row["engines"].items()
+               if name == "colibri" and "worker_share" in e]
+    if workers:
+        lines += ["", "Colibri's workers, their share of the decode's multiply-adds (over turns; "
+                  "an even split on 2 threads is 50 %): " + ", ".join(workers)]
     if not all(row["matched"] for row in report["rows"]):
         lines.append(f"\n* bytes per token differ by more than {100 * MATCHED_BYTES:.0f} %: "
                      "not like for like")
@@ -616,9 +626,9 @@ def main(argv: list[str] | None = None) -> int:
                 if engine not in cell.runs:
                     continue
                 started, run_load = time.monotonic(), os.getloadavg()[0]
-                kernels, huge = None, None
+                kernels, huge, workers = None, None, None
                 if engine.startswith("colibri"):
-                    prefill, decode, kernels, huge = run_colibri(cell, args, numerics_of(engine))
+                    prefill, decode, kernels, huge, workers = run_colibri(cell, args, numerics_of(engine))
                 else:
                     binary = llama_bench if engine == "llama.cpp" else args.ik
                     extra = ["-rtr", "1"] if engine == "ik_llama.cpp" else args.llama_cpp_arg
@@ -638,13 +648,15 @@ def main(argv: list[str] | None = None) -> int:
                                           "prefill_limit_tok_s": prefill_limit,
                                           "prefill_of_compute": of_compute,
                                           "kernels": kernels, "huge_page_share": huge,
+                                          "worker_share": workers,
                                           "seconds": time.monotonic() - started,
                                           "load": run_load})
                 log(f"turn {turn + 1}/{args.turns} {cell.name} {engine}: prefill {prefill:.1f}"
                     + (f" ({100 * of_compute:.0f} % of {prefill_limit:.0f})" if of_compute else "")
                     + f", decode {decode:.1f} tok/s, {100 * fraction:.0f} % of "
                     f"{limit / 1e9:.1f} GB/s (load {run_load:.1f}"
-                    + (f"; file in 2 MiB pages {100 * huge:.0f} %" if huge is not None else "") + ")")
+                    + (f"; file in 2 MiB pages {100 * huge:.0f} %" if huge is not None else "")
+                    + (f"; workers {100 * workers:.0f} % of the decode" if workers is not None else "") + ")")
         if args.save is not None:  # a run stopped later keeps its finished turns
             tmp = args.save.with_name(f".{args.save.name}.tmp")
             tmp.write_text(json.dumps(report(turn + 1), indent=2))
