@@ -1308,8 +1308,8 @@ class Session:
 
 
 __all__ = ["KERNEL_PATHS", "CacheStats", "ColibriError", "HParams", "HeaderField", "Model",
-           "Problem", "RoutingInfo", "Section", "Session", "TensorInfo", "ThreadStats", "Trace", "best_kernels",
-           "check_embeddings", "header_fields", "validate", "validate_bytes"]
+           "Problem", "RoutingInfo", "Section", "Session", "TensorInfo", "ThreadStats", "Trace",
+           "best_kernels", "check_embeddings", "header_fields", "validate", "validate_bytes"]
 
 
 def measure_read_bandwidth(nbytes: int = 1 << 30, threads: int = 1, repeats: int = 5) -> float:
