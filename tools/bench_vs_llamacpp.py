@@ -490,18 +490,14 @@ def format_report(report: dict[str, Any]) -> str:
                 cells += [_ratio(r["decode_tok_s"], row["matched"]),
                           _ratio(r["prefill_tok_s"], row["matched"])]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    huge = [f"{row['model']} {row['precision']} {_share(e['huge_page_share'])}"
-            for row in report["rows"] for name, e in row["engines"].items()
-            if name == "colibri" and "huge_page_share" in e]
-    if huge:
-        lines += ["", "Colibri's files, share of their resident pages mapped 2 MiB at a time "
-                  "(over turns): " + ", ".join(huge)]
-    workers = [f"{row['model']} {row['precision']} {_share(e['worker_share'])}"
-               for row in report["rows"] for name, e in row["engines"].items()
-               if name == "colibri" and "worker_share" in e]
-    if workers:
-        lines += ["", "Colibri's workers, their share of the decode's multiply-adds (over turns; "
-                  "an even split on 2 threads is 50 %): " + ", ".join(workers)]
+    for key, title in (("huge_page_share", "Colibri's files, share of their resident pages mapped 2 MiB "
+                                            "at a time (over turns)"),
+                       ("worker_share", "Colibri's workers, their share of the decode's multiply-adds "
+                                        "(over turns; an even split on 2 threads is 50 %)")):
+        cells = [f"{row['model']} {row['precision']} {_share(e[key])}"
+                 for row in report["rows"] for name, e in row["engines"].items() if name == "colibri" and key in e]
+        if cells:
+            lines += ["", f"{title}: " + ", ".join(cells)]
     if not all(row["matched"] for row in report["rows"]):
         lines.append(f"\n* bytes per token differ by more than {100 * MATCHED_BYTES:.0f} %: "
                      "not like for like")
