@@ -456,9 +456,7 @@ static COL_T512Q void rows_decode(const col_matvec_job *j, const uint8_t *qx, ui
 
 /* ---- decode: weights stored in 8-row panels -------------------------------------------------- */
 
-#ifndef COL_STORED_STREAMS_512
-#define COL_STORED_STREAMS_512 4 /* panels a one-token tile reads at once, from distant parts of the share */
-#endif
+enum { STORED_STREAMS_MAX = 8 }; /* col_decode_tuning.stored_streams: at most 8 panels a tile */
 
 /* Activations of block k placed to match a 64-byte load of a stored panel, which holds the 8 rows'
  * 4-byte groups g (lanes 0-7) and g + 1 (lanes 8-15): q8_0 x[i] lanes 0-7 the token's group 2i of
@@ -517,8 +515,8 @@ COL_INLINE COL_T512Q void stored_tile(const col_matvec_job *j, const uint8_t *qx
     const int8_t *xq = (const int8_t *)qx;
     const float *dx = (const float *)(const void *)(qx + n);
     const int32_t *corr = (const int32_t *)(const void *)(qx + col_qrow_block_corrections(n));
-    const uint8_t *sc[COL_STORED_STREAMS_512], *pay[COL_STORED_STREAMS_512]; /* each panel's scales, its payload */
-    __m512 acc[COL_STORED_STREAMS_512 / 2 + 1];
+    const uint8_t *sc[STORED_STREAMS_MAX], *pay[STORED_STREAMS_MAX]; /* each panel's scales, its payload */
+    __m512 acc[STORED_STREAMS_MAX / 2];
     __m256 odd = _mm256_setzero_ps();
 #pragma GCC unroll 8
     for (int p = 0; p < NP; p++) sc[p] = (const uint8_t *)j->w.data + pr[p] * rb, pay[p] = sc[p] + 16 * nb;
@@ -563,16 +561,15 @@ COL_INLINE COL_T512Q void stored_tile(const col_matvec_job *j, const uint8_t *qx
     if (NP % 2) _mm256_storeu_ps(y + pr[NP - 1], odd);
 }
 
-/* Rows [r0, r1) (whole panels) of every token, a token at a time: the share cut into
- * COL_STORED_STREAMS_512 parts of whole panels as even as they can be, tile i takes panel i of each
- * part that has one (the parts' last tile may be short). */
+/* Rows [r0, r1) (whole panels) of every token, a token at a time: the share cut into S parts of
+ * whole panels as even as they can be (S, a constant where inlined, at most STORED_STREAMS_MAX),
+ * tile i takes panel i of each part that has one (the parts' last tile may be short). */
 COL_INLINE COL_T512Q void stored_tokens(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
-                                       const int q4)
+                                       const int q4, const int S)
 {
-    enum { S = COL_STORED_STREAMS_512 };
     const uint64_t qb = col_qrow_bytes(j->w.cols), np = (r1 - r0) / 8;
-    uint64_t from[S + 1], pr[S];
-    for (int s = 0; s <= S; s++) from[s] = np * (uint64_t)s / S;
+    uint64_t from[STORED_STREAMS_MAX + 1], pr[STORED_STREAMS_MAX];
+    for (int s = 0; s <= S; s++) from[s] = np * (uint64_t)s / (uint64_t)S;
     for (uint32_t t = 0; t < j->n_tokens; t++) {
         float *y = j->y + (uint64_t)t * j->w.rows;
         const uint8_t *x = qx + t * qb;
@@ -584,7 +581,7 @@ COL_INLINE COL_T512Q void stored_tokens(const col_matvec_job *j, const uint8_t *
             switch (tile) {
 #define TILE(c) \
     case c: \
-        if (c <= S) stored_tile(j, x, pr, c <= S ? c : S, y, ahead, q4); /* no code for tiles past S */ \
+        if (c <= S) stored_tile(j, x, pr, c, y, ahead, q4); /* no code for tiles past S */ \
         break;
                 TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8)
 #undef TILE
@@ -592,6 +589,16 @@ COL_INLINE COL_T512Q void stored_tokens(const col_matvec_job *j, const uint8_t *
             }
         }
     }
+}
+
+/* stored_tokens with the tuning's panels a tile, each count its own code. */
+COL_INLINE COL_T512Q void stored_tokens_tuned(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1,
+                                             col_decode_tuning tune, const int q4)
+{
+    if (tune.stored_streams == 8)
+        stored_tokens(j, qx, r0, r1, tune.stored, q4, 8);
+    else
+        stored_tokens(j, qx, r0, r1, tune.stored, q4, 4);
 }
 
 COL_T512Q void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *stage,
@@ -609,9 +616,9 @@ COL_T512Q void col_rows_int8_avx512(const col_matvec_job *j, const uint8_t *qx, 
     if (stored && q4 && j->n_tokens == 1 && !tune.q4_zmm)
         col_rows_int8_panels_avx2(j, qx, r0, r1, tune.q, 0); /* one token: vpdpbusd is not used */
     else if (stored && q4)
-        stored_tokens(j, qx, r0, r1, tune.stored, 1);
+        stored_tokens_tuned(j, qx, r0, r1, tune, 1);
     else if (stored)
-        stored_tokens(j, qx, r0, r1, tune.stored, 0);
+        stored_tokens_tuned(j, qx, r0, r1, tune, 0);
     else
         rows_decode(j, qx, 0, j->n_tokens, r0, r1, q4, tune.q);
 }

@@ -54,6 +54,15 @@
 #ifndef COL_FLOAT_STREAMS_AMD
 #define COL_FLOAT_STREAMS_AMD 4 /* col_decode_tuning.f_streams on AMD */
 #endif
+#ifndef COL_STORED_STREAMS
+#define COL_STORED_STREAMS 4 /* col_decode_tuning.stored_streams on Intel with AMX and on AMD */
+#endif
+#ifndef COL_STORED_STREAMS_NO_AMX
+#define COL_STORED_STREAMS_NO_AMX 8 /* col_decode_tuning.stored_streams on Intel without AMX */
+#endif
+#ifndef COL_Q4_ZMM_DECODE_NO_AMX
+#define COL_Q4_ZMM_DECODE_NO_AMX 1 /* col_decode_tuning.q4_zmm on Intel without AMX */
+#endif
 #ifndef COL_Q4_ZMM_DECODE_AMD
 #define COL_Q4_ZMM_DECODE_AMD 1 /* col_decode_tuning.q4_zmm on AMD */
 #endif
@@ -1955,16 +1964,24 @@ COL_T2 void col_f16_row_avx2(const float *x, uint64_t n, uint16_t *out)
     if (i < n) col_f16_row_portable(x + i, n - i, out + i);
 }
 
-/* By vendor, as measured (performance.md): on AMD (Zen 4) AVX-512 float decode tiles of 4 rows,
- * the stored-panel tiles without software prefetch and one token of q4_0 panels on them; on Intel
- * (Emerald Rapids) tiles of 8 rows, 1 KiB ahead and the AVX2 tile for that token. */
+/* By vendor and generation, as measured (performance.md): on AMD (Zen 4) AVX-512 float decode tiles
+ * of 4 rows, the stored-panel tiles without software prefetch and one token of q4_0 panels on
+ * them; on Intel with AMX (Emerald Rapids) tiles of 8 rows, 1 KiB ahead and the AVX2 tile for that
+ * token; on Intel without AMX (Ice Lake) the same but 8 stored panels a one-token tile, q4_0's on
+ * the AVX-512 tiles. */
 col_decode_tuning col_decode_tuning_here(void)
 {
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd"))
         return (col_decode_tuning){COL_PREFETCH_AHEAD_AMD, COL_PREFETCH_AHEAD_AMD, COL_STORED_AHEAD_AMD,
-                                   COL_FLOAT_STREAMS_AMD, COL_Q4_ZMM_DECODE_AMD};
-    return (col_decode_tuning){COL_PREFETCH_AHEAD, COL_PREFETCH_AHEAD_Q, COL_STORED_AHEAD, COL_DECODE_STREAMS, 0};
+                                   COL_FLOAT_STREAMS_AMD, COL_STORED_STREAMS, COL_Q4_ZMM_DECODE_AMD};
+    unsigned a, b, c, d;
+    const int amx_tile = __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 24) & 1);
+    if (!amx_tile)
+        return (col_decode_tuning){COL_PREFETCH_AHEAD, COL_PREFETCH_AHEAD_Q, COL_STORED_AHEAD, COL_DECODE_STREAMS,
+                                   COL_STORED_STREAMS_NO_AMX, COL_Q4_ZMM_DECODE_NO_AMX};
+    return (col_decode_tuning){COL_PREFETCH_AHEAD, COL_PREFETCH_AHEAD_Q, COL_STORED_AHEAD, COL_DECODE_STREAMS,
+                               COL_STORED_STREAMS, 0};
 }
 
 col_isa col_detect_isa(void)

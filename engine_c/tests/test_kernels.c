@@ -453,8 +453,9 @@ static uint8_t *raw_panels(uint32_t dtype, uint64_t rows, uint64_t cols, const u
 /* The AVX-512 kernel over stored panels gives the definition's bits (col_dotq_stored) for 1..9
  * tokens: 1 to 9 panels (tiles of 1..8 distant panels, a last odd one in 8 lanes), one block, an
  * odd block count, a partial last q4_0 group, long rows; extreme scales and activations; called
- * on the whole matrix and on two shares, with and without staging, and through AVX-512 pools of
- * 1 and 3 threads, each token also stepped alone. */
+ * on the whole matrix and on two shares, with and without staging, under each vendor's tuning
+ * (4 or 8 panels a one-token tile, either tile for one token of q4_0), and through AVX-512 pools
+ * of 1 and 3 threads, each token also stepped alone. */
 static void test_int8_stored_panels_avx512(void)
 {
     enum { MAX_T = 13, MAX_C = 4128 };
@@ -496,9 +497,10 @@ static void test_int8_stored_panels_avx512(void)
                         const col_matvec_job job = {w, x, got, nt, NULL};
                         for (int split = 0; split < 2; split++)
                             for (int staged = 0; staged < 2; staged++)
-                                for (int zmm = 0; zmm < 2; zmm++) { /* either tile for one token of q4_0 */
+                                for (int tuning = 0; tuning < 4; tuning++) { /* each vendor's one-token tiles */
                                     col_decode_tuning tune = col_decode_tuning_here();
-                                    tune.q4_zmm = zmm;
+                                    tune.q4_zmm = tuning & 1;
+                                    tune.stored_streams = tuning & 2 ? 8 : 4;
                                     memset(got, 0xFF, nt * rows * sizeof *got);
                                     const uint64_t mid = split ? rows / 16 * 8 : rows;
                                     uint8_t *st = staged ? stage : NULL;
