@@ -22,10 +22,11 @@
  * Weights stored in 8-row panels (q8_0x8/q4_0x8) are read where they lie: batches of
  * COL_STORED_MIN_TOKENS or more copy two stored panels into the staging panel, and fewer tokens
  * (q8_0 from one, q4_0 from one or two as col_decode_tuning says) run one-token tiles of 4 or 8
- * distant panels (col_decode_tuning.stored_streams), a token at a time. There a 64-byte load holds two 4-byte groups of the panel's 8
- * rows, vpdpbusd takes it against the token's two groups placed to match (one vpermd each, shared
- * by the tile's panels), and two panels' even and odd groups' sums, added by 256-bit halves, make
- * one vector of 16 row sums per block: no transposes at all.
+ * distant panels (col_decode_tuning.stored_streams), a token at a time. There a 64-byte load
+ * holds two 4-byte groups of the panel's 8 rows, vpdpbusd takes it against the token's two groups
+ * placed to match (one vpermd each, shared by the tile's panels), and two panels' even and odd
+ * groups' sums, added by 256-bit halves, make one vector of 16 row sums per block: no transposes
+ * at all.
  */
 #include "kernels_internal.h"
 #include "transpose_x86.h"

@@ -134,7 +134,7 @@ static void run_case(void)
     fill_weights(dtype, rows, cols);
     for (uint64_t i = 0; i < nt * cols; i++) x[i] = kind == KIND_INT8 ? (float)((int32_t)(rnd() % 20001u) - 10000) / 8192.0f : spread();
     const col_matvec_job job = {{weights, dtype, rows, cols, 0}, x, y, nt, NULL};
-    const col_decode_tuning tune = {1024, 1024, 1024, 8, 0};
+    const col_decode_tuning tune = {1024, 1024, 1024, 8, 4, 0};
     emu_result[0] = 0;
     if (kind == KIND_INT8) {
         const col_isa isa = emu_case[6] == ENTRY_AVX512F ? COL_ISA_AVX512F : COL_ISA_AVX512;
@@ -147,19 +147,22 @@ static void run_case(void)
             col_rows_avx512(&job, qx, 0, rows, stage, sizeof stage, tune);
         for (uint32_t t = 0; t < nt; t++)
             for (uint64_t r = 0; r < rows; r++) want[t * rows + r] = col_dotq_stored(weights, dtype, r, qx + t * qb, cols);
-        if (dtype == COL_DTYPE_Q4_0X8 && nt == 1 && emu_case[6] != ENTRY_AVX512F) {
-            /* the other tile a CPU may take for one token of q4_0 panels (col_decode_tuning.q4_zmm) */
-            const col_matvec_job zmm_job = {job.w, x, portable, nt, NULL};
-            col_decode_tuning zmm = tune;
-            zmm.q4_zmm = 1;
-            col_rows_int8_avx512(&zmm_job, qx, 0, rows, stage, sizeof stage, zmm);
-            for (uint64_t r = 0; r < rows; r++) {
-                uint32_t a, b;
-                memcpy(&a, &portable[r], 4);
-                memcpy(&b, &want[r], 4);
-                emu_result[0] += a != b;
+        if ((dtype == COL_DTYPE_Q4_0X8 || dtype == COL_DTYPE_Q8_0X8) && nt == 1 && emu_case[6] != ENTRY_AVX512F)
+            for (uint32_t streams = 4; streams <= 8; streams += 4) {
+                /* the other tiles a CPU may take for one token of stored panels: 4 or 8 panels a
+                 * tile (col_decode_tuning.stored_streams), q4_0's on them (q4_zmm) */
+                const col_matvec_job other_job = {job.w, x, portable, nt, NULL};
+                col_decode_tuning other = tune;
+                other.q4_zmm = 1;
+                other.stored_streams = streams;
+                col_rows_int8_avx512(&other_job, qx, 0, rows, stage, sizeof stage, other);
+                for (uint64_t r = 0; r < rows; r++) {
+                    uint32_t a, b;
+                    memcpy(&a, &portable[r], 4);
+                    memcpy(&b, &want[r], 4);
+                    emu_result[0] += a != b;
+                }
             }
-        }
     } else if (kind == KIND_NUMERICS) {
         col_numerics nx = {0};
         nx.reduction = (uint32_t)emu_case[7];
