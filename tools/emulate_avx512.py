@@ -14,8 +14,8 @@ case by case:
   * numerics: every jitter-lab variant's AVX-512 loops (seq, pairwise, blocked L, with fma and
     split partial sums) on f32, f16, bf16, q8_0 and q4_0 rows and q8_0/q4_0 8-row panels against
     the reference loops;
-  * bf16dot: vdpbf16ps (AVX512-BF16) against col_rows_bf16dot_portable, whole and partial blocks,
-    bf16 rows and bf16x16 panels;
+  * bf16dot: vdpbf16ps (AVX512-BF16), and its arithmetic in AVX-512 F/BW for CPUs without it,
+    against col_rows_bf16dot_portable, whole and partial blocks, bf16 rows and bf16x16 panels;
   * float: the default path's f32, f16 and bf16 tiles, whose bits differ from the portable path's
     by design (bf16x16's do not: both are one fused chain a row), a batch against its tokens one
     at a time (bits), and against col_rows_portable within 2^-16 of the largest output.
@@ -36,8 +36,9 @@ byte first:
 With `--cpu cannonlake` the package is used as it comes (its Cannon Lake: AVX-512 F/BW/VL without
 VNNI or BF16, the class of Colibri's avx512f path; Skylake-SP/X have the same AVX-512 subset but
 for VBMI and IFMA, which the kernels do not use): the avx512f path's kernels (its int8 products in
-their AVX-512BW form, the float tiles, the jitter-lab loops) must give the same bits there, and
-the VNNI kernels must fault (#UD), which shows the emulated CPU lacks what the path avoids.
+their AVX-512BW form, the float tiles, the jitter-lab loops, bf16 dot products without vdpbf16ps)
+must give the same bits there, and the VNNI kernels must fault (#UD), which shows the emulated CPU
+lacks what the path avoids.
 
     python tools/emulate_avx512.py [--cpu sapphire_rapids|cannonlake] [--quick]
                                    [--case KIND:DTYPE:ROWS:COLS:TOKENS[:ENTRY]] [-v]
@@ -374,6 +375,10 @@ def cannonlake_cases(quick: bool) -> list[Case]:
         for rows, cols, nt in ((37, 100, 1), (37, 100, 9), (80, 4384, 13)) if not quick else ((37, 100, 9),):
             out.append(Case("float", dtype, rows, cols, nt))
     out += [Case("float", "bf16x16", 80, 1056, 9), Case("float", "bf16x16", 48, 100, 1)]
+    # bf16 dot products without vdpbf16ps: rows with a partial block, decode and batches; panels
+    for dtype, rows, cols, nt in (("bf16", 7, 45, 1), ("bf16", 37, 1056, 1), ("bf16", 37, 100, 9),
+                                  ("bf16x16", 80, 1056, 9), ("bf16x16", 48, 100, 1), ("bf16x16", 80, 30, 17)):
+        out.append(Case("bf16dot", dtype, rows, cols, nt, "avx512f"))
     for dtype in ("bf16", "q8_0", "q4_0x8"):
         for variant in ("seq", "blocked8+fma", "pairwise+split3"):
             out.append(Case("numerics", dtype, 40 if dtype == "q4_0x8" else 37, 1056, 5, variant))

@@ -829,109 +829,47 @@ COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64
 
 #define COL_TBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,avx2,fma,f16c")))
 
-/* A tile of bf16 dot products: per step 32 columns of each row (one 64-byte load) against the
- * tokens' packed activations, vdpbf16ps adding each lane's odd then even product (a last, partial
- * step under a mask: zero pairs); the 16 lane sums reduced by the kernels' tree. Decode tiles take
- * distant rows and prefetch them `ahead` bytes ahead; batch tiles neighbouring rows. */
-COL_INLINE COL_TBF16 void tile_dp_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r, uint64_t step, int NR,
-                                         int NT, uint32_t t, uint32_t ahead)
+/* With vdpbf16ps, where the CPU has AVX512-BF16. */
+#define BF16DOT_TARGET COL_TBF16
+#define BF16DOT_STEP(acc, w, x) _mm512_dpbf16_ps(acc, (__m512bh)(w), (__m512bh)(x))
+#define BF16DOT_ROWS col_rows_bf16dot_avx512
+#include "kernels_bf16dot_x86.h"
+
+/* vdpbf16ps's DAZ on 32 bf16 values: one whose exponent field is zero becomes the zero of its sign. */
+COL_INLINE COL_T512 __m512i flush_bf16x32(__m512i v)
 {
-    const uint64_t n = j->w.cols, rb = 2 * n, steps = (n + 31) / 32;
-    const uint8_t *row[MAX_TILE_ROWS];
-    const uint16_t *x[4];
-    __m512 acc[MAX_TILE];
-    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)j->w.data + (r + (uint64_t)a * step) * rb;
-    for (int b = 0; b < NT; b++) x[b] = xp + (uint64_t)(t + b) * n;
-#pragma GCC unroll 24
-    for (int k = 0; k < NR * NT; k++) acc[k] = _mm512_setzero_ps();
-    next_tile_prefetch pf = next_tile_slice(j, r, step, NR, NT, t, rb, steps);
-    uint64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        next_tile_step(&pf);
-        __m512i xv[4];
-#pragma GCC unroll 4
-        for (int b = 0; b < NT; b++) xv[b] = _mm512_loadu_si512((const void *)(x[b] + i));
-#pragma GCC unroll 8
-        for (int a = 0; a < NR; a++) {
-            if (NT == 1) _mm_prefetch((const char *)(row[a] + 2 * i + ahead), _MM_HINT_T0);
-            const __m512i wv = _mm512_loadu_si512((const void *)(row[a] + 2 * i));
-#pragma GCC unroll 4
-            for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm512_dpbf16_ps(acc[a * NT + b], (__m512bh)wv, (__m512bh)xv[b]);
-        }
-    }
-    if (i < n) {
-        const __mmask32 m = (__mmask32)((1u << (n - i)) - 1u);
-        __m512i xv[4];
-#pragma GCC unroll 4
-        for (int b = 0; b < NT; b++) xv[b] = _mm512_maskz_loadu_epi16(m, x[b] + i);
-        /* unrolled as the main loop is: an accumulator indexed by a variable would keep all of
-         * them in a stack array, stored and reloaded around every pass */
-#pragma GCC unroll 8
-        for (int a = 0; a < NR; a++) {
-            const __m512i wv = _mm512_maskz_loadu_epi16(m, row[a] + 2 * i);
-#pragma GCC unroll 4
-            for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm512_dpbf16_ps(acc[a * NT + b], (__m512bh)wv, (__m512bh)xv[b]);
-        }
-    }
-    if (step == 1) {
-        hsum16_store_rows(acc, NR, NT, j->y + (uint64_t)t * j->w.rows + r, j->w.rows);
-        return;
-    }
-    float sums[MAX_TILE];
-    hsum16_many(acc, NR * NT, sums);
-    for (int a = 0; a < NR; a++)
-        for (int b = 0; b < NT; b++) j->y[(uint64_t)(t + b) * j->w.rows + r + (uint64_t)a * step] = sums[a * NT + b];
+    const __mmask32 tiny = _mm512_testn_epi16_mask(v, _mm512_set1_epi16(0x7F80));
+    return _mm512_mask_mov_epi16(v, tiny, _mm512_and_si512(v, _mm512_set1_epi16((short)0x8000)));
 }
 
-/* bf16 dot products over panels: per pair of columns one load a panel, and per token its pair of
- * activations broadcast (one 32-bit lane) into one vdpbf16ps, whose lanes are the panel's rows:
- * each output the chain col_dot_bf16_panel_portable defines. */
-COL_INLINE COL_TBF16 void tile_panel_dp_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r, uint64_t step,
-                                               int NP, int NT, uint32_t t, uint32_t ahead)
+/* vdpbf16ps's FTZ on 16 sums. */
+COL_INLINE COL_T512 __m512 flush16(__m512 v)
 {
-    const uint64_t n = j->w.cols;
-    const uint16_t *panel[PANEL_TILE_MAX];
-    const uint32_t *x[MAX_TILE_TOKENS];
-    __m512 acc[MAX_TILE];
-    for (int a = 0; a < NP; a++) panel[a] = (const uint16_t *)j->w.data + (r + (uint64_t)a * step) * n;
-    for (int b = 0; b < NT; b++) x[b] = (const uint32_t *)(const void *)(xp + (uint64_t)(t + b) * n);
-#pragma GCC unroll 24
-    for (int k = 0; k < NP * NT; k++) acc[k] = _mm512_setzero_ps();
-    for (uint64_t q = 0; q < n / 2; q++) {
-        __m512i w[PANEL_TILE_MAX];
-#pragma GCC unroll 4
-        for (int a = 0; a < NP; a++) {
-            const uint16_t *line = panel[a] + 2 * COL_BF16_PANEL_ROWS * q;
-            if (NT == 1) _mm_prefetch((const char *)line + ahead, _MM_HINT_T0);
-            w[a] = _mm512_loadu_si512((const void *)line);
-        }
-#pragma GCC unroll 8
-        for (int b = 0; b < NT; b++) {
-            const __m512i xv = _mm512_set1_epi32((int)x[b][q]);
-#pragma GCC unroll 4
-            for (int a = 0; a < NP; a++) acc[a * NT + b] = _mm512_dpbf16_ps(acc[a * NT + b], (__m512bh)w[a], (__m512bh)xv);
-        }
-    }
-#pragma GCC unroll 8
-    for (int b = 0; b < NT; b++)
-#pragma GCC unroll 4
-        for (int a = 0; a < NP; a++)
-            _mm512_storeu_ps(j->y + (uint64_t)(t + b) * j->w.rows + r + (uint64_t)a * step, acc[a * NT + b]);
+    const __m512i b = _mm512_castps_si512(v);
+    const __mmask16 tiny = _mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7F800000));
+    return _mm512_castsi512_ps(_mm512_mask_and_epi32(b, tiny, b, _mm512_set1_epi32((int)0x80000000u)));
 }
 
-COL_TBF16 void col_rows_bf16dot_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1,
-                                       col_decode_tuning tune)
+/* vdpbf16ps in AVX-512 F/BW: per lane the odd pair's product added, then the even one's, each a
+ * fused multiply-add (the product of two bf16 values is exact in f32), inputs and sums flushed as
+ * the instruction does (dp8 on AVX2). A tile's repeated splits of one weight or activation vector
+ * are the same expressions, which the compiler computes once. */
+COL_INLINE COL_T512 __m512 dp16_flushed(__m512 acc, __m512i w, __m512i x)
 {
-    if (is_bf16_panel(j->w.dtype)) {
-#define T(NP, NT, r, step, t) tile_panel_dp_avx512(j, xp, r, step, NP, NT, t, tune.f)
-        WALK_PANELS(T, 4, 3, 8);
-#undef T
-        return;
-    }
-#define T(NR, NT, r, step, t) tile_dp_avx512(j, xp, r, step, NR, NT, t, tune.f)
-    WALK_TILES_512(T);
-#undef T
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    w = flush_bf16x32(w);
+    x = flush_bf16x32(x);
+    acc = flush16(_mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(w, high)),
+                                  _mm512_castsi512_ps(_mm512_and_si512(x, high)), acc));
+    return flush16(_mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)),
+                                   _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), acc));
 }
+
+/* The same tiles on AVX-512 CPUs without AVX512-BF16 (Skylake-SP to Ice Lake and Rocket Lake). */
+#define BF16DOT_TARGET COL_T512
+#define BF16DOT_STEP(acc, w, x) dp16_flushed(acc, w, x)
+#define BF16DOT_ROWS col_rows_bf16dot_avx512f
+#include "kernels_bf16dot_x86.h"
 
 int col_has_avx512bf16(void)
 {

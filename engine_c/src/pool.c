@@ -149,6 +149,10 @@ static void job_rows(const col_pool *pool, const col_matvec_job *j, const uint8_
             col_rows_bf16dot_avx512(j, (const uint16_t *)(const void *)act, r0, r1, pool->tune);
             return;
         }
+        if (pool->isa >= COL_ISA_AVX512F) {
+            col_rows_bf16dot_avx512f(j, (const uint16_t *)(const void *)act, r0, r1, pool->tune);
+            return;
+        }
         if (pool->isa >= COL_ISA_AVX2) {
             col_rows_bf16dot_avx2(j, (const uint16_t *)(const void *)act, r0, r1);
             return;
@@ -210,7 +214,7 @@ static uint64_t batch_tile_rows(const col_pool *pool, const col_matvec_job *j)
     if (is_bf16_panel(j->w.dtype)) return COL_BF16_PANEL_ROWS; /* every path walks whole panels */
     if (j->n_tokens == 1) return is_panel_dtype(j->w.dtype) ? COL_STORED_PANEL_ROWS : 1;
 #if defined(__x86_64__)
-    if (dot_job(pool, j)) return pool->has_bf16_dot ? COL_BATCH_ROWS_512 : 1;
+    if (dot_job(pool, j)) return pool->isa >= COL_ISA_AVX512F ? COL_BATCH_ROWS_512 : 1;
     if (pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype)) return col_amx_tile_rows(j->n_tokens, pool->x_bf16);
     const col_isa isa = row_isa(pool, j->w.dtype);
     if (isa >= COL_ISA_AVX512F) return is_block_dtype(j->w.dtype) ? COL_PANEL_ROWS : COL_BATCH_ROWS_512;

@@ -10,8 +10,9 @@
  *   the avx512f path runs them, against col_dotq_stored;
  * - numerics: a jitter-lab variant's loops (col_numerics_rows_avx512) against its reference loops
  *   (col_numerics_matmul without a pool), every stored dtype of rows and of 8-row panels;
- * - bf16dot: bf16 dot products with vdpbf16ps (col_rows_bf16dot_avx512) against
- *   col_rows_bf16dot_portable, on bf16 rows and bf16x16 panels;
+ * - bf16dot: bf16 dot products with vdpbf16ps (col_rows_bf16dot_avx512), or (entry avx512f) its
+ *   arithmetic without AVX512-BF16 (col_rows_bf16dot_avx512f), against col_rows_bf16dot_portable, on
+ *   bf16 rows and bf16x16 panels;
  * - float: f32, f16 and bf16 products of the default path (col_rows_avx512), whose bits differ from
  *   the portable path's by design (another order of the sums): a batch must give the bits of its
  *   tokens run one at a time, and every output must lie within 2^-16 of the largest output's size
@@ -190,8 +191,11 @@ static void run_case(void)
         for (uint64_t i = 0; i < nt * rows; i++) far += !(fabsf(y[i] - portable[i]) <= largest * 0x1p-16f);
         emu_result[0] = far; /* added to the batch's bit differences from stepping below */
     } else {
+        /* entry avx512f: vdpbf16ps's arithmetic without it, what pools on CPUs without AVX512-BF16 call */
+        void (*const dot_rows)(const col_matvec_job *, const uint16_t *, uint64_t, uint64_t, col_decode_tuning) =
+            emu_case[6] == ENTRY_AVX512F ? col_rows_bf16dot_avx512f : col_rows_bf16dot_avx512;
         for (uint32_t t = 0; t < nt; t++) col_pack_bf16(x + t * cols, cols, COL_ISA_AVX512, xp + t * cols);
-        col_rows_bf16dot_avx512(&job, xp, 0, rows, tune);
+        dot_rows(&job, xp, 0, rows, tune);
         col_matvec_job reference = job;
         reference.y = want;
         col_rows_bf16dot_portable(&reference, 0, rows);
@@ -200,7 +204,7 @@ static void run_case(void)
             const col_matvec_job step = {job.w, x, portable, 1, NULL};
             col_decode_tuning four = tune;
             four.f_streams = 4;
-            col_rows_bf16dot_avx512(&step, xp, 0, rows, four);
+            dot_rows(&step, xp, 0, rows, four);
             for (uint64_t r = 0; r < rows; r++) {
                 uint32_t a, b;
                 memcpy(&a, &portable[r], 4);

@@ -326,9 +326,9 @@ static void test_bf16_dot_products(void)
     static const uint64_t cols_list[] = {7, 32, 45, 100, 1056};
     static const uint64_t rows_list[] = {1, 7, 37};
     static const uint32_t tokens_list[] = {1, 5, 9};
-    static const char *paths[] = {"avx2", "avx512"};
-    pool_run pools[2][2];
-    for (int p = 0; p < 2; p++) {
+    static const char *paths[] = {"avx2", "avx512f", "avx512"};
+    pool_run pools[3][2];
+    for (int p = 0; p < 3; p++) {
         pools[p][0] = pool_on(paths[p], 1, MAX_T, MAX_C);
         pools[p][1] = pool_on(paths[p], 3, MAX_T, MAX_C);
     }
@@ -372,7 +372,7 @@ static void test_bf16_dot_products(void)
                             mass += fabs((double)col_bf16_to_f32(w[r * cols + i]) * x[t * cols + i]);
                         far += fabs((double)ref[t * rows + r] - exact[t * rows + r]) > 0x1p-7 * mass + 1e-30;
                     }
-                for (int p = 0; p < 2; p++)
+                for (int p = 0; p < 3; p++)
                     for (int k = 0; k < 2; k++) {
                         if (!pools[p][k].pool) continue;
                         memset(got, 0xFF, sizeof got);
@@ -392,7 +392,7 @@ static void test_bf16_dot_products(void)
     CHECK(bad == 0);
     CHECK(checked > 0 || !pools[0][0].pool);
     CHECK(far == 0);
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < 3; p++)
         for (int k = 0; k < 2; k++) pool_end(&pools[p][k]);
 }
 
@@ -463,8 +463,8 @@ static void test_bf16_dot_rules_on_every_path(void)
         col_numerics_matmul(&nx, NULL, &job, 1);
         CHECK(want[c] == expect[c]);
     }
-    static const char *paths[] = {"avx2", "avx512"};
-    for (int p = 0; p < 2; p++) {
+    static const char *paths[] = {"avx2", "avx512f", "avx512"};
+    for (int p = 0; p < 3; p++) {
         pool_run r = pool_on(paths[p], 1, 1, COLS);
         if (!r.pool) continue;
         for (int c = 0; c < CASES; c++) {
