@@ -151,7 +151,8 @@ uint64_t col_kblock_carry_bytes(uint32_t n_tokens);
 /* How the decode tiles run on this CPU: the bytes ahead of its loads that a tile prefetches each
  * row, float rows (f) and q8_0/q4_0 payloads (q), and each panel in the AVX-512 stored-panel
  * tiles (stored; 0: none, the hardware prefetchers alone); the distant rows an AVX-512 float or
- * bf16 dot-product tile reads at once (f_streams: 4, else COL_DECODE_STREAMS); the distant stored
+ * bf16 dot-product tile reads at once (f_streams: 4, else COL_DECODE_STREAMS), and an exact
+ * one-token tile of bf16x16 panels (8 where f_streams is, else 4); the distant stored
  * panels an AVX-512 one-token tile reads at once (stored_streams: 4 or 8); and whether one token
  * of q4_0 panels takes the AVX-512 tile (q4_zmm, 1) or the AVX2 one (0). None of it changes a bit. */
 typedef struct col_decode_tuning {

@@ -517,7 +517,7 @@ COL_INLINE COL_T2 void rows_batch_avx2(const col_matvec_job *j, uint64_t r0, uin
  * over its row in column order, with no lane tree at its end. Decode tiles (one token) take NP
  * panels far apart in the thread's share (NP streams through memory), batch tiles neighbouring
  * ones, so each line loaded feeds NT tokens. */
-#define PANEL_TILE_MAX 4
+#define PANEL_TILE_MAX 8
 
 /* The panel tiles of rows [r0, r1) (whole panels): TILE(NP, NT, r, step, t), NPD panels for decode
  * and NPB x NTB for batches, the rest in smaller tiles. */
@@ -768,7 +768,7 @@ COL_INLINE COL_T512 void tile_panel_f_avx512(const col_matvec_job *j, uint64_t r
     const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
     for (uint64_t i = 0; i < n; i += 2) {
         __m512 even[PANEL_TILE_MAX], odd[PANEL_TILE_MAX];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int a = 0; a < NP; a++) {
             const uint16_t *line = panel[a] + COL_BF16_PANEL_ROWS * i;
             if (NT == 1) _mm_prefetch((const char *)line + ahead, _MM_HINT_T0);
@@ -779,7 +779,7 @@ COL_INLINE COL_T512 void tile_panel_f_avx512(const col_matvec_job *j, uint64_t r
 #pragma GCC unroll 8
         for (int b = 0; b < NT; b++) {
             const __m512 x0 = _mm512_set1_ps(x[b][i]), x1 = _mm512_set1_ps(x[b][i + 1]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int a = 0; a < NP; a++) {
                 acc[a * NT + b] = _mm512_fmadd_ps(even[a], x0, acc[a * NT + b]);
                 acc[a * NT + b] = _mm512_fmadd_ps(odd[a], x1, acc[a * NT + b]);
@@ -788,16 +788,20 @@ COL_INLINE COL_T512 void tile_panel_f_avx512(const col_matvec_job *j, uint64_t r
     }
 #pragma GCC unroll 8
     for (int b = 0; b < NT; b++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int a = 0; a < NP; a++)
             _mm512_storeu_ps(j->y + (uint64_t)(t + b) * j->w.rows + r + (uint64_t)a * step, acc[a * NT + b]);
 }
 
-/* bf16x16 rows [r0, r1) (whole panels) of job j, exact. */
+/* bf16x16 rows [r0, r1) (whole panels) of job j, exact; one token in tiles of as many distant
+ * panels as the CPU's float decode streams (tune.f_streams). */
 static COL_T512 void rows_panels_f_avx512(const col_matvec_job *j, uint64_t r0, uint64_t r1, col_decode_tuning tune)
 {
 #define T(NP, NT, r, step, t) tile_panel_f_avx512(j, r, step, NP, NT, t, tune.f)
-    WALK_PANELS(T, 4, 3, 6);
+    if (j->n_tokens == 1 && tune.f_streams == 8)
+        WALK_PANELS(T, 8, 3, 6);
+    else
+        WALK_PANELS(T, 4, 3, 6);
 #undef T
 }
 
