@@ -889,28 +889,35 @@ int col_has_avx_vnni(void)
     return __builtin_cpu_supports("avx2") && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
 }
 
-/* vdpbf16ps's DAZ and FTZ: a value whose exponent field is zero becomes the zero of its sign. */
+/* vdpbf16ps's FTZ on 8 sums: one whose exponent field is zero becomes the zero of its sign (all
+ * but the sign bit cleared where the field is zero). */
 COL_INLINE COL_T2 __m256 flush8(__m256 v)
 {
-    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
-    const __m256i exp = _mm256_set1_epi32(0x7F800000);
-    const __m256 tiny = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), exp),
-                                                              _mm256_setzero_si256()));
-    return _mm256_blendv_ps(v, _mm256_and_ps(v, sign), tiny);
+    const __m256i b = _mm256_castps_si256(v);
+    const __m256i tiny = _mm256_cmpeq_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7F800000)), _mm256_setzero_si256());
+    return _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_andnot_si256(_mm256_set1_epi32((int)0x80000000u), tiny), b));
+}
+
+/* vdpbf16ps's DAZ on 16 bf16 values, the same rule on 16-bit lanes. */
+COL_INLINE COL_T2 __m256i flush_bf16x16(__m256i v)
+{
+    const __m256i tiny = _mm256_cmpeq_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7F80)), _mm256_setzero_si256());
+    return _mm256_andnot_si256(_mm256_andnot_si256(_mm256_set1_epi16((short)0x8000), tiny), v);
 }
 
 /* Lanes 8h .. 8h + 7 of one step of a bf16 dot product on AVX2: 8 pairs of weights and
  * activations (32 bytes each), the odd product added, then the even one, each a fused
- * multiply-add and a flush, as vdpbf16ps does. */
+ * multiply-add and a flush, as vdpbf16ps does. A tile's repeated flushes and splits of one weight
+ * or activation vector are the same expressions, which the compiler computes once. */
 COL_INLINE COL_T2 __m256 dp8(__m256 acc, __m256i w, __m256i x)
 {
     const __m256i high = _mm256_set1_epi32((int)0xFFFF0000u);
-    const __m256 w_odd = flush8(_mm256_castsi256_ps(_mm256_and_si256(w, high)));
-    const __m256 x_odd = flush8(_mm256_castsi256_ps(_mm256_and_si256(x, high)));
-    const __m256 w_even = flush8(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-    const __m256 x_even = flush8(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
-    acc = flush8(_mm256_fmadd_ps(w_odd, x_odd, acc));
-    return flush8(_mm256_fmadd_ps(w_even, x_even, acc));
+    w = flush_bf16x16(w);
+    x = flush_bf16x16(x);
+    acc = flush8(_mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(w, high)),
+                                 _mm256_castsi256_ps(_mm256_and_si256(x, high)), acc));
+    return flush8(_mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)),
+                                  _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), acc));
 }
 
 /* bf16 dot products over panels on AVX2, NP panels x NT tokens: dp8 with a panel's rows in the
@@ -945,36 +952,73 @@ COL_INLINE COL_T2 void tile_panel_dp_avx2(const col_matvec_job *j, const uint16_
             _mm256_storeu_ps(j->y + (uint64_t)(t + b) * j->w.rows + r + (uint64_t)(h / 2) * step + 8 * (h % 2), acc[h * NT + b]);
 }
 
-COL_T2 void col_rows_bf16dot_avx2(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1)
+/* One block of 32 columns of tile_dp_avx2: rows w[a] against tokens x[b]. */
+COL_INLINE COL_T2 void block_dp_avx2(__m256 *lo, __m256 *hi, const uint16_t *const *w, const uint16_t *const *x, int NR,
+                                     int NT)
+{
+#pragma GCC unroll 4
+    for (int a = 0; a < NR; a++) {
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)w[a]);
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(const void *)(w[a] + 16));
+#pragma GCC unroll 4
+        for (int b = 0; b < NT; b++) {
+            lo[a * NT + b] = dp8(lo[a * NT + b], w0, _mm256_loadu_si256((const __m256i *)(const void *)x[b]));
+            hi[a * NT + b] = dp8(hi[a * NT + b], w1, _mm256_loadu_si256((const __m256i *)(const void *)(x[b] + 16)));
+        }
+    }
+}
+
+/* A tile of bf16 dot products on AVX2, NR rows x NT tokens (at most 4 outputs): per block of 32
+ * columns a row's two 32-byte halves against each token's, lanes 0-7 and 8-15 of vdpbf16ps's 16
+ * in two accumulators, their sum reduced by hsum8 (= the 16-lane tree); a last, partial block
+ * from zero-padded copies. Decode tiles take NR distant rows, batch tiles one row x NT tokens, so
+ * each weight vector's flush and split serves NT tokens, and each activation's NR rows. */
+COL_INLINE COL_T2 void tile_dp_avx2(const col_matvec_job *j, const uint16_t *xp, uint64_t r, uint64_t step, int NR,
+                                    int NT, uint32_t t)
 {
     const uint64_t n = j->w.cols;
+    const uint16_t *row[4], *x[4], *wi[4], *xi[4];
+    __m256 lo[4], hi[4];
+    for (int a = 0; a < NR; a++) row[a] = (const uint16_t *)j->w.data + (r + (uint64_t)a * step) * n;
+    for (int b = 0; b < NT; b++) x[b] = xp + (uint64_t)(t + b) * n;
+#pragma GCC unroll 4
+    for (int k = 0; k < NR * NT; k++) lo[k] = hi[k] = _mm256_setzero_ps();
+    uint64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+#pragma GCC unroll 4
+        for (int a = 0; a < NR; a++) wi[a] = row[a] + i;
+#pragma GCC unroll 4
+        for (int b = 0; b < NT; b++) xi[b] = x[b] + i;
+        block_dp_avx2(lo, hi, wi, xi, NR, NT);
+    }
+    if (i < n) { /* a last, partial block: zero pairs past n */
+        uint16_t wpad[4][32] = {{0}}, xpad[4][32] = {{0}};
+        for (int a = 0; a < NR; a++) {
+            memcpy(wpad[a], row[a] + i, (n - i) * sizeof(uint16_t));
+            wi[a] = wpad[a];
+        }
+        for (int b = 0; b < NT; b++) {
+            memcpy(xpad[b], x[b] + i, (n - i) * sizeof(uint16_t));
+            xi[b] = xpad[b];
+        }
+        block_dp_avx2(lo, hi, wi, xi, NR, NT);
+    }
+    for (int a = 0; a < NR; a++)
+        for (int b = 0; b < NT; b++)
+            j->y[(uint64_t)(t + b) * j->w.rows + r + (uint64_t)a * step] = hsum8(_mm256_add_ps(lo[a * NT + b], hi[a * NT + b]));
+}
+
+COL_T2 void col_rows_bf16dot_avx2(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1)
+{
     if (is_bf16_panel(j->w.dtype)) {
 #define T(NP, NT, r, step, t) tile_panel_dp_avx2(j, xp, r, step, NP, NT, t)
         WALK_PANELS(T, 2, 1, 4);
 #undef T
         return;
     }
-    for (uint64_t r = r0; r < r1; r++) {
-        const uint16_t *row = (const uint16_t *)j->w.data + r * n;
-        for (uint32_t t = 0; t < j->n_tokens; t++) {
-            const uint16_t *x = xp + (uint64_t)t * n;
-            __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-            uint64_t i = 0;
-            for (; i + 32 <= n; i += 32) {
-                lo = dp8(lo, _mm256_loadu_si256((const __m256i *)(row + i)), _mm256_loadu_si256((const __m256i *)(x + i)));
-                hi = dp8(hi, _mm256_loadu_si256((const __m256i *)(row + i + 16)),
-                         _mm256_loadu_si256((const __m256i *)(x + i + 16)));
-            }
-            if (i < n) { /* a last, partial block: zero pairs past n */
-                uint16_t wb[32] = {0}, xb[32] = {0};
-                memcpy(wb, row + i, (n - i) * sizeof(uint16_t));
-                memcpy(xb, x + i, (n - i) * sizeof(uint16_t));
-                lo = dp8(lo, _mm256_loadu_si256((const __m256i *)wb), _mm256_loadu_si256((const __m256i *)xb));
-                hi = dp8(hi, _mm256_loadu_si256((const __m256i *)(wb + 16)), _mm256_loadu_si256((const __m256i *)(xb + 16)));
-            }
-            j->y[(uint64_t)t * j->w.rows + r] = hsum8(_mm256_add_ps(lo, hi)); /* = the 16-lane tree */
-        }
-    }
+#define T(NR, NT, r, step, t) tile_dp_avx2(j, xp, r, step, NR, NT, t)
+    WALK_TILES(T, 4, 1);
+#undef T
 }
 
 /* exp(x), 16 at a time, for the SwiGLU gate and the softmax of a head: x = n ln2 + r with |r| <=
