@@ -172,7 +172,7 @@ int col_has_avx_vnni(void);
 /* Rows [r0, r1) of job j (bf16 weights), every token, by bf16 dot products with the bits of
  * col_dot_bf16_portable; xp: the job's activations packed by col_pack_bf16, [n_tokens][cols]. With
  * vdpbf16ps in register tiles (AVX512-BF16, where col_has_avx512bf16), or its arithmetic in the
- * same tiles on any AVX-512 F/BW CPU (_avx512f), or in AVX2 (row by row). */
+ * same tiles on any AVX-512 F/BW CPU (_avx512f), or in AVX2 tiles of their own. */
 void col_rows_bf16dot_avx512(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1, col_decode_tuning tune);
 void col_rows_bf16dot_avx512f(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1, col_decode_tuning tune);
 void col_rows_bf16dot_avx2(const col_matvec_job *j, const uint16_t *xp, uint64_t r0, uint64_t r1);
