@@ -192,21 +192,31 @@ static void clamped_swiglu(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     }
 }
 
-/* Between the routed experts' up and down projections: their biases, then the layer's activation
- * of h1 [rows][d_ff] and h3, into h1. */
-static void expert_activation(col_session *s, const col_layer *layer, uint64_t rows, uint64_t d_ff)
+/* The experts' chain (col_matmul_chain): a group is an expert, its up-projections the first stage,
+ * its down-projection the second. */
+typedef struct expert_step {
+    col_session *s;
+    const col_layer *layer;
+    uint64_t d_ff;
+} expert_step;
+
+/* Between an expert's up and down projections, on its rows [o, o + count) of h1 [rows][d_ff] and
+ * h3: the expert's biases, then the layer's activation into h1. */
+static void expert_activation(void *ctx, uint32_t thread, uint32_t group)
 {
-    if (layer->moe_w1_bias)
-        for (uint32_t e = 0; e < s->model->hp.n_experts; e++) {
-            if (!s->expert_count[e]) continue;
-            add_expert_bias(s->h1, layer->moe_w1_bias, e, s->expert_offset[e], s->expert_count[e], d_ff);
-            add_expert_bias(s->h3, layer->moe_w3_bias, e, s->expert_offset[e], s->expert_count[e], d_ff);
-        }
-    if (layer->route->activation == COL_EXPERT_SWIGLU_CLAMPED) {
-        clamped_task task = {s->h1, s->h3, layer->route->act_alpha, layer->route->act_limit};
-        col_pool_run(s->pool, clamped_swiglu, &task, rows * d_ff);
+    const expert_step *c = ctx;
+    col_session *s = c->s;
+    const uint32_t e = s->group_expert[group];
+    const uint64_t o = s->expert_offset[e], count = s->expert_count[e], d_ff = c->d_ff;
+    if (c->layer->moe_w1_bias) {
+        add_expert_bias(s->h1, c->layer->moe_w1_bias, e, o, (uint32_t)count, d_ff);
+        add_expert_bias(s->h3, c->layer->moe_w3_bias, e, o, (uint32_t)count, d_ff);
+    }
+    if (c->layer->route->activation == COL_EXPERT_SWIGLU_CLAMPED) {
+        clamped_task task = {s->h1, s->h3, c->layer->route->act_alpha, c->layer->route->act_limit};
+        clamped_swiglu(&task, thread, o * d_ff, (o + count) * d_ff);
     } else {
-        col_swiglu_gate(s->pool, s->h1, s->h3, rows * d_ff);
+        col_swiglu_gate_here(s->pool, s->h1 + o * d_ff, s->h3 + o * d_ff, count * d_ff);
     }
 }
 
@@ -363,29 +373,35 @@ void col_feed_forward(col_session *s, uint32_t layer_index, uint32_t n, uint64_t
                               ? 0 : col_pool_qrow_bytes(s->pool, up_dtype, d_model);
     tokens_task tokens = {s, d_model, ks, up_dtype, qrow, weight_inputs, sff != 0, shared_gate};
     if (!alone) col_pool_run(s->pool, group_tokens, &tokens, n);
+    /* Each expert's down-projection follows its own up-projections in one chain, not everyone's. */
+    uint32_t n_groups = 0;
     for (uint32_t e = 0; e < n_experts; e++) {
         if (!s->expert_count[e]) continue;
         uint64_t o = s->expert_offset[e];
         const float *x = alone ? s->xn : qrow ? NULL : s->expert_x + o * d_model;
         const uint8_t *xq = qrow ? (const uint8_t *)s->expert_x + o * qrow : NULL;
         const uint32_t count = s->expert_count[e];
+        s->group_expert[n_groups] = e;
+        s->job_group[n_jobs] = n_groups;
         s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w1, e), x, s->h1 + o * d_ff, count, xq};
+        s->job_group[n_jobs] = n_groups++;
         s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w3, e), x, s->h3 + o * d_ff, count, xq};
     }
     if (sff) {
         col_swiglu_gate(s->pool, s->shared_h1, s->shared_h3, (uint64_t)n * sff);
+        s->job_group[n_jobs] = COL_CHAIN_NONE;
         s->jobs[n_jobs++] = (col_matvec_job){col_weight_of(layer->shared_w2), s->shared_h1, s->shared_out, n, NULL};
     }
-    col_matmul_many(s->pool, s->jobs, n_jobs);
-    expert_activation(s, layer, off, d_ff);
-    n_jobs = 0;
-    for (uint32_t e = 0; e < n_experts; e++) {
-        if (!s->expert_count[e]) continue;
-        uint64_t o = s->expert_offset[e];
+    const uint32_t n_up = n_jobs;
+    for (uint32_t g = 0; g < n_groups; g++) {
+        const uint32_t e = s->group_expert[g];
+        const uint64_t o = s->expert_offset[e];
+        s->job_group[n_jobs] = g;
         s->jobs[n_jobs++] = (col_matvec_job){col_weight_expert(layer->moe_w2, e), s->h1 + o * d_ff,
                                              s->expert_out + o * d_model, s->expert_count[e], NULL};
     }
-    col_matmul_many(s->pool, s->jobs, n_jobs);
+    expert_step step = {s, layer, d_ff};
+    col_matmul_chain(s->pool, s->jobs, n_up, n_jobs, s->job_group, n_groups, expert_activation, &step);
     if (layer->moe_w2_bias)
         for (uint32_t e = 0; e < n_experts; e++)
             if (s->expert_count[e])

@@ -224,6 +224,11 @@ void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n)
     run_elementwise(pool, &task);
 }
 
+void col_swiglu_gate_here(const col_pool *pool, float *h1, const float *h3, uint64_t n)
+{
+    swiglu_gate_range(col_pool_isa(pool), h1, h3, n);
+}
+
 static void round_range(col_isa isa, float *v, const float *unused, uint64_t n)
 {
     (void)unused;

@@ -139,6 +139,10 @@ const char *col_isa_name(col_isa isa);
  * bits. */
 void col_swiglu_gate(col_pool *pool, float *h1, const float *h3, uint64_t n);
 
+/* col_swiglu_gate on the calling thread alone, with the pool's path and so the same bits: for a
+ * pool thread inside a task or a chain's step, which must not use the pool. Pure. */
+void col_swiglu_gate_here(const col_pool *pool, float *h1, const float *h3, uint64_t n);
+
 /* RMSNorm of one row: out[i] = w[i] * (x[i] * inv) for i < n, inv = 1 / sqrtf(ss / n + eps), where
  * ss, the sum of squares, has one order on every path: x[i] * x[i] (one f32 multiply) added to
  * one f32 sum from i = 0 up. x and out [n] may be the same array; w [n] is f32. Pure: safe
@@ -200,6 +204,27 @@ void col_load_matrix_range(const void *matrix, uint32_t dtype, uint64_t cols, ui
  * computed alone (a job of one token), whatever the batch, the job's n_tokens or the thread
  * count; a job of one token runs the decode tiles. */
 void col_matmul_many(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs);
+
+/* A first-stage job of a chain that belongs to no group (col_matmul_chain). */
+#define COL_CHAIN_NONE UINT32_MAX
+
+/* What a chain runs for group g between its two stages (col_matmul_chain), on the pool thread
+ * `thread` that finished the group's last first-stage rows while others run other rows: it must
+ * touch only the group's data and must not use the pool. */
+typedef void (*col_chain_step)(void *ctx, uint32_t thread, uint32_t group);
+
+/* Two dependent batches in one dispatch: the products jobs[0, n_first) (the first stage), then for
+ * each group g < n_groups step(ctx, thread, g) once every first-stage job of group g is done, then
+ * the products jobs[n_first, n_jobs) (the second stage), a job of group g once step has run for g.
+ * group[k] is job k's group (< n_groups), or COL_CHAIN_NONE for a first-stage job of none; every
+ * second-stage job has one. A thread out of first-stage rows starts the second-stage rows of a
+ * group whose step has run instead of waiting for the last first-stage row (an expert's
+ * down-projection after its own up-projections, not everyone's). The same bits as
+ * col_matmul_many(first stage), step for every group in order, col_matmul_many(second stage), which
+ * it runs instead when the pool cannot chain them (NULL, a numerics variant, jobs or activations
+ * beyond its limits). Not reentrant, like col_pool_run. */
+void col_matmul_chain(col_pool *pool, const col_matvec_job *jobs, uint32_t n_first, uint32_t n_jobs,
+                      const uint32_t *group, uint32_t n_groups, col_chain_step step, void *ctx);
 
 /* col_matmul_many on the kernels alone, ignoring a numerics variant (numerics.c calls it).
  * x_bf16: 1 when every activation of every job is a bf16 value (numerics.c rounded them), which

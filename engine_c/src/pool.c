@@ -111,6 +111,14 @@ struct col_pool {
     _Atomic uint32_t next_chunk;
     uint64_t least_chunk;      /* the least chunk plan_chunks cut, the least sub-piece */
     _Atomic uint16_t next_part[COL_MAX_CHUNKS]; /* chunk c's sub-pieces taken so far (<= parts + threads) */
+    /* a chain (col_matmul_chain): NULL chain_group for a plain batch */
+    const uint32_t *chain_group;   /* [n_jobs] each job's group or COL_CHAIN_NONE */
+    uint32_t chain_first;          /* jobs [0, chain_first) are the first stage */
+    uint32_t first_chunks;         /* chunks [0, first_chunks) hold the first stage's rows, the rest the second's */
+    col_chain_step chain_step;
+    void *chain_ctx;
+    _Atomic uint64_t *group_left;  /* [max_jobs] a group's first-stage work not yet done */
+    _Atomic uint32_t *group_ready; /* [max_jobs] 1 once a group's step has run and its activations are prepared */
     /* scratch (caller-owned): per-job prepared activations, per-thread AMX staging */
     uint32_t max_jobs;
     uint64_t act_capacity;         /* bytes at act_buf */
@@ -236,9 +244,13 @@ static uint64_t chunk_edge(const col_matvec_job *j, uint64_t g, uint64_t base, u
     return r >= j->w.rows ? j->w.rows : r - r % align;
 }
 
+static void await_group(col_pool *pool, uint32_t t, uint32_t g);
+static void finish_group_rows(col_pool *pool, uint32_t t, uint32_t g, uint64_t work);
+
 /* The rows of a batch of products whose work starts in [g0, g1) of the batch's work, rows laid end
- * to end, each edge moved down to a whole batch tile. */
-static void run_work(const col_pool *pool, uint32_t t, uint64_t g0, uint64_t g1)
+ * to end, each edge moved down to a whole batch tile. In a chain, a second-stage job's rows wait
+ * for their group's step, and a first-stage job's rows count down their group's work. */
+static void run_work(col_pool *pool, uint32_t t, uint64_t g0, uint64_t g1)
 {
     pool->counts[t].stats.multiply_adds += g1 - g0;
     uint64_t base = 0;
@@ -246,37 +258,51 @@ static void run_work(const col_pool *pool, uint32_t t, uint64_t g0, uint64_t g1)
         const col_matvec_job *j = &pool->jobs[k];
         const uint64_t align = pool->walk ? pool->walk_align : batch_tile_rows(pool, j);
         uint64_t lo = chunk_edge(j, g0, base, align), hi = chunk_edge(j, g1, base, align);
-        if (lo < hi && pool->walk)
+        if (lo < hi && pool->walk) {
             pool->walk(pool->walk_ctx, j, lo, hi);
-        else if (lo < hi)
+        } else if (lo < hi) {
+            const uint32_t g = pool->chain_group ? pool->chain_group[k] : COL_CHAIN_NONE;
+            if (g != COL_CHAIN_NONE && k >= pool->chain_first) await_group(pool, t, g);
             job_rows(pool, j, k < pool->max_jobs ? pool->act[k] : NULL, t, lo, hi);
+            if (g != COL_CHAIN_NONE && k < pool->chain_first) finish_group_rows(pool, t, g, (hi - lo) * row_work(j));
+        }
         base += j->w.rows * row_work(j);
     }
 }
 
-/* Cut a batch of `work` (multiply-adds, or a task's items) into chunks for the pool's n threads,
+/* Cut `work` (multiply-adds, or a task's items) of a batch, from `start` on, into chunks *c.. (at
+ * most max_chunks of them, *c moved past them) for the pool's n threads, and return the least,
  * guided: each chunk is the work left divided by 2n, but at least `least_work` and a `parts`-th
  * of the work (and at most an n-th of it, so each thread gets one), so the first chunks are long
  * (a product's rows make long streams) and the last ones short, so neither thread waits long for
  * the other's last chunk. Up to 128 threads the chunks stop shrinking before COL_MAX_CHUNKS of
  * them (about 20 for 2 threads and 256 parts). Each chunk is run as up to COL_CHUNK_PARTS
  * sub-pieces of at least the least chunk. */
-static void plan_chunks(col_pool *pool, uint64_t work, uint64_t least_work, uint64_t parts)
+static uint64_t plan_range(col_pool *pool, uint32_t *c, uint32_t max_chunks, uint64_t start, uint64_t work,
+                           uint64_t least_work, uint64_t parts)
 {
     const uint64_t n = pool->n_threads, least_by_work = work / parts;
     uint64_t least = least_by_work > least_work ? least_by_work : least_work;
     if (least > (work + n - 1) / n) least = (work + n - 1) / n; /* a small product: one chunk per thread */
     uint64_t done = 0;
-    uint32_t c = 0;
-    while (done < work && c + 1 < COL_MAX_CHUNKS) {
+    const uint32_t c0 = *c;
+    while (done < work && *c + 1 < c0 + max_chunks) {
         uint64_t size = (work - done) / (2 * n);
         size = size > least ? size : least;
         done = work - done > size ? done + size : work;
-        pool->chunk_end[c++] = done;
+        pool->chunk_end[(*c)++] = start + done;
     }
-    if (done < work || c == 0) pool->chunk_end[c++] = work;
+    if (done < work || *c == c0) pool->chunk_end[(*c)++] = start + work;
+    return least ? least : 1; /* 0 only for an empty batch */
+}
+
+/* A plain batch's chunks (plan_range), the chunks' sub-pieces reset. */
+static void plan_chunks(col_pool *pool, uint64_t work, uint64_t least_work, uint64_t parts)
+{
+    uint32_t c = 0;
+    pool->least_chunk = plan_range(pool, &c, COL_MAX_CHUNKS, 0, work, least_work, parts);
     pool->n_chunks = c;
-    pool->least_chunk = least ? least : 1; /* 0 only for an empty batch */
+    pool->first_chunks = 0;
     for (uint32_t k = 0; k < c; k++) atomic_store_explicit(&pool->next_part[k], 0, memory_order_relaxed); /* published by the generation */
 }
 
@@ -334,6 +360,51 @@ static void cpu_relax(uint32_t spins)
 #if defined(__x86_64__)
     _mm_pause();
 #endif
+}
+
+/* Whether job k of the current batch prepares its own activations into pool->act[k] (not the
+ * caller's quantised rows, not the previous job's). */
+static int prepares_own(const col_pool *pool, const col_matvec_job *jobs, uint32_t k)
+{
+    const uint8_t *act = pool->act[k];
+    return act && !jobs[k].xq && !(k > 0 && act == pool->act[k - 1]);
+}
+
+static void prepare_token(const col_pool *pool, const col_matvec_job *j, uint8_t *act, uint32_t t);
+
+/* A chain's group g whose first-stage rows are all done, on the thread that did the last of them:
+ * its step, its second-stage jobs' activations, then the group is ready (the release publishes
+ * both to the threads that wait for it). */
+static void complete_group(col_pool *pool, uint32_t t, uint32_t g)
+{
+    pool->chain_step(pool->chain_ctx, t, g);
+    for (uint32_t k = pool->chain_first; k < pool->n_jobs; k++)
+        if (pool->chain_group[k] == g && prepares_own(pool, pool->jobs, k))
+            for (uint32_t tok = 0; tok < pool->jobs[k].n_tokens; tok++) prepare_token(pool, &pool->jobs[k], pool->act[k], tok);
+    atomic_store_explicit(&pool->group_ready[g], 1, memory_order_release);
+}
+
+/* `work` of group g's first-stage rows done on thread t; the thread that does the group's last
+ * completes it (acq_rel: it sees the other threads' rows of the group). */
+static void finish_group_rows(col_pool *pool, uint32_t t, uint32_t g, uint64_t work)
+{
+    if (atomic_fetch_sub_explicit(&pool->group_left[g], work, memory_order_acq_rel) == work) complete_group(pool, t, g);
+}
+
+/* Wait on thread t until group g is ready, running meanwhile the first-stage sub-pieces no thread
+ * has taken (the group's rows may be among them). Every first-stage chunk was taken before any
+ * second-stage one, and a thread runs a first-stage piece without waiting, so the wait ends. */
+static void await_group(col_pool *pool, uint32_t t, uint32_t g)
+{
+    for (uint32_t spins = 0; !atomic_load_explicit(&pool->group_ready[g], memory_order_acquire);) {
+        uint32_t c = 0;
+        while (c < pool->first_chunks && atomic_load_explicit(&pool->next_part[c], memory_order_relaxed) >= chunk_parts(pool, c))
+            c++;
+        if (c < pool->first_chunks)
+            run_piece(pool, t, c);
+        else
+            cpu_relax(spins++);
+    }
 }
 
 /* Enter the batch of generation g, unless the caller has closed it (it took all the work itself)
@@ -463,7 +534,11 @@ col_pool *col_pool_create(col_isa isa, uint32_t n_threads, void *scratch, uint64
     }
     pthread_cond_init(&pool->work_ready, NULL);
     pool->counts = col_alloc_zeroed(alloc, n_threads, sizeof *pool->counts);
-    if (!pool->counts) {
+    if (limits->max_jobs) {
+        pool->group_left = col_alloc_zeroed(alloc, limits->max_jobs, sizeof *pool->group_left);
+        pool->group_ready = col_alloc_zeroed(alloc, limits->max_jobs, sizeof *pool->group_ready);
+    }
+    if (!pool->counts || (limits->max_jobs && (!pool->group_left || !pool->group_ready))) {
         col_pool_free(pool);
         return NULL;
     }
@@ -500,6 +575,8 @@ void col_pool_free(col_pool *pool)
     col_dealloc(&alloc, pool->threads);
     col_dealloc(&alloc, pool->args);
     col_dealloc(&alloc, pool->counts);
+    col_dealloc(&alloc, (void *)pool->group_left);
+    col_dealloc(&alloc, (void *)pool->group_ready);
     pthread_cond_destroy(&pool->work_ready);
     pthread_mutex_destroy(&pool->mutex);
     col_dealloc(&alloc, pool);
@@ -560,11 +637,10 @@ static void prepare_items(void *ctx, uint32_t thread, uint64_t i0, uint64_t i1)
     (void)thread;
     uint64_t base = 0;
     for (uint32_t k = 0; k < c->n_jobs && base < i1; k++) {
-        uint8_t *act = c->pool->act[k];
         const col_matvec_job *j = &c->jobs[k];
-        if (!act || j->xq || (k > 0 && act == c->pool->act[k - 1])) continue; /* none, the caller's, the previous job's */
+        if (!prepares_own(c->pool, c->jobs, k)) continue;
         for (uint64_t i = i0 > base ? i0 : base; i < i1 && i < base + j->n_tokens; i++)
-            prepare_token(c->pool, j, act, (uint32_t)(i - base));
+            prepare_token(c->pool, j, c->pool->act[k], (uint32_t)(i - base));
         base += j->n_tokens;
     }
 }
@@ -579,6 +655,60 @@ static void prepare_activations(col_pool *pool, const col_matvec_job *jobs, uint
         prepare_items(&ctx, 0, 0, n_tokens);
     else
         col_pool_run(pool, prepare_items, &ctx, n_tokens);
+}
+
+/* Where each job of a batch reads its prepared activations (pool->act[k]): the caller's quantised
+ * rows, the previous job's (the same x, tokens and preparation: w1 and w3; q, k and v; in a chain,
+ * of the same group), or a place of its own in the scratch; NULL when its path reads x itself.
+ * Adds to *tokens and *elems those of jobs [0, n_counted) that prepare their own. Returns 0 when
+ * the jobs or their activations do not fit the pool's scratch. */
+static int place_activations(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, const uint32_t *group,
+                             uint32_t n_counted, uint64_t *tokens, uint64_t *elems)
+{
+    uint64_t used = 0;
+    for (uint32_t k = 0; k < n_jobs; k++) {
+        const col_matvec_job *j = &jobs[k];
+        const int dot = dot_job(pool, j), packs = dot && pool->isa >= COL_ISA_AVX2; /* portable reads x itself */
+        const int amx = !dot && pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype);
+        uint8_t *act = NULL;
+        if (j->xq) {
+            assert(col_pool_qrow_bytes(pool, j->w.dtype, j->w.cols));
+            act = (uint8_t *)(uintptr_t)j->xq; /* quantised by the caller; the kernels only read it */
+        } else if (packs || amx || is_block_dtype(j->w.dtype)) {
+            const col_matvec_job *prev = k > 0 ? &jobs[k - 1] : NULL;
+            if (prev && !prev->xq && prev->x == j->x && prev->n_tokens == j->n_tokens && prev->w.cols == j->w.cols &&
+                (dot ? dot_job(pool, prev) : amx ? !dot_job(pool, prev) && col_amx_handles(prev->w.dtype)
+                                                 : prev->w.dtype == j->w.dtype) &&
+                (!group || group[k] == group[k - 1]) && pool->act[k - 1]) {
+                act = pool->act[k - 1];
+            } else {
+                uint64_t need = dot ? 2 * (uint64_t)j->n_tokens * j->w.cols
+                              : amx ? col_amx_packed_bytes(j->n_tokens, j->w.cols, pool->x_bf16)
+                                    : j->n_tokens * col_qrow_bytes(j->w.cols);
+                need = (need + 63) & ~(uint64_t)63;
+                if (k >= pool->max_jobs || used + need > pool->act_capacity) return 0;
+                act = pool->act_buf + used;
+                used += need;
+                if (k < n_counted) {
+                    *tokens += j->n_tokens;
+                    *elems += (uint64_t)j->n_tokens * j->w.cols;
+                }
+            }
+        }
+        if (k < pool->max_jobs) pool->act[k] = act;
+    }
+    return 1;
+}
+
+/* Rows and multiply-adds of jobs [0, n_jobs). */
+static uint64_t batch_work(const col_matvec_job *jobs, uint32_t n_jobs, uint64_t *rows)
+{
+    uint64_t macs = 0;
+    for (uint32_t k = 0; k < n_jobs; k++) {
+        *rows += jobs[k].w.rows;
+        macs += jobs[k].w.rows * row_work(&jobs[k]);
+    }
+    return macs;
 }
 
 /* The products of a batch: x_bf16 as col_matmul_kernels', bf16_dot as col_matmul_bf16_dot's. */
@@ -597,40 +727,13 @@ static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, 
     }
     assert(n_jobs <= pool->max_jobs || pool->max_jobs == 0);
     pool->bf16_dot = bf16_dot;
-    uint64_t rows = 0, macs = 0, used = 0, own_tokens = 0, own_elems = 0;
-    for (uint32_t k = 0; k < n_jobs; k++) {
-        const col_matvec_job *j = &jobs[k];
-        rows += j->w.rows;
-        macs += j->w.rows * row_work(j);
-        const int dot = dot_job(pool, j), packs = dot && pool->isa >= COL_ISA_AVX2; /* portable reads x itself */
-        const int amx = !dot && pool->isa == COL_ISA_AMX && col_amx_handles(j->w.dtype);
-        uint8_t *act = NULL;
-        if (j->xq) {
-            assert(col_pool_qrow_bytes(pool, j->w.dtype, j->w.cols));
-            act = (uint8_t *)(uintptr_t)j->xq; /* quantised by the caller; the kernels only read it */
-        } else if (packs || amx || is_block_dtype(j->w.dtype)) {
-            const col_matvec_job *prev = k > 0 ? &jobs[k - 1] : NULL;
-            if (prev && !prev->xq && prev->x == j->x && prev->n_tokens == j->n_tokens && prev->w.cols == j->w.cols &&
-                (dot ? dot_job(pool, prev) : amx ? !dot_job(pool, prev) && col_amx_handles(prev->w.dtype)
-                                                 : prev->w.dtype == j->w.dtype) &&
-                pool->act[k - 1]) {
-                act = pool->act[k - 1]; /* same activations as the previous job (w1 and w3; q, k and v) */
-            } else {
-                uint64_t need = dot ? 2 * (uint64_t)j->n_tokens * j->w.cols
-                              : amx ? col_amx_packed_bytes(j->n_tokens, j->w.cols, x_bf16)
-                                    : j->n_tokens * col_qrow_bytes(j->w.cols);
-                need = (need + 63) & ~(uint64_t)63;
-                assert(k < pool->max_jobs && used + need <= pool->act_capacity); /* sized by the session */
-                if (k >= pool->max_jobs || used + need > pool->act_capacity) return;
-                act = pool->act_buf + used;
-                used += need;
-                own_tokens += j->n_tokens;
-                own_elems += (uint64_t)j->n_tokens * j->w.cols;
-            }
-        }
-        if (k < pool->max_jobs) pool->act[k] = act;
-    }
     pool->x_bf16 = x_bf16;
+    uint64_t rows = 0, own_tokens = 0, own_elems = 0;
+    const uint64_t macs = batch_work(jobs, n_jobs, &rows);
+    if (!place_activations(pool, jobs, n_jobs, NULL, n_jobs, &own_tokens, &own_elems)) {
+        assert(!"a batch beyond the pool's limits"); /* sized by the session */
+        return;
+    }
     prepare_activations(pool, jobs, n_jobs, own_tokens, own_elems);
     pool->task = NULL;
     pool->walk = NULL;
@@ -640,6 +743,57 @@ static void matmul(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, 
     plan_chunks(pool, macs, COL_GUIDED_MIN_MACS, guided_parts(jobs, n_jobs));
     atomic_store(&pool->next_chunk, 0);
     dispatch(pool, rows >= pool->n_threads && macs >= COL_PARALLEL_MIN_MACS);
+}
+
+void col_matmul_chain(col_pool *pool, const col_matvec_job *jobs, uint32_t n_first, uint32_t n_jobs,
+                      const uint32_t *group, uint32_t n_groups, col_chain_step step, void *ctx)
+{
+    uint64_t own_tokens = 0, own_elems = 0;
+    if (pool) {
+        pool->bf16_dot = 0;
+        pool->x_bf16 = 0;
+    }
+    if (!pool || pool->numerics || n_jobs > pool->max_jobs || n_groups > pool->max_jobs ||
+        !place_activations(pool, jobs, n_jobs, group, n_first, &own_tokens, &own_elems)) {
+        col_matmul_many(pool, jobs, n_first);
+        for (uint32_t g = 0; g < n_groups; g++) step(ctx, 0, g);
+        col_matmul_many(pool, jobs + n_first, n_jobs - n_first);
+        return;
+    }
+    prepare_activations(pool, jobs, n_first, own_tokens, own_elems);
+    uint64_t rows = 0;
+    const uint64_t first_work = batch_work(jobs, n_first, &rows);
+    const uint64_t second_work = batch_work(jobs + n_first, n_jobs - n_first, &rows);
+    for (uint32_t g = 0; g < n_groups; g++) {
+        atomic_store_explicit(&pool->group_left[g], 0, memory_order_relaxed); /* published by the generation */
+        atomic_store_explicit(&pool->group_ready[g], 0, memory_order_relaxed);
+    }
+    for (uint32_t k = 0; k < n_first; k++)
+        if (group[k] != COL_CHAIN_NONE)
+            atomic_fetch_add_explicit(&pool->group_left[group[k]], jobs[k].w.rows * row_work(&jobs[k]), memory_order_relaxed);
+    pool->task = NULL;
+    pool->walk = NULL;
+    pool->jobs = jobs;
+    pool->n_jobs = n_jobs;
+    pool->total_work = first_work + second_work;
+    pool->chain_group = group;
+    pool->chain_first = n_first;
+    pool->chain_step = step;
+    pool->chain_ctx = ctx;
+    for (uint32_t g = 0; g < n_groups; g++) /* a group with no first-stage rows is ready at once */
+        if (!atomic_load_explicit(&pool->group_left[g], memory_order_relaxed)) complete_group(pool, 0, g);
+    uint32_t c = 0;
+    const uint64_t least1 = plan_range(pool, &c, COL_MAX_CHUNKS / 2, 0, first_work, COL_GUIDED_MIN_MACS,
+                                       guided_parts(jobs, n_first));
+    pool->first_chunks = c;
+    const uint64_t least2 = plan_range(pool, &c, COL_MAX_CHUNKS / 2, first_work, second_work, COL_GUIDED_MIN_MACS,
+                                       guided_parts(jobs + n_first, n_jobs - n_first));
+    pool->n_chunks = c;
+    pool->least_chunk = !first_work ? least2 : !second_work || least1 < least2 ? least1 : least2;
+    for (uint32_t k = 0; k < c; k++) atomic_store_explicit(&pool->next_part[k], 0, memory_order_relaxed);
+    atomic_store(&pool->next_chunk, 0);
+    dispatch(pool, rows >= pool->n_threads && first_work + second_work >= COL_PARALLEL_MIN_MACS);
+    pool->chain_group = NULL;
 }
 
 uint64_t col_pool_qrow_bytes(const col_pool *pool, uint32_t dtype, uint64_t cols)

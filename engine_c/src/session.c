@@ -27,11 +27,12 @@ static uint32_t max_u32(uint32_t a, uint32_t b)
 
 static int is_mla(const col_hparams *hp) { return hp->attention == COL_ATTENTION_MLA; }
 
-/* Most products the forward pass batches into one kernel dispatch: w1 and w3 of every selected
- * expert plus the shared expert's; MLA's per-head up-projections. */
+/* Most products the forward pass batches into one kernel dispatch: w1, w3 and w2 of every
+ * selected expert plus the shared expert's down-projection (the experts' chain); MLA's per-head
+ * up-projections. */
 static uint32_t kernel_jobs(const col_hparams *hp, uint64_t k_slots)
 {
-    uint32_t jobs = (uint32_t)(2 * (k_slots > hp->n_experts ? k_slots : hp->n_experts) + 4);
+    uint32_t jobs = (uint32_t)(3 * (k_slots > hp->n_experts ? k_slots : hp->n_experts) + 4);
     return is_mla(hp) ? max_u32(jobs, hp->n_heads) : jobs;
 }
 
@@ -162,7 +163,9 @@ static uint64_t plan_arena(const col_model *m, const col_session_config *c, uint
     BIND(shared_h3, B * hp->d_ff_shared, sizeof(float));
     BIND(shared_out, hp->d_ff_shared ? B * hp->d_model : 0, sizeof(float));
     BIND(logits, hp->vocab_size, sizeof(float));
-    BIND(jobs, 2 * n_e + 4, sizeof(col_matvec_job));
+    BIND(jobs, 3 * n_e + 4, sizeof(col_matvec_job));
+    BIND(job_group, 3 * n_e + 4, sizeof(uint32_t));
+    BIND(group_expert, n_e, sizeof(uint32_t));
     if (mla) {
         uint64_t nh = hp->n_heads, part = max_u32(max_u32(hp->qk_nope_head_dim, hp->qk_rope_head_dim), hp->v_head_dim);
         BIND(mla_qa, B * hp->q_lora_rank, sizeof(float));

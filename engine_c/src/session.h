@@ -80,7 +80,9 @@ struct col_session {
     float *shared_h3;           /* same */
     float *shared_out;          /* [B][d_model] (0 without a shared expert) */
     float *logits;              /* [vocab_size] logits of the last position */
-    col_matvec_job *jobs;       /* [2 * n_experts + 4] one kernel dispatch's products */
+    col_matvec_job *jobs;       /* [3 * n_experts + 4] one kernel dispatch's products */
+    uint32_t *job_group;        /* [3 * n_experts + 4] each job's group in a chain (col_matmul_chain) */
+    uint32_t *group_expert;     /* [n_experts] the expert of each group of the experts' chain */
     /* MLA (attention.c; empty otherwise), for up to B positions; nope/r/c/ql/vd as in docs/format.md */
     float *mla_qa;              /* [B][q_lora_rank] */
     float *mla_kv;              /* [B][c + r] */

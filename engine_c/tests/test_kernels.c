@@ -714,6 +714,124 @@ static void test_pool_run_items_once(void)
     pool_done(&three);
 }
 
+/* A chain of experts-like groups (col_matmul_chain): group g's first stage is up[2g] and up[2g+1]
+ * (D_FF rows over D_MODEL columns), its step h[g] = h[2g] * h[2g+1], its second stage down[g]
+ * (D_MODEL rows over D_FF) over h[2g]; a first-stage job of no group beside them; the last group has
+ * no first-stage rows (its step fills its input). A worker stalls in its first step, as if
+ * preempted, so threads wait for groups and take over the stalled one's rows. */
+enum { CHAIN_GROUPS = 4, CHAIN_TOKENS = 5, D_MODEL = 256, D_FF = 96 };
+
+typedef struct chain_ctx {
+    float *h;                  /* [2 * CHAIN_GROUPS][CHAIN_TOKENS][D_FF] */
+    _Atomic uint32_t stalled;
+    uint32_t tokens;
+} chain_ctx;
+
+static void chain_step(void *ctx, uint32_t thread, uint32_t g)
+{
+    chain_ctx *c = ctx;
+    if (thread != 0 && atomic_fetch_add(&c->stalled, 1) == 0) {
+        const struct timespec stall = {0, 2000000};
+        nanosleep(&stall, NULL);
+    }
+    float *a = c->h + (uint64_t)2 * g * CHAIN_TOKENS * D_FF, *b = a + (uint64_t)CHAIN_TOKENS * D_FF;
+    for (uint64_t i = 0; i < (uint64_t)c->tokens * D_FF; i++)
+        a[i] = g == CHAIN_GROUPS - 1 ? 0.25f * (float)(i % 7) - 0.75f : a[i] * b[i];
+}
+
+/* The jobs of the chain above on weights of `dtype`, for `tokens` tokens: outputs into h, y
+ * [CHAIN_GROUPS][tokens][D_MODEL] and side [tokens][D_FF]. Returns the first stage's job count. */
+static uint32_t chain_jobs(const uint8_t *up, const uint8_t *down, uint32_t dtype, const float *x, uint32_t tokens,
+                           float *h, float *y, float *side, col_matvec_job *jobs, uint32_t *group)
+{
+    const uint64_t up_bytes = D_FF * col_dtype_row_bytes(dtype, D_MODEL), down_bytes = D_MODEL * col_dtype_row_bytes(dtype, D_FF);
+    uint32_t n = 0;
+    for (uint32_t g = 0; g + 1 < CHAIN_GROUPS; g++)
+        for (uint32_t half = 0; half < 2; half++) {
+            group[n] = g;
+            jobs[n++] = (col_matvec_job){{up + (2 * g + half) * up_bytes, dtype, D_FF, D_MODEL, 0}, x,
+                                         h + (uint64_t)(2 * g + half) * CHAIN_TOKENS * D_FF, tokens, NULL};
+        }
+    group[n] = COL_CHAIN_NONE;
+    jobs[n++] = (col_matvec_job){{up, dtype, D_FF, D_MODEL, 0}, x, side, tokens, NULL};
+    const uint32_t first = n;
+    for (uint32_t g = 0; g < CHAIN_GROUPS; g++) {
+        group[n] = g;
+        jobs[n++] = (col_matvec_job){{down + g * down_bytes, dtype, D_MODEL, D_FF, 0}, h + (uint64_t)2 * g * CHAIN_TOKENS * D_FF,
+                                     y + (uint64_t)g * CHAIN_TOKENS * D_MODEL, tokens, NULL};
+    }
+    return first;
+}
+
+/* A chain gives the bits of its stages run one after the other (col_matmul_many, every step,
+ * col_matmul_many) on 1 thread, on 1 and 3 threads, for one token and several, float and int8
+ * weights, while a worker stalls in a step. */
+static void test_chain_matches_stages(const char *isa)
+{
+    col_allocator alloc;
+    col_allocator_or_default(NULL, &alloc);
+    const col_pool_limits limits = {3 * CHAIN_GROUPS + 1, 3 * CHAIN_GROUPS * CHAIN_TOKENS * D_MODEL, CHAIN_TOKENS, D_MODEL};
+    run pools[2];
+    const uint32_t threads[2] = {1, 3};
+    setenv("COLIBRI_KERNELS", isa, 1);
+    for (int p = 0; p < 2; p++) {
+        const col_isa chosen = col_choose_isa(COL_ISA_AMX);
+        const uint64_t bytes = col_pool_scratch_size(chosen, threads[p], &limits);
+        pools[p].scratch = NULL;
+        if (posix_memalign(&pools[p].scratch, 64, bytes) != 0) pools[p].scratch = NULL;
+        pools[p].pool = col_pool_create(chosen, threads[p], pools[p].scratch, bytes, &limits, &alloc);
+    }
+    unsetenv("COLIBRI_KERNELS");
+    CHECK(pools[0].pool && pools[1].pool);
+    const uint32_t kinds[] = {COL_DTYPE_F32, COL_DTYPE_BF16, COL_DTYPE_Q8_0, COL_DTYPE_Q4_0};
+    const uint64_t n_up = 2 * CHAIN_GROUPS * D_FF * D_MODEL, n_down = CHAIN_GROUPS * D_MODEL * D_FF;
+    float *wu = malloc(n_up * sizeof *wu), *wd = malloc(n_down * sizeof *wd), *x = malloc(CHAIN_TOKENS * D_MODEL * sizeof *x);
+    double *stored = malloc(n_up * sizeof *stored);
+    const uint64_t h_n = 2 * CHAIN_GROUPS * CHAIN_TOKENS * D_FF, y_n = CHAIN_GROUPS * CHAIN_TOKENS * D_MODEL;
+    float *h[3], *y[3], *side[3];
+    for (int v = 0; v < 3; v++) {
+        h[v] = calloc(h_n, sizeof(float));
+        y[v] = calloc(y_n, sizeof(float));
+        side[v] = calloc(CHAIN_TOKENS * D_FF, sizeof(float));
+    }
+    for (uint64_t i = 0; i < n_up; i++) wu[i] = frand();
+    for (uint64_t i = 0; i < n_down; i++) wd[i] = frand();
+    for (uint64_t i = 0; i < CHAIN_TOKENS * D_MODEL; i++) x[i] = frand();
+    int differ = 0;
+    for (size_t d = 0; pools[0].pool && pools[1].pool && d < sizeof kinds / sizeof *kinds; d++) {
+        uint8_t *up = store(wu, 2 * CHAIN_GROUPS * D_FF, D_MODEL, kinds[d], stored);
+        uint8_t *down = store(wd, CHAIN_GROUPS * D_MODEL, D_FF, kinds[d], stored);
+        for (uint32_t tokens = 1; tokens <= CHAIN_TOKENS; tokens += CHAIN_TOKENS - 1) {
+            col_matvec_job jobs[3 * CHAIN_GROUPS + 1];
+            uint32_t group[3 * CHAIN_GROUPS + 1];
+            for (int v = 0; v < 3; v++) { /* v = 0: the stages one after the other; 1, 2: a chain on 1 and 3 threads */
+                memset(h[v], 0, h_n * sizeof(float));
+                memset(y[v], 0, y_n * sizeof(float));
+                const uint32_t first = chain_jobs(up, down, kinds[d], x, tokens, h[v], y[v], side[v], jobs, group);
+                const uint32_t n_jobs = first + CHAIN_GROUPS;
+                chain_ctx c = {h[v], 0, tokens};
+                if (v == 0) {
+                    col_matmul_many(pools[0].pool, jobs, first);
+                    for (uint32_t g = 0; g < CHAIN_GROUPS; g++) chain_step(&c, 0, g);
+                    col_matmul_many(pools[0].pool, jobs + first, n_jobs - first);
+                } else {
+                    col_matmul_chain(pools[v - 1].pool, jobs, first, n_jobs, group, CHAIN_GROUPS, chain_step, &c);
+                }
+            }
+            for (int v = 1; v < 3; v++)
+                differ += memcmp(y[0], y[v], y_n * sizeof(float)) != 0 || memcmp(h[0], h[v], h_n * sizeof(float)) != 0 ||
+                          memcmp(side[0], side[v], (uint64_t)tokens * D_FF * sizeof(float)) != 0;
+        }
+        free(up), free(down);
+    }
+    CHECK(differ == 0);
+    if (differ) fprintf(stderr, "chain (%s): %d runs differ from the stages run in turn\n", isa, differ);
+    for (int v = 0; v < 3; v++) free(h[v]), free(y[v]), free(side[v]);
+    free(wu), free(wd), free(x), free(stored);
+    pool_done(&pools[0]);
+    pool_done(&pools[1]);
+}
+
 /* AMX pools of 1 and 3 threads for products within (max_t, max_c): 1 when both run AMX; 0 (with a
  * note, or a failed CHECK when a pool could not be made) otherwise, nothing left to free. */
 static int amx_pools(const char *test, uint32_t max_t, uint64_t max_c, run *one, run *three)
@@ -1215,6 +1333,8 @@ int main(void)
     test_amx_falls_back_when_scratch_is_short();
     test_parallel_preparation();
     test_pool_run_items_once();
+    test_chain_matches_stages("portable");
+    test_chain_matches_stages("amx");
     test_path("portable");
     test_bf16_panels("portable");
     test_round_bf16("portable");
