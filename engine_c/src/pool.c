@@ -16,8 +16,10 @@
  * gate the caller closes once it has run out of work to take, so the caller never waits for a
  * worker that has not started (descheduled on a busy machine, or still waking), only for the
  * sub-piece of a chunk a worker is running: a thread out of chunks takes the sub-pieces of begun
- * chunks no one has taken yet. The pool's scratch (prepared activations, per-thread staging) is the
- * session's, sized by col_pool_scratch_size; the pool allocates only its own bookkeeping.
+ * chunks no one has taken yet. A chain (col_matmul_chain) is two such batches in one, the second
+ * stage's rows of a group waiting only for that group's first-stage rows and step. The pool's
+ * scratch (prepared activations, per-thread staging) is the session's, sized by
+ * col_pool_scratch_size; the pool allocates only its own bookkeeping.
  */
 #include "kernels_amx.h"
 #include "kernels_internal.h"
