@@ -660,8 +660,9 @@ static void prepare_activations(col_pool *pool, const col_matvec_job *jobs, uint
 }
 
 /* Where each job of a batch reads its prepared activations (pool->act[k]): the caller's quantised
- * rows, the previous job's (the same x, tokens and preparation: w1 and w3; q, k and v; in a chain,
- * of the same group), or a place of its own in the scratch; NULL when its path reads x itself.
+ * rows, the previous job's (the same x, tokens and preparation: w1 and w3, or every expert's of a
+ * decode step; q, k and v; in a chain's second stage, [n_counted, n_jobs), only of the same group,
+ * which prepares them), or a place of its own in the scratch; NULL when its path reads x itself.
  * Adds to *tokens and *elems those of jobs [0, n_counted) that prepare their own. Returns 0 when
  * the jobs or their activations do not fit the pool's scratch. */
 static int place_activations(col_pool *pool, const col_matvec_job *jobs, uint32_t n_jobs, const uint32_t *group,
@@ -681,7 +682,8 @@ static int place_activations(col_pool *pool, const col_matvec_job *jobs, uint32_
             if (prev && !prev->xq && prev->x == j->x && prev->n_tokens == j->n_tokens && prev->w.cols == j->w.cols &&
                 (dot ? dot_job(pool, prev) : amx ? !dot_job(pool, prev) && col_amx_handles(prev->w.dtype)
                                                  : prev->w.dtype == j->w.dtype) &&
-                (!group || group[k] == group[k - 1]) && pool->act[k - 1]) {
+                (k < n_counted ? k - 1 < n_counted : k - 1 >= n_counted && group[k] == group[k - 1]) &&
+                pool->act[k - 1]) {
                 act = pool->act[k - 1];
             } else {
                 uint64_t need = dot ? 2 * (uint64_t)j->n_tokens * j->w.cols
