@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from colibri.engine import Model, Session
-from colibri.generation import Control, Generation, History, replay
+from colibri.errors import ColibriError
+from colibri.generation import ENGINE_RUN, Control, Generation, History, replay
 
 from tiny_models import TinyModel
 
@@ -215,3 +216,75 @@ def test_prefill_and_decode_times_are_kept_and_stop_at_the_end(tiny_model_path: 
         decode = g.decode_ns
         time.sleep(0.01)
         assert g.decode_ns == decode  # the clock stopped when the generation finished
+
+
+def stepped(session: Session, prompt: list[int], n: int, eos: int | None) -> Generation:
+    """A greedy generation advanced one position at a time (a callback between positions keeps
+    the engine's own loop out of it)."""
+    g = Generation(session, prompt, n, eos=eos)
+    g.run(lambda _g, _p: None)
+    return g
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe"])
+def test_the_engines_greedy_loop_matches_stepping(tiny_model_path: BuildPath, arch: str) -> None:
+    n = 2 * ENGINE_RUN + 3  # several engine runs and a short last one
+    with Model.open(tiny_model_path(arch)) as model:
+        with Session(model, threads=2) as a, Session(model, threads=2) as b:
+            fast = a.generate(PROMPT, n, eos=None)
+            slow = stepped(b, PROMPT, n, None)
+            assert fast.generated == slow.generated and len(fast.generated) == n
+            assert fast.positions == slow.positions == a.position == len(PROMPT) + n - 1
+            assert fast.last_logits is not None and slow.last_logits is not None
+            assert fast.last_logits.tobytes() == slow.last_logits.tobytes()
+            for name in ("expert_ids", "expert_weights", "router_logits"):
+                assert getattr(a.trace, name).tobytes() == getattr(b.trace, name).tobytes()
+
+
+def test_the_engines_greedy_loop_stops_after_eos(tiny_model_path: BuildPath) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as s:
+        whole = stepped(s, PROMPT, 12, None).generated
+    eos = whole[5]
+    with Model.open(tiny_model_path()) as model, Session(model) as s:
+        g = s.generate(PROMPT, 12, eos=eos)
+        cut = whole.index(eos) + 1
+        assert (g.generated, g.reason) == (whole[:cut], "eos" if cut < 12 else "finished")
+        assert g.positions == s.position == len(PROMPT) + cut - 1
+
+
+def test_an_error_in_the_engines_loop_keeps_the_steps_before_it(tiny_model_path: BuildPath
+                                                                ) -> None:
+    context = len(PROMPT) + 5
+    with Model.open(tiny_model_path()) as model:
+        ends = []
+        for run in ("engine", "stepped"):
+            with Session(model, max_context=context) as s:
+                g = Generation(s, PROMPT, 20, eos=None)
+                with pytest.raises(ColibriError, match="exceed the context"):
+                    g.run() if run == "engine" else g.run(lambda _g, _p: None)
+                assert g.last_logits is not None
+                ends.append((g.generated, g.positions, s.position, g.finished,
+                             g.last_logits.tobytes()))
+        assert ends[0] == ends[1]
+        assert ends[0][1] == context and len(ends[0][0]) == 6
+
+
+def test_a_greedy_run_without_callbacks_calls_the_engine_once_per_run_of_steps(
+        tiny_model_path: BuildPath, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def counted(name: str, method: Callable[..., object]) -> Callable[..., object]:
+        def call(*args: object, **kwargs: object) -> object:
+            calls.append(name)
+            return method(*args, **kwargs)
+        return call
+
+    with Model.open(tiny_model_path()) as model, Session(model) as s:
+        for name in ("step", "greedy_steps"):
+            monkeypatch.setattr(s, name, counted(name, getattr(s, name)))
+        s.generate(PROMPT, 2 * ENGINE_RUN + 3, eos=None)
+        assert calls == ["greedy_steps"] * 3  # the prompt is one prefill; 2 * 16 + 2 steps
+        calls.clear()
+        s.reset()
+        s.generate(PROMPT, 4, eos=None, decoding="sample")
+        assert calls == ["step"] * 3

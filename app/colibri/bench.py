@@ -54,6 +54,7 @@ import numpy as np
 from colibri import compute
 from colibri.engine import ABI_VERSION, Model, Session, ThreadStats, measure_read_bandwidth
 from colibri.fileformat import FLAG_TIED_EMBEDDINGS
+from colibri.generation import Generation
 
 if TYPE_CHECKING:
     from colibri.formats.gguf_file import GGUFFile
@@ -365,17 +366,16 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
 
     def untraced_run() -> None:
         session.reset()
-        after_prompt: list[list[ThreadStats]] = []
-
-        def mark(_generation: Any, position: int) -> None:  # the counts the decode starts from
-            if position == prompt - 1:
-                after_prompt.append(session.thread_stats())
-
-        generation = session.generate(tokens, n + 1, eos=None, on_position=mark)
+        # the prompt, then the decode run with no callback between positions (the engine's
+        # greedy loop, colibri.generation), from the thread counts the prompt left
+        generation = Generation(session, tokens, n + 1, eos=None)
+        generation.advance()
+        after_prompt = session.thread_stats()
+        generation.run()
         prefill_s.append(generation.prefill_ns / 1e9)
         decode_s.append(generation.decode_ns / 1e9)
-        if threads > 1 and after_prompt:
-            splits.append(thread_split(after_prompt[0], session.thread_stats()))
+        if threads > 1:
+            splits.append(thread_split(after_prompt, session.thread_stats()))
 
     def traced_run() -> None:  # same prompt and positions: only tracing differs
         assert traced is not None

@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 18
+ABI_VERSION = 19
 # The first ABI whose q8_0/q4_0 products are in block order (one fused multiply-add per block and
 # output, the same bits on every kernel path): runs recorded by an older engine on weights of those
 # dtypes cannot be reproduced bit for bit.
@@ -1028,6 +1028,37 @@ class Session:
         finally:
             self._busy.release()
         return logits
+
+    def greedy_steps(self, token: int, out: np.ndarray, eos: int | None = None) -> int:
+        """Greedy decoding in the engine (col_session_generate): process `token`, then each
+        chosen token, one step per element of `out` (a writable int32 array) at most, writing
+        each step's arg-max into it, and stop after the step that chose `eos` (None: never).
+        Returns the steps run. When it raises, the steps before the failing one stay processed
+        (`position` counts them) and their choices are in `out`."""
+        if not (out.dtype == np.int32 and out.ndim == 1 and out.flags.c_contiguous):
+            raise ColibriValueError("out must be a 1-D contiguous int32 array", COL_ERR_INVALID_ARG)
+        if not -2**31 <= int(token) < 2**31:
+            raise ColibriValueError(f"token id {int(token)} does not fit int32", COL_ERR_BAD_TOKEN)
+        steps = ffi.new("uint32_t *")
+        handle = self._live()
+        self._acquire()
+        try:
+            status = int(lib.col_session_generate(
+                handle, int(token), out.size, -1 if eos is None or not 0 <= eos < 2**31 else int(eos),
+                ffi.from_buffer("int32_t[]", out, require_writable=True), steps, self._err, _ERRLEN))
+            errors.raise_for_status(status, _text(self._err))
+        finally:
+            self._busy.release()
+        return int(steps[0])
+
+    @property
+    def logits(self) -> np.ndarray:
+        """A copy of the logits of the most recently processed position [vocab]
+        (col_session_logits)."""
+        out = np.empty(self._vocab, dtype=np.float32)
+        ffi.memmove(ffi.from_buffer("float[]", out, require_writable=True),
+                    lib.col_session_logits(self._live()), out.nbytes)
+        return out
 
     def generate(self, prompt: Sequence[int] | np.ndarray, max_new_tokens: int = 16, *,
                  decoding: DecodingName = "greedy", temperature: float = 1.0, seed: int = 0,

@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 18  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 19  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
@@ -54,7 +54,8 @@ extern "C" {
                                 COL_KERNELS_AVX512F, between AVX2 and AVX-512 (the later values
                                 moved up one: a ceiling orders the paths); 16: the panel dtype
                                 COL_DTYPE_BF16X16; 17: col_session_config.kv_precision (the KV cache
-                                in f16); 18: col_thread_stats, col_session_thread_stats */
+                                in f16); 18: col_thread_stats, col_session_thread_stats; 19:
+                                col_session_generate */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -680,6 +681,17 @@ int32_t col_session_prefill_embeddings(col_session *session, const float *embedd
  * col_session_prefill with n = 1 (one code path; the same bits as the token inside a prefill). */
 int32_t col_session_step(col_session *session, int32_t token, float *logits,
                          char *err, size_t errlen);
+
+/* Greedy decoding in the engine, so a caller's language runs once per n steps rather than once a
+ * token: step i processes `token` (i = 0) or out[i - 1] at the next position, then writes to
+ * out[i] the first index of its largest logit (a NaN counted as -inf), the same bits and choices
+ * as col_session_step and an arg-max after each. Stops after n steps, or after the step whose
+ * choice is `eos` (eos < 0: never). *steps receives the steps that completed, on an error too
+ * (the failing step processed nothing: col_session_step's errors and guarantees); the last
+ * step's logits are col_session_logits. COL_ERR_INVALID_ARG for a NULL session or steps, or a
+ * NULL out with n > 0. Owner thread; no allocation. Since ABI 19. */
+int32_t col_session_generate(col_session *session, int32_t token, uint32_t n, int32_t eos, int32_t *out,
+                             uint32_t *steps, char *err, size_t errlen);
 
 /* Logits of the most recently processed position: [vocab_size], owned by the session. */
 const float *col_session_logits(const col_session *session);

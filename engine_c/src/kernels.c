@@ -174,6 +174,22 @@ void col_add_scaled(col_isa isa, float *acc, float w, const float *x, uint64_t n
     for (uint64_t i = 0; i < n; i++) acc[i] += w * x[i];
 }
 
+uint32_t col_first_largest(col_isa isa, const float *x, uint32_t n)
+{
+#if defined(__x86_64__)
+    if (isa >= COL_ISA_AVX2) return col_first_largest_avx2(x, n);
+#endif
+    (void)isa;
+    uint32_t best = 0;
+    float top = x[0] == x[0] ? x[0] : -INFINITY;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > top) {
+            top = x[i];
+            best = i;
+        }
+    return best;
+}
+
 void col_rotate_half(col_isa isa, float *v, uint32_t half, const float *c, const float *s)
 {
 #if defined(__x86_64__)

@@ -155,6 +155,11 @@ void col_rmsnorm_row(col_isa isa, const float *x, const float *w, float eps, uin
  * thread. */
 void col_rmsnorm_rows(col_isa isa, const float *x, const float *w, float eps, uint64_t n, uint32_t rows, float *out);
 
+/* The first index of the largest of x[0..n) (n >= 1), a NaN counted as -inf (so 0 when every
+ * value is NaN or -inf): the greedy choice of a token from its logits. Pure: safe on any thread;
+ * isa only chooses the code, never the index. */
+uint32_t col_first_largest(col_isa isa, const float *x, uint32_t n);
+
 /* acc[i] += w * x[i] for i < n, the product rounded to f32 before the add (no fused multiply-add):
  * the same bits on every path. acc and x [n] do not overlap. Pure: safe on any thread. */
 void col_add_scaled(col_isa isa, float *acc, float w, const float *x, uint64_t n);

@@ -226,6 +226,7 @@ void col_swiglu_gate_avx2(float *h1, const float *h3, uint64_t n);
 void col_rmsnorm_row_avx2(const float *x, const float *w, float eps, uint64_t n, float *out);
 void col_rmsnorm_rows_avx2(const float *x, const float *w, float eps, uint64_t n, uint32_t rows, float *out);
 void col_add_scaled_avx2(float *acc, float w, const float *x, uint64_t n);
+uint32_t col_first_largest_avx2(const float *x, uint32_t n);
 void col_rotate_half_avx2(float *v, uint32_t half, const float *c, const float *s);
 void col_round_bf16_avx512(float *v, uint64_t n);
 void col_round_bf16_avx2(float *v, uint64_t n);

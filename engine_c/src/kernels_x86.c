@@ -1832,6 +1832,27 @@ COL_T2 void col_add_scaled_avx2(float *acc, float w, const float *x, uint64_t n)
     }
 }
 
+/* Two passes: the largest value (vmaxps returns its second operand when the first is NaN, so a
+ * NaN never enters the running maximum), then the first element equal to it. */
+COL_T2 uint32_t col_first_largest_avx2(const float *x, uint32_t n)
+{
+    __m256 top8 = _mm256_set1_ps(-INFINITY);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) top8 = _mm256_max_ps(_mm256_loadu_ps(x + i), top8);
+    __m128 top4 = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
+    top4 = _mm_max_ps(top4, _mm_movehl_ps(top4, top4));
+    float top = _mm_cvtss_f32(_mm_max_ss(top4, _mm_shuffle_ps(top4, top4, 1)));
+    for (; i < n; i++) top = x[i] > top ? x[i] : top;
+    if (top == -INFINITY) return 0; /* every value NaN or -inf: all equal to -inf, the first wins */
+    const __m256 want = _mm256_set1_ps(top);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), want, _CMP_EQ_OQ));
+        if (hit) return i + (uint32_t)__builtin_ctz((unsigned)hit);
+    }
+    while (x[i] != top) i++;
+    return i;
+}
+
 COL_T2 void col_rotate_half_avx2(float *v, uint32_t half, const float *c, const float *s)
 {
     float *hi = v + half;

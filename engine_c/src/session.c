@@ -454,6 +454,25 @@ int32_t col_session_step(col_session *session, int32_t token, float *logits, cha
     return col_session_prefill(session, &token, 1, logits, err, errlen);
 }
 
+int32_t col_session_generate(col_session *session, int32_t token, uint32_t n, int32_t eos, int32_t *out,
+                             uint32_t *steps, char *err, size_t errlen)
+{
+    if (steps) *steps = 0;
+    if (!session || !steps || (n > 0 && !out))
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session, steps and out are required");
+    const uint32_t vocab = session->model->hp.vocab_size;
+    if (n > 0 && (token < 0 || (uint32_t)token >= vocab)) /* the step would name it "index 0" */
+        return col_set_error(err, errlen, COL_ERR_BAD_TOKEN, "token %d outside [0, %u)", token, vocab);
+    for (uint32_t i = 0; i < n; i++) {
+        int32_t status = col_session_step(session, i ? out[i - 1] : token, NULL, err, errlen);
+        if (status != COL_OK) return status;
+        out[i] = (int32_t)col_first_largest(col_pool_isa(session->pool), session->logits, vocab);
+        *steps = i + 1;
+        if (out[i] == eos) break;
+    }
+    return COL_OK;
+}
+
 /* Stepping one layer at a time: col_forward's pieces with n = 1, the position's state kept in
  * the session between calls (the residual stream stays in s->x; expert caching's state before
  * the position in cache_saved). */

@@ -1044,6 +1044,38 @@ static void test_add_scaled(col_isa isa)
     CHECK(wrong == 0);
 }
 
+/* The greedy choice on one path: the first of equal largest values, a NaN never chosen over a
+ * number (0 when every value is NaN or -inf), for every length around the vector widths. */
+static void test_first_largest(col_isa isa)
+{
+    enum { N = 41 };
+    float x[N];
+    int wrong = 0;
+    for (uint32_t n = 1; n <= N; n++) {
+        for (uint32_t i = 0; i < N; i++) x[i] = -1.0f - (float)i;
+        for (uint32_t at = 0; at < n; at++) { /* the largest at each place, then tied later */
+            const float keep = x[at];
+            x[at] = 5.0f;
+            wrong += col_first_largest(isa, x, n) != at;
+            if (at + 1 < n) { /* tied by the last one */
+                const float last = x[n - 1];
+                x[n - 1] = 5.0f;
+                wrong += col_first_largest(isa, x, n) != at;
+                x[n - 1] = last;
+            }
+            x[at] = keep;
+        }
+        x[0] = NAN; /* a NaN first, then everywhere, then -inf everywhere but one NaN */
+        wrong += col_first_largest(isa, x, n) != (n > 1 ? 1u : 0u);
+        for (uint32_t i = 0; i < n; i++) x[i] = NAN;
+        wrong += col_first_largest(isa, x, n) != 0;
+        for (uint32_t i = 0; i < n; i++) x[i] = -INFINITY;
+        x[n / 2] = NAN;
+        wrong += col_first_largest(isa, x, n) != 0;
+    }
+    CHECK(wrong == 0);
+}
+
 /* RoPE's rotate_half on one path: the portable loop's bits (two products, then a difference or a
  * sum) for every half length, and nothing past 2 * half written. */
 static void test_rotate_half(col_isa isa)
@@ -1343,6 +1375,7 @@ int main(void)
     test_rmsnorm_row(COL_ISA_PORTABLE);
     test_rmsnorm_rows(COL_ISA_PORTABLE);
     test_add_scaled(COL_ISA_PORTABLE);
+    test_first_largest(COL_ISA_PORTABLE);
     test_rotate_half(COL_ISA_PORTABLE);
     test_attend_heads("portable");
 #if defined(__x86_64__)
@@ -1375,6 +1408,7 @@ int main(void)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rmsnorm_row(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rmsnorm_rows(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_add_scaled(COL_ISA_AVX2);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_first_largest(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_rotate_half(COL_ISA_AVX2);
     if (__builtin_cpu_supports("avx512f")) test_swiglu_gate("avx512");
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) test_round_bf16("avx2");

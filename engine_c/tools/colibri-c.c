@@ -982,15 +982,6 @@ static bool parse_double(const char *s, double *out)
     return true;
 }
 
-static int32_t argmax(const float *x, uint32_t n)
-{
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return (int32_t)best;
-}
-
 /* Print the routing rows of positions [from, to) from the session's trace. */
 static void print_routing(const col_session *s, uint32_t from, uint32_t to)
 {
@@ -1139,22 +1130,15 @@ static int cmd_run(int argc, char **argv)
         st = COL_ERR_NOMEM;
         snprintf(err, sizeof err, "out of memory");
     }
-    uint64_t produced = 0;
-    if (st == COL_OK) {
-        st = col_session_prefill(s, tokens, n_tokens, NULL, err, sizeof err);
-        if (st == COL_OK && debug)
-            print_routing(s, 0, col_session_position(s));
-    }
-    while (st == COL_OK && produced < n_gen) {
-        int32_t next = argmax(col_session_logits(s), hp.vocab_size);
-        generated[produced++] = next;
-        if (produced == n_gen)
-            break;
-        uint32_t before = col_session_position(s);
-        st = col_session_step(s, next, NULL, err, sizeof err);
-        if (st == COL_OK && debug)
-            print_routing(s, before, col_session_position(s));
-    }
+    /* the prompt's last token is the first of the engine's greedy steps (the same bits as inside
+     * the prefill), which then feed each choice back */
+    uint32_t produced = 0;
+    if (st == COL_OK)
+        st = col_session_prefill(s, tokens, n_gen ? n_tokens - 1 : n_tokens, NULL, err, sizeof err);
+    if (st == COL_OK && n_gen)
+        st = col_session_generate(s, tokens[n_tokens - 1], (uint32_t)n_gen, -1, generated, &produced, err, sizeof err);
+    if (debug && s)
+        print_routing(s, 0, col_session_position(s));
     for (uint64_t i = 0; i < produced; i++)
         printf("%s%" PRId32, i ? "," : "", generated[i]);
     if (produced)
