@@ -278,16 +278,21 @@ static void run_work(col_pool *pool, uint32_t t, uint64_t g0, uint64_t g1)
  * of the work (and at most an n-th of it, so each thread gets one), so the first chunks are long
  * (a product's rows make long streams) and the last ones short, so neither thread waits long for
  * the other's last chunk. Up to 128 threads the chunks stop shrinking before COL_MAX_CHUNKS of
- * them (about 20 for 2 threads and 256 parts). Each chunk is run as up to COL_CHUNK_PARTS
- * sub-pieces of at least the least chunk. */
+ * them (about 20 for 2 threads and 256 parts). Products of less than two least chunks a thread
+ * are cut into n equal chunks instead: three least chunks left one thread streaming the third
+ * alone. Each chunk is run as up to COL_CHUNK_PARTS sub-pieces of at least the least chunk. */
 static uint64_t plan_range(col_pool *pool, uint32_t *c, uint32_t max_chunks, uint64_t start, uint64_t work,
                            uint64_t least_work, uint64_t parts)
 {
     const uint64_t n = pool->n_threads, least_by_work = work / parts;
     uint64_t least = least_by_work > least_work ? least_by_work : least_work;
     if (least > (work + n - 1) / n) least = (work + n - 1) / n; /* a small product: one chunk per thread */
-    uint64_t done = 0;
     const uint32_t c0 = *c;
+    if (least_work > 1 && work < 2 * n * least && max_chunks >= n) {
+        for (uint64_t i = 1; i <= n; i++) pool->chunk_end[(*c)++] = start + work * i / n;
+        return work / n ? work / n : 1;
+    }
+    uint64_t done = 0;
     while (done < work && *c + 1 < c0 + max_chunks) {
         uint64_t size = (work - done) / (2 * n);
         size = size > least ? size : least;
