@@ -395,6 +395,8 @@ def test_bench_json_states_decode_against_the_same_run_probe(capsys: Capture) ->
     assert r["limit_tok_s"] == pytest.approx(r["probe_gb_s"] * 1e9 / per_token)
     assert r["effective_gb_s"] == pytest.approx(per_token * r["decode_tok_s"] / 1e9)
     assert 0 < r["fraction_of_limit"]
+    # the memory's latency read in the same run, before the runs and after them
+    assert len(r["latency_ns"]) == 2 and all(ns > 0 for ns in r["latency_ns"])
     # the traced run's phases: every weight byte of a token is counted in exactly one part, the
     # KV cache in attention's
     assert set(r["phases"]) == {"attention", "feed-forward", "outside layers"}
@@ -744,11 +746,14 @@ def test_bench_vs_llamacpp_tool_compares_both_conversions_of_one_checkpoint(
         assert all(run["worker_share"] is None for run in row["runs"]["colibri"])  # one thread: no workers
     assert bf16["ratios"]["colibri dot-bf16/llama.cpp"]["prefill_tok_s"]["median"] > 0
     assert report["compute_probe"]["best"]["f32 FMA"] > 0 and report["compute_probe"]["best"]["int8 dot"] > 0
+    # the memory's latency beside each run: the readings before and after it
+    assert report["latency_ns"]["lowest"] > 0
+    assert all(len(run["latency_ns"]) == 2 for runs in q8["runs"].values() for run in runs)
     report_file = tmp_path / "report.json"
     report_file.write_text(json.dumps(report))
     assert module.main(["--from-json", str(report_file)]) == 0
     text = capsys.readouterr().out
-    assert "| tiny-hf | q8 | llama.cpp |" in text
+    assert "| tiny-hf | q8 | llama.cpp |" in text and "memory latency (dependent loads" in text
     assert "| tiny-hf | bf16 | colibri dot-bf16 |" in text and "| tiny-hf | bf16 | dot-bf16 | " in text
 
 

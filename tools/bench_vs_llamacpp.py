@@ -17,11 +17,12 @@ Then, turn after turn, every (model, precision) runs `colibri bench`, llama.cpp'
 and ik_llama.cpp's `llama-bench -rtr 1` (its run-time repacking), each a fresh process with
 `-p 128 -n 64 -t 2` by default (the peers' decode after the prompt, as Colibri's follows its
 prefill: `--peer-decode`), in an order that rotates from turn to turn, with the read
-bandwidth probe (colibri.engine.measure_read_bandwidth, same threads) and the compute probe
-(colibri.compute: f32 FMA, bf16 and int8 dot products) between every two runs. `--numerics SPEC`
-(repeatable, e.g. dot-bf16, kv-f16) adds Colibri in that numerics mode as one more engine (dot-bf16
-on the cells whose file has bf16 weights, kv-f16 on every cell: the peers' default KV cache is
-f16); the default rows stay exact. `--kernels PATH` keeps Colibri to a
+bandwidth probe (colibri.engine.measure_read_bandwidth, same threads), the compute probe
+(colibri.compute: f32 FMA, bf16 and int8 dot products) and the memory-latency probe
+(colibri.engine.measure_read_latency, over the bandwidth probe's buffer) between every two
+runs. `--numerics SPEC` (repeatable, e.g. dot-bf16, kv-f16) adds Colibri in that numerics mode
+as one more engine (dot-bf16 on the cells whose file has bf16 weights, kv-f16 on every cell: the
+peers' default KV cache is f16); the default rows stay exact. `--kernels PATH` keeps Colibri to a
 path below the machine's best (avx512 on an AMX Xeon stands in for a CPU without AMX).
 
 It prints, per model and precision: each engine's prefill and decode tok/s (medians over
@@ -320,6 +321,12 @@ def probe(args: argparse.Namespace) -> float:
     return measure_read_bandwidth(args.probe_mb << 20, args.threads, 3)
 
 
+def latency_probe(args: argparse.Namespace) -> float:
+    from colibri.engine import measure_read_latency
+
+    return measure_read_latency(args.probe_mb << 20)
+
+
 def compute_probe(args: argparse.Namespace) -> dict[str, float | None]:
     from colibri import compute
     from colibri.engine import ARITHMETIC
@@ -446,6 +453,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"read bandwidth probe ({report['threads']} threads, between every two runs): best "
         f"{report['probe_gb_s']['best']:.1f} GB/s, median {report['probe_gb_s']['median']:.1f}, "
         f"lowest {report['probe_gb_s']['lowest']:.1f}",
+        *([f"memory latency (dependent loads in random order, between every two runs): lowest "
+           f"{report['latency_ns']['lowest']:.0f} ns, median {report['latency_ns']['median']:.0f}, "
+           f"highest {report['latency_ns']['highest']:.0f}"] if report.get("latency_ns") else []),
         *([f"compute probe ({report['threads']} threads, between every two runs"
            + (f", on the {report['colibri_kernels']} path" if report.get("colibri_kernels") else "")
            + "), best G multiply-adds/s: " + ", ".join(f"{how} {rate:.1f}" for how, rate in
@@ -590,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     builds: dict[str, str] = {}
     probes, load = [probe(args)], []
     computes = [compute_probe(args)]
+    latencies = [latency_probe(args)]
 
     def report(turns: int) -> dict[str, Any]:
         return {
@@ -599,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
             "load": load + [os.getloadavg()[0]],
             "probe_gb_s": {"best": max(probes) / 1e9, "median": statistics.median(probes) / 1e9,
                            "lowest": min(probes) / 1e9, "all": [p / 1e9 for p in probes]},
+            "latency_ns": {"lowest": min(latencies), "median": statistics.median(latencies),
+                           "highest": max(latencies), "all": latencies},
             "compute_probe": {"best": {how: max((c[how] or 0.0) for c in computes) / 1e9
                                        for how in computes[0]},
                               "all": [{how: (rate or 0.0) / 1e9 for how, rate in c.items()}
@@ -632,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                       extra)
                 probes.append(probe(args))
                 computes.append(compute_probe(args))
+                latencies.append(latency_probe(args))
                 limit = max(probes[-2], probes[-1])
                 fraction = cell.bytes_per_token[
                     "colibri" if engine.startswith("colibri") else engine] * decode / limit
@@ -641,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
                 of_compute = prefill / prefill_limit if prefill_limit else None
                 cell.runs[engine].append({"prefill_tok_s": prefill, "decode_tok_s": decode,
                                           "fraction_of_limit": fraction, "probe_gb_s": limit / 1e9,
+                                          "latency_ns": latencies[-2:],
                                           "prefill_limit_tok_s": prefill_limit,
                                           "prefill_of_compute": of_compute,
                                           "kernels": kernels, "huge_page_share": huge,

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from colibri import compute
-from colibri.engine import ABI_VERSION, Model, Session, ThreadStats, measure_read_bandwidth
+from colibri.engine import ABI_VERSION, Model, Session, ThreadStats, measure_read_bandwidth, measure_read_latency
 from colibri.fileformat import FLAG_TIED_EMBEDDINGS
 from colibri.generation import Generation
 
@@ -213,6 +213,9 @@ class BenchResult:
     # of mapped_rss_mb, the pages mapped 2 MiB at a time (Linux smaps FilePmdMapped; None where
     # unknown): decode streams them with a TLB entry per 2 MiB instead of per 4 KiB
     mapped_huge_mb: float | None = None
+    # memory's latency (ns a dependent load over the probe's buffer) before the runs and after
+    # them: a step's short reads wait on it, and it moves with the machine apart from bandwidth
+    latency_ns: tuple[float, float] | None = None
     # how the decode's weight products split over the threads (Session.thread_stats; None on one
     # thread): each thread's share of the multiply-adds, the calling thread first (median over
     # repeats), the workers' share together in the repeats (lowest and highest), the batches a
@@ -358,6 +361,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     arithmetics = sorted(macs) if macs else []
     probes = [measure_read_bandwidth(probe_bytes, threads, 3)]
     compute_probes = [compute.probe(arithmetics, threads, session.kernels)]
+    latencies = [measure_read_latency(probe_bytes)]
     memory.reset()
     traced = Session(model, threads=threads, max_context=ctx, trace=True, kernels=kernels,
                      numerics=numerics) if trace_check else None
@@ -401,6 +405,8 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         memory.sample()
         probes.append(measure_read_bandwidth(probe_bytes, threads, 3))
         compute_probes.append(compute.probe(arithmetics, threads, session.kernels))
+        if rep == repeats - 1:
+            latencies.append(measure_read_latency(probe_bytes))
         memory.reset()
     wb = weight_bytes_per_token(model)
     fractions = [wb * n / d / max(probes[i], probes[i + 1]) for i, d in enumerate(decode_s)]
@@ -449,6 +455,7 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         trace_cost=1.0 - traced_tok_s / dec_tok_s if traced_s else float("nan"),
         peak_rss_mb=memory.peak_bytes / 2**20, mapped_rss_mb=memory.mapped_bytes / 2**20,
         mapped_huge_mb=None if memory.mapped_huge_bytes is None else memory.mapped_huge_bytes / 2**20,
+        latency_ns=(latencies[0], latencies[-1]),
         baseline_rss_mb=baseline / 2**20,
         peak_rss_excludes_probe=memory.resettable, probe_mb=probe_bytes / 2**20,
         model_bytes=sum(t.nbytes for t in model.tensors), cache_bytes=last_level_cache_bytes(),
@@ -462,6 +469,14 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         prefill_fraction_of_limit=statistics.median(pre_fractions) if pre_fractions else None,
         prefill_fraction_of_limit_range=(min(pre_fractions), max(pre_fractions)) if pre_fractions else None,
         **cost)
+
+
+def latency_lines(r: BenchResult) -> list[str]:
+    if r.latency_ns is None:
+        return []
+    before, after = r.latency_ns
+    return [f"memory latency       {before:9.1f} ns    (same run, dependent loads in random order over "
+            f"{r.probe_mb:.0f} MiB; before the runs, {after:.1f} after)"]
 
 
 def _span(lo_hi: tuple[float, float], scale: float = 1.0) -> str:
@@ -567,6 +582,7 @@ def format_result(r: BenchResult) -> str:
         "positions; not in the limit)",
         f"effective bandwidth  {r.effective_gb_s:9.2f} GB/s",
         f"probe bandwidth      {r.probe_gb_s:9.2f} GB/s  (same run, {r.threads} thread(s), best of {r.repeats + 1} probes)",
+        *latency_lines(r),
         f"decode limit         {r.limit_tok_s:9.1f} tok/s  (best probe)",
         f"of the limit         {100 * r.fraction_of_limit:9.1f}%  (median over repeats, each against "
         f"the better probe beside it; repeats {_span(r.fraction_of_limit_range, 100.0)}%)",

@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 19
+ABI_VERSION = 20
 # The first ABI whose q8_0/q4_0 products are in block order (one fused multiply-add per block and
 # output, the same bits on every kernel path): runs recorded by an older engine on weights of those
 # dtypes cannot be reproduced bit for bit.
@@ -1350,6 +1350,16 @@ def measure_read_bandwidth(nbytes: int = 1 << 30, threads: int = 1, repeats: int
     if bw <= 0:
         raise ColibriError(f"bandwidth probe failed ({nbytes} bytes, {threads} threads)")
     return float(bw)
+
+
+def measure_read_latency(nbytes: int = 128 << 20, repeats: int = 3) -> float:
+    """This machine's memory latency in nanoseconds: one thread follows dependent loads through
+    every line of a `nbytes` buffer in random order, in 2 MiB pages where the OS grants them;
+    best of `repeats` (col_measure_read_latency). Releases the GIL while it runs."""
+    ns = lib.col_measure_read_latency(nbytes, repeats)
+    if ns <= 0:
+        raise ColibriError(f"latency probe failed ({nbytes} bytes, {repeats} repeats)")
+    return float(ns)
 
 
 # the arithmetic a product multiplies with (col_arith), by the name bench reports give it

@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 19  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 20  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
@@ -55,7 +55,7 @@ extern "C" {
                                 moved up one: a ceiling orders the paths); 16: the panel dtype
                                 COL_DTYPE_BF16X16; 17: col_session_config.kv_precision (the KV cache
                                 in f16); 18: col_thread_stats, col_session_thread_stats; 19:
-                                col_session_generate */
+                                col_session_generate; 20: col_measure_read_latency */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -723,6 +723,16 @@ int32_t col_session_trace(const col_session *session, col_trace_view *out);
  * (0.0 on allocation or thread failure). For benchmarks: run it in the same process and moment
  * as the measurement it bounds. */
 double col_measure_read_bandwidth(uint64_t bytes, uint32_t n_threads, uint32_t repeats);
+
+/* Measure this machine's memory latency: one thread follows a chain of dependent loads through
+ * a freshly allocated buffer of `bytes` bytes, cut into 2^19 equal parts (fewer when it has fewer
+ * 64-byte lines), one line of each part, in one random cycle through the parts: no load can start
+ * before the last one ends, and no prefetcher can guess the next line. Best of `repeats` passes of
+ * 2^19 loads. A buffer of 2 MiB or more is asked for in 2 MiB pages (Linux madvise), as the mapped
+ * model file is, so a buffer well beyond the last-level cache measures the memory's latency rather
+ * than page walks'. Returns nanoseconds per load (0.0 for fewer than two lines, repeats 0, or an
+ * allocation failure). Thread safe; for benchmarks, like the bandwidth probe. (since ABI 20) */
+double col_measure_read_latency(uint64_t bytes, uint32_t repeats);
 
 /* Arithmetic a product multiplies with (col_measure_compute). Append-only. (since ABI 12) */
 typedef enum col_arith {

@@ -11,12 +11,20 @@
  * decode tiles do: one stream per core leaves memory-level parallelism unused, and the limit a
  * kernel is measured against must be the most the machine delivers (docs/performance.md).
  *
+ * A decode step is also a chain of short reads (a layer's norms, its routing, the first lines of
+ * each product before the prefetchers take over), each waiting on memory's latency, which moves
+ * with the machine's state independently of its bandwidth. The latency probe follows one chain of
+ * dependent loads through every line of a buffer in random order, so each load waits for the last.
+ *
  * Prefill is bound by arithmetic instead, so a second probe measures the multiply-adds per second
  * the machine's threads make with the instructions a kernel path multiplies with: f32 FMA, bf16
  * dot products (vdpbf16ps) and int8 dot products (vpdpbusd, or AVX2's vpmaddubsw + vpmaddwd).
  * Each thread runs COMPUTE_CHAINS independent accumulators on register operands, more than any of
  * these instructions' latency times its throughput, so nothing but the execution units limits it.
  */
+#if defined(__linux__)
+#define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) */
+#endif
 #include "internal.h"
 #include "kernels.h"
 #include "kernels_internal.h"
@@ -24,6 +32,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -141,6 +150,79 @@ double col_measure_read_bandwidth(uint64_t bytes, uint32_t n_threads, uint32_t r
     (void)sink;
     free(mem);
     return best;
+}
+
+/* ---- The latency probe ------------------------------------------------------------------- */
+
+#define LATENCY_LOADS (1u << 19) /* dependent loads per pass: about 0.1 s from memory */
+#define HUGE_PAGE_BYTES (2u << 20)
+
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* The line of part `slot` (parts of `per` lines) the latency chain reads: a fixed random one. */
+static uint8_t *chosen_line(uint8_t *mem, uint64_t per, uint32_t slot)
+{
+    uint64_t state = slot;
+    return mem + ((uint64_t)slot * per + splitmix64(&state) % per) * 64;
+}
+
+/* The buffer's `lines` 64-byte lines cut into `slots` equal parts, one line of each (at random)
+ * holding the address of the chosen line of the next part in one random cycle through all the
+ * parts (Sattolo's shuffle, a fixed seed): a chain started at the returned line reads each
+ * chosen line once before it repeats, every load a random distance from the last. NULL when the
+ * index array cannot be allocated. */
+static const void *link_random_cycle(uint8_t *mem, uint64_t lines, uint32_t slots)
+{
+    uint32_t *next = malloc((uint64_t)slots * sizeof *next);
+    if (!next) return NULL;
+    for (uint32_t i = 0; i < slots; i++) next[i] = i;
+    uint64_t seed = 0x436F6C696272ull;
+    for (uint32_t i = slots - 1; i > 0; i--) {
+        const uint32_t j = (uint32_t)(splitmix64(&seed) % i); /* j < i: one cycle, not any permutation */
+        const uint32_t t = next[i];
+        next[i] = next[j], next[j] = t;
+    }
+    const uint64_t per = lines / slots;
+    for (uint32_t i = 0; i < slots; i++) {
+        const uint8_t *to = chosen_line(mem, per, next[i]);
+        memcpy(chosen_line(mem, per, i), &to, sizeof to);
+    }
+    free(next);
+    return chosen_line(mem, per, 0);
+}
+
+double col_measure_read_latency(uint64_t bytes, uint32_t repeats)
+{
+    const uint64_t lines = bytes / 64;
+    if (lines < 2 || repeats < 1) return 0.0;
+    const uint64_t align = bytes >= HUGE_PAGE_BYTES ? HUGE_PAGE_BYTES : 64;
+    void *mem = NULL;
+    if (posix_memalign(&mem, align, lines * 64) != 0) return 0.0;
+#if defined(MADV_HUGEPAGE)
+    if (align == HUGE_PAGE_BYTES) (void)madvise(mem, lines * 64, MADV_HUGEPAGE); /* before the first touch */
+#endif
+    const void *p = link_random_cycle(mem, lines, lines < LATENCY_LOADS ? (uint32_t)lines : LATENCY_LOADS);
+    if (!p) {
+        free(mem);
+        return 0.0;
+    }
+    double best = 0.0;
+    for (uint32_t rep = 0; rep < repeats; rep++) {
+        const uint64_t t0 = col_now_ns();
+        for (uint32_t i = 0; i < LATENCY_LOADS; i++) memcpy(&p, p, sizeof p);
+        const double ns = (double)(col_now_ns() - t0) / LATENCY_LOADS;
+        if (rep == 0 || ns < best) best = ns;
+    }
+    volatile uintptr_t sink = (uintptr_t)p; /* the chain's end, so the loads cannot be left out */
+    (void)sink;
+    free(mem);
+    return best > 0.0 ? best : 0.0;
 }
 
 /* ---- The compute probe ------------------------------------------------------------------- */
