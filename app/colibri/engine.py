@@ -1352,10 +1352,11 @@ def measure_read_bandwidth(nbytes: int = 1 << 30, threads: int = 1, repeats: int
     return float(bw)
 
 
-def measure_read_latency(nbytes: int = 128 << 20, repeats: int = 3) -> float:
-    """This machine's memory latency in nanoseconds: one thread follows dependent loads through
-    every line of a `nbytes` buffer in random order, in 2 MiB pages where the OS grants them;
-    best of `repeats` (col_measure_read_latency). Releases the GIL while it runs."""
+def measure_read_latency(nbytes: int = 1 << 30, repeats: int = 3) -> float:
+    """This machine's memory latency in nanoseconds: one thread follows dependent loads over
+    lines spread across a `nbytes` buffer in random order, in 2 MiB pages where the OS grants
+    them; best of `repeats` (col_measure_read_latency). The default buffer, as the bandwidth
+    probe's, is far beyond the last-level cache. Releases the GIL while it runs."""
     ns = lib.col_measure_read_latency(nbytes, repeats)
     if ns <= 0:
         raise ColibriError(f"latency probe failed ({nbytes} bytes, {repeats} repeats)")

@@ -14,7 +14,7 @@
  * A decode step is also a chain of short reads (a layer's norms, its routing, the first lines of
  * each product before the prefetchers take over), each waiting on memory's latency, which moves
  * with the machine's state independently of its bandwidth. The latency probe follows one chain of
- * dependent loads through every line of a buffer in random order, so each load waits for the last.
+ * dependent loads over lines spread across a buffer in random order, so each load waits for the last.
  *
  * Prefill is bound by arithmetic instead, so a second probe measures the multiply-adds per second
  * the machine's threads make with the instructions a kernel path multiplies with: f32 FMA, bf16
