@@ -144,6 +144,12 @@ col_isa col_detect_isa(void);
 #define COL_BATCH_KBLOCK 1024
 #define COL_KBLOCK_TOKENS 128 /* tokens walked together; a batch with more walks them in chunks */
 #define COL_KBLOCK_TILES 8
+/* A batch of 16-bit float weights with this many tokens or more widens each 6-row tile (or tile-block)
+ * to f32 in the thread's scratch once for all its token passes: the scratch's last COL_WIDE_TILE_BYTES. */
+#ifndef COL_WIDEN_MIN_TOKENS
+#define COL_WIDEN_MIN_TOKENS 8
+#endif
+#define COL_WIDE_TILE_BYTES (COL_BATCH_ROWS_512 * COL_BATCH_KBLOCK * 4)
 
 /* Bytes of carried lane sums one batch tile over long rows needs for n_tokens (per-thread staging). */
 uint64_t col_kblock_carry_bytes(uint32_t n_tokens);

@@ -263,17 +263,18 @@ COL_INLINE COL_T512 __m512 load16(const uint8_t *row, uint32_t dtype, uint64_t i
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* Scalar tail of one output, in order, after the vector part `s`. Only called when there is a
- * tail: a call into this non-VEX code from an AVX-512 tile costs an SSE/AVX transition. */
-static float tail_loop(float s, const uint8_t *row, uint32_t dtype, const float *x, uint64_t i, uint64_t n)
+/* Scalar tail of one output, in order, after the vector part `s`: columns [i, n), the row's
+ * weights from column k0 at `row`. Only called when there is a tail: a call into this non-VEX code
+ * from an AVX-512 tile costs an SSE/AVX transition. */
+static float tail_loop(float s, const uint8_t *row, uint32_t dtype, const float *x, uint64_t i, uint64_t n, uint64_t k0)
 {
-    for (; i < n; i++) s += col_load_elem(row, dtype, i) * x[i];
+    for (; i < n; i++) s += col_load_elem(row, dtype, i - k0) * x[i];
     return s;
 }
 static inline __attribute__((always_inline)) float tail(float s, const uint8_t *row, uint32_t dtype, const float *x,
-                                                         uint64_t i, uint64_t n)
+                                                         uint64_t i, uint64_t n, uint64_t k0)
 {
-    return i < n ? tail_loop(s, row, dtype, x, i, n) : s;
+    return i < n ? tail_loop(s, row, dtype, x, i, n, k0) : s;
 }
 
 /* Tiles. A tile computes NR rows x NT tokens (tokens t .. t+NT-1) of one product; its rows are
@@ -355,23 +356,24 @@ COL_INLINE COL_T2 void tile_f_avx2(const col_matvec_job *j, uint64_t r, uint64_t
     hsum8_many(acc, NR * NT, sums);
     for (int a = 0; a < NR; a++)
         for (int b = 0; b < NT; b++)
-            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] = tail(sums[a * NT + b], row[a], dtype, x[b], i, n);
+            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] = tail(sums[a * NT + b], row[a], dtype, x[b], i, n, 0);
 }
 
-/* Columns [k0, k1) of a tile (k0 a multiple of 16; rb the row bytes): the lane sums start at zero
- * for k0 = 0 and from `carry` (NR * NT vectors) otherwise; a block that ends before the row does
- * leaves them in `carry`, the last one sums them and writes the outputs. carry may be NULL for a
- * whole row. */
+/* Columns [k0, k1) of a tile (k0 a multiple of 16) whose weights are read from `w0`, row r's
+ * column k0 in `dtype` with rows rb bytes apart (the job's own or a widened copy of them): the
+ * lane sums start at zero for k0 = 0 and from `carry` (NR * NT vectors) otherwise; a block that
+ * ends before the row does leaves them in `carry`, the last one sums them and writes the outputs.
+ * carry may be NULL for a whole row. */
 COL_INLINE COL_T512 void tile_f_avx512_cols(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT,
-                                            uint32_t t, uint32_t dtype, uint64_t rb, uint64_t k0, uint64_t k1,
-                                            __m512 *carry, next_tile_prefetch pf, uint32_t ahead)
+                                            uint32_t t, uint32_t dtype, const uint8_t *w0, uint64_t rb, uint64_t k0,
+                                            uint64_t k1, __m512 *carry, next_tile_prefetch pf, uint32_t ahead)
 {
     const col_weight *w = &j->w;
     uint64_t n = w->cols, esize = dtype == COL_DTYPE_F32 ? 4 : 2;
     const uint8_t *row[MAX_TILE_ROWS];
     const float *x[4];
     __m512 acc[MAX_TILE];
-    for (int a = 0; a < NR; a++) row[a] = (const uint8_t *)w->data + (r + (uint64_t)a * step) * rb;
+    for (int a = 0; a < NR; a++) row[a] = w0 + (uint64_t)a * step * rb;
     for (int b = 0; b < NT; b++) x[b] = j->x + (uint64_t)(t + b) * n;
 #pragma GCC unroll 24
     for (int k = 0; k < NR * NT; k++) acc[k] = k0 == 0 || !carry ? _mm512_setzero_ps() : carry[k];
@@ -382,8 +384,8 @@ COL_INLINE COL_T512 void tile_f_avx512_cols(const col_matvec_job *j, uint64_t r,
         for (int a = 0; a < NR; a++) {
             /* decode reads each weight once: ask for lines ahead of the loads as well, which the
              * hardware prefetcher alone does not keep up with */
-            if (NT == 1) _mm_prefetch((const char *)(row[a] + i * esize + ahead), _MM_HINT_T0);
-            __m512 wv = load16(row[a], dtype, i);
+            if (NT == 1) _mm_prefetch((const char *)(row[a] + (i - k0) * esize + ahead), _MM_HINT_T0);
+            __m512 wv = load16(row[a], dtype, i - k0);
 #pragma GCC unroll 4
             for (int b = 0; b < NT; b++) acc[a * NT + b] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x[b] + i), acc[a * NT + b]);
         }
@@ -401,16 +403,43 @@ COL_INLINE COL_T512 void tile_f_avx512_cols(const col_matvec_job *j, uint64_t r,
     hsum16_many(acc, NR * NT, sums);
     for (int a = 0; a < NR; a++)
         for (int b = 0; b < NT; b++)
-            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] = tail(sums[a * NT + b], row[a], dtype, x[b], i, n);
+            j->y[(uint64_t)(t + b) * w->rows + r + (uint64_t)a * step] = tail(sums[a * NT + b], row[a], dtype, x[b], i, n, k0);
 }
 
 COL_INLINE COL_T512 void tile_f_avx512(const col_matvec_job *j, uint64_t r, uint64_t step, int NR, int NT, uint32_t t,
                                        uint32_t dtype, uint32_t ahead)
 {
     const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(dtype, n);
-    tile_f_avx512_cols(j, r, step, NR, NT, t, dtype, rb, 0, n, NULL, next_tile_slice(j, r, step, NR, NT, t, rb, n / 16),
-                       ahead);
+    tile_f_avx512_cols(j, r, step, NR, NT, t, dtype, (const uint8_t *)j->w.data + r * rb, rb, 0, n, NULL,
+                       next_tile_slice(j, r, step, NR, NT, t, rb, n / 16), ahead);
 }
+
+/* Columns [0, cols) of NR rows of 16-bit floats (rows rb bytes apart from `w0`) widened exactly to
+ * f32 at `wide`, rows ws floats apart: a batch's token passes over a tile then load its weights
+ * as f32, where widening them again in every pass took two vector operations a load on the
+ * multiply-adds' two ports. */
+COL_INLINE COL_T512 void widen_tile(const uint8_t *w0, uint64_t rb, int NR, uint32_t dtype, uint64_t cols, float *wide,
+                                    uint64_t ws)
+{
+    for (int a = 0; a < NR; a++) {
+        const uint8_t *row = w0 + (uint64_t)a * rb;
+        float *out = wide + (uint64_t)a * ws;
+        uint64_t i = 0;
+        for (; i + 16 <= cols; i += 16) _mm512_storeu_ps(out + i, load16(row, dtype, i));
+        for (; i < cols; i++) out[i] = col_load_elem(row, dtype, i);
+    }
+}
+
+/* One token pass of a 6-row batch tile: NT of 4, 3, 2 or 1 tokens from t (a literal NT each). */
+#define TILE_PASS_512(j, r, t, nt, dtype, w0, rb, k0, k1, carry, pf)                                               \
+    do {                                                                                                          \
+        switch (nt) {                                                                                             \
+        case 4: tile_f_avx512_cols(j, r, 1, COL_BATCH_ROWS_512, 4, t, dtype, w0, rb, k0, k1, carry, pf, 0); break; \
+        case 3: tile_f_avx512_cols(j, r, 1, COL_BATCH_ROWS_512, 3, t, dtype, w0, rb, k0, k1, carry, pf, 0); break; \
+        case 2: tile_f_avx512_cols(j, r, 1, COL_BATCH_ROWS_512, 2, t, dtype, w0, rb, k0, k1, carry, pf, 0); break; \
+        default: tile_f_avx512_cols(j, r, 1, COL_BATCH_ROWS_512, 1, t, dtype, w0, rb, k0, k1, carry, pf, 0); break; \
+        }                                                                                                         \
+    } while (0)
 
 /* Walk rows [r0, r1) x all tokens in tiles. One token: NRD rows at a time from NRD streams, then
  * the rows left over one by one. Batches: NRB neighbouring rows x 4 tokens (then 3, 2, 1), then
@@ -676,9 +705,10 @@ COL_INLINE next_tile_prefetch next_block_slice(const col_matvec_job *j, uint64_t
  * tokens, each column block of every tile before the next block. `carry` holds n_tiles *
  * col_kblock_carry_bytes(n_tokens) (64-byte aligned). Each tile-block's passes prefetch the next
  * tile-block's weights into L2 (next_block_slice): the next tile's in this block, else the first
- * tile's in the next block, else the next group's first. */
+ * tile's in the next block, else the next group's first. With `wide` (COL_WIDE_TILE_BYTES, 16-bit
+ * weights only) each tile-block is widened to f32 there once for all its passes. */
 COL_INLINE COL_T512 void tiles_kblocked_avx512(const col_matvec_job *j, uint64_t r, uint32_t n_tiles, uint32_t dtype,
-                                               __m512 *carry)
+                                               __m512 *carry, float *wide)
 {
     enum { NR = COL_BATCH_ROWS_512 };
     const uint32_t nt = j->n_tokens;
@@ -697,16 +727,17 @@ COL_INLINE COL_T512 void tiles_kblocked_avx512(const col_matvec_job *j, uint64_t
                     nk0 = last ? 0 : k1;
                     nk1 = n - nk0 < COL_BATCH_KBLOCK ? n : nk0 + COL_BATCH_KBLOCK;
                 }
+                const uint8_t *w0 = (const uint8_t *)j->w.data + rr * rb + k0 * esize;
+                if (wide) widen_tile(w0, rb, NR, dtype, k1 - k0, wide, COL_BATCH_KBLOCK);
                 for (uint32_t t = c0, p = 0; t < c1; t += 4, p++) {
                     const uint32_t m = c1 - t < 4 ? c1 - t : 4;
                     const next_tile_prefetch pf = next_block_slice(j, rn, NR, nk0, nk1, p, P, rb, esize, (k1 - k0) / 16);
                     __m512 *tile_carry = carry + ((uint64_t)g * P + p) * NR * 4;
-                    switch (m) {
-                    case 4: tile_f_avx512_cols(j, rr, 1, NR, 4, t, dtype, rb, k0, k1, tile_carry, pf, 0); break;
-                    case 3: tile_f_avx512_cols(j, rr, 1, NR, 3, t, dtype, rb, k0, k1, tile_carry, pf, 0); break;
-                    case 2: tile_f_avx512_cols(j, rr, 1, NR, 2, t, dtype, rb, k0, k1, tile_carry, pf, 0); break;
-                    default: tile_f_avx512_cols(j, rr, 1, NR, 1, t, dtype, rb, k0, k1, tile_carry, pf, 0); break;
-                    }
+                    if (wide)
+                        TILE_PASS_512(j, rr, t, m, COL_DTYPE_F32, (const uint8_t *)wide, 4 * COL_BATCH_KBLOCK, k0, k1,
+                                      tile_carry, pf);
+                    else
+                        TILE_PASS_512(j, rr, t, m, dtype, w0, rb, k0, k1, tile_carry, pf);
                 }
             }
         }
@@ -720,7 +751,8 @@ COL_INLINE COL_T512 void tiles_kblocked_avx512(const col_matvec_job *j, uint64_t
  * not done: r0 when the scratch holds no tile (the caller's whole-row tiles give the same bits).
  * Not inlined: inlined into col_rows_avx512, it made gcc compile the short rows' tiles slower. */
 static COL_T512 __attribute__((noinline)) uint64_t rows_kblocked_avx512(const col_matvec_job *j, uint64_t r0, uint64_t r1,
-                                                                        uint32_t dtype, uint8_t *carry, uint64_t carry_bytes)
+                                                                        uint32_t dtype, uint8_t *carry, uint64_t carry_bytes,
+                                                                        float *wide)
 {
     enum { NR = COL_BATCH_ROWS_512 };
     uint64_t fit = carry ? carry_bytes / col_kblock_carry_bytes(j->n_tokens) : 0;
@@ -728,8 +760,27 @@ static COL_T512 __attribute__((noinline)) uint64_t rows_kblocked_avx512(const co
     if (fit > 1 && j->n_tokens < COL_KBLOCK_GROUP_TOKENS) fit = 1;
     while (fit > 0 && r0 + NR <= r1) {
         const uint64_t tiles = (r1 - r0) / NR < fit ? (r1 - r0) / NR : fit;
-        tiles_kblocked_avx512(j, r0, (uint32_t)tiles, dtype, (__m512 *)(void *)carry);
+        tiles_kblocked_avx512(j, r0, (uint32_t)tiles, dtype, (__m512 *)(void *)carry, wide);
         r0 += tiles * NR;
+    }
+    return r0;
+}
+
+/* The whole 6-row tiles of rows [r0, r1) of a batch of 16-bit floats over rows of at most
+ * COL_BATCH_KBLOCK columns, each tile widened to f32 at `wide` once for all its token passes.
+ * Returns the first row not done. */
+static COL_T512 __attribute__((noinline)) uint64_t rows_widened_avx512(const col_matvec_job *j, uint64_t r0, uint64_t r1,
+                                                                       uint32_t dtype, float *wide)
+{
+    enum { NR = COL_BATCH_ROWS_512 };
+    const uint64_t n = j->w.cols, rb = col_dtype_row_bytes(dtype, n), ws = (n + 15) & ~(uint64_t)15;
+    for (; r0 + NR <= r1; r0 += NR) {
+        widen_tile((const uint8_t *)j->w.data + r0 * rb, rb, NR, dtype, n, wide, ws);
+        for (uint32_t t = 0; t < j->n_tokens; t += 4) {
+            const uint32_t m = j->n_tokens - t < 4 ? j->n_tokens - t : 4;
+            TILE_PASS_512(j, r0, t, m, COL_DTYPE_F32, (const uint8_t *)wide, 4 * ws, 0, n, NULL,
+                          next_tile_slice(j, r0, 1, NR, (int)m, t, rb, n / 16));
+        }
     }
     return r0;
 }
@@ -744,11 +795,16 @@ static COL_T512 __attribute__((noinline)) uint64_t rows_kblocked_avx512(const co
     } while (0)
 
 /* Float weights on AVX-512: batches over long rows in column blocks (rows_kblocked_avx512) for
- * whole 6-row tiles, everything else (decode, short rows, the rows left over) by WALK_TILES. */
+ * whole 6-row tiles, 16-bit ones of COL_WIDEN_MIN_TOKENS or more tokens widened a tile at a time
+ * where the thread's scratch has room (`wide`), everything else (decode, the rows left over) by
+ * WALK_TILES. */
 #define WALK_FLOAT_512(TILE, dtype)                                                                 \
     do {                                                                                            \
+        float *wide_ = (dtype) != COL_DTYPE_F32 && j->n_tokens >= COL_WIDEN_MIN_TOKENS ? wide : NULL; \
         if (j->n_tokens > 1 && j->w.cols > COL_BATCH_KBLOCK)                                        \
-            r0 = rows_kblocked_avx512(j, r0, r1, dtype, carry, carry_bytes);                        \
+            r0 = rows_kblocked_avx512(j, r0, r1, dtype, carry, float_carry, wide_);                 \
+        else if (wide_)                                                                             \
+            r0 = rows_widened_avx512(j, r0, r1, dtype, wide_);                                      \
         WALK_TILES_512(TILE);                                                                       \
     } while (0)
 
@@ -810,6 +866,13 @@ static COL_T512 void rows_panels_f_avx512(const col_matvec_job *j, uint64_t r0, 
 COL_T512 void col_rows_avx512(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint8_t *carry,
                              uint64_t carry_bytes, col_decode_tuning tune)
 {
+    /* float weights: the scratch's last COL_WIDE_TILE_BYTES for widened tiles, the rest for carried sums */
+    uint64_t float_carry = carry_bytes;
+    float *wide = NULL;
+    if (carry && carry_bytes >= COL_WIDE_TILE_BYTES) {
+        float_carry -= COL_WIDE_TILE_BYTES;
+        wide = (float *)(void *)(carry + float_carry);
+    }
     switch (j->w.dtype) {
 #define T(NR, NT, r, step, t) tile_f_avx512(j, r, step, NR, NT, t, COL_DTYPE_F32, tune.f)
     case COL_DTYPE_F32: WALK_FLOAT_512(T, COL_DTYPE_F32); break;

@@ -482,8 +482,9 @@ static uint64_t stage_bytes(col_isa isa, const col_pool_limits *l)
 {
     uint64_t amx = isa == COL_ISA_AMX ? (col_amx_stage_bytes(l->max_cols, l->max_tokens) + 63) & ~(uint64_t)63 : 0, carry = 0;
 #if defined(__x86_64__)
-    if (isa >= COL_ISA_AVX512F && l->max_tokens > 1 && l->max_cols > COL_BATCH_KBLOCK)
-        carry = COL_KBLOCK_TILES * col_kblock_carry_bytes(l->max_tokens);
+    if (isa >= COL_ISA_AVX512F && l->max_tokens > 1)
+        carry = (l->max_cols > COL_BATCH_KBLOCK ? COL_KBLOCK_TILES * col_kblock_carry_bytes(l->max_tokens) : 0) +
+                COL_WIDE_TILE_BYTES;
     if (isa >= COL_ISA_AVX512 && l->max_tokens > 1 && carry < col_int8_stage_bytes())
         carry = col_int8_stage_bytes(); /* or the quantised batches' panels */
 #endif
