@@ -144,8 +144,9 @@ col_isa col_detect_isa(void);
 #define COL_BATCH_KBLOCK 1024
 #define COL_KBLOCK_TOKENS 128 /* tokens walked together; a batch with more walks them in chunks */
 #define COL_KBLOCK_TILES 8
-/* A batch of 16-bit float weights with this many tokens or more widens each 6-row tile (or tile-block)
- * to f32 in the thread's scratch once for all its token passes: the scratch's last COL_WIDE_TILE_BYTES. */
+/* An AVX-512 batch of 16-bit float weights with col_decode_tuning.widen_tokens tokens or more widens each
+ * 6-row tile (or tile-block) to f32 in the thread's scratch once for all its token passes: the
+ * scratch's last COL_WIDE_TILE_BYTES. */
 #ifndef COL_WIDEN_MIN_TOKENS
 #define COL_WIDEN_MIN_TOKENS 8
 #endif
@@ -160,10 +161,13 @@ uint64_t col_kblock_carry_bytes(uint32_t n_tokens);
  * bf16 dot-product tile reads at once (f_streams: 4, else COL_DECODE_STREAMS), and an exact
  * one-token tile of bf16x16 panels (8 where f_streams is, else 4); the distant stored
  * panels an AVX-512 one-token tile reads at once (stored_streams: 4 or 8); and whether one token
- * of q4_0 panels takes the AVX-512 tile (q4_zmm, 1) or the AVX2 one (0). None of it changes a bit. */
+ * of q4_0 panels takes the AVX-512 tile (q4_zmm, 1) or the AVX2 one (0); and from how many tokens an
+ * AVX-512 batch of 16-bit float weights widens its tiles to f32 once (widen_tokens; 0: never). None
+ * of it changes a bit. */
 typedef struct col_decode_tuning {
     uint32_t f, q, stored, f_streams, stored_streams;
     int q4_zmm;
+    uint32_t widen_tokens;
 } col_decode_tuning;
 
 /* The tuning for this machine's CPU (measured per vendor; kernels_x86.c). */

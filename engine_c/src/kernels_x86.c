@@ -795,12 +795,12 @@ static COL_T512 __attribute__((noinline)) uint64_t rows_widened_avx512(const col
     } while (0)
 
 /* Float weights on AVX-512: batches over long rows in column blocks (rows_kblocked_avx512) for
- * whole 6-row tiles, 16-bit ones of COL_WIDEN_MIN_TOKENS or more tokens widened a tile at a time
+ * whole 6-row tiles, 16-bit ones of tune.widen_tokens or more tokens widened a tile at a time
  * where the thread's scratch has room (`wide`), everything else (decode, the rows left over) by
  * WALK_TILES. */
 #define WALK_FLOAT_512(TILE, dtype)                                                                 \
     do {                                                                                            \
-        float *wide_ = (dtype) != COL_DTYPE_F32 && j->n_tokens >= COL_WIDEN_MIN_TOKENS ? wide : NULL; \
+        float *wide_ = (dtype) != COL_DTYPE_F32 && tune.widen_tokens && j->n_tokens >= tune.widen_tokens ? wide : NULL; \
         if (j->n_tokens > 1 && j->w.cols > COL_BATCH_KBLOCK)                                        \
             r0 = rows_kblocked_avx512(j, r0, r1, dtype, carry, float_carry, wide_);                 \
         else if (wide_)                                                                             \
@@ -2038,20 +2038,21 @@ COL_T2 void col_f16_row_avx2(const float *x, uint64_t n, uint16_t *out)
  * of 4 rows, the stored-panel tiles without software prefetch and one token of q4_0 panels on
  * them; on Intel with AMX (Emerald Rapids) tiles of 8 rows, 1 KiB ahead and the AVX2 tile for that
  * token; on Intel without AMX (Ice Lake) the same but 8 stored panels a one-token tile, q4_0's on
- * the AVX-512 tiles. */
+ * the AVX-512 tiles. Batches of 16-bit floats widened once a tile on Intel, whose widening shares
+ * the multiply-adds' two ports; not measured on AMD, which keeps widening in every pass. */
 col_decode_tuning col_decode_tuning_here(void)
 {
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd"))
         return (col_decode_tuning){COL_PREFETCH_AHEAD_AMD, COL_PREFETCH_AHEAD_AMD, COL_STORED_AHEAD_AMD,
-                                   COL_FLOAT_STREAMS_AMD, COL_STORED_STREAMS, COL_Q4_ZMM_DECODE_AMD};
+                                   COL_FLOAT_STREAMS_AMD, COL_STORED_STREAMS, COL_Q4_ZMM_DECODE_AMD, 0};
     unsigned a, b, c, d;
     const int amx_tile = __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 24) & 1);
     if (!amx_tile)
         return (col_decode_tuning){COL_PREFETCH_AHEAD, COL_PREFETCH_AHEAD_Q, COL_STORED_AHEAD, COL_DECODE_STREAMS,
-                                   COL_STORED_STREAMS_NO_AMX, COL_Q4_ZMM_DECODE_NO_AMX};
+                                   COL_STORED_STREAMS_NO_AMX, COL_Q4_ZMM_DECODE_NO_AMX, COL_WIDEN_MIN_TOKENS};
     return (col_decode_tuning){COL_PREFETCH_AHEAD, COL_PREFETCH_AHEAD_Q, COL_STORED_AHEAD, COL_DECODE_STREAMS,
-                               COL_STORED_STREAMS, 0};
+                               COL_STORED_STREAMS, 0, COL_WIDEN_MIN_TOKENS};
 }
 
 col_isa col_detect_isa(void)

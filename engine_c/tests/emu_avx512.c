@@ -135,7 +135,7 @@ static void run_case(void)
     fill_weights(dtype, rows, cols);
     for (uint64_t i = 0; i < nt * cols; i++) x[i] = kind == KIND_INT8 ? (float)((int32_t)(rnd() % 20001u) - 10000) / 8192.0f : spread();
     const col_matvec_job job = {{weights, dtype, rows, cols, 0}, x, y, nt, NULL};
-    const col_decode_tuning tune = {1024, 1024, 1024, 8, 4, 0};
+    const col_decode_tuning tune = {1024, 1024, 1024, 8, 4, 0, COL_WIDEN_MIN_TOKENS};
     emu_result[0] = 0;
     if (kind == KIND_INT8) {
         const col_isa isa = emu_case[6] == ENTRY_AVX512F ? COL_ISA_AVX512F : COL_ISA_AVX512;

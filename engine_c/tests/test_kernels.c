@@ -335,6 +335,62 @@ static void test_float_order(const char *isa, unsigned lanes)
     for (int i = 0; i < 3; i++) pool_done(&pools[i]);
 }
 
+/* A batch of bf16 or f16 weights gives the same bits whether its tiles are widened to f32 once
+ * (Intel's tuning, from 8 tokens or from 1) or in every token pass (AMD's), and with or without
+ * the scratch that holds the widened tile: whole rows, long rows in column blocks, rows with a
+ * scalar tail, rows left over after the 6-row tiles, called on the whole matrix and on two shares. */
+static void test_widened_tiles(void)
+{
+    enum { MAX_T = 70, MAX_C = 2100 };
+    static const uint32_t kinds[] = {COL_DTYPE_F16, COL_DTYPE_BF16};
+    static const uint64_t cols_list[] = {17, 100, 1024, 1040, 2100};
+    static const uint64_t rows_list[] = {6, 13, 37};
+    static const uint32_t tokens_list[] = {2, 8, 9, 17, 70};
+    static const uint32_t widen_list[] = {0, 8, 1};
+    run pool = pool_for("avx512", 1, MAX_T, MAX_C);
+    CHECK(pool.pool != NULL);
+    if (!pool.pool) return;
+    const uint64_t stage_bytes = COL_KBLOCK_TILES * col_kblock_carry_bytes(MAX_T) + COL_WIDE_TILE_BYTES;
+    uint8_t *stage = NULL;
+    CHECK(posix_memalign((void **)&stage, 64, stage_bytes) == 0);
+    int differ = 0, checked = 0;
+    for (size_t ki = 0; ki < 2; ki++)
+        for (size_t ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++)
+            for (size_t ri = 0; ri < sizeof rows_list / sizeof *rows_list; ri++)
+                for (size_t ti = 0; ti < sizeof tokens_list / sizeof *tokens_list; ti++) {
+                    const uint32_t dtype = kinds[ki], nt = tokens_list[ti];
+                    const uint64_t cols = cols_list[ci], rows = rows_list[ri];
+                    float *w = malloc(rows * cols * sizeof *w), *x = malloc(nt * cols * sizeof *x);
+                    float *want = malloc(nt * rows * sizeof *want), *got = malloc(nt * rows * sizeof *got);
+                    double *ws = malloc(rows * cols * sizeof *ws);
+                    for (uint64_t i = 0; i < rows * cols; i++) w[i] = frand();
+                    for (uint64_t i = 0; i < nt * cols; i++) x[i] = frand();
+                    uint8_t *data = store(w, rows, cols, dtype, ws);
+                    const col_matvec_job job = {{data, dtype, rows, cols, 0}, x, want, nt, NULL};
+                    col_matmul_many(pool.pool, &job, 1);
+                    for (size_t wi = 0; wi < sizeof widen_list / sizeof *widen_list; wi++)
+                        for (int staged = 0; staged < 2; staged++)
+                            for (int split = 0; split < 2; split++) {
+                                col_decode_tuning tune = col_decode_tuning_here();
+                                tune.widen_tokens = widen_list[wi];
+                                const col_matvec_job jb = {{data, dtype, rows, cols, 0}, x, got, nt, NULL};
+                                memset(got, 0xFF, nt * rows * sizeof *got);
+                                const uint64_t mid = split ? rows / 2 : rows;
+                                uint8_t *st = staged ? stage : NULL;
+                                const uint64_t sb = staged ? stage_bytes : 0;
+                                col_rows_avx512(&jb, NULL, 0, mid, st, sb, tune);
+                                if (mid < rows) col_rows_avx512(&jb, NULL, mid, rows, st, sb, tune);
+                                differ += memcmp(want, got, nt * rows * sizeof *got) != 0;
+                                checked++;
+                            }
+                    free(w), free(x), free(want), free(got), free(ws), free(data);
+                }
+    if (differ) fprintf(stderr, "widened tiles: %d of %d products differ from the pool's\n", differ, checked);
+    CHECK(differ == 0);
+    free(stage);
+    pool_done(&pool);
+}
+
 /* A q8_0/q4_0 row of raw bytes: payloads from the whole int8 range (q8_0's -128 included, which
  * the converter never writes but a file may hold) and f16 scales drawn from `scales`. */
 static uint8_t *raw_quantised(uint32_t dtype, uint64_t rows, uint64_t cols, const uint16_t *scales, size_t n_scales)
@@ -1400,6 +1456,8 @@ int main(void)
         test_avx512f_bits();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_float_order("avx512", 16);
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        test_widened_tiles();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         test_int8_definition();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
