@@ -562,23 +562,25 @@ COL_INLINE COL_T512Q void stored_tile(const col_matvec_job *j, const uint8_t *qx
     if (NP % 2) _mm256_storeu_ps(y + pr[NP - 1], odd);
 }
 
-/* Rows [r0, r1) (whole panels) of every token, a token at a time: the share cut into S parts of
- * whole panels as even as they can be (S, a constant where inlined, at most STORED_STREAMS_MAX),
- * tile i takes panel i of each part that has one (the parts' last tile may be short). */
+/* Rows [r0, r1) (whole panels) of every token, each tile for every token before the next tile
+ * (its panels then come from L2 for the tokens after the first, where a token at a time read the
+ * whole share from memory again for each): the share cut into S parts of whole panels as even as
+ * they can be (S, a constant where inlined, at most STORED_STREAMS_MAX), tile i takes panel i of
+ * each part that has one (the parts' last tile may be short). */
 COL_INLINE COL_T512Q void stored_tokens(const col_matvec_job *j, const uint8_t *qx, uint64_t r0, uint64_t r1, uint32_t ahead,
                                        const int q4, const int S)
 {
     const uint64_t qb = col_qrow_bytes(j->w.cols), np = (r1 - r0) / 8;
     uint64_t from[STORED_STREAMS_MAX + 1], pr[STORED_STREAMS_MAX];
     for (int s = 0; s <= S; s++) from[s] = np * (uint64_t)s / (uint64_t)S;
-    for (uint32_t t = 0; t < j->n_tokens; t++) {
-        float *y = j->y + (uint64_t)t * j->w.rows;
-        const uint8_t *x = qx + t * qb;
-        for (uint64_t i = 0;; i++) {
-            int tile = 0;
-            for (int s = 0; s < S; s++)
-                if (from[s] + i < from[s + 1]) pr[tile++] = r0 + 8 * (from[s] + i);
-            if (tile == 0) break;
+    for (uint64_t i = 0;; i++) {
+        int tile = 0;
+        for (int s = 0; s < S; s++)
+            if (from[s] + i < from[s + 1]) pr[tile++] = r0 + 8 * (from[s] + i);
+        if (tile == 0) break;
+        for (uint32_t t = 0; t < j->n_tokens; t++) {
+            float *y = j->y + (uint64_t)t * j->w.rows;
+            const uint8_t *x = qx + t * qb;
             switch (tile) {
 #define TILE(c) \
     case c: \
