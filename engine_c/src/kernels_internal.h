@@ -146,9 +146,13 @@ col_isa col_detect_isa(void);
 #define COL_KBLOCK_TILES 8
 /* An AVX-512 batch of 16-bit float weights with col_decode_tuning.widen_tokens tokens or more widens each
  * 6-row tile (or tile-block) to f32 in the thread's scratch once for all its token passes: the
- * scratch's last COL_WIDE_TILE_BYTES. */
+ * scratch's last COL_WIDE_TILE_BYTES. Intel's tuning widens from COL_WIDEN_MIN_TOKENS, AMD's from
+ * COL_WIDEN_MIN_TOKENS_AMD (0: never). */
 #ifndef COL_WIDEN_MIN_TOKENS
 #define COL_WIDEN_MIN_TOKENS 8
+#endif
+#ifndef COL_WIDEN_MIN_TOKENS_AMD
+#define COL_WIDEN_MIN_TOKENS_AMD 0
 #endif
 #define COL_WIDE_TILE_BYTES (COL_BATCH_ROWS_512 * COL_BATCH_KBLOCK * 4)
 

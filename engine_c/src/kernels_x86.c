@@ -2039,13 +2039,14 @@ COL_T2 void col_f16_row_avx2(const float *x, uint64_t n, uint16_t *out)
  * them; on Intel with AMX (Emerald Rapids) tiles of 8 rows, 1 KiB ahead and the AVX2 tile for that
  * token; on Intel without AMX (Ice Lake) the same but 8 stored panels a one-token tile, q4_0's on
  * the AVX-512 tiles. Batches of 16-bit floats widened once a tile on Intel, whose widening shares
- * the multiply-adds' two ports; not measured on AMD, which keeps widening in every pass. */
+ * the multiply-adds' two ports; AMD (Zen 4) widens in every pass, where widening once was slower. */
 col_decode_tuning col_decode_tuning_here(void)
 {
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd"))
         return (col_decode_tuning){COL_PREFETCH_AHEAD_AMD, COL_PREFETCH_AHEAD_AMD, COL_STORED_AHEAD_AMD,
-                                   COL_FLOAT_STREAMS_AMD, COL_STORED_STREAMS, COL_Q4_ZMM_DECODE_AMD, 0};
+                                   COL_FLOAT_STREAMS_AMD, COL_STORED_STREAMS, COL_Q4_ZMM_DECODE_AMD,
+                                   COL_WIDEN_MIN_TOKENS_AMD};
     unsigned a, b, c, d;
     const int amx_tile = __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 24) & 1);
     if (!amx_tile)
