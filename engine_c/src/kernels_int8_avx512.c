@@ -9,8 +9,9 @@
  * thread's staging: per block the 16 rows' scales as f32, then the payload with one row's 4-byte
  * group per lane (q8_0 as w + 128, the unsigned operand vpdpbusd wants; q4_0 as its raw bytes, the
  * nibbles split in registers). Each token then takes a block in 8 vpdpbusd with broadcast 4-byte
- * groups of its activations, the block sum starting from the block's correction (-128 or -8 times
- * the sum of its activations, col_quantize_row), and every pass of COL_PANEL_TOKENS tokens over
+ * groups of its activations, as two chains of 4 (the block's low and high 16 values) added at the
+ * end, the block sum starting from the block's correction (-128 or -8 times the sum of its
+ * activations, col_quantize_row), and every pass of COL_PANEL_TOKENS tokens over
  * the panel reads it from L1. The partial sums of a panel live in y between k-blocks.
  *
  * Decode (one token) reads 16 rows where they lie, from 16 distant places of the thread's share
