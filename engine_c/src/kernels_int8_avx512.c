@@ -231,13 +231,13 @@ COL_INLINE COL_T512Q void panel_pass(const col_matvec_job *j, const uint8_t *qx,
             __m512i isum = _mm512_set1_epi32(((const int32_t *)(const void *)(xt + cbo))[k]);
             /* two chains of 4 vpdpbusd, not one of 8: each token's chain is serial in program order,
              * and out-of-order execution overlaps tokens only as far as the latency lets it */
-            __m512i isum2 = _mm512_setzero_si512();
+            __m512i isum_high = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
                 isum = _mm512_dpbusd_epi32(isum, wv[g], _mm512_set1_epi32(load4(xq + lo + 4 * g)));
-                isum2 = _mm512_dpbusd_epi32(isum2, wv[g + 4], _mm512_set1_epi32(load4(xq + hi + 4 * g)));
+                isum_high = _mm512_dpbusd_epi32(isum_high, wv[g + 4], _mm512_set1_epi32(load4(xq + hi + 4 * g)));
             }
-            isum = _mm512_add_epi32(isum, isum2); /* exact: integers */
+            isum = _mm512_add_epi32(isum, isum_high); /* exact: integers */
             const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(((const float *)(const void *)(xt + n))[k]));
             acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[b]);
         }
