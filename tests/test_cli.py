@@ -614,6 +614,30 @@ def test_bench_products_ceilings_reports_each_rate() -> None:
         assert r[key] > 0, key
 
 
+def _has_avx2() -> bool:
+    try:
+        return " avx2" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="the AVX2 probes need AVX2")
+def test_bench_products_ceilings_of_the_avx2_path_on_any_avx2_cpu() -> None:
+    """bench_products --ceilings --kernels avx2: the AVX2 path's probes (vpmaddwd alone and each
+    form of a q8_0 pass) even where the CPU has AVX-512 VNNI, so the AVX2 kernels can be held
+    against their own bound on the machine at hand; another path after --ceilings is refused."""
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(["make", "-s", "-C", str(root / "engine_c"), "build/bench_products"], check=True)
+    tool = str(root / "engine_c" / "build" / "bench_products")
+    out = subprocess.run([tool, "--ceilings", "--kernels", "avx2"], check=True, capture_output=True,
+                         text=True).stdout
+    r = json.loads(out)
+    for key in ("vpmaddwd_gmacs", "q8_avx2_sign_gmacs", "q8_avx2_int16_pairs_gmacs", "q8_avx2_int16_movsx_gmacs"):
+        assert r[key] > 0, key
+    refused = subprocess.run([tool, "--ceilings", "--kernels", "avx512"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "usage" in refused.stderr
+
+
 def test_bench_session_times_every_repeat_of_a_prefill_and_its_decode() -> None:
     """engine_c's bench_session (public API only): one JSON line with the path that ran and the
     seconds of each repeat's prefill and of the steps after it."""

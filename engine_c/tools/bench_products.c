@@ -14,14 +14,15 @@
  * blockedL or dot-bf16, with +fma and +splitS, as colibri.numerics spells them). A developer's benchmark: it
  * uses the engine's internal kernel interface.
  *
- *   bench_products --ceilings
+ *   bench_products --ceilings [--kernels avx2]
  *
  * Prints this core's multiply-add ceilings instead, one JSON line (G multiply-adds/s of one
  * thread): int8 VNNI vpdpbusd (64 per instruction), f32 FMA (16), and the int8 rate of the
  * instruction mix a batch tile needs in each float order (probe_mix), each over 8-12 independent
- * chains so latency does not bound them. On AVX2 without AVX-512 VNNI: vpmaddwd alone (16 per
- * instruction), and the int8 rate of a q8_0 pass's work per token and 4-byte group in the forms
- * its operations could take (probe_q8_avx2).
+ * chains so latency does not bound them. On AVX2 without AVX-512 VNNI, or with --kernels avx2 on
+ * any AVX2 CPU (the AVX2 path's bound there): vpmaddwd alone (16 per instruction), and the int8
+ * rate of a q8_0 pass's work per token and 4-byte group in the forms its operations could take
+ * (probe_q8_avx2).
  */
 #include "internal.h"
 #include "kernels.h"
@@ -284,11 +285,13 @@ __attribute__((target("avx2"))) static double probe_q8_avx2(const int FORM, int3
     return (double)blocks * 4 * 256 / dt * 1e-9;
 }
 
-static int print_ceilings(void)
+/* avx2: the AVX2 probes even where the CPU has AVX-512 VNNI (the AVX2 path's bound on this core). */
+static int print_ceilings(int avx2)
 {
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512vnni")) {
+    if (avx2 || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512vnni")) {
         if (!__builtin_cpu_supports("avx2")) {
-            fputs("bench_products: --ceilings needs AVX-512 VNNI or AVX2\n", stderr);
+            fputs(avx2 ? "bench_products: --ceilings --kernels avx2 needs AVX2\n"
+                       : "bench_products: --ceilings needs AVX-512 VNNI or AVX2\n", stderr);
             return 1;
         }
         int32_t sink = 0;
@@ -315,7 +318,7 @@ static int usage(void)
 {
     fputs("usage: bench_products DTYPE ROWS COLS TOKENS [--threads T] [--megabytes M] [--repeats R]\n"
           "                      [--kernels portable|avx2|avx512f|avx512|amx] [--numerics SPEC]\n"
-          "       bench_products --ceilings\n"
+          "       bench_products --ceilings [--kernels avx2]\n"
           "  DTYPE: f32 f16 bf16 q8_0 q4_0 q8_0x8 q4_0x8 (quantised: COLS a multiple of 32; the\n"
           "         panels q8_0x8/q4_0x8: ROWS a multiple of 8)\n",
           stderr);
@@ -325,7 +328,11 @@ static int usage(void)
 int main(int argc, char **argv)
 {
 #if defined(__x86_64__)
-    if (argc == 2 && strcmp(argv[1], "--ceilings") == 0) return print_ceilings();
+    if (argc >= 2 && strcmp(argv[1], "--ceilings") == 0) {
+        if (argc == 2) return print_ceilings(0);
+        if (argc == 4 && strcmp(argv[2], "--kernels") == 0 && strcmp(argv[3], "avx2") == 0) return print_ceilings(1);
+        return usage();
+    }
 #endif
     if (argc < 5) return usage();
     uint32_t dtype;
