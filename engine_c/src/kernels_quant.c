@@ -199,23 +199,44 @@ static inline int32_t block_correction(uint32_t wdtype, int32_t sum)
 }
 
 #if defined(__x86_64__)
-/* The same with AVX-512: the maximum is exact in any order, the product is the same IEEE
+/* col_quantize_row on AVX-512: the maximum is exact in any order, the product is the same IEEE
  * multiply, and vcvtps2dq rounds half to even under the default MXCSR, so the bytes are
- * identical to quantize_block's. */
-__attribute__((target("avx512f"))) static float quantize_block_avx512(const float *xb, int8_t *vals)
+ * quantize_block's; stored straight into place_block's arrangement, each block's sum from its two
+ * vectors. A block with a NaN takes the scalar rules. */
+__attribute__((target("avx512f"))) static void quantize_row_avx512(const float *x, uint64_t cols, uint32_t wdtype, uint8_t *out)
 {
-    __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
-    float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-    if (amax != amax) return quantize_block(xb, vals); /* NaN: the scalar rules */
-    float dx = amax / 127.0f;
-    __m512 id = _mm512_set1_ps(dx > 0.0f ? 1.0f / dx : 0.0f);
+    const uint64_t nb = cols / QK;
+    int8_t *q = (int8_t *)out;
+    float *d = (float *)(out + cols);
+    int32_t *cb = (int32_t *)(out + col_qrow_block_corrections(cols));
     const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
-    __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
-    qlo = _mm512_min_epi32(_mm512_max_epi32(qlo, bottom), top);
-    qhi = _mm512_min_epi32(_mm512_max_epi32(qhi, bottom), top);
-    _mm_storeu_si128((__m128i *)vals, _mm512_cvtepi32_epi8(qlo));
-    _mm_storeu_si128((__m128i *)(vals + 16), _mm512_cvtepi32_epi8(qhi));
-    return dx;
+    for (uint64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * QK;
+        int8_t *lo_at = q + (wdtype == COL_DTYPE_Q4_0 ? col_xq_pos(wdtype, nb, b, 0) : b * QK);
+        int8_t *hi_at = q + (wdtype == COL_DTYPE_Q4_0 ? col_xq_pos(wdtype, nb, b, 16) : b * QK + 16);
+        const __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
+        /* a NaN asked for by compare: what _mm512_reduce_max_ps makes of one differs by compiler
+         * (clang's skipped it, and a block of -3e38 and a NaN came out as zeros) */
+        if (_mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q)) { /* the scalar rules */
+            int8_t vals[QK];
+            int32_t sum = 0;
+            d[b] = quantize_block(xb, vals);
+            memcpy(lo_at, vals, 16);
+            memcpy(hi_at, vals + 16, 16);
+            for (uint32_t j = 0; j < QK; j++) sum += vals[j];
+            cb[b] = block_correction(wdtype, sum);
+            continue;
+        }
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        const float dx = amax / 127.0f;
+        const __m512 id = _mm512_set1_ps(dx > 0.0f ? 1.0f / dx : 0.0f);
+        const __m512i qlo = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), bottom), top);
+        const __m512i qhi = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(hi, id)), bottom), top);
+        _mm_storeu_si128((__m128i *)(void *)lo_at, _mm512_cvtepi32_epi8(qlo));
+        _mm_storeu_si128((__m128i *)(void *)hi_at, _mm512_cvtepi32_epi8(qhi));
+        d[b] = dx;
+        cb[b] = block_correction(wdtype, _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi)));
+    }
 }
 
 /* The same with AVX2 (the same reasoning; no 32 -> 8 bit conversion, so two saturating packs,
@@ -293,24 +314,22 @@ void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa is
         quantize_row_avx2(x, cols, wdtype, out);
         return;
     }
+    if (isa >= COL_ISA_AVX512) {
+        quantize_row_avx512(x, cols, wdtype, out);
+        return;
+    }
 #endif
     uint64_t nb = cols / QK;
     int8_t *q = (int8_t *)out, vals[QK];
     float *d = (float *)(out + cols);
     int32_t *cb = (int32_t *)(out + col_qrow_block_corrections(cols));
     for (uint64_t b = 0; b < nb; b++) {
-#if defined(__x86_64__)
-        if (isa >= COL_ISA_AVX512)
-            d[b] = quantize_block_avx512(x + b * QK, vals);
-        else
-#endif
-            d[b] = quantize_block(x + b * QK, vals);
+        d[b] = quantize_block(x + b * QK, vals);
         place_block(q, wdtype, nb, b, vals);
         int32_t sum = 0;
         for (uint32_t j = 0; j < QK; j++) sum += vals[j];
         cb[b] = block_correction(wdtype, sum);
     }
-    (void)isa;
 }
 
 uint64_t col_qrow_block_corrections(uint64_t cols)

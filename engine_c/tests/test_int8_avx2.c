@@ -227,28 +227,37 @@ static void test_stored_panels(run *pools)
 }
 #endif
 
-/* The AVX2 activation quantisation writes the portable one's bytes: values in the dtype's order,
- * scales and block corrections; random, extreme and NaN blocks. */
+/* The AVX2 activation quantisation, and the AVX-512 one where the CPU has AVX-512 F, write the
+ * portable one's bytes: values in the dtype's order, scales and block corrections; random,
+ * extreme, infinite and NaN blocks. */
 static void test_quantized_rows(void)
 {
     static const uint64_t cols_list[] = {32, 96, 128, 160, 544, 1568};
-    size_t checked = 0, differ = 0;
+    const int has_avx512 = __builtin_cpu_supports("avx512f");
+    size_t checked = 0, differ = 0, differ512 = 0;
     for (size_t d = 0; d < 2; d++)
         for (size_t c = 0; c < 6; c++)
-            for (int rep = 0; rep < 4; rep++) {
+            for (int rep = 0; rep < 5; rep++) {
                 const uint64_t cols = cols_list[c], bytes = col_qrow_bytes(cols);
                 float *x = activations(1, cols, rep > 0);
                 if (rep == 3) x[rnd() % cols] = NAN;
-                uint8_t *portable = malloc(bytes), *avx2 = malloc(bytes);
+                if (rep == 4) x[rnd() % cols] = rnd() % 2 ? INFINITY : -INFINITY;
+                uint8_t *portable = malloc(bytes), *avx2 = malloc(bytes), *avx512 = malloc(bytes);
                 col_quantize_row(x, cols, dtypes[d], COL_ISA_PORTABLE, portable);
                 col_quantize_row(x, cols, dtypes[d], COL_ISA_AVX2, avx2);
                 checked++;
                 differ += memcmp(portable, avx2, bytes) != 0;
-                free(portable), free(avx2), free(x);
+                if (has_avx512) {
+                    col_quantize_row(x, cols, dtypes[d], COL_ISA_AVX512, avx512);
+                    differ512 += memcmp(portable, avx512, bytes) != 0;
+                }
+                free(portable), free(avx2), free(avx512), free(x);
             }
-    fprintf(stderr, "quantised rows: %zu, AVX2 bytes off the portable ones: %zu\n", checked, differ);
-    CHECK(checked == 48);
+    fprintf(stderr, "quantised rows: %zu, AVX2 bytes off the portable ones: %zu, AVX-512's: %zu%s\n", checked, differ,
+            differ512, has_avx512 ? "" : " (no AVX-512 here)");
+    CHECK(checked == 60);
     CHECK(differ == 0);
+    CHECK(differ512 == 0);
 }
 
 int main(void)
