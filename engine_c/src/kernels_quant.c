@@ -198,6 +198,19 @@ static inline int32_t block_correction(uint32_t wdtype, int32_t sum)
     return (wdtype == COL_DTYPE_Q8_0 ? -128 : -8) * sum;
 }
 
+/* Block b of a row by quantize_block's rules into the row's parts (col_quantize_row's layout): its
+ * values placed, its scale and its correction. */
+static void quantize_block_into(const float *xb, uint32_t wdtype, uint64_t nb, uint64_t b, int8_t *q, float *d,
+                                int32_t *cb)
+{
+    int8_t vals[QK];
+    int32_t sum = 0;
+    d[b] = quantize_block(xb, vals);
+    place_block(q, wdtype, nb, b, vals);
+    for (uint32_t j = 0; j < QK; j++) sum += vals[j];
+    cb[b] = block_correction(wdtype, sum);
+}
+
 #if defined(__x86_64__)
 /* col_quantize_row on AVX-512: the maximum is exact in any order, the product is the same IEEE
  * multiply, and vcvtps2dq rounds half to even under the default MXCSR, so the bytes are
@@ -215,16 +228,10 @@ __attribute__((target("avx512f"))) static void quantize_row_avx512(const float *
         int8_t *lo_at = q + (wdtype == COL_DTYPE_Q4_0 ? col_xq_pos(wdtype, nb, b, 0) : b * QK);
         int8_t *hi_at = q + (wdtype == COL_DTYPE_Q4_0 ? col_xq_pos(wdtype, nb, b, 16) : b * QK + 16);
         const __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
-        /* a NaN asked for by compare: what _mm512_reduce_max_ps makes of one differs by compiler
-         * (clang's skipped it, and a block of -3e38 and a NaN came out as zeros) */
-        if (_mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q)) { /* the scalar rules */
-            int8_t vals[QK];
-            int32_t sum = 0;
-            d[b] = quantize_block(xb, vals);
-            memcpy(lo_at, vals, 16);
-            memcpy(hi_at, vals + 16, 16);
-            for (uint32_t j = 0; j < QK; j++) sum += vals[j];
-            cb[b] = block_correction(wdtype, sum);
+        /* a NaN found by compare: _mm512_reduce_max_ps's treatment of one differs by compiler
+         * (clang's skips it) */
+        if (_mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q)) {
+            quantize_block_into(xb, wdtype, nb, b, q, d, cb);
             continue;
         }
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
@@ -319,17 +326,11 @@ void col_quantize_row(const float *x, uint64_t cols, uint32_t wdtype, col_isa is
         return;
     }
 #endif
-    uint64_t nb = cols / QK;
-    int8_t *q = (int8_t *)out, vals[QK];
+    (void)isa;
+    const uint64_t nb = cols / QK;
     float *d = (float *)(out + cols);
     int32_t *cb = (int32_t *)(out + col_qrow_block_corrections(cols));
-    for (uint64_t b = 0; b < nb; b++) {
-        d[b] = quantize_block(x + b * QK, vals);
-        place_block(q, wdtype, nb, b, vals);
-        int32_t sum = 0;
-        for (uint32_t j = 0; j < QK; j++) sum += vals[j];
-        cb[b] = block_correction(wdtype, sum);
-    }
+    for (uint64_t b = 0; b < nb; b++) quantize_block_into(x + b * QK, wdtype, nb, b, (int8_t *)out, d, cb);
 }
 
 uint64_t col_qrow_block_corrections(uint64_t cols)
