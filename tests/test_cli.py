@@ -443,6 +443,29 @@ def test_bench_states_the_spread_of_its_repeats(capsys: Capture) -> None:
     assert re.search(r"^of the limit .*; repeats [0-9.]+-[0-9.]+%\)$", text, re.M)
 
 
+def test_bench_paired_ratio_takes_each_repeats_pair() -> None:
+    """A cost is the median of each repeat's ratio (the two sides ran in turns within it), with the
+    lowest and highest repeat."""
+    from colibri.bench import paired_ratio
+
+    median, (lo, hi) = paired_ratio([2.0, 3.3, 1.05], [2.0, 3.0, 1.0])
+    assert median == pytest.approx(1.05) and (lo, hi) == (pytest.approx(1.0), pytest.approx(1.1))
+
+
+def test_bench_states_the_cost_of_tracing_with_its_spread(capsys: Capture) -> None:
+    """The traced decode's cost comes from the repeats that ran it in turns with the untraced one,
+    with the lowest and highest repeat, in the JSON and in the text."""
+    demo = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
+    args = ["bench", str(demo), "-p", "8", "-n", "4", "-r", "3", "-t", "1", "--probe-mb", "16"]
+    assert main([*args, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    lo, hi = r["trace_cost_range"]
+    assert lo <= r["trace_cost"] <= hi
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^decode, trace on .*pairs run in turns; repeats [-+][0-9.]+ to [-+][0-9.]+%\)$", text, re.M)
+
+
 def test_bench_states_how_the_decode_split_over_the_threads(capsys: Capture) -> None:
     """On two threads `colibri bench` gives each thread's share of the decode's multiply-adds (the
     engine's own counts), the workers' share in the repeats and the batches a token hands to every

@@ -180,7 +180,7 @@ class BenchResult:
     decode_tok_s_range: tuple[float, float]
     fraction_of_limit_range: tuple[float, float]
     trace_on_decode_tok_s: float
-    trace_cost: float
+    trace_cost: float       # 1 - untraced / traced decode time: the median over repeats of the pairs run in turns
     peak_rss_mb: float      # over the runs, without the probe's buffer (see probe_mb)
     mapped_rss_mb: float    # of which the resident pages of the mapped model file
     peak_rss_excludes_probe: bool  # False where the peak cannot be reset (not Linux)
@@ -213,6 +213,7 @@ class BenchResult:
     # of mapped_rss_mb, the pages mapped 2 MiB at a time (Linux smaps FilePmdMapped; None where
     # unknown): decode streams them with a TLB entry per 2 MiB instead of per 4 KiB
     mapped_huge_mb: float | None = None
+    trace_cost_range: tuple[float, float] | None = None  # trace_cost's lowest and highest repeat (None: no traced run)
     # memory's latency (ns a dependent load over the probe's buffer) before the runs and after
     # them: a step's short reads wait on it, and it moves with the machine apart from bandwidth
     latency_ns: tuple[float, float] | None = None
@@ -330,6 +331,14 @@ def thread_split(before: list[ThreadStats], after: list[ThreadStats]) -> tuple[l
     return [m / total if total else 0.0 for m in macs], batches[0], entered
 
 
+def paired_ratio(times: list[float], base: list[float]) -> tuple[float, tuple[float, float]]:
+    """The median over repeats of times[i] / base[i], and the lowest and highest: each pair ran in
+    the same repeat, in turns, so a machine whose speed drifts between repeats moves both sides of
+    a ratio alike, where a ratio of the two medians would take one side from another repeat."""
+    ratios = [t / b for t, b in zip(times, base)]
+    return statistics.median(ratios), (min(ratios), max(ratios))
+
+
 def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repeats: int = 3,
               probe_bytes: int = 1 << 30, trace_check: bool = True,
               kernels: str | None = None, numerics: str | None = None) -> BenchResult:
@@ -425,13 +434,14 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
     traced_tok_s = n / statistics.median(traced_s) if traced_s else float("nan")
     cost: dict[str, Any] = {}
     if default is not None:
-        pre_cost = [v / d for v, d in zip(prefill_s, default_prefill_s)]
-        dec_cost = [v / d for v, d in zip(decode_s, default_decode_s)]
+        pre_cost, pre_range = paired_ratio(prefill_s, default_prefill_s)
+        dec_cost, dec_range = paired_ratio(decode_s, default_decode_s)
         cost = dict(default_prefill_tok_s=prompt / statistics.median(default_prefill_s),
                     default_decode_tok_s=n / statistics.median(default_decode_s),
-                    prefill_cost=statistics.median(pre_cost), decode_cost=statistics.median(dec_cost),
-                    prefill_cost_range=(min(pre_cost), max(pre_cost)),
-                    decode_cost_range=(min(dec_cost), max(dec_cost)))
+                    prefill_cost=pre_cost, decode_cost=dec_cost,
+                    prefill_cost_range=pre_range, decode_cost_range=dec_range)
+    # untraced / traced decode time, per repeat; tracing's cost is 1 - that
+    untraced, untraced_range = paired_ratio(decode_s, traced_s) if traced_s else (float("nan"), None)
     split: dict[str, Any] = {}
     if splits:
         workers = [sum(shares[1:]) for shares, _, _ in splits]
@@ -452,7 +462,8 @@ def run_bench(path: str, prompt: int = 128, n: int = 64, threads: int = 1, repea
         prefill_tok_s_range=(prompt / max(prefill_s), prompt / min(prefill_s)),
         decode_tok_s_range=(n / max(decode_s), n / min(decode_s)),
         fraction_of_limit_range=(min(fractions), max(fractions)),
-        trace_cost=1.0 - traced_tok_s / dec_tok_s if traced_s else float("nan"),
+        trace_cost=1.0 - untraced,
+        trace_cost_range=(1.0 - untraced_range[1], 1.0 - untraced_range[0]) if untraced_range else None,
         peak_rss_mb=memory.peak_bytes / 2**20, mapped_rss_mb=memory.mapped_bytes / 2**20,
         mapped_huge_mb=None if memory.mapped_huge_bytes is None else memory.mapped_huge_bytes / 2**20,
         latency_ns=(latencies[0], latencies[-1]),
@@ -519,6 +530,14 @@ def huge_page_lines(r: BenchResult) -> list[str]:
     share = 100 * r.mapped_huge_mb / r.mapped_rss_mb
     return [f"2 MiB pages          {share:9.1f}%  of the mapped file's {r.mapped_rss_mb:.1f} MiB resident "
             "(the rest 4 KiB pages, as the page cache held the file; 4 KiB pages decode a few % slower)"]
+
+
+def trace_lines(r: BenchResult) -> list[str]:
+    """The traced decode and what tracing cost it, from the repeats that ran both in turns."""
+    spread = "" if r.trace_cost_range is None else (
+        f"; repeats {100 * r.trace_cost_range[0]:+.1f} to {100 * r.trace_cost_range[1]:+.1f}%")
+    return [f"decode, trace on     {r.trace_on_decode_tok_s:9.1f} tok/s  (cost {100 * r.trace_cost:+.1f}%, the median "
+            f"of the repeats' pairs run in turns{spread})"]
 
 
 def cost_lines(r: BenchResult) -> list[str]:
@@ -589,7 +608,7 @@ def format_result(r: BenchResult) -> str:
         *([f"                     {note}"] if note else []),
         *thread_lines(r),
         *compute_lines(r),
-        f"decode, trace on     {r.trace_on_decode_tok_s:9.1f} tok/s  (cost {100 * r.trace_cost:+.1f}%)",
+        *trace_lines(r),
         f"session memory       {r.session_bytes / 2**20:9.2f} MiB (estimate, beyond the mapped weights)",
         f"peak RSS             {r.peak_rss_mb:9.1f} MiB  ({memory_note(r)})",
         *huge_page_lines(r),
