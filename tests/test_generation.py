@@ -59,6 +59,23 @@ def test_stepping_the_prompt_gives_the_same_bits(tiny_model_path: BuildPath) -> 
                 assert getattr(a.trace, name).tobytes() == getattr(b.trace, name).tobytes()
 
 
+def test_the_prompt_in_pieces_gives_the_bits_of_one_prefill(tiny_model_path: BuildPath) -> None:
+    prompt = [1, 3, 4, 5, 6, 7, 8]
+    with Model.open(tiny_model_path("qwen2_moe")) as model:
+        with Session(model) as a, Session(model) as b:
+            whole = Generation(a, prompt, 3, keep_logits=True)
+            whole.run()
+            pieces = Generation(b, prompt, 3, keep_logits=True)
+            advanced = [list(pieces.advance(limit)) for limit in (3, 1, 9)]
+            assert advanced == [[0, 1, 2], [3], [4, 5, 6]]
+            with pytest.raises(ValueError, match="limit must be at least 1"):
+                pieces.advance(0)
+            pieces.run()
+            assert pieces.generated == whole.generated
+            assert whole.logits is not None and pieces.logits is not None
+            assert np.concatenate(pieces.logits).tobytes() == np.concatenate(whole.logits).tobytes()
+
+
 def test_no_new_tokens_processes_the_prompt_only(tiny_model_path: BuildPath) -> None:
     with Model.open(tiny_model_path()) as model, Session(model) as session:
         g = session.generate(PROMPT, 0)

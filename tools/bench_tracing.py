@@ -6,8 +6,9 @@ them alike), each a fresh session decoding the same tokens (greedy decoding is d
 tracing changes no bit):
   off       Session(trace=False), Session.generate
   on        Session(trace=True), the same (the engine's trace recording and phase timing)
-  debugger  colibri.debugging.Debugger.run(): trace on, one position per step, each position's
-            rows copied into the RoutingRecord and its events derived (what the Inspector pays)
+  debugger  colibri.debugging.Debugger.run(): trace on, the prompt in pieces and then one
+            position per step, each position's rows copied into the RoutingRecord and its
+            events derived (what the Inspector pays)
   capture   `on` plus the hidden state after every layer captured (capture_hidden: what the
             reference diff runs with)
 Prints the median per-position time of each and the overhead against `off` (ratio of medians,
@@ -17,7 +18,9 @@ Target (issue): `on` within 3% of `off`.
 Model: resources/demo/demo.colibri when it exists, else --model, else a random mixtral-style
 model built with the test fixtures' code at a larger size.
 
-    python tools/bench_tracing.py [--model FILE] [--repeats 15] [--new 48] [--threads 1]
+    python tools/bench_tracing.py [--model FILE] [--repeats 15] [--prompt 8] [--new 48] [--threads 1]
+
+A longer `--prompt` measures what the debugger's run pays for the prompt against one prefill.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path)
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--prompt", type=int, default=8, help="prompt tokens per run")
     ap.add_argument("--new", type=int, default=48, help="tokens to generate per run")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
@@ -57,7 +61,7 @@ def main() -> int:
     path = args.model or (DEMO if DEMO.exists() else build_model(Path(tmp.name)))
     model = Model.open(path)
     hp = model.hparams
-    prompt = [int(t) % hp.vocab_size for t in (3, 4, 5, 6, 7, 8, 9, 10)]
+    prompt = [(3 + i) % hp.vocab_size for i in range(args.prompt)]
     new = min(args.new, hp.max_context - len(prompt) + 1)
     positions = len(prompt) + new - 1
 
@@ -107,6 +111,8 @@ def main() -> int:
           f"[{'within' if min(overhead, paired) < 0.03 else 'ABOVE'} the 3% target]")
     capture = statistics.median(a / b for a, b in zip(times["capture"], times["on"])) - 1
     print(f"hidden-state capture (capture vs on): {capture * 100:+.2f}% median paired")
+    debugger = statistics.median(a / b for a, b in zip(times["debugger"], times["on"]))
+    print(f"the debugger's run (debugger vs on): {debugger:.3f}x the time, median paired")
     model.close()
     return 0
 

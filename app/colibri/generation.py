@@ -6,12 +6,13 @@ made directly can also be advanced one position at a time, paused and resumed. T
 through it.
 
 Positions. The prompt's tokens are processed first, in one prefill (or one step each with
-`step_prompt=True`, so a debugger can stop inside the prompt; the bits are the same), then every
-generated token except the last one, whose logits are never needed: a generation producing M
-tokens processes len(prompt) + M - 1 positions (len(prompt) when M is 0). It continues from the
-session's current position (reset the session first for a fresh run). A prompt may also be
-embedding rows, float32 [positions, d_model] fed instead of looked-up tokens
-(`Session.prefill_embeddings`); its positions count as token -1 in `tokens`.
+`step_prompt=True`, or in pieces with `advance(limit)`, so a debugger can stop inside the
+prompt; the bits are the same), then every generated token except the last one, whose logits
+are never needed: a generation producing M tokens processes len(prompt) + M - 1 positions
+(len(prompt) when M is 0). It continues from the session's current position (reset the session
+first for a fresh run). A prompt may also be embedding rows, float32 [positions, d_model] fed
+instead of looked-up tokens (`Session.prefill_embeddings`); its positions count as token -1 in
+`tokens`.
 
 Choosing: 'greedy' is the arg-max (lowest id on ties); 'sample' draws from
 softmax(logits / temperature) with numpy's default_rng(seed) (temperature 0 is greedy). NaN
@@ -199,10 +200,12 @@ class Generation:
                 return "paused"
         return self.reason
 
-    def advance(self) -> range:
-        """Process the next positions: the prompt (all of it, or its next token with
-        step_prompt), or the pending generated token. Returns the positions processed (empty
-        once finished)."""
+    def advance(self, limit: int | None = None) -> range:
+        """Process the next positions: the prompt (all of it, its next token with step_prompt,
+        or at most `limit` of its tokens), or the pending generated token. Returns the
+        positions processed (empty once finished)."""
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
         if self.finished:
             return range(0)
         first = self.positions
@@ -213,7 +216,9 @@ class Generation:
             logits = self.session.step(token) if self.swap is None else self._swap_step(token)
             self.call_ns = time.perf_counter_ns() - t0
             return self._processed(first, 1, logits[None, :])
-        chunk = self.prompt[first:first + 1] if self.step_prompt else self.prompt[first:]
+        if limit is None:
+            limit = 1 if self.step_prompt else len(self.prompt)
+        chunk = self.prompt[first:first + limit]
         t0 = time.perf_counter_ns()
         if self.embeddings is not None:
             rows = self.session.prefill_embeddings(self.embeddings[first:first + len(chunk)],

@@ -7,7 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from colibri.debugging import Debugger, RunSettings
+from colibri.debugging import AtPosition, Debugger, RunSettings
+from colibri.debugging.run import PROMPT_PIECE_FIRST
 from colibri.engine import Model
 
 from dbg_helpers import PROMPT, reference_run
@@ -120,6 +121,63 @@ def test_pause_and_resume_equal_an_uninterrupted_run(model: Model) -> None:
     assert results[-1].reason == "finished" and len(results) > 2
     assert dbg.generated == whole.generated
     assert dbg.record.equals(whole.record, timings=False)
+
+
+LONG_PROMPT = tuple(3 + (7 * i) % 40 for i in range(40))
+
+
+def _count_prefills(dbg: Debugger) -> list[int]:
+    """Record the size of every prefill the debugger's session makes from now on."""
+    sizes: list[int] = []
+    prefill = dbg.session.prefill
+
+    def counted(tokens, **kw):  # type: ignore[no-untyped-def]
+        sizes.append(len(tokens))
+        return prefill(tokens, **kw)
+
+    dbg.session.prefill = counted  # type: ignore[method-assign]
+    return sizes
+
+
+def test_run_takes_the_prompt_in_pieces_with_the_bits_of_stepping(model: Model) -> None:
+    settings = RunSettings(LONG_PROMPT, 4)
+    stepped = Debugger(model, settings)
+    while stepped.step_token():
+        pass
+    dbg = Debugger(model, settings)
+    pieces = _count_prefills(dbg)
+    assert dbg.run().reason == "finished"
+    assert sum(pieces) == len(LONG_PROMPT) and 1 < len(pieces) < len(LONG_PROMPT)
+    assert pieces[0] == PROMPT_PIECE_FIRST
+    assert dbg.record.equals(stepped.record, timings=False)
+    assert dbg.logits().tobytes() == stepped.logits().tobytes()
+    assert dbg.generated == stepped.generated
+    # a piece's positions share its engine time evenly
+    first = dbg.record.token_ns[:PROMPT_PIECE_FIRST]
+    assert (first == first[0]).all() and first[0] > 0
+
+
+def test_a_breakpoint_inside_a_piece_stands_where_stepping_would(model: Model) -> None:
+    settings = RunSettings(LONG_PROMPT, 4)
+    dbg = Debugger(model, settings)
+    pieces = _count_prefills(dbg)
+    r = dbg.run(until=[AtPosition(5)])
+    assert r.reason == "breakpoint" and r.event is not None and r.event.key == (5, 0)
+    assert pieces == [PROMPT_PIECE_FIRST]  # positions 6 and 7 were computed, then forgotten
+    assert dbg.position == 6 and dbg.generation.positions == 6 and dbg.session.position == 6
+    assert dbg.cursor == r.event.index and len(dbg.events) == 6 * dbg.record.n_moe_layers
+    assert dbg.run().reason == "finished"
+    whole = Debugger(model, settings)
+    whole.run()
+    assert dbg.record.equals(whole.record, timings=False)
+    assert dbg.logits().tobytes() == whole.logits().tobytes()
+
+
+def test_a_run_limited_to_fewer_positions_than_a_piece_computes_no_more(model: Model) -> None:
+    dbg = Debugger(model, RunSettings(LONG_PROMPT, 4))
+    pieces = _count_prefills(dbg)
+    assert dbg.run(max_positions=3).reason == "limit"
+    assert pieces == [3] and dbg.position == 3
 
 
 def test_stop_keeps_what_was_produced(model: Model) -> None:

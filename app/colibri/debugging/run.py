@@ -1,10 +1,14 @@
 """Running and stepping the engine under the debugger.
 
 `Debugger` owns one traced `colibri.Session` and the `colibri.generation.Generation` running on
-it, advanced one position at a time (the prompt's tokens too): the same positions and tokens as
-`colibri run` (len(prompt) + max_new_tokens - 1). After every position the new trace rows are
-copied into the `RoutingRecord`, an append-only store that is the single source of truth for
-every view and export; nothing recomputes routing. The prompt may be embedding rows
+it: the same positions and tokens as `colibri run` (len(prompt) + max_new_tokens - 1). After
+every engine call the new trace rows are copied into the `RoutingRecord`, an append-only store
+that is the single source of truth for every view and export; nothing recomputes routing.
+Stepping computes one position at a time; `run()` and recomputations take the prompt in pieces,
+one prefill each (the bits of stepping, so the record is the same), each sized to take about
+`PROMPT_PIECE_S` so a pause or stop is seen soon; a piece's positions share its time evenly
+(`token_ns`, `wall_ns`). When a breakpoint hits inside a piece the positions after the hit are
+forgotten, so the run stands exactly where stepping to the hit would have left it. The prompt may be embedding rows
 (RunSettings.prompt_embeddings, fed instead of the token lookup): their positions record token -1
 (shown as "<embedding>") and step layer by layer as token positions do.
 
@@ -53,6 +57,9 @@ from colibri.generation import Generation
 from colibri.values import RunSettings
 
 PHASES = ("attention", "router", "experts", "combine", "layer")
+PROMPT_PIECE_S = 0.1     # a prompt piece's target time: how late a pause or stop is seen
+PROMPT_PIECE_MAX = 256   # positions: the engine's block
+PROMPT_PIECE_FIRST = 8   # before a piece has been timed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -73,7 +80,8 @@ class PositionRecord:
     hidden_norm: np.ndarray     # [moe_layers] float32
     phase_ns: np.ndarray        # [n_layers, 5] uint64 durations, see PHASES
     token_ns: int               # engine time of the whole position
-    wall_ns: int                # wall time of the step as seen from Python (engine + binding)
+    wall_ns: int                # wall time of the engine call as seen from Python (engine +
+                                # binding), shared evenly by the positions of a prompt piece
     logits_finite: bool         # the position's output logits are all finite
     selection_scores: np.ndarray  # [moe_layers, n_experts] float32, what the choice ranked
     chosen_groups: np.ndarray   # [moe_layers, n_groups] int32 kept groups, -1 none
@@ -404,6 +412,7 @@ class Debugger:
         self.counterfactual: Counterfactual | None = None
         self._pause = threading.Event()
         self._stop = threading.Event()
+        self._piece = PROMPT_PIECE_FIRST  # prompt positions in run()'s next engine call
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -497,39 +506,54 @@ class Debugger:
         its first MoE layer. Returns its events ([] when the run is finished)."""
         return [self.events[i] for i in self._advance()]
 
-    def _advance(self) -> range:
-        """Compute one position, or the layers left of the one in progress; returns the indices
-        of its events (empty when finished)."""
+    def _advance(self, limit: int = 1) -> range:
+        """Compute one position, the layers left of the one in progress, or (inside the prompt)
+        up to `limit` prompt positions in one engine call; returns the indices of their events
+        (empty when finished). The cursor moves to the first of them."""
         p = self.record.n_positions
         if self.session.layers_done is None:
-            done = self.generation.advance()
+            in_prompt = p < len(self.generation.prompt)
+            done = self.generation.advance(limit)
+            if in_prompt and done:  # size the next piece from this call's time per position
+                each = max(self.generation.call_ns // len(done), 1)
+                self._piece = max(1, min(PROMPT_PIECE_MAX, int(PROMPT_PIECE_S * 1e9) // each))
         else:
             done = range(0)
             while not done:
                 done = self.generation.advance_layer()
         if not done:
             return range(0)
-        new = self._record(p)
+        new = self._record(p, len(done))
         if len(new):
             self.cursor = new[0]
         return new
 
-    def _record(self, p: int) -> range:
-        """Copy position p's trace rows into the record; returns its events' indices."""
+    def _record(self, p: int, n: int = 1) -> range:
+        """Copy the trace rows of the n positions from p (the last engine call's) into the
+        record; returns their events' indices."""
         tr = self.session.trace
-        logits = self.generation.last_logits
-        assert tr is not None and logits is not None
-        token = int(tr.tokens[p])
-        self.record.append(token, self.token_text(token), tr.expert_ids[p], tr.expert_weights[p],
-                           tr.router_logits[p], tr.shared_gate[p], tr.hidden_norm[p],
-                           tr.phase_ns[p], int(tr.token_ns[p]), self.generation.call_ns,
-                           bool(np.isfinite(logits).all()),
-                           selection_scores=tr.selection_scores[p],
-                           chosen_groups=tr.chosen_groups[p], bias_changed=tr.bias_changed[p],
-                           intervened=tr.intervened[p], cache_kept=tr.cache_kept[p],
-                           cache_margin=tr.cache_margin[p], fresh_ids=tr.fresh_ids[p],
-                           cache_hits=tr.cache_hits[p])
+        kept = self.generation.logits
+        assert tr is not None and kept
+        rows = kept[-1][-n:]  # the call's logits, a row a position
+        wall_ns = self.generation.call_ns // n
+        for q, logits in zip(range(p, p + n), rows):
+            token = int(tr.tokens[q])
+            self.record.append(token, self.token_text(token), tr.expert_ids[q],
+                               tr.expert_weights[q], tr.router_logits[q], tr.shared_gate[q],
+                               tr.hidden_norm[q], tr.phase_ns[q], int(tr.token_ns[q]), wall_ns,
+                               bool(np.isfinite(logits).all()),
+                               selection_scores=tr.selection_scores[q],
+                               chosen_groups=tr.chosen_groups[q],
+                               bias_changed=tr.bias_changed[q], intervened=tr.intervened[q],
+                               cache_kept=tr.cache_kept[q], cache_margin=tr.cache_margin[q],
+                               fresh_ids=tr.fresh_ids[q], cache_hits=tr.cache_hits[q])
         return self.events.sync()
+
+    def _forget_from(self, position: int) -> None:
+        """Take the run back to `position` computed positions (generation, record, events)."""
+        self.generation.rewind(position)
+        self.record.truncate(position)
+        self.events.truncate(position)
 
     def pending_events(self) -> list[Event]:
         """The events of the position in progress whose MoE layers have run (their indices
@@ -628,13 +652,11 @@ class Debugger:
             self.session.rewind_layer()   # the decision just made, made again
             self.generation.advance_layer()
         else:
-            self.generation.rewind(start)
-            self.record.truncate(start)
-            self.events.truncate(start)
+            self._forget_from(start)
             while self.position < extent and not self.finished:
                 if self._pause.is_set() or self._stop.is_set():
                     break  # the request stays for a run that called this; see clear_requests
-                self._advance()
+                self._advance(min(self._piece, extent - self.position))
             if layers is not None and self.position == extent and not self.finished:
                 while (self.session.layers_done or 0) < layers:
                     self.generation.advance_layer()
@@ -711,10 +733,17 @@ class Debugger:
             position = self.position
             # the events of a position in progress before the cursor were seen already
             seen = self.cursor if self.cursor is not None and self.cursor >= before else before - 1
-            self._advance()
-            done += 1
+            limit = self._piece if max_positions is None else min(self._piece,
+                                                                   max_positions - done)
+            self._advance(limit)
+            if bps and self.position > position + 1:  # a piece: stand where stepping would
+                found = first_hit(bps, self.events, seen)
+                if found is not None and found[0].position + 1 < self.position:
+                    self._forget_from(found[0].position + 1)
+            done += self.position - position
             if on_position is not None:
-                on_position(position)
+                for p in range(position, self.position):
+                    on_position(p)
             start = seen
 
     def continue_(self) -> RunResult:
