@@ -140,6 +140,27 @@ def test_stats(model: Model) -> None:
     assert lat.per_layer_phases(0).shape == (model.hparams.n_layers, 4)
 
 
+def test_latency_keeps_the_prompts_prefill_apart(model: Model) -> None:
+    """The prompt's positions share their pieces' time, so the windows after it leave them out
+    and the prefill's rate is its own figure."""
+    dbg = _run(model, 8)
+    rec, n_prompt = dbg.record, len(PROMPT)
+    lat = LatencySeries(rec, n_prompt)
+    generated = rec.token_ns[n_prompt:].astype(np.float64)
+    assert lat.decode_start == n_prompt
+    assert lat.percentiles()["p50"] == np.percentile(generated, 50)
+    assert lat.tokens_per_second() == generated.size * 1e9 / generated.sum()
+    prompt = rec.token_ns[:n_prompt].astype(np.float64)
+    assert lat.prompt_tokens_per_second() == n_prompt * 1e9 / prompt.sum()
+    whole = LatencySeries(rec)
+    assert whole.decode_start == 0 and whole.tokens_per_second() == rec.n_positions * 1e9 / float(
+        rec.token_ns.astype(np.float64).sum())
+    only_prompt = Debugger(model, RunSettings(PROMPT, 8))
+    only_prompt.run(max_positions=len(PROMPT))
+    # before any generated position the windows are of the prompt's
+    assert LatencySeries(only_prompt.record, n_prompt).decode_start == 0
+
+
 def test_cli_trace_records_the_numerics_it_ran(model_path: Path, tmp_path: Path) -> None:
     """An opt-in numerics mode (dot-bf16) is an explicit choice the trace records in its
     settings, and a saved session reruns with it; without one the trace says 'default'."""

@@ -15,6 +15,9 @@ Latency (`LatencySeries`):
   * per position: engine time (token_ns) and per-layer phases; percentiles p50/p95/p99 of token
     time over the last `window` positions (all when None), and tokens per second
     = positions / summed time over that window (engine time, or wall time seen from Python).
+  * the prompt apart: its positions were computed in pieces whose time each position shares
+    evenly, so they are a prefill's rate (`prompt_tokens_per_second`), and the windows above
+    leave them out once a generated position exists (given `prompt_positions`).
 """
 
 from __future__ import annotations
@@ -131,10 +134,17 @@ def tokens_by_expert(record: RoutingRecord, moe_index: int) -> list[tuple[str, i
 
 
 class LatencySeries:
-    """Timing views over a record (nanoseconds)."""
+    """Timing views over a record (nanoseconds). With `prompt_positions`, the percentiles and
+    windowed rates are of the positions after the prompt (of the prompt's until one exists)."""
 
-    def __init__(self, record: RoutingRecord) -> None:
+    def __init__(self, record: RoutingRecord, prompt_positions: int = 0) -> None:
         self.record = record
+        self.prompt_positions = max(int(prompt_positions), 0)
+
+    @property
+    def decode_start(self) -> int:
+        """The first position the windows look at: after the prompt once one was generated."""
+        return self.prompt_positions if self.record.n_positions > self.prompt_positions else 0
 
     @property
     def token_ns(self) -> np.ndarray:
@@ -150,7 +160,7 @@ class LatencySeries:
 
     def percentiles(self, window: int | None = None,
                     q: tuple[float, ...] = (50, 95, 99)) -> dict[str, float]:
-        t = self._window(self.token_ns, window).astype(np.float64)
+        t = self._window(self.token_ns[self.decode_start:], window).astype(np.float64)
         if not t.size:
             return {f"p{int(x)}": float("nan") for x in q}
         values = np.percentile(t, q)
@@ -171,7 +181,16 @@ class LatencySeries:
         return out
 
     def tokens_per_second(self, window: int | None = None, wall: bool = False) -> float:
-        t = self._window(self.record.wall_ns if wall else self.token_ns, window)
+        times = self.record.wall_ns if wall else self.token_ns
+        return self._rate(self._window(times[self.decode_start:], window))
+
+    def prompt_tokens_per_second(self, wall: bool = False) -> float:
+        """The prompt's positions (those computed) over their summed time: the prefill's rate."""
+        times = self.record.wall_ns if wall else self.token_ns
+        return self._rate(times[:self.prompt_positions])
+
+    @staticmethod
+    def _rate(t: np.ndarray) -> float:
         total = float(t.astype(np.float64).sum())
         return t.size * 1e9 / total if total > 0 else float("nan")
 

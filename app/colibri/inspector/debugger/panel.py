@@ -350,6 +350,13 @@ class QtDebuggerPanel(QWidget):
         return self.snapshot.events if self.snapshot is not None else None
 
     @property
+    def run_settings(self) -> RunSettings | None:
+        """The settings of the run shown: the saved session's, else the live run's."""
+        if self.saved is not None:
+            return self.saved.settings
+        return self.snapshot.settings if self.snapshot is not None else None
+
+    @property
     def pending(self) -> tuple[Event, ...]:
         """The decisions of the position in progress (the run paused between its layers)."""
         return self.snapshot.pending if self.saved is None and self.snapshot is not None else ()
@@ -372,7 +379,9 @@ class QtDebuggerPanel(QWidget):
         if current is self.routing_map:
             self.routing_map.set_events(events, cursor)
         elif current is self.latency:
-            self.latency.set_events(events, cursor)
+            settings = self.run_settings
+            self.latency.set_events(events, cursor,
+                                    len(settings.prompt_tokens) if settings is not None else 0)
 
     def _set_status(self, text: str) -> None:
         self.status.setText(text)
@@ -519,8 +528,7 @@ class QtDebuggerPanel(QWidget):
         events = self.events
         if events is None:
             return
-        settings = self.saved.settings if self.saved is not None else (
-            self.snapshot.settings if self.snapshot is not None else None)
+        settings = self.run_settings
         name = os.path.basename(self.model.path) if self.model is not None else "engine"
         write_chrome_trace(path, events, settings, other={"model_name": name})
         self._set_status(f"wrote trace {path} (open in ui.perfetto.dev)")

@@ -16,8 +16,9 @@
                          rate and kept decisions (the layer's and the run's), prompt coloured by
                          expert, co-selection matrix for the chosen layer.
   * `QtLatencyView`    - a `LatencySeries`: token time per position with rolling p50/p95/p99,
-                         tokens per second, and the current position's layers split by phase
-                         (plus "other": layer time no phase covers - norms, dense MLP).
+                         tokens per second, the prompt's end and prefill rate, and the current
+                         position's layers split by phase (plus "other": layer time no phase
+                         covers - norms, dense MLP).
   * `QtBreakpointList` - a `BreakpointList`: checkable entries, add and remove, stop or
                          forbid-and-continue at a hit.
 None recomputes routing: they read the record, the event list's derived arrays, `stats` and
@@ -540,7 +541,9 @@ class QtRoutingHeatmap(QWidget):
 
 class QtLatencyView(QWidget):
     """Token time per position with the run's p50/p95/p99 as reference lines (of the last
-    WINDOW positions, as the summary states); phases of the current position's layers."""
+    WINDOW generated positions, as the summary states), the prompt's end marked and its prefill
+    rate apart (its positions share their pieces' time); phases of the current position's
+    layers."""
 
     WINDOW = 32
     PHASES = (("attention", (90, 140, 220)), ("router", (230, 140, 40)),
@@ -568,6 +571,14 @@ class QtLatencyView(QWidget):
             line.hide()
             self.series_plot.addItem(line)
             self.levels[name] = line
+        self.prompt_end = pg.InfiniteLine(angle=90, movable=False,
+                                          pen=pg.mkPen((150, 150, 220), width=1,
+                                                       style=Qt.PenStyle.DotLine),
+                                          label="prompt | generated",
+                                          labelOpts={"position": 0.97, "color": (150, 150, 220),
+                                                     "anchors": [(0, 0), (0, 0)]})
+        self.prompt_end.hide()
+        self.series_plot.addItem(self.prompt_end)
         self.graphics.nextRow()
         self.phase_plot = tidy(self.graphics.addPlot(
             title="layers of the current position (us)", axisItems=axes(IndexAxis("bottom"))))
@@ -584,11 +595,12 @@ class QtLatencyView(QWidget):
         layout.addWidget(self.summary)
         layout.addWidget(self.graphics, 1)
 
-    def set_events(self, events: EventList | None, cursor: int | None) -> None:
+    def set_events(self, events: EventList | None, cursor: int | None,
+                   prompt_positions: int = 0) -> None:
         if events is None or events.record.n_positions == 0:
             return
         rec = events.record
-        lat = LatencySeries(rec)
+        lat = LatencySeries(rec, prompt_positions)
         t = lat.token_ns.astype(np.float64) / 1e3
         x = np.arange(t.size)
         self.curves["token"].setData(x, t)
@@ -599,8 +611,15 @@ class QtLatencyView(QWidget):
             line.show()
         self.series_plot.setRange(xRange=(-0.5, max(t.size - 0.5, 0.5)),
                                   yRange=(0, max(float(t.max()), 1.0) * 1.08), padding=0)
+        self.prompt_end.setValue(lat.decode_start - 0.5)
+        self.prompt_end.setVisible(lat.decode_start > 0)
+        prompt = min(lat.prompt_positions, t.size)
+        text = (f"prompt, {prompt} positions in pieces: "
+                f"{lat.prompt_tokens_per_second():.1f} tok/s engine;  " if prompt else "")
+        windowed = min(self.WINDOW, t.size - lat.decode_start)
         self.summary.setText(
-            f"last {min(self.WINDOW, t.size)} positions: p50 {pc['p50'] / 1e3:.1f} us, "
+            f"{text}last {windowed} {'generated ' if lat.decode_start else ''}positions: "
+            f"p50 {pc['p50'] / 1e3:.1f} us, "
             f"p95 {pc['p95'] / 1e3:.1f} us, p99 {pc['p99'] / 1e3:.1f} us;  "
             f"{lat.tokens_per_second(self.WINDOW):.1f} tok/s engine, "
             f"{lat.tokens_per_second(self.WINDOW, wall=True):.1f} tok/s wall")
