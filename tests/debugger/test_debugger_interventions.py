@@ -8,10 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from colibri.debugging import CacheKept, Debugger, ExpertChosen, RunSettings
 from colibri.debugging.session_file import load_session, save_session
+from colibri.debugging import run as run_module
 from colibri.engine import Model
+from colibri.generation import Generation
 from colibri.interventions import KINDS, Intervention
 from colibri.jitter.analysis import logit_divergence
 
@@ -126,6 +129,36 @@ def test_under_expert_caching_a_forbid_breakpoint_recomputes_to_a_fresh_runs_bit
         assert loaded.record.equals(dbg.record, timings=False)
         assert loaded.settings == dbg.settings
         for d in (plain, dbg, ref):
+            d.close()
+
+
+@pytest.mark.parametrize("piece", [1, 5])
+def test_forbid_breakpoints_inside_prompt_pieces_give_the_stepped_runs_bits(
+        moe3_path: Path, monkeypatch: pytest.MonkeyPatch, piece: int) -> None:
+    """A 40-token prompt under expert caching, run in pieces of at most `piece` positions
+    (after the first of PROMPT_PIECE_FIRST) with a forbid breakpoint on every kept set: each hit
+    inside a piece forgets the positions after it, so the hits, the actions and the record are
+    those of a run that stepped every position (the piece's only effect is the engine calls)."""
+    monkeypatch.setattr(run_module, "PROMPT_PIECE_MAX", piece)
+    cached = dict(routing="cached", cache_threshold=0.5, expert_cache=3)
+    prompt = tuple(3 + (7 * i) % 40 for i in range(40))
+    with Model.open(moe3_path) as model:
+        stepped = Debugger(model, RunSettings(prompt, 8, **cached))  # type: ignore[arg-type]
+        stepped.breakpoints.add(CacheKept(action="forbid"))
+        one_at_a_time = stepped.generation
+        one_at_a_time.advance = (  # type: ignore[method-assign]
+            lambda limit=None: Generation.advance(one_at_a_time, 1))
+        expected = stepped.continue_()
+        dbg = Debugger(model, RunSettings(prompt, 8, **cached))  # type: ignore[arg-type]
+        dbg.breakpoints.add(CacheKept(action="forbid"))
+        result = dbg.continue_()
+        assert result.reason == "finished" and len(result.actions) >= 2
+        assert any(a.first < len(prompt) for a in result.actions)  # hits inside the prompt
+        assert result.actions == expected.actions
+        assert dbg.record.equals(stepped.record, timings=False)
+        assert dbg.logits().tobytes() == stepped.logits().tobytes()
+        assert dbg.session.cache_stats() == stepped.session.cache_stats()
+        for d in (stepped, dbg):
             d.close()
 
 
