@@ -145,7 +145,7 @@ def test_panel_end_to_end(qtbot, panel: QtDebuggerPanel, tmp_path: Path) -> None
     panel.tabs.setCurrentWidget(panel.latency)
     panel._repaint()
     summary = panel.latency.summary.text()
-    assert "prompt, 4 positions in pieces" in summary and "generated positions" in summary
+    assert "prompt, 4 positions:" in summary and "generated positions" in summary
     assert panel.latency.prompt_end.isVisible() and panel.latency.prompt_end.value() == 3.5
     # navigation
     panel.find_box.setText("sat")

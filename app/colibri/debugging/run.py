@@ -8,9 +8,10 @@ Stepping computes one position at a time; `run()` and recomputations take the pr
 one prefill each (the bits of stepping, so the record is the same), each sized to take about
 `PROMPT_PIECE_S` so a pause or stop is seen soon; a piece's positions share its time evenly
 (`token_ns`, `wall_ns`). When a breakpoint hits inside a piece the positions after the hit are
-forgotten, so the run stands exactly where stepping to the hit would have left it. The prompt may be embedding rows
-(RunSettings.prompt_embeddings, fed instead of the token lookup): their positions record token -1
-(shown as "<embedding>") and step layer by layer as token positions do.
+forgotten, so the run stands exactly where stepping to the hit would have left it. The prompt
+may be embedding rows (RunSettings.prompt_embeddings, fed instead of the token lookup): their
+positions record token -1 (shown as "<embedding>") and step layer by layer as token positions
+do.
 
 Granularity. "Step layer" over decisions already made moves the cursor; past the last one it is
 a true step: the engine runs one layer at a time (col_session_step_layer; style point 7: a step

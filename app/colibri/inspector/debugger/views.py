@@ -614,7 +614,7 @@ class QtLatencyView(QWidget):
         self.prompt_end.setValue(lat.decode_start - 0.5)
         self.prompt_end.setVisible(lat.decode_start > 0)
         prompt = min(lat.prompt_positions, t.size)
-        text = (f"prompt, {prompt} positions in pieces: "
+        text = (f"prompt, {prompt} positions: "
                 f"{lat.prompt_tokens_per_second():.1f} tok/s engine;  " if prompt else "")
         windowed = min(self.WINDOW, t.size - lat.decode_start)
         self.summary.setText(
