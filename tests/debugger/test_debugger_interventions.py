@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from colibri.debugging import CacheKept, Debugger, ExpertChosen, RunSettings
+from colibri.debugging import (CacheKept, Counterfactual, Debugger, ExpertChosen, RunImage,
+                                RunSettings)
 from colibri.debugging.session_file import load_session, save_session
 from colibri.debugging import run as run_module
 from colibri.engine import Model
@@ -50,6 +51,20 @@ def test_a_change_recomputes_from_its_position_and_is_compared(model: Model) -> 
     assert dbg.set_interventions([FORCE]) is None
     back = dbg.set_interventions([])
     assert back is not None and np.array_equal(dbg.record.expert_ids, before_ids)
+
+
+def test_a_late_change_keeps_and_compares_only_the_positions_it_recomputes(model: Model) -> None:
+    dbg = finished(model, RunSettings(PROMPT, 6))
+    before = dbg.logits()
+    cf = dbg.set_interventions([Intervention.parse("force:pos=8,layer=2,experts=5+6")])
+    assert cf is not None and cf.from_position == 8 and cf.n_positions == dbg.position == 10
+    max_abs, kl = logit_divergence(before, dbg.logits())  # the whole runs compared
+    assert np.array_equal(cf.max_abs, max_abs) and np.array_equal(cf.kl, kl)
+    assert not cf.kl[:8].any() and cf.kl[8] > 0
+    image = RunImage.of_generation(dbg.generation, 8)
+    assert image.n_positions == 10 and image.logits.tobytes() == dbg.logits()[8:].tobytes()
+    with pytest.raises(ValueError, match="after the change's first"):
+        Counterfactual.between(image, image, 7, len(PROMPT))
 
 
 def test_an_edit_between_layers_remakes_the_decision_just_made(model: Model) -> None:

@@ -5,7 +5,10 @@
 the KV cache before it reused): per position the token processed next in each, the expert sets
 of every MoE layer, the largest |logit difference| and KL(original || counterfactual) of the
 output distributions. Cells where the counterfactual's own interventions acted are told apart
-from the routing that changed downstream of them. Positions compared: those both runs computed.
+from the routing that changed downstream of them. Positions compared: those both runs computed;
+before the first position the change could affect both runs are one (the KV cache and logits
+reused), so their differences are zero without being computed, and an image need not keep those
+logits (`RunImage.logits_from`): a change near the end of a long run costs what it recomputes.
 
 `rerun(generation, interventions)` is the command line's way to make one: it takes a finished
 `Generation` kept with its logits, rewinds it to the first position the interventions act at and
@@ -31,8 +34,9 @@ if TYPE_CHECKING:  # pragma: no cover
 @dataclass(frozen=True, eq=False)
 class RunImage:
     """What a comparison needs of one run: the token sequence (prompt, then generated), logits
-    [positions, vocab], expert ids [positions, moe_layers, k] in selection order, the
-    interventions' bits [positions, moe_layers] (Trace.intervened) and the interventions."""
+    [positions - logits_from, vocab] of the positions from `logits_from`, expert ids
+    [positions, moe_layers, k] in selection order, the interventions' bits [positions,
+    moe_layers] (Trace.intervened) and the interventions."""
 
     tokens: tuple[int, ...]
     logits: np.ndarray
@@ -40,23 +44,38 @@ class RunImage:
     intervened: np.ndarray
     moe_layers: tuple[int, ...]
     interventions: tuple[Intervention, ...] = ()
+    logits_from: int = 0
 
     @property
     def n_positions(self) -> int:
-        return int(self.logits.shape[0])
+        return self.logits_from + int(self.logits.shape[0])
 
     @classmethod
-    def of_generation(cls, generation: Generation) -> RunImage:
-        """The image of a generation kept with its logits (keep_logits=True) on a traced session."""
+    def of_generation(cls, generation: Generation, logits_from: int = 0) -> RunImage:
+        """The image of a generation kept with its logits (keep_logits=True) on a traced session,
+        its logits from position `logits_from` on (copied)."""
         trace = generation.session.trace
         if trace is None or generation.logits is None:
             raise ValueError("a counterfactual needs a traced session and the run's logits")
         n = generation.positions
-        logits = np.concatenate(generation.logits)[:n] if generation.logits else \
-            np.zeros((0, generation.session.model.hparams.vocab_size), np.float32)
-        return cls(tuple(generation.tokens), np.array(logits, np.float32),
+        return cls(tuple(generation.tokens), logit_rows(generation, logits_from, n),
                    np.array(trace.expert_ids[:n]), np.array(trace.intervened[:n]),
-                   tuple(int(layer) for layer in trace.moe_layers), generation.session.interventions)
+                   tuple(int(layer) for layer in trace.moe_layers), generation.session.interventions,
+                   logits_from)
+
+
+def logit_rows(generation: Generation, first: int, stop: int) -> np.ndarray:
+    """A copy of the kept logits of positions [first, stop) (float32 [stop - first, vocab]),
+    copying only those rows."""
+    parts, count = [], 0
+    for rows in generation.logits or []:
+        lo, hi = max(first - count, 0), min(stop - count, rows.shape[0])
+        if lo < hi:
+            parts.append(rows[lo:hi])
+        count += rows.shape[0]
+    if not parts:
+        return np.zeros((0, generation.session.model.hparams.vocab_size), np.float32)
+    return np.concatenate(parts).astype(np.float32, copy=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,8 +98,17 @@ class Counterfactual:
     @classmethod
     def between(cls, original: RunImage, changed: RunImage, from_position: int,
                 n_prompt: int) -> Counterfactual:
+        """Compare two images of one run whose positions before `from_position` are the same
+        (each image's logits start at or before it)."""
+        if from_position < max(original.logits_from, changed.logits_from):
+            raise ValueError(f"the images keep logits from positions {original.logits_from} and "
+                             f"{changed.logits_from}, after the change's first, {from_position}")
         P = min(original.n_positions, changed.n_positions)
-        max_abs, kl = logit_divergence(original.logits[:P], changed.logits[:P])
+        max_abs, kl = np.zeros(P), np.zeros(P)
+        if from_position < P:
+            max_abs[from_position:], kl[from_position:] = logit_divergence(
+                original.logits[from_position - original.logits_from:P - original.logits_from],
+                changed.logits[from_position - changed.logits_from:P - changed.logits_from])
         return cls(changed.interventions, original.interventions, int(from_position),
                    int(n_prompt), changed.moe_layers, tuple(original.tokens), tuple(changed.tokens),
                    np.array(original.expert_ids[:P], np.int32),
@@ -173,14 +201,14 @@ def rerun(generation: Generation, interventions: Sequence[Intervention]) -> Coun
     returns the comparison with the run as it was, or None when they change none of its
     positions. The generation and its session are left as the counterfactual."""
     session = generation.session
-    original = RunImage.of_generation(generation)
     start = changed_from(session.interventions, interventions)
+    original = RunImage.of_generation(generation, min(start or 0, generation.positions))
     session.set_interventions(interventions)   # the engine judges them before anything changes
     if start is None or start >= generation.positions:
         return None
     generation.rewind(start)
     generation.run()
-    return Counterfactual.between(original, RunImage.of_generation(generation), start,
+    return Counterfactual.between(original, RunImage.of_generation(generation, start), start,
                                   len(generation.prompt))
 
 

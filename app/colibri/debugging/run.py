@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from colibri.debugging.breakpoints import Breakpoint, BreakpointList, first_hit
-from colibri.debugging.counterfactual import Counterfactual, RunImage
+from colibri.debugging.counterfactual import Counterfactual, RunImage, logit_rows
 from colibri.debugging.events import Event, EventList
 from colibri.interventions import Intervention, changed_from
 from colibri.margins import group_limits
@@ -461,11 +461,8 @@ class Debugger:
         return next((e for e in self.pending_events() if e.index == self.cursor), None)
 
     def logits(self) -> np.ndarray:
-        """[positions, vocab] float32 logits of every computed position."""
-        kept = self.generation.logits or []
-        if not kept:
-            return np.zeros((0, self.model.hparams.vocab_size), np.float32)
-        return np.concatenate(kept)[:self.position]
+        """[positions, vocab] float32 logits of every computed position (a copy)."""
+        return logit_rows(self.generation, 0, self.position)
 
     def token_text(self, token: int) -> str:
         return token_piece(self.tokenizer, token)
@@ -648,7 +645,7 @@ class Debugger:
         extent, layers = self.position, self.session.layers_done
         if start is None or start > extent or (start == extent and layers is None):
             return None
-        original = self._image(old) if compare else None
+        original = self._image(old, start) if compare else None
         if start == extent and self._only_layer_run_last(old, new, extent, layers):
             self.session.rewind_layer()   # the decision just made, made again
             self.generation.advance_layer()
@@ -666,7 +663,7 @@ class Debugger:
             self.cursor = n_events - 1 if n_events else None
         if original is None or start >= self.position:
             return None  # no position computed to its end changed (a position in progress may)
-        self.counterfactual = Counterfactual.between(original, self._image(new), start,
+        self.counterfactual = Counterfactual.between(original, self._image(new, start), start,
                                                      self.n_prompt)
         return self.counterfactual
 
@@ -684,11 +681,14 @@ class Debugger:
         return all(not i.acts_at(position, layer) for i in changed for layer in moe
                    if layer < last)
 
-    def _image(self, interventions: tuple[Intervention, ...]) -> RunImage:
+    def _image(self, interventions: tuple[Intervention, ...], logits_from: int) -> RunImage:
+        """The run as it stands, its logits from position `logits_from` on."""
         rec = self.record
-        return RunImage(tuple(self.generation.tokens), self.logits(), np.array(rec.expert_ids),
-                        np.array(rec.intervened), tuple(int(x) for x in rec.moe_layers),
-                        interventions)
+        logits_from = min(logits_from, self.position)
+        return RunImage(tuple(self.generation.tokens),
+                        logit_rows(self.generation, logits_from, self.position),
+                        np.array(rec.expert_ids), np.array(rec.intervened),
+                        tuple(int(x) for x in rec.moe_layers), interventions, logits_from)
 
     # -- running --------------------------------------------------------------------------------
 
