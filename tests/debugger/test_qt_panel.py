@@ -220,6 +220,40 @@ def test_run_panel_kernel_choice_reaches_the_session(qtbot, panel: QtDebuggerPan
     assert panel.run_panel.settings().kernels is None
 
 
+def test_opening_a_session_never_waits_for_the_models_checksum(
+        qtbot, panel: QtDebuggerPanel, model: Model, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model's checksum, which decides whether the session was recorded on the open file,
+    is computed on a background thread: the session shows at once, its routing rules once the
+    checksum matches."""
+    import threading
+
+    from colibri.debugging import session_file
+
+    dbg = Debugger(model, RunSettings(PROMPT, 2))
+    dbg.run()
+    session = tmp_path / "s.colibri-session"
+    session_file.save_session(session, dbg)   # with the model's checksum
+    monkeypatch.setattr(session_file, "_checksums", {})
+    monkeypatch.setattr(session_file, "_hashing", set())
+    release = threading.Event()
+    real_checksum = session_file.model_checksum
+
+    def slow_checksum(path):  # type: ignore[no-untyped-def]
+        release.wait(30)
+        return real_checksum(path)
+
+    monkeypatch.setattr(session_file, "model_checksum", slow_checksum)
+    panel.open_session(str(session))
+    assert "checking the model file's checksum" in panel.status.text()
+    assert panel.token_view.rules is None
+    release.set()
+    qtbot.waitUntil(lambda: "checking" not in panel.status.text(), timeout=WAIT_MS)
+    assert "different model file" not in panel.status.text()
+    assert panel.token_view.rules is not None
+    dbg.close()
+
+
 @pytest.fixture
 def v3_panel(v3_model: Model, debugger_panel) -> QtDebuggerPanel:
     return debugger_panel(v3_model)

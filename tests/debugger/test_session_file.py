@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import threading
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -10,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from colibri.debugging import Debugger, ExpertChosen, MarginBelow, RunSettings
+from colibri.debugging import Debugger, ExpertChosen, MarginBelow, RunSettings, session_file
 from colibri.debugging.session_file import (Autosaver, SavedSession, SessionFormatError,
                                             load_session, model_checksum, save_session)
 from colibri.engine import ABI_VERSION, BLOCK_ORDER_ABI, Model, best_kernels
@@ -112,12 +115,15 @@ def test_a_kernel_path_the_machine_lacks_is_refused(model: Model,
 
 
 def test_autosave_during_a_run(model: Model, tmp_path: Path) -> None:
+    """With positions that take a second each and saves that take no time on the clock."""
     path = tmp_path / "auto.colibri-session"
     dbg = Debugger(model, RunSettings(PROMPT, 8))
-    saver = Autosaver(path, every_positions=3, every_seconds=1e9)
+    now = [0.0]
+    saver = Autosaver(path, every_positions=3, every_seconds=1e9, clock=lambda: now[0])
     sizes = []
 
     def on_position(position: int) -> None:
+        now[0] += 1.0
         if saver.notify(dbg):
             sizes.append(load_session(path).record.n_positions)
 
@@ -128,6 +134,68 @@ def test_autosave_during_a_run(model: Model, tmp_path: Path) -> None:
     final = load_session(path)
     assert final.record.equals(dbg.record) and final.finished
     assert not list(tmp_path.glob(".colibri-*.tmp"))  # no temp files left behind
+
+
+def test_autosave_never_waits_for_the_models_checksum(model: Model, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large model takes seconds to hash: an autosave writes without the checksum until a
+    background thread has it, and with it after."""
+    monkeypatch.setattr(session_file, "_checksums", {})
+    monkeypatch.setattr(session_file, "_hashing", set())
+    path = tmp_path / "auto.colibri-session"
+    dbg = Debugger(model, RunSettings(PROMPT, 4))
+    saver = Autosaver(path)
+    hashed = threading.Event()
+    real_checksum = session_file.model_checksum
+
+    def slow_checksum(p):  # type: ignore[no-untyped-def]
+        assert threading.current_thread().name == "colibri-model-checksum"
+        hashed.wait(30)  # held until the first save is written
+        return real_checksum(p)
+
+    monkeypatch.setattr(session_file, "model_checksum", slow_checksum)
+    dbg.run(max_positions=5)
+    saver.flush(dbg)
+    first = load_session(path)
+    assert first.model["sha256"] is None and first.model_matches(model.path)
+    hashed.set()
+    deadline = time.monotonic() + 30
+    while session_file.checksum_when_ready(model.path) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dbg.run()
+    saver.flush(dbg)
+    expected = hashlib.sha256(Path(model.path).read_bytes()).hexdigest()
+    assert load_session(path).model["sha256"] == expected
+
+
+def test_autosave_keeps_its_share_of_the_run_small(model: Model, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Saves that take as long as two positions: the next waits until the run has gone on
+    twenty times as long (max_share 0.05), whatever every_positions asks."""
+    path = tmp_path / "auto.colibri-session"
+    dbg = Debugger(model, RunSettings(PROMPT, 60))
+    now = [0.0]
+    real_save = session_file.save_session
+
+    def slow_save(*args, **kw):  # type: ignore[no-untyped-def]
+        now[0] += 1.0
+        return real_save(*args, **kw)
+
+    monkeypatch.setattr(session_file, "save_session", slow_save)
+    saver = Autosaver(path, every_positions=1, every_seconds=1e9, clock=lambda: now[0])
+    saved_at: list[tuple[int, float]] = []
+
+    def on_position(position: int) -> None:
+        now[0] += 0.5
+        if saver.notify(dbg):
+            saved_at.append((load_session(path).record.n_positions, now[0]))
+
+    dbg.run(on_position=on_position)
+    # the prompt's piece, then once 20 s have gone by since that save ended (40 positions on)
+    assert [p for p, _ in saved_at] == [5, 41]
+    assert saved_at[1][1] - saved_at[0][1] >= 20 * 1.0
+    saver.flush(dbg)
+    assert load_session(path).record.equals(dbg.record) and saver.saves == 3
 
 
 def test_broken_session_files(tmp_path: Path, model: Model) -> None:

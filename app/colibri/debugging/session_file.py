@@ -19,8 +19,10 @@ import hashlib
 import io
 import json
 import os
+import threading
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,24 +43,45 @@ EMBEDDINGS_FILE = "prompt_embeddings.npy"   # an embedding prompt's rows (settin
 SUFFIX = ".colibri-session"
 _CHUNK = 1 << 20
 _checksums: dict[tuple[str, int, int], str] = {}
+_hashing: set[tuple[str, int, int]] = set()   # files whose checksum a thread has been started for
+_hashing_lock = threading.Lock()
 
 
 class SessionFormatError(ValueError):
     """A session file that is not one, or not one this version reads."""
 
 
-def model_checksum(path: str | os.PathLike[str]) -> str:
-    """SHA-256 (hex) of the whole file, cached per (path, size, mtime_ns)."""
+def _checksum_key(path: str | os.PathLike[str]) -> tuple[str, int, int]:
     real = os.path.realpath(path)
     st = os.stat(real)
-    key = (real, st.st_size, st.st_mtime_ns)
+    return real, st.st_size, st.st_mtime_ns
+
+
+def model_checksum(path: str | os.PathLike[str]) -> str:
+    """SHA-256 (hex) of the whole file, cached per (path, size, mtime_ns)."""
+    key = _checksum_key(path)
     if key not in _checksums:
         h = hashlib.sha256()
-        with open(real, "rb") as f:
+        with open(key[0], "rb") as f:
             while chunk := f.read(_CHUNK):
                 h.update(chunk)
         _checksums[key] = h.hexdigest()
     return _checksums[key]
+
+
+def checksum_when_ready(path: str | os.PathLike[str]) -> str | None:
+    """The file's SHA-256 if already computed, else None, having started its computation on a
+    background thread (once per file version): reading a large model takes seconds that a run's
+    autosave or the UI thread must not wait for. Thread-safe."""
+    key = _checksum_key(path)
+    if key in _checksums:
+        return _checksums[key]
+    with _hashing_lock:
+        if key not in _hashing:
+            _hashing.add(key)
+            threading.Thread(target=model_checksum, args=(key[0],), daemon=True,
+                             name="colibri-model-checksum").start()
+    return None
 
 
 @dataclass(eq=False)
@@ -86,6 +109,8 @@ class SavedSession:
 
     @classmethod
     def from_debugger(cls, dbg: Debugger, checksum: bool = True) -> SavedSession:
+        """The debugger's run as a session; the model's SHA-256 computed (`checksum`), or only
+        if already known (else None, its computation started: `checksum_when_ready`)."""
         from colibri.engine import ABI_VERSION
         m, hp = dbg.model, dbg.model.hparams
         info = {"path": os.path.abspath(m.path), "size": int(m.size), "arch": m.arch,
@@ -93,7 +118,7 @@ class SavedSession:
                 "n_experts_active": hp.n_experts_active, "vocab_size": hp.vocab_size,
                 "group_limits": [[g.n_groups, g.n_groups_kept, g.group_score]
                                  for g in group_limits(m)],
-                "sha256": model_checksum(m.path) if checksum else None,
+                "sha256": model_checksum(m.path) if checksum else checksum_when_ready(m.path),
                 "quantised": any(t.dtype in QUANT_NAMES.values() for t in m.tensors)}
         return cls(info, dbg.settings, dbg.record.snapshot(), list(dbg.generated), dbg.finished,
                    dbg.stop_reason, dbg.cursor, sorted(dbg.events.bookmarks),
@@ -149,11 +174,17 @@ class SavedSession:
         return (f"recorded by an engine older than ABI {BLOCK_ORDER_ABI}; a new run computes "
                 f"{which} in block order, with other last bits, so near-tie routing can differ")
 
-    def model_matches(self, path: str | os.PathLike[str]) -> bool:
-        """The file at `path` is the model this session was recorded on (size and SHA-256)."""
+    def model_matches(self, path: str | os.PathLike[str], wait: bool = True) -> bool | None:
+        """The file at `path` is the model this session was recorded on (size and SHA-256; the
+        size alone when the session has no checksum). Without `wait`, None while the file's
+        checksum is still to be computed (on a background thread: `checksum_when_ready`)."""
         if os.path.getsize(path) != self.model.get("size"):
             return False
-        return self.model.get("sha256") in (None, model_checksum(path))
+        recorded = self.model.get("sha256")
+        if recorded is None:
+            return True
+        actual = model_checksum(path) if wait else checksum_when_ready(path)
+        return None if actual is None else recorded == actual
 
 
 def _counterfactual_dict(cf: Counterfactual | None) -> dict[str, Any] | None:
@@ -274,21 +305,30 @@ def load_session(path: str | os.PathLike[str]) -> SavedSession:
 
 class Autosaver:
     """Rewrites a session file while a run goes on: after every `every_positions` new positions
-    or `every_seconds` seconds, whichever comes first. Call `notify(debugger)` after each
-    position (Debugger.run's on_position hook) and `flush(debugger)` when the run ends."""
+    or `every_seconds` seconds, whichever comes first, but only once the run has gone on for
+    the last save's time over `max_share` since it (a save writes the whole record, so on a
+    long run of a large model saving every 16 positions would take over the run; this keeps
+    saving under about `max_share` of the time). Call `notify(debugger)` after each position
+    (Debugger.run's on_position hook) and `flush(debugger)` when the run ends. `clock` is the
+    time source in seconds."""
 
     def __init__(self, path: str | os.PathLike[str], every_positions: int = 16,
-                 every_seconds: float = 5.0) -> None:
+                 every_seconds: float = 5.0, max_share: float = 0.05,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.path = os.fspath(path)
         self.every_positions = max(int(every_positions), 1)
         self.every_seconds = float(every_seconds)
+        self.max_share = float(max_share)
         self.saves = 0
+        self._clock = clock
         self._saved_positions = -1
-        self._last = time.monotonic()
+        self._last = clock()
+        self._save_s = 0.0  # how long the last save took
 
     def notify(self, dbg: Debugger) -> bool:
+        since = self._clock() - self._last
         due = (dbg.position - max(self._saved_positions, 0) >= self.every_positions
-               or time.monotonic() - self._last >= self.every_seconds)
+               or since >= self.every_seconds) and since * self.max_share >= self._save_s
         if due:
             self.flush(dbg)
         return due
@@ -296,10 +336,12 @@ class Autosaver:
     def flush(self, dbg: Debugger) -> None:
         if dbg.position == self._saved_positions:
             return
-        save_session(self.path, dbg)
+        start = self._clock()
+        save_session(self.path, SavedSession.from_debugger(dbg, checksum=False))
         self.saves += 1
         self._saved_positions = dbg.position
-        self._last = time.monotonic()
+        self._last = self._clock()
+        self._save_s = self._last - start
 
 
 __all__ = ["Autosaver", "FORMAT_NAME", "FORMAT_VERSION", "SUFFIX", "SavedSession",

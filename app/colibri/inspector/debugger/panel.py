@@ -30,7 +30,8 @@ from PySide6.QtWidgets import (QFileDialog, QLabel, QLineEdit, QSpinBox, QSplitt
 from colibri.debugging.anatomy import RuleBook
 from colibri.debugging.events import Event, EventList
 from colibri.debugging.run import token_piece
-from colibri.debugging.session_file import SUFFIX, SavedSession, load_session, save_session
+from colibri.debugging.session_file import (SUFFIX, SavedSession, checksum_when_ready, load_session,
+                                             save_session)
 from colibri.debugging.stats import cache_summary
 from colibri.debugging.trace_export import write_chrome_trace, write_routing_csv
 from colibri.inspector.debugger.interventions_view import QtCounterfactualView, QtInterventionList
@@ -46,6 +47,7 @@ from colibri.interventions import Intervention
 from colibri.values import RunSettings
 
 REPAINT_MS = 33
+CHECKSUM_POLL_MS = 200  # how often an opened session looks for the model file's checksum
 
 
 class QtDebuggerPanel(QWidget):
@@ -474,8 +476,9 @@ class QtDebuggerPanel(QWidget):
         if snap is None or self.model is None:
             return None
         dbg = self.controller.worker.debugger
-        base = SavedSession.from_debugger(dbg) if dbg is not None and not self.controller.running \
-            else None
+        # the checksum only if known: hashing a large model would hold the UI thread for seconds
+        base = SavedSession.from_debugger(dbg, checksum=False) \
+            if dbg is not None and not self.controller.running else None
         if base is not None:
             base.bookmarks = sorted(snap.events.bookmarks)
             base.breakpoints = self.breakpoint_view.breakpoints
@@ -484,7 +487,7 @@ class QtDebuggerPanel(QWidget):
         info = {"path": os.path.abspath(m.path), "size": int(m.size), "arch": m.arch,
                 "n_layers": m.hparams.n_layers, "n_experts": m.hparams.n_experts,
                 "n_experts_active": m.hparams.n_experts_active,
-                "vocab_size": m.hparams.vocab_size, "sha256": None}
+                "vocab_size": m.hparams.vocab_size, "sha256": checksum_when_ready(m.path)}
         return SavedSession(info, snap.settings, snap.record, list(snap.generated),
                             snap.finished, snap.stop_reason, self.selected,
                             sorted(snap.events.bookmarks), self.breakpoint_view.breakpoints,
@@ -511,18 +514,29 @@ class QtDebuggerPanel(QWidget):
         self.counterfactual_view.set_counterfactual(saved.counterfactual, self._token_label)
         if saved.analyses:
             self.sig_analyses_loaded.emit(saved.analyses)
-        same_model = self.model is not None and saved.model_matches(self.model.path)
+        self._show_saved_model_check(saved, path)
+        return saved
+
+    def _show_saved_model_check(self, saved: SavedSession, path: str) -> None:
+        """Whether the open model is the one the session was recorded on decides the routing
+        rules shown and the status line. A large model's checksum takes seconds to compute: it
+        runs on a background thread and this looks again until it is known."""
+        if self.saved is not saved:
+            return  # another session or a run replaced it
+        same_model = self.model is not None and saved.model_matches(self.model.path, wait=False)
         # another file's rules would explain these decisions wrongly
         self.token_view.set_rules(self._rules if same_model else None)
         self._repaint()
         note = "" if self.model is None or same_model else " (recorded on a different model file)"
+        if same_model is None:
+            note = " (checking the model file's checksum)"
+            QTimer.singleShot(CHECKSUM_POLL_MS, lambda: self._show_saved_model_check(saved, path))
         if saved.kernels_note():
             note += f" ({saved.kernels_note()})"
         if saved.engine_note():
             note += f" ({saved.engine_note()})"
         self._set_status(f"viewing saved session {os.path.basename(path)}{note}; Run starts "
                          f"a new run")
-        return saved
 
     def export_trace(self, path: str) -> None:
         events = self.events
