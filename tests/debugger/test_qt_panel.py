@@ -14,6 +14,7 @@ pytest.importorskip("pyqtgraph")
 from colibri.debugging import AtPosition, Debugger, RunSettings  # noqa: E402
 from colibri.debugging.trace_export import check_trace_events  # noqa: E402
 from colibri.engine import Model  # noqa: E402
+from colibri.interventions import Intervention  # noqa: E402
 from colibri.inspector.debugger import DebuggerController, QtDebuggerPanel  # noqa: E402
 from colibri.inspector.debugger.views import EventTableModel  # noqa: E402
 
@@ -104,6 +105,37 @@ def test_stop_a_paused_run_keeps_everything(qtbot, controller: DebuggerControlle
     snap = blocker.args[0]
     assert snap.result.reason == "stopped" and snap.record.n_positions == 4
     assert snap.stop_reason == "stopped"
+
+
+def test_the_routing_maps_text_grows_with_a_run_as_a_fresh_one_shows_it(qtbot,
+                                                                         model: Model) -> None:
+    """A live run's updates append their positions to the tokens coloured by expert; the text
+    is the one a view shown the whole run at once has, and an edit that changes earlier
+    positions rebuilds it."""
+    from colibri.inspector.debugger.views import QtRoutingHeatmap
+
+    dbg = Debugger(model, RunSettings(PROMPT, 12))
+    live, fresh = QtRoutingHeatmap(), QtRoutingHeatmap()
+    qtbot.addWidget(live)
+    qtbot.addWidget(fresh)
+    while not dbg.finished:
+        dbg.run(max_positions=3)
+        live.set_events(dbg.events.snapshot(), None)
+    fresh.set_events(dbg.events.snapshot(), None)
+    assert live.text.toPlainText() == fresh.text.toPlainText()
+    assert len(live.text.toPlainText().split(" ")) == dbg.position
+    revision = live.text.document().revision()
+    live.set_events(dbg.events.snapshot(), None)   # nothing new: nothing laid out again
+    assert live.text.document().revision() == revision
+    first = int(dbg.record.expert_ids[2, 0, 0])
+    dbg.set_interventions([Intervention.parse(f"forbid:pos=2,layer={int(dbg.record.moe_layers[0])},"
+                                              f"experts={first}")])
+    live.set_events(dbg.events.snapshot(), None)
+    rebuilt = QtRoutingHeatmap()
+    qtbot.addWidget(rebuilt)
+    rebuilt.set_events(dbg.events.snapshot(), None)
+    assert live.text.toHtml() == rebuilt.text.toHtml()
+    dbg.close()
 
 
 def test_event_table_model(qtmodeltester, model: Model) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QModelIndex, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtGui import QBrush, QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QGridLayout,
                                QHBoxLayout, QHeaderView, QLabel, QListWidget, QListWidgetItem,
                                QMenu, QPushButton, QSpinBox, QSplitter, QTableView, QTabWidget,
@@ -44,6 +44,7 @@ from colibri.debugging.breakpoints import (AtPosition, BiasChanged, Breakpoint, 
                                            CacheKept, CacheMiss, ExpertChosen, MarginBelow,
                                            NonFinite)
 from colibri.debugging.events import Event, EventList
+from colibri.debugging.run import RoutingRecord
 from colibri.inspection.values import format_scalar
 from colibri.debugging.stats import (LatencySeries, cache_summary, co_selection, expert_load,
                                      load_balance, routing_matrix)
@@ -466,6 +467,8 @@ class QtRoutingHeatmap(QWidget):
         self.layer_box.currentIndexChanged.connect(lambda _i: self._layer_views())
         self.image.setAcceptHoverEvents(True)
         self._matrix: Any = None
+        # what the text shows: (layer, top-1 ids, tokens), so a run's new positions are appended
+        self._text_shown: tuple[int, np.ndarray, np.ndarray] | None = None
 
     def set_events(self, events: EventList | None, cursor: int | None) -> None:
         self.events = events
@@ -519,15 +522,34 @@ class QtRoutingHeatmap(QWidget):
         self.co_image.setRect(0, 0, co.shape[1], co.shape[0])
         self.co_bar.setLevels((0.0, float(max(co.max(), 1.0))))
         self.co_plot.setRange(xRange=(0, co.shape[1]), yRange=(0, co.shape[0]), padding=0)
+        self._show_text(rec, mi, colours)
+
+    def _show_text(self, rec: RoutingRecord, mi: int, colours: np.ndarray) -> None:
+        """The tokens coloured by their top-1 expert at layer `mi`. A live run's update appends
+        its new positions: laying out the whole text again took 35 ms at 2,000 positions."""
+        ids, tokens = np.array(rec.expert_ids[:, mi, 0]), np.array(rec.tokens)
+        shown = self._text_shown
+        first = 0
+        if shown is not None and shown[0] == mi and len(shown[1]) <= len(ids) \
+                and np.array_equal(shown[1], ids[:len(shown[1])]) \
+                and np.array_equal(shown[2], tokens[:len(shown[2])]):
+            first = len(shown[1])
         parts = []
-        for p in range(rec.n_positions):
-            e = int(rec.expert_ids[p, mi, 0])
+        for p in range(first, rec.n_positions):
+            e = int(ids[p])
             c = colours[e if e >= 0 else -1]
             ink = "black" if _luminance(c) > 140 else "white"   # readable on any expert colour
             parts.append(f'<span style="background-color: rgb({c[0]},{c[1]},{c[2]}); '
                          f'color: {ink}" title="expert {e}">'
                          f'{html.escape(rec.token_text(p))}</span>')
-        self.text.setHtml(" ".join(parts))
+        if first == 0:
+            self.text.setHtml(" ".join(parts))
+        elif parts:
+            cursor = QTextCursor(self.text.document())
+            cursor.movePosition(QTextCursor.MoveOperation.End)
+            cursor.insertText(" ", QTextCharFormat())   # unstyled, as the joins of setHtml
+            cursor.insertHtml(" ".join(parts))
+        self._text_shown = (mi, ids, tokens)
 
     def _cell_at(self, scene_pos: Any) -> tuple[int, int] | None:
         if self._matrix is None:
