@@ -17,7 +17,7 @@ from colibri.engine import Model, Session
 from colibri.reload import HotModel
 from colibri.serving.traces import (CompletionParams, RequestTrace, TraceNotFound, TraceStore,
                                     array_from_json, array_to_json)
-from colibri.serving.worker import EngineWorker, Job, QueueFull, fingerprint
+from colibri.serving.worker import PROMPT_PIECE, EngineWorker, Job, QueueFull, fingerprint
 
 from tiny_models import replace_with
 
@@ -175,6 +175,31 @@ def test_the_store_evicts_the_least_recently_used_finished_traces() -> None:
     assert [t["id"] for t in store.summaries()] == [t.id for t in traces[2:]]
     with pytest.raises(TraceNotFound, match="no trace cmpl-elsewhere-1 on this server"):
         store.get("cmpl-elsewhere-1")
+
+
+def test_a_long_prompt_is_cancelled_between_its_pieces() -> None:
+    """A prompt runs in engine calls of PROMPT_PIECE positions, and the cancel flag is read
+    between them: a client that goes away during a long prompt's prefill stops it there."""
+    demo = Path(__file__).resolve().parents[2] / "resources" / "demo" / "demo.colibri"
+    jobs: list[Job] = []
+
+    def on_event(kind: str, _data: Any) -> None:
+        if kind == "progress" and jobs:   # after the first engine call
+            jobs[0].cancel()
+
+    worker = EngineWorker(HotModel(demo), log=lambda line: None, on_event=on_event)
+    worker.start()
+    prompt = tuple(3 + i % 1000 for i in range(3 * PROMPT_PIECE))
+    trace = RequestTrace("cmpl-t-1", CompletionParams(prompt, 4, 0.0, 0, False))
+    done = threading.Event()
+    jobs.append(Job(trace, float("inf"), lambda kind, _d: done.set() if kind == "done" else None))
+    worker.submit(jobs[0])
+    try:
+        assert done.wait(60)
+    finally:
+        worker.stop()
+    assert trace.status == "cancelled" and trace.generated == []
+    assert trace.n_positions == PROMPT_PIECE
 
 
 def test_stopping_cancels_the_running_request() -> None:

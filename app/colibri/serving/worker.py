@@ -4,9 +4,10 @@ order from a bounded queue.
 `EngineWorker.submit(job)` only queues (`QueueFull` when the queue holds `queue_size` requests);
 the event loop never waits on the engine. The thread takes one job at a time, resets the session
 and runs the request through a `colibri.generation.Generation` (the one decoding loop), one
-engine call at a time, and after each call copies the new trace rows into the job's
-`RequestTrace` and tells the job what it produced (`job.notify`, from this thread: the HTTP side
-hands it to its event loop). Between calls it checks the job's cancel flag (the client went
+engine call at a time (a prompt in pieces of PROMPT_PIECE positions, the engine's prefill block,
+so that a long prompt is not one call), and after each call copies the new trace rows into the
+job's `RequestTrace` and tells the job what it produced (`job.notify`, from this thread: the HTTP
+side hands it to its event loop). Between calls it checks the job's cancel flag (the client went
 away) and time limit; a stopped request keeps what it produced.
 
 Hot reload is `colibri.reload`'s, exactly as `colibri serve` on stdin: between requests, while
@@ -42,6 +43,7 @@ from colibri.tokens import token_text
 
 POLL_S = 0.25       # how often an idle worker looks for a reload
 PROGRESS_S = 0.1    # the most often a running request reports progress
+PROMPT_PIECE = 256  # prompt positions an engine call: the engine's prefill block (COL_BATCH)
 
 Notify = Callable[[str, Any], None]
 
@@ -349,7 +351,7 @@ class EngineWorker:
                     stopped = "cancelled" if job.cancelled else "time_limit"
                     gen.stop()
                     break
-                positions = gen.advance()
+                positions = gen.advance(PROMPT_PIECE)
                 assert gen.last_logits is not None
                 trace.note_call(positions, gen.call_ns, bool(np.isfinite(gen.last_logits).all()))
                 if len(gen.generated) > len(trace.generated):
