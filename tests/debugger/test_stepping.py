@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from colibri.debugging import AtPosition, Debugger, RunSettings
+from colibri.debugging import run as run_module
 from colibri.debugging.run import PROMPT_PIECE_FIRST
 from colibri.engine import Model
 
@@ -171,6 +172,26 @@ def test_a_breakpoint_inside_a_piece_stands_where_stepping_would(model: Model) -
     whole.run()
     assert dbg.record.equals(whole.record, timings=False)
     assert dbg.logits().tobytes() == whole.logits().tobytes()
+
+
+def test_a_pause_inside_the_prompt_waits_for_the_piece_and_resumes_exactly(
+        model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run_module, "PROMPT_PIECE_MAX", 4)
+    settings = RunSettings(LONG_PROMPT, 4, decoding="sample", seed=3, temperature=1.5)
+    whole = Debugger(model, settings)
+    whole.run()
+    dbg = Debugger(model, settings)
+    pieces = _count_prefills(dbg)
+
+    def pause_at_ten(position: int) -> None:
+        if position == 10:
+            dbg.request_pause()
+
+    r = dbg.run(on_position=pause_at_ten)
+    # pieces of 8 (the first, positions 0-7), then 4: position 10 is in the second, to 11
+    assert r.reason == "paused" and dbg.position == 12 and pieces == [8, 4]
+    assert dbg.run().reason == "finished"
+    assert dbg.record.equals(whole.record, timings=False) and dbg.generated == whole.generated
 
 
 def test_a_run_limited_to_fewer_positions_than_a_piece_computes_no_more(model: Model) -> None:
