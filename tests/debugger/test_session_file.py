@@ -168,6 +168,28 @@ def test_autosave_never_waits_for_the_models_checksum(model: Model, tmp_path: Pa
     assert load_session(path).model["sha256"] == expected
 
 
+def test_a_model_file_the_checksum_thread_cannot_read_matches_no_session(
+        model: Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "run.colibri-session"
+    dbg = Debugger(model, RunSettings(PROMPT, 2))
+    dbg.run()
+    saved = save_session(path, dbg)    # with the checksum
+    monkeypatch.setattr(session_file, "_checksums", {})
+    monkeypatch.setattr(session_file, "_hashing", set())
+
+    def unreadable(_path):  # type: ignore[no-untyped-def]
+        raise PermissionError("not allowed")
+
+    monkeypatch.setattr(session_file, "model_checksum", unreadable)
+    verdicts = [saved.model_matches(model.path, wait=False)]
+    deadline = time.monotonic() + 30
+    while verdicts[-1] is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+        verdicts.append(saved.model_matches(model.path, wait=False))
+    assert verdicts[0] is None and verdicts[-1] is False
+    assert session_file.checksum_when_ready(model.path) == session_file.UNREADABLE
+
+
 def test_autosave_keeps_its_share_of_the_run_small(model: Model, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Saves that take as long as two positions: the next waits until the run has gone on

@@ -42,6 +42,7 @@ FORMAT_VERSION = 1
 EMBEDDINGS_FILE = "prompt_embeddings.npy"   # an embedding prompt's rows (settings.prompt_embeddings)
 SUFFIX = ".colibri-session"
 _CHUNK = 1 << 20
+UNREADABLE = "unreadable"   # the checksum of a file that could not be read
 _checksums: dict[tuple[str, int, int], str] = {}
 _hashing: set[tuple[str, int, int]] = set()   # files whose checksum a thread has been started for
 _hashing_lock = threading.Lock()
@@ -72,16 +73,24 @@ def model_checksum(path: str | os.PathLike[str]) -> str:
 def checksum_when_ready(path: str | os.PathLike[str]) -> str | None:
     """The file's SHA-256 if already computed, else None, having started its computation on a
     background thread (once per file version): reading a large model takes seconds that a run's
-    autosave or the UI thread must not wait for. Thread-safe."""
+    autosave or the UI thread must not wait for. A file the thread cannot read gets
+    UNREADABLE, which matches no recorded checksum. Thread-safe."""
     key = _checksum_key(path)
     if key in _checksums:
         return _checksums[key]
     with _hashing_lock:
         if key not in _hashing:
             _hashing.add(key)
-            threading.Thread(target=model_checksum, args=(key[0],), daemon=True,
+            threading.Thread(target=_checksum_in_background, args=(key,), daemon=True,
                              name="colibri-model-checksum").start()
     return None
+
+
+def _checksum_in_background(key: tuple[str, int, int]) -> None:
+    try:
+        model_checksum(key[0])
+    except OSError:
+        _checksums[key] = UNREADABLE
 
 
 @dataclass(eq=False)

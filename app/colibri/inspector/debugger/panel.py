@@ -523,7 +523,11 @@ class QtDebuggerPanel(QWidget):
         runs on a background thread and this looks again until it is known."""
         if self.saved is not saved:
             return  # another session or a run replaced it
-        same_model = self.model is not None and saved.model_matches(self.model.path, wait=False)
+        try:
+            same_model = self.model is not None and saved.model_matches(self.model.path,
+                                                                         wait=False)
+        except OSError:   # the open model's file is gone or unreadable: nothing to compare
+            same_model = False
         # another file's rules would explain these decisions wrongly
         self.token_view.set_rules(self._rules if same_model else None)
         self._repaint()
