@@ -534,7 +534,8 @@ class QtDebuggerPanel(QWidget):
         note = "" if self.model is None or same_model else " (recorded on a different model file)"
         if same_model is None:
             note = " (checking the model file's checksum)"
-            QTimer.singleShot(CHECKSUM_POLL_MS, lambda: self._show_saved_model_check(saved, path))
+            QTimer.singleShot(CHECKSUM_POLL_MS, self,  # not after the panel is gone
+                              lambda: self._show_saved_model_check(saved, path))
         if saved.kernels_note():
             note += f" ({saved.kernels_note()})"
         if saved.engine_note():
