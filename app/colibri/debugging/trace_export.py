@@ -16,9 +16,10 @@ positions, thread 2 "decode" the generated ones):
   * C "throughput"      - counter {"tokens_per_s": 1e9 / token_ns} at each token's start.
   * M process_name / thread_name / *_sort_index metadata.
 The engine records durations, not start times, so positions are laid back to back from ts 0 and
-phases are packed inside their layer; the slices' lengths are the measured ones, and time the
-phases do not cover (norms, residual adds, embedding, LM head) is the unsliced tail of each layer
-or token. ts and dur are microseconds with nanosecond resolution (3 decimals); every X slice nests
+phases are packed inside their layer; the slices' lengths are the measured ones (a prompt run as
+one prefill, or in the debugger's pieces, shares each call's times evenly among its positions,
+as the engine's trace does), and time the phases do not cover (norms, residual adds, embedding,
+LM head) is the unsliced tail of each layer or token. ts and dur are microseconds with nanosecond resolution (3 decimals); every X slice nests
 inside its parent, as Perfetto requires for complete events on one thread.
 """
 
