@@ -14,32 +14,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from colibri import fileformat as ff
 from colibri.engine import Model, Session, Trace
 from colibri.errors import ColibriValueError
-from tiny_models import V3_RULE
+from tiny_models import RULES, V3_RULE
 
 DEMO = Path(__file__).resolve().parents[1] / "resources" / "demo" / "demo.colibri"
 TOKENS = [int(t) for t in np.random.default_rng(1).integers(0, 50, 40)]
-
-# Rules of every kind the format states, on tiny random models: (arch, make_tiny_model options)
-RULES: dict[str, tuple[str, dict[str, Any]]] = {
-    "mixtral": ("mixtral", {}),
-    "qwen2_moe": ("qwen2_moe", {}),
-    "olmoe": ("olmoe", {}),
-    "deepseek_v3": ("mixtral", {"n_experts": 8, "rule": V3_RULE}),
-    "deepseek_v2": ("mixtral", {"n_experts": 8, "rule": ff.RouteRule(
-        n_groups=4, n_groups_kept=2, group_score=ff.GROUP_MAX, scale=16.0)}),
-    "ernie": ("mixtral", {"rule": ff.RouteRule(
-        correction_bias=True, normalize=ff.NORM_SUM_CLAMPED, norm_eps=1e-12)}),
-    "gpt_oss": ("mixtral", {"rule": ff.RouteRule(select_on=ff.SELECT_LOGITS)}),
-}
-
 
 @pytest.fixture(params=sorted(RULES))
 def rule_model(request: pytest.FixtureRequest, tiny_model_path: Callable[..., Path]) -> Model:

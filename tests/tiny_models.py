@@ -30,6 +30,19 @@ V3_RULE = ff.RouteRule(scoring=ff.SCORING_SIGMOID, correction_bias=True, n_group
                        n_groups_kept=1, group_score=ff.GROUP_TOP2_SUM, normalize=ff.NORM_SUM,
                        norm_eps=1e-20, scale=2.5)
 
+# Rules of every kind the format states, on tiny random models: (arch, make_tiny_model options)
+RULES: dict[str, tuple[str, dict[str, Any]]] = {
+    "mixtral": ("mixtral", {}),
+    "qwen2_moe": ("qwen2_moe", {}),
+    "olmoe": ("olmoe", {}),
+    "deepseek_v3": ("mixtral", {"n_experts": 8, "rule": V3_RULE}),
+    "deepseek_v2": ("mixtral", {"n_experts": 8, "rule": ff.RouteRule(
+        n_groups=4, n_groups_kept=2, group_score=ff.GROUP_MAX, scale=16.0)}),
+    "ernie": ("mixtral", {"rule": ff.RouteRule(
+        correction_bias=True, normalize=ff.NORM_SUM_CLAMPED, norm_eps=1e-12)}),
+    "gpt_oss": ("mixtral", {"rule": ff.RouteRule(select_on=ff.SELECT_LOGITS)}),
+}
+
 WORDS = ["<unk>", "<s>", "</s>", "the", "cat", "sat", "on", "mat", "a", "dog"]
 
 

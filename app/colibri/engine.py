@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "colibri: the compiled engine (colibri._colibri_cffi) is missing; build it with "
         "`pip install -e .` or `python app/colibri/_build_ffi.py`") from exc
 
-ABI_VERSION = 20
+ABI_VERSION = 21
 # The first ABI whose q8_0/q4_0 products are in block order (one fused multiply-add per block and
 # output, the same bits on every kernel path): runs recorded by an older engine on weights of those
 # dtypes cannot be reproduced bit for bit.
@@ -1150,6 +1150,30 @@ class Session:
             raise ColibriValueError(f"position must be an int in 0..2^32-1, got {position!r}",
                                     COL_ERR_INVALID_ARG)
         self._call(lib.col_session_truncate, int(position))
+
+    def set_routing(self, routing: RoutingName, epsilon: float | None = None,
+                    seed: int = 0) -> int:
+        """Route the positions processed from now on by `routing` ('topk', 'stable' or
+        'gumbel', from one of them; epsilon None = the model's default_epsilon) and return the
+        first processed position the new routing decides differently (col_session_set_routing:
+        the trace's router logits routed again; `position` when none, 0 without a trace).
+        `truncate` there and process the rest again for a new session's bits."""
+        if routing not in _ROUTING_CODES:
+            raise ColibriValueError(f"unknown routing {routing!r}; expected one of "
+                                    f"{', '.join(ROUTING_MODES)}", COL_ERR_INVALID_ARG)
+        if epsilon is not None and (isinstance(epsilon, bool)
+                                    or not isinstance(epsilon, (int, float, np.floating))):
+            raise ColibriValueError(f"epsilon must be a number, got {epsilon!r}",
+                                    COL_ERR_INVALID_ARG)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
+                or not 0 <= int(seed) < 2**64:
+            raise ColibriValueError(f"seed must be an int in 0..2^64-1, got {seed!r}",
+                                    COL_ERR_INVALID_ARG)
+        eps = float(self._model.hparams.default_epsilon if epsilon is None else epsilon)
+        first = ffi.new("uint32_t *")
+        self._call(lib.col_session_set_routing, _ROUTING_CODES[routing], eps, int(seed), first)
+        self._routing = routing
+        return int(first[0])
 
     # -- one layer at a time --------------------------------------------------------------------
 

@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-#define COL_ABI_VERSION 20  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
+#define COL_ABI_VERSION 21  /* 4: format version 2 (col_hparams, col_routing_info and col_trace_view
                                 grew; col_routing_describe); 5: col_routing_scores; 6: hidden-state
                                 capture (col_session_config.capture_hidden, col_session_capture,
                                 col_session_hidden); 7: expert caching (COL_ROUTING_CACHED,
@@ -55,7 +55,8 @@ extern "C" {
                                 moved up one: a ceiling orders the paths); 16: the panel dtype
                                 COL_DTYPE_BF16X16; 17: col_session_config.kv_precision (the KV cache
                                 in f16); 18: col_thread_stats, col_session_thread_stats; 19:
-                                col_session_generate; 20: col_measure_read_latency */
+                                col_session_generate; 20: col_measure_read_latency; 21:
+                                col_session_set_routing */
 #define COL_FORMAT_VERSION 2          /* the version writers write; readers also read version 1 */
 #define COL_HEADER_SIZE 256           /* version 1's fixed header */
 #define COL_HEADER_SIZE_V2 512
@@ -922,6 +923,22 @@ int32_t col_session_set_interventions(col_session *session, const col_interventi
  * (col_session_begin_token). COL_ERR_INVALID_ARG for a position beyond the processed ones. Owner
  * thread; no allocation. */
 int32_t col_session_truncate(col_session *session, uint32_t position, char *err, size_t errlen);
+
+/* Change the routing of the positions processed from now on to `routing` (top-k, stable or
+ * Gumbel; the session's mode must be one of them too) with `epsilon` and `seed` (as
+ * col_session_config's), and set *first_changed (may be NULL) to the first processed position
+ * whose decisions the new routing makes differently: the session's trace rows are routed again
+ * from their recorded router logits, and a decision differs when its experts, their order, their
+ * weights' bits, its kept groups or its bias flag do, or when an intervention acted on it.
+ * Positions before *first_changed are what a session created with the new routing would have
+ * computed; col_session_truncate(*first_changed) and processing the rest again gives that
+ * session's bits (an epsilon sweep recomputes only from the first decision an epsilon changes).
+ * *first_changed is col_session_position when no decision changes, and 0 without a trace.
+ * Processed positions are not touched. Errors (COL_ERR_INVALID_ARG, nothing changed): a position
+ * in progress, another mode (soft and cached routing change the slots or depend on the previous
+ * position's set), an epsilon not finite or below 0. Owner thread; no allocation. Since ABI 21. */
+int32_t col_session_set_routing(col_session *session, uint32_t routing, double epsilon, uint64_t seed,
+                                uint32_t *first_changed, char *err, size_t errlen);
 
 /* Stepping one layer at a time (a debugger pausing between the layers of one position, to
  * change the next layer's routing before it runs). col_session_begin_token starts `token` at the

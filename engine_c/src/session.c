@@ -366,6 +366,69 @@ static int32_t check_idle(const col_session *s, char *err, size_t errlen)
     return COL_OK;
 }
 
+/* Routing modes whose decisions are a pure function of a decision's router logits, position and
+ * layer, so the trace's logits decide them again; the same slots per decision in each. */
+static int reroutable(uint32_t mode)
+{
+    return mode == COL_ROUTING_TOPK || mode == COL_ROUTING_STABLE || mode == COL_ROUTING_GUMBEL;
+}
+
+/* Whether `params` decide (position, MoE layer `layer_index`) from its recorded router logits
+ * exactly as the trace records it: the same experts in the same order, the same weights' bits,
+ * kept groups and bias flag. A decision an intervention acted on counts as different. The
+ * per-call routing buffers serve as scratch (no call is in progress). */
+static int decision_stands(col_session *s, uint32_t layer_index, uint32_t position, col_router_params params)
+{
+    const col_model *m = s->model;
+    const col_layer *layer = &m->layers[layer_index];
+    uint32_t n_experts = m->hp.n_experts, ks = s->k_slots, g = m->n_chosen_groups;
+    uint64_t row = (uint64_t)position * m->hp.n_moe_layers + layer->moe_index;
+    if (s->trace_intervened[row]) return 0;
+    const float *bias = layer->moe_correction_bias ? (const float *)layer->moe_correction_bias->data : NULL;
+    params.position = position;
+    params.layer = layer_index;
+    uint8_t bias_changed = 0;
+    col_route_out out = {s->route_ids, s->route_weights, s->route_selection, s->route_groups,
+                         bias ? &bias_changed : NULL};
+    uint32_t n = col_route(layer->route, bias, &params, s->trace_logits + row * n_experts, &out, &s->router_scratch);
+    for (uint32_t slot = 0; slot < ks; slot++) {
+        int32_t id = slot < n ? out.ids[slot] : -1;
+        float weight = slot < n ? out.weights[slot] : 0.0f;
+        if (id != s->trace_ids[row * ks + slot] || memcmp(&weight, &s->trace_weights[row * ks + slot], sizeof weight))
+            return 0;
+    }
+    uint32_t kept = layer->route->n_groups > 1 ? layer->route->n_groups_kept : 0;
+    for (uint32_t i = 0; i < g; i++)
+        if ((i < kept ? out.groups[i] : -1) != s->trace_groups[row * g + i]) return 0;
+    return bias_changed == s->trace_bias_changed[row];
+}
+
+int32_t col_session_set_routing(col_session *session, uint32_t routing, double epsilon, uint64_t seed,
+                                uint32_t *first_changed, char *err, size_t errlen)
+{
+    if (!session) return col_set_error(err, errlen, COL_ERR_INVALID_ARG, "session is NULL");
+    int32_t status = check_idle(session, err, errlen);
+    if (status != COL_OK) return status;
+    col_session_config next = session->config;
+    next.routing = routing;
+    next.epsilon = epsilon;
+    next.seed = seed;
+    status = check_config(session->model, &next, err, errlen);
+    if (status != COL_OK) return status;
+    if (!reroutable(session->config.routing) || !reroutable(routing))
+        return col_set_error(err, errlen, COL_ERR_INVALID_ARG,
+                             "routing changes only among top-k, stable and Gumbel routing (mode %u to %u)",
+                             session->config.routing, routing);
+    uint32_t first = session->trace_ids ? session->position : 0;
+    col_router_params params = {routing, epsilon, seed, 0, 0, NULL, NULL, 0};
+    for (uint32_t p = 0; p < first; p++)
+        for (uint32_t l = 0; l < session->model->hp.n_layers && first > p; l++)
+            if (session->model->layers[l].kind == COL_LAYER_MOE && !decision_stands(session, l, p, params)) first = p;
+    session->config = next;
+    if (first_changed) *first_changed = first;
+    return COL_OK;
+}
+
 static int32_t check_tokens(const col_session *s, const int32_t *tokens, uint32_t n, char *err, size_t errlen)
 {
     int32_t status = check_idle(s, err, errlen);
