@@ -42,7 +42,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -174,6 +174,7 @@ class Runner:
         self._models: dict[str | None, Model] = {None: model}
         self._owned: list[Model] = []
         self._tmp: str | None = None
+        self._kept = 0                      # logits files written by `keep`
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], threads: int = 1) -> Runner:
@@ -221,32 +222,98 @@ class Runner:
         for r in routings:
             Session.memory_estimate(self.model, threads=self.threads, **r)
 
+    def session(self, n_positions: int, variant: Variant | None = None, routing: str = "topk",
+                epsilon: float = 0.0, seed: int = 0, cache_threshold: float = 0.0,
+                expert_cache: int = 0) -> Session:
+        """A traced session of `variant` for a teacher-forced pass of `n_positions` (the
+        caller closes it); raises ValueError when the machine lacks the variant's kernels."""
+        variant = variant or Variant()
+        s = Session(self.model_for(variant), routing=routing, epsilon=epsilon, seed=seed,
+                    threads=self.threads, max_context=n_positions, trace=True,
+                    numerics=variant.numerics, kernels=variant.kernels,
+                    cache_threshold=cache_threshold, expert_cache=expert_cache)
+        if variant.kernels is not None and s.kernels != variant.kernels:
+            ran = s.kernels
+            s.close()
+            raise ValueError(f"variant {variant.name}: this machine runs no {variant.kernels} "
+                             f"kernels (it ran {ran})")
+        return s
+
+    def keep(self, run: Run) -> Run:
+        """`run` with its logits in a file of the runner's temporary directory, read back
+        mapped: a sweep holds many runs' logits without their memory (close removes them)."""
+        if self._tmp is None:
+            self._tmp = tempfile.mkdtemp(prefix="colibri-jitter-")
+        self._kept += 1
+        path = os.path.join(self._tmp, f"logits-{self._kept}.npy")
+        out = np.lib.format.open_memmap(path, mode="w+", dtype=run.logits.dtype,
+                                        shape=run.logits.shape)
+        out[...] = run.logits
+        out.flush()
+        del out
+        return replace(run, logits=np.load(path, mmap_mode="r"))
+
+    @staticmethod
+    def run_of(variant: Variant, session: Session, logits: np.ndarray) -> Run:
+        """The Run of a session's pass that gave `logits` (the trace's arrays copied)."""
+        trace = session.trace
+        assert trace is not None
+        return Run(BASELINE if variant.is_baseline else variant.name, logits,
+                   np.array(trace.expert_ids), np.array(trace.router_logits),
+                   np.array(trace.selection_scores), np.array(trace.chosen_groups),
+                   session.kernels, session.cache_stats())
+
     def run(self, tokens: Sequence[int], variant: Variant | None = None, routing: str = "topk",
             epsilon: float = 0.0, seed: int = 0, cache_threshold: float = 0.0,
             expert_cache: int = 0) -> Run:
         """One teacher-forced pass: `tokens` in one prefill (every position's logits)."""
         variant = variant or Variant()
-        model = self.model_for(variant)
-        with Session(model, routing=routing, epsilon=epsilon, seed=seed, threads=self.threads,
-                     max_context=len(tokens), trace=True, numerics=variant.numerics,
-                     kernels=variant.kernels, cache_threshold=cache_threshold,
-                     expert_cache=expert_cache) as s:
-            if variant.kernels is not None and s.kernels != variant.kernels:
-                raise ValueError(f"variant {variant.name}: this machine runs no {variant.kernels} "
-                                 f"kernels (it ran {s.kernels})")
-            logits = s.prefill(list(tokens))
-            trace = s.trace
-            assert trace is not None
-            return Run(BASELINE if variant.is_baseline else variant.name, logits,
-                       np.array(trace.expert_ids), np.array(trace.router_logits),
-                       np.array(trace.selection_scores), np.array(trace.chosen_groups), s.kernels,
-                       s.cache_stats())
+        with self.session(len(tokens), variant, routing, epsilon, seed, cache_threshold,
+                          expert_cache) as s:
+            return self.run_of(variant, s, s.prefill(list(tokens)))
 
     def greedy_sequence(self, prompt: Sequence[int], n_generate: int) -> list[int]:
         """prompt + the baseline's greedy continuation of n_generate tokens (stops after EOS)."""
         with Session(self.model, threads=self.threads,
                      max_context=len(prompt) + max(n_generate, 0), trace=False) as s:
             return s.generate(prompt, n_generate).tokens
+
+
+class RoutingStream:
+    """One variant's teacher-forced pass of `tokens` kept across routing settings (top-k, stable
+    and Gumbel routing): after the first, each run routes the recorded positions again
+    (Session.set_routing) and recomputes only from the first one the new setting decides
+    differently, with the bits of a pass of its own. Close it, or use it in a `with`."""
+
+    def __init__(self, runner: Runner, tokens: Sequence[int], variant: Variant | None = None
+                 ) -> None:
+        self.variant = variant or Variant()
+        self.tokens = list(tokens)
+        self._session = runner.session(len(self.tokens), self.variant)
+        self._last: Run | None = None
+
+    def __enter__(self) -> RoutingStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._session.close()
+
+    def run(self, routing: str = "topk", epsilon: float = 0.0, seed: int = 0) -> tuple[Run, int]:
+        """The pass under this routing, and the first position it recomputed: len(tokens) when
+        the pass equals the last one, which is then returned itself."""
+        s = self._session
+        first = s.set_routing(routing, epsilon, seed)  # type: ignore[arg-type]
+        if self._last is not None and first == len(self.tokens):
+            return self._last, first
+        s.truncate(first)
+        rows = s.prefill(self.tokens[first:])
+        logits = rows if self._last is None or first == 0 else \
+            np.concatenate([self._last.logits[:first], rows])
+        self._last = Runner.run_of(self.variant, s, logits)
+        return self._last, first
 
 
 # ---------------------------------------------------------------------------------------------
@@ -617,42 +684,62 @@ def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] 
                     variants: Sequence[Variant] | str | None = None, n_prompt: int | None = None,
                     progress: Progress = no_progress,
                     cancelled: CancelFlag = never_cancelled) -> EpsilonReport:
-    """The epsilon sweep: for each epsilon, baseline and variants under stable routing."""
+    """The epsilon sweep: for each epsilon, baseline and variants under stable routing. Each
+    variant's passes (the baseline's too) run on one RoutingStream in ascending epsilon, so a pass
+    recomputes only from the first decision its epsilon changes; comparisons of passes that
+    equal the previous epsilon's are not made again."""
     if variants is None or isinstance(variants, str):
         variants = parse_variants(variants)
     eps_list = sorted(set(float(e) for e in (DEFAULT_EPS if eps is None else eps)))
     runner.check(variants, eps_list)
+    n = len(tokens)
     total = 1 + len(eps_list) * (1 + len(variants))
     done = 0
     progress(done, total, "plain top-k")
-    plain = runner.run(tokens)
-    rows = []
-    names = [v.name for v in variants]
-    for e in eps_list:
-        check_cancelled(cancelled)
-        done += 1
-        progress(done, total, f"eps {e:g}: baseline")
-        base = runner.run(tokens, routing="stable", epsilon=e)
-        jitter = np.zeros(base.sets.shape[:2], dtype=bool)
-        flips: dict[str, int] = {}
-        max_abs, kl_max, first_tok = 0.0, 0.0, None
-        for v in variants:
+    bases: list[Run] = []
+    bias: list[Downstream] = []
+    with RoutingStream(runner, tokens) as stream:
+        plain = runner.keep(stream.run()[0])
+        for e in eps_list:
             check_cancelled(cancelled)
             done += 1
-            progress(done, total, f"eps {e:g}: {v.name}")
-            run = runner.run(tokens, v, routing="stable", epsilon=e)
-            diff = (run.sets != base.sets).any(axis=-1)
-            jitter |= diff
-            flips[v.name] = int(diff.sum())
-            d = Downstream.between(base, run)
-            max_abs = max(max_abs, float(d.max_abs.max()))
-            kl_max = max(kl_max, float(d.kl.max()))
-            if d.first_token_divergence is not None:
-                first_tok = d.first_token_divergence if first_tok is None else min(
-                    first_tok, d.first_token_divergence)
-        bias_cells = (base.sets != plain.sets).any(axis=-1)
-        rows.append(EpsilonRow(e, base.sets, jitter, flips, bias_cells,
-                               Downstream.between(plain, base), max_abs, kl_max, first_tok))
+            progress(done, total, f"eps {e:g}: baseline")
+            base, first = stream.run("stable", e)
+            if bases and first == n:
+                base, between = bases[-1], bias[-1]
+            else:
+                base = runner.keep(base)
+                between = Downstream.between(plain, base)
+            bases.append(base)
+            bias.append(between)
+    shape = plain.sets.shape[:2]
+    jitter = [np.zeros(shape, dtype=bool) for _ in eps_list]
+    flips: list[dict[str, int]] = [{} for _ in eps_list]
+    max_abs, kl_max = [0.0] * len(eps_list), [0.0] * len(eps_list)
+    first_tok: list[int | None] = [None] * len(eps_list)
+    for v in variants:
+        with RoutingStream(runner, tokens, v) as stream:
+            last: tuple[np.ndarray, Downstream] | None = None
+            for i, e in enumerate(eps_list):
+                check_cancelled(cancelled)
+                done += 1
+                progress(done, total, f"eps {e:g}: {v.name}")
+                run, first = stream.run("stable", e)
+                if last is None or first < n or bases[i] is not bases[i - 1]:
+                    last = ((run.sets != bases[i].sets).any(axis=-1),
+                            Downstream.between(bases[i], run))
+                diff, d = last
+                jitter[i] |= diff
+                flips[i][v.name] = int(diff.sum())
+                max_abs[i] = max(max_abs[i], float(d.max_abs.max()))
+                kl_max[i] = max(kl_max[i], float(d.kl.max()))
+                if d.first_token_divergence is not None:
+                    first_tok[i] = d.first_token_divergence if first_tok[i] is None else min(
+                        first_tok[i], d.first_token_divergence)
+    rows = [EpsilonRow(e, bases[i].sets, jitter[i], flips[i],
+                       (bases[i].sets != plain.sets).any(axis=-1), bias[i], max_abs[i], kl_max[i],
+                       first_tok[i])
+            for i, e in enumerate(eps_list)]
     progress(total, total, "done")
-    return EpsilonReport(**run_fields(runner, tokens, n_prompt, names, plain.kernels),
-                         plain_sets=plain.sets, rows=rows)
+    return EpsilonReport(**run_fields(runner, tokens, n_prompt, [v.name for v in variants],
+                                      plain.kernels), plain_sets=plain.sets, rows=rows)
