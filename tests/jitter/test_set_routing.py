@@ -76,6 +76,27 @@ def test_rerun_from_the_first_changed_position_has_a_fresh_sessions_bits(model: 
     assert min(firsts) < len(tokens), "no setting changed a decision: the test shows nothing"
 
 
+def test_expert_caching_counts_are_a_fresh_sessions_after_a_rerun() -> None:
+    """An LRU of resident experts: truncating at the named position rebuilds its state as the
+    kept positions left it, so the hits, misses and per-slot residency after the rerun are a
+    fresh session's."""
+    with Model.open(DEMO) as model:
+        tokens = [int(t) for t in np.random.default_rng(7).integers(0, model.hparams.vocab_size, 80)]
+        with Session(model, max_context=len(tokens), expert_cache=4) as live:
+            live.prefill(tokens)
+            for routing, epsilon, seed in SETTINGS:
+                first = live.set_routing(routing, epsilon, seed)
+                live.truncate(first)
+                live.prefill(tokens[first:])
+                with Session(model, routing=routing, epsilon=epsilon, seed=seed,
+                             max_context=len(tokens), expert_cache=4) as fresh:
+                    fresh.prefill(tokens)
+                    assert live.cache_stats() == fresh.cache_stats(), (routing, epsilon)
+                    assert live.trace is not None and fresh.trace is not None
+                    assert np.array_equal(live.trace.cache_hits, fresh.trace.cache_hits)
+                    assert np.array_equal(live.trace.expert_ids, fresh.trace.expert_ids)
+
+
 def test_the_first_changed_position_is_where_the_decisions_first_differ(model: Model) -> None:
     """Not merely safe: the named position is the first whose decisions a fresh session makes
     differently (so nothing before it is recomputed for nothing)."""

@@ -283,13 +283,14 @@ class RoutingStream:
     """One variant's teacher-forced pass of `tokens` kept across routing settings (top-k, stable
     and Gumbel routing): after the first, each run routes the recorded positions again
     (Session.set_routing) and recomputes only from the first one the new setting decides
-    differently, with the bits of a pass of its own. Close it, or use it in a `with`."""
+    differently, with the bits of a pass of its own (expert caching's counts included). Close
+    it, or use it in a `with`."""
 
-    def __init__(self, runner: Runner, tokens: Sequence[int], variant: Variant | None = None
-                 ) -> None:
+    def __init__(self, runner: Runner, tokens: Sequence[int], variant: Variant | None = None,
+                 expert_cache: int = 0) -> None:
         self.variant = variant or Variant()
         self.tokens = list(tokens)
-        self._session = runner.session(len(self.tokens), self.variant)
+        self._session = runner.session(len(self.tokens), self.variant, expert_cache=expert_cache)
         self._last: Run | None = None
 
     def __enter__(self) -> RoutingStream:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from colibri.jitter.analysis import (Downstream, LabReport, Run, Runner, cells_mask,
+from colibri.jitter.analysis import (Downstream, LabReport, RoutingStream, Run, Runner, cells_mask,
                                      from_json_floats, json_floats, json_ints, margins,
                                      run_fields)
 from colibri.jitter.variants import Variant, parse_variants
@@ -178,13 +178,14 @@ def default_threshold(margin_abs: np.ndarray, plain_jitter: np.ndarray,
             f"model's default_epsilon")
 
 
-def _row(remedy: Remedy, base: Run, runs: Sequence[Run], plain: Run, n_experts: int) -> RemedyRow:
+def _row(remedy: Remedy, base: Run, variant_sets: dict[str, np.ndarray], plain: Run,
+         n_experts: int) -> RemedyRow:
     jitter = np.zeros(base.sets.shape[:2], dtype=bool)
     flips: dict[str, int] = {}
-    for run in runs:
-        diff = (run.sets != base.sets).any(axis=-1)
+    for name, sets in variant_sets.items():
+        diff = (sets != base.sets).any(axis=-1)
         jitter |= diff
-        flips[run.name] = int(diff.sum())
+        flips[name] = int(diff.sum())
     if remedy.routing == "soft":
         changed = np.ones(base.sets.shape[:2], dtype=bool)
         per_decision = n_experts
@@ -230,38 +231,54 @@ def analyze_remedies(runner: Runner, tokens: Sequence[int],
     runner.check(variants, routings=probe)
     total = (3 + max(len(cache_thresholds or ()), 1)) * (1 + len(variants))
     done = 0
+    plain_remedy, stable_remedy = Remedy("topk"), Remedy("stable", epsilon=eps)
 
-    def runs_of(remedy: Remedy) -> tuple[Run, list[Run]]:
+    # Plain and stable top-k on one RoutingStream per variant: the stable pass recomputes only
+    # from the first decision its epsilon changes. Variants' passes keep only their sets.
+    passes: dict[str, tuple[Run, Run]] = {}
+    sets: dict[Remedy, dict[str, np.ndarray]] = {plain_remedy: {}, stable_remedy: {}}
+    for v in (None, *variants):
+        check_cancelled(cancelled)
+        name = v.name if v is not None else "baseline"
+        progress(done, total, f"{plain_remedy.label} and {stable_remedy.label}: {name}")
+        with RoutingStream(runner, tokens, v, expert_cache) as stream:
+            pair = stream.run()[0], stream.run("stable", eps)[0]
+        done += 2
+        if v is None:
+            passes["baseline"] = pair
+        else:
+            sets[plain_remedy][v.name], sets[stable_remedy][v.name] = pair[0].sets, pair[1].sets
+
+    def runs_of(remedy: Remedy) -> tuple[Run, dict[str, np.ndarray]]:
         nonlocal done
         settings = remedy.session(expert_cache)
         progress(done, total, f"{remedy.label}: baseline")
         base = runner.run(tokens, **settings)
         done += 1
-        out = []
+        out = {}
         for v in variants:
             check_cancelled(cancelled)
             progress(done, total, f"{remedy.label}: {v.name}")
-            out.append(runner.run(tokens, v, **settings))
+            out[v.name] = runner.run(tokens, v, **settings).sets
             done += 1
         return base, out
 
-    plain_remedy = Remedy("topk")
-    plain, plain_runs = runs_of(plain_remedy)
+    plain, stable = passes["baseline"]
     plain_jitter = np.zeros(plain.sets.shape[:2], dtype=bool)
-    for run in plain_runs:
-        plain_jitter |= (run.sets != plain.sets).any(axis=-1)
+    for variant_sets in sets[plain_remedy].values():
+        plain_jitter |= (variant_sets != plain.sets).any(axis=-1)
     margin_abs, _ = margins(plain, group_limits(runner.model), hp.n_experts_active)
     if cache_thresholds is None:
         threshold, rule = default_threshold(margin_abs, plain_jitter, hp.default_epsilon)
         thresholds = [threshold]
     else:
         thresholds, rule = [float(t) for t in cache_thresholds], "given"
-    rows = [_row(plain_remedy, plain, plain_runs, plain, hp.n_experts)]
-    for remedy in (Remedy("stable", epsilon=eps), Remedy("soft"),
-                   *(Remedy("cached", cache_threshold=t) for t in thresholds)):
+    rows = [_row(plain_remedy, plain, sets[plain_remedy], plain, hp.n_experts),
+            _row(stable_remedy, stable, sets[stable_remedy], plain, hp.n_experts)]
+    for remedy in (Remedy("soft"), *(Remedy("cached", cache_threshold=t) for t in thresholds)):
         check_cancelled(cancelled)
-        base, runs = runs_of(remedy)
-        rows.append(_row(remedy, base, runs, plain, hp.n_experts))
+        base, variant_sets = runs_of(remedy)
+        rows.append(_row(remedy, base, variant_sets, plain, hp.n_experts))
     progress(total, total, "done")
     return RemedyReport(**run_fields(runner, tokens, n_prompt, [v.name for v in variants],
                                      plain.kernels),
