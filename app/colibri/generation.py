@@ -37,6 +37,10 @@ forgets the rest (colibri.Session.truncate; its KV cache before stays), the toke
 it are dropped and the sampler's state is put back, so running again from there under other
 interventions is the counterfactual of the same run.
 
+Kept logits: `keep_logits=True` keeps each engine call's logit rows in `logits`, in memory;
+`keep_logits=LogitFile(vocab)` keeps them in that file's pages instead (colibri.kept_logits: a
+long run on a large vocabulary), as read-only views.
+
 The loop is thin on purpose: per position it calls the engine once, takes an arg-max (or a
 sample) and reads the clock twice (the call's wall time); nothing else runs unless a callback
 asks for it. A greedy `run()` with nothing to call between positions (no `on_position`, `stop`
@@ -56,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from colibri.errors import ColibriFileChangedError
+from colibri.kept_logits import LogitFile
 from colibri.values import DECODINGS, DecodingName
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,7 +120,7 @@ class Generation:
                  max_new_tokens: int = 16, *,
                  decoding: DecodingName = "greedy", temperature: float = 1.0, seed: int = 0,
                  eos: int | None = None, stop: StopFn | None = None, step_prompt: bool = False,
-                 keep_logits: bool = False, swap: SwapFn | None = None) -> None:
+                 keep_logits: bool | LogitFile = False, swap: SwapFn | None = None) -> None:
         if decoding not in DECODINGS:
             raise ValueError(f"decoding must be 'greedy' or 'sample', got {decoding!r}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
@@ -140,7 +145,9 @@ class Generation:
         self.step_prompt = step_prompt
         self.swap = swap
         self.generated: list[int] = []
+        # each engine call's rows; with a LogitFile, views of them in its file
         self.logits: list[np.ndarray] | None = [] if keep_logits else None
+        self._logit_file = keep_logits if isinstance(keep_logits, LogitFile) else None
         self.last_logits: np.ndarray | None = None   # [vocab] of the last processed position
         self.positions = 0                            # processed by this generation
         self.finished = False
@@ -300,7 +307,7 @@ class Generation:
         self.positions = first + n
         self.last_logits = rows[-1]
         if self.logits is not None:
-            self.logits.append(rows)
+            self.logits.append(rows if self._logit_file is None else self._logit_file.keep(first, rows))
         if in_prompt:
             self.prefill_ns += self.call_ns
             if self.positions == len(self.prompt):

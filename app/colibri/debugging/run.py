@@ -55,6 +55,7 @@ from colibri.interventions import Intervention, changed_from
 from colibri.margins import group_limits
 from colibri import tokens
 from colibri.generation import Generation
+from colibri.kept_logits import LogitFile
 from colibri.values import RunSettings
 
 PHASES = ("attention", "router", "experts", "combine", "layer")
@@ -393,12 +394,14 @@ class Debugger:
         except Exception:
             self.session.close()
             raise
-        # every position's logits are kept: a counterfactual compares them (positions x vocab
-        # float32: 16 KB a position on the demo model)
+        # every position's logits are kept, since a counterfactual compares them: positions x
+        # vocab float32 (600 KB a position at a 150k vocabulary), so in a file's pages
+        self.logit_file = LogitFile(hp.vocab_size)
         self.generation = Generation(self.session, prompt,
                                      settings.max_new_tokens, decoding=settings.decoding,
                                      temperature=settings.temperature, seed=settings.seed,
-                                     eos=hp.eos_token_id, step_prompt=True, keep_logits=True)
+                                     eos=hp.eos_token_id, step_prompt=True,
+                                     keep_logits=self.logit_file)
         trace = self.session.trace
         assert trace is not None
         k = int(trace.expert_ids.shape[2])
@@ -478,6 +481,7 @@ class Debugger:
 
     def close(self) -> None:
         self.session.close()
+        self.logit_file.close()
 
     # -- control from other threads ---------------------------------------------------------------
 
