@@ -80,3 +80,19 @@ def test_the_debugger_keeps_its_logits_in_a_file() -> None:
             assert sum(r.shape[0] for r in kept) == debugger.generation.positions
         finally:
             debugger.close()
+
+
+def test_without_space_for_the_file_the_rows_stay_in_memory(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """A full disk refuses the file's growth (ENOSPC) before anything is mapped, so no write can
+    meet a page the disk cannot hold (SIGBUS); the rows are kept in memory instead."""
+    store = LogitFile(5, initial_rows=2)
+    early = store.keep(0, rows(0, 2))
+
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("colibri.kept_logits.os.posix_fallocate", no_space)
+    later = store.keep(2, rows(2, 3))
+    assert store.in_memory and not isinstance(later, np.memmap) and not later.flags.writeable
+    assert np.array_equal(later, rows(2, 3)) and np.array_equal(early, rows(0, 2))

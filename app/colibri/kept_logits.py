@@ -6,11 +6,14 @@ positions, beside a model that wants the same memory for its pages. `LogitFile` 
 engine call's rows into an unnamed temporary file mapped shared, and hands back read-only views
 of them: the rows live in the page cache, which the kernel writes back and drops under memory
 pressure, where anonymous memory without swap could only grow. The file is unlinked at creation,
-so nothing is left behind whatever ends the process.
+so nothing is left behind whatever ends the process. Its space is allocated before it is mapped
+(a full disk would otherwise kill the process with SIGBUS at the first write to a page it
+cannot hold); where that fails, the rows stay in memory as before.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 
 import numpy as np
@@ -20,7 +23,9 @@ class LogitFile:
     """Rows of positions 0.. of one run ([vocab] float32 each), in a file that grows by doubling.
     `keep(first, rows)` writes positions first.. (over any written before: a rewound run's) and
     returns a read-only view of them, valid until those positions are written again. Views taken
-    before a growth stay valid (each keeps its own mapping of the same file). One thread."""
+    before a growth stay valid (each keeps its own mapping of the same file). When the file
+    cannot grow (no space), `keep` returns read-only copies in memory from then on and
+    `in_memory` says so. One thread."""
 
     def __init__(self, vocab: int, *, directory: str | None = None, initial_rows: int = 256) -> None:
         if vocab < 1 or initial_rows < 1:
@@ -30,6 +35,7 @@ class LogitFile:
         self._file = tempfile.TemporaryFile(dir=directory)
         self._map: np.memmap | None = None
         self._capacity = 0   # rows the file and the current mapping hold
+        self.in_memory = False
 
     @property
     def capacity(self) -> int:
@@ -42,12 +48,20 @@ class LogitFile:
         if first < 0:
             raise ValueError(f"first position must be >= 0, got {first}")
         stop = first + rows.shape[0]
-        if stop > self._capacity:
+        if stop > self._capacity and not self.in_memory:
             capacity = max(stop, 2 * self._capacity, self._initial)
-            self._file.truncate(capacity * self.vocab * 4)
-            self._map = np.memmap(self._file, dtype=np.float32, mode="r+",
-                                  shape=(capacity, self.vocab))
-            self._capacity = capacity
+            try:
+                os.posix_fallocate(self._file.fileno(), 0, capacity * self.vocab * 4)
+            except OSError:
+                self.in_memory = True
+            else:
+                self._map = np.memmap(self._file, dtype=np.float32, mode="r+",
+                                      shape=(capacity, self.vocab))
+                self._capacity = capacity
+        if self.in_memory:
+            copy = np.array(rows, dtype=np.float32)
+            copy.flags.writeable = False
+            return copy
         assert self._map is not None
         self._map[first:stop] = rows
         view = self._map[first:stop]
