@@ -86,3 +86,20 @@ def test_a_pass_recomputes_from_its_first_changed_decision_only() -> None:
                 outcomes.add("same" if first == n else "from 0" if first == 0 else "partial")
                 last = run
         assert {"same", "partial"} <= outcomes
+
+
+def test_kept_passes_are_read_back_mapped_and_stay_in_memory_without_disk_space(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep keeps its baseline passes in files of the runner's directory, read back mapped
+    with their bits; when the disk is full the pass stays in memory and the sweep goes on."""
+    with Runner.open(DEMO) as runner:
+        run = runner.run([3, 4, 5, 6])
+        kept = runner.keep(run)
+        assert isinstance(kept.logits, np.memmap)
+        assert np.array_equal(kept.logits.view(np.uint32), run.logits.view(np.uint32))
+
+        def full_disk(*args: object, **kwargs: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr("colibri.jitter.analysis.np.save", full_disk)
+        assert runner.keep(run) is run

@@ -36,6 +36,7 @@ reports hold no timestamps, and `to_dict` output is stable (JSON with sorted key
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -241,16 +242,19 @@ class Runner:
 
     def keep(self, run: Run) -> Run:
         """`run` with its logits in a file of the runner's temporary directory, read back
-        mapped: a sweep holds many runs' logits without their memory (close removes them)."""
+        mapped: a sweep holds many runs' logits without their memory (close removes them).
+        The file is written, not mapped for writing, so a full disk raises here rather than
+        killing the process at a page it cannot hold; `run` then stays as it is, in memory."""
         if self._tmp is None:
             self._tmp = tempfile.mkdtemp(prefix="colibri-jitter-")
         self._kept += 1
         path = os.path.join(self._tmp, f"logits-{self._kept}.npy")
-        out = np.lib.format.open_memmap(path, mode="w+", dtype=run.logits.dtype,
-                                        shape=run.logits.shape)
-        out[...] = run.logits
-        out.flush()
-        del out
+        try:
+            np.save(path, run.logits)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            return run
         return replace(run, logits=np.load(path, mmap_mode="r"))
 
     @staticmethod
