@@ -28,7 +28,9 @@ Interventions (colibri.interventions) are part of the run's settings. `set_inter
 changes them mid-run: the positions computed that they can change are computed again from the
 first of them (the KV cache before it reused), and the run as it was becomes the original of a
 `Counterfactual` (colibri.debugging.counterfactual). A breakpoint with the 'forbid' action adds
-its intervention at the hit and goes on.
+its intervention at the hit and goes on. `set_routing` does the same for the routing mode and
+epsilon (top-k, stable, Gumbel): the engine routes the computed positions again from their
+recorded router logits and the run is computed again from the first one decided differently.
 
 Threads. `run()` is meant for one worker thread; `request_pause()` and `request_stop()` may be
 called from any thread and are checked between positions. Pausing loses nothing and resuming
@@ -654,21 +656,54 @@ class Debugger:
             self.session.rewind_layer()   # the decision just made, made again
             self.generation.advance_layer()
         else:
-            self._forget_from(start)
-            while self.position < extent and not self.finished:
-                if self._pause.is_set() or self._stop.is_set():
-                    break  # the request stays for a run that called this; see clear_requests
-                self._advance(min(self._piece, extent - self.position))
+            self._recompute(start, extent)
             if layers is not None and self.position == extent and not self.finished:
                 while (self.session.layers_done or 0) < layers:
                     self.generation.advance_layer()
+        return self._compared(original, start)
+
+    def set_routing(self, routing: str, epsilon: float | None = None,
+                    compare: bool = True) -> Counterfactual | None:
+        """Route by `routing` from now on: 'topk', 'stable' (epsilon None = the model's
+        default_epsilon) or 'gumbel' (the run's seed), from one of them. The engine routes the
+        computed positions again from their recorded router logits (Session.set_routing); from
+        the first one it decides differently the run is computed again, as far as it had got
+        (a pause or stop request ends that early), and compared as `set_interventions` does:
+        the returned `Counterfactual`, None when no computed position changes. Raises
+        ValueError while a position is in progress, and the engine's error for soft or cached
+        routing (nothing changes either way)."""
+        if self.session.layers_done is not None:
+            raise ValueError("a position is in progress: complete it before changing the routing")
+        first = self.session.set_routing(routing, epsilon, self.settings.seed)  # type: ignore[arg-type]
+        self.settings = replace(self.settings, routing=routing, epsilon=epsilon)
+        extent = self.position
+        if first >= extent:
+            return None
+        original = self._image(self.settings.interventions, first) if compare else None
+        self._recompute(first, extent)
+        return self._compared(original, first)
+
+    def _recompute(self, start: int, extent: int) -> None:
+        """Forget the positions from `start` and compute them again as far as `extent`; a pause
+        or stop request ends that early (and stays for a run that called this; see
+        clear_requests)."""
+        self._forget_from(start)
+        while self.position < extent and not self.finished:
+            if self._pause.is_set() or self._stop.is_set():
+                break
+            self._advance(min(self._piece, extent - self.position))
+
+    def _compared(self, original: RunImage | None, start: int) -> Counterfactual | None:
+        """After a recomputation from `start`: the cursor kept among the events, and the
+        counterfactual of `original` (None when not asked, or when no position computed to its
+        end changed; a position in progress may have)."""
         n_events = len(self.events) + len(self.pending_events())
         if self.cursor is not None and self.cursor >= n_events:
             self.cursor = n_events - 1 if n_events else None
         if original is None or start >= self.position:
-            return None  # no position computed to its end changed (a position in progress may)
-        self.counterfactual = Counterfactual.between(original, self._image(new, start), start,
-                                                     self.n_prompt)
+            return None
+        self.counterfactual = Counterfactual.between(
+            original, self._image(self.settings.interventions, start), start, self.n_prompt)
         return self.counterfactual
 
     def _only_layer_run_last(self, old: Sequence[Intervention], new: Sequence[Intervention],
