@@ -133,3 +133,38 @@ def test_the_table_models_pass_qt_model_checks(qtmodeltester, model: Model) -> N
     events.set_events(paused.events, paused.cursor, tuple(paused.pending_events()))
     qtmodeltester.check(events)
     assert events.rowCount() == len(paused.events) + 1
+
+
+def test_apply_to_run_changes_the_routing_and_shows_its_counterfactual(qtbot, panel, model
+                                                                       ) -> None:
+    """The run panel's routing and epsilon applied to the run on view: recomputed on the worker
+    from the first changed decision, the counterfactual in its tab equal to a headless one."""
+    finished_run(qtbot, panel)
+    rp = panel.run_panel
+    rp.routing.setCurrentText("gumbel")
+    with qtbot.waitSignal(panel.controller.sig_run_finished, timeout=WAIT_MS) as blocker:
+        rp.apply_routing.click()
+    snap = blocker.args[0]
+    assert snap.settings.routing == "gumbel"
+    headless = Debugger(model, RunSettings(PROMPT, 5))
+    headless.run()
+    expected = headless.set_routing("gumbel")
+    assert snap.counterfactual is not None and expected is not None
+    assert snap.counterfactual.to_dict() == expected.to_dict()
+    assert snap.record.equals(headless.record, timings=False)
+    assert panel.tabs.currentWidget() is panel.intervention_tab
+    assert "routing now gumbel; counterfactual from position" in panel.status.text()
+
+
+def test_a_refused_routing_is_said_and_changes_nothing(qtbot, panel) -> None:
+    finished_run(qtbot, panel)
+    rp = panel.run_panel
+    rp.routing.setCurrentText("soft")
+    with qtbot.waitSignal(panel.controller.sig_failed, timeout=WAIT_MS):
+        rp.apply_routing.click()
+    assert "routing changes only among" in panel.status.text()
+    assert panel.controller.worker.debugger.settings.routing == "topk"
+    rp.epsilon.setText("abc")
+    rp.routing.setCurrentText("stable")
+    rp.apply_routing.click()
+    assert "epsilon 'abc' is not a number" in rp.status.text()

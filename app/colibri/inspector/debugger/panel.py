@@ -161,7 +161,10 @@ class QtDebuggerPanel(QWidget):
         self.routing_map.sig_cell_selected.connect(self._cell_selected)
         self.counterfactual_view.sig_decision_selected.connect(self._cell_selected)
         self.intervention_view.sig_apply.connect(self.apply_interventions)
-        self._applying = False
+        rp.sig_apply_routing.connect(self.apply_routing)
+        self._applying = ""   # what a recomputation on the worker applies, for the status line
+        self._applying_kind = ""   # 'interventions' or 'routing'
+        self._counterfactual_before: Any = None
         self.tabs.currentChanged.connect(lambda _i: self._repaint())
         self.find_box.returnPressed.connect(self.find_next)
         self._shortcuts()
@@ -251,9 +254,26 @@ class QtDebuggerPanel(QWidget):
             self.intervention_view.items = list(interventions)
             self.start_run(settings, run=False)
             return
-        self._applying = True
+        self._begin_applying("interventions", f"applied {len(interventions)} intervention(s)")
         self._set_status(f"applying {len(interventions)} intervention(s)...")
         self.controller.set_interventions(interventions)
+
+    def apply_routing(self, routing: str, epsilon: float | None) -> None:
+        """Route the run on view by `routing` and `epsilon` from now on: on the worker, the
+        computed positions are routed again and the run is computed again from the first one
+        decided differently, compared with the run as it was (the Interventions tab)."""
+        if self.saved is not None or self.controller.worker.debugger is None:
+            self._set_status("no run to apply the routing to: Run starts one with it")
+            return
+        eps = "the model's default epsilon" if epsilon is None else f"epsilon {epsilon:g}"
+        self._begin_applying("routing",
+                             f"routing now {routing}" + (f", {eps}" if routing == "stable" else ""))
+        self._set_status(f"applying {routing} routing...")
+        self.controller.set_routing(routing, epsilon)
+
+    def _begin_applying(self, kind: str, done_text: str) -> None:
+        self._applying, self._applying_kind = done_text, kind
+        self._counterfactual_before = self.snapshot.counterfactual if self.snapshot else None
 
     def step_token(self) -> None:
         self._ensure_session(self.controller.step_token)
@@ -318,13 +338,13 @@ class QtDebuggerPanel(QWidget):
     def _run_finished(self, snap: DebuggerSnapshot) -> None:
         self._snapshot(snap)
         if self._applying:
-            self._applying = False
+            done, self._applying = self._applying, ""
             cf = snap.counterfactual
-            self._set_status(f"applied {len(snap.interventions)} intervention(s)" + (
+            new = cf is not None and cf is not self._counterfactual_before
+            self._set_status(done + (
                 f"; counterfactual from position {cf.from_position} in the Interventions tab"
-                if cf is not None and cf.interventions == snap.interventions else
-                "; no position computed so far changed"))
-            if cf is not None:
+                if new and cf is not None else "; no position computed so far changed"))
+            if new:
                 self.tabs.setCurrentWidget(self.intervention_tab)
             return
         r = snap.result
@@ -338,8 +358,9 @@ class QtDebuggerPanel(QWidget):
     def _failed(self, message: str) -> None:
         self._set_status(f"error: {message.splitlines()[0]}")
         if self._applying:
-            self._applying = False
-            self.intervention_view.show_error(message.splitlines()[0])
+            if self._applying_kind == "interventions":
+                self.intervention_view.show_error(message.splitlines()[0])
+            self._applying = ""
 
     def _token_label(self, token: int) -> str:
         tok = self.model.tokenizer if self.model is not None else None

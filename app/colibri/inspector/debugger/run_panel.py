@@ -13,8 +13,8 @@ import os
 import numpy as np
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGridLayout,
-                               QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout,
-                               QWidget)
+                               QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QToolButton,
+                               QVBoxLayout, QWidget)
 
 from colibri.engine import load_embeddings
 from colibri.errors import ColibriValueError
@@ -35,6 +35,7 @@ class QtRunPanel(QWidget):
     sig_stop = Signal()
     sig_step_token = Signal()
     sig_step_layer = Signal()
+    sig_apply_routing = Signal(str, object)  # routing, epsilon (None = model default): this run
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -102,7 +103,17 @@ class QtRunPanel(QWidget):
         routing_row.addWidget(QLabel("threshold", self))
         routing_row.addWidget(self.cache_threshold, 1)
         form.addRow("Routing", routing_row)
-        form.addRow("Epsilon", self.epsilon)
+        # applies the routing and epsilon above to the run on view: computed again from the first
+        # decision they change, compared with the run as it was
+        self.apply_routing = QToolButton(self)   # a line edit's height: the form has no more room
+        self.apply_routing.setText("Apply to run")
+        self.apply_routing.setToolTip("route the current run so from now on: recomputed from the "
+                                      "first decision that changes, compared in the "
+                                      "Interventions tab (top-k, stable, gumbel)")
+        epsilon_row = QHBoxLayout()
+        epsilon_row.addWidget(self.epsilon, 1)
+        epsilon_row.addWidget(self.apply_routing)
+        form.addRow("Epsilon", epsilon_row)
         threads_row = QHBoxLayout()
         threads_row.addWidget(self.threads)
         threads_row.addWidget(QLabel("expert cache", self))
@@ -139,6 +150,7 @@ class QtRunPanel(QWidget):
         self.buttons["step_token"].clicked.connect(self.sig_step_token)
         self.buttons["step_layer"].clicked.connect(self.sig_step_layer)
         self.buttons["continue"].clicked.connect(self.sig_continue)
+        self.apply_routing.clicked.connect(self._apply_routing)
         self.set_running(False)
 
     def set_tokenizer(self, tokenize: Tokenize | None) -> None:
@@ -272,9 +284,19 @@ class QtRunPanel(QWidget):
             return
         self.sig_run.emit(settings)
 
+    def _apply_routing(self) -> None:
+        text = self.epsilon.text().strip()
+        try:
+            epsilon = float(text) if text else None
+        except ValueError:
+            self.status.setText(f"cannot apply: epsilon {text!r} is not a number")
+            return
+        self.sig_apply_routing.emit(self.routing.currentText(), epsilon)
+
     def set_running(self, running: bool) -> None:
         for name in ("run", "step_token", "step_layer", "continue"):
             self.buttons[name].setEnabled(not running)
+        self.apply_routing.setEnabled(not running)
         self.buttons["pause"].setEnabled(running)
         self.buttons["stop"].setEnabled(True)  # stopping a paused run finishes it
 

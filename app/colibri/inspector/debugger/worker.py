@@ -151,6 +151,24 @@ class DebuggerWorker(QObject):
             return
         self.sig_run_finished.emit(self.snapshot(False))
 
+    @Slot(str, object)
+    def set_routing(self, routing: str, epsilon: float | None) -> None:
+        """Route the run by `routing` and `epsilon` from now on; what that changes is computed
+        again (Pause and Stop end that early) and compared with the run as it was."""
+        dbg = self.debugger
+        if dbg is None:
+            self.sig_failed.emit("no debugging session: start a run first")
+            return
+        try:
+            dbg.set_routing(routing, epsilon)
+            dbg.clear_requests()
+            if self._autosaver is not None:
+                self._autosaver.flush(dbg)
+        except Exception as exc:  # the engine's refusal names the modes it takes
+            self.sig_failed.emit(f"{type(exc).__name__}: {exc}")
+            return
+        self.sig_run_finished.emit(self.snapshot(False))
+
     @Slot()
     def step_token(self) -> None:
         self._navigate(lambda d: d.step_token())
@@ -198,6 +216,7 @@ class DebuggerController(QObject):
     _sig_step_layer = Signal()
     _sig_go_to = Signal(int)
     _sig_interventions = Signal(object)
+    _sig_routing = Signal(str, object)
     _sig_close = Signal()
 
     def __init__(self, parent: QObject | None = None, step_delay_s: float = 0.0,
@@ -214,6 +233,7 @@ class DebuggerController(QObject):
         self._sig_step_layer.connect(self.worker.step_layer)
         self._sig_go_to.connect(self.worker.go_to)
         self._sig_interventions.connect(self.worker.set_interventions)
+        self._sig_routing.connect(self.worker.set_routing)
         self._sig_close.connect(self.worker.close)
         self.worker.sig_started.connect(self.sig_started)
         self.worker.sig_position_done.connect(self.sig_position_done)
@@ -263,6 +283,15 @@ class DebuggerController(QObject):
             dbg.clear_pause()
         self._set_running(True)
         self._sig_interventions.emit(list(interventions))
+
+    def set_routing(self, routing: str, epsilon: float | None) -> None:
+        """Change the run's routing on the worker (a recomputation: Pause and Stop end it
+        early)."""
+        dbg = self.worker.debugger
+        if dbg is not None:
+            dbg.clear_pause()
+        self._set_running(True)
+        self._sig_routing.emit(routing, epsilon)
 
     def pause(self) -> None:
         dbg = self.worker.debugger
