@@ -307,7 +307,8 @@ class Generation:
         self.positions = first + n
         self.last_logits = rows[-1]
         if self.logits is not None:
-            self.logits.append(rows if self._logit_file is None else self._logit_file.keep(first, rows))
+            kept = rows if self._logit_file is None else self._logit_file.keep(first, rows)
+            self.logits.append(kept)
         if in_prompt:
             self.prefill_ns += self.call_ns
             if self.positions == len(self.prompt):

@@ -27,7 +27,8 @@ class LogitFile:
     cannot grow (no space), `keep` returns read-only copies in memory from then on and
     `in_memory` says so. One thread."""
 
-    def __init__(self, vocab: int, *, directory: str | None = None, initial_rows: int = 256) -> None:
+    def __init__(self, vocab: int, *, directory: str | None = None,
+                 initial_rows: int = 256) -> None:
         if vocab < 1 or initial_rows < 1:
             raise ValueError(f"vocab and initial_rows must be >= 1, got {vocab}, {initial_rows}")
         self.vocab = vocab

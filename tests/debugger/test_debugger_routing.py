@@ -66,7 +66,8 @@ def test_a_position_in_progress_is_refused(model: Model) -> None:
     assert dbg.settings.routing == "topk"
 
 
-def test_a_saved_session_reopens_with_the_routing_it_ended_with(model: Model, tmp_path: Path) -> None:
+def test_a_saved_session_reopens_with_the_routing_it_ended_with(model: Model,
+                                                                tmp_path: Path) -> None:
     dbg = finished(model, RunSettings(PROMPT, 6, seed=4))
     dbg.set_routing("gumbel")
     path = tmp_path / "routed.colibri-session"

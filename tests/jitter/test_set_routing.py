@@ -72,7 +72,8 @@ def test_rerun_from_the_first_changed_position_has_a_fresh_sessions_bits(model: 
             trace = live.trace
             assert trace is not None
             for f in TRACE_FIELDS:
-                assert np.array_equal(bits(getattr(trace, f)), bits(want_trace[f])), (f, routing, epsilon)
+                assert np.array_equal(bits(getattr(trace, f)), bits(want_trace[f])), \
+                    (f, routing, epsilon)
     assert min(firsts) < len(tokens), "no setting changed a decision: the test shows nothing"
 
 
@@ -81,7 +82,8 @@ def test_expert_caching_counts_are_a_fresh_sessions_after_a_rerun() -> None:
     kept positions left it, so the hits, misses and per-slot residency after the rerun are a
     fresh session's."""
     with Model.open(DEMO) as model:
-        tokens = [int(t) for t in np.random.default_rng(7).integers(0, model.hparams.vocab_size, 80)]
+        vocab = model.hparams.vocab_size
+        tokens = [int(t) for t in np.random.default_rng(7).integers(0, vocab, 80)]
         with Session(model, max_context=len(tokens), expert_cache=4) as live:
             live.prefill(tokens)
             for routing, epsilon, seed in SETTINGS:

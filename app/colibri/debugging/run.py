@@ -674,7 +674,8 @@ class Debugger:
         routing (nothing changes either way)."""
         if self.session.layers_done is not None:
             raise ValueError("a position is in progress: complete it before changing the routing")
-        first = self.session.set_routing(routing, epsilon, self.settings.seed)  # type: ignore[arg-type]
+        seed = self.settings.seed
+        first = self.session.set_routing(routing, epsilon, seed)  # type: ignore[arg-type]
         self.settings = replace(self.settings, routing=routing, epsilon=epsilon)
         extent = self.position
         if first >= extent:
