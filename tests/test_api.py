@@ -590,6 +590,30 @@ def test_prefill_of_no_tokens_for_last_logits_only_is_empty(tiny_model_path: Bui
         assert session.prefill([], all_logits=False).shape == (0, 50)
 
 
+def test_prefill_and_step_write_into_a_given_array(tiny_model_path: BuildPath) -> None:
+    """`out` receives the logits (the array itself is returned), with the bits of a call that
+    makes its own array."""
+    tokens = [1, 7, 3, 9]
+    with Model.open(tiny_model_path()) as model, Session(model) as a, Session(model) as b:
+        rows, row = np.zeros((4, 50), np.float32), np.zeros(50, np.float32)
+        assert a.prefill(tokens, out=rows) is rows and a.step(5, out=row) is row
+        assert rows.tobytes() == b.prefill(tokens).tobytes() and row.tobytes() == b.step(5).tobytes()
+
+
+@pytest.mark.parametrize("out", [np.zeros((3, 50), np.float32), np.zeros((4, 50), np.float64),
+                                 np.zeros((4, 100), np.float32)[:, ::2], "rows"])
+def test_an_unfit_output_array_is_refused_before_anything_runs(tiny_model_path: BuildPath,
+                                                                out: object) -> None:
+    with Model.open(tiny_model_path()) as model, Session(model) as session:
+        with pytest.raises(ColibriValueError, match="out must be a writable C-contiguous float32"):
+            session.prefill([1, 7, 3, 9], out=out)  # type: ignore[arg-type]
+        frozen = np.zeros(50, np.float32)
+        frozen.flags.writeable = False
+        with pytest.raises(ColibriValueError, match=r"of shape \[50\], got float32 \[50\]"):
+            session.step(3, out=frozen)
+        assert session.position == 0
+
+
 def test_step_returns_vocab_logits(tiny_model_path: BuildPath) -> None:
     with Model.open(tiny_model_path()) as model, Session(model) as session:
         logits = session.step(3)

@@ -31,6 +31,17 @@ def test_kept_rows_read_back_and_cannot_be_written() -> None:
         view[0, 0] = 1.0
 
 
+def test_a_slot_is_written_in_place_and_sealed() -> None:
+    store = LogitFile(5)
+    slot = store.slot(2, 2)
+    assert slot is not None
+    slot[...] = rows(2, 2)
+    sealed = store.sealed(slot)
+    assert not sealed.flags.writeable and np.array_equal(sealed, rows(2, 2))
+    assert np.array_equal(store.keep(0, rows(0, 2)), rows(0, 2))
+    assert np.array_equal(sealed, rows(2, 2))
+
+
 def test_views_stay_valid_as_the_file_grows() -> None:
     store = LogitFile(5, initial_rows=2)
     views = [store.keep(p, rows(p, 1)) for p in range(40)]
@@ -68,6 +79,25 @@ def test_a_generation_keeps_the_engines_bits_in_the_file() -> None:
         want, got = np.concatenate(in_memory.logits), np.concatenate(in_file.logits)
         assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
         assert all(not r.flags.writeable for r in in_file.logits)
+
+
+def test_a_generation_writes_its_logits_into_the_file_once(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """The engine writes each call's logits straight into the file's slot: the copy `keep`
+    makes is never needed, in the prompt's pieces or in the steps after it."""
+    def no_copy(self: LogitFile, first: int, rows: np.ndarray) -> np.ndarray:
+        raise AssertionError("a copy into the file")
+
+    monkeypatch.setattr(LogitFile, "keep", no_copy)
+    with Model.open(DEMO) as model, Session(model) as a, Session(model) as b:
+        in_file = Generation(a, PROMPT, 5, keep_logits=LogitFile(model.hparams.vocab_size))
+        in_file.advance(3)
+        in_file.run()
+        assert in_file.logits is not None
+        want = b.generate(PROMPT, 5, keep_logits=True).logits
+        assert want is not None
+        assert np.array_equal(np.concatenate(in_file.logits).view(np.uint32),
+                              np.concatenate(want).view(np.uint32))
 
 
 def test_the_debugger_keeps_its_logits_in_a_file() -> None:

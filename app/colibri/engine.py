@@ -963,35 +963,51 @@ class Session:
             raise ColibriValueError(f"token id {first} does not fit int32", COL_ERR_BAD_TOKEN)
         return ids
 
-    def prefill(self, token_ids: Iterable[int] | np.ndarray, *, all_logits: bool = True) -> np.ndarray:
+    def prefill(self, token_ids: Iterable[int] | np.ndarray, *, all_logits: bool = True,
+                out: np.ndarray | None = None) -> np.ndarray:
         """Process `token_ids` at the next positions; returns float32 logits [n, vocab], one row
         per processed position. With `all_logits=False` only the last position's logits are
         computed, returned as [1, vocab] (the LM head then runs once instead of n times: on the
         0.64 B bench model a 128-token prefill is 1.07-1.2x faster; the bits of that row are the
-        same). Nothing is processed when it raises."""
+        same). `out`: a writable C-contiguous float32 array of that shape the engine writes the
+        logits into and which is returned (e.g. a view of a file's pages); None = a new array.
+        Nothing is processed when it raises."""
         tokens = np.asarray(list(token_ids) if not isinstance(token_ids, np.ndarray) else token_ids)
         if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
             raise ColibriValueError("token_ids must be a 1-D sequence of ints", COL_ERR_INVALID_ARG)
         ids = self._int32(tokens)
         return self._prefill_rows(lib.col_session_prefill, ffi.from_buffer("int32_t[]", ids),
-                                  int(tokens.size), all_logits)
+                                  int(tokens.size), all_logits, out)
 
-    def prefill_embeddings(self, embeddings: np.ndarray, *, all_logits: bool = True) -> np.ndarray:
+    def prefill_embeddings(self, embeddings: np.ndarray, *, all_logits: bool = True,
+                           out: np.ndarray | None = None) -> np.ndarray:
         """Process embedding rows at the next positions instead of looked-up tokens: float32
         [n, d_model], what the lookup would give (times the file's embedding_scale, as
         looked-up rows are: Granite's; col_session_prefill_embeddings).
-        Returns logits as `prefill` does; the trace records token -1 there. The shape and dtype
-        are checked here (ColibriValueError naming what was given), finiteness by the engine.
-        Nothing is processed when it raises."""
+        Returns logits as `prefill` does (into `out` likewise); the trace records token -1
+        there. The shape and dtype are checked here (ColibriValueError naming what was given),
+        finiteness by the engine. Nothing is processed when it raises."""
         x = check_embeddings(embeddings, self._model.hparams.d_model)
         return self._prefill_rows(lib.col_session_prefill_embeddings,
-                                  ffi.from_buffer("float[]", x), int(x.shape[0]), all_logits)
+                                  ffi.from_buffer("float[]", x), int(x.shape[0]), all_logits, out)
+
+    def _logits_out(self, shape: tuple[int, ...], out: np.ndarray | None) -> np.ndarray:
+        """`out` checked to be a writable C-contiguous float32 array of `shape`, or a new one."""
+        if out is None:
+            return np.empty(shape, dtype=np.float32)
+        if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == shape
+                and out.flags.c_contiguous and out.flags.writeable):
+            got = (f"{out.dtype} {list(out.shape)}" if isinstance(out, np.ndarray)
+                   else type(out).__name__)
+            raise ColibriValueError(f"out must be a writable C-contiguous float32 array of shape "
+                                    f"{list(shape)}, got {got}", COL_ERR_INVALID_ARG)
+        return out
 
     def _prefill_rows(self, prefill: Callable[..., int], rows: Any, n: int,
-                      all_logits: bool) -> np.ndarray:
+                      all_logits: bool, out: np.ndarray | None = None) -> np.ndarray:
         """The engine's `prefill(session, rows, n, logits or NULL, err, errlen)` on n checked
         input rows (token ids or embedding rows), returning the logits as `prefill` says."""
-        logits = np.empty((n if all_logits else min(n, 1), self._vocab), dtype=np.float32)
+        logits = self._logits_out((n if all_logits else min(n, 1), self._vocab), out)
         if n == 0:
             return logits
         handle = self._live()
@@ -1009,15 +1025,16 @@ class Session:
             self._busy.release()
         return logits
 
-    def step(self, token_id: int) -> np.ndarray:
-        """Process one token at the next position; returns its float32 logits [vocab]."""
+    def step(self, token_id: int, *, out: np.ndarray | None = None) -> np.ndarray:
+        """Process one token at the next position; returns its float32 logits [vocab] (in
+        `out` when given, as `prefill` takes it)."""
         if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)):
             raise ColibriValueError(f"token id must be an int, got {token_id!r}",
                                     COL_ERR_INVALID_ARG)
         if not -2**31 <= int(token_id) < 2**31:
             raise ColibriValueError(f"token id {int(token_id)} does not fit int32",
                                     COL_ERR_BAD_TOKEN)
-        logits = np.empty(self._vocab, dtype=np.float32)
+        logits = self._logits_out((self._vocab,), out)
         handle = self._live()
         self._acquire()
         try:

@@ -219,23 +219,33 @@ class Generation:
         if first >= len(self.prompt):
             token = self._pending
             assert token is not None
+            out = self._slot(first, 1)
             t0 = time.perf_counter_ns()
-            logits = self.session.step(token) if self.swap is None else self._swap_step(token)
+            if self.swap is None:
+                logits = self.session.step(token, out=None if out is None else out[0])
+            else:
+                logits, out = self._swap_step(token), None
             self.call_ns = time.perf_counter_ns() - t0
-            return self._processed(first, 1, logits[None, :])
+            return self._processed(first, 1, logits[None, :], in_file=out is not None)
         if limit is None:
             limit = 1 if self.step_prompt else len(self.prompt)
         chunk = self.prompt[first:first + limit]
+        out = self._slot(first, len(chunk))
         t0 = time.perf_counter_ns()
         if self.embeddings is not None:
             rows = self.session.prefill_embeddings(self.embeddings[first:first + len(chunk)],
-                                                   all_logits=self.logits is not None)
+                                                   all_logits=self.logits is not None, out=out)
         elif len(chunk) == 1:
-            rows = self.session.step(chunk[0])[None, :]
+            rows = self.session.step(chunk[0], out=None if out is None else out[0])[None, :]
         else:
-            rows = self.session.prefill(chunk, all_logits=self.logits is not None)
+            rows = self.session.prefill(chunk, all_logits=self.logits is not None, out=out)
         self.call_ns = time.perf_counter_ns() - t0
-        return self._processed(first, len(chunk), rows)
+        return self._processed(first, len(chunk), rows, in_file=out is not None)
+
+    def _slot(self, first: int, n: int) -> np.ndarray | None:
+        """Where the engine writes the logits of n positions from `first` when they are kept in
+        a LogitFile (its pages, so they are written once); None otherwise."""
+        return None if self._logit_file is None else self._logit_file.slot(first, n)
 
     def advance_layer(self) -> range:
         """Run the next layer of the next position, beginning the position first when none is in
@@ -300,14 +310,20 @@ class Generation:
         assert self._pending is not None
         return self._pending
 
-    def _processed(self, first: int, n: int, rows: np.ndarray) -> range:
+    def _processed(self, first: int, n: int, rows: np.ndarray, in_file: bool = False) -> range:
         """Bookkeeping after the engine processed the n positions from `first`: their logits
-        `rows` ([n, vocab], or the last row only), the next token once past the prompt."""
+        `rows` ([n, vocab], or the last row only; `in_file`: written into the LogitFile's slot
+        already), the next token once past the prompt."""
         in_prompt = first < len(self.prompt)
         self.positions = first + n
         self.last_logits = rows[-1]
         if self.logits is not None:
-            kept = rows if self._logit_file is None else self._logit_file.keep(first, rows)
+            if self._logit_file is None:
+                kept = rows
+            elif in_file:   # the engine wrote them into the file
+                kept = self._logit_file.sealed(rows)
+            else:
+                kept = self._logit_file.keep(first, rows)
             self.logits.append(kept)
         if in_prompt:
             self.prefill_ns += self.call_ns

@@ -22,7 +22,8 @@ import numpy as np
 class LogitFile:
     """Rows of positions 0.. of one run ([vocab] float32 each), in a file that grows by doubling.
     `keep(first, rows)` writes positions first.. (over any written before: a rewound run's) and
-    returns a read-only view of them, valid until those positions are written again. Views taken
+    returns a read-only view of them, valid until those positions are written again; `slot`
+    hands out the writable view for the engine to write into directly. Views taken
     before a growth stay valid (each keeps its own mapping of the same file). When the file
     cannot grow (no space), `keep` returns read-only copies in memory from then on and
     `in_memory` says so. One thread."""
@@ -42,13 +43,12 @@ class LogitFile:
     def capacity(self) -> int:
         return self._capacity
 
-    def keep(self, first: int, rows: np.ndarray) -> np.ndarray:
-        """Write `rows` ([n, vocab] float32) as positions first..first + n - 1; their view."""
-        if rows.ndim != 2 or rows.shape[1] != self.vocab:
-            raise ValueError(f"expected rows of {self.vocab} logits, got shape {rows.shape}")
-        if first < 0:
-            raise ValueError(f"first position must be >= 0, got {first}")
-        stop = first + rows.shape[0]
+    def slot(self, first: int, n: int) -> np.ndarray | None:
+        """A writable view of positions first..first + n - 1 in the file, for the engine to
+        write the logits into (then `sealed`); None when the rows are kept in memory."""
+        if first < 0 or n < 0:
+            raise ValueError(f"positions must be >= 0, got first {first}, n {n}")
+        stop = first + n
         if stop > self._capacity and not self.in_memory:
             capacity = max(stop, 2 * self._capacity, self._initial)
             try:
@@ -60,14 +60,28 @@ class LogitFile:
                                       shape=(capacity, self.vocab))
                 self._capacity = capacity
         if self.in_memory:
+            return None
+        assert self._map is not None
+        return self._map[first:stop]
+
+    @staticmethod
+    def sealed(view: np.ndarray) -> np.ndarray:
+        """A read-only view of the same rows."""
+        out = view.view()
+        out.flags.writeable = False
+        return out
+
+    def keep(self, first: int, rows: np.ndarray) -> np.ndarray:
+        """Write `rows` ([n, vocab] float32) as positions first..first + n - 1; their view."""
+        if rows.ndim != 2 or rows.shape[1] != self.vocab:
+            raise ValueError(f"expected rows of {self.vocab} logits, got shape {rows.shape}")
+        view = self.slot(first, rows.shape[0])
+        if view is None:
             copy = np.array(rows, dtype=np.float32)
             copy.flags.writeable = False
             return copy
-        assert self._map is not None
-        self._map[first:stop] = rows
-        view = self._map[first:stop]
-        view.flags.writeable = False
-        return view
+        view[...] = rows
+        return self.sealed(view)
 
     def close(self) -> None:
         """Drop this object's mapping and file handle; views still held keep their mappings."""
