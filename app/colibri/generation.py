@@ -219,12 +219,12 @@ class Generation:
         if first >= len(self.prompt):
             token = self._pending
             assert token is not None
-            out = self._slot(first, 1)
+            out = self._slot(first, 1) if self.swap is None else None  # a swap copies its row
             t0 = time.perf_counter_ns()
             if self.swap is None:
                 logits = self.session.step(token, out=None if out is None else out[0])
             else:
-                logits, out = self._swap_step(token), None
+                logits = self._swap_step(token)
             self.call_ns = time.perf_counter_ns() - t0
             return self._processed(first, 1, logits[None, :], in_file=out is not None)
         if limit is None:
