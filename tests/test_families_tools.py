@@ -18,7 +18,8 @@ hf_reference = pytest.importorskip("hf_reference")
 from colibri.convert import convert  # noqa: E402
 from colibri.debugging import Debugger, MarginBelow, RuleBook, RunSettings  # noqa: E402
 from colibri.engine import Model  # noqa: E402
-from colibri.jitter.analysis import Runner, analyze_epsilon, analyze_jitter  # noqa: E402
+from colibri.jitter.analysis import Runner  # noqa: E402
+from colibri.jitter.passes import analyze_epsilon, analyze_jitter  # noqa: E402
 
 VARIANTS = {v.name: v for v in hf_reference.VARIANTS}
 # one variant per family, the one with the most of its options switched on

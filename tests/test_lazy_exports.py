@@ -13,8 +13,8 @@ import pytest
 
 PACKAGES = {
     "colibri": ("colibri.engine",),
-    "colibri.jitter": ("colibri.jitter.analysis", "colibri.jitter.remedies",
-                       "colibri.jitter.variants"),
+    "colibri.jitter": ("colibri.jitter.analysis", "colibri.jitter.passes",
+                       "colibri.jitter.remedies", "colibri.jitter.variants"),
     "colibri.profile": ("colibri.profile.dataset", "colibri.profile.job",
                         "colibri.profile.shard"),
 }

@@ -365,7 +365,8 @@ def test_style_sheets_load_in_name_order():
 def test_saved_session_carries_the_jitter_lab_results(window, tiny_model_path, tmp_path):
     from colibri.debugging import Debugger, RunSettings
     from colibri.debugging.session_file import SavedSession, save_session
-    from colibri.jitter.analysis import Runner, analyze_jitter
+    from colibri.jitter.analysis import Runner
+    from colibri.jitter.passes import analyze_jitter
 
     path = tiny_model_path()
     view = window.open_path(path)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from colibri.engine import Model
-from colibri.jitter.analysis import Runner, analyze_epsilon, analyze_jitter
+from colibri.jitter.analysis import Runner
+from colibri.jitter.passes import analyze_epsilon, analyze_jitter
 
 DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo" / "demo.colibri"
 # reduction orders and router noise only: what a second machine or thread split would do

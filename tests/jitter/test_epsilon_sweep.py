@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from colibri.jitter.analysis import (Downstream, EpsilonReport, EpsilonRow, Runner, RoutingStream,
-                                     analyze_epsilon, report_json, run_fields)
+                                     report_json, run_fields)
+from colibri.jitter.passes import analyze_epsilon
 from colibri.jitter.variants import Variant, parse_variants
 
 from tiny_models import V3_RULE

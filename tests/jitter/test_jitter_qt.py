@@ -78,6 +78,29 @@ def test_views_show_the_cli_numbers(qtbot, lab: QtJitterLab, cli_reports: tuple[
     assert lab.curve.recommended() == ed["recommended"]["eps"]
 
 
+def test_run_all_three_fills_every_view_with_the_cli_reports(qtbot, lab: QtJitterLab,
+                                                             cli_reports: tuple[dict, dict],
+                                                             tie_path: Path,
+                                                             tmp_path: Path) -> None:
+    """One click makes the jitter report, the sweep and the remedies (their passes shared):
+    each is the report its own CLI command writes, and every tab shows it."""
+    jd, ed = cli_reports
+    out = tmp_path / "remedies.json"
+    assert main(["remedies", str(tie_path), "--tokens", PROMPT, "--generate", "8",
+                 "--variants", VARIANTS, "--json", str(out)]) == 0
+    with qtbot.waitSignal(lab.sig_report_ready, timeout=60000) as blocker:
+        lab.run_all_button.click()
+    assert blocker.args == ["all"]
+    for report, want in ((lab.jitter_report, jd), (lab.epsilon_report, ed),
+                         (lab.remedy_report, json.loads(out.read_text()))):
+        assert report_json(report) == json.dumps(want, sort_keys=True,
+                                                 separators=(",", ":")).encode()
+    assert np.array_equal(lab.heatmap.values(), np.asarray(jd["cell_flip_rate"]))
+    assert lab.curve.curve() == ed["curve"]
+    assert len(lab.remedies.rows()) == len(lab.remedy_report.rows)
+    assert lab.status.text().count(" | ") == 2 and lab.run_all_button.isEnabled()
+
+
 def test_clicking_a_cell_opens_the_token_view(qtbot, lab: QtJitterLab,
                                               cli_reports: tuple[dict, dict]) -> None:
     jd, _ = cli_reports

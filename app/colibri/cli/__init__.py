@@ -9,7 +9,8 @@ registering its commands with `add_commands(subparsers)`:
     run                          colibri.cli.run
     serve                        colibri.cli.serve
     trace                        colibri.cli.trace
-    jitter, epsilon              colibri.cli.jitter
+    jitter, epsilon, remedies,   colibri.cli.jitter
+    lab
     profile                      colibri.cli.profile
     diff                         colibri.cli.diff
 

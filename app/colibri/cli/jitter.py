@@ -1,5 +1,5 @@
-"""`colibri jitter`, `colibri epsilon` and `colibri remedies`: the routing-jitter lab on the
-command line.
+"""`colibri jitter`, `colibri epsilon`, `colibri remedies` and `colibri lab`: the routing-jitter
+lab on the command line.
 
     colibri jitter FILE (--prompt TEXT | --tokens ID,...) [-n/--generate N] [--variants LIST]
                    [-t/--threads N] [--json [OUT]]
@@ -8,10 +8,15 @@ command line.
     colibri remedies FILE (--prompt TEXT | --tokens ID,...) [-n/--generate N] [--eps E]
                      [--cache-threshold LIST] [--expert-cache N] [--variants LIST]
                      [-t/--threads N] [--json [OUT]]
+    colibri lab FILE (--prompt TEXT | --tokens ID,...) [-n/--generate N] [--eps LIST]
+                [--remedy-eps E] [--cache-threshold LIST] [--expert-cache N] [--variants LIST]
+                [-t/--threads N] [--json [OUT]]
 
-Both print a readable summary; --json OUT also writes the full report (colibri.jitter.analysis,
+Each prints a readable summary; --json OUT also writes the full report (colibri.jitter.analysis,
 sorted keys, no timestamps: the same inputs give the same bytes) through a temporary file and a
-rename, and --json alone prints the report instead of the summary.
+rename, and --json alone prints the report instead of the summary. `lab` makes all three
+reports, their passes shared (colibri.jitter.passes), and its JSON is the Inspector jitter lab's
+saved state.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from colibri.jitter.variants import DEFAULT_VARIANTS
 
 if TYPE_CHECKING:
     from colibri.jitter.analysis import EpsilonReport, JitterReport, Reportable
+    from colibri.jitter.passes import LabReports
     from colibri.jitter.remedies import RemedyReport
 
 VARIANT_HELP = ("comma-separated variants; each joins components with '+': seq, pairwise, "
@@ -43,28 +49,27 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _report(args: argparse.Namespace, kind: str) -> tuple[Reportable, Any]:
-    """Open the file, build the fixed token sequence and run the analysis; returns the report
-    and the tokenizer (None without one)."""
-    from colibri.jitter.analysis import Runner, analyze_epsilon, analyze_jitter, parse_eps
-    from colibri.jitter.remedies import analyze_remedies, parse_thresholds
+def _reports(args: argparse.Namespace, kinds: tuple[str, ...]) -> tuple[LabReports, Any]:
+    """Open the file, build the fixed token sequence and run the analyses of `kinds` (their
+    passes shared); returns the reports and the tokenizer (None without one)."""
+    from colibri.jitter.analysis import Runner, parse_eps
+    from colibri.jitter.passes import analyze_lab
+    from colibri.jitter.remedies import parse_thresholds
     from colibri.jitter.variants import parse_variants
 
     variants = parse_variants(args.variants)
-    eps = parse_eps(args.eps) if kind == "epsilon" else []
-    thresholds = parse_thresholds(args.cache_threshold) if kind == "remedies" else None
+    eps = parse_eps(args.eps) if "epsilon" in kinds else None
+    remedy_eps = args.remedy_eps if "epsilon" in kinds else args.eps
+    thresholds = parse_thresholds(args.cache_threshold) if "remedies" in kinds else None
     if args.generate < 0:
         fail("--generate must be >= 0")
     with open_model(args.file) as model, Runner(model, threads=args.threads) as runner:
         tokenizer = tokenizer_of(model, needed=args.prompt is not None)
         prompt = prompt_ids(args, model, tokenizer)
         tokens = runner.greedy_sequence(prompt, args.generate)
-        if kind == "jitter":
-            return analyze_jitter(runner, tokens, variants, len(prompt), progress_line), tokenizer
-        if kind == "remedies":
-            return analyze_remedies(runner, tokens, variants, args.eps, thresholds,
-                                    args.expert_cache, len(prompt), progress_line), tokenizer
-        return analyze_epsilon(runner, tokens, eps, variants, len(prompt), progress_line), tokenizer
+        return analyze_lab(runner, tokens, variants, kinds=kinds, eps=eps, remedy_eps=remedy_eps,
+                           cache_thresholds=thresholds, expert_cache=args.expert_cache,
+                           n_prompt=len(prompt), progress=progress_line), tokenizer
 
 
 def _emit(args: argparse.Namespace, report: Reportable, summary: Any) -> int:
@@ -182,27 +187,39 @@ def print_remedies(report: RemedyReport) -> None:
 
 
 def cmd_jitter(args: argparse.Namespace) -> int:
-    from colibri.jitter.analysis import JitterReport
-
-    report, tokenizer = _report(args, "jitter")
-    assert isinstance(report, JitterReport)
+    reports, tokenizer = _reports(args, ("jitter",))
+    report = reports.jitter
+    assert report is not None
     return _emit(args, report, lambda: print_jitter(report, tokenizer))
 
 
 def cmd_epsilon(args: argparse.Namespace) -> int:
-    from colibri.jitter.analysis import EpsilonReport
-
-    report, _ = _report(args, "epsilon")
-    assert isinstance(report, EpsilonReport)
+    report = _reports(args, ("epsilon",))[0].epsilon
+    assert report is not None
     return _emit(args, report, lambda: print_epsilon(report))
 
 
 def cmd_remedies(args: argparse.Namespace) -> int:
-    from colibri.jitter.remedies import RemedyReport
-
-    report, _ = _report(args, "remedies")
-    assert isinstance(report, RemedyReport)
+    report = _reports(args, ("remedies",))[0].remedies
+    assert report is not None
     return _emit(args, report, lambda: print_remedies(report))
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from colibri.jitter.passes import KINDS
+
+    reports, tokenizer = _reports(args, KINDS)
+    jitter, epsilon, remedies = reports.jitter, reports.epsilon, reports.remedies
+    assert jitter is not None and epsilon is not None and remedies is not None
+
+    def summary() -> None:
+        print_jitter(jitter, tokenizer)
+        print()
+        print_epsilon(epsilon)
+        print()
+        print_remedies(remedies)
+
+    return _emit(args, reports, summary)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -217,27 +234,42 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "summary)")
 
 
+def _remedy_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-threshold", metavar="LIST",
+                   help="comma-separated thresholds of cached routing, a row each (default: 2x "
+                        "the largest margin of a decision the variants flip)")
+    p.add_argument("--expert-cache", type=int, default=0, metavar="N",
+                   help="measure the hit rate of an LRU of N experts per MoE layer")
+
+
 def add_commands(sub: Any) -> None:
-    """Register `jitter` and `epsilon` on the CLI's subparsers."""
+    """Register `jitter`, `epsilon`, `remedies` and `lab` on the CLI's subparsers."""
     p = sub.add_parser("jitter", help="routing jitter: which top-k decisions flip under numerics "
                        "variants (reduction order, FMA, split, precisions, router noise)")
     _common(p)
-    p.set_defaults(func=cmd_jitter, eps=None)
+    p.set_defaults(func=cmd_jitter, eps=None, expert_cache=0)
     p = sub.add_parser("epsilon", help="stable top-k epsilon sweep: jitter left and decisions "
                        "changed per epsilon, and the recommended epsilon")
     _common(p)
     p.add_argument("--eps", help="comma-separated epsilons (default 0,1e-10,1e-9,1e-8,1e-7,1e-6,"
                    "1e-5)")
-    p.set_defaults(func=cmd_epsilon)
+    p.set_defaults(func=cmd_epsilon, expert_cache=0, remedy_eps=None)
     p = sub.add_parser("remedies", help="the jitter remedies side by side: stable top-k, soft "
                        "routing and cached routing against plain top-k (decisions changed, "
                        "flips removed, divergence, expert-cache hit rate)")
     _common(p)
     p.add_argument("--eps", type=float, default=None,
                    help="stable top-k's epsilon (default: the model's default_epsilon)")
-    p.add_argument("--cache-threshold", metavar="LIST",
-                   help="comma-separated thresholds of cached routing, a row each (default: 2x "
-                        "the largest margin of a decision the variants flip)")
-    p.add_argument("--expert-cache", type=int, default=0, metavar="N",
-                   help="measure the hit rate of an LRU of N experts per MoE layer")
+    _remedy_options(p)
     p.set_defaults(func=cmd_remedies)
+    p = sub.add_parser("lab", help="the jitter report, the epsilon sweep and the remedies "
+                       "comparison in one go, their passes shared; --json writes the lab state "
+                       "the Inspector's jitter lab loads")
+    _common(p)
+    p.add_argument("--eps", help="the sweep's comma-separated epsilons (default 0,1e-10,1e-9,"
+                   "1e-8,1e-7,1e-6,1e-5)")
+    p.add_argument("--remedy-eps", type=float, default=None,
+                   help="stable top-k's epsilon in the remedies comparison (default: the "
+                        "model's default_epsilon)")
+    _remedy_options(p)
+    p.set_defaults(func=cmd_lab)

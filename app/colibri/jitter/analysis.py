@@ -6,7 +6,7 @@ processed teacher-forced by the baseline (default numerics, plain top-k) and by 
 (colibri.numerics settings or weight-precision copies, colibri.jitter.variants), so position p
 is the same token in every run. A *cell* is one (position, MoE layer) routing decision.
 
-jitter report (`analyze_jitter`):
+jitter report (`analyze_jitter`, colibri.jitter.passes):
   - baseline top-k set of every cell; margin = how far the baseline's decision was from going
     another way, on the selection scores the rule ranks (the router logits for a softmax without
     a correction bias; sigmoid + bias for DeepSeek-V3; the kept/dropped group gap when a group
@@ -22,7 +22,7 @@ jitter report (`analyze_jitter`):
   Later flips can be consequences of earlier ones (the hidden states diverge); the first
   divergence positions separate cause from consequence.
 
-epsilon report (`analyze_epsilon`), for each epsilon of the list:
+epsilon report (`analyze_epsilon`, colibri.jitter.passes), for each epsilon of the list:
   - the eps-baseline and every variant run with stable routing at that epsilon;
   - jitter left = cells where at least one variant's set differs from the eps-baseline's;
   - bias = cells where the eps-baseline's set differs from the plain top-k baseline's (the
@@ -49,11 +49,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from colibri.engine import CacheStats, Model, Session
-from colibri.jitter.variants import Variant, parse_variants
-from colibri.margins import (Decisions, GroupLimit, group_limits, ordered_keys,
+from colibri.jitter.variants import Variant
+from colibri.margins import (Decisions, GroupLimit, ordered_keys,
                              selection_margins)
 from colibri.jitter.weights import convert_weights
-from colibri.values import CancelFlag, Progress, check_cancelled, never_cancelled, no_progress
 
 SCHEMA_JITTER = "colibri.jitter/1"
 SCHEMA_EPSILON = "colibri.epsilon/1"
@@ -553,38 +552,6 @@ def report_json(report: Reportable) -> bytes:
     return json.dumps(report.to_dict(), sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
-def analyze_jitter(runner: Runner, tokens: Sequence[int], variants: Sequence[Variant] | str | None
-                   = None, n_prompt: int | None = None, progress: Progress = no_progress,
-                   cancelled: CancelFlag = never_cancelled) -> JitterReport:
-    """Run the baseline and every variant on `tokens` (teacher-forced) and compare routing."""
-    if variants is None or isinstance(variants, str):
-        variants = parse_variants(variants)
-    runner.check(variants)
-    total = 1 + len(variants)
-    progress(0, total, "baseline")
-    base = runner.run(tokens)
-    margin_abs, margin_ulps = margins(base, group_limits(runner.model),
-                                      runner.model.hparams.n_experts_active)
-    sets = {BASELINE: base.sets}
-    router = {BASELINE: base.router_logits}
-    selection = {BASELINE: base.selection_scores}
-    downstream = {}
-    names = []
-    for i, v in enumerate(variants):
-        check_cancelled(cancelled)
-        progress(i + 1, total, v.name)
-        run = runner.run(tokens, v)
-        names.append(run.name)
-        sets[run.name] = run.sets
-        router[run.name] = run.router_logits
-        selection[run.name] = run.selection_scores
-        downstream[run.name] = Downstream.between(base, run)
-    progress(total, total, "done")
-    return JitterReport(**run_fields(runner, tokens, n_prompt, names, base.kernels), sets=sets,
-                        router_logits=router, margin_abs=margin_abs, margin_ulps=margin_ulps,
-                        downstream=downstream, selection_scores=selection)
-
-
 # ---------------------------------------------------------------------------------------------
 # epsilon report
 
@@ -683,68 +650,3 @@ def parse_eps(text: str | None) -> list[float]:
     if not out:
         raise ValueError("empty epsilon list")
     return sorted(out)
-
-
-def analyze_epsilon(runner: Runner, tokens: Sequence[int], eps: Sequence[float] | None = None,
-                    variants: Sequence[Variant] | str | None = None, n_prompt: int | None = None,
-                    progress: Progress = no_progress,
-                    cancelled: CancelFlag = never_cancelled) -> EpsilonReport:
-    """The epsilon sweep: for each epsilon, baseline and variants under stable routing. Each
-    variant's passes (the baseline's too) run on one RoutingStream in ascending epsilon, so a pass
-    recomputes only from the first decision its epsilon changes; comparisons of passes that
-    equal the previous epsilon's are not made again."""
-    if variants is None or isinstance(variants, str):
-        variants = parse_variants(variants)
-    eps_list = sorted(set(float(e) for e in (DEFAULT_EPS if eps is None else eps)))
-    runner.check(variants, eps_list)
-    n = len(tokens)
-    total = 1 + len(eps_list) * (1 + len(variants))
-    done = 0
-    progress(done, total, "plain top-k")
-    bases: list[Run] = []
-    bias: list[Downstream] = []
-    with RoutingStream(runner, tokens) as stream:
-        plain = runner.keep(stream.run()[0])
-        for e in eps_list:
-            check_cancelled(cancelled)
-            done += 1
-            progress(done, total, f"eps {e:g}: baseline")
-            base, first = stream.run("stable", e)
-            if bases and first == n:
-                base, between = bases[-1], bias[-1]
-            else:
-                base = runner.keep(base)
-                between = Downstream.between(plain, base)
-            bases.append(base)
-            bias.append(between)
-    shape = plain.sets.shape[:2]
-    jitter = [np.zeros(shape, dtype=bool) for _ in eps_list]
-    flips: list[dict[str, int]] = [{} for _ in eps_list]
-    max_abs, kl_max = [0.0] * len(eps_list), [0.0] * len(eps_list)
-    first_tok: list[int | None] = [None] * len(eps_list)
-    for v in variants:
-        with RoutingStream(runner, tokens, v) as stream:
-            last: tuple[np.ndarray, Downstream] | None = None
-            for i, e in enumerate(eps_list):
-                check_cancelled(cancelled)
-                done += 1
-                progress(done, total, f"eps {e:g}: {v.name}")
-                run, first = stream.run("stable", e)
-                if last is None or first < n or bases[i] is not bases[i - 1]:
-                    last = ((run.sets != bases[i].sets).any(axis=-1),
-                            Downstream.between(bases[i], run))
-                diff, d = last
-                jitter[i] |= diff
-                flips[i][v.name] = int(diff.sum())
-                max_abs[i] = max(max_abs[i], float(d.max_abs.max()))
-                kl_max[i] = max(kl_max[i], float(d.kl.max()))
-                if d.first_token_divergence is not None:
-                    first_tok[i] = d.first_token_divergence if first_tok[i] is None else min(
-                        first_tok[i], d.first_token_divergence)
-    rows = [EpsilonRow(e, bases[i].sets, jitter[i], flips[i],
-                       (bases[i].sets != plain.sets).any(axis=-1), bias[i], max_abs[i], kl_max[i],
-                       first_tok[i])
-            for i, e in enumerate(eps_list)]
-    progress(total, total, "done")
-    return EpsilonReport(**run_fields(runner, tokens, n_prompt, [v.name for v in variants],
-                                      plain.kernels), plain_sets=plain.sets, rows=rows)

@@ -22,25 +22,21 @@ Unless given, the one threshold is twice the largest plain top-k margin (on the 
 score, colibri.margins) of a cell some variant flips, at least the model's default_epsilon
 (that alone when nothing flips): a previous set then stays through the near-ties the variants
 showed, where it is one of the two sides. Stable top-k's epsilon, unless given: the model's
-default_epsilon (the epsilon sweep, analyze_epsilon, finds the smallest that removes every flip).
+default_epsilon (the epsilon sweep finds the smallest that removes every flip). The passes run
+in colibri.jitter.passes (analyze_remedies).
 
 Reports serialise like the others (schema colibri.remedies/1, sorted keys, no timestamps).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from colibri.jitter.analysis import (Downstream, LabReport, RoutingStream, Run, Runner, cells_mask,
-                                     from_json_floats, json_floats, json_ints, margins,
-                                     run_fields)
-from colibri.jitter.variants import Variant, parse_variants
-from colibri.margins import group_limits
-from colibri.values import CancelFlag, Progress, check_cancelled, never_cancelled, no_progress
+from colibri.jitter.analysis import (Downstream, LabReport, Run, cells_mask, from_json_floats,
+                                     json_floats, json_ints)
 
 SCHEMA_REMEDIES = "colibri.remedies/1"
 
@@ -178,7 +174,7 @@ def default_threshold(margin_abs: np.ndarray, plain_jitter: np.ndarray,
             f"model's default_epsilon")
 
 
-def _row(remedy: Remedy, base: Run, variant_sets: dict[str, np.ndarray], plain: Run,
+def remedy_row(remedy: Remedy, base: Run, variant_sets: dict[str, np.ndarray], plain: Run,
          n_experts: int) -> RemedyRow:
     jitter = np.zeros(base.sets.shape[:2], dtype=bool)
     flips: dict[str, int] = {}
@@ -213,78 +209,5 @@ def parse_thresholds(text: str | None) -> list[float] | None:
     return out
 
 
-def analyze_remedies(runner: Runner, tokens: Sequence[int],
-                     variants: Sequence[Variant] | str | None = None,
-                     epsilon: float | None = None,
-                     cache_thresholds: Sequence[float] | None = None,
-                     expert_cache: int = 0, n_prompt: int | None = None,
-                     progress: Progress = no_progress,
-                     cancelled: CancelFlag = never_cancelled) -> RemedyReport:
-    """Plain top-k, stable top-k, soft routing and cached routing (one row per threshold) on
-    `tokens` (teacher-forced), each under every variant; see the module docstring."""
-    if variants is None or isinstance(variants, str):
-        variants = parse_variants(variants)
-    hp = runner.model.hparams
-    eps = float(hp.default_epsilon if epsilon is None else epsilon)
-    probe = [{"routing": "stable", "epsilon": eps, "expert_cache": expert_cache}]
-    probe += [{"routing": "cached", "cache_threshold": t} for t in cache_thresholds or ()]
-    runner.check(variants, routings=probe)
-    total = (3 + max(len(cache_thresholds or ()), 1)) * (1 + len(variants))
-    done = 0
-    plain_remedy, stable_remedy = Remedy("topk"), Remedy("stable", epsilon=eps)
-
-    # Plain and stable top-k on one RoutingStream per variant: the stable pass recomputes only
-    # from the first decision its epsilon changes. Variants' passes keep only their sets.
-    passes: dict[str, tuple[Run, Run]] = {}
-    sets: dict[Remedy, dict[str, np.ndarray]] = {plain_remedy: {}, stable_remedy: {}}
-    for v in (None, *variants):
-        check_cancelled(cancelled)
-        name = v.name if v is not None else "baseline"
-        progress(done, total, f"{plain_remedy.label} and {stable_remedy.label}: {name}")
-        with RoutingStream(runner, tokens, v, expert_cache) as stream:
-            pair = stream.run()[0], stream.run("stable", eps)[0]
-        done += 2
-        if v is None:
-            passes["baseline"] = pair
-        else:
-            sets[plain_remedy][v.name], sets[stable_remedy][v.name] = pair[0].sets, pair[1].sets
-
-    def runs_of(remedy: Remedy) -> tuple[Run, dict[str, np.ndarray]]:
-        nonlocal done
-        settings = remedy.session(expert_cache)
-        progress(done, total, f"{remedy.label}: baseline")
-        base = runner.run(tokens, **settings)
-        done += 1
-        out = {}
-        for v in variants:
-            check_cancelled(cancelled)
-            progress(done, total, f"{remedy.label}: {v.name}")
-            out[v.name] = runner.run(tokens, v, **settings).sets
-            done += 1
-        return base, out
-
-    plain, stable = passes["baseline"]
-    plain_jitter = np.zeros(plain.sets.shape[:2], dtype=bool)
-    for variant_sets in sets[plain_remedy].values():
-        plain_jitter |= (variant_sets != plain.sets).any(axis=-1)
-    margin_abs, _ = margins(plain, group_limits(runner.model), hp.n_experts_active)
-    if cache_thresholds is None:
-        threshold, rule = default_threshold(margin_abs, plain_jitter, hp.default_epsilon)
-        thresholds = [threshold]
-    else:
-        thresholds, rule = [float(t) for t in cache_thresholds], "given"
-    rows = [_row(plain_remedy, plain, sets[plain_remedy], plain, hp.n_experts),
-            _row(stable_remedy, stable, sets[stable_remedy], plain, hp.n_experts)]
-    for remedy in (Remedy("soft"), *(Remedy("cached", cache_threshold=t) for t in thresholds)):
-        check_cancelled(cancelled)
-        base, variant_sets = runs_of(remedy)
-        rows.append(_row(remedy, base, variant_sets, plain, hp.n_experts))
-    progress(total, total, "done")
-    return RemedyReport(**run_fields(runner, tokens, n_prompt, [v.name for v in variants],
-                                     plain.kernels),
-                        expert_cache=expert_cache, threshold_rule=rule, plain_jitter=plain_jitter,
-                        rows=rows, margin_abs=margin_abs)
-
-
-__all__ = ["SCHEMA_REMEDIES", "Remedy", "RemedyReport", "RemedyRow", "analyze_remedies",
-           "default_threshold", "parse_thresholds"]
+__all__ = ["SCHEMA_REMEDIES", "Remedy", "RemedyReport", "RemedyRow", "default_threshold",
+           "parse_thresholds", "remedy_row"]

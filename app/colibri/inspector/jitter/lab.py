@@ -2,7 +2,7 @@
 
 Controls (prompt text or token ids, greedy continuation length, variants, epsilon list,
 the remedies' epsilon, cache thresholds and expert cache, threads) start the analysis on a
-`TaskRunner` worker (colibri.jitter.analyze_jitter / analyze_epsilon / analyze_remedies,
+`TaskRunner` worker (colibri.jitter.passes: one report, or all three with their passes shared;
 progress bar, Cancel between runs); results arrive as report objects and feed the views of
 colibri.inspector.jitter.views. Clicking a cell of either heatmap opens the token tab on that
 cell. `state()` / `restore(state)` give the reports as JSON-ready dicts for the Inspector's
@@ -34,16 +34,13 @@ from colibri.inspector.prompt import (NO_TOKENIZER, QtPromptEdit, example_prompt
 from colibri.inspector.readout import wrapping
 from colibri.inspector.tasks import Task, TaskRunner
 from colibri.jitter.analysis import (SCHEMA_EPSILON, SCHEMA_JITTER, EpsilonReport, JitterReport,
-                                     Runner, analyze_epsilon, analyze_jitter, parse_eps)
-from colibri.jitter.remedies import (SCHEMA_REMEDIES, RemedyReport, analyze_remedies,
-                                     parse_thresholds)
+                                     Runner, parse_eps)
+from colibri.jitter.passes import KINDS, LabReports, analyze_lab
+from colibri.jitter.remedies import SCHEMA_REMEDIES, RemedyReport, parse_thresholds
 from colibri.jitter.variants import parse_variants
 
 if TYPE_CHECKING:  # pragma: no cover
     from colibri.engine import Model
-
-STATE_SCHEMA = "colibri.jitter-lab/1"
-
 
 def _parse_prompt(text: str, model: Model) -> list[int]:
     """The prompt's token ids (colibri.inspector.prompt.token_ids, else the tokenizer's)."""
@@ -58,8 +55,9 @@ def _parse_prompt(text: str, model: Model) -> list[int]:
 def make_task(model: Model, kind: str, prompt: str, generate: int, variants: str, eps: str,
               threads: int, remedy_eps: str = "", thresholds: str = "",
               expert_cache: int = 0) -> Task:
-    """A TaskRunner task computing one report ('jitter', 'epsilon' or 'remedies') on the open
-    `model`. Qt-free body."""
+    """A TaskRunner task computing one report ('jitter', 'epsilon' or 'remedies') or all three
+    ('all', their passes shared) on the open `model`; its result is (kind, LabReports).
+    Qt-free body."""
     variant_list = parse_variants(variants or None)
     eps_list = parse_eps(eps or None)
     threshold_list = parse_thresholds(thresholds)
@@ -67,21 +65,16 @@ def make_task(model: Model, kind: str, prompt: str, generate: int, variants: str
         stable_eps = float(remedy_eps) if remedy_eps.strip() else None
     except ValueError:
         raise ValueError(f"remedy epsilon {remedy_eps!r} is not a number") from None
+    kinds = KINDS if kind == "all" else (kind,)
 
-    def fn(progress: Any, cancelled: Any) -> tuple[str, JitterReport | EpsilonReport |
-                                                   RemedyReport]:
+    def fn(progress: Any, cancelled: Any) -> tuple[str, LabReports]:
         with Runner(model, threads=threads) as runner:
             prompt_ids = _parse_prompt(prompt, model)
             tokens = runner.greedy_sequence(prompt_ids, generate)
-            if kind == "jitter":
-                return kind, analyze_jitter(runner, tokens, variant_list, len(prompt_ids),
-                                            progress, cancelled)
-            if kind == "remedies":
-                return kind, analyze_remedies(runner, tokens, variant_list, stable_eps,
-                                              threshold_list, expert_cache, len(prompt_ids),
-                                              progress, cancelled)
-            return kind, analyze_epsilon(runner, tokens, eps_list, variant_list,
-                                         len(prompt_ids), progress, cancelled)
+            return kind, analyze_lab(runner, tokens, variant_list, kinds=kinds, eps=eps_list,
+                                     remedy_eps=stable_eps, cache_thresholds=threshold_list,
+                                     expert_cache=expert_cache, n_prompt=len(prompt_ids),
+                                     progress=progress, cancelled=cancelled)
 
     return Task(f"jitter lab: {kind}", fn)
 
@@ -89,7 +82,7 @@ def make_task(model: Model, kind: str, prompt: str, generate: int, variants: str
 class QtJitterLab(QWidget):
     """The routing-jitter lab: controls, progress, and the jitter/token/epsilon/A-B views."""
 
-    sig_report_ready = Signal(str)   # "jitter", "epsilon" or "remedies"
+    sig_report_ready = Signal(str)   # "jitter", "epsilon", "remedies" or "all"
     sig_failed = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -127,6 +120,9 @@ class QtJitterLab(QWidget):
         self.expert_cache.setToolTip("the hit rate of an LRU of this many experts per MoE layer")
         self.run_jitter_button = QPushButton("Run jitter", self)
         self.run_epsilon_button = QPushButton("Run epsilon sweep", self)
+        self.run_all_button = QPushButton("Run all three", self)
+        self.run_all_button.setToolTip("the jitter report, the epsilon sweep and the remedies "
+                                       "comparison on one sequence, their passes shared")
         self.run_remedies_button = QPushButton("Compare remedies", self)
         self.cancel_button = QPushButton("Cancel", self)
         self.cancel_button.setEnabled(False)
@@ -149,8 +145,8 @@ class QtJitterLab(QWidget):
         for label, spin in (("generate", self.generate), ("threads", self.threads)):
             buttons.addWidget(QLabel(label, self))
             buttons.addWidget(spin)
-        for b in (self.run_jitter_button, self.run_epsilon_button, self.cancel_button,
-                  self.save_button, self.load_button):
+        for b in (self.run_jitter_button, self.run_epsilon_button, self.run_all_button,
+                  self.cancel_button, self.save_button, self.load_button):
             buttons.addWidget(b)
         buttons.addWidget(self.progress, 1)
 
@@ -194,6 +190,7 @@ class QtJitterLab(QWidget):
         self.run_jitter_button.clicked.connect(lambda: self.start("jitter"))
         self.run_epsilon_button.clicked.connect(lambda: self.start("epsilon"))
         self.run_remedies_button.clicked.connect(lambda: self.start("remedies"))
+        self.run_all_button.clicked.connect(lambda: self.start("all"))
         self.cancel_button.clicked.connect(self.cancel)
         self.save_button.clicked.connect(self._save_dialog)
         self.load_button.clicked.connect(self._load_dialog)
@@ -251,34 +248,39 @@ class QtJitterLab(QWidget):
         self.run_jitter_button.setEnabled(idle)
         self.run_epsilon_button.setEnabled(idle)
         self.run_remedies_button.setEnabled(idle)
+        self.run_all_button.setEnabled(idle)
 
     def _progress(self, done: int, total: int, text: str) -> None:
         self.progress.setRange(0, int(total))
         self.progress.setValue(int(done))
         self.status.setText(f"{done}/{total} {text}")
 
-    def _finished(self, result: tuple[str, Any]) -> None:
-        kind, report = result
+    def _finished(self, result: tuple[str, LabReports]) -> None:
+        kind, reports = result
         self._set_running(False)
-        if kind == "jitter":
-            self.set_reports(report, self.epsilon_report)
-            s = report.summary()
-            self.status.setText(f"jitter: {s['flipped_cells']} of {s['cells']} cells flipped, "
-                                f"overall flip rate {s['overall_flip_rate']:.4f}"
-                                + (f" (baseline on the {report.kernels} kernels)"
-                                   if report.kernels else ""))
-        elif kind == "remedies":
-            self.set_remedies(report)
-            self.status.setText(f"remedies: plain top-k has {report.plain.jitter_left} cells "
-                                f"of jitter; " + "; ".join(
-                                    f"{r.remedy.label} leaves {r.jitter_left}, changes "
-                                    f"{r.changed}" for r in report.rows[1:]))
-        else:
-            self.set_reports(self.jitter_report, report)
-            rec = report.recommended()
-            self.status.setText("epsilon sweep: " + ("no epsilon removes every flip"
-                                                     if rec is None else
-                                                     f"recommended {rec.eps:g}"))
+        jitter, epsilon, remedies = reports.jitter, reports.epsilon, reports.remedies
+        if jitter is not None or epsilon is not None:
+            self.set_reports(self.jitter_report if jitter is None else jitter,
+                             self.epsilon_report if epsilon is None else epsilon)
+        if remedies is not None:
+            self.set_remedies(remedies)
+        said = []
+        if jitter is not None:
+            s = jitter.summary()
+            said.append(f"jitter: {s['flipped_cells']} of {s['cells']} cells flipped, overall "
+                        f"flip rate {s['overall_flip_rate']:.4f}"
+                        + (f" (baseline on the {jitter.kernels} kernels)"
+                           if jitter.kernels else ""))
+        if epsilon is not None:
+            rec = epsilon.recommended()
+            said.append("epsilon sweep: " + ("no epsilon removes every flip" if rec is None
+                                             else f"recommended {rec.eps:g}"))
+        if remedies is not None:
+            said.append(f"remedies: plain top-k has {remedies.plain.jitter_left} cells of "
+                        f"jitter; " + "; ".join(f"{r.remedy.label} leaves {r.jitter_left}, "
+                                                f"changes {r.changed}"
+                                                for r in remedies.rows[1:]))
+        self.status.setText(" | ".join(said))
         self.sig_report_ready.emit(kind)
 
     def _failed(self, message: str) -> None:
@@ -316,20 +318,14 @@ class QtJitterLab(QWidget):
         self.tabs.setCurrentWidget(self.token)
 
     def state(self) -> dict[str, Any]:
-        """The reports as JSON-ready dicts (for the session file)."""
-        return {"schema": STATE_SCHEMA,
-                "jitter": None if self.jitter_report is None else self.jitter_report.to_dict(),
-                "epsilon": None if self.epsilon_report is None else self.epsilon_report.to_dict(),
-                "remedies": None if self.remedy_report is None else self.remedy_report.to_dict()}
+        """The reports as JSON-ready dicts (for the session file; `colibri lab --json` writes
+        the same)."""
+        return LabReports(self.jitter_report, self.epsilon_report, self.remedy_report).to_dict()
 
     def restore(self, state: dict[str, Any]) -> None:
-        if state.get("schema") != STATE_SCHEMA:
-            raise ValueError(f"not a jitter-lab state (schema {state.get('schema')!r})")
-        self.set_reports(
-            None if state.get("jitter") is None else JitterReport.from_dict(state["jitter"]),
-            None if state.get("epsilon") is None else EpsilonReport.from_dict(state["epsilon"]))
-        self.set_remedies(None if state.get("remedies") is None  # absent in older states
-                          else RemedyReport.from_dict(state["remedies"]))
+        reports = LabReports.from_dict(state)
+        self.set_reports(reports.jitter, reports.epsilon)
+        self.set_remedies(reports.remedies)
 
     def load_json(self, path: str) -> None:
         """A saved lab state, or a `colibri jitter/epsilon/remedies --json` report."""
