@@ -19,6 +19,7 @@ from colibri.jitter.passes import (LabReports, analyze_epsilon, analyze_jitter, 
                                    analyze_remedies)
 from colibri.jitter.remedies import Remedy, remedy_row
 from colibri.jitter.variants import parse_variants
+from colibri.values import Cancelled
 
 DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo" / "demo.colibri"
 VARIANTS = "seq,blocked8+fma,act-bf16,noise2"
@@ -99,6 +100,28 @@ def test_passes_the_reports_share_run_once(monkeypatch: pytest.MonkeyPatch) -> N
                     cache_thresholds=[0.01, 0.1])
         own_passes = (1 + len(variants)) * (1 + 2) * len(tokens)  # soft, two cached
         assert sum(counted) == sweep + own_passes
+
+
+def test_a_cancel_stops_the_lab_between_passes_and_closes_its_sessions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled in the middle of a variant's walk: no further pass runs, and every session the
+    walk opened is closed."""
+    opened: list[Session] = []
+    init = Session.__init__
+
+    def recording(self: Session, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        opened.append(self)
+
+    monkeypatch.setattr(Session, "__init__", recording)
+    reported: list[str] = []
+    with Runner.open(DEMO) as runner:
+        with pytest.raises(Cancelled):
+            analyze_lab(runner, demo_tokens(runner), VARIANTS, eps=EPS,
+                        progress=lambda done, total, text: reported.append(text),
+                        cancelled=lambda: any(text.startswith("seq:") for text in reported))
+        assert reported[-1] == "seq: plain top-k"
+        assert opened and all(s.closed for s in opened)
 
 
 def test_a_report_kind_the_lab_does_not_make_is_refused() -> None:

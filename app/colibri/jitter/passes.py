@@ -14,6 +14,7 @@ would be alone, byte for byte (`analyze_jitter`, `analyze_epsilon` and `analyze_
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -166,14 +167,14 @@ def analyze_lab(runner: Runner, tokens: Sequence[int],
                 yield e, run
 
     sweep = _Sweep(runner, sweep_eps)
-    baseline = passes(None)
-    plain = runner.keep(next(baseline)[1])
     stable_base: Run | None = None
-    for e, run in baseline:
-        if e in sweep_index:
-            sweep.add_base(plain, run)
-        if want_remedies and e == stable.epsilon:
-            stable_base = run
+    with contextlib.closing(passes(None)) as baseline:
+        plain = runner.keep(next(baseline)[1])
+        for e, run in baseline:
+            if e in sweep_index:
+                sweep.add_base(plain, run)
+            if want_remedies and e == stable.epsilon:
+                stable_base = run
     margin_abs, margin_ulps = margins(plain, group_limits(runner.model), hp.n_experts_active)
 
     sets = {BASELINE: plain.sets}
