@@ -59,6 +59,7 @@ def _reports(args: argparse.Namespace, kinds: tuple[str, ...]) -> tuple[LabRepor
 
     variants = parse_variants(args.variants)
     eps = parse_eps(args.eps) if "epsilon" in kinds else None
+    # `remedies` spells its one epsilon --eps; where --eps is the sweep's list, --remedy-eps
     remedy_eps = args.remedy_eps if "epsilon" in kinds else args.eps
     thresholds = parse_thresholds(args.cache_threshold) if "remedies" in kinds else None
     if args.generate < 0:
